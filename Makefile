@@ -1,0 +1,45 @@
+# rollmesh: `make run` (set up + the main job), `make test` (set up + every check and test).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Extra pip options, e.g. PIP_EXTRA="--extra-index-url <PyTorch CPU index>" on machines
+# where the CPU build of torch is not on pip's find-links.
+PIP_EXTRA ?=
+
+.PHONY: setup run test lint typecheck protos protos-check bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PIP_EXTRA) -c requirements.lock -e ".[serve,dev]"
+	# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break transformers.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/rollmesh run --benchmark arithmetic
+
+protos: setup
+	$(BIN)/python scripts/gen_protos.py
+
+protos-check: setup
+	$(BIN)/python scripts/gen_protos.py --check
+
+lint: setup
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: setup
+	$(BIN)/mypy services clients/python/rollmesh_client scripts bench
+
+test: setup protos-check lint typecheck
+	$(BIN)/python -m pytest -q -ra
+
+bench: setup
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

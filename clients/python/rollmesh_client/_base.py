@@ -1,0 +1,43 @@
+"""The base every per-service client shares: one channel, a default deadline, typed errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from rollmesh_client._errors import from_grpc_error
+
+R = TypeVar("R")
+
+
+class ServiceClient:
+    """Wraps one generated stub. `.stub` is the raw escape hatch."""
+
+    stub_class: Any = None
+
+    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float | None = 60.0) -> None:
+        self.channel = channel
+        self.timeout_s = timeout_s
+        self.stub = self.stub_class(channel)
+
+    async def _unary(
+        self, method: Callable[..., Awaitable[R]], request: Any, *, timeout_s: float | None = None
+    ) -> R:
+        try:
+            return await method(request, timeout=timeout_s or self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_grpc_error(exc) from None
+
+    async def _stream(
+        self, method: Callable[..., Any], request: Any, *, timeout_s: float | None = None
+    ) -> AsyncIterator[Any]:
+        call = method(request, timeout=timeout_s)
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise from_grpc_error(exc) from None
+        finally:
+            call.cancel()

@@ -1,0 +1,84 @@
+"""`Client`: one object for the whole mesh, one channel per service, created on first use."""
+
+from __future__ import annotations
+
+import os
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from rollmesh_client._channel import aio_channel
+from rollmesh_client._registry import RegistryClient
+
+DEFAULT_ADDRS = {
+    "registry": "127.0.0.1:50051",
+    "verifier": "127.0.0.1:50052",
+    "gateway": "127.0.0.1:50053",
+    "scheduler": "127.0.0.1:50054",
+}
+
+
+def default_address(service: str) -> str:
+    return os.environ.get(f"ROLLMESH_{service.upper()}_ADDR") or DEFAULT_ADDRS[service]
+
+
+class Client:
+    """The async client for the whole mesh.
+
+        async with await Client.connect(api_key=None) as c:
+            async for a in c.registry.artifacts("dataset"): ...
+
+    Addresses default to `ROLLMESH_<SERVICE>_ADDR`, then the standard ports.
+    """
+
+    def __init__(self, addresses: dict[str, str], *, api_key: str | None, timeout_s: float | None) -> None:
+        self.addresses = addresses
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._clients: dict[str, Any] = {}
+
+    @classmethod
+    async def connect(
+        cls,
+        *,
+        registry: str | None = None,
+        verifier: str | None = None,
+        gateway: str | None = None,
+        scheduler: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float | None = 60.0,
+    ) -> Client:
+        given = {"registry": registry, "verifier": verifier, "gateway": gateway, "scheduler": scheduler}
+        addrs = {svc: addr or default_address(svc) for svc, addr in given.items()}
+        key = api_key if api_key is not None else (os.environ.get("ROLLMESH_API_KEY") or None)
+        return cls(addrs, api_key=key, timeout_s=timeout_s)
+
+    def channel(self, service: str) -> grpc.aio.Channel:
+        if service not in self._channels:
+            self._channels[service] = aio_channel(self.addresses[service], api_key=self.api_key)
+        return self._channels[service]
+
+    def _client(self, service: str, cls: type[Any]) -> Any:
+        if service not in self._clients:
+            self._clients[service] = cls(self.channel(service), timeout_s=self.timeout_s)
+        return self._clients[service]
+
+    @property
+    def registry(self) -> RegistryClient:
+        return self._client("registry", RegistryClient)  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+        self._clients.clear()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

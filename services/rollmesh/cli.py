@@ -1,0 +1,50 @@
+"""`rollmesh`: the root Typer app. Commands live in rollmesh/commands/<name>.py, each exposing
+`register(app)`; this file only gathers them (so `--help` stays instant: heavy imports are lazy)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import typer
+
+from rollmesh import __version__, commands
+from rollmesh.commands._common import serve_app
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"rollmesh {__version__}")
+        raise typer.Exit()
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="rollmesh",
+        help="Collect LLM rollouts against verifiable environments over a typed gRPC mesh.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", callback=_version, is_eager=True, help="Print the version."
+        ),
+    ) -> None:
+        """rollmesh command line."""
+
+    app.add_typer(serve_app, name="serve")
+    for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"rollmesh.commands.{mod.name}").register(app)
+    return app
+
+
+def main() -> None:
+    build_app()()
+
+
+if __name__ == "__main__":
+    main()

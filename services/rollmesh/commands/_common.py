@@ -1,0 +1,97 @@
+"""What every CLI command shares: address options, error mapping, output (data to stdout,
+messages to stderr), and running one coroutine per command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+T = TypeVar("T")
+
+serve_app = typer.Typer(
+    help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
+)
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+RegistryAddr = Annotated[
+    str, typer.Option("--registry", envvar="ROLLMESH_REGISTRY_ADDR", help="Registry host:port.")
+]
+VerifierAddr = Annotated[
+    str, typer.Option("--verifier", envvar="ROLLMESH_VERIFIER_ADDR", help="Verifier host:port.")
+]
+GatewayAddr = Annotated[
+    str, typer.Option("--gateway", envvar="ROLLMESH_GATEWAY_ADDR", help="Gateway host:port.")
+]
+SchedulerAddr = Annotated[
+    str, typer.Option("--scheduler", envvar="ROLLMESH_SCHEDULER_ADDR", help="Scheduler host:port.")
+]
+ApiKey = Annotated[
+    str,
+    typer.Option(
+        "--api-key", envvar="ROLLMESH_API_KEY", help="Bearer token for the services.", show_default=False
+    ),
+]
+Port = Annotated[
+    int | None, typer.Option("--port", help="Port to bind (default: ROLLMESH_<SERVICE>_ADDR's port).")
+]
+Host = Annotated[
+    str | None,
+    typer.Option("--host", help="Host to bind (default 127.0.0.1; 0.0.0.0 to listen on all interfaces)."),
+]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+EXIT_USER_ERROR = 2
+EXIT_FAILURE = 1
+_USER_CODES = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "UNAUTHENTICATED"}
+
+
+def fail(message: str, *, code: int = EXIT_USER_ERROR) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one coroutine; known errors become one line on stderr and an exit code, never a traceback."""
+    from rollmesh.mesh.config import ConfigError
+    from rollmesh.mesh.errors import RollmeshError
+    from rollmesh_client import RollmeshClientError
+
+    try:
+        return asyncio.run(coro)
+    except RollmeshClientError as exc:
+        hint = ""
+        if exc.code.name == "UNAVAILABLE":
+            hint = " (is the service running? `rollmesh status` shows the mesh)"
+        fail(f"{exc}{hint}", code=EXIT_USER_ERROR if exc.code.name in _USER_CODES else EXIT_FAILURE)
+    except RollmeshError as exc:
+        fail(
+            f"{exc.code.name}: {exc.message} [{exc.reason}]",
+            code=EXIT_USER_ERROR if exc.code.name in _USER_CODES else EXIT_FAILURE,
+        )
+    except (ConfigError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    table = Table(title=title, show_lines=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for r in rows:
+        table.add_row(*(str(v) for v in r))
+    out.print(table)

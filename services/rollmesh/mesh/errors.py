@@ -1,0 +1,95 @@
+"""Domain errors and their mapping to `google.rpc.Status` with one `ErrorInfo`.
+
+Domain code raises a `RollmeshError` subclass; the server interceptor (mesh/interceptors.py)
+turns it into a rich status. Anything else becomes INTERNAL: the traceback goes to the log, the
+client gets a short message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+DOMAIN = "rollmesh.dev"
+
+
+class RollmeshError(Exception):
+    """Base of every error a service reports to its callers."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        retry_after_s: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+        self.retry_after_s = retry_after_s
+        if reason is not None:
+            self.reason = reason
+
+
+class InvalidArgument(RollmeshError):
+    code, reason = grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+
+
+class NotFound(RollmeshError):
+    code, reason = grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
+
+
+class AlreadyExists(RollmeshError):
+    code, reason = grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"
+
+
+class FailedPrecondition(RollmeshError):
+    code, reason = grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(RollmeshError):
+    code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED"
+
+
+class Unavailable(RollmeshError):
+    code, reason = grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"
+
+
+class DeadlineExceeded(RollmeshError):
+    code, reason = grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"
+
+
+class Unauthenticated(RollmeshError):
+    code, reason = grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"
+
+
+class Internal(RollmeshError):
+    code, reason = grpc.StatusCode.INTERNAL, "INTERNAL"
+
+
+def to_status(exc: RollmeshError) -> status_pb2.Status:
+    """The `google.rpc.Status` for a domain error: its code, message, one ErrorInfo, maybe RetryInfo."""
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=exc.metadata)
+    status = status_pb2.Status(code=exc.code.value[0], message=exc.message)
+    status.details.add().Pack(info)
+    if exc.retry_after_s is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(exc.retry_after_s * 1e9))
+        status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return status
+
+
+def internal_status(message: str = "internal error; see the server log") -> status_pb2.Status:
+    exc = Internal(message)
+    return to_status(exc)
+
+
+def code_name(code: int) -> str:
+    return str(code_pb2.Code.Name(code))

@@ -1,0 +1,153 @@
+"""The one server interceptor every service runs: bearer auth, error mapping, one log line per RPC.
+
+Domain errors (`RollmeshError`) become `google.rpc.Status` with an ErrorInfo; any other exception
+becomes INTERNAL with a short message while the traceback goes to the log. Health and reflection
+are exempt from auth so `grpcurl list` and health probes work without a token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+from grpc_status import rpc_status
+
+from rollmesh.mesh import errors
+from rollmesh.mesh.logging import get_logger
+
+log = get_logger("rollmesh.rpc")
+
+AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+Behavior = Callable[..., Any]
+
+
+class _Outcome:
+    __slots__ = ("code",)
+
+    def __init__(self) -> None:
+        self.code = "OK"
+
+
+async def _fail(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, outcome: _Outcome) -> None:
+    if isinstance(exc, errors.RollmeshError):
+        outcome.code = exc.code.name
+        await context.abort_with_status(rpc_status.to_status(errors.to_status(exc)))
+    outcome.code = "INTERNAL"
+    log.error("rpc_internal_error", exc_info=exc)
+    await context.abort_with_status(rpc_status.to_status(errors.internal_status()))
+
+
+def _finish(
+    method: str, outcome: _Outcome, context: grpc.aio.ServicerContext[Any, Any], start: float
+) -> None:
+    code = outcome.code
+    if code == "OK" and context.cancelled():
+        code = "CANCELLED"
+    log.info("rpc", method=method, code=code, duration_ms=round((time.perf_counter() - start) * 1000, 3))
+
+
+def _wrap_unary(method: str, behavior: Behavior) -> Behavior:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        outcome, start = _Outcome(), time.perf_counter()
+        with structlog.contextvars.bound_contextvars(rpc=method):
+            try:
+                return await behavior(request, context)
+            except grpc.aio.AbortError:
+                outcome.code = "ABORTED_BY_HANDLER"
+                raise
+            except Exception as exc:
+                await _fail(context, exc, outcome)
+            finally:
+                _finish(method, outcome, context, start)
+
+    return wrapped
+
+
+def _wrap_stream(method: str, behavior: Behavior) -> Behavior:
+    if not inspect.isasyncgenfunction(behavior):
+        return _wrap_unary(method, behavior)
+
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        outcome, start = _Outcome(), time.perf_counter()
+        with structlog.contextvars.bound_contextvars(rpc=method):
+            try:
+                async for item in behavior(request, context):
+                    yield item
+            except grpc.aio.AbortError:
+                outcome.code = "ABORTED_BY_HANDLER"
+                raise
+            except Exception as exc:
+                await _fail(context, exc, outcome)
+            finally:
+                _finish(method, outcome, context, start)
+
+    return wrapped
+
+
+def _rebuild(
+    handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behavior]
+) -> grpc.RpcMethodHandler:
+    kw = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, True), **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, False), **kw)
+    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **kw)
+
+
+def _authorized(details: grpc.HandlerCallDetails, api_key: str) -> bool:
+    for key, value in details.invocation_metadata or ():
+        if key == "authorization" and isinstance(value, str):
+            return hmac.compare_digest(value.encode(), f"Bearer {api_key}".encode())
+    return False
+
+
+class MeshInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Auth (when an API key is set), error mapping and per-RPC logging for every method."""
+
+    def __init__(self, api_key: str = "") -> None:
+        self._api_key = api_key
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        exempt = method.startswith(AUTH_EXEMPT_PREFIXES)
+        if exempt:
+            return handler
+        if self._api_key and not _authorized(handler_call_details, self._api_key):
+            return _rebuild(handler, lambda _b, streaming: _deny(method, streaming))
+        return _rebuild(handler, lambda b, streaming: (_wrap_stream if streaming else _wrap_unary)(method, b))
+
+
+def _deny(method: str, streaming: bool) -> Behavior:
+    exc = errors.Unauthenticated(
+        "missing or wrong bearer token: send metadata 'authorization: Bearer <ROLLMESH_API_KEY>'"
+    )
+
+    async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        del request
+        log.warning("rpc_unauthenticated", method=method)
+        await context.abort_with_status(rpc_status.to_status(errors.to_status(exc)))
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        await deny(request, context)
+        yield  # pragma: no cover - abort raises first
+
+    return deny_stream if streaming else deny

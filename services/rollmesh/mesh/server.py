@@ -1,0 +1,147 @@
+"""Build, run and stop a grpc.aio server the same way for every service.
+
+Health (`grpc.health.v1`) and reflection are always on, so `grpcurl -plaintext HOST:PORT list`
+and `describe` work. On SIGTERM/SIGINT: every service NOT_SERVING, drain for the grace period,
+then the caller's `on_stop` closes backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rollmesh.mesh.interceptors import MeshInterceptor
+from rollmesh.mesh.logging import get_logger
+
+log = get_logger("rollmesh.server")
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    # Long silent streams (a slow sink, a long generation) must survive idle proxies.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    # Two servers must never share a port.
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass(frozen=True)
+class ServiceBinding:
+    """One servicer and how to add it: `add` is the generated `add_XServicer_to_server`."""
+
+    name: str
+    servicer: Any
+    add: Callable[[Any, grpc.aio.Server], None]
+
+
+@dataclass
+class MeshServer:
+    server: grpc.aio.Server
+    port: int
+    host: str
+    services: list[str]
+    health: health.aio.HealthServicer
+    _stopped: bool = field(default=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        await self.server.start()
+        for name in ["", *self.services]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float | None = 0) -> None:
+        """NOT_SERVING everywhere, then stop accepting and drain for `grace` seconds."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def build_server(
+    bindings: Sequence[ServiceBinding], address: str = "127.0.0.1:0", *, api_key: str = ""
+) -> MeshServer:
+    """A server with the bindings, health, reflection and the mesh interceptor, bound to `address`.
+
+    Port 0 picks a free port; the returned MeshServer says which.
+    """
+    server = grpc.aio.server(interceptors=[MeshInterceptor(api_key)], options=SERVER_OPTIONS)
+    for b in bindings:
+        b.add(b.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [b.name for b in bindings]
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    host = address.rpartition(":")[0]
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}: is the port in use?")
+    return MeshServer(server=server, port=port, host=host, services=names, health=health_servicer)
+
+
+async def serve(
+    bindings: Sequence[ServiceBinding],
+    address: str,
+    *,
+    api_key: str = "",
+    grace: float = 10.0,
+    on_started: Callable[[MeshServer], Awaitable[None] | None] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Run until SIGTERM or SIGINT, then drain and stop (the shape of every `__main__`)."""
+    mesh_server = await build_server(bindings, address, api_key=api_key)
+    await mesh_server.start()
+    log.info("server_started", address=mesh_server.address, services=mesh_server.services)
+    if on_started is not None:
+        maybe = on_started(mesh_server)
+        if maybe is not None:
+            await maybe
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("server_draining", grace_s=grace)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await mesh_server.stop(grace)
+        if on_stop is not None:
+            await on_stop()
+        log.info("server_stopped", address=mesh_server.address)
+
+
+async def wait_serving(address: str, *, timeout_s: float = 30.0, service: str = "") -> None:
+    """Wait until `address` answers Health.Check with SERVING (for tests and `rollmesh status`)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError(f"{address} did not report SERVING within {timeout_s:.0f}s")
+            try:
+                resp = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=remaining, wait_for_ready=True
+                )
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+            await asyncio.sleep(min(0.1, max(remaining, 0)))

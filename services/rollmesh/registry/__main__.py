@@ -1,0 +1,25 @@
+"""`python -m rollmesh.registry`: config -> catalog -> mesh.serve()."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.server import serve
+from rollmesh.registry import Catalog, RegistryConfig, binding, install_sys_path
+
+
+def main(port: int | None = None, host: str | None = None) -> None:
+    configure()
+    cfg = RegistryConfig.from_env(port=port, host=host)
+    catalog = Catalog.from_config(cfg.roots)
+    install_sys_path(catalog.roots)
+    asyncio.run(
+        serve(
+            [binding(catalog)], cfg.server.address, api_key=cfg.server.api_key, grace=cfg.server.grace_seconds
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Proto <-> domain conversions for the registry (the only module here that sees *_pb2)."""
+
+from __future__ import annotations
+
+from rollmesh.registry.catalog import Kind, Listed, Resolved
+from rollmesh.registry.errors import UnknownKind
+from rollmesh.registry.roots import Root
+from rollmesh_client.v1 import registry_pb2 as pb
+
+_KIND_TO_PB = {
+    Kind.ENVIRONMENT: pb.ARTIFACT_KIND_ENVIRONMENT,
+    Kind.BENCHMARK: pb.ARTIFACT_KIND_BENCHMARK,
+    Kind.DATASET: pb.ARTIFACT_KIND_DATASET,
+    Kind.CONFIG: pb.ARTIFACT_KIND_CONFIG,
+    Kind.PROMPT: pb.ARTIFACT_KIND_PROMPT,
+    Kind.MODEL: pb.ARTIFACT_KIND_MODEL,
+}
+_PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
+
+
+def kind_from_pb(value: int, *, allow_unspecified: bool = False) -> Kind | None:
+    if value == pb.ARTIFACT_KIND_UNSPECIFIED and allow_unspecified:
+        return None
+    try:
+        return _PB_TO_KIND[pb.ArtifactKind.ValueType(value)]
+    except KeyError:
+        names = ", ".join(pb.ArtifactKind.Name(v) for v in _PB_TO_KIND)
+        raise UnknownKind(f"artifact kind {value} is not one of {names}") from None
+
+
+def kind_to_pb(kind: Kind) -> pb.ArtifactKind.ValueType:
+    return _KIND_TO_PB[kind]
+
+
+def root_to_pb(root: Root) -> pb.Root:
+    return pb.Root(path=str(root.path), order=root.order, source=root.source)
+
+
+def listed_to_pb(item: Listed) -> pb.ListedArtifact:
+    return pb.ListedArtifact(
+        kind=kind_to_pb(item.kind),
+        name=item.name,
+        path=str(item.path),
+        root=str(item.root),
+        is_dir=item.is_dir,
+        collides_with=[str(p) for p in item.collides_with],
+    )
+
+
+def resolved_to_pb(item: Resolved) -> pb.Artifact:
+    return pb.Artifact(
+        kind=kind_to_pb(item.kind),
+        name=item.name,
+        path=str(item.path),
+        root=str(item.root),
+        sha256=item.sha256,
+        size_bytes=item.size_bytes,
+        is_dir=item.is_dir,
+        files=list(item.files),
+    )

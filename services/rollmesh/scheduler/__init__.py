@@ -1,0 +1,1 @@
+"""The rollout scheduler: jobs of rollouts streamed to sinks with backpressure."""
