@@ -1,0 +1,131 @@
+"""The model backend ABC the gateway talks to. Ray Serve + vLLM, OpenAI-URL and fake backends
+implement it; the gateway never branches on the backend's type.
+
+The gateway owns chat templating and token-exact multi-turn: backends receive prompt token ids
+(or, for `supports_token_ids = False` backends such as a remote OpenAI URL, chat messages) and
+return generated token ids, logprobs and text.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Validated sampling parameters (the gateway validates before a backend sees them)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    sampling: Sampling
+    # Exactly the ids the engine must see (token-exact backends).
+    prompt_token_ids: tuple[int, ...] = ()
+    # For backends that cannot take ids: OpenAI-style messages and tools.
+    messages: tuple[dict[str, Any], ...] = ()
+    tools: tuple[dict[str, Any], ...] = ()
+    # Replica affinity: requests of one session should land on one replica.
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
+class EngineChunk:
+    """A delta of generated output. The last chunk of a request has `finish_reason` set."""
+
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    text: str = ""
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    replica_id: str = ""
+    # Backends that render the prompt themselves report the ids they used (may be empty).
+    prompt_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    replica_id: str
+    healthy: bool
+    in_flight: int = 0
+    sessions: int = 0
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    backend: str  # "ray-serve", "openai", "fake"
+    max_model_len: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Tokenizer(Protocol):
+    """What the gateway needs from a tokenizer (a HF tokenizer satisfies it)."""
+
+    def apply_chat_template(
+        self,
+        conversation: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = ...,
+        add_generation_prompt: bool = ...,
+        tokenize: bool = ...,
+    ) -> Any: ...
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot serve now (down, restarting); the gateway answers UNAVAILABLE with RetryInfo."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelBackend(ABC):
+    """One served model. Lifecycle: `await start()`, generate/abort many times, `await shutdown()`."""
+
+    #: True when the backend accepts `prompt_token_ids` (token-exact multi-turn works).
+    supports_token_ids: bool = True
+
+    @property
+    @abstractmethod
+    def card(self) -> ModelCard: ...
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        """The tokenizer matching the engine, or None for message-only backends."""
+        return None
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Stream deltas; the last has finish_reason. Raise BackendUnavailable when down.
+        Cancelling the iteration must abort the engine request."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> bool:
+        """Abort a running request; False when it was not running."""
+
+    @abstractmethod
+    async def replicas(self) -> list[ReplicaStatus]: ...
+
+    async def check_health(self) -> bool:
+        return any(r.healthy for r in await self.replicas())
+
+    @abstractmethod
+    async def shutdown(self) -> None: ...

@@ -1,0 +1,34 @@
+"""The sink ABC: where a job's rollouts go. The JSONL file sink (default) and the gRPC
+RolloutSink client implement it. `write` may wait: that wait is the backpressure that slows
+dispatch, so a slow sink never grows an unbounded queue.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+
+
+class Sink(ABC):
+    @abstractmethod
+    async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
+        """Prepare for a job; return the keys already held (resume skips them). Repairs a torn tail."""
+
+    @abstractmethod
+    async def write(self, rollout: Rollout) -> None:
+        """Accept one rollout; returns once the sink has room for more (backpressure)."""
+
+    @abstractmethod
+    async def write_failure(self, failure: RolloutFailure) -> None:
+        """Record a rollout that failed after every retry."""
+
+    @abstractmethod
+    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
+        """Flush everything (fsync) and finish; `state` is the job's final state name."""
+
+    @property
+    def in_flight(self) -> int:
+        """Rollouts handed to the sink and not yet acknowledged (0 for synchronous sinks)."""
+        return 0
