@@ -97,6 +97,110 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("ROLLMESH_BIND_HOST", "127.0.0.1", parse_str, "Host servers bind; 0.0.0.0 only when asked."),
         EnvVar("ROLLMESH_GRACE_SECONDS", 10.0, parse_float, "Seconds to drain RPCs on SIGTERM."),
+        EnvVar(
+            "ROLLMESH_PORT_FILE",
+            "",
+            parse_str,
+            "When set, a server writes its bound host:port there once SERVING (for --port 0 launches).",
+        ),
+        # Serving (Ray Serve + vLLM replicas); read by rollmesh.serving.config.ServingConfig.
+        EnvVar(
+            "ROLLMESH_RAY_ADDRESS",
+            "",
+            parse_str,
+            "Ray cluster to join (e.g. ray://head:10001 or auto); empty starts a local Ray.",
+        ),
+        EnvVar("ROLLMESH_REPLICAS", 1, parse_int, "Data-parallel vLLM replicas (Ray Serve num_replicas)."),
+        EnvVar("ROLLMESH_REPLICA_CPUS", 1.0, parse_float, "Ray CPUs reserved per replica."),
+        EnvVar("ROLLMESH_REPLICA_GPUS", 0.0, parse_float, "Ray GPUs per replica; > 0 serves on CUDA vLLM."),
+        EnvVar("ROLLMESH_TP_SIZE", 1, parse_int, "vLLM tensor-parallel size inside each replica."),
+        EnvVar(
+            "ROLLMESH_VLLM_KVCACHE_GIB", 1, parse_int, "CPU KV cache GiB per replica (VLLM_CPU_KVCACHE_SPACE)"
+        ),
+        EnvVar(
+            "ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION", 0.9, parse_float, "vLLM gpu_memory_utilization on GPU."
+        ),
+        EnvVar("ROLLMESH_VLLM_MAX_MODEL_LEN", 0, parse_int, "vLLM max_model_len (0: the model's own)."),
+        EnvVar(
+            "ROLLMESH_SERVE_STARTUP_TIMEOUT", 900.0, parse_float, "Seconds to wait for every replica healthy."
+        ),
+        # The environment verifier (read once into rollmesh.verifier.config.VerifierConfig).
+        EnvVar(
+            "ROLLMESH_VERIFIER_SESSION_TTL_S",
+            600.0,
+            parse_float,
+            "Verifier: idle seconds before a session expires.",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, parse_int, "Verifier: open sessions allowed at once."
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, parse_float, "Verifier: seconds one Verify may take."
+        ),
+        EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, parse_int, "Verifier: worker processes for CPU-bound checks."),
+        EnvVar(
+            "ROLLMESH_VERIFIER_BATCH_CONCURRENCY", 32, parse_int, "Verifier: items in flight per VerifyBatch."
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, parse_float, "Verifier: seconds per math-verify check."
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_MATH_JUDGE",
+            False,
+            parse_bool,
+            "Verifier: ask an LLM judge (via the gateway) when math-verify says no.",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_MATH_JUDGE_MODEL",
+            "",
+            parse_str,
+            "Verifier: gateway model for the math judge (empty: default).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_ISOLATION",
+            "auto",
+            parse_str,
+            "Verifier: code sandbox isolation: auto, namespaces or process.",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY", 4, parse_int, "Verifier: code sandboxes running at once."
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_WALL_S",
+            10.0,
+            parse_float,
+            "Verifier: wall-clock seconds per sandboxed run.",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_CPU_S",
+            5,
+            parse_int,
+            "Verifier: CPU seconds per sandboxed run (RLIMIT_CPU).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB",
+            512,
+            parse_int,
+            "Verifier: address space per sandboxed run (RLIMIT_AS).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_NPROC",
+            32,
+            parse_int,
+            "Verifier: processes per sandbox user (RLIMIT_NPROC).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB",
+            8,
+            parse_int,
+            "Verifier: largest file a sandboxed run may write (RLIMIT_FSIZE).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_OUTPUT_KB",
+            64,
+            parse_int,
+            "Verifier: stdout/stderr kept per sandboxed run (the rest is dropped).",
+        ),
         *(
             EnvVar(
                 f"ROLLMESH_{svc.upper()}_ADDR",

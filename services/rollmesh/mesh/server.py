@@ -8,6 +8,7 @@ then the caller's `on_stop` closes backends.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from rollmesh.mesh import config
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
 
@@ -106,6 +108,9 @@ async def serve(
     mesh_server = await build_server(bindings, address, api_key=api_key)
     await mesh_server.start()
     log.info("server_started", address=mesh_server.address, services=mesh_server.services)
+    port_file = str(config.read("ROLLMESH_PORT_FILE"))
+    if port_file:
+        write_port_file(port_file, mesh_server.address)
     if on_started is not None:
         maybe = on_started(mesh_server)
         if maybe is not None:
@@ -124,6 +129,14 @@ async def serve(
         if on_stop is not None:
             await on_stop()
         log.info("server_stopped", address=mesh_server.address)
+
+
+def write_port_file(path: str, address: str) -> None:
+    """Write `address` atomically, so a parent polling the file never reads half of it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(address + "\n")
+    os.replace(tmp, path)
 
 
 async def wait_serving(address: str, *, timeout_s: float = 30.0, service: str = "") -> None:
