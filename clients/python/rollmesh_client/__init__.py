@@ -16,7 +16,10 @@ from rollmesh_client._errors import (
     UnavailableError,
     from_grpc_error,
 )
+from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient
+from rollmesh_client._scheduler import JobHandle, SchedulerClient
+from rollmesh_client._verifier import VerifierClient
 
 __all__ = [
     "AlreadyExistsError",
@@ -25,14 +28,18 @@ __all__ = [
     "ConnectConfig",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    "GatewayClient",
     "InternalError",
     "InvalidArgumentError",
+    "JobHandle",
     "NotFoundError",
     "RegistryClient",
     "ResourceExhaustedError",
     "RollmeshClientError",
+    "SchedulerClient",
     "UnauthenticatedError",
     "UnavailableError",
+    "VerifierClient",
     "aio_channel",
     "default_address",
     "from_grpc_error",

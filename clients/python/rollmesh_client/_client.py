@@ -9,7 +9,10 @@ from typing import Any
 import grpc
 
 from rollmesh_client._channel import aio_channel
+from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient
+from rollmesh_client._scheduler import SchedulerClient
+from rollmesh_client._verifier import VerifierClient
 
 DEFAULT_ADDRS = {
     "registry": "127.0.0.1:50051",
@@ -68,6 +71,18 @@ class Client:
     @property
     def registry(self) -> RegistryClient:
         return self._client("registry", RegistryClient)  # type: ignore[no-any-return]
+
+    @property
+    def gateway(self) -> GatewayClient:
+        return self._client("gateway", GatewayClient)  # type: ignore[no-any-return]
+
+    @property
+    def verifier(self) -> VerifierClient:
+        return self._client("verifier", VerifierClient)  # type: ignore[no-any-return]
+
+    @property
+    def scheduler(self) -> SchedulerClient:
+        return self._client("scheduler", SchedulerClient)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         for ch in self._channels.values():

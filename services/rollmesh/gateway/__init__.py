@@ -1,1 +1,63 @@
-"""gateway"""
+"""The model gateway: the only door to models (gRPC ModelGateway + an OpenAI-compatible HTTP facade)."""
+
+from rollmesh.gateway.backend import (
+    BackendUnavailable,
+    EngineChunk,
+    EngineRequest,
+    ModelBackend,
+    ModelCard,
+    ReplicaStatus,
+    Sampling,
+    Tokenizer,
+)
+from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.core import Gateway
+from rollmesh.gateway.errors import (
+    BackendDown,
+    InvalidGenerateRequest,
+    InvalidSampling,
+    ModelNotFound,
+    PromptTooLong,
+)
+from rollmesh.gateway.types import GenerateInput, GenerateResult, Message, SamplingInput, ToolCall, ToolSpec
+from rollmesh.mesh.server import ServiceBinding
+
+
+def binding(gateway: Gateway) -> ServiceBinding:
+    """The gateway's servicer, ready for `mesh.build_server`."""
+    from rollmesh.gateway.servicer import GatewayServicer
+    from rollmesh_client.v1 import gateway_pb2, gateway_pb2_grpc
+
+    return ServiceBinding(
+        name=gateway_pb2.DESCRIPTOR.services_by_name["ModelGateway"].full_name,
+        servicer=GatewayServicer(gateway),
+        add=gateway_pb2_grpc.add_ModelGatewayServicer_to_server,
+    )
+
+
+__all__ = [
+    "BackendDown",
+    "BackendUnavailable",
+    "EngineChunk",
+    "EngineRequest",
+    "Gateway",
+    "GatewayConfig",
+    "GenerateInput",
+    "GenerateResult",
+    "InvalidGenerateRequest",
+    "InvalidSampling",
+    "Message",
+    "ModelBackend",
+    "ModelCard",
+    "ModelNotFound",
+    "ModelSpec",
+    "PromptTooLong",
+    "ReplicaStatus",
+    "Sampling",
+    "SamplingInput",
+    "ServiceBinding",
+    "Tokenizer",
+    "ToolCall",
+    "ToolSpec",
+    "binding",
+]

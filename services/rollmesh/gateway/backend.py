@@ -25,6 +25,8 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+    # Generate exactly max_tokens (benchmarks, load tests); backends without it may ignore it.
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,39 @@ ENV_VARS: dict[str, EnvVar] = {
             )
             for svc, port in DEFAULT_PORTS.items()
         ),
+        # Gateway (rollmesh/gateway/config.py).
+        EnvVar(
+            "ROLLMESH_GATEWAY_BACKEND", "ray-serve", parse_str, "Gateway backend: ray-serve, openai or fake."
+        ),
+        EnvVar(
+            "ROLLMESH_GATEWAY_MODEL",
+            "tiny-arith",
+            parse_str,
+            "Served model: a path or registry model name (ray-serve), the remote model name (openai).",
+        ),
+        EnvVar("ROLLMESH_GATEWAY_MODEL_NAME", "", parse_str, "Name clients use (default: the model's name)."),
+        EnvVar(
+            "ROLLMESH_GATEWAY_BASE_URL", "", parse_str, "OpenAI-compatible base URL for the openai backend."
+        ),
+        EnvVar(
+            "ROLLMESH_GATEWAY_API_KEY_ENV",
+            "OPENAI_API_KEY",
+            parse_str,
+            "Name of the variable holding the openai backend's API key (never the key itself).",
+        ),
+        EnvVar(
+            "ROLLMESH_OPENAI_HTTP_PORT",
+            OPENAI_HTTP_PORT,
+            parse_int,
+            "Port of the gateway's OpenAI HTTP facade.",
+        ),
+        EnvVar(
+            "ROLLMESH_GATEWAY_SESSION_TTL_S", 3600.0, parse_float, "Seconds a gateway session is kept unused."
+        ),
+        EnvVar(
+            "ROLLMESH_GATEWAY_MAX_SESSIONS", 10_000, parse_int, "Sessions kept (least recently used evicted)."
+        ),
+        EnvVar("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", 256, parse_int, "max_tokens when a request sets none."),
     ]
 }
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import structlog
 
+from rollmesh.mesh import config
+
 _SHARED: list[Any] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
@@ -16,8 +18,16 @@ _SHARED: list[Any] = [
 ]
 
 
-def configure(level: str = "info", *, json: bool | None = None) -> None:
-    """Configure structlog and the stdlib root logger to write one shape of line to stderr."""
+def configure(level: str | None = None, *, json: bool | None = None) -> None:
+    """Configure structlog and the stdlib root logger to write one shape of line to stderr.
+
+    `level` defaults to ROLLMESH_LOG_LEVEL (info); `json` to ROLLMESH_LOG_JSON (JSON unless a TTY).
+    Calls below the level are dropped before any processor runs (`filter_by_level`), so a debug
+    line on a hot path costs a level check, not a timestamp and a render.
+    """
+    level = level or str(config.read("ROLLMESH_LOG_LEVEL"))
+    if json is None:
+        json = config.read("ROLLMESH_LOG_JSON")
     use_json = (not sys.stderr.isatty()) if json is None else json
     renderer: Any
     if use_json:
@@ -26,7 +36,11 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
     else:
         final = [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     structlog.configure(
-        processors=[*_SHARED, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_SHARED,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,

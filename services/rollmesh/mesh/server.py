@@ -35,6 +35,15 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     # Two servers must never share a port.
     ("grpc.so_reuseport", 0),
+    # grpc core sheds calls that arrived but that the application has not picked up yet: past
+    # `max_pending_requests` (default 1000) it cancels them at random, and all of them past the hard
+    # limit (default 3000) -- the client sees CANCELLED, details "CANCELLED" (Server's
+    # `pending_backlog_protector_`, src/core/server/server.h). grpc.aio picks up one call at a
+    # time from the event loop, so a burst of a few thousand concurrent calls (a scheduler running
+    # 20,000 rollouts at once) overflows the defaults even though the handlers would keep up.
+    # Callers bound their own concurrency (the scheduler's limiter), so queue them instead.
+    ("grpc.server.max_pending_requests", 100_000),
+    ("grpc.server.max_pending_requests_hard_limit", 200_000),
 ]
 
 

@@ -1,1 +1,66 @@
-"""verifier"""
+"""The environment verifier: environments (tools, session state, verify -> reward) behind gRPC.
+
+Plugins import the public API from here::
+
+    from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rollmesh.verifier.config import SandboxConfig, SandboxLimits, VerifierConfig
+from rollmesh.verifier.environment import (
+    EnvContext,
+    Environment,
+    Message,
+    Response,
+    Session,
+    Task,
+    ToolCall,
+    ToolError,
+    ToolOutput,
+    ToolSpec,
+    VerifyResult,
+    tool,
+)
+
+if TYPE_CHECKING:
+    from rollmesh.mesh.server import ServiceBinding
+    from rollmesh.verifier.service import VerifierService
+
+SessionState = Session  # the issue's name for per-session state
+
+
+def binding(service: VerifierService) -> ServiceBinding:
+    """The verifier's servicer, ready for `mesh.build_server`."""
+    from rollmesh.mesh.server import ServiceBinding
+    from rollmesh.verifier.servicer import VerifierServicer
+    from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
+
+    return ServiceBinding(
+        name=verifier_pb2.DESCRIPTOR.services_by_name["EnvironmentVerifier"].full_name,
+        servicer=VerifierServicer(service),
+        add=verifier_pb2_grpc.add_EnvironmentVerifierServicer_to_server,
+    )
+
+
+__all__ = [
+    "EnvContext",
+    "Environment",
+    "Message",
+    "Response",
+    "SandboxConfig",
+    "SandboxLimits",
+    "Session",
+    "SessionState",
+    "Task",
+    "ToolCall",
+    "ToolError",
+    "ToolOutput",
+    "ToolSpec",
+    "VerifierConfig",
+    "VerifyResult",
+    "binding",
+    "tool",
+]

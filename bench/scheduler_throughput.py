@@ -1,0 +1,124 @@
+"""Rollouts/s through real gRPC hops: a scheduler process -> a fake instant gateway process + the
+real verifier process (environment `arithmetic`; the fake verifier if the real one cannot start),
+JSONL sink. Prints one JSON object; logs to stderr.
+
+    python bench/scheduler_throughput.py [--rollouts 8000] [--trials 2] [--concurrency 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._scheduler_common import REPO, cpu_seconds, env_info, fakes_args, log, spawn
+
+
+async def one_trial(
+    scheduler: str, pid: int, dataset: Path, rollouts: int, concurrency: int, out: Path
+) -> tuple[float, float]:
+    """(rollouts/s, scheduler CPU ms per rollout)."""
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import scheduler_pb2 as pb
+
+    rows = sum(1 for _ in dataset.open())
+    spec = pb.JobSpec(
+        dataset=str(dataset),
+        environment="arithmetic",
+        num_repeats=max(1, rollouts // rows),
+        concurrency=concurrency,
+        output_dir=str(out),
+        agent=pb.AgentSpec(max_steps=1),
+    )
+    async with await Client.connect(scheduler=scheduler) as c:
+        t0, cpu0 = time.perf_counter(), cpu_seconds(pid)
+        job = await c.scheduler.submit(spec)
+        final = await job.result(poll_s=0.2, timeout_s=600)
+        wall = time.perf_counter() - t0
+        cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / max(final.progress.done, 1)
+    p = final.progress
+    if p.failed or p.done != p.total:
+        log(f"trial: {p.failed} failed, {p.done}/{p.total} done: {final.error}")
+    log(
+        f"trial: {p.done} rollouts in {wall:.2f}s wall, {p.rollouts_per_second:.0f}/s by the scheduler, "
+        f"{cpu_ms:.2f} scheduler CPU ms/rollout"
+    )
+    return float(p.rollouts_per_second), cpu_ms
+
+
+async def main(a: argparse.Namespace) -> dict[str, object]:
+    dataset = REPO / "services/rollmesh/builtin/datasets/arithmetic/test.jsonl"
+    async with AsyncExitStack() as stack:
+        _, fakes = await stack.enter_async_context(spawn(fakes_args(0.0), name="fakes"))
+        verifier_kind = "real"
+        try:
+            if a.fake_verifier:
+                raise RuntimeError("--fake-verifier given")
+            _, verifier = await stack.enter_async_context(
+                spawn([sys.executable, "-m", "rollmesh.verifier", "--port", "0"], name="verifier")
+            )
+        except Exception as exc:  # the real verifier is optional here: say so in the report
+            log(f"real verifier unavailable ({str(exc)[:300]}); using the fake verifier")
+            verifier, verifier_kind = fakes, "fake"
+        env = {"ROLLMESH_GATEWAY_ADDR": fakes, "ROLLMESH_VERIFIER_ADDR": verifier}
+        with tempfile.TemporaryDirectory() as tmp:
+            sched_pid, sched = await stack.enter_async_context(
+                spawn(
+                    [sys.executable, "-m", "rollmesh.scheduler", "--port", "0", "--output-dir", tmp],
+                    env=env,
+                    name="scheduler",
+                )
+            )
+            trials = [
+                await one_trial(sched, sched_pid, dataset, a.rollouts, a.concurrency, Path(tmp))
+                for _ in range(a.trials)
+            ]
+    rates = [t[0] for t in trials]
+    cpu = [t[1] for t in trials]
+    load = os.getloadavg()[0]
+    return {
+        "name": "scheduler_throughput",
+        "params": {
+            "rollouts_per_trial": a.rollouts,
+            "trials": a.trials,
+            "concurrency": a.concurrency,
+            "gateway": "fake (instant), separate process",
+            "verifier": f"{verifier_kind} (arithmetic), separate process",
+            "sink": "jsonl",
+            "rpcs_per_rollout": 5,
+        },
+        "figures": {
+            "rollouts_per_second": {
+                "mean": round(statistics.mean(rates), 1),
+                "stddev": round(statistics.stdev(rates), 1) if len(rates) > 1 else 0.0,
+                "unit": "rollouts/s",
+            },
+            "scheduler_cpu_per_rollout": {"mean": round(statistics.mean(cpu), 3), "unit": "ms"},
+            "scheduler_capacity_one_core": {
+                "value": round(1000 / statistics.mean(cpu), 1),
+                "unit": "rollouts/s",
+            },
+            "host_load_average_1m": {"value": round(load, 2), "unit": "runnable tasks"},
+            "target": {"value": 1000, "unit": "rollouts/s"},
+        },
+        **env_info(),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rollouts", type=int, default=8000)
+    ap.add_argument("--trials", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument(
+        "--fake-verifier", action="store_true", help="Use the fake verifier instead of the real one."
+    )
+    print(json.dumps(asyncio.run(main(ap.parse_args()))))

@@ -1,0 +1,176 @@
+"""Verifies per second for `arithmetic`, `math` and `code`: through the domain layer and through
+gRPC `VerifyBatch`. Prints ONE JSON object to stdout; logs go to stderr.
+
+    .venv/bin/python bench/verify_throughput.py [--trials 3] [--seconds 2.5]
+
+Each figure is the mean ± stddev over fixed-duration trials, with a window of requests in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rollmesh.mesh.logging import configure, get_logger
+from rollmesh.mesh.server import build_server, wait_serving
+from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry.roots import BUILTIN_ROOT
+from rollmesh.verifier import Response, VerifierConfig, binding
+from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh_client import Client
+from rollmesh_client._verifier import verify_request
+
+log = get_logger("bench.verify_throughput")
+
+WORKLOADS: dict[str, tuple[dict[str, Any], str]] = {
+    "arithmetic": (
+        {
+            "responses_create_params": {"input": [{"role": "user", "content": "What is 30 + 38?"}]},
+            "expected_answer": "68",
+        },
+        "The answer is 68.",
+    ),
+    "math": ({"expected_answer": "\\frac{5}{6}"}, "Adding the fractions gives \\boxed{\\frac{10}{12}}."),
+    "code": (
+        {"verifier_metadata": {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}},
+        "```python\ndef add(a, b):\n    return a + b\n```",
+    ),
+}
+WINDOW = {"arithmetic": 64, "math": 16, "code": 8}
+
+
+async def timed_trial(run_one: Callable[[], Awaitable[float]], seconds: float, window: int) -> float:
+    """Completed verifies per second with `window` concurrent loops for `seconds`."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def loop() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            reward = await run_one()
+            assert reward == 1.0, reward
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(window)))
+    return done / (time.perf_counter() - start)
+
+
+async def grpc_trial(client: Client, env: str, seconds: float, window: int) -> float:
+    task, text = WORKLOADS[env]
+    req = verify_request(env, task, text)
+    done = 0
+    deadline = time.perf_counter() + seconds
+    in_flight = asyncio.Semaphore(window)
+
+    async def requests() -> AsyncIterator[tuple[str, Any]]:
+        i = 0
+        while time.perf_counter() < deadline:
+            await in_flight.acquire()
+            yield str(i), req
+            i += 1
+
+    start = time.perf_counter()
+    async for item in client.verifier.verify_batch(requests(), timeout_s=seconds + 60):
+        assert item.WhichOneof("outcome") == "result" and item.result.reward == 1.0, item
+        done += 1
+        in_flight.release()
+    return done / (time.perf_counter() - start)
+
+
+def stats(values: list[float]) -> dict[str, float | str | list[float]]:
+    return {
+        "mean": round(statistics.fmean(values), 2),
+        "stddev": round(statistics.stdev(values), 2) if len(values) > 1 else 0.0,
+        "unit": "verifies/s",
+        "trials": [round(v, 2) for v in values],
+    }
+
+
+def git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=5
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("grpcio", "protobuf", "math-verify", "rollmesh"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+async def main(trials: int, seconds: float) -> dict[str, Any]:
+    cfg = replace(VerifierConfig(), workers=2, batch_concurrency=64)
+    roots = RootsConfig(Path("/nonexistent"), (), BUILTIN_ROOT, False)
+    svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
+    await svc.start()
+    isolation = svc.environment("code").sandbox.isolation  # type: ignore[attr-defined]
+    await svc.environment("math").context.workers.warm()
+    server = await build_server([binding(svc)], "127.0.0.1:0")
+    await server.start()
+    await wait_serving(server.address, timeout_s=30)
+    client = await Client.connect(verifier=server.address)
+    figures: dict[str, Any] = {}
+    try:
+        for env, (task, text) in WORKLOADS.items():
+            call = VerifyCall(env, json.dumps(task), Response.from_text(text))
+
+            async def one(call: VerifyCall = call) -> float:
+                return (await svc.verify(call)).reward
+
+            await timed_trial(one, 0.3, WINDOW[env])  # warm-up
+            domain = [await timed_trial(one, seconds, WINDOW[env]) for _ in range(trials)]
+            log.info("bench_domain", env=env, trials=domain)
+            via_grpc = [await grpc_trial(client, env, seconds, WINDOW[env]) for _ in range(trials)]
+            log.info("bench_grpc", env=env, trials=via_grpc)
+            figures[env] = {"domain": stats(domain), "grpc_verify_batch": stats(via_grpc)}
+    finally:
+        await client.close()
+        await server.stop(0)
+        await svc.aclose()
+    return {
+        "name": "verify_throughput",
+        "params": {
+            "trials": trials,
+            "trial_seconds": seconds,
+            "window": WINDOW,
+            "math_workers": cfg.workers,
+            "sandbox_concurrency": cfg.sandbox.concurrency,
+            "sandbox_isolation": isolation,
+        },
+        "figures": figures,
+        "cpus": os.cpu_count(),
+        "versions": versions(),
+        "git_sha": git_sha(),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    configure(level="warning" if not os.environ.get("BENCH_VERBOSE") else "info")
+    result = asyncio.run(main(args.trials, args.seconds))
+    sys.stdout.write(json.dumps(result) + "\n")

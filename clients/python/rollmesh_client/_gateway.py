@@ -1,0 +1,180 @@
+"""Typed client for the ModelGateway."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from rollmesh_client._base import ServiceClient
+from rollmesh_client.v1 import common_pb2 as cpb
+from rollmesh_client.v1 import gateway_pb2 as pb
+from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
+
+MessageLike = cpb.ChatMessage | Mapping[str, Any]
+ToolLike = cpb.ToolSpec | Mapping[str, Any]
+
+
+def chat_message(m: MessageLike) -> cpb.ChatMessage:
+    """A ChatMessage from a proto or an OpenAI-style dict (`tool_calls[].function.arguments` as text
+    or an object)."""
+    if isinstance(m, cpb.ChatMessage):
+        return m
+    calls = []
+    for c in m.get("tool_calls") or ():
+        fn = c.get("function", c)
+        args = fn.get("arguments", fn.get("arguments_json", "{}"))
+        calls.append(
+            cpb.ToolCall(
+                id=str(c.get("id", "")),
+                name=str(fn.get("name", "")),
+                arguments_json=args if isinstance(args, str) else json.dumps(args),
+            )
+        )
+    return cpb.ChatMessage(
+        role=str(m.get("role", "")),
+        content=str(m.get("content") or ""),
+        tool_calls=calls,
+        tool_call_id=str(m.get("tool_call_id") or ""),
+        name=str(m.get("name") or ""),
+    )
+
+
+def tool_spec(t: ToolLike) -> cpb.ToolSpec:
+    """A ToolSpec from a proto or an OpenAI-style tool dict."""
+    if isinstance(t, cpb.ToolSpec):
+        return t
+    fn = t.get("function", t)
+    params = fn.get("parameters")
+    return cpb.ToolSpec(
+        name=str(fn.get("name", "")),
+        description=str(fn.get("description") or ""),
+        parameters_json=params
+        if isinstance(params, str)
+        else (json.dumps(params) if params is not None else ""),
+    )
+
+
+def sampling_params(
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    max_tokens: int | None = None,
+    stop: Sequence[str] = (),
+    seed: int | None = None,
+    logprobs: bool | None = None,
+) -> cpb.SamplingParams:
+    s = cpb.SamplingParams(stop=list(stop))
+    if temperature is not None:
+        s.temperature = temperature
+    if top_p is not None:
+        s.top_p = top_p
+    if top_k is not None:
+        s.top_k = top_k
+    if max_tokens is not None:
+        s.max_tokens = max_tokens
+    if seed is not None:
+        s.seed = seed
+    if logprobs is not None:
+        s.logprobs = logprobs
+    return s
+
+
+class GatewayClient(ServiceClient):
+    """`Generate`, `GenerateStream`, `ListModels` (paged for you) and the admin RPCs."""
+
+    stub_class = pb_grpc.ModelGatewayStub
+
+    @staticmethod
+    def request(
+        messages: Sequence[MessageLike] = (),
+        *,
+        model: str = "",
+        prompt_token_ids: Sequence[int] = (),
+        tools: Sequence[ToolLike] = (),
+        sampling: cpb.SamplingParams | None = None,
+        session_id: str = "",
+        request_id: str = "",
+    ) -> pb.GenerateRequest:
+        return pb.GenerateRequest(
+            model=model,
+            messages=[chat_message(m) for m in messages],
+            prompt_token_ids=list(prompt_token_ids),
+            tools=[tool_spec(t) for t in tools],
+            sampling=sampling,
+            session_id=session_id,
+            request_id=request_id,
+        )
+
+    async def generate(
+        self,
+        messages: Sequence[MessageLike] = (),
+        *,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> pb.GenerateResponse:
+        """One generation; keyword arguments as in `request(...)`."""
+        resp: pb.GenerateResponse = await self._unary(
+            self.stub.Generate, self.request(messages, **kwargs), timeout_s=timeout_s
+        )
+        return resp
+
+    async def generate_stream(
+        self,
+        messages: Sequence[MessageLike] = (),
+        *,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
+        """Deltas as they are produced; the last message has `final` set."""
+        async for item in self._stream(
+            self.stub.GenerateStream, self.request(messages, **kwargs), timeout_s=timeout_s or self.timeout_s
+        ):
+            yield item
+
+    async def models(self, *, page_size: int = 100) -> AsyncIterator[pb.ModelInfo]:
+        token = ""
+        while True:
+            resp: pb.ListModelsResponse = await self._unary(
+                self.stub.ListModels, pb.ListModelsRequest(page_size=page_size, page_token=token)
+            )
+            for m in resp.models:
+                yield m
+            token = resp.next_page_token
+            if not token:
+                return
+
+    async def abort(self, request_id: str) -> bool:
+        resp: pb.AbortResponse = await self._unary(self.stub.Abort, pb.AbortRequest(request_id=request_id))
+        return resp.aborted
+
+    async def close_session(self, session_id: str) -> bool:
+        resp: pb.CloseGatewaySessionResponse = await self._unary(
+            self.stub.CloseSession, pb.CloseGatewaySessionRequest(session_id=session_id)
+        )
+        return resp.closed
+
+    async def set_policy_version(self, version: str, *, model: str = "") -> str:
+        """Label later responses with `version`; returns the previous label."""
+        resp: pb.SetPolicyVersionResponse = await self._unary(
+            self.stub.SetPolicyVersion, pb.SetPolicyVersionRequest(model=model, version=version)
+        )
+        return resp.previous_version
+
+    async def pause(self, *, model: str = "") -> None:
+        await self._unary(self.stub.PauseGeneration, pb.PauseGenerationRequest(model=model))
+
+    async def resume(self, *, model: str = "") -> None:
+        await self._unary(self.stub.ResumeGeneration, pb.ResumeGenerationRequest(model=model))
+
+    async def register_route(
+        self, route: str, *, target_model: str = "", base_url: str = "", api_key_env: str = ""
+    ) -> pb.ModelInfo:
+        resp: pb.RegisterRouteResponse = await self._unary(
+            self.stub.RegisterRoute,
+            pb.RegisterRouteRequest(
+                route=route, target_model=target_model, base_url=base_url, api_key_env=api_key_env
+            ),
+        )
+        return resp.model

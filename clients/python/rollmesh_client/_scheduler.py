@@ -1,0 +1,100 @@
+"""Typed client for the RolloutScheduler: submit a job, then follow it through a handle.
+
+job = await c.scheduler.submit(spec)            # a scheduler_pb2.JobSpec
+async for item in job.rollouts(follow=True): ...
+final = await job.result()                       # waits until the job ends
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from rollmesh_client._base import ServiceClient
+from rollmesh_client.v1 import scheduler_pb2 as pb
+from rollmesh_client.v1 import scheduler_pb2_grpc as pb_grpc
+
+FINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+
+
+def state_name(state: int) -> str:
+    return str(pb.JobState.Name(state)).removeprefix("JOB_STATE_")  # type: ignore[arg-type]
+
+
+class JobHandle:
+    """A submitted job: `.get()`, `.result()`, `.cancel()`, `.rollouts()`, `.metrics()`."""
+
+    def __init__(self, client: SchedulerClient, job: pb.Job) -> None:
+        self.client = client
+        self.job_id = job.job_id
+        self.last = job
+
+    async def get(self) -> pb.Job:
+        self.last = await self.client.get(self.job_id)
+        return self.last
+
+    async def result(self, *, poll_s: float = 0.5, timeout_s: float | None = None) -> pb.Job:
+        """Poll until the job ends; returns the final Job (check `.state` and `.error`)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                job = await self.get()
+                if job.state in FINAL_STATES:
+                    return job
+                await asyncio.sleep(poll_s)
+
+    async def cancel(self) -> pb.Job:
+        self.last = await self.client.cancel(self.job_id)
+        return self.last
+
+    def rollouts(
+        self, *, offset: int = 0, follow: bool = True, include_failures: bool = False
+    ) -> AsyncIterator[pb.StreamRolloutsResponse]:
+        return self.client.stream(
+            self.job_id, offset=offset, follow=follow, include_failures=include_failures
+        )
+
+    async def metrics(self) -> pb.JobMetrics:
+        return await self.client.metrics(self.job_id)
+
+
+class SchedulerClient(ServiceClient):
+    """`SubmitJob`, `GetJob`, `ListJobs` (paged for you), `CancelJob`, `StreamRollouts`, `GetJobMetrics`."""
+
+    stub_class = pb_grpc.RolloutSchedulerStub
+
+    async def submit(self, spec: pb.JobSpec, *, request_id: str = "") -> JobHandle:
+        job = await self._unary(self.stub.SubmitJob, pb.SubmitJobRequest(spec=spec, request_id=request_id))
+        return JobHandle(self, job)
+
+    def handle(self, job_id: str) -> JobHandle:
+        return JobHandle(self, pb.Job(job_id=job_id))
+
+    async def get(self, job_id: str) -> pb.Job:
+        return await self._unary(self.stub.GetJob, pb.GetJobRequest(job_id=job_id))
+
+    async def cancel(self, job_id: str) -> pb.Job:
+        return await self._unary(self.stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
+
+    async def jobs(self, *, page_size: int = 100) -> AsyncIterator[pb.Job]:
+        token = ""
+        while True:
+            resp = await self._unary(
+                self.stub.ListJobs, pb.ListJobsRequest(page_size=page_size, page_token=token)
+            )
+            for job in resp.jobs:
+                yield job
+            token = resp.next_page_token
+            if not token:
+                return
+
+    async def stream(
+        self, job_id: str, *, offset: int = 0, follow: bool = True, include_failures: bool = False
+    ) -> AsyncIterator[pb.StreamRolloutsResponse]:
+        req = pb.StreamRolloutsRequest(
+            job_id=job_id, offset=offset, follow=follow, include_failures=include_failures
+        )
+        async for item in self._stream(self.stub.StreamRollouts, req):
+            yield item
+
+    async def metrics(self, job_id: str) -> pb.JobMetrics:
+        return await self._unary(self.stub.GetJobMetrics, pb.GetJobMetricsRequest(job_id=job_id))

@@ -1,0 +1,134 @@
+"""Typed client for the EnvironmentVerifier."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from rollmesh_client._base import ServiceClient
+from rollmesh_client._errors import from_grpc_error
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import verifier_pb2 as pb
+from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
+
+Task = Mapping[str, Any] | str
+
+
+def _task_json(task: Task) -> str:
+    return task if isinstance(task, str) else json.dumps(task)
+
+
+def _messages(response: str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse) -> pb.ModelResponse:
+    if isinstance(response, pb.ModelResponse):
+        return response
+    if isinstance(response, str):
+        return pb.ModelResponse(messages=[common_pb2.ChatMessage(role="assistant", content=response)])
+    return pb.ModelResponse(messages=list(response))
+
+
+def verify_request(
+    environment: str,
+    task: Task,
+    response: str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse,
+    *,
+    session_id: str = "",
+) -> pb.VerifyRequest:
+    """A VerifyRequest; `response` is the final answer text, the rollout's messages, or a ModelResponse."""
+    return pb.VerifyRequest(
+        environment=environment,
+        task_json=_task_json(task),
+        response=_messages(response),
+        session_id=session_id,
+    )
+
+
+class VerifierClient(ServiceClient):
+    """Environments, sessions, tool calls and verification. `.stub` is the raw escape hatch."""
+
+    stub_class = pb_grpc.EnvironmentVerifierStub
+
+    async def environments(self, *, page_size: int = 100) -> AsyncIterator[pb.Environment]:
+        """Every loaded environment, following page tokens."""
+        token = ""
+        while True:
+            resp: pb.ListEnvironmentsResponse = await self._unary(
+                self.stub.ListEnvironments, pb.ListEnvironmentsRequest(page_size=page_size, page_token=token)
+            )
+            for env in resp.environments:
+                yield env
+            token = resp.next_page_token
+            if not token:
+                return
+
+    async def list(self, *, page_size: int = 100) -> pb.ListEnvironmentsResponse:
+        """One page, with the broken plugins (listed on the first page)."""
+        resp: pb.ListEnvironmentsResponse = await self._unary(
+            self.stub.ListEnvironments, pb.ListEnvironmentsRequest(page_size=page_size)
+        )
+        return resp
+
+    async def get(self, name: str) -> pb.Environment:
+        env: pb.Environment = await self._unary(self.stub.GetEnvironment, pb.GetEnvironmentRequest(name=name))
+        return env
+
+    async def seed_session(
+        self, environment: str, task: Task, *, session_id: str = ""
+    ) -> pb.SeedSessionResponse:
+        req = pb.SeedSessionRequest(
+            environment=environment, task_json=_task_json(task), session_id=session_id
+        )
+        resp: pb.SeedSessionResponse = await self._unary(self.stub.SeedSession, req)
+        return resp
+
+    async def call_tool(
+        self, session_id: str, name: str, arguments: Mapping[str, Any] | str, *, call_id: str = "call_0"
+    ) -> pb.CallToolResponse:
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        req = pb.CallToolRequest(
+            session_id=session_id, call=common_pb2.ToolCall(id=call_id, name=name, arguments_json=args)
+        )
+        resp: pb.CallToolResponse = await self._unary(self.stub.CallTool, req)
+        return resp
+
+    async def verify(
+        self,
+        environment: str,
+        task: Task,
+        response: str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse,
+        *,
+        session_id: str = "",
+    ) -> pb.VerifyResult:
+        req = verify_request(environment, task, response, session_id=session_id)
+        resp: pb.VerifyResponse = await self._unary(self.stub.Verify, req)
+        return resp.result
+
+    async def close_session(self, session_id: str) -> None:
+        await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
+
+    async def verify_batch(
+        self,
+        requests: AsyncIterable[tuple[str, pb.VerifyRequest]] | Iterable[tuple[str, pb.VerifyRequest]],
+        *,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[pb.VerifyBatchResponse]:
+        """Stream (id, request) pairs in; get results (or per-item errors) back in completion order."""
+
+        async def gen() -> AsyncIterator[pb.VerifyBatchRequest]:
+            if isinstance(requests, AsyncIterable):
+                async for item_id, req in requests:
+                    yield pb.VerifyBatchRequest(id=item_id, request=req)
+            else:
+                for item_id, req in requests:
+                    yield pb.VerifyBatchRequest(id=item_id, request=req)
+
+        call = self.stub.VerifyBatch(gen(), timeout=timeout_s)
+        try:
+            async for item in call:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise from_grpc_error(exc) from None
+        finally:
+            call.cancel()

@@ -1,0 +1,498 @@
+"""The trainer side of rollmesh: a `RolloutSink` server a trainer embeds in a few lines.
+
+    async with SinkServer(port=0, window=64, group_complete=True, max_staleness=1) as sink:
+        print(sink.address)                    # give this to the job: SinkSpec.grpc.address
+        async for batch in sink.batches(32, until_closed=True):
+            arrays = collate(batch, pad_id=tok.pad_token_id)
+            adv = arrays.advantages()          # GRPO, grouped by task
+            train_step(arrays, adv)
+            sink.policy_version += 1           # after a weight sync
+
+Backpressure: a rollout is acknowledged to the scheduler only once the trainer has consumed it,
+i.e. when the loop asks for the next item (or on `ack()`); the scheduler never has more than its
+window unacknowledged, so a slow trainer slows rollout generation, and nothing queues without
+bound. Breaking out of a loop leaves the last item unacknowledged (call `ack()` if you used it).
+
+Group-complete delivery (`group_complete=True`): all repeats of a task arrive together (the
+group size is `group_size`, else the job's `num_repeats` from SinkOpen; repeats the trainer had
+already consumed, failed repeats and stale drops shrink a group; on SinkClose partial groups are
+delivered). So that groups filled out of order cannot deadlock against the window, rollouts
+waiting in an incomplete group are acknowledged on arrival (up to `max_held`; beyond that they
+wait like the rest); they become committed only when the whole group is consumed.
+
+Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
+weight sync. A rollout's version is the oldest of its turns. Its staleness is
+`sink.policy_version - version`; above `max_staleness` it is dropped (acknowledged, not delivered,
+not committed, so a resumed job regenerates it) or, with `on_stale="flag"`, delivered with
+`stale=True`. A rollout without an integer label is never stale.
+
+`ListCommitted` answers from what the trainer consumed in this process, plus `committed=` given
+at construction (save `sink.committed(job_id)` with your checkpoint to resume across restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from rollmesh_client._batch import RolloutBatch, collate, grpo_advantages, verl_view
+from rollmesh_client.v1 import common_pb2, scheduler_pb2, sink_pb2, sink_pb2_grpc
+
+__all__ = [
+    "RolloutBatch",
+    "SinkServer",
+    "SinkStats",
+    "TrainerRollout",
+    "collate",
+    "grpo_advantages",
+    "parse_version",
+    "verl_view",
+]
+
+Key = tuple[int, int]
+
+
+def parse_version(label: str) -> int | None:
+    """A policy version label as an int ("7" -> 7); None when empty or not an integer."""
+    try:
+        return int(label.strip())
+    except (ValueError, AttributeError):
+        return None
+
+
+@dataclass
+class TrainerRollout:
+    """One rollout as the trainer sees it. `raw` is the full `rollmesh.v1.Rollout`."""
+
+    job_id: str
+    task_index: int
+    rollout_index: int
+    reward: float
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    prompt_length: int
+    policy_version: str
+    version: int | None
+    extracted_answer: str
+    finish_reason: str
+    raw: scheduler_pb2.Rollout
+    staleness: int | None = None
+    stale: bool = False
+
+    @property
+    def key(self) -> Key:
+        return (self.task_index, self.rollout_index)
+
+    @property
+    def task(self) -> dict[str, Any]:
+        data = json.loads(self.raw.task_json) if self.raw.task_json else {}
+        return data if isinstance(data, dict) else {}
+
+    @classmethod
+    def from_pb(cls, msg: scheduler_pb2.Rollout) -> TrainerRollout:
+        tokens = msg.tokens
+        versions = [v for v in (parse_version(t.policy_version) for t in tokens.turns) if v is not None]
+        version = min(versions) if versions else parse_version(msg.policy_version)
+        return cls(
+            job_id=msg.job_id,
+            task_index=int(msg.key.task_index),
+            rollout_index=int(msg.key.rollout_index),
+            reward=float(msg.reward),
+            token_ids=list(tokens.token_ids),
+            loss_mask=list(tokens.loss_mask),
+            logprobs=list(tokens.logprobs),
+            prompt_length=int(tokens.turns[0].output_start) if tokens.turns else len(tokens.token_ids),
+            policy_version=msg.policy_version,
+            version=version,
+            extracted_answer=msg.extracted_answer,
+            finish_reason=msg.finish_reason,
+            raw=msg,
+        )
+
+
+@dataclass
+class SinkStats:
+    received: int = 0
+    delivered: int = 0
+    acked: int = 0
+    duplicates: int = 0
+    failures: int = 0
+    dropped_stale: int = 0
+    flagged_stale: int = 0
+    jobs_opened: int = 0
+    jobs_closed: int = 0
+    max_unacked: int = 0  # most rollouts of one stream received and not yet acknowledged
+    closed_states: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _JobClosed:
+    job_id: str
+
+
+class _Stopped:
+    pass
+
+
+_Unit = list[TrainerRollout]
+_Item = _Unit | _JobClosed | _Stopped
+
+
+@dataclass
+class _Stream:
+    job_id: str = ""
+    window: int = 0
+    group_size: int = 1
+    unacked: set[Key] = field(default_factory=set)
+    pending_acks: list[Key] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    done: bool = False
+    error: str = ""
+    groups: dict[int, list[TrainerRollout]] = field(default_factory=dict)
+    expected: dict[int, int] = field(default_factory=dict)
+    held: set[Key] = field(default_factory=set)
+
+    def ack(self, keys: Iterable[Key]) -> None:
+        for k in keys:
+            self.pending_acks.append(k)
+            self.unacked.discard(k)
+        self.wake.set()
+
+
+class SinkServer:
+    """A `RolloutSink` gRPC server on `host:port` (port 0 picks one; see `.address`)."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        window: int = 64,
+        group_complete: bool = False,
+        group_size: int | None = None,
+        max_staleness: int | None = None,
+        on_stale: Literal["drop", "flag"] = "drop",
+        policy_version: int = 0,
+        committed: Mapping[str, Iterable[Key]] | None = None,
+        max_held: int | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if on_stale not in ("drop", "flag"):
+            raise ValueError(f"on_stale must be 'drop' or 'flag', got {on_stale!r}")
+        self.host = host
+        self.port = port
+        self.window = window
+        self.group_complete = group_complete
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        self.on_stale = on_stale
+        self.policy_version = policy_version
+        self.max_held = max_held if max_held is not None else 4 * window
+        self.stats = SinkStats()
+        self._committed: dict[str, set[Key]] = {j: set(ks) for j, ks in (committed or {}).items()}
+        self._streams: dict[str, _Stream] = {}
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=window)
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self) -> SinkServer:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        sink_pb2_grpc.add_RolloutSinkServicer_to_server(_Servicer(self), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        port = server.add_insecure_port(f"{self.host}:{self.port}")
+        if port == 0:
+            raise OSError(f"could not bind {self.host}:{self.port}")
+        self.port = port
+        await server.start()
+        for name in ("", "rollmesh.v1.RolloutSink"):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        return self
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        await self._health.enter_graceful_shutdown()
+        await server.stop(grace)
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(_Stopped())
+
+    async def __aenter__(self) -> SinkServer:
+        return await self.start()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def committed(self, job_id: str) -> set[Key]:
+        """Keys of `job_id` the trainer has consumed (what ListCommitted answers)."""
+        return set(self._committed.get(job_id, set()))
+
+    def ack(self, rollouts: Iterable[TrainerRollout]) -> None:
+        """Mark rollouts consumed: committed, and acknowledged to the scheduler (idempotent)."""
+        by_job: dict[str, list[Key]] = {}
+        for r in rollouts:
+            done = self._committed.setdefault(r.job_id, set())
+            if r.key not in done:
+                done.add(r.key)
+                self.stats.acked += 1
+            by_job.setdefault(r.job_id, []).append(r.key)
+        for job_id, keys in by_job.items():
+            st = self._streams.get(job_id)
+            if st is not None:
+                st.ack(keys)
+
+    async def groups(self, *, until_closed: bool = False) -> AsyncGenerator[list[TrainerRollout], None]:
+        """Delivery units: one rollout each, or whole groups with `group_complete`. Each unit is
+        acknowledged when the loop asks for the next one. `until_closed` ends after a job's close."""
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, _Stopped):
+                return
+            if isinstance(item, _JobClosed):
+                if until_closed:
+                    return
+                continue
+            unit = self._apply_staleness(item)
+            if not unit:
+                continue
+            self.stats.delivered += len(unit)
+            yield unit
+            self.ack(unit)
+
+    async def rollouts(self, *, until_closed: bool = False) -> AsyncIterator[TrainerRollout]:
+        """One rollout at a time; each is acknowledged when the loop asks for the next."""
+        async for unit in self.groups(until_closed=until_closed):
+            for r in unit:
+                yield r
+                self.ack([r])
+
+    async def batches(
+        self, size: int, *, until_closed: bool = False, max_wait_s: float | None = None
+    ) -> AsyncIterator[list[TrainerRollout]]:
+        """Lists of about `size` rollouts (groups are never split, so a batch may hold up to one
+        group more). A batch goes out early when `max_wait_s` passes without a new rollout, when
+        the job closes, or when waiting longer would exceed the scheduler's window (give the job a
+        window >= size). Acknowledged when the loop asks for the next batch."""
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        units = self.groups(until_closed=until_closed)
+        batch: list[TrainerRollout] = []
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(max_wait_s if batch else None):
+                        unit = await anext(units)
+                except TimeoutError:
+                    unit = None
+                except StopAsyncIteration:
+                    break
+                if unit is not None:
+                    batch.extend(unit)
+                if batch and (unit is None or len(batch) >= min(size, self._min_window())):
+                    out, batch = batch, []
+                    yield out
+                    self.ack(out)
+            if batch:
+                yield batch
+                self.ack(batch)
+        finally:
+            await units.aclose()
+
+    def _min_window(self) -> int:
+        windows = [s.window for s in self._streams.values() if s.window > 0]
+        return min(windows) if windows else self.window
+
+    def _apply_staleness(self, unit: _Unit) -> _Unit:
+        if self.max_staleness is None:
+            return unit
+        kept: _Unit = []
+        dropped: _Unit = []
+        for r in unit:
+            r.staleness = None if r.version is None else self.policy_version - r.version
+            r.stale = r.staleness is not None and r.staleness > self.max_staleness
+            if not r.stale:
+                kept.append(r)
+            elif self.on_stale == "flag":
+                self.stats.flagged_stale += 1
+                kept.append(r)
+            else:
+                self.stats.dropped_stale += 1
+                dropped.append(r)
+        for r in dropped:  # acknowledged (the scheduler moves on) but not committed
+            st = self._streams.get(r.job_id)
+            if st is not None:
+                st.ack([r.key])
+        return kept
+
+    # -- the RPC side (called by _Servicer) ---------------------------------------------------
+
+    async def _consume(
+        self, requests: AsyncIterator[sink_pb2.ConsumeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[sink_pb2.ConsumeResponse]:
+        st = _Stream()
+        reader = asyncio.create_task(self._read(requests, st))
+        try:
+            while True:
+                await st.wake.wait()
+                st.wake.clear()
+                if st.pending_acks:
+                    keys, st.pending_acks = st.pending_acks, []
+                    yield sink_pb2.ConsumeResponse(
+                        acked=[common_pb2.RolloutKey(task_index=t, rollout_index=r) for t, r in keys]
+                    )
+                if st.done and not st.pending_acks:
+                    if st.error:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, st.error)
+                    return
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            if self._streams.get(st.job_id) is st:
+                del self._streams[st.job_id]
+
+    async def _read(
+        self,
+        requests: AsyncIterator[sink_pb2.ConsumeRequest],
+        st: _Stream,
+    ) -> None:
+        try:
+            first = True
+            async for req in requests:
+                kind = req.WhichOneof("item")
+                if first:
+                    if kind != "open":
+                        st.error = f"the first ConsumeRequest must be a SinkOpen, got {kind}"
+                        return
+                    self._on_open(req.open, st)
+                    first = False
+                elif kind == "rollout":
+                    await self._on_rollout(req.rollout, st)
+                elif kind == "failure":
+                    await self._on_failure(req.failure, st)
+                elif kind == "close":
+                    await self._on_close(req.close, st)
+        finally:
+            st.done = True
+            st.wake.set()
+
+    def _on_open(self, msg: sink_pb2.SinkOpen, st: _Stream) -> None:
+        st.job_id = msg.job_id
+        st.window = int(msg.window)
+        st.group_size = self.group_size or int(msg.spec.num_repeats) or 1
+        self._streams[st.job_id] = st
+        self._committed.setdefault(st.job_id, set())
+        self.stats.jobs_opened += 1
+
+    async def _on_rollout(self, msg: scheduler_pb2.Rollout, st: _Stream) -> None:
+        key: Key = (int(msg.key.task_index), int(msg.key.rollout_index))
+        self.stats.received += 1
+        if key in self._committed[st.job_id]:
+            self.stats.duplicates += 1
+            st.ack([key])
+            return
+        if key in st.unacked or key in st.held:
+            self.stats.duplicates += 1
+            if key in st.held:
+                st.ack([key])
+            return
+        r = TrainerRollout.from_pb(msg)
+        if not self.group_complete:
+            self._track(st, key)
+            await self._queue.put([r])
+            return
+        task = key[0]
+        group = st.groups.setdefault(task, [])
+        group.append(r)
+        if task not in st.expected:
+            done = sum(1 for t, _ in self._committed[st.job_id] if t == task)
+            st.expected[task] = max(st.group_size - done, 1)
+        if len(group) >= st.expected[task]:
+            self._track(st, key)
+            await self._release(st, task)
+        elif len(st.held) < self.max_held:
+            st.held.add(key)  # waits for its group: acknowledged now so the window keeps moving
+            st.ack([key])
+        else:
+            self._track(st, key)
+
+    async def _on_failure(self, msg: scheduler_pb2.RolloutFailure, st: _Stream) -> None:
+        self.stats.failures += 1
+        if not self.group_complete:
+            return
+        task = int(msg.key.task_index)
+        if task not in st.expected:
+            done = sum(1 for t, _ in self._committed[st.job_id] if t == task)
+            st.expected[task] = max(st.group_size - done, 1)
+        st.expected[task] -= 1
+        if st.groups.get(task) and len(st.groups[task]) >= st.expected[task]:
+            await self._release(st, task)
+
+    async def _on_close(self, msg: sink_pb2.SinkClose, st: _Stream) -> None:
+        for task in sorted(st.groups):
+            if st.groups[task]:
+                await self._release(st, task)
+        self.stats.jobs_closed += 1
+        self.stats.closed_states.append(scheduler_pb2.JobState.Name(msg.state))
+        await self._queue.put(_JobClosed(st.job_id))
+
+    async def _release(self, st: _Stream, task: int) -> None:
+        group = st.groups.pop(task)
+        st.expected.pop(task, None)
+        for r in group:
+            st.held.discard(r.key)
+        await self._queue.put(group)
+
+    def _track(self, st: _Stream, key: Key) -> None:
+        st.unacked.add(key)
+        self.stats.max_unacked = max(self.stats.max_unacked, len(st.unacked))
+
+    async def _list_committed(self, job_id: str) -> sink_pb2.ListCommittedResponse:
+        keys = sorted(self._committed.get(job_id, set()))
+        return sink_pb2.ListCommittedResponse(
+            keys=[common_pb2.RolloutKey(task_index=t, rollout_index=r) for t, r in keys]
+        )
+
+
+class _Servicer(sink_pb2_grpc.RolloutSinkServicer):
+    def __init__(self, sink: SinkServer) -> None:
+        self._sink = sink
+
+    async def Consume(
+        self, request_iterator: AsyncIterator[sink_pb2.ConsumeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[sink_pb2.ConsumeResponse]:
+        async for resp in self._sink._consume(request_iterator, context):
+            yield resp
+
+    async def ListCommitted(
+        self, request: sink_pb2.ListCommittedRequest, context: grpc.aio.ServicerContext
+    ) -> sink_pb2.ListCommittedResponse:
+        return await self._sink._list_committed(request.job_id)
+
+
+def group_by_task(rollouts: Sequence[TrainerRollout]) -> dict[tuple[str, int], list[TrainerRollout]]:
+    """Rollouts grouped by (job_id, task_index), in first-seen order."""
+    out: dict[tuple[str, int], list[TrainerRollout]] = {}
+    for r in rollouts:
+        out.setdefault((r.job_id, r.task_index), []).append(r)
+    return out

@@ -1,0 +1,47 @@
+"""arithmetic: the last integer of the last assistant message is the answer."""
+
+from pathlib import Path
+
+from rollmesh.verifier.environment import Message, Response
+from rollmesh.verifier.testing import answer, check, load_env, rows, task
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+async def test_right_answer_scores_one() -> None:
+    async with load_env(HERE) as env:
+        r = await check(env, task("68", "What is 30 + 38?"), answer("The answer is 68."))
+        assert (r.reward, r.extracted_answer, r.components) == (1.0, "68", {"correct": 1.0})
+
+
+async def test_wrong_answer_and_last_integer_rule() -> None:
+    async with load_env(HERE) as env:
+        wrong = await check(env, task("68", "What is 30 + 38?"), answer("30 + 38 = 68, no wait, 67"))
+        assert (wrong.reward, wrong.extracted_answer) == (0.0, "67")
+        negative = await check(env, task("-3"), answer("It is -3"))
+        assert negative.reward == 1.0
+
+
+async def test_empty_and_malformed() -> None:
+    async with load_env(HERE) as env:
+        empty = await check(env, task("5"), answer(""))
+        assert (empty.reward, empty.extracted_answer, empty.details["reason"]) == (0.0, "", "empty response")
+        words = await check(env, task("5"), answer("five"))
+        assert words.reward == 0.0 and words.details["reason"] == "no integer in the response"
+        bad_task = await check(env, task("not a number"), answer("5"))
+        assert bad_task.reward == 0.0 and "expected_answer" in bad_task.details["reason"]
+
+
+async def test_only_the_last_assistant_message_counts() -> None:
+    async with load_env(HERE) as env:
+        resp = Response((Message("assistant", "68"), Message("user", "sure?"), Message("assistant", "70")))
+        assert (await check(env, task("68"), resp)).reward == 0.0
+
+
+async def test_example_rows_are_nemo_gym_shaped_and_solvable() -> None:
+    data = rows(HERE)
+    assert 5 <= len(data) <= 20
+    async with load_env(HERE) as env:
+        for row in data:
+            t = task(row["expected_answer"], row["responses_create_params"]["input"][0]["content"])
+            assert (await check(env, t, answer(f"The answer is {row['expected_answer']}."))).reward == 1.0

@@ -1,0 +1,83 @@
+"""`code`: the response's Python code runs against the task's unit tests in a sandbox."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier.sandbox import Sandbox, TestSpec
+
+_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(text: str) -> str:
+    """The last ```python fenced block (else the last fenced block, else the whole text)."""
+    blocks = _FENCE.findall(text)
+    tagged = [body for lang, body in blocks if lang]
+    if tagged:
+        return str(tagged[-1])
+    if blocks:
+        return str(blocks[-1][1])
+    return text
+
+
+def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
+    """The task's tests, or why they are unusable. Accepts a list of assert statements, a list of
+    {"input", "output"} pairs, or {"inputs": [...], "outputs": [...]}."""
+    tests = meta.get("tests")
+    if isinstance(tests, Mapping) and isinstance(tests.get("inputs"), list):
+        ins, outs = tests["inputs"], tests.get("outputs")
+        if not isinstance(outs, list) or len(ins) != len(outs):
+            return "verifier_metadata.tests.inputs and .outputs must be lists of equal length"
+        return TestSpec("io", [{"input": str(i), "output": str(o)} for i, o in zip(ins, outs, strict=True)])
+    if isinstance(tests, list) and tests:
+        if all(isinstance(t, str) for t in tests):
+            return TestSpec("asserts", list(tests))
+        if all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
+            return TestSpec("io", [{"input": str(t["input"]), "output": str(t["output"])} for t in tests])
+    return "verifier_metadata.tests must be assert strings, input/output pairs, or {inputs, outputs}"
+
+
+class CodeEnv(Environment):
+    """Python programming tasks. The code (a ```python block, or the whole answer) runs against
+    `verifier_metadata.tests` in a sandbox (separate process, temp dir, CPU/wall/memory/process/
+    file/output limits, no network, empty environment). Reward 1.0 when every test passes (or the
+    pass rate with `verifier_metadata.partial_credit`)."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.sandbox = Sandbox(context.config.sandbox)
+
+    async def start(self) -> None:
+        await self.sandbox.start()
+
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        del session
+        spec = test_spec(task.metadata)
+        if isinstance(spec, str):
+            return VerifyResult(0.0, {"pass_rate": 0.0}, "", {"reason": spec})
+        text = response.final_text
+        code = extract_code(text)
+        if not code.strip():
+            return VerifyResult(0.0, {"pass_rate": 0.0}, "", {"reason": "empty response"})
+        run = await self.sandbox.run(code, spec)
+        total = run.total or len(spec.cases)
+        rate = run.passed / total if total else 0.0
+        all_passed = run.status == "ok" and total > 0 and run.passed == total
+        partial = bool(task.metadata.get("partial_credit", False))
+        reward = rate if partial and run.status == "ok" else (1.0 if all_passed else 0.0)
+        if run.status != "ok":
+            reason = run.error or run.status
+        elif all_passed:
+            reason = "all tests passed"
+        else:
+            reason = run.error or f"{run.passed}/{total} tests passed"
+        details = {"reason": reason, **run.summary(1000)}
+        return VerifyResult(
+            reward,
+            {"pass_rate": rate if run.status == "ok" else 0.0, "all_passed": 1.0 if all_passed else 0.0},
+            code[:2000],
+            details,
+        )

@@ -1,0 +1,56 @@
+"""code: the answer's Python runs against the task's tests in the sandbox."""
+
+from pathlib import Path
+
+from rollmesh.verifier.testing import answer, check, load_env, rows, task
+
+HERE = Path(__file__).resolve().parent.parent
+ADD_TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}
+
+
+async def test_right_answer_in_a_fence() -> None:
+    async with load_env(HERE) as env:
+        r = await check(
+            env,
+            task(None, verifier_metadata=ADD_TESTS),
+            answer("Here:\n```python\ndef add(a, b):\n    return a + b\n```\nDone."),
+        )
+        assert r.reward == 1.0, r.details
+        assert r.components == {"pass_rate": 1.0, "all_passed": 1.0}
+        assert r.extracted_answer.startswith("def add")
+
+
+async def test_wrong_answer_and_partial_credit() -> None:
+    async with load_env(HERE) as env:
+        code = "def add(a, b):\n    return 3"
+        r = await check(env, task(None, verifier_metadata=ADD_TESTS), answer(code))
+        assert r.reward == 0.0 and r.components["pass_rate"] == 0.5
+        partial = await check(
+            env, task(None, verifier_metadata={**ADD_TESTS, "partial_credit": True}), answer(code)
+        )
+        assert partial.reward == 0.5
+
+
+async def test_empty_malformed_and_bad_tests() -> None:
+    async with load_env(HERE) as env:
+        empty = await check(env, task(None, verifier_metadata=ADD_TESTS), answer(""))
+        assert (empty.reward, empty.details["reason"]) == (0.0, "empty response")
+        syntax = await check(env, task(None, verifier_metadata=ADD_TESTS), answer("def add(:"))
+        assert syntax.reward == 0.0 and "SyntaxError" in syntax.details["reason"]
+        no_tests = await check(env, task(None), answer("x = 1"))
+        assert no_tests.reward == 0.0 and "verifier_metadata.tests" in no_tests.details["reason"]
+
+
+async def test_stdin_stdout_tests() -> None:
+    meta = {"tests": {"inputs": ["3 4\n", "2 5\n"], "outputs": ["12\n", "10\n"]}}
+    async with load_env(HERE) as env:
+        good = "a, b = map(int, input().split())\nprint(a * b)"
+        assert (await check(env, task(None, verifier_metadata=meta), answer(good))).reward == 1.0
+        bad = "a, b = map(int, input().split())\nprint(a + b)"
+        assert (await check(env, task(None, verifier_metadata=meta), answer(bad))).reward == 0.0
+
+
+async def test_example_rows_have_tests() -> None:
+    data = rows(HERE)
+    assert 5 <= len(data) <= 20
+    assert all(row["verifier_metadata"]["tests"] for row in data)

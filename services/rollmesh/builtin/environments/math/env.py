@@ -1,0 +1,146 @@
+"""`math`: answers checked with math-verify in a worker process under a hard timeout, with an
+optional LLM judge (through the model gateway) when the symbolic check says no."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rollmesh.mesh.logging import get_logger
+from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier.workers import WorkerError, WorkerTimeout
+
+log = get_logger("rollmesh.env.math")
+_HERE = str(Path(__file__).resolve())
+JUDGE_PROMPT = (
+    "You are grading a math answer. Reply with exactly one word: EQUIVALENT if the candidate's final "
+    "answer is mathematically equivalent to the reference answer, otherwise DIFFERENT.\n\n"
+    "Problem:\n{problem}\n\nReference answer:\n{expected}\n\nCandidate answer:\n{answer}\n"
+)
+
+
+# -- runs in the worker process ----------------------------------------------------------------------
+
+
+def warmup() -> bool:
+    import math_verify  # noqa: F401  (sympy + lark: ~1 s the first time)
+
+    return True
+
+
+def check(expected: str, response: str) -> dict[str, Any]:
+    """math-verify's verdict and the extracted answer (runs in a worker: may be slow or hang)."""
+    from math_verify import parse, verify
+
+    gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
+    gold = parse(gold_text)
+    pred = parse(response)
+    extracted = str(pred[1]) if len(pred) > 1 else (str(pred[0]) if pred else "")
+    if not gold:
+        return {"correct": False, "extracted": extracted, "reason": "could not parse expected_answer"}
+    if not pred:
+        return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
+    ok = bool(verify(gold, pred))
+    return {"correct": ok, "extracted": extracted, "reason": "equivalent" if ok else "not equivalent"}
+
+
+# -- the environment ---------------------------------------------------------------------------------
+
+
+class MathEnv(Environment):
+    """Math word problems with a reference answer, checked symbolically by math-verify (\\boxed{}
+    or the last expression). When ROLLMESH_VERIFIER_MATH_JUDGE=1 (or the task's
+    `verifier_metadata.use_judge`), an LLM judge served by the gateway gets a second opinion on
+    answers the symbolic check rejects; a judge failure scores 0 and says why."""
+
+    _channel: grpc.aio.Channel | None = None
+    _warm: asyncio.Task[Any] | None = None
+
+    async def start(self) -> None:
+        self._warm = asyncio.create_task(self._warmup(), name="math-warmup")
+
+    async def _warmup(self) -> None:
+        try:
+            await self.context.workers.call(f"{_HERE}:warmup", timeout_s=120.0)
+        except Exception as exc:
+            log.warning("math_warmup_failed", error=str(exc))
+
+    async def aclose(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
+            await asyncio.gather(self._warm, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        del session
+        text = response.final_text
+        expected = task.expected_answer
+        if expected is None or not str(expected).strip():
+            return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": "task has no expected_answer"})
+        if not text.strip():
+            return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": "empty response"})
+        timeout = self.context.config.math_timeout_s
+        try:
+            out = await self.context.workers.call(f"{_HERE}:check", str(expected), text, timeout_s=timeout)
+        except WorkerTimeout:
+            return VerifyResult(
+                0.0,
+                {"symbolic": 0.0},
+                "",
+                {"reason": f"math-verify timed out after {timeout:g}s; worker killed"},
+            )
+        except WorkerError as exc:
+            return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": f"math-verify failed: {exc}"})
+        correct = bool(out["correct"])
+        details: dict[str, Any] = {
+            "reason": out["reason"],
+            "expected": str(expected),
+            "symbolic_correct": correct,
+        }
+        components = {"symbolic": 1.0 if correct else 0.0}
+        reward = 1.0 if correct else 0.0
+        use_judge = bool(task.metadata.get("use_judge", self.context.config.math_judge))
+        if not correct and use_judge:
+            verdict, why = await self._judge(task.prompt, str(expected), text)
+            details["judge"] = why
+            components["judge"] = 1.0 if verdict else 0.0
+            if verdict:
+                reward = 1.0
+                details["reason"] = "judge: equivalent"
+        return VerifyResult(reward, components, str(out["extracted"]), details)
+
+    async def _judge(self, problem: str, expected: str, answer: str) -> tuple[bool, str]:
+        """(equivalent?, what happened). Never raises: a failure is (False, reason)."""
+        from rollmesh_client import aio_channel
+        from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+        cfg = self.context.config
+        if self._channel is None:
+            self._channel = aio_channel(cfg.gateway_addr, api_key=cfg.server.api_key or None)
+        stub = gateway_pb2_grpc.ModelGatewayStub(self._channel)
+        req = gateway_pb2.GenerateRequest(
+            model=cfg.math_judge_model,
+            messages=[
+                common_pb2.ChatMessage(
+                    role="user",
+                    content=JUDGE_PROMPT.format(problem=problem, expected=expected, answer=answer),
+                )
+            ],
+            sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=8),
+        )
+        try:
+            resp = await stub.Generate(req, timeout=max(cfg.math_timeout_s, 5.0) * 3)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("math_judge_failed", code=exc.code().name, error=exc.details())
+            return False, f"judge failed: {exc.code().name}: {exc.details()}"
+        verdict = resp.message.content.strip().upper()
+        if "EQUIVALENT" in verdict and "NOT" not in verdict:
+            return True, "judge: EQUIVALENT"
+        if "DIFFERENT" in verdict:
+            return False, "judge: DIFFERENT"
+        return False, f"judge failed: unparseable verdict {resp.message.content[:80]!r}"

@@ -1,0 +1,43 @@
+"""math: math-verify in a worker process with a hard timeout."""
+
+from dataclasses import replace
+from pathlib import Path
+
+from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows, task
+
+HERE = Path(__file__).resolve().parent.parent
+
+
+async def test_right_wrong_empty_malformed() -> None:
+    async with load_env(HERE) as env:
+        right = await check(env, task("\\frac{5}{6}"), answer("Adding gives \\boxed{\\frac{5}{6}}."))
+        assert right.reward == 1.0 and right.components["symbolic"] == 1.0
+        assert right.extracted_answer == "\\frac{5}{6}"
+        equiv = await check(env, task("0.5"), answer("The answer is $\\frac{1}{2}$"))
+        assert equiv.reward == 1.0
+        wrong = await check(env, task("4"), answer("x = \\boxed{5}"))
+        assert wrong.reward == 0.0 and wrong.extracted_answer == "5"
+        empty = await check(env, task("4"), answer("   "))
+        assert (empty.reward, empty.details["reason"]) == (0.0, "empty response")
+        garbage = await check(env, task("4"), answer("\\boxed{{{ \\frac"))
+        assert garbage.reward == 0.0
+        no_expected = await check(env, task(None), answer("\\boxed{4}"))
+        assert no_expected.reward == 0.0 and "expected_answer" in no_expected.details["reason"]
+
+
+async def test_timeout_kills_the_worker_and_scores_zero() -> None:
+    cfg = replace(TEST_CONFIG, math_timeout_s=0.001)
+    async with load_env(HERE, cfg) as env:
+        await env.context.workers.warm()
+        slow = await check(env, task("\\frac{5}{6}"), answer("\\boxed{\\frac{10}{12}}"))
+        assert slow.reward == 0.0 and "timed out" in slow.details["reason"]
+        assert env.context.workers.restarts >= 1
+
+
+async def test_example_rows() -> None:
+    data = rows(HERE)
+    assert 5 <= len(data) <= 20
+    async with load_env(HERE) as env:
+        for row in data:
+            r = await check(env, task(row["expected_answer"]), answer(f"\\boxed{{{row['expected_answer']}}}"))
+            assert r.reward == 1.0, row

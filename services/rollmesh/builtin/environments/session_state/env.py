@@ -1,0 +1,61 @@
+"""`session_state`: a counter kept per session; reward when it ends at the expected value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+
+
+@dataclass
+class Counter:
+    value: int
+
+
+class CounterEnv(Environment):
+    """A per-session counter seeded from `verifier_metadata.initial_value`. Tools:
+    `increment_counter(count)` and `get_counter_value()`. Reward 1.0 when the session's counter
+    equals `expected_answer` at verification time."""
+
+    async def seed_session(self, task: Task) -> Counter:
+        try:
+            return Counter(int(task.metadata.get("initial_value", 0)))
+        except (TypeError, ValueError):
+            return Counter(0)
+
+    @tool
+    async def increment_counter(self, session: Session, count: int) -> str:
+        """Add `count` (may be negative) to the counter; returns the new value."""
+        state: Counter = session.state
+        state.value += count
+        return str(state.value)
+
+    @tool
+    async def get_counter_value(self, session: Session) -> str:
+        """The counter's current value."""
+        state: Counter = session.state
+        return str(state.value)
+
+    def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        del response
+        if session is None or not isinstance(session.state, Counter):
+            return VerifyResult(
+                0.0, {"reached": 0.0}, "", {"reason": "session_state needs the rollout's session"}
+            )
+        try:
+            expected = int(task.expected_answer)
+        except (TypeError, ValueError):
+            return VerifyResult(
+                0.0, {"reached": 0.0}, str(session.state.value), {"reason": "no integer expected_answer"}
+            )
+        ok = session.state.value == expected
+        return VerifyResult(
+            1.0 if ok else 0.0,
+            {"reached": 1.0 if ok else 0.0},
+            str(session.state.value),
+            {
+                "expected": expected,
+                "final_value": session.state.value,
+                "reason": "reached" if ok else "wrong count",
+            },
+        )

@@ -1,0 +1,120 @@
+"""`rollmesh serve gateway` and `rollmesh models list`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rollmesh.commands._common import (
+    ApiKey,
+    GatewayAddr,
+    Host,
+    JsonOut,
+    Port,
+    print_json,
+    print_table,
+    run,
+    serve_app,
+)
+
+models_app = typer.Typer(help="The models the gateway serves.", no_args_is_help=True)
+
+
+@serve_app.command("gateway")
+def serve_gateway(
+    port: Port = None,
+    host: Host = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            "--http-port",
+            help="OpenAI HTTP facade port (default ROLLMESH_OPENAI_HTTP_PORT or 8000; -1: off).",
+        ),
+    ] = None,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", min=1, help="Data-parallel replicas (ray-serve, fake).")
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="ray-serve (default), openai or fake (env ROLLMESH_GATEWAY_BACKEND)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Model path or registry name (default tiny-arith); for openai the remote model name.",
+        ),
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (openai backend).")
+    ] = None,
+) -> None:
+    """Run the ModelGateway (gRPC) with its OpenAI-compatible HTTP facade."""
+    from rollmesh.commands._common import fail
+    from rollmesh.gateway.__main__ import main
+    from rollmesh.mesh.config import ConfigError
+    from rollmesh.mesh.errors import RollmeshError
+
+    try:
+        main(
+            port=port,
+            host=host,
+            http_port=http_port,
+            backend=backend,
+            model=model,
+            replicas=replicas,
+            base_url=base_url,
+        )
+    except ConfigError as exc:
+        fail(str(exc))
+    except RollmeshError as exc:
+        fail(f"{exc.code.name}: {exc.message} [{exc.reason}]")
+
+
+@models_app.command("list")
+def list_models(
+    gateway: GatewayAddr = "127.0.0.1:50053",
+    api_key: ApiKey = "",
+    as_json: JsonOut = False,
+) -> None:
+    """List the gateway's models and routes with their replicas."""
+    from google.protobuf import json_format
+
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import gateway_pb2 as pb
+
+    async def go() -> list[pb.ModelInfo]:
+        async with await Client.connect(gateway=gateway, api_key=api_key or None) as c:
+            return [m async for m in c.gateway.models()]
+
+    items = run(go())
+    if as_json:
+        print_json(
+            [
+                json_format.MessageToDict(
+                    m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+                )
+                for m in items
+            ]
+        )
+        return
+    rows = [
+        (
+            m.name + (" (default)" if m.is_default else ""),
+            m.backend,
+            m.max_model_len or "?",
+            m.policy_version or "-",
+            "paused" if m.paused else "running",
+            ", ".join(
+                f"{r.replica_id}{'' if r.healthy else ' (down)'}: {r.in_flight} running, {r.sessions} sess."
+                for r in m.replicas
+            ),
+        )
+        for m in items
+    ]
+    print_table("models", ["model", "backend", "context", "policy", "state", "replicas"], rows)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(models_app, name="models")

@@ -1,0 +1,222 @@
+"""Results commands: `rollmesh aggregate`, `rollmesh profile`, `rollmesh reverify`, `rollmesh validate`.
+
+They read the JSONL sink's files (rollouts.jsonl rows, failures.jsonl rows, or sink folders).
+A missing file or a malformed line is one line on stderr (with the line number) and exit code 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from rollmesh.commands._common import ApiKey, JsonOut, VerifierAddr, err, print_json, print_table, run
+
+Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink folders (shards of one job).")]
+OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
+
+
+def _out_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _metrics_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [
+        ("rollouts", str(m["num_rollouts"])),
+        ("tasks", str(m["num_tasks"])),
+        ("failures", str(m["num_failures"])),
+        ("duplicates skipped", str(m.get("num_duplicates", 0))),
+        ("mean reward", f"{m['mean_reward']:.4f} ± {m['stderr_reward']:.4f} (std {m['std_reward']:.4f})"),
+        ("pass@1 (avg)", f"{m['pass_at_1_avg']:.4f}"),
+    ]
+    for k in m.get("k_values", []):
+        if str(k) in m["pass_at_k"]:
+            rows.append(
+                (f"pass@{k} / maj@{k}", f"{m['pass_at_k'][str(k)]:.4f} / {m['maj_at_k'][str(k)]:.4f}")
+            )
+    rows.append(
+        (
+            "mean tokens (prompt / completion)",
+            f"{m['mean_prompt_tokens']:.1f} / {m['mean_completion_tokens']:.1f}",
+        )
+    )
+    return rows
+
+
+def aggregate(
+    paths: Paths,
+    out: Annotated[str | None, typer.Option("--out", "-o", help="Write metrics.json here.")] = None,
+    k: Annotated[list[int] | None, typer.Option("--k", help="A k for pass@k / maj@k (repeatable).")] = None,
+    num_repeats: Annotated[
+        int | None, typer.Option("--num-repeats", help="n for the default k values (default: the most seen).")
+    ] = None,
+    threshold: Annotated[
+        float, typer.Option("--threshold", help="A rollout is correct when reward >= this.")
+    ] = 1.0,
+    as_json: JsonOut = False,
+) -> None:
+    """Recompute metrics over many shard files as if they were one run (keys deduplicated)."""
+    from rollmesh.scheduler.jsonl_sink import expand_paths, load_files
+    from rollmesh.scheduler.metrics import compute
+
+    async def go() -> dict[str, Any]:
+        files = expand_paths(paths)
+        loaded = await asyncio.to_thread(load_files, files)
+        m = compute(
+            loaded.rollouts, loaded.failures, k_values=k, num_repeats=num_repeats, threshold=threshold
+        )
+        m.num_duplicates += loaded.duplicates
+        data = m.to_json()
+        if out:
+            await asyncio.to_thread(Path(out).write_text, json.dumps(data, indent=2) + "\n")
+        return data
+
+    data = run(go())
+    if as_json or not out:
+        print_json(data)
+    else:
+        print_table("metrics", ["metric", "value"], _metrics_rows(data))
+        err.print(f"wrote {out}")
+
+
+def profile(
+    path: OneFile,
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="Write the JSONL profile here (default stdout).")
+    ] = None,
+    threshold: Annotated[
+        float, typer.Option("--threshold", help="A rollout is correct when reward >= this.")
+    ] = 1.0,
+) -> None:
+    """Per-task reward profile (mean, std, min, max, correct count per task) as JSONL."""
+    from rollmesh.scheduler.jsonl_sink import expand_paths, load_files
+    from rollmesh.scheduler.metrics import task_profile
+
+    async def go() -> list[dict[str, Any]]:
+        files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
+        loaded = await asyncio.to_thread(load_files, files)
+        return [t.to_json() for t in task_profile(loaded.rollouts, threshold)]
+
+    rows = run(go())
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if out:
+        Path(out).write_text(text)
+        err.print(f"wrote {len(rows)} tasks to {out}")
+    else:
+        typer.echo(text, nl=False)
+
+
+def reverify(
+    path: OneFile,
+    environment: Annotated[
+        str, typer.Option("--environment", "-e", help="The environment that scores the rows.")
+    ],
+    verifier: VerifierAddr = "127.0.0.1:50052",
+    api_key: ApiKey = "",
+    out: Annotated[
+        str | None, typer.Option("--out", "-o", help="Write re-scored rows here (default stdout).")
+    ] = None,
+    window: Annotated[int, typer.Option("--window", help="Rows in flight to the verifier at once.")] = 32,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds without an answer before giving up.")
+    ] = 300.0,
+) -> None:
+    """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rollmesh.scheduler import reverify as rv
+    from rollmesh.scheduler.jsonl_sink import expand_paths, read_rollout_rows
+
+    async def go() -> rv.ReverifyReport:
+        files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
+        rows = [row for f in files for _, row in await asyncio.to_thread(read_rollout_rows, f)]
+        with Progress(
+            TextColumn("reverify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+        ) as bar:
+            task = bar.add_task("reverify", total=len(rows))
+            return await rv.reverify(
+                rows,
+                environment=environment,
+                verifier=verifier,
+                api_key=api_key or None,
+                window=window,
+                idle_timeout_s=timeout,
+                on_progress=lambda n: bar.advance(task, n),
+            )
+
+    report = run(go())
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in report.rows)
+    if out:
+        Path(out).write_text(text)
+    else:
+        typer.echo(text, nl=False)
+    err.print(
+        f"reverified {report.scored} rows ({report.errors} errors, {report.changed} rewards changed); "
+        f"mean reward {report.old_mean:.4f} -> {report.new_mean:.4f}" + (f"; wrote {out}" if out else "")
+    )
+    for sample in report.error_samples:
+        err.print(f"  error {sample}")
+
+
+def validate(
+    path: OneFile,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option("--tokenizer", help="A model folder with a tokenizer: also check decoded text."),
+    ] = None,
+    as_json: JsonOut = False,
+) -> None:
+    """Check every rollout's token record (lengths, spans, loss mask, and with a tokenizer the text).
+
+    Exit 0 when every record is valid, 1 when one is not, 2 on unreadable input."""
+    from rollmesh.commands._common import fail
+    from rollmesh.scheduler.jsonl_sink import expand_paths, read_rollout_rows
+    from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.tokens import Decoder, validate_rollout
+
+    def load_tokenizer() -> Decoder | None:
+        if not tokenizer:
+            return None
+        if not Path(tokenizer).exists():
+            raise FileNotFoundError(f"{tokenizer}: no such tokenizer folder")
+        from transformers import AutoTokenizer
+
+        tok: Any = AutoTokenizer.from_pretrained(tokenizer)
+        return tok  # type: ignore[no-any-return]
+
+    async def go() -> list[dict[str, Any]]:
+        files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
+        tok = await asyncio.to_thread(load_tokenizer)
+        results: list[dict[str, Any]] = []
+        for f in files:
+            for lineno, row in await asyncio.to_thread(read_rollout_rows, f):
+                r = Rollout.from_row(row)
+                reasons = validate_rollout(r, tokenizer=tok)
+                results.append({"file": str(f), "line": lineno, "key": r.key.as_str(), "reasons": reasons})
+        return results
+
+    results = run(go())
+    bad = [r for r in results if r["reasons"]]
+    if as_json:
+        print_json({"checked": len(results), "invalid": len(bad), "records": bad})
+    else:
+        for r in bad:
+            for reason in r["reasons"]:
+                typer.echo(f"{r['file']}:{r['line']} rollout {r['key']}: {reason}")
+        err.print(
+            f"checked {len(results)} token records: {len(results) - len(bad)} valid, {len(bad)} invalid"
+        )
+    if bad:
+        if as_json:
+            raise typer.Exit(1)
+        fail(f"{len(bad)} of {len(results)} token records are invalid", code=1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("aggregate")(aggregate)
+    app.command("profile")(profile)
+    app.command("reverify")(reverify)
+    app.command("validate")(validate)

@@ -1,0 +1,129 @@
+"""`rollmesh serve verifier` and `rollmesh envs list|show`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from rollmesh.commands._common import (
+    ApiKey,
+    Host,
+    JsonOut,
+    Port,
+    VerifierAddr,
+    print_json,
+    print_table,
+    run,
+    serve_app,
+)
+
+envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_args_is_help=True)
+
+
+@serve_app.command("verifier")
+def serve_verifier(port: Port = None, host: Host = None) -> None:
+    """Run the EnvironmentVerifier service."""
+    from rollmesh.commands._common import fail
+    from rollmesh.mesh.config import ConfigError
+    from rollmesh.verifier.__main__ import main
+
+    try:
+        main(port=port, host=host)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+@envs_app.command("list")
+def list_envs(
+    verifier: VerifierAddr = "127.0.0.1:50052", api_key: ApiKey = "", as_json: JsonOut = False
+) -> None:
+    """Every environment the verifier serves, and every plugin that failed to load."""
+    from google.protobuf import json_format
+
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import verifier_pb2 as pb
+
+    async def go() -> tuple[list[pb.Environment], list[pb.BrokenEnvironment]]:
+        async with await Client.connect(verifier=verifier, api_key=api_key or None) as c:
+            first = await c.verifier.list()
+            envs = [e async for e in c.verifier.environments()]
+            return envs, list(first.broken)
+
+    envs, broken = run(go())
+    if as_json:
+        print_json(
+            {
+                "environments": [
+                    {
+                        "name": e.name,
+                        "description": e.description,
+                        "tools": [t.name for t in e.tools],
+                        "source": e.source,
+                        "example_dataset": e.example_dataset,
+                    }
+                    for e in envs
+                ],
+                "broken": [json_format.MessageToDict(b, preserving_proto_field_name=True) for b in broken],
+            }
+        )
+        return
+    rows: list[tuple[Any, ...]] = [
+        (e.name, "ok", ", ".join(t.name for t in e.tools) or "-", e.description.split(". ")[0][:80])
+        for e in envs
+    ]
+    rows += [(b.name, "BROKEN", "-", b.error[:120]) for b in broken]
+    print_table("environments", ["name", "status", "tools", "description / error"], rows)
+
+
+@envs_app.command("show")
+def show_env(
+    name: Annotated[str, typer.Argument(help="The environment's name.")],
+    verifier: VerifierAddr = "127.0.0.1:50052",
+    api_key: ApiKey = "",
+    as_json: JsonOut = False,
+) -> None:
+    """One environment: description, source, example dataset and tools with their JSON schemas."""
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import verifier_pb2 as pb
+
+    async def go() -> pb.Environment:
+        async with await Client.connect(verifier=verifier, api_key=api_key or None) as c:
+            return await c.verifier.get(name)
+
+    env = run(go())
+    tools = [
+        {"name": t.name, "description": t.description, "parameters": json.loads(t.parameters_json or "{}")}
+        for t in env.tools
+    ]
+    if as_json:
+        print_json(
+            {
+                "name": env.name,
+                "description": env.description,
+                "source": env.source,
+                "example_dataset": env.example_dataset,
+                "tools": tools,
+            }
+        )
+        return
+    print_table(
+        f"environment {env.name}",
+        ["field", "value"],
+        [
+            ("description", env.description),
+            ("source", env.source),
+            ("example_dataset", env.example_dataset or "-"),
+        ],
+    )
+    if tools:
+        print_table(
+            "tools",
+            ["name", "description", "parameters"],
+            [(t["name"], t["description"], json.dumps(t["parameters"])) for t in tools],
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(envs_app, name="envs")

@@ -1,0 +1,90 @@
+"""`python -m rollmesh.gateway`: config -> backends -> Gateway -> mesh.serve() (+ the HTTP facade)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from rollmesh.gateway import Gateway, GatewayConfig, binding
+from rollmesh.gateway.backend import ModelBackend
+from rollmesh.gateway.backends import create_backend
+from rollmesh.gateway.openai_http import HttpFacade
+from rollmesh.mesh.logging import configure, get_logger
+from rollmesh.mesh.server import MeshServer, serve
+
+log = get_logger("rollmesh.gateway")
+
+
+async def run(cfg: GatewayConfig, backends: Sequence[ModelBackend] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT: start the backends, the gRPC server and the HTTP facade; on stop,
+    drain gRPC, stop HTTP, then shut the backends down."""
+    gateway = Gateway.from_config(
+        cfg,
+        list(backends) if backends is not None else [create_backend(s) for s in cfg.models],
+        backend_factory=create_backend,
+    )
+    await gateway.start()
+    http = HttpFacade(gateway, host=cfg.http_host, port=cfg.http_port, api_key=cfg.server.api_key)
+
+    async def started(server: MeshServer) -> None:
+        if cfg.http_port >= 0:
+            await http.start()
+        log.info(
+            "gateway_ready",
+            grpc=server.address,
+            http=http.base_url if cfg.http_port >= 0 else "off",
+            models=[s.name for s in cfg.models],
+            default_model=cfg.default_model,
+        )
+
+    stopped = False
+
+    async def stop() -> None:
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
+        try:
+            await http.stop()
+        finally:
+            await gateway.shutdown()
+
+    try:
+        await serve(
+            [binding(gateway)],
+            cfg.server.address,
+            api_key=cfg.server.api_key,
+            grace=cfg.server.grace_seconds,
+            on_started=started,
+            on_stop=stop,
+        )
+    except BaseException:
+        await stop()
+        raise
+
+
+def main(
+    port: int | None = None,
+    host: str | None = None,
+    http_port: int | None = None,
+    *,
+    backend: str | None = None,
+    model: str | None = None,
+    replicas: int | None = None,
+    base_url: str | None = None,
+) -> None:
+    configure()
+    cfg = GatewayConfig.from_env(
+        port=port,
+        host=host,
+        http_port=http_port,
+        backend=backend,
+        model=model,
+        replicas=replicas,
+        base_url=base_url,
+    )
+    asyncio.run(run(cfg))
+
+
+if __name__ == "__main__":
+    main()

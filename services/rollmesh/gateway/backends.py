@@ -1,0 +1,58 @@
+"""The one place a backend name ("ray-serve", "openai", "fake") becomes a `ModelBackend`.
+
+Heavy backends are imported lazily, so the gateway (and `rollmesh --help`) never imports Ray or
+vLLM unless it serves with them; nothing else in the gateway branches on the backend's type.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from rollmesh.gateway.backend import ModelBackend
+from rollmesh.gateway.config import ModelSpec
+from rollmesh.mesh.config import ConfigError
+
+
+def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> Path:
+    """A directory as given, else a model name looked up in the artifact roots (registry catalog)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if "/" in model or "\\" in model:
+        raise ConfigError(f"model path {model!r} is not a directory")
+    from rollmesh.registry import Catalog, Kind, RootsConfig
+
+    catalog = Catalog.from_config(RootsConfig.from_env(environ))
+    return catalog.locate(Kind.MODEL, model).path
+
+
+def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None) -> ModelBackend:
+    env = os.environ if environ is None else environ
+    if spec.backend == "fake":
+        from rollmesh.gateway.fake import FakeBackend
+
+        return FakeBackend(
+            spec.name, num_replicas=spec.replicas or 1, max_model_len=spec.max_model_len or 4096
+        )
+    if spec.backend == "openai":
+        from rollmesh.gateway.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(
+            spec.name,
+            base_url=spec.base_url,
+            model=spec.model or spec.name,
+            api_key=env.get(spec.api_key_env, "") if spec.api_key_env else "",
+            max_model_len=spec.max_model_len,
+        )
+    if spec.backend == "ray-serve":
+        from rollmesh.serving.backend import RayServeBackend
+
+        return RayServeBackend.from_env(
+            resolve_model_path(spec.model, environ),
+            model_name=spec.name,
+            replicas=spec.replicas,
+            max_model_len=spec.max_model_len or None,
+        )
+    raise ConfigError(f"unknown backend {spec.backend!r}; use ray-serve, openai or fake")

@@ -1,0 +1,106 @@
+"""Gateway configuration, read once: which models it serves (by name, each on a backend), the
+default model, session limits and the OpenAI HTTP facade's port."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollmesh.mesh.config import OPENAI_HTTP_PORT, ConfigError, ServerConfig, read
+
+BACKENDS = ("ray-serve", "openai", "fake")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model. `model` is a path or registry model name (ray-serve), the remote model name
+    (openai) or just a label (fake). `replicas=None` leaves the backend's own default."""
+
+    name: str
+    backend: str = "ray-serve"
+    model: str = ""
+    replicas: int | None = None
+    base_url: str = ""
+    # Name of the environment variable holding the URL's API key (never the key itself).
+    api_key_env: str = ""
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.backend == "openai" and not self.base_url:
+            raise ConfigError(
+                f"model {self.name!r} uses the openai backend but has no base URL: "
+                "pass --base-url or set ROLLMESH_GATEWAY_BASE_URL (e.g. http://127.0.0.1:8001/v1)"
+            )
+        if self.replicas is not None and self.replicas < 1:
+            raise ConfigError(f"model {self.name!r}: replicas={self.replicas} must be >= 1")
+
+
+def model_name_for(model: str) -> str:
+    """The name clients use for `model`: a directory's name, or the name itself."""
+    return Path(model).name if ("/" in model or "\\" in model) else model
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    models: tuple[ModelSpec, ...] = ()
+    default_model: str = ""
+    http_host: str = "127.0.0.1"
+    # Port of the OpenAI-compatible HTTP facade; 0 picks a free one, -1 turns it off.
+    http_port: int = OPENAI_HTTP_PORT
+    session_ttl_s: float = 3600.0
+    max_sessions: int = 10_000
+    default_max_tokens: int = 256
+    max_routes: int = 1024
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"model names must be unique, got {names}")
+        if self.models and self.default_model not in names:
+            raise ConfigError(f"default model {self.default_model!r} is not one of {names}")
+        if self.session_ttl_s <= 0 or self.max_sessions < 1:
+            raise ConfigError(
+                "ROLLMESH_GATEWAY_SESSION_TTL_S must be > 0 and ROLLMESH_GATEWAY_MAX_SESSIONS >= 1"
+            )
+        if self.default_max_tokens < 1:
+            raise ConfigError("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS must be >= 1")
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        port: int | None = None,
+        host: str | None = None,
+        http_port: int | None = None,
+        backend: str | None = None,
+        model: str | None = None,
+        model_name: str | None = None,
+        replicas: int | None = None,
+        base_url: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> GatewayConfig:
+        server = ServerConfig.from_env("gateway", port=port, host=host, environ=environ)
+        model_ref = model or str(read("ROLLMESH_GATEWAY_MODEL", environ))
+        name = model_name or str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
+        spec = ModelSpec(
+            name=name,
+            backend=backend or str(read("ROLLMESH_GATEWAY_BACKEND", environ)),
+            model=model_ref,
+            replicas=replicas,
+            base_url=base_url or str(read("ROLLMESH_GATEWAY_BASE_URL", environ)),
+            api_key_env=str(read("ROLLMESH_GATEWAY_API_KEY_ENV", environ)),
+        )
+        return cls(
+            server=server,
+            models=(spec,),
+            default_model=spec.name,
+            http_host=server.host,
+            http_port=int(read("ROLLMESH_OPENAI_HTTP_PORT", environ)) if http_port is None else http_port,
+            session_ttl_s=float(read("ROLLMESH_GATEWAY_SESSION_TTL_S", environ)),
+            max_sessions=int(read("ROLLMESH_GATEWAY_MAX_SESSIONS", environ)),
+            default_max_tokens=int(read("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", environ)),
+        )

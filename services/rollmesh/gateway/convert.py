@@ -1,0 +1,106 @@
+"""Proto <-> domain conversions for the gateway (the only module here besides the servicer that
+sees *_pb2)."""
+
+from __future__ import annotations
+
+from rollmesh.gateway.types import (
+    GenerateInput,
+    GenerateResult,
+    Message,
+    ModelStatus,
+    SamplingInput,
+    StreamDelta,
+    ToolCall,
+    ToolSpec,
+)
+from rollmesh_client.v1 import common_pb2 as cpb
+from rollmesh_client.v1 import gateway_pb2 as pb
+
+
+def message_from_pb(m: cpb.ChatMessage) -> Message:
+    return Message(
+        role=m.role,
+        content=m.content,
+        tool_calls=tuple(ToolCall(c.id, c.name, c.arguments_json) for c in m.tool_calls),
+        tool_call_id=m.tool_call_id,
+        name=m.name,
+    )
+
+
+def message_to_pb(m: Message) -> cpb.ChatMessage:
+    return cpb.ChatMessage(
+        role=m.role,
+        content=m.content,
+        tool_calls=[
+            cpb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in m.tool_calls
+        ],
+        tool_call_id=m.tool_call_id,
+        name=m.name,
+    )
+
+
+def sampling_from_pb(s: cpb.SamplingParams) -> SamplingInput:
+    return SamplingInput(
+        temperature=s.temperature if s.HasField("temperature") else None,
+        top_p=s.top_p if s.HasField("top_p") else None,
+        top_k=s.top_k if s.HasField("top_k") else None,
+        max_tokens=s.max_tokens if s.HasField("max_tokens") else None,
+        stop=tuple(s.stop),
+        seed=s.seed if s.HasField("seed") else None,
+        logprobs=s.logprobs if s.HasField("logprobs") else False,
+    )
+
+
+def generate_from_pb(r: pb.GenerateRequest) -> GenerateInput:
+    return GenerateInput(
+        model=r.model,
+        messages=tuple(message_from_pb(m) for m in r.messages),
+        prompt_token_ids=tuple(r.prompt_token_ids),
+        tools=tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in r.tools),
+        sampling=sampling_from_pb(r.sampling),
+        session_id=r.session_id,
+        request_id=r.request_id,
+    )
+
+
+def result_to_pb(r: GenerateResult) -> pb.GenerateResponse:
+    return pb.GenerateResponse(
+        message=message_to_pb(r.message),
+        prompt_token_ids=r.prompt_token_ids,
+        output_token_ids=r.output_token_ids,
+        logprobs=r.logprobs,
+        finish_reason=r.finish_reason,
+        usage=cpb.Usage(
+            prompt_tokens=r.usage.prompt_tokens,
+            completion_tokens=r.usage.completion_tokens,
+            total_tokens=r.usage.total_tokens,
+        ),
+        replica_id=r.replica_id,
+        policy_version=r.policy_version,
+        model=r.model,
+        request_id=r.request_id,
+        reused_prefix_tokens=r.reused_prefix_tokens,
+    )
+
+
+def stream_item_to_pb(item: StreamDelta | GenerateResult) -> pb.GenerateStreamResponse:
+    if isinstance(item, GenerateResult):
+        return pb.GenerateStreamResponse(final=result_to_pb(item))
+    return pb.GenerateStreamResponse(text_delta=item.text, token_ids=item.token_ids, logprobs=item.logprobs)
+
+
+def model_to_pb(m: ModelStatus) -> pb.ModelInfo:
+    return pb.ModelInfo(
+        name=m.name,
+        backend=m.backend,
+        replicas=[
+            pb.ReplicaInfo(
+                replica_id=r.replica_id, healthy=r.healthy, in_flight=r.in_flight, sessions=r.sessions
+            )
+            for r in m.replicas
+        ],
+        max_model_len=m.max_model_len,
+        policy_version=m.policy_version,
+        paused=m.paused,
+        is_default=m.is_default,
+    )

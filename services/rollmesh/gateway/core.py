@@ -1,0 +1,543 @@
+"""`Gateway`: the domain object behind both doors (the gRPC servicer and the OpenAI HTTP facade).
+
+It holds the backends by model name, named routes, per-model policy version and pause state, the
+session store (token-exact multi-turn), the in-flight requests (for Abort and per-replica
+accounting), and runs one generation as a stream of `StreamDelta`s ending with a `GenerateResult`.
+No grpc and no HTTP here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import uuid
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rollmesh.gateway import errors
+from rollmesh.gateway.backend import BackendUnavailable, EngineRequest, ModelBackend, Sampling
+from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.sessions import SessionState, SessionStore, build_prompt, tools_key
+from rollmesh.gateway.toolcalls import parse_tool_calls
+from rollmesh.gateway.types import (
+    GenerateInput,
+    GenerateResult,
+    Message,
+    ModelStatus,
+    ReplicaInfo,
+    SamplingInput,
+    StreamDelta,
+    ToolSpec,
+    Usage,
+)
+from rollmesh.mesh.logging import get_logger
+
+log = get_logger("rollmesh.gateway")
+
+BackendFactory = Callable[[ModelSpec], ModelBackend]
+
+
+@dataclass
+class _Model:
+    name: str
+    backend: ModelBackend
+    policy_version: str = ""
+    running: asyncio.Event = field(default_factory=asyncio.Event)
+    in_flight: Counter[str] = field(default_factory=Counter)
+    spec: ModelSpec | None = None  # set for routes the gateway created (and must shut down)
+
+    def __post_init__(self) -> None:
+        self.running.set()
+
+
+@dataclass
+class _Flight:
+    model: _Model
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    request: EngineRequest
+    prompt_ids: tuple[int, ...]
+    reused: int
+
+
+def validate_sampling(
+    s: SamplingInput, *, max_model_len: int, prompt_len: int | None, default_max_tokens: int
+) -> Sampling:
+    """Check ranges (INVALID_ARGUMENT naming the field), then the prompt against the context
+    (RESOURCE_EXHAUSTED). max_tokens is clamped to the context left after the prompt."""
+
+    def bad(name: str, problem: str) -> errors.InvalidSampling:
+        return errors.InvalidSampling(f"sampling.{name} {problem}", metadata={"field": f"sampling.{name}"})
+
+    if s.temperature is not None and (math.isnan(s.temperature) or s.temperature < 0):
+        raise bad("temperature", f"must be >= 0 (0 is greedy), got {s.temperature}")
+    if s.top_p is not None and not (0 < s.top_p <= 1):
+        raise bad("top_p", f"must be in (0, 1], got {s.top_p}")
+    if s.top_k is not None and s.top_k < -1:
+        raise bad("top_k", f"must be -1 (off), 0 (off) or > 0, got {s.top_k}")
+    if s.max_tokens is not None and s.max_tokens <= 0:
+        raise bad("max_tokens", f"must be > 0, got {s.max_tokens}")
+    if s.max_tokens is not None and max_model_len and s.max_tokens > max_model_len:
+        raise bad("max_tokens", f"is {s.max_tokens}, beyond the model's context of {max_model_len} tokens")
+    max_tokens = s.max_tokens or default_max_tokens
+    if max_model_len and prompt_len is not None:
+        if prompt_len >= max_model_len:
+            raise errors.PromptTooLong(
+                f"the prompt has {prompt_len} tokens; the model's context is {max_model_len} tokens, "
+                "which leaves no room to generate",
+                metadata={"prompt_tokens": str(prompt_len), "max_model_len": str(max_model_len)},
+            )
+        max_tokens = min(max_tokens, max_model_len - prompt_len)
+    return Sampling(
+        temperature=1.0 if s.temperature is None else s.temperature,
+        top_p=1.0 if s.top_p is None else s.top_p,
+        top_k=-1 if s.top_k in (None, 0) else int(s.top_k),
+        max_tokens=max_tokens,
+        stop=tuple(x for x in s.stop if x),
+        seed=s.seed,
+        logprobs=s.logprobs,
+    )
+
+
+def _validate_tools(tools: Sequence[ToolSpec]) -> None:
+    for i, t in enumerate(tools):
+        if not t.name:
+            raise errors.InvalidGenerateRequest(
+                f"tools[{i}].name is empty", metadata={"field": f"tools[{i}].name"}
+            )
+        if t.parameters_json:
+            try:
+                params = json.loads(t.parameters_json)
+            except ValueError as exc:
+                raise errors.InvalidGenerateRequest(
+                    f"tools[{i}].parameters_json is not JSON: {exc}",
+                    metadata={"field": f"tools[{i}].parameters_json"},
+                ) from None
+            if not isinstance(params, dict):
+                raise errors.InvalidGenerateRequest(
+                    f"tools[{i}].parameters_json must be a JSON Schema object",
+                    metadata={"field": f"tools[{i}].parameters_json"},
+                )
+
+
+class Gateway:
+    """Serve `backends` (by their card's name); `default_model` answers requests naming no model."""
+
+    def __init__(
+        self,
+        backends: Sequence[ModelBackend],
+        *,
+        default_model: str = "",
+        session_ttl_s: float = 3600.0,
+        max_sessions: int = 10_000,
+        default_max_tokens: int = 256,
+        max_routes: int = 1024,
+        backend_factory: BackendFactory | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        if not backends:
+            raise ValueError("a gateway needs at least one backend")
+        self._models: dict[str, _Model] = {}
+        for b in backends:
+            if b.card.name in self._models:
+                raise ValueError(f"two backends serve the model name {b.card.name!r}")
+            self._models[b.card.name] = _Model(b.card.name, b)
+        self.default_model = default_model or backends[0].card.name
+        if self.default_model not in self._models:
+            raise ValueError(f"default model {self.default_model!r} is not served")
+        self._aliases: dict[str, str] = {}
+        self._route_count = 0
+        self.max_routes = max_routes
+        self.default_max_tokens = default_max_tokens
+        self.sessions = SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
+        self._flights: dict[str, _Flight] = {}
+        self._factory = backend_factory
+        self._environ = os.environ if environ is None else environ
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: GatewayConfig,
+        backends: Sequence[ModelBackend],
+        *,
+        backend_factory: BackendFactory | None = None,
+    ) -> Gateway:
+        return cls(
+            backends,
+            default_model=cfg.default_model,
+            session_ttl_s=cfg.session_ttl_s,
+            max_sessions=cfg.max_sessions,
+            default_max_tokens=cfg.default_max_tokens,
+            max_routes=cfg.max_routes,
+            backend_factory=backend_factory,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.gather(*(m.backend.start() for m in self._models.values()))
+
+    async def shutdown(self) -> None:
+        results = await asyncio.gather(
+            *(m.backend.shutdown() for m in self._models.values()), return_exceptions=True
+        )
+        for m, r in zip(self._models.values(), results, strict=True):
+            if isinstance(r, Exception):
+                log.warning("backend_shutdown_failed", model=m.name, error=str(r))
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def _resolve(self, name: str) -> _Model:
+        key = name or self.default_model
+        key = self._aliases.get(key, key)
+        model = self._models.get(key)
+        if model is None:
+            known = sorted([*self._models, *self._aliases])
+            raise errors.ModelNotFound(
+                f"no model or route named {name!r}; served: {', '.join(known)}", metadata={"model": name}
+            )
+        return model
+
+    def _targets(self, name: str) -> list[_Model]:
+        return list(self._models.values()) if not name else [self._resolve(name)]
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def set_policy_version(self, model: str, version: str) -> str:
+        """Label later responses with `version`; returns the previous label (of the default model
+        when `model` is empty, meaning every model)."""
+        previous = self._resolve(model).policy_version
+        for m in self._targets(model):
+            m.policy_version = version
+        log.info("policy_version_set", model=model or "*", version=version, previous=previous)
+        return previous
+
+    def pause(self, model: str = "") -> None:
+        for m in self._targets(model):
+            m.running.clear()
+        log.info("generation_paused", model=model or "*")
+
+    def resume(self, model: str = "") -> None:
+        for m in self._targets(model):
+            m.running.set()
+        log.info("generation_resumed", model=model or "*")
+
+    def close_session(self, session_id: str) -> bool:
+        return self.sessions.close(session_id)
+
+    def running_requests(self) -> list[str]:
+        """Ids of the generations in progress (including those held by a pause)."""
+        return list(self._flights)
+
+    async def abort(self, request_id: str) -> bool:
+        flight = self._flights.get(request_id)
+        if flight is None:
+            return False
+        flight.aborted.set()
+        await flight.model.backend.abort(request_id)
+        return True
+
+    async def register_route(
+        self, route: str, *, target_model: str = "", base_url: str = "", api_key_env: str = ""
+    ) -> ModelStatus:
+        if not route or route != route.strip() or any(c.isspace() for c in route):
+            raise errors.InvalidRoute(f"route name {route!r} must be non-empty without spaces")
+        if base_url:
+            spec = ModelSpec(
+                name=route,
+                backend="openai",
+                model=target_model or route,
+                base_url=base_url,
+                api_key_env=api_key_env,
+            )
+            existing = self._models.get(route)
+            if existing is not None and existing.spec == spec:
+                return await self._status(route, existing)
+            self._check_free(route)
+            if self._factory is None:
+                raise errors.InvalidRoute("this gateway cannot create URL routes (no backend factory)")
+            backend = self._factory(spec)
+            try:
+                await backend.start()
+            except BackendUnavailable as exc:
+                raise errors.BackendDown(
+                    f"route {route!r}: {base_url} is not reachable: {exc}", retry_after_s=exc.retry_after_s
+                ) from None
+            self._models[route] = _Model(route, backend, spec=spec)
+            self._route_count += 1
+            log.info("route_registered", route=route, base_url=base_url, target_model=spec.model)
+            return await self._status(route, self._models[route])
+        if not target_model:
+            raise errors.InvalidRoute("give target_model (a served model) or base_url")
+        target = self._resolve(target_model)
+        if self._aliases.get(route) == target.name:
+            return await self._status(route, target)
+        self._check_free(route)
+        self._aliases[route] = target.name
+        self._route_count += 1
+        log.info("route_registered", route=route, target_model=target.name)
+        return await self._status(route, target)
+
+    def _check_free(self, route: str) -> None:
+        if route in self._models or route in self._aliases:
+            raise errors.RouteExists(
+                f"a model or route named {route!r} already exists", metadata={"route": route}
+            )
+        if self._route_count >= self.max_routes:
+            raise errors.TooManyRoutes(
+                f"{self._route_count} routes registered; the limit is {self.max_routes}"
+            )
+
+    # -- listing -----------------------------------------------------------------------------
+
+    async def _status(self, name: str, m: _Model) -> ModelStatus:
+        try:
+            reported = await m.backend.replicas()
+        except Exception as exc:  # a sick backend must not break listing
+            log.warning("backend_replicas_failed", model=m.name, error=str(exc))
+            reported = []
+        sessions = self.sessions.sessions_per_replica(m.name)
+        seen = {r.replica_id: r.healthy for r in reported}
+        for rid in [*m.in_flight, *sessions]:
+            seen.setdefault(rid, False)
+        replicas = tuple(
+            ReplicaInfo(
+                replica_id=rid, healthy=h, in_flight=m.in_flight.get(rid, 0), sessions=sessions.get(rid, 0)
+            )
+            for rid, h in seen.items()
+        )
+        return ModelStatus(
+            name=name,
+            backend=m.backend.card.backend,
+            replicas=replicas,
+            max_model_len=m.backend.card.max_model_len,
+            policy_version=m.policy_version,
+            paused=not m.running.is_set(),
+            is_default=name == self.default_model,
+        )
+
+    async def list_models(self) -> list[ModelStatus]:
+        out = [await self._status(name, m) for name, m in self._models.items()]
+        out += [await self._status(alias, self._models[target]) for alias, target in self._aliases.items()]
+        return out
+
+    # -- generation --------------------------------------------------------------------------
+
+    def _prepare(self, m: _Model, inp: GenerateInput, rid: str) -> _Prepared:
+        if inp.messages and inp.prompt_token_ids:
+            raise errors.InvalidGenerateRequest(
+                "give messages or prompt_token_ids, not both", metadata={"field": "prompt_token_ids"}
+            )
+        if not inp.messages and not inp.prompt_token_ids:
+            raise errors.InvalidGenerateRequest(
+                "the request has no messages and no prompt_token_ids", metadata={"field": "messages"}
+            )
+        _validate_tools(inp.tools)
+        backend = m.backend
+        card = backend.card
+        tokenizer = backend.tokenizer
+        if not backend.supports_token_ids or tokenizer is None:
+            if inp.prompt_token_ids:
+                raise errors.TokenIdsUnsupported(
+                    f"model {m.name!r} ({card.backend} backend) takes chat messages, not prompt_token_ids; "
+                    "token-exact generation needs a token-id backend (ray-serve or fake)",
+                    metadata={"model": m.name},
+                )
+            sampling = validate_sampling(
+                inp.sampling,
+                max_model_len=card.max_model_len,
+                prompt_len=None,
+                default_max_tokens=self.default_max_tokens,
+            )
+            req = EngineRequest(
+                request_id=rid,
+                sampling=sampling,
+                messages=tuple(x.to_template() for x in inp.messages),
+                tools=tuple(t.to_openai() for t in inp.tools),
+                session_id=inp.session_id,
+            )
+            return _Prepared(req, (), 0)
+        previous = self.sessions.get(inp.session_id) if inp.session_id else None
+        if inp.prompt_token_ids:
+            ids = tuple(inp.prompt_token_ids)
+            kept = previous.token_ids if previous is not None else ()
+            reused = len(kept) if kept and ids[: len(kept)] == kept else 0
+        else:
+            prompt = build_prompt(tokenizer, inp.messages, inp.tools, previous, model=m.name)
+            ids, reused = prompt.token_ids, prompt.reused_prefix_tokens
+            if previous is not None and prompt.fresh_reason:
+                log.info("session_restarted", session_id=inp.session_id, reason=prompt.fresh_reason)
+        sampling = validate_sampling(
+            inp.sampling,
+            max_model_len=card.max_model_len,
+            prompt_len=len(ids),
+            default_max_tokens=self.default_max_tokens,
+        )
+        req = EngineRequest(
+            request_id=rid, sampling=sampling, prompt_token_ids=ids, session_id=inp.session_id
+        )
+        return _Prepared(req, ids, reused)
+
+    async def _wait_running(self, m: _Model, flight: _Flight, deadline: float | None) -> None:
+        if m.running.is_set():
+            return
+        waits = [asyncio.ensure_future(m.running.wait()), asyncio.ensure_future(flight.aborted.wait())]
+        try:
+            async with asyncio.timeout_at(deadline):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            raise errors.PausedDeadlineExceeded(
+                f"generation on {m.name!r} stayed paused past the request's deadline",
+                metadata={"model": m.name},
+            ) from None
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def generate(self, inp: GenerateInput, *, timeout_s: float | None = None) -> GenerateResult:
+        async with contextlib.aclosing(self.generate_stream(inp, timeout_s=timeout_s)) as stream:
+            async for item in stream:
+                if isinstance(item, GenerateResult):
+                    return item
+        raise AssertionError("generate_stream ended without a result")  # pragma: no cover
+
+    async def generate_stream(
+        self, inp: GenerateInput, *, timeout_s: float | None = None
+    ) -> AsyncGenerator[StreamDelta | GenerateResult, None]:
+        """Deltas as the backend produces them, then one `GenerateResult`. Cancelling the iteration
+        (client cancel) or `abort(request_id)` aborts the engine request; `timeout_s` bounds the
+        wait while paused and the whole generation."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
+        m = self._resolve(inp.model)
+        rid = inp.request_id or uuid.uuid4().hex
+        if rid in self._flights:
+            raise errors.DuplicateRequestId(
+                f"request_id {rid!r} is already running", metadata={"request_id": rid}
+            )
+        prepared = self._prepare(m, inp, rid)
+        flight = _Flight(m)
+        self._flights[rid] = flight
+        try:
+            await self._wait_running(m, flight, deadline)
+            version = m.policy_version
+            out_ids: list[int] = []
+            logprobs: list[float] = []
+            texts: list[str] = []
+            replica, finish = "", None
+            prompt_ids = prepared.prompt_ids
+            if not flight.aborted.is_set():
+                agen = m.backend.generate(prepared.request)
+                try:
+                    while True:
+                        try:
+                            async with asyncio.timeout_at(deadline):
+                                chunk = await anext(agen)
+                        except StopAsyncIteration:
+                            break
+                        except TimeoutError:
+                            raise errors.GenerationDeadlineExceeded(
+                                f"generation {rid} did not finish before the deadline ({len(out_ids)} tokens "
+                                "generated)",
+                                metadata={"request_id": rid},
+                            ) from None
+                        except BackendUnavailable as exc:
+                            raise errors.BackendDown(
+                                f"model {m.name!r} is unavailable: {exc}",
+                                retry_after_s=exc.retry_after_s,
+                                metadata={"model": m.name},
+                            ) from None
+                        if chunk.replica_id and not replica:
+                            replica = chunk.replica_id
+                            m.in_flight[replica] += 1
+                        if chunk.prompt_token_ids and not prompt_ids:
+                            prompt_ids = chunk.prompt_token_ids
+                        if chunk.token_ids or chunk.text:
+                            out_ids.extend(chunk.token_ids)
+                            logprobs.extend(chunk.logprobs)
+                            texts.append(chunk.text)
+                            yield StreamDelta(chunk.text, chunk.token_ids, chunk.logprobs)
+                        if chunk.finish_reason:
+                            finish = chunk.finish_reason
+                            break
+                finally:
+                    if replica:
+                        m.in_flight[replica] -= 1
+                        if m.in_flight[replica] <= 0:
+                            del m.in_flight[replica]
+                    if finish is None:
+                        await m.backend.abort(rid)
+                    aclose = getattr(agen, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+            if finish is None:
+                if not flight.aborted.is_set():
+                    raise errors.BackendDown(
+                        f"model {m.name!r} ended generation {rid} without a finish reason", retry_after_s=1.0
+                    )
+                finish = "abort"
+            yield self._finish(
+                m, inp, prepared, rid, version, replica, finish, prompt_ids, out_ids, logprobs, texts
+            )
+        finally:
+            del self._flights[rid]
+
+    def _finish(
+        self,
+        m: _Model,
+        inp: GenerateInput,
+        prepared: _Prepared,
+        rid: str,
+        version: str,
+        replica: str,
+        finish: str,
+        prompt_ids: tuple[int, ...],
+        out_ids: list[int],
+        logprobs: list[float],
+        texts: list[str],
+    ) -> GenerateResult:
+        tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
+        if tokenizer is not None and out_ids:
+            # Decode ourselves, keeping special tokens such as <tool_call>, minus a trailing eos.
+            eos = getattr(tokenizer, "eos_token_id", None)
+            body = out_ids[:-1] if out_ids[-1] == eos else out_ids
+            raw = tokenizer.decode(body, skip_special_tokens=False)
+        else:
+            raw = "".join(texts)
+        parsed = parse_tool_calls(raw, id_prefix=f"call_{rid[:8]}_")
+        if parsed.tool_calls and finish in ("stop", "length"):
+            finish = "tool_calls"
+        message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
+        if inp.session_id and finish != "abort":
+            tail = tokenizer.decode(out_ids[-16:], skip_special_tokens=False) if tokenizer is not None else ""
+            self.sessions.put(
+                SessionState(
+                    session_id=inp.session_id,
+                    model=m.name,
+                    tools_key=tools_key(inp.tools),
+                    messages=(*inp.messages, message) if inp.messages and tokenizer is not None else (),
+                    token_ids=(*prompt_ids, *out_ids) if tokenizer is not None else (),
+                    output_text=tail,
+                    replica_id=replica,
+                )
+            )
+        return GenerateResult(
+            message=message,
+            prompt_token_ids=tuple(prompt_ids),
+            output_token_ids=tuple(out_ids),
+            logprobs=tuple(logprobs) if prepared.request.sampling.logprobs else (),
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(out_ids)),
+            replica_id=replica,
+            policy_version=version,
+            model=m.name,
+            request_id=rid,
+            reused_prefix_tokens=prepared.reused,
+        )

@@ -1,0 +1,155 @@
+"""Gateway errors, each with its status code and ErrorInfo reason.
+
+The gRPC interceptor maps them to `google.rpc.Status`; the OpenAI HTTP facade maps the same classes
+to an HTTP status and an OpenAI-style JSON error (`http_status`, `openai_type`), so both doors
+report one error the same way.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from rollmesh.mesh.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    RollmeshError,
+    Unavailable,
+)
+
+# google.rpc code -> HTTP status (the mapping in google/rpc/code.proto).
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+OPENAI_TYPE: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.INVALID_ARGUMENT: "invalid_request_error",
+    grpc.StatusCode.FAILED_PRECONDITION: "invalid_request_error",
+    grpc.StatusCode.UNAUTHENTICATED: "authentication_error",
+    grpc.StatusCode.NOT_FOUND: "not_found_error",
+    grpc.StatusCode.ALREADY_EXISTS: "conflict_error",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+    grpc.StatusCode.UNAVAILABLE: "service_unavailable_error",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout_error",
+}
+
+
+def http_status(exc: RollmeshError) -> int:
+    """The HTTP status the facade answers for `exc` (a class may override the code's default)."""
+    override = getattr(exc, "http_status_override", None)
+    if isinstance(override, int):
+        return override
+    return HTTP_STATUS.get(exc.code, 500)
+
+
+def openai_type(exc: RollmeshError) -> str:
+    return OPENAI_TYPE.get(exc.code, "server_error")
+
+
+class ModelNotFound(NotFound):
+    reason = "MODEL_NOT_FOUND"
+
+
+class InvalidSampling(InvalidArgument):
+    """A sampling parameter is out of range; `metadata["field"]` names it."""
+
+    reason = "INVALID_SAMPLING_PARAMS"
+
+
+class InvalidGenerateRequest(InvalidArgument):
+    """The request shape is wrong (no prompt, both prompt forms, bad tool schema ...)."""
+
+    reason = "INVALID_GENERATE_REQUEST"
+
+
+class PromptTooLong(ResourceExhausted):
+    """The prompt does not fit the model's context. No RetryInfo: retrying cannot help.
+
+    Over HTTP this is 400 (OpenAI's `context_length_exceeded`), so OpenAI clients do not retry it
+    the way they retry a 429.
+    """
+
+    reason = "PROMPT_TOO_LONG"
+    http_status_override = 400
+
+
+class TokenIdsUnsupported(FailedPrecondition):
+    reason = "TOKEN_IDS_UNSUPPORTED"
+
+
+class BackendDown(Unavailable):
+    """The backend cannot serve now; carries RetryInfo (`retry_after_s`)."""
+
+    reason = "BACKEND_UNAVAILABLE"
+
+
+class GenerationDeadlineExceeded(DeadlineExceeded):
+    reason = "GENERATION_DEADLINE_EXCEEDED"
+
+
+class PausedDeadlineExceeded(DeadlineExceeded):
+    """The deadline passed while generation was paused (around a weight update)."""
+
+    reason = "GENERATION_PAUSED"
+
+
+class DuplicateRequestId(AlreadyExists):
+    reason = "REQUEST_ID_IN_USE"
+
+
+class RouteExists(AlreadyExists):
+    reason = "ROUTE_EXISTS"
+
+
+class InvalidRoute(InvalidArgument):
+    reason = "INVALID_ROUTE"
+
+
+class TooManyRoutes(ResourceExhausted):
+    reason = "TOO_MANY_ROUTES"
+
+
+__all__ = [
+    "BackendDown",
+    "DuplicateRequestId",
+    "GenerationDeadlineExceeded",
+    "InvalidGenerateRequest",
+    "InvalidRoute",
+    "InvalidSampling",
+    "ModelNotFound",
+    "PausedDeadlineExceeded",
+    "PromptTooLong",
+    "RouteExists",
+    "TokenIdsUnsupported",
+    "TooManyRoutes",
+    "UpstreamAuthFailed",
+    "UpstreamRejected",
+    "http_status",
+    "openai_type",
+]
+
+
+class UpstreamRejected(InvalidArgument):
+    """An OpenAI-compatible upstream refused the request (HTTP 4xx); its message is passed on."""
+
+    reason = "UPSTREAM_REJECTED"
+
+
+class UpstreamAuthFailed(FailedPrecondition):
+    """The upstream refused our API key (HTTP 401/403): a configuration problem, not retryable."""
+
+    reason = "UPSTREAM_AUTH_FAILED"

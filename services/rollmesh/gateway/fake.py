@@ -1,0 +1,288 @@
+"""A deterministic in-process backend for tests, benchmarks and the scheduler's tests.
+
+    from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
+
+    backend = FakeBackend("fake")                          # echoes the last user message
+    backend = FakeBackend("fake", script=lambda prompt, req: '<tool_call>{"name": "add", '
+                          '"arguments": {"a": 1}}</tool_call>')
+    backend = FakeBackend("fake", script=lambda prompt, req: FakeTokenizer.char_ids("12"))
+
+A script is any callable `(prompt_text, request) -> str | Sequence[int]`: `prompt_text` is the
+decoded prompt (chat template included), `request` the `EngineRequest`. Returning text makes the
+engine emit its canonical encoding; returning ids emits exactly those ids (e.g. a non-canonical
+tokenization, which token-exact multi-turn must keep). The engine appends `<|end|>` (eos) unless
+the ids already end with it, then applies `max_tokens` ("length") and stop strings ("stop").
+
+`FakeTokenizer` is char-level with a few multi-character tokens ("12", "the", "ing", " is") and
+the tiny-arith special tokens, so text has more than one tokenization. Its chat template is the
+tiny-arith template written in Python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from rollmesh.gateway.backend import (
+    BackendUnavailable,
+    EngineChunk,
+    EngineRequest,
+    ModelBackend,
+    ModelCard,
+    ReplicaStatus,
+)
+
+Script = Callable[[str, EngineRequest], "str | Sequence[int]"]
+
+SPECIALS = (
+    "<|pad|>",
+    "<|bos|>",
+    "<|end|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
+    "<tool_call>",
+    "</tool_call>",
+)
+MERGES = ("12", "the", "ing", " is")
+CHAR_BASE = 64  # a character c has id CHAR_BASE + ord(c)
+
+
+class FakeTokenizer:
+    """Greedy longest-match over specials and merges, else one id per character."""
+
+    eos_token = "<|end|>"
+    bos_token = "<|bos|>"
+
+    def __init__(self) -> None:
+        self._pieces = {p: i for i, p in enumerate((*SPECIALS, *MERGES))}
+        self._by_id = {i: p for p, i in self._pieces.items()}
+        self._special_ids = set(range(len(SPECIALS)))
+        self._first = {p[0] for p in self._pieces}
+        self._longest = max(len(p) for p in self._pieces)
+        self.eos_token_id = self._pieces[self.eos_token]
+
+    @staticmethod
+    def char_ids(text: str) -> list[int]:
+        """One id per character: a valid but usually non-canonical tokenization of `text`."""
+        return [CHAR_BASE + ord(c) for c in text]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        del add_special_tokens
+        ids: list[int] = []
+        i, n = 0, len(text)
+        while i < n:
+            if text[i] in self._first:
+                for k in range(min(self._longest, n - i), 1, -1):
+                    pid = self._pieces.get(text[i : i + k])
+                    if pid is not None:
+                        ids.append(pid)
+                        i += k
+                        break
+                else:
+                    ids.append(CHAR_BASE + ord(text[i]))
+                    i += 1
+            else:
+                ids.append(CHAR_BASE + ord(text[i]))
+                i += 1
+        return ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        out: list[str] = []
+        for t in token_ids:
+            if t >= CHAR_BASE:
+                out.append(chr(t - CHAR_BASE))
+            elif not (skip_special_tokens and t in self._special_ids):
+                out.append(self._by_id.get(t, ""))
+        return "".join(out)
+
+    def apply_chat_template(
+        self,
+        conversation: Sequence[dict[str, Any]],
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        tokenize: bool = False,
+    ) -> Any:
+        parts = [self.bos_token]
+        msgs = list(conversation)
+        first_is_system = bool(msgs) and msgs[0].get("role") == "system"
+        if tools:
+            parts.append("<|system|>\n")
+            if first_is_system:
+                parts.append(str(msgs[0].get("content") or "") + "\n\n")
+            parts.append("You can call these tools:\n")
+            for t in tools:
+                parts.append(json.dumps(t.get("function", t)) + "\n")
+            parts.append('To call a tool, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
+            parts.append("<|end|>\n")
+        for i, m in enumerate(msgs):
+            role, content = m.get("role"), str(m.get("content") or "")
+            if role == "system":
+                if not (tools and i == 0):
+                    parts.append(f"<|system|>\n{content}<|end|>\n")
+            elif role == "user":
+                parts.append(f"<|user|>\n{content}<|end|>\n")
+            elif role == "assistant":
+                parts.append(f"<|assistant|>\n{content}")
+                for call in m.get("tool_calls") or ():
+                    fn = call.get("function", call)
+                    parts.append(
+                        f'<tool_call>{{"name": {json.dumps(fn["name"])}, "arguments": {fn["arguments"]}}}'
+                        "</tool_call>"
+                    )
+                parts.append("<|end|>\n")
+            elif role == "tool":
+                parts.append(f"<|tool|>\n{content}<|end|>\n")
+        if add_generation_prompt:
+            parts.append("<|assistant|>\n")
+        text = "".join(parts)
+        return self.encode(text) if tokenize else text
+
+
+def echo_last_user(prompt_text: str, request: EngineRequest) -> str:
+    """The default script: repeat the last user message (or "ok")."""
+    del request
+    start = prompt_text.rfind("<|user|>\n")
+    if start < 0:
+        return "ok"
+    body = prompt_text[start + len("<|user|>\n") :]
+    return body.split("<|end|>", 1)[0]
+
+
+class FakeBackend(ModelBackend):
+    """Scripted engine with `num_replicas` pretend replicas, configurable latency, and hooks tests
+    use: `requests` (last 1000 EngineRequests), `aborted` (request ids passed to abort),
+    `down` (generate raises BackendUnavailable), `wait_running(request_id)`, `wait_aborted(request_id)`."""
+
+    def __init__(
+        self,
+        name: str = "fake",
+        *,
+        script: Script | None = None,
+        num_replicas: int = 1,
+        max_model_len: int = 4096,
+        first_token_latency_s: float = 0.0,
+        token_latency_s: float = 0.0,
+    ) -> None:
+        self._card = ModelCard(name=name, backend="fake", max_model_len=max_model_len)
+        self._tokenizer = FakeTokenizer()
+        self.script: Script = script or echo_last_user
+        self.replica_ids = [f"{name}-replica-{i}" for i in range(max(1, num_replicas))]
+        self.first_token_latency_s = first_token_latency_s
+        self.token_latency_s = token_latency_s
+        self.down = False
+        self.retry_after_s = 1.0
+        self.requests: deque[EngineRequest] = deque(maxlen=1000)
+        self.aborted: list[str] = []
+        self.started = False
+        self._rr = itertools.count()
+        self._running: dict[str, asyncio.Event] = {}
+        self._in_flight = dict.fromkeys(self.replica_ids, 0)
+        self._changed = asyncio.Event()
+
+    @property
+    def card(self) -> ModelCard:
+        return self._card
+
+    @property
+    def tokenizer(self) -> FakeTokenizer:
+        return self._tokenizer
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def shutdown(self) -> None:
+        for ev in self._running.values():
+            ev.set()
+        self.started = False
+
+    def pick_replica(self, session_id: str) -> str:
+        if session_id:
+            return self.replica_ids[zlib.crc32(session_id.encode()) % len(self.replica_ids)]
+        return self.replica_ids[next(self._rr) % len(self.replica_ids)]
+
+    async def wait_running(self, request_id: str, *, timeout_s: float = 10.0) -> None:
+        """Wait until `request_id` is generating (an event, not a sleep)."""
+        async with asyncio.timeout(timeout_s):
+            while request_id not in self._running:
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def wait_aborted(self, request_id: str, *, timeout_s: float = 10.0) -> None:
+        """Wait until `abort(request_id)` has been called."""
+        async with asyncio.timeout(timeout_s):
+            while request_id not in self.aborted:
+                self._changed.clear()
+                await self._changed.wait()
+
+    def _output_ids(self, request: EngineRequest) -> tuple[list[int], str]:
+        prompt_text = self._tokenizer.decode(request.prompt_token_ids)
+        scripted = self.script(prompt_text, request)
+        ids = self._tokenizer.encode(scripted) if isinstance(scripted, str) else list(scripted)
+        if not ids or ids[-1] != self._tokenizer.eos_token_id:
+            ids.append(self._tokenizer.eos_token_id)
+        finish = "stop"
+        if len(ids) > request.sampling.max_tokens:
+            ids, finish = ids[: request.sampling.max_tokens], "length"
+        return ids, finish
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        if self.down:
+            raise BackendUnavailable(f"{self._card.name} is down", retry_after_s=self.retry_after_s)
+        self.requests.append(request)
+        replica = self.pick_replica(request.session_id)
+        ids, finish = self._output_ids(request)
+        abort = asyncio.Event()
+        self._running[request.request_id] = abort
+        self._in_flight[replica] += 1
+        self._changed.set()
+        text_so_far = ""
+        try:
+            for i, tid in enumerate(ids):
+                delay = self.first_token_latency_s if i == 0 else self.token_latency_s
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(abort.wait(), delay)
+                    except TimeoutError:
+                        pass
+                if abort.is_set():
+                    yield EngineChunk(finish_reason="abort", replica_id=replica)
+                    return
+                text = "" if tid == self._tokenizer.eos_token_id else self._tokenizer.decode([tid])
+                text_so_far += text
+                if any(s in text_so_far for s in request.sampling.stop):
+                    yield EngineChunk(finish_reason="stop", replica_id=replica)
+                    return
+                last = i == len(ids) - 1
+                yield EngineChunk(
+                    token_ids=(tid,),
+                    logprobs=(-0.01 - (tid % 7) / 10,) if request.sampling.logprobs else (),
+                    text=text,
+                    finish_reason=finish if last else None,
+                    replica_id=replica,
+                )
+        finally:
+            self._running.pop(request.request_id, None)
+            self._in_flight[replica] -= 1
+
+    async def abort(self, request_id: str) -> bool:
+        self.aborted.append(request_id)
+        self._changed.set()
+        ev = self._running.get(request_id)
+        if ev is None:
+            return False
+        ev.set()
+        return True
+
+    async def replicas(self) -> list[ReplicaStatus]:
+        return [
+            ReplicaStatus(replica_id=r, healthy=not self.down, in_flight=self._in_flight[r])
+            for r in self.replica_ids
+        ]

@@ -1,0 +1,79 @@
+"""The ModelGateway grpc.aio servicer: proto in, `Gateway` call, proto out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rollmesh.gateway import convert
+from rollmesh.gateway.core import Gateway
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.mesh.paging import page
+from rollmesh_client.v1 import gateway_pb2 as pb
+from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
+
+
+def _timeout(context: Any) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else float(remaining)
+
+
+class GatewayServicer(pb_grpc.ModelGatewayServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+
+    async def Generate(self, request: pb.GenerateRequest, context: Any) -> pb.GenerateResponse:
+        result = await self._gw.generate(convert.generate_from_pb(request), timeout_s=_timeout(context))
+        return convert.result_to_pb(result)
+
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: Any
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
+        stream = self._gw.generate_stream(convert.generate_from_pb(request), timeout_s=_timeout(context))
+        try:
+            async for item in stream:
+                yield convert.stream_item_to_pb(item)
+                if isinstance(item, GenerateResult):
+                    return
+        finally:
+            await stream.aclose()
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
+        models = await self._gw.list_models()
+        items, token = page(models, request.page_size, request.page_token)
+        return pb.ListModelsResponse(models=[convert.model_to_pb(m) for m in items], next_page_token=token)
+
+    async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
+        return pb.AbortResponse(aborted=await self._gw.abort(request.request_id))
+
+    async def CloseSession(
+        self, request: pb.CloseGatewaySessionRequest, context: Any
+    ) -> pb.CloseGatewaySessionResponse:
+        return pb.CloseGatewaySessionResponse(closed=self._gw.close_session(request.session_id))
+
+    async def SetPolicyVersion(
+        self, request: pb.SetPolicyVersionRequest, context: Any
+    ) -> pb.SetPolicyVersionResponse:
+        previous = self._gw.set_policy_version(request.model, request.version)
+        return pb.SetPolicyVersionResponse(previous_version=previous)
+
+    async def PauseGeneration(
+        self, request: pb.PauseGenerationRequest, context: Any
+    ) -> pb.PauseGenerationResponse:
+        self._gw.pause(request.model)
+        return pb.PauseGenerationResponse()
+
+    async def ResumeGeneration(
+        self, request: pb.ResumeGenerationRequest, context: Any
+    ) -> pb.ResumeGenerationResponse:
+        self._gw.resume(request.model)
+        return pb.ResumeGenerationResponse()
+
+    async def RegisterRoute(self, request: pb.RegisterRouteRequest, context: Any) -> pb.RegisterRouteResponse:
+        status = await self._gw.register_route(
+            request.route,
+            target_model=request.target_model,
+            base_url=request.base_url,
+            api_key_env=request.api_key_env,
+        )
+        return pb.RegisterRouteResponse(model=convert.model_to_pb(status))

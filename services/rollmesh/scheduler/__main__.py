@@ -1,0 +1,53 @@
+"""`python -m rollmesh.scheduler [--port N] [--host H] [--output-dir D]`:
+config -> gateway/verifier ports -> JobManager -> mesh.serve().
+
+`--port 0` binds a free port; with ROLLMESH_PORT_FILE set, mesh.serve writes the bound address
+there, so a parent process needs no free-port guessing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.server import serve
+from rollmesh.registry import Catalog
+from rollmesh.scheduler import binding
+from rollmesh.scheduler.config import SchedulerConfig
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+
+
+async def _serve(cfg: SchedulerConfig) -> None:
+    model = GatewayModel.connect(cfg.gateway_addr, api_key=cfg.server.api_key or None)
+    env = VerifierEnv.connect(cfg.verifier_addr, api_key=cfg.server.api_key or None)
+    manager = JobManager(Catalog.from_config(cfg.roots), model=model, env=env, output_dir=cfg.output_dir)
+
+    async def stop() -> None:
+        await manager.aclose()
+        await model.close()
+        await env.close()
+
+    await serve(
+        [binding(manager)],
+        cfg.server.address,
+        api_key=cfg.server.api_key,
+        grace=cfg.server.grace_seconds,
+        on_stop=stop,
+    )
+
+
+def main(port: int | None = None, host: str | None = None, output_dir: str | None = None) -> None:
+    configure()
+    cfg = SchedulerConfig.from_env(port=port, host=host, output_dir=output_dir)
+    asyncio.run(_serve(cfg))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m rollmesh.scheduler")
+    ap.add_argument("--port", type=int, default=None)
+    ap.add_argument("--host", default=None)
+    ap.add_argument("--output-dir", default=None)
+    a = ap.parse_args()
+    main(port=a.port, host=a.host, output_dir=a.output_dir)

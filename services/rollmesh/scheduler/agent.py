@@ -1,0 +1,286 @@
+"""The built-in agent loop of one rollout, over two small ports (model, environment).
+
+seed session -> generate -> run tool calls on the verifier -> append results -> ... (up to
+`max_steps` model turns) -> verify; the verifier and gateway sessions are closed in `finally`
+(a one-turn rollout opens no gateway session).
+The ports are Protocols: `remote.py` implements them over gRPC, tests with in-process fakes.
+Messages are OpenAI chat-style dicts; tool calls are
+`{"id", "type": "function", "function": {"name", "arguments"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler.records import RolloutKey
+
+Json = dict[str, Any]
+log = get_logger("rollmesh.scheduler.agent")
+
+CLOSE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class GenerateCall:
+    model: str
+    messages: list[Json]
+    tools: list[Json]  # {"name", "description", "parameters"} (parameters: a JSON Schema dict)
+    sampling: Json
+    session_id: str
+    request_id: str
+
+
+@dataclass
+class Turn:
+    """One model turn as the gateway returned it (what tokens.py builds the TokenRecord from)."""
+
+    message: Json
+    prompt_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    replica_id: str = ""
+    policy_version: str = ""
+    reused_prefix_tokens: int = 0
+    latency_s: float = 0.0
+
+    def to_json(self) -> Json:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ToolResult:
+    output: str
+    is_error: bool = False
+
+
+@dataclass
+class Verdict:
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+    extracted_answer: str = ""
+    details: Json = field(default_factory=dict)
+
+
+class ModelPort(Protocol):
+    async def generate(self, call: GenerateCall) -> Turn: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+
+class EnvPort(Protocol):
+    async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
+        """Open a session for the task; returns the tools offered ({"name","description","parameters"})."""
+        ...
+
+    async def call_tool(self, session_id: str, call: Json) -> ToolResult: ...
+
+    async def verify(
+        self, environment: str, task: Json, messages: list[Json], session_id: str
+    ) -> Verdict: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+    async def environment_tools(self, environment: str) -> list[Json]:
+        """The environment's tools; raises a NOT_FOUND error for an unknown environment."""
+        ...
+
+
+@dataclass
+class AgentSettings:
+    environment: str
+    model: str = ""
+    max_steps: int = 8
+    system_prompt: str = ""
+    sampling: Json = field(default_factory=dict)
+
+
+@dataclass
+class AgentOutcome:
+    messages: list[Json]
+    verdict: Verdict
+    turns: list[Turn]
+    finish_reason: str
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(t.prompt_tokens for t in self.turns)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(t.completion_tokens for t in self.turns)
+
+
+def session_key(job_id: str, key: RolloutKey) -> str:
+    return f"{job_id}/{key.task_index}/{key.rollout_index}"
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # Responses API parts: [{"type": "input_text", "text": ...}]
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def input_messages(task: Json, system_prompt: str = "") -> list[Json]:
+    """The row's `responses_create_params.input` as chat messages (a system prompt prepended if none)."""
+    raw = task["responses_create_params"]["input"]
+    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+    msgs: list[Json] = []
+    for m in items:
+        role = "system" if m["role"] == "developer" else str(m["role"])
+        msg: Json = {"role": role, "content": _content_text(m.get("content"))}
+        for extra in ("tool_calls", "tool_call_id", "name"):
+            if m.get(extra):
+                msg[extra] = m[extra]
+        msgs.append(msg)
+    if system_prompt and not any(m["role"] == "system" for m in msgs):
+        msgs.insert(0, {"role": "system", "content": system_prompt})
+    return msgs
+
+
+def row_tools(task: Json) -> list[Json]:
+    """Tools declared on the row (Responses or Chat Completions shape) as name/description/parameters."""
+    out: list[Json] = []
+    for t in task["responses_create_params"].get("tools", []) or []:
+        if not isinstance(t, dict):
+            continue
+        fn = t.get("function", t)
+        if fn.get("name"):
+            out.append(
+                {
+                    "name": str(fn["name"]),
+                    "description": str(fn.get("description", "")),
+                    "parameters": fn.get("parameters", {}) or {},
+                }
+            )
+    return out
+
+
+def row_sampling(task: Json, base: Json) -> Json:
+    """Job sampling with the row's `responses_create_params` overrides applied."""
+    params = task["responses_create_params"]
+    s = dict(base)
+    for src, dst in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("max_output_tokens", "max_tokens"),
+        ("max_tokens", "max_tokens"),
+        ("top_k", "top_k"),
+        ("stop", "stop"),
+    ):
+        if params.get(src) is not None:
+            s[dst] = params[src]
+    return s
+
+
+def merge_tools(first: list[Json], second: list[Json]) -> list[Json]:
+    seen = {t["name"] for t in first}
+    return [*first, *(t for t in second if t["name"] not in seen)]
+
+
+def tool_call_name(call: Json) -> str:
+    return str(call.get("function", {}).get("name", call.get("name", "")))
+
+
+async def run_agent(
+    *,
+    job_id: str,
+    key: RolloutKey,
+    task: Json,
+    seed: int,
+    settings: AgentSettings,
+    model: ModelPort,
+    env: EnvPort,
+) -> AgentOutcome:
+    """One attempt of one rollout. Sessions are always closed, whatever happens.
+
+    With `max_steps` 1 the model call carries no session id, so the gateway opens no session and
+    there is none to close: a gateway session only carries kept token ids and the replica from one
+    turn to the next, and a one-turn rollout has no next turn (one RPC fewer per rollout).
+    """
+    session_id = session_key(job_id, key)
+    model_session = session_id if settings.max_steps > 1 else ""
+    seeded = False
+    generated = False
+    try:
+        env_tools = await env.seed_session(settings.environment, task, session_id)
+        seeded = True
+        tools = merge_tools(env_tools, row_tools(task))
+        sampling = row_sampling(task, settings.sampling)
+        sampling["seed"] = seed
+        prompt = input_messages(task, settings.system_prompt)
+        new: list[Json] = []
+        turns: list[Turn] = []
+        finish = "max_steps"
+        for step in range(max(settings.max_steps, 1)):
+            call = GenerateCall(
+                model=settings.model,
+                messages=[*prompt, *new],
+                tools=tools,
+                sampling=sampling,
+                session_id=model_session,
+                request_id=f"{session_id}/{step}",
+            )
+            generated = bool(model_session)
+            turn = await model.generate(call)
+            turns.append(turn)
+            new.append(turn.message)
+            calls = turn.message.get("tool_calls") or []
+            if not calls:
+                finish = turn.finish_reason or "stop"
+                break
+            for tc in calls:
+                result = await env.call_tool(session_id, tc)
+                new.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": str(tc.get("id", "")),
+                        "name": tool_call_name(tc),
+                        "content": result.output,
+                    }
+                )
+        verdict = await env.verify(settings.environment, task, new, session_id)
+        return AgentOutcome(messages=new, verdict=verdict, turns=turns, finish_reason=finish)
+    finally:
+        await _close(env if seeded else None, model if generated else None, session_id)
+
+
+async def _close(env: EnvPort | None, model: ModelPort | None, session_id: str) -> None:
+    """Best effort, bounded: a failed close is logged, never turns a rollout into a failure."""
+    closers = []
+    if env is not None:
+        closers.append(env.close_session(session_id))
+    if model is not None:
+        closers.append(model.close_session(session_id))
+    if not closers:
+        return
+    try:
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            if len(closers) == 1:  # the common one-turn case: no gather, no extra task
+                results: list[BaseException | None] = [await _settle(closers[0])]
+            else:
+                results = await asyncio.gather(*closers, return_exceptions=True)
+    except TimeoutError:
+        log.warning("session_close_timeout", session_id=session_id)
+        return
+    for r in results:
+        if isinstance(r, Exception):
+            log.debug("session_close_failed", session_id=session_id, error=str(r))
+
+
+async def _settle(aw: Awaitable[None]) -> Exception | None:
+    try:
+        await aw
+    except Exception as exc:
+        return exc
+    return None

@@ -1,0 +1,80 @@
+"""The bound on rollouts in flight: fixed, or adaptive (AIMD on the gateway's latency).
+
+Adaptive: every `window` model turns, compare the window's mean latency to the best window seen.
+Flat (within `tolerance` x best) -> raise the limit additively; queueing (above it) -> cut it
+multiplicatively. Always within [min_limit, max_limit].
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+
+
+class Limiter:
+    """A semaphore whose limit may change while held. `acquire` waits for room; `release` frees it."""
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        adaptive: bool = False,
+        min_limit: int = 1,
+        max_limit: int = 1024,
+        tolerance: float = 1.5,
+        decrease: float = 0.7,
+    ) -> None:
+        self.adaptive = adaptive
+        self.min_limit = max(1, min_limit)
+        self.max_limit = max(self.min_limit, max_limit)
+        self.limit = min(max(limit, self.min_limit), self.max_limit)
+        self.tolerance = tolerance
+        self.decrease = decrease
+        self.in_use = 0
+        self.peak = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._samples: list[float] = []
+        self._best: float | None = None
+
+    async def acquire(self) -> None:
+        while self.in_use >= self.limit:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+        self.in_use += 1
+        self.peak = max(self.peak, self.in_use)
+
+    def release(self) -> None:
+        """Synchronous, so it also runs in a `finally` of a cancelled task."""
+        self.in_use -= 1
+        while self._waiters and self.in_use < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                break
+
+    def observe(self, latency_s: float) -> None:
+        """One model-turn latency (adaptive mode); may move the limit."""
+        if not self.adaptive:
+            return
+        self._samples.append(latency_s)
+        window = max(8, min(self.limit, 256))
+        if len(self._samples) < window:
+            return
+        mean = sum(self._samples) / len(self._samples)
+        self._samples.clear()
+        if self._best is None or mean < self._best:
+            self._best = mean
+        if mean <= self._best * self.tolerance:
+            step = max(1, int(math.sqrt(self.limit)))
+            self.limit = min(self.max_limit, self.limit + step)
+        else:
+            self.limit = max(self.min_limit, int(self.limit * self.decrease))
+            # The baseline drifts up slowly so a permanently slower backend is not punished forever.
+            self._best *= 1.05
+        # A raised limit takes effect at the next release (observe runs inside a rollout in flight).

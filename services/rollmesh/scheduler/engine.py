@@ -1,0 +1,330 @@
+"""One run of a job: pull keys, run each rollout under the concurrency bound, write it to the sink.
+
+Backpressure end to end: the producer takes the next key only when the limiter has room; a rollout
+holds its slot until the sink accepted it, so a slow sink slows dispatch and nothing queues without
+bound (no gather over all rollouts, no unbounded queue). Each key is written once: either a Rollout or,
+after every retry, a RolloutFailure. N consecutive UNAVAILABLE failures stop the run (FAILED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler.agent import (
+    AgentOutcome,
+    AgentSettings,
+    EnvPort,
+    GenerateCall,
+    ModelPort,
+    Turn,
+    run_agent,
+)
+from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.plan import Plan
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
+from rollmesh.scheduler.retry import UNAVAILABLE, Backoff, ErrorClass, RolloutFailed, with_retry
+from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.tokens import build_token_record
+
+log = get_logger("rollmesh.scheduler.engine")
+
+AUTO_START, AUTO_MAX = 16, 1024
+
+TokenBuilder = Callable[[list[Turn]], TokenRecord]
+
+
+def _default_tokens(turns: list[Turn]) -> TokenRecord:
+    return build_token_record(turns)
+
+
+@dataclass
+class Progress:
+    total: int = 0
+    done: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    skipped_existing: int = 0
+    reward_sum: float = 0.0
+    retries: int = 0
+    completion_tokens: int = 0
+    started: float = 0.0
+    ended: float | None = None
+
+    @property
+    def mean_reward(self) -> float:
+        return self.reward_sum / self.succeeded if self.succeeded else 0.0
+
+    def elapsed(self, now: float) -> float:
+        return max((self.ended or now) - self.started, 1e-9) if self.started else 0.0
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """(rollouts/s, generated tokens/s) over this run."""
+        el = self.elapsed(now)
+        return (self.done / el, self.completion_tokens / el) if el else (0.0, 0.0)
+
+
+@dataclass
+class RunResult:
+    state: str  # SUCCEEDED, FAILED or CANCELLED
+    error: str = ""
+
+
+@dataclass
+class Hooks:
+    """Callbacks the manager wires in; all optional."""
+
+    on_rollout: Callable[[Rollout], None] | None = None
+    on_failure: Callable[[RolloutFailure], None] | None = None
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+    rand: Callable[[], float] = random.random
+    clock: Callable[[], float] = time.monotonic
+    token_builder: TokenBuilder | None = None
+
+
+class _TimedModel:
+    """Feeds each model turn's latency to the adaptive limiter."""
+
+    def __init__(self, inner: ModelPort, limiter: Limiter, clock: Callable[[], float]) -> None:
+        self._inner, self._limiter, self._clock = inner, limiter, clock
+
+    async def generate(self, call: GenerateCall) -> Turn:
+        t0 = self._clock()
+        turn = await self._inner.generate(call)
+        self._limiter.observe(self._clock() - t0)
+        return turn
+
+    async def close_session(self, session_id: str) -> None:
+        await self._inner.close_session(session_id)
+
+
+def slim(rollout: Rollout) -> Rollout:
+    """What metrics need of a rollout, without messages and tokens (kept for the whole job)."""
+    task: dict[str, Any] = {k: rollout.task[k] for k in ("task_id", "id") if k in rollout.task}
+    return Rollout(
+        key=rollout.key,
+        job_id=rollout.job_id,
+        task=task,
+        messages=[],
+        reward=rollout.reward,
+        reward_components=rollout.reward_components,
+        extracted_answer=rollout.extracted_answer,
+        prompt_tokens=rollout.prompt_tokens,
+        completion_tokens=rollout.completion_tokens,
+        attempts=rollout.attempts,
+        latency_s=rollout.latency_s,
+        seed=rollout.seed,
+        finish_reason=rollout.finish_reason,
+    )
+
+
+class JobRun:
+    """Runs the keys of a plan that the sink does not hold yet."""
+
+    def __init__(
+        self,
+        job_id: str,
+        plan: Plan,
+        sink: Sink,
+        *,
+        model: ModelPort,
+        env: EnvPort,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.plan = plan
+        self.sink = sink
+        self.hooks = hooks or Hooks()
+        self.policy = plan.spec.retry.with_defaults()
+        conc = plan.spec.concurrency
+        self.limiter = Limiter(
+            AUTO_START if conc == 0 else conc, adaptive=conc == 0, max_limit=max(conc, AUTO_MAX)
+        )
+        self.model: ModelPort = _TimedModel(model, self.limiter, self.hooks.clock) if conc == 0 else model
+        self.env = env
+        self.backoff = Backoff(self.policy, rand=self.hooks.rand)
+        self.settings = AgentSettings(
+            environment=plan.spec.environment,
+            model=plan.spec.model,
+            max_steps=plan.max_steps,
+            system_prompt=plan.spec.system_prompt,
+            sampling=dict(plan.spec.sampling),
+        )
+        self.progress = Progress(total=plan.total)
+        self.slim_rollouts: list[Rollout] = []
+        self.failures: list[RolloutFailure] = []
+        self._write_lock = asyncio.Lock()
+        self._consecutive_unavailable = 0
+        self._stop_reason: RunResult | None = None
+        self._producer: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._tokens = self.hooks.token_builder or _default_tokens
+        self.keep_slim = True  # the manager turns this off when the sink keeps a file to read back
+
+    @property
+    def in_flight(self) -> int:
+        return self.limiter.in_use
+
+    def stop(self, result: RunResult) -> None:
+        """Stop dispatching and cancel rollouts in flight (what was written stays)."""
+        if self._stop_reason is None:
+            self._stop_reason = result
+        if self._producer is not None:
+            self._producer.cancel()
+
+    async def open(self) -> set[RolloutKey]:
+        existing = await self.sink.open(self.job_id, total=self.plan.total, spec=self.plan.spec.to_json())
+        tasks = set(self.plan.task_indices)
+        self.progress.skipped_existing = sum(
+            1 for k in existing if k.task_index in tasks and 0 <= k.rollout_index < self.plan.num_repeats
+        )
+        return existing
+
+    async def run(self, existing: set[RolloutKey]) -> RunResult:
+        """Dispatch every missing key and wait for them all. Does not close the sink."""
+        self.progress.started = self.hooks.clock()
+        if self._stop_reason is not None:  # stopped before it started
+            self.progress.ended = self.progress.started
+            return self._stop_reason
+        self._producer = asyncio.create_task(self._produce(existing), name=f"produce-{self.job_id}")
+        try:
+            await self._producer
+        except asyncio.CancelledError:
+            if self._stop_reason is None:  # we were cancelled from outside (shutdown): propagate
+                raise
+        finally:
+            self.progress.ended = self.hooks.clock()
+            self.progress.in_flight = 0
+        return self._stop_reason or RunResult("SUCCEEDED")
+
+    async def _produce(self, existing: set[RolloutKey]) -> None:
+        try:
+            for key in self.plan.keys():
+                if key in existing:
+                    continue
+                await self.limiter.acquire()
+                task = asyncio.create_task(self._one(key))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            while self._tasks:
+                await asyncio.wait(set(self._tasks))
+        finally:
+            pending = list(self._tasks)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _one(self, key: RolloutKey) -> None:
+        try:
+            t0 = self.hooks.clock()
+            task = self.plan.rows[key.task_index]
+            seed = self.plan.spec.starting_seed + key.rollout_index
+
+            async def attempt() -> tuple[AgentOutcome, TokenRecord]:
+                out = await run_agent(
+                    job_id=self.job_id,
+                    key=key,
+                    task=task,
+                    seed=seed,
+                    settings=self.settings,
+                    model=self.model,
+                    env=self.env,
+                )
+                # A record that does not line up (TOKEN_RECORD_MISMATCH) fails the rollout, not the job.
+                return out, self._tokens(out.turns)
+
+            try:
+                (outcome, tokens), attempts = await with_retry(
+                    attempt,
+                    self.policy,
+                    backoff=self.backoff,
+                    sleep=self.hooks.sleep,
+                    on_retry=self._on_retry,
+                )
+                rollout = self._rollout(key, task, seed, outcome, tokens, attempts, self.hooks.clock() - t0)
+            except RolloutFailed as failed:
+                await self._fail(key, failed.error, failed.attempts)
+                return
+            await self._write(rollout)
+        finally:
+            self.limiter.release()
+
+    def _on_retry(self, err: ErrorClass, attempt: int, delay: float) -> None:
+        self.progress.retries += 1
+        log.debug(
+            "rollout_retry", job_id=self.job_id, error=err.name, attempt=attempt, delay_s=round(delay, 3)
+        )
+
+    def _rollout(
+        self,
+        key: RolloutKey,
+        task: dict[str, Any],
+        seed: int,
+        out: AgentOutcome,
+        tokens: TokenRecord,
+        attempts: int,
+        latency: float,
+    ) -> Rollout:
+        return Rollout(
+            key=key,
+            job_id=self.job_id,
+            task=task,
+            messages=out.messages,
+            reward=out.verdict.reward,
+            reward_components=dict(out.verdict.components),
+            extracted_answer=out.verdict.extracted_answer,
+            verify_details=dict(out.verdict.details),
+            tokens=tokens,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            attempts=attempts,
+            latency_s=round(latency, 6),
+            policy_version=out.turns[-1].policy_version if out.turns else "",
+            seed=seed,
+            finish_reason=out.finish_reason,
+        )
+
+    async def _write(self, rollout: Rollout) -> None:
+        async with self._write_lock:
+            await self.sink.write(rollout)
+            p = self.progress
+            p.done += 1
+            p.succeeded += 1
+            p.reward_sum += rollout.reward
+            p.completion_tokens += rollout.completion_tokens
+            self._consecutive_unavailable = 0
+            if self.keep_slim:
+                self.slim_rollouts.append(slim(rollout))
+            if self.hooks.on_rollout is not None:
+                self.hooks.on_rollout(rollout)
+
+    async def _fail(self, key: RolloutKey, err: ErrorClass, attempts: int) -> None:
+        failure = RolloutFailure(key, self.job_id, err.name, err.message, attempts)
+        log.info("rollout_failed", job_id=self.job_id, key=key.as_str(), error=err.name, attempts=attempts)
+        async with self._write_lock:
+            await self.sink.write_failure(failure)
+            self.progress.done += 1
+            self.progress.failed += 1
+            self.failures.append(failure)
+            if self.hooks.on_failure is not None:
+                self.hooks.on_failure(failure)
+        if err.name == UNAVAILABLE:
+            self._consecutive_unavailable += 1
+            limit = self.policy.max_consecutive_unavailable
+            if self._consecutive_unavailable >= limit:
+                self.stop(
+                    RunResult(
+                        "FAILED",
+                        f"{self._consecutive_unavailable} rollouts in a row failed with UNAVAILABLE "
+                        f"(limit {limit}); the gateway or verifier looks unreachable. "
+                        f"Last error: {err.message}. "
+                        "Everything written is kept; resume the job once the services are back.",
+                    )
+                )

@@ -1,0 +1,65 @@
+"""Scheduler errors, each with its status code and ErrorInfo reason."""
+
+from __future__ import annotations
+
+from rollmesh.mesh.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+
+class InvalidJobSpec(InvalidArgument):
+    """A JobSpec field is out of range or missing (negative numbers, no dataset, ...)."""
+
+    reason = "INVALID_JOB_SPEC"
+
+
+class InvalidShard(InvalidArgument):
+    reason = "INVALID_SHARD"
+
+
+class MalformedDatasetRow(InvalidArgument):
+    """A dataset line is not a JSON object with a usable `responses_create_params.input`."""
+
+    reason = "MALFORMED_DATASET_ROW"
+
+
+class DatasetNotFound(NotFound):
+    reason = "DATASET_NOT_FOUND"
+
+
+class BenchmarkNotFound(NotFound):
+    reason = "BENCHMARK_NOT_FOUND"
+
+
+class InvalidBenchmark(InvalidArgument):
+    reason = "INVALID_BENCHMARK"
+
+
+class EnvironmentNotFound(NotFound):
+    reason = "ENVIRONMENT_NOT_FOUND"
+
+
+class JobNotFound(NotFound):
+    reason = "JOB_NOT_FOUND"
+
+
+class JobFinished(FailedPrecondition):
+    """Cancelling a job that already ended."""
+
+    reason = "JOB_FINISHED"
+
+
+class JobRunning(FailedPrecondition):
+    """Resuming a job that is still running in this scheduler."""
+
+    reason = "JOB_RUNNING"
+
+
+class OffsetExpired(FailedPrecondition):
+    """StreamRollouts asked for an offset no longer held in memory and the sink keeps no file."""
+
+    reason = "OFFSET_EXPIRED"
+
+
+class RequestIdReused(AlreadyExists):
+    """The same request_id came with a different spec."""
+
+    reason = "REQUEST_ID_REUSED"

@@ -1,0 +1,216 @@
+"""The gRPC sink: streams a job's rollouts to a trainer's `RolloutSink` service.
+
+`open()` asks `ListCommitted` for the keys the trainer already consumed (a resumed job skips
+them), then opens one `Consume` stream and sends `SinkOpen`. `write()` waits for credit: never
+more than `window` rollouts are sent and not yet acknowledged, so a slow trainer slows dispatch.
+Failures are sent outside the window (the trainer need not ack them). `close()` waits until
+every rollout is acknowledged (up to `drain_timeout_s`), sends `SinkClose` with the metrics and
+the final state, half-closes and waits for the trainer to end the stream.
+
+If the stream breaks, `write()` raises `SinkUnavailable` (UNAVAILABLE); rollouts sent but not
+acknowledged are not committed on the trainer, so a resumed job sends them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import grpc
+
+from rollmesh.mesh.errors import DeadlineExceeded, Unavailable
+from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler import convert
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.sink import Sink
+from rollmesh_client import aio_channel
+from rollmesh_client.v1 import scheduler_pb2, sink_pb2, sink_pb2_grpc
+
+log = get_logger("rollmesh.scheduler.grpc_sink")
+
+_STATES = {
+    name.removeprefix("JOB_STATE_").lower(): value
+    for name, value in scheduler_pb2.JobState.items()
+    if name != "JOB_STATE_UNSPECIFIED"
+}
+
+
+class SinkUnavailable(Unavailable):
+    reason = "SINK_UNAVAILABLE"
+
+
+class SinkDrainTimeout(DeadlineExceeded):
+    reason = "SINK_DRAIN_TIMEOUT"
+
+
+def state_to_pb(state: str) -> scheduler_pb2.JobState.ValueType:
+    """ "succeeded", "SUCCEEDED" or "JOB_STATE_SUCCEEDED" -> JOB_STATE_SUCCEEDED (unknown: UNSPECIFIED)."""
+    name = state.strip().lower().removeprefix("job_state_")
+    return _STATES.get(name, scheduler_pb2.JOB_STATE_UNSPECIFIED)
+
+
+class GrpcSink(Sink):
+    def __init__(
+        self,
+        address: str,
+        *,
+        window: int = 64,
+        api_key: str | None = None,
+        rpc_timeout_s: float = 30.0,
+        drain_timeout_s: float = 300.0,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.address = address
+        self.window = window
+        self.rpc_timeout_s = rpc_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self._own_channel = channel is None
+        self._channel = channel if channel is not None else aio_channel(address, api_key=api_key)
+        self._stub = sink_pb2_grpc.RolloutSinkStub(self._channel)
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._unacked: set[RolloutKey] = set()
+        self._cond = asyncio.Condition()
+        self._error: BaseException | None = None
+        self._send_lock = asyncio.Lock()
+        self._job_id = ""
+        self._closed = False
+        self.max_unacked_seen = 0  # the largest in-flight count observed (tests, logs)
+        self.acked = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._unacked)
+
+    async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
+        self._job_id = job_id
+        try:
+            resp = await self._stub.ListCommitted(
+                sink_pb2.ListCommittedRequest(job_id=job_id), timeout=self.rpc_timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise SinkUnavailable(
+                f"trainer sink {self.address}: ListCommitted failed: {exc.code().name} {exc.details()}"
+            ) from None
+        committed = {convert.key_from_pb(k) for k in resp.keys}
+        try:
+            spec_pb = convert.spec_to_pb(spec)
+        except Exception as exc:  # a spec dict that is not JobSpec-shaped: the trainer gets none
+            log.warning("sink_spec_not_converted", job_id=job_id, error=str(exc))
+            spec_pb = scheduler_pb2.JobSpec()
+        # A job-long stream: no overall deadline; each write and the drain have their own bounds.
+        self._call = self._stub.Consume()
+        self._reader = asyncio.create_task(self._read_acks(), name=f"grpc-sink-acks-{job_id}")
+        await self._send(
+            sink_pb2.ConsumeRequest(
+                open=sink_pb2.SinkOpen(job_id=job_id, spec=spec_pb, total=total, window=self.window)
+            )
+        )
+        log.info(
+            "sink_opened", job_id=job_id, address=self.address, committed=len(committed), window=self.window
+        )
+        return committed
+
+    async def write(self, rollout: Rollout) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._error is not None or len(self._unacked) < self.window)
+            self._raise_if_broken()
+            self._unacked.add(rollout.key)
+            self.max_unacked_seen = max(self.max_unacked_seen, len(self._unacked))
+        await self._send(sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout)))
+
+    async def write_failure(self, failure: RolloutFailure) -> None:
+        self._raise_if_broken()
+        await self._send(sink_pb2.ConsumeRequest(failure=convert.failure_to_pb(failure)))
+
+    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._call is None:
+                return
+            if self._error is None:
+                try:
+                    async with asyncio.timeout(self.drain_timeout_s), self._cond:
+                        await self._cond.wait_for(lambda: self._error is not None or not self._unacked)
+                except TimeoutError:
+                    log.warning("sink_drain_timeout", job_id=self._job_id, unacked=len(self._unacked))
+            if self._error is None:
+                close = sink_pb2.SinkClose(state=state_to_pb(state))
+                if metrics is not None:
+                    close.metrics.CopyFrom(convert.metrics_to_pb(metrics))
+                await self._send(sink_pb2.ConsumeRequest(close=close))
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await self._call.done_writing()
+                if self._reader is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self._reader), timeout=self.rpc_timeout_s)
+            log.info(
+                "sink_closed",
+                job_id=self._job_id,
+                state=state,
+                acked=self.acked,
+                unacked=len(self._unacked),
+                max_unacked=self.max_unacked_seen,
+            )
+        finally:
+            if self._reader is not None:
+                self._reader.cancel()
+                await asyncio.gather(self._reader, return_exceptions=True)
+            if self._call is not None:
+                self._call.cancel()
+            if self._own_channel:
+                await self._channel.close()
+
+    async def _send(self, req: sink_pb2.ConsumeRequest) -> None:
+        if self._call is None:
+            raise SinkUnavailable(f"trainer sink {self.address}: write before open()")
+        self._raise_if_broken()
+        try:
+            async with self._send_lock, asyncio.timeout(self.rpc_timeout_s):
+                await self._call.write(req)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as exc:
+            await self._fail(exc)
+            self._raise_if_broken()
+
+    async def _read_acks(self) -> None:
+        try:
+            while True:
+                resp = await self._call.read()
+                if resp is grpc.aio.EOF:
+                    if not self._closed:
+                        await self._fail(ConnectionError("the trainer ended the Consume stream"))
+                    return
+                keys = [convert.key_from_pb(k) for k in resp.acked]
+                async with self._cond:
+                    for k in keys:
+                        if k in self._unacked:
+                            self._unacked.discard(k)
+                            self.acked += 1
+                    self._cond.notify_all()
+        except grpc.aio.AioRpcError as exc:
+            await self._fail(exc)
+
+    async def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+            log.warning("sink_stream_broken", job_id=self._job_id, address=self.address, error=_describe(exc))
+        async with self._cond:
+            self._cond.notify_all()
+
+    def _raise_if_broken(self) -> None:
+        if self._error is not None:
+            raise SinkUnavailable(
+                f"trainer sink {self.address} stream broke with {len(self._unacked)} rollouts "
+                f"unacknowledged: {_describe(self._error)}"
+            )
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"

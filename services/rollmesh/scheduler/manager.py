@@ -1,0 +1,513 @@
+"""Jobs: submit (validated before anything runs, idempotent by request_id), get, list, cancel,
+stream the output, metrics. Each job's state is persisted as `<output_dir>/<job_id>/job.json`
+beside the sink files, so a restarted scheduler can report it and resume it by id.
+No grpc here: the servicer converts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rollmesh.mesh.aio import TaskSet
+from rollmesh.mesh.errors import RollmeshError, Unavailable
+from rollmesh.mesh.logging import get_logger
+from rollmesh.registry import Catalog
+from rollmesh.scheduler.agent import EnvPort, ModelPort
+from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
+from rollmesh.scheduler.errors import (
+    EnvironmentNotFound,
+    JobFinished,
+    JobNotFound,
+    JobRunning,
+    OffsetExpired,
+    RequestIdReused,
+)
+from rollmesh.scheduler.metrics import compute_metrics
+from rollmesh.scheduler.plan import Plan, build_plan
+from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
+from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.spec import JobSpec, validate
+
+log = get_logger("rollmesh.scheduler.jobs")
+
+JOB_FILE = "job.json"
+ROLLOUTS_FILE = "rollouts.jsonl"
+FAILURES_FILE = "failures.jsonl"
+METRICS_FILE = "metrics.json"
+RING_SIZE = 2048  # recent output items kept in memory for StreamRollouts
+MAX_JOBS = 1000  # jobs kept in memory; the oldest finished ones are forgotten first
+READ_BATCH = 256
+FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+SinkFactory = Callable[[str, Plan, Path], Sink]
+Item = Rollout | RolloutFailure
+
+
+def default_sink_factory(job_id: str, plan: Plan, directory: Path) -> Sink:
+    """JSONL (default) under `<output_dir>/<job_id>/`, or the trainer's gRPC RolloutSink."""
+    cfg = plan.spec.sink
+    if cfg.kind == "grpc":
+        from rollmesh.scheduler.grpc_sink import GrpcSink
+
+        return GrpcSink(cfg.address, window=cfg.window or 64)
+    from rollmesh.scheduler.jsonl_sink import JsonlSink
+
+    return JsonlSink(directory, fsync_every=cfg.fsync_every or 64, k_values=list(plan.k_values))
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    request_id: str
+    spec: JobSpec  # as submitted (what job.json keeps)
+    directory: Path
+    create_time: float
+    state: str = "PENDING"
+    error: str = ""
+    end_time: float | None = None
+    plan: Plan | None = None
+    run: JobRun | None = None
+    has_file: bool = False  # the sink writes rollouts.jsonl in `directory`
+    stored_progress: Json = field(default_factory=dict)
+    # Output log: offsets [next_offset - len(ring), next_offset) are in memory; earlier ones in the file.
+    ring: collections.deque[Rollout] = field(default_factory=lambda: collections.deque(maxlen=RING_SIZE))
+    next_offset: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def progress(self) -> Progress:
+        if self.run is not None:
+            p = self.run.progress
+            p.in_flight = self.run.in_flight if not self.finished else 0
+            return p
+        sp = self.stored_progress
+        return Progress(
+            total=int(sp.get("total", 0)),
+            done=int(sp.get("done", 0)),
+            succeeded=int(sp.get("succeeded", 0)),
+            failed=int(sp.get("failed", 0)),
+            skipped_existing=int(sp.get("skipped_existing", 0)),
+            reward_sum=float(sp.get("mean_reward", 0.0)) * int(sp.get("succeeded", 0)),
+            retries=int(sp.get("retries", 0)),
+        )
+
+    def notify(self) -> None:
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    def to_json(self) -> Json:
+        p = self.progress
+        return {
+            "job_id": self.job_id,
+            "request_id": self.request_id,
+            "spec": self.spec.to_json(),
+            "state": self.state,
+            "error": self.error,
+            "create_time": self.create_time,
+            "end_time": self.end_time,
+            "progress": {
+                "total": p.total,
+                "done": p.done,
+                "succeeded": p.succeeded,
+                "failed": p.failed,
+                "skipped_existing": p.skipped_existing,
+                "mean_reward": p.mean_reward,
+                "retries": p.retries,
+            },
+        }
+
+
+def _write_json_atomic(path: Path, data: Json) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Json | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _read_lines(path: Path, byte_offset: int, limit: int) -> tuple[list[Json], int]:
+    """Up to `limit` complete rows from `byte_offset`; returns them and the offset after them."""
+    rows: list[Json] = []
+    if not path.exists():
+        return rows, byte_offset
+    with path.open("rb") as f:
+        f.seek(byte_offset)
+        while len(rows) < limit:
+            line = f.readline()
+            if not line.endswith(b"\n"):  # absent or torn: not written yet
+                break
+            byte_offset += len(line)
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows, byte_offset
+
+
+def _skip_lines(path: Path, n: int) -> tuple[int, int]:
+    """Byte offset after the first `n` complete non-blank lines, and how many were skipped."""
+    if n <= 0 or not path.exists():
+        return 0, 0
+    skipped, pos = 0, 0
+    with path.open("rb") as f:
+        while skipped < n:
+            line = f.readline()
+            if not line.endswith(b"\n"):
+                break
+            pos += len(line)
+            if line.strip():
+                skipped += 1
+    return pos, skipped
+
+
+class JobManager:
+    """Every job of this scheduler process."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        model: ModelPort,
+        env: EnvPort,
+        output_dir: str = "runs",
+        sink_factory: SinkFactory | None = None,
+        hooks_factory: Callable[[], Hooks] | None = None,
+        check_environment: bool = True,
+    ) -> None:
+        self.catalog = catalog
+        self.model = model
+        self.env = env
+        self.output_dir = output_dir
+        self.sink_factory = sink_factory or default_sink_factory
+        self.hooks_factory = hooks_factory or Hooks
+        self.check_environment = check_environment
+        self._jobs: dict[str, JobRecord] = {}
+        self._by_request: dict[str, str] = {}
+        self._tasks = TaskSet()
+        self._submit_lock = asyncio.Lock()
+
+    # ---- submit -------------------------------------------------------------------------------
+
+    async def submit(self, spec: JobSpec, request_id: str = "") -> JobRecord:
+        async with self._submit_lock:
+            if request_id and request_id in self._by_request:
+                rec = self._jobs.get(self._by_request[request_id])
+                if rec is not None:
+                    if rec.spec != spec:
+                        raise RequestIdReused(
+                            f"request_id {request_id!r} already started job {rec.job_id} with another spec",
+                            metadata={"job_id": rec.job_id},
+                        )
+                    return rec
+            validate(spec)
+            job_id, spec = await self._resolve_resume(spec)
+            plan = await asyncio.to_thread(build_plan, self.catalog, spec)
+            if self.check_environment:
+                await self._check_environment(plan.spec.environment)
+            directory = Path(plan.spec.effective_output_dir) / job_id
+            sink = self.sink_factory(job_id, plan, directory)
+            rec = JobRecord(
+                job_id=job_id,
+                request_id=request_id,
+                spec=spec,
+                directory=directory,
+                create_time=time.time(),
+                plan=plan,
+                has_file=plan.spec.sink.kind == "jsonl",
+            )
+            hooks = self.hooks_factory()
+            hooks.on_rollout = lambda r: self._on_rollout(rec, r)
+            hooks.on_failure = lambda f: rec.notify()
+            rec.run = JobRun(job_id, plan, sink, model=self.model, env=self.env, hooks=hooks)
+            rec.run.keep_slim = not rec.has_file
+            self._remember(rec)
+            await asyncio.to_thread(_write_json_atomic, directory / JOB_FILE, rec.to_json())
+            self._tasks.spawn(self._drive(rec), name=f"job-{job_id}")
+            log.info("job_submitted", job_id=job_id, total=plan.total, environment=plan.spec.environment)
+            return rec
+
+    async def _resolve_resume(self, spec: JobSpec) -> tuple[str, JobSpec]:
+        if not spec.resume_job_id:
+            return f"job-{uuid.uuid4().hex[:12]}", spec
+        job_id = spec.resume_job_id
+        running = self._jobs.get(job_id)
+        if running is not None and not running.finished:
+            raise JobRunning(
+                f"job {job_id} is still running here; cancel it before resuming", metadata={"job_id": job_id}
+            )
+        stored = await asyncio.to_thread(_read_json, Path(spec.effective_output_dir) / job_id / JOB_FILE)
+        if spec.dataset or spec.benchmark:
+            return job_id, spec
+        if stored is None:
+            raise JobNotFound(
+                f"no job {job_id} to resume in {spec.effective_output_dir!r} (no {JOB_FILE}); "
+                "give the output_dir it ran with, or the full spec",
+                metadata={"job_id": job_id},
+            )
+        base = JobSpec.from_json(stored.get("spec", {}))
+        return job_id, replace(
+            base,
+            resume_job_id=job_id,
+            output_dir=spec.output_dir or base.output_dir,
+            concurrency=spec.concurrency or base.concurrency,
+            retry=spec.retry if spec.retry != JobSpec().retry else base.retry,
+        )
+
+    async def _check_environment(self, name: str) -> None:
+        try:
+            await self.env.environment_tools(name)
+        except Exception as exc:
+            code = getattr(getattr(exc, "code", None), "name", "")
+            if isinstance(exc, RollmeshError):
+                code = exc.code.name
+            if code == "NOT_FOUND":
+                raise EnvironmentNotFound(
+                    f"environment {name!r} is not loaded in the verifier: {getattr(exc, 'message', exc)}",
+                    metadata={"environment": name},
+                ) from None
+            raise Unavailable(f"cannot reach the verifier to check environment {name!r}: {exc}") from None
+
+    def _remember(self, rec: JobRecord) -> None:
+        self._jobs[rec.job_id] = rec
+        if rec.request_id:
+            self._by_request[rec.request_id] = rec.job_id
+        if len(self._jobs) > MAX_JOBS:
+            for old in sorted(self._jobs.values(), key=lambda r: r.create_time):
+                if len(self._jobs) <= MAX_JOBS:
+                    break
+                if old.finished:
+                    del self._jobs[old.job_id]
+                    self._by_request.pop(old.request_id, None)
+
+    def _on_rollout(self, rec: JobRecord, rollout: Rollout) -> None:
+        rec.ring.append(rollout)
+        rec.next_offset += 1
+        rec.notify()
+
+    # ---- running ------------------------------------------------------------------------------
+
+    async def _drive(self, rec: JobRecord) -> None:
+        run = rec.run
+        assert run is not None
+        result = RunResult("FAILED", "internal error")
+        try:
+            existing = await run.open()
+            rec.next_offset = len(existing)
+            rec.state = "RUNNING"
+            rec.notify()
+            await asyncio.to_thread(_write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
+            result = await run.run(existing)
+        except asyncio.CancelledError:
+            result = RunResult(
+                "CANCELLED", "the scheduler stopped while the job ran; resume it with resume_job_id"
+            )
+            raise
+        except Exception as exc:
+            log.error("job_error", job_id=rec.job_id, exc_info=exc)
+            msg = exc.message if isinstance(exc, RollmeshError) else f"{type(exc).__name__}: {exc}"
+            result = RunResult("FAILED", msg)
+        finally:
+            await self._finish(rec, result)
+
+    async def _finish(self, rec: JobRecord, result: RunResult) -> None:
+        run = rec.run
+        assert run is not None
+        metrics = None
+        if not rec.has_file:
+            metrics = compute_metrics(
+                run.slim_rollouts, run.failures, k_values=list(run.plan.k_values), job_id=rec.job_id
+            )
+        try:
+            await run.sink.close(state=result.state, metrics=metrics)
+        except Exception as exc:
+            log.error("sink_close_failed", job_id=rec.job_id, exc_info=exc)
+            if result.state == "SUCCEEDED":
+                result = RunResult("FAILED", f"the sink failed to close: {exc}")
+        rec.state, rec.error, rec.end_time = result.state, result.error, time.time()
+        p = run.progress
+        log.info(
+            "job_finished",
+            job_id=rec.job_id,
+            state=rec.state,
+            error=rec.error,
+            done=p.done,
+            failed=p.failed,
+            skipped=p.skipped_existing,
+            mean_reward=round(p.mean_reward, 4),
+        )
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(_write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
+        rec.notify()
+        rec.done.set()
+
+    async def wait(self, job_id: str) -> JobRecord:
+        rec = await self.get(job_id)
+        await rec.done.wait()
+        return rec
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        rec = await self.get(job_id)
+        if rec.finished or rec.run is None:
+            raise JobFinished(f"job {job_id} already ended ({rec.state})", metadata={"job_id": job_id})
+        rec.run.stop(RunResult("CANCELLED", "cancelled by request"))
+        await rec.done.wait()
+        return rec
+
+    async def aclose(self) -> None:
+        await self._tasks.aclose()
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobRecord:
+        rec = self._jobs.get(job_id)
+        if rec is not None:
+            return rec
+        if job_id and "/" not in job_id and job_id not in (".", ".."):
+            directory = Path(self.output_dir) / job_id
+            stored = await asyncio.to_thread(_read_json, directory / JOB_FILE)
+            if stored is not None:
+                return self._from_disk(directory, stored)
+        raise JobNotFound(
+            f"no job {job_id!r} in this scheduler or in {self.output_dir!r}", metadata={"job_id": job_id}
+        )
+
+    def _from_disk(self, directory: Path, stored: Json) -> JobRecord:
+        spec = JobSpec.from_json(stored.get("spec", {}))
+        rec = JobRecord(
+            job_id=str(stored.get("job_id", directory.name)),
+            request_id=str(stored.get("request_id", "")),
+            spec=spec,
+            directory=directory,
+            create_time=float(stored.get("create_time") or 0.0),
+            state=str(stored.get("state", "FAILED")),
+            error=str(stored.get("error", "")),
+            end_time=stored.get("end_time"),
+            has_file=spec.sink.kind == "jsonl",
+            stored_progress=dict(stored.get("progress", {})),
+        )
+        if not rec.finished:  # it was running when its scheduler died
+            rec.state = "FAILED"
+            rec.error = "interrupted: the scheduler running it stopped; resume it with resume_job_id"
+        rec.done.set()
+        return rec
+
+    def list(self) -> list[JobRecord]:
+        """Jobs in memory, newest first."""
+        return sorted(self._jobs.values(), key=lambda r: r.create_time, reverse=True)
+
+    async def metrics(self, job_id: str) -> Json:
+        rec = await self.get(job_id)
+        if rec.finished and rec.has_file:
+            stored = await asyncio.to_thread(_read_json, rec.directory / METRICS_FILE)
+            if stored is not None:
+                return stored
+        if rec.has_file:
+            from rollmesh.scheduler.jsonl_sink import load_dir
+
+            rollouts, failures = await asyncio.to_thread(load_dir, rec.directory)
+            ring = list(rec.ring)
+            k_values = list(rec.plan.k_values) if rec.plan else None
+            return compute_metrics([*rollouts, *ring], failures, k_values=k_values, job_id=job_id)
+        run = rec.run
+        if run is None:
+            return compute_metrics([], [], job_id=job_id)
+        return compute_metrics(
+            run.slim_rollouts, run.failures, k_values=list(run.plan.k_values), job_id=job_id
+        )
+
+    async def stream(
+        self, job_id: str, *, offset: int = 0, follow: bool = False, include_failures: bool = False
+    ) -> AsyncIterator[tuple[int, Item]]:
+        """The job's rollouts in written order from `offset`; with `follow`, until the job ends.
+
+        Offsets count rollouts (rollouts.jsonl lines). With `include_failures`, the failures follow
+        once the job has ended, numbered after the last rollout.
+        """
+        rec = await self.get(job_id)
+        path = rec.directory / ROLLOUTS_FILE
+        pos = max(offset, 0)
+        byte_pos, skipped = (0, 0)
+        cursor_line = 0
+        if rec.has_file:
+            byte_pos, skipped = await asyncio.to_thread(_skip_lines, path, pos)
+            cursor_line = skipped
+        while True:
+            changed = rec.changed
+            ring_start = rec.next_offset - len(rec.ring)
+            if ring_start <= pos < rec.next_offset:
+                yield pos, rec.ring[pos - ring_start]
+                pos += 1
+                continue
+            if pos < ring_start or (rec.run is None and rec.has_file):
+                if not rec.has_file:
+                    raise OffsetExpired(
+                        f"offset {pos} is older than the {RING_SIZE} rollouts kept in memory and the sink "
+                        "keeps no file; stream from a later offset",
+                        metadata={"oldest_offset": str(ring_start)},
+                    )
+                if cursor_line < pos:  # the file was behind when we started: catch up
+                    byte_pos, n = await asyncio.to_thread(_skip_lines_from, path, byte_pos, pos - cursor_line)
+                    cursor_line += n
+                if cursor_line == pos:
+                    rows, byte_pos2 = await asyncio.to_thread(_read_lines, path, byte_pos, READ_BATCH)
+                    if rows:
+                        byte_pos = byte_pos2
+                        for row in rows:
+                            yield pos, Rollout.from_row(row)
+                            pos += 1
+                            cursor_line += 1
+                        continue
+                if rec.run is None or (rec.finished and pos >= rec.next_offset):
+                    break
+                # The file lags the ring (an unflushed batch): wait for the sink to write it.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await changed.wait()
+                continue
+            if rec.finished or not follow:
+                break
+            await changed.wait()
+        if include_failures and rec.finished:
+            async for item in self._failures(rec, pos):
+                yield item
+
+    async def _failures(self, rec: JobRecord, pos: int) -> AsyncIterator[tuple[int, Item]]:
+        n_rollouts = rec.next_offset
+        if rec.has_file:
+            if rec.run is None:  # from disk: count the rollouts
+                _, n_rollouts = await asyncio.to_thread(_skip_lines, rec.directory / ROLLOUTS_FILE, 1 << 62)
+            rows, _ = await asyncio.to_thread(_read_lines, rec.directory / FAILURES_FILE, 0, 1 << 62)
+            failures = [RolloutFailure.from_row(r) for r in rows]
+        else:
+            failures = list(rec.run.failures) if rec.run is not None else []
+        for i, f in enumerate(failures):
+            if n_rollouts + i >= pos:
+                yield n_rollouts + i, f
+
+
+def _skip_lines_from(path: Path, byte_offset: int, n: int) -> tuple[int, int]:
+    rows, pos = _read_lines(path, byte_offset, n)
+    return pos, len(rows)

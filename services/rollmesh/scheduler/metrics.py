@@ -1,0 +1,299 @@
+"""Job metrics: pure functions over rollouts and failures. No grpc, no I/O.
+
+`compute(rollouts, failures, k_values=...)` returns a `Metrics` (typed, proto-independent; the
+scheduler converts it to `JobMetrics`); `Metrics.to_json()` is the JSON-ready dict written to
+`metrics.json`. `compute_metrics(...)` is the two in one.
+
+Definitions (every one deterministic, independent of arrival order and sharding):
+
+- Rollouts are keyed by `(task_index, rollout_index)`; a key seen twice counts once (the first
+  occurrence wins). A task's rollouts are ordered by `rollout_index`.
+- A rollout is *correct* when `reward >= threshold` (default 1.0, i.e. full credit).
+- pass@k, unbiased (Chen et al. 2021): per task with n rollouts of which c are correct,
+  `1 - C(n-c, k) / C(n, k)`, then averaged over tasks. Tasks with n < k (some repeats failed) are
+  left out of pass@k for that k; `num_tasks_at_k[k]` says how many tasks each k covers.
+- maj@k: per task with n >= k, the first k rollouts (by rollout_index) vote with their extracted
+  answers; empty answers abstain. The answer with most votes wins; a tie goes to the tied answer
+  that appears first (lowest rollout_index). The task scores 1 when the earliest rollout among
+  those k with the winning answer is correct, else 0 (also 0 when every answer is empty).
+  Averaged over tasks with n >= k.
+- pass_at_1_avg: per task, the fraction of its rollouts that are correct, averaged over tasks.
+  `pass_at_1_avg_of_k[k]` does the same over each task's first k rollouts only.
+- mean / std / stderr of reward over every rollout: std is the sample std (n-1; 0 when n < 2),
+  stderr = std / sqrt(n). The per-task profile uses the same std.
+- Failures: a failure whose key also has a rollout (a resumed job retried it) is not counted.
+- Default k values: powers of two up to n, plus n, where n = `num_repeats` when given, else the
+  largest number of rollouts any task has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+
+DEFAULT_THRESHOLD = 1.0
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class TaskProfile:
+    task_index: int
+    task_id: str
+    num_rollouts: int
+    num_correct: int
+    mean_reward: float
+    std_reward: float
+    min_reward: float
+    max_reward: float
+
+    def to_json(self) -> Json:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Metrics:
+    job_id: str = ""
+    num_rollouts: int = 0
+    num_tasks: int = 0
+    num_failures: int = 0
+    num_duplicates: int = 0
+    threshold: float = DEFAULT_THRESHOLD
+    k_values: list[int] = field(default_factory=list)
+    mean_reward: float = 0.0
+    std_reward: float = 0.0
+    stderr_reward: float = 0.0
+    pass_at_k: dict[int, float] = field(default_factory=dict)
+    maj_at_k: dict[int, float] = field(default_factory=dict)
+    num_tasks_at_k: dict[int, int] = field(default_factory=dict)
+    pass_at_1_avg: float = 0.0
+    pass_at_1_avg_of_k: dict[int, float] = field(default_factory=dict)
+    mean_prompt_tokens: float = 0.0
+    mean_completion_tokens: float = 0.0
+    total_prompt_tokens: int = 0
+    total_completion_tokens: int = 0
+    max_completion_tokens: int = 0
+    mean_record_tokens: float = 0.0
+    failures_by_class: dict[str, int] = field(default_factory=dict)
+    tasks: list[TaskProfile] = field(default_factory=list)
+
+    def to_json(self) -> Json:
+        """JSON-ready: int map keys become strings ("1", "2", ...)."""
+        data: Json = {}
+        for name, value in self.__dict__.items():
+            if name == "tasks":
+                data[name] = [t.to_json() for t in value]
+            elif isinstance(value, dict) and name != "failures_by_class":
+                data[name] = {str(k): v for k, v in value.items()}
+            else:
+                data[name] = value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Json) -> Metrics:
+        kw: dict[str, Any] = dict(data)
+        for name in ("pass_at_k", "maj_at_k", "num_tasks_at_k", "pass_at_1_avg_of_k"):
+            kw[name] = {int(k): v for k, v in data.get(name, {}).items()}
+        kw["tasks"] = [TaskProfile(**t) for t in data.get("tasks", [])]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in kw.items() if k in known})
+
+
+def default_k_values(n: int) -> list[int]:
+    """Powers of two up to n, plus n: 1, 2, 4, ..., n."""
+    if n < 1:
+        return []
+    ks: list[int] = []
+    k = 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    if ks[-1] != n:
+        ks.append(n)
+    return ks
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: 1 - C(n-c, k) / C(n, k). Requires 1 <= k <= n."""
+    if k < 1 or k > n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    # C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i), numerically stable.
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def majority_correct(rollouts: Sequence[Rollout], threshold: float = DEFAULT_THRESHOLD) -> float:
+    """maj@k of one task over `rollouts` (already the first k, in rollout_index order)."""
+    votes: dict[str, int] = {}
+    first: dict[str, Rollout] = {}
+    for r in rollouts:
+        ans = r.extracted_answer.strip()
+        if not ans:
+            continue
+        votes[ans] = votes.get(ans, 0) + 1
+        first.setdefault(ans, r)
+    if not votes:
+        return 0.0
+    best = max(votes.values())
+    # Dicts keep insertion order, so the first tied answer is the one that appeared first.
+    winner = next(a for a, v in votes.items() if v == best)
+    return 1.0 if _correct(first[winner], threshold) else 0.0
+
+
+def task_id_of(task: Json, task_index: int) -> str:
+    """The task's own id when the row has one (`task_id`, `id`, `instance_id`), else its index."""
+    for name in ("task_id", "id", "instance_id"):
+        value = task.get(name)
+        if value is not None and value != "":
+            return str(value)
+    return str(task_index)
+
+
+def dedupe(rollouts: Iterable[Rollout]) -> tuple[dict[RolloutKey, Rollout], int]:
+    """Rollouts by key, the first occurrence winning; and how many duplicates were dropped."""
+    by_key: dict[RolloutKey, Rollout] = {}
+    dups = 0
+    for r in rollouts:
+        if r.key in by_key:
+            dups += 1
+        else:
+            by_key[r.key] = r
+    return by_key, dups
+
+
+def compute(
+    rollouts: Iterable[Rollout],
+    failures: Iterable[RolloutFailure] = (),
+    *,
+    k_values: Sequence[int] | None = None,
+    num_repeats: int | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    job_id: str = "",
+) -> Metrics:
+    by_key, dups = dedupe(rollouts)
+    by_task: dict[int, list[Rollout]] = {}
+    for key in sorted(by_key):
+        by_task.setdefault(key.task_index, []).append(by_key[key])
+
+    failed: dict[RolloutKey, RolloutFailure] = {}
+    for f in failures:
+        if f.key not in by_key:
+            failed.setdefault(f.key, f)
+    failures_by_class: dict[str, int] = {}
+    for f in failed.values():
+        failures_by_class[f.error_class] = failures_by_class.get(f.error_class, 0) + 1
+
+    m = Metrics(
+        job_id=job_id or next((r.job_id for r in by_key.values()), ""),
+        num_rollouts=len(by_key),
+        num_tasks=len(by_task),
+        num_failures=len(failed),
+        num_duplicates=dups,
+        threshold=threshold,
+        failures_by_class=dict(sorted(failures_by_class.items())),
+    )
+    if not by_key:
+        return m
+
+    n_max = num_repeats or max(len(v) for v in by_task.values())
+    ks = sorted({int(k) for k in k_values if k >= 1}) if k_values else default_k_values(n_max)
+    m.k_values = ks
+
+    rewards = [r.reward for task in by_task.values() for r in task]
+    m.mean_reward, m.std_reward = _mean_std(rewards)
+    m.stderr_reward = m.std_reward / math.sqrt(len(rewards))
+
+    for k in ks:
+        eligible = [t for t in by_task.values() if len(t) >= k]
+        if not eligible:
+            continue
+        m.num_tasks_at_k[k] = len(eligible)
+        m.pass_at_k[k] = _avg(pass_at_k(len(t), _num_correct(t, threshold), k) for t in eligible)
+        m.maj_at_k[k] = _avg(majority_correct(t[:k], threshold) for t in eligible)
+        m.pass_at_1_avg_of_k[k] = _avg(_num_correct(t[:k], threshold) / k for t in eligible)
+    m.pass_at_1_avg = _avg(_num_correct(t, threshold) / len(t) for t in by_task.values())
+
+    prompt = [r.prompt_tokens for r in by_key.values()]
+    completion = [r.completion_tokens for r in by_key.values()]
+    m.total_prompt_tokens = sum(prompt)
+    m.total_completion_tokens = sum(completion)
+    m.mean_prompt_tokens = m.total_prompt_tokens / len(prompt)
+    m.mean_completion_tokens = m.total_completion_tokens / len(completion)
+    m.max_completion_tokens = max(completion)
+    m.mean_record_tokens = _avg(float(len(r.tokens.token_ids)) for r in by_key.values())
+    m.tasks = profile(by_task, threshold)
+    return m
+
+
+def compute_metrics(
+    rollouts: Iterable[Rollout],
+    failures: Iterable[RolloutFailure] = (),
+    *,
+    k_values: Sequence[int] | None = None,
+    num_repeats: int | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    job_id: str = "",
+) -> Json:
+    """`compute(...)` as the JSON-ready dict written to metrics.json."""
+    return compute(
+        rollouts, failures, k_values=k_values, num_repeats=num_repeats, threshold=threshold, job_id=job_id
+    ).to_json()
+
+
+def profile(by_task: dict[int, list[Rollout]], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:
+    """The per-task reward profile, ordered by task_index."""
+    out: list[TaskProfile] = []
+    for task_index in sorted(by_task):
+        rs = by_task[task_index]
+        rewards = [r.reward for r in rs]
+        mean, std = _mean_std(rewards)
+        out.append(
+            TaskProfile(
+                task_index=task_index,
+                task_id=task_id_of(rs[0].task, task_index),
+                num_rollouts=len(rs),
+                num_correct=_num_correct(rs, threshold),
+                mean_reward=mean,
+                std_reward=std,
+                min_reward=min(rewards),
+                max_reward=max(rewards),
+            )
+        )
+    return out
+
+
+def task_profile(rollouts: Iterable[Rollout], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:
+    by_key, _ = dedupe(rollouts)
+    by_task: dict[int, list[Rollout]] = {}
+    for key in sorted(by_key):
+        by_task.setdefault(key.task_index, []).append(by_key[key])
+    return profile(by_task, threshold)
+
+
+def _correct(r: Rollout, threshold: float) -> bool:
+    return r.reward >= threshold - _EPS
+
+
+def _num_correct(rs: Sequence[Rollout], threshold: float) -> int:
+    return sum(1 for r in rs if _correct(r, threshold))
+
+
+def _avg(values: Iterable[float]) -> float:
+    vs = list(values)
+    return math.fsum(vs) / len(vs) if vs else 0.0
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return mean, 0.0
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var)

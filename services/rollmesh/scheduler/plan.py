@@ -1,0 +1,214 @@
+"""From a JobSpec to a Plan: benchmark defaults applied, dataset resolved and parsed, tasks
+selected (limit, then shard), keys enumerated lazily. Blocking file I/O: call off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rollmesh.registry import ArtifactNotFound, Catalog, Kind
+from rollmesh.scheduler.errors import (
+    BenchmarkNotFound,
+    DatasetNotFound,
+    InvalidBenchmark,
+    InvalidJobSpec,
+    MalformedDatasetRow,
+)
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.spec import DEFAULT_MAX_STEPS, SAMPLING_FIELDS, JobSpec
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run needs, resolved once at submit time."""
+
+    spec: JobSpec  # with benchmark defaults applied
+    dataset_path: Path
+    rows: list[Json]
+    task_indices: list[int]
+    num_repeats: int
+    max_steps: int
+    k_values: tuple[int, ...] = field(default=())
+
+    @property
+    def total(self) -> int:
+        return len(self.task_indices) * self.num_repeats
+
+    def keys(self) -> Iterator[RolloutKey]:
+        """Every key of the job, task-major (lazy: memory stays flat for large jobs)."""
+        for t in self.task_indices:
+            for r in range(self.num_repeats):
+                yield RolloutKey(t, r)
+
+
+def select_tasks(num_rows: int, *, limit: int = 0, shard_index: int = 0, shard_count: int = 0) -> list[int]:
+    """Task indices (in the full dataset) of this job: the first `limit`, then those with i % n == shard."""
+    end = min(num_rows, limit) if limit > 0 else num_rows
+    if shard_count <= 1:
+        return list(range(end))
+    return [i for i in range(end) if i % shard_count == shard_index]
+
+
+def default_k_values(num_repeats: int) -> tuple[int, ...]:
+    ks = []
+    k = 1
+    while k < num_repeats:
+        ks.append(k)
+        k *= 2
+    ks.append(num_repeats)
+    return tuple(ks)
+
+
+def load_benchmark(catalog: Catalog, name: str) -> Json:
+    """`benchmarks/<name>/benchmark.json` (or `benchmarks/<name>.json`) as a dict."""
+    try:
+        found = catalog.locate(Kind.BENCHMARK, name)
+    except ArtifactNotFound as exc:
+        raise BenchmarkNotFound(exc.message, metadata={"benchmark": name}) from None
+    path = found.path / "benchmark.json" if found.is_dir else found.path
+    if not path.is_file():
+        raise InvalidBenchmark(f"benchmark {name!r} has no benchmark.json at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InvalidBenchmark(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise InvalidBenchmark(f"{path}: must hold a JSON object")
+    return data
+
+
+def apply_benchmark(spec: JobSpec, bench: Json) -> JobSpec:
+    """Benchmark values fill what the spec leaves unset; the spec wins."""
+    sampling = {k: v for k, v in dict(bench.get("sampling", {})).items() if k in SAMPLING_FIELDS}
+    sampling.update(spec.sampling)
+    agent = dict(bench.get("agent", {}))
+    return replace(
+        spec,
+        dataset=spec.dataset or str(bench.get("dataset", "")),
+        environment=spec.environment or str(bench.get("environment", "")),
+        num_repeats=spec.num_repeats or int(bench.get("num_repeats", 0)),
+        max_steps=spec.max_steps or int(agent.get("max_steps", 0)),
+        system_prompt=spec.system_prompt or str(agent.get("system_prompt", "")),
+        sampling=sampling,
+        k_values=spec.k_values or tuple(int(k) for k in bench.get("k_values", ())),
+    )
+
+
+def _looks_like_path(ref: str) -> bool:
+    return "/" in ref or "\\" in ref or ref.endswith(".jsonl") or ref.startswith(".")
+
+
+def resolve_dataset(catalog: Catalog, ref: str) -> Path:
+    """A JSONL path, or a dataset artifact: a file, or a folder's test.jsonl / its single .jsonl."""
+    if _looks_like_path(ref):
+        path = Path(ref).expanduser()
+        if not path.is_file():
+            raise DatasetNotFound(f"dataset file {ref!r} does not exist", metadata={"dataset": ref})
+        return path
+    try:
+        found = catalog.locate(Kind.DATASET, ref)
+    except ArtifactNotFound as exc:
+        raise DatasetNotFound(exc.message, metadata={"dataset": ref}) from None
+    if not found.is_dir:
+        return found.path
+    test = found.path / "test.jsonl"
+    if test.is_file():
+        return test
+    files = sorted(p for p in found.path.glob("*.jsonl") if p.is_file())
+    if len(files) == 1:
+        return files[0]
+    names = ", ".join(p.name for p in files) or "none"
+    raise DatasetNotFound(
+        f"dataset {ref!r} is a folder without test.jsonl and with {len(files)} .jsonl files ({names}); "
+        "name the file as a path instead",
+        metadata={"dataset": ref},
+    )
+
+
+def load_rows(path: Path) -> list[Json]:
+    """Parse every row; a malformed one is an error naming its line number."""
+    rows: list[Json] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise MalformedDatasetRow(
+                    f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
+                    metadata={"path": str(path), "line": str(lineno)},
+                ) from None
+            problem = _row_problem(row)
+            if problem:
+                raise MalformedDatasetRow(
+                    f"{path}:{lineno}: {problem}", metadata={"path": str(path), "line": str(lineno)}
+                )
+            rows.append(row)
+    if not rows:
+        raise MalformedDatasetRow(f"{path}: the dataset has no rows", metadata={"path": str(path)})
+    return rows
+
+
+def _row_problem(row: Any) -> str:
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object, not {type(row).__name__}"
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict):
+        return "missing `responses_create_params` (an object with `input`)"
+    inp = params.get("input")
+    if isinstance(inp, str):
+        return "" if inp else "`responses_create_params.input` is empty"
+    if not isinstance(inp, list) or not inp:
+        return "`responses_create_params.input` must be a non-empty list of messages or a string"
+    for i, m in enumerate(inp):
+        if not isinstance(m, dict) or "role" not in m:
+            return f"`responses_create_params.input[{i}]` is not a message with a `role`"
+    tools = params.get("tools", [])
+    if not isinstance(tools, list):
+        return "`responses_create_params.tools` must be a list"
+    return ""
+
+
+def build_plan(catalog: Catalog, spec: JobSpec) -> Plan:
+    """Resolve a validated spec into a Plan (raises NOT_FOUND / INVALID_ARGUMENT errors)."""
+    if spec.benchmark:
+        spec = apply_benchmark(spec, load_benchmark(catalog, spec.benchmark))
+    if not spec.dataset:
+        raise InvalidJobSpec(f"benchmark {spec.benchmark!r} names no dataset; set `dataset`")
+    if not spec.environment:
+        raise InvalidJobSpec(
+            "the job names no environment; set `environment`", metadata={"field": "environment"}
+        )
+    path = resolve_dataset(catalog, spec.dataset)
+    rows = load_rows(path)
+    tasks = select_tasks(
+        len(rows), limit=spec.limit, shard_index=spec.shard_index, shard_count=spec.shard_count
+    )
+    if not tasks:
+        raise InvalidJobSpec(
+            f"the job selects no tasks: {len(rows)} rows, limit {spec.limit}, "
+            f"shard {spec.shard_index}/{spec.shard_count}",
+            metadata={"field": "shard"},
+        )
+    num_repeats = spec.num_repeats or 1
+    k_values = spec.k_values or default_k_values(num_repeats)
+    if any(k > num_repeats for k in k_values):
+        raise InvalidJobSpec(
+            f"k_values {list(k_values)} exceed num_repeats {num_repeats}", metadata={"field": "k_values"}
+        )
+    return Plan(
+        spec=spec,
+        dataset_path=path,
+        rows=rows,
+        task_indices=tasks,
+        num_repeats=num_repeats,
+        max_steps=spec.max_steps or DEFAULT_MAX_STEPS,
+        k_values=k_values,
+    )

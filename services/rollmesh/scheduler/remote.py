@@ -1,0 +1,193 @@
+"""The agent loop's ports over gRPC: the ModelGateway and the EnvironmentVerifier.
+
+One channel per target (`rollmesh_client.aio_channel`), a deadline on every RPC, and errors as the
+SDK's typed classes (`from_grpc_error`), which carry the code the retry policy classifies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from rollmesh.scheduler.agent import GenerateCall, Json, ToolResult, Turn, Verdict
+from rollmesh.scheduler.convert import message_from_pb, message_to_pb
+from rollmesh_client import AlreadyExistsError, NotFoundError, aio_channel, from_grpc_error
+from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    generate_s: float = 300.0
+    tool_s: float = 60.0
+    verify_s: float = 120.0
+    session_s: float = 30.0
+
+
+async def _call(method: Callable[..., Awaitable[R]], request: Any, deadline_s: float) -> R:
+    try:
+        return await method(request, timeout=deadline_s)
+    except grpc.aio.AioRpcError as exc:
+        raise from_grpc_error(exc) from None
+
+
+def tool_to_pb(tool: Json) -> common_pb2.ToolSpec:
+    params = tool.get("parameters", {})
+    return common_pb2.ToolSpec(
+        name=str(tool["name"]),
+        description=str(tool.get("description", "")),
+        parameters_json=params if isinstance(params, str) else json.dumps(params),
+    )
+
+
+def tool_from_pb(spec: common_pb2.ToolSpec) -> Json:
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "parameters": json.loads(spec.parameters_json) if spec.parameters_json else {},
+    }
+
+
+def sampling_to_pb(s: Json) -> common_pb2.SamplingParams:
+    msg = common_pb2.SamplingParams()
+    if "temperature" in s:
+        msg.temperature = float(s["temperature"])
+    if "top_p" in s:
+        msg.top_p = float(s["top_p"])
+    if "max_tokens" in s:
+        msg.max_tokens = int(s["max_tokens"])
+    if "top_k" in s:
+        msg.top_k = int(s["top_k"])
+    if "seed" in s:
+        msg.seed = int(s["seed"])
+    if "logprobs" in s:
+        msg.logprobs = bool(s["logprobs"])
+    stop = s.get("stop")
+    if stop:
+        msg.stop.extend([stop] if isinstance(stop, str) else [str(x) for x in stop])
+    return msg
+
+
+class GatewayModel:
+    """ModelPort over the ModelGateway."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
+        self.channel = channel
+        self.stub = gateway_pb2_grpc.ModelGatewayStub(channel)
+        self.deadlines = deadlines or Deadlines()
+
+    @classmethod
+    def connect(
+        cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None
+    ) -> GatewayModel:
+        return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
+
+    async def generate(self, call: GenerateCall) -> Turn:
+        req = gateway_pb2.GenerateRequest(
+            model=call.model,
+            messages=[message_to_pb(m) for m in call.messages],
+            tools=[tool_to_pb(t) for t in call.tools],
+            sampling=sampling_to_pb(call.sampling),
+            session_id=call.session_id,
+            request_id=call.request_id,
+        )
+        resp: gateway_pb2.GenerateResponse = await _call(self.stub.Generate, req, self.deadlines.generate_s)
+        return Turn(
+            message=message_from_pb(resp.message),
+            prompt_token_ids=list(resp.prompt_token_ids),
+            output_token_ids=list(resp.output_token_ids),
+            logprobs=list(resp.logprobs),
+            finish_reason=resp.finish_reason,
+            prompt_tokens=int(resp.usage.prompt_tokens),
+            completion_tokens=int(resp.usage.completion_tokens),
+            replica_id=resp.replica_id,
+            policy_version=resp.policy_version,
+            reused_prefix_tokens=int(resp.reused_prefix_tokens),
+        )
+
+    async def close_session(self, session_id: str) -> None:
+        req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
+        await _call(self.stub.CloseSession, req, self.deadlines.session_s)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class VerifierEnv:
+    """EnvPort over the EnvironmentVerifier."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
+        self.channel = channel
+        self.stub = verifier_pb2_grpc.EnvironmentVerifierStub(channel)
+        self.deadlines = deadlines or Deadlines()
+
+    @classmethod
+    def connect(
+        cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None
+    ) -> VerifierEnv:
+        return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
+
+    async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
+        req = verifier_pb2.SeedSessionRequest(
+            environment=environment, task_json=json.dumps(task, ensure_ascii=False), session_id=session_id
+        )
+        try:
+            resp: verifier_pb2.SeedSessionResponse = await _call(
+                self.stub.SeedSession, req, self.deadlines.session_s
+            )
+        except AlreadyExistsError:
+            # Left over from an attempt whose close was lost (or a crashed run): start it afresh.
+            try:
+                await self.close_session(session_id)
+            except NotFoundError:
+                pass
+            resp = await _call(self.stub.SeedSession, req, self.deadlines.session_s)
+        return [tool_from_pb(t) for t in resp.tools]
+
+    async def call_tool(self, session_id: str, call: Json) -> ToolResult:
+        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        assert isinstance(fn, dict)
+        args = fn.get("arguments", "")
+        req = verifier_pb2.CallToolRequest(
+            session_id=session_id,
+            call=common_pb2.ToolCall(
+                id=str(call.get("id", "")),
+                name=str(fn.get("name", "")),
+                arguments_json=args if isinstance(args, str) else json.dumps(args),
+            ),
+        )
+        resp: verifier_pb2.CallToolResponse = await _call(self.stub.CallTool, req, self.deadlines.tool_s)
+        return ToolResult(output=resp.output, is_error=resp.is_error)
+
+    async def verify(self, environment: str, task: Json, messages: list[Json], session_id: str) -> Verdict:
+        req = verifier_pb2.VerifyRequest(
+            environment=environment,
+            task_json=json.dumps(task, ensure_ascii=False),
+            response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in messages]),
+            session_id=session_id,
+        )
+        resp: verifier_pb2.VerifyResponse = await _call(self.stub.Verify, req, self.deadlines.verify_s)
+        r = resp.result
+        return Verdict(
+            reward=r.reward,
+            components=dict(r.components),
+            extracted_answer=r.extracted_answer,
+            details=json.loads(r.details_json) if r.details_json else {},
+        )
+
+    async def close_session(self, session_id: str) -> None:
+        req = verifier_pb2.CloseSessionRequest(session_id=session_id)
+        await _call(self.stub.CloseSession, req, self.deadlines.session_s)
+
+    async def environment_tools(self, environment: str) -> list[Json]:
+        req = verifier_pb2.GetEnvironmentRequest(name=environment)
+        resp: verifier_pb2.Environment = await _call(self.stub.GetEnvironment, req, self.deadlines.session_s)
+        return [tool_from_pb(t) for t in resp.tools]
+
+    async def close(self) -> None:
+        await self.channel.close()

@@ -1,0 +1,160 @@
+"""The domain JobSpec (what to run) and its validation. No grpc here.
+
+Zero values mean "default", as in the proto: `num_repeats = 0` takes the benchmark's value (else 1),
+`concurrency = 0` is auto (AIMD), a zero retry field takes the RetryPolicy default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmesh.scheduler.errors import InvalidJobSpec, InvalidShard
+
+Json = dict[str, Any]
+
+SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "top_k")
+DEFAULT_MAX_STEPS = 8
+DEFAULT_OUTPUT_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    initial_backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+    rollout_timeout_s: float = 300.0
+    max_consecutive_unavailable: int = 50
+
+    def with_defaults(self) -> RetryPolicy:
+        """Zero fields replaced by the defaults (the proto's zero means unset)."""
+        d = RetryPolicy()
+        return RetryPolicy(
+            max_attempts=self.max_attempts or d.max_attempts,
+            initial_backoff_s=self.initial_backoff_s or d.initial_backoff_s,
+            max_backoff_s=self.max_backoff_s or d.max_backoff_s,
+            rollout_timeout_s=self.rollout_timeout_s or d.rollout_timeout_s,
+            max_consecutive_unavailable=self.max_consecutive_unavailable or d.max_consecutive_unavailable,
+        )
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    kind: str = "jsonl"  # "jsonl" or "grpc"
+    fsync_every: int = 0  # jsonl: rows per fsync batch (0 = the sink's default)
+    address: str = ""  # grpc: the RolloutSink's host:port
+    window: int = 0  # grpc: max unacknowledged rollouts (0 = the sink's default)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    benchmark: str = ""
+    dataset: str = ""
+    environment: str = ""
+    max_steps: int = 0
+    system_prompt: str = ""
+    model: str = ""
+    # Only the sampling fields that were set (SAMPLING_FIELDS), so unset ones keep the model's defaults.
+    sampling: Json = field(default_factory=dict)
+    num_repeats: int = 0
+    starting_seed: int = 0
+    limit: int = 0
+    shard_index: int = 0
+    shard_count: int = 0
+    concurrency: int = 0
+    sink: SinkConfig = field(default_factory=SinkConfig)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    output_dir: str = ""
+    resume_job_id: str = ""
+    validate_all: bool = False
+    k_values: tuple[int, ...] = ()
+
+    def to_json(self) -> Json:
+        data = dataclasses.asdict(self)
+        data["k_values"] = list(self.k_values)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Json) -> JobSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in known}
+        kw["sink"] = SinkConfig(**data.get("sink", {}))
+        kw["retry"] = RetryPolicy(**data.get("retry", {}))
+        kw["sampling"] = dict(data.get("sampling", {}))
+        kw["k_values"] = tuple(int(k) for k in data.get("k_values", ()))
+        return cls(**kw)
+
+    @property
+    def effective_output_dir(self) -> str:
+        return self.output_dir or DEFAULT_OUTPUT_DIR
+
+
+def validate(spec: JobSpec) -> None:
+    """Reject a spec that cannot run, naming the field and what is allowed (before anything runs)."""
+    numbers = {
+        "num_repeats": spec.num_repeats,
+        "limit": spec.limit,
+        "concurrency": spec.concurrency,
+        "agent.max_steps": spec.max_steps,
+        "retry.max_attempts": spec.retry.max_attempts,
+        "retry.initial_backoff_s": spec.retry.initial_backoff_s,
+        "retry.max_backoff_s": spec.retry.max_backoff_s,
+        "retry.rollout_timeout_s": spec.retry.rollout_timeout_s,
+        "retry.max_consecutive_unavailable": spec.retry.max_consecutive_unavailable,
+        "sink.fsync_every": spec.sink.fsync_every,
+        "sink.window": spec.sink.window,
+    }
+    for name, value in numbers.items():
+        if value < 0:
+            raise InvalidJobSpec(
+                f"{name} is {value}; it must be >= 0 (0 means the default)", metadata={"field": name}
+            )
+    if any(k <= 0 for k in spec.k_values):
+        raise InvalidJobSpec(
+            f"k_values {list(spec.k_values)} must all be >= 1", metadata={"field": "k_values"}
+        )
+    if not spec.benchmark and not spec.dataset and not spec.resume_job_id:
+        raise InvalidJobSpec(
+            "the job names no dataset: set `dataset` (an artifact name or a JSONL path) or `benchmark`",
+            metadata={"field": "dataset"},
+        )
+    if spec.shard_count < 0 or spec.shard_index < 0:
+        raise InvalidShard(
+            f"shard {spec.shard_index}/{spec.shard_count} is negative; index must be in [0, count)",
+            metadata={"field": "shard"},
+        )
+    if spec.shard_count > 1 and spec.shard_index >= spec.shard_count:
+        raise InvalidShard(
+            f"shard index {spec.shard_index} is not below shard count {spec.shard_count}; "
+            f"use an index in [0, {spec.shard_count})",
+            metadata={"field": "shard"},
+        )
+    if spec.shard_count <= 1 and spec.shard_index != 0:
+        raise InvalidShard(
+            f"shard index {spec.shard_index} needs a shard count above it (count is {spec.shard_count})",
+            metadata={"field": "shard"},
+        )
+    if spec.sink.kind not in ("jsonl", "grpc"):
+        raise InvalidJobSpec(
+            f"sink kind {spec.sink.kind!r} is not 'jsonl' or 'grpc'", metadata={"field": "sink"}
+        )
+    if spec.sink.kind == "grpc" and not spec.sink.address:
+        raise InvalidJobSpec(
+            "a gRPC sink needs an address (host:port)", metadata={"field": "sink.grpc.address"}
+        )
+    s = spec.sampling
+    if "temperature" in s and s["temperature"] < 0:
+        raise InvalidJobSpec(
+            f"sampling.temperature {s['temperature']} must be >= 0", metadata={"field": "sampling"}
+        )
+    if "top_p" in s and not 0 < s["top_p"] <= 1:
+        raise InvalidJobSpec(f"sampling.top_p {s['top_p']} must be in (0, 1]", metadata={"field": "sampling"})
+    if "max_tokens" in s and s["max_tokens"] <= 0:
+        raise InvalidJobSpec(
+            f"sampling.max_tokens {s['max_tokens']} must be > 0", metadata={"field": "sampling"}
+        )
+    if spec.resume_job_id and ("/" in spec.resume_job_id or spec.resume_job_id in (".", "..")):
+        raise InvalidJobSpec(
+            f"resume_job_id {spec.resume_job_id!r} is not a job id", metadata={"field": "resume_job_id"}
+        )

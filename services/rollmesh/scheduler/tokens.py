@@ -1,0 +1,237 @@
+"""Token records of multi-turn rollouts, built from the gateway's ids (never by re-tokenizing), and
+their validator.
+
+The scheduler fills one `TurnOutput` per model turn from the gateway's `GenerateResponse`
+(`prompt_token_ids`, `output_token_ids`, `logprobs`, `policy_version`, `replica_id`) and calls
+`build_token_record(turns)`. The record is:
+
+    token_ids = turn-1 prompt ids, turn-1 generated ids, the ids turn 2's prompt adds (tool
+                results, the chat template's glue), turn-2 generated ids, ...
+    loss_mask = 1 on generated ids, 0 elsewhere
+    logprobs  = the policy's logprob of each generated id, 0.0 elsewhere
+    turns     = one TurnSpan per turn: [prompt_start, output_start) are the ids that turn's prompt
+                added, [output_start, output_end) the ids the policy generated
+
+Each turn's prompt must start with every id so far (the gateway keeps the ids it generated, so a
+re-rendered template never changes them); if it does not, the record would train on tokens the
+policy never saw, so `build_token_record` raises `TokenRecordMismatch` (the rollout fails with
+error class TOKEN_RECORD_MISMATCH).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rollmesh.mesh.errors import Internal
+from rollmesh.scheduler.records import Json, Rollout, TokenRecord, TurnSpan
+
+
+class TokenRecordMismatch(Internal):
+    """A turn's prompt does not extend the ids so far, or logprobs do not line up with outputs."""
+
+    reason = "TOKEN_RECORD_MISMATCH"
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    """What the gateway returned for one model turn."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    logprobs: Sequence[float] = ()
+    policy_version: str = ""
+    replica_id: str = ""
+
+
+class TurnLike(Protocol):
+    """Anything with a turn's ids (`TurnOutput`, or the agent loop's own `Turn`)."""
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+    @property
+    def logprobs(self) -> Sequence[float]: ...
+    @property
+    def policy_version(self) -> str: ...
+    @property
+    def replica_id(self) -> str: ...
+
+
+class Decoder(Protocol):
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+def build_token_record(turns: Sequence[TurnLike]) -> TokenRecord:
+    """The token record of a rollout from its turns, in order (see the module doc)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    lps: list[float] = []
+    spans: list[TurnSpan] = []
+    for i, turn in enumerate(turns):
+        prompt = list(turn.prompt_token_ids)
+        n = len(ids)
+        if len(prompt) < n or prompt[:n] != ids:
+            at = _first_difference(prompt, ids)
+            raise TokenRecordMismatch(
+                f"turn {i + 1}'s prompt ({len(prompt)} ids) does not start with the {n} ids of the "
+                f"turns before it: first difference at position {at}",
+                metadata={"turn": str(i + 1), "position": str(at)},
+            )
+        added = prompt[n:]
+        prompt_start = n
+        ids.extend(added)
+        mask.extend([0] * len(added))
+        lps.extend([0.0] * len(added))
+        out = list(turn.output_token_ids)
+        if turn.logprobs and len(turn.logprobs) != len(out):
+            raise TokenRecordMismatch(
+                f"turn {i + 1} has {len(out)} output ids but {len(turn.logprobs)} logprobs",
+                metadata={"turn": str(i + 1)},
+            )
+        output_start = len(ids)
+        ids.extend(out)
+        mask.extend([1] * len(out))
+        lps.extend([float(x) for x in turn.logprobs] if turn.logprobs else [0.0] * len(out))
+        spans.append(
+            TurnSpan(
+                prompt_start=prompt_start,
+                output_start=output_start,
+                output_end=len(ids),
+                policy_version=turn.policy_version,
+                replica_id=turn.replica_id,
+            )
+        )
+    return TokenRecord(token_ids=ids, loss_mask=mask, logprobs=lps, turns=spans)
+
+
+def validate_token_record(
+    record: TokenRecord,
+    *,
+    messages: Sequence[Json] | None = None,
+    tokenizer: Decoder | None = None,
+    completion_tokens: int | None = None,
+) -> list[str]:
+    """Why `record` is not a faithful token record; an empty list when it is.
+
+    Checks: the three arrays have one length; spans are contiguous, in order and in range; the
+    loss mask is 1 exactly on the generated spans; logprobs are 0 off them; `completion_tokens`
+    (when given and > 0) equals the generated count. With `messages` and a `tokenizer`: one
+    assistant message per turn, and decoding each generated span gives that message's content
+    (for a message with tool calls, the content and each tool's name must appear in the decoded
+    text, since the parser moved the call out of the content; a trailing stop string is tolerated).
+    """
+    reasons: list[str] = []
+    n = len(record.token_ids)
+    if len(record.loss_mask) != n or len(record.logprobs) != n:
+        reasons.append(
+            f"length mismatch: {n} token_ids, {len(record.loss_mask)} loss_mask, "
+            f"{len(record.logprobs)} logprobs"
+        )
+        return reasons
+    bad = [i for i, m in enumerate(record.loss_mask) if m not in (0, 1)]
+    if bad:
+        reasons.append(f"loss_mask has values other than 0/1 (first at position {bad[0]})")
+    expected = [0] * n
+    prev_end = 0
+    for t, span in enumerate(record.turns, start=1):
+        if span.prompt_start != prev_end:
+            reasons.append(f"turn {t}: prompt_start {span.prompt_start} != previous turn's end {prev_end}")
+        if not (span.prompt_start <= span.output_start <= span.output_end <= n):
+            reasons.append(
+                f"turn {t}: span [{span.prompt_start}, {span.output_start}, {span.output_end}) "
+                f"out of order or past the {n} ids"
+            )
+            return reasons
+        for i in range(span.output_start, span.output_end):
+            expected[i] = 1
+        prev_end = span.output_end
+    if record.turns and prev_end != n:
+        reasons.append(f"{n - prev_end} ids after the last turn's output (position {prev_end} onwards)")
+    for t, span in enumerate(record.turns, start=1):
+        got = record.loss_mask[span.output_start : span.output_end]
+        if any(m != 1 for m in got):
+            off = span.output_start + next(i for i, m in enumerate(got) if m != 1)
+            reasons.append(f"turn {t}: generated id at position {off} is masked out (loss_mask 0)")
+    stray = [i for i in range(n) if record.loss_mask[i] == 1 and expected[i] == 0]
+    if stray:
+        reasons.append(
+            f"loss_mask is 1 on {len(stray)} ids outside the generated spans (first at position {stray[0]})"
+        )
+    stray_lp = [i for i in range(n) if expected[i] == 0 and record.logprobs[i] != 0.0]
+    if stray_lp:
+        reasons.append(f"logprobs are non-zero on {len(stray_lp)} non-generated ids (first at {stray_lp[0]})")
+    generated = sum(expected)
+    if completion_tokens and completion_tokens != generated:
+        reasons.append(f"usage says {completion_tokens} completion tokens but the spans hold {generated}")
+    if messages is not None and tokenizer is not None:
+        reasons.extend(_check_text(record, messages, tokenizer))
+    return reasons
+
+
+def validate_rollout(rollout: Rollout, *, tokenizer: Decoder | None = None) -> list[str]:
+    """`validate_token_record` of a stored rollout, against its messages and usage."""
+    if not rollout.tokens.token_ids and not rollout.tokens.turns:
+        return ["no token record (token_ids empty)"]
+    return validate_token_record(
+        rollout.tokens,
+        messages=rollout.messages,
+        tokenizer=tokenizer,
+        completion_tokens=rollout.completion_tokens,
+    )
+
+
+def _check_text(record: TokenRecord, messages: Sequence[Json], tokenizer: Decoder) -> list[str]:
+    reasons: list[str] = []
+    assistant = [m for m in messages if m.get("role") == "assistant"]
+    if len(assistant) != len(record.turns):
+        return [f"{len(record.turns)} turns but {len(assistant)} assistant messages"]
+    for t, (span, msg) in enumerate(zip(record.turns, assistant, strict=True), start=1):
+        decoded = tokenizer.decode(
+            record.token_ids[span.output_start : span.output_end], skip_special_tokens=True
+        ).strip()
+        content = str(msg.get("content") or "").strip()
+        calls = _tool_call_names(msg)
+        if calls:
+            missing = [c for c in calls if c not in decoded]
+            if content and content not in decoded:
+                reasons.append(
+                    f"turn {t}: decoded ids {_show(decoded)} do not contain the content {_show(content)}"
+                )
+            if missing:
+                reasons.append(
+                    f"turn {t}: decoded ids {_show(decoded)} do not mention tool call(s) {missing}"
+                )
+        elif not decoded.startswith(content):
+            at = _first_difference(list(decoded), list(content))
+            reasons.append(
+                f"turn {t}: decoded ids {_show(decoded)} differ from the assistant content {_show(content)} "
+                f"at character {at}"
+            )
+    return reasons
+
+
+def _tool_call_names(msg: Json) -> list[str]:
+    names: list[str] = []
+    for call in msg.get("tool_calls") or []:
+        if not isinstance(call, dict):
+            continue
+        fn: Any = call.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else call.get("name")
+        if name:
+            names.append(str(name))
+    return names
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _show(text: str, limit: int = 60) -> str:
+    return json.dumps(text if len(text) <= limit else text[:limit] + "...")

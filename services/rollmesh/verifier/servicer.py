@@ -1,0 +1,70 @@
+"""The EnvironmentVerifier grpc.aio servicer: proto in, domain call, proto out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.paging import page
+from rollmesh.verifier import convert
+from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh_client.v1 import verifier_pb2 as pb
+from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
+
+
+class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
+    def __init__(self, service: VerifierService) -> None:
+        self._svc = service
+
+    async def ListEnvironments(
+        self, request: pb.ListEnvironmentsRequest, context: Any
+    ) -> pb.ListEnvironmentsResponse:
+        infos, broken = self._svc.list_environments()
+        items, token = page(infos, request.page_size, request.page_token)
+        first = not request.page_token
+        return pb.ListEnvironmentsResponse(
+            environments=[convert.environment_to_pb(i) for i in items],
+            broken=[convert.broken_to_pb(b) for b in broken] if first else [],
+            next_page_token=token,
+        )
+
+    async def GetEnvironment(self, request: pb.GetEnvironmentRequest, context: Any) -> pb.Environment:
+        return convert.environment_to_pb(self._svc.describe(request.name))
+
+    async def SeedSession(self, request: pb.SeedSessionRequest, context: Any) -> pb.SeedSessionResponse:
+        session, tools = await self._svc.seed_session(
+            request.environment, request.task_json, request.session_id
+        )
+        return pb.SeedSessionResponse(
+            session_id=session.id,
+            tools=[convert.tool_spec_to_pb(t) for t in tools],
+            ttl_seconds=self._svc.sessions.ttl_s,
+        )
+
+    async def CallTool(self, request: pb.CallToolRequest, context: Any) -> pb.CallToolResponse:
+        if not request.HasField("call") or not request.call.name:
+            raise InvalidArgument("CallToolRequest.call.name is required")
+        out = await self._svc.call_tool(request.session_id, convert.tool_call_from_pb(request.call))
+        return convert.tool_output_to_pb(out)
+
+    async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
+        result = await self._svc.verify(convert.verify_call_from_pb(request))
+        return pb.VerifyResponse(result=convert.result_to_pb(result))
+
+    async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
+        self._svc.close_session(request.session_id)
+        return pb.CloseSessionResponse()
+
+    async def VerifyBatch(
+        self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any
+    ) -> AsyncIterator[pb.VerifyBatchResponse]:
+        async def calls() -> AsyncIterator[tuple[str, VerifyCall]]:
+            async for req in request_iterator:
+                yield req.id, convert.verify_call_from_pb(req.request)
+
+        async for item_id, outcome in self._svc.verify_many(calls()):
+            if isinstance(outcome, Exception):
+                yield pb.VerifyBatchResponse(id=item_id, error=convert.error_to_status(outcome))
+            else:
+                yield pb.VerifyBatchResponse(id=item_id, result=convert.result_to_pb(outcome))

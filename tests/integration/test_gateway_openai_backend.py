@@ -1,0 +1,119 @@
+"""The openai backend against a real OpenAI-compatible server: another gateway's HTTP facade.
+
+Gateway A (openai backend, message-only) -> HTTP -> gateway B's facade (FakeBackend). Also a
+RegisterRoute to a URL, and upstream errors mapped to gateway errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import httpx
+import pytest
+import pytest_asyncio
+
+from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway.backends import create_backend
+from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.openai_backend import OpenAIBackend
+from rollmesh.gateway.openai_http import HttpFacade
+from rollmesh.gateway.types import ToolSpec
+from rollmesh.mesh.errors import RollmeshError
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 7}}</tool_call>'
+
+
+@pytest_asyncio.fixture
+async def upstream() -> AsyncIterator[tuple[str, FakeBackend]]:
+    fb = FakeBackend("tiny", script=lambda p, r: "Adding." + CALL if "tool" in p[-40:] else "plain answer")
+    gw = Gateway([fb])
+    await gw.start()
+    facade = HttpFacade(gw, port=0)
+    await facade.start()
+    try:
+        yield facade.base_url, fb
+    finally:
+        await facade.stop()
+        await gw.shutdown()
+
+
+async def test_generate_through_an_openai_url(upstream: tuple[str, FakeBackend]) -> None:
+    url, fb = upstream
+    backend = OpenAIBackend("remote", base_url=url, model="tiny")
+    gw = Gateway([backend])
+    await gw.start()
+    try:
+        assert backend.card.max_model_len == 4096  # learned from /v1/models
+        r = await gw.generate(GenerateInput(messages=(Message("user", "hi"),), session_id="s"))
+        assert r.message.content == "plain answer" and r.finish_reason == "stop"
+        # the upstream's return_token_ids extension carried the ids through
+        assert FakeTokenizer().decode(list(r.output_token_ids)) == "plain answer<|end|>"
+        assert r.prompt_token_ids == fb.requests[-1].prompt_token_ids
+
+        r = await gw.generate(
+            GenerateInput(messages=(Message("user", "use the tool"),), tools=(ToolSpec("add", "", "{}"),))
+        )
+        assert r.finish_reason == "tool_calls" and r.message.content == "Adding."
+        assert [(c.name, c.arguments_json) for c in r.message.tool_calls] == [("add", '{"a": 5, "b": 7}')]
+
+        (m,) = await gw.list_models()
+        assert m.backend == "openai" and m.replicas[0].healthy
+    finally:
+        await gw.shutdown()
+
+
+async def test_register_route_to_a_url(upstream: tuple[str, FakeBackend]) -> None:
+    url, _ = upstream
+    gw = Gateway([FakeBackend("local")], backend_factory=create_backend)
+    await gw.start()
+    try:
+        info = await gw.register_route("judge", target_model="tiny", base_url=url)
+        assert info.backend == "openai"
+        r = await gw.generate(GenerateInput(model="judge", messages=(Message("user", "hi"),)))
+        assert r.message.content == "plain answer" and r.model == "judge"
+    finally:
+        await gw.shutdown()
+
+
+async def test_upstream_errors_map_to_gateway_errors(upstream: tuple[str, FakeBackend]) -> None:
+    url, fb = upstream
+    msgs = (Message("user", "hi"),)
+    cases = [
+        (OpenAIBackend("x", base_url=url, model="missing"), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
+        (OpenAIBackend("y", base_url="http://127.0.0.1:9/v1"), grpc.StatusCode.UNAVAILABLE, "BACKEND_UNAVAILABLE"),
+    ]
+    for backend, code, reason in cases:
+        gw = Gateway([backend])
+        with pytest.raises(RollmeshError) as exc:
+            await gw.generate(GenerateInput(messages=msgs))
+        assert (exc.value.code, exc.value.reason) == (code, reason)
+        await gw.shutdown()
+    fb.down = True  # the upstream answers 503 -> UNAVAILABLE with RetryInfo
+    gw = Gateway([OpenAIBackend("z", base_url=url, model="tiny")])
+    with pytest.raises(RollmeshError) as exc:
+        await gw.generate(GenerateInput(messages=msgs))
+    assert (exc.value.code, exc.value.reason) == (grpc.StatusCode.UNAVAILABLE, "BACKEND_UNAVAILABLE")
+    assert exc.value.retry_after_s == 1.0
+    await gw.shutdown()
+
+
+async def test_start_fails_fast_when_the_url_is_down() -> None:
+    backend = OpenAIBackend("down", base_url="http://127.0.0.1:9/v1")
+    from rollmesh.gateway.backend import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable):
+        await backend.start()
+    await backend.shutdown()
+
+
+async def test_auth_failure_is_failed_precondition() -> None:
+    def deny(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, json={"error": {"message": "bad key"}})
+
+    backend = OpenAIBackend("x", base_url="http://upstream/v1", transport=httpx.MockTransport(deny))
+    gw = Gateway([backend])
+    with pytest.raises(RollmeshError) as exc:
+        await gw.generate(GenerateInput(messages=(Message("user", "hi"),)))
+    assert (exc.value.code, exc.value.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "UPSTREAM_AUTH_FAILED")
+    await gw.shutdown()

@@ -1,0 +1,192 @@
+"""The official `openai` client against the gateway's HTTP facade (FakeBackend, ephemeral port)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+import pytest_asyncio
+
+from rollmesh.gateway import Gateway
+from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.openai_http import HttpFacade
+from rollmesh.gateway.sessions import naive_prompt_ids
+from rollmesh.gateway.types import Message
+
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 7}}</tool_call>'
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "add", "description": "adds", "parameters": {"type": "object"}},
+    }
+]
+
+
+def script(prompt: str, request: object) -> str | list[int]:
+    last_user = prompt.rsplit("<|user|>\n", 1)[-1].split("<|end|>", 1)[0]
+    if "tool" in last_user:
+        return "Let me add." + CALL
+    if "5+7" in last_user:
+        return FakeTokenizer.char_ids("12")  # a non-canonical tokenization of "12"
+    return last_user
+
+
+class Http:
+    def __init__(self, client: openai.AsyncOpenAI, backend: FakeBackend, gateway: Gateway, url: str) -> None:
+        self.client, self.backend, self.gateway, self.url = client, backend, gateway, url
+
+
+@pytest_asyncio.fixture
+async def http() -> AsyncIterator[Http]:
+    backend = FakeBackend("tiny", script=script, max_model_len=512)
+    gateway = Gateway([backend])
+    await gateway.start()
+    facade = HttpFacade(gateway, host="127.0.0.1", port=0)
+    await facade.start()
+    client = openai.AsyncOpenAI(base_url=facade.base_url, api_key="unused", max_retries=0, timeout=20)
+    try:
+        yield Http(client, backend, gateway, facade.base_url)
+    finally:
+        await client.close()
+        await facade.stop()
+        await gateway.shutdown()
+
+
+async def test_models(http: Http) -> None:
+    page = await http.client.models.list()
+    assert [m.id for m in page.data] == ["tiny"]
+    extra = page.data[0].model_extra or {}
+    assert extra["max_model_len"] == 512 and extra["rollmesh"]["is_default"] is True
+
+
+async def test_chat_completion_with_token_ids(http: Http) -> None:
+    r = await http.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello there"}], temperature=0, logprobs=True
+    )
+    choice = r.choices[0]
+    assert choice.message.content == "hello there" and choice.finish_reason == "stop"
+    extra = r.model_extra or {}
+    token_ids = (choice.model_extra or {})["token_ids"]
+    assert FakeTokenizer().decode(token_ids) == "hello there<|end|>"
+    assert extra["prompt_token_ids"] and extra["rollmesh"]["replica_id"] == "tiny-replica-0"
+    assert r.usage is not None and r.usage.completion_tokens == len(token_ids)
+    assert choice.logprobs is not None and len(choice.logprobs.content or []) == len(token_ids)
+
+
+async def test_chat_tool_calls(http: Http) -> None:
+    r = await http.client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "use the tool"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me add."
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 5, "b": 7}
+
+
+async def test_streaming_chat(http: Http) -> None:
+    stream = await http.client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "use the tool"}],
+        tools=TOOLS,  # type: ignore[arg-type]
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    content, calls, finish, usage = "", [], None, None
+    async for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert content == "Let me add."  # no tool-call markup leaked into the streamed content
+    assert [(c.function.name if c.function else None) for c in calls] == ["add"]
+    assert finish == "tool_calls"
+    assert usage is not None and usage.completion_tokens > 0
+
+
+async def test_streaming_plain_text(http: Http) -> None:
+    stream = await http.client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "stream me"}], stream=True
+    )
+    pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert "".join(pieces) == "stream me"
+    assert len([p for p in pieces if p]) > 1  # really streamed, token by token
+
+
+async def test_responses(http: Http) -> None:
+    r = await http.client.responses.create(model="tiny", input="hi from responses", instructions="be nice")
+    assert r.output_text == "hi from responses"
+    assert r.status == "completed"
+    assert r.usage is not None and r.usage.output_tokens > 0
+
+    r = await http.client.responses.create(
+        model="tiny",
+        input=[{"role": "user", "content": "use the tool"}],
+        tools=[{"type": "function", "name": "add", "parameters": {"type": "object"}, "strict": False}],
+    )
+    kinds = [o.type for o in r.output]
+    assert kinds == ["message", "function_call"]
+    fc = r.output[1]
+    assert fc.type == "function_call" and fc.name == "add" and json.loads(fc.arguments) == {"a": 5, "b": 7}
+
+    # function_call + function_call_output items come back as an assistant call and a tool message
+    r = await http.client.responses.create(
+        model="tiny",
+        input=[
+            {"role": "user", "content": "add 5 and 7"},
+            {"type": "function_call", "call_id": fc.call_id, "name": "add", "arguments": fc.arguments},
+            {"type": "function_call_output", "call_id": fc.call_id, "output": "12"},
+        ],
+    )
+    prompt = FakeTokenizer().decode((r.model_extra or {})["prompt_token_ids"])
+    assert "<|tool|>\n12<|end|>" in prompt and "<tool_call>" in prompt
+
+
+async def test_session_header_gives_token_exact_multi_turn(http: Http) -> None:
+    first = [{"role": "user", "content": "what is 5+7?"}]
+    r1 = await http.client.chat.completions.create(model="tiny", messages=first, extra_headers={"X-Session-Id": "h1"})
+    kept = (r1.model_extra or {})["prompt_token_ids"] + (r1.choices[0].model_extra or {})["token_ids"]
+    convo = [*first, {"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "ok"}]
+    r2 = await http.client.chat.completions.create(
+        model="tiny",
+        messages=convo,  # type: ignore[arg-type]
+        extra_headers={"X-Session-Id": "h1"},
+    )
+    ids = (r2.model_extra or {})["prompt_token_ids"]
+    assert ids[: len(kept)] == kept
+    assert (r2.model_extra or {})["rollmesh"]["reused_prefix_tokens"] == len(kept)
+    naive = naive_prompt_ids(
+        FakeTokenizer(), tuple(Message(m["role"], str(m["content"])) for m in convo), ()
+    )
+    assert ids != naive
+
+
+async def test_errors_are_openai_style(http: Http) -> None:
+    with pytest.raises(openai.NotFoundError) as nf:
+        await http.client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert nf.value.status_code == 404 and nf.value.code == "MODEL_NOT_FOUND"
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        await http.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], temperature=-1
+        )
+    assert bad.value.code == "INVALID_SAMPLING_PARAMS" and bad.value.param == "sampling.temperature"
+
+    with pytest.raises(openai.BadRequestError) as long:
+        await http.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 600}])
+    assert long.value.code == "PROMPT_TOO_LONG"
+
+    http.backend.down = True
+    async with httpx.AsyncClient() as raw:
+        resp = await raw.post(
+            f"{http.url}/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+        )
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["code"] == "BACKEND_UNAVAILABLE"

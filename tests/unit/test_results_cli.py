@@ -1,0 +1,106 @@
+"""`rollmesh aggregate` / `rollmesh profile`: shards aggregated equal the unsharded run; readable errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from click.testing import Result
+from typer.testing import CliRunner
+
+from rollmesh.cli import build_app
+from rollmesh.scheduler.jsonl_sink import FAILURES, METRICS, ROLLOUTS, JsonlSink
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+
+runner = CliRunner()
+
+
+async def invoke(*args: str) -> Result:
+    """The CLI runs its own event loop (asyncio.run), so async tests call it from a thread."""
+    return await asyncio.to_thread(lambda: runner.invoke(build_app(), list(args)))
+
+
+def make(t: int, i: int) -> Rollout:
+    reward = 1.0 if (t * 7 + i * 3) % 5 < 2 else 0.0
+    answer = "right" if reward else ("wrong" if i % 2 else "")
+    return Rollout(
+        key=RolloutKey(t, i),
+        job_id="job1",
+        task={"id": f"task-{t}", "expected_answer": "right"},
+        messages=[{"role": "assistant", "content": answer}],
+        reward=reward,
+        extracted_answer=answer,
+        prompt_tokens=10 + t,
+        completion_tokens=3 + i,
+    )
+
+
+FAILED = {RolloutKey(5, 3)}
+
+
+async def write_run(directory: Path, tasks: list[int]) -> None:
+    sink = JsonlSink(directory, fsync_every=5, flush_interval_s=0)
+    await sink.open("job1", total=len(tasks) * 4, spec={"num_repeats": 4})
+    for i in range(4):  # completion order differs from key order
+        for t in reversed(tasks):
+            if RolloutKey(t, i) in FAILED:
+                await sink.write_failure(
+                    RolloutFailure(RolloutKey(t, i), "job1", "DEADLINE_EXCEEDED", "slow", 3)
+                )
+            else:
+                await sink.write(make(t, i))
+    await sink.close(state="succeeded", metrics=None)
+
+
+async def test_shards_aggregated_equal_the_unsharded_run(tmp_path: Path) -> None:
+    await write_run(tmp_path / "full", list(range(6)))
+    await write_run(tmp_path / "shard0", [0, 2, 4])
+    await write_run(tmp_path / "shard1", [1, 3, 5])
+    # A stray copy of one row in another shard's file is deduplicated, not double counted.
+    with (tmp_path / "shard1" / ROLLOUTS).open("a") as f:
+        f.write(json.dumps(make(0, 0).to_row()) + "\n")
+
+    full = json.loads((tmp_path / "full" / METRICS).read_text())
+    out = tmp_path / "agg.json"
+    res = await invoke("aggregate", str(tmp_path / "shard*"), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    agg = json.loads(out.read_text())
+    assert agg.pop("num_duplicates") == 1
+    full.pop("job_state")
+    full.pop("num_duplicates")
+    assert agg == full
+    assert full["num_failures"] == 1 and full["num_tasks_at_k"]["4"] == 5  # task 5 has 3 rollouts
+    # The same with explicit files and --json on stdout.
+    files = [str(tmp_path / s / n) for s in ("shard1", "shard0") for n in (ROLLOUTS, FAILURES)]
+    res = await invoke("aggregate", *files, "--k", "2", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["pass_at_k"] == {"2": full["pass_at_k"]["2"]} and data["num_rollouts"] == 23
+
+
+async def test_profile_writes_one_line_per_task(tmp_path: Path) -> None:
+    await write_run(tmp_path / "full", list(range(6)))
+    out = tmp_path / "profile.jsonl"
+    res = await invoke("profile", str(tmp_path / "full"), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == [f"task-{t}" for t in range(6)]
+    rewards = [make(0, i).reward for i in range(4)]
+    assert rows[0]["mean_reward"] == sum(rewards) / 4 and rows[0]["num_rollouts"] == 4
+    assert rows[5]["num_rollouts"] == 3
+
+
+def test_readable_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(make(0, 0).to_row()) + "\n\n{oops\n")
+    res = runner.invoke(build_app(), ["aggregate", str(bad)])
+    assert res.exit_code == 2 and f"{bad}:3: not valid JSON" in res.stderr
+    no_key = tmp_path / "nokey.jsonl"
+    no_key.write_text('{"reward": 1}\n')
+    res = runner.invoke(build_app(), ["profile", str(no_key)])
+    assert res.exit_code == 2 and f"{no_key}:1: not a rollmesh row" in res.stderr
+    res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "no such file" in res.stderr
+    res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "nothing*")])
+    assert res.exit_code == 2 and "the glob matched nothing" in res.stderr

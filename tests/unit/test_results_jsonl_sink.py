@@ -1,0 +1,164 @@
+"""JSONL sink: fsync batching, exactly-once keys, torn-tail repair, resume keys, failures retried."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+from structlog.testing import capture_logs
+
+from rollmesh.scheduler.jsonl_sink import (
+    FAILURES,
+    METRICS,
+    ROLLOUTS,
+    CorruptSinkFile,
+    DuplicateRollout,
+    JsonlSink,
+    SinkClosed,
+    job_dir,
+    repair_torn_tail,
+)
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+
+
+def rollout(t: int, i: int, reward: float = 1.0) -> Rollout:
+    return Rollout(
+        key=RolloutKey(t, i),
+        job_id="job1",
+        task={
+            "responses_create_params": {"input": [{"role": "user", "content": f"q{t}"}]},
+            "expected_answer": "4",
+        },
+        messages=[{"role": "assistant", "content": "4"}],
+        reward=reward,
+        extracted_answer="4",
+        tokens=TokenRecord([1, 2, 3], [0, 0, 1], [0.0, 0.0, -0.5], [TurnSpan(0, 2, 3, "0", "r0")]),
+        completion_tokens=1,
+    )
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+async def test_fsync_batching_and_close_writes_metrics(tmp_path: Path) -> None:
+    d = job_dir(tmp_path, "job1")
+    sink = JsonlSink(d, fsync_every=3, flush_interval_s=0)
+    assert await sink.open("job1", total=7, spec={"num_repeats": 7}) == set()
+    for i in range(7):
+        await sink.write(rollout(0, i, reward=float(i % 2)))
+    assert sink.fsyncs == 2
+    assert len(lines(d / ROLLOUTS)) == 6  # the 7th waits for its batch
+    await sink.close(state="succeeded", metrics=None)
+    assert sink.fsyncs == 3
+    rows = [json.loads(x) for x in lines(d / ROLLOUTS)]
+    assert [r["rollout_index"] for r in rows] == list(range(7))
+    assert (
+        rows[0]["expected_answer"] == "4"
+        and rows[0]["responses_create_params"]["input"][0]["content"] == "q0"
+    )
+    assert Rollout.from_row(rows[3]) == rollout(0, 3, reward=1.0)
+    metrics = json.loads((d / METRICS).read_text())
+    assert metrics["job_state"] == "succeeded"
+    assert metrics["num_rollouts"] == 7 and metrics["k_values"] == [1, 2, 4, 7]
+    assert metrics["pass_at_1_avg"] == pytest.approx(3 / 7)
+    with pytest.raises(SinkClosed):
+        await sink.write(rollout(0, 9))
+
+
+async def test_flush_interval_flushes_a_lone_row(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, fsync_every=100, flush_interval_s=0.05)
+    await sink.open("job1", total=1, spec={})
+    await sink.write(rollout(0, 0))
+    assert sink.fsyncs == 0
+    await asyncio.wait_for(sink.flushed.wait(), timeout=5)  # no further write: the timer flushed it
+    assert sink.fsyncs == 1
+    assert len(lines(tmp_path / ROLLOUTS)) == 1
+    await sink.close(state="succeeded", metrics={"given": True})
+    assert json.loads((tmp_path / METRICS).read_text()) == {"given": True, "job_state": "succeeded"}
+
+
+async def test_a_key_is_written_exactly_once_across_runs(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, fsync_every=2, flush_interval_s=0)
+    await sink.open("job1", total=4, spec={})
+    await sink.write(rollout(0, 0))
+    with pytest.raises(DuplicateRollout) as info:
+        await sink.write(rollout(0, 0))
+    assert info.value.code == grpc.StatusCode.ALREADY_EXISTS and info.value.reason == "DUPLICATE_ROLLOUT"
+    await sink.write(rollout(0, 1))
+    await sink.write_failure(RolloutFailure(RolloutKey(1, 0), "job1", "UNAVAILABLE", "gateway down", 3))
+    with pytest.raises(DuplicateRollout):
+        await sink.write_failure(RolloutFailure(RolloutKey(1, 0), "job1", "UNAVAILABLE", "again", 3))
+    await sink.close(state="failed", metrics=None)
+
+    # Resume: the rollouts are held, the failure is not (a resume retries failures).
+    again = JsonlSink(tmp_path, fsync_every=2, flush_interval_s=0)
+    assert await again.open("job1", total=4, spec={}) == {RolloutKey(0, 0), RolloutKey(0, 1)}
+    with pytest.raises(DuplicateRollout):
+        await again.write(rollout(0, 1))
+    await again.write(rollout(1, 0))  # the retried failure succeeds this time
+    await again.close(state="succeeded", metrics=None)
+    keys = [(r["task_index"], r["rollout_index"]) for r in map(json.loads, lines(tmp_path / ROLLOUTS))]
+    assert keys == [(0, 0), (0, 1), (1, 0)]
+    assert len(lines(tmp_path / FAILURES)) == 1  # history kept
+    metrics = json.loads((tmp_path / METRICS).read_text())
+    assert metrics["num_failures"] == 0 and metrics["num_rollouts"] == 3
+
+
+async def test_torn_tail_is_repaired_on_open(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, fsync_every=1, flush_interval_s=0)
+    await sink.open("job1", total=3, spec={})
+    for i in range(3):
+        await sink.write(rollout(0, i))
+    await sink.close(state="running", metrics={})
+    intact = (tmp_path / ROLLOUTS).read_bytes()
+    torn = json.dumps(rollout(0, 3).to_row()).encode()[:57]  # a crash mid-append
+    with (tmp_path / ROLLOUTS).open("ab") as f:
+        f.write(torn)
+    with (tmp_path / FAILURES).open("ab") as f:
+        f.write(b'{"task_index": 5, "rollout_in')
+
+    resumed = JsonlSink(tmp_path, fsync_every=1, flush_interval_s=0)
+    with capture_logs() as logs:
+        keys = await resumed.open("job1", total=4, spec={})
+    assert keys == {RolloutKey(0, i) for i in range(3)}
+    assert (tmp_path / ROLLOUTS).read_bytes() == intact
+    assert (tmp_path / FAILURES).read_bytes() == b""
+    repaired = [e for e in logs if e["event"] == "sink_torn_tail_repaired"]
+    assert {Path(e["file"]).name for e in repaired} == {ROLLOUTS, FAILURES}
+    assert next(e for e in repaired if e["file"].endswith(ROLLOUTS))["bytes_removed"] == len(torn)
+    await resumed.write(rollout(0, 3))  # the torn rollout is simply run again
+    await resumed.close(state="succeeded", metrics=None)
+    assert [json.loads(x)["rollout_index"] for x in lines(tmp_path / ROLLOUTS)] == [0, 1, 2, 3]
+
+
+def test_repair_torn_tail_edge_cases(tmp_path: Path) -> None:
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b"")
+    assert repair_torn_tail(p) == 0
+    p.write_bytes(b"no newline at all")
+    assert repair_torn_tail(p) == 17 and p.read_bytes() == b""
+    p.write_bytes(b'{"a":1}\n' + b"x" * 200_000)  # the scan crosses block boundaries
+    assert repair_torn_tail(p) == 200_000 and p.read_bytes() == b'{"a":1}\n'
+    assert repair_torn_tail(tmp_path / "missing.jsonl") == 0
+
+
+async def test_a_corrupt_complete_line_is_an_error_with_its_line_number(tmp_path: Path) -> None:
+    (tmp_path / ROLLOUTS).write_text(json.dumps(rollout(0, 0).to_row()) + "\nnot json\n")
+    sink = JsonlSink(tmp_path, flush_interval_s=0)
+    with pytest.raises(CorruptSinkFile) as info:
+        await sink.open("job1", total=1, spec={})
+    assert info.value.reason == "SINK_FILE_CORRUPT" and f"{ROLLOUTS}:2" in info.value.message
+
+
+async def test_concurrent_writers_keep_every_row_once(tmp_path: Path) -> None:
+    sink = JsonlSink(tmp_path, fsync_every=4, flush_interval_s=0)
+    await sink.open("job1", total=40, spec={})
+    await asyncio.gather(*(sink.write(rollout(t, i)) for t in range(10) for i in range(4)))
+    await sink.close(state="succeeded", metrics=None)
+    rows = [json.loads(x) for x in lines(tmp_path / ROLLOUTS)]
+    assert len(rows) == 40 and len({(r["task_index"], r["rollout_index"]) for r in rows}) == 40
+    assert 1 <= sink.fsyncs <= 10  # concurrent writers share batches (group commit), never more

@@ -1,0 +1,106 @@
+"""The built-in agent loop over in-process ports: tool calls, sessions always closed, max_steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollmesh.scheduler.agent import AgentSettings, input_messages, row_sampling, row_tools, run_agent
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.tokens import build_token_record
+from tests.fakes import LocalEnv, LocalModel, counter_tool_script
+
+
+def _task(q: str, expected: str, **params: object) -> dict[str, object]:
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": q}], **params},
+        "expected_answer": expected,
+    }
+
+
+async def test_tool_calls_session_state_flow() -> None:
+    model, env = LocalModel(counter_tool_script), LocalEnv()
+    out = await run_agent(
+        job_id="j",
+        key=RolloutKey(3, 1),
+        task=_task("Add 4 and 5", "9"),
+        seed=7,
+        settings=AgentSettings(environment="session_state", max_steps=8),
+        model=model,
+        env=env,
+    )
+    # increment(4), increment(5), get_count, then the answer
+    assert [m["role"] for m in out.messages] == ["assistant", "tool"] * 3 + ["assistant"]
+    assert [json.loads(c["function"]["arguments"]) for c in env.tool_calls] == [{"by": 4}, {"by": 5}, {}]
+    assert out.messages[-1]["content"] == "9" and out.verdict.reward == 1.0
+    assert out.finish_reason == "stop" and len(out.turns) == 4
+    # every turn used the rollout key as session id, the env tools were offered, the seed was set
+    assert {c.session_id for c in model.calls} == {"j/3/1"}
+    assert [t["name"] for t in model.calls[0].tools] == ["increment", "get_count"]
+    assert all(c.sampling["seed"] == 7 for c in model.calls)
+    # both sessions closed; the token record lines up across turns
+    assert env.closed == ["j/3/1"] and model.closed == ["j/3/1"] and model.open_sessions == 0
+    rec = build_token_record(out.turns)
+    assert len(rec.turns) == 4 and sum(rec.loss_mask) == sum(len(t.output_token_ids) for t in out.turns)
+
+
+async def test_max_steps_stops_the_loop() -> None:
+    model, env = LocalModel(counter_tool_script), LocalEnv()
+    out = await run_agent(
+        job_id="j",
+        key=RolloutKey(0, 0),
+        task=_task("Add 1 and 2", "3"),
+        seed=0,
+        settings=AgentSettings(environment="session_state", max_steps=2),
+        model=model,
+        env=env,
+    )
+    assert out.finish_reason == "max_steps" and len(out.turns) == 2 and out.verdict.reward == 0.0
+
+
+async def test_sessions_closed_when_verify_raises() -> None:
+    model, env = LocalModel(), LocalEnv()
+    env.verify_errors.append(RuntimeError("verifier exploded"))
+    with pytest.raises(RuntimeError):
+        await run_agent(
+            job_id="j",
+            key=RolloutKey(0, 0),
+            task=_task("What is 1 + 2?", "3"),
+            seed=0,
+            settings=AgentSettings(environment="arithmetic"),
+            model=model,
+            env=env,
+        )
+    assert env.closed == ["j/0/0"] and model.closed == ["j/0/0"] and not env.sessions
+
+
+def test_row_overrides_tools_and_input_shapes() -> None:
+    task = {
+        "responses_create_params": {
+            "input": [
+                {"role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+                {"role": "user", "content": "hi"},
+            ],
+            "temperature": 0.2,
+            "max_output_tokens": 5,
+            "tools": [
+                {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}
+            ],
+        }
+    }
+    assert row_sampling(task, {"temperature": 1.0, "top_p": 0.9}) == {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "max_tokens": 5,
+    }
+    assert row_tools(task) == [{"name": "f", "description": "d", "parameters": {"type": "object"}}]
+    assert input_messages(task, "sys") == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    plain = {"responses_create_params": {"input": "What?"}}
+    assert input_messages(plain, "sys") == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "What?"},
+    ]

@@ -1,0 +1,180 @@
+"""The job engine over in-process ports: backpressure, resume, failures, consecutive UNAVAILABLE,
+idempotent submit, cancel, AIMD limiter."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.engine import Hooks, JobRun
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.plan import build_plan
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh_client import InvalidArgumentError, UnavailableError
+from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows, SlowSink
+
+CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+def _spec(path: Path, **kw: object) -> JobSpec:
+    return JobSpec(dataset=str(path), environment="arithmetic", **kw)  # type: ignore[arg-type]
+
+
+def _run(
+    spec: JobSpec, sink: MemorySink, model: LocalModel | None = None, env: LocalEnv | None = None
+) -> JobRun:
+    plan = build_plan(CATALOG, spec)
+    return JobRun(
+        "job-t", plan, sink, model=model or LocalModel(), env=env or LocalEnv(), hooks=Hooks(sleep=_no_sleep)
+    )
+
+
+async def test_runs_every_key_once_with_seeds(tmp_path: Path) -> None:
+    path = Rows.arithmetic(5).write(tmp_path / "d.jsonl")
+    sink = MemorySink()
+    run = _run(_spec(path, num_repeats=3, starting_seed=100, concurrency=4), sink)
+    result = await run.run(await run.open())
+    assert result.state == "SUCCEEDED"
+    assert sorted(r.key for r in sink.rollouts) == [RolloutKey(t, i) for t in range(5) for i in range(3)]
+    assert {(r.key.rollout_index, r.seed) for r in sink.rollouts} == {(0, 100), (1, 101), (2, 102)}
+    assert all(r.reward == 1.0 and r.tokens.token_ids for r in sink.rollouts)
+    assert run.progress.done == 15 and run.progress.mean_reward == 1.0 and run.limiter.peak <= 4
+
+
+async def test_resume_runs_only_missing_keys(tmp_path: Path) -> None:
+    path = Rows.arithmetic(4).write(tmp_path / "d.jsonl")
+    have = {RolloutKey(0, 0), RolloutKey(0, 1), RolloutKey(2, 1), RolloutKey(99, 0)}
+    sink = MemorySink(existing=have)
+    run = _run(_spec(path, num_repeats=2), sink)
+    await run.run(await run.open())
+    written = {r.key for r in sink.rollouts}
+    assert written.isdisjoint(have) and written | have >= {
+        RolloutKey(t, i) for t in range(4) for i in range(2)
+    }
+    assert run.progress.skipped_existing == 3 and len(sink.rollouts) == 5
+
+
+async def test_slow_sink_bounds_in_flight(tmp_path: Path) -> None:
+    """A sink acknowledging 20 rollouts/s: in flight never exceeds concurrency, unacked never the window."""
+    path = Rows.arithmetic(30).write(tmp_path / "d.jsonl")
+    sink = SlowSink(rate=20, window=4)
+    model = LocalModel()
+    run = _run(_spec(path, concurrency=8), sink, model)
+    peak_in_flight = 0
+
+    async def watch() -> None:
+        nonlocal peak_in_flight
+        while True:
+            peak_in_flight = max(peak_in_flight, run.in_flight)
+            await asyncio.sleep(0.01)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        result = await run.run(await run.open())
+        await sink.close(state=result.state, metrics=None)
+    finally:
+        watcher.cancel()
+    assert len(sink.rollouts) == 30
+    assert sink.peak_unacked <= 4 and peak_in_flight <= 8 and run.limiter.peak <= 8
+    # the sink set the pace: dispatch could not run ahead of it by more than window + concurrency
+    assert model._gw.generated <= 30
+
+
+async def test_failures_recorded_and_job_completes(tmp_path: Path) -> None:
+    path = Rows.arithmetic(6).write(tmp_path / "d.jsonl")
+    model, env = LocalModel(), LocalEnv()
+    model.errors = [
+        UnavailableError("blip", code=grpc.StatusCode.UNAVAILABLE),  # retried ...
+        InvalidArgumentError(
+            "prompt too long", code=grpc.StatusCode.INVALID_ARGUMENT
+        ),  # ... then fails at once
+        UnavailableError(
+            "blip", code=grpc.StatusCode.UNAVAILABLE
+        ),  # next rollout: retried, then verify raises
+    ]
+    env.verify_errors = [RuntimeError("verifier bug")]
+    sink = MemorySink()
+    run = _run(_spec(path, concurrency=1, retry=RetryPolicy(max_attempts=3)), sink, model, env)
+    result = await run.run(await run.open())
+    assert result.state == "SUCCEEDED"
+    classes = sorted((f.error_class, f.attempts) for f in sink.failures)
+    assert classes == [("INTERNAL", 2), ("INVALID_ARGUMENT", 2)]
+    assert len(sink.rollouts) == 4 and run.progress.retries == 2
+    assert not env.sessions and model.open_sessions == 0  # closed after every attempt
+
+
+async def test_consecutive_unavailable_fails_the_job(tmp_path: Path) -> None:
+    path = Rows.arithmetic(50).write(tmp_path / "d.jsonl")
+    model = LocalModel()
+    model.errors = [UnavailableError("gone", code=grpc.StatusCode.UNAVAILABLE) for _ in range(1000)]
+    sink = MemorySink()
+    policy = RetryPolicy(max_attempts=2, max_consecutive_unavailable=5)
+    run = _run(_spec(path, concurrency=2, retry=policy), sink, model)
+    result = await run.run(await run.open())
+    assert result.state == "FAILED" and "5 rollouts in a row failed with UNAVAILABLE" in result.error
+    assert 5 <= len(sink.failures) < 50 and not sink.rollouts
+
+
+async def test_manager_idempotent_submit_cancel_and_errors(tmp_path: Path) -> None:
+    path = Rows.arithmetic(20).write(tmp_path / "d.jsonl")
+    sinks: list[MemorySink] = []
+
+    def factory(job_id: str, plan: object, directory: Path) -> MemorySink:
+        sinks.append(MemorySink())
+        return sinks[-1]
+
+    mgr = JobManager(
+        CATALOG,
+        model=LocalModel(latency_s=0.05),
+        env=LocalEnv(),
+        output_dir=str(tmp_path),
+        sink_factory=factory,
+    )
+    try:
+        spec = _spec(path, num_repeats=4, concurrency=2, output_dir=str(tmp_path))
+        a = await mgr.submit(spec, "req-1")
+        b = await mgr.submit(spec, "req-1")
+        assert a is b and len(sinks) == 1
+        with pytest.raises(RollmeshError) as info:
+            await mgr.submit(_spec(path, num_repeats=5, output_dir=str(tmp_path)), "req-1")
+        assert (info.value.code, info.value.reason) == (grpc.StatusCode.ALREADY_EXISTS, "REQUEST_ID_REUSED")
+        with pytest.raises(RollmeshError) as info:
+            await mgr.submit(JobSpec(dataset=str(path), environment="nope"))
+        assert (info.value.code, info.value.reason) == (grpc.StatusCode.NOT_FOUND, "ENVIRONMENT_NOT_FOUND")
+        cancelled = await mgr.cancel(a.job_id)
+        assert cancelled.state == "CANCELLED" and sinks[0].closed_state == "CANCELLED"
+        assert cancelled.progress.done < 80
+        with pytest.raises(RollmeshError) as info:
+            await mgr.cancel(a.job_id)
+        assert (info.value.code, info.value.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "JOB_FINISHED")
+        # job.json lets another manager (a restarted scheduler) report it
+        other = JobManager(CATALOG, model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
+        again = await other.get(a.job_id)
+        assert again.state == "CANCELLED" and again.spec == spec
+    finally:
+        await mgr.aclose()
+
+
+async def test_aimd_limiter_grows_when_flat_and_backs_off_when_queueing() -> None:
+    lim = Limiter(8, adaptive=True, max_limit=64)
+    for _ in range(8 * 6):
+        lim.observe(0.1)
+    grown = lim.limit
+    assert grown > 8
+    for _ in range(grown):
+        lim.observe(1.0)  # latency x10: queueing
+    assert lim.limit < grown and lim.limit >= 1
+    for _ in range(10_000):
+        lim.observe(0.1)
+    assert lim.limit <= 64

@@ -1,0 +1,108 @@
+"""Spec validation (code + ErrorInfo reason), shard selection, dataset and benchmark resolution."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import grpc
+import pytest
+
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler.plan import build_plan, select_tasks
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy, validate
+from tests.fakes import Rows
+
+
+@pytest.fixture
+def catalog() -> Catalog:
+    return Catalog([Root(BUILTIN_ROOT, 0, "root")])
+
+
+def test_select_tasks_limit_then_shard() -> None:
+    assert select_tasks(10) == list(range(10))
+    assert select_tasks(10, limit=4) == [0, 1, 2, 3]
+    assert select_tasks(10, shard_index=1, shard_count=3) == [1, 4, 7]
+    shards = [select_tasks(10, shard_index=i, shard_count=3) for i in range(3)]
+    assert sorted(itertools.chain(*shards)) == list(range(10))  # disjoint and complete
+    assert select_tasks(10, limit=5, shard_index=0, shard_count=2) == [0, 2, 4]
+
+
+def _err(exc: pytest.ExceptionInfo[RollmeshError]) -> tuple[grpc.StatusCode, str]:
+    return exc.value.code, exc.value.reason
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "needle"),
+    [
+        (JobSpec(dataset="d", num_repeats=-1), "INVALID_JOB_SPEC", "num_repeats"),
+        (JobSpec(dataset="d", concurrency=-5), "INVALID_JOB_SPEC", "concurrency"),
+        (JobSpec(dataset="d", retry=RetryPolicy(max_attempts=-1)), "INVALID_JOB_SPEC", "retry.max_attempts"),
+        (JobSpec(dataset="d", shard_index=3, shard_count=3), "INVALID_SHARD", "[0, 3)"),
+        (JobSpec(dataset="d", shard_index=1, shard_count=0), "INVALID_SHARD", "shard count"),
+        (JobSpec(), "INVALID_JOB_SPEC", "no dataset"),
+        (JobSpec(dataset="d", sampling={"top_p": 0.0}), "INVALID_JOB_SPEC", "top_p"),
+    ],
+)
+def test_validate_rejects(spec: JobSpec, reason: str, needle: str) -> None:
+    with pytest.raises(RollmeshError) as info:
+        validate(spec)
+    assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+    assert needle in info.value.message
+
+
+def test_benchmark_defaults_and_builtin_dataset(catalog: Catalog) -> None:
+    plan = build_plan(catalog, JobSpec(benchmark="arithmetic", limit=3))
+    assert plan.spec.environment == "arithmetic" and plan.num_repeats == 8
+    assert plan.spec.sampling == {"temperature": 1.0, "max_tokens": 16}
+    assert plan.dataset_path.name == "test.jsonl" and plan.total == 24
+    assert plan.k_values == (1, 2, 4, 8)
+    override = build_plan(
+        catalog, JobSpec(benchmark="arithmetic", num_repeats=2, sampling={"temperature": 0.0})
+    )
+    assert override.num_repeats == 2 and override.spec.sampling["temperature"] == 0.0
+
+
+def test_unknown_dataset_and_benchmark(catalog: Catalog, tmp_path: Path) -> None:
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset="nope", environment="arithmetic"))
+    assert _err(info) == (grpc.StatusCode.NOT_FOUND, "DATASET_NOT_FOUND")
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(benchmark="nope"))
+    assert _err(info) == (grpc.StatusCode.NOT_FOUND, "BENCHMARK_NOT_FOUND")
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(tmp_path / "missing.jsonl"), environment="arithmetic"))
+    assert _err(info) == (grpc.StatusCode.NOT_FOUND, "DATASET_NOT_FOUND")
+
+
+def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
+    path = Rows.arithmetic(3).write(tmp_path / "d.jsonl")
+    with open(path, "a") as f:
+        f.write("\n{not json}\n")
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(path), environment="arithmetic"))
+    assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_DATASET_ROW")
+    assert f"{path}:5:" in info.value.message
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"responses_create_params": {"input": []}}\n')
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
+    assert "b.jsonl:1:" in info.value.message and "input" in info.value.message
+
+
+def test_dataset_folder_with_single_jsonl(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "datasets" / "mine").mkdir(parents=True)
+    Rows.arithmetic(4).write(root / "datasets/mine/x.jsonl")
+    plan = build_plan(Catalog([Root(root, 0, "cwd")]), JobSpec(dataset="mine", environment="arithmetic"))
+    assert plan.dataset_path.name == "x.jsonl" and len(plan.rows) == 4
+
+
+def test_shard_plan_keys(catalog: Catalog, tmp_path: Path) -> None:
+    path = Rows.arithmetic(7).write(tmp_path / "d.jsonl")
+    plan = build_plan(
+        catalog,
+        JobSpec(dataset=str(path), environment="arithmetic", num_repeats=2, shard_index=1, shard_count=3),
+    )
+    assert [(k.task_index, k.rollout_index) for k in plan.keys()] == [(1, 0), (1, 1), (4, 0), (4, 1)]

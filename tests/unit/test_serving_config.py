@@ -1,0 +1,58 @@
+"""ServingConfig: env vars, overrides, validation and what a replica is given (no Ray, no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollmesh.mesh.config import ConfigError
+from rollmesh.serving.config import ServingConfig
+from rollmesh.serving.deployment import engine_kwargs, replica_env
+
+
+def test_from_env_reads_serving_variables_and_overrides_win() -> None:
+    env = {
+        "ROLLMESH_REPLICAS": "3",
+        "ROLLMESH_RAY_ADDRESS": "auto",
+        "ROLLMESH_REPLICA_CPUS": "0.5",
+        "ROLLMESH_VLLM_KVCACHE_GIB": "2",
+        "ROLLMESH_VLLM_MAX_MODEL_LEN": "128",
+    }
+    cfg = ServingConfig.from_env("/models/tiny-arith", environ=env, replicas=None)
+    assert (cfg.replicas, cfg.ray_address, cfg.replica_cpus, cfg.kvcache_gib) == (3, "auto", 0.5, 2)
+    assert cfg.name == "tiny-arith" and cfg.device == "cpu" and cfg.max_model_len == 128
+    assert ServingConfig.from_env("/m", environ=env, replicas=1).replicas == 1
+
+
+def test_defaults_when_unset() -> None:
+    cfg = ServingConfig.from_env("/m/x", model_name="named", environ={})
+    assert (cfg.replicas, cfg.replica_gpus, cfg.tensor_parallel_size, cfg.ray_address) == (1, 0.0, 1, "")
+    assert cfg.name == "named"
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"ROLLMESH_REPLICAS": "0"}, "ROLLMESH_REPLICAS"),
+        ({"ROLLMESH_REPLICAS": "two"}, "ROLLMESH_REPLICAS"),
+        ({"ROLLMESH_TP_SIZE": "2", "ROLLMESH_REPLICA_GPUS": "1"}, "ROLLMESH_TP_SIZE"),
+        ({"ROLLMESH_VLLM_KVCACHE_GIB": "0"}, "ROLLMESH_VLLM_KVCACHE_GIB"),
+    ],
+)
+def test_bad_values_fail_fast_naming_the_variable(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        ServingConfig.from_env("/m", environ=env)
+
+
+def test_cpu_replica_gets_threads_and_kv_cache_gpu_replica_gets_tp() -> None:
+    cpu = ServingConfig(model_path="/m", replica_cpus=2, kvcache_gib=3)
+    assert replica_env(cpu) == {
+        "VLLM_CPU_KVCACHE_SPACE": "3",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "2",
+    }
+    assert "gpu_memory_utilization" not in engine_kwargs(cpu)
+    gpu = ServingConfig(model_path="/m", replica_gpus=2, tensor_parallel_size=2, max_model_len=512)
+    kwargs = engine_kwargs(gpu)
+    assert gpu.device == "cuda"
+    assert kwargs["tensor_parallel_size"] == 2 and kwargs["distributed_executor_backend"] == "mp"
+    assert kwargs["max_model_len"] == 512
