@@ -1,6 +1,8 @@
 """Rollouts/s through real gRPC hops: a scheduler process -> a fake instant gateway process + the
 real verifier process (environment `arithmetic`; the fake verifier if the real one cannot start),
-JSONL sink. Prints one JSON object; logs to stderr.
+JSONL sink, one model turn per rollout. Besides rollouts/s it reports the CPU time each process
+spends per rollout (user + system, from /proc): on a shared machine that is far less noisy than wall
+throughput, and their sum says what one rollout costs the whole mesh.
 
     python bench/scheduler_throughput.py [--rollouts 8000] [--trials 2] [--concurrency 256]
 """
@@ -23,9 +25,9 @@ from bench._scheduler_common import REPO, cpu_seconds, env_info, fakes_args, log
 
 
 async def one_trial(
-    scheduler: str, pid: int, dataset: Path, rollouts: int, concurrency: int, out: Path
-) -> tuple[float, float]:
-    """(rollouts/s, scheduler CPU ms per rollout)."""
+    scheduler: str, pids: dict[str, int], dataset: Path, rollouts: int, concurrency: int, out: Path
+) -> tuple[float, dict[str, float]]:
+    """(rollouts/s, CPU ms per rollout of each process in `pids`)."""
     from rollmesh_client import Client
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
@@ -39,17 +41,18 @@ async def one_trial(
         agent=pb.AgentSpec(max_steps=1),
     )
     async with await Client.connect(scheduler=scheduler) as c:
-        t0, cpu0 = time.perf_counter(), cpu_seconds(pid)
+        t0, cpu0 = time.perf_counter(), {name: cpu_seconds(pid) for name, pid in pids.items()}
         job = await c.scheduler.submit(spec)
         final = await job.result(poll_s=0.2, timeout_s=600)
         wall = time.perf_counter() - t0
-        cpu_ms = (cpu_seconds(pid) - cpu0) * 1000 / max(final.progress.done, 1)
+        done = max(final.progress.done, 1)
+        cpu_ms = {name: (cpu_seconds(pid) - cpu0[name]) * 1000 / done for name, pid in pids.items()}
     p = final.progress
     if p.failed or p.done != p.total:
         log(f"trial: {p.failed} failed, {p.done}/{p.total} done: {final.error}")
     log(
         f"trial: {p.done} rollouts in {wall:.2f}s wall, {p.rollouts_per_second:.0f}/s by the scheduler, "
-        f"{cpu_ms:.2f} scheduler CPU ms/rollout"
+        "CPU ms/rollout " + ", ".join(f"{k} {v:.2f}" for k, v in cpu_ms.items())
     )
     return float(p.rollouts_per_second), cpu_ms
 
@@ -57,12 +60,12 @@ async def one_trial(
 async def main(a: argparse.Namespace) -> dict[str, object]:
     dataset = REPO / "services/rollmesh/builtin/datasets/arithmetic/test.jsonl"
     async with AsyncExitStack() as stack:
-        _, fakes = await stack.enter_async_context(spawn(fakes_args(0.0), name="fakes"))
-        verifier_kind = "real"
+        fakes_pid, fakes = await stack.enter_async_context(spawn(fakes_args(0.0), name="fakes"))
+        verifier_kind, verifier_pid = "real", 0
         try:
             if a.fake_verifier:
                 raise RuntimeError("--fake-verifier given")
-            _, verifier = await stack.enter_async_context(
+            verifier_pid, verifier = await stack.enter_async_context(
                 spawn([sys.executable, "-m", "rollmesh.verifier", "--port", "0"], name="verifier")
             )
         except Exception as exc:  # the real verifier is optional here: say so in the report
@@ -77,12 +80,17 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
                     name="scheduler",
                 )
             )
+            pids = {"scheduler": sched_pid}
+            if verifier_pid:
+                pids.update(gateway=fakes_pid, verifier=verifier_pid)
+            else:
+                pids["gateway+verifier"] = fakes_pid
             trials = [
-                await one_trial(sched, sched_pid, dataset, a.rollouts, a.concurrency, Path(tmp))
+                await one_trial(sched, pids, dataset, a.rollouts, a.concurrency, Path(tmp))
                 for _ in range(a.trials)
             ]
     rates = [t[0] for t in trials]
-    cpu = [t[1] for t in trials]
+    cpu = {name: statistics.mean(t[1][name] for t in trials) for name in trials[0][1]}
     load = os.getloadavg()[0]
     return {
         "name": "scheduler_throughput",
@@ -93,7 +101,9 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
             "gateway": "fake (instant), separate process",
             "verifier": f"{verifier_kind} (arithmetic), separate process",
             "sink": "jsonl",
-            "rpcs_per_rollout": 5,
+            "max_steps": 1,
+            # SeedSession, Generate (no gateway session for one turn), Verify, CloseSession
+            "rpcs_per_rollout": 4,
         },
         "figures": {
             "rollouts_per_second": {
@@ -101,10 +111,17 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
                 "stddev": round(statistics.stdev(rates), 1) if len(rates) > 1 else 0.0,
                 "unit": "rollouts/s",
             },
-            "scheduler_cpu_per_rollout": {"mean": round(statistics.mean(cpu), 3), "unit": "ms"},
-            "scheduler_capacity_one_core": {
-                "value": round(1000 / statistics.mean(cpu), 1),
+            "scheduler_cpu_per_rollout": {"mean": round(cpu["scheduler"], 3), "unit": "ms"},
+            "cpu_per_rollout_by_process": {
+                "value": {name: round(v, 3) for name, v in cpu.items()},
+                "unit": "ms",
+            },
+            "mesh_cpu_per_rollout": {"value": round(sum(cpu.values()), 3), "unit": "ms"},
+            "scheduler_capacity_one_core": {"value": round(1000 / cpu["scheduler"], 1), "unit": "rollouts/s"},
+            "mesh_capacity_two_cores": {
+                "value": round(2000 / sum(cpu.values()), 1),
                 "unit": "rollouts/s",
+                "note": "2 cores / summed CPU per rollout: what an idle 2-core host could reach",
             },
             "host_load_average_1m": {"value": round(load, 2), "unit": "runnable tasks"},
             "target": {"value": 1000, "unit": "rollouts/s"},

@@ -98,10 +98,22 @@ async def test_deadline_propagates(mesh: Mesh) -> None:
     ("kwargs", "code", "reason"),
     [
         ({"model": "nope"}, grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
-        ({"sampling": sampling_params(temperature=-1)}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SAMPLING_PARAMS"),
+        (
+            {"sampling": sampling_params(temperature=-1)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_SAMPLING_PARAMS",
+        ),
         ({"sampling": sampling_params(top_p=2)}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SAMPLING_PARAMS"),
-        ({"sampling": sampling_params(max_tokens=0)}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SAMPLING_PARAMS"),
-        ({"sampling": sampling_params(max_tokens=257)}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SAMPLING_PARAMS"),
+        (
+            {"sampling": sampling_params(max_tokens=0)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_SAMPLING_PARAMS",
+        ),
+        (
+            {"sampling": sampling_params(max_tokens=257)},
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_SAMPLING_PARAMS",
+        ),
         (
             {"messages": [{"role": "user", "content": "x" * 300}]},
             grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -109,7 +121,9 @@ async def test_deadline_propagates(mesh: Mesh) -> None:
         ),
     ],
 )
-async def test_errors_over_the_wire(mesh: Mesh, kwargs: dict[str, object], code: grpc.StatusCode, reason: str) -> None:
+async def test_errors_over_the_wire(
+    mesh: Mesh, kwargs: dict[str, object], code: grpc.StatusCode, reason: str
+) -> None:
     messages = kwargs.pop("messages", USER)
     with pytest.raises(RollmeshClientError) as exc:
         await mesh.client.gateway.generate(messages, **kwargs)  # type: ignore[arg-type]

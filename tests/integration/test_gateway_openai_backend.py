@@ -81,7 +81,11 @@ async def test_upstream_errors_map_to_gateway_errors(upstream: tuple[str, FakeBa
     msgs = (Message("user", "hi"),)
     cases = [
         (OpenAIBackend("x", base_url=url, model="missing"), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
-        (OpenAIBackend("y", base_url="http://127.0.0.1:9/v1"), grpc.StatusCode.UNAVAILABLE, "BACKEND_UNAVAILABLE"),
+        (
+            OpenAIBackend("y", base_url="http://127.0.0.1:9/v1"),
+            grpc.StatusCode.UNAVAILABLE,
+            "BACKEND_UNAVAILABLE",
+        ),
     ]
     for backend, code, reason in cases:
         gw = Gateway([backend])

@@ -151,9 +151,15 @@ async def test_responses(http: Http) -> None:
 
 async def test_session_header_gives_token_exact_multi_turn(http: Http) -> None:
     first = [{"role": "user", "content": "what is 5+7?"}]
-    r1 = await http.client.chat.completions.create(model="tiny", messages=first, extra_headers={"X-Session-Id": "h1"})
+    r1 = await http.client.chat.completions.create(
+        model="tiny", messages=first, extra_headers={"X-Session-Id": "h1"}
+    )
     kept = (r1.model_extra or {})["prompt_token_ids"] + (r1.choices[0].model_extra or {})["token_ids"]
-    convo = [*first, {"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "ok"}]
+    convo = [
+        *first,
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "ok"},
+    ]
     r2 = await http.client.chat.completions.create(
         model="tiny",
         messages=convo,  # type: ignore[arg-type]
@@ -162,9 +168,7 @@ async def test_session_header_gives_token_exact_multi_turn(http: Http) -> None:
     ids = (r2.model_extra or {})["prompt_token_ids"]
     assert ids[: len(kept)] == kept
     assert (r2.model_extra or {})["rollmesh"]["reused_prefix_tokens"] == len(kept)
-    naive = naive_prompt_ids(
-        FakeTokenizer(), tuple(Message(m["role"], str(m["content"])) for m in convo), ()
-    )
+    naive = naive_prompt_ids(FakeTokenizer(), tuple(Message(m["role"], str(m["content"])) for m in convo), ())
     assert ids != naive
 
 
@@ -180,13 +184,33 @@ async def test_errors_are_openai_style(http: Http) -> None:
     assert bad.value.code == "INVALID_SAMPLING_PARAMS" and bad.value.param == "sampling.temperature"
 
     with pytest.raises(openai.BadRequestError) as long:
-        await http.client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 600}])
+        await http.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x" * 600}]
+        )
     assert long.value.code == "PROMPT_TOO_LONG"
 
     http.backend.down = True
     async with httpx.AsyncClient() as raw:
         resp = await raw.post(
-            f"{http.url}/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
+            f"{http.url}/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
         )
     assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
     assert resp.json()["error"]["code"] == "BACKEND_UNAVAILABLE"
+
+
+async def test_api_key_is_required_when_set() -> None:
+    gateway = Gateway([FakeBackend("tiny")])
+    facade = HttpFacade(gateway, port=0, api_key="s3cret")
+    await facade.start()
+    try:
+        wrong = openai.AsyncOpenAI(base_url=facade.base_url, api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as exc:
+            await wrong.models.list()
+        assert exc.value.code == "UNAUTHENTICATED"
+        right = openai.AsyncOpenAI(base_url=facade.base_url, api_key="s3cret", max_retries=0)
+        assert [m.id for m in (await right.models.list()).data] == ["tiny"]
+        await wrong.close()
+        await right.close()
+    finally:
+        await facade.stop()

@@ -20,7 +20,7 @@ from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.conftest import StartServer
 
 
-class FakeVerifier:
+class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
     """Reward 1 when the last assistant message equals the task's expected_answer; a task with
     expected_answer "boom" gets a per-item error."""
 
@@ -94,7 +94,7 @@ def row(t: int, answer: str, expected: str, stored_reward: float) -> dict[str, o
 
 @pytest.fixture
 async def verifier(start_server: StartServer) -> tuple[str, FakeVerifier]:
-    fake = FakeVerifier()
+    fake = FakeVerifier()  # type: ignore[abstract]  # only VerifyBatch is served
     binding = ServiceBinding(
         "rollmesh.v1.EnvironmentVerifier", fake, verifier_pb2_grpc.add_EnvironmentVerifierServicer_to_server
     )

@@ -103,7 +103,9 @@ def _err(exc: pytest.ExceptionInfo[RollmeshError]) -> tuple[grpc.StatusCode, str
         (SamplingInput(top_k=-2), "sampling.top_k"),
     ],
 )
-async def test_invalid_sampling_is_invalid_argument_naming_the_field(sampling: SamplingInput, field: str) -> None:
+async def test_invalid_sampling_is_invalid_argument_naming_the_field(
+    sampling: SamplingInput, field: str
+) -> None:
     gw = await started(FakeBackend("m", max_model_len=512))
     with pytest.raises(RollmeshError) as exc:
         await gw.generate(inp(sampling=sampling))
@@ -153,7 +155,11 @@ async def test_bad_request_shapes() -> None:
     cases: list[tuple[GenerateInput, grpc.StatusCode, str]] = [
         (GenerateInput(), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GENERATE_REQUEST"),
         (inp(prompt_token_ids=(1, 2)), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GENERATE_REQUEST"),
-        (inp(tools=(ToolSpec("t", "", "{not json"),)), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GENERATE_REQUEST"),
+        (
+            inp(tools=(ToolSpec("t", "", "{not json"),)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_GENERATE_REQUEST",
+        ),
     ]
     for bad, code, reason in cases:
         with pytest.raises(RollmeshError) as exc:
@@ -340,10 +346,14 @@ async def test_routes_alias_a_model_or_add_a_url_backend() -> None:
     assert (await gw.generate(inp(model="job-7"))).model == "m"
     assert (await gw.register_route("job-7", target_model="m")).name == "job-7"  # idempotent
 
-    url = await gw.register_route("judge", target_model="qwen", base_url="http://127.0.0.1:1/v1", api_key_env="K")
+    url = await gw.register_route(
+        "judge", target_model="qwen", base_url="http://127.0.0.1:1/v1", api_key_env="K"
+    )
     assert url.name == "judge"
     assert created == [
-        ModelSpec(name="judge", backend="openai", model="qwen", base_url="http://127.0.0.1:1/v1", api_key_env="K")
+        ModelSpec(
+            name="judge", backend="openai", model="qwen", base_url="http://127.0.0.1:1/v1", api_key_env="K"
+        )
     ]
     assert (await gw.generate(inp(model="judge"))).message.content == "remote says hi"
     assert {m.name for m in await gw.list_models()} == {"m", "judge", "job-7"}
@@ -365,4 +375,3 @@ async def test_shutdown_reaches_every_backend() -> None:
     assert a.started and b.started
     await gw.shutdown()
     assert not a.started and not b.started
-

@@ -16,7 +16,9 @@ from rollmesh.gateway.types import Message, ToolCall, ToolSpec
 TOK = FakeTokenizer()
 
 
-def _turn(messages: tuple[Message, ...], output_ids: list[int], *, tools: tuple[ToolSpec, ...] = ()) -> SessionState:
+def _turn(
+    messages: tuple[Message, ...], output_ids: list[int], *, tools: tuple[ToolSpec, ...] = ()
+) -> SessionState:
     """The session after the policy answered `messages` with `output_ids`."""
     prompt = build_prompt(TOK, messages, tools, None, model="m")
     eos = TOK.eos_token_id
@@ -79,7 +81,9 @@ def test_tool_turns_extend_with_tools_in_the_system_prompt() -> None:
     prompt0 = build_prompt(TOK, first, tools, None, model="m")
     out = [*TOK.char_ids(call_text), TOK.eos_token_id]
     reply = Message("assistant", "", (ToolCall("call_0", "add", '{"a": 5, "b": 7}'),))
-    state = SessionState("s", "m", tools_key(tools), (*first, reply), (*prompt0.token_ids, *out), TOK.decode(out))
+    state = SessionState(
+        "s", "m", tools_key(tools), (*first, reply), (*prompt0.token_ids, *out), TOK.decode(out)
+    )
     # The client echoes the call back with its own spacing and id, then the tool result.
     echoed = Message("assistant", "", (ToolCall("x", "add", '{"b":7,"a":5}'),))
     convo = (*first, echoed, Message("tool", "12", tool_call_id="x"))
@@ -95,7 +99,10 @@ def test_rewritten_history_model_or_tools_change_start_fresh() -> None:
     rewritten = (Message("user", "what is 5+8?"), Message("assistant", "12"), Message("user", "sure?"))
     cases = [
         (build_prompt(TOK, rewritten, (), state, model="m"), "history_rewritten"),
-        (build_prompt(TOK, (*state.messages, Message("user", "x")), (), state, model="other"), "model_changed"),
+        (
+            build_prompt(TOK, (*state.messages, Message("user", "x")), (), state, model="other"),
+            "model_changed",
+        ),
         (
             build_prompt(TOK, (*state.messages, Message("user", "x")), (ToolSpec("t"),), state, model="m"),
             "tools_changed",

@@ -10,7 +10,9 @@ from rollmesh.gateway.toolcalls import ContentStreamFilter, parse_tool_calls
 def test_one_call_is_parsed_and_removed_from_content() -> None:
     p = parse_tool_calls('Let me add.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>')
     assert p.content == "Let me add."
-    assert [(c.id, c.name, json.loads(c.arguments_json)) for c in p.tool_calls] == [("call_0", "add", {"a": 1, "b": 2})]
+    assert [(c.id, c.name, json.loads(c.arguments_json)) for c in p.tool_calls] == [
+        ("call_0", "add", {"a": 1, "b": 2})
+    ]
 
 
 def test_several_calls_keep_order_and_ids() -> None:

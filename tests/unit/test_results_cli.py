@@ -6,8 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from rollmesh.cli import build_app
 from rollmesh.scheduler.jsonl_sink import FAILURES, METRICS, ROLLOUTS, JsonlSink

@@ -104,3 +104,21 @@ def test_row_overrides_tools_and_input_shapes() -> None:
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "What?"},
     ]
+
+
+async def test_one_turn_rollout_opens_no_gateway_session() -> None:
+    model, env = LocalModel(), LocalEnv()
+    out = await run_agent(
+        job_id="j",
+        key=RolloutKey(2, 0),
+        task=_task("What is 1 + 2?", "3"),
+        seed=0,
+        settings=AgentSettings(environment="arithmetic", max_steps=1),
+        model=model,
+        env=env,
+    )
+    assert out.verdict.reward == 1.0 and len(out.turns) == 1
+    # no session id on the model call, so nothing to close at the gateway; the verifier's is closed
+    assert [c.session_id for c in model.calls] == [""] and model.calls[0].request_id == "j/2/0/0"
+    assert model.closed == [] and model.open_sessions == 0
+    assert env.closed == ["j/2/0"] and not env.sessions

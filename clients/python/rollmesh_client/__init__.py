@@ -19,6 +19,7 @@ from rollmesh_client._errors import (
 from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient
 from rollmesh_client._scheduler import JobHandle, SchedulerClient
+from rollmesh_client._sync import SyncClient
 from rollmesh_client._verifier import VerifierClient
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "ResourceExhaustedError",
     "RollmeshClientError",
     "SchedulerClient",
+    "SyncClient",
     "UnauthenticatedError",
     "UnavailableError",
     "VerifierClient",

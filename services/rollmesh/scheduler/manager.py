@@ -201,6 +201,7 @@ class JobManager:
         self.model = model
         self.env = env
         self.output_dir = output_dir
+        self._cwd = os.getcwd()
         self.sink_factory = sink_factory or default_sink_factory
         self.hooks_factory = hooks_factory or Hooks
         self.check_environment = check_environment
@@ -212,6 +213,8 @@ class JobManager:
     # ---- submit -------------------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec, request_id: str = "") -> JobRecord:
+        # The server's output folder is the default; paths are absolute so callers elsewhere can use them.
+        spec = replace(spec, output_dir=os.path.join(self._cwd, spec.output_dir or self.output_dir))
         async with self._submit_lock:
             if request_id and request_id in self._by_request:
                 rec = self._jobs.get(self._by_request[request_id])

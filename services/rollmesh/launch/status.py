@@ -1,0 +1,88 @@
+"""`rollmesh status`: each service's address, health and a one-line summary (replicas for the
+gateway, environments for the verifier, jobs for the scheduler, roots for the registry)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollmesh_client import Client, RollmeshClientError
+from rollmesh_client._channel import aio_channel
+
+SERVICES = ("registry", "verifier", "gateway", "scheduler")
+
+
+@dataclass
+class ServiceStatus:
+    service: str
+    address: str
+    health: str  # SERVING, NOT_SERVING, UNREACHABLE ...
+    detail: str = ""
+    replicas: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.health == "SERVING"
+
+
+async def _health(address: str, api_key: str | None, timeout_s: float) -> str:
+    channel = aio_channel(address, api_key=api_key)
+    try:
+        resp = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=timeout_s
+        )
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+    except grpc.aio.AioRpcError as exc:
+        return (
+            "UNREACHABLE"
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            else exc.code().name
+        )
+    finally:
+        await channel.close()
+
+
+async def _detail(c: Client, st: ServiceStatus) -> None:
+    if st.service == "registry":
+        roots = await c.registry.roots()
+        st.detail = f"{len(roots.roots)} roots"
+    elif st.service == "verifier":
+        envs = [e async for e in c.verifier.environments()]
+        st.detail = f"{len(envs)} environments"
+    elif st.service == "gateway":
+        models = [m async for m in c.gateway.models()]
+        parts = []
+        for m in models:
+            healthy = sum(1 for r in m.replicas if r.healthy)
+            parts.append(f"{m.name} ({m.backend}, {healthy}/{len(m.replicas)} replicas healthy)")
+            st.replicas += [
+                {"model": m.name, "replica_id": r.replica_id, "healthy": r.healthy, "in_flight": r.in_flight}
+                for r in m.replicas
+            ]
+        st.detail = "; ".join(parts)
+    elif st.service == "scheduler":
+        jobs = [j async for j in c.scheduler.jobs()]
+        st.detail = f"{len(jobs)} jobs"
+
+
+async def mesh_status(
+    addresses: dict[str, str], *, api_key: str | None = None, timeout_s: float = 3.0
+) -> list[ServiceStatus]:
+    """Health and summary of each service, in parallel; never raises for a down service."""
+    async with await Client.connect(**addresses, api_key=api_key, timeout_s=timeout_s) as c:
+
+        async def one(service: str) -> ServiceStatus:
+            st = ServiceStatus(
+                service, addresses[service], await _health(addresses[service], api_key, timeout_s)
+            )
+            if st.ok:
+                try:
+                    await _detail(c, st)
+                except RollmeshClientError as exc:
+                    st.detail = f"summary failed: {exc}"
+            return st
+
+        return list(await asyncio.gather(*(one(s) for s in SERVICES)))

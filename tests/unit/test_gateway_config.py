@@ -1,0 +1,70 @@
+"""GatewayConfig from the environment, and the backend factory."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollmesh.gateway.backends import create_backend, resolve_model_path
+from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.fake import FakeBackend
+from rollmesh.gateway.openai_backend import OpenAIBackend
+from rollmesh.mesh.config import ENV_VARS, ConfigError
+
+
+def test_defaults_serve_tiny_arith_on_ray_serve_with_http_on_8000() -> None:
+    cfg = GatewayConfig.from_env(environ={})
+    (spec,) = cfg.models
+    assert (spec.name, spec.backend, spec.model) == ("tiny-arith", "ray-serve", "tiny-arith")
+    assert cfg.default_model == "tiny-arith"
+    assert (cfg.server.port, cfg.http_port) == (50053, 8000)
+
+
+def test_flags_beat_env_and_env_beats_defaults() -> None:
+    env = {
+        "ROLLMESH_GATEWAY_BACKEND": "openai",
+        "ROLLMESH_GATEWAY_BASE_URL": "http://h:1/v1",
+        "ROLLMESH_GATEWAY_MODEL": "qwen",
+        "ROLLMESH_OPENAI_HTTP_PORT": "9000",
+        "ROLLMESH_GATEWAY_MAX_SESSIONS": "7",
+    }
+    cfg = GatewayConfig.from_env(environ=env)
+    assert (cfg.models[0].backend, cfg.models[0].name, cfg.http_port, cfg.max_sessions) == (
+        "openai",
+        "qwen",
+        9000,
+        7,
+    )
+    cfg = GatewayConfig.from_env(environ=env, backend="fake", model="/x/my-model", http_port=0, replicas=3)
+    assert (cfg.models[0].backend, cfg.models[0].name, cfg.models[0].replicas, cfg.http_port) == (
+        "fake",
+        "my-model",
+        3,
+        0,
+    )
+    for name in env:
+        assert name in ENV_VARS
+
+
+def test_config_errors_give_advice() -> None:
+    with pytest.raises(ConfigError, match="base URL"):
+        GatewayConfig.from_env(environ={"ROLLMESH_GATEWAY_BACKEND": "openai"})
+    with pytest.raises(ConfigError, match="not one of"):
+        ModelSpec(name="m", backend="tgi")
+    with pytest.raises(ConfigError, match="default model"):
+        GatewayConfig(models=(ModelSpec("a", "fake"),), default_model="b")
+
+
+def test_factory_builds_each_backend_by_name() -> None:
+    fake = create_backend(ModelSpec("f", "fake", replicas=2))
+    assert isinstance(fake, FakeBackend) and len(fake.replica_ids) == 2
+    remote = create_backend(
+        ModelSpec("r", "openai", model="qwen", base_url="http://h:1/v1", api_key_env="K"),
+        environ={"K": "secret"},
+    )
+    assert isinstance(remote, OpenAIBackend) and remote.remote_model == "qwen"
+    assert remote.supports_token_ids is False
+
+
+def test_builtin_model_resolves_through_the_registry_catalog() -> None:
+    path = resolve_model_path("tiny-arith", environ={})
+    assert path.name == "tiny-arith" and (path / "tokenizer_config.json").is_file()
