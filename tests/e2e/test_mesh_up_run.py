@@ -11,10 +11,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from rollmesh_client import Client, SyncClient
 from rollmesh_client.v1 import scheduler_pb2 as spb
@@ -26,45 +23,6 @@ SERVICE_NAMES = {
     "gateway": "rollmesh.v1.ModelGateway",
     "scheduler": "rollmesh.v1.RolloutScheduler",
 }
-
-
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
-    work = tmp_path_factory.mktemp("up")
-    out, log = work / "up.json", work / "up.log"
-    with out.open("w") as o, log.open("w") as e:
-        proc = subprocess.Popen(
-            [
-                str(ROLLMESH),
-                "up",
-                "--ephemeral",
-                "--backend",
-                "fake",
-                "--json",
-                "--output-dir",
-                str(work / "runs"),
-            ],
-            stdout=o,
-            stderr=e,
-            cwd=work,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 180
-        while not out.read_text().strip().endswith("}"):
-            assert proc.poll() is None, f"rollmesh up exited {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"rollmesh up not ready:\n{log.read_text()}"
-            time.sleep(0.2)
-        yield json.loads(out.read_text()), work
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        assert code == 0, log.read_text()
-        assert "[up] stopping" in log.read_text()
 
 
 def _addr_env(addrs: dict[str, str]) -> dict[str, str]:

@@ -217,3 +217,17 @@ async def test_unreachable_trainer_is_unavailable() -> None:
     with pytest.raises(SinkUnavailable):
         await sink.open("job1", total=1, spec={})
     await sink.close(state="failed", metrics=None)
+
+
+async def test_acks_follow_the_stream_not_the_rows_job_id(make_server: type[SinkServer]) -> None:
+    # A row stamped with another job id (e.g. a resumed job under a new id) is still acked on the
+    # stream it came by, and committed under the SinkOpen's job id.
+    server = await make_server().start()
+    sink = GrpcSink(server.address, window=2)
+    await sink.open("job-b", total=4, spec={})
+    consumer = asyncio.create_task(collect(server))
+    for i in range(4):
+        await asyncio.wait_for(sink.write(rollout(0, i, job="job-a")), timeout=10)
+    await sink.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert {r.job_id for r in got} == {"job-b"} and len(server.committed("job-b")) == 4

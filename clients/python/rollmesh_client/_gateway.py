@@ -96,7 +96,13 @@ class GatewayClient(ServiceClient):
         sampling: cpb.SamplingParams | None = None,
         session_id: str = "",
         request_id: str = "",
+        **sampling_kwargs: Any,
     ) -> pb.GenerateRequest:
+        """`sampling=` a SamplingParams, or its fields as keywords (temperature=, max_tokens=, ...)."""
+        if sampling_kwargs:
+            if sampling is not None:
+                raise TypeError("give sampling= or sampling keywords, not both")
+            sampling = sampling_params(**sampling_kwargs)
         return pb.GenerateRequest(
             model=model,
             messages=[chat_message(m) for m in messages],

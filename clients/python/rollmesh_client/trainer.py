@@ -417,6 +417,7 @@ class SinkServer:
                 st.ack([key])
             return
         r = TrainerRollout.from_pb(msg)
+        r.job_id = st.job_id  # the stream's job is authoritative for acks and ListCommitted
         if not self.group_complete:
             self._track(st, key)
             await self._queue.put([r])

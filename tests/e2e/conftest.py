@@ -1,0 +1,54 @@
+"""Shared e2e fixtures: one `rollmesh up` mesh (separate processes, fake model backend) for the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import ROLLMESH
+
+
+@pytest.fixture(scope="package")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    work = tmp_path_factory.mktemp("up")
+    out, log = work / "up.json", work / "up.log"
+    with out.open("w") as o, log.open("w") as e:
+        proc = subprocess.Popen(
+            [
+                str(ROLLMESH),
+                "up",
+                "--ephemeral",
+                "--backend",
+                "fake",
+                "--json",
+                "--output-dir",
+                str(work / "runs"),
+            ],
+            stdout=o,
+            stderr=e,
+            cwd=work,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while not out.read_text().strip().endswith("}"):
+            assert proc.poll() is None, f"rollmesh up exited {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"rollmesh up not ready:\n{log.read_text()}"
+            time.sleep(0.2)
+        yield json.loads(out.read_text()), work
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        assert code == 0, log.read_text()
+        assert "[up] stopping" in log.read_text()
