@@ -231,3 +231,20 @@ async def test_acks_follow_the_stream_not_the_rows_job_id(make_server: type[Sink
     await sink.close(state="succeeded", metrics=None)
     got = await asyncio.wait_for(consumer, timeout=30)
     assert {r.job_id for r in got} == {"job-b"} and len(server.committed("job-b")) == 4
+
+
+async def test_callback_consumer(make_server: type[SinkServer]) -> None:
+    server = await make_server(window=4).start()
+    sink = GrpcSink(server.address, window=4)
+    await sink.open("job1", total=6, spec={})
+    sizes: list[int] = []
+
+    async def on_batch(batch: list[TrainerRollout]) -> None:
+        sizes.append(len(batch))
+
+    consumer = asyncio.create_task(server.consume(on_batch, batch_size=3))
+    for i in range(6):
+        await sink.write(rollout(0, i))
+    await sink.close(state="succeeded", metrics=None)
+    assert await asyncio.wait_for(consumer, timeout=30) == 6
+    assert sizes == [3, 3] and sink.in_flight == 0

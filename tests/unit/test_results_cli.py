@@ -76,6 +76,10 @@ async def test_shards_aggregated_equal_the_unsharded_run(tmp_path: Path) -> None
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["pass_at_k"] == {"2": full["pass_at_k"]["2"]} and data["num_rollouts"] == 23
+    # The README's form: rollouts files only; their failures sidecars come along.
+    res = await invoke("aggregate", str(tmp_path / "shard*" / ROLLOUTS), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["num_failures"] == 1
 
 
 async def test_profile_writes_one_line_per_task(tmp_path: Path) -> None:

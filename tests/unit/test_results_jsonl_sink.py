@@ -19,6 +19,7 @@ from rollmesh.scheduler.jsonl_sink import (
     JsonlSink,
     SinkClosed,
     job_dir,
+    load_dir,
     repair_torn_tail,
 )
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
@@ -162,3 +163,11 @@ async def test_concurrent_writers_keep_every_row_once(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in lines(tmp_path / ROLLOUTS)]
     assert len(rows) == 40 and len({(r["task_index"], r["rollout_index"]) for r in rows}) == 40
     assert 1 <= sink.fsyncs <= 10  # concurrent writers share batches (group commit), never more
+
+
+def test_readers_skip_a_partial_last_line(tmp_path: Path) -> None:
+    # A live file read while a batch is being appended (or a torn tail not yet repaired).
+    full = json.dumps(rollout(0, 0).to_row())
+    (tmp_path / ROLLOUTS).write_text(full + "\n" + full[:40])
+    rollouts, failures = load_dir(tmp_path)
+    assert [r.key for r in rollouts] == [RolloutKey(0, 0)] and failures == []

@@ -8,6 +8,9 @@
             train_step(arrays, adv)
             sink.policy_version += 1           # after a weight sync
 
+Or in callback form: `await sink.consume(on_batch, batch_size=32)` (acknowledged when
+`on_batch` returns).
+
 Backpressure: a rollout is acknowledged to the scheduler only once the trainer has consumed it,
 i.e. when the loop asks for the next item (or on `ack()`); the scheduler never has more than its
 window unacknowledged, so a slow trainer slows rollout generation, and nothing queues without
@@ -35,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -318,6 +321,23 @@ class SinkServer:
                 self.ack(batch)
         finally:
             await units.aclose()
+
+    async def consume(
+        self,
+        on_batch: Callable[[list[TrainerRollout]], Awaitable[None]],
+        *,
+        batch_size: int = 1,
+        until_closed: bool = True,
+        max_wait_s: float | None = None,
+    ) -> int:
+        """Callback form of `batches`: await `on_batch(batch)` for each batch; a batch is
+        acknowledged once the callback returns (an exception leaves it unacknowledged and
+        propagates). Returns the number of rollouts consumed."""
+        n = 0
+        async for batch in self.batches(batch_size, until_closed=until_closed, max_wait_s=max_wait_s):
+            await on_batch(batch)
+            n += len(batch)
+        return n
 
     def _min_window(self) -> int:
         windows = [s.window for s in self._streams.values() if s.window > 0]

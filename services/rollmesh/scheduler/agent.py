@@ -2,7 +2,8 @@
 
 seed session -> generate -> run tool calls on the verifier -> append results -> ... (up to
 `max_steps` model turns) -> verify; the verifier and gateway sessions are closed in `finally`
-(a one-turn rollout opens no gateway session).
+(a one-turn rollout opens no gateway session; a stateless environment with a row that declares no
+tools opens no verifier session: generate -> verify).
 The ports are Protocols: `remote.py` implements them over gRPC, tests with in-process fakes.
 Messages are OpenAI chat-style dicts; tool calls are
 `{"id", "type": "function", "function": {"name", "arguments"}}`.
@@ -68,6 +69,15 @@ class Verdict:
     details: Json = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EnvDescription:
+    """What the scheduler needs to know of an environment, fetched once per job."""
+
+    tools: list[Json] = field(default_factory=list)
+    #: No tools and no per-session state: Verify needs no session (the verifier's `stateless`).
+    stateless: bool = False
+
+
 class ModelPort(Protocol):
     async def generate(self, call: GenerateCall) -> Turn: ...
 
@@ -91,6 +101,10 @@ class EnvPort(Protocol):
         """The environment's tools; raises a NOT_FOUND error for an unknown environment."""
         ...
 
+    async def describe_environment(self, environment: str) -> EnvDescription:
+        """Tools and statelessness; raises a NOT_FOUND error for an unknown environment."""
+        ...
+
 
 @dataclass
 class AgentSettings:
@@ -99,6 +113,8 @@ class AgentSettings:
     max_steps: int = 8
     system_prompt: str = ""
     sampling: Json = field(default_factory=dict)
+    #: The environment is stateless (EnvDescription.stateless): rows without tools skip the session.
+    stateless: bool = False
 
 
 @dataclass
@@ -207,15 +223,23 @@ async def run_agent(
     With `max_steps` 1 the model call carries no session id, so the gateway opens no session and
     there is none to close: a gateway session only carries kept token ids and the replica from one
     turn to the next, and a one-turn rollout has no next turn (one RPC fewer per rollout).
+    Likewise a stateless environment (no tools, no session state) opens no verifier session unless
+    the row declares tools of its own (the model may call them, and tool calls need a session):
+    Verify then gets no session id (two RPCs fewer per rollout).
     """
     session_id = session_key(job_id, key)
     model_session = session_id if settings.max_steps > 1 else ""
     seeded = False
     generated = False
     try:
-        env_tools = await env.seed_session(settings.environment, task, session_id)
-        seeded = True
-        tools = merge_tools(env_tools, row_tools(task))
+        own_tools = row_tools(task)
+        env_session = not settings.stateless or bool(own_tools)
+        if env_session:
+            env_tools = await env.seed_session(settings.environment, task, session_id)
+            seeded = True
+            tools = merge_tools(env_tools, own_tools)
+        else:
+            tools = own_tools
         sampling = row_sampling(task, settings.sampling)
         sampling["seed"] = seed
         prompt = input_messages(task, settings.system_prompt)
@@ -249,7 +273,7 @@ async def run_agent(
                         "content": result.output,
                     }
                 )
-        verdict = await env.verify(settings.environment, task, new, session_id)
+        verdict = await env.verify(settings.environment, task, new, session_id if env_session else "")
         return AgentOutcome(messages=new, verdict=verdict, turns=turns, finish_reason=finish)
     finally:
         await _close(env if seeded else None, model if generated else None, session_id)

@@ -19,6 +19,7 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.agent import (
     AgentOutcome,
     AgentSettings,
+    EnvDescription,
     EnvPort,
     GenerateCall,
     ModelPort,
@@ -136,7 +137,10 @@ class JobRun:
         model: ModelPort,
         env: EnvPort,
         hooks: Hooks | None = None,
+        environment: EnvDescription | None = None,
     ) -> None:
+        """`environment`: the environment's description, fetched once per job (None: assume it keeps
+        per-session state, so every rollout opens a verifier session)."""
         self.job_id = job_id
         self.plan = plan
         self.sink = sink
@@ -155,6 +159,7 @@ class JobRun:
             max_steps=plan.max_steps,
             system_prompt=plan.spec.system_prompt,
             sampling=dict(plan.spec.sampling),
+            stateless=environment is not None and environment.stateless,
         )
         self.progress = Progress(total=plan.total)
         self.slim_rollouts: list[Rollout] = []

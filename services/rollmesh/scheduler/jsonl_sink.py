@@ -98,7 +98,10 @@ def repair_torn_tail(path: Path) -> int:
 
 
 def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
-    """(line number, row) for every non-blank line; a malformed line raises CorruptSinkFile."""
+    """(line number, row) for every non-blank line; a malformed line raises CorruptSinkFile.
+
+    A last line without its newline that does not parse is skipped: it is a row being appended
+    (a live file) or a torn tail (repaired when a sink next opens the folder)."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -106,6 +109,9 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
             try:
                 row = json.loads(raw)
             except json.JSONDecodeError as exc:
+                if not raw.endswith(b"\n"):
+                    log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
+                    return
                 raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise CorruptSinkFile(f"{path}:{lineno}: not a JSON object")
@@ -150,7 +156,8 @@ class LoadedResults:
 
 
 def expand_paths(patterns: Sequence[str]) -> list[Path]:
-    """Globs, files and sink folders (-> their rollouts.jsonl and failures.jsonl), in order, once each."""
+    """Globs, files and sink folders (-> their rollouts.jsonl and failures.jsonl), in order, once each.
+    A file named rollouts.jsonl brings the failures.jsonl next to it."""
     out: list[Path] = []
     for pattern in patterns:
         matches = (
@@ -165,7 +172,12 @@ def expand_paths(patterns: Sequence[str]) -> list[Path]:
                 )
             matches = [path]
         for m in matches:
-            found = [m / ROLLOUTS, m / FAILURES] if m.is_dir() else [m]
+            if m.is_dir():
+                found = [m / ROLLOUTS, m / FAILURES]
+            elif m.name == ROLLOUTS:  # a sink's rollouts file brings its failures sidecar along
+                found = [m, m.parent / FAILURES]
+            else:
+                found = [m]
             for f in found:
                 if f.is_file() and f.resolve() not in {o.resolve() for o in out}:
                     out.append(f)

@@ -21,7 +21,7 @@ from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import RollmeshError, Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
-from rollmesh.scheduler.agent import EnvPort, ModelPort
+from rollmesh.scheduler.agent import EnvDescription, EnvPort, ModelPort
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
 from rollmesh.scheduler.errors import (
     EnvironmentNotFound,
@@ -228,8 +228,7 @@ class JobManager:
             validate(spec)
             job_id, spec = await self._resolve_resume(spec)
             plan = await asyncio.to_thread(build_plan, self.catalog, spec)
-            if self.check_environment:
-                await self._check_environment(plan.spec.environment)
+            described = await self._check_environment(plan.spec.environment) if self.check_environment else None
             directory = Path(plan.spec.effective_output_dir) / job_id
             sink = self.sink_factory(job_id, plan, directory)
             rec = JobRecord(
@@ -244,7 +243,9 @@ class JobManager:
             hooks = self.hooks_factory()
             hooks.on_rollout = lambda r: self._on_rollout(rec, r)
             hooks.on_failure = lambda f: rec.notify()
-            rec.run = JobRun(job_id, plan, sink, model=self.model, env=self.env, hooks=hooks)
+            rec.run = JobRun(
+                job_id, plan, sink, model=self.model, env=self.env, hooks=hooks, environment=described
+            )
             rec.run.keep_slim = not rec.has_file
             self._remember(rec)
             await asyncio.to_thread(_write_json_atomic, directory / JOB_FILE, rec.to_json())
@@ -279,9 +280,10 @@ class JobManager:
             retry=spec.retry if spec.retry != JobSpec().retry else base.retry,
         )
 
-    async def _check_environment(self, name: str) -> None:
+    async def _check_environment(self, name: str) -> EnvDescription:
+        """The environment's description (once per job); a clear error when it is not loaded."""
         try:
-            await self.env.environment_tools(name)
+            return await self.env.describe_environment(name)
         except Exception as exc:
             code = getattr(getattr(exc, "code", None), "name", "")
             if isinstance(exc, RollmeshError):

@@ -27,6 +27,7 @@ def environment_to_pb(info: EnvironmentInfo) -> pb.Environment:
         tools=[tool_spec_to_pb(t) for t in info.tools],
         source=info.source,
         example_dataset=info.example_dataset,
+        stateless=info.stateless,
     )
 
 

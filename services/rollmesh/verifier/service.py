@@ -47,6 +47,8 @@ class EnvironmentInfo:
     tools: list[ToolSpec]
     source: str
     example_dataset: str
+    #: No tools and no `seed_session` override: verification needs no session (see `is_stateless`).
+    stateless: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,15 @@ def parse_task(task_json: str) -> Task:
     if not isinstance(row, dict):
         raise BadTask(f"task_json must be a JSON object, got {type(row).__name__}")
     return Task(row)
+
+
+def is_stateless(cls: type[Environment]) -> bool:
+    """True when `cls` offers no tools and keeps the base `seed_session` (which returns None).
+
+    A session of such an environment carries nothing `verify` could use beyond the task it is given
+    anyway, so callers may skip SeedSession/CloseSession and call Verify without a session_id.
+    """
+    return not cls.tool_specs() and getattr(cls, "seed_session", None) is Environment.seed_session
 
 
 def _check_result(name: str, result: Any) -> VerifyResult:
@@ -87,6 +98,9 @@ class VerifierService:
         )
         self._tasks = TaskSet()
         self._started = False
+        # Tool specs per environment class (a class's tools are fixed once loaded; `tool_specs` walks
+        # dir(cls) each call, which SeedSession would otherwise pay once per rollout).
+        self._specs: dict[type[Environment], list[ToolSpec]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -172,7 +186,20 @@ class VerifierService:
     def describe(self, name: str) -> EnvironmentInfo:
         item = self._env(name)
         cls = type(item.env)
-        return EnvironmentInfo(name, cls.describe(), cls.tool_specs(), item.source, item.example_dataset)
+        return EnvironmentInfo(
+            name,
+            cls.describe(),
+            self._tool_specs(cls),
+            item.source,
+            item.example_dataset,
+            stateless=is_stateless(cls),
+        )
+
+    def _tool_specs(self, cls: type[Environment]) -> list[ToolSpec]:
+        specs = self._specs.get(cls)
+        if specs is None:
+            specs = self._specs[cls] = cls.tool_specs()
+        return list(specs)
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -186,7 +213,7 @@ class VerifierService:
         state = await item.env.seed_session(task)
         session = Session(id=sid, environment=environment, task=task, state=state)
         self.sessions.add(session)  # re-checks: another seed may have raced in during seed_session
-        return session, type(item.env).tool_specs()
+        return session, self._tool_specs(type(item.env))
 
     async def call_tool(self, session_id: str, call: ToolCall) -> ToolOutput:
         session = self.sessions.get(session_id)

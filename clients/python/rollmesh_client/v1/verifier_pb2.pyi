@@ -31,6 +31,7 @@ class Environment(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     EXAMPLE_DATASET_FIELD_NUMBER: _builtins.int
+    STATELESS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name, e.g. "arithmetic"."""
     description: _builtins.str
@@ -39,6 +40,10 @@ class Environment(_message.Message):
     """Where the plugin came from: a file path, or "entry-point:<module>"."""
     example_dataset: _builtins.str
     """The environment's example dataset (an artifact path), if it ships one."""
+    stateless: _builtins.bool
+    """True when the environment has no tools and does not override `seed_session`, so verification
+    needs no session: callers may skip SeedSession/CloseSession and call Verify without a session_id.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools every session of this environment offers."""
@@ -51,10 +56,11 @@ class Environment(_message.Message):
         tools: _abc.Iterable[_common_pb2.ToolSpec] | None = ...,
         source: _builtins.str = ...,
         example_dataset: _builtins.str = ...,
+        stateless: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "source", b"source", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "source", b"source", "stateless", b"stateless", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
