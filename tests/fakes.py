@@ -538,6 +538,11 @@ class LocalEnv:
             raise NotFound(f"no environment {environment!r}")
         return [self._tool(t) for t in ENVIRONMENTS[environment]]
 
+    async def describe_environment(self, environment: str) -> Any:
+        from rollmesh.scheduler.agent import EnvDescription
+
+        return EnvDescription(tools=await self.environment_tools(environment), stateless=False)
+
     @staticmethod
     def _tool(t: common_pb2.ToolSpec) -> Json:
         return {"name": t.name, "description": t.description, "parameters": json.loads(t.parameters_json)}

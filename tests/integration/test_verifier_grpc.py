@@ -195,3 +195,34 @@ async def test_verify_with_tool_messages_and_batch(
     async with grpc.aio.insecure_channel(server.address) as ch:
         health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_stateless_flag_and_verify_without_session(start_server: StartServer, tmp_path: Path) -> None:
+    """`stateless`: no tools and no seed_session override; such an environment verifies with no session."""
+    roots = RootsConfig(tmp_path, (), BUILTIN_ROOT, False)
+    svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
+    await svc.start()
+    server = await start_server([binding(svc)])
+    c = await Client.connect(verifier=server.address, timeout_s=30)
+    try:
+        flags = {name: (await c.verifier.get(name)).stateless for name in STATELESS}
+        assert flags == STATELESS
+        listed = {e.name: e.stateless async for e in c.verifier.environments()}
+        assert {k: listed[k] for k in STATELESS} == STATELESS
+        task = {"responses_create_params": {"input": "What is 2 + 3?"}, "expected_answer": "5"}
+        r = await c.verifier.verify("arithmetic", task, "5")  # no session_id: none needed
+        assert r.reward == 1.0 and r.extracted_answer == "5" and len(svc.sessions) == 0
+    finally:
+        await c.close()
+        await svc.aclose()
+
+
+# What each built-in overrides: arithmetic/math/code only `verify`; session_state `seed_session` and
+# tools; single_tool_call a tool (and no seed_session).
+STATELESS = {
+    "arithmetic": True,
+    "math": True,
+    "code": True,
+    "session_state": False,
+    "single_tool_call": False,
+}

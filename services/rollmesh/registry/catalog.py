@@ -85,6 +85,8 @@ def validate_name(name: str) -> str:
 def _entry_name(entry: Path) -> str | None:
     if entry.name.startswith((".", "_")) or entry.name.endswith(_IGNORED_SUFFIXES):
         return None
+    if entry.is_file() and entry.stem.lower() == "readme":  # a root's documentation, not an artifact
+        return None
     return entry.name if entry.is_dir() else entry.stem
 
 

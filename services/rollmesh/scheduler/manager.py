@@ -228,7 +228,9 @@ class JobManager:
             validate(spec)
             job_id, spec = await self._resolve_resume(spec)
             plan = await asyncio.to_thread(build_plan, self.catalog, spec)
-            described = await self._check_environment(plan.spec.environment) if self.check_environment else None
+            described = (
+                await self._check_environment(plan.spec.environment) if self.check_environment else None
+            )
             directory = Path(plan.spec.effective_output_dir) / job_id
             sink = self.sink_factory(job_id, plan, directory)
             rec = JobRecord(

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from rollmesh.scheduler.agent import GenerateCall, Json, ToolResult, Turn, Verdict
+from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn, Verdict
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb
 from rollmesh_client import AlreadyExistsError, NotFoundError, aio_channel, from_grpc_error
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -185,9 +185,12 @@ class VerifierEnv:
         await _call(self.stub.CloseSession, req, self.deadlines.session_s)
 
     async def environment_tools(self, environment: str) -> list[Json]:
+        return (await self.describe_environment(environment)).tools
+
+    async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
         resp: verifier_pb2.Environment = await _call(self.stub.GetEnvironment, req, self.deadlines.session_s)
-        return [tool_from_pb(t) for t in resp.tools]
+        return EnvDescription(tools=[tool_from_pb(t) for t in resp.tools], stateless=resp.stateless)
 
     async def close(self) -> None:
         await self.channel.close()

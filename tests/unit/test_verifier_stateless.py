@@ -1,0 +1,40 @@
+"""`is_stateless`: an environment with no tools that keeps the base `seed_session` needs no session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+from rollmesh.verifier.service import is_stateless
+
+
+class _Verifies(Environment):
+    def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        return VerifyResult(1.0)
+
+
+class _Seeds(_Verifies):
+    async def seed_session(self, task: Task) -> Any:
+        return {"n": 0}
+
+
+class _HasTool(_Verifies):
+    @tool
+    async def ping(self, session: Session) -> str:
+        """Ping."""
+        return "pong"
+
+
+class _InheritsSeed(_Seeds):
+    """Overrides nothing itself, but its parent overrides seed_session."""
+
+
+class _SubclassOfStateless(_Verifies):
+    description = "still stateless"
+
+
+def test_is_stateless() -> None:
+    assert is_stateless(_Verifies) and is_stateless(_SubclassOfStateless)
+    assert not is_stateless(_Seeds)
+    assert not is_stateless(_HasTool)
+    assert not is_stateless(_InheritsSeed)
