@@ -57,6 +57,14 @@ async def one_trial(
     return float(p.rollouts_per_second), cpu_ms
 
 
+async def environment_is_stateless(verifier: str, name: str) -> bool:
+    """What the scheduler learns once per job: a stateless environment needs no verifier session."""
+    from rollmesh_client import Client
+
+    async with await Client.connect(verifier=verifier) as c:
+        return bool((await c.verifier.get(name)).stateless)
+
+
 async def main(a: argparse.Namespace) -> dict[str, object]:
     dataset = REPO / "services/rollmesh/builtin/datasets/arithmetic/test.jsonl"
     async with AsyncExitStack() as stack:
@@ -72,6 +80,7 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
             log(f"real verifier unavailable ({str(exc)[:300]}); using the fake verifier")
             verifier, verifier_kind = fakes, "fake"
         env = {"ROLLMESH_GATEWAY_ADDR": fakes, "ROLLMESH_VERIFIER_ADDR": verifier}
+        stateless = await environment_is_stateless(verifier, "arithmetic")
         with tempfile.TemporaryDirectory() as tmp:
             sched_pid, sched = await stack.enter_async_context(
                 spawn(
@@ -102,8 +111,10 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
             "verifier": f"{verifier_kind} (arithmetic), separate process",
             "sink": "jsonl",
             "max_steps": 1,
-            # SeedSession, Generate (no gateway session for one turn), Verify, CloseSession
-            "rpcs_per_rollout": 4,
+            # Generate (no gateway session for one turn) and Verify; SeedSession and CloseSession on
+            # the verifier too unless the environment is stateless
+            "environment_stateless": stateless,
+            "rpcs_per_rollout": 2 if stateless else 4,
         },
         "figures": {
             "rollouts_per_second": {
