@@ -21,7 +21,9 @@ class Arithmetic(Environment):
     """Integer addition problems. The answer is the LAST integer in the last assistant message;
     reward 1.0 when it equals `expected_answer`, else 0.0."""
 
-    def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        # A regex over one bounded response: microseconds, so it runs on the loop (an async verify)
+        # instead of paying a thread hop per rollout.
         del session
         text = response.final_text
         extracted = last_integer(text)
