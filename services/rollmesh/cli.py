@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 import typer
@@ -43,6 +44,8 @@ def build_app() -> typer.Typer:
 
 
 def main() -> None:
+    # gRPC's C core logs fork/poller INFO lines when Ray or vLLM spawn processes; users can override.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     build_app()()
 
 
