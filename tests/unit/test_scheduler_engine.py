@@ -178,3 +178,34 @@ async def test_aimd_limiter_grows_when_flat_and_backs_off_when_queueing() -> Non
     for _ in range(10_000):
         lim.observe(0.1)
     assert lim.limit <= 64
+
+
+async def test_token_records_are_validated_and_a_drifted_one_fails_its_rollout(tmp_path: Path) -> None:
+    from rollmesh.scheduler.tokens import build_token_record
+
+    def drifted(turns: list) -> object:  # type: ignore[type-arg]
+        record = build_token_record(turns)
+        record.loss_mask[0] = 1  # a prompt token marked as trained-on: corruption
+        return record
+
+    path = Rows.arithmetic(3).write(tmp_path / "d.jsonl")
+    good = MemorySink()
+    run = _run(_spec(path, num_repeats=2, validate_all=True), good)
+    assert (await run.run(await run.open())).state == "SUCCEEDED"
+    assert len(good.rollouts) == 6 and not good.failures
+
+    bad = MemorySink()
+    plan = build_plan(CATALOG, _spec(path, num_repeats=2, validate_all=True))
+    hooks = Hooks(sleep=_no_sleep, token_builder=drifted)  # type: ignore[arg-type]
+    run = JobRun("job-t", plan, bad, model=LocalModel(), env=LocalEnv(), hooks=hooks)
+    assert (await run.run(await run.open())).state == "SUCCEEDED"  # failures never abort the job
+    assert not bad.rollouts and len(bad.failures) == 6
+    assert {f.error_class for f in bad.failures} == {"TOKEN_RECORD_MISMATCH"}
+    assert "loss_mask is 1 on 1 ids outside the generated spans" in bad.failures[0].message
+
+    sampled = MemorySink()
+    plan = build_plan(CATALOG, _spec(path, num_repeats=16))
+    run = JobRun("job-t", plan, sampled, model=LocalModel(), env=LocalEnv(), hooks=hooks)
+    await run.run(await run.open())
+    # By default one key in 16 is checked: exactly those rollouts fail, the rest are written.
+    assert len(sampled.failures) == 3 and len(sampled.rollouts) == 45

@@ -31,11 +31,13 @@ from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.retry import UNAVAILABLE, Backoff, ErrorClass, RolloutFailed, with_retry
 from rollmesh.scheduler.sink import Sink
-from rollmesh.scheduler.tokens import build_token_record
+from rollmesh.scheduler.tokens import TokenRecordMismatch, build_token_record, validate_rollout
 
 log = get_logger("rollmesh.scheduler.engine")
 
 AUTO_START, AUTO_MAX = 16, 1024
+# Token records checked by default: one rollout in VALIDATE_EVERY (all with JobSpec.validate_all).
+VALIDATE_EVERY = 16
 
 TokenBuilder = Callable[[list[Turn]], TokenRecord]
 
@@ -257,9 +259,25 @@ class JobRun:
             except RolloutFailed as failed:
                 await self._fail(key, failed.error, failed.attempts)
                 return
+            problems = self._check_tokens(rollout)
+            if problems:
+                message = "token record does not line up: " + "; ".join(problems)
+                await self._fail(key, ErrorClass(TokenRecordMismatch.reason, False, None, message), attempts)
+                return
             await self._write(rollout)
         finally:
             self.limiter.release()
+
+    def _check_tokens(self, rollout: Rollout) -> list[str]:
+        """Validate the token record of every rollout with `validate_all` (debug), else of a fixed
+        sample (one key in VALIDATE_EVERY, chosen by key so a resumed job checks the same ones).
+        Structural checks only (lengths, spans, mask, logprobs, usage): no tokenizer is needed."""
+        k = rollout.key
+        if not (self.plan.spec.validate_all or (k.task_index * 31 + k.rollout_index) % VALIDATE_EVERY == 0):
+            return []
+        if not rollout.tokens.token_ids and not rollout.tokens.turns:
+            return []  # a backend that returns no token ids (an OpenAI URL) has no record to check
+        return validate_rollout(rollout)
 
     def _on_retry(self, err: ErrorClass, attempt: int, delay: float) -> None:
         self.progress.retries += 1
