@@ -49,6 +49,9 @@ def generate(out: Path) -> None:
             f"-I{well_known}",
             f"--python_out={tmp}",
             f"--grpc_python_out={tmp}",
+            # The mypy-protobuf plugins live beside this interpreter (no PATH needed).
+            f"--plugin=protoc-gen-mypy={Path(sys.executable).parent / 'protoc-gen-mypy'}",
+            f"--plugin=protoc-gen-mypy_grpc={Path(sys.executable).parent / 'protoc-gen-mypy_grpc'}",
             f"--mypy_out={tmp}",
             f"--mypy_grpc_out={tmp}",
             *protos,
