@@ -86,6 +86,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()  # a long-running command (`rollmesh up --json`) is read while it runs
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
