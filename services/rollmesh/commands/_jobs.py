@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,20 @@ from rollmesh.commands._common import err, print_table
 if TYPE_CHECKING:
     from rollmesh_client._scheduler import JobHandle
     from rollmesh_client.v1 import scheduler_pb2 as pb
+
+
+# Options `rollmesh run` and `rollmesh jobs submit` share, declared once.
+Benchmark = Annotated[str, typer.Option("--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")]
+Environment = Annotated[str, typer.Option("--environment", "-e", help="Environment name.")]
+NumRepeats = Annotated[int, typer.Option("--num-repeats", "-n", help="Rollouts per task (k of pass@k).")]
+Limit = Annotated[int, typer.Option("--limit", help="Only the first N tasks (0 = all).")]
+ShardOpt = Annotated[str, typer.Option("--shard", help="i/n: run shard i of n (task_index % n == i).")]
+Concurrency = Annotated[int, typer.Option("--concurrency", "-c", help="Rollouts in flight (0 = auto).")]
+MaxSteps = Annotated[int, typer.Option("--max-steps", help="Model turns per rollout.")]
+Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")]
+TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling.")]
+MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Tokens per model turn.")]
+Seed = Annotated[int, typer.Option("--seed", help="Rollout i of a task samples with seed + i.")]
 
 
 @dataclass(frozen=True)

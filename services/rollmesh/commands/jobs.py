@@ -18,7 +18,23 @@ from rollmesh.commands._common import (
     run,
     serve_app,
 )
-from rollmesh.commands._jobs import SpecOptions, build_spec, exit_for_state, follow_job
+from rollmesh.commands._jobs import (
+    Benchmark,
+    Concurrency,
+    Environment,
+    Limit,
+    MaxSteps,
+    MaxTokens,
+    NumRepeats,
+    Seed,
+    ShardOpt,
+    SpecOptions,
+    Temperature,
+    TopP,
+    build_spec,
+    exit_for_state,
+    follow_job,
+)
 
 if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
@@ -80,23 +96,21 @@ def _show(job: pb.Job, as_json: bool) -> None:
 
 @jobs_app.command("submit")
 def submit(
-    benchmark: Annotated[str, typer.Option("--benchmark", "-b", help="Benchmark artifact name.")] = "",
+    benchmark: Benchmark = "",
     dataset: Annotated[
         str, typer.Option("--dataset", "-d", help="Dataset artifact name or JSONL path.")
     ] = "",
-    environment: Annotated[str, typer.Option("--environment", "-e", help="Environment name.")] = "",
+    environment: Environment = "",
     model: Annotated[str, typer.Option("--model", help="Model or gateway route.")] = "",
-    num_repeats: Annotated[int, typer.Option("--num-repeats", "-n", help="Rollouts per task.")] = 0,
-    limit: Annotated[int, typer.Option("--limit", help="Only the first N tasks (0 = all).")] = 0,
-    shard: Annotated[str, typer.Option("--shard", help="i/n: run shard i of n.")] = "",
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", help="Rollouts in flight (0 = auto).")
-    ] = 0,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Model turns per rollout.")] = 0,
-    temperature: Annotated[float | None, typer.Option("--temperature")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
-    starting_seed: Annotated[int, typer.Option("--seed", help="Rollout i samples with seed + i.")] = 0,
+    num_repeats: NumRepeats = 0,
+    limit: Limit = 0,
+    shard: ShardOpt = "",
+    concurrency: Concurrency = 0,
+    max_steps: MaxSteps = 0,
+    temperature: Temperature = None,
+    top_p: TopP = None,
+    max_tokens: MaxTokens = None,
+    starting_seed: Seed = 0,
     output_dir: Annotated[str, typer.Option("--output-dir", help="JSONL sink folder.")] = "",
     sink_grpc: Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")] = "",
     max_attempts: Annotated[int, typer.Option("--max-attempts", help="Attempts per rollout.")] = 0,

@@ -14,7 +14,18 @@ import typer
 
 from rollmesh.commands._common import ApiKey, JsonOut, err, fail, print_json, run
 from rollmesh.commands._jobs import (
+    Benchmark,
+    Concurrency,
+    Environment,
+    Limit,
+    MaxSteps,
+    MaxTokens,
+    NumRepeats,
+    Seed,
+    ShardOpt,
     SpecOptions,
+    Temperature,
+    TopP,
     build_spec,
     exit_for_state,
     follow_job,
@@ -30,25 +41,21 @@ EXIT_INTERRUPTED = 130
 
 
 def _run(
-    benchmark: Annotated[
-        str, typer.Option("--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")
-    ] = "",
+    benchmark: Benchmark = "",
     input_file: Annotated[
         str, typer.Option("--input", "-i", help="Ad-hoc NeMo Gym-format JSONL (needs --environment).")
     ] = "",
     dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset artifact name.")] = "",
-    environment: Annotated[str, typer.Option("--environment", "-e", help="Environment name.")] = "",
-    num_repeats: Annotated[int, typer.Option("--num-repeats", "-n", help="Rollouts per task (k).")] = 0,
-    limit: Annotated[int, typer.Option("--limit", help="Only the first N tasks (0 = all).")] = 0,
-    shard: Annotated[str, typer.Option("--shard", help="i/n: run shard i of n.")] = "",
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", help="Rollouts in flight (0 = auto).")
-    ] = 0,
-    max_steps: Annotated[int, typer.Option("--max-steps", help="Model turns per rollout.")] = 0,
-    temperature: Annotated[float | None, typer.Option("--temperature")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Rollout i of a task samples with seed + i.")] = 0,
+    environment: Environment = "",
+    num_repeats: NumRepeats = 0,
+    limit: Limit = 0,
+    shard: ShardOpt = "",
+    concurrency: Concurrency = 0,
+    max_steps: MaxSteps = 0,
+    temperature: Temperature = None,
+    top_p: TopP = None,
+    max_tokens: MaxTokens = None,
+    seed: Seed = 0,
     output_dir: Annotated[str, typer.Option("--output-dir", "-o", help="Where runs/<job-id>/ go.")] = "runs",
     resume: Annotated[
         bool, typer.Option("--resume", help="Finish the newest unfinished job with the same settings.")

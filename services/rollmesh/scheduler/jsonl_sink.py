@@ -358,7 +358,7 @@ class JsonlSink(Sink):
         if metrics is None:
             metrics = await asyncio.to_thread(self.recompute_metrics)
         data = {**metrics, "job_state": state}
-        await asyncio.to_thread(_write_json_atomic, self.directory / METRICS, data)
+        await asyncio.to_thread(write_json_atomic, self.directory / METRICS, data)
         log.info("sink_closed", job_id=self._job_id, state=state, rows=self.rows_written, fsyncs=self.fsyncs)
 
     def recompute_metrics(self) -> Json:
@@ -383,8 +383,10 @@ def _dumps(row: Json) -> bytes:
     return (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
-def _write_json_atomic(path: Path, data: Json) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+def write_json_atomic(path: Path, data: Json) -> None:
+    """Write `data` as JSON so a crash leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w") as f:
         json.dump(data, f, indent=2)
         f.write("\n")

@@ -31,6 +31,7 @@ from rollmesh.scheduler.errors import (
     OffsetExpired,
     RequestIdReused,
 )
+from rollmesh.scheduler.jsonl_sink import write_json_atomic
 from rollmesh.scheduler.metrics import compute_metrics
 from rollmesh.scheduler.plan import Plan, build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
@@ -129,17 +130,6 @@ class JobRecord:
                 "retries": p.retries,
             },
         }
-
-
-def _write_json_atomic(path: Path, data: Json) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> Json | None:
@@ -250,7 +240,7 @@ class JobManager:
             )
             rec.run.keep_slim = not rec.has_file
             self._remember(rec)
-            await asyncio.to_thread(_write_json_atomic, directory / JOB_FILE, rec.to_json())
+            await asyncio.to_thread(write_json_atomic, directory / JOB_FILE, rec.to_json())
             self._tasks.spawn(self._drive(rec), name=f"job-{job_id}")
             log.info("job_submitted", job_id=job_id, total=plan.total, environment=plan.spec.environment)
             return rec
@@ -325,7 +315,7 @@ class JobManager:
             rec.next_offset = len(existing)
             rec.state = "RUNNING"
             rec.notify()
-            await asyncio.to_thread(_write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
+            await asyncio.to_thread(write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
             result = await run.run(existing)
         except asyncio.CancelledError:
             result = RunResult(
@@ -366,7 +356,7 @@ class JobManager:
             mean_reward=round(p.mean_reward, 4),
         )
         with contextlib.suppress(OSError):
-            await asyncio.to_thread(_write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
+            await asyncio.to_thread(write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
         rec.notify()
         rec.done.set()
 
