@@ -6,7 +6,9 @@ everything stops. Ctrl-C cancels cleanly; the same command with --resume finishe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -115,10 +117,13 @@ def _run(
     if resume and not job_id:
         spec.resume_job_id = _find_resume(spec, Path(output_dir))
 
-    if scheduler:
-        outcome = run(_submit_and_follow(scheduler, spec, api_key))
-    else:
-        outcome = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
+    # Stdout carries only the result: anything Ray, vLLM or a library prints while the mesh runs
+    # (e.g. Ray's raylet messages at shutdown) goes to stderr with the progress.
+    with contextlib.redirect_stdout(sys.stderr):
+        if scheduler:
+            outcome = run(_submit_and_follow(scheduler, spec, api_key))
+        else:
+            outcome = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
     _report(outcome, as_json)
 
 
