@@ -41,3 +41,17 @@ class ServiceClient:
             raise from_grpc_error(exc) from None
         finally:
             call.cancel()
+
+    async def _pages(
+        self, method: Callable[..., Awaitable[Any]], make_request: Callable[[str], Any], field: str
+    ) -> AsyncIterator[Any]:
+        """Every item of a paginated List RPC: `make_request(page_token)` builds each page's request
+        and `field` names the repeated field of the response; page tokens stay hidden."""
+        token = ""
+        while True:
+            resp = await self._unary(method, make_request(token))
+            for item in getattr(resp, field):
+                yield item
+            token = resp.next_page_token
+            if not token:
+                return

@@ -140,16 +140,10 @@ class GatewayClient(ServiceClient):
             yield item
 
     async def models(self, *, page_size: int = 100) -> AsyncIterator[pb.ModelInfo]:
-        token = ""
-        while True:
-            resp: pb.ListModelsResponse = await self._unary(
-                self.stub.ListModels, pb.ListModelsRequest(page_size=page_size, page_token=token)
-            )
-            for m in resp.models:
-                yield m
-            token = resp.next_page_token
-            if not token:
-                return
+        async for m in self._pages(
+            self.stub.ListModels, lambda t: pb.ListModelsRequest(page_size=page_size, page_token=t), "models"
+        ):
+            yield m
 
     async def abort(self, request_id: str) -> bool:
         resp: pb.AbortResponse = await self._unary(self.stub.Abort, pb.AbortRequest(request_id=request_id))

@@ -42,19 +42,13 @@ class RegistryClient(ServiceClient):
         self, kind: str | int | None = None, *, page_size: int = 100
     ) -> AsyncIterator[pb.ListedArtifact]:
         """Every artifact (of one kind), following page tokens."""
-        token = ""
-        while True:
-            req = pb.ListArtifactsRequest(
-                kind=kind_value(kind) if kind is not None else pb.ARTIFACT_KIND_UNSPECIFIED,
-                page_size=page_size,
-                page_token=token,
-            )
-            resp = await self._unary(self.stub.ListArtifacts, req)
-            for item in resp.artifacts:
-                yield item
-            token = resp.next_page_token
-            if not token:
-                return
+        kind_v = kind_value(kind) if kind is not None else pb.ARTIFACT_KIND_UNSPECIFIED
+
+        def request(token: str) -> pb.ListArtifactsRequest:
+            return pb.ListArtifactsRequest(kind=kind_v, page_size=page_size, page_token=token)
+
+        async for item in self._pages(self.stub.ListArtifacts, request, "artifacts"):
+            yield item
 
     async def resolve(self, kind: str | int, name: str) -> pb.Artifact:
         req = pb.ResolveArtifactRequest(kind=kind_value(kind), name=name)

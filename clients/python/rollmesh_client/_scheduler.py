@@ -76,16 +76,10 @@ class SchedulerClient(ServiceClient):
         return await self._unary(self.stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
 
     async def jobs(self, *, page_size: int = 100) -> AsyncIterator[pb.Job]:
-        token = ""
-        while True:
-            resp = await self._unary(
-                self.stub.ListJobs, pb.ListJobsRequest(page_size=page_size, page_token=token)
-            )
-            for job in resp.jobs:
-                yield job
-            token = resp.next_page_token
-            if not token:
-                return
+        async for job in self._pages(
+            self.stub.ListJobs, lambda t: pb.ListJobsRequest(page_size=page_size, page_token=t), "jobs"
+        ):
+            yield job
 
     async def stream(
         self, job_id: str, *, offset: int = 0, follow: bool = True, include_failures: bool = False

@@ -52,16 +52,9 @@ class VerifierClient(ServiceClient):
 
     async def environments(self, *, page_size: int = 100) -> AsyncIterator[pb.Environment]:
         """Every loaded environment, following page tokens."""
-        token = ""
-        while True:
-            resp: pb.ListEnvironmentsResponse = await self._unary(
-                self.stub.ListEnvironments, pb.ListEnvironmentsRequest(page_size=page_size, page_token=token)
-            )
-            for env in resp.environments:
-                yield env
-            token = resp.next_page_token
-            if not token:
-                return
+        request = lambda t: pb.ListEnvironmentsRequest(page_size=page_size, page_token=t)  # noqa: E731
+        async for env in self._pages(self.stub.ListEnvironments, request, "environments"):
+            yield env
 
     async def list(self, *, page_size: int = 100) -> pb.ListEnvironmentsResponse:
         """One page, with the broken plugins (listed on the first page)."""
