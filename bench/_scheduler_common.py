@@ -4,10 +4,7 @@ gateway/verifier server role, RSS sampling and the environment block of the JSON
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -19,26 +16,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # for tests.fakes
 
+from bench._meta import env_info as _env_info  # noqa: E402
+
+
+def env_info() -> dict[str, Any]:
+    return _env_info("grpcio", "protobuf", "rollmesh")
+
 
 def log(msg: str) -> None:
     sys.stderr.write(msg + "\n")
     sys.stderr.flush()
-
-
-def env_info() -> dict[str, Any]:
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        sha = ""
-    versions = {"python": platform.python_version()}
-    for dist in ("grpcio", "protobuf", "rollmesh"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = ""
-    return {"cpus": os.cpu_count(), "versions": versions, "git_sha": sha}
 
 
 def rss_mb(pid: int) -> tuple[float, float]:

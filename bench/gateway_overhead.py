@@ -23,17 +23,17 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._meta import env_info
 from rollmesh.gateway import Gateway, GenerateInput, Message, binding
 from rollmesh.gateway.backend import EngineRequest, Sampling
 from rollmesh.gateway.fake import FakeBackend
@@ -47,26 +47,6 @@ MESSAGES = [
     {"role": "system", "content": "Answer with a number."},
     {"role": "user", "content": "What is 5 + 7?"},
 ]
-
-
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=5
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in ("grpcio", "protobuf", "structlog", "rollmesh"):
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            out[pkg] = "not installed"
-    return out
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -169,9 +149,7 @@ async def main(trials: int, requests: int) -> dict[str, Any]:
             "target_met": statistics.fmean(added) < 1.0,
         },
         "units": "milliseconds per request (mean ± stddev over trials)",
-        "cpus": os.cpu_count(),
-        "versions": versions(),
-        "git_sha": git_sha(),
+        **env_info("grpcio", "protobuf", "structlog", "rollmesh"),
     }
 
 

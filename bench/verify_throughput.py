@@ -12,9 +12,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._meta import env_info
 from rollmesh.mesh.logging import configure, get_logger
 from rollmesh.mesh.server import build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig
@@ -98,28 +98,6 @@ def stats(values: list[float]) -> dict[str, float | str | list[float]]:
     }
 
 
-def git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, timeout=5
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("grpcio", "protobuf", "math-verify", "rollmesh"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = "missing"
-    return out
-
-
 async def main(trials: int, seconds: float) -> dict[str, Any]:
     cfg = replace(VerifierConfig(), workers=2, batch_concurrency=64)
     roots = RootsConfig(Path("/nonexistent"), (), BUILTIN_ROOT, False)
@@ -160,9 +138,7 @@ async def main(trials: int, seconds: float) -> dict[str, Any]:
             "sandbox_isolation": isolation,
         },
         "figures": figures,
-        "cpus": os.cpu_count(),
-        "versions": versions(),
-        "git_sha": git_sha(),
+        **env_info("grpcio", "protobuf", "math-verify", "rollmesh"),
     }
 
 

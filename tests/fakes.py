@@ -158,11 +158,7 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
         self.generated = 0
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding(
-            name=gateway_pb2.DESCRIPTOR.services_by_name["ModelGateway"].full_name,
-            servicer=self,
-            add=gateway_pb2_grpc.add_ModelGatewayServicer_to_server,
-        )
+        return ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", self)
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: Any
@@ -270,11 +266,7 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
         self.closed = 0
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding(
-            name=verifier_pb2.DESCRIPTOR.services_by_name["EnvironmentVerifier"].full_name,
-            servicer=self,
-            add=verifier_pb2_grpc.add_EnvironmentVerifierServicer_to_server,
-        )
+        return ServiceBinding.of(verifier_pb2, verifier_pb2_grpc, "EnvironmentVerifier", self)
 
     async def GetEnvironment(
         self, request: verifier_pb2.GetEnvironmentRequest, context: Any

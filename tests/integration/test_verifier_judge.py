@@ -36,11 +36,7 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
 
 
 def gateway_binding(fake: FakeGateway) -> ServiceBinding:
-    return ServiceBinding(
-        name=gateway_pb2.DESCRIPTOR.services_by_name["ModelGateway"].full_name,
-        servicer=fake,
-        add=gateway_pb2_grpc.add_ModelGatewayServicer_to_server,
-    )
+    return ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", fake)
 
 
 async def test_judge_can_rescue_an_answer(start_server: StartServer) -> None:

@@ -28,11 +28,7 @@ def binding(gateway: Gateway) -> ServiceBinding:
     from rollmesh.gateway.servicer import GatewayServicer
     from rollmesh_client.v1 import gateway_pb2, gateway_pb2_grpc
 
-    return ServiceBinding(
-        name=gateway_pb2.DESCRIPTOR.services_by_name["ModelGateway"].full_name,
-        servicer=GatewayServicer(gateway),
-        add=gateway_pb2_grpc.add_ModelGatewayServicer_to_server,
-    )
+    return ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", GatewayServicer(gateway))
 
 
 __all__ = [

@@ -19,7 +19,13 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rollmesh.gateway import errors
-from rollmesh.gateway.backend import BackendUnavailable, EngineRequest, ModelBackend, Sampling
+from rollmesh.gateway.backend import (
+    BackendUnavailable,
+    EngineRequest,
+    ModelBackend,
+    ReplicaStatus,
+    Sampling,
+)
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.gateway.sessions import SessionState, SessionStore, build_prompt, tools_key
 from rollmesh.gateway.toolcalls import parse_tool_calls
@@ -28,7 +34,6 @@ from rollmesh.gateway.types import (
     GenerateResult,
     Message,
     ModelStatus,
-    ReplicaInfo,
     SamplingInput,
     StreamDelta,
     ToolSpec,
@@ -308,7 +313,7 @@ class Gateway:
         for rid in [*m.in_flight, *sessions]:
             seen.setdefault(rid, False)
         replicas = tuple(
-            ReplicaInfo(
+            ReplicaStatus(
                 replica_id=rid, healthy=h, in_flight=m.in_flight.get(rid, 0), sessions=sessions.get(rid, 0)
             )
             for rid, h in seen.items()

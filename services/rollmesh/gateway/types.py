@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollmesh.gateway.backend import ReplicaStatus
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -136,18 +138,10 @@ class StreamDelta:
 
 
 @dataclass(frozen=True)
-class ReplicaInfo:
-    replica_id: str
-    healthy: bool
-    in_flight: int = 0
-    sessions: int = 0
-
-
-@dataclass(frozen=True)
 class ModelStatus:
     name: str
     backend: str
-    replicas: tuple[ReplicaInfo, ...]
+    replicas: tuple[ReplicaStatus, ...]  # in_flight and sessions as this gateway counts them
     max_model_len: int
     policy_version: str
     paused: bool

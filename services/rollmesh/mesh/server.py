@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import grpc
@@ -54,6 +55,17 @@ class ServiceBinding:
     name: str
     servicer: Any
     add: Callable[[Any, grpc.aio.Server], None]
+
+    @classmethod
+    def of(cls, pb2: ModuleType, pb2_grpc: ModuleType, service: str, servicer: Any) -> ServiceBinding:
+        """The binding of `servicer` for `service` (e.g. "ArtifactRegistry"): the full name comes
+        from the descriptor (what reflection and health advertise), the add function from the
+        generated module, so no caller spells either out."""
+        return cls(
+            name=pb2.DESCRIPTOR.services_by_name[service].full_name,
+            servicer=servicer,
+            add=getattr(pb2_grpc, f"add_{service}Servicer_to_server"),
+        )
 
 
 @dataclass

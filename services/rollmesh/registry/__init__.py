@@ -12,11 +12,7 @@ def binding(catalog: Catalog) -> ServiceBinding:
     from rollmesh.registry.servicer import RegistryServicer
     from rollmesh_client.v1 import registry_pb2, registry_pb2_grpc
 
-    return ServiceBinding(
-        name=registry_pb2.DESCRIPTOR.services_by_name["ArtifactRegistry"].full_name,
-        servicer=RegistryServicer(catalog),
-        add=registry_pb2_grpc.add_ArtifactRegistryServicer_to_server,
-    )
+    return ServiceBinding.of(registry_pb2, registry_pb2_grpc, "ArtifactRegistry", RegistryServicer(catalog))
 
 
 __all__ = [

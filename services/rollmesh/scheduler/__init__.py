@@ -10,10 +10,8 @@ def binding(manager: JobManager) -> ServiceBinding:
     from rollmesh.scheduler.servicer import SchedulerServicer
     from rollmesh_client.v1 import scheduler_pb2, scheduler_pb2_grpc
 
-    return ServiceBinding(
-        name=scheduler_pb2.DESCRIPTOR.services_by_name["RolloutScheduler"].full_name,
-        servicer=SchedulerServicer(manager),
-        add=scheduler_pb2_grpc.add_RolloutSchedulerServicer_to_server,
+    return ServiceBinding.of(
+        scheduler_pb2, scheduler_pb2_grpc, "RolloutScheduler", SchedulerServicer(manager)
     )
 
 

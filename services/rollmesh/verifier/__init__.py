@@ -38,10 +38,8 @@ def binding(service: VerifierService) -> ServiceBinding:
     from rollmesh.verifier.servicer import VerifierServicer
     from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
 
-    return ServiceBinding(
-        name=verifier_pb2.DESCRIPTOR.services_by_name["EnvironmentVerifier"].full_name,
-        servicer=VerifierServicer(service),
-        add=verifier_pb2_grpc.add_EnvironmentVerifierServicer_to_server,
+    return ServiceBinding.of(
+        verifier_pb2, verifier_pb2_grpc, "EnvironmentVerifier", VerifierServicer(service)
     )
 
 
