@@ -49,7 +49,7 @@ def cpu_seconds(pid: int) -> float:
 
 @asynccontextmanager
 async def spawn(
-    args: list[str], *, env: dict[str, str] | None = None, name: str = "server"
+    args: list[str], *, env: dict[str, str] | None = None, name: str = "server", start_timeout_s: float = 90
 ) -> AsyncIterator[tuple[int, str]]:
     """Run a server that writes its address to ROLLMESH_PORT_FILE; yields (pid, address)."""
     from rollmesh.mesh.server import wait_serving
@@ -72,7 +72,7 @@ async def spawn(
                 cwd=tmp,
             )
         try:
-            async with asyncio.timeout(90):
+            async with asyncio.timeout(start_timeout_s):
                 while not port_file.exists():
                     if proc.returncode is not None:
                         raise RuntimeError(f"{name} exited:\n{log_path.read_text()[-3000:]}")

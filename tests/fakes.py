@@ -13,23 +13,27 @@ so each turn's prompt extends the previous one, as the real gateway does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from rollmesh.mesh.errors import RollmeshError, to_status
+from rollmesh.mesh.multiplex import Item, run_multiplexed
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 Json = dict[str, Any]
+R = TypeVar("R")
 ARITH_RE = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
 
 
@@ -87,16 +91,22 @@ class Faults:
             self._by_method.pop(method, None)
 
     async def check(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        status = await self.injected(method)
+        if status is not None:
+            await context.abort_with_status(rpc_status.to_status(status))
+
+    async def injected(self, method: str) -> status_pb2.Status | None:
+        """Count the call, apply an injected delay; the injected error's Status, if any."""
         self.calls[method] = self.calls.get(method, 0) + 1
         fault = self._by_method.get(method)
         if fault is None or fault.times == 0:
-            return
+            return None
         if fault.times > 0:
             fault.times -= 1
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault.code == grpc.StatusCode.OK:
-            return
+            return None
         self.failed[method] = self.failed.get(method, 0) + 1
         status = status_pb2.Status(code=fault.code.value[0], message=fault.message)
         info = error_details_pb2.ErrorInfo(reason=fault.code.name, domain="rollmesh.dev")
@@ -105,13 +115,26 @@ class Faults:
             d = duration_pb2.Duration()
             d.FromNanoseconds(int(fault.retry_after_s * 1e9))
             status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=d))
-        await context.abort_with_status(rpc_status.to_status(status))
+        return status
+
+
+def _status(code: int, reason: str, message: str) -> status_pb2.Status:
+    status = status_pb2.Status(code=code, message=message)
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain="rollmesh.dev"))
+    return status
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: int, reason: str, message: str) -> None:
-    status = status_pb2.Status(code=code, message=message)
-    status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain="rollmesh.dev"))
-    await context.abort_with_status(rpc_status.to_status(status))
+    await context.abort_with_status(rpc_status.to_status(_status(code, reason, message)))
+
+
+async def _answer_many(
+    items: AsyncIterator[Item[R]],
+) -> AsyncIterator[tuple[str, R | status_pb2.Status]]:
+    """A fake's multiplexed stream (VerifyBatch, GenerateMany): the product's `run_multiplexed`, with
+    work that returns its answer or an injected error's Status (it never raises)."""
+    async for item_id, out in run_multiplexed(items, limit=4096, what="fake"):
+        yield item_id, (to_status(out) if isinstance(out, RollmeshError) else out)
 
 
 async def _unimplemented(context: Any) -> None:
@@ -163,12 +186,38 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: Any
     ) -> gateway_pb2.GenerateResponse:
+        out = await self._answer(request)
+        if isinstance(out, status_pb2.Status):
+            await context.abort_with_status(rpc_status.to_status(out))
+            raise AssertionError("unreachable")
+        return out
+
+    async def GenerateMany(  # type: ignore[override]
+        self, request_iterator: AsyncIterator[gateway_pb2.GenerateManyRequest], context: Any
+    ) -> AsyncIterator[gateway_pb2.GenerateManyResponse]:
+        async def items() -> AsyncIterator[Item[gateway_pb2.GenerateResponse | status_pb2.Status]]:
+            async for req in request_iterator:
+                is_request = req.WhichOneof("item") == "request"
+                yield Item(req.id, functools.partial(self._answer, req.request) if is_request else None)
+
+        async for item_id, out in _answer_many(items()):
+            if isinstance(out, status_pb2.Status):
+                yield gateway_pb2.GenerateManyResponse(id=item_id, error=out)
+            else:
+                yield gateway_pb2.GenerateManyResponse(id=item_id, response=out)
+
+    async def _answer(
+        self, request: gateway_pb2.GenerateRequest
+    ) -> gateway_pb2.GenerateResponse | status_pb2.Status:
+        """The scripted answer, or the Status of an injected fault or a bad request."""
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            await self.faults.check("Generate", context)
+            status = await self.faults.injected("Generate")
+            if status is not None:
+                return status
             if request.sampling.HasField("max_tokens") and request.sampling.max_tokens <= 0:
-                await _abort(context, code_pb2.INVALID_ARGUMENT, "INVALID_SAMPLING", "max_tokens must be > 0")
+                return _status(code_pb2.INVALID_ARGUMENT, "INVALID_SAMPLING", "max_tokens must be > 0")
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
             kept, sent, turn = self.sessions.get(request.session_id, ([], 0, 0))
@@ -320,18 +369,20 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
 
     async def Verify(self, request: verifier_pb2.VerifyRequest, context: Any) -> verifier_pb2.VerifyResponse:
         await self.faults.check("Verify", context)
+        return verifier_pb2.VerifyResponse(result=self._verdict(request))
+
+    @staticmethod
+    def _verdict(request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResult:
         task = json.loads(request.task_json)
         answer = next((m.content for m in reversed(request.response.messages) if m.role == "assistant"), "")
         expected = str(task.get("expected_answer", ""))
         extracted = answer.strip()
         reward = 1.0 if extracted == expected else 0.0
-        return verifier_pb2.VerifyResponse(
-            result=verifier_pb2.VerifyResult(
-                reward=reward,
-                components={"correct": reward},
-                extracted_answer=extracted,
-                details_json=json.dumps({"expected": expected}),
-            )
+        return verifier_pb2.VerifyResult(
+            reward=reward,
+            components={"correct": reward},
+            extracted_answer=extracted,
+            details_json=json.dumps({"expected": expected}),
         )
 
     async def CloseSession(
@@ -347,9 +398,26 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
         await _unimplemented(context)
 
     async def VerifyBatch(  # type: ignore[override]
-        self, request_iterator: Any, context: Any
-    ) -> Any:
-        await _unimplemented(context)
+        self, request_iterator: AsyncIterator[verifier_pb2.VerifyBatchRequest], context: Any
+    ) -> AsyncIterator[verifier_pb2.VerifyBatchResponse]:
+        """Items verified concurrently, answered in completion order; a fault injected on "Verify"
+        applies to each item (its error comes back as that item's Status, the stream goes on)."""
+
+        async def items() -> AsyncIterator[Item[verifier_pb2.VerifyResult | status_pb2.Status]]:
+            async for req in request_iterator:
+                yield Item(req.id, functools.partial(self._verify_item, req.request))
+
+        async for item_id, out in _answer_many(items()):
+            if isinstance(out, status_pb2.Status):
+                yield verifier_pb2.VerifyBatchResponse(id=item_id, error=out)
+            else:
+                yield verifier_pb2.VerifyBatchResponse(id=item_id, result=out)
+
+    async def _verify_item(
+        self, request: verifier_pb2.VerifyRequest
+    ) -> verifier_pb2.VerifyResult | status_pb2.Status:
+        status = await self.faults.injected("Verify")
+        return status if status is not None else self._verdict(request)
 
 
 # ---- sinks -------------------------------------------------------------------------------------

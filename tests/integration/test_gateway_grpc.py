@@ -11,16 +11,21 @@ import pytest_asyncio
 
 from rollmesh.gateway import Gateway, binding
 from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.scheduler.agent import GenerateCall
+from rollmesh.scheduler.remote import Deadlines, GatewayModel
 from rollmesh_client import Client, RollmeshClientError
 from rollmesh_client._gateway import sampling_params
+from rollmesh_client.v1 import gateway_pb2
 from tests.conftest import StartServer
+from tests.fakes import FakeGateway
 
 USER = [{"role": "user", "content": "what is 5+7?"}]
 
 
 class Mesh:
-    def __init__(self, client: Client, backend: FakeBackend, gateway: Gateway) -> None:
-        self.client, self.backend, self.gateway = client, backend, gateway
+    def __init__(self, client: Client, backend: FakeBackend, gateway: Gateway, address: str) -> None:
+        self.client, self.backend, self.gateway, self.address = client, backend, gateway, address
 
 
 @pytest_asyncio.fixture
@@ -31,7 +36,7 @@ async def mesh(start_server: StartServer) -> AsyncIterator[Mesh]:
     server = await start_server([binding(gateway)])
     client = await Client.connect(gateway=server.address, timeout_s=10)
     try:
-        yield Mesh(client, backend, gateway)
+        yield Mesh(client, backend, gateway, server.address)
     finally:
         await client.close()
         await gateway.shutdown()
@@ -92,6 +97,11 @@ async def test_deadline_propagates(mesh: Mesh) -> None:
     with pytest.raises(RollmeshClientError) as exc:
         await mesh.client.gateway.generate(USER, request_id="late", timeout_s=0.5)
     assert exc.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@pytest.fixture
+def server_address(mesh: Mesh) -> str:
+    return mesh.address
 
 
 @pytest.mark.parametrize(
@@ -155,3 +165,95 @@ async def test_admin_rpcs(mesh: Mesh) -> None:
     with pytest.raises(RollmeshClientError) as exc:
         await gw.register_route("job-1", target_model="missing")
     assert (exc.value.code, exc.value.reason) == (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND")
+
+
+# ---- GenerateMany: many generations over one stream (what the scheduler uses) ------------------
+
+
+def _turn_call(i: int, **sampling: object) -> GenerateCall:
+    return GenerateCall(
+        model="",
+        messages=[{"role": "user", "content": f"what is {i}+1?"}],
+        tools=[],
+        sampling={"temperature": 0, **sampling},
+        session_id="",
+        request_id=f"many-{i}",
+    )
+
+
+async def test_generate_many_answers_each_call_over_one_stream(mesh: Mesh, server_address: str) -> None:
+    model = GatewayModel.connect(server_address)
+    try:
+        turns = await asyncio.gather(*(model.generate(_turn_call(i)) for i in range(100)))
+    finally:
+        await model.close()
+    assert [t.message["content"] for t in turns] == [f"what is {i}+1?" for i in range(100)]
+    assert all(t.output_token_ids and t.finish_reason == "stop" for t in turns)
+    assert mesh.gateway.running_requests() == []
+
+
+async def test_generate_many_item_errors_keep_code_and_reason(mesh: Mesh, server_address: str) -> None:
+    model = GatewayModel.connect(server_address)
+    try:
+        with pytest.raises(RollmeshClientError) as exc:
+            await model.generate(_turn_call(1, max_tokens=0))
+        assert (exc.value.code, exc.value.reason) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_SAMPLING_PARAMS",
+        )
+        assert exc.value.metadata["field"] == "sampling.max_tokens"
+        mesh.backend.down, mesh.backend.retry_after_s = True, 2.0
+        with pytest.raises(RollmeshClientError) as down:
+            await model.generate(_turn_call(2))
+        assert down.value.code == grpc.StatusCode.UNAVAILABLE and down.value.retry_after_s == 2.0
+        mesh.backend.down = False
+        assert (await model.generate(_turn_call(3))).finish_reason == "stop"  # the stream went on
+    finally:
+        await model.close()
+
+
+async def test_generate_many_cancel_and_deadline_abort_the_engine_request(
+    mesh: Mesh, server_address: str
+) -> None:
+    mesh.backend.token_latency_s = 60
+    model = GatewayModel.connect(server_address, deadlines=Deadlines(generate_s=0.5))
+    try:
+        with pytest.raises(RollmeshClientError) as exc:
+            await model.generate(_turn_call(7))
+        assert exc.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        await mesh.backend.wait_aborted("many-7")
+        model.deadlines = Deadlines()
+        task = asyncio.create_task(model.generate(_turn_call(8)))
+        await mesh.backend.wait_running("many-8")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await mesh.backend.wait_aborted("many-8")
+    finally:
+        await model.close()
+    assert mesh.gateway.running_requests() == []
+
+
+async def test_a_gateway_without_generate_many_gets_unary_generate(start_server: StartServer) -> None:
+    """An older gateway serves only unary Generate (GenerateMany is UNIMPLEMENTED): calls fall back."""
+    fake = FakeGateway()
+
+    def add_generate_only(servicer: FakeGateway, server: grpc.aio.Server) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(
+            servicer.Generate,
+            request_deserializer=gateway_pb2.GenerateRequest.FromString,
+            response_serializer=gateway_pb2.GenerateResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("rollmesh.v1.ModelGateway", {"Generate": handler}),)
+        )
+
+    server = await start_server([ServiceBinding("rollmesh.v1.ModelGateway", fake, add_generate_only)])
+    model = GatewayModel.connect(server.address)
+    try:
+        turns = await asyncio.gather(*(model.generate(_turn_call(i)) for i in range(3)))
+        assert len(turns) == 3 and fake.generated == 3
+        assert (await model.generate(_turn_call(4))).finish_reason == "stop"
+    finally:
+        await model.close()
+    assert fake.generated == 4

@@ -79,7 +79,13 @@ async def backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Ray
 
 
 def _request(
-    b: RayServeBackend, *, session: str = "", max_tokens: int = 24, ignore_eos: bool = False, seed: int = 7
+    b: RayServeBackend,
+    *,
+    session: str = "",
+    max_tokens: int = 24,
+    ignore_eos: bool = False,
+    seed: int = 7,
+    stream: bool = True,
 ) -> EngineRequest:
     assert b.tokenizer is not None
     ids = b.tokenizer.encode(PROMPT)
@@ -90,6 +96,7 @@ def _request(
         ),
         prompt_token_ids=tuple(ids),
         session_id=session,
+        stream=stream,
     )
 
 
@@ -179,6 +186,32 @@ async def test_abort_reaches_the_replica(backend: RayServeBackend) -> None:
     assert produced < 240
     assert await backend.abort(req.request_id) is False  # no longer running
     assert await backend.abort("never-started") is False
+
+
+async def test_whole_output_mode_is_one_chunk_with_the_streamed_tokens(backend: RayServeBackend) -> None:
+    """Unary Generate asks for the whole output (`stream=False`): an empty chunk naming the replica,
+    then one chunk with every token and logprob, the same as streaming them with the same seed."""
+    streamed = await _collect(backend, _request(backend, max_tokens=40, ignore_eos=True, seed=3))
+    whole = await _collect(backend, _request(backend, max_tokens=40, ignore_eos=True, seed=3, stream=False))
+    assert len(whole) == 2, [len(c.token_ids) for c in whole]
+    head, body = whole
+    assert head.replica_id and not head.token_ids and head.finish_reason is None
+    assert body.finish_reason == "length" and body.replica_id == head.replica_id
+    assert list(body.token_ids) == [t for c in streamed for t in c.token_ids]
+    assert len(body.logprobs) == 40
+    assert body.logprobs == pytest.approx([lp for c in streamed for lp in c.logprobs], abs=1e-4)
+    assert body.text == "".join(c.text for c in streamed)
+
+
+async def test_abort_reaches_the_replica_in_whole_output_mode(backend: RayServeBackend) -> None:
+    req = _request(backend, max_tokens=240, ignore_eos=True, stream=False)
+    stream = backend.generate(req)
+    head = await anext(stream)
+    assert head.replica_id and head.finish_reason is None
+    assert await backend.abort(req.request_id) is True
+    rest = [c async for c in stream]
+    assert rest and rest[-1].finish_reason == "abort"
+    assert sum(len(c.token_ids) for c in rest) < 240
 
 
 async def test_cancelling_the_iteration_aborts_the_engine_request(backend: RayServeBackend) -> None:

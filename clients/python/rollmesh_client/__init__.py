@@ -15,6 +15,7 @@ from rollmesh_client._errors import (
     UnauthenticatedError,
     UnavailableError,
     from_grpc_error,
+    from_status,
 )
 from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient
@@ -45,4 +46,5 @@ __all__ = [
     "aio_channel",
     "default_address",
     "from_grpc_error",
+    "from_status",
 ]

@@ -1,7 +1,8 @@
 """Client-side errors: one class per gRPC status code, with the ErrorInfo reason and metadata.
 
 `from_grpc_error` turns an `AioRpcError` (or sync `RpcError`) into the matching class, unpacking
-the `google.rpc.Status` details the servers attach.
+the `google.rpc.Status` details the servers attach; `from_status` does the same for a Status carried
+inside a message (the per-item errors of VerifyBatch).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 
@@ -95,13 +96,26 @@ def from_grpc_error(exc: grpc.RpcError) -> RollmeshClientError:
     """The typed error for a failed RPC, with ErrorInfo reason/metadata and RetryInfo when present."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     message = (exc.details() if hasattr(exc, "details") else "") or str(code)
-    reason, metadata, retry = "", {}, None
     try:
         status = rpc_status.from_call(exc) if isinstance(exc, grpc.Call) else None
     except ValueError:
         status = None
     if status is None and isinstance(exc, grpc.aio.AioRpcError):
         status = _status_from_aio(exc)
+    return _typed(code, message, status)
+
+
+def from_status(status: status_pb2.Status) -> RollmeshClientError:
+    """The typed error for a `google.rpc.Status` carried in a message (a per-item error of a stream)."""
+    code = _CODES.get(status.code, grpc.StatusCode.UNKNOWN)
+    return _typed(code, status.message or str(code), status)
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _typed(code: grpc.StatusCode, message: str, status: status_pb2.Status | None) -> RollmeshClientError:
+    reason, metadata, retry = "", {}, None
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
             info = error_details_pb2.ErrorInfo()
@@ -115,9 +129,7 @@ def from_grpc_error(exc: grpc.RpcError) -> RollmeshClientError:
     return cls(message, code=code, reason=reason, metadata=metadata, retry_after_s=retry)
 
 
-def _status_from_aio(exc: grpc.aio.AioRpcError) -> Any:
-    from google.rpc import status_pb2
-
+def _status_from_aio(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
     for key, value in exc.trailing_metadata() or ():
         if key == "grpc-status-details-bin" and isinstance(value, bytes):
             return status_pb2.Status.FromString(value)

@@ -64,6 +64,7 @@ def sampling_params(
     stop: Sequence[str] = (),
     seed: int | None = None,
     logprobs: bool | None = None,
+    ignore_eos: bool | None = None,
 ) -> cpb.SamplingParams:
     s = cpb.SamplingParams(stop=list(stop))
     if temperature is not None:
@@ -78,6 +79,8 @@ def sampling_params(
         s.seed = seed
     if logprobs is not None:
         s.logprobs = logprobs
+    if ignore_eos is not None:
+        s.ignore_eos = ignore_eos
     return s
 
 

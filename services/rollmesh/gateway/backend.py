@@ -40,6 +40,9 @@ class EngineRequest:
     tools: tuple[dict[str, Any], ...] = ()
     # Replica affinity: requests of one session should land on one replica.
     session_id: str = ""
+    # The caller consumes deltas as they come (GenerateStream). False (unary Generate): only the
+    # whole output matters, and a backend may deliver it in one chunk (fewer hops per token).
+    stream: bool = True
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ def sampling_from_pb(s: cpb.SamplingParams) -> SamplingInput:
         stop=tuple(s.stop),
         seed=s.seed if s.HasField("seed") else None,
         logprobs=s.logprobs if s.HasField("logprobs") else False,
+        ignore_eos=s.ignore_eos if s.HasField("ignore_eos") else False,
     )
 
 

@@ -108,6 +108,7 @@ def validate_sampling(
         stop=tuple(x for x in s.stop if x),
         seed=s.seed,
         logprobs=s.logprobs,
+        ignore_eos=s.ignore_eos,
     )
 
 
@@ -335,7 +336,7 @@ class Gateway:
 
     # -- generation --------------------------------------------------------------------------
 
-    def _prepare(self, m: _Model, inp: GenerateInput, rid: str) -> _Prepared:
+    def _prepare(self, m: _Model, inp: GenerateInput, rid: str, *, stream: bool = True) -> _Prepared:
         if inp.messages and inp.prompt_token_ids:
             raise errors.InvalidGenerateRequest(
                 "give messages or prompt_token_ids, not both", metadata={"field": "prompt_token_ids"}
@@ -367,6 +368,7 @@ class Gateway:
                 messages=tuple(x.to_template() for x in inp.messages),
                 tools=tuple(t.to_openai() for t in inp.tools),
                 session_id=inp.session_id,
+                stream=stream,
             )
             return _Prepared(req, (), 0)
         previous = self.sessions.get(inp.session_id) if inp.session_id else None
@@ -386,7 +388,7 @@ class Gateway:
             default_max_tokens=self.default_max_tokens,
         )
         req = EngineRequest(
-            request_id=rid, sampling=sampling, prompt_token_ids=ids, session_id=inp.session_id
+            request_id=rid, sampling=sampling, prompt_token_ids=ids, session_id=inp.session_id, stream=stream
         )
         return _Prepared(req, ids, reused)
 
@@ -407,18 +409,20 @@ class Gateway:
                 w.cancel()
 
     async def generate(self, inp: GenerateInput, *, timeout_s: float | None = None) -> GenerateResult:
-        async with contextlib.aclosing(self.generate_stream(inp, timeout_s=timeout_s)) as stream:
+        gen = self.generate_stream(inp, timeout_s=timeout_s, deltas=False)
+        async with contextlib.aclosing(gen) as stream:
             async for item in stream:
                 if isinstance(item, GenerateResult):
                     return item
         raise AssertionError("generate_stream ended without a result")  # pragma: no cover
 
     async def generate_stream(
-        self, inp: GenerateInput, *, timeout_s: float | None = None
+        self, inp: GenerateInput, *, timeout_s: float | None = None, deltas: bool = True
     ) -> AsyncGenerator[StreamDelta | GenerateResult, None]:
         """Deltas as the backend produces them, then one `GenerateResult`. Cancelling the iteration
         (client cancel) or `abort(request_id)` aborts the engine request; `timeout_s` bounds the
-        wait while paused and the whole generation."""
+        wait while paused and the whole generation. `deltas=False`: the caller only wants the result,
+        so the backend may deliver the output in one chunk."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
         m = self._resolve(inp.model)
@@ -427,7 +431,7 @@ class Gateway:
             raise errors.DuplicateRequestId(
                 f"request_id {rid!r} is already running", metadata={"request_id": rid}
             )
-        prepared = self._prepare(m, inp, rid)
+        prepared = self._prepare(m, inp, rid, stream=deltas)
         flight = _Flight(m)
         self._flights[rid] = flight
         try:

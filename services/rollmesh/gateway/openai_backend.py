@@ -138,6 +138,8 @@ class OpenAIBackend(ModelBackend):
             body["logprobs"] = True
         if s.top_k > 0:
             body["top_k"] = s.top_k  # vLLM extension
+        if s.ignore_eos:
+            body["ignore_eos"] = True  # vLLM extension
         if self._request_token_ids:
             body["return_token_ids"] = True  # vLLM extension: prompt_token_ids + per-choice token_ids
         if request.session_id:

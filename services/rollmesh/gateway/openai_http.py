@@ -148,6 +148,7 @@ def _sampling(body: dict[str, Any], max_key: tuple[str, ...]) -> SamplingInput:
         stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
         seed=int(seed) if isinstance(seed, int) else None,
         logprobs=bool(body.get("logprobs")),
+        ignore_eos=bool(body.get("ignore_eos")),  # vLLM's extension of the OpenAI API
     )
 
 

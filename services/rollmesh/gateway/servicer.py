@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.types import GenerateResult
+from rollmesh.mesh.errors import to_status
+from rollmesh.mesh.multiplex import Item, run_multiplexed
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
+
+# Generations one GenerateMany stream may run at once; past it, reading the stream waits (flow control
+# then slows the caller).
+MANY_CONCURRENCY = 4096
 
 
 def _timeout(context: Any) -> float | None:
@@ -37,6 +44,24 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
                     return
         finally:
             await stream.aclose()
+
+    async def GenerateMany(
+        self, request_iterator: AsyncIterator[pb.GenerateManyRequest], context: Any
+    ) -> AsyncIterator[pb.GenerateManyResponse]:
+        async def items() -> AsyncIterator[Item[GenerateResult]]:
+            async for req in request_iterator:
+                if req.WhichOneof("item") == "request":
+                    inp = convert.generate_from_pb(req.request)
+                    timeout = req.timeout_s if req.timeout_s > 0 else None
+                    yield Item(req.id, functools.partial(self._gw.generate, inp, timeout_s=timeout))
+                elif req.cancel:
+                    yield Item(req.id)
+
+        async for item_id, outcome in run_multiplexed(items(), limit=MANY_CONCURRENCY, what="generate"):
+            if isinstance(outcome, GenerateResult):
+                yield pb.GenerateManyResponse(id=item_id, response=convert.result_to_pb(outcome))
+            else:
+                yield pb.GenerateManyResponse(id=item_id, error=to_status(outcome))
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()

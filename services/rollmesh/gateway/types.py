@@ -90,6 +90,7 @@ class SamplingInput:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
-"""Small asyncio helpers every service uses: a set of kept background tasks."""
+"""Small asyncio helpers every service uses: a set of kept background tasks, and a thread that lives
+as long as the process for blocking calls whose side effects belong to the calling thread."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import queue
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -29,3 +33,38 @@ class TaskSet:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class ProcessLifetimeThread:
+    """Runs blocking calls, one at a time, on one daemon thread that lives until the process exits.
+
+    `asyncio.to_thread` is wrong for a call that starts child processes tied to the *calling thread*:
+    Ray starts its GCS and raylet with `PR_SET_PDEATHSIG`, which the kernel fires when the thread that
+    spawned them exits, and the default executor's threads exit when `asyncio.run` ends (or after an
+    exception unwinds it) while the process lives on: the local cluster would be SIGKILLed under it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _loop(self) -> None:
+        while True:
+            fn, fut = self._jobs.get()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # delivered to the awaiting caller
+                fut.set_exception(exc)
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+        fut: Future[T] = Future()
+        self._jobs.put((lambda: fn(*args, **kwargs), fut))
+        return await asyncio.wrap_future(fut)

@@ -1,7 +1,10 @@
 """The agent loop's ports over gRPC: the ModelGateway and the EnvironmentVerifier.
 
-One channel per target (`rollmesh_client.aio_channel`), a deadline on every RPC, and errors as the
+One channel per target (`rollmesh_client.aio_channel`), a deadline on every call, and errors as the
 SDK's typed classes (`from_grpc_error`), which carry the code the retry policy classifies.
+Generate and Verify calls go over one long-lived stream each (`GenerateMany`, `VerifyBatch`; see
+mux.py): a stream message costs both ends a fraction of a unary RPC. A gateway without GenerateMany
+(UNIMPLEMENTED) is called with unary `Generate` instead.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ import grpc
 
 from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn, Verdict
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb
-from rollmesh_client import AlreadyExistsError, NotFoundError, aio_channel, from_grpc_error
+from rollmesh.scheduler.mux import Multiplexed
+from rollmesh_client import (
+    AlreadyExistsError,
+    NotFoundError,
+    RollmeshClientError,
+    aio_channel,
+    from_grpc_error,
+    from_status,
+)
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 R = TypeVar("R")
@@ -73,6 +84,18 @@ def sampling_to_pb(s: Json) -> common_pb2.SamplingParams:
     return msg
 
 
+def _generate_answer(
+    resp: gateway_pb2.GenerateManyResponse,
+) -> tuple[str, gateway_pb2.GenerateResponse | RollmeshClientError]:
+    return resp.id, (from_status(resp.error) if resp.HasField("error") else resp.response)
+
+
+def _verify_answer(
+    resp: verifier_pb2.VerifyBatchResponse,
+) -> tuple[str, verifier_pb2.VerifyResult | RollmeshClientError]:
+    return resp.id, (from_status(resp.error) if resp.HasField("error") else resp.result)
+
+
 class GatewayModel:
     """ModelPort over the ModelGateway."""
 
@@ -80,6 +103,18 @@ class GatewayModel:
         self.channel = channel
         self.stub = gateway_pb2_grpc.ModelGatewayStub(channel)
         self.deadlines = deadlines or Deadlines()
+        self._many: Multiplexed[
+            gateway_pb2.GenerateManyRequest, gateway_pb2.GenerateManyResponse, gateway_pb2.GenerateResponse
+        ] = Multiplexed(
+            self.stub.GenerateMany,
+            make_item=lambda i, req, deadline_s: gateway_pb2.GenerateManyRequest(
+                id=i, request=req, timeout_s=deadline_s
+            ),
+            make_cancel=lambda i: gateway_pb2.GenerateManyRequest(id=i, cancel=True),
+            read_answer=_generate_answer,
+            what="Generate",
+        )
+        self._unary_only = False  # the gateway has no GenerateMany
 
     @classmethod
     def connect(
@@ -96,7 +131,7 @@ class GatewayModel:
             session_id=call.session_id,
             request_id=call.request_id,
         )
-        resp: gateway_pb2.GenerateResponse = await _call(self.stub.Generate, req, self.deadlines.generate_s)
+        resp = await self._generate(req)
         return Turn(
             message=message_from_pb(resp.message),
             prompt_token_ids=list(resp.prompt_token_ids),
@@ -110,11 +145,23 @@ class GatewayModel:
             reused_prefix_tokens=int(resp.reused_prefix_tokens),
         )
 
+    async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
+        if not self._unary_only:
+            try:
+                return await self._many.call(req, self.deadlines.generate_s)
+            except RollmeshClientError as exc:
+                if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._unary_only = True
+        resp: gateway_pb2.GenerateResponse = await _call(self.stub.Generate, req, self.deadlines.generate_s)
+        return resp
+
     async def close_session(self, session_id: str) -> None:
         req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
         await _call(self.stub.CloseSession, req, self.deadlines.session_s)
 
     async def close(self) -> None:
+        await self._many.close()
         await self.channel.close()
 
 
@@ -125,6 +172,14 @@ class VerifierEnv:
         self.channel = channel
         self.stub = verifier_pb2_grpc.EnvironmentVerifierStub(channel)
         self.deadlines = deadlines or Deadlines()
+        self._batch: Multiplexed[
+            verifier_pb2.VerifyBatchRequest, verifier_pb2.VerifyBatchResponse, verifier_pb2.VerifyResult
+        ] = Multiplexed(
+            self.stub.VerifyBatch,
+            make_item=lambda i, req, _deadline_s: verifier_pb2.VerifyBatchRequest(id=i, request=req),
+            read_answer=_verify_answer,
+            what="Verify",
+        )
 
     @classmethod
     def connect(
@@ -171,8 +226,7 @@ class VerifierEnv:
             response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in messages]),
             session_id=session_id,
         )
-        resp: verifier_pb2.VerifyResponse = await _call(self.stub.Verify, req, self.deadlines.verify_s)
-        r = resp.result
+        r = await self._batch.call(req, self.deadlines.verify_s)
         return Verdict(
             reward=r.reward,
             components=dict(r.components),
@@ -193,4 +247,5 @@ class VerifierEnv:
         return EnvDescription(tools=[tool_from_pb(t) for t in resp.tools], stateless=resp.stateless)
 
     async def close(self) -> None:
+        await self._batch.close()
         await self.channel.close()

@@ -113,21 +113,23 @@ class RayServeBackend(ModelBackend):
             raise InvalidArgument("the Ray Serve backend needs prompt_token_ids")
         avoid = ""
         for attempt in (1, 2):
-            streamed = completed = False
+            routed = streamed = completed = False
             stream = handle.options(stream=True).generate.remote(
                 request_id=request.request_id,
                 prompt_token_ids=list(request.prompt_token_ids),
                 sampling=request.sampling,
                 session_id=request.session_id,
                 avoid_replica=avoid,
+                stream=request.stream,
             )
             self._streams[request.request_id] = stream
             try:
                 async for chunk in stream:
-                    if not streamed:
+                    if not routed:
                         self._where[request.request_id] = chunk.replica_id
                         self._note_session(request.session_id, chunk.replica_id)
-                        streamed = True
+                        routed = True
+                    streamed = streamed or bool(chunk.token_ids or chunk.text or chunk.finish_reason)
                     yield chunk
                 completed = True
                 return

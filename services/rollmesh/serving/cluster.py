@@ -6,6 +6,8 @@ small object store, logical CPUs = what the replicas need or the machine's count
 replicas go wherever the cluster has room: that is how serving scales past one machine.
 
 Every Ray and Serve call here is blocking, so each runs in a worker thread, never on the loop.
+`ray.init`/`ray.shutdown` run on one thread that lives as long as the process (`ProcessLifetimeThread`):
+Ray ties its local GCS and raylet to the thread that started them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rollmesh.mesh.aio import ProcessLifetimeThread
 from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.config import ServingConfig
@@ -26,6 +29,8 @@ log = get_logger(__name__)
 _REPLICA_PREFIX = "SERVE_REPLICA::"
 _SERVE_NAMESPACE = "serve"
 _POLL_S = 1.0
+# Ray's lifecycle calls, for every ServingCluster of the process (one Ray per process).
+_RAY_THREAD = ProcessLifetimeThread("rollmesh-ray")
 
 
 class ServingStartupError(Unavailable):
@@ -66,7 +71,7 @@ class ServingCluster:
 
     async def start(self) -> Any:
         t0 = time.monotonic()
-        await asyncio.to_thread(self._init_ray)
+        await _RAY_THREAD.run(self._init_ray)
         t1 = time.monotonic()
         self._handle = await self._deploy()
         t2 = time.monotonic()
@@ -182,8 +187,8 @@ class ServingCluster:
             await asyncio.to_thread(serve.delete, self.config.app_name)
         finally:
             if self._owns_ray:
-                await asyncio.to_thread(serve.shutdown)
-                await asyncio.to_thread(ray.shutdown)
+                await _RAY_THREAD.run(serve.shutdown)
+                await _RAY_THREAD.run(ray.shutdown)
                 self._owns_ray = False
         self._handle = None
         log.info("serving_stopped", app=self.config.app_name)

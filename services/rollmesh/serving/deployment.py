@@ -68,7 +68,7 @@ def replica_env(config: ServingConfig) -> dict[str, str]:
     return env
 
 
-def _sampling_params(sampling: Sampling) -> Any:
+def _sampling_params(sampling: Sampling, *, deltas: bool = True) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -82,7 +82,7 @@ def _sampling_params(sampling: Sampling) -> Any:
         ignore_eos=sampling.ignore_eos,
         # 0 = only the sampled token's logprob (vLLM always includes the sampled token).
         logprobs=0 if sampling.logprobs else None,
-        output_kind=RequestOutputKind.DELTA,
+        output_kind=RequestOutputKind.DELTA if deltas else RequestOutputKind.FINAL_ONLY,
     )
 
 
@@ -128,8 +128,13 @@ class VLLMReplica:
         sampling: Sampling,
         session_id: str = "",
         avoid_replica: str = "",
+        stream: bool = True,
     ) -> AsyncIterator[EngineChunk]:
-        """Stream deltas for one prompt; the last chunk has `finish_reason`."""
+        """Stream deltas for one prompt; the last chunk has `finish_reason`.
+
+        `stream=False` (unary Generate): an empty chunk at once (it tells the caller which replica
+        runs the request, for abort), then the whole output in one chunk: every chunk is a Ray object
+        sent between processes, and one per engine step costs more than the step itself."""
         del session_id, avoid_replica  # routing hints, read by the router
         from vllm.inputs import TokensPrompt
 
@@ -137,12 +142,12 @@ class VLLMReplica:
 
         async def pump() -> None:
             try:
-                stream = self._engine.generate(
+                outputs = self._engine.generate(
                     TokensPrompt(prompt_token_ids=list(prompt_token_ids)),
-                    _sampling_params(sampling),
+                    _sampling_params(sampling, deltas=stream),
                     request_id,
                 )
-                async for out in stream:
+                async for out in outputs:
                     queue.put_nowait(self._chunk(out))
                 queue.put_nowait(_DONE)
             except Exception as exc:  # handed to the consumer, which re-raises it
@@ -152,6 +157,8 @@ class VLLMReplica:
         self._running.add(request_id)
         task = asyncio.create_task(pump(), name=f"vllm-{request_id}")
         try:
+            if not stream:
+                yield EngineChunk(replica_id=self._replica_id)
             while True:
                 items = [await queue.get()]
                 while not queue.empty():

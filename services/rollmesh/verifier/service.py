@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from typing import Any
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import Internal, RollmeshError
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.multiplex import Item, run_multiplexed
 from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.environment import (
@@ -261,48 +263,11 @@ class VerifierService:
         A per-item failure is yielded as its error; only a failing input stream ends the output.
         A slow reader slows intake: a slot frees only when its result has been taken.
         """
+
+        async def items() -> AsyncIterator[Item[VerifyResult]]:
+            async for item_id, call in calls:
+                yield Item(item_id, functools.partial(self.verify, call))
+
         limit = concurrency or self.config.batch_concurrency
-        slots = asyncio.Semaphore(limit)
-        done: asyncio.Queue[tuple[str, VerifyResult | RollmeshError] | None] = asyncio.Queue(limit + 1)
-        inflight: set[asyncio.Task[None]] = set()
-        reader_error: list[BaseException] = []
-
-        async def one(item_id: str, call: VerifyCall) -> None:
-            try:
-                res: VerifyResult | RollmeshError = await self.verify(call)
-            except RollmeshError as exc:
-                res = exc
-            except Exception as exc:
-                log.error("verify_item_failed", id=item_id, exc_info=exc)
-                res = Internal(f"verify failed: {type(exc).__name__}")
-            await done.put((item_id, res))
-
-        async def read() -> None:
-            try:
-                async for item_id, call in calls:
-                    await slots.acquire()
-                    task = asyncio.create_task(one(item_id, call))
-                    inflight.add(task)
-                    task.add_done_callback(inflight.discard)
-                if inflight:
-                    await asyncio.wait(list(inflight))
-            except Exception as exc:
-                reader_error.append(exc)
-            finally:
-                await done.put(None)
-
-        reader = asyncio.create_task(read(), name="verify-batch-reader")
-        try:
-            while True:
-                got = await done.get()
-                if got is None:
-                    break
-                yield got
-                slots.release()
-            if reader_error:
-                raise reader_error[0]
-        finally:
-            reader.cancel()
-            for task in list(inflight):
-                task.cancel()
-            await asyncio.gather(reader, *inflight, return_exceptions=True)
+        async for got in run_multiplexed(items(), limit=limit, what="verify"):
+            yield got

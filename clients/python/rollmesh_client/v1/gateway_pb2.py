@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from rollmesh_client.v1 import common_pb2 as rollmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rollmesh/v1/gateway.proto\x12\x0brollmesh.v1\x1a\x18rollmesh/v1/common.proto\"\xe3\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12$\n\x05tools\x18\x04 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.rollmesh.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\xaa\x02\n\x10GenerateResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x18\n\x10output_token_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.rollmesh.v1.Usage\x12\x12\n\nreplica_id\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x1c\n\x14reused_prefix_tokens\x18\x0b \x01(\x05\"\x7f\n\x16GenerateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12,\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponse\"\xa9\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12*\n\x08replicas\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.ReplicaInfo\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\t\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x12\n\nis_default\x18\x07 \x01(\x08\"W\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x10\n\x08sessions\x18\x04 \x01(\x05\":\n\x11ListModelsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.rollmesh.v1.ModelInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"0\n\x1a\x43loseGatewaySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"-\n\x1b\x43loseGatewaySessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"9\n\x17SetPolicyVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"4\n\x18SetPolicyVersionResponse\x12\x18\n\x10previous_version\x18\x01 \x01(\t\"\'\n\x16PauseGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x19\n\x17PauseGenerationResponse\"(\n\x17ResumeGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x1a\n\x18ResumeGenerationResponse\"b\n\x14RegisterRouteRequest\x12\r\n\x05route\x18\x01 \x01(\t\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\">\n\x15RegisterRouteResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.rollmesh.v1.ModelInfo2\x98\x06\n\x0cModelGateway\x12G\n\x08Generate\x12\x1c.rollmesh.v1.GenerateRequest\x1a\x1d.rollmesh.v1.GenerateResponse\x12U\n\x0eGenerateStream\x12\x1c.rollmesh.v1.GenerateRequest\x1a#.rollmesh.v1.GenerateStreamResponse0\x01\x12M\n\nListModels\x12\x1e.rollmesh.v1.ListModelsRequest\x1a\x1f.rollmesh.v1.ListModelsResponse\x12>\n\x05\x41\x62ort\x12\x19.rollmesh.v1.AbortRequest\x1a\x1a.rollmesh.v1.AbortResponse\x12\x61\n\x0c\x43loseSession\x12\'.rollmesh.v1.CloseGatewaySessionRequest\x1a(.rollmesh.v1.CloseGatewaySessionResponse\x12_\n\x10SetPolicyVersion\x12$.rollmesh.v1.SetPolicyVersionRequest\x1a%.rollmesh.v1.SetPolicyVersionResponse\x12\\\n\x0fPauseGeneration\x12#.rollmesh.v1.PauseGenerationRequest\x1a$.rollmesh.v1.PauseGenerationResponse\x12_\n\x10ResumeGeneration\x12$.rollmesh.v1.ResumeGenerationRequest\x1a%.rollmesh.v1.ResumeGenerationResponse\x12V\n\rRegisterRoute\x12!.rollmesh.v1.RegisterRouteRequest\x1a\".rollmesh.v1.RegisterRouteResponseB\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rollmesh/v1/gateway.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\xe3\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12$\n\x05tools\x18\x04 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.rollmesh.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\xaa\x02\n\x10GenerateResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x18\n\x10output_token_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.rollmesh.v1.Usage\x12\x12\n\nreplica_id\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x1c\n\x14reused_prefix_tokens\x18\x0b \x01(\x05\"\x7f\n\x13GenerateManyRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1c.rollmesh.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x42\x06\n\x04item\"\x85\x01\n\x14GenerateManyResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x42\t\n\x07outcome\"\x7f\n\x16GenerateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12,\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponse\"\xa9\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12*\n\x08replicas\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.ReplicaInfo\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\t\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x12\n\nis_default\x18\x07 \x01(\x08\"W\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x10\n\x08sessions\x18\x04 \x01(\x05\":\n\x11ListModelsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.rollmesh.v1.ModelInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"0\n\x1a\x43loseGatewaySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"-\n\x1b\x43loseGatewaySessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"9\n\x17SetPolicyVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"4\n\x18SetPolicyVersionResponse\x12\x18\n\x10previous_version\x18\x01 \x01(\t\"\'\n\x16PauseGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x19\n\x17PauseGenerationResponse\"(\n\x17ResumeGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x1a\n\x18ResumeGenerationResponse\"b\n\x14RegisterRouteRequest\x12\r\n\x05route\x18\x01 \x01(\t\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\">\n\x15RegisterRouteResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.rollmesh.v1.ModelInfo2\xf1\x06\n\x0cModelGateway\x12G\n\x08Generate\x12\x1c.rollmesh.v1.GenerateRequest\x1a\x1d.rollmesh.v1.GenerateResponse\x12U\n\x0eGenerateStream\x12\x1c.rollmesh.v1.GenerateRequest\x1a#.rollmesh.v1.GenerateStreamResponse0\x01\x12W\n\x0cGenerateMany\x12 .rollmesh.v1.GenerateManyRequest\x1a!.rollmesh.v1.GenerateManyResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.rollmesh.v1.ListModelsRequest\x1a\x1f.rollmesh.v1.ListModelsResponse\x12>\n\x05\x41\x62ort\x12\x19.rollmesh.v1.AbortRequest\x1a\x1a.rollmesh.v1.AbortResponse\x12\x61\n\x0c\x43loseSession\x12\'.rollmesh.v1.CloseGatewaySessionRequest\x1a(.rollmesh.v1.CloseGatewaySessionResponse\x12_\n\x10SetPolicyVersion\x12$.rollmesh.v1.SetPolicyVersionRequest\x1a%.rollmesh.v1.SetPolicyVersionResponse\x12\\\n\x0fPauseGeneration\x12#.rollmesh.v1.PauseGenerationRequest\x1a$.rollmesh.v1.PauseGenerationResponse\x12_\n\x10ResumeGeneration\x12$.rollmesh.v1.ResumeGenerationRequest\x1a%.rollmesh.v1.ResumeGenerationResponse\x12V\n\rRegisterRoute\x12!.rollmesh.v1.RegisterRouteRequest\x1a\".rollmesh.v1.RegisterRouteResponseB\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,44 +34,48 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollmesh_client.v1.gateway_
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001'
-  _globals['_GENERATEREQUEST']._serialized_start=69
-  _globals['_GENERATEREQUEST']._serialized_end=296
-  _globals['_GENERATERESPONSE']._serialized_start=299
-  _globals['_GENERATERESPONSE']._serialized_end=597
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=599
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=726
-  _globals['_MODELINFO']._serialized_start=729
-  _globals['_MODELINFO']._serialized_end=898
-  _globals['_REPLICAINFO']._serialized_start=900
-  _globals['_REPLICAINFO']._serialized_end=987
-  _globals['_LISTMODELSREQUEST']._serialized_start=989
-  _globals['_LISTMODELSREQUEST']._serialized_end=1047
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1049
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1134
-  _globals['_ABORTREQUEST']._serialized_start=1136
-  _globals['_ABORTREQUEST']._serialized_end=1170
-  _globals['_ABORTRESPONSE']._serialized_start=1172
-  _globals['_ABORTRESPONSE']._serialized_end=1204
-  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_start=1206
-  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_end=1254
-  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_start=1256
-  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_end=1301
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=1303
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=1360
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=1362
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=1414
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=1416
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1455
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1457
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1482
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1484
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1524
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1526
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1552
-  _globals['_REGISTERROUTEREQUEST']._serialized_start=1554
-  _globals['_REGISTERROUTEREQUEST']._serialized_end=1652
-  _globals['_REGISTERROUTERESPONSE']._serialized_start=1654
-  _globals['_REGISTERROUTERESPONSE']._serialized_end=1716
-  _globals['_MODELGATEWAY']._serialized_start=1719
-  _globals['_MODELGATEWAY']._serialized_end=2511
+  _globals['_GENERATEREQUEST']._serialized_start=94
+  _globals['_GENERATEREQUEST']._serialized_end=321
+  _globals['_GENERATERESPONSE']._serialized_start=324
+  _globals['_GENERATERESPONSE']._serialized_end=622
+  _globals['_GENERATEMANYREQUEST']._serialized_start=624
+  _globals['_GENERATEMANYREQUEST']._serialized_end=751
+  _globals['_GENERATEMANYRESPONSE']._serialized_start=754
+  _globals['_GENERATEMANYRESPONSE']._serialized_end=887
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=889
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1016
+  _globals['_MODELINFO']._serialized_start=1019
+  _globals['_MODELINFO']._serialized_end=1188
+  _globals['_REPLICAINFO']._serialized_start=1190
+  _globals['_REPLICAINFO']._serialized_end=1277
+  _globals['_LISTMODELSREQUEST']._serialized_start=1279
+  _globals['_LISTMODELSREQUEST']._serialized_end=1337
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1339
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1424
+  _globals['_ABORTREQUEST']._serialized_start=1426
+  _globals['_ABORTREQUEST']._serialized_end=1460
+  _globals['_ABORTRESPONSE']._serialized_start=1462
+  _globals['_ABORTRESPONSE']._serialized_end=1494
+  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_start=1496
+  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_end=1544
+  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_start=1546
+  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_end=1591
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=1593
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=1650
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=1652
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=1704
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=1706
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1745
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1747
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1772
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1774
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1814
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1816
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1842
+  _globals['_REGISTERROUTEREQUEST']._serialized_start=1844
+  _globals['_REGISTERROUTEREQUEST']._serialized_end=1942
+  _globals['_REGISTERROUTERESPONSE']._serialized_start=1944
+  _globals['_REGISTERROUTERESPONSE']._serialized_end=2006
+  _globals['_MODELGATEWAY']._serialized_start=2009
+  _globals['_MODELGATEWAY']._serialized_end=2890
 # @@protoc_insertion_point(module_scope)

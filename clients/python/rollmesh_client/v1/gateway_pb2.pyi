@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.rpc import status_pb2 as _status_pb2
 from rollmesh_client.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -137,6 +138,71 @@ class GenerateResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
+
+@_typing.final
+class GenerateManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Caller's id for matching the answer (unique among the stream's running items)."""
+    cancel: _builtins.bool
+    """Abort the running generation with this id; no response comes back for it."""
+    timeout_s: _builtins.float
+    """Deadline of this generation in seconds from its arrival (0: none)."""
+    @_builtins.property
+    def request(self) -> Global___GenerateRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        request: Global___GenerateRequest | None = ...,
+        cancel: _builtins.bool = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "item", b"item", "request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "id", b"id", "item", b"item", "request", b"request", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["request", "cancel"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___GenerateManyRequest: _TypeAlias = GenerateManyRequest  # noqa: Y015
+
+@_typing.final
+class GenerateManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    @_builtins.property
+    def response(self) -> Global___GenerateResponse: ...
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """Why this generation failed; the stream goes on."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        response: Global___GenerateResponse | None = ...,
+        error: _status_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "outcome", b"outcome", "response", b"response"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["response", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___GenerateManyResponse: _TypeAlias = GenerateManyResponse  # noqa: Y015
 
 @_typing.final
 class GenerateStreamResponse(_message.Message):

@@ -47,6 +47,11 @@ class ModelGatewayStub:
                 request_serializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
+        self.GenerateMany = channel.stream_stream(
+                '/rollmesh.v1.ModelGateway/GenerateMany',
+                request_serializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateManyRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateManyResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/rollmesh.v1.ModelGateway/ListModels',
                 request_serializer=rollmesh_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
@@ -99,6 +104,16 @@ class ModelGatewayServicer:
 
     def GenerateStream(self, request, context):
         """One generation, streamed as it is produced; the last message carries the full response.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateMany(self, request_iterator, context):
+        """Many generations over one stream, for callers at high rates (the scheduler):
+        each item carries the caller's id, responses come back in completion order
+        with that id, and a per-item error does not end the stream. A `cancel` item
+        aborts the generation with that id; ending the call aborts all of its own.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -165,6 +180,11 @@ def add_ModelGatewayServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateRequest.FromString,
                     response_serializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateStreamResponse.SerializeToString,
+            ),
+            'GenerateMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMany,
+                    request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateManyRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_gateway__pb2.GenerateManyResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -259,6 +279,33 @@ class ModelGateway:
             '/rollmesh.v1.ModelGateway/GenerateStream',
             rollmesh_dot_v1_dot_gateway__pb2.GenerateRequest.SerializeToString,
             rollmesh_dot_v1_dot_gateway__pb2.GenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rollmesh.v1.ModelGateway/GenerateMany',
+            rollmesh_dot_v1_dot_gateway__pb2.GenerateManyRequest.SerializeToString,
+            rollmesh_dot_v1_dot_gateway__pb2.GenerateManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,6 +40,12 @@ class ModelGatewayStub:
     """One generation."""
     GenerateStream: _grpc.UnaryStreamMultiCallable[_gateway_pb2.GenerateRequest, _gateway_pb2.GenerateStreamResponse]
     """One generation, streamed as it is produced; the last message carries the full response."""
+    GenerateMany: _grpc.StreamStreamMultiCallable[_gateway_pb2.GenerateManyRequest, _gateway_pb2.GenerateManyResponse]
+    """Many generations over one stream, for callers at high rates (the scheduler):
+    each item carries the caller's id, responses come back in completion order
+    with that id, and a per-item error does not end the stream. A `cancel` item
+    aborts the generation with that id; ending the call aborts all of its own.
+    """
     ListModels: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.ListModelsRequest, _gateway_pb2.ListModelsResponse]
     """The models served, with their replicas."""
     Abort: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.AbortRequest, _gateway_pb2.AbortResponse]
@@ -67,6 +73,12 @@ class ModelGatewayAsyncStub(ModelGatewayStub):
     """One generation."""
     GenerateStream: _aio.UnaryStreamMultiCallable[_gateway_pb2.GenerateRequest, _gateway_pb2.GenerateStreamResponse]  # type: ignore[assignment]
     """One generation, streamed as it is produced; the last message carries the full response."""
+    GenerateMany: _aio.StreamStreamMultiCallable[_gateway_pb2.GenerateManyRequest, _gateway_pb2.GenerateManyResponse]  # type: ignore[assignment]
+    """Many generations over one stream, for callers at high rates (the scheduler):
+    each item carries the caller's id, responses come back in completion order
+    with that id, and a per-item error does not end the stream. A `cancel` item
+    aborts the generation with that id; ending the call aborts all of its own.
+    """
     ListModels: _aio.UnaryUnaryMultiCallable[_gateway_pb2.ListModelsRequest, _gateway_pb2.ListModelsResponse]  # type: ignore[assignment]
     """The models served, with their replicas."""
     Abort: _aio.UnaryUnaryMultiCallable[_gateway_pb2.AbortRequest, _gateway_pb2.AbortResponse]  # type: ignore[assignment]
@@ -103,6 +115,18 @@ class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.GenerateStreamResponse], _abc.AsyncIterator[_gateway_pb2.GenerateStreamResponse]]:
         """One generation, streamed as it is produced; the last message carries the full response."""
+
+    @_abc_1.abstractmethod
+    def GenerateMany(
+        self,
+        request_iterator: _MaybeAsyncIterator[_gateway_pb2.GenerateManyRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.GenerateManyResponse], _abc.AsyncIterator[_gateway_pb2.GenerateManyResponse]]:
+        """Many generations over one stream, for callers at high rates (the scheduler):
+        each item carries the caller's id, responses come back in completion order
+        with that id, and a per-item error does not end the stream. A `cancel` item
+        aborts the generation with that id; ending the call aborts all of its own.
+        """
 
     @_abc_1.abstractmethod
     def ListModels(
