@@ -133,7 +133,7 @@ async def _answer_many(
 ) -> AsyncIterator[tuple[str, R | status_pb2.Status]]:
     """A fake's multiplexed stream (VerifyBatch, GenerateMany): the product's `run_multiplexed`, with
     work that returns its answer or an injected error's Status (it never raises)."""
-    async for item_id, out in run_multiplexed(items, limit=4096, what="fake"):
+    async for item_id, out in run_multiplexed(items, limit=65_536, what="fake"):
         yield item_id, (to_status(out) if isinstance(out, RollmeshError) else out)
 
 

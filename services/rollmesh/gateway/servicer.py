@@ -16,8 +16,9 @@ from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
 
 # Generations one GenerateMany stream may run at once; past it, reading the stream waits (flow control
-# then slows the caller).
-MANY_CONCURRENCY = 4096
+# then slows the caller). High: a scheduler sends a whole job's turns over one stream, and its own
+# concurrency bound is the one that should hold (20,000 rollouts in flight is a tested case).
+MANY_CONCURRENCY = 65_536
 
 
 def _timeout(context: Any) -> float | None:

@@ -139,7 +139,11 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, parse_int, "Verifier: worker processes for CPU-bound checks."),
         EnvVar(
-            "ROLLMESH_VERIFIER_BATCH_CONCURRENCY", 32, parse_int, "Verifier: items in flight per VerifyBatch."
+            "ROLLMESH_VERIFIER_BATCH_CONCURRENCY",
+            1024,
+            parse_int,
+            "Verifier: items in flight per VerifyBatch stream (the scheduler sends a job's verifications "
+            "over one).",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, parse_float, "Verifier: seconds per math-verify check."

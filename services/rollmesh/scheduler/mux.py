@@ -8,7 +8,13 @@ futures as answers (or per-item errors, typed by `from_status`) come back in com
 - A call that outlives its deadline raises DEADLINE_EXCEEDED; a call whose caller is cancelled
   sends a cancel item when the RPC has one (GenerateMany: the gateway aborts the engine request).
 - When the stream breaks (the peer restarted, the network dropped), every waiting call fails with
-  the stream's error (UNAVAILABLE: the retry policy retries it) and the next call opens a new one.
+  UNAVAILABLE (the retry policy retries it) and the next call opens a new stream. A stream-level
+  INTERNAL/UNKNOWN/CANCELLED is a broken transport too (grpc reports "Internal error from Core"
+  when the peer ends the call while a message is being written): application errors come per item.
+- Before its first stream, a `Multiplexed` asks the peer whether it has the method at all: an
+  empty stream, half-closed at once, ends OK or UNIMPLEMENTED. (Learning it from the first real
+  stream is racy: a rejection that crosses a write surfaces as that INTERNAL.) Calls to a peer
+  without it raise UNIMPLEMENTED, which callers answer with their unary RPC.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import grpc
 from rollmesh.mesh.aio import TaskSet
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError, from_grpc_error
 
+_PROBE_TIMEOUT_S = 30.0
+_BROKEN_TRANSPORT = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Out = TypeVar("Out")
@@ -36,14 +45,14 @@ ReadAnswer = Callable[[Resp], tuple[str, Out | RollmeshClientError]]
 class Multiplexed(Generic[Req, Resp, Out]):
     def __init__(
         self,
-        open_call: Callable[[AsyncIterator[Req]], Any],
+        open_call: Callable[..., Any],
         *,
         make_item: MakeItem[Req],
         read_answer: ReadAnswer[Resp, Out],
         make_cancel: Callable[[str], Req] | None = None,
         what: str,
     ) -> None:
-        """`open_call(requests)` starts the stream-stream RPC (e.g. `stub.VerifyBatch`)."""
+        """`open_call(requests, timeout=None)` starts the stream-stream RPC (e.g. `stub.VerifyBatch`)."""
         self._open_call = open_call
         self._make_item = make_item
         self._read_answer = read_answer
@@ -53,8 +62,18 @@ class Multiplexed(Generic[Req, Resp, Out]):
         self._pending: dict[str, asyncio.Future[Out]] = {}
         self._outbox: asyncio.Queue[Req | None] | None = None
         self._tasks = TaskSet()
+        self._probe: asyncio.Future[None] | None = None
+        self._unimplemented: RollmeshClientError | None = None
 
     async def call(self, payload: Any, deadline_s: float) -> Out:
+        if self._unimplemented is not None:
+            raise self._unimplemented
+        if self._outbox is None and self._probe is None:
+            self._probe = asyncio.ensure_future(self._ask_peer())
+        if self._probe is not None and not self._probe.done():
+            await asyncio.shield(self._probe)
+        if self._unimplemented is not None:
+            raise self._unimplemented
         outbox = self._outbox if self._outbox is not None else self._open()
         item_id = str(next(self._ids))
         fut: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
@@ -73,6 +92,26 @@ class Multiplexed(Generic[Req, Resp, Out]):
             raise
         finally:
             self._pending.pop(item_id, None)
+
+    async def _ask_peer(self) -> None:
+        """Does the peer serve this stream method? Sets `_unimplemented` when it does not; any other
+        outcome (OK, or the peer unreachable for now) lets calls go ahead."""
+
+        async def nothing() -> AsyncIterator[Req]:
+            return
+            yield  # an async generator that ends at once: the stream is half-closed unwritten
+
+        call = self._open_call(nothing(), timeout=_PROBE_TIMEOUT_S)
+        try:
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._unimplemented = from_grpc_error(exc)
+            else:
+                self._probe = None  # unknown yet: ask again before the next stream
+        except Exception:
+            self._probe = None
 
     def _cancel(self, outbox: asyncio.Queue[Req | None], item_id: str) -> None:
         fut = self._pending.get(item_id)
@@ -108,6 +147,13 @@ class Multiplexed(Generic[Req, Resp, Out]):
                     fut.set_result(answer)
         except grpc.aio.AioRpcError as exc:
             error = from_grpc_error(exc)
+            if exc.code() in _BROKEN_TRANSPORT:
+                error = UnavailableError(
+                    f"the {self._what} stream broke ({exc.code().name}: {exc.details()})",
+                    code=grpc.StatusCode.UNAVAILABLE,
+                )
+            elif exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._unimplemented = error
         finally:
             if self._outbox is outbox:
                 self._outbox = None  # the next call opens a new stream

@@ -39,7 +39,7 @@ class VerifierConfig:
     max_sessions: int = 10_000
     verify_timeout_s: float = 60.0
     workers: int = 2
-    batch_concurrency: int = 32
+    batch_concurrency: int = 1024
     math_timeout_s: float = 10.0
     math_judge: bool = False
     math_judge_model: str = ""
