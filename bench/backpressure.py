@@ -3,7 +3,7 @@ stays flat. The job engine runs in this process (remote adapters, real gRPC to a
 gateway + fake verifier process) with a rate-limited sink; RSS is sampled every second and its
 slope reported. Prints one JSON object; logs to stderr.
 
-    python bench/backpressure.py [--seconds 20] [--rate 50] [--window 64]   (--seconds 60: full size)
+    python bench/backpressure.py [--seconds 60] [--rate 50] [--window 64]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
                 dataset=str(dataset), environment="arithmetic", num_repeats=1000, concurrency=a.concurrency
             )
             plan = build_plan(Catalog([Root(BUILTIN_ROOT, 0, "root")]), spec)
-            sink = SlowSink(rate=a.rate, window=a.window)
+            sink = SlowSink(rate=a.rate, window=a.window, keep=False)  # a trainer consumes them
             run = JobRun("bp", plan, sink, model=model, env=env)
             task = asyncio.create_task(run.run(await run.open()))
             samples: list[tuple[float, float]] = []
@@ -67,7 +67,7 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
             elapsed = time.perf_counter() - t0
     warm = [s for s in samples if s[0] >= min(5.0, a.seconds / 4)]  # skip start-up allocation
     mb_per_min = slope([s[0] for s in warm], [s[1] for s in warm]) * 60 if len(warm) > 2 else 0.0
-    acked = len(sink.rollouts)
+    acked = sink.acked
     log(
         f"acked {acked} in {elapsed:.1f}s; peak in flight {peak_in_flight}; RSS slope {mb_per_min:.2f} MB/min"
     )
@@ -94,7 +94,7 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=256)

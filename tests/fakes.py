@@ -452,12 +452,15 @@ class MemorySink(Sink):
 
 class SlowSink(MemorySink):
     """Acknowledges `rate` rollouts per second with at most `window` unacknowledged: `write` returns
-    once there is room, which is the backpressure."""
+    once there is room, which is the backpressure. `keep=False` counts acknowledged rollouts in
+    `acked` and lets them go, like a trainer that consumes them (memory benchmarks)."""
 
-    def __init__(self, rate: float, window: int) -> None:
+    def __init__(self, rate: float, window: int, *, keep: bool = True) -> None:
         super().__init__()
         self.rate = rate
         self.window = window
+        self.keep = keep
+        self.acked = 0
         self._unacked: asyncio.Queue[Rollout] = asyncio.Queue(maxsize=window)
         self.peak_unacked = 0
         self._acker: asyncio.Task[None] | None = None
@@ -474,7 +477,9 @@ class SlowSink(MemorySink):
         while True:
             r = await self._unacked.get()
             await asyncio.sleep(1.0 / self.rate)
-            self.rollouts.append(r)
+            self.acked += 1
+            if self.keep:
+                self.rollouts.append(r)
             self._unacked.task_done()
 
     async def write(self, rollout: Rollout) -> None:

@@ -131,3 +131,24 @@ def test_json_round_trip_and_proto() -> None:
 def test_empty_run() -> None:
     m = compute([])
     assert m.num_rollouts == 0 and m.pass_at_k == {} and m.k_values == []
+
+
+def test_scored_records_give_the_same_metrics_as_whole_rollouts() -> None:
+    """The scheduler keeps `Scored` records (not rollouts) for a sink it cannot read back; the
+    metrics must not change, token-record lengths included."""
+    from rollmesh.scheduler.metrics import Scored
+    from rollmesh.scheduler.records import TokenRecord
+
+    whole = []
+    for t in range(3):
+        for i in range(4):
+            r = ro(t, i, float((t + i) % 2), str((t * i) % 3), completion=3 + i, task_id=f"q{t}" if t else "")
+            r.tokens = TokenRecord(
+                token_ids=list(range(7 + t)), loss_mask=[0] * (7 + t), logprobs=[0.0] * (7 + t)
+            )
+            whole.append(r)
+    failures = [RolloutFailure(RolloutKey(5, 0), "j", "UNAVAILABLE", "gone", 3)]
+    expected = compute(whole, failures, k_values=[1, 2, 4]).to_json()
+    assert expected["mean_record_tokens"] == pytest.approx(8.0)
+    assert compute([Scored.of(r) for r in whole], failures, k_values=[1, 2, 4]).to_json() == expected
+    assert [p.task_id for p in task_profile([Scored.of(r) for r in whole])] == ["0", "q1", "q2"]

@@ -27,6 +27,7 @@ from rollmesh.scheduler.agent import (
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.retry import UNAVAILABLE, Backoff, ErrorClass, RolloutFailed, with_retry
@@ -107,26 +108,6 @@ class _TimedModel:
         await self._inner.close_session(session_id)
 
 
-def slim(rollout: Rollout) -> Rollout:
-    """What metrics need of a rollout, without messages and tokens (kept for the whole job)."""
-    task: dict[str, Any] = {k: rollout.task[k] for k in ("task_id", "id") if k in rollout.task}
-    return Rollout(
-        key=rollout.key,
-        job_id=rollout.job_id,
-        task=task,
-        messages=[],
-        reward=rollout.reward,
-        reward_components=rollout.reward_components,
-        extracted_answer=rollout.extracted_answer,
-        prompt_tokens=rollout.prompt_tokens,
-        completion_tokens=rollout.completion_tokens,
-        attempts=rollout.attempts,
-        latency_s=rollout.latency_s,
-        seed=rollout.seed,
-        finish_reason=rollout.finish_reason,
-    )
-
-
 class JobRun:
     """Runs the keys of a plan that the sink does not hold yet."""
 
@@ -164,7 +145,8 @@ class JobRun:
             stateless=environment is not None and environment.stateless,
         )
         self.progress = Progress(total=plan.total)
-        self.slim_rollouts: list[Rollout] = []
+        # What final metrics need of each rollout, kept only when the sink cannot be read back.
+        self.scored: list[Scored] = []
         self.failures: list[RolloutFailure] = []
         self._write_lock = asyncio.Lock()
         self._consecutive_unavailable = 0
@@ -172,7 +154,7 @@ class JobRun:
         self._producer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._tokens = self.hooks.token_builder or _default_tokens
-        self.keep_slim = True  # the manager turns this off when the sink keeps a file to read back
+        self.keep_scored = True  # the manager turns this off when the sink keeps a file to read back
 
     @property
     def in_flight(self) -> int:
@@ -323,8 +305,8 @@ class JobRun:
             p.reward_sum += rollout.reward
             p.completion_tokens += rollout.completion_tokens
             self._consecutive_unavailable = 0
-            if self.keep_slim:
-                self.slim_rollouts.append(slim(rollout))
+            if self.keep_scored:
+                self.scored.append(Scored.of(rollout))
             if self.hooks.on_rollout is not None:
                 self.hooks.on_rollout(rollout)
 

@@ -238,7 +238,7 @@ class JobManager:
             rec.run = JobRun(
                 job_id, plan, sink, model=self.model, env=self.env, hooks=hooks, environment=described
             )
-            rec.run.keep_slim = not rec.has_file
+            rec.run.keep_scored = not rec.has_file
             self._remember(rec)
             await asyncio.to_thread(write_json_atomic, directory / JOB_FILE, rec.to_json())
             self._tasks.spawn(self._drive(rec), name=f"job-{job_id}")
@@ -335,7 +335,7 @@ class JobManager:
         metrics = None
         if not rec.has_file:
             metrics = compute_metrics(
-                run.slim_rollouts, run.failures, k_values=list(run.plan.k_values), job_id=rec.job_id
+                run.scored, run.failures, k_values=list(run.plan.k_values), job_id=rec.job_id
             )
         try:
             await run.sink.close(state=result.state, metrics=metrics)
@@ -431,9 +431,7 @@ class JobManager:
         run = rec.run
         if run is None:
             return compute_metrics([], [], job_id=job_id)
-        return compute_metrics(
-            run.slim_rollouts, run.failures, k_values=list(run.plan.k_values), job_id=job_id
-        )
+        return compute_metrics(run.scored, run.failures, k_values=list(run.plan.k_values), job_id=job_id)
 
     async def stream(
         self, job_id: str, *, offset: int = 0, follow: bool = False, include_failures: bool = False

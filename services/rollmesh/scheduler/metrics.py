@@ -2,7 +2,9 @@
 
 `compute(rollouts, failures, k_values=...)` returns a `Metrics` (typed, proto-independent; the
 scheduler converts it to `JobMetrics`); `Metrics.to_json()` is the JSON-ready dict written to
-`metrics.json`. `compute_metrics(...)` is the two in one.
+`metrics.json`. `compute_metrics(...)` is the two in one. Rollouts may be given whole or as
+`Scored`, the few fields metrics read (what the scheduler keeps per rollout when its sink cannot
+be read back, e.g. a trainer's gRPC sink: ~10x smaller than the rollout without its tokens).
 
 Definitions (every one deterministic, independent of arrival order and sharding):
 
@@ -31,12 +33,51 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 
 DEFAULT_THRESHOLD = 1.0
 _EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """What metrics read of one rollout."""
+
+    key: RolloutKey
+    job_id: str
+    task_id: str
+    reward: float
+    extracted_answer: str
+    prompt_tokens: int
+    completion_tokens: int
+    record_tokens: int  # len(tokens.token_ids)
+
+    @classmethod
+    def of(cls, r: Rollout) -> Scored:
+        return cls(
+            key=r.key,
+            job_id=r.job_id,
+            task_id=task_id_of(r.task, r.key.task_index),
+            reward=r.reward,
+            extracted_answer=r.extracted_answer,
+            prompt_tokens=r.prompt_tokens,
+            completion_tokens=r.completion_tokens,
+            record_tokens=len(r.tokens.token_ids),
+        )
+
+
+class _Voter(Protocol):
+    @property
+    def reward(self) -> float: ...
+
+    @property
+    def extracted_answer(self) -> str: ...
+
+
+def scored(rollouts: Iterable[Rollout | Scored]) -> list[Scored]:
+    return [r if isinstance(r, Scored) else Scored.of(r) for r in rollouts]
 
 
 @dataclass(frozen=True)
@@ -129,10 +170,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prob_all_wrong
 
 
-def majority_correct(rollouts: Sequence[Rollout], threshold: float = DEFAULT_THRESHOLD) -> float:
+def majority_correct(rollouts: Sequence[_Voter], threshold: float = DEFAULT_THRESHOLD) -> float:
     """maj@k of one task over `rollouts` (already the first k, in rollout_index order)."""
     votes: dict[str, int] = {}
-    first: dict[str, Rollout] = {}
+    first: dict[str, _Voter] = {}
     for r in rollouts:
         ans = r.extracted_answer.strip()
         if not ans:
@@ -156,11 +197,11 @@ def task_id_of(task: Json, task_index: int) -> str:
     return str(task_index)
 
 
-def dedupe(rollouts: Iterable[Rollout]) -> tuple[dict[RolloutKey, Rollout], int]:
+def dedupe(rollouts: Iterable[Rollout | Scored]) -> tuple[dict[RolloutKey, Scored], int]:
     """Rollouts by key, the first occurrence winning; and how many duplicates were dropped."""
-    by_key: dict[RolloutKey, Rollout] = {}
+    by_key: dict[RolloutKey, Scored] = {}
     dups = 0
-    for r in rollouts:
+    for r in scored(rollouts):
         if r.key in by_key:
             dups += 1
         else:
@@ -169,7 +210,7 @@ def dedupe(rollouts: Iterable[Rollout]) -> tuple[dict[RolloutKey, Rollout], int]
 
 
 def compute(
-    rollouts: Iterable[Rollout],
+    rollouts: Iterable[Rollout | Scored],
     failures: Iterable[RolloutFailure] = (),
     *,
     k_values: Sequence[int] | None = None,
@@ -178,7 +219,7 @@ def compute(
     job_id: str = "",
 ) -> Metrics:
     by_key, dups = dedupe(rollouts)
-    by_task: dict[int, list[Rollout]] = {}
+    by_task: dict[int, list[Scored]] = {}
     for key in sorted(by_key):
         by_task.setdefault(key.task_index, []).append(by_key[key])
 
@@ -227,13 +268,13 @@ def compute(
     m.mean_prompt_tokens = m.total_prompt_tokens / len(prompt)
     m.mean_completion_tokens = m.total_completion_tokens / len(completion)
     m.max_completion_tokens = max(completion)
-    m.mean_record_tokens = _avg(float(len(r.tokens.token_ids)) for r in by_key.values())
+    m.mean_record_tokens = _avg(float(r.record_tokens) for r in by_key.values())
     m.tasks = profile(by_task, threshold)
     return m
 
 
 def compute_metrics(
-    rollouts: Iterable[Rollout],
+    rollouts: Iterable[Rollout | Scored],
     failures: Iterable[RolloutFailure] = (),
     *,
     k_values: Sequence[int] | None = None,
@@ -247,7 +288,7 @@ def compute_metrics(
     ).to_json()
 
 
-def profile(by_task: dict[int, list[Rollout]], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:
+def profile(by_task: dict[int, list[Scored]], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:
     """The per-task reward profile, ordered by task_index."""
     out: list[TaskProfile] = []
     for task_index in sorted(by_task):
@@ -257,7 +298,7 @@ def profile(by_task: dict[int, list[Rollout]], threshold: float = DEFAULT_THRESH
         out.append(
             TaskProfile(
                 task_index=task_index,
-                task_id=task_id_of(rs[0].task, task_index),
+                task_id=rs[0].task_id,
                 num_rollouts=len(rs),
                 num_correct=_num_correct(rs, threshold),
                 mean_reward=mean,
@@ -269,19 +310,21 @@ def profile(by_task: dict[int, list[Rollout]], threshold: float = DEFAULT_THRESH
     return out
 
 
-def task_profile(rollouts: Iterable[Rollout], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:
+def task_profile(
+    rollouts: Iterable[Rollout | Scored], threshold: float = DEFAULT_THRESHOLD
+) -> list[TaskProfile]:
     by_key, _ = dedupe(rollouts)
-    by_task: dict[int, list[Rollout]] = {}
+    by_task: dict[int, list[Scored]] = {}
     for key in sorted(by_key):
         by_task.setdefault(key.task_index, []).append(by_key[key])
     return profile(by_task, threshold)
 
 
-def _correct(r: Rollout, threshold: float) -> bool:
+def _correct(r: _Voter, threshold: float) -> bool:
     return r.reward >= threshold - _EPS
 
 
-def _num_correct(rs: Sequence[Rollout], threshold: float) -> int:
+def _num_correct(rs: Sequence[_Voter], threshold: float) -> int:
     return sum(1 for r in rs if _correct(r, threshold))
 
 
