@@ -54,6 +54,34 @@ def test_grpcurl_lists_each_service(mesh: tuple[dict[str, str], Path]) -> None:
     assert {"arithmetic", "math", "code", "single_tool_call", "session_state"} <= names
 
 
+def test_grpcurl_generate_many_streams_answers_and_item_errors(mesh: tuple[dict[str, str], Path]) -> None:
+    """Two generations over one GenerateMany stream; the second's error comes back as its Status."""
+    addrs, _ = mesh
+    items = [
+        {"id": "a", "request": {"messages": [{"role": "user", "content": "What is 2 + 3?"}]}},
+        {"id": "b", "request": {"prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 0}}},
+    ]
+    res = grpcurl(
+        "-plaintext",
+        "-d",
+        "\n".join(json.dumps(i) for i in items),
+        addrs["gateway"],
+        "rollmesh.v1.ModelGateway/GenerateMany",
+    )
+    assert res.returncode == 0, res.stderr
+    decoder, text, answers = json.JSONDecoder(), res.stdout.strip(), {}
+    while text:
+        obj, end = decoder.raw_decode(text)
+        answers[obj["id"]] = obj
+        text = text[end:].strip()
+    assert set(answers) == {"a", "b"}
+    assert (
+        answers["a"]["response"]["output_token_ids"] and answers["a"]["response"]["finish_reason"] == "stop"
+    )
+    assert answers["b"]["error"]["code"] == 3  # INVALID_ARGUMENT, the stream went on
+    assert answers["b"]["error"]["details"][0]["reason"] == "INVALID_SAMPLING_PARAMS"
+
+
 async def test_job_submitted_with_the_cli(mesh: tuple[dict[str, str], Path]) -> None:
     addrs, work = mesh
     code, out, err = await run_cli(
