@@ -106,6 +106,7 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
     `replicas` vLLM replicas on a local Ray) driven over gRPC `Generate` by the SDK."""
     from bench._scheduler_common import spawn
     from rollmesh_client import Client
+    from tests.procs import ROLLMESH
 
     env = {
         "ROLLMESH_REPLICAS": str(replicas),
@@ -114,7 +115,7 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
         "ROLLMESH_GATEWAY_BACKEND": "ray-serve",
     }
     gateway_cmd = [
-        *_rollmesh_cli(),
+        str(ROLLMESH),
         "serve",
         "gateway",
         "--port",
@@ -162,14 +163,6 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
                 _log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), s=round(dt, 3))
             cpu = _cpu_spent(cpu0, timed_tokens)
     return {"rates": rates, "startup_s": startup, "cpu_ms_per_1k_tokens": cpu}
-
-
-def _rollmesh_cli() -> list[str]:
-    """The `rollmesh` console script of this interpreter's environment."""
-    script = Path(sys.executable).with_name("rollmesh")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from rollmesh.cli import main; main()"]
 
 
 def _summary(rates: list[float]) -> dict[str, Any]:

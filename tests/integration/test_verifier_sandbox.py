@@ -123,8 +123,12 @@ def _sandbox_processes() -> list[int]:
 async def test_kernel_contains_a_fork_bomb_without_the_runner_guards() -> None:
     """With the prelude guards off, only namespaces + RLIMIT_NPROC + the pid-namespace kill remain."""
     sandbox = Sandbox(SandboxConfig(limits=LIMITS))
-    if await sandbox.start() != "namespaces" or os.geteuid() != 0:
-        pytest.skip("the kernel here does not allow namespaces as root; the process mode relies on guards")
+    mode = await sandbox.start()
+    if mode != "namespaces" or os.geteuid() != 0:
+        pytest.skip(
+            f"needs the namespace sandbox run as root (here: mode {mode!r}, euid {os.geteuid()}); "
+            "without them only the runner's guards contain a fork bomb"
+        )
     before = set(_sandbox_processes())
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     res = await sandbox.run(bomb, TestSpec("asserts", ADD_TESTS), guards=False)

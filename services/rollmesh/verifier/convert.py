@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 
-from google.rpc import status_pb2
-
-from rollmesh.mesh.errors import RollmeshError, to_status
 from rollmesh.verifier.environment import Message, Response, ToolCall, ToolOutput, ToolSpec, VerifyResult
 from rollmesh.verifier.loader import Broken
 from rollmesh.verifier.service import EnvironmentInfo, VerifyCall
@@ -77,7 +74,3 @@ def result_to_pb(result: VerifyResult) -> pb.VerifyResult:
         extracted_answer=result.extracted_answer,
         details_json=json.dumps(result.details, default=_jsonable),
     )
-
-
-def error_to_status(exc: RollmeshError) -> status_pb2.Status:
-    return to_status(exc)

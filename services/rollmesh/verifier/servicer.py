@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.errors import InvalidArgument, to_status
 from rollmesh.mesh.paging import page
 from rollmesh.verifier import convert
 from rollmesh.verifier.service import VerifierService, VerifyCall
@@ -65,6 +65,6 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
 
         async for item_id, outcome in self._svc.verify_many(calls()):
             if isinstance(outcome, Exception):
-                yield pb.VerifyBatchResponse(id=item_id, error=convert.error_to_status(outcome))
+                yield pb.VerifyBatchResponse(id=item_id, error=to_status(outcome))
             else:
                 yield pb.VerifyBatchResponse(id=item_id, result=convert.result_to_pb(outcome))
