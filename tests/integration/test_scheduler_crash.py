@@ -4,7 +4,6 @@ from its output dir. Every key ends up in rollouts.jsonl exactly once; none is l
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from rollmesh.mesh.server import wait_serving
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
+from tests.exactly_once import check_exactly_once, expected_keys
 from tests.fakes import FakeGateway, FakeVerifier, Rows
 
 
@@ -94,7 +94,5 @@ async def test_sigkill_mid_job_then_resume(start_server: StartServer, tmp_path: 
             metrics = await resumed.metrics()
             assert metrics.num_rollouts == total
 
-    rows = [json.loads(line) for line in (runs / job_id / "rollouts.jsonl").read_text().splitlines()]
-    keys = [(r["task_index"], r["rollout_index"]) for r in rows]
-    assert len(keys) == len(set(keys)) == total  # exactly once, none lost
-    assert set(keys) == {(t, i) for t in range(150) for i in range(4)}
+    truth = check_exactly_once(runs / job_id, expected_keys(150, 4), job=final)
+    assert len(truth.rollout_keys) == total  # exactly once, none lost
