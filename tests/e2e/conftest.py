@@ -7,7 +7,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,10 @@ import pytest
 from tests.procs import ROLLMESH
 
 
-@pytest.fixture(scope="package")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
-    work = tmp_path_factory.mktemp("up")
+@contextmanager
+def rollmesh_up(work: Path, env: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """`rollmesh up --ephemeral --backend fake` in `work` (with `env` added); yields the addresses
+    once every service is up, and checks it stops cleanly on SIGINT."""
     out, log = work / "up.json", work / "up.log"
     with out.open("w") as o, log.open("w") as e:
         proc = subprocess.Popen(
@@ -34,6 +36,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
             stdout=o,
             stderr=e,
             cwd=work,
+            env={**os.environ, **(env or {})},
             start_new_session=True,
         )
     try:
@@ -42,7 +45,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
             assert proc.poll() is None, f"rollmesh up exited {proc.returncode}:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"rollmesh up not ready:\n{log.read_text()}"
             time.sleep(0.2)
-        yield json.loads(out.read_text()), work
+        yield json.loads(out.read_text())
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -52,3 +55,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
             raise
         assert code == 0, log.read_text()
         assert "[up] stopping" in log.read_text()
+
+
+@pytest.fixture(scope="package")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    work = tmp_path_factory.mktemp("up")
+    with rollmesh_up(work) as addresses:
+        yield addresses, work

@@ -29,6 +29,10 @@ weight sync. A rollout's version is the oldest of its turns. Its staleness is
 not committed, so a resumed job regenerates it) or, with `on_stale="flag"`, delivered with
 `stale=True`. A rollout without an integer label is never stale.
 
+Auth: with a key (`api_key=`, by default `ROLLMESH_API_KEY` from the environment; "" for none)
+every RolloutSink call must carry `authorization: Bearer <key>`, as on the mesh's own servers (the
+scheduler sends the mesh's key); health answers anyone.
+
 `ListCommitted` answers from what the trainer consumed in this process, plus `committed=` given
 at construction (save `sink.committed(job_id)` with your checkpoint to resume across restarts).
 """
@@ -38,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -46,6 +51,7 @@ from typing import Any, Literal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from rollmesh_client._auth import BearerAuthInterceptor
 from rollmesh_client._batch import RolloutBatch, collate, grpo_advantages, verl_view
 from rollmesh_client.v1 import common_pb2, scheduler_pb2, sink_pb2, sink_pb2_grpc
 
@@ -187,6 +193,7 @@ class SinkServer:
         policy_version: int = 0,
         committed: Mapping[str, Iterable[Key]] | None = None,
         max_held: int | None = None,
+        api_key: str | None = None,
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -201,6 +208,7 @@ class SinkServer:
         self.on_stale = on_stale
         self.policy_version = policy_version
         self.max_held = max_held if max_held is not None else 4 * window
+        self._api_key = api_key if api_key is not None else os.environ.get("ROLLMESH_API_KEY", "")
         self.stats = SinkStats()
         self._committed: dict[str, set[Key]] = {j: set(ks) for j, ks in (committed or {}).items()}
         self._streams: dict[str, _Stream] = {}
@@ -215,7 +223,8 @@ class SinkServer:
         return f"{self.host}:{self.port}"
 
     async def start(self) -> SinkServer:
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        interceptors = [BearerAuthInterceptor(self._api_key)] if self._api_key else None
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
         sink_pb2_grpc.add_RolloutSinkServicer_to_server(_Servicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         port = server.add_insecure_port(f"{self.host}:{self.port}")

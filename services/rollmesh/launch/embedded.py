@@ -95,7 +95,7 @@ async def embedded_mesh(
         stack.push_async_callback(model.close)
         env = VerifierEnv.connect(mesh.addresses["verifier"], api_key=api_key or None)
         stack.push_async_callback(env.close)
-        manager = JobManager(catalog, model=model, env=env, output_dir=output_dir)
+        manager = JobManager(catalog, model=model, env=env, output_dir=output_dir, api_key=api_key)
         stack.push_async_callback(manager.aclose)
         await _start(stack, mesh, "scheduler", scheduler_binding(manager), api_key)
         await phase("mesh ready")

@@ -3,12 +3,13 @@
 
 Domain errors (`RollmeshError`) become `google.rpc.Status` with an ErrorInfo; any other exception
 becomes INTERNAL with a short message while the traceback goes to the log. Health and reflection
-are exempt from auth so `grpcurl list` and health probes work without a token.
+are exempt from auth so `grpcurl list` and health probes work without a token; the token check
+itself is the SDK's (`rollmesh_client._auth`), shared with the trainer's sink server.
 """
 
 from __future__ import annotations
 
-import hmac
+import contextlib
 import inspect
 import logging
 import time
@@ -21,11 +22,10 @@ from grpc_status import rpc_status
 
 from rollmesh.mesh import errors
 from rollmesh.mesh.logging import get_logger
+from rollmesh_client._auth import AUTH_EXEMPT_PREFIXES, authorized, denying, rebuild
 
 log = get_logger("rollmesh.rpc")
 _stdlib_log = logging.getLogger("rollmesh.rpc")  # cached level checks
-
-AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 Behavior = Callable[..., Any]
 
@@ -93,8 +93,12 @@ def _wrap_stream(method: str, behavior: Behavior) -> Behavior:
         outcome, start = _Outcome(), time.perf_counter()
         with structlog.contextvars.bound_contextvars(rpc=method):
             try:
-                async for item in behavior(request, context):
-                    yield item
+                # aclosing: when the client cancels, grpc.aio closes *this* generator (GeneratorExit
+                # at the yield); the handler's own generator must close now too, so its `finally`
+                # (abort the engine request, release a session) runs at once, not at GC.
+                async with contextlib.aclosing(behavior(request, context)) as items:
+                    async for item in items:
+                        yield item
             except grpc.aio.AbortError:
                 outcome.code = "ABORTED_BY_HANDLER"
                 raise
@@ -104,29 +108,6 @@ def _wrap_stream(method: str, behavior: Behavior) -> Behavior:
                 _finish(method, outcome, context, start)
 
     return wrapped
-
-
-def _rebuild(
-    handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behavior]
-) -> grpc.RpcMethodHandler:
-    kw = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **kw)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, True), **kw)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, False), **kw)
-    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **kw)
-
-
-def _authorized(details: grpc.HandlerCallDetails, api_key: str) -> bool:
-    for key, value in details.invocation_metadata or ():
-        if key == "authorization" and isinstance(value, str):
-            return hmac.compare_digest(value.encode(), f"Bearer {api_key}".encode())
-    return False
 
 
 class MeshInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -144,26 +125,8 @@ class MeshInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return None
         method = handler_call_details.method
-        exempt = method.startswith(AUTH_EXEMPT_PREFIXES)
-        if exempt:
+        if method.startswith(AUTH_EXEMPT_PREFIXES):
             return handler
-        if self._api_key and not _authorized(handler_call_details, self._api_key):
-            return _rebuild(handler, lambda _b, streaming: _deny(method, streaming))
-        return _rebuild(handler, lambda b, streaming: (_wrap_stream if streaming else _wrap_unary)(method, b))
-
-
-def _deny(method: str, streaming: bool) -> Behavior:
-    exc = errors.Unauthenticated(
-        "missing or wrong bearer token: send metadata 'authorization: Bearer <ROLLMESH_API_KEY>'"
-    )
-
-    async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        del request
-        log.warning("rpc_unauthenticated", method=method)
-        await context.abort_with_status(rpc_status.to_status(errors.to_status(exc)))
-
-    async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-        await deny(request, context)
-        yield  # pragma: no cover - abort raises first
-
-    return deny_stream if streaming else deny
+        if not authorized(method, handler_call_details.invocation_metadata, self._api_key):
+            return denying(handler, lambda: log.warning("rpc_unauthenticated", method=method))
+        return rebuild(handler, lambda b, streaming: (_wrap_stream if streaming else _wrap_unary)(method, b))

@@ -22,7 +22,13 @@ from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 async def _serve(cfg: SchedulerConfig) -> None:
     model = GatewayModel.connect(cfg.gateway_addr, api_key=cfg.server.api_key or None)
     env = VerifierEnv.connect(cfg.verifier_addr, api_key=cfg.server.api_key or None)
-    manager = JobManager(Catalog.from_config(cfg.roots), model=model, env=env, output_dir=cfg.output_dir)
+    manager = JobManager(
+        Catalog.from_config(cfg.roots),
+        model=model,
+        env=env,
+        output_dir=cfg.output_dir,
+        api_key=cfg.server.api_key,
+    )
 
     async def stop() -> None:
         await manager.aclose()

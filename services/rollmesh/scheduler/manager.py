@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import os
 import time
@@ -53,13 +54,14 @@ SinkFactory = Callable[[str, Plan, Path], Sink]
 Item = Rollout | RolloutFailure
 
 
-def default_sink_factory(job_id: str, plan: Plan, directory: Path) -> Sink:
-    """JSONL (default) under `<output_dir>/<job_id>/`, or the trainer's gRPC RolloutSink."""
+def default_sink_factory(job_id: str, plan: Plan, directory: Path, *, api_key: str = "") -> Sink:
+    """JSONL (default) under `<output_dir>/<job_id>/`, or the trainer's gRPC RolloutSink (called with
+    `api_key`, the mesh's own, as a bearer token when set)."""
     cfg = plan.spec.sink
     if cfg.kind == "grpc":
         from rollmesh.scheduler.grpc_sink import GrpcSink
 
-        return GrpcSink(cfg.address, window=cfg.window or 64)
+        return GrpcSink(cfg.address, window=cfg.window or 64, api_key=api_key or None)
     from rollmesh.scheduler.jsonl_sink import JsonlSink
 
     return JsonlSink(directory, fsync_every=cfg.fsync_every or 64, k_values=list(plan.k_values))
@@ -186,13 +188,14 @@ class JobManager:
         sink_factory: SinkFactory | None = None,
         hooks_factory: Callable[[], Hooks] | None = None,
         check_environment: bool = True,
+        api_key: str = "",
     ) -> None:
         self.catalog = catalog
         self.model = model
         self.env = env
         self.output_dir = output_dir
         self._cwd = os.getcwd()
-        self.sink_factory = sink_factory or default_sink_factory
+        self.sink_factory = sink_factory or functools.partial(default_sink_factory, api_key=api_key)
         self.hooks_factory = hooks_factory or Hooks
         self.check_environment = check_environment
         self._jobs: dict[str, JobRecord] = {}

@@ -1,0 +1,146 @@
+"""Bearer-token auth, both ends, for every call type.
+
+Client: `client_interceptors(key)` returns one interceptor object per grpc.aio interface (unary-unary,
+unary-stream, stream-unary, stream-stream). grpc.aio files an object that implements several
+interfaces under the first one only, so a single all-in-one object would leave streaming calls
+without the token.
+
+Server: `authorized(method, metadata, key)` is the one check every rollmesh server makes (the mesh's
+interceptor and the trainer's sink server): with a key set, a call must carry exactly
+`authorization: Bearer <key>` (constant-time compare), except health and reflection, which answer
+anyone so probes and `grpcurl list` work. `denying(handler)` turns a handler into one that aborts
+with UNAUTHENTICATED (ErrorInfo reason UNAUTHENTICATED) without running the servicer.
+`BearerAuthInterceptor` is that check as a whole server interceptor.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+AUTH_HEADER = "authorization"
+AUTH_EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+UNAUTHENTICATED_MESSAGE = (
+    "missing or wrong bearer token: send metadata 'authorization: Bearer <ROLLMESH_API_KEY>'"
+)
+ERROR_DOMAIN = "rollmesh.dev"
+
+Behavior = Callable[..., Any]
+
+
+# -- client side -------------------------------------------------------------------------------
+
+
+class _WithToken:
+    def __init__(self, api_key: str) -> None:
+        self._entry = (AUTH_HEADER, f"Bearer {api_key}")
+
+    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        md = grpc.aio.Metadata(*(details.metadata or ()))
+        md.add(*self._entry)
+        return grpc.aio.ClientCallDetails(
+            details.method, details.timeout, md, details.credentials, details.wait_for_ready
+        )
+
+
+class _UnaryUnaryToken(_WithToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(self, continuation: Behavior, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _UnaryStreamToken(_WithToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(self, continuation: Behavior, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+
+class _StreamUnaryToken(_WithToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(self, continuation: Behavior, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+class _StreamStreamToken(_WithToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(self, continuation: Behavior, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+
+def client_interceptors(api_key: str) -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors that send `authorization: Bearer <api_key>` on every call type."""
+    kinds = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
+    return [kind(api_key) for kind in kinds]
+
+
+# -- server side -------------------------------------------------------------------------------
+
+
+def authorized(method: str, metadata: Sequence[tuple[str, Any]] | None, api_key: str) -> bool:
+    """May this call run? Always without a key, and for health/reflection; else only with the token."""
+    if not api_key or method.startswith(AUTH_EXEMPT_PREFIXES):
+        return True
+    expected = f"Bearer {api_key}".encode()
+    for key, value in metadata or ():
+        if key == AUTH_HEADER and isinstance(value, str):
+            return hmac.compare_digest(value.encode(), expected)
+    return False
+
+
+def unauthenticated_status() -> grpc.Status:
+    status = status_pb2.Status(code=grpc.StatusCode.UNAUTHENTICATED.value[0], message=UNAUTHENTICATED_MESSAGE)
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason="UNAUTHENTICATED", domain=ERROR_DOMAIN))
+    return rpc_status.to_status(status)
+
+
+def rebuild(
+    handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behavior]
+) -> grpc.RpcMethodHandler:
+    """`handler` with its behaviour replaced by `wrap(behaviour, response_streaming)`."""
+    kw = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **kw)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, True), **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, False), **kw)
+    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **kw)
+
+
+def denying(
+    handler: grpc.RpcMethodHandler, on_deny: Callable[[], None] | None = None
+) -> grpc.RpcMethodHandler:
+    """`handler`'s shape, but every call aborts with UNAUTHENTICATED (`on_deny` runs first)."""
+
+    async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        del request
+        if on_deny is not None:
+            on_deny()
+        await context.abort_with_status(unauthenticated_status())
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        await deny(request, context)
+        yield  # pragma: no cover - abort raises first
+
+    return rebuild(handler, lambda _behavior, streaming: deny_stream if streaming else deny)
+
+
+class BearerAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Only the auth check, for servers outside the mesh (the trainer's `SinkServer`)."""
+
+    def __init__(self, api_key: str) -> None:
+        self._api_key = api_key
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(details)
+        if handler is None or authorized(details.method, details.invocation_metadata, self._api_key):
+            return handler
+        return denying(handler)
