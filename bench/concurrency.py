@@ -22,6 +22,7 @@ from bench._scheduler_common import env_info, fakes_args, log, rss_mb, spawn
 
 async def main(a: argparse.Namespace) -> dict[str, object]:
     from rollmesh_client import Client
+    from rollmesh_client._scheduler import FINAL_STATES
     from rollmesh_client.v1 import scheduler_pb2 as pb
     from tests.fakes import Rows
 
@@ -50,7 +51,7 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
             while True:
                 j = await job.get()
                 peak_in_flight = max(peak_in_flight, j.progress.in_flight)
-                if j.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+                if j.state in FINAL_STATES:
                     break
                 await asyncio.sleep(0.25)
             wall = time.perf_counter() - t0

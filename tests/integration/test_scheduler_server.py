@@ -142,7 +142,7 @@ async def test_verifier_raising_and_timing_out(mesh: Mesh) -> None:
     async with await Client.connect(scheduler=mesh.scheduler_addr) as c:
         job = await c.scheduler.submit(_spec(mesh, concurrency=1, num_repeats=1))
         final = await job.result(poll_s=0.05, timeout_s=60)
-        assert pb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED"
+        assert pb.JobState.Name(final.state) == "JOB_STATE_COMPLETED_WITH_FAILURES"  # 3 > 0 allowed
         fails = _rows(mesh, job.job_id, "failures.jsonl")
         assert [(f["error_class"], f["attempts"]) for f in fails] == [("INTERNAL", 1)] * 3
         assert "verify crashed" in str(fails[0]["message"])
@@ -158,7 +158,7 @@ async def test_verifier_raising_and_timing_out(mesh: Mesh) -> None:
         mesh.verifier.faults.delay("Verify", 1.0, times=-1)
         job3 = await c.scheduler.submit(_spec(mesh, concurrency=2, num_repeats=1, limit=2))
         final3 = await job3.result(poll_s=0.05, timeout_s=60)
-        assert pb.JobState.Name(final3.state) == "JOB_STATE_SUCCEEDED"
+        assert pb.JobState.Name(final3.state) == "JOB_STATE_FAILED"  # every rollout failed
         fails3 = _rows(mesh, job3.job_id, "failures.jsonl")
         assert {(f["error_class"], f["attempts"]) for f in fails3} == {("DEADLINE_EXCEEDED", 3)} and len(
             fails3

@@ -107,7 +107,12 @@ async def test_failures_recorded_and_job_completes(tmp_path: Path) -> None:
     sink = MemorySink()
     run = _run(_spec(path, concurrency=1, retry=RetryPolicy(max_attempts=3)), sink, model, env)
     result = await run.run(await run.open())
-    assert result.state == "SUCCEEDED"
+    # Every key ran, but 2 failed permanently and none were allowed: not SUCCEEDED, and the error
+    # names the classes with counts and an example message each.
+    assert result.state == "COMPLETED_WITH_FAILURES"
+    assert "2 of 6 rollouts failed permanently (allowed: 0" in result.error
+    assert 'INTERNAL x1 (e.g. "RuntimeError: verifier bug")' in result.error
+    assert 'INVALID_ARGUMENT x1 (e.g. "prompt too long")' in result.error
     classes = sorted((f.error_class, f.attempts) for f in sink.failures)
     assert classes == [("INTERNAL", 2), ("INVALID_ARGUMENT", 2)]
     assert len(sink.rollouts) == 4 and run.progress.retries == 2
@@ -198,7 +203,8 @@ async def test_token_records_are_validated_and_a_drifted_one_fails_its_rollout(t
     plan = build_plan(CATALOG, _spec(path, num_repeats=2, validate_all=True))
     hooks = Hooks(sleep=_no_sleep, token_builder=drifted)  # type: ignore[arg-type]
     run = JobRun("job-t", plan, bad, model=LocalModel(), env=LocalEnv(), hooks=hooks)
-    assert (await run.run(await run.open())).state == "SUCCEEDED"  # failures never abort the job
+    result = await run.run(await run.open())  # failures never abort the job: every key ran ...
+    assert result.state == "FAILED" and "every rollout failed (6 of 6)" in result.error  # ... none succeeded
     assert not bad.rollouts and len(bad.failures) == 6
     assert {f.error_class for f in bad.failures} == {"TOKEN_RECORD_MISMATCH"}
     assert "loss_mask is 1 on 1 ids outside the generated spans" in bad.failures[0].message
@@ -206,6 +212,6 @@ async def test_token_records_are_validated_and_a_drifted_one_fails_its_rollout(t
     sampled = MemorySink()
     plan = build_plan(CATALOG, _spec(path, num_repeats=16))
     run = JobRun("job-t", plan, sampled, model=LocalModel(), env=LocalEnv(), hooks=hooks)
-    await run.run(await run.open())
+    assert (await run.run(await run.open())).state == "COMPLETED_WITH_FAILURES"
     # By default one key in 16 is checked: exactly those rollouts fail, the rest are written.
     assert len(sampled.failures) == 3 and len(sampled.rollouts) == 45

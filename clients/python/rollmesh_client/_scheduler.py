@@ -14,7 +14,14 @@ from rollmesh_client._base import ServiceClient
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from rollmesh_client.v1 import scheduler_pb2_grpc as pb_grpc
 
-FINAL_STATES = frozenset({pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED})
+FINAL_STATES = frozenset(
+    {
+        pb.JOB_STATE_SUCCEEDED,
+        pb.JOB_STATE_COMPLETED_WITH_FAILURES,
+        pb.JOB_STATE_FAILED,
+        pb.JOB_STATE_CANCELLED,
+    }
+)
 
 
 def state_name(state: int) -> str:

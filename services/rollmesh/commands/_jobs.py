@@ -28,6 +28,14 @@ Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampli
 TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Tokens per model turn.")]
 Seed = Annotated[int, typer.Option("--seed", help="Rollout i of a task samples with seed + i.")]
+AllowedFailures = Annotated[
+    str,
+    typer.Option(
+        "--allowed-failures",
+        help="Permanent rollout failures the job may have and still succeed: a count (5) or a "
+        "percentage of its rollouts (1%). Default 0; above it the job ends COMPLETED_WITH_FAILURES (exit 3).",
+    ),
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class SpecOptions:
     sink_grpc: str = ""
     max_attempts: int = 0
     resume: str = ""
+    allowed_failures: str = ""
 
 
 def build_spec(o: SpecOptions) -> pb.JobSpec:
@@ -85,7 +94,28 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         spec.sampling.max_tokens = o.max_tokens
     if o.sink_grpc:
         spec.sink.grpc.address = o.sink_grpc
+    if o.allowed_failures:
+        spec.allowed_failures, spec.allowed_failure_fraction = parse_allowed_failures(o.allowed_failures)
     return spec
+
+
+def parse_allowed_failures(text: str) -> tuple[int, float]:
+    """`--allowed-failures`: "5" -> (5, 0.0); "2.5%" -> (0, 0.025)."""
+    value = text.strip()
+    try:
+        if value.endswith("%"):
+            pct = float(value[:-1])
+            if not 0 <= pct <= 100:
+                raise ValueError
+            return 0, pct / 100
+        count = int(value)
+        if count < 0:
+            raise ValueError
+        return count, 0.0
+    except ValueError:
+        raise typer.BadParameter(
+            f"--allowed-failures {text!r} is not a count >= 0 (e.g. 5) or a percentage (e.g. 1%)"
+        ) from None
 
 
 async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
@@ -122,13 +152,10 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
 
 
 def exit_for_state(job: pb.Job) -> None:
-    """Exit 1 when a job we waited for did not succeed (so scripts can tell), with the reason."""
-    from rollmesh_client._scheduler import state_name
+    """Print a job's outcome and exit with its code (commands/_exit.py); return when it SUCCEEDED."""
+    from rollmesh.commands._exit import exit_for_job
 
-    state = state_name(job.state)
-    if state != "SUCCEEDED":
-        err.print(f"[bold red]job {job.job_id} {state.lower()}[/]" + (f": {job.error}" if job.error else ""))
-        raise typer.Exit(1)
+    exit_for_job(job)
 
 
 def metrics_rows(m: pb.JobMetrics, job: pb.Job | None = None) -> list[tuple[str, str]]:
@@ -136,6 +163,7 @@ def metrics_rows(m: pb.JobMetrics, job: pb.Job | None = None) -> list[tuple[str,
         ("rollouts", str(m.num_rollouts)),
         ("tasks", str(m.num_tasks)),
         ("failures", str(m.num_failures)),
+        *[(f"  {name}", str(n)) for name, n in sorted(m.failures_by_class.items(), key=lambda kv: -kv[1])],
         ("mean reward", f"{m.mean_reward:.4f} ± {m.stderr_reward:.4f} (stderr)"),
         ("pass@1 (avg over k)", f"{m.pass_at_1_avg:.4f}"),
     ]

@@ -19,6 +19,7 @@ from rollmesh.commands._common import (
     serve_app,
 )
 from rollmesh.commands._jobs import (
+    AllowedFailures,
     Benchmark,
     Concurrency,
     Environment,
@@ -114,6 +115,7 @@ def submit(
     output_dir: Annotated[str, typer.Option("--output-dir", help="JSONL sink folder.")] = "",
     sink_grpc: Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")] = "",
     max_attempts: Annotated[int, typer.Option("--max-attempts", help="Attempts per rollout.")] = 0,
+    allowed_failures: AllowedFailures = "",
     resume: Annotated[str, typer.Option("--resume", help="Resume this job id.")] = "",
     request_id: Annotated[str, typer.Option("--request-id", help="Idempotency key.")] = "",
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
@@ -143,6 +145,7 @@ def submit(
             sink_grpc=sink_grpc,
             max_attempts=max_attempts,
             resume=resume,
+            allowed_failures=allowed_failures,
         )
     )
 

@@ -134,6 +134,7 @@ def status(
                     "address": s.address,
                     "health": s.health,
                     "detail": s.detail,
+                    "ok": s.ok,
                     "replicas": s.replicas,
                 }
                 for s in statuses
@@ -146,8 +147,11 @@ def status(
             [(s.service, s.address, s.health, s.detail) for s in statuses],
         )
     if not all(s.ok for s in statuses):
-        down = ", ".join(s.service for s in statuses if not s.ok)
+        down = ", ".join(s.service for s in statuses if not s.ok and s.readable)
+        unreadable = ", ".join(s.service for s in statuses if not s.readable)
         if not as_json:
+            if unreadable:
+                fail(f"cannot read: {unreadable} (check --api-key / ROLLMESH_API_KEY)", code=1)
             fail(f"not serving: {down} (start the mesh with `rollmesh up`)", code=1)
         raise typer.Exit(1)
 

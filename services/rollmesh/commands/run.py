@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rollmesh.commands._common import ApiKey, JsonOut, err, fail, print_json, run
+from rollmesh.commands._exit import failure_summary_dicts
 from rollmesh.commands._jobs import (
+    AllowedFailures,
     Benchmark,
     Concurrency,
     Environment,
@@ -58,6 +60,7 @@ def _run(
     top_p: TopP = None,
     max_tokens: MaxTokens = None,
     seed: Seed = 0,
+    allowed_failures: AllowedFailures = "",
     output_dir: Annotated[str, typer.Option("--output-dir", "-o", help="Where runs/<job-id>/ go.")] = "runs",
     resume: Annotated[
         bool, typer.Option("--resume", help="Finish the newest unfinished job with the same settings.")
@@ -112,6 +115,7 @@ def _run(
         starting_seed=seed,
         output_dir=str(Path(output_dir).resolve()),
         resume=job_id,
+        allowed_failures=allowed_failures,
     )
     spec = build_spec(options)
     if resume and not job_id:
@@ -226,6 +230,7 @@ def _report(outcome: Outcome, as_json: bool) -> None:
             "job_id": job.job_id,
             "state": _state(job),
             "error": job.error,
+            "failure_summary": failure_summary_dicts(job),
             "paths": paths,
         }
         if outcome.metrics is not None:

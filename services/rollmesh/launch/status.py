@@ -1,5 +1,9 @@
 """`rollmesh status`: each service's address, health and a one-line summary (replicas for the
-gateway, environments for the verifier, jobs for the scheduler, roots for the registry)."""
+gateway, environments for the verifier, jobs for the scheduler, roots for the registry).
+
+A service is `ok` only when it answers health with SERVING *and* its summary could be read: a
+service that is up but refuses us (UNAUTHENTICATED: no or a wrong --api-key) is not usable, so
+`rollmesh status` exits non-zero for it too and says why in `detail`."""
 
 from __future__ import annotations
 
@@ -22,10 +26,11 @@ class ServiceStatus:
     health: str  # SERVING, NOT_SERVING, UNREACHABLE ...
     detail: str = ""
     replicas: list[dict[str, object]] = field(default_factory=list)
+    readable: bool = True  # False when health answered but the summary RPC failed
 
     @property
     def ok(self) -> bool:
-        return self.health == "SERVING"
+        return self.health == "SERVING" and self.readable
 
 
 async def _health(address: str, api_key: str | None, timeout_s: float) -> str:
@@ -82,7 +87,8 @@ async def mesh_status(
                 try:
                     await _detail(c, st)
                 except RollmeshClientError as exc:
-                    st.detail = f"summary failed: {exc}"
+                    st.readable = False
+                    st.detail = f"cannot read it: {exc}"
             return st
 
         return list(await asyncio.gather(*(one(s) for s in SERVICES)))

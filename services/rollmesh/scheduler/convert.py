@@ -188,6 +188,7 @@ def metrics_to_pb(m: Metrics | Mapping[str, Any]) -> scheduler_pb2.JobMetrics:
         ],
         mean_prompt_tokens=m.mean_prompt_tokens,
         mean_completion_tokens=m.mean_completion_tokens,
+        failures_by_class=m.failures_by_class,
     )
 
 
@@ -206,6 +207,7 @@ def metrics_from_pb(msg: scheduler_pb2.JobMetrics) -> Metrics:
         pass_at_1_avg=msg.pass_at_1_avg,
         mean_prompt_tokens=msg.mean_prompt_tokens,
         mean_completion_tokens=msg.mean_completion_tokens,
+        failures_by_class=dict(sorted((k, int(v)) for k, v in msg.failures_by_class.items())),
         tasks=[
             TaskProfile(
                 task_index=int(t.task_index),

@@ -4,6 +4,10 @@ Backpressure end to end: the producer takes the next key only when the limiter h
 holds its slot until the sink accepted it, so a slow sink slows dispatch and nothing queues without
 bound (no gather over all rollouts, no unbounded queue). Each key is written once: either a Rollout or,
 after every retry, a RolloutFailure. N consecutive UNAVAILABLE failures stop the run (FAILED).
+
+A run that dispatched every key ends in the state `outcome.final_state` gives it (SUCCEEDED only
+when its permanent failures are within the job's bound); the same non-retryable error class on
+`retry.fail_fast_after` rollouts in a row stops it at once (FAILED, naming that class).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from rollmesh.scheduler.agent import (
 )
 from rollmesh.scheduler.concurrency import Limiter
 from rollmesh.scheduler.metrics import Scored
+from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.retry import UNAVAILABLE, Backoff, ErrorClass, RolloutFailed, with_retry
@@ -76,7 +81,7 @@ class Progress:
 
 @dataclass
 class RunResult:
-    state: str  # SUCCEEDED, FAILED or CANCELLED
+    state: str  # SUCCEEDED, COMPLETED_WITH_FAILURES, FAILED or CANCELLED (outcome.FINAL_STATES)
     error: str = ""
 
 
@@ -148,6 +153,8 @@ class JobRun:
         # What final metrics need of each rollout, kept only when the sink cannot be read back.
         self.scored: list[Scored] = []
         self.failures: list[RolloutFailure] = []
+        self.tally = FailureTally()
+        self._fail_fast = FailFast(self.policy.fail_fast_after)
         self._write_lock = asyncio.Lock()
         self._consecutive_unavailable = 0
         self._stop_reason: RunResult | None = None
@@ -190,7 +197,19 @@ class JobRun:
         finally:
             self.progress.ended = self.hooks.clock()
             self.progress.in_flight = 0
-        return self._stop_reason or RunResult("SUCCEEDED")
+        return self._stop_reason or self._outcome()
+
+    def _outcome(self) -> RunResult:
+        p, spec = self.progress, self.plan.spec
+        state, error = final_state(
+            total=self.plan.total,
+            succeeded=p.succeeded + p.skipped_existing,
+            failed=p.failed,
+            allowed_failures=spec.allowed_failures,
+            allowed_fraction=spec.allowed_failure_fraction,
+            tally=self.tally,
+        )
+        return RunResult(state, error)
 
     async def _produce(self, existing: set[RolloutKey]) -> None:
         try:
@@ -305,6 +324,7 @@ class JobRun:
             p.reward_sum += rollout.reward
             p.completion_tokens += rollout.completion_tokens
             self._consecutive_unavailable = 0
+            self._fail_fast.success()
             if self.keep_scored:
                 self.scored.append(Scored.of(rollout))
             if self.hooks.on_rollout is not None:
@@ -318,8 +338,19 @@ class JobRun:
             self.progress.done += 1
             self.progress.failed += 1
             self.failures.append(failure)
+            self.tally.add(err.name, err.message)
             if self.hooks.on_failure is not None:
                 self.hooks.on_failure(failure)
+        if self._fail_fast.failure(err.name, err.retryable):
+            self.stop(
+                RunResult(
+                    "FAILED",
+                    f"{self._fail_fast.streak} rollouts in a row failed with {err.name} (fail fast after "
+                    f"{self._fail_fast.after}; retries cannot fix it): {err.message}. "
+                    "Everything written is kept; fix the cause and resume the job.",
+                )
+            )
+            return
         if err.name == UNAVAILABLE:
             self._consecutive_unavailable += 1
             limit = self.policy.max_consecutive_unavailable

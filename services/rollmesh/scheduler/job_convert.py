@@ -15,6 +15,7 @@ STATES = {
     "SUCCEEDED": pb.JOB_STATE_SUCCEEDED,
     "FAILED": pb.JOB_STATE_FAILED,
     "CANCELLED": pb.JOB_STATE_CANCELLED,
+    "COMPLETED_WITH_FAILURES": pb.JOB_STATE_COMPLETED_WITH_FAILURES,
 }
 
 
@@ -69,11 +70,18 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
             max_backoff_s=r.max_backoff_s,
             rollout_timeout_s=r.rollout_timeout_s,
             max_consecutive_unavailable=r.max_consecutive_unavailable,
+            unavailable_budget_s=r.unavailable_budget_s,
+            fail_fast_after=r.fail_fast_after,
+            attempt_deadline_multiplier=r.attempt_deadline_multiplier,
+            attempt_deadline_floor_s=r.attempt_deadline_floor_s,
+            fixed_attempt_deadline=r.fixed_attempt_deadline,
         ),
         output_dir=msg.output_dir,
         resume_job_id=msg.resume_job_id,
         validate_all=msg.validate_all,
         k_values=tuple(msg.k_values),
+        allowed_failures=msg.allowed_failures,
+        allowed_failure_fraction=msg.allowed_failure_fraction,
     )
 
 
@@ -96,11 +104,18 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
             max_backoff_s=spec.retry.max_backoff_s,
             rollout_timeout_s=spec.retry.rollout_timeout_s,
             max_consecutive_unavailable=spec.retry.max_consecutive_unavailable,
+            unavailable_budget_s=spec.retry.unavailable_budget_s,
+            fail_fast_after=spec.retry.fail_fast_after,
+            attempt_deadline_multiplier=spec.retry.attempt_deadline_multiplier,
+            attempt_deadline_floor_s=spec.retry.attempt_deadline_floor_s,
+            fixed_attempt_deadline=spec.retry.fixed_attempt_deadline,
         ),
         output_dir=spec.output_dir,
         resume_job_id=spec.resume_job_id,
         validate_all=spec.validate_all,
         k_values=list(spec.k_values),
+        allowed_failures=spec.allowed_failures,
+        allowed_failure_fraction=spec.allowed_failure_fraction,
     )
     if spec.sink.kind == "grpc":
         msg.sink.grpc.CopyFrom(pb.GrpcSinkSpec(address=spec.sink.address, window=spec.sink.window))
@@ -138,6 +153,12 @@ def job_to_pb(rec: JobRecord, now: float) -> pb.Job:
         error=rec.error,
         output_path=str(rec.directory) if rec.has_file else "",
         request_id=rec.request_id,
+        failure_summary=[
+            pb.FailureClassSummary(
+                error_class=s.error_class, count=s.count, example_message=s.example_message
+            )
+            for s in rec.failure_summary
+        ],
     )
     if rec.end_time is not None:
         job.end_time.CopyFrom(_ts(rec.end_time))

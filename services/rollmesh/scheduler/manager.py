@@ -34,6 +34,7 @@ from rollmesh.scheduler.errors import (
 )
 from rollmesh.scheduler.jsonl_sink import write_json_atomic
 from rollmesh.scheduler.metrics import compute_metrics
+from rollmesh.scheduler.outcome import COMPLETED_WITH_FAILURES, FINAL_STATES, SUCCEEDED, FailureClassSummary
 from rollmesh.scheduler.plan import Plan, build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
 from rollmesh.scheduler.sink import Sink
@@ -48,7 +49,6 @@ METRICS_FILE = "metrics.json"
 RING_SIZE = 2048  # recent output items kept in memory for StreamRollouts
 MAX_JOBS = 1000  # jobs kept in memory; the oldest finished ones are forgotten first
 READ_BATCH = 256
-FINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
 Item = Rollout | RolloutFailure
@@ -81,6 +81,7 @@ class JobRecord:
     run: JobRun | None = None
     has_file: bool = False  # the sink writes rollouts.jsonl in `directory`
     stored_progress: Json = field(default_factory=dict)
+    stored_failure_summary: list[FailureClassSummary] = field(default_factory=list)
     # Output log: offsets [next_offset - len(ring), next_offset) are in memory; earlier ones in the file.
     ring: collections.deque[Rollout] = field(default_factory=lambda: collections.deque(maxlen=RING_SIZE))
     next_offset: int = 0
@@ -108,6 +109,11 @@ class JobRecord:
             retries=int(sp.get("retries", 0)),
         )
 
+    @property
+    def failure_summary(self) -> list[FailureClassSummary]:
+        """The top failure classes of the run, with counts and one example message each."""
+        return self.run.tally.summary() if self.run is not None else self.stored_failure_summary
+
     def notify(self) -> None:
         old, self.changed = self.changed, asyncio.Event()
         old.set()
@@ -131,6 +137,7 @@ class JobRecord:
                 "mean_reward": p.mean_reward,
                 "retries": p.retries,
             },
+            "failure_summary": [f.to_json() for f in self.failure_summary],
         }
 
 
@@ -344,7 +351,7 @@ class JobManager:
             await run.sink.close(state=result.state, metrics=metrics)
         except Exception as exc:
             log.error("sink_close_failed", job_id=rec.job_id, exc_info=exc)
-            if result.state == "SUCCEEDED":
+            if result.state in (SUCCEEDED, COMPLETED_WITH_FAILURES):
                 result = RunResult("FAILED", f"the sink failed to close: {exc}")
         rec.state, rec.error, rec.end_time = result.state, result.error, time.time()
         p = run.progress
@@ -407,6 +414,9 @@ class JobManager:
             end_time=stored.get("end_time"),
             has_file=spec.sink.kind == "jsonl",
             stored_progress=dict(stored.get("progress", {})),
+            stored_failure_summary=[
+                FailureClassSummary.from_json(f) for f in stored.get("failure_summary", [])
+            ],
         )
         if not rec.finished:  # it was running when its scheduler died
             rec.state = "FAILED"

@@ -25,7 +25,15 @@ class RetryPolicy:
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
     rollout_timeout_s: float = 300.0
-    max_consecutive_unavailable: int = 50
+    max_consecutive_unavailable: int = 50  # deprecated, ignored: unavailable_budget_s is the rule
+    # Seconds a service may stay unreachable (no call getting through) before the job fails.
+    unavailable_budget_s: float = 60.0
+    # The same non-retryable error class on this many rollouts in a row fails the job at once.
+    fail_fast_after: int = 20
+    # A model call's deadline: multiplier x recent p99 latency, within [floor, rollout_timeout_s].
+    attempt_deadline_multiplier: float = 4.0
+    attempt_deadline_floor_s: float = 2.0
+    fixed_attempt_deadline: bool = False
 
     def with_defaults(self) -> RetryPolicy:
         """Zero fields replaced by the defaults (the proto's zero means unset)."""
@@ -36,6 +44,11 @@ class RetryPolicy:
             max_backoff_s=self.max_backoff_s or d.max_backoff_s,
             rollout_timeout_s=self.rollout_timeout_s or d.rollout_timeout_s,
             max_consecutive_unavailable=self.max_consecutive_unavailable or d.max_consecutive_unavailable,
+            unavailable_budget_s=self.unavailable_budget_s or d.unavailable_budget_s,
+            fail_fast_after=self.fail_fast_after or d.fail_fast_after,
+            attempt_deadline_multiplier=self.attempt_deadline_multiplier or d.attempt_deadline_multiplier,
+            attempt_deadline_floor_s=self.attempt_deadline_floor_s or d.attempt_deadline_floor_s,
+            fixed_attempt_deadline=self.fixed_attempt_deadline,
         )
 
 
@@ -69,6 +82,9 @@ class JobSpec:
     resume_job_id: str = ""
     validate_all: bool = False
     k_values: tuple[int, ...] = ()
+    # Permanent failures the job tolerates and still SUCCEEDS: max(count, floor(fraction x total)).
+    allowed_failures: int = 0
+    allowed_failure_fraction: float = 0.0
 
     def to_json(self) -> Json:
         data = dataclasses.asdict(self)
@@ -102,6 +118,11 @@ def validate(spec: JobSpec) -> None:
         "retry.max_backoff_s": spec.retry.max_backoff_s,
         "retry.rollout_timeout_s": spec.retry.rollout_timeout_s,
         "retry.max_consecutive_unavailable": spec.retry.max_consecutive_unavailable,
+        "retry.unavailable_budget_s": spec.retry.unavailable_budget_s,
+        "retry.fail_fast_after": spec.retry.fail_fast_after,
+        "retry.attempt_deadline_multiplier": spec.retry.attempt_deadline_multiplier,
+        "retry.attempt_deadline_floor_s": spec.retry.attempt_deadline_floor_s,
+        "allowed_failures": spec.allowed_failures,
         "sink.fsync_every": spec.sink.fsync_every,
         "sink.window": spec.sink.window,
     }
@@ -110,6 +131,11 @@ def validate(spec: JobSpec) -> None:
             raise InvalidJobSpec(
                 f"{name} is {value}; it must be >= 0 (0 means the default)", metadata={"field": name}
             )
+    if not 0.0 <= spec.allowed_failure_fraction <= 1.0:
+        raise InvalidJobSpec(
+            f"allowed_failure_fraction {spec.allowed_failure_fraction} must be in [0, 1]",
+            metadata={"field": "allowed_failure_fraction"},
+        )
     if any(k <= 0 for k in spec.k_values):
         raise InvalidJobSpec(
             f"k_values {list(spec.k_values)} must all be >= 1", metadata={"field": "k_values"}

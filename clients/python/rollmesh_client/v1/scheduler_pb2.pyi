@@ -33,6 +33,8 @@ class _JobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobState.Val
     JOB_STATE_SUCCEEDED: _JobState.ValueType  # 3
     JOB_STATE_FAILED: _JobState.ValueType  # 4
     JOB_STATE_CANCELLED: _JobState.ValueType  # 5
+    JOB_STATE_COMPLETED_WITH_FAILURES: _JobState.ValueType  # 6
+    """Every rollout ran, but more failed permanently than JobSpec.allowed_failures allows."""
 
 class JobState(_JobState, metaclass=_JobStateEnumTypeWrapper): ...
 
@@ -42,6 +44,8 @@ JOB_STATE_RUNNING: JobState.ValueType  # 2
 JOB_STATE_SUCCEEDED: JobState.ValueType  # 3
 JOB_STATE_FAILED: JobState.ValueType  # 4
 JOB_STATE_CANCELLED: JobState.ValueType  # 5
+JOB_STATE_COMPLETED_WITH_FAILURES: JobState.ValueType  # 6
+"""Every rollout ran, but more failed permanently than JobSpec.allowed_failures allows."""
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
 
 @_typing.final
@@ -67,6 +71,8 @@ class JobSpec(_message.Message):
     RESUME_JOB_ID_FIELD_NUMBER: _builtins.int
     VALIDATE_ALL_FIELD_NUMBER: _builtins.int
     K_VALUES_FIELD_NUMBER: _builtins.int
+    ALLOWED_FAILURES_FIELD_NUMBER: _builtins.int
+    ALLOWED_FAILURE_FRACTION_FIELD_NUMBER: _builtins.int
     benchmark: _builtins.str
     """A benchmark artifact: supplies dataset, environment, repeats and sampling defaults."""
     dataset: _builtins.str
@@ -89,6 +95,12 @@ class JobSpec(_message.Message):
     """Resume this job id: only keys missing from its output run."""
     validate_all: _builtins.bool
     """Validate the token record of every rollout (debug) instead of a sample."""
+    allowed_failures: _builtins.int
+    """Permanent rollout failures the job tolerates and still ends SUCCEEDED (default 0: none).
+    More than the bound ends it COMPLETED_WITH_FAILURES (or FAILED when no rollout succeeded).
+    """
+    allowed_failure_fraction: _builtins.float
+    """The bound as a fraction of the job's rollouts in [0, 1]; the larger of the two bounds applies."""
     @_builtins.property
     def agent(self) -> Global___AgentSpec: ...
     @_builtins.property
@@ -125,10 +137,12 @@ class JobSpec(_message.Message):
         resume_job_id: _builtins.str = ...,
         validate_all: _builtins.bool = ...,
         k_values: _abc.Iterable[_builtins.int] | None = ...,
+        allowed_failures: _builtins.int = ...,
+        allowed_failure_fraction: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "benchmark", b"benchmark", "concurrency", b"concurrency", "dataset", b"dataset", "environment", b"environment", "k_values", b"k_values", "limit", b"limit", "model", b"model", "num_repeats", b"num_repeats", "output_dir", b"output_dir", "resume_job_id", b"resume_job_id", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink", "starting_seed", b"starting_seed", "validate_all", b"validate_all"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "allowed_failure_fraction", b"allowed_failure_fraction", "allowed_failures", b"allowed_failures", "benchmark", b"benchmark", "concurrency", b"concurrency", "dataset", b"dataset", "environment", b"environment", "k_values", b"k_values", "limit", b"limit", "model", b"model", "num_repeats", b"num_repeats", "output_dir", b"output_dir", "resume_job_id", b"resume_job_id", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink", "starting_seed", b"starting_seed", "validate_all", b"validate_all"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -265,6 +279,11 @@ class RetryPolicy(_message.Message):
     MAX_BACKOFF_S_FIELD_NUMBER: _builtins.int
     ROLLOUT_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     MAX_CONSECUTIVE_UNAVAILABLE_FIELD_NUMBER: _builtins.int
+    UNAVAILABLE_BUDGET_S_FIELD_NUMBER: _builtins.int
+    FAIL_FAST_AFTER_FIELD_NUMBER: _builtins.int
+    ATTEMPT_DEADLINE_MULTIPLIER_FIELD_NUMBER: _builtins.int
+    ATTEMPT_DEADLINE_FLOOR_S_FIELD_NUMBER: _builtins.int
+    FIXED_ATTEMPT_DEADLINE_FIELD_NUMBER: _builtins.int
     max_attempts: _builtins.int
     """Attempts per rollout, first included (default 3)."""
     initial_backoff_s: _builtins.float
@@ -274,9 +293,24 @@ class RetryPolicy(_message.Message):
     rollout_timeout_s: _builtins.float
     """Deadline for one attempt of one rollout (default 300)."""
     max_consecutive_unavailable: _builtins.int
-    """The job fails when this many rollouts in a row failed for an unavailable
-    service (default 50): it keeps everything written and says why.
+    """Deprecated and ignored: the give-up rule is `unavailable_budget_s` (a time budget)."""
+    unavailable_budget_s: _builtins.float
+    """The job fails when the gateway or verifier stays unreachable this long without one
+    call getting through (default 60 s). Rollouts waiting on an outage retry without
+    using up their attempts, so a service restart costs no rollouts.
     """
+    fail_fast_after: _builtins.int
+    """The job fails at once when this many rollouts in a row failed with the same
+    non-retryable error class (UNAUTHENTICATED, MODEL_NOT_FOUND, ...) (default 20).
+    """
+    attempt_deadline_multiplier: _builtins.float
+    """A model call's deadline is this multiple of the recent p99 model-call latency
+    (default 4), at least `attempt_deadline_floor_s`, at most `rollout_timeout_s`.
+    """
+    attempt_deadline_floor_s: _builtins.float
+    """The least a model call is given once latency has been observed (default 2 s)."""
+    fixed_attempt_deadline: _builtins.bool
+    """Turn the adaptive deadline off: every attempt gets `rollout_timeout_s`."""
     def __init__(
         self,
         *,
@@ -285,10 +319,15 @@ class RetryPolicy(_message.Message):
         max_backoff_s: _builtins.float = ...,
         rollout_timeout_s: _builtins.float = ...,
         max_consecutive_unavailable: _builtins.int = ...,
+        unavailable_budget_s: _builtins.float = ...,
+        fail_fast_after: _builtins.int = ...,
+        attempt_deadline_multiplier: _builtins.float = ...,
+        attempt_deadline_floor_s: _builtins.float = ...,
+        fixed_attempt_deadline: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["initial_backoff_s", b"initial_backoff_s", "max_attempts", b"max_attempts", "max_backoff_s", b"max_backoff_s", "max_consecutive_unavailable", b"max_consecutive_unavailable", "rollout_timeout_s", b"rollout_timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline_floor_s", b"attempt_deadline_floor_s", "attempt_deadline_multiplier", b"attempt_deadline_multiplier", "fail_fast_after", b"fail_fast_after", "fixed_attempt_deadline", b"fixed_attempt_deadline", "initial_backoff_s", b"initial_backoff_s", "max_attempts", b"max_attempts", "max_backoff_s", b"max_backoff_s", "max_consecutive_unavailable", b"max_consecutive_unavailable", "rollout_timeout_s", b"rollout_timeout_s", "unavailable_budget_s", b"unavailable_budget_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -361,6 +400,7 @@ class Job(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     OUTPUT_PATH_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    FAILURE_SUMMARY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: Global___JobState.ValueType
     error: _builtins.str
@@ -376,6 +416,10 @@ class Job(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def end_time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def failure_summary(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailureClassSummary]:
+        """The most frequent failure classes of this run, most frequent first (at most 5)."""
+
     def __init__(
         self,
         *,
@@ -388,14 +432,43 @@ class Job(_message.Message):
         error: _builtins.str = ...,
         output_path: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        failure_summary: _abc.Iterable[Global___FailureClassSummary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "job_id", b"job_id", "output_path", b"output_path", "progress", b"progress", "request_id", b"request_id", "spec", b"spec", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "failure_summary", b"failure_summary", "job_id", b"job_id", "output_path", b"output_path", "progress", b"progress", "request_id", b"request_id", "spec", b"spec", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class FailureClassSummary(_message.Message):
+    """One failure class of a job: how many rollouts it failed, and one of its messages."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_CLASS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    EXAMPLE_MESSAGE_FIELD_NUMBER: _builtins.int
+    error_class: _builtins.str
+    """e.g. "UNAUTHENTICATED", "UPSTREAM_HTTP_ERROR:500", "DEADLINE_EXCEEDED"."""
+    count: _builtins.int
+    example_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        error_class: _builtins.str = ...,
+        count: _builtins.int = ...,
+        example_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "error_class", b"error_class", "example_message", b"example_message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailureClassSummary: _TypeAlias = FailureClassSummary  # noqa: Y015
 
 @_typing.final
 class SubmitJobRequest(_message.Message):
@@ -757,6 +830,26 @@ class JobMetrics(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class FailuresByClassEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     NUM_ROLLOUTS_FIELD_NUMBER: _builtins.int
     NUM_TASKS_FIELD_NUMBER: _builtins.int
@@ -770,6 +863,7 @@ class JobMetrics(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     MEAN_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     MEAN_COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    FAILURES_BY_CLASS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     num_rollouts: _builtins.int
     """Rollouts and tasks the metrics cover."""
@@ -792,6 +886,10 @@ class JobMetrics(_message.Message):
 
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskProfile]: ...
+    @_builtins.property
+    def failures_by_class(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Permanent failures per failure class (as in failures.jsonl's error_class)."""
+
     def __init__(
         self,
         *,
@@ -808,10 +906,11 @@ class JobMetrics(_message.Message):
         tasks: _abc.Iterable[Global___TaskProfile] | None = ...,
         mean_prompt_tokens: _builtins.float = ...,
         mean_completion_tokens: _builtins.float = ...,
+        failures_by_class: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "maj_at_k", b"maj_at_k", "mean_completion_tokens", b"mean_completion_tokens", "mean_prompt_tokens", b"mean_prompt_tokens", "mean_reward", b"mean_reward", "num_failures", b"num_failures", "num_rollouts", b"num_rollouts", "num_tasks", b"num_tasks", "pass_at_1_avg", b"pass_at_1_avg", "pass_at_k", b"pass_at_k", "std_reward", b"std_reward", "stderr_reward", b"stderr_reward", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failures_by_class", b"failures_by_class", "job_id", b"job_id", "maj_at_k", b"maj_at_k", "mean_completion_tokens", b"mean_completion_tokens", "mean_prompt_tokens", b"mean_prompt_tokens", "mean_reward", b"mean_reward", "num_failures", b"num_failures", "num_rollouts", b"num_rollouts", "num_tasks", b"num_tasks", "pass_at_1_avg", b"pass_at_1_avg", "pass_at_k", b"pass_at_k", "std_reward", b"std_reward", "stderr_reward", b"stderr_reward", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

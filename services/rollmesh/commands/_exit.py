@@ -1,0 +1,80 @@
+"""The CLI's exit codes, in one place, so scripts can tell a job's outcome from a crash.
+
+    0    the job SUCCEEDED (permanent failures within --allowed-failures), or the command did its work
+    1    an error: a service unreachable or unreadable, an internal error, a crash
+    2    bad usage or input (a flag, a spec the scheduler rejected, a missing file or artifact)
+    3    the job COMPLETED_WITH_FAILURES: every rollout ran, more failed than allowed
+    4    the job FAILED (fail fast, every rollout failed, services gone for longer than the budget, sink)
+    5    the job was CANCELLED (by `rollmesh jobs cancel` or another client)
+    130  interrupted here (Ctrl-C / SIGTERM): the job was cancelled; rerun with --resume
+
+`exit_for_job` prints the outcome (state, reason, the top failure classes with counts and one
+example message each) to stderr and exits with the job's code; it returns for SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from rollmesh.commands._common import err
+
+if TYPE_CHECKING:
+    from rollmesh_client.v1 import scheduler_pb2 as pb
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_COMPLETED_WITH_FAILURES = 3
+EXIT_JOB_FAILED = 4
+EXIT_JOB_CANCELLED = 5
+EXIT_INTERRUPTED = 130
+
+JOB_EXIT_CODES = {
+    "SUCCEEDED": EXIT_OK,
+    "COMPLETED_WITH_FAILURES": EXIT_COMPLETED_WITH_FAILURES,
+    "FAILED": EXIT_JOB_FAILED,
+    "CANCELLED": EXIT_JOB_CANCELLED,
+}
+
+
+def exit_code_for(state: str) -> int:
+    """The exit code for a job's final state name (anything unknown is an error)."""
+    return JOB_EXIT_CODES.get(state, EXIT_ERROR)
+
+
+def failure_summary_rows(job: pb.Job) -> list[tuple[str, int, str]]:
+    return [(f.error_class, int(f.count), f.example_message) for f in job.failure_summary]
+
+
+def failure_summary_dicts(job: pb.Job) -> list[dict[str, object]]:
+    """For --json output."""
+    return [{"error_class": c, "count": n, "example_message": m} for c, n, m in failure_summary_rows(job)]
+
+
+def show_failure_summary(job: pb.Job) -> None:
+    """The top failure classes, most frequent first, with one example message each (stderr)."""
+    rows = failure_summary_rows(job)
+    if not rows:
+        return
+    err.print(f"failures of {job.job_id} by class (top {len(rows)}):", highlight=False)
+    for error_class, count, example in rows:
+        err.print(f"  {count:>7}  {error_class}  e.g. {example}", highlight=False, markup=False)
+
+
+def exit_for_job(job: pb.Job) -> None:
+    """Print the job's outcome and exit with its code; return when it SUCCEEDED."""
+    from rollmesh_client._scheduler import state_name
+
+    state = state_name(job.state)
+    code = exit_code_for(state)
+    if state == "SUCCEEDED":
+        if job.failure_summary:  # within --allowed-failures: say so, still success
+            show_failure_summary(job)
+        return
+    err.print(f"[bold red]job {job.job_id} {state.lower()}[/]", highlight=False)
+    if job.error:
+        err.print(job.error, highlight=False, markup=False)
+    show_failure_summary(job)
+    raise typer.Exit(code)
