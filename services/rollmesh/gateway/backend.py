@@ -13,6 +13,19 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollmesh.gateway.errors import BackendUnavailable
+
+__all__ = [
+    "BackendUnavailable",
+    "EngineChunk",
+    "EngineRequest",
+    "ModelBackend",
+    "ModelCard",
+    "ReplicaStatus",
+    "Sampling",
+    "Tokenizer",
+]
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -56,6 +69,9 @@ class EngineChunk:
     replica_id: str = ""
     # Backends that render the prompt themselves report the ids they used (may be empty).
     prompt_token_ids: tuple[int, ...] = ()
+    # Token counts the engine reported (an OpenAI upstream's `usage`); 0 when it reported none.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,14 +105,6 @@ class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
-
-
-class BackendUnavailable(Exception):
-    """The backend cannot serve now (down, restarting); the gateway answers UNAVAILABLE with RetryInfo."""
-
-    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class ModelBackend(ABC):

@@ -45,6 +45,7 @@ def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None)
             model=spec.model or spec.name,
             api_key=env.get(spec.api_key_env, "") if spec.api_key_env else "",
             max_model_len=spec.max_model_len,
+            max_connections=spec.max_connections,
         )
     if spec.backend == "ray-serve":
         from rollmesh.serving.backend import RayServeBackend

@@ -25,6 +25,9 @@ class ModelSpec:
     # Name of the environment variable holding the URL's API key (never the key itself).
     api_key_env: str = ""
     max_model_len: int = 0
+    # openai backend: cap on upstream connections; 0 gives every request in flight its own, so the
+    # caller's concurrency (not a library default pool) bounds the calls.
+    max_connections: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -36,6 +39,8 @@ class ModelSpec:
             )
         if self.replicas is not None and self.replicas < 1:
             raise ConfigError(f"model {self.name!r}: replicas={self.replicas} must be >= 1")
+        if self.max_connections < 0:
+            raise ConfigError("ROLLMESH_GATEWAY_UPSTREAM_CONNECTIONS must be >= 0 (0: no cap)")
 
 
 def model_name_for(model: str) -> str:
@@ -93,6 +98,7 @@ class GatewayConfig:
             replicas=replicas,
             base_url=base_url or str(read("ROLLMESH_GATEWAY_BASE_URL", environ)),
             api_key_env=str(read("ROLLMESH_GATEWAY_API_KEY_ENV", environ)),
+            max_connections=int(read("ROLLMESH_GATEWAY_UPSTREAM_CONNECTIONS", environ)),
         )
         return cls(
             server=server,

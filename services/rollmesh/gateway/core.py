@@ -442,6 +442,7 @@ class Gateway:
             texts: list[str] = []
             replica, finish = "", None
             prompt_ids = prepared.prompt_ids
+            reported_usage = (0, 0)  # token counts the backend reported (message-only backends)
             if not flight.aborted.is_set():
                 agen = m.backend.generate(prepared.request)
                 try:
@@ -468,6 +469,8 @@ class Gateway:
                             m.in_flight[replica] += 1
                         if chunk.prompt_token_ids and not prompt_ids:
                             prompt_ids = chunk.prompt_token_ids
+                        if chunk.prompt_tokens or chunk.completion_tokens:
+                            reported_usage = (chunk.prompt_tokens, chunk.completion_tokens)
                         if chunk.token_ids or chunk.text:
                             out_ids.extend(chunk.token_ids)
                             logprobs.extend(chunk.logprobs)
@@ -492,8 +495,12 @@ class Gateway:
                         f"model {m.name!r} ended generation {rid} without a finish reason", retry_after_s=1.0
                     )
                 finish = "abort"
+            usage = Usage(
+                prompt_tokens=len(prompt_ids) or reported_usage[0],
+                completion_tokens=len(out_ids) or reported_usage[1],
+            )
             yield self._finish(
-                m, inp, prepared, rid, version, replica, finish, prompt_ids, out_ids, logprobs, texts
+                m, inp, prepared, rid, version, replica, finish, prompt_ids, out_ids, logprobs, texts, usage
             )
         finally:
             del self._flights[rid]
@@ -511,6 +518,7 @@ class Gateway:
         out_ids: list[int],
         logprobs: list[float],
         texts: list[str],
+        usage: Usage,
     ) -> GenerateResult:
         tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
         if tokenizer is not None and out_ids:
@@ -543,7 +551,7 @@ class Gateway:
             output_token_ids=tuple(out_ids),
             logprobs=tuple(logprobs) if prepared.request.sampling.logprobs else (),
             finish_reason=finish,
-            usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(out_ids)),
+            usage=usage,
             replica_id=replica,
             policy_version=version,
             model=m.name,

@@ -123,8 +123,63 @@ class TooManyRoutes(ResourceExhausted):
     reason = "TOO_MANY_ROUTES"
 
 
+class BackendUnavailable(Exception):
+    """Raised by a backend that cannot serve now (down, restarting); the gateway answers UNAVAILABLE
+    (`BackendDown`) with RetryInfo. Backends that know the cause raise an `Upstream*` error instead."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+# -- an OpenAI-compatible upstream failed: one reason per cause (failure classes key on these names) --
+
+
+class UpstreamHttpError(Unavailable):
+    """The upstream answered HTTP 5xx (`metadata["http_status"]`); retryable, with RetryInfo."""
+
+    reason = "UPSTREAM_HTTP_ERROR"
+
+
+class UpstreamRejected(InvalidArgument):
+    """The upstream refused the request (HTTP 4xx, `metadata["http_status"]`); its message is passed on."""
+
+    reason = "UPSTREAM_REJECTED"
+
+
+class UpstreamRateLimited(ResourceExhausted):
+    """The upstream answered 429; RetryInfo carries its Retry-After (1 s when it gave none)."""
+
+    reason = "UPSTREAM_RATE_LIMITED"
+
+
+class UpstreamAuthFailed(FailedPrecondition):
+    """The upstream refused our API key (HTTP 401/403): a configuration problem, not retryable."""
+
+    reason = "UPSTREAM_AUTH_FAILED"
+
+
+class UpstreamTimeout(DeadlineExceeded):
+    """The upstream sent nothing for the backend's read timeout (or answered 408); retryable."""
+
+    reason = "UPSTREAM_TIMEOUT"
+
+
+class UpstreamStreamDropped(Unavailable):
+    """The upstream closed the connection before the answer was complete; retryable."""
+
+    reason = "UPSTREAM_STREAM_DROPPED"
+
+
+class UpstreamUnreachable(Unavailable):
+    """No connection to the upstream (refused, DNS, connect timeout); retryable."""
+
+    reason = "UPSTREAM_UNREACHABLE"
+
+
 __all__ = [
     "BackendDown",
+    "BackendUnavailable",
     "DuplicateRequestId",
     "GenerationDeadlineExceeded",
     "InvalidGenerateRequest",
@@ -137,19 +192,12 @@ __all__ = [
     "TokenIdsUnsupported",
     "TooManyRoutes",
     "UpstreamAuthFailed",
+    "UpstreamHttpError",
+    "UpstreamRateLimited",
     "UpstreamRejected",
+    "UpstreamStreamDropped",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
     "http_status",
     "openai_type",
 ]
-
-
-class UpstreamRejected(InvalidArgument):
-    """An OpenAI-compatible upstream refused the request (HTTP 4xx); its message is passed on."""
-
-    reason = "UPSTREAM_REJECTED"
-
-
-class UpstreamAuthFailed(FailedPrecondition):
-    """The upstream refused our API key (HTTP 401/403): a configuration problem, not retryable."""
-
-    reason = "UPSTREAM_AUTH_FAILED"

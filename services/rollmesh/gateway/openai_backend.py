@@ -6,9 +6,20 @@ gateway sends messages and cannot build prompts from kept ids. Token-exact multi
 request asks for its `return_token_ids` extension, so responses still carry the prompt and output
 ids the server used; other servers ignore the field and the ids stay empty.
 
+Calls: a request that wants deltas (`EngineRequest.stream`) is streamed as SSE; a unary one is one
+non-streaming POST answered by one chunk. Both report the upstream's `usage` on the last chunk.
+The connection pool has no cap of its own by default (`max_connections=0`): every request in
+flight gets a connection, so the caller's concurrency (the scheduler's bound) is the one that holds.
+
 Tool calls the server returns as structured `tool_calls` are re-rendered as
 `<tool_call>{"name": ..., "arguments": ...}</tool_call>` text, so the gateway parses every backend's
 output the same way.
+
+Failures name their cause (gateway/errors.py): HTTP 5xx -> UPSTREAM_HTTP_ERROR, 429 ->
+UPSTREAM_RATE_LIMITED (RetryInfo from Retry-After), 401/403 -> UPSTREAM_AUTH_FAILED, 404 ->
+MODEL_NOT_FOUND, 408 or no bytes for `timeout_s` -> UPSTREAM_TIMEOUT, other 4xx -> UPSTREAM_REJECTED
+(each with `metadata["http_status"]`); no connection -> UPSTREAM_UNREACHABLE; a connection closed
+mid-answer -> UPSTREAM_STREAM_DROPPED.
 """
 
 from __future__ import annotations
@@ -19,22 +30,22 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backend import (
-    BackendUnavailable,
     EngineChunk,
     EngineRequest,
     ModelBackend,
     ModelCard,
     ReplicaStatus,
 )
+from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.gateway.openai")
 
-_RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+_JSON = {"Content-Type": "application/json"}
 
 
 def _render_calls(calls: dict[int, dict[str, str]]) -> str:
@@ -45,6 +56,20 @@ def _render_calls(calls: dict[int, dict[str, str]]) -> str:
             f'<tool_call>{{"name": {json.dumps(c.get("name", ""))}, "arguments": {args}}}</tool_call>'
         )
     return "".join(parts)
+
+
+def _finish_reason(reason: str) -> str:
+    return reason if reason in ("length", "abort") else "stop"
+
+
+def _logprobs(choice: dict[str, Any]) -> tuple[float, ...]:
+    lp = choice.get("logprobs") or {}
+    return tuple(float(x["logprob"]) for x in lp.get("content") or ())
+
+
+def _usage(obj: dict[str, Any]) -> tuple[int, int]:
+    usage = obj.get("usage") or {}
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
 class OpenAIBackend(ModelBackend):
@@ -60,19 +85,20 @@ class OpenAIBackend(ModelBackend):
         max_model_len: int = 0,
         timeout_s: float = 600.0,
         request_token_ids: bool = True,
-        transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 0,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.remote_model = model or name
         self._api_key = api_key
         self._max_model_len = max_model_len
-        self._timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s)
         self._request_token_ids = request_token_ids
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._max_connections = max(0, max_connections)
+        self._session: aiohttp.ClientSession | None = None
         self._healthy = False
-        self._running: dict[str, httpx.Response | None] = {}
+        # request id -> the task running a unary call, or the open streaming response
+        self._running: dict[str, asyncio.Task[EngineChunk] | aiohttp.ClientResponse | None] = {}
         self._aborted: set[str] = set()
         self.replica_id = urlsplit(self.base_url).netloc or self.base_url
 
@@ -85,35 +111,47 @@ class OpenAIBackend(ModelBackend):
             extra={"base_url": self.base_url, "remote_model": self.remote_model},
         )
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            self._client = httpx.AsyncClient(
-                base_url=self.base_url, headers=headers, timeout=self._timeout, transport=self._transport
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0
             )
-        return self._client
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=headers, timeout=self._timeout, raise_for_status=False
+            )
+        return self._session
+
+    async def _get_models(self, timeout_s: float) -> tuple[int, dict[str, Any]]:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self._http().get(f"{self.base_url}/models", timeout=timeout) as resp:
+            if resp.status != 200:
+                return resp.status, {}
+            return resp.status, json.loads(await resp.read())
 
     async def start(self) -> None:
         """Check the server answers `/models`, and learn the context length when it says (vLLM does)."""
         try:
-            resp = await self._http().get("/models", timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"{self.base_url}/models: {exc!r}", retry_after_s=2.0) from None
-        if resp.status_code in (401, 403):
-            raise errors.UpstreamAuthFailed(f"{self.base_url} refused the API key (HTTP {resp.status_code})")
-        self._healthy = resp.status_code == 200
+            status, listing = await self._get_models(10.0)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise errors.UpstreamUnreachable(f"{self.base_url}/models: {exc!r}", retry_after_s=2.0) from None
+        if status in (401, 403):
+            raise errors.UpstreamAuthFailed(
+                f"{self.base_url} refused the API key (HTTP {status})", metadata={"http_status": str(status)}
+            )
+        self._healthy = status == 200
         if not self._healthy:
-            log.warning("openai_backend_models_failed", base_url=self.base_url, status=resp.status_code)
+            log.warning("openai_backend_models_failed", base_url=self.base_url, status=status)
             return
-        for item in resp.json().get("data", []):
+        for item in listing.get("data", []):
             if item.get("id") == self.remote_model and isinstance(item.get("max_model_len"), int):
                 self._max_model_len = self._max_model_len or int(item["max_model_len"])
 
     async def check_health(self) -> bool:
         try:
-            resp = await self._http().get("/models", timeout=5.0)
-            self._healthy = resp.status_code == 200
-        except httpx.HTTPError:
+            status, _ = await self._get_models(5.0)
+            self._healthy = status == 200
+        except (aiohttp.ClientError, TimeoutError):
             self._healthy = False
         return self._healthy
 
@@ -122,12 +160,13 @@ class OpenAIBackend(ModelBackend):
         body: dict[str, Any] = {
             "model": self.remote_model,
             "messages": list(request.messages),
-            "stream": True,
-            "stream_options": {"include_usage": True},
             "temperature": s.temperature,
             "top_p": s.top_p,
             "max_tokens": s.max_tokens,
         }
+        if request.stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if request.tools:
             body["tools"] = list(request.tools)
         if s.stop:
@@ -146,56 +185,140 @@ class OpenAIBackend(ModelBackend):
             body["user"] = request.session_id
         return body
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        rid = request.request_id
-        headers = {"X-Request-Id": rid}
+    def _headers(self, request: EngineRequest) -> dict[str, str]:
+        headers = {**_JSON, "X-Request-Id": request.request_id}
         if request.session_id:
             headers["X-Session-Id"] = request.session_id
+        return headers
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        rid = request.request_id
         self._running[rid] = None
-        calls: dict[int, dict[str, str]] = {}
-        finish: str | None = None
         try:
-            try:
-                req = self._http().build_request(
-                    "POST", "/chat/completions", json=self._body(request), headers=headers
-                )
-                resp = await self._http().send(req, stream=True)
-            except httpx.HTTPError as exc:
-                self._healthy = False
-                raise BackendUnavailable(f"{self.base_url}: {exc!r}", retry_after_s=1.0) from None
-            self._running[rid] = resp
-            try:
-                if resp.status_code != 200:
-                    await self._raise_for(resp)
-                self._healthy = True
-                async for line in resp.aiter_lines():
-                    if rid in self._aborted:
-                        break
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    for out in self._chunks(chunk, calls):
-                        if out.finish_reason:
-                            finish = out.finish_reason
-                        yield out
-            except (httpx.StreamError, httpx.TransportError) as exc:
-                if rid not in self._aborted:
-                    self._healthy = False
-                    raise BackendUnavailable(
-                        f"{self.base_url}: stream broke: {exc!r}", retry_after_s=1.0
-                    ) from None
-            finally:
-                await resp.aclose()
-            if rid in self._aborted:
-                yield EngineChunk(finish_reason="abort", replica_id=self.replica_id)
-            elif finish is None:
-                yield EngineChunk(text=_render_calls(calls), finish_reason="stop", replica_id=self.replica_id)
+            if request.stream:
+                async for chunk in self._generate_stream(request):
+                    yield chunk
+            else:
+                yield await self._generate_unary(request)
         finally:
             self._running.pop(rid, None)
             self._aborted.discard(rid)
+
+    # -- unary: one POST, one chunk ----------------------------------------------------------
+
+    async def _generate_unary(self, request: EngineRequest) -> EngineChunk:
+        rid = request.request_id
+        task = asyncio.ensure_future(self._post_unary(request))
+        self._running[rid] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if rid in self._aborted and task.cancelled():
+                return EngineChunk(finish_reason="abort", replica_id=self.replica_id)
+            raise
+
+    async def _post_unary(self, request: EngineRequest) -> EngineChunk:
+        data = json.dumps(self._body(request)).encode()
+        try:
+            async with self._http().post(
+                f"{self.base_url}/chat/completions", data=data, headers=self._headers(request)
+            ) as resp:
+                if resp.status != 200:
+                    await self._raise_for(resp)
+                payload = json.loads(await resp.read())
+        except RollmeshError:
+            raise
+        except Exception as exc:
+            raise self._transport_error(exc) from None
+        self._healthy = True
+        return self._unary_chunk(payload)
+
+    def _unary_chunk(self, payload: dict[str, Any]) -> EngineChunk:
+        choices = payload.get("choices") or [{}]
+        choice = choices[0]
+        message = choice.get("message") or {}
+        calls = {
+            i: {"name": (tc.get("function") or {}).get("name") or "", "arguments": _arguments(tc)}
+            for i, tc in enumerate(message.get("tool_calls") or [])
+        }
+        prompt_tokens, completion_tokens = _usage(payload)
+        return EngineChunk(
+            token_ids=tuple(choice.get("token_ids") or ()),
+            logprobs=_logprobs(choice),
+            text=(message.get("content") or "") + _render_calls(calls),
+            finish_reason=_finish_reason(choice.get("finish_reason") or "stop"),
+            replica_id=self.replica_id,
+            prompt_token_ids=tuple(payload.get("prompt_token_ids") or ()),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+    # -- streaming: SSE deltas ---------------------------------------------------------------
+
+    async def _generate_stream(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        rid = request.request_id
+        calls: dict[int, dict[str, str]] = {}
+        finish: EngineChunk | None = None
+        usage = (0, 0)
+        data = json.dumps(self._body(request)).encode()
+        try:
+            resp = await self._http().post(
+                f"{self.base_url}/chat/completions", data=data, headers=self._headers(request)
+            )
+        except Exception as exc:
+            raise self._transport_error(exc) from None
+        self._running[rid] = resp
+        try:
+            if resp.status != 200:
+                await self._raise_for(resp)
+            self._healthy = True
+            done = False
+            async for data_line in _sse_data(resp):
+                if rid in self._aborted:
+                    break
+                if data_line == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(data_line)
+                if chunk.get("usage"):
+                    usage = _usage(chunk)
+                for out in self._chunks(chunk, calls):
+                    if out.finish_reason:
+                        finish = out  # held back: the usage chunk comes after it
+                    else:
+                        yield out
+            if not done and finish is None and rid not in self._aborted:
+                raise errors.UpstreamStreamDropped(
+                    f"{self.base_url}: the stream ended before a finish reason", retry_after_s=1.0
+                )
+        except RollmeshError:
+            raise
+        except Exception as exc:
+            if rid not in self._aborted:
+                raise self._transport_error(exc) from None
+        finally:
+            resp.close()
+        if rid in self._aborted:
+            yield EngineChunk(finish_reason="abort", replica_id=self.replica_id)
+        elif finish is not None:
+            yield EngineChunk(
+                token_ids=finish.token_ids,
+                logprobs=finish.logprobs,
+                text=finish.text,
+                finish_reason=finish.finish_reason,
+                replica_id=finish.replica_id,
+                prompt_token_ids=finish.prompt_token_ids,
+                prompt_tokens=usage[0],
+                completion_tokens=usage[1],
+            )
+        else:
+            yield EngineChunk(
+                text=_render_calls(calls),
+                finish_reason="stop",
+                replica_id=self.replica_id,
+                prompt_tokens=usage[0],
+                completion_tokens=usage[1],
+            )
 
     def _chunks(self, chunk: dict[str, Any], calls: dict[int, dict[str, str]]) -> list[EngineChunk]:
         out: list[EngineChunk] = []
@@ -207,16 +330,15 @@ class OpenAIBackend(ModelBackend):
                 fn = tc.get("function") or {}
                 slot["name"] += fn.get("name") or ""
                 slot["arguments"] += fn.get("arguments") or ""
-            lp = choice.get("logprobs") or {}
             text = delta.get("content") or ""
             reason = choice.get("finish_reason")
             if reason:
                 text += _render_calls(calls)
-                reason = "length" if reason == "length" else ("abort" if reason == "abort" else "stop")
+                reason = _finish_reason(reason)
             out.append(
                 EngineChunk(
                     token_ids=tuple(choice.get("token_ids") or ()),
-                    logprobs=tuple(float(x["logprob"]) for x in lp.get("content") or ()),
+                    logprobs=_logprobs(choice),
                     text=text,
                     finish_reason=reason,
                     replica_id=self.replica_id,
@@ -228,33 +350,69 @@ class OpenAIBackend(ModelBackend):
             out.append(EngineChunk(replica_id=self.replica_id, prompt_token_ids=prompt_ids))
         return out
 
-    async def _raise_for(self, resp: httpx.Response) -> None:
-        body = (await resp.aread()).decode(errors="replace")[:500]
+    # -- errors ------------------------------------------------------------------------------
+
+    def _transport_error(self, exc: BaseException) -> RollmeshError:
+        """The gateway error for a failure below HTTP (the connection, or the wait for bytes)."""
+        where = self.base_url
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            self._healthy = False
+            return errors.UpstreamUnreachable(f"{where}: cannot connect: {exc}", retry_after_s=1.0)
+        if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors
+            return errors.UpstreamTimeout(
+                f"{where}: no answer within the read timeout ({self._timeout.sock_read:g} s)",
+                retry_after_s=1.0,
+            )
+        if isinstance(exc, aiohttp.ClientError | ConnectionError | ValueError):
+            return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc!r}", retry_after_s=1.0)
+        return errors.UpstreamStreamDropped(f"{where}: the call failed: {exc!r}", retry_after_s=1.0)
+
+    async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
+        body = (await resp.read()).decode(errors="replace")[:500]
         try:
             message = str(json.loads(body)["error"]["message"])
         except (ValueError, KeyError, TypeError):
             message = body
-        status = resp.status_code
-        if status in _RETRYABLE_STATUS:
+        status = resp.status
+        meta = {"http_status": str(status)}
+        where = self.base_url
+        retry = _retry_after(resp.headers.get("Retry-After"))
+        if status >= 500:
             self._healthy = status not in (502, 503, 504)
-            retry = float(resp.headers.get("retry-after", "1") or 1)
-            raise BackendUnavailable(
-                f"{self.base_url} answered HTTP {status}: {message}", retry_after_s=retry
+            raise errors.UpstreamHttpError(
+                f"{where} answered HTTP {status}: {message}", metadata=meta, retry_after_s=retry
             )
+        if status == 429:
+            raise errors.UpstreamRateLimited(
+                f"{where} is rate limiting (HTTP 429): {message}", metadata=meta, retry_after_s=retry
+            )
+        if status == 408:
+            raise errors.UpstreamTimeout(f"{where} timed out (HTTP 408): {message}", metadata=meta)
         if status in (401, 403):
-            raise errors.UpstreamAuthFailed(f"{self.base_url} refused the API key (HTTP {status}): {message}")
+            raise errors.UpstreamAuthFailed(
+                f"{where} refused the API key (HTTP {status}): {message}", metadata=meta
+            )
         if status == 404:
-            raise errors.ModelNotFound(f"{self.base_url} has no model {self.remote_model!r}: {message}")
-        raise errors.UpstreamRejected(f"{self.base_url} rejected the request (HTTP {status}): {message}")
+            raise errors.ModelNotFound(
+                f"{where} has no model {self.remote_model!r}: {message}",
+                metadata={**meta, "model": self.remote_model},
+            )
+        raise errors.UpstreamRejected(
+            f"{where} rejected the request (HTTP {status}): {message}", metadata=meta
+        )
+
+    # -- control -----------------------------------------------------------------------------
 
     async def abort(self, request_id: str) -> bool:
         if request_id not in self._running:
             return False
         self._aborted.add(request_id)
-        resp = self._running.get(request_id)
-        if resp is not None:
-            # Closing the stream is how an OpenAI server (vLLM) learns to abort the request.
-            await asyncio.shield(resp.aclose())
+        running = self._running.get(request_id)
+        if isinstance(running, asyncio.Task):
+            running.cancel()
+        elif running is not None:
+            # Closing the connection is how an OpenAI server (vLLM) learns to abort the request.
+            running.close()
         return True
 
     async def replicas(self) -> list[ReplicaStatus]:
@@ -263,6 +421,32 @@ class OpenAIBackend(ModelBackend):
         ]
 
     async def shutdown(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _arguments(tool_call: dict[str, Any]) -> str:
+    args = (tool_call.get("function") or {}).get("arguments")
+    return args if isinstance(args, str) else json.dumps(args or {})
+
+
+def _retry_after(value: str | None) -> float:
+    """Seconds from a Retry-After header (delta-seconds; an HTTP date or junk gives 1 s)."""
+    try:
+        return max(0.0, float(value)) if value else 1.0
+    except ValueError:
+        return 1.0
+
+
+async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The `data:` payloads of a server-sent-event stream, lines of any length."""
+    buffer = b""
+    async for block in resp.content.iter_any():
+        buffer += block
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            if raw.startswith(b"data:"):
+                yield raw[5:].strip().decode()
+    if buffer.startswith(b"data:"):
+        yield buffer[5:].strip().decode()

@@ -235,6 +235,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "Name of the variable holding the openai backend's API key (never the key itself).",
         ),
         EnvVar(
+            "ROLLMESH_GATEWAY_UPSTREAM_CONNECTIONS",
+            0,
+            parse_int,
+            "openai backend: cap on upstream connections (0: one per request in flight, no cap).",
+        ),
+        EnvVar(
             "ROLLMESH_OPENAI_HTTP_PORT",
             OPENAI_HTTP_PORT,
             parse_int,

@@ -1,0 +1,1 @@
+"""Tools for tests, fault injection and benchmarks; never imported by a service."""
