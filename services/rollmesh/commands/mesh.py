@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from typing import Annotated
 
 import typer
@@ -48,6 +49,7 @@ def up(
     stay in the foreground with their logs; Ctrl-C stops them all."""
     from rollmesh.launch.processes import Mesh, UpConfig, start_mesh
     from rollmesh.mesh.config import DEFAULT_PORTS
+    from rollmesh.mesh.lines import LineWriter
 
     ports = {s: 0 for s in DEFAULT_PORTS} if ephemeral else dict(DEFAULT_PORTS)
     gateway_args = [
@@ -63,8 +65,12 @@ def up(
         host=host, ports=ports, gateway_args=tuple(gateway_args), scheduler_args=("--output-dir", output_dir)
     )
 
-    def write(line: str) -> None:
-        err.print(line, markup=False, highlight=False)
+    # Children's lines reach stderr through a queue and a thread: a slow terminal or a full pipe
+    # drops (and counts) lines, it never stalls the loop that reads the children and handles signals.
+    out_lines = LineWriter(
+        sys.stderr, drop_notice=lambda n: f"[up] {n} log lines dropped: stderr was not keeping up"
+    )
+    write = out_lines.write
 
     async def go() -> int:
         mesh = Mesh()
@@ -94,7 +100,11 @@ def up(
             write("[up] stopping")
             await mesh.stop(cfg.grace_s)
 
-    raise typer.Exit(run(go()))
+    try:
+        code = run(go())
+    finally:
+        out_lines.close(timeout_s=5.0)
+    raise typer.Exit(code)
 
 
 async def _watch(mesh: object, stop: asyncio.Event) -> None:

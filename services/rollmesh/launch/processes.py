@@ -13,7 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollmesh.mesh import config
 from rollmesh.mesh.config import DEFAULT_PORTS
+from rollmesh.mesh.lines import LineAssembler
 from rollmesh.mesh.server import wait_serving
 
 ORDER = ("registry", "verifier", "gateway", "scheduler")
@@ -27,6 +29,7 @@ class UpConfig:
     scheduler_args: tuple[str, ...] = ()
     start_timeout_s: float = 600.0
     grace_s: float = 15.0
+    max_line_bytes: int = field(default_factory=lambda: int(config.read("ROLLMESH_LOG_MAX_LINE_BYTES")))
 
 
 @dataclass
@@ -42,9 +45,16 @@ def _cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "rollmesh.cli"]
 
 
-async def _pump(service: str, stream: asyncio.StreamReader, write: Callable[[str], None]) -> None:
-    while line := await stream.readline():
-        write(f"[{service}] {line.decode(errors='replace').rstrip()}")
+async def pump_lines(
+    prefix: str, stream: asyncio.StreamReader, write: Callable[[str], None], max_line_bytes: int
+) -> None:
+    """Copy `stream` to `write` line by line with `prefix`, lines of any length (capped, marked)."""
+    lines = LineAssembler(max_line_bytes)
+    while chunk := await stream.read(1 << 16):
+        for line in lines.feed(chunk):
+            write(f"{prefix}{line}")
+    for line in lines.finish():
+        write(f"{prefix}{line}")
 
 
 async def _wait_port_file(path: Path, child: Child, deadline: float) -> str:
@@ -102,7 +112,9 @@ async def start_mesh(cfg: UpConfig, write: Callable[[str], None], mesh: Mesh) ->
             )
             child = Child(service, proc)
             assert proc.stdout is not None
-            child.pump = asyncio.create_task(_pump(service, proc.stdout, write))
+            child.pump = asyncio.create_task(
+                pump_lines(f"[{service}] ", proc.stdout, write, cfg.max_line_bytes)
+            )
             mesh.children.append(child)
             bound = await _wait_port_file(port_file, child, deadline)
             host, _, port = bound.rpartition(":")

@@ -95,6 +95,30 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "ROLLMESH_LOG_JSON", None, parse_bool, "Force JSON logs on or off (default: JSON unless a TTY)."
         ),
+        EnvVar(
+            "ROLLMESH_LOG_MAX_LINE_BYTES",
+            16384,
+            parse_int,
+            "Longest log line a service writes; longer ones end in ...[truncated N bytes].",
+        ),
+        EnvVar(
+            "ROLLMESH_LOG_LOCALS", False, parse_bool, "Tracebacks in logs show frame locals (off: secrets)."
+        ),
+        EnvVar(
+            "ROLLMESH_RESTART",
+            "on-failure",
+            parse_str,
+            "`rollmesh up` restart policy for a child that dies: no, on-failure or always.",
+        ),
+        EnvVar(
+            "ROLLMESH_RESTART_MAX", 5, parse_int, "`rollmesh up`: restarts of one service allowed per window."
+        ),
+        EnvVar(
+            "ROLLMESH_RESTART_WINDOW_S",
+            300.0,
+            parse_float,
+            "`rollmesh up`: the window (seconds) ROLLMESH_RESTART_MAX counts over; then it gives up.",
+        ),
         EnvVar("ROLLMESH_BIND_HOST", "127.0.0.1", parse_str, "Host servers bind; 0.0.0.0 only when asked."),
         EnvVar("ROLLMESH_GRACE_SECONDS", 10.0, parse_float, "Seconds to drain RPCs on SIGTERM."),
         EnvVar(

@@ -1,4 +1,14 @@
-"""structlog configured once: JSON when not a TTY, console otherwise; stdlib logs routed through it."""
+"""structlog configured once: JSON when not a TTY, console otherwise; stdlib logs routed through it.
+
+Logging can never stop a service:
+- lines go to stderr through a `QueuedHandler`: the caller formats the record and queues the line;
+  one thread writes stderr. A slow or blocked stderr drops lines (counted, then reported in one
+  `log_lines_dropped` line) instead of blocking the event loop;
+- every line is at most ROLLMESH_LOG_MAX_LINE_BYTES (default 16 KiB): long string fields are cut
+  to half of that first (so JSON stays JSON), and the rendered line is cut as a last resort, each
+  with a `...[truncated N bytes]` marker;
+- tracebacks keep at most 20 frames and carry no frame locals unless ROLLMESH_LOG_LOCALS=1.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +19,9 @@ from typing import Any
 import structlog
 
 from rollmesh.mesh import config
+from rollmesh.mesh.lines import LineWriter, truncate_line
+
+TRACEBACK_MAX_FRAMES = 20
 
 _SHARED: list[Any] = [
     structlog.contextvars.merge_contextvars,
@@ -16,6 +29,66 @@ _SHARED: list[Any] = [
     structlog.stdlib.add_logger_name,
     structlog.processors.TimeStamper(fmt="iso"),
 ]
+
+
+def cap_strings(value: Any, max_chars: int) -> Any:
+    """`value` with every string inside it (dicts, lists, tuples) cut to `max_chars` with a marker."""
+    if isinstance(value, str):
+        return truncate_line(value, max_chars) if len(value) > max_chars else value
+    if isinstance(value, dict):
+        return {k: cap_strings(v, max_chars) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [cap_strings(v, max_chars) for v in value]
+    return value
+
+
+class _CapFields:
+    """A structlog processor: long strings in the event dict are cut before rendering."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+
+    def __call__(self, logger: Any, name: str, event_dict: Any) -> Any:
+        del logger, name
+        return cap_strings(event_dict, self.max_chars)
+
+
+class QueuedHandler(logging.Handler):
+    """Formats in the caller, caps the line, hands it to a `LineWriter`; `emit` never blocks."""
+
+    def __init__(self, writer: LineWriter, max_line_bytes: int) -> None:
+        super().__init__()
+        self.writer = writer
+        self.max_line_bytes = max_line_bytes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = truncate_line(self.format(record), self.max_line_bytes)
+        except Exception:
+            self.handleError(record)
+            return
+        self.writer.write(line)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+        super().close()
+
+
+def _render_drop(formatter: logging.Formatter, dropped: int) -> str:
+    """The notice line for `dropped` lost lines, in the same shape as every other line."""
+    record = logging.LogRecord(
+        "rollmesh.logging",
+        logging.WARNING,
+        __file__,
+        0,
+        "log_lines_dropped: %d lines dropped, stderr was not keeping up",
+        (dropped,),
+        None,
+    )
+    return formatter.format(record)
 
 
 def configure(level: str | None = None, *, json: bool | None = None) -> None:
@@ -28,13 +101,27 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
     level = level or str(config.read("ROLLMESH_LOG_LEVEL"))
     if json is None:
         json = config.read("ROLLMESH_LOG_JSON")
+    max_line = max(256, int(config.read("ROLLMESH_LOG_MAX_LINE_BYTES")))
+    show_locals = bool(config.read("ROLLMESH_LOG_LOCALS"))
     use_json = (not sys.stderr.isatty()) if json is None else json
-    renderer: Any
+    final: list[Any]
     if use_json:
-        renderer = structlog.processors.JSONRenderer()
-        final: list[Any] = [structlog.processors.dict_tracebacks, renderer]
+        tracebacks = structlog.tracebacks.ExceptionDictTransformer(
+            show_locals=show_locals, max_frames=TRACEBACK_MAX_FRAMES
+        )
+        final = [
+            structlog.processors.ExceptionRenderer(tracebacks),
+            _CapFields(max_line // 2),
+            structlog.processors.JSONRenderer(),
+        ]
     else:
-        final = [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
+        exc_formatter = structlog.dev.RichTracebackFormatter(
+            show_locals=show_locals, max_frames=TRACEBACK_MAX_FRAMES
+        )
+        final = [
+            _CapFields(max_line // 2),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=exc_formatter),
+        ]
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,
@@ -49,9 +136,13 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
         foreign_pre_chain=_SHARED,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final],
     )
-    handler = logging.StreamHandler(sys.stderr)
+    writer = LineWriter(sys.stderr, drop_notice=lambda n: _render_drop(formatter, n))
+    handler = QueuedHandler(writer, max_line)
     handler.setFormatter(formatter)
     root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, QueuedHandler):
+            old.close()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for noisy in ("grpc", "ray", "vllm", "httpx", "urllib3", "filelock"):
