@@ -10,19 +10,19 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from rollmesh.scheduler.jsonl_sink import (
+from rollmesh.scheduler.errors import CorruptSinkFile, DuplicateRollout, SinkClosed
+from rollmesh.scheduler.jsonl_sink import JsonlSink
+from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.store import (
     FAILURES,
+    FAILURES_RETRIED,
     METRICS,
     ROLLOUTS,
-    CorruptSinkFile,
-    DuplicateRollout,
-    JsonlSink,
-    SinkClosed,
     job_dir,
     load_dir,
     repair_torn_tail,
 )
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from tests.exactly_once import check_exactly_once
 
 
 def rollout(t: int, i: int, reward: float = 1.0) -> Rollout:
@@ -104,7 +104,9 @@ async def test_a_key_is_written_exactly_once_across_runs(tmp_path: Path) -> None
     await again.close(state="succeeded", metrics=None)
     keys = [(r["task_index"], r["rollout_index"]) for r in map(json.loads, lines(tmp_path / ROLLOUTS))]
     assert keys == [(0, 0), (0, 1), (1, 0)]
-    assert len(lines(tmp_path / FAILURES)) == 1  # history kept
+    assert lines(tmp_path / FAILURES) == []  # failures.jsonl holds standing failures only
+    assert len(lines(tmp_path / FAILURES_RETRIED)) == 1  # the retried one is kept as history
+    check_exactly_once(tmp_path, {(0, 0), (0, 1), (1, 0)})
     metrics = json.loads((tmp_path / METRICS).read_text())
     assert metrics["num_failures"] == 0 and metrics["num_rollouts"] == 3
 

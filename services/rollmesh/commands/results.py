@@ -59,8 +59,8 @@ def aggregate(
     as_json: JsonOut = False,
 ) -> None:
     """Recompute metrics over many shard files as if they were one run (keys deduplicated)."""
-    from rollmesh.scheduler.jsonl_sink import expand_paths, load_files
     from rollmesh.scheduler.metrics import compute
+    from rollmesh.scheduler.store import expand_paths, load_files
 
     async def go() -> dict[str, Any]:
         files = expand_paths(paths)
@@ -92,8 +92,8 @@ def profile(
     ] = 1.0,
 ) -> None:
     """Per-task reward profile (mean, std, min, max, correct count per task) as JSONL."""
-    from rollmesh.scheduler.jsonl_sink import expand_paths, load_files
     from rollmesh.scheduler.metrics import task_profile
+    from rollmesh.scheduler.store import expand_paths, load_files
 
     async def go() -> list[dict[str, Any]]:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
@@ -128,7 +128,7 @@ def reverify(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollmesh.scheduler import reverify as rv
-    from rollmesh.scheduler.jsonl_sink import expand_paths, read_rollout_rows
+    from rollmesh.scheduler.store import expand_paths, read_rollout_rows
 
     async def go() -> rv.ReverifyReport:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
@@ -173,8 +173,8 @@ def validate(
 
     Exit 0 when every record is valid, 1 when one is not, 2 on unreadable input."""
     from rollmesh.commands._common import fail
-    from rollmesh.scheduler.jsonl_sink import expand_paths, read_rollout_rows
     from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.store import expand_paths, read_rollout_rows
     from rollmesh.scheduler.tokens import Decoder, validate_rollout
 
     def load_tokenizer() -> Decoder | None:

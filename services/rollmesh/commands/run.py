@@ -132,8 +132,8 @@ def _run(
 
 
 def _find_resume(spec: pb.JobSpec, output_dir: Path) -> str:
-    from rollmesh.launch.resume import find_resumable
     from rollmesh.scheduler.job_convert import spec_from_pb
+    from rollmesh.scheduler.store import find_resumable
 
     found = find_resumable(output_dir.resolve(), spec_from_pb(spec))
     if found is None:

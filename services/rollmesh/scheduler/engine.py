@@ -3,7 +3,8 @@
 Backpressure end to end: the producer takes the next key only when the limiter has room; a rollout
 holds its slot until the sink accepted it, so a slow sink slows dispatch and nothing queues without
 bound (no gather over all rollouts, no unbounded queue). Each key is written once: either a Rollout or,
-after every retry, a RolloutFailure. N consecutive UNAVAILABLE failures stop the run (FAILED).
+after every retry, a RolloutFailure. A sink that cannot store a row stops the run at once (FAILED,
+with the sink's reason). N consecutive UNAVAILABLE failures stop the run (FAILED).
 
 A run that dispatched every key ends in the state `outcome.final_state` gives it (SUCCEEDED only
 when its permanent failures are within the job's bound); the same non-retryable error class on
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.agent import (
     AgentOutcome,
@@ -266,8 +268,16 @@ class JobRun:
                 await self._fail(key, ErrorClass(TokenRecordMismatch.reason, False, None, message), attempts)
                 return
             await self._write(rollout)
+        except Exception as exc:  # the sink could not store a row (or a bug): stop the job, say why
+            self._stop_on_error(exc)
         finally:
             self.limiter.release()
+
+    def _stop_on_error(self, exc: Exception) -> None:
+        message = exc.message if isinstance(exc, RollmeshError) else f"{type(exc).__name__}: {exc}"
+        if self._stop_reason is None:
+            log.error("job_stopped_on_error", job_id=self.job_id, error=message)
+        self.stop(RunResult("FAILED", message))
 
     def _check_tokens(self, rollout: Rollout) -> list[str]:
         """Validate the token record of every rollout with `validate_all` (debug), else of a fixed

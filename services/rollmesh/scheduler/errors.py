@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from rollmesh.mesh.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
 
 
 class InvalidJobSpec(InvalidArgument):
@@ -63,3 +63,26 @@ class RequestIdReused(AlreadyExists):
     """The same request_id came with a different spec."""
 
     reason = "REQUEST_ID_REUSED"
+
+
+class DuplicateRollout(AlreadyExists):
+    """A key was written twice: the sink keeps every key exactly once."""
+
+    reason = "DUPLICATE_ROLLOUT"
+
+
+class CorruptSinkFile(FailedPrecondition):
+    """A complete line of a sink file is not a JSON object (not a torn tail: that is repaired)."""
+
+    reason = "SINK_FILE_CORRUPT"
+
+
+class SinkClosed(FailedPrecondition):
+    reason = "SINK_CLOSED"
+
+
+class SinkWriteFailed(Internal):
+    """The sink could not store rows (a full disk, an I/O error): the job fails at once with this
+    reason; rows of the failed batch are not on disk and not counted, so a resume re-runs them."""
+
+    reason = "SINK_WRITE_FAILED"

@@ -10,7 +10,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import json
 import os
 import time
 import uuid
@@ -22,6 +21,7 @@ from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import RollmeshError, Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
+from rollmesh.scheduler import store
 from rollmesh.scheduler.agent import EnvDescription, EnvPort, ModelPort
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
 from rollmesh.scheduler.errors import (
@@ -32,7 +32,7 @@ from rollmesh.scheduler.errors import (
     OffsetExpired,
     RequestIdReused,
 )
-from rollmesh.scheduler.jsonl_sink import write_json_atomic
+from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.metrics import compute_metrics
 from rollmesh.scheduler.outcome import COMPLETED_WITH_FAILURES, FINAL_STATES, SUCCEEDED, FailureClassSummary
 from rollmesh.scheduler.plan import Plan, build_plan
@@ -42,10 +42,6 @@ from rollmesh.scheduler.spec import JobSpec, validate
 
 log = get_logger("rollmesh.scheduler.jobs")
 
-JOB_FILE = "job.json"
-ROLLOUTS_FILE = "rollouts.jsonl"
-FAILURES_FILE = "failures.jsonl"
-METRICS_FILE = "metrics.json"
 RING_SIZE = 2048  # recent output items kept in memory for StreamRollouts
 MAX_JOBS = 1000  # jobs kept in memory; the oldest finished ones are forgotten first
 READ_BATCH = 256
@@ -62,8 +58,6 @@ def default_sink_factory(job_id: str, plan: Plan, directory: Path, *, api_key: s
         from rollmesh.scheduler.grpc_sink import GrpcSink
 
         return GrpcSink(cfg.address, window=cfg.window or 64, api_key=api_key or None)
-    from rollmesh.scheduler.jsonl_sink import JsonlSink
-
     return JsonlSink(directory, fsync_every=cfg.fsync_every or 64, k_values=list(plan.k_values))
 
 
@@ -141,45 +135,9 @@ class JobRecord:
         }
 
 
-def _read_json(path: Path) -> Json | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _read_lines(path: Path, byte_offset: int, limit: int) -> tuple[list[Json], int]:
-    """Up to `limit` complete rows from `byte_offset`; returns them and the offset after them."""
-    rows: list[Json] = []
-    if not path.exists():
-        return rows, byte_offset
-    with path.open("rb") as f:
-        f.seek(byte_offset)
-        while len(rows) < limit:
-            line = f.readline()
-            if not line.endswith(b"\n"):  # absent or torn: not written yet
-                break
-            byte_offset += len(line)
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows, byte_offset
-
-
-def _skip_lines(path: Path, n: int) -> tuple[int, int]:
-    """Byte offset after the first `n` complete non-blank lines, and how many were skipped."""
-    if n <= 0 or not path.exists():
-        return 0, 0
-    skipped, pos = 0, 0
-    with path.open("rb") as f:
-        while skipped < n:
-            line = f.readline()
-            if not line.endswith(b"\n"):
-                break
-            pos += len(line)
-            if line.strip():
-                skipped += 1
-    return pos, skipped
+def resume_hint(job_id: str, output_dir: str | Path) -> str:
+    """How a user resumes a job, in CLI flags (the API field is JobSpec.resume_job_id)."""
+    return f"resume it with `rollmesh run --job-id {job_id} --output-dir {output_dir}`"
 
 
 class JobManager:
@@ -249,8 +207,10 @@ class JobManager:
                 job_id, plan, sink, model=self.model, env=self.env, hooks=hooks, environment=described
             )
             rec.run.keep_scored = not rec.has_file
+            run = rec.run
+            sink.on_error = lambda exc: run.stop(RunResult("FAILED", exc.message))
             self._remember(rec)
-            await asyncio.to_thread(write_json_atomic, directory / JOB_FILE, rec.to_json())
+            await asyncio.to_thread(store.write_json_atomic, directory / store.JOB, rec.to_json())
             self._tasks.spawn(self._drive(rec), name=f"job-{job_id}")
             log.info("job_submitted", job_id=job_id, total=plan.total, environment=plan.spec.environment)
             return rec
@@ -264,12 +224,14 @@ class JobManager:
             raise JobRunning(
                 f"job {job_id} is still running here; cancel it before resuming", metadata={"job_id": job_id}
             )
-        stored = await asyncio.to_thread(_read_json, Path(spec.effective_output_dir) / job_id / JOB_FILE)
+        stored = await asyncio.to_thread(
+            store.read_json, Path(spec.effective_output_dir) / job_id / store.JOB
+        )
         if spec.dataset or spec.benchmark:
             return job_id, spec
         if stored is None:
             raise JobNotFound(
-                f"no job {job_id} to resume in {spec.effective_output_dir!r} (no {JOB_FILE}); "
+                f"no job {job_id} to resume in {spec.effective_output_dir!r} (no {store.JOB}); "
                 "give the output_dir it ran with, or the full spec",
                 metadata={"job_id": job_id},
             )
@@ -325,11 +287,13 @@ class JobManager:
             rec.next_offset = len(existing)
             rec.state = "RUNNING"
             rec.notify()
-            await asyncio.to_thread(write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
+            await asyncio.to_thread(store.write_json_atomic, rec.directory / store.JOB, rec.to_json())
             result = await run.run(existing)
         except asyncio.CancelledError:
             result = RunResult(
-                "CANCELLED", "the scheduler stopped while the job ran; resume it with resume_job_id"
+                "CANCELLED",
+                "the scheduler stopped while the job ran; "
+                + resume_hint(rec.job_id, rec.spec.effective_output_dir),
             )
             raise
         except Exception as exc:
@@ -353,6 +317,13 @@ class JobManager:
             log.error("sink_close_failed", job_id=rec.job_id, exc_info=exc)
             if result.state in (SUCCEEDED, COMPLETED_WITH_FAILURES):
                 result = RunResult("FAILED", f"the sink failed to close: {exc}")
+        sink_error = getattr(run.sink, "error", None)
+        if isinstance(sink_error, RollmeshError) and result.state != "FAILED":
+            result = RunResult("FAILED", sink_error.message)
+        if isinstance(run.sink, JsonlSink):  # progress counts what reached the disk, not what was handed over
+            p = run.progress
+            p.succeeded, p.failed = run.sink.rows_written, run.sink.failures_written
+            p.done, p.reward_sum = p.succeeded + p.failed, run.sink.reward_written
         rec.state, rec.error, rec.end_time = result.state, result.error, time.time()
         p = run.progress
         log.info(
@@ -365,8 +336,10 @@ class JobManager:
             skipped=p.skipped_existing,
             mean_reward=round(p.mean_reward, 4),
         )
-        with contextlib.suppress(OSError):
-            await asyncio.to_thread(write_json_atomic, rec.directory / JOB_FILE, rec.to_json())
+        try:
+            await asyncio.to_thread(store.write_json_atomic, rec.directory / store.JOB, rec.to_json())
+        except OSError as exc:  # job.json keeps its last state (a restart lists the job as interrupted)
+            log.error("job_state_not_persisted", job_id=rec.job_id, state=rec.state, error=str(exc))
         rec.notify()
         rec.done.set()
 
@@ -394,7 +367,7 @@ class JobManager:
             return rec
         if job_id and "/" not in job_id and job_id not in (".", ".."):
             directory = Path(self.output_dir) / job_id
-            stored = await asyncio.to_thread(_read_json, directory / JOB_FILE)
+            stored = await asyncio.to_thread(store.read_json, directory / store.JOB)
             if stored is not None:
                 return self._from_disk(directory, stored)
         raise JobNotFound(
@@ -420,7 +393,9 @@ class JobManager:
         )
         if not rec.finished:  # it was running when its scheduler died
             rec.state = "FAILED"
-            rec.error = "interrupted: the scheduler running it stopped; resume it with resume_job_id"
+            rec.error = "interrupted: the scheduler running it stopped; " + resume_hint(
+                rec.job_id, directory.parent
+            )
         rec.done.set()
         return rec
 
@@ -431,13 +406,11 @@ class JobManager:
     async def metrics(self, job_id: str) -> Json:
         rec = await self.get(job_id)
         if rec.finished and rec.has_file:
-            stored = await asyncio.to_thread(_read_json, rec.directory / METRICS_FILE)
+            stored = await asyncio.to_thread(store.read_json, rec.directory / store.METRICS)
             if stored is not None:
                 return stored
         if rec.has_file:
-            from rollmesh.scheduler.jsonl_sink import load_dir
-
-            rollouts, failures = await asyncio.to_thread(load_dir, rec.directory)
+            rollouts, failures = await asyncio.to_thread(store.load_dir, rec.directory)
             ring = list(rec.ring)
             k_values = list(rec.plan.k_values) if rec.plan else None
             return compute_metrics([*rollouts, *ring], failures, k_values=k_values, job_id=job_id)
@@ -455,12 +428,12 @@ class JobManager:
         once the job has ended, numbered after the last rollout.
         """
         rec = await self.get(job_id)
-        path = rec.directory / ROLLOUTS_FILE
+        path = rec.directory / store.ROLLOUTS
         pos = max(offset, 0)
         byte_pos, skipped = (0, 0)
         cursor_line = 0
         if rec.has_file:
-            byte_pos, skipped = await asyncio.to_thread(_skip_lines, path, pos)
+            byte_pos, skipped = await asyncio.to_thread(store.skip_lines, path, pos)
             cursor_line = skipped
         while True:
             changed = rec.changed
@@ -477,10 +450,10 @@ class JobManager:
                         metadata={"oldest_offset": str(ring_start)},
                     )
                 if cursor_line < pos:  # the file was behind when we started: catch up
-                    byte_pos, n = await asyncio.to_thread(_skip_lines_from, path, byte_pos, pos - cursor_line)
+                    byte_pos, n = await asyncio.to_thread(store.skip_lines, path, pos - cursor_line, byte_pos)
                     cursor_line += n
                 if cursor_line == pos:
-                    rows, byte_pos2 = await asyncio.to_thread(_read_lines, path, byte_pos, READ_BATCH)
+                    rows, byte_pos2 = await asyncio.to_thread(store.read_lines, path, byte_pos, READ_BATCH)
                     if rows:
                         byte_pos = byte_pos2
                         for row in rows:
@@ -506,16 +479,13 @@ class JobManager:
         n_rollouts = rec.next_offset
         if rec.has_file:
             if rec.run is None:  # from disk: count the rollouts
-                _, n_rollouts = await asyncio.to_thread(_skip_lines, rec.directory / ROLLOUTS_FILE, 1 << 62)
-            rows, _ = await asyncio.to_thread(_read_lines, rec.directory / FAILURES_FILE, 0, 1 << 62)
+                _, n_rollouts = await asyncio.to_thread(
+                    store.skip_lines, rec.directory / store.ROLLOUTS, 1 << 62
+                )
+            rows, _ = await asyncio.to_thread(store.read_lines, rec.directory / store.FAILURES, 0, 1 << 62)
             failures = [RolloutFailure.from_row(r) for r in rows]
         else:
             failures = list(rec.run.failures) if rec.run is not None else []
         for i, f in enumerate(failures):
             if n_rollouts + i >= pos:
                 yield n_rollouts + i, f
-
-
-def _skip_lines_from(path: Path, byte_offset: int, n: int) -> tuple[int, int]:
-    rows, pos = _read_lines(path, byte_offset, n)
-    return pos, len(rows)

@@ -1,17 +1,23 @@
 """The sink ABC: where a job's rollouts go. The JSONL file sink (default) and the gRPC
 RolloutSink client implement it. `write` may wait: that wait is the backpressure that slows
-dispatch, so a slow sink never grows an unbounded queue.
+dispatch, so a slow sink never grows an unbounded queue. A sink that cannot store a row raises
+from `write` (never acknowledges it) and calls `on_error` so the job fails at once.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
+from rollmesh.mesh.errors import RollmeshError
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 
 
 class Sink(ABC):
+    # Called once when the sink can no longer store rows (a full disk): the job fails at once.
+    on_error: Callable[[RollmeshError], None] | None = None
+
     @abstractmethod
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
         """Prepare for a job; return the keys already held (resume skips them). Repairs a torn tail."""

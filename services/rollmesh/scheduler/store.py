@@ -1,0 +1,380 @@
+"""The job store: the one owner of a job's output folder and of reading it back.
+
+    <output_dir>/<job_id>/
+      job.json                the job: spec as submitted (stored once, here), state, error, progress
+      rollouts.jsonl          one NeMo Gym-compatible row per rollout (`Rollout.to_row`)
+      failures.jsonl          one row per rollout whose failure stands (`RolloutFailure.to_row`)
+      failures.retried.jsonl  history: failures a later run of the job retried (moved at open)
+      metrics.json            written when the job ends (`rollmesh aggregate` recomputes it)
+
+This module spells those names, reads a growing JSONL file (complete lines only: a last line
+without its newline is a row being appended, or a torn tail that `repair_torn_tail` removes),
+scans a results root for jobs (a restarted scheduler lists them; `--resume` finds the newest
+unfinished job with the same rollouts), counts what is on disk, and loads sink files offline
+(`rollmesh aggregate/export/...`). Writers: the JSONL sink appends rows; the job manager writes
+job.json. JSON files are replaced atomically (`write_json_atomic`: a crash or a full disk leaves
+the old file or the new one, and no `*.tmp`). Everything here blocks: call it via
+`asyncio.to_thread` from async code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler.errors import CorruptSinkFile
+from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.spec import JobSpec
+
+log = get_logger("rollmesh.scheduler.store")
+T = TypeVar("T")
+
+JOB = "job.json"
+ROLLOUTS = "rollouts.jsonl"
+FAILURES = "failures.jsonl"
+FAILURES_RETRIED = "failures.retried.jsonl"
+METRICS = "metrics.json"
+OUTPUT_FILES = (ROLLOUTS, FAILURES, METRICS)  # what a finished job hands its user
+
+
+def job_dir(output_dir: str | os.PathLike[str], job_id: str) -> Path:
+    """Where a job's files live: <output_dir>/<job_id>/."""
+    return Path(output_dir) / job_id
+
+
+def is_job_id(job_id: str) -> bool:
+    """A job id names one folder under the results root (no separators, not . or ..)."""
+    return bool(job_id) and "/" not in job_id and os.sep not in job_id and job_id not in (".", "..")
+
+
+# ---- JSON files (job.json, metrics.json) -------------------------------------------------------
+
+
+def write_json_atomic(path: Path, data: Json) -> None:
+    """Write `data` as JSON so a crash leaves the old file or the new one, never half of one.
+    On any error (ENOSPC, EIO) the temporary file is removed and the error raised."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def read_json(path: Path) -> Json | None:
+    """A JSON object file, or None when absent or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---- JSONL files: repair, read complete rows, follow a growing file ---------------------------
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Truncate `path` to its last complete line; return the bytes removed (0 when intact)."""
+    if not path.exists():
+        return 0
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    with path.open("rb+") as f:
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        pos, keep, block = size, 0, 64 * 1024  # scan back in blocks for the last newline
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            idx = chunk.rfind(b"\n")
+            if idx >= 0:
+                keep = start + idx + 1
+                break
+            pos = start
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return size - keep
+
+
+def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
+    """(line number, row) for every non-blank line; a malformed complete line raises CorruptSinkFile.
+
+    A last line without its newline that does not parse is skipped: it is a row being appended
+    (a live file) or a torn tail (repaired when a sink next opens the folder)."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                row = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                if not raw.endswith(b"\n"):
+                    log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
+                    return
+                raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise CorruptSinkFile(f"{path}:{lineno}: not a JSON object")
+            yield lineno, row
+
+
+def read_keys(path: Path) -> set[RolloutKey]:
+    """The keys of every row of a rollouts or failures file (absent file: none)."""
+    keys: set[RolloutKey] = set()
+    if not path.exists():
+        return keys
+    for lineno, row in iter_rows(path):
+        try:
+            keys.add(RolloutKey(int(row["task_index"]), int(row["rollout_index"])))
+        except (KeyError, TypeError, ValueError):
+            raise CorruptSinkFile(f"{path}:{lineno}: row has no task_index/rollout_index") from None
+    return keys
+
+
+def read_lines(path: Path, byte_offset: int, limit: int) -> tuple[list[Json], int]:
+    """Up to `limit` complete rows of a growing file from `byte_offset`; the rows and the offset after."""
+    rows: list[Json] = []
+    if not path.exists():
+        return rows, byte_offset
+    with path.open("rb") as f:
+        f.seek(byte_offset)
+        while len(rows) < limit:
+            line = f.readline()
+            if not line.endswith(b"\n"):  # absent or torn: not written yet
+                break
+            byte_offset += len(line)
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows, byte_offset
+
+
+def skip_lines(path: Path, n: int, byte_offset: int = 0) -> tuple[int, int]:
+    """Byte offset after the next `n` complete non-blank lines from `byte_offset`, and how many."""
+    if n <= 0 or not path.exists():
+        return byte_offset, 0
+    skipped, pos = 0, byte_offset
+    with path.open("rb") as f:
+        f.seek(byte_offset)
+        while skipped < n:
+            line = f.readline()
+            if not line.endswith(b"\n"):
+                break
+            pos += len(line)
+            if line.strip():
+                skipped += 1
+    return pos, skipped
+
+
+# ---- what a job folder holds --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """Rows a job folder holds now, keys counted once; a failure whose key has a rollout is not one."""
+
+    rollouts: int = 0
+    failures: int = 0
+    reward_sum: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return self.rollouts + self.failures
+
+
+def count_on_disk(directory: Path) -> OnDisk:
+    """Count the rows of a job folder (blocking; call from a thread)."""
+    keys: set[RolloutKey] = set()
+    reward = 0.0
+    if (directory / ROLLOUTS).exists():
+        for _, row in iter_rows(directory / ROLLOUTS):
+            key = RolloutKey(int(row["task_index"]), int(row["rollout_index"]))
+            if key not in keys:
+                keys.add(key)
+                reward += float(row.get("reward", 0.0) or 0.0)
+    failed = read_keys(directory / FAILURES) - keys
+    return OnDisk(len(keys), len(failed), reward)
+
+
+def retire_failures(directory: Path) -> int:
+    """Before a run retries a job's failures, move their rows to failures.retried.jsonl so
+    failures.jsonl only holds failures that stand; returns the rows moved. A crash between the two
+    steps leaves a row in both files: harmless, the history file is never read as the job's result."""
+    path = directory / FAILURES
+    if not path.exists() or path.stat().st_size == 0:
+        return 0
+    data = path.read_bytes()
+    with (directory / FAILURES_RETRIED).open("ab") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    with path.open("r+b") as f:
+        f.truncate(0)
+        os.fsync(f.fileno())
+    return data.count(b"\n")
+
+
+# ---- the results root: stored jobs and the resume scan ------------------------------------------
+
+
+def stored_jobs(output_dir: Path) -> Iterator[tuple[Path, Json]]:
+    """(folder, job.json) of every job under a results root (unreadable job.json files skipped)."""
+    if not output_dir.is_dir():
+        return
+    for job_file in output_dir.glob(f"*/{JOB}"):
+        stored = read_json(job_file)
+        if stored is not None:
+            yield job_file.parent, stored
+
+
+# The fields that decide which rollouts a job contains (not how fast or where they go).
+IDENTITY_FIELDS = (
+    "benchmark",
+    "dataset",
+    "environment",
+    "model",
+    "num_repeats",
+    "starting_seed",
+    "limit",
+    "shard_index",
+    "shard_count",
+    "sampling",
+    "max_steps",
+)
+
+
+def identity(spec: JobSpec) -> Json:
+    data = spec.to_json()
+    return {k: data[k] for k in IDENTITY_FIELDS}
+
+
+def find_resumable(output_dir: Path, spec: JobSpec) -> str | None:
+    """The id of the newest job under `output_dir` with the same rollouts (identity) as `spec`
+    that did not succeed: what `rollmesh run --resume` finishes."""
+    want = identity(spec)
+    candidates: list[tuple[float, str]] = []
+    for folder, stored in stored_jobs(output_dir):
+        if stored.get("state") == "SUCCEEDED":
+            continue
+        try:
+            same = identity(JobSpec.from_json(stored.get("spec") or {})) == want
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if same:
+            created = float(stored.get("create_time") or 0.0)
+            candidates.append((created, str(stored.get("job_id", folder.name))))
+    return max(candidates)[1] if candidates else None
+
+
+# ---- offline loading (aggregate, export, reverify) ----------------------------------------------
+
+
+def load_dir(directory: Path) -> tuple[list[Rollout], list[RolloutFailure]]:
+    """Every rollout and failure a job folder holds (blocking; call from a thread)."""
+    rollouts = (
+        [Rollout.from_row(row) for _, row in iter_rows(directory / ROLLOUTS)]
+        if (directory / ROLLOUTS).exists()
+        else []
+    )
+    failures = (
+        [RolloutFailure.from_row(row) for _, row in iter_rows(directory / FAILURES)]
+        if (directory / FAILURES).exists()
+        else []
+    )
+    return rollouts, failures
+
+
+@dataclass
+class LoadedResults:
+    """Rows of one or more sink files (shards of one job), keys deduplicated (first file wins)."""
+
+    rollouts: list[Rollout] = field(default_factory=list)
+    failures: list[RolloutFailure] = field(default_factory=list)
+    duplicates: int = 0
+    files: list[Path] = field(default_factory=list)
+
+
+def expand_paths(patterns: Sequence[str]) -> list[Path]:
+    """Globs, files and job folders (-> their rollouts.jsonl and failures.jsonl), in order, once each.
+    A file named rollouts.jsonl brings the failures.jsonl next to it."""
+    out: list[Path] = []
+    for pattern in patterns:
+        matches = (
+            sorted(Path(p) for p in glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else []
+        )
+        if not matches:
+            path = Path(pattern)
+            if not path.exists():
+                raise FileNotFoundError(
+                    f"{pattern}: no such file"
+                    + (" (the glob matched nothing)" if glob.has_magic(pattern) else "")
+                )
+            matches = [path]
+        for m in matches:
+            if m.is_dir():
+                found = [m / ROLLOUTS, m / FAILURES]
+            elif m.name == ROLLOUTS:  # a sink's rollouts file brings its failures sidecar along
+                found = [m, m.parent / FAILURES]
+            else:
+                found = [m]
+            for f in found:
+                if f.is_file() and f.resolve() not in {o.resolve() for o in out}:
+                    out.append(f)
+    if not out:
+        raise FileNotFoundError(f"no rollout files in {' '.join(patterns)}")
+    return out
+
+
+def is_failures_file(path: Path) -> bool:
+    return path.name.startswith("failures")
+
+
+def read_rollout_rows(path: Path) -> list[tuple[int, Json]]:
+    """(line number, row) of a rollouts file, each row checked to parse as a Rollout."""
+    rows: list[tuple[int, Json]] = []
+    for lineno, row in iter_rows(path):
+        _parse(path, lineno, row, Rollout.from_row)
+        rows.append((lineno, row))
+    return rows
+
+
+def load_files(paths: Sequence[Path]) -> LoadedResults:
+    """Rollouts and failures of many files as one run (blocking; call from a thread)."""
+    res = LoadedResults(files=list(paths))
+    seen: set[RolloutKey] = set()
+    for path in paths:
+        if is_failures_file(path):
+            for lineno, row in iter_rows(path):
+                res.failures.append(_parse(path, lineno, row, RolloutFailure.from_row))
+            continue
+        for lineno, row in iter_rows(path):
+            r = _parse(path, lineno, row, Rollout.from_row)
+            if r.key in seen:
+                res.duplicates += 1
+                continue
+            seen.add(r.key)
+            res.rollouts.append(r)
+    return res
+
+
+def _parse(path: Path, lineno: int, row: Json, parse: Callable[[Json], T]) -> T:
+    try:
+        return parse(row)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CorruptSinkFile(f"{path}:{lineno}: not a rollmesh row ({type(exc).__name__}: {exc})") from None
