@@ -84,9 +84,24 @@ async def test_sigkill_mid_job_then_resume(start_server: StartServer, tmp_path: 
     async with scheduler_proc(tmp_path, "second", env) as (_, address):
         async with await Client.connect(scheduler=address) as c:
             stale = await c.scheduler.get(job_id)  # from job.json: it was running when the process died
-            assert pb.JobState.Name(stale.state) == "JOB_STATE_FAILED" and "interrupted" in stale.error
-            resumed = await c.scheduler.submit(pb.JobSpec(resume_job_id=job_id, output_dir=str(runs)))
-            assert resumed.job_id == job_id
+            assert pb.JobState.Name(stale.state) == "JOB_STATE_INTERRUPTED" and stale.resumable, stale
+            assert f"--job-id {job_id}" in stale.error and "resume_job_id" not in stale.error
+            on_disk = check_exactly_once(runs / job_id, expected_keys(150, 4), job=stale, complete=False)
+            assert stale.progress.done == len(on_disk.keys) > 0  # counted from disk, not 0/600
+            listed = [j async for j in c.scheduler.jobs()]  # a restarted scheduler lists its jobs
+            assert [j.job_id for j in listed] == [job_id] and listed[0].state == stale.state
+            # --resume: the scheduler finds the job with the same rollouts in its own results root
+            resumed = await c.scheduler.submit(
+                pb.JobSpec(
+                    dataset=str(data),
+                    environment="arithmetic",
+                    num_repeats=4,
+                    concurrency=8,
+                    output_dir=str(runs),
+                    resume_latest=True,
+                )
+            )
+            assert resumed.job_id == job_id and resumed.last.spec.resume_job_id == job_id
             final = await resumed.result(poll_s=0.05, timeout_s=120)
             assert pb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED", final.error
             assert final.progress.skipped_existing > 0

@@ -20,6 +20,7 @@ FINAL_STATES = frozenset(
         pb.JOB_STATE_COMPLETED_WITH_FAILURES,
         pb.JOB_STATE_FAILED,
         pb.JOB_STATE_CANCELLED,
+        pb.JOB_STATE_INTERRUPTED,
     }
 )
 

@@ -16,6 +16,7 @@ STATES = {
     "FAILED": pb.JOB_STATE_FAILED,
     "CANCELLED": pb.JOB_STATE_CANCELLED,
     "COMPLETED_WITH_FAILURES": pb.JOB_STATE_COMPLETED_WITH_FAILURES,
+    "INTERRUPTED": pb.JOB_STATE_INTERRUPTED,
 }
 
 
@@ -82,6 +83,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         k_values=tuple(msg.k_values),
         allowed_failures=msg.allowed_failures,
         allowed_failure_fraction=msg.allowed_failure_fraction,
+        resume_latest=msg.resume_latest,
     )
 
 
@@ -116,6 +118,7 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         k_values=list(spec.k_values),
         allowed_failures=spec.allowed_failures,
         allowed_failure_fraction=spec.allowed_failure_fraction,
+        resume_latest=spec.resume_latest,
     )
     if spec.sink.kind == "grpc":
         msg.sink.grpc.CopyFrom(pb.GrpcSinkSpec(address=spec.sink.address, window=spec.sink.window))
@@ -153,6 +156,7 @@ def job_to_pb(rec: JobRecord, now: float) -> pb.Job:
         error=rec.error,
         output_path=str(rec.directory) if rec.has_file else "",
         request_id=rec.request_id,
+        resumable=rec.resumable,
         failure_summary=[
             pb.FailureClassSummary(
                 error_class=s.error_class, count=s.count, example_message=s.example_message

@@ -34,7 +34,13 @@ from rollmesh.scheduler.errors import (
 )
 from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.metrics import compute_metrics
-from rollmesh.scheduler.outcome import COMPLETED_WITH_FAILURES, FINAL_STATES, SUCCEEDED, FailureClassSummary
+from rollmesh.scheduler.outcome import (
+    COMPLETED_WITH_FAILURES,
+    FINAL_STATES,
+    INTERRUPTED,
+    SUCCEEDED,
+    FailureClassSummary,
+)
 from rollmesh.scheduler.plan import Plan, build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
 from rollmesh.scheduler.sink import Sink
@@ -75,6 +81,7 @@ class JobRecord:
     run: JobRun | None = None
     has_file: bool = False  # the sink writes rollouts.jsonl in `directory`
     stored_progress: Json = field(default_factory=dict)
+    on_disk: store.OnDisk | None = None  # rows counted in the folder (a job read back from job.json)
     stored_failure_summary: list[FailureClassSummary] = field(default_factory=list)
     # Output log: offsets [next_offset - len(ring), next_offset) are in memory; earlier ones in the file.
     ring: collections.deque[Rollout] = field(default_factory=lambda: collections.deque(maxlen=RING_SIZE))
@@ -93,6 +100,16 @@ class JobRecord:
             p.in_flight = self.run.in_flight if not self.finished else 0
             return p
         sp = self.stored_progress
+        if self.on_disk is not None:  # what the files hold is the truth, whatever job.json last said
+            d = self.on_disk
+            return Progress(
+                total=int(sp.get("total", 0)),
+                done=d.done,
+                succeeded=d.rollouts,
+                failed=d.failures,
+                reward_sum=d.reward_sum,
+                retries=int(sp.get("retries", 0)),
+            )
         return Progress(
             total=int(sp.get("total", 0)),
             done=int(sp.get("done", 0)),
@@ -102,6 +119,11 @@ class JobRecord:
             reward_sum=float(sp.get("mean_reward", 0.0)) * int(sp.get("succeeded", 0)),
             retries=int(sp.get("retries", 0)),
         )
+
+    @property
+    def resumable(self) -> bool:
+        """Ended without succeeding and keeps a folder to resume from."""
+        return self.finished and self.state != SUCCEEDED and self.has_file
 
     @property
     def failure_summary(self) -> list[FailureClassSummary]:
@@ -167,6 +189,7 @@ class JobManager:
         self._by_request: dict[str, str] = {}
         self._tasks = TaskSet()
         self._submit_lock = asyncio.Lock()
+        self._disk_counts: dict[Path, tuple[tuple[int, ...], store.OnDisk]] = {}
 
     # ---- submit -------------------------------------------------------------------------------
 
@@ -216,13 +239,18 @@ class JobManager:
             return rec
 
     async def _resolve_resume(self, spec: JobSpec) -> tuple[str, JobSpec]:
+        if spec.resume_latest:
+            found = await asyncio.to_thread(store.find_resumable, Path(spec.effective_output_dir), spec)
+            spec = replace(spec, resume_latest=False, resume_job_id=found or "")
+            log.info("resume_latest", found=found or "", output_dir=spec.effective_output_dir)
         if not spec.resume_job_id:
             return f"job-{uuid.uuid4().hex[:12]}", spec
         job_id = spec.resume_job_id
         running = self._jobs.get(job_id)
         if running is not None and not running.finished:
             raise JobRunning(
-                f"job {job_id} is still running here; cancel it before resuming", metadata={"job_id": job_id}
+                f"job {job_id} is still running here; `rollmesh jobs cancel {job_id}` before resuming it",
+                metadata={"job_id": job_id},
             )
         stored = await asyncio.to_thread(
             store.read_json, Path(spec.effective_output_dir) / job_id / store.JOB
@@ -232,7 +260,7 @@ class JobManager:
         if stored is None:
             raise JobNotFound(
                 f"no job {job_id} to resume in {spec.effective_output_dir!r} (no {store.JOB}); "
-                "give the output_dir it ran with, or the full spec",
+                "give --output-dir the folder it ran with (or the job's full flags)",
                 metadata={"job_id": job_id},
             )
         base = JobSpec.from_json(stored.get("spec", {}))
@@ -361,20 +389,28 @@ class JobManager:
 
     # ---- reading ------------------------------------------------------------------------------
 
+    @property
+    def results_root(self) -> Path:
+        """Where this scheduler's jobs live by default (`--output-dir` of `serve scheduler`)."""
+        return Path(self._cwd) / self.output_dir
+
     async def get(self, job_id: str) -> JobRecord:
         rec = self._jobs.get(job_id)
         if rec is not None:
             return rec
-        if job_id and "/" not in job_id and job_id not in (".", ".."):
-            directory = Path(self.output_dir) / job_id
+        if store.is_job_id(job_id):
+            directory = store.job_dir(self.results_root, job_id)
             stored = await asyncio.to_thread(store.read_json, directory / store.JOB)
             if stored is not None:
-                return self._from_disk(directory, stored)
+                return await asyncio.to_thread(self._from_disk, directory, stored)
         raise JobNotFound(
-            f"no job {job_id!r} in this scheduler or in {self.output_dir!r}", metadata={"job_id": job_id}
+            f"no job {job_id!r} in this scheduler or in {str(self.results_root)!r}",
+            metadata={"job_id": job_id},
         )
 
     def _from_disk(self, directory: Path, stored: Json) -> JobRecord:
+        """A job of an earlier scheduler process, from its job.json, its progress counted from its
+        files (blocking: call from a thread)."""
         spec = JobSpec.from_json(stored.get("spec", {}))
         rec = JobRecord(
             job_id=str(stored.get("job_id", directory.name)),
@@ -391,17 +427,43 @@ class JobManager:
                 FailureClassSummary.from_json(f) for f in stored.get("failure_summary", [])
             ],
         )
+        if rec.has_file:
+            rec.on_disk = self._count(directory)
         if not rec.finished:  # it was running when its scheduler died
-            rec.state = "FAILED"
+            rec.state = INTERRUPTED
             rec.error = "interrupted: the scheduler running it stopped; " + resume_hint(
                 rec.job_id, directory.parent
             )
         rec.done.set()
         return rec
 
-    def list(self) -> list[JobRecord]:
-        """Jobs in memory, newest first."""
-        return sorted(self._jobs.values(), key=lambda r: r.create_time, reverse=True)
+    def _count(self, directory: Path) -> store.OnDisk | None:
+        """Rows in a job folder, recounted only when its files changed (size, mtime)."""
+        stamp = store.files_stamp(directory)
+        cached = self._disk_counts.get(directory)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            counted = store.count_on_disk(directory)
+        except (OSError, ValueError, KeyError, TypeError, RollmeshError) as exc:
+            log.warning("job_folder_unreadable", directory=str(directory), error=str(exc))
+            return None
+        self._disk_counts[directory] = (stamp, counted)
+        return counted
+
+    async def list_jobs(self) -> list[JobRecord]:
+        """Jobs in memory and jobs of earlier scheduler processes found in the results root
+        (interrupted ones included, progress counted from disk), newest first."""
+        from_disk = await asyncio.to_thread(self._stored_jobs)
+        jobs = {**{r.job_id: r for r in from_disk}, **self._jobs}
+        return sorted(jobs.values(), key=lambda r: r.create_time, reverse=True)
+
+    def _stored_jobs(self) -> list[JobRecord]:
+        return [
+            self._from_disk(folder, stored)
+            for folder, stored in store.stored_jobs(self.results_root)
+            if str(stored.get("job_id", folder.name)) not in self._jobs
+        ]
 
     async def metrics(self, job_id: str) -> Json:
         rec = await self.get(job_id)

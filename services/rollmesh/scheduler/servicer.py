@@ -27,7 +27,7 @@ class SchedulerServicer(pb_grpc.RolloutSchedulerServicer):
         return job_convert.job_to_pb(await self._jobs.get(request.job_id), self._clock())
 
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
-        items, token = page(self._jobs.list(), request.page_size, request.page_token)
+        items, token = page(await self._jobs.list_jobs(), request.page_size, request.page_token)
         now = self._clock()
         return pb.ListJobsResponse(jobs=[job_convert.job_to_pb(r, now) for r in items], next_page_token=token)
 

@@ -85,6 +85,8 @@ class JobSpec:
     # Permanent failures the job tolerates and still SUCCEEDS: max(count, floor(fraction x total)).
     allowed_failures: int = 0
     allowed_failure_fraction: float = 0.0
+    # Resume the newest unfinished job with the same rollouts under output_dir (else start a new one).
+    resume_latest: bool = False
 
     def to_json(self) -> Json:
         data = dataclasses.asdict(self)
@@ -139,6 +141,11 @@ def validate(spec: JobSpec) -> None:
     if any(k <= 0 for k in spec.k_values):
         raise InvalidJobSpec(
             f"k_values {list(spec.k_values)} must all be >= 1", metadata={"field": "k_values"}
+        )
+    if spec.resume_latest and spec.resume_job_id:
+        raise InvalidJobSpec(
+            "resume_latest and resume_job_id both ask to resume: give one (--resume or --job-id)",
+            metadata={"field": "resume_latest"},
         )
     if not spec.benchmark and not spec.dataset and not spec.resume_job_id:
         raise InvalidJobSpec(

@@ -212,6 +212,18 @@ def count_on_disk(directory: Path) -> OnDisk:
     return OnDisk(len(keys), len(failed), reward)
 
 
+def files_stamp(directory: Path) -> tuple[int, ...]:
+    """(size, mtime_ns) of rollouts.jsonl and failures.jsonl: changes whenever a row is appended."""
+    stamp: list[int] = []
+    for name in (ROLLOUTS, FAILURES):
+        try:
+            st = (directory / name).stat()
+            stamp += [st.st_size, st.st_mtime_ns]
+        except OSError:
+            stamp += [-1, -1]
+    return tuple(stamp)
+
+
 def retire_failures(directory: Path) -> int:
     """Before a run retries a job's failures, move their rows to failures.retried.jsonl so
     failures.jsonl only holds failures that stand; returns the rows moved. A crash between the two

@@ -35,6 +35,10 @@ class _JobStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobState.Val
     JOB_STATE_CANCELLED: _JobState.ValueType  # 5
     JOB_STATE_COMPLETED_WITH_FAILURES: _JobState.ValueType  # 6
     """Every rollout ran, but more failed permanently than JobSpec.allowed_failures allows."""
+    JOB_STATE_INTERRUPTED: _JobState.ValueType  # 7
+    """Its scheduler stopped while it ran (a restarted scheduler found it in job.json): the
+    progress counts the rows on disk; resume it by id to finish it.
+    """
 
 class JobState(_JobState, metaclass=_JobStateEnumTypeWrapper): ...
 
@@ -46,6 +50,10 @@ JOB_STATE_FAILED: JobState.ValueType  # 4
 JOB_STATE_CANCELLED: JobState.ValueType  # 5
 JOB_STATE_COMPLETED_WITH_FAILURES: JobState.ValueType  # 6
 """Every rollout ran, but more failed permanently than JobSpec.allowed_failures allows."""
+JOB_STATE_INTERRUPTED: JobState.ValueType  # 7
+"""Its scheduler stopped while it ran (a restarted scheduler found it in job.json): the
+progress counts the rows on disk; resume it by id to finish it.
+"""
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
 
 @_typing.final
@@ -73,6 +81,7 @@ class JobSpec(_message.Message):
     K_VALUES_FIELD_NUMBER: _builtins.int
     ALLOWED_FAILURES_FIELD_NUMBER: _builtins.int
     ALLOWED_FAILURE_FRACTION_FIELD_NUMBER: _builtins.int
+    RESUME_LATEST_FIELD_NUMBER: _builtins.int
     benchmark: _builtins.str
     """A benchmark artifact: supplies dataset, environment, repeats and sampling defaults."""
     dataset: _builtins.str
@@ -101,6 +110,12 @@ class JobSpec(_message.Message):
     """
     allowed_failure_fraction: _builtins.float
     """The bound as a fraction of the job's rollouts in [0, 1]; the larger of the two bounds applies."""
+    resume_latest: _builtins.bool
+    """Resume the newest job under output_dir that asks for the same rollouts (data, environment,
+    model, repeats, seeds, limit, shard, sampling, max_steps) and did not succeed; with none,
+    start a new job. The scheduler decides from its own results root (`rollmesh run --resume`).
+    The returned Job's spec.resume_job_id is its id when one was resumed.
+    """
     @_builtins.property
     def agent(self) -> Global___AgentSpec: ...
     @_builtins.property
@@ -139,10 +154,11 @@ class JobSpec(_message.Message):
         k_values: _abc.Iterable[_builtins.int] | None = ...,
         allowed_failures: _builtins.int = ...,
         allowed_failure_fraction: _builtins.float = ...,
+        resume_latest: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "allowed_failure_fraction", b"allowed_failure_fraction", "allowed_failures", b"allowed_failures", "benchmark", b"benchmark", "concurrency", b"concurrency", "dataset", b"dataset", "environment", b"environment", "k_values", b"k_values", "limit", b"limit", "model", b"model", "num_repeats", b"num_repeats", "output_dir", b"output_dir", "resume_job_id", b"resume_job_id", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink", "starting_seed", b"starting_seed", "validate_all", b"validate_all"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "allowed_failure_fraction", b"allowed_failure_fraction", "allowed_failures", b"allowed_failures", "benchmark", b"benchmark", "concurrency", b"concurrency", "dataset", b"dataset", "environment", b"environment", "k_values", b"k_values", "limit", b"limit", "model", b"model", "num_repeats", b"num_repeats", "output_dir", b"output_dir", "resume_job_id", b"resume_job_id", "resume_latest", b"resume_latest", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink", "starting_seed", b"starting_seed", "validate_all", b"validate_all"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -401,6 +417,7 @@ class Job(_message.Message):
     OUTPUT_PATH_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     FAILURE_SUMMARY_FIELD_NUMBER: _builtins.int
+    RESUMABLE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: Global___JobState.ValueType
     error: _builtins.str
@@ -408,6 +425,10 @@ class Job(_message.Message):
     output_path: _builtins.str
     """The JSONL sink's folder, when used."""
     request_id: _builtins.str
+    resumable: _builtins.bool
+    """The job did not succeed and its JSONL folder can be resumed: submit a JobSpec with
+    resume_job_id = job_id and output_dir = the folder's parent (`rollmesh run --job-id ID`).
+    """
     @_builtins.property
     def spec(self) -> Global___JobSpec: ...
     @_builtins.property
@@ -433,10 +454,11 @@ class Job(_message.Message):
         output_path: _builtins.str = ...,
         request_id: _builtins.str = ...,
         failure_summary: _abc.Iterable[Global___FailureClassSummary] | None = ...,
+        resumable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "progress", b"progress", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "failure_summary", b"failure_summary", "job_id", b"job_id", "output_path", b"output_path", "progress", b"progress", "request_id", b"request_id", "spec", b"spec", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "error", b"error", "failure_summary", b"failure_summary", "job_id", b"job_id", "output_path", b"output_path", "progress", b"progress", "request_id", b"request_id", "resumable", b"resumable", "spec", b"spec", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
