@@ -9,9 +9,9 @@ Asserts, with a message naming the offending keys or files:
 - no key outside `expected` (when given); with `complete=True`, every expected key is present;
 - no `*.tmp` file is left in the folder and job.json (when present) parses;
 - when `job` (the scheduler's final answer, a `scheduler_pb2.Job`) is given and ended: job.json
-  says the same state (or, for INTERRUPTED, that it was still running), its counts match the files (`succeeded + skipped_existing` rollouts,
-  `failed` failures, this run's), a SUCCEEDED job is complete, and metrics.json (when present)
-  counts the same rows.
+  says the same state (or, for INTERRUPTED, that it was still running), its counts match the
+  files (`succeeded + skipped_existing` rollouts, `failed` failures, this run's), a SUCCEEDED
+  job is complete, and metrics.json (when present) counts the same rows.
 
 Reads rows with plain `json` (not the code under test); a torn last line without its newline is
 ignored, as every reader of a live sink file does.
