@@ -178,12 +178,15 @@ async def test_gateway_unavailable_is_retried(mesh: Mesh) -> None:
 async def test_gateway_gone_fails_job_keeping_output(mesh: Mesh) -> None:
     mesh.gateway.faults.fail("Generate", grpc.StatusCode.UNAVAILABLE, times=-1, message="no replicas")
     async with await Client.connect(scheduler=mesh.scheduler_addr) as c:
-        spec = _spec(mesh, concurrency=2, retry=pb.RetryPolicy(max_attempts=2, max_consecutive_unavailable=4))
+        spec = _spec(mesh, concurrency=2, retry=pb.RetryPolicy(max_attempts=2, unavailable_budget_s=1.0))
         final = await (await c.scheduler.submit(spec)).result(poll_s=0.05, timeout_s=60)
     assert pb.JobState.Name(final.state) == "JOB_STATE_FAILED"
-    assert "UNAVAILABLE" in final.error and "resume" in final.error
+    assert "the gateway has been unreachable for" in final.error and "(no replicas)" in final.error
+    assert "unavailable_budget_s (1 s)" in final.error and "resume" in final.error
     fails = _rows(mesh, final.job_id, "failures.jsonl")
-    assert len(fails) >= 4 and all(f["error_class"] == "UNAVAILABLE" for f in fails)
+    # Only the rollouts waiting on the gateway when the budget ran out were failed; nothing else ran.
+    assert 1 <= len(fails) <= 2 and all(f["error_class"] == "UNAVAILABLE" for f in fails)
+    assert not _rows(mesh, final.job_id)
 
 
 async def test_verifier_restart_mid_job(mesh: Mesh) -> None:

@@ -114,21 +114,62 @@ async def test_failures_recorded_and_job_completes(tmp_path: Path) -> None:
     assert 'INTERNAL x1 (e.g. "RuntimeError: verifier bug")' in result.error
     assert 'INVALID_ARGUMENT x1 (e.g. "prompt too long")' in result.error
     classes = sorted((f.error_class, f.attempts) for f in sink.failures)
-    assert classes == [("INTERNAL", 2), ("INVALID_ARGUMENT", 2)]
+    assert classes == [("INTERNAL", 1), ("INVALID_ARGUMENT", 1)]  # waiting out UNAVAILABLE is no attempt
     assert len(sink.rollouts) == 4 and run.progress.retries == 2
     assert not env.sessions and model.open_sessions == 0  # closed after every attempt
 
 
-async def test_consecutive_unavailable_fails_the_job(tmp_path: Path) -> None:
+class _Clock:
+    """A clock that moves only when the engine sleeps: a 60 s outage budget passes instantly."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+async def test_an_outage_longer_than_the_budget_fails_the_job(tmp_path: Path) -> None:
     path = Rows.arithmetic(50).write(tmp_path / "d.jsonl")
     model = LocalModel()
-    model.errors = [UnavailableError("gone", code=grpc.StatusCode.UNAVAILABLE) for _ in range(1000)]
+    model.errors = [UnavailableError("gone", code=grpc.StatusCode.UNAVAILABLE) for _ in range(100_000)]
     sink = MemorySink()
-    policy = RetryPolicy(max_attempts=2, max_consecutive_unavailable=5)
-    run = _run(_spec(path, concurrency=2, retry=policy), sink, model)
+    clock = _Clock()
+    plan = build_plan(CATALOG, _spec(path, concurrency=2, retry=RetryPolicy(max_attempts=2)))
+    run = JobRun(
+        "job-t", plan, sink, model=model, env=LocalEnv(), hooks=Hooks(sleep=clock.sleep, clock=clock)
+    )
     result = await run.run(await run.open())
-    assert result.state == "FAILED" and "5 rollouts in a row failed with UNAVAILABLE" in result.error
-    assert 5 <= len(sink.failures) < 50 and not sink.rollouts
+    assert result.state == "FAILED"
+    assert "the gateway has been unreachable for 6" in result.error and "unavailable_budget_s" in result.error
+    assert clock.now - 1000.0 < 75  # it gave up at the budget, not later
+    assert 1 <= len(sink.failures) <= 2 and not sink.rollouts  # only the rollouts in flight were failed
+
+
+async def test_an_outage_within_the_budget_costs_no_rollouts(tmp_path: Path) -> None:
+    """50 s of UNAVAILABLE (budget 60 s), then the gateway is back: every rollout succeeds."""
+    path = Rows.arithmetic(20).write(tmp_path / "d.jsonl")
+    clock = _Clock()
+
+    class Restarting(LocalModel):
+        async def generate(self, call: object) -> object:
+            if clock.now < 1050.0:
+                raise UnavailableError("connection refused", code=grpc.StatusCode.UNAVAILABLE)
+            return await super().generate(call)
+
+    sink = MemorySink()
+    plan = build_plan(CATALOG, _spec(path, concurrency=4, retry=RetryPolicy(max_attempts=2)))
+    run = JobRun(
+        "job-t", plan, sink, model=Restarting(), env=LocalEnv(), hooks=Hooks(sleep=clock.sleep, clock=clock)
+    )
+    result = await run.run(await run.open())
+    assert result.state == "SUCCEEDED", result.error
+    assert len(sink.rollouts) == 20 and not sink.failures
+    assert all(r.attempts == 1 for r in sink.rollouts) and run.progress.retries > 0
 
 
 async def test_manager_idempotent_submit_cancel_and_errors(tmp_path: Path) -> None:

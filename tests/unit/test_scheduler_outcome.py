@@ -145,18 +145,21 @@ async def test_fail_fast_default_is_twenty_and_keeps_the_reason(tmp_path: Path) 
 
 async def test_transient_errors_that_ran_out_do_not_fail_fast(tmp_path: Path) -> None:
     model = LocalModel()
-    model.errors = [UnavailableError("blip", code=grpc.StatusCode.UNAVAILABLE)] * 6  # 3 rollouts x 2 attempts
-    run, sink = _job(
-        tmp_path,
-        model,
-        rows=10,
-        concurrency=1,
-        allowed_failures=3,
-        retry=RetryPolicy(max_attempts=2, fail_fast_after=2),
-    )
+    model.errors = [  # 3 rollouts x 2 attempts of an upstream 503
+        UnavailableError(
+            "upstream said 503",
+            code=grpc.StatusCode.UNAVAILABLE,
+            reason="UPSTREAM_HTTP_ERROR",
+            metadata={"http_status": "503"},
+        )
+        for _ in range(6)
+    ]
+    retry = RetryPolicy(max_attempts=2, fail_fast_after=2)
+    run, sink = _job(tmp_path, model, rows=10, concurrency=1, allowed_failures=3, retry=retry)
     result = await run.run(await run.open())
     assert result.state == "SUCCEEDED", result.error
     assert len(sink.failures) == 3 and len(sink.rollouts) == 7
+    assert {(f.error_class, f.attempts) for f in sink.failures} == {("UPSTREAM_HTTP_ERROR:503", 2)}
 
 
 async def test_job_json_keeps_state_and_summary_for_a_restarted_scheduler(tmp_path: Path) -> None:

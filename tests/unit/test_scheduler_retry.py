@@ -81,3 +81,92 @@ async def test_invalid_argument_fails_at_once() -> None:
     with pytest.raises(RolloutFailed) as info:
         await with_retry(attempt, RetryPolicy(max_attempts=5), sleep=sleep)
     assert info.value.attempts == 1 and info.value.error.name == "INVALID_ARGUMENT"
+
+
+def _upstream(
+    code: grpc.StatusCode, reason: str, status: str = "", retry_after_s: float | None = None
+) -> BaseException:
+    from rollmesh_client import RollmeshClientError
+
+    metadata = {"http_status": status} if status else {}
+    return RollmeshClientError(
+        "upstream", code=code, reason=reason, metadata=metadata, retry_after_s=retry_after_s
+    )
+
+
+def test_upstream_failure_classes_name_the_cause_and_decide_retries() -> None:
+    """The gateway's ErrorInfo reasons (+ http_status) become the class; 5xx/429/timeouts/drops retry."""
+    U, D, INV, F, R = (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
+    cases = [
+        (_upstream(U, "UPSTREAM_HTTP_ERROR", "500"), "UPSTREAM_HTTP_ERROR:500", True, False),
+        (_upstream(U, "UPSTREAM_HTTP_ERROR", "503"), "UPSTREAM_HTTP_ERROR:503", True, False),
+        (
+            _upstream(R, "UPSTREAM_RATE_LIMITED", "429", retry_after_s=3.0),
+            "UPSTREAM_RATE_LIMITED:429",
+            True,
+            False,
+        ),
+        (
+            _upstream(R, "UPSTREAM_RATE_LIMITED", "429"),
+            "UPSTREAM_RATE_LIMITED:429",
+            True,
+            False,
+        ),  # even unhinted
+        (_upstream(D, "UPSTREAM_TIMEOUT"), "UPSTREAM_TIMEOUT", True, False),
+        (_upstream(U, "UPSTREAM_STREAM_DROPPED"), "UPSTREAM_STREAM_DROPPED", True, False),
+        (_upstream(U, "UPSTREAM_UNREACHABLE"), "UPSTREAM_UNREACHABLE", True, True),
+        (_upstream(INV, "UPSTREAM_REJECTED", "400"), "UPSTREAM_REJECTED:400", False, False),
+        (_upstream(INV, "UPSTREAM_REJECTED", "404"), "UPSTREAM_REJECTED:404", False, False),
+        (_upstream(F, "UPSTREAM_AUTH_FAILED", "401"), "UPSTREAM_AUTH_FAILED:401", False, False),
+        (_upstream(U, "UPSTREAM_HTTP_ERROR", "400"), "UPSTREAM_HTTP_ERROR:400", False, False),
+        (_upstream(U, "BACKEND_UNAVAILABLE"), "BACKEND_UNAVAILABLE", True, True),
+        (_upstream(U, ""), "UNAVAILABLE", True, True),  # transport: the gateway itself is unreachable
+        (_upstream(U, "SINK_UNAVAILABLE"), "SINK_UNAVAILABLE", True, False),
+    ]
+    for exc, name, retryable, outage in cases:
+        err = classify(exc)
+        assert (err.name, err.retryable, err.outage) == (name, retryable, outage), exc
+    assert classify(_upstream(R, "UPSTREAM_RATE_LIMITED", "429", retry_after_s=3.0)).retry_after_s == 3.0
+
+
+async def test_an_outage_waits_without_using_attempts_until_the_budget() -> None:
+    from rollmesh.scheduler.retry import Outages
+
+    now = [0.0]
+    outages = Outages(10.0, clock=lambda: now[0])
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    async def down() -> None:
+        outages.failed("gateway")
+        raise UnavailableError("connection refused", code=grpc.StatusCode.UNAVAILABLE)
+
+    with pytest.raises(RolloutFailed) as info:
+        await with_retry(down, RetryPolicy(max_attempts=2), sleep=sleep, outages=outages)
+    err = info.value.error
+    assert err.budget_exhausted and "the gateway has been unreachable for 1" in err.message
+    assert 10.0 <= now[0] <= 12.0 and info.value.attempts == 1
+
+    now[0], calls = 0.0, 0
+    outages.recovered("gateway")
+
+    async def back_after_5s() -> str:
+        nonlocal calls
+        calls += 1
+        if now[0] < 5.0:
+            outages.failed("gateway")
+            raise UnavailableError("connection refused", code=grpc.StatusCode.UNAVAILABLE)
+        outages.recovered("gateway")
+        return "ok"
+
+    result, attempts = await with_retry(
+        back_after_5s, RetryPolicy(max_attempts=2), sleep=sleep, outages=outages
+    )
+    assert (result, attempts) == ("ok", 1) and calls > 2

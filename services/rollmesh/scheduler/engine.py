@@ -4,7 +4,9 @@ Backpressure end to end: the producer takes the next key only when the limiter h
 holds its slot until the sink accepted it, so a slow sink slows dispatch and nothing queues without
 bound (no gather over all rollouts, no unbounded queue). Each key is written once: either a Rollout or,
 after every retry, a RolloutFailure. A sink that cannot store a row stops the run at once (FAILED,
-with the sink's reason). N consecutive UNAVAILABLE failures stop the run (FAILED).
+with the sink's reason). A gateway or verifier that stays unreachable (no call getting through)
+for `retry.unavailable_budget_s` stops the run (FAILED); shorter outages (a restart) cost no
+rollouts: their rollouts wait and carry on (retry.py, `Outages`).
 
 A run that dispatched every key ends in the state `outcome.final_state` gives it (SUCCEEDED only
 when its permanent failures are within the job's bound); the same non-retryable error class on
@@ -18,7 +20,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
@@ -28,8 +30,11 @@ from rollmesh.scheduler.agent import (
     EnvDescription,
     EnvPort,
     GenerateCall,
+    Json,
     ModelPort,
+    ToolResult,
     Turn,
+    Verdict,
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
@@ -37,7 +42,7 @@ from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
-from rollmesh.scheduler.retry import UNAVAILABLE, Backoff, ErrorClass, RolloutFailed, with_retry
+from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, RolloutFailed, classify, with_retry
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.tokens import TokenRecordMismatch, build_token_record, validate_rollout
 
@@ -99,20 +104,66 @@ class Hooks:
     token_builder: TokenBuilder | None = None
 
 
-class _TimedModel:
-    """Feeds each model turn's latency to the adaptive limiter."""
+class _WatchedModel:
+    """The model port as the job sees it: marks the gateway reachable or not for the outage budget,
+    and feeds each turn's latency to the adaptive limiter (when there is one)."""
 
-    def __init__(self, inner: ModelPort, limiter: Limiter, clock: Callable[[], float]) -> None:
-        self._inner, self._limiter, self._clock = inner, limiter, clock
+    def __init__(
+        self, inner: ModelPort, outages: Outages, limiter: Limiter | None, clock: Callable[[], float]
+    ) -> None:
+        self._inner, self._outages, self._limiter, self._clock = inner, outages, limiter, clock
 
     async def generate(self, call: GenerateCall) -> Turn:
         t0 = self._clock()
-        turn = await self._inner.generate(call)
-        self._limiter.observe(self._clock() - t0)
+        turn = await _watch(self._outages, GATEWAY, self._inner.generate(call))
+        if self._limiter is not None:
+            self._limiter.observe(self._clock() - t0)
         return turn
 
-    async def close_session(self, session_id: str) -> None:
+    async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
         await self._inner.close_session(session_id)
+
+
+class _WatchedEnv:
+    """The verifier port: marks the verifier reachable or not for the outage budget."""
+
+    def __init__(self, inner: EnvPort, outages: Outages) -> None:
+        self._inner, self._outages = inner, outages
+
+    async def seed_session(self, environment: str, task: dict[str, Any], session_id: str) -> list[Json]:
+        return await _watch(self._outages, VERIFIER, self._inner.seed_session(environment, task, session_id))
+
+    async def call_tool(self, session_id: str, call: Json) -> ToolResult:
+        return await _watch(self._outages, VERIFIER, self._inner.call_tool(session_id, call))
+
+    async def verify(self, environment: str, task: Json, messages: list[Json], session_id: str) -> Verdict:
+        return await _watch(
+            self._outages, VERIFIER, self._inner.verify(environment, task, messages, session_id)
+        )
+
+    async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
+        await self._inner.close_session(session_id)
+
+    async def environment_tools(self, environment: str) -> list[Json]:
+        return await _watch(self._outages, VERIFIER, self._inner.environment_tools(environment))
+
+    async def describe_environment(self, environment: str) -> EnvDescription:
+        return await _watch(self._outages, VERIFIER, self._inner.describe_environment(environment))
+
+
+GATEWAY, VERIFIER = "gateway", "verifier"
+R = TypeVar("R")
+
+
+async def _watch(outages: Outages, service: str, call: Awaitable[R]) -> R:
+    try:
+        result = await call
+    except Exception as exc:
+        if classify(exc).outage:
+            outages.failed(service)
+        raise
+    outages.recovered(service)
+    return result
 
 
 class JobRun:
@@ -140,8 +191,11 @@ class JobRun:
         self.limiter = Limiter(
             AUTO_START if conc == 0 else conc, adaptive=conc == 0, max_limit=max(conc, AUTO_MAX)
         )
-        self.model: ModelPort = _TimedModel(model, self.limiter, self.hooks.clock) if conc == 0 else model
-        self.env = env
+        self.outages = Outages(self.policy.unavailable_budget_s, clock=self.hooks.clock)
+        self.model: ModelPort = _WatchedModel(
+            model, self.outages, self.limiter if conc == 0 else None, self.hooks.clock
+        )
+        self.env: EnvPort = _WatchedEnv(env, self.outages)
         self.backoff = Backoff(self.policy, rand=self.hooks.rand)
         self.settings = AgentSettings(
             environment=plan.spec.environment,
@@ -158,7 +212,6 @@ class JobRun:
         self.tally = FailureTally()
         self._fail_fast = FailFast(self.policy.fail_fast_after)
         self._write_lock = asyncio.Lock()
-        self._consecutive_unavailable = 0
         self._stop_reason: RunResult | None = None
         self._producer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -257,6 +310,7 @@ class JobRun:
                     backoff=self.backoff,
                     sleep=self.hooks.sleep,
                     on_retry=self._on_retry,
+                    outages=self.outages,
                 )
                 rollout = self._rollout(key, task, seed, outcome, tokens, attempts, self.hooks.clock() - t0)
             except RolloutFailed as failed:
@@ -333,7 +387,6 @@ class JobRun:
             p.succeeded += 1
             p.reward_sum += rollout.reward
             p.completion_tokens += rollout.completion_tokens
-            self._consecutive_unavailable = 0
             self._fail_fast.success()
             if self.keep_scored:
                 self.scored.append(Scored.of(rollout))
@@ -361,16 +414,12 @@ class JobRun:
                 )
             )
             return
-        if err.name == UNAVAILABLE:
-            self._consecutive_unavailable += 1
-            limit = self.policy.max_consecutive_unavailable
-            if self._consecutive_unavailable >= limit:
-                self.stop(
-                    RunResult(
-                        "FAILED",
-                        f"{self._consecutive_unavailable} rollouts in a row failed with UNAVAILABLE "
-                        f"(limit {limit}); the gateway or verifier looks unreachable. "
-                        f"Last error: {err.message}. "
-                        "Everything written is kept; resume the job once the services are back.",
-                    )
+        if err.budget_exhausted:
+            self.stop(
+                RunResult(
+                    "FAILED",
+                    f"{err.message}: longer than retry.unavailable_budget_s "
+                    f"({self.policy.unavailable_budget_s:g} s) allows. "
+                    "Everything written is kept; resume the job once the services are back.",
                 )
+            )

@@ -1,16 +1,28 @@
 """Which rollout errors are retried, and how long to wait: exponential backoff with jitter, capped.
 
+Class names name the cause (they go to failures.jsonl, metrics and the run summary): the ErrorInfo
+reason when there is one, else the status code name, plus `:<http_status>` when the error's
+metadata has one (the gateway's upstream errors: "UPSTREAM_HTTP_ERROR:500", "UPSTREAM_REJECTED:400").
+
 Retryable: UNAVAILABLE, DEADLINE_EXCEEDED (a timed-out attempt too), RESOURCE_EXHAUSTED carrying
-RetryInfo. Everything else (INVALID_ARGUMENT from the model, a bad tool name, an internal error)
-fails the rollout at once. The clock and the randomness are injectable so tests never sleep.
+RetryInfo; upstream 5xx, 429 (waiting at least its RetryInfo), timeouts, dropped streams and an
+unreachable upstream. Not retryable: upstream 4xx and auth failures, and everything else
+(INVALID_ARGUMENT from the model, a bad tool name, an internal error): they fail the rollout at once.
+
+Outages: an error saying a service is unreachable (UNAVAILABLE with no reason, BACKEND_UNAVAILABLE,
+UPSTREAM_UNREACHABLE) is an `outage` error. It does not use up the rollout's attempts: the rollout
+waits (backoff capped at OUTAGE_MAX_BACKOFF_S) and tries again while the job's `Outages` say the
+service has been unreachable for less than `unavailable_budget_s`; past the budget it fails with
+`OUTAGE_EXHAUSTED` set, and the engine stops the job. The clock and the randomness are
+injectable so tests never sleep.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from rollmesh.mesh.errors import RollmeshError
@@ -22,15 +34,38 @@ UNAVAILABLE = "UNAVAILABLE"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
+# The gateway's upstream reasons (an OpenAI-compatible server behind it).
+UPSTREAM_RETRYABLE = frozenset(
+    {
+        "UPSTREAM_HTTP_ERROR",  # 5xx
+        "UPSTREAM_RATE_LIMITED",  # 429, honouring RetryInfo
+        "UPSTREAM_TIMEOUT",
+        "UPSTREAM_STREAM_DROPPED",
+        "UPSTREAM_UNREACHABLE",
+    }
+)
+UPSTREAM_PERMANENT = frozenset({"UPSTREAM_REJECTED", "UPSTREAM_AUTH_FAILED"})  # 4xx, 401/403
+# UNAVAILABLE with one of these reasons means the callee (or what it serves) cannot be reached.
+OUTAGE_REASONS = frozenset({"", UNAVAILABLE, "BACKEND_UNAVAILABLE", "UPSTREAM_UNREACHABLE"})
+OUTAGE_MAX_BACKOFF_S = 2.0
+
 
 @dataclass(frozen=True)
 class ErrorClass:
     """What an exception means for the retry loop."""
 
-    name: str  # the status code name, or the ErrorInfo reason for domain-level failures
+    name: str  # the failure class: ErrorInfo reason (or status code name)[:http_status]
     retryable: bool
     retry_after_s: float | None = None
     message: str = ""
+    outage: bool = False  # the service is unreachable: wait within the budget, attempts untouched
+    budget_exhausted: bool = False  # set when an outage outlasted unavailable_budget_s
+
+
+def _class_name(code_name: str, reason: str, metadata: Mapping[str, str]) -> str:
+    name = reason if reason and reason != code_name else code_name
+    status = metadata.get("http_status", "")
+    return f"{name}:{status}" if status else name
 
 
 def classify(exc: BaseException) -> ErrorClass:
@@ -38,26 +73,68 @@ def classify(exc: BaseException) -> ErrorClass:
     code_name: str | None = None
     retry_after: float | None = None
     reason = ""
+    metadata: Mapping[str, str] = {}
     code = getattr(exc, "code", None)
     if isinstance(exc, RollmeshError):
         code_name, retry_after, reason = exc.code.name, exc.retry_after_s, exc.reason
+        metadata = exc.metadata
     elif code is not None and hasattr(code, "name") and not callable(code):
         # rollmesh_client.RollmeshClientError (no import: the SDK is optional for domain code)
         code_name = str(code.name)
         retry_after = getattr(exc, "retry_after_s", None)
         reason = str(getattr(exc, "reason", ""))
+        metadata = getattr(exc, "metadata", None) or {}
     elif isinstance(exc, TimeoutError):
         return ErrorClass(DEADLINE_EXCEEDED, True, None, "the rollout attempt timed out")
     if code_name is None:
         return ErrorClass("INTERNAL", False, None, f"{type(exc).__name__}: {exc}")
     message = str(getattr(exc, "message", "") or exc)
-    if code_name in (UNAVAILABLE, DEADLINE_EXCEEDED):
-        return ErrorClass(code_name, True, retry_after, message)
+    name = _class_name(code_name, reason, metadata)
+    if reason in UPSTREAM_PERMANENT:
+        return ErrorClass(name, False, None, message)
+    if reason == "UPSTREAM_HTTP_ERROR" and metadata.get("http_status", "5").startswith("4"):
+        return ErrorClass(name, False, None, message)  # a 4xx the gateway did not call a rejection
+    if reason in UPSTREAM_RETRYABLE:
+        outage = reason == "UPSTREAM_UNREACHABLE"
+        return ErrorClass(name, True, retry_after, message, outage=outage)
+    if code_name == UNAVAILABLE:
+        return ErrorClass(name, True, retry_after, message, outage=reason in OUTAGE_REASONS)
+    if code_name == DEADLINE_EXCEEDED:
+        return ErrorClass(name, True, retry_after, message)
     if code_name == RESOURCE_EXHAUSTED:
-        return ErrorClass(code_name, retry_after is not None, retry_after, message)
-    # Non-retryable: keep the specific reason when there is one (e.g. TOKEN_RECORD_MISMATCH).
-    name = reason if reason and reason != code_name else code_name
+        return ErrorClass(name, retry_after is not None, retry_after, message)
     return ErrorClass(name, False, None, message)
+
+
+class Outages:
+    """How long each service has been unreachable without one call getting through.
+
+    `failed(service)` at an outage error starts the clock (if not running); `recovered(service)` at
+    any successful call stops it. `exhausted()` names a service unreachable for the whole budget.
+    """
+
+    def __init__(self, budget_s: float, *, clock: Callable[[], float]) -> None:
+        self.budget_s = budget_s
+        self._clock = clock
+        self._since: dict[str, float] = {}
+
+    def failed(self, service: str) -> None:
+        self._since.setdefault(service, self._clock())
+
+    def recovered(self, service: str) -> None:
+        self._since.pop(service, None)
+
+    def exhausted(self) -> tuple[str, float] | None:
+        """(service, seconds unreachable) for a service past the budget, else None."""
+        now = self._clock()
+        for service, since in self._since.items():
+            if now - since >= self.budget_s:
+                return service, now - since
+        return None
+
+    @property
+    def down(self) -> list[str]:
+        return sorted(self._since)
 
 
 class Backoff:
@@ -68,7 +145,9 @@ class Backoff:
         self._rand = rand
 
     def delay(self, retry: int, retry_after_s: float | None = None) -> float:
-        base = min(self.policy.max_backoff_s, self.policy.initial_backoff_s * (2 ** max(retry - 1, 0)))
+        base = min(
+            self.policy.max_backoff_s, self.policy.initial_backoff_s * (2 ** min(max(retry - 1, 0), 30))
+        )
         jittered = float(base * (0.5 + 0.5 * self._rand()))
         if retry_after_s is not None:
             jittered = max(jittered, retry_after_s)
@@ -97,14 +176,17 @@ async def with_retry(
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     on_retry: Callable[[ErrorClass, int, float], None] | None = None,
     per_attempt_deadline: bool = True,
+    outages: Outages | None = None,
 ) -> tuple[T, int]:
     """Run `attempt` until it succeeds; returns (result, attempts) or raises RolloutFailed.
 
-    Each attempt runs under `policy.rollout_timeout_s` (when `per_attempt_deadline`).
-    CancelledError propagates.
+    Each attempt runs under `policy.rollout_timeout_s` (when `per_attempt_deadline`). With
+    `outages`, an outage error is retried without counting as an attempt until a service has been
+    unreachable for the budget (then RolloutFailed with `budget_exhausted`). CancelledError propagates.
     """
     backoff = backoff or Backoff(policy)
-    n = 0
+    n = 0  # attempts that count against max_attempts
+    waits = 0  # retries while a service was unreachable
     while True:
         n += 1
         try:
@@ -114,6 +196,19 @@ async def with_retry(
             return await attempt(), n
         except Exception as exc:
             err = classify(exc)
+            if err.outage and outages is not None:
+                n -= 1  # an outage is not this rollout's fault
+                gone = outages.exhausted()
+                if gone is not None:
+                    service, seconds = gone
+                    msg = f"the {service} has been unreachable for {seconds:.0f} s ({err.message})"
+                    raise RolloutFailed(replace(err, message=msg, budget_exhausted=True), max(n, 1)) from exc
+                waits += 1
+                delay = min(backoff.delay(waits, err.retry_after_s), OUTAGE_MAX_BACKOFF_S)
+                if on_retry is not None:
+                    on_retry(err, waits, delay)
+                await sleep(delay)
+                continue
             if not err.retryable or n >= policy.max_attempts:
                 raise RolloutFailed(err, n) from exc
             delay = backoff.delay(n, err.retry_after_s)
