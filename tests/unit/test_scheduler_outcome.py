@@ -183,9 +183,17 @@ async def test_job_json_keeps_state_and_summary_for_a_restarted_scheduler(tmp_pa
 
 def test_exit_codes_tell_outcomes_apart() -> None:
     codes = {
-        s: exit_code_for(s) for s in ("SUCCEEDED", "COMPLETED_WITH_FAILURES", "FAILED", "CANCELLED", "?")
+        s: exit_code_for(s)
+        for s in ("SUCCEEDED", "COMPLETED_WITH_FAILURES", "FAILED", "CANCELLED", "INTERRUPTED", "?")
     }
-    assert codes == {"SUCCEEDED": 0, "COMPLETED_WITH_FAILURES": 3, "FAILED": 4, "CANCELLED": 5, "?": 1}
+    assert codes == {
+        "SUCCEEDED": 0,
+        "COMPLETED_WITH_FAILURES": 3,
+        "FAILED": 4,
+        "CANCELLED": 5,
+        "INTERRUPTED": 6,
+        "?": 1,
+    }
 
 
 def test_allowed_failures_flag() -> None:

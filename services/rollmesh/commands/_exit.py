@@ -6,6 +6,7 @@
     3    the job COMPLETED_WITH_FAILURES: every rollout ran, more failed than allowed
     4    the job FAILED (fail fast, every rollout failed, services gone for longer than the budget, sink)
     5    the job was CANCELLED (by `rollmesh jobs cancel` or another client)
+    6    the job was INTERRUPTED (its scheduler stopped while it ran): resumable with --resume
     130  interrupted here (Ctrl-C / SIGTERM): the job was cancelled; rerun with --resume
 
 `exit_for_job` prints the outcome (state, reason, the top failure classes with counts and one
@@ -29,6 +30,7 @@ EXIT_USAGE = 2
 EXIT_COMPLETED_WITH_FAILURES = 3
 EXIT_JOB_FAILED = 4
 EXIT_JOB_CANCELLED = 5
+EXIT_JOB_INTERRUPTED = 6
 EXIT_INTERRUPTED = 130
 
 JOB_EXIT_CODES = {
@@ -36,6 +38,7 @@ JOB_EXIT_CODES = {
     "COMPLETED_WITH_FAILURES": EXIT_COMPLETED_WITH_FAILURES,
     "FAILED": EXIT_JOB_FAILED,
     "CANCELLED": EXIT_JOB_CANCELLED,
+    "INTERRUPTED": EXIT_JOB_INTERRUPTED,
 }
 
 
