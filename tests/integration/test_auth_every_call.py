@@ -195,7 +195,7 @@ async def test_cli_streaming_commands_carry_the_key(mesh: dict[str, str], tmp_pa
     code, _, err = await run_cli(*stream_args, env={"ROLLMESH_API_KEY": "wrong-key"})
     assert code != 0 and "UNAUTHENTICATED" in err.upper()
     code, _, err = await run_cli(*reverify_args, env={"ROLLMESH_API_KEY": "wrong-key"})
-    assert code != 0 and "VerifyBatch" in err
+    assert code != 0 and "UNAUTHENTICATED: missing or wrong bearer token" in err
 
 
 async def test_trainer_sink_server_requires_the_key_and_the_scheduler_sends_it(mesh: dict[str, str]) -> None:

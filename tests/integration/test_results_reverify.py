@@ -13,9 +13,9 @@ from google.rpc import code_pb2, status_pb2
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
+from rollmesh.commands._reverify import reverify
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.records import Rollout, RolloutKey
-from rollmesh.scheduler.reverify import reverify
 from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
 from tests.conftest import StartServer
 

@@ -1,6 +1,7 @@
 """The rollmesh client SDK: typed async clients for every service of the mesh."""
 
-from rollmesh_client._channel import ConnectConfig, aio_channel
+from rollmesh_client._base import unary_call
+from rollmesh_client._channel import ConnectConfig, aio_channel, max_message_bytes
 from rollmesh_client._client import Client, default_address
 from rollmesh_client._errors import (
     AlreadyExistsError,
@@ -17,11 +18,12 @@ from rollmesh_client._errors import (
     from_grpc_error,
     from_status,
 )
-from rollmesh_client._gateway import GatewayClient
+from rollmesh_client._gateway import GatewayClient, generate_mux
 from rollmesh_client._registry import RegistryClient
 from rollmesh_client._scheduler import JobHandle, SchedulerClient
+from rollmesh_client._streams import Multiplexed, call_many, max_item_bytes
 from rollmesh_client._sync import SyncClient
-from rollmesh_client._verifier import VerifierClient
+from rollmesh_client._verifier import VerifierClient, verify_mux
 
 __all__ = [
     "AlreadyExistsError",
@@ -34,6 +36,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "JobHandle",
+    "Multiplexed",
     "NotFoundError",
     "RegistryClient",
     "ResourceExhaustedError",
@@ -44,7 +47,13 @@ __all__ = [
     "UnavailableError",
     "VerifierClient",
     "aio_channel",
+    "call_many",
     "default_address",
     "from_grpc_error",
     "from_status",
+    "generate_mux",
+    "max_item_bytes",
+    "max_message_bytes",
+    "unary_call",
+    "verify_mux",
 ]

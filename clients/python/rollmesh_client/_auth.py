@@ -95,11 +95,15 @@ def unauthenticated_status() -> grpc.Status:
 
 
 def rebuild(
-    handler: grpc.RpcMethodHandler, wrap: Callable[[Behavior, bool], Behavior]
+    handler: grpc.RpcMethodHandler,
+    wrap: Callable[[Behavior, bool], Behavior],
+    *,
+    request_deserializer: Callable[[bytes], Any] | None = None,
 ) -> grpc.RpcMethodHandler:
-    """`handler` with its behaviour replaced by `wrap(behaviour, response_streaming)`."""
+    """`handler` with its behaviour replaced by `wrap(behaviour, response_streaming)` (and its
+    request deserializer by `request_deserializer`, when given)."""
     kw = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": request_deserializer or handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
     if handler.unary_unary:

@@ -12,6 +12,14 @@ from rollmesh_client._errors import from_grpc_error
 R = TypeVar("R")
 
 
+async def unary_call(method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None) -> R:
+    """One unary RPC with a deadline; a failure raises the SDK's typed error for its code."""
+    try:
+        return await method(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        raise from_grpc_error(exc) from None
+
+
 class ServiceClient:
     """Wraps one generated stub. `.stub` is the raw escape hatch."""
 
@@ -25,10 +33,7 @@ class ServiceClient:
     async def _unary(
         self, method: Callable[..., Awaitable[R]], request: Any, *, timeout_s: float | None = None
     ) -> R:
-        try:
-            return await method(request, timeout=timeout_s or self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            raise from_grpc_error(exc) from None
+        return await unary_call(method, request, timeout_s or self.timeout_s)
 
     async def _stream(
         self, method: Callable[..., Any], request: Any, *, timeout_s: float | None = None

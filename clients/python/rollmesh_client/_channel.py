@@ -3,6 +3,7 @@ token on every call type (unary and streaming; see _auth.py)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,14 +11,34 @@ import grpc
 
 from rollmesh_client._auth import client_interceptors
 
+MAX_MESSAGE_ENV = "ROLLMESH_MAX_MESSAGE_MB"
+DEFAULT_MAX_MESSAGE_MB = 64
+
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.enable_retries", 0),
 ]
+
+
+def max_message_bytes() -> int:
+    """The largest gRPC message a rollmesh client or server sends or takes, in bytes:
+    `ROLLMESH_MAX_MESSAGE_MB` (default 64) MiB. Clients and servers read the same variable."""
+    raw = os.environ.get(MAX_MESSAGE_ENV, "").strip()
+    try:
+        mb = float(raw) if raw else DEFAULT_MAX_MESSAGE_MB
+    except ValueError:
+        raise ValueError(f"{MAX_MESSAGE_ENV}={raw!r} is not a number of MiB") from None
+    if mb <= 0:
+        raise ValueError(f"{MAX_MESSAGE_ENV}={raw!r} must be > 0")
+    return int(mb * 1024 * 1024)
+
+
+def message_limit_options() -> list[tuple[str, Any]]:
+    """grpc options setting both directions' message limit to `max_message_bytes()`."""
+    limit = max_message_bytes()
+    return [("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
 
 
 @dataclass(frozen=True)
@@ -32,4 +53,5 @@ class ConnectConfig:
 def aio_channel(address: str, *, api_key: str | None = None) -> grpc.aio.Channel:
     """An insecure grpc.aio channel to `address` (host:port) with the mesh's options."""
     interceptors = client_interceptors(api_key) if api_key else None
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)
+    options = [*CHANNEL_OPTIONS, *message_limit_options()]
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

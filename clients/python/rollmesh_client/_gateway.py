@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 from rollmesh_client._base import ServiceClient
+from rollmesh_client._errors import RollmeshClientError, from_status
+from rollmesh_client._streams import Multiplexed, call_many
 from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
@@ -84,6 +86,25 @@ def sampling_params(
     return s
 
 
+GenerateMux = Multiplexed[pb.GenerateManyRequest, pb.GenerateManyResponse, pb.GenerateResponse]
+
+
+def _generate_answer(resp: pb.GenerateManyResponse) -> tuple[str, pb.GenerateResponse | RollmeshClientError]:
+    return resp.id, (from_status(resp.error) if resp.HasField("error") else resp.response)
+
+
+def generate_mux(stub: pb_grpc.ModelGatewayStub) -> GenerateMux:
+    """`Generate` calls multiplexed over one `GenerateMany` stream: `await mux.call(request, deadline_s)`.
+    A cancelled or timed-out call sends a cancel item (the gateway aborts the engine request)."""
+    return Multiplexed(
+        stub.GenerateMany,
+        make_item=lambda i, req, deadline_s: pb.GenerateManyRequest(id=i, request=req, timeout_s=deadline_s),
+        make_cancel=lambda i: pb.GenerateManyRequest(id=i, cancel=True),
+        read_answer=_generate_answer,
+        what="Generate",
+    )
+
+
 class GatewayClient(ServiceClient):
     """`Generate`, `GenerateStream`, `ListModels` (paged for you) and the admin RPCs."""
 
@@ -141,6 +162,23 @@ class GatewayClient(ServiceClient):
             self.stub.GenerateStream, self.request(messages, **kwargs), timeout_s=timeout_s or self.timeout_s
         ):
             yield item
+
+    async def generate_many(
+        self,
+        requests: AsyncIterable[tuple[str, pb.GenerateRequest]] | Iterable[tuple[str, pb.GenerateRequest]],
+        *,
+        window: int = 64,
+        timeout_s: float = 300.0,
+    ) -> AsyncIterator[tuple[str, pb.GenerateResponse | RollmeshClientError]]:
+        """(id, request) pairs over one `GenerateMany` stream, at most `window` unanswered; yields
+        (id, response or that item's error) in completion order. An item unanswered for `timeout_s`
+        or a broken stream ends the iteration with that error."""
+        mux = generate_mux(self.stub)
+        try:
+            async for answer in call_many(mux, requests, window=window, deadline_s=timeout_s):
+                yield answer
+        finally:
+            await mux.close()
 
     async def models(self, *, page_size: int = 100) -> AsyncIterator[pb.ModelInfo]:
         async for m in self._pages(

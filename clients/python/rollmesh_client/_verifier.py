@@ -9,7 +9,8 @@ from typing import Any
 import grpc
 
 from rollmesh_client._base import ServiceClient
-from rollmesh_client._errors import from_grpc_error
+from rollmesh_client._errors import RollmeshClientError, from_grpc_error, from_status
+from rollmesh_client._streams import Multiplexed, call_many
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
@@ -42,6 +43,23 @@ def verify_request(
         task_json=_task_json(task),
         response=_messages(response),
         session_id=session_id,
+    )
+
+
+VerifyMux = Multiplexed[pb.VerifyBatchRequest, pb.VerifyBatchResponse, pb.VerifyResult]
+
+
+def _verify_answer(resp: pb.VerifyBatchResponse) -> tuple[str, pb.VerifyResult | RollmeshClientError]:
+    return resp.id, (from_status(resp.error) if resp.HasField("error") else resp.result)
+
+
+def verify_mux(stub: pb_grpc.EnvironmentVerifierStub) -> VerifyMux:
+    """`Verify` calls multiplexed over one `VerifyBatch` stream: `await mux.call(request, deadline_s)`."""
+    return Multiplexed(
+        stub.VerifyBatch,
+        make_item=lambda i, req, _deadline_s: pb.VerifyBatchRequest(id=i, request=req),
+        read_answer=_verify_answer,
+        what="Verify",
     )
 
 
@@ -101,13 +119,31 @@ class VerifierClient(ServiceClient):
     async def close_session(self, session_id: str) -> None:
         await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
 
+    async def verify_many(
+        self,
+        requests: AsyncIterable[tuple[str, pb.VerifyRequest]] | Iterable[tuple[str, pb.VerifyRequest]],
+        *,
+        window: int = 32,
+        timeout_s: float = 300.0,
+    ) -> AsyncIterator[tuple[str, pb.VerifyResult | RollmeshClientError]]:
+        """(id, request) pairs over one `VerifyBatch` stream, at most `window` unanswered; yields
+        (id, result or that item's error) in completion order. An item unanswered for `timeout_s`
+        or a broken stream ends the iteration with that error."""
+        mux = verify_mux(self.stub)
+        try:
+            async for answer in call_many(mux, requests, window=window, deadline_s=timeout_s):
+                yield answer
+        finally:
+            await mux.close()
+
     async def verify_batch(
         self,
         requests: AsyncIterable[tuple[str, pb.VerifyRequest]] | Iterable[tuple[str, pb.VerifyRequest]],
         *,
         timeout_s: float | None = None,
     ) -> AsyncIterator[pb.VerifyBatchResponse]:
-        """Stream (id, request) pairs in; get results (or per-item errors) back in completion order."""
+        """The raw stream: (id, request) pairs in, responses (result or per-item error) back in
+        completion order, with no window (`verify_many` bounds it and types the answers)."""
 
         async def gen() -> AsyncIterator[pb.VerifyBatchRequest]:
             if isinstance(requests, AsyncIterable):

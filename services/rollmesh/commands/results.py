@@ -127,7 +127,7 @@ def reverify(
     """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rollmesh.scheduler import reverify as rv
+    from rollmesh.commands import _reverify as rv
     from rollmesh.scheduler.store import expand_paths, read_rollout_rows
 
     async def go() -> rv.ReverifyReport:

@@ -91,6 +91,13 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "ROLLMESH_API_KEY", "", parse_str, "Bearer token servers require (health and reflection exempt)."
         ),
+        EnvVar(
+            "ROLLMESH_MAX_MESSAGE_MB",
+            64.0,
+            parse_float,
+            "Largest gRPC message (MiB) servers and clients send or take; a bigger request item is refused"
+            " on its own, a bigger dataset row at submit (read by rollmesh_client.max_message_bytes).",
+        ),
         EnvVar("ROLLMESH_LOG_LEVEL", "info", parse_str, "debug, info, warning or error."),
         EnvVar(
             "ROLLMESH_LOG_JSON", None, parse_bool, "Force JSON logs on or off (default: JSON unless a TTY)."

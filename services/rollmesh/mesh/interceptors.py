@@ -1,5 +1,6 @@
 """The one server interceptor every service runs: bearer auth, error mapping, one log line per RPC
-(at debug for calls that end OK, at info otherwise).
+(at debug for calls that end OK, at info otherwise), and INVALID_ARGUMENT (reason
+UNDECODABLE_REQUEST) for a request, or a streamed request message, that does not decode.
 
 Domain errors (`RollmeshError`) become `google.rpc.Status` with an ErrorInfo; any other exception
 becomes INTERNAL with a short message while the traceback goes to the log. Health and reflection
@@ -68,12 +69,55 @@ def _ms_since(start: float) -> float:
     return round((time.perf_counter() - start) * 1000, 3)
 
 
-def _wrap_unary(method: str, behavior: Behavior) -> Behavior:
+class _Undecodable:
+    """What the lenient deserializer hands over for bytes that are not the method's message."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserialize`, but a failure becomes an `_Undecodable` the wrapped handler turns into
+    INVALID_ARGUMENT (raised inside grpc.aio it would be UNKNOWN plus an error-level traceback)."""
+    if deserialize is None:
+        return None
+
+    def lenient(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:
+            return _Undecodable(exc)
+
+    return lenient
+
+
+def _check(request: Any) -> Any:
+    if isinstance(request, _Undecodable):
+        raise errors.InvalidArgument(
+            f"the request is not a valid protobuf message for this method ({request.error})",
+            reason="UNDECODABLE_REQUEST",
+        )
+    return request
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _check(request)
+
+
+def _decoded(request: Any, request_streaming: bool) -> Any:
+    """The request (or request iterator) the servicer gets: undecodable input raises InvalidArgument."""
+    return _checked(request) if request_streaming else _check(request)
+
+
+def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool) -> Behavior:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         outcome, start = _Outcome(), time.perf_counter()
         with structlog.contextvars.bound_contextvars(rpc=method):
             try:
-                return await behavior(request, context)
+                return await behavior(_decoded(request, request_streaming), context)
             except grpc.aio.AbortError:
                 outcome.code = "ABORTED_BY_HANDLER"
                 raise
@@ -85,9 +129,9 @@ def _wrap_unary(method: str, behavior: Behavior) -> Behavior:
     return wrapped
 
 
-def _wrap_stream(method: str, behavior: Behavior) -> Behavior:
+def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool) -> Behavior:
     if not inspect.isasyncgenfunction(behavior):
-        return _wrap_unary(method, behavior)
+        return _wrap_unary(method, behavior, request_streaming)
 
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
         outcome, start = _Outcome(), time.perf_counter()
@@ -96,7 +140,8 @@ def _wrap_stream(method: str, behavior: Behavior) -> Behavior:
                 # aclosing: when the client cancels, grpc.aio closes *this* generator (GeneratorExit
                 # at the yield); the handler's own generator must close now too, so its `finally`
                 # (abort the engine request, release a session) runs at once, not at GC.
-                async with contextlib.aclosing(behavior(request, context)) as items:
+                items = behavior(_decoded(request, request_streaming), context)
+                async with contextlib.aclosing(items):
                     async for item in items:
                         yield item
             except grpc.aio.AbortError:
@@ -129,4 +174,9 @@ class MeshInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return handler
         if not authorized(method, handler_call_details.invocation_metadata, self._api_key):
             return denying(handler, lambda: log.warning("rpc_unauthenticated", method=method))
-        return rebuild(handler, lambda b, streaming: (_wrap_stream if streaming else _wrap_unary)(method, b))
+        request_streaming = bool(handler.request_streaming)
+
+        def wrap(behavior: Behavior, response_streaming: bool) -> Behavior:
+            return (_wrap_stream if response_streaming else _wrap_unary)(method, behavior, request_streaming)
+
+        return rebuild(handler, wrap, request_deserializer=_lenient(handler.request_deserializer))

@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from rollmesh.mesh import config
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
+from rollmesh_client._channel import message_limit_options
 
 log = get_logger("rollmesh.server")
 
@@ -32,8 +33,6 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
     # Two servers must never share a port.
     ("grpc.so_reuseport", 0),
     # grpc core sheds calls that arrived but that the application has not picked up yet: past
@@ -102,7 +101,8 @@ async def build_server(
 
     Port 0 picks a free port; the returned MeshServer says which.
     """
-    server = grpc.aio.server(interceptors=[MeshInterceptor(api_key)], options=SERVER_OPTIONS)
+    options = [*SERVER_OPTIONS, *message_limit_options()]  # ROLLMESH_MAX_MESSAGE_MB
+    server = grpc.aio.server(interceptors=[MeshInterceptor(api_key)], options=options)
     for b in bindings:
         b.add(b.servicer, server)
     health_servicer = health.aio.HealthServicer()

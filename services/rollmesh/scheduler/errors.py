@@ -21,6 +21,12 @@ class MalformedDatasetRow(InvalidArgument):
     reason = "MALFORMED_DATASET_ROW"
 
 
+class DatasetRowTooLarge(InvalidArgument):
+    """A dataset line too large for the requests made from it to fit in a gRPC message."""
+
+    reason = "DATASET_ROW_TOO_LARGE"
+
+
 class DatasetNotFound(NotFound):
     reason = "DATASET_NOT_FOUND"
 

@@ -14,12 +14,14 @@ from rollmesh.registry import ArtifactNotFound, Catalog, Kind
 from rollmesh.scheduler.errors import (
     BenchmarkNotFound,
     DatasetNotFound,
+    DatasetRowTooLarge,
     InvalidBenchmark,
     InvalidJobSpec,
     MalformedDatasetRow,
 )
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.spec import DEFAULT_MAX_STEPS, SAMPLING_FIELDS, JobSpec
+from rollmesh_client import max_item_bytes
 
 Json = dict[str, Any]
 
@@ -131,13 +133,23 @@ def resolve_dataset(catalog: Catalog, ref: str) -> Path:
     )
 
 
-def load_rows(path: Path) -> list[Json]:
-    """Parse every row; a malformed one is an error naming its line number."""
+def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
+    """Parse every row; a malformed one is an error naming its line number, and so is one longer
+    than `max_row_bytes` (default: what a stream item may carry, from ROLLMESH_MAX_MESSAGE_MB),
+    since the requests made from it could not be sent."""
+    limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
     rows: list[Json] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
+            size = len(line.encode("utf-8"))
+            if size > limit:
+                raise DatasetRowTooLarge(
+                    f"{path}:{lineno}: the row is {size:,} bytes, over the {limit:,}-byte limit of a "
+                    "request (set ROLLMESH_MAX_MESSAGE_MB to raise it)",
+                    metadata={"path": str(path), "line": str(lineno), "size": str(size), "limit": str(limit)},
+                )
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

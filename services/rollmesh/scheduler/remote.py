@@ -1,31 +1,31 @@
 """The agent loop's ports over gRPC: the ModelGateway and the EnvironmentVerifier.
 
 One channel per target (`rollmesh_client.aio_channel`), a deadline on every call, and errors as the
-SDK's typed classes (`from_grpc_error`), which carry the code the retry policy classifies.
-Generate and Verify calls go over one long-lived stream each (`GenerateMany`, `VerifyBatch`; see
-mux.py): a stream message costs both ends a fraction of a unary RPC. A gateway without GenerateMany
-(UNIMPLEMENTED) is called with unary `Generate` instead.
+SDK's typed classes (`unary_call`), which carry the code the retry policy classifies.
+Generate and Verify calls go over one long-lived stream each, the SDK's multiplexed clients
+(`generate_mux`, `verify_mux`: rollmesh_client/_streams.py): a stream message costs both ends a
+fraction of a unary RPC. A gateway without GenerateMany (UNIMPLEMENTED) is called with unary
+`Generate` instead.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
 from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn, Verdict
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb
-from rollmesh.scheduler.mux import Multiplexed
 from rollmesh_client import (
     AlreadyExistsError,
     NotFoundError,
     RollmeshClientError,
     aio_channel,
-    from_grpc_error,
-    from_status,
+    generate_mux,
+    unary_call,
+    verify_mux,
 )
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
@@ -38,13 +38,6 @@ class Deadlines:
     tool_s: float = 60.0
     verify_s: float = 120.0
     session_s: float = 30.0
-
-
-async def _call(method: Callable[..., Awaitable[R]], request: Any, deadline_s: float) -> R:
-    try:
-        return await method(request, timeout=deadline_s)
-    except grpc.aio.AioRpcError as exc:
-        raise from_grpc_error(exc) from None
 
 
 def tool_to_pb(tool: Json) -> common_pb2.ToolSpec:
@@ -84,18 +77,6 @@ def sampling_to_pb(s: Json) -> common_pb2.SamplingParams:
     return msg
 
 
-def _generate_answer(
-    resp: gateway_pb2.GenerateManyResponse,
-) -> tuple[str, gateway_pb2.GenerateResponse | RollmeshClientError]:
-    return resp.id, (from_status(resp.error) if resp.HasField("error") else resp.response)
-
-
-def _verify_answer(
-    resp: verifier_pb2.VerifyBatchResponse,
-) -> tuple[str, verifier_pb2.VerifyResult | RollmeshClientError]:
-    return resp.id, (from_status(resp.error) if resp.HasField("error") else resp.result)
-
-
 class GatewayModel:
     """ModelPort over the ModelGateway."""
 
@@ -103,17 +84,7 @@ class GatewayModel:
         self.channel = channel
         self.stub = gateway_pb2_grpc.ModelGatewayStub(channel)
         self.deadlines = deadlines or Deadlines()
-        self._many: Multiplexed[
-            gateway_pb2.GenerateManyRequest, gateway_pb2.GenerateManyResponse, gateway_pb2.GenerateResponse
-        ] = Multiplexed(
-            self.stub.GenerateMany,
-            make_item=lambda i, req, deadline_s: gateway_pb2.GenerateManyRequest(
-                id=i, request=req, timeout_s=deadline_s
-            ),
-            make_cancel=lambda i: gateway_pb2.GenerateManyRequest(id=i, cancel=True),
-            read_answer=_generate_answer,
-            what="Generate",
-        )
+        self._many = generate_mux(self.stub)
         self._unary_only = False  # the gateway has no GenerateMany
 
     @classmethod
@@ -153,12 +124,14 @@ class GatewayModel:
                 if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 self._unary_only = True
-        resp: gateway_pb2.GenerateResponse = await _call(self.stub.Generate, req, self.deadlines.generate_s)
+        resp: gateway_pb2.GenerateResponse = await unary_call(
+            self.stub.Generate, req, self.deadlines.generate_s
+        )
         return resp
 
     async def close_session(self, session_id: str) -> None:
         req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
-        await _call(self.stub.CloseSession, req, self.deadlines.session_s)
+        await unary_call(self.stub.CloseSession, req, self.deadlines.session_s)
 
     async def close(self) -> None:
         await self._many.close()
@@ -172,14 +145,7 @@ class VerifierEnv:
         self.channel = channel
         self.stub = verifier_pb2_grpc.EnvironmentVerifierStub(channel)
         self.deadlines = deadlines or Deadlines()
-        self._batch: Multiplexed[
-            verifier_pb2.VerifyBatchRequest, verifier_pb2.VerifyBatchResponse, verifier_pb2.VerifyResult
-        ] = Multiplexed(
-            self.stub.VerifyBatch,
-            make_item=lambda i, req, _deadline_s: verifier_pb2.VerifyBatchRequest(id=i, request=req),
-            read_answer=_verify_answer,
-            what="Verify",
-        )
+        self._batch = verify_mux(self.stub)
 
     @classmethod
     def connect(
@@ -192,7 +158,7 @@ class VerifierEnv:
             environment=environment, task_json=json.dumps(task, ensure_ascii=False), session_id=session_id
         )
         try:
-            resp: verifier_pb2.SeedSessionResponse = await _call(
+            resp: verifier_pb2.SeedSessionResponse = await unary_call(
                 self.stub.SeedSession, req, self.deadlines.session_s
             )
         except AlreadyExistsError:
@@ -201,7 +167,7 @@ class VerifierEnv:
                 await self.close_session(session_id)
             except NotFoundError:
                 pass
-            resp = await _call(self.stub.SeedSession, req, self.deadlines.session_s)
+            resp = await unary_call(self.stub.SeedSession, req, self.deadlines.session_s)
         return [tool_from_pb(t) for t in resp.tools]
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
@@ -216,7 +182,7 @@ class VerifierEnv:
                 arguments_json=args if isinstance(args, str) else json.dumps(args),
             ),
         )
-        resp: verifier_pb2.CallToolResponse = await _call(self.stub.CallTool, req, self.deadlines.tool_s)
+        resp: verifier_pb2.CallToolResponse = await unary_call(self.stub.CallTool, req, self.deadlines.tool_s)
         return ToolResult(output=resp.output, is_error=resp.is_error)
 
     async def verify(self, environment: str, task: Json, messages: list[Json], session_id: str) -> Verdict:
@@ -236,14 +202,16 @@ class VerifierEnv:
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
-        await _call(self.stub.CloseSession, req, self.deadlines.session_s)
+        await unary_call(self.stub.CloseSession, req, self.deadlines.session_s)
 
     async def environment_tools(self, environment: str) -> list[Json]:
         return (await self.describe_environment(environment)).tools
 
     async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
-        resp: verifier_pb2.Environment = await _call(self.stub.GetEnvironment, req, self.deadlines.session_s)
+        resp: verifier_pb2.Environment = await unary_call(
+            self.stub.GetEnvironment, req, self.deadlines.session_s
+        )
         return EnvDescription(tools=[tool_from_pb(t) for t in resp.tools], stateless=resp.stateless)
 
     async def close(self) -> None:
