@@ -35,8 +35,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._meta import env_info
 from rollmesh.gateway import Gateway, GenerateInput, Message, binding
-from rollmesh.gateway.backend import EngineRequest, Sampling
-from rollmesh.gateway.fake import FakeBackend
+from rollmesh.gateway.backends.base import EngineRequest, Sampling
+from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.mesh.logging import configure, get_logger
 from rollmesh.mesh.server import build_server, wait_serving
 from rollmesh_client import Client

@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.gateway import Gateway, binding
-from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.agent import GenerateCall
 from rollmesh.scheduler.remote import Deadlines, GatewayModel

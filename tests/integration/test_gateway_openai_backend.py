@@ -13,11 +13,11 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.gateway import Gateway, GenerateInput, Message
-from rollmesh.gateway.backends import create_backend
-from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
-from rollmesh.gateway.openai_backend import OpenAIBackend
-from rollmesh.gateway.openai_http import HttpFacade
-from rollmesh.gateway.types import ToolSpec
+from rollmesh.gateway.backends.factory import create_backend
+from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.openai import OpenAIBackend
+from rollmesh.gateway.http import HttpFacade
+from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.errors import RollmeshError
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 7}}</tool_call>'

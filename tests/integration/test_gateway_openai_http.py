@@ -11,10 +11,10 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.gateway import Gateway
-from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
-from rollmesh.gateway.openai_http import HttpFacade
+from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.sessions import naive_prompt_ids
-from rollmesh.gateway.types import Message
+from rollmesh.mesh.chat import Message
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 7}}</tool_call>'
 TOOLS = [
@@ -60,6 +60,11 @@ async def test_models(http: Http) -> None:
     assert [m.id for m in page.data] == ["tiny"]
     extra = page.data[0].model_extra or {}
     assert extra["max_model_len"] == 512 and extra["rollmesh"]["is_default"] is True
+    one = await http.client.models.retrieve("tiny")
+    assert one.id == "tiny" and (one.model_extra or {})["max_model_len"] == 512
+    with pytest.raises(openai.NotFoundError) as exc:
+        await http.client.models.retrieve("missing")
+    assert exc.value.code == "MODEL_NOT_FOUND"
 
 
 async def test_chat_completion_with_token_ids(http: Http) -> None:
@@ -147,6 +152,32 @@ async def test_responses(http: Http) -> None:
     )
     prompt = FakeTokenizer().decode((r.model_extra or {})["prompt_token_ids"])
     assert "<|tool|>\n12<|end|>" in prompt and "<tool_call>" in prompt
+
+
+async def test_streaming_responses(http: Http) -> None:
+    stream = await http.client.responses.create(model="tiny", input="stream the responses api", stream=True)
+    events = [e async for e in stream]
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == "stream the responses api" and len(deltas) > 1  # really streamed
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.output_text == "stream the responses api" and final.usage is not None
+
+    # the SDK's stream helper rebuilds the same response from the events
+    tools = [{"type": "function", "name": "add", "parameters": {"type": "object"}, "strict": False}]
+    async with http.client.responses.stream(
+        model="tiny",
+        input=[{"role": "user", "content": "use the tool"}],
+        tools=tools,  # type: ignore[arg-type]
+    ) as helper:
+        texts = [e.delta async for e in helper if e.type == "response.output_text.delta"]
+        r = await helper.get_final_response()
+    assert "".join(texts) == "Let me add."  # no tool-call markup streamed as text
+    assert [o.type for o in r.output] == ["message", "function_call"]
+    fc = r.output[1]
+    assert fc.type == "function_call" and json.loads(fc.arguments) == {"a": 5, "b": 7}
 
 
 async def test_session_header_gives_token_exact_multi_turn(http: Http) -> None:

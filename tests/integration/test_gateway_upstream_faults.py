@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from rollmesh.devtools.openai_server import FaultConfig, OpenAITestServer
 from rollmesh.gateway import Gateway, GenerateInput, Message
-from rollmesh.gateway.openai_backend import OpenAIBackend
+from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.errors import RollmeshError
 

@@ -16,9 +16,16 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from rollmesh.gateway.backend import BackendUnavailable, EngineChunk, EngineRequest, ReplicaStatus, Sampling
-from rollmesh.serving.backend import EngineRejected, RayServeBackend
+from rollmesh.gateway.backends.base import (
+    BackendUnavailable,
+    EngineChunk,
+    EngineRequest,
+    ReplicaStatus,
+    Sampling,
+)
+from rollmesh.serving.backend import RayServeBackend
 from rollmesh.serving.config import ServingConfig
+from rollmesh.serving.errors import EngineRejected
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from rollmesh.gateway import Gateway
 from rollmesh.gateway import binding as gateway_binding
-from rollmesh.gateway.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.registry import binding as registry_binding
 from rollmesh.scheduler import binding as scheduler_binding

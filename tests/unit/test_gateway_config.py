@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rollmesh.gateway.backends import create_backend, resolve_model_path
+from rollmesh.gateway.backends.factory import create_backend, resolve_model_path
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
-from rollmesh.gateway.fake import FakeBackend
-from rollmesh.gateway.openai_backend import OpenAIBackend
 from rollmesh.mesh.config import ENV_VARS, ConfigError
 
 

@@ -11,11 +11,12 @@ import grpc
 import pytest
 
 from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
-from rollmesh.gateway.backend import EngineRequest
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.gateway.config import ModelSpec
-from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
 from rollmesh.gateway.sessions import naive_prompt_ids
-from rollmesh.gateway.types import GenerateResult, StreamDelta, ToolSpec
+from rollmesh.gateway.types import GenerateResult, StreamDelta
+from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.errors import RollmeshError
 
 USER = (Message("user", "what is 5+7?"),)

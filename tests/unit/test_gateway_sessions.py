@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollmesh.gateway.fake import FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.sessions import (
     SessionState,
     SessionStore,
@@ -11,7 +11,7 @@ from rollmesh.gateway.sessions import (
     render,
     tools_key,
 )
-from rollmesh.gateway.types import Message, ToolCall, ToolSpec
+from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
 
 TOK = FakeTokenizer()
 

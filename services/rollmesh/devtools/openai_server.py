@@ -46,6 +46,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.server import write_port_file
 
 _SUM = re.compile(r"What is\s+(-?\d+)\s*\+\s*(-?\d+)\s*\?")
@@ -101,19 +102,11 @@ def answer_for(messages: list[dict[str, Any]], default: str) -> str:
     """The reply to the last user message: the sum for "What is A + B?", else `default`."""
     for m in reversed(messages):
         if m.get("role") == "user":
-            found = _SUM.search(_text(m.get("content")))
+            found = _SUM.search(content_text(m.get("content")))
             if found:
                 return f"The answer is {int(found.group(1)) + int(found.group(2))}."
             break
     return default
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return ""
 
 
 def _words(text: str) -> int:
@@ -270,7 +263,7 @@ class OpenAITestServer:
             self.stats.in_flight -= 1
 
     def _usage(self, body: dict[str, Any], text: str) -> dict[str, int]:
-        prompt = sum(_words(_text(m.get("content"))) for m in body.get("messages") or [])
+        prompt = sum(_words(content_text(m.get("content"))) for m in body.get("messages") or [])
         completion = _words(text)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 

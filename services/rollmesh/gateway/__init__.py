@@ -1,6 +1,6 @@
 """The model gateway: the only door to models (gRPC ModelGateway + an OpenAI-compatible HTTP facade)."""
 
-from rollmesh.gateway.backend import (
+from rollmesh.gateway.backends.base import (
     BackendUnavailable,
     EngineChunk,
     EngineRequest,
@@ -19,7 +19,8 @@ from rollmesh.gateway.errors import (
     ModelNotFound,
     PromptTooLong,
 )
-from rollmesh.gateway.types import GenerateInput, GenerateResult, Message, SamplingInput, ToolCall, ToolSpec
+from rollmesh.gateway.types import GenerateInput, GenerateResult, SamplingInput
+from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
 from rollmesh.mesh.server import ServiceBinding
 
 

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Sequence
 
 from rollmesh.gateway import Gateway, GatewayConfig, binding
-from rollmesh.gateway.backend import ModelBackend
-from rollmesh.gateway.backends import create_backend
-from rollmesh.gateway.openai_http import HttpFacade
+from rollmesh.gateway.backends.base import ModelBackend
+from rollmesh.gateway.backends.factory import create_backend
+from rollmesh.gateway.http import HttpFacade
 from rollmesh.mesh.logging import configure, get_logger
 from rollmesh.mesh.server import MeshServer, serve
 

@@ -3,40 +3,10 @@ sees *_pb2)."""
 
 from __future__ import annotations
 
-from rollmesh.gateway.types import (
-    GenerateInput,
-    GenerateResult,
-    Message,
-    ModelStatus,
-    SamplingInput,
-    StreamDelta,
-    ToolCall,
-    ToolSpec,
-)
+from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus, SamplingInput, StreamDelta
+from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
 from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb
-
-
-def message_from_pb(m: cpb.ChatMessage) -> Message:
-    return Message(
-        role=m.role,
-        content=m.content,
-        tool_calls=tuple(ToolCall(c.id, c.name, c.arguments_json) for c in m.tool_calls),
-        tool_call_id=m.tool_call_id,
-        name=m.name,
-    )
-
-
-def message_to_pb(m: Message) -> cpb.ChatMessage:
-    return cpb.ChatMessage(
-        role=m.role,
-        content=m.content,
-        tool_calls=[
-            cpb.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json) for c in m.tool_calls
-        ],
-        tool_call_id=m.tool_call_id,
-        name=m.name,
-    )
 
 
 def sampling_from_pb(s: cpb.SamplingParams) -> SamplingInput:
@@ -57,7 +27,7 @@ def generate_from_pb(r: pb.GenerateRequest) -> GenerateInput:
         model=r.model,
         messages=tuple(message_from_pb(m) for m in r.messages),
         prompt_token_ids=tuple(r.prompt_token_ids),
-        tools=tuple(ToolSpec(t.name, t.description, t.parameters_json) for t in r.tools),
+        tools=tuple(tool_spec_from_pb(t) for t in r.tools),
         sampling=sampling_from_pb(r.sampling),
         session_id=r.session_id,
         request_id=r.request_id,

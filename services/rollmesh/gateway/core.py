@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rollmesh.gateway import errors
-from rollmesh.gateway.backend import (
+from rollmesh.gateway.backends.base import (
     BackendUnavailable,
     EngineRequest,
     ModelBackend,
@@ -32,13 +32,12 @@ from rollmesh.gateway.toolcalls import parse_tool_calls
 from rollmesh.gateway.types import (
     GenerateInput,
     GenerateResult,
-    Message,
     ModelStatus,
     SamplingInput,
     StreamDelta,
-    ToolSpec,
     Usage,
 )
+from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.gateway")
@@ -365,7 +364,7 @@ class Gateway:
             req = EngineRequest(
                 request_id=rid,
                 sampling=sampling,
-                messages=tuple(x.to_template() for x in inp.messages),
+                messages=tuple(x.to_openai() for x in inp.messages),
                 tools=tuple(t.to_openai() for t in inp.tools),
                 session_id=inp.session_id,
                 stream=stream,

@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollmesh.gateway.backend import Tokenizer
-from rollmesh.gateway.types import Message, ToolSpec
+from rollmesh.gateway.backends.base import Tokenizer
+from rollmesh.mesh.chat import Message, ToolSpec
 
 _SENTINEL = "\x00rollmesh-sentinel\x00"
 
@@ -125,7 +125,7 @@ def render(
     *,
     add_generation_prompt: bool,
 ) -> str:
-    conv = [m.to_template() if isinstance(m, Message) else m for m in messages]
+    conv = [m.to_openai() if isinstance(m, Message) else m for m in messages]
     text = tokenizer.apply_chat_template(
         conv, tools=list(tools) or None, add_generation_prompt=add_generation_prompt, tokenize=False
     )

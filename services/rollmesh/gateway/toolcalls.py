@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from rollmesh.gateway.types import ToolCall
+from rollmesh.mesh.chat import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 

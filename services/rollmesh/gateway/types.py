@@ -1,82 +1,16 @@
 """The gateway's domain types: what callers ask for and what they get back (no grpc, no HTTP).
 
 The gRPC servicer (via convert.py) and the OpenAI HTTP facade both translate their wire formats
-into these and call the same `Gateway` (core.py).
+into these and call the same `Gateway` (core.py). Chat messages and tools are the shared
+`rollmesh.mesh.chat` types.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
-from rollmesh.gateway.backend import ReplicaStatus
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    # Kept as text: a malformed call reaches the environment unchanged.
-    arguments_json: str
-
-    def arguments_key(self) -> str:
-        """The arguments in a canonical form, for comparing two renderings of one call."""
-        try:
-            return json.dumps(json.loads(self.arguments_json), sort_keys=True, separators=(",", ":"))
-        except ValueError:
-            return self.arguments_json
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str = ""
-    name: str = ""
-
-    def to_template(self) -> dict[str, Any]:
-        """The OpenAI-style dict a chat template (and an OpenAI server) expects."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments_json},
-                }
-                for c in self.tool_calls
-            ]
-        if self.tool_call_id:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name:
-            out["name"] = self.name
-        return out
-
-    def same_turn(self, other: Message) -> bool:
-        """True when `other` is this message as a client would echo it back (ids may differ)."""
-        return (
-            self.role == other.role
-            and self.content == other.content
-            and self.tool_call_id == other.tool_call_id
-            and [(c.name, c.arguments_key()) for c in self.tool_calls]
-            == [(c.name, c.arguments_key()) for c in other.tool_calls]
-        )
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str = ""
-    parameters_json: str = ""
-
-    def to_openai(self) -> dict[str, Any]:
-        params: Any = json.loads(self.parameters_json) if self.parameters_json else {"type": "object"}
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": params},
-        }
+from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.mesh.chat import Message, ToolSpec
 
 
 @dataclass(frozen=True)

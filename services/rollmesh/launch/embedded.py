@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway import binding as gateway_binding
-from rollmesh.gateway.backends import create_backend
+from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig, install_sys_path

@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.records import RolloutKey
 
@@ -137,16 +138,6 @@ def session_key(job_id: str, key: RolloutKey) -> str:
     return f"{job_id}/{key.task_index}/{key.rollout_index}"
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # Responses API parts: [{"type": "input_text", "text": ...}]
-        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
-    return str(content)
-
-
 def input_messages(task: Json, system_prompt: str = "") -> list[Json]:
     """The row's `responses_create_params.input` as chat messages (a system prompt prepended if none)."""
     raw = task["responses_create_params"]["input"]
@@ -154,7 +145,7 @@ def input_messages(task: Json, system_prompt: str = "") -> list[Json]:
     msgs: list[Json] = []
     for m in items:
         role = "system" if m["role"] == "developer" else str(m["role"])
-        msg: Json = {"role": role, "content": _content_text(m.get("content"))}
+        msg: Json = {"role": role, "content": content_text(m.get("content"))}
         for extra in ("tool_calls", "tool_call_id", "name"):
             if m.get(extra):
                 msg[extra] = m[extra]

@@ -1,5 +1,6 @@
 """Proto <-> domain conversions for the scheduler's records (rollouts, failures, token records,
-metrics). With the servicer, the only scheduler modules that see *_pb2."""
+metrics) and OpenAI-style message dicts. The other scheduler modules that see *_pb2 are the servicer,
+job_convert.py (job specs) and the scheduler's gRPC clients (its remote ports and sinks)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from rollmesh.mesh.chat import content_text
 from rollmesh.scheduler.metrics import Metrics, TaskProfile
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
@@ -24,12 +26,9 @@ def key_from_pb(msg: common_pb2.RolloutKey) -> RolloutKey:
 
 def message_to_pb(msg: Mapping[str, Any]) -> common_pb2.ChatMessage:
     """An OpenAI-style message dict; tool calls `{"id", "type", "function": {"name", "arguments"}}`."""
-    content = msg.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
-        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     out = common_pb2.ChatMessage(
         role=str(msg.get("role", "")),
-        content=str(content or ""),
+        content=content_text(msg.get("content")),  # content parts: keep the text ones
         tool_call_id=str(msg.get("tool_call_id") or ""),
         name=str(msg.get("name") or ""),
     )

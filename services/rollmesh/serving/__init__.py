@@ -5,6 +5,7 @@
 - `router.SessionAffinityRouter`: session affinity, least-loaded otherwise, pinned abort/stats.
 - `cluster.ServingCluster`: start or join Ray, deploy, wait healthy, shut down.
 - `backend.RayServeBackend`: the gateway's `ModelBackend` over the deployment handle.
+- `errors`: the serving errors (startup failed, request rejected by vLLM).
 
 Only the config is imported here, so `import rollmesh.serving` never pulls in Ray or vLLM.
 """

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from rollmesh.gateway.backend import (
+from rollmesh.gateway.backends.base import (
     BackendUnavailable,
     EngineChunk,
     EngineRequest,
@@ -33,19 +33,13 @@ from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.cluster import ServingCluster
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.deployment import RequestRejected
+from rollmesh.serving.errors import EngineRejected, RequestRejected
 
 log = get_logger(__name__)
 
 _STATS_TIMEOUT_S = 10.0
 _ABORT_TIMEOUT_S = 10.0
 _MAX_SESSIONS = 100_000
-
-
-class EngineRejected(InvalidArgument):
-    """vLLM refused the request as given (e.g. prompt + max_tokens over max_model_len)."""
-
-    reason = "ENGINE_REJECTED_REQUEST"
 
 
 def _is_replica_failure(exc: BaseException) -> bool:

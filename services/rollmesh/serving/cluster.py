@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollmesh.mesh.aio import ProcessLifetimeThread
-from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.deployment import build_app, config_summary
+from rollmesh.serving.errors import ServingStartupError
 
 log = get_logger(__name__)
 
@@ -31,12 +31,6 @@ _SERVE_NAMESPACE = "serve"
 _POLL_S = 1.0
 # Ray's lifecycle calls, for every ServingCluster of the process (one Ray per process).
 _RAY_THREAD = ProcessLifetimeThread("rollmesh-ray")
-
-
-class ServingStartupError(Unavailable):
-    """The replicas did not all become healthy before the deadline, or their deployment failed."""
-
-    reason = "SERVING_STARTUP_FAILED"
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,15 @@ from typing import Any
 from ray import serve
 from ray.serve.deployment import Application
 
-from rollmesh.gateway.backend import EngineChunk, Sampling
+from rollmesh.gateway.backends.base import EngineChunk, Sampling
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.config import ServingConfig
+from rollmesh.serving.errors import RequestRejected
 
 log = get_logger(__name__)
 
 ROUTER_CLASS = "rollmesh.serving.router:SessionAffinityRouter"
 _DONE = object()
-
-
-class RequestRejected(ValueError):
-    """vLLM refused the request as given (bad sampling values, prompt + max_tokens too long)."""
 
 
 def engine_kwargs(config: ServingConfig) -> dict[str, Any]:

@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import json
 
-from rollmesh.verifier.environment import Message, Response, ToolCall, ToolOutput, ToolSpec, VerifyResult
+from rollmesh.mesh.chat import message_from_pb, tool_spec_to_pb
+from rollmesh.verifier.environment import Response, ToolOutput, VerifyResult
 from rollmesh.verifier.loader import Broken
 from rollmesh.verifier.service import EnvironmentInfo, VerifyCall
-from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
-
-
-def tool_spec_to_pb(spec: ToolSpec) -> common_pb2.ToolSpec:
-    return common_pb2.ToolSpec(
-        name=spec.name, description=spec.description, parameters_json=json.dumps(spec.parameters)
-    )
 
 
 def environment_to_pb(info: EnvironmentInfo) -> pb.Environment:
@@ -30,20 +24,6 @@ def environment_to_pb(info: EnvironmentInfo) -> pb.Environment:
 
 def broken_to_pb(item: Broken) -> pb.BrokenEnvironment:
     return pb.BrokenEnvironment(name=item.name, source=item.source, error=item.error)
-
-
-def tool_call_from_pb(call: common_pb2.ToolCall) -> ToolCall:
-    return ToolCall(id=call.id, name=call.name, arguments_json=call.arguments_json)
-
-
-def message_from_pb(msg: common_pb2.ChatMessage) -> Message:
-    return Message(
-        role=msg.role,
-        content=msg.content,
-        tool_calls=tuple(tool_call_from_pb(c) for c in msg.tool_calls),
-        tool_call_id=msg.tool_call_id,
-        name=msg.name,
-    )
 
 
 def response_from_pb(resp: pb.ModelResponse) -> Response:

@@ -39,6 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
+from rollmesh.mesh.chat import Message as Message  # re-exported: part of the plugin API
+from rollmesh.mesh.chat import ToolCall as ToolCall
+from rollmesh.mesh.chat import ToolSpec as ToolSpec
+from rollmesh.mesh.chat import content_text
+
 if TYPE_CHECKING:
     from rollmesh.verifier.config import VerifierConfig
     from rollmesh.verifier.workers import WorkerPool
@@ -84,34 +89,8 @@ class Task:
         """The text of the last user message ("" when none)."""
         for msg in reversed(self.input_messages):
             if msg.get("role") == "user":
-                return _content_text(msg.get("content"))
+                return content_text(msg.get("content"))
         return ""
-
-
-def _content_text(content: Any) -> str:
-    """Message content as text: a string, or OpenAI/Responses-style parts joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, Mapping)]
-        return "".join(str(p) for p in parts)
-    return "" if content is None else str(content)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments_json: str
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    tool_call_id: str = ""
-    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,13 +148,6 @@ class Session:
 
 class ToolError(Exception):
     """Raise from a tool to send the message back to the model as an error output."""
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    parameters: JsonObject
 
 
 @dataclass(frozen=True)
@@ -256,10 +228,10 @@ def tool(
         if not is_async:
             raise TypeError(f"tool {f.__name__!r} must be an async method")
         doc = inspect.getdoc(f) or ""
-        spec = ToolSpec(
-            name=name or f.__name__,
-            description=description if description is not None else doc.split("\n\n")[0].strip(),
-            parameters=parameters if parameters is not None else infer_parameters(f),
+        spec = ToolSpec.of(
+            name or f.__name__,
+            description if description is not None else doc.split("\n\n")[0].strip(),
+            parameters if parameters is not None else infer_parameters(f),
         )
         setattr(f, _TOOL_ATTR, spec)
         return f

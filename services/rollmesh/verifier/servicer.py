@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from rollmesh.mesh import chat
 from rollmesh.mesh.errors import InvalidArgument, to_status
 from rollmesh.mesh.paging import page
 from rollmesh.verifier import convert
@@ -38,14 +39,14 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
         )
         return pb.SeedSessionResponse(
             session_id=session.id,
-            tools=[convert.tool_spec_to_pb(t) for t in tools],
+            tools=[chat.tool_spec_to_pb(t) for t in tools],
             ttl_seconds=self._svc.sessions.ttl_s,
         )
 
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> pb.CallToolResponse:
         if not request.HasField("call") or not request.call.name:
             raise InvalidArgument("CallToolRequest.call.name is required")
-        out = await self._svc.call_tool(request.session_id, convert.tool_call_from_pb(request.call))
+        out = await self._svc.call_tool(request.session_id, chat.tool_call_from_pb(request.call))
         return convert.tool_output_to_pb(out)
 
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from rollmesh.gateway import errors
-from rollmesh.gateway.backend import (
+from rollmesh.gateway.backends.base import (
     EngineChunk,
     EngineRequest,
     ModelBackend,

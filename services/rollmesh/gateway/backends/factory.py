@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from rollmesh.gateway.backend import ModelBackend
+from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.config import ModelSpec
 from rollmesh.mesh.config import ConfigError
 
@@ -31,13 +31,13 @@ def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> 
 def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None) -> ModelBackend:
     env = os.environ if environ is None else environ
     if spec.backend == "fake":
-        from rollmesh.gateway.fake import FakeBackend
+        from rollmesh.gateway.backends.fake import FakeBackend
 
         return FakeBackend(
             spec.name, num_replicas=spec.replicas or 1, max_model_len=spec.max_model_len or 4096
         )
     if spec.backend == "openai":
-        from rollmesh.gateway.openai_backend import OpenAIBackend
+        from rollmesh.gateway.backends.openai import OpenAIBackend
 
         return OpenAIBackend(
             spec.name,

@@ -1,6 +1,6 @@
 """A deterministic in-process backend for tests, benchmarks and the scheduler's tests.
 
-    from rollmesh.gateway.fake import FakeBackend, FakeTokenizer
+    from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 
     backend = FakeBackend("fake")                          # echoes the last user message
     backend = FakeBackend("fake", script=lambda prompt, req: '<tool_call>{"name": "add", '
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from rollmesh.gateway.backend import (
+from rollmesh.gateway.backends.base import (
     BackendUnavailable,
     EngineChunk,
     EngineRequest,

@@ -1,0 +1,318 @@
+"""The OpenAI wire protocol, both ways, as plain dicts (no web framework here): request bodies to the
+gateway's `GenerateInput`, `GenerateResult` to chat completions and Responses objects, and errors to
+OpenAI's `{"error": {"message", "type", "param", "code"}}` (`code` = the ErrorInfo reason).
+
+Extensions for RL agents that only speak HTTP:
+- `X-Session-Id` header (or the `user` / `session_id` field) names a gateway session: token-exact
+  multi-turn. `X-Request-Id` sets the request id (for Abort).
+- Responses carry `prompt_token_ids` (top level) and `token_ids` (per choice) as vLLM's
+  `return_token_ids` does, plus `rollmesh: {replica_id, policy_version, reused_prefix_tokens, ...}`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rollmesh.gateway import errors
+from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus, SamplingInput
+from rollmesh.mesh.chat import Message, ToolCall, ToolSpec, content_text
+from rollmesh.mesh.errors import RollmeshError
+
+
+def bad_request(message: str, param: str) -> errors.InvalidGenerateRequest:
+    return errors.InvalidGenerateRequest(message, metadata={"field": param})
+
+
+def error_json(exc: RollmeshError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": exc.message,
+            "type": errors.openai_type(exc),
+            "param": exc.metadata.get("field"),
+            "code": exc.reason,
+        }
+    }
+
+
+def error_headers(exc: RollmeshError) -> dict[str, str]:
+    return {} if exc.retry_after_s is None else {"Retry-After": str(max(1, round(exc.retry_after_s)))}
+
+
+# -- OpenAI JSON -> domain ---------------------------------------------------------------------
+
+
+def _text(content: Any, where: str) -> str:
+    try:
+        return content_text(content, strict=True)
+    except ValueError as exc:
+        raise bad_request(f"{where}: {exc}", where) from None
+
+
+def chat_message(m: Any, i: int) -> Message:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise bad_request(f"messages[{i}] must be an object with a role", f"messages[{i}]")
+    try:
+        return Message.from_openai(m, strict=True)
+    except ValueError as exc:
+        raise bad_request(f"messages[{i}].content: {exc}", f"messages[{i}].content") from None
+
+
+def _tools(raw: Any) -> tuple[ToolSpec, ...]:
+    out = []
+    for i, t in enumerate(raw or ()):
+        fn = t.get("function", t) if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not fn.get("name"):
+            raise bad_request(f"tools[{i}] must be a function tool with a name", f"tools[{i}]")
+        params = fn.get("parameters")
+        out.append(
+            ToolSpec(
+                name=str(fn["name"]),
+                description=str(fn.get("description") or ""),
+                parameters_json=json.dumps(params) if params is not None else "",
+            )
+        )
+    return tuple(out)
+
+
+def _sampling(body: dict[str, Any], max_key: tuple[str, ...]) -> SamplingInput:
+    def num(key: str) -> float | None:
+        v = body.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise errors.InvalidSampling(f"{key} must be a number", metadata={"field": key})
+        return float(v)
+
+    max_tokens = next((body[k] for k in max_key if body.get(k) is not None), None)
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+        raise errors.InvalidSampling(f"{max_key[0]} must be an integer", metadata={"field": max_key[0]})
+    stop = body.get("stop") or ()
+    top_k = body.get("top_k")
+    seed = body.get("seed")
+    return SamplingInput(
+        temperature=num("temperature"),
+        top_p=num("top_p"),
+        top_k=int(top_k) if isinstance(top_k, int) else None,
+        max_tokens=max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
+        seed=int(seed) if isinstance(seed, int) else None,
+        logprobs=bool(body.get("logprobs")),
+        ignore_eos=bool(body.get("ignore_eos")),  # vLLM's extension of the OpenAI API
+    )
+
+
+def _session(headers: Mapping[str, str], body: dict[str, Any]) -> str:
+    return headers.get("x-session-id") or str(body.get("session_id") or body.get("user") or "")
+
+
+def chat_input(headers: Mapping[str, str], body: dict[str, Any]) -> GenerateInput:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_request("messages must be a non-empty list", "messages")
+    if (body.get("n") or 1) != 1:
+        raise bad_request("n > 1 is not supported; send n requests", "n")
+    return GenerateInput(
+        model=str(body.get("model") or ""),
+        messages=tuple(chat_message(m, i) for i, m in enumerate(msgs)),
+        tools=_tools(body.get("tools")),
+        sampling=_sampling(body, ("max_completion_tokens", "max_tokens")),
+        session_id=_session(headers, body),
+        request_id=headers.get("x-request-id", ""),
+    )
+
+
+def responses_input(headers: Mapping[str, str], body: dict[str, Any]) -> GenerateInput:
+    if body.get("previous_response_id"):
+        raise bad_request(
+            "previous_response_id is not supported; send the whole input with an X-Session-Id header",
+            "previous_response_id",
+        )
+    msgs: list[Message] = []
+    if body.get("instructions"):
+        msgs.append(Message(role="system", content=str(body["instructions"])))
+    raw = body.get("input")
+    if isinstance(raw, str):
+        msgs.append(Message(role="user", content=raw))
+    elif isinstance(raw, list):
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict):
+                raise bad_request(f"input[{i}] must be an object", f"input[{i}]")
+            kind = item.get("type", "message")
+            if kind == "message":
+                msgs.append(
+                    Message(
+                        role=str(item.get("role", "user")), content=_text(item.get("content"), f"input[{i}]")
+                    )
+                )
+            elif kind == "function_call":
+                call = ToolCall.from_openai(
+                    {
+                        "id": item.get("call_id"),
+                        "name": item.get("name"),
+                        "arguments": item.get("arguments", "{}"),
+                    }
+                )
+                if msgs and msgs[-1].role == "assistant":
+                    last = msgs.pop()
+                    msgs.append(Message("assistant", last.content, (*last.tool_calls, call)))
+                else:
+                    msgs.append(Message("assistant", "", (call,)))
+            elif kind == "function_call_output":
+                msgs.append(
+                    Message(
+                        role="tool",
+                        content=_text(item.get("output"), f"input[{i}].output"),
+                        tool_call_id=str(item.get("call_id", "")),
+                    )
+                )
+            else:
+                raise bad_request(f"input[{i}]: item type {kind!r} is not supported", f"input[{i}].type")
+    else:
+        raise bad_request("input must be a string or a list of items", "input")
+    if not msgs:
+        raise bad_request("input is empty", "input")
+    return GenerateInput(
+        model=str(body.get("model") or ""),
+        messages=tuple(msgs),
+        tools=_tools(body.get("tools")),
+        sampling=_sampling(body, ("max_output_tokens",)),
+        session_id=_session(headers, body),
+        request_id=headers.get("x-request-id", ""),
+    )
+
+
+# -- domain -> OpenAI JSON ---------------------------------------------------------------------
+
+
+def calls_json(r: GenerateResult) -> list[dict[str, Any]]:
+    return [c.to_openai() for c in r.message.tool_calls]
+
+
+def extension(r: GenerateResult, session_id: str) -> dict[str, Any]:
+    return {
+        "replica_id": r.replica_id,
+        "policy_version": r.policy_version,
+        "reused_prefix_tokens": r.reused_prefix_tokens,
+        "request_id": r.request_id,
+        "session_id": session_id,
+    }
+
+
+def _logprobs(r: GenerateResult) -> dict[str, Any] | None:
+    if not r.logprobs:
+        return None
+    return {
+        "content": [
+            {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(r.output_token_ids, r.logprobs, strict=False)
+        ]
+    }
+
+
+def usage_json(r: GenerateResult) -> dict[str, int]:
+    u = r.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+    }
+
+
+def chat_completion(r: GenerateResult, session_id: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": r.message.content or None}
+    if r.message.tool_calls:
+        message["tool_calls"] = calls_json(r)
+    elif message["content"] is None:
+        message["content"] = ""
+    return {
+        "id": f"chatcmpl-{r.request_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": r.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": r.finish_reason,
+                "logprobs": _logprobs(r),
+                "token_ids": list(r.output_token_ids),
+            }
+        ],
+        "usage": usage_json(r),
+        "prompt_token_ids": list(r.prompt_token_ids),
+        "rollmesh": extension(r, session_id),
+    }
+
+
+def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) -> dict[str, Any]:
+    output: list[dict[str, Any]] = []
+    if r.message.content or not r.message.tool_calls:
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{r.request_id}",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": r.message.content, "annotations": []}],
+            }
+        )
+    for c in r.message.tool_calls:
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{c.id}",
+                "call_id": c.id,
+                "name": c.name,
+                "arguments": c.arguments_json,
+                "status": "completed",
+            }
+        )
+    incomplete = r.finish_reason == "length"
+    return {
+        "id": f"resp_{r.request_id}",
+        "object": "response",
+        "created_at": time.time(),
+        "model": r.model,
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata") or {},
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "usage": {
+            "input_tokens": r.usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": r.reused_prefix_tokens},
+            "output_tokens": r.usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": r.usage.total_tokens,
+        },
+        "prompt_token_ids": list(r.prompt_token_ids),
+        "output_token_ids": list(r.output_token_ids),
+        "rollmesh": extension(r, session_id),
+    }
+
+
+def model_json(m: ModelStatus) -> dict[str, Any]:
+    return {
+        "id": m.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "rollmesh",
+        "max_model_len": m.max_model_len,
+        "rollmesh": {
+            "backend": m.backend,
+            "policy_version": m.policy_version,
+            "paused": m.paused,
+            "is_default": m.is_default,
+            "replicas": [r.__dict__ for r in m.replicas],
+        },
+    }

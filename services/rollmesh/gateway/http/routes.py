@@ -1,0 +1,110 @@
+"""The facade's routes (FastAPI): `/v1/models`, `/v1/models/{id}`, `/v1/chat/completions` and
+`/v1/responses` (each unary or `stream: true`). A route parses with `protocol`, calls the same
+`Gateway` the gRPC servicer uses, and answers with `protocol` or `streaming`; errors are the gateway's
+`RollmeshError`s, answered with the HTTP status from `errors.http_status` (and `Retry-After` when the
+error carries RetryInfo). With an API key, every `/v1/` route needs `Authorization: Bearer <key>`,
+checked by the SDK's `authorized` (the same check every gRPC server makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rollmesh.gateway import errors
+from rollmesh.gateway.core import Gateway
+from rollmesh.gateway.http import protocol, streaming
+from rollmesh.gateway.types import GenerateResult, StreamDelta
+from rollmesh.mesh.errors import RollmeshError, Unauthenticated
+from rollmesh_client._auth import AUTH_HEADER, authorized
+
+
+def error_response(exc: RollmeshError) -> JSONResponse:
+    return JSONResponse(
+        protocol.error_json(exc), status_code=errors.http_status(exc), headers=protocol.error_headers(exc)
+    )
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise protocol.bad_request("the body is not JSON", "body") from None
+    if not isinstance(body, dict):
+        raise protocol.bad_request("the body must be a JSON object", "body")
+    return body
+
+
+async def _first(
+    stream: AsyncGenerator[StreamDelta | GenerateResult, None],
+) -> StreamDelta | GenerateResult:
+    """The first item, so errors before any output become a proper HTTP error, not an in-band one."""
+    try:
+        return await anext(stream)
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
+def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
+    app = FastAPI(title="rollmesh gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RollmeshError)
+    async def _rollmesh_error(request: Request, exc: RollmeshError) -> Response:
+        return error_response(exc)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if path.startswith("/v1/"):
+            given = request.headers.get(AUTH_HEADER, "")
+            if not authorized(path, [(AUTH_HEADER, given)], api_key):
+                return error_response(Unauthenticated("missing or wrong bearer token"))
+        response: Response = await call_next(request)
+        return response
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [protocol.model_json(m) for m in await gateway.list_models()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        for m in await gateway.list_models():
+            if m.name == model_id:
+                return protocol.model_json(m)
+        raise errors.ModelNotFound(f"no model or route named {model_id!r}", metadata={"model": model_id})
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await _body(request)
+        inp = protocol.chat_input(request.headers, body)
+        if not body.get("stream"):
+            return JSONResponse(protocol.chat_completion(await gateway.generate(inp), inp.session_id))
+        stream = gateway.generate_stream(inp)
+        first = await _first(stream)
+        sse = streaming.chat_events(
+            first,
+            stream,
+            model=inp.model or gateway.default_model,
+            session_id=inp.session_id,
+            include_usage=bool((body.get("stream_options") or {}).get("include_usage")),
+        )
+        return StreamingResponse(sse, media_type="text/event-stream")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        body = await _body(request)
+        inp = protocol.responses_input(request.headers, body)
+        if not body.get("stream"):
+            return JSONResponse(protocol.response_object(await gateway.generate(inp), body, inp.session_id))
+        stream = gateway.generate_stream(inp)
+        first = await _first(stream)
+        sse = streaming.response_events(
+            first, stream, body=body, model=inp.model or gateway.default_model, session_id=inp.session_id
+        )
+        return StreamingResponse(sse, media_type="text/event-stream")
+
+    return app
