@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,3 +115,41 @@ def grpcurl(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [str(GRPCURL), *args], capture_output=True, text=True, timeout=timeout_s, check=False
     )
+
+
+@asynccontextmanager
+async def scheduler_proc(
+    tmp: Path, name: str, env: dict[str, str]
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """`python -m rollmesh.scheduler --port 0 --output-dir TMP/runs` (cwd TMP, log TMP/NAME.log),
+    without blocking the loop; yields (process, address) once SERVING; killed on exit."""
+    from rollmesh.mesh.server import wait_serving
+
+    port_file = tmp / f"{name}.port"
+    log = (tmp / f"{name}.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rollmesh.scheduler",
+        "--port",
+        "0",
+        "--output-dir",
+        str(tmp / "runs"),
+        env={**os.environ, **env, "ROLLMESH_PORT_FILE": str(port_file), "ROLLMESH_LOG_JSON": "1"},
+        cwd=tmp,
+        stdout=log,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        async with asyncio.timeout(60):
+            while not port_file.exists():  # the child's only way to tell us its port
+                assert proc.returncode is None, (tmp / f"{name}.log").read_text()
+                await asyncio.sleep(0.05)
+        address = port_file.read_text().strip()
+        await wait_serving(address, timeout_s=30)
+        yield proc, address
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        log.close()

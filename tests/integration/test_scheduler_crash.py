@@ -4,54 +4,15 @@ from its output dir. Every key ends up in rollouts.jsonl exactly once; none is l
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from rollmesh.mesh.server import wait_serving
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
 from tests.exactly_once import check_exactly_once, expected_keys
 from tests.fakes import FakeGateway, FakeVerifier, Rows
-
-
-@asynccontextmanager
-async def scheduler_proc(
-    tmp: Path, name: str, env: dict[str, str]
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    """`python -m rollmesh.scheduler --port 0`; the child writes its address to ROLLMESH_PORT_FILE."""
-    port_file = tmp / f"{name}.port"
-    log = (tmp / f"{name}.log").open("wb")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "rollmesh.scheduler",
-        "--port",
-        "0",
-        "--output-dir",
-        str(tmp / "runs"),
-        env={**os.environ, **env, "ROLLMESH_PORT_FILE": str(port_file), "ROLLMESH_LOG_JSON": "1"},
-        cwd=tmp,
-        stdout=log,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        async with asyncio.timeout(60):
-            while not port_file.exists():  # the child's only way to tell us its port
-                assert proc.returncode is None, (tmp / f"{name}.log").read_text()
-                await asyncio.sleep(0.05)
-        address = port_file.read_text().strip()
-        await wait_serving(address, timeout_s=30)
-        yield proc, address
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        log.close()
+from tests.procs import scheduler_proc
 
 
 async def test_sigkill_mid_job_then_resume(start_server: StartServer, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""What every CLI command shares: address options, error mapping, output (data to stdout,
+"""What every CLI command shares: address options and `connect()`, error mapping, output (data to stdout,
 messages to stderr), and running one coroutine per command."""
 
 from __future__ import annotations
@@ -7,11 +7,14 @@ import asyncio
 import json
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from rollmesh_client import Client
 
 T = TypeVar("T")
 
@@ -22,18 +25,25 @@ serve_app = typer.Typer(
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
-RegistryAddr = Annotated[
-    str, typer.Option("--registry", envvar="ROLLMESH_REGISTRY_ADDR", help="Registry host:port.")
-]
-VerifierAddr = Annotated[
-    str, typer.Option("--verifier", envvar="ROLLMESH_VERIFIER_ADDR", help="Verifier host:port.")
-]
-GatewayAddr = Annotated[
-    str, typer.Option("--gateway", envvar="ROLLMESH_GATEWAY_ADDR", help="Gateway host:port.")
-]
-SchedulerAddr = Annotated[
-    str, typer.Option("--scheduler", envvar="ROLLMESH_SCHEDULER_ADDR", help="Scheduler host:port.")
-]
+
+def _addr_option(service: str) -> Any:
+    """`--<service> host:port`; empty: ROLLMESH_<SERVICE>_ADDR, else the default from the config table."""
+    from rollmesh.mesh.config import ENV_VARS
+
+    var = ENV_VARS[f"ROLLMESH_{service.upper()}_ADDR"]
+    return typer.Option(
+        f"--{service}",
+        envvar=var.name,
+        help=f"{service.capitalize()} host:port [default: {var.default}].",
+        show_default=False,
+    )
+
+
+# An address option's value is "" unless given: `connect()` then takes the configured default.
+RegistryAddr = Annotated[str, _addr_option("registry")]
+VerifierAddr = Annotated[str, _addr_option("verifier")]
+GatewayAddr = Annotated[str, _addr_option("gateway")]
+SchedulerAddr = Annotated[str, _addr_option("scheduler")]
 ApiKey = Annotated[
     str,
     typer.Option(
@@ -57,6 +67,15 @@ _USER_CODES = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_
 def fail(message: str, *, code: int = EXIT_USER_ERROR) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
+
+
+async def connect(*, api_key: str = "", timeout_s: float | None = 60.0, **addresses: str) -> Client:
+    """The CLI's one way to reach the mesh: `async with await connect(scheduler=addr) as c`.
+    An empty address is ROLLMESH_<SERVICE>_ADDR or the default port (mesh/config.py); an empty
+    api_key is ROLLMESH_API_KEY."""
+    from rollmesh_client import Client
+
+    return await Client.connect(**addresses, api_key=api_key or None, timeout_s=timeout_s)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

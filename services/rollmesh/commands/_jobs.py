@@ -1,10 +1,16 @@
-"""What `rollmesh jobs submit` and `rollmesh run` share: the JobSpec built from flags, the live
-progress bar, and the final metrics table."""
+"""What `rollmesh jobs submit` and `rollmesh run` share: one set of job options, the JobSpec built
+from them, and one submit-and-follow path (`submit_and_follow`: submit, say whether a job was
+resumed, a live progress bar; Ctrl-C/SIGTERM cancels the job; a scheduler that goes away is
+reported with the job id and the exact command that resumes it), and the final metrics table."""
 
 from __future__ import annotations
 
 import asyncio
+import shlex
+import signal
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -12,6 +18,7 @@ import typer
 from rollmesh.commands._common import err, print_table
 
 if TYPE_CHECKING:
+    from rollmesh_client import Client
     from rollmesh_client._scheduler import JobHandle
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
@@ -27,7 +34,47 @@ MaxSteps = Annotated[int, typer.Option("--max-steps", help="Model turns per roll
 Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")]
 TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Tokens per model turn.")]
-Seed = Annotated[int, typer.Option("--seed", help="Rollout i of a task samples with seed + i.")]
+Seed = Annotated[
+    int, typer.Option("--seed", "--starting-seed", help="Rollout i of a task samples with seed + i.")
+]
+OutputDir = Annotated[
+    str,
+    typer.Option(
+        "--output-dir",
+        "-o",
+        help="Where <job-id>/ folders go [default: the scheduler's results root, runs/].",
+    ),
+]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Finish the newest unfinished job with these settings (the scheduler looks in --output-dir); "
+        "start a new one when there is none.",
+    ),
+]
+JobId = Annotated[
+    str,
+    typer.Option(
+        "--job-id",
+        help="Resume exactly this job: its stored settings, only its missing rollouts "
+        "(--concurrency and retry flags given here override).",
+    ),
+]
+MaxAttempts = Annotated[
+    int, typer.Option("--max-attempts", help="Attempts per rollout (0: default; `rollmesh config` lists it).")
+]
+RolloutTimeout = Annotated[
+    float,
+    typer.Option("--rollout-timeout", help="Seconds one attempt may take at most (0: default)."),
+]
+UnavailableBudget = Annotated[
+    float,
+    typer.Option(
+        "--unavailable-budget",
+        help="Seconds the gateway or verifier may stay unreachable before the job fails (0: default).",
+    ),
+]
 AllowedFailures = Annotated[
     str,
     typer.Option(
@@ -56,7 +103,10 @@ class SpecOptions:
     output_dir: str = ""
     sink_grpc: str = ""
     max_attempts: int = 0
-    resume: str = ""
+    rollout_timeout_s: float = 0.0
+    unavailable_budget_s: float = 0.0
+    job_id: str = ""  # resume exactly this job
+    resume_latest: bool = False  # resume the newest unfinished job with the same settings
     allowed_failures: str = ""
 
 
@@ -64,9 +114,20 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
     """The JobSpec for these flags; unset values stay unset so benchmark defaults apply."""
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
-    for name in ("num_repeats", "limit", "concurrency", "max_steps", "max_attempts"):
+    for name in (
+        "num_repeats",
+        "limit",
+        "concurrency",
+        "max_steps",
+        "max_attempts",
+        "rollout_timeout_s",
+        "unavailable_budget_s",
+    ):
         if getattr(o, name) < 0:
-            raise typer.BadParameter(f"--{name.replace('_', '-')} must be >= 0, got {getattr(o, name)}")
+            flag = "--" + name.removesuffix("_s").replace("_", "-")
+            raise typer.BadParameter(f"{flag} must be >= 0, got {getattr(o, name)}")
+    if o.job_id and o.resume_latest:
+        raise typer.BadParameter("--resume finds the job to resume, --job-id names it: give one")
     spec = pb.JobSpec(
         benchmark=o.benchmark,
         dataset=o.dataset,
@@ -77,9 +138,14 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         concurrency=o.concurrency,
         starting_seed=o.starting_seed,
         output_dir=o.output_dir,
-        resume_job_id=o.resume,
+        resume_job_id=o.job_id,
+        resume_latest=o.resume_latest,
         agent=pb.AgentSpec(max_steps=o.max_steps),
-        retry=pb.RetryPolicy(max_attempts=o.max_attempts),
+        retry=pb.RetryPolicy(
+            max_attempts=o.max_attempts,
+            rollout_timeout_s=o.rollout_timeout_s,
+            unavailable_budget_s=o.unavailable_budget_s,
+        ),
     )
     if o.shard:
         idx, _, cnt = o.shard.partition("/")
@@ -118,10 +184,23 @@ def parse_allowed_failures(text: str) -> tuple[int, float]:
         ) from None
 
 
+SCHEDULER_LOST_AFTER_S = 15.0  # how long following tolerates an unreachable scheduler
+
+
+class SchedulerLost(Exception):
+    """The scheduler stopped answering while a job was followed."""
+
+    def __init__(self, job: pb.Job, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.job, self.cause = job, cause
+
+
 async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
-    """A live progress bar on stderr (done/total, rollouts/s, mean reward, failures) until the job ends."""
+    """A live progress bar on stderr (done/total, rollouts/s, mean reward, failures) until the job
+    ends. Raises SchedulerLost when the scheduler is unreachable for SCHEDULER_LOST_AFTER_S."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rollmesh_client import RollmeshClientError
     from rollmesh_client._scheduler import FINAL_STATES
 
     with Progress(
@@ -135,8 +214,20 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
         transient=False,
     ) as bar:
         task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0)
+        unreachable_since: float | None = None
         while True:
-            job = await handle.get()
+            try:
+                job = await handle.get()
+            except RollmeshClientError as exc:
+                if exc.code.name != "UNAVAILABLE":
+                    raise
+                now = time.monotonic()
+                unreachable_since = unreachable_since or now
+                if now - unreachable_since >= SCHEDULER_LOST_AFTER_S:
+                    raise SchedulerLost(handle.last, exc) from None
+                await asyncio.sleep(poll_s)
+                continue
+            unreachable_since = None
             p = job.progress
             bar.update(
                 task,
@@ -149,6 +240,85 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
             if job.state in FINAL_STATES:
                 return job
             await asyncio.sleep(poll_s)
+
+
+def resume_command(job: pb.Job, scheduler: str = "") -> str:
+    """The exact command that finishes `job` (its missing rollouts only)."""
+    parts = ["rollmesh", "run", "--job-id", job.job_id]
+    output_dir = str(Path(job.output_path).parent) if job.output_path else job.spec.output_dir
+    if output_dir:
+        parts += ["--output-dir", output_dir]
+    if scheduler:
+        parts += ["--scheduler", scheduler]
+    return shlex.join(parts)
+
+
+@dataclass
+class Followed:
+    """How following a job ended."""
+
+    job: pb.Job
+    interrupted: bool = False  # Ctrl-C / SIGTERM here: the job was cancelled
+    lost: bool = False  # the scheduler stopped answering: the job may have been interrupted
+
+
+async def submit_and_follow(
+    client: Client, spec: pb.JobSpec, *, request_id: str = "", scheduler: str = ""
+) -> Followed:
+    """Submit, follow with a progress bar until the job ends. Ctrl-C/SIGTERM cancels the job (what
+    was written stays); a scheduler that stops answering ends the wait with the resume command.
+    `scheduler`: the address given on the command line (it goes into the resume command)."""
+    handle = await client.scheduler.submit(spec, request_id=request_id)
+    job = handle.last
+    if spec.resume_latest:
+        if job.spec.resume_job_id == job.job_id:
+            err.print(f"resuming {job.job_id}")
+        else:
+            err.print("nothing to resume for these settings; starting a new job")
+    err.print(f"job {job.job_id}: output in {job.output_path or '(the gRPC sink)'}")
+    loop = asyncio.get_running_loop()
+    follower = asyncio.ensure_future(follow_job(handle))
+    interrupted = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, interrupted.set)
+    waiter = asyncio.ensure_future(interrupted.wait())
+    try:
+        await asyncio.wait({follower, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        waiter.cancel()
+    if interrupted.is_set() and not follower.done():
+        follower.cancel()
+        err.print(
+            "interrupted: cancelling the job (everything written stays; rerun with --resume, or: "
+            f"{resume_command(job, scheduler)})"
+        )
+        return Followed(await handle.cancel(), interrupted=True)
+    try:
+        return Followed(follower.result())
+    except SchedulerLost as lost:
+        err.print(
+            f"[bold red]lost the scheduler[/] while following job {job.job_id} ({lost.cause}). "
+            "Everything written is kept; if the job was interrupted, resume it with:\n"
+            f"  {resume_command(lost.job, scheduler)}",
+            highlight=False,
+        )
+        return Followed(lost.job, lost=True)
+
+
+def exit_for_followed(followed: Followed, scheduler: str = "") -> None:
+    """Exit with the code for how following ended (130 interrupted here, 1 scheduler lost, else the
+    job's state); a job that did not succeed and can be resumed gets the resume command."""
+    from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED
+
+    if followed.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if followed.lost:
+        raise typer.Exit(EXIT_ERROR)
+    if followed.job.resumable:
+        err.print(f"resume with: {resume_command(followed.job, scheduler)}", highlight=False)
+    exit_for_state(followed.job)
 
 
 def exit_for_state(job: pb.Job) -> None:

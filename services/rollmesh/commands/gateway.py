@@ -12,6 +12,7 @@ from rollmesh.commands._common import (
     Host,
     JsonOut,
     Port,
+    connect,
     print_json,
     print_table,
     run,
@@ -74,18 +75,17 @@ def serve_gateway(
 
 @models_app.command("list")
 def list_models(
-    gateway: GatewayAddr = "127.0.0.1:50053",
+    gateway: GatewayAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """List the gateway's models and routes with their replicas."""
     from google.protobuf import json_format
 
-    from rollmesh_client import Client
     from rollmesh_client.v1 import gateway_pb2 as pb
 
     async def go() -> list[pb.ModelInfo]:
-        async with await Client.connect(gateway=gateway, api_key=api_key or None) as c:
+        async with await connect(gateway=gateway, api_key=api_key) as c:
             return [m async for m in c.gateway.models()]
 
     items = run(go())

@@ -13,6 +13,7 @@ from rollmesh.commands._common import (
     JsonOut,
     Port,
     SchedulerAddr,
+    connect,
     print_json,
     print_table,
     run,
@@ -23,26 +24,32 @@ from rollmesh.commands._jobs import (
     Benchmark,
     Concurrency,
     Environment,
+    Followed,
+    JobId,
     Limit,
+    MaxAttempts,
     MaxSteps,
     MaxTokens,
     NumRepeats,
+    OutputDir,
+    Resume,
+    RolloutTimeout,
     Seed,
     ShardOpt,
     SpecOptions,
     Temperature,
     TopP,
+    UnavailableBudget,
     build_spec,
-    exit_for_state,
-    follow_job,
+    exit_for_followed,
+    resume_command,
+    submit_and_follow,
 )
 
 if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
 jobs_app = typer.Typer(help="Submit, watch, list, cancel and stream rollout jobs.", no_args_is_help=True)
-
-DEFAULT_SCHEDULER = "127.0.0.1:50054"
 
 
 @serve_app.command("scheduler")
@@ -71,7 +78,7 @@ def _job_dict(job: pb.Job) -> dict[str, Any]:
     return data
 
 
-def _show(job: pb.Job, as_json: bool) -> None:
+def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
     from rollmesh_client._scheduler import state_name
 
     if as_json:
@@ -92,6 +99,8 @@ def _show(job: pb.Job, as_json: bool) -> None:
     ]
     if job.error:
         rows.append(("error", job.error))
+    if job.resumable:
+        rows.append(("resume", resume_command(job, scheduler)))
     print_table(f"job {job.job_id}", ["field", "value"], rows)
 
 
@@ -102,7 +111,7 @@ def submit(
         str, typer.Option("--dataset", "-d", help="Dataset artifact name or JSONL path.")
     ] = "",
     environment: Environment = "",
-    model: Annotated[str, typer.Option("--model", help="Model or gateway route.")] = "",
+    model: Annotated[str, typer.Option("--model", "-m", help="Model or gateway route.")] = "",
     num_repeats: NumRepeats = 0,
     limit: Limit = 0,
     shard: ShardOpt = "",
@@ -111,21 +120,22 @@ def submit(
     temperature: Temperature = None,
     top_p: TopP = None,
     max_tokens: MaxTokens = None,
-    starting_seed: Seed = 0,
-    output_dir: Annotated[str, typer.Option("--output-dir", help="JSONL sink folder.")] = "",
-    sink_grpc: Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")] = "",
-    max_attempts: Annotated[int, typer.Option("--max-attempts", help="Attempts per rollout.")] = 0,
+    seed: Seed = 0,
     allowed_failures: AllowedFailures = "",
-    resume: Annotated[str, typer.Option("--resume", help="Resume this job id.")] = "",
+    max_attempts: MaxAttempts = 0,
+    rollout_timeout: RolloutTimeout = 0.0,
+    unavailable_budget: UnavailableBudget = 0.0,
+    output_dir: OutputDir = "",
+    resume: Resume = False,
+    job_id: JobId = "",
+    sink_grpc: Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")] = "",
     request_id: Annotated[str, typer.Option("--request-id", help="Idempotency key.")] = "",
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
-    scheduler: SchedulerAddr = DEFAULT_SCHEDULER,
+    scheduler: SchedulerAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """Submit a job (prints the job; with --wait, a progress bar, then the final state)."""
-    from rollmesh_client import Client
-
     spec = build_spec(
         SpecOptions(
             benchmark=benchmark,
@@ -140,55 +150,54 @@ def submit(
             temperature=temperature,
             top_p=top_p,
             max_tokens=max_tokens,
-            starting_seed=starting_seed,
+            starting_seed=seed,
             output_dir=output_dir,
             sink_grpc=sink_grpc,
             max_attempts=max_attempts,
-            resume=resume,
+            rollout_timeout_s=rollout_timeout,
+            unavailable_budget_s=unavailable_budget,
+            job_id=job_id,
+            resume_latest=resume,
             allowed_failures=allowed_failures,
         )
     )
 
-    async def go() -> pb.Job:
-        async with await Client.connect(scheduler=scheduler, api_key=api_key or None) as c:
-            handle = await c.scheduler.submit(spec, request_id=request_id)
-            if not wait:
-                return handle.last
-            return await follow_job(handle)
+    async def go() -> Followed:
+        async with await connect(scheduler=scheduler, api_key=api_key) as c:
+            if wait:
+                return await submit_and_follow(c, spec, request_id=request_id, scheduler=scheduler)
+            return Followed((await c.scheduler.submit(spec, request_id=request_id)).last)
 
-    job = run(go())
-    _show(job, as_json)
+    followed = run(go())
+    _show(followed.job, as_json, scheduler)
     if wait:
-        exit_for_state(job)
+        exit_for_followed(followed, scheduler)
 
 
 @jobs_app.command("status")
 def status(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
-    scheduler: SchedulerAddr = DEFAULT_SCHEDULER,
+    scheduler: SchedulerAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """A job's state and progress."""
-    from rollmesh_client import Client
 
     async def go() -> pb.Job:
-        async with await Client.connect(scheduler=scheduler, api_key=api_key or None) as c:
+        async with await connect(scheduler=scheduler, api_key=api_key) as c:
             return await c.scheduler.get(job_id)
 
-    _show(run(go()), as_json)
+    _show(run(go()), as_json, scheduler)
 
 
 @jobs_app.command("list")
-def list_jobs(
-    scheduler: SchedulerAddr = DEFAULT_SCHEDULER, api_key: ApiKey = "", as_json: JsonOut = False
-) -> None:
-    """Jobs of the scheduler, newest first."""
-    from rollmesh_client import Client
+def list_jobs(scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: JsonOut = False) -> None:
+    """Jobs of the scheduler, newest first: this run's and those found in its results root (a job its
+    scheduler stopped while it ran is INTERRUPTED, its progress counted from disk; resume it)."""
     from rollmesh_client._scheduler import state_name
 
     async def go() -> list[pb.Job]:
-        async with await Client.connect(scheduler=scheduler, api_key=api_key or None) as c:
+        async with await connect(scheduler=scheduler, api_key=api_key) as c:
             return [j async for j in c.scheduler.jobs()]
 
     jobs = run(go())
@@ -201,27 +210,27 @@ def list_jobs(
             state_name(j.state),
             f"{j.progress.done}/{j.progress.total}",
             f"{j.progress.mean_reward:.3f}",
+            f"--job-id {j.job_id}" if j.resumable else "",
         )
         for j in jobs
     ]
-    print_table("jobs", ["job_id", "state", "done", "mean reward"], rows)
+    print_table("jobs", ["job_id", "state", "done", "mean reward", "resume with"], rows)
 
 
 @jobs_app.command("cancel")
 def cancel(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
-    scheduler: SchedulerAddr = DEFAULT_SCHEDULER,
+    scheduler: SchedulerAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """Stop a job; rollouts already written stay."""
-    from rollmesh_client import Client
 
     async def go() -> pb.Job:
-        async with await Client.connect(scheduler=scheduler, api_key=api_key or None) as c:
+        async with await connect(scheduler=scheduler, api_key=api_key) as c:
             return await c.scheduler.cancel(job_id)
 
-    _show(run(go()), as_json)
+    _show(run(go()), as_json, scheduler)
 
 
 @jobs_app.command("stream")
@@ -230,7 +239,7 @@ def stream(
     offset: Annotated[int, typer.Option("--offset", help="Skip the first N rollouts.")] = 0,
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Wait for new rollouts.")] = True,
     failures: Annotated[bool, typer.Option("--failures", help="Include failures at the end.")] = False,
-    scheduler: SchedulerAddr = DEFAULT_SCHEDULER,
+    scheduler: SchedulerAddr = "",
     api_key: ApiKey = "",
 ) -> None:
     """The job's rollouts as JSON lines on stdout (offset included), following the job."""
@@ -238,10 +247,8 @@ def stream(
 
     from google.protobuf import json_format
 
-    from rollmesh_client import Client
-
     async def go() -> None:
-        async with await Client.connect(scheduler=scheduler, api_key=api_key or None, timeout_s=None) as c:
+        async with await connect(scheduler=scheduler, api_key=api_key, timeout_s=None) as c:
             async for item in c.scheduler.stream(
                 job_id, offset=offset, follow=follow, include_failures=failures
             ):

@@ -12,6 +12,7 @@ from rollmesh.commands._common import (
     JsonOut,
     Port,
     RegistryAddr,
+    connect,
     print_json,
     print_table,
     run,
@@ -42,19 +43,18 @@ def list_artifacts(
         str | None,
         typer.Option("--kind", "-k", help="environment, benchmark, dataset, config, prompt or model."),
     ] = None,
-    registry: RegistryAddr = "127.0.0.1:50051",
+    registry: RegistryAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """List artifacts across the roots, in search order."""
-    from rollmesh_client import Client
     from rollmesh_client._registry import kind_value
     from rollmesh_client.v1 import registry_pb2 as pb
 
     async def go() -> list[pb.ListedArtifact]:
         if kind is not None:
             kind_value(kind)
-        async with await Client.connect(registry=registry, api_key=api_key or None) as c:
+        async with await connect(registry=registry, api_key=api_key) as c:
             return [a async for a in c.registry.artifacts(kind)]
 
     items = run(go())
@@ -77,17 +77,15 @@ def list_artifacts(
 def resolve(
     kind: Annotated[str, typer.Argument(help="environment, benchmark, dataset, config, prompt or model.")],
     name: Annotated[str, typer.Argument(help="The artifact's name.")],
-    registry: RegistryAddr = "127.0.0.1:50051",
+    registry: RegistryAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """Resolve one artifact to its path, root and sha256."""
     from google.protobuf import json_format
 
-    from rollmesh_client import Client
-
     async def go() -> dict[str, object]:
-        async with await Client.connect(registry=registry, api_key=api_key or None) as c:
+        async with await connect(registry=registry, api_key=api_key) as c:
             art = await c.registry.resolve(kind, name)
             return json_format.MessageToDict(art, preserving_proto_field_name=True)
 

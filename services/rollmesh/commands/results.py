@@ -114,7 +114,7 @@ def reverify(
     environment: Annotated[
         str, typer.Option("--environment", "-e", help="The environment that scores the rows.")
     ],
-    verifier: VerifierAddr = "127.0.0.1:50052",
+    verifier: VerifierAddr = "",
     api_key: ApiKey = "",
     out: Annotated[
         str | None, typer.Option("--out", "-o", help="Write re-scored rows here (default stdout).")
@@ -128,6 +128,7 @@ def reverify(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollmesh.commands import _reverify as rv
+    from rollmesh.mesh.config import service_addr
     from rollmesh.scheduler.store import expand_paths, read_rollout_rows
 
     async def go() -> rv.ReverifyReport:
@@ -140,7 +141,7 @@ def reverify(
             return await rv.reverify(
                 rows,
                 environment=environment,
-                verifier=verifier,
+                verifier=verifier or service_addr("verifier"),
                 api_key=api_key or None,
                 window=window,
                 idle_timeout_s=timeout,

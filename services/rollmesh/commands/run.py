@@ -5,43 +5,46 @@ everything stops. Ctrl-C cancels cleanly; the same command with --resume finishe
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, JsonOut, err, fail, print_json, run
+from rollmesh.commands._common import ApiKey, JsonOut, connect, err, fail, print_json, run
 from rollmesh.commands._exit import failure_summary_dicts
 from rollmesh.commands._jobs import (
     AllowedFailures,
     Benchmark,
     Concurrency,
     Environment,
+    Followed,
+    JobId,
     Limit,
+    MaxAttempts,
     MaxSteps,
     MaxTokens,
     NumRepeats,
+    OutputDir,
+    Resume,
+    RolloutTimeout,
     Seed,
     ShardOpt,
     SpecOptions,
     Temperature,
     TopP,
+    UnavailableBudget,
     build_spec,
-    exit_for_state,
-    follow_job,
+    exit_for_followed,
     metrics_dict,
     show_metrics,
+    submit_and_follow,
 )
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
     from rollmesh_client.v1 import scheduler_pb2 as pb
-
-EXIT_INTERRUPTED = 130
 
 
 def _run(
@@ -61,11 +64,12 @@ def _run(
     max_tokens: MaxTokens = None,
     seed: Seed = 0,
     allowed_failures: AllowedFailures = "",
-    output_dir: Annotated[str, typer.Option("--output-dir", "-o", help="Where runs/<job-id>/ go.")] = "runs",
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Finish the newest unfinished job with the same settings.")
-    ] = False,
-    job_id: Annotated[str, typer.Option("--job-id", help="Resume exactly this job id.")] = "",
+    max_attempts: MaxAttempts = 0,
+    rollout_timeout: RolloutTimeout = 0.0,
+    unavailable_budget: UnavailableBudget = 0.0,
+    output_dir: OutputDir = "",
+    resume: Resume = False,
+    job_id: JobId = "",
     model: Annotated[
         str,
         typer.Option(
@@ -90,8 +94,10 @@ def _run(
     as_json: JsonOut = False,
 ) -> None:
     """Run a job of rollouts and print its metrics (embedded mesh by default)."""
-    if not (benchmark or input_file or dataset):
-        fail("give --benchmark NAME, or --input FILE.jsonl with --environment NAME")
+    if not (benchmark or input_file or dataset or job_id):
+        fail(
+            "give --benchmark NAME, or --input FILE.jsonl with --environment NAME (or --job-id ID to resume)"
+        )
     if input_file:
         path = Path(input_file)
         if not path.is_file():
@@ -99,86 +105,61 @@ def _run(
         if not environment:
             fail("--input needs --environment (which environment verifies these rows?)")
         dataset = str(path.resolve())
-    options = SpecOptions(
-        benchmark=benchmark,
-        dataset=dataset,
-        environment=environment,
-        model="" if not base_url else model,
-        num_repeats=num_repeats,
-        limit=limit,
-        shard=shard,
-        concurrency=concurrency,
-        max_steps=max_steps,
-        temperature=temperature,
-        top_p=top_p,
-        max_tokens=max_tokens,
-        starting_seed=seed,
-        output_dir=str(Path(output_dir).resolve()),
-        resume=job_id,
-        allowed_failures=allowed_failures,
+    if not scheduler:  # the embedded scheduler shares this folder: make it absolute
+        from rollmesh.scheduler.spec import DEFAULT_OUTPUT_DIR
+
+        output_dir = str(Path(output_dir or DEFAULT_OUTPUT_DIR).resolve())
+    spec = build_spec(
+        SpecOptions(
+            benchmark=benchmark,
+            dataset=dataset,
+            environment=environment,
+            model="" if not base_url else model,
+            num_repeats=num_repeats,
+            limit=limit,
+            shard=shard,
+            concurrency=concurrency,
+            max_steps=max_steps,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            starting_seed=seed,
+            output_dir=output_dir,
+            max_attempts=max_attempts,
+            rollout_timeout_s=rollout_timeout,
+            unavailable_budget_s=unavailable_budget,
+            job_id=job_id,
+            resume_latest=resume,
+            allowed_failures=allowed_failures,
+        )
     )
-    spec = build_spec(options)
-    if resume and not job_id:
-        spec.resume_job_id = _find_resume(spec, Path(output_dir))
 
     # Stdout carries only the result: anything Ray, vLLM or a library prints while the mesh runs
     # (e.g. Ray's raylet messages at shutdown) goes to stderr with the progress.
     with contextlib.redirect_stdout(sys.stderr):
         if scheduler:
-            outcome = run(_submit_and_follow(scheduler, spec, api_key))
+            outcome = run(_remote(scheduler, spec, api_key))
         else:
             outcome = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
-    _report(outcome, as_json)
-
-
-def _find_resume(spec: pb.JobSpec, output_dir: Path) -> str:
-    from rollmesh.scheduler.job_convert import spec_from_pb
-    from rollmesh.scheduler.store import find_resumable
-
-    found = find_resumable(output_dir.resolve(), spec_from_pb(spec))
-    if found is None:
-        err.print(f"nothing to resume in {output_dir}/ for these settings; starting a new job")
-        return ""
-    err.print(f"resuming {found}")
-    return found
+    _report(outcome, as_json, scheduler)
 
 
 class Outcome:
-    def __init__(self, job: pb.Job, metrics: pb.JobMetrics | None, interrupted: bool) -> None:
-        self.job, self.metrics, self.interrupted = job, metrics, interrupted
+    def __init__(self, followed: Followed, metrics: pb.JobMetrics | None) -> None:
+        self.followed, self.metrics = followed, metrics
 
 
-async def _drive(client: Client, spec: pb.JobSpec) -> Outcome:
-    """Submit, follow with a progress bar; on Ctrl-C/SIGTERM cancel the job and return what exists."""
-    handle = await client.scheduler.submit(spec)
-    err.print(f"job {handle.job_id}: output in {Path(spec.output_dir or 'runs') / handle.job_id}")
-    loop = asyncio.get_running_loop()
-    follower = asyncio.ensure_future(follow_job(handle))
-    interrupted = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, interrupted.set)
-    waiter = asyncio.ensure_future(interrupted.wait())
-    try:
-        await asyncio.wait({follower, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        waiter.cancel()
-    if interrupted.is_set() and not follower.done():
-        follower.cancel()
-        err.print("interrupted: cancelling the job (everything written stays; rerun with --resume)")
-        job = await handle.cancel()
-        return Outcome(job, None, True)
-    job = follower.result()
-    metrics = await handle.metrics()
-    return Outcome(job, metrics, False)
+async def _follow(client: Client, spec: pb.JobSpec, scheduler: str = "") -> Outcome:
+    followed = await submit_and_follow(client, spec, scheduler=scheduler)
+    metrics = None
+    if not (followed.interrupted or followed.lost):
+        metrics = await client.scheduler.metrics(followed.job.job_id)
+    return Outcome(followed, metrics)
 
 
-async def _submit_and_follow(address: str, spec: pb.JobSpec, api_key: str) -> Outcome:
-    from rollmesh_client import Client
-
-    async with await Client.connect(scheduler=address, api_key=api_key or None, timeout_s=120) as c:
-        return await _drive(c, spec)
+async def _remote(address: str, spec: pb.JobSpec, api_key: str) -> Outcome:
+    async with await connect(scheduler=address, api_key=api_key, timeout_s=120) as c:
+        return await _follow(c, spec, address)
 
 
 async def _embedded(
@@ -193,7 +174,6 @@ async def _embedded(
     from rollmesh.gateway.config import GatewayConfig, ModelSpec, model_name_for
     from rollmesh.launch import embedded_mesh
     from rollmesh.mesh.logging import configure
-    from rollmesh_client import Client
 
     configure(level="warning")
     chosen = backend or ("openai" if base_url else "ray-serve")
@@ -215,16 +195,18 @@ async def _embedded(
     async with embedded_mesh(
         gateway_cfg, output_dir=spec.output_dir or "runs", api_key=api_key, on_phase=phase
     ) as mesh:
-        async with await Client.connect(**mesh.addresses, api_key=api_key or None, timeout_s=120) as c:
-            return await _drive(c, spec)
+        async with await connect(**mesh.addresses, api_key=api_key, timeout_s=120) as c:
+            return await _follow(c, spec)
 
 
-def _report(outcome: Outcome, as_json: bool) -> None:
-    job = outcome.job
+def _report(outcome: Outcome, as_json: bool, scheduler: str) -> None:
+    job = outcome.followed.job
     out_dir = Path(job.output_path) if job.output_path else None
     paths: dict[str, Any] = {}
     if out_dir is not None:
-        paths = {name: str(out_dir / name) for name in ("rollouts.jsonl", "failures.jsonl", "metrics.json")}
+        from rollmesh.scheduler.store import OUTPUT_FILES
+
+        paths = {name: str(out_dir / name) for name in OUTPUT_FILES}
     if as_json:
         data: dict[str, Any] = {
             "job_id": job.job_id,
@@ -241,9 +223,7 @@ def _report(outcome: Outcome, as_json: bool) -> None:
             show_metrics(outcome.metrics, job)
         for name, p in paths.items():
             err.print(f"{name:>16}: {p}")
-    if outcome.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
-    exit_for_state(job)
+    exit_for_followed(outcome.followed, scheduler)
 
 
 def _state(job: pb.Job) -> str:

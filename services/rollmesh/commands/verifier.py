@@ -13,6 +13,7 @@ from rollmesh.commands._common import (
     JsonOut,
     Port,
     VerifierAddr,
+    connect,
     print_json,
     print_table,
     run,
@@ -36,17 +37,14 @@ def serve_verifier(port: Port = None, host: Host = None) -> None:
 
 
 @envs_app.command("list")
-def list_envs(
-    verifier: VerifierAddr = "127.0.0.1:50052", api_key: ApiKey = "", as_json: JsonOut = False
-) -> None:
+def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOut = False) -> None:
     """Every environment the verifier serves, and every plugin that failed to load."""
     from google.protobuf import json_format
 
-    from rollmesh_client import Client
     from rollmesh_client.v1 import verifier_pb2 as pb
 
     async def go() -> tuple[list[pb.Environment], list[pb.BrokenEnvironment]]:
-        async with await Client.connect(verifier=verifier, api_key=api_key or None) as c:
+        async with await connect(verifier=verifier, api_key=api_key) as c:
             first = await c.verifier.list()
             envs = [e async for e in c.verifier.environments()]
             return envs, list(first.broken)
@@ -80,16 +78,15 @@ def list_envs(
 @envs_app.command("show")
 def show_env(
     name: Annotated[str, typer.Argument(help="The environment's name.")],
-    verifier: VerifierAddr = "127.0.0.1:50052",
+    verifier: VerifierAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
 ) -> None:
     """One environment: description, source, example dataset and tools with their JSON schemas."""
-    from rollmesh_client import Client
     from rollmesh_client.v1 import verifier_pb2 as pb
 
     async def go() -> pb.Environment:
-        async with await Client.connect(verifier=verifier, api_key=api_key or None) as c:
+        async with await connect(verifier=verifier, api_key=api_key) as c:
             return await c.verifier.get(name)
 
     env = run(go())

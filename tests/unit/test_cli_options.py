@@ -1,0 +1,72 @@
+"""The CLI's shared job options and `rollmesh config`'s per-job defaults (issues 15.5, 12.8)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rollmesh.cli import build_app
+from rollmesh.commands._jobs import SpecOptions, build_spec, resume_command
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh_client.v1 import scheduler_pb2 as pb
+
+runner = CliRunner()
+
+
+def test_retry_flags_and_resume_choices_go_into_the_spec() -> None:
+    spec = build_spec(
+        SpecOptions(
+            benchmark="arithmetic",
+            starting_seed=7,
+            max_attempts=5,
+            rollout_timeout_s=30.0,
+            unavailable_budget_s=120.0,
+            resume_latest=True,
+        )
+    )
+    assert spec.starting_seed == 7 and spec.resume_latest and not spec.resume_job_id
+    assert (spec.retry.max_attempts, spec.retry.rollout_timeout_s, spec.retry.unavailable_budget_s) == (
+        5,
+        30.0,
+        120.0,
+    )
+    assert build_spec(SpecOptions(job_id="job-1")).resume_job_id == "job-1"
+    with pytest.raises(typer.BadParameter, match="give one"):
+        build_spec(SpecOptions(job_id="job-1", resume_latest=True))
+    with pytest.raises(typer.BadParameter, match="--rollout-timeout must be >= 0"):
+        build_spec(SpecOptions(rollout_timeout_s=-1.0))
+
+
+def test_resume_command_names_the_cli_flags() -> None:
+    job = pb.Job(job_id="job-abc", output_path="/data/my runs/job-abc")
+    assert resume_command(job) == "rollmesh run --job-id job-abc --output-dir '/data/my runs'"
+    assert resume_command(job, "10.0.0.5:50054").endswith("--scheduler 10.0.0.5:50054")
+
+
+def test_config_shows_every_retry_default_with_its_flag() -> None:
+    result = runner.invoke(build_app(), ["config", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    defaults = {row["field"]: row for row in data["job_defaults"]}
+    listed = {f"retry.{f.name}" for f in dataclasses.fields(RetryPolicy)} - {
+        "retry.max_consecutive_unavailable"
+    }
+    assert set(defaults) == listed  # every live retry setting is shown
+    assert defaults["retry.max_attempts"]["default"] == RetryPolicy().max_attempts
+    assert defaults["retry.max_attempts"]["flag"] == "--max-attempts"
+    assert defaults["retry.unavailable_budget_s"]["flag"] == "--unavailable-budget"
+    assert any(v["name"] == "ROLLMESH_SCHEDULER_ADDR" for v in data["variables"])
+    table = runner.invoke(build_app(), ["config"])
+    assert table.exit_code == 0 and "--rollout-timeout" in table.stdout
+
+
+def test_run_and_submit_take_the_same_job_options() -> None:
+    app = build_app()
+    shared = ["--seed", "--starting-seed", "--resume", "--job-id", "--max-attempts", "--rollout-timeout"]
+    for command in (["run", "--help"], ["jobs", "submit", "--help"]):
+        text = runner.invoke(app, command, env={"COLUMNS": "200"}).stdout
+        assert all(flag in text for flag in shared), (command, text)
