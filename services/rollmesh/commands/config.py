@@ -17,7 +17,10 @@ JOB_DEFAULTS = {
     "max_attempts": ("--max-attempts", "Attempts per rollout before it is recorded as a failure."),
     "initial_backoff_s": ("", "First wait between attempts (doubles each time, with jitter)."),
     "max_backoff_s": ("", "Longest wait between attempts."),
-    "rollout_timeout_s": ("--rollout-timeout", "Most one attempt may take (the adaptive deadline's ceiling)."),
+    "rollout_timeout_s": (
+        "--rollout-timeout",
+        "Most one attempt may take (the adaptive deadline's ceiling).",
+    ),
     "unavailable_budget_s": (
         "--unavailable-budget",
         "Seconds the gateway or verifier may stay unreachable before the job fails.",
