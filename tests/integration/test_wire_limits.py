@@ -1,8 +1,9 @@
 """Bounded inputs and clear wire errors, on the real services (embedded mesh, fake model backend)
 with a small message limit (`ROLLMESH_MAX_MESSAGE_MB`): an item too large for a message fails alone,
 with its size and the limit, while the other items on the same GenerateMany/VerifyBatch stream are
-answered; a dataset row too large is refused at submit naming file, line, size and limit; bytes
-that are not the method's protobuf message get INVALID_ARGUMENT, not UNKNOWN."""
+answered (an answer too large likewise fails alone); a dataset row too large is refused at submit
+naming file, line, size and limit; bytes that are not the method's protobuf message get
+INVALID_ARGUMENT, not UNKNOWN."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from rollmesh.scheduler.remote import Deadlines, GatewayModel
 from rollmesh_client import (
     Client,
     InvalidArgumentError,
+    ResourceExhaustedError,
     RollmeshClientError,
     aio_channel,
     max_item_bytes,
@@ -34,13 +36,28 @@ LIMIT_MB = "0.25"  # 262,144 bytes
 BIG = "x" * 300_000
 
 
-@pytest_asyncio.fixture
-async def mesh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
-    monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", LIMIT_MB)
+async def _mesh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit_mb: str
+) -> AsyncIterator[dict[str, str]]:
+    monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", limit_mb)
     spec = ModelSpec(name="fake", backend="fake", model="fake")
     cfg = GatewayConfig(models=(spec,), default_model="fake", http_port=-1)
     async with embedded_mesh(cfg, output_dir=str(tmp_path / "runs")) as m:
         yield dict(m.addresses)
+
+
+@pytest_asyncio.fixture
+async def mesh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
+    async for addresses in _mesh(tmp_path, monkeypatch, LIMIT_MB):
+        yield addresses
+
+
+@pytest_asyncio.fixture
+async def tight_mesh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[dict[str, str]]:
+    """A 7,340-byte limit: a 3,900-character prompt fits, its answer (2 bytes per prompt token id
+    with the fake tokenizer) does not."""
+    async for addresses in _mesh(tmp_path, monkeypatch, "0.007"):
+        yield addresses
 
 
 def _verify(answer: str, expected: str = "5") -> verifier_pb2.VerifyRequest:
@@ -91,6 +108,25 @@ async def test_an_oversized_generate_item_fails_alone_on_a_shared_stream(mesh: d
         assert (await model._generate(request("What is 2 + 2?"))).output_token_ids
     finally:
         await model.close()
+
+
+async def test_an_answer_too_large_fails_alone_on_a_shared_stream(tight_mesh: dict[str, str]) -> None:
+    """The big item's request fits, its answer does not: it gets RESOURCE_EXHAUSTED (not retried),
+    and the stream goes on for the others."""
+
+    def request(content: str) -> gateway_pb2.GenerateRequest:
+        return gateway_pb2.GenerateRequest(messages=[{"role": "user", "content": content}])
+
+    items = [(str(i), request(f"What is {i} + 1?")) for i in range(6)]
+    items.insert(2, ("big", request("x" * 3_900)))
+    async with await Client.connect(**tight_mesh) as c:
+        answers = dict([a async for a in c.gateway.generate_many(items, window=3, timeout_s=60)])
+    refused = answers.pop("big")
+    assert isinstance(refused, ResourceExhaustedError), refused
+    assert refused.reason == "MESSAGE_TOO_LARGE" and refused.retry_after_s is None
+    assert int(refused.metadata["size"]) > max_message_bytes() == int(refused.metadata["limit"])
+    assert set(answers) == {str(i) for i in range(6)}
+    assert all(not isinstance(a, RollmeshClientError) and a.output_token_ids for a in answers.values())
 
 
 async def test_a_dataset_row_too_large_is_refused_at_submit(mesh: dict[str, str], tmp_path: Path) -> None:

@@ -115,15 +115,11 @@ def rebuild(
     return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **kw)
 
 
-def denying(
-    handler: grpc.RpcMethodHandler, on_deny: Callable[[], None] | None = None
-) -> grpc.RpcMethodHandler:
-    """`handler`'s shape, but every call aborts with UNAUTHENTICATED (`on_deny` runs first)."""
+def denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """`handler`'s shape, but every call aborts with UNAUTHENTICATED."""
 
     async def deny(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         del request
-        if on_deny is not None:
-            on_deny()
         await context.abort_with_status(unauthenticated_status())
 
     async def deny_stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
@@ -134,7 +130,8 @@ def denying(
 
 
 class BearerAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Only the auth check, for servers outside the mesh (the trainer's `SinkServer`)."""
+    """The auth check as a server interceptor (the trainer's `SinkServer` uses it as is). Subclasses
+    wrap the calls it lets through (`admit`) and hear of refusals (`on_deny`): the mesh's does."""
 
     def __init__(self, api_key: str) -> None:
         self._api_key = api_key
@@ -145,6 +142,18 @@ class BearerAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
-        if handler is None or authorized(details.method, details.invocation_metadata, self._api_key):
+        method = details.method
+        if handler is None or method.startswith(AUTH_EXEMPT_PREFIXES):
             return handler
-        return denying(handler)
+        if not authorized(method, details.invocation_metadata, self._api_key):
+            self.on_deny(method)
+            return denying(handler)
+        return self.admit(method, handler)
+
+    def admit(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The handler that serves an authorized call to `method` (here: `handler` itself)."""
+        del method
+        return handler
+
+    def on_deny(self, method: str) -> None:
+        """Called once per refused call."""

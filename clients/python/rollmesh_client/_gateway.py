@@ -163,7 +163,7 @@ class GatewayClient(ServiceClient):
         ):
             yield item
 
-    async def generate_many(
+    def generate_many(
         self,
         requests: AsyncIterable[tuple[str, pb.GenerateRequest]] | Iterable[tuple[str, pb.GenerateRequest]],
         *,
@@ -173,12 +173,7 @@ class GatewayClient(ServiceClient):
         """(id, request) pairs over one `GenerateMany` stream, at most `window` unanswered; yields
         (id, response or that item's error) in completion order. An item unanswered for `timeout_s`
         or a broken stream ends the iteration with that error."""
-        mux = generate_mux(self.stub)
-        try:
-            async for answer in call_many(mux, requests, window=window, deadline_s=timeout_s):
-                yield answer
-        finally:
-            await mux.close()
+        return call_many(generate_mux(self.stub), requests, window=window, deadline_s=timeout_s, close=True)
 
     async def models(self, *, page_size: int = 100) -> AsyncIterator[pb.ModelInfo]:
         async for m in self._pages(

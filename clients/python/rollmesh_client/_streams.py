@@ -280,10 +280,12 @@ async def call_many(
     *,
     window: int,
     deadline_s: float,
+    close: bool = False,
 ) -> AsyncIterator[tuple[str, Out | RollmeshClientError]]:
     """(id, payload) items through `mux`, at most `window` unanswered; (id, answer or its per-item
-    error) in completion order. The stream is half-closed once the items run out. A stream-level
-    failure, or an item unanswered for `deadline_s`, ends the iteration with that error (raised)."""
+    error) in completion order. The stream is half-closed once the items run out (and `mux` closed
+    at the end with `close`). A stream-level failure, or an item unanswered for `deadline_s`, ends
+    the iteration with that error (raised)."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     slots = asyncio.Semaphore(window)
@@ -336,3 +338,5 @@ async def call_many(
         for task in [feeder, *waiting]:
             task.cancel()
         await asyncio.gather(feeder, *waiting, return_exceptions=True)
+        if close:
+            await mux.close()

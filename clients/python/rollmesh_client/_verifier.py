@@ -119,7 +119,7 @@ class VerifierClient(ServiceClient):
     async def close_session(self, session_id: str) -> None:
         await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
 
-    async def verify_many(
+    def verify_many(
         self,
         requests: AsyncIterable[tuple[str, pb.VerifyRequest]] | Iterable[tuple[str, pb.VerifyRequest]],
         *,
@@ -129,12 +129,7 @@ class VerifierClient(ServiceClient):
         """(id, request) pairs over one `VerifyBatch` stream, at most `window` unanswered; yields
         (id, result or that item's error) in completion order. An item unanswered for `timeout_s`
         or a broken stream ends the iteration with that error."""
-        mux = verify_mux(self.stub)
-        try:
-            async for answer in call_many(mux, requests, window=window, deadline_s=timeout_s):
-                yield answer
-        finally:
-            await mux.close()
+        return call_many(verify_mux(self.stub), requests, window=window, deadline_s=timeout_s, close=True)
 
     async def verify_batch(
         self,

@@ -10,7 +10,7 @@ from rollmesh.gateway import convert
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.errors import to_status
-from rollmesh.mesh.multiplex import Item, run_multiplexed
+from rollmesh.mesh.multiplex import AnswerLimit, Item, run_multiplexed
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
@@ -58,11 +58,15 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
                 elif req.cancel:
                     yield Item(req.id)
 
+        answers = AnswerLimit("generate")
         async for item_id, outcome in run_multiplexed(items(), limit=MANY_CONCURRENCY, what="generate"):
             if isinstance(outcome, GenerateResult):
-                yield pb.GenerateManyResponse(id=item_id, response=convert.result_to_pb(outcome))
-            else:
-                yield pb.GenerateManyResponse(id=item_id, error=to_status(outcome))
+                answer = pb.GenerateManyResponse(id=item_id, response=convert.result_to_pb(outcome))
+                if (too_large := answers.refuse(answer)) is None:
+                    yield answer
+                    continue
+                outcome = too_large
+            yield pb.GenerateManyResponse(id=item_id, error=to_status(outcome))
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()

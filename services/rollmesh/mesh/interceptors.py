@@ -14,7 +14,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -23,7 +23,7 @@ from grpc_status import rpc_status
 
 from rollmesh.mesh import errors
 from rollmesh.mesh.logging import get_logger
-from rollmesh_client._auth import AUTH_EXEMPT_PREFIXES, authorized, denying, rebuild
+from rollmesh_client._auth import BearerAuthInterceptor, rebuild
 
 log = get_logger("rollmesh.rpc")
 _stdlib_log = logging.getLogger("rollmesh.rpc")  # cached level checks
@@ -155,28 +155,19 @@ def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool) -> Be
     return wrapped
 
 
-class MeshInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Auth (when an API key is set), error mapping and per-RPC logging for every method."""
+class MeshInterceptor(BearerAuthInterceptor):
+    """Auth (when an API key is set), decoding, error mapping and per-RPC logging for every method."""
 
     def __init__(self, api_key: str = "") -> None:
-        self._api_key = api_key
+        super().__init__(api_key)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        if method.startswith(AUTH_EXEMPT_PREFIXES):
-            return handler
-        if not authorized(method, handler_call_details.invocation_metadata, self._api_key):
-            return denying(handler, lambda: log.warning("rpc_unauthenticated", method=method))
+    def admit(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         request_streaming = bool(handler.request_streaming)
 
         def wrap(behavior: Behavior, response_streaming: bool) -> Behavior:
             return (_wrap_stream if response_streaming else _wrap_unary)(method, behavior, request_streaming)
 
         return rebuild(handler, wrap, request_deserializer=_lenient(handler.request_deserializer))
+
+    def on_deny(self, method: str) -> None:
+        log.warning("rpc_unauthenticated", method=method)

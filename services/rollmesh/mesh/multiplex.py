@@ -4,6 +4,8 @@ A stream message costs both ends a fraction of a unary RPC (no new HTTP/2 stream
 per-call interceptors), which is what a caller running a thousand rollouts a second needs. Items
 carry the caller's id; they run concurrently, at most `limit` at once, and results come back in
 completion order with that id. A per-item failure is that item's result (the stream goes on).
+`AnswerLimit` keeps it so for answers too: one larger than the message limit would break the write
+and so the whole stream; it becomes that item's RESOURCE_EXHAUSTED (reason MESSAGE_TOO_LARGE).
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from rollmesh.mesh.errors import Internal, RollmeshError
+from google.protobuf.message import Message
+
+from rollmesh.mesh.errors import Internal, ResourceExhausted, RollmeshError
 from rollmesh.mesh.logging import get_logger
+from rollmesh_client import max_message_bytes
 
 T = TypeVar("T")
 log = get_logger("rollmesh.mesh.multiplex")
@@ -26,6 +31,26 @@ class Item(Generic[T]):
 
     id: str
     work: Callable[[], Awaitable[T]] | None = None
+
+
+class AnswerLimit:
+    """The message limit (ROLLMESH_MAX_MESSAGE_MB, read when the stream starts) for a stream's answers."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.limit = max_message_bytes()
+
+    def refuse(self, answer: Message) -> RollmeshError | None:
+        """None when `answer` fits; else the error to send for its item instead."""
+        size = answer.ByteSize()
+        if size <= self.limit:
+            return None
+        return ResourceExhausted(
+            f"the {self.what} answer is {size:,} bytes, over the {self.limit:,}-byte gRPC message limit "
+            "(set ROLLMESH_MAX_MESSAGE_MB to raise it)",
+            reason="MESSAGE_TOO_LARGE",
+            metadata={"size": str(size), "limit": str(self.limit)},
+        )
 
 
 async def run_multiplexed(

@@ -7,6 +7,7 @@ from typing import Any
 
 from rollmesh.mesh import chat
 from rollmesh.mesh.errors import InvalidArgument, to_status
+from rollmesh.mesh.multiplex import AnswerLimit
 from rollmesh.mesh.paging import page
 from rollmesh.verifier import convert
 from rollmesh.verifier.service import VerifierService, VerifyCall
@@ -64,8 +65,12 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
             async for req in request_iterator:
                 yield req.id, convert.verify_call_from_pb(req.request)
 
+        answers = AnswerLimit("verify")
         async for item_id, outcome in self._svc.verify_many(calls()):
-            if isinstance(outcome, Exception):
-                yield pb.VerifyBatchResponse(id=item_id, error=to_status(outcome))
-            else:
-                yield pb.VerifyBatchResponse(id=item_id, result=convert.result_to_pb(outcome))
+            if not isinstance(outcome, Exception):
+                answer = pb.VerifyBatchResponse(id=item_id, result=convert.result_to_pb(outcome))
+                if (too_large := answers.refuse(answer)) is None:
+                    yield answer
+                    continue
+                outcome = too_large
+            yield pb.VerifyBatchResponse(id=item_id, error=to_status(outcome))
