@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import openai
@@ -229,3 +230,32 @@ def test_the_server_runs_as_a_process_with_faults_from_the_command_line() -> Non
         with urllib.request.urlopen(url.removesuffix("/v1") + "/_stats", timeout=30) as resp:
             assert json.loads(resp.read())["outcomes"] == {"ok": 1, "fail_503": 1}
     assert proc.returncode is not None
+
+
+async def test_a_job_through_an_openai_url_counts_upstream_usage(tmp_path: Path) -> None:
+    """The whole mesh (embedded) on the openai backend: every rollout's token record is checked
+    (validate_all), the upstream's usage (no token ids) fails none of them and reaches the metrics."""
+    from rollmesh.gateway import GatewayConfig, ModelSpec
+    from rollmesh.launch import embedded_mesh
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import scheduler_pb2
+
+    async with OpenAITestServer() as upstream:
+        spec = ModelSpec(name="tiny", backend="openai", model="tiny", base_url=upstream.base_url)
+        cfg = GatewayConfig(models=(spec,), default_model="tiny", http_port=-1)
+        async with embedded_mesh(cfg, output_dir=str(tmp_path / "runs")) as m:
+            async with await Client.connect(**m.addresses) as c:
+                job = await c.scheduler.submit(
+                    scheduler_pb2.JobSpec(
+                        benchmark="arithmetic",
+                        limit=8,
+                        num_repeats=2,
+                        validate_all=True,
+                        output_dir=str(tmp_path),
+                    )
+                )
+                final = await job.result(poll_s=0.1, timeout_s=120)
+                metrics = await job.metrics()
+    assert (final.progress.done, final.progress.failed) == (16, 0), final.error
+    assert metrics.mean_reward == 1.0  # the test server answers sums right
+    assert metrics.mean_completion_tokens == 4.0  # "The answer is N." as the upstream counted it

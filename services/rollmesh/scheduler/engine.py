@@ -340,7 +340,7 @@ class JobRun:
         k = rollout.key
         if not (self.plan.spec.validate_all or (k.task_index * 31 + k.rollout_index) % VALIDATE_EVERY == 0):
             return []
-        if not rollout.tokens.token_ids and not rollout.tokens.turns:
+        if not rollout.tokens.token_ids:
             return []  # a backend that returns no token ids (an OpenAI URL) has no record to check
         return validate_rollout(rollout)
 

@@ -1,0 +1,262 @@
+"""The pre-hosted model path over HTTP: N single-turn "What is A + B?" rows at concurrency C through
+`rollmesh up --backend openai` (every service its own process) against the project's own instant
+OpenAI-compatible server (rollmesh.devtools.openai_server, its own process), and, in the same run,
+a plain aiohttp client loop against the same server (the ceiling a client can reach).
+
+Prints one JSON object: rollouts/s for both (mean ± stddev over the trials), their ratio, CPU ms
+per rollout of each mesh process (user + system from /proc, load-independent) and of the model
+server, peak RSS of each mesh process (VmHWM) and their sum.
+
+    python bench/http_model_path.py [--rollouts 10000] [--concurrency 512] [--trials 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._scheduler_common import cpu_seconds, env_info, log, rss_mb
+
+SERVICES = ("registry", "verifier", "gateway", "scheduler")
+
+
+def write_dataset(path: Path, rows: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(rows):
+            a, b = rng.randint(0, 999), rng.randint(0, 999)
+            row = {
+                "responses_create_params": {"input": [{"role": "user", "content": f"What is {a} + {b}?"}]},
+                "expected_answer": str(a + b),
+                "task_id": f"add-{i}",
+            }
+            f.write(json.dumps(row) + "\n")
+
+
+# -- the raw client loop -------------------------------------------------------------------------
+
+
+async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[float, int]:
+    """(rollouts/s, correct answers): every row as one non-streaming chat completion, C at a time."""
+    import aiohttp
+
+    prompts = [json.loads(line)["responses_create_params"]["input"] for line in dataset.open()]
+    queue = iter(prompts)
+    correct = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal correct
+        for messages in queue:
+            body = {"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 1.0}
+            async with session.post(f"{base_url}/chat/completions", json=body) as resp:
+                out = await resp.json()
+            if out["choices"][0]["message"]["content"]:
+                correct += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return len(prompts) / wall, correct
+
+
+# -- the mesh ------------------------------------------------------------------------------------
+
+
+def children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out += [int(x) for x in text]
+    return out
+
+
+def service_pids(up_pid: int) -> dict[str, int]:
+    """Each service's pid among `rollmesh up`'s children (by their `serve <service>` command line)."""
+    found: dict[str, int] = {}
+    for child in children_of(up_pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for service in SERVICES:
+            if service.encode() in argv and b"serve" in argv:
+                found[service] = child
+    return found
+
+
+@asynccontextmanager
+async def mesh_up(base_url: str, output_dir: Path) -> Any:
+    """`rollmesh up --ephemeral --json --backend openai`; yields (addresses, pids by service)."""
+    exe = Path(sys.executable).parent / "rollmesh"
+    args = [
+        str(exe),
+        "up",
+        "--ephemeral",
+        "--json",
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--model",
+        "tiny",
+        "--http-port",
+        "-1",
+        "--output-dir",
+        str(output_dir),
+    ]
+    env = {**os.environ, "ROLLMESH_LOG_LEVEL": "warning"}
+    log_path = output_dir / "up.log"
+    with log_path.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, start_new_session=True
+        )
+    try:
+        assert proc.stdout is not None
+        text = ""
+        async with asyncio.timeout(300):
+            while True:  # the addresses, as one (maybe indented) JSON object
+                line = await proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"rollmesh up exited:\n{log_path.read_text()[-3000:]}")
+                text += line.decode()
+                try:
+                    addresses = json.loads(text)
+                    break
+                except ValueError:
+                    continue
+        pids = service_pids(proc.pid)
+        log(f"mesh up: {addresses} pids {pids}")
+        yield addresses, pids
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(30):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def mesh_trial(
+    scheduler: str, pids: dict[str, int], dataset: Path, concurrency: int, out: Path
+) -> tuple[float, dict[str, float], dict[str, Any]]:
+    """(rollouts/s end to end, CPU ms per rollout by process, job summary)."""
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import scheduler_pb2 as pb
+
+    spec = pb.JobSpec(
+        dataset=str(dataset),
+        environment="arithmetic",
+        num_repeats=1,
+        concurrency=concurrency,
+        output_dir=str(out),
+        agent=pb.AgentSpec(max_steps=1),
+    )
+    async with await Client.connect(scheduler=scheduler) as c:
+        cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        t0 = time.perf_counter()
+        job = await c.scheduler.submit(spec)
+        final = await job.result(poll_s=0.2, timeout_s=3600)
+        wall = time.perf_counter() - t0
+        done = max(final.progress.done, 1)
+        cpu_ms = {name: (cpu_seconds(pid) - cpu0[name]) * 1000 / done for name, pid in pids.items()}
+        metrics = await job.metrics()
+    p = final.progress
+    summary = {
+        "done": p.done,
+        "failed": p.failed,
+        "total": p.total,
+        "scheduler_rollouts_per_second": round(float(p.rollouts_per_second), 1),
+        "mean_reward": round(float(metrics.mean_reward), 4),
+    }
+    log(f"mesh trial: {summary}, {done / wall:.0f}/s end to end, CPU ms/rollout {cpu_ms}")
+    return done / wall, cpu_ms, summary
+
+
+def _stats(values: list[float], unit: str) -> dict[str, Any]:
+    return {
+        "mean": round(statistics.mean(values), 1),
+        "stddev": round(statistics.stdev(values), 1) if len(values) > 1 else 0.0,
+        "trials": [round(v, 1) for v in values],
+        "unit": unit,
+    }
+
+
+async def main(a: argparse.Namespace) -> dict[str, Any]:
+    from rollmesh.devtools.openai_server import openai_server_process
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        dataset = tmp / "add.jsonl"
+        write_dataset(dataset, a.rollouts)
+        with openai_server_process() as (base_url, server):
+            async with AsyncExitStack() as stack:
+                addresses, pids = await stack.enter_async_context(mesh_up(base_url, tmp))
+                raw_rates: list[float] = []
+                mesh_rates: list[float] = []
+                cpu_trials: list[dict[str, float]] = []
+                summaries: list[dict[str, Any]] = []
+                server_cpu_ms: list[float] = []
+                for trial in range(a.trials):  # alternate, so both see the same machine load
+                    rate, correct = await raw_loop(base_url, dataset, a.concurrency)
+                    log(f"raw trial {trial}: {rate:.0f}/s ({correct} answers)")
+                    raw_rates.append(rate)
+                    s0 = cpu_seconds(server.pid)
+                    rate, cpu_ms, summary = await mesh_trial(
+                        addresses["scheduler"], pids, dataset, a.concurrency, tmp / "runs"
+                    )
+                    server_cpu_ms.append((cpu_seconds(server.pid) - s0) * 1000 / max(summary["done"], 1))
+                    mesh_rates.append(rate)
+                    cpu_trials.append(cpu_ms)
+                    summaries.append(summary)
+                peak_rss = {name: round(rss_mb(pid)[1], 1) for name, pid in pids.items()}
+    cpu = {name: round(statistics.mean(t[name] for t in cpu_trials), 3) for name in cpu_trials[0]}
+    ratio = statistics.mean(mesh_rates) / statistics.mean(raw_rates)
+    return {
+        "name": "http_model_path",
+        "params": {
+            "rollouts": a.rollouts,
+            "concurrency": a.concurrency,
+            "trials": a.trials,
+            "mesh": "rollmesh up --backend openai (registry, verifier, gateway, scheduler processes)",
+            "model_server": "rollmesh.devtools.openai_server (instant, its own process, uvloop)",
+            "environment": "arithmetic, one model turn per rollout, JSONL sink",
+            "raw_client": "aiohttp, non-streaming chat completions, C workers over one pool",
+        },
+        "figures": {
+            "mesh_rollouts_per_second": _stats(mesh_rates, "rollouts/s"),
+            "raw_client_requests_per_second": _stats(raw_rates, "requests/s"),
+            "ratio_mesh_to_raw": {"value": round(ratio, 3), "target": 0.40},
+            "cpu_per_rollout_by_process": {"value": cpu, "unit": "ms"},
+            "gateway_cpu_per_call": {"value": cpu.get("gateway", 0.0), "unit": "ms", "target": 0.8},
+            "mesh_cpu_per_rollout": {"value": round(sum(cpu.values()), 3), "unit": "ms", "target": 2.5},
+            "model_server_cpu_per_rollout": {"value": round(statistics.mean(server_cpu_ms), 3), "unit": "ms"},
+            "peak_rss_by_process": {"value": peak_rss, "unit": "MB"},
+            "mesh_peak_rss": {"value": round(sum(peak_rss.values()), 1), "unit": "MB", "target": 600},
+            "jobs": summaries,
+            "host_load_average_1m": {"value": round(os.getloadavg()[0], 2), "unit": "runnable tasks"},
+        },
+        **env_info(),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rollouts", type=int, default=10_000)
+    ap.add_argument("--concurrency", type=int, default=512)
+    ap.add_argument("--trials", type=int, default=2)
+    print(json.dumps(asyncio.run(main(ap.parse_args()))))
