@@ -1,7 +1,7 @@
 """Verifies per second for `arithmetic`, `math` and `code`: through the domain layer and through
 gRPC `VerifyBatch`. Prints ONE JSON object to stdout; logs go to stderr.
 
-    .venv/bin/python bench/verify_throughput.py [--trials 3] [--seconds 2.5]
+    .venv/bin/python bench/verify_throughput.py [--trials 3] [--seconds 2.5] [--envs code,math]
 
 Each figure is the mean ± stddev over fixed-duration trials, with a window of requests in flight.
 """
@@ -98,7 +98,7 @@ def stats(values: list[float]) -> dict[str, float | str | list[float]]:
     }
 
 
-async def main(trials: int, seconds: float) -> dict[str, Any]:
+async def main(trials: int, seconds: float, envs: list[str]) -> dict[str, Any]:
     cfg = replace(VerifierConfig(), workers=2, batch_concurrency=64)
     roots = RootsConfig(Path("/nonexistent"), (), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
@@ -111,7 +111,8 @@ async def main(trials: int, seconds: float) -> dict[str, Any]:
     client = await Client.connect(verifier=server.address)
     figures: dict[str, Any] = {}
     try:
-        for env, (task, text) in WORKLOADS.items():
+        for env in envs:
+            task, text = WORKLOADS[env]
             call = VerifyCall(env, json.dumps(task), Response.from_text(text))
 
             async def one(call: VerifyCall = call) -> float:
@@ -146,7 +147,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--envs", default=",".join(WORKLOADS), help="comma-separated subset of workloads")
     args = parser.parse_args()
     configure(level="warning" if not os.environ.get("BENCH_VERBOSE") else "info")
-    result = asyncio.run(main(args.trials, args.seconds))
+    result = asyncio.run(main(args.trials, args.seconds, [e for e in args.envs.split(",") if e]))
     sys.stdout.write(json.dumps(result) + "\n")

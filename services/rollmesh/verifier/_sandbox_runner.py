@@ -1,10 +1,24 @@
-"""Runs untrusted code against tests inside the sandbox. Copied into the run's temp dir and started
-as `python -I -S -B runner.py` with an empty environment; never imported by the service.
+"""The untrusted side of a sandboxed run. Copied into the run's temp dir and started as
+`python -I -S -B runner.py` with an empty environment; the service imports it only for `encode`.
 
-Protocol: the first stdin line is a JSON object {"nonce", "limits", "guards"}; the result is one
-stdout line `<nonce>{json}`. Order: read inputs, set rlimits (soft = hard, so they cannot be
-raised), install the guards (no sockets, no new processes, no files outside the cwd), run.
-The guards are a second line of defence; the kernel (namespaces, chroot, uid, rlimits) is the first.
+Contract: this process never holds an expected value or a comparison. It answers requests, one
+JSON object per line on stdin, with exactly one frame each on the reply fd (4-byte big-endian
+length, then a JSON object with the request's "id"):
+
+    hello {reply_fd, limits, guards,  -> {}              uid dropped (`process` mode as root), rlimits
+           drop_to}                                      (soft = hard) and guards set
+    load  {code, mode}                -> {}              "asserts": run the code once as `solution`;
+                                                         "io": only compile it
+    exec  {src, bind}                 -> {}              a test's own statement, in the solution's globals
+    eval  {src, bind}                 -> {"value": v}    an expression's value as plain data (`encode`)
+    main  {stdin}                     -> {"stdout", "exit", "truncated"}  one run as __main__
+
+A failure answers {"error": "..."}. Everything sent back is a claim that the verifier decodes
+strictly and compares itself; the solution can rewrite this file's functions, but then all it can
+do is claim other values. Before the solution runs, fd 0 becomes /dev/null; stdout and stderr are
+the service's diagnostics only, never read for a verdict. The guards (no sockets, no new processes, no
+files outside the cwd) are a second line of defence; the kernel (namespaces, chroot, uid,
+rlimits) is the first.
 """
 
 from __future__ import annotations
@@ -12,13 +26,82 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import math
 import os
 import resource
+import struct
 import sys
 from typing import Any
 
-MAX_CASES_REPORTED = 50
 MAX_ERROR_CHARS = 300
+MAX_DEPTH = 64
+MAX_ITEMS = 100_000
+STDOUT_CAP = 1024 * 1024
+
+
+# -- values as plain data ------------------------------------------------------------------------------
+
+
+def encode(value: Any, depth: int = 0) -> Any:
+    """A value as JSON-able plain data: null, bool, int (as a JSON number while exact), finite float,
+    str; everything else a [tag, payload] pair. Iterators, ranges and dict views become lists."""
+    if depth > MAX_DEPTH:
+        raise ValueError("value nested too deeply")
+    if value is None or isinstance(value, bool):
+        return bool(value) if value is not None else None
+    if isinstance(value, int):
+        number = int.__index__(value)
+        return number if abs(number) < 1 << 53 else ["int", format(number, "x")]
+    if isinstance(value, float):
+        real = float.__float__(value)
+        return real if math.isfinite(real) else ["float", repr(real)]
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, complex):
+        return ["complex", [encode(value.real), encode(value.imag)]]
+    if isinstance(value, (bytes, bytearray)):
+        return ["bytes" if isinstance(value, bytes) else "bytearray", bytes(value).hex()]
+    if isinstance(value, dict):
+        return ["dict", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _bounded(value.items())]]
+    for kind in (list, tuple, set, frozenset):
+        if isinstance(value, kind):
+            return [kind.__name__, [encode(v, depth + 1) for v in _bounded(value)]]
+    if isinstance(value, range) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
+        return ["list", [encode(v, depth + 1) for v in _bounded(value)]]
+    if type(value).__name__ in ("dict_keys", "dict_values", "dict_items"):
+        return ["list", [encode(v, depth + 1) for v in _bounded(value)]]
+    raise TypeError(f"a {type(value).__name__} is not plain data (compare ints, floats, str, containers)")
+
+
+def _bounded(items: Any) -> list[Any]:
+    out = []
+    for item in items:
+        out.append(item)
+        if len(out) > MAX_ITEMS:
+            raise ValueError(f"more than {MAX_ITEMS} items")
+    return out
+
+
+def decode_loose(obj: Any) -> Any:
+    """The inverse of `encode`, for the bindings the verifier sends (trusted, so not strict)."""
+    if not isinstance(obj, list):
+        return obj
+    tag, body = obj
+    if tag == "int":
+        return int(body, 16)
+    if tag == "float":
+        return float(body)
+    if tag == "complex":
+        return complex(decode_loose(body[0]), decode_loose(body[1]))
+    if tag in ("bytes", "bytearray"):
+        return bytes.fromhex(body) if tag == "bytes" else bytearray.fromhex(body)
+    if tag == "dict":
+        return {decode_loose(k): decode_loose(v) for k, v in body}
+    kinds: dict[str, Any] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+    return kinds[tag](decode_loose(v) for v in body)
+
+
+# -- limits and guards ---------------------------------------------------------------------------------
 
 
 def _limit(which: int, soft: int, hard: int | None = None) -> None:
@@ -123,94 +206,126 @@ def _install_guards(workdir: str) -> None:
         setattr(os, name, wrapped)
 
 
-class _CappedText(io.StringIO):
-    def __init__(self, cap: int) -> None:
-        super().__init__()
-        self.cap = cap
-        self.size = 0
+# -- requests ------------------------------------------------------------------------------------------
 
-    def write(self, s: str) -> int:
-        self.size += len(s)
-        if self.tell() < self.cap:
-            super().write(s[: self.cap - self.tell()])
-        return len(s)
+
+class _CappedOut(io.TextIOWrapper):
+    """sys.stdout for one `main` run: text and `.buffer` writes, the first STDOUT_CAP bytes kept."""
+
+    def __init__(self) -> None:
+        self.raw_sink = _CappedBytes()
+        super().__init__(
+            self.raw_sink,  # type: ignore[arg-type]
+            encoding="utf-8",
+            errors="replace",
+            write_through=True,
+        )
+
+
+class _CappedBytes(io.RawIOBase):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = bytearray()
+        self.truncated = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        room = STDOUT_CAP - len(self.data)
+        chunk = bytes(b)
+        if len(chunk) > room:
+            self.truncated = True
+        self.data += chunk[: max(room, 0)]
+        return len(chunk)
 
 
 def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text[:MAX_ERROR_CHARS]
+    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
-def _norm(text: str) -> list[str]:
-    lines = [line.rstrip() for line in text.strip().splitlines()]
-    return lines
+class Runner:
+    def __init__(self) -> None:
+        self.globals: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
+        self.code: Any = None
+        self.reply_fd = -1
 
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        if op == "load":
+            self.code = compile(req["code"], "solution.py", "exec")
+            if req["mode"] == "asserts":
+                exec(self.code, self.globals)
+            return {}
+        if op in ("exec", "eval"):
+            scope = dict(self.globals)
+            scope.update({k: decode_loose(v) for k, v in req.get("bind", {}).items()})
+            if op == "exec":
+                exec(compile(req["src"], "test", "exec"), scope)
+                self.globals.update({k: v for k, v in scope.items() if k not in req.get("bind", {})})
+                return {}
+            return {"value": encode(eval(compile(req["src"], "test", "eval"), scope))}
+        if op == "main":
+            return self.main(str(req["stdin"]))
+        raise ValueError(f"unknown request {op!r}")
 
-def _run(code: str, spec: dict[str, Any], out_cap: int) -> dict[str, Any]:
-    cases: list[dict[str, Any]] = []
-    try:
-        compiled = compile(code, "solution.py", "exec")
-    except BaseException as exc:
-        return {"passed": 0, "total": len(spec["cases"]), "error": _short(exc), "cases": []}
-    if spec["kind"] == "asserts":
-        env: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
+    def main(self, stdin: str) -> dict[str, Any]:
+        out = _CappedOut()
+        sys.stdin, sys.stdout = io.StringIO(stdin), out
+        code: Any = None
         try:
-            exec(compiled, env)
-        except BaseException as exc:
-            return {"passed": 0, "total": len(spec["cases"]), "error": _short(exc), "cases": []}
-        for i, test in enumerate(spec["cases"]):
-            try:
-                exec(compile(test, f"test_{i}", "exec"), env)
-                cases.append({"ok": True})
-            except BaseException as exc:
-                cases.append({"ok": False, "error": _short(exc)})
-    else:
-        for case in spec["cases"]:
-            sys.stdin = io.StringIO(case["input"])
-            buf = _CappedText(out_cap)
-            sys.stdout = buf
-            error = ""
-            try:
-                exec(compiled, {"__name__": "__main__", "__builtins__": builtins})
-            except SystemExit as exc:
-                if exc.code not in (0, None):
-                    error = f"SystemExit: {exc.code}"
-            except BaseException as exc:
-                error = _short(exc)
-            finally:
-                sys.stdout = sys.__stdout__
-            if error:
-                cases.append({"ok": False, "error": error})
-            elif _norm(buf.getvalue()) == _norm(case["output"]):
-                cases.append({"ok": True})
-            else:
-                got = buf.getvalue()[:MAX_ERROR_CHARS]
-                cases.append({"ok": False, "error": f"wrong output: {got!r}"})
-    passed = sum(1 for c in cases if c["ok"])
-    return {"passed": passed, "total": len(spec["cases"]), "cases": cases[:MAX_CASES_REPORTED]}
+            exec(self.code, {"__name__": "__main__", "__builtins__": builtins})
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.stdin, sys.stdout = io.StringIO(""), sys.__stdout__
+        out.flush()
+        data = bytes(out.raw_sink.data)
+        exit_code = code if code is None or isinstance(code, int) else 1
+        return {
+            "stdout": data.decode("utf-8", "replace"),
+            "exit": exit_code,
+            "truncated": out.raw_sink.truncated,
+        }
+
+    def reply(self, ident: int, body: dict[str, Any]) -> None:
+        data = json.dumps({"id": ident, **body}).encode()
+        frame = struct.pack(">I", len(data)) + data
+        while frame:
+            frame = frame[os.write(self.reply_fd, frame) :]
 
 
 def main() -> None:
-    cfg = json.loads(sys.stdin.readline())
-    nonce = str(cfg.pop("nonce"))
-    out_fd = os.dup(1)
+    requests = os.fdopen(os.dup(0), "rb", buffering=0)
+    hello = json.loads(requests.readline())
+    runner = Runner()
+    runner.reply_fd = os.dup(int(hello["reply_fd"]))
+    os.close(int(hello["reply_fd"]))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
     sys.stdin = io.StringIO("")
-    with open("solution.py", encoding="utf-8") as f:
-        code = f.read()
-    with open("tests.json", encoding="utf-8") as f:
-        spec = json.load(f)
-    _apply_limits(cfg["limits"])
-    if cfg.get("guards", True):
+    if hello.get("drop_to") is not None:
+        uid = int(hello["drop_to"])
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    _apply_limits(hello["limits"])
+    if hello.get("guards", True):
         _install_guards(os.getcwd())
-    del cfg
-    result = _run(code, spec, 64 * 1024)
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+    runner.reply(int(hello["id"]), {})
+    del hello
+    while line := requests.readline():
+        req = json.loads(line)
         try:
-            if stream is not None:
+            body = runner.handle(req)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: all the code's errors
+            body = {"error": _short(exc)}
+        for stream in (sys.stdout, sys.stderr):
+            try:
                 stream.flush()
-        except BaseException:
-            pass
-    os.write(out_fd, (nonce + json.dumps(result) + "\n").encode())
+            except BaseException:
+                pass
+        runner.reply(int(req["id"]), body)
     os._exit(0)
 
 

@@ -28,6 +28,7 @@ class SandboxLimits:
 class SandboxConfig:
     isolation: str = "auto"
     concurrency: int = 4
+    allow_unsafe_process: bool = False
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import sys
@@ -35,12 +34,17 @@ from typing import Any
 from rollmesh.mesh.config import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
+from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError, normalize_output
+from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 SANDBOX_UID = 65534
 _TAIL_BYTES = 64 * 1024
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+MAX_CASES_REPORTED = 50
+MAX_ERROR_CHARS = 300
 _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/sandbox"}
 
 # Runs as root inside the new namespaces; builds the chroot and drops privileges.
@@ -126,6 +130,7 @@ class Sandbox:
         self.isolation = "process" if config.isolation == "process" else ""
         self._slots = asyncio.Semaphore(config.concurrency)
         self._drop_privileges = os.geteuid() == 0
+        self._process_python = _world_usable_python() if self._drop_privileges else None
         self.runs = 0
 
     # -- isolation probe ------------------------------------------------------------------------------
@@ -134,7 +139,7 @@ class Sandbox:
         """Decide the isolation mode (probing the kernel) and log it. Idempotent."""
         if self.isolation:
             return self.isolation
-        ok, why = await self._probe()
+        ok, why = await self.probe()
         if ok:
             self.isolation = "namespaces"
         elif self.config.isolation == "namespaces":
@@ -148,12 +153,13 @@ class Sandbox:
             "sandbox_isolation",
             mode=self.isolation,
             probe_error=why or None,
-            uid=SANDBOX_UID if self.isolation == "namespaces" and self._drop_privileges else os.geteuid(),
+            uid=SANDBOX_UID if self._drop_privileges else os.geteuid(),
             limits=asdict(self.config.limits),
         )
         return self.isolation
 
-    async def _probe(self) -> tuple[bool, str]:
+    async def probe(self) -> tuple[bool, str]:
+        """Whether a namespaces run works here, and if not, why."""
         if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
             return False, "unshare(1) not available"
         limits = replace(self.config.limits, wall_s=20.0, cpu_s=10)
@@ -177,9 +183,9 @@ class Sandbox:
             return await self._run_once(code, tests, limits or self.config.limits, mode, guards=guards)
 
     def _command(self, mode: str, root: Path, work: Path) -> list[str]:
-        py = os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
+        py = _service_python()
         if mode == "process":
-            return [py, "-I", "-S", "-B", "runner.py"]
+            return [self._process_python or py, "-I", "-S", "-B", "runner.py"]
         prefix = os.path.realpath(sys.base_prefix)
         flags = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
         if os.geteuid() != 0:
@@ -205,11 +211,10 @@ class Sandbox:
     ) -> RunResult:
         start = time.monotonic()
         base = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="rollmesh-sbx-"))
+        reply_r, reply_w = os.pipe()
         try:
             work, root = base / "work", base / "root"
-            await asyncio.to_thread(self._prepare, base, work, root, code, tests, mode)
-            cap = limits.output_kb * 1024
-            nonce = secrets.token_hex(16)
+            await asyncio.to_thread(self._prepare, base, work, root, mode)
             proc = await asyncio.create_subprocess_exec(
                 *self._command(mode, root, work),
                 cwd=str(work),
@@ -217,75 +222,97 @@ class Sandbox:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
+                pass_fds=(reply_w,),
                 start_new_session=True,
             )
-            result = await self._supervise(proc, nonce, limits, cap, guards)
+            child_fd, reply_w = reply_w, -1
+            os.close(child_fd)
+            result = await self._supervise(proc, (reply_r, child_fd), mode, code, tests, limits, guards)
+            reply_r = -1  # owned by the channel's transport now
             result.isolation = mode
             result.duration_s = round(time.monotonic() - start, 4)
             return result
         finally:
+            for fd in (reply_r, reply_w):
+                if fd >= 0:
+                    os.close(fd)
             await asyncio.to_thread(shutil.rmtree, base, True)
 
-    def _prepare(self, base: Path, work: Path, root: Path, code: str, tests: TestSpec, mode: str) -> None:
+    def _prepare(self, base: Path, work: Path, root: Path, mode: str) -> None:
+        """The run's directory holds only the runner: code, inputs and probes arrive over stdin."""
         work.mkdir()
         root.mkdir()
-        (work / "solution.py").write_text(code, encoding="utf-8")
-        (work / "tests.json").write_text(json.dumps({"kind": tests.kind, "cases": tests.cases}))
         shutil.copyfile(RUNNER, work / "runner.py")
-        if mode == "namespaces" and self._drop_privileges:
+        if self._drop_privileges:
             os.chown(work, SANDBOX_UID, SANDBOX_UID)
-        elif mode == "process":
+            os.chmod(work, 0o700)
+            os.chmod(base, 0o711)  # traversable by the sandbox user in `process` mode, not listable
+        else:
             os.chmod(base, 0o700)
 
+    def _drop_to(self, mode: str) -> int | None:
+        """In `process` mode as root, the runner switches to uid/gid 65534 (no supplementary groups)
+        before any code runs, when an interpreter that user can run exists (`_world_usable_python`).
+        Not through Popen's `user=`: that forks without vfork, and grpc's fork handlers crash the child."""
+        if mode == "process" and self._drop_privileges and self._process_python:
+            return SANDBOX_UID
+        return None
+
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, nonce: str, limits: SandboxLimits, cap: int, guards: bool
+        self,
+        proc: asyncio.subprocess.Process,
+        reply_fds: tuple[int, int],
+        mode: str,
+        code: str,
+        tests: TestSpec,
+        limits: SandboxLimits,
+        guards: bool,
     ) -> RunResult:
-        header = {"nonce": nonce, "limits": asdict(limits), "guards": guards}
-        assert proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write((json.dumps(header) + "\n").encode())
-            await proc.stdin.drain()
-            proc.stdin.close()
+        cap = limits.output_kb * 1024
         readers = asyncio.gather(_drain(proc.stdout, cap), _drain(proc.stderr, cap))
-        timed_out = False
+        reply_fd, child_fd = reply_fds  # ours to read; its number in the sandbox
+        drop_to = self._drop_to(mode)
+        channel = await Channel.open(proc, reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
+        verdicts: list[dict[str, Any]] = []
+        status, error = "ok", ""
         try:
             async with asyncio.timeout(limits.wall_s):
-                await proc.wait()
+                await channel.request(
+                    "hello", reply_fd=child_fd, limits=asdict(limits), guards=guards, drop_to=drop_to
+                )
+                error = await _judge(channel, code, tests, verdicts)
         except TimeoutError:
-            timed_out = True
+            status = "timeout"
+            error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
+        except ChannelBroken as exc:
+            status, error = "crashed", str(exc)
         finally:
+            channel.close()
             self._kill(proc)
             await proc.wait()
         try:
             async with asyncio.timeout(2.0):
-                (out_head, out_tail, out_trunc), (err_head, _, err_trunc) = await readers
+                (out_head, _, out_trunc), (err_head, _, err_trunc) = await readers
         except TimeoutError:  # an escaped descendant still holds a pipe: give up on its output
             readers.cancel()
-            out_head = out_tail = err_head = b""
+            out_head = err_head = b""
             out_trunc = err_trunc = True
-        stdout = _strip_result(out_head.decode(errors="replace"), nonce)
-        result = RunResult(
-            status="timeout" if timed_out else "crashed",
+        if status == "crashed":
+            rc = proc.returncode or 0
+            why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+            error = f"{error} ({why})"
+        verdicts += [{"ok": False, "error": f"not checked: {status}"}] * (len(tests.cases) - len(verdicts))
+        return RunResult(
+            status=status,
+            passed=sum(1 for v in verdicts if v["ok"]) if status == "ok" else 0,
+            total=len(tests.cases),
+            cases=verdicts[:MAX_CASES_REPORTED],
+            error=error,
             exit_code=proc.returncode,
-            stdout=stdout,
+            stdout=out_head.decode(errors="replace"),
             stderr=err_head.decode(errors="replace"),
             output_truncated=out_trunc or err_trunc,
         )
-        if timed_out:
-            result.error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
-            return result
-        payload = _find_result(out_head + b"\n" + out_tail, nonce)
-        if payload is None:
-            code = proc.returncode or 0
-            why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            result.error = f"no result from the runner ({why})"
-            return result
-        result.status = "ok"
-        result.passed = int(payload.get("passed", 0))
-        result.total = int(payload.get("total", 0))
-        result.cases = list(payload.get("cases", []))
-        result.error = str(payload.get("error", ""))
-        return result
 
     @staticmethod
     def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -296,20 +323,132 @@ class Sandbox:
                 proc.kill()
 
 
-def _find_result(data: bytes, nonce: str) -> dict[str, Any] | None:
-    marker = nonce.encode()
-    idx = data.rfind(marker)
-    if idx < 0:
-        return None
-    line = data[idx + len(marker) :].split(b"\n", 1)[0]
-    try:
-        payload = json.loads(line)
-    except ValueError:
-        return None
-    return payload if isinstance(payload, dict) else None
+def _service_python() -> str:
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _strip_result(text: str, nonce: str) -> str:
-    """The code's own output, without the runner's result line."""
-    idx = text.rfind(nonce)
-    return text if idx < 0 else text[:idx]
+def _world_usable(path: str) -> bool:
+    """Every directory on the way is o+x and the file o+rx: the sandbox user can run it."""
+    real = Path(os.path.realpath(path))
+    dirs_ok = all(p.stat().st_mode & 0o001 for p in real.parents)
+    return dirs_ok and real.is_file() and real.stat().st_mode & 0o005 == 0o005
+
+
+def _world_usable_python() -> str | None:
+    """An interpreter for `process` mode runs as uid 65534: the service's own when that user can
+    reach it and its standard library, else the system's python3 (the runner needs only the
+    standard library), else None (the code then runs as the service's user)."""
+    own = _service_python()
+    candidates = [own] if _world_usable(sys.base_prefix + "/lib") else []
+    candidates += [p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.path.exists(p)]
+    return next((c for c in candidates if _world_usable(c)), None)
+
+
+async def _judge(channel: Channel, code: str, tests: TestSpec, verdicts: list[dict[str, Any]]) -> str:
+    """Load the code, then check every case here; returns the load error ("" when it loaded)."""
+    load = await channel.request("load", code=code, mode=tests.kind)
+    if "error" in load:
+        failed = {"ok": False, "error": f"the code did not load: {str(load['error'])[:MAX_ERROR_CHARS]}"}
+        verdicts += [failed] * len(tests.cases)
+        return str(load["error"])[:MAX_ERROR_CHARS]
+    checker = Checker(channel)
+    for case in tests.cases:
+        try:
+            if tests.kind == "asserts":
+                await checker.check(str(case))
+            else:
+                await _check_io(channel, case)
+            verdicts.append({"ok": True})
+        except (CaseFailed, ProbeError) as exc:
+            verdicts.append({"ok": False, "error": str(exc)[:MAX_ERROR_CHARS]})
+    return ""
+
+
+async def _check_io(channel: Channel, case: dict[str, Any]) -> None:
+    reply = await channel.request("main", stdin=str(case["input"]))
+    if "error" in reply:
+        raise CaseFailed(str(reply["error"]))
+    stdout, exit_code, truncated = reply.get("stdout"), reply.get("exit", None), reply.get("truncated")
+    if (
+        type(stdout) is not str
+        or type(truncated) is not bool
+        or not (exit_code is None or type(exit_code) is int)
+    ):
+        raise ChannelBroken("malformed reply to main")
+    if exit_code not in (None, 0):
+        raise CaseFailed(f"SystemExit: {exit_code}")
+    if truncated:
+        raise CaseFailed("output exceeds the cap")
+    if normalize_output(stdout) != normalize_output(str(case["output"])):
+        raise CaseFailed(f"wrong output: {stdout[:MAX_ERROR_CHARS]!r}")
+
+
+class ChannelBroken(Exception):
+    """The sandbox stopped answering as the protocol says: EOF, an oversized, malformed or
+    out-of-order reply. The whole run fails."""
+
+
+class Channel:
+    """Requests as JSON lines on the sandbox's stdin; replies as length-prefixed JSON frames on a
+    pipe of their own (`reply_fd` there). Implements `sandbox_checks.Child`."""
+
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
+        transport: asyncio.BaseTransport,
+        max_frame: int,
+    ) -> None:
+        self._writer = writer
+        self._reader = reader
+        self._transport = transport
+        self._max_frame = max_frame
+        self._next_id = 0
+
+    @classmethod
+    async def open(cls, proc: asyncio.subprocess.Process, reply_fd: int, *, max_frame: int) -> Channel:
+        assert proc.stdin is not None
+        reader = asyncio.StreamReader(limit=max_frame + 8)
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(reply_fd, "rb", buffering=0)
+        )
+        return cls(proc.stdin, reader, transport, max_frame)
+
+    def close(self) -> None:
+        self._transport.close()
+        with contextlib.suppress(Exception):
+            self._writer.close()
+
+    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        ident = self._next_id
+        self._next_id += 1
+        try:
+            self._writer.write((json.dumps({"id": ident, "op": op, **fields}) + "\n").encode())
+            await self._writer.drain()
+            size = int.from_bytes(await self._reader.readexactly(4), "big")
+            if size > self._max_frame:
+                raise ChannelBroken(f"a reply of {size} bytes exceeds the {self._max_frame}-byte cap")
+            frame = parse_frame(await self._reader.readexactly(size))
+        except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError):
+            raise ChannelBroken("the sandbox closed the channel") from None
+        except BadValue as exc:
+            raise ChannelBroken(str(exc)) from None
+        if frame["id"] != ident:
+            raise ChannelBroken(f"reply {frame['id']} out of order (expected {ident})")
+        return frame
+
+    async def exec(self, src: str, bind: dict[str, Any]) -> None:
+        reply = await self.request("exec", src=src, bind=bind)
+        if "error" in reply:
+            raise ProbeError(str(reply["error"]))
+
+    async def eval(self, src: str, bind: dict[str, Any]) -> Any:
+        reply = await self.request("eval", src=src, bind=bind)
+        if "error" in reply:
+            raise ProbeError(f"{src[:80]}: {reply['error']}")
+        if "value" not in reply:
+            raise ChannelBroken("a reply to eval without a value")
+        try:
+            return decode_value(reply["value"])
+        except BadValue as exc:
+            raise ProbeError(f"{src[:80]}: {exc}") from None

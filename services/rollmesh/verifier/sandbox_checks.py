@@ -1,0 +1,484 @@
+"""The verdict of every test, computed in the verifier. Nothing here runs untrusted code.
+
+A test case is Python source (usually `assert f(1) == 2`). It is parsed here and interpreted
+statement by statement: `assert`, `for`, `if`, `pass`, `raise`, assignments of values computed
+here, and `import math` / `from math import ...` run in this interpreter. Inside an expression,
+comparisons, boolean logic, arithmetic (size-bounded), containers, subscripts, comprehensions,
+`math.*` and pure builtins (`SAFE_FUNCS`: the real ones, whatever the solution rebinds) are
+evaluated here too. Every other sub-expression, typically a call into the solution, is a *probe*:
+its source, plus the values of the comprehension/loop variables it names, goes to the sandbox
+(`Child.eval`), and what comes back is decoded strictly into plain data (`sandbox_values`).
+Other statements (`s = Solution()`, `s.push(1)`, a helper `def`) run in the sandbox (`Child.exec`),
+and names they bind are probed from then on.
+
+So the expected values and the comparison never enter the sandbox, and a value whose `__eq__`
+lies cannot reach the comparison. A statement that would need an `assert` to run in the sandbox
+(inside a `def`, `while`, `with`, `try`) is refused as unverifiable: the case fails with that
+reason. What a probe's arguments contain (inputs, loop variables) is visible to the solution; a
+helper the tests define and call (`assert check(f)`) runs in the sandbox, so its answer is a claim.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rollmesh.verifier._sandbox_runner import encode
+
+MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
+MAX_LEN = 1 << 22  # sequences built here (*, range) stay below this many items
+MAX_STEPS = 200_000  # loop iterations and probes per case
+
+
+class Child(Protocol):
+    """The sandboxed process, as the checker sees it. `exec`/`eval` raise `ProbeError` when the code
+    there failed; anything that breaks the channel (crash, timeout, malformed reply) propagates."""
+
+    async def exec(self, src: str, bind: dict[str, Any]) -> None: ...
+
+    async def eval(self, src: str, bind: dict[str, Any]) -> Any: ...
+
+
+class ProbeError(Exception):
+    """The sandbox answered a probe with an error, or with a value that does not decode."""
+
+
+class CaseFailed(Exception):
+    """The case does not pass; the message says why."""
+
+
+def _bounded_range(*args: int) -> range:
+    r = range(*args)
+    if len(r) > MAX_LEN:
+        raise CaseFailed(f"range of {len(r)} items is too large to check")
+    return r
+
+
+SAFE_FUNCS: dict[str, Any] = {
+    f.__name__: f
+    for f in (
+        abs,
+        all,
+        any,
+        bool,
+        chr,
+        complex,
+        dict,
+        divmod,
+        enumerate,
+        float,
+        frozenset,
+        int,
+        isinstance,
+        len,
+        list,
+        max,
+        min,
+        ord,
+        repr,
+        round,
+        set,
+        sorted,
+        str,
+        sum,
+        tuple,
+        type,
+        zip,
+    )
+} | {"range": _bounded_range, "reversed": lambda x: list(reversed(x))}
+MATH_NAMES = (
+    "isclose sqrt floor ceil fabs isnan isinf isfinite log log2 log10 exp sin cos tan atan2 hypot gcd "
+    "trunc copysign pi e tau inf nan"
+).split()
+TRUSTED_MODULES = {"math": {n: getattr(math, n) for n in MATH_NAMES}}
+
+_BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.Not: operator.not_,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Invert: operator.invert,
+}
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_PLAIN_CONSTANTS = (type(None), bool, int, float, complex, str, bytes)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def _binop(op: ast.operator, a: Any, b: Any) -> Any:
+    if isinstance(op, ast.Pow) and type(a) is int and type(b) is int and abs(a) > 1 and b > 0:
+        if b * a.bit_length() > MAX_BITS:
+            raise CaseFailed(f"{a.bit_length()}-bit ** {b} is too large to check")
+    if isinstance(op, ast.LShift) and type(b) is int and b > MAX_BITS:
+        raise CaseFailed("<< too large to check")
+    if isinstance(op, ast.Mod) and isinstance(a, (str, bytes)):
+        args = b if isinstance(b, tuple) else (b,)
+        if any(type(x) is int and abs(x) > MAX_LEN for x in args):
+            raise CaseFailed("%-formatting with a huge number is not checked")
+    if isinstance(op, ast.Mult):
+        for seq, n in ((a, b), (b, a)):
+            if isinstance(seq, (str, bytes, list, tuple)) and type(n) is int and len(seq) * n > MAX_LEN:
+                raise CaseFailed("repeated sequence too large to check")
+    return _BINOPS[type(op)](a, b)
+
+
+def _unverifiable(stmt: ast.stmt) -> str | None:
+    """Why `stmt` (sent to the sandbox) would put a verdict there, else None."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Assert):
+            kind = type(stmt).__name__.lower()
+            return f"line {node.lineno}: an assert inside a {kind} would run in the sandbox"
+    return None
+
+
+def _names_bound(stmt: ast.stmt) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.alias):
+            names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+@dataclass
+class Checker:
+    """Runs the cases of one run against one `Child`, in order. `values` holds names whose values
+    live here (trusted assignments, math imports); `child_names` those bound in the sandbox by the
+    tests' own statements (their later uses are probed)."""
+
+    child: Child
+    values: dict[str, Any] = field(default_factory=dict)
+    child_names: set[str] = field(default_factory=set)
+    steps: int = 0
+    no_probes: bool = False
+
+    async def check(self, source: str) -> None:
+        """Raises CaseFailed (or ProbeError) unless every statement of the case holds."""
+        self.steps = 0
+        try:
+            tree = ast.parse(source, "test", "exec")
+        except SyntaxError as exc:
+            raise CaseFailed(f"the test does not parse: {exc}") from None
+        await self._block(tree.body, {})
+
+    # -- statements -------------------------------------------------------------------------------------
+
+    async def _block(self, body: list[ast.stmt], local: dict[str, Any]) -> None:
+        for stmt in body:
+            await self._stmt(stmt, local)
+
+    async def _stmt(self, stmt: ast.stmt, local: dict[str, Any]) -> None:
+        if isinstance(stmt, ast.Assert):
+            if not await self._truth(stmt.test, local):
+                raise CaseFailed(f"assert failed (line {stmt.lineno} of the case)")
+        elif isinstance(stmt, ast.Pass):
+            return
+        elif isinstance(stmt, ast.If):
+            branch = stmt.body if await self._truth(stmt.test, local) else stmt.orelse
+            await self._block(branch, local)
+        elif isinstance(stmt, ast.For) and not stmt.orelse and _target_names(stmt.target) is not None:
+            for item in await self._iterate(stmt.iter, local):
+                _bind(stmt.target, item, local)
+                await self._block(stmt.body, local)
+        elif isinstance(stmt, ast.Raise):
+            raise CaseFailed(f"the test raised: {ast.unparse(stmt)[:200]}")
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            await self._import(stmt, local)
+        elif (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and (value := await self._eval_here(stmt.value, local)) is not _UNRESOLVED
+        ):
+            self._store(stmt.targets[0].id, value, local)
+        else:
+            why = _unverifiable(stmt)
+            if why:
+                raise CaseFailed(f"unverifiable test, {why}")
+            await self.child.exec(ast.unparse(stmt), self._bind_for(stmt, local))
+            for name in _names_bound(stmt):
+                local.pop(name, None)
+                self.values.pop(name, None)
+                self.child_names.add(name)
+
+    async def _eval_here(self, node: ast.expr, local: dict[str, Any]) -> Any:
+        """`node`'s value when it needs no probe (an assignment of it then stays out of the
+        sandbox), else _UNRESOLVED."""
+        self.no_probes = True
+        try:
+            return await self._eval(node, local)
+        except _NeedsProbe:
+            return _UNRESOLVED
+        finally:
+            self.no_probes = False
+
+    def _store(self, name: str, value: Any, local: dict[str, Any]) -> None:
+        self.child_names.discard(name)
+        if name in local:
+            local[name] = value
+        else:
+            self.values[name] = value
+
+    async def _import(self, stmt: ast.Import | ast.ImportFrom, local: dict[str, Any]) -> None:
+        await self.child.exec(ast.unparse(stmt), {})
+        for alias in stmt.names:
+            bound = (alias.asname or alias.name).split(".")[0]
+            self.child_names.discard(bound)
+            if isinstance(stmt, ast.Import) and alias.name in TRUSTED_MODULES:
+                self.values[bound] = _Module(alias.name)
+            elif isinstance(stmt, ast.ImportFrom) and stmt.module in TRUSTED_MODULES and stmt.level == 0:
+                table = TRUSTED_MODULES[stmt.module]
+                if alias.name in table:
+                    self.values[bound] = table[alias.name]
+                else:
+                    self.child_names.add(bound)
+            else:
+                self.values.pop(bound, None)
+                self.child_names.add(bound)
+
+    # -- expressions ------------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise CaseFailed(f"more than {MAX_STEPS} steps in one case")
+
+    async def _truth(self, node: ast.expr, local: dict[str, Any]) -> bool:
+        return bool(await self._eval(node, local))
+
+    def _resolve(self, name: str, local: dict[str, Any]) -> Any:
+        if name in local:
+            return local[name]
+        if name in self.values:
+            return self.values[name]
+        if name in self.child_names:
+            return _UNRESOLVED
+        return SAFE_FUNCS.get(name, _UNRESOLVED)
+
+    async def _eval(self, node: ast.expr, local: dict[str, Any]) -> Any:
+        self._step()
+        if isinstance(node, ast.Constant):
+            if not isinstance(node.value, _PLAIN_CONSTANTS):
+                raise CaseFailed(f"unsupported constant {node.value!r}")
+            return node.value
+        if isinstance(node, ast.Name):
+            value = self._resolve(node.id, local)
+            return await self._probe(node, local) if value is _UNRESOLVED else value
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            if any(isinstance(e, ast.Starred) for e in node.elts):
+                return await self._probe(node, local)
+            items = [await self._eval(e, local) for e in node.elts]
+            return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](items)
+        if isinstance(node, ast.Dict):
+            if any(k is None for k in node.keys):
+                return await self._probe(node, local)
+            return {
+                await self._eval(k, local): await self._eval(v, local)
+                for k, v in zip(node.keys, node.values, strict=True)
+                if k is not None
+            }
+        if isinstance(node, ast.UnaryOp):
+            return _UNARY[type(node.op)](await self._eval(node.operand, local))
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _binop(node.op, await self._eval(node.left, local), await self._eval(node.right, local))
+        if isinstance(node, ast.BoolOp):
+            result: Any = None
+            for value_node in node.values:
+                result = await self._eval(value_node, local)
+                if isinstance(node.op, ast.And) != bool(result):
+                    return result
+            return result
+        if isinstance(node, ast.Compare):
+            left = await self._eval(node.left, local)
+            for op, right_node in zip(node.ops, node.comparators, strict=True):
+                right = await self._eval(right_node, local)
+                if not _COMPARE[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.IfExp):
+            chosen = node.body if await self._truth(node.test, local) else node.orelse
+            return await self._eval(chosen, local)
+        if isinstance(node, ast.Subscript):
+            container = await self._eval(node.value, local)
+            return container[await self._index(node.slice, local)]
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            owner = self._resolve(node.value.id, local)
+            if isinstance(owner, _Module) and (attr := owner.get(node.attr)) is not _UNRESOLVED:
+                return attr
+        if isinstance(node, ast.Call):
+            return await self._call(node, local)
+        if isinstance(node, _COMPREHENSIONS) and all(_target_names(g.target) for g in node.generators):
+            return await self._comprehension(node, local)
+        return await self._probe(node, local)
+
+    async def _index(self, node: ast.expr, local: dict[str, Any]) -> Any:
+        if isinstance(node, ast.Slice):
+            parts = [
+                None if p is None else await self._eval(p, local) for p in (node.lower, node.upper, node.step)
+            ]
+            return slice(*parts)
+        return await self._eval(node, local)
+
+    async def _call(self, node: ast.Call, local: dict[str, Any]) -> Any:
+        func: Any = _UNRESOLVED
+        if isinstance(node.func, ast.Name):
+            func = self._resolve(node.func.id, local)
+        elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+            owner = self._resolve(node.func.value.id, local)
+            if isinstance(owner, _Module):
+                func = owner.get(node.func.attr)
+        plain_args = not any(isinstance(a, (ast.Starred, ast.Lambda)) for a in node.args) and not any(
+            k.arg is None or isinstance(k.value, ast.Lambda) for k in node.keywords
+        )
+        if func is _UNRESOLVED or not callable(func) or not plain_args:
+            return await self._probe(node, local)
+        if func in (all, any) and len(node.args) == 1 and isinstance(node.args[0], ast.GeneratorExp):
+            want = func is any
+            async for item in self._generate(node.args[0], local):
+                if bool(item) == want:
+                    return want
+            return not want
+        args = [await self._eval(a, local) for a in node.args]
+        kwargs = {k.arg: await self._eval(k.value, local) for k in node.keywords if k.arg is not None}
+        return func(*args, **kwargs)
+
+    async def _iterate(self, node: ast.expr, local: dict[str, Any]) -> list[Any]:
+        items = []
+        for item in _as_iterable(await self._eval(node, local)):
+            self._step()
+            items.append(item)
+        return items
+
+    async def _generate(
+        self, node: ast.GeneratorExp | ast.ListComp | ast.SetComp, local: dict[str, Any]
+    ) -> Any:
+        async for scope in self._scopes(node.generators, 0, dict(local)):
+            yield await self._eval(node.elt, scope)
+
+    async def _scopes(self, gens: list[ast.comprehension], i: int, scope: dict[str, Any]) -> Any:
+        if i == len(gens):
+            yield scope
+            return
+        gen = gens[i]
+        for item in await self._iterate(gen.iter, scope):
+            inner = dict(scope)
+            _bind(gen.target, item, inner)
+            if all([await self._truth(cond, inner) for cond in gen.ifs]):
+                async for deeper in self._scopes(gens, i + 1, inner):
+                    yield deeper
+
+    async def _comprehension(self, node: ast.expr, local: dict[str, Any]) -> Any:
+        if isinstance(node, ast.DictComp):
+            out = {}
+            async for scope in self._scopes(node.generators, 0, dict(local)):
+                out[await self._eval(node.key, scope)] = await self._eval(node.value, scope)
+            return out
+        assert isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp))
+        items = [item async for item in self._generate(node, local)]
+        return set(items) if isinstance(node, ast.SetComp) else items
+
+    def _bind_for(self, node: ast.AST, local: dict[str, Any]) -> dict[str, Any]:
+        """The values the sandbox needs for `node`: those of the names it uses that live here."""
+        bind = {}
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id not in bind:
+                value = local.get(sub.id, self.values.get(sub.id, _UNRESOLVED))
+                if value is not _UNRESOLVED and not isinstance(value, _Module) and not callable(value):
+                    bind[sub.id] = encode(value)
+        return bind
+
+    async def _probe(self, node: ast.expr, local: dict[str, Any]) -> Any:
+        if self.no_probes:
+            raise _NeedsProbe
+        self._step()
+        return await self.child.eval(ast.unparse(node), self._bind_for(node, local))
+
+
+class _Unresolved:
+    pass
+
+
+class _NeedsProbe(Exception):
+    pass
+
+
+_UNRESOLVED: Any = _Unresolved()
+
+
+@dataclass(frozen=True)
+class _Module:
+    name: str
+
+    def get(self, attr: str) -> Any:
+        table = TRUSTED_MODULES[self.name]
+        return table[attr] if attr in table else _UNRESOLVED
+
+
+def _target_names(target: ast.expr) -> list[str] | None:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        names: list[str] = []
+        for elt in target.elts:
+            sub = _target_names(elt)
+            if sub is None:
+                return None
+            names += sub
+        return names
+    return None
+
+
+def _bind(target: ast.expr, value: Any, scope: dict[str, Any]) -> None:
+    if isinstance(target, ast.Name):
+        scope[target.id] = value
+        return
+    assert isinstance(target, (ast.Tuple, ast.List))
+    items = list(_as_iterable(value))
+    if len(items) != len(target.elts):
+        raise CaseFailed(f"cannot unpack {len(items)} values into {len(target.elts)}")
+    for elt, item in zip(target.elts, items, strict=True):
+        _bind(elt, item, scope)
+
+
+def _as_iterable(value: Any) -> Iterable[Any]:
+    if isinstance(value, (str, bytes, bytearray, list, tuple, set, frozenset, dict, range)):
+        return value
+    if isinstance(value, (Iterator, enumerate, zip)):
+        return value
+    raise CaseFailed(f"a {type(value).__name__} is not iterable")
+
+
+def normalize_output(text: str) -> list[str]:
+    """stdout as compared: surrounding whitespace and each line's trailing whitespace ignored."""
+    return [line.rstrip() for line in text.strip().splitlines()]

@@ -1,0 +1,101 @@
+"""Strict decoding of what the sandbox sends back. Trusted side; no untrusted code runs here.
+
+`decode_value` turns the wire form written by `_sandbox_runner.encode` into plain builtin data:
+None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset, dict, and
+nothing else. Exact JSON types only (a subclass, an unknown tag, a NaN token, a wrong arity, an
+unhashable key, more than `MAX_DEPTH` levels or `MAX_ITEMS` items) raise `BadValue`, so a value
+whose comparisons lie cannot exist on this side. `parse_frame` does the same for one reply frame.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_DEPTH = 64
+MAX_ITEMS = 1_000_000
+_SEQUENCES: dict[str, type] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+REPLY_KEYS = frozenset({"id", "error", "value", "stdout", "exit", "truncated"})
+
+
+class BadValue(ValueError):
+    """The sandbox sent something that is not a well-formed plain value: a failed test."""
+
+
+def _reject_constant(token: str) -> Any:
+    raise BadValue(f"non-standard JSON token {token}")
+
+
+def parse_frame(data: bytes) -> dict[str, Any]:
+    """One reply frame: a JSON object with only the known keys and an int "id"."""
+    try:
+        obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BadValue(f"undecodable reply: {exc}") from None
+    if type(obj) is not dict or type(obj.get("id")) is not int or not set(obj) <= REPLY_KEYS:
+        raise BadValue("malformed reply")
+    return obj
+
+
+def decode_value(obj: Any) -> Any:
+    counter = [0]
+    return _decode(obj, 0, counter)
+
+
+def _decode(obj: Any, depth: int, counter: list[int]) -> Any:
+    counter[0] += 1
+    if depth > MAX_DEPTH or counter[0] > MAX_ITEMS:
+        raise BadValue("value too deep or too large")
+    kind = type(obj)
+    if obj is None or kind in (bool, int, str):
+        return obj
+    if kind is float:
+        if not math.isfinite(obj):
+            raise BadValue("non-finite float outside its tag")
+        return obj
+    if kind is not list or len(obj) != 2 or type(obj[0]) is not str:
+        raise BadValue(f"not a plain value: {type(obj).__name__}")
+    tag, body = obj
+    try:
+        return _decode_tagged(tag, body, depth, counter)
+    except (TypeError, ValueError, OverflowError) as exc:
+        if isinstance(exc, BadValue):
+            raise
+        raise BadValue(f"bad {tag!r} value: {exc}") from None
+
+
+def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int]) -> Any:
+    if tag == "int":
+        if type(body) is not str or not body or body.lstrip("-") == "" or len(body) > 1 << 16:
+            raise BadValue("bad int")
+        return int(body, 16)
+    if tag == "float":
+        if body not in ("nan", "inf", "-inf"):
+            raise BadValue("bad float")
+        return float(body)
+    if tag == "complex":
+        if type(body) is not list or len(body) != 2:
+            raise BadValue("bad complex")
+        parts = [_decode(p, depth + 1, counter) for p in body]
+        if any(type(p) not in (int, float) for p in parts):
+            raise BadValue("bad complex")
+        return complex(parts[0], parts[1])
+    if tag in ("bytes", "bytearray"):
+        if type(body) is not str:
+            raise BadValue("bad bytes")
+        raw = bytes.fromhex(body)
+        return raw if tag == "bytes" else bytearray(raw)
+    if type(body) is not list:
+        raise BadValue(f"bad {tag}")
+    if tag == "dict":
+        out: dict[Any, Any] = {}
+        for pair in body:
+            if type(pair) is not list or len(pair) != 2:
+                raise BadValue("bad dict item")
+            out[_decode(pair[0], depth + 1, counter)] = _decode(pair[1], depth + 1, counter)
+        return out
+    kind = _SEQUENCES.get(tag)
+    if kind is None:
+        raise BadValue(f"unknown tag {tag!r}")
+    return kind(_decode(v, depth + 1, counter) for v in body)

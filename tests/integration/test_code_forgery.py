@@ -1,0 +1,247 @@
+"""Forged rewards in the `code` environment: each technique in FORGERIES scores 0 through a real
+verifier over gRPC, in every sandbox mode this machine can run, while honest code scores 1.0 and
+partial credit still counts. The verdict is computed in the verifier, so none of these can work
+by construction; the corpus proves the construction holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollmesh.mesh.server import MeshServer
+from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry.roots import BUILTIN_ROOT
+from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig, binding
+from rollmesh.verifier.sandbox import Sandbox
+from rollmesh.verifier.service import VerifierService
+from rollmesh_client import Client, aio_channel
+
+StartServer = Callable[..., Awaitable[MeshServer]]
+LIMITS = SandboxLimits(wall_s=6.0, cpu_s=4, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
+
+# Tests whose answers a constant cannot satisfy; the honest solution passes them all.
+ADD_TESTS = [
+    "assert add(2, 3) == 5",
+    "assert add(-7, 4) == -3",
+    "assert add(10**12, 1) == 10**12 + 1",
+    "assert abs(add(0.1, 0.2) - 0.3) < 1e-9",
+    "assert all(add(x, x) == 2 * x for x in range(5))",
+    "assert isinstance(add(1, 1), int) and not add(-3, 3) and add(1, 1) == 2",
+]
+HONEST = "def add(a, b):\n    return a + b\n"
+IO_TESTS = {"inputs": ["3 4\n", "-2 5\n", "7 7\n"], "outputs": ["12\n", "-10\n", "49\n"]}
+IO_HONEST = "a, b = map(int, input().split())\nprint(a * b)\n"
+
+_FRAME = (
+    "import json, struct\n"
+    "def frame(ident, **body):\n"
+    "    data = json.dumps({'id': ident, **body}).encode()\n"
+    "    return struct.pack('>I', len(data)) + data\n"
+)
+
+FORGERIES: dict[str, str] = {
+    # objects whose comparisons always succeed
+    "eq_always_true": (
+        "class Yes:\n    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
+        "    def __lt__(self, other): return True\n    def __bool__(self): return True\n"
+        "def add(a, b):\n    return Yes()\n"
+    ),
+    "int_subclass_eq": (
+        "class Liar(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\n"
+        "    def __sub__(self, other): return Liar(0)\n    def __abs__(self): return 0\n"
+        "def add(a, b):\n    return Liar(0)\n"
+    ),
+    # patching what the tests rely on
+    "patch_builtins": (
+        "import builtins, operator\n"
+        "builtins.abs = lambda x: 0\nbuiltins.all = lambda it: True\nbuiltins.isinstance = lambda *a: True\n"
+        "operator.eq = lambda a, b: True\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+        "abs = builtins.abs\nall = builtins.all\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    # reaching the harness: its objects, its reply channel
+    "hijack_runner_object": (
+        "import gc\n"
+        "for obj in gc.get_objects():\n"
+        "    if type(obj).__name__ == 'Runner':\n"
+        "        obj.handle = lambda req: {'value': True, 'passed': 6, 'total': 6}\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    "forge_reply_frames": _FRAME
+    + (
+        "import os\n"
+        "def add(a, b):\n"
+        "    for fd in range(3, 64):\n"
+        "        for ident in range(64):\n"
+        "            try:\n"
+        "                os.write(fd, frame(ident, value=True))\n"
+        "            except OSError:\n"
+        "                break\n"
+        "    return 0\n"
+    ),
+    "forge_reply_after_answer": _FRAME
+    + (
+        "import os, gc\n"
+        "fd = [o for o in gc.get_objects() if type(o).__name__ == 'Runner'][0].reply_fd\n"
+        "def add(a, b):\n"
+        "    os.write(fd, frame(999, value=a + b) + frame(1000, passed=6, total=6))\n"
+        "    return 0\n"
+    ),
+    "monkeypatch_json_encoder": (
+        "import json, sys\n"
+        "real = json.dumps\n"
+        "def forged(obj, *a, **k):\n"
+        "    return real({'id': obj.get('id'), 'value': True} if isinstance(obj, dict) else obj, *a, **k)\n"
+        "json.dumps = forged\n"
+        "sys.modules['__main__'].encode = lambda value, depth=0: True\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    # printing a verdict
+    "print_fake_verdict": (
+        "import json, os, sys\n"
+        "line = json.dumps({'passed': 6, 'total': 6, 'cases': [{'ok': True}] * 6})\n"
+        "for stream in (sys.stdout, sys.stderr):\n"
+        "    print('0' * 32 + line, file=stream, flush=True)\n"
+        "for fd in (1, 2):\n    os.write(fd, ('\\n' + 'f' * 32 + line + '\\n').encode())\n"
+        "def add(a, b):\n    print('all tests passed')\n    return 0\n"
+    ),
+    # leaving early
+    "sys_exit_0_at_load": "import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b\n",
+    "os_exit_0_in_call": "import os\ndef add(a, b):\n    os._exit(0)\n",
+    "raise_special_exceptions": (
+        "calls = [0]\n"
+        "def add(a, b):\n"
+        "    calls[0] += 1\n"
+        "    raise [SystemExit(0), KeyboardInterrupt(), GeneratorExit(), StopIteration(5), "
+        "BaseException('pass')][calls[0] % 5]\n"
+    ),
+    # the process itself
+    "kill_the_parent": (
+        "import os, posix, signal\n"
+        "def add(a, b):\n"
+        "    for pid in (os.getppid(), 1, -1):\n"
+        "        try:\n            posix.kill(pid, signal.SIGKILL)\n"
+        "        except OSError:\n            pass\n"
+        "    return 0\n"
+    ),
+    "signal_tricks": (
+        "import os, posix, signal\n"
+        "for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGXCPU):\n"
+        "    signal.signal(sig, signal.SIG_IGN)\n"
+        "def interrupt(signum, frame):\n    raise SystemExit(0)\n"
+        "signal.signal(signal.SIGALRM, interrupt)\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)  # lands inside the runner's own code\n"
+        "def add(a, b):\n    posix.kill(os.getpid(), signal.SIGSTOP)\n    return 0\n"
+    ),
+    # looking for the expected values
+    "read_expected_anywhere": (
+        "import os, re, sys\n"
+        "blobs = [' '.join(sys.argv).encode(), repr(dict(os.environ)).encode()]\n"
+        "paths = ['/proc/self/cmdline', '/proc/self/environ', '/proc/1/cmdline', '/proc/1/environ']\n"
+        "paths += [os.path.join(d, n) for d in ('.', '/sandbox', '/tmp') if os.path.isdir(d) "
+        "for n in os.listdir(d)]\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n        paths += [f'/proc/{pid}/cmdline', f'/proc/{pid}/environ']\n"
+        "for fd in range(0, 64):\n"
+        "    try:\n        blobs.append(os.read(fd, 1 << 16))\n    except OSError:\n        pass\n"
+        "for p in paths:\n"
+        "    try:\n        blobs.append(open(p, 'rb').read(1 << 20))\n    except OSError:\n        pass\n"
+        "nums = [int(n) for n in re.findall(rb'== *(-?\\d+)\\b', b'\\n'.join(blobs))]\n"
+        "def add(a, b):\n    return nums.pop(0) if nums else 0\n"
+    ),
+    # sizes
+    "oversized_value": "def add(a, b):\n    return list(range(3_000_000))\n",
+    "oversized_output": "def add(a, b):\n    print('5' * 10_000_000)\n    return 0\n",
+    "deep_value": "def add(a, b):\n    v = []\n    for _ in range(100_000):\n        v = [v]\n    return v\n",
+}
+
+HOST_ATTACKS = {"kill_the_parent"}
+IO_FORGERIES: dict[str, str] = {
+    "io_write_fd1_directly": "import os\nos.write(1, b'12\\n-10\\n49\\n')\n",
+    "io_read_requests": "import os\nprint(os.read(0, 1 << 16).decode())\n",
+    "io_exit_early": "import os\nos._exit(0)\n",
+    "io_fake_verdict": "print('all tests passed')\nprint({'passed': 3, 'total': 3})\n",
+    "io_patch_print": "import builtins\nbuiltins.print = lambda *a, **k: None\nprint(input())\n",
+}
+
+
+def _modes() -> list[str]:
+    return ["namespaces", "process"]
+
+
+@pytest.fixture(params=_modes())
+async def verifier(
+    request: pytest.FixtureRequest, start_server: StartServer
+) -> AsyncIterator[tuple[Client, MeshServer, str]]:
+    mode = str(request.param)
+    sandbox = SandboxConfig(isolation=mode, concurrency=2, limits=LIMITS, allow_unsafe_process=True)
+    if mode == "namespaces":
+        ok, why = await Sandbox(sandbox).probe()
+        if not ok:
+            pytest.skip(f"namespaces are not available here: {why}")
+    cfg = VerifierConfig(sandbox=sandbox)
+    roots = RootsConfig(Path("/nonexistent"), (), BUILTIN_ROOT, False)
+    svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
+    await svc.start()
+    server = await start_server([binding(svc)])
+    client = await Client.connect(verifier=server.address, timeout_s=60)
+    try:
+        yield client, server, mode
+    finally:
+        await client.close()
+        await svc.aclose()
+
+
+async def _healthy(address: str) -> bool:
+    async with aio_channel(address) as ch:
+        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+async def _reward(
+    client: Client, tests: object, code: str, *, partial: bool = False
+) -> tuple[float, dict[str, Any]]:
+    task = {"verifier_metadata": {"tests": tests, "partial_credit": partial}}
+    r = await client.verifier.verify("code", task, f"```python\n{code}```")
+    return r.reward, json.loads(r.details_json)
+
+
+async def test_forgery_corpus_scores_zero(verifier: tuple[Client, MeshServer, str]) -> None:
+    client, server, mode = verifier
+    assert len(FORGERIES) + len(IO_FORGERIES) >= 10
+    honest, details = await _reward(client, ADD_TESTS, HONEST)
+    assert honest == 1.0, details
+    for name, code in FORGERIES.items():
+        if name in HOST_ATTACKS and mode == "process":
+            continue  # kill(-1) from `process` mode reaches every process of its uid on this shared box
+        for partial in (False, True):
+            reward, details = await _reward(client, ADD_TESTS, code, partial=partial)
+            assert reward == 0.0, (name, partial, details)
+        assert await _healthy(server.address), name
+    for name, code in IO_FORGERIES.items():
+        reward, details = await _reward(client, IO_TESTS, code, partial=True)
+        assert reward == 0.0, (name, details)
+    honest, details = await _reward(client, ADD_TESTS, HONEST)
+    assert honest == 1.0, details
+    io_honest, details = await _reward(client, IO_TESTS, IO_HONEST)
+    assert io_honest == 1.0, details
+
+
+async def test_partial_credit_still_counts(verifier: tuple[Client, MeshServer, str]) -> None:
+    client, _, _ = verifier
+    wrong_on_negatives = "def add(a, b):\n    return abs(a) + abs(b)\n"
+    reward, details = await _reward(client, ADD_TESTS, wrong_on_negatives, partial=True)
+    assert details["status"] == "ok" and details["total"] == len(ADD_TESTS), details
+    assert reward == pytest.approx(4 / 6), details  # add(-7, 4) and add(-3, 3) are wrong
+    assert [c["ok"] for c in details["cases"]] == [True, False, True, True, True, False]
+    strict, _ = await _reward(client, ADD_TESTS, wrong_on_negatives)
+    assert strict == 0.0
+    io_partial, details = await _reward(
+        client, IO_TESTS, "a, b = map(int, input().split())\nprint(abs(a * b))\n", partial=True
+    )
+    assert io_partial == pytest.approx(2 / 3), details

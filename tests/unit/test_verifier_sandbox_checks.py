@@ -1,0 +1,156 @@
+"""The trusted checker and value decoder: what is computed in the verifier, what is asked of the
+sandbox (recorded by a child that evaluates in-process, standing in for the runner), and what is
+refused. The real sandbox is exercised in tests/integration/test_code_forgery.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rollmesh.verifier._sandbox_runner import decode_loose, encode
+from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError
+from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
+
+
+class RecordingChild:
+    """Runs what the checker sends in a plain namespace, as the runner would, and records it."""
+
+    def __init__(self, solution: str) -> None:
+        self.globals: dict[str, Any] = {}
+        exec(solution, self.globals)
+        self.sent: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def exec(self, src: str, bind: dict[str, Any]) -> None:
+        self.sent.append(("exec", src, bind))
+        scope = {**self.globals, **{k: decode_loose(v) for k, v in bind.items()}}
+        exec(src, scope)
+        self.globals.update({k: v for k, v in scope.items() if k not in bind})
+
+    async def eval(self, src: str, bind: dict[str, Any]) -> Any:
+        self.sent.append(("eval", src, bind))
+        scope = {**self.globals, **{k: decode_loose(v) for k, v in bind.items()}}
+        try:
+            return decode_value(encode(eval(src, scope)))
+        except (TypeError, ValueError) as exc:
+            raise ProbeError(str(exc)) from None
+
+
+SOLUTION = """
+def add(a, b):
+    return a + b
+def pairs(n):
+    return [(i, i * i) for i in range(n)]
+def gen(n):
+    yield from range(n)
+class Stack:
+    def __init__(self): self.items = []
+    def push(self, x): self.items.append(x)
+    def pop(self): return self.items.pop()
+"""
+
+
+async def passes(child: RecordingChild, case: str) -> bool:
+    try:
+        await Checker(child).check(case)
+    except (CaseFailed, ProbeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("case", "ok"),
+    [
+        ("assert add(1, 2) == 3", True),
+        ("assert add(1, 2) == 4", False),
+        ("assert add(1, 2) != 4 and not add(0, 0)", True),
+        ("assert pairs(3) == [(0, 0), (1, 1), (2, 4)]", True),
+        ("assert pairs(2) == [[0, 0], [1, 1]]", False),  # tuples are not lists, as in Python
+        ("assert list(gen(3)) == [0, 1, 2] and sorted(gen(3), reverse=True) == [2, 1, 0]", True),
+        ("assert all(add(x, y) == x + y for x in range(3) for y in range(3) if x != y)", True),
+        ("assert any(add(x, 1) == 10 for x in range(5))", False),
+        ("for a, b in [(1, 2), (3, 4)]:\n    assert add(a, b) == a + b", True),
+        ("import math\nassert math.isclose(add(0.1, 0.2), 0.3)", True),
+        ("from math import isclose\nassert isclose(add(0.1, 0.2), 0.3)", True),
+        ("assert abs(add(0.1, 0.2) - 0.3) < 1e-9", True),
+        ("s = Stack()\ns.push(5)\ns.push(6)\nassert s.pop() == 6\nassert s.pop() == 5", True),
+        ("expected = 55\nassert add(50, 5) == expected", True),
+        ("assert add('a', 'b') == 'ab' and add(b'a', b'b') == b'ab'", True),
+        ("assert add({1}, set()) == {1}", False),  # TypeError in the sandbox: a failed test
+        ("assert add(True, 0) == 1 and isinstance(add(1, 1), int)", True),
+        ("raise ValueError('x')", False),
+    ],
+)
+async def test_verdicts(case: str, ok: bool) -> None:
+    assert await passes(RecordingChild(SOLUTION), case) is ok
+
+
+async def test_expected_values_never_reach_the_child() -> None:
+    child = RecordingChild(SOLUTION)
+    case = (
+        "expected = [123456, 654321]\n"
+        "for x, want in [(1, 777001), (2, 777002)]:\n    assert add(x, 0) == want"
+    )
+    assert not await passes(child, case)
+    sent = repr(child.sent)
+    assert "777001" not in sent and "777002" not in sent and "123456" not in sent
+    assert [op for op, _, _ in child.sent] == ["eval"]  # the loop stopped at the first failure
+    assert child.sent[0][1:] == ("add(x, 0)", {"x": 1})
+
+
+async def test_builtins_rebound_by_the_solution_are_not_used() -> None:
+    child = RecordingChild("def add(a, b): return 0\nall = lambda it: True\nabs = lambda x: 0\n")
+    assert not await passes(child, "assert all(add(x, 1) == x + 1 for x in range(3))")
+    assert not await passes(child, "assert abs(add(0.1, 0.2) - 0.3) < 1e-9")
+
+
+async def test_asserts_that_would_run_in_the_sandbox_are_refused() -> None:
+    child = RecordingChild(SOLUTION)
+    case = "def check(f):\n    assert f(1, 2) == 3\ncheck(add)"
+    with pytest.raises(CaseFailed, match="unverifiable"):
+        await Checker(child).check(case)
+    assert child.sent == []
+
+
+async def test_sizes_are_bounded_on_the_trusted_side() -> None:
+    child = RecordingChild("def big(): return 10**6\n")
+    with pytest.raises(CaseFailed, match="too large"):
+        await Checker(child).check("assert 10 ** big() > 0")
+    with pytest.raises(CaseFailed, match="too large"):
+        await Checker(child).check("assert len('x' * big() * big()) > 0")
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        ["weird", 1],
+        ["list", "notalist"],
+        ["int", "zz"],
+        ["float", "1.5"],
+        ["dict", [[["list", []], 1]]],  # unhashable key
+        ["set", [["list", []]]],
+        {"a": 1},
+        ["list", [1, 2], 3],
+    ],
+)
+def test_decoder_rejects_anything_but_plain_values(wire: Any) -> None:
+    with pytest.raises(BadValue):
+        decode_value(wire)
+
+
+def test_codec_round_trips_plain_values() -> None:
+    value = {
+        "a": (1, 2.5, None, True),
+        3: frozenset({b"x"}),
+        (1, 2): [float("inf"), 2**200, -(2**70), 1 + 2j, bytearray(b"z"), "é"],
+    }
+    assert decode_value(encode(value)) == value
+    decoded = decode_value(encode(value))
+    assert type(decoded[(1, 2)][2]) is int and type(decoded["a"]) is tuple
+
+
+def test_reply_frames_are_strict() -> None:
+    assert parse_frame(b'{"id": 3, "value": 1}') == {"id": 3, "value": 1}
+    for bad in (b'{"id": "3"}', b'{"id": 1, "passed": 5}', b"[1]", b'{"id": 1, "value": NaN}', b"\xff"):
+        with pytest.raises(BadValue):
+            parse_frame(bad)
