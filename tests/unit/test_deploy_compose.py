@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -233,7 +234,7 @@ def rollmesh_commands(services: dict[str, dict[str, Any]]) -> Iterator[tuple[str
             yield name, cmd[1:]
     header = [line for line in COMPOSE.read_text().splitlines() if line.startswith("#")]
     for line in header:
-        m = re.search(r"docker compose exec \S+ (rollmesh .+?)\s*$", line)
+        m = re.search(r"docker compose (?:-p \S+ )?exec \S+ (rollmesh .+?)\s*$", line)
         if m:
             yield "header comment", m.group(1).split()[1:]
 
@@ -253,7 +254,7 @@ def test_every_rollmesh_command_and_option_used_exists_in_the_cli(
     services: dict[str, dict[str, Any]], cli: Command
 ) -> None:
     used = list(rollmesh_commands(services))
-    assert {name for name, _ in used} >= set(SERVICES)
+    assert {name for name, _ in used} >= {*SERVICES, "header comment"}
     for where, argv in used:
         cmd, rest = resolve_command(cli, argv)
         opts = {o for p in cmd.params if p.param_type_name == "option" for o in (*p.opts, *p.secondary_opts)}
@@ -322,12 +323,14 @@ def test_the_image_ships_what_the_compose_file_runs(services: dict[str, dict[str
         if tok.startswith("/opt/rollmesh/")
     }
     assert referenced == {"/opt/rollmesh/healthcheck.py", "/opt/rollmesh/ray-join.sh"}
+    copies = [line.split()[1:] for line in dockerfile.splitlines() if line.startswith("COPY ")]
     for path in referenced:
-        assert re.search(rf"^COPY deploy/{Path(path).name} {re.escape(path)}$", dockerfile, re.M), path
+        target = str(Path(path).parent) + "/"
+        assert any(f"deploy/{Path(path).name}" in c[:-1] and c[-1] in (path, target) for c in copies), path
     users = {svc.get("user") for svc in services.values()} - {None}
     for user in users:
         assert re.search(rf"useradd --create-home --uid \d+ (--gid \S+ )?{user}\b", dockerfile), user
-    assert "FROM ${PYTHON_IMAGE}" in dockerfile and "ARG PYTHON_IMAGE=python:3.11-slim" in dockerfile
+    assert "FROM ${BASE_IMAGE}" in dockerfile and "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
     assert "pip uninstall -y torchvision torchaudio torchcodec" in dockerfile
     script = DEPLOY / "ray-join.sh"
     assert script.stat().st_mode & 0o111, "ray-join.sh must be executable"
@@ -443,3 +446,46 @@ async def test_healthcheck_fails_with_the_reason_when_nothing_listens(start_serv
     await server.stop(grace=0)
     code, err = await run_healthcheck(address, "--timeout", "1")
     assert code == 1 and "UNAVAILABLE" in err and address in err
+
+
+# ------------------------------------------------------------------------------------------------
+# Building where no registry is reachable (deploy/local-docker.sh): base image, network, local wheels
+
+
+def test_the_build_takes_its_base_image_from_the_caller_and_uses_the_hosts_network(
+    raw_compose: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    build = raw_compose["x-build"]
+    assert build["args"]["BASE_IMAGE"] == "${BASE_IMAGE:-python:3.11-slim}"
+    for name, svc in services.items():
+        # A daemon without a default bridge (deploy/local-docker.sh) gives RUN steps no network else.
+        assert svc["build"]["network"] == "host", name
+    assert "name" not in raw_compose, "docker-compose 1.29 rejects a top-level `name`"
+
+
+def test_the_image_installs_into_a_venv_from_the_lock_local_wheels_and_extra_cas() -> None:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    assert "python3 -m venv /opt/venv" in text and "PATH=/opt/venv/bin:$PATH" in text
+    assert re.search(r"pip install --find-links /opt/wheels \$\{PIP_EXTRA\}\s+-c /tmp/constraints.txt", text)
+    assert "--lock requirements.lock" in text
+    assert "COPY deploy/wheels/ /opt/wheels/" in text
+    assert "COPY deploy/certs/ /usr/local/share/ca-certificates/rollmesh/" in text
+    assert "update-ca-certificates" in text
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert "deploy/wheels/*.whl" in ignored and "deploy/certs/*.crt" in ignored
+
+
+@pytest.mark.skipif(
+    shutil.which("docker-compose") is None, reason="docker-compose (v1, Debian's) is not installed here"
+)
+def test_docker_compose_v1_accepts_the_file_with_and_without_the_gpu_profile() -> None:
+    for extra in ([], ["--profile", "gpu"]):
+        res = subprocess.run(
+            ["docker-compose", "-f", str(COMPOSE), *extra, "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=DEPLOY,
+        )
+        assert res.returncode == 0, res.stderr

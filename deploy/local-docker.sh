@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Make Docker usable for the rollmesh container stack on a machine that has none, and no registry.
+#
+#   eval "$(deploy/local-docker.sh)"      # as root; prints `export DOCKER_HOST=... BASE_IMAGE=...`
+#   cd deploy && $ROLLMESH_COMPOSE up -d --build
+#
+# Contract (every step is skipped when what it makes is already there, so a second run takes seconds):
+#   1. A daemon already reachable (DOCKER_HOST or the default socket) is used as it is: nothing is
+#      installed or started, and BASE_IMAGE stays the Dockerfile's default (the official Python image)
+#      unless ROLLMESH_LOCAL_BASE=1 asks for the local one (a daemon that reaches no registry).
+#   2. Otherwise: docker.io, docker-compose and debootstrap are installed from Debian's packages when
+#      missing; a private dockerd is started (no iptables, no default bridge; user-defined networks
+#      work) with its layers under $ROLLMESH_DOCKER_ROOT (default /var/lib/rollmesh-docker), so they are
+#      cached between runs; overlay2 when the kernel mounts overlay, vfs otherwise.
+#   3. The base image rollmesh-base:bookworm (Python 3.11) is made once with debootstrap from the
+#      Debian mirror apt already uses, then imported (`docker import`); no registry is needed.
+#   4. pip's find-links wheels (the CPU torch build lies there on such machines) are copied into
+#      deploy/wheels/ (ROLLMESH_WHEELS_DIR), which the image build installs from; the CA bundle the
+#      host's pip trusts (PIP_CERT, pip's `cert`, SSL_CERT_FILE: a TLS-inspecting proxy's CA lives
+#      there) into deploy/certs/ (ROLLMESH_CERTS_DIR), which the image build adds to its trust store.
+# stdout carries only `export` lines (for eval); progress goes to stderr. Every wait is bounded.
+# Exit status: 0 ready, 1 a step failed (the line before says which), 2 not root when something must
+# be installed or started.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="${ROLLMESH_DOCKER_ROOT:-/var/lib/rollmesh-docker}"
+RUN_DIR="${ROLLMESH_DOCKER_RUN:-/run/rollmesh-docker}"
+SOCKET="$RUN_DIR/docker.sock"
+BASE_TAG="${ROLLMESH_BASE_TAG:-rollmesh-base:bookworm}"
+SUITE="${ROLLMESH_BASE_SUITE:-bookworm}"
+DAEMON_WAIT_S="${ROLLMESH_DOCKERD_WAIT_S:-90}"
+
+log() { printf 'local-docker: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then
+    log "must run as root to $1"
+    exit 2
+  fi
+}
+
+daemon_answers() { timeout 20 docker info >/dev/null 2>&1; }
+
+apt_updated=0
+apt_install() {
+  need_root "install $*"
+  if [ "$apt_updated" = 0 ]; then
+    log "apt-get update"
+    timeout 600 apt-get update -q >&2 || die "apt-get update failed"
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  # policy-rc.d 101: the packages must not try to start their own daemon (there may be no init).
+  local policy=/usr/sbin/policy-rc.d created_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 0755 "$policy" && created_policy=1
+  fi
+  DEBIAN_FRONTEND=noninteractive timeout 1200 apt-get install -y -q --no-install-recommends "$@" >&2 \
+    || { [ "$created_policy" = 1 ] && rm -f "$policy"; die "apt-get install $* failed"; }
+  [ "$created_policy" = 1 ] && rm -f "$policy"
+  return 0
+}
+
+compose_command() {
+  if docker compose version >/dev/null 2>&1; then
+    echo "docker compose"
+  elif command -v docker-compose >/dev/null 2>&1; then
+    echo "docker-compose"
+  fi
+}
+
+# The Debian mirror apt uses (deb822 sources first, then the one-line format).
+debian_mirror() {
+  if [ -n "${DEBIAN_MIRROR:-}" ]; then echo "$DEBIAN_MIRROR"; return; fi
+  local uri
+  uri="$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)"
+  if [ -z "$uri" ]; then
+    uri="$(awk '$1 == "deb" && $0 ~ /debian\/? / {for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i; exit}}' \
+      /etc/apt/sources.list 2>/dev/null || true)"
+  fi
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+overlay_works() {
+  local probe
+  probe="$(mktemp -d "$ROOT/overlay-probe.XXXXXX")"
+  mkdir -p "$probe/l" "$probe/u" "$probe/w" "$probe/m"
+  local ok=1
+  if mount -t overlay overlay -o "lowerdir=$probe/l,upperdir=$probe/u,workdir=$probe/w" "$probe/m" 2>/dev/null; then
+    umount "$probe/m" && ok=0
+  fi
+  rm -rf "$probe"
+  return "$ok"
+}
+
+start_private_daemon() {
+  need_root "start dockerd"
+  command -v dockerd >/dev/null 2>&1 || apt_install docker.io
+  mkdir -p "$ROOT" "$RUN_DIR"
+  local driver="${ROLLMESH_DOCKER_STORAGE_DRIVER:-}"
+  if [ -z "$driver" ]; then
+    if overlay_works; then driver=overlay2; else driver=vfs; fi
+  fi
+  log "starting dockerd (storage $driver, data $ROOT/data, socket $SOCKET, log $ROOT/dockerd.log)"
+  # setsid + nohup: the daemon outlives this script and the shell that ran it.
+  setsid nohup dockerd \
+    --iptables=false --ip-masq=false --bridge=none \
+    --storage-driver="$driver" \
+    --data-root "$ROOT/data" --exec-root "$RUN_DIR/exec" \
+    --pidfile "$RUN_DIR/dockerd.pid" \
+    -H "unix://$SOCKET" >>"$ROOT/dockerd.log" 2>&1 </dev/null &
+  local deadline=$((SECONDS + DAEMON_WAIT_S))
+  until daemon_answers; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      tail -n 20 "$ROOT/dockerd.log" >&2 || true
+      die "dockerd did not answer within ${DAEMON_WAIT_S}s (see $ROOT/dockerd.log)"
+    fi
+    sleep 1
+  done
+  log "dockerd is up"
+}
+
+make_base_image() {
+  if timeout 30 docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
+    log "base image $BASE_TAG is cached"
+    return
+  fi
+  command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
+  local mirror rootfs
+  mirror="$(debian_mirror)"
+  rootfs="$(mktemp -d "$ROOT/rootfs.XXXXXX")"
+  log "debootstrap $SUITE from $mirror into $rootfs"
+  timeout 1200 debootstrap --variant=minbase \
+    --include=python3,python3-venv,python3-pip,ca-certificates \
+    "$SUITE" "$rootfs" "$mirror" >"$ROOT/debootstrap.log" 2>&1 \
+    || { tail -n 20 "$ROOT/debootstrap.log" >&2; rm -rf "$rootfs"; die "debootstrap failed"; }
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  log "importing $rootfs as $BASE_TAG"
+  tar -C "$rootfs" -c . | timeout 600 docker import \
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$BASE_TAG" >/dev/null \
+    || { rm -rf "$rootfs"; die "docker import failed"; }
+  rm -rf "$rootfs"
+}
+
+# pip's find-links folders (pip config + PIP_FIND_LINKS), whose wheels the build context must carry.
+copy_find_links_wheels() {
+  local dest="${ROLLMESH_WHEELS_DIR:-$HERE/wheels}" links dir copied=0
+  mkdir -p "$dest"
+  links="$( { python3 -m pip config list 2>/dev/null || true; } \
+    | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p")"
+  for dir in $links ${PIP_FIND_LINKS:-}; do
+    dir="${dir#file://}"
+    [ -d "$dir" ] || continue
+    for whl in "$dir"/*.whl; do
+      [ -e "$whl" ] || continue
+      if [ ! -e "$dest/$(basename "$whl")" ]; then
+        cp "$whl" "$dest/" && copied=$((copied + 1))
+      fi
+    done
+  done
+  log "deploy/wheels: $copied wheel(s) copied from pip's find-links, $(find "$dest" -name '*.whl' | wc -l) in total"
+}
+
+# The CA bundle the host's pip trusts, so that pip in the build trusts the same proxies.
+copy_pip_ca_bundle() {
+  local dest="${ROLLMESH_CERTS_DIR:-$HERE/certs}" bundle
+  mkdir -p "$dest"
+  bundle="${PIP_CERT:-}"
+  if [ -z "$bundle" ]; then
+    bundle="$( { python3 -m pip config list 2>/dev/null || true; } | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -n 1)"
+  fi
+  bundle="${bundle:-${SSL_CERT_FILE:-}}"
+  if [ -n "$bundle" ] && [ -f "$bundle" ]; then
+    cp "$bundle" "$dest/host-ca-bundle.crt"
+    log "deploy/certs: the CA bundle $bundle is added to the build's trust store"
+  else
+    rm -f "$dest/host-ca-bundle.crt"
+  fi
+}
+
+main() {
+  local use_local_base="${ROLLMESH_LOCAL_BASE:-}"
+  command -v docker >/dev/null 2>&1 || apt_install docker.io
+  if [ "${DOCKER_HOST:-}" = "unix://$SOCKET" ] && daemon_answers; then
+    log "the private dockerd at $SOCKET is running"
+    use_local_base="${use_local_base:-1}"
+  elif daemon_answers; then
+    log "a Docker daemon is reachable (${DOCKER_HOST:-default socket}); using it as it is"
+  else
+    export DOCKER_HOST="unix://$SOCKET"
+    if daemon_answers; then
+      log "the private dockerd at $SOCKET is running"
+    else
+      start_private_daemon
+    fi
+    use_local_base="${use_local_base:-1}"
+  fi
+  if [ -z "$(compose_command)" ]; then apt_install docker-compose; fi
+  local compose
+  compose="$(compose_command)"
+  [ -n "$compose" ] || die "no docker compose after installing docker-compose"
+  copy_find_links_wheels
+  copy_pip_ca_bundle
+  if [ "$use_local_base" = 1 ]; then
+    make_base_image
+    echo "export BASE_IMAGE=$BASE_TAG"
+  fi
+  [ -n "${DOCKER_HOST:-}" ] && echo "export DOCKER_HOST=$DOCKER_HOST"
+  echo "export ROLLMESH_COMPOSE='$compose'"
+  log "ready: $(docker version --format '{{.Server.Version}}' 2>/dev/null) via ${DOCKER_HOST:-default socket}; compose: $compose"
+}
+
+main "$@"

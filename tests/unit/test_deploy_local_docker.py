@@ -1,0 +1,213 @@
+"""deploy/local-docker.sh, run for real against fake `docker`, `dockerd`, `debootstrap`, `apt-get`,
+`docker-compose`, `python3` (pip config) and `id` on PATH, each recording how it was called:
+
+- no daemon reachable: nothing installed that is present, a private dockerd started with the
+  options this machine kind needs (no iptables, no default bridge, its own data/exec roots and
+  socket), the base image made once with debootstrap and `docker import`, pip's find-links wheels
+  and CA bundle copied into the build context, and `export` lines for eval on stdout only;
+- a second run reuses the running daemon and the cached base image;
+- a daemon that is already reachable is used as it is: nothing started, no local base image;
+- a dockerd that never answers fails within its bound; a non-root user gets exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "deploy" / "local-docker.sh"
+MIRROR = "http://mirror.invalid/debian"
+
+FAKES = {
+    "docker": r"""#!/bin/sh
+echo "docker $*" >> "$FAKE_STATE/calls"
+case "$1" in
+  info) test -f "$FAKE_STATE/daemon" && [ "$(cat "$FAKE_STATE/daemon")" = "${DOCKER_HOST:-}" ] ;;
+  image) test -f "$FAKE_STATE/imported" ;;
+  import) cat > "$FAKE_STATE/imported.tar"; echo "$*" > "$FAKE_STATE/imported"; echo sha256:0 ;;
+  version) echo 20.10.24-fake ;;
+  *) exit 1 ;;
+esac
+""",
+    "dockerd": r"""#!/bin/sh
+echo "$*" >> "$FAKE_STATE/dockerd.calls"
+[ -n "${FAKE_DOCKERD_HANGS:-}" ] && exit 0
+while [ $# -gt 0 ]; do
+  if [ "$1" = "-H" ]; then printf '%s' "$2" > "$FAKE_STATE/daemon"; fi
+  shift
+done
+""",
+    "debootstrap": r"""#!/bin/sh
+echo "$*" >> "$FAKE_STATE/debootstrap.calls"
+eval "target=\${$(($# - 1))}"
+mkdir -p "$target/usr/bin" "$target/var/cache/apt/archives"
+echo '#!/bin/sh' > "$target/usr/bin/python3"
+touch "$target/var/cache/apt/archives/python3.deb"
+""",
+    "apt-get": """#!/bin/sh
+echo "apt-get $*" >> "$FAKE_STATE/calls"
+exit 1
+""",
+    "docker-compose": """#!/bin/sh
+echo "docker-compose version 1.29.2"
+""",
+    "python3": """#!/bin/sh
+[ "$*" = "-m pip config list" ] && cat "$FAKE_STATE/pip-config"
+""",
+    "id": """#!/bin/sh
+echo "${FAKE_UID:-0}"
+""",
+}
+
+
+@dataclass
+class Machine:
+    """A fake machine: PATH with the fakes, the script's folders, and what the fakes recorded."""
+
+    tmp: Path
+    state: Path
+    env: dict[str, str]
+
+    def run(self, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(SCRIPT)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def lines(self, name: str) -> list[str]:
+        path = self.state / name
+        return path.read_text().splitlines() if path.exists() else []
+
+    @property
+    def root(self) -> Path:
+        return self.tmp / "root"
+
+    @property
+    def socket(self) -> str:
+        return f"unix://{self.tmp / 'run' / 'docker.sock'}"
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Machine:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in FAKES.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    links = tmp_path / "find-links"
+    links.mkdir()
+    (links / "torch-2.0+cpu-cp311-none-any.whl").write_bytes(b"wheel")
+    ca = tmp_path / "proxy-ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n")
+    (state / "pip-config").write_text(f"global.find-links='{links}'\nglobal.cert='{ca}'\n")
+    keep = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "TMPDIR")}
+    env = {
+        **keep,
+        "PATH": f"{bin_dir}:/usr/bin:/bin:/usr/sbin:/sbin",
+        "FAKE_STATE": str(state),
+        "ROLLMESH_DOCKER_ROOT": str(tmp_path / "root"),
+        "ROLLMESH_DOCKER_RUN": str(tmp_path / "run"),
+        "ROLLMESH_DOCKER_STORAGE_DRIVER": "vfs",
+        "ROLLMESH_DOCKERD_WAIT_S": "20",
+        "ROLLMESH_WHEELS_DIR": str(tmp_path / "context" / "wheels"),
+        "ROLLMESH_CERTS_DIR": str(tmp_path / "context" / "certs"),
+        "DEBIAN_MIRROR": MIRROR,
+    }
+    return Machine(tmp_path, state, env)
+
+
+def exports(stdout: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in stdout.splitlines():
+        assert line.startswith("export "), f"stdout must hold only export lines, got {line!r}"
+        key, _, value = line.removeprefix("export ").partition("=")
+        out[key] = value.strip("'")
+    return out
+
+
+def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(machine: Machine) -> None:
+    first = machine.run()
+    assert first.returncode == 0, first.stderr
+    assert exports(first.stdout) == {
+        "BASE_IMAGE": "rollmesh-base:bookworm",
+        "DOCKER_HOST": machine.socket,
+        "ROLLMESH_COMPOSE": "docker-compose",
+    }
+    (dockerd,) = machine.lines("dockerd.calls")
+    args = dockerd.split()
+    for flag in ("--iptables=false", "--bridge=none", "--storage-driver=vfs"):
+        assert flag in args, dockerd
+    assert args[args.index("--data-root") + 1] == str(machine.root / "data")
+    assert args[args.index("--exec-root") + 1] == str(machine.tmp / "run" / "exec")
+    assert args[args.index("-H") + 1] == machine.socket
+    (debootstrap,) = machine.lines("debootstrap.calls")
+    boot = debootstrap.split()
+    assert boot[:2] == ["--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates"]
+    assert boot[2] == "bookworm" and boot[4] == MIRROR
+    assert not Path(boot[3]).exists(), "the rootfs folder is removed after the import"
+    assert "rollmesh-base:bookworm" in machine.lines("imported")[0].split()
+    with tarfile.open(machine.state / "imported.tar") as tar:
+        names = tar.getnames()
+    assert "./usr/bin/python3" in names
+    assert not [n for n in names if n.endswith(".deb")], "apt's package cache is not imported"
+    context = machine.tmp / "context"
+    assert (context / "wheels" / "torch-2.0+cpu-cp311-none-any.whl").read_bytes() == b"wheel"
+    assert "BEGIN CERTIFICATE" in (context / "certs" / "host-ca-bundle.crt").read_text()
+    assert not [c for c in machine.lines("calls") if c.startswith("apt-get")], "nothing was missing"
+
+    second = machine.run()
+    assert second.returncode == 0, second.stderr
+    assert exports(second.stdout) == exports(first.stdout)
+    assert len(machine.lines("dockerd.calls")) == 1, "the running private daemon is reused"
+    assert len(machine.lines("debootstrap.calls")) == 1, "the base image is cached"
+    assert "is cached" in second.stderr
+
+
+def test_a_reachable_daemon_is_used_as_it_is(machine: Machine) -> None:
+    (machine.state / "daemon").write_text("unix:///var/run/elsewhere.sock")
+    machine.env["DOCKER_HOST"] = "unix:///var/run/elsewhere.sock"
+    res = machine.run()
+    assert res.returncode == 0, res.stderr
+    assert exports(res.stdout) == {
+        "DOCKER_HOST": "unix:///var/run/elsewhere.sock",
+        "ROLLMESH_COMPOSE": "docker-compose",
+    }
+    assert not machine.lines("dockerd.calls") and not machine.lines("debootstrap.calls")
+
+
+def test_a_dockerd_that_never_answers_fails_within_its_bound(machine: Machine) -> None:
+    machine.env["FAKE_DOCKERD_HANGS"] = "1"
+    machine.env["ROLLMESH_DOCKERD_WAIT_S"] = "2"
+    started = time.monotonic()
+    res = machine.run()
+    assert res.returncode == 1
+    assert "did not answer within 2s" in res.stderr
+    assert time.monotonic() - started < 30
+    assert res.stdout == ""
+
+
+def test_a_non_root_user_is_told_and_nothing_is_started(machine: Machine) -> None:
+    machine.env["FAKE_UID"] = "1000"
+    res = machine.run()
+    assert res.returncode == 2
+    assert "must run as root to start dockerd" in res.stderr
+    assert not machine.lines("dockerd.calls")
+
+
+def test_the_script_parses() -> None:
+    assert SCRIPT.stat().st_mode & 0o111, "local-docker.sh must be executable"
+    res = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
