@@ -34,7 +34,7 @@ def _addr_option(service: str) -> Any:
     return typer.Option(
         f"--{service}",
         envvar=var.name,
-        help=f"{service.capitalize()} host:port [default: {var.default}].",
+        help=f"{service.capitalize()} host:port (default: {var.default}).",
         show_default=False,
     )
 

@@ -6,9 +6,12 @@ reported with the job id and the exact command that resumes it), and the final m
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import shlex
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
 # Options `rollmesh run` and `rollmesh jobs submit` share, declared once.
 Benchmark = Annotated[str, typer.Option("--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")]
+Dataset = Annotated[str, typer.Option("--dataset", "-d", help="Dataset artifact name or JSONL path.")]
 Environment = Annotated[str, typer.Option("--environment", "-e", help="Environment name.")]
 NumRepeats = Annotated[int, typer.Option("--num-repeats", "-n", help="Rollouts per task (k of pass@k).")]
 Limit = Annotated[int, typer.Option("--limit", help="Only the first N tasks (0 = all).")]
@@ -42,7 +46,7 @@ OutputDir = Annotated[
     typer.Option(
         "--output-dir",
         "-o",
-        help="Where <job-id>/ folders go [default: the scheduler's results root, runs/].",
+        help="Where <job-id>/ folders go (default: the scheduler's results root, runs/).",
     ),
 ]
 Resume = Annotated[
@@ -108,6 +112,51 @@ class SpecOptions:
     job_id: str = ""  # resume exactly this job
     resume_latest: bool = False  # resume the newest unfinished job with the same settings
     allowed_failures: str = ""
+
+
+# (parameter, option, default, SpecOptions field): the job options of `run` and `jobs submit`, once.
+_JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
+    ("benchmark", Benchmark, "", "benchmark"),
+    ("dataset", Dataset, "", "dataset"),
+    ("environment", Environment, "", "environment"),
+    ("num_repeats", NumRepeats, 0, "num_repeats"),
+    ("limit", Limit, 0, "limit"),
+    ("shard", ShardOpt, "", "shard"),
+    ("concurrency", Concurrency, 0, "concurrency"),
+    ("max_steps", MaxSteps, 0, "max_steps"),
+    ("temperature", Temperature, None, "temperature"),
+    ("top_p", TopP, None, "top_p"),
+    ("max_tokens", MaxTokens, None, "max_tokens"),
+    ("seed", Seed, 0, "starting_seed"),
+    ("allowed_failures", AllowedFailures, "", "allowed_failures"),
+    ("max_attempts", MaxAttempts, 0, "max_attempts"),
+    ("rollout_timeout", RolloutTimeout, 0.0, "rollout_timeout_s"),
+    ("unavailable_budget", UnavailableBudget, 0.0, "unavailable_budget_s"),
+    ("output_dir", OutputDir, "", "output_dir"),
+    ("resume", Resume, False, "resume_latest"),
+    ("job_id", JobId, "", "job_id"),
+)
+
+
+def job_command(func: Callable[..., None]) -> Callable[..., None]:
+    """Give a typer command the job options `run` and `jobs submit` share (declared once, above);
+    the command receives them as `job: SpecOptions`, after its own parameters."""
+    own = inspect.signature(func, eval_str=True)
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
+        for name, option, default, _ in _JOB_OPTIONS
+    ]
+    params = shared + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
+    params = [p for p in params if p.name != "job"]
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> None:
+        job = SpecOptions(**{field: kwargs.pop(name) for name, _, _, field in _JOB_OPTIONS})
+        func(job=job, **kwargs)
+
+    command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    setattr(command, "__signature__", own.replace(parameters=params))  # noqa: B010 (typer reads it)
+    return command
 
 
 def build_spec(o: SpecOptions) -> pb.JobSpec:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -20,28 +21,11 @@ from rollmesh.commands._common import (
     serve_app,
 )
 from rollmesh.commands._jobs import (
-    AllowedFailures,
-    Benchmark,
-    Concurrency,
-    Environment,
     Followed,
-    JobId,
-    Limit,
-    MaxAttempts,
-    MaxSteps,
-    MaxTokens,
-    NumRepeats,
-    OutputDir,
-    Resume,
-    RolloutTimeout,
-    Seed,
-    ShardOpt,
     SpecOptions,
-    Temperature,
-    TopP,
-    UnavailableBudget,
     build_spec,
     exit_for_followed,
+    job_command,
     resume_command,
     submit_and_follow,
 )
@@ -105,29 +89,10 @@ def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
 
 
 @jobs_app.command("submit")
+@job_command
 def submit(
-    benchmark: Benchmark = "",
-    dataset: Annotated[
-        str, typer.Option("--dataset", "-d", help="Dataset artifact name or JSONL path.")
-    ] = "",
-    environment: Environment = "",
+    job: SpecOptions,
     model: Annotated[str, typer.Option("--model", "-m", help="Model or gateway route.")] = "",
-    num_repeats: NumRepeats = 0,
-    limit: Limit = 0,
-    shard: ShardOpt = "",
-    concurrency: Concurrency = 0,
-    max_steps: MaxSteps = 0,
-    temperature: Temperature = None,
-    top_p: TopP = None,
-    max_tokens: MaxTokens = None,
-    seed: Seed = 0,
-    allowed_failures: AllowedFailures = "",
-    max_attempts: MaxAttempts = 0,
-    rollout_timeout: RolloutTimeout = 0.0,
-    unavailable_budget: UnavailableBudget = 0.0,
-    output_dir: OutputDir = "",
-    resume: Resume = False,
-    job_id: JobId = "",
     sink_grpc: Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")] = "",
     request_id: Annotated[str, typer.Option("--request-id", help="Idempotency key.")] = "",
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
@@ -136,31 +101,7 @@ def submit(
     as_json: JsonOut = False,
 ) -> None:
     """Submit a job (prints the job; with --wait, a progress bar, then the final state)."""
-    spec = build_spec(
-        SpecOptions(
-            benchmark=benchmark,
-            dataset=dataset,
-            environment=environment,
-            model=model,
-            num_repeats=num_repeats,
-            limit=limit,
-            shard=shard,
-            concurrency=concurrency,
-            max_steps=max_steps,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            starting_seed=seed,
-            output_dir=output_dir,
-            sink_grpc=sink_grpc,
-            max_attempts=max_attempts,
-            rollout_timeout_s=rollout_timeout,
-            unavailable_budget_s=unavailable_budget,
-            job_id=job_id,
-            resume_latest=resume,
-            allowed_failures=allowed_failures,
-        )
-    )
+    spec = build_spec(replace(job, model=model, sink_grpc=sink_grpc))
 
     async def go() -> Followed:
         async with await connect(scheduler=scheduler, api_key=api_key) as c:
@@ -174,20 +115,26 @@ def submit(
         exit_for_followed(followed, scheduler)
 
 
-@jobs_app.command("status")
-def status(
-    job_id: Annotated[str, typer.Argument(help="The job id.")],
-    scheduler: SchedulerAddr = "",
-    api_key: ApiKey = "",
-    as_json: JsonOut = False,
-) -> None:
-    """A job's state and progress."""
+JobIdArg = Annotated[str, typer.Argument(help="The job id.")]
+
+
+def _one_job(action: str, job_id: str, scheduler: str, api_key: str, as_json: bool) -> None:
+    """`status` / `cancel`: one call about one job, shown as a table (or JSON)."""
 
     async def go() -> pb.Job:
         async with await connect(scheduler=scheduler, api_key=api_key) as c:
-            return await c.scheduler.get(job_id)
+            job: pb.Job = await getattr(c.scheduler, action)(job_id)
+            return job
 
     _show(run(go()), as_json, scheduler)
+
+
+@jobs_app.command("status")
+def status(
+    job_id: JobIdArg, scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: JsonOut = False
+) -> None:
+    """A job's state and progress (and, when it can be resumed, the command that does it)."""
+    _one_job("get", job_id, scheduler, api_key, as_json)
 
 
 @jobs_app.command("list")
@@ -219,23 +166,15 @@ def list_jobs(scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: Json
 
 @jobs_app.command("cancel")
 def cancel(
-    job_id: Annotated[str, typer.Argument(help="The job id.")],
-    scheduler: SchedulerAddr = "",
-    api_key: ApiKey = "",
-    as_json: JsonOut = False,
+    job_id: JobIdArg, scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: JsonOut = False
 ) -> None:
     """Stop a job; rollouts already written stay."""
-
-    async def go() -> pb.Job:
-        async with await connect(scheduler=scheduler, api_key=api_key) as c:
-            return await c.scheduler.cancel(job_id)
-
-    _show(run(go()), as_json, scheduler)
+    _one_job("cancel", job_id, scheduler, api_key, as_json)
 
 
 @jobs_app.command("stream")
 def stream(
-    job_id: Annotated[str, typer.Argument(help="The job id.")],
+    job_id: JobIdArg,
     offset: Annotated[int, typer.Option("--offset", help="Skip the first N rollouts.")] = 0,
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Wait for new rollouts.")] = True,
     failures: Annotated[bool, typer.Option("--failures", help="Include failures at the end.")] = False,

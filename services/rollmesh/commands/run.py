@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -15,28 +16,11 @@ import typer
 from rollmesh.commands._common import ApiKey, JsonOut, connect, err, fail, print_json, run
 from rollmesh.commands._exit import failure_summary_dicts
 from rollmesh.commands._jobs import (
-    AllowedFailures,
-    Benchmark,
-    Concurrency,
-    Environment,
     Followed,
-    JobId,
-    Limit,
-    MaxAttempts,
-    MaxSteps,
-    MaxTokens,
-    NumRepeats,
-    OutputDir,
-    Resume,
-    RolloutTimeout,
-    Seed,
-    ShardOpt,
     SpecOptions,
-    Temperature,
-    TopP,
-    UnavailableBudget,
     build_spec,
     exit_for_followed,
+    job_command,
     metrics_dict,
     show_metrics,
     submit_and_follow,
@@ -47,29 +31,12 @@ if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
 
+@job_command
 def _run(
-    benchmark: Benchmark = "",
+    job: SpecOptions,
     input_file: Annotated[
         str, typer.Option("--input", "-i", help="Ad-hoc NeMo Gym-format JSONL (needs --environment).")
     ] = "",
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset artifact name.")] = "",
-    environment: Environment = "",
-    num_repeats: NumRepeats = 0,
-    limit: Limit = 0,
-    shard: ShardOpt = "",
-    concurrency: Concurrency = 0,
-    max_steps: MaxSteps = 0,
-    temperature: Temperature = None,
-    top_p: TopP = None,
-    max_tokens: MaxTokens = None,
-    seed: Seed = 0,
-    allowed_failures: AllowedFailures = "",
-    max_attempts: MaxAttempts = 0,
-    rollout_timeout: RolloutTimeout = 0.0,
-    unavailable_budget: UnavailableBudget = 0.0,
-    output_dir: OutputDir = "",
-    resume: Resume = False,
-    job_id: JobId = "",
     model: Annotated[
         str,
         typer.Option(
@@ -94,15 +61,16 @@ def _run(
     as_json: JsonOut = False,
 ) -> None:
     """Run a job of rollouts and print its metrics (embedded mesh by default)."""
-    if not (benchmark or input_file or dataset or job_id):
+    if not (job.benchmark or input_file or job.dataset or job.job_id):
         fail(
             "give --benchmark NAME, or --input FILE.jsonl with --environment NAME (or --job-id ID to resume)"
         )
+    dataset, output_dir = job.dataset, job.output_dir
     if input_file:
         path = Path(input_file)
         if not path.is_file():
             fail(f"--input {input_file!r} is not a file")
-        if not environment:
+        if not job.environment:
             fail("--input needs --environment (which environment verifies these rows?)")
         dataset = str(path.resolve())
     if not scheduler:  # the embedded scheduler shares this folder: make it absolute
@@ -110,28 +78,7 @@ def _run(
 
         output_dir = str(Path(output_dir or DEFAULT_OUTPUT_DIR).resolve())
     spec = build_spec(
-        SpecOptions(
-            benchmark=benchmark,
-            dataset=dataset,
-            environment=environment,
-            model="" if not base_url else model,
-            num_repeats=num_repeats,
-            limit=limit,
-            shard=shard,
-            concurrency=concurrency,
-            max_steps=max_steps,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            starting_seed=seed,
-            output_dir=output_dir,
-            max_attempts=max_attempts,
-            rollout_timeout_s=rollout_timeout,
-            unavailable_budget_s=unavailable_budget,
-            job_id=job_id,
-            resume_latest=resume,
-            allowed_failures=allowed_failures,
-        )
+        replace(job, dataset=dataset, output_dir=output_dir, model="" if not base_url else model)
     )
 
     # Stdout carries only the result: anything Ray, vLLM or a library prints while the mesh runs
