@@ -123,18 +123,20 @@ async def _watch(mesh: object, stop: asyncio.Event) -> None:
 
 
 def status(
-    registry: RegistryAddr = "127.0.0.1:50051",
-    verifier: VerifierAddr = "127.0.0.1:50052",
-    gateway: GatewayAddr = "127.0.0.1:50053",
-    scheduler: SchedulerAddr = "127.0.0.1:50054",
+    registry: RegistryAddr = "",
+    verifier: VerifierAddr = "",
+    gateway: GatewayAddr = "",
+    scheduler: SchedulerAddr = "",
     api_key: ApiKey = "",
     timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds per check.")] = 3.0,
     as_json: JsonOut = False,
 ) -> None:
     """Each service's address and health, with replicas for the gateway. Exit 1 if any is down."""
     from rollmesh.launch.status import mesh_status
+    from rollmesh.mesh.config import service_addr
 
-    addrs = {"registry": registry, "verifier": verifier, "gateway": gateway, "scheduler": scheduler}
+    given = {"registry": registry, "verifier": verifier, "gateway": gateway, "scheduler": scheduler}
+    addrs = {svc: addr or service_addr(svc) for svc, addr in given.items()}
     statuses = run(mesh_status(addrs, api_key=api_key or None, timeout_s=timeout_s))
     if as_json:
         print_json(
