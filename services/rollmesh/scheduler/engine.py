@@ -38,6 +38,7 @@ from rollmesh.scheduler.agent import (
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.deadline import AdaptiveDeadline
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
@@ -105,17 +106,25 @@ class Hooks:
 
 
 class _WatchedModel:
-    """The model port as the job sees it: marks the gateway reachable or not for the outage budget,
-    and feeds each turn's latency to the adaptive limiter (when there is one)."""
+    """The model port as the job sees it: each call under the adaptive deadline (deadline.py), the
+    gateway marked reachable or not for the outage budget, each turn's latency fed to the adaptive
+    limiter (when there is one)."""
 
     def __init__(
-        self, inner: ModelPort, outages: Outages, limiter: Limiter | None, clock: Callable[[], float]
+        self,
+        inner: ModelPort,
+        outages: Outages,
+        deadline: AdaptiveDeadline,
+        limiter: Limiter | None,
+        clock: Callable[[], float],
     ) -> None:
-        self._inner, self._outages, self._limiter, self._clock = inner, outages, limiter, clock
+        self._inner, self._outages, self._deadline = inner, outages, deadline
+        self._limiter, self._clock = limiter, clock
 
     async def generate(self, call: GenerateCall) -> Turn:
         t0 = self._clock()
-        turn = await _watch(self._outages, GATEWAY, self._inner.generate(call))
+        async with self._deadline.guard():
+            turn = await _watch(self._outages, GATEWAY, self._inner.generate(call))
         if self._limiter is not None:
             self._limiter.observe(self._clock() - t0)
         return turn
@@ -192,8 +201,15 @@ class JobRun:
             AUTO_START if conc == 0 else conc, adaptive=conc == 0, max_limit=max(conc, AUTO_MAX)
         )
         self.outages = Outages(self.policy.unavailable_budget_s, clock=self.hooks.clock)
+        p = self.policy
+        self.deadline = AdaptiveDeadline(
+            multiplier=p.attempt_deadline_multiplier,
+            floor_s=p.attempt_deadline_floor_s,
+            ceiling_s=p.rollout_timeout_s,
+            enabled=not p.fixed_attempt_deadline,
+        )
         self.model: ModelPort = _WatchedModel(
-            model, self.outages, self.limiter if conc == 0 else None, self.hooks.clock
+            model, self.outages, self.deadline, self.limiter if conc == 0 else None, self.hooks.clock
         )
         self.env: EnvPort = _WatchedEnv(env, self.outages)
         self.backoff = Backoff(self.policy, rand=self.hooks.rand)

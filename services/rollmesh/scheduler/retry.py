@@ -9,6 +9,9 @@ RetryInfo; upstream 5xx, 429 (waiting at least its RetryInfo), timeouts, dropped
 unreachable upstream. Not retryable: upstream 4xx and auth failures, and everything else
 (INVALID_ARGUMENT from the model, a bad tool name, an internal error): they fail the rollout at once.
 
+A model call cut by the adaptive deadline (deadline.py, reason MODEL_CALL_DEADLINE) is retried at
+once, without a backoff: one hung call is not a sign of overload.
+
 Outages: an error saying a service is unreachable (UNAVAILABLE with no reason, BACKEND_UNAVAILABLE,
 UPSTREAM_UNREACHABLE) is an `outage` error. It does not use up the rollout's attempts: the rollout
 waits (backoff capped at OUTAGE_MAX_BACKOFF_S) and tries again while the job's `Outages` say the
@@ -48,6 +51,7 @@ UPSTREAM_PERMANENT = frozenset({"UPSTREAM_REJECTED", "UPSTREAM_AUTH_FAILED"})  #
 # UNAVAILABLE with one of these reasons means the callee (or what it serves) cannot be reached.
 OUTAGE_REASONS = frozenset({"", UNAVAILABLE, "BACKEND_UNAVAILABLE", "UPSTREAM_UNREACHABLE"})
 OUTAGE_MAX_BACKOFF_S = 2.0
+MODEL_CALL_DEADLINE = "MODEL_CALL_DEADLINE"  # deadline.ModelCallDeadline's reason: retried without a wait
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,9 @@ async def with_retry(
                 continue
             if not err.retryable or n >= policy.max_attempts:
                 raise RolloutFailed(err, n) from exc
-            delay = backoff.delay(n, err.retry_after_s)
+            # A call cut by the adaptive deadline hung alone (many cuts raise the deadline instead):
+            # try again at once, as a hedge would, rather than hold the slot through a backoff.
+            delay = 0.0 if err.name == MODEL_CALL_DEADLINE else backoff.delay(n, err.retry_after_s)
             if on_retry is not None:
                 on_retry(err, n, delay)
             await sleep(delay)

@@ -1,0 +1,118 @@
+"""The per-call deadline of model calls, following observed latency (#12.5).
+
+A hung model call must not hold a concurrency slot for the whole `rollout_timeout_s`. Each model
+call runs under `AdaptiveDeadline.guard()`, whose deadline is
+
+    clamp(multiplier x p99 of the last `window` successful call latencies, floor_s, ceiling_s)
+
+(defaults 4 x p99, floor 2 s, ceiling = `retry.rollout_timeout_s`). Until `warmup` calls have
+finished the deadline is the ceiling. When the estimate changes, calls already in flight are
+re-deadlined too (measured from their own start), so a call that hung before the first estimate
+is cut as soon as there is one. A call that times out raises `ModelCallDeadline`
+(DEADLINE_EXCEEDED, reason MODEL_CALL_DEADLINE: the retry policy tries the rollout again) and its
+latency is not a sample; when more than `TOO_MANY_TIMEOUTS` of the recent calls time out (the
+model got slower, not a few hung calls), the deadline doubles, up to the ceiling, until
+successful samples move the estimate again.
+Timing uses the event loop's clock (what `asyncio.timeout` schedules on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator
+
+from rollmesh.mesh.errors import DeadlineExceeded
+
+
+class ModelCallDeadline(DeadlineExceeded):
+    """A model call outlived the adaptive deadline (retryable, like every DEADLINE_EXCEEDED)."""
+
+    reason = "MODEL_CALL_DEADLINE"
+
+
+TOO_MANY_TIMEOUTS = 0.05  # fraction of the last OUTCOMES calls
+OUTCOMES = 200
+RECOMPUTE_EVERY = 16  # successful samples between two estimates
+
+
+class AdaptiveDeadline:
+    def __init__(
+        self,
+        *,
+        multiplier: float,
+        floor_s: float,
+        ceiling_s: float,
+        window: int = 512,
+        warmup: int = 20,
+        enabled: bool = True,
+    ) -> None:
+        self.multiplier = multiplier
+        self.floor_s = min(floor_s, ceiling_s)
+        self.ceiling_s = ceiling_s
+        self.warmup = warmup
+        self.enabled = enabled
+        self.current_s = ceiling_s
+        self.timeouts = 0  # calls cut by this deadline, in all
+        self._samples: collections.deque[float] = collections.deque(maxlen=window)
+        self._outcomes: collections.deque[bool] = collections.deque(maxlen=OUTCOMES)  # True: timed out
+        self._since_estimate = 0
+        self._active: dict[int, tuple[float, asyncio.Timeout]] = {}
+
+    @contextlib.asynccontextmanager
+    async def guard(self) -> AsyncIterator[None]:
+        """Run the body under the current deadline; it may be moved while the body runs."""
+        if not self.enabled:
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        cm = asyncio.timeout_at(start + self.current_s)
+        try:
+            async with cm:
+                self._active[id(cm)] = (start, cm)
+                try:
+                    yield
+                finally:
+                    del self._active[id(cm)]
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            self._timed_out()
+            raise ModelCallDeadline(
+                f"the model call took over {loop.time() - start:.2f} s: the adaptive deadline "
+                f"({self.multiplier:g} x recent p99 {self.p99():.3f} s, at least {self.floor_s:g} s)"
+            ) from None
+        self._observe(loop.time() - start)
+
+    def _observe(self, latency_s: float) -> None:
+        self._samples.append(latency_s)
+        self._outcomes.append(False)
+        self._since_estimate += 1
+        if len(self._samples) >= self.warmup and (
+            self._since_estimate >= RECOMPUTE_EVERY or len(self._samples) == self.warmup
+        ):
+            self._since_estimate = 0
+            self._set(self.multiplier * self.p99())
+
+    def _timed_out(self) -> None:
+        self.timeouts += 1
+        self._outcomes.append(True)
+        cut = sum(self._outcomes)
+        if cut >= 3 and cut > TOO_MANY_TIMEOUTS * len(self._outcomes):
+            self._outcomes.clear()
+            self._set(self.current_s * 2)
+
+    def p99(self) -> float:
+        ordered = sorted(self._samples)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+    def _set(self, deadline_s: float) -> None:
+        new = min(self.ceiling_s, max(self.floor_s, deadline_s))
+        if new == self.current_s:
+            return
+        self.current_s = new
+        for start, cm in list(self._active.values()):
+            if not cm.expired():
+                cm.reschedule(start + new)
