@@ -128,6 +128,7 @@ def test_upstream_failure_classes_name_the_cause_and_decide_retries() -> None:
         (_upstream(U, "BACKEND_UNAVAILABLE"), "BACKEND_UNAVAILABLE", True, True),
         (_upstream(U, ""), "UNAVAILABLE", True, True),  # transport: the gateway itself is unreachable
         (_upstream(U, "SINK_UNAVAILABLE"), "SINK_UNAVAILABLE", True, False),
+        (_upstream(grpc.StatusCode.CANCELLED, ""), "CANCELLED", True, True),  # the server stopped under us
     ]
     for exc, name, retryable, outage in cases:
         err = classify(exc)

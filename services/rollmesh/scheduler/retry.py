@@ -12,12 +12,12 @@ unreachable upstream. Not retryable: upstream 4xx and auth failures, and everyth
 A model call cut by the adaptive deadline (deadline.py, reason MODEL_CALL_DEADLINE) is retried at
 once, without a backoff: one hung call is not a sign of overload.
 
-Outages: an error saying a service is unreachable (UNAVAILABLE with no reason, BACKEND_UNAVAILABLE,
-UPSTREAM_UNREACHABLE) is an `outage` error. It does not use up the rollout's attempts: the rollout
-waits (backoff capped at OUTAGE_MAX_BACKOFF_S) and tries again while the job's `Outages` say the
-service has been unreachable for less than `unavailable_budget_s`; past the budget it fails with
-`OUTAGE_EXHAUSTED` set, and the engine stops the job. The clock and the randomness are
-injectable so tests never sleep.
+Outages: an error saying a service is unreachable (UNAVAILABLE with no reason,
+BACKEND_UNAVAILABLE, UPSTREAM_UNREACHABLE; CANCELLED with no reason: the server stopped under the
+call) is an `outage` error. It does not use up the rollout's attempts: the rollout waits (backoff
+capped at OUTAGE_MAX_BACKOFF_S) and tries again while the job's `Outages` say the service has been
+unreachable for less than `unavailable_budget_s`; past the budget it fails with `budget_exhausted`
+set, and the engine stops the job. The clock and the randomness are injectable so tests never sleep.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ T = TypeVar("T")
 UNAVAILABLE = "UNAVAILABLE"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+CANCELLED = "CANCELLED"
 
 # The gateway's upstream reasons (an OpenAI-compatible server behind it).
 UPSTREAM_RETRYABLE = frozenset(
@@ -103,6 +104,10 @@ def classify(exc: BaseException) -> ErrorClass:
         return ErrorClass(name, True, retry_after, message, outage=outage)
     if code_name == UNAVAILABLE:
         return ErrorClass(name, True, retry_after, message, outage=reason in OUTAGE_REASONS)
+    if code_name == CANCELLED and reason in ("", CANCELLED):
+        # An RPC cancelled by the other side (we cancel by cancelling our task, which is no error
+        # here): the server stopped under it, e.g. a restart. Same as unreachable.
+        return ErrorClass(name, True, retry_after, message, outage=True)
     if code_name == DEADLINE_EXCEEDED:
         return ErrorClass(name, True, retry_after, message)
     if code_name == RESOURCE_EXHAUSTED:
