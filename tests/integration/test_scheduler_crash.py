@@ -42,6 +42,9 @@ async def test_sigkill_mid_job_then_resume(start_server: StartServer, tmp_path: 
     before = (runs / job_id / "rollouts.jsonl").read_bytes()
     assert 0 < before.count(b"\n") < total
 
+    # a metrics.json left by an earlier run of the job must not stand for the interrupted one
+    (runs / job_id / "metrics.json").write_text('{"num_rollouts": 999999, "num_failures": 0}\n')
+
     async with scheduler_proc(tmp_path, "second", env) as (_, address):
         async with await Client.connect(scheduler=address) as c:
             stale = await c.scheduler.get(job_id)  # from job.json: it was running when the process died
@@ -49,6 +52,8 @@ async def test_sigkill_mid_job_then_resume(start_server: StartServer, tmp_path: 
             assert f"--job-id {job_id}" in stale.error and "resume_job_id" not in stale.error
             on_disk = check_exactly_once(runs / job_id, expected_keys(150, 4), job=stale, complete=False)
             assert stale.progress.done == len(on_disk.keys) > 0  # counted from disk, not 0/600
+            partial = await c.scheduler.metrics(job_id)  # from the files, not an earlier metrics.json
+            assert partial.num_rollouts == len(on_disk.rollout_keys)
             listed = [j async for j in c.scheduler.jobs()]  # a restarted scheduler lists its jobs
             assert [j.job_id for j in listed] == [job_id] and listed[0].state == stale.state
             # --resume: the scheduler finds the job with the same rollouts in its own results root

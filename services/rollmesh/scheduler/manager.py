@@ -467,7 +467,7 @@ class JobManager:
 
     async def metrics(self, job_id: str) -> Json:
         rec = await self.get(job_id)
-        if rec.finished and rec.has_file:
+        if rec.finished and rec.has_file and rec.state != INTERRUPTED:  # an interrupted run wrote none
             stored = await asyncio.to_thread(store.read_json, rec.directory / store.METRICS)
             if stored is not None:
                 return stored
