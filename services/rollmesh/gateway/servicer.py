@@ -9,8 +9,8 @@ from typing import Any
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.types import GenerateResult
-from rollmesh.mesh.errors import to_status
-from rollmesh.mesh.multiplex import AnswerLimit, Item, run_multiplexed
+from rollmesh.mesh.errors import RollmeshError, to_status
+from rollmesh.mesh.multiplex import Item, ItemMessages, run_multiplexed
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
@@ -24,6 +24,14 @@ MANY_CONCURRENCY = 65_536
 def _timeout(context: Any) -> float | None:
     remaining = context.time_remaining()
     return None if remaining is None else float(remaining)
+
+
+def _many_answer(item_id: str, result: GenerateResult) -> pb.GenerateManyResponse:
+    return pb.GenerateManyResponse(id=item_id, response=convert.result_to_pb(result))
+
+
+def _many_error(item_id: str, exc: RollmeshError) -> pb.GenerateManyResponse:
+    return pb.GenerateManyResponse(id=item_id, error=to_status(exc))
 
 
 class GatewayServicer(pb_grpc.ModelGatewayServicer):
@@ -58,15 +66,9 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
                 elif req.cancel:
                     yield Item(req.id)
 
-        answers = AnswerLimit("generate")
+        messages = ItemMessages("generate", _many_answer, _many_error)
         async for item_id, outcome in run_multiplexed(items(), limit=MANY_CONCURRENCY, what="generate"):
-            if isinstance(outcome, GenerateResult):
-                answer = pb.GenerateManyResponse(id=item_id, response=convert.result_to_pb(outcome))
-                if (too_large := answers.refuse(answer)) is None:
-                    yield answer
-                    continue
-                outcome = too_large
-            yield pb.GenerateManyResponse(id=item_id, error=to_status(outcome))
+            yield messages(item_id, outcome)
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()

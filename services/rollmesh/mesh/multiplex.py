@@ -4,7 +4,7 @@ A stream message costs both ends a fraction of a unary RPC (no new HTTP/2 stream
 per-call interceptors), which is what a caller running a thousand rollouts a second needs. Items
 carry the caller's id; they run concurrently, at most `limit` at once, and results come back in
 completion order with that id. A per-item failure is that item's result (the stream goes on).
-`AnswerLimit` keeps it so for answers too: one larger than the message limit would break the write
+`ItemMessages` keeps it so for answers too: one larger than the message limit would break the write
 and so the whole stream; it becomes that item's RESOURCE_EXHAUSTED (reason MESSAGE_TOO_LARGE).
 """
 
@@ -22,6 +22,7 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh_client import max_message_bytes
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 log = get_logger("rollmesh.mesh.multiplex")
 
 
@@ -33,24 +34,36 @@ class Item(Generic[T]):
     work: Callable[[], Awaitable[T]] | None = None
 
 
-class AnswerLimit:
-    """The message limit (ROLLMESH_MAX_MESSAGE_MB, read when the stream starts) for a stream's answers."""
+class ItemMessages(Generic[T, M]):
+    """Each item's outcome as its stream message: `answer(id, result)`, or `error(id, exc)` for a
+    failure and for an answer over the message limit (ROLLMESH_MAX_MESSAGE_MB, read when the stream
+    starts), which becomes RESOURCE_EXHAUSTED with reason MESSAGE_TOO_LARGE and the numbers."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(
+        self,
+        what: str,
+        answer: Callable[[str, T], M],
+        error: Callable[[str, RollmeshError], M],
+    ) -> None:
         self.what = what
         self.limit = max_message_bytes()
+        self._answer = answer
+        self._error = error
 
-    def refuse(self, answer: Message) -> RollmeshError | None:
-        """None when `answer` fits; else the error to send for its item instead."""
-        size = answer.ByteSize()
+    def __call__(self, item_id: str, outcome: T | RollmeshError) -> M:
+        if isinstance(outcome, RollmeshError):
+            return self._error(item_id, outcome)
+        message = self._answer(item_id, outcome)
+        size = message.ByteSize()
         if size <= self.limit:
-            return None
-        return ResourceExhausted(
+            return message
+        too_large = ResourceExhausted(
             f"the {self.what} answer is {size:,} bytes, over the {self.limit:,}-byte gRPC message limit "
             "(set ROLLMESH_MAX_MESSAGE_MB to raise it)",
             reason="MESSAGE_TOO_LARGE",
             metadata={"size": str(size), "limit": str(self.limit)},
         )
+        return self._error(item_id, too_large)
 
 
 async def run_multiplexed(
