@@ -1,6 +1,6 @@
 """`rollmesh up`'s process handling without the services: the child-output reader takes lines of any
-length, and (below) the supervisor's restart policy, backoff, give-up and stop, driven by tiny
-Python children so each case runs in about a second."""
+length; the restart policy, its backoff and budget, and how an exit is described. The supervisor
+itself, with real services, is tested in tests/e2e/test_up_faults.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import asyncio
 import sys
 import textwrap
 
+import pytest
+
 from rollmesh.launch.processes import pump_lines
+from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
+from rollmesh.mesh.config import ConfigError
 
 FLOOD = textwrap.dedent(
     """
@@ -31,3 +35,33 @@ async def test_pump_takes_a_megabyte_line_and_a_flood() -> None:
     assert lines[0] == "[svc] " + "x" * 4096 + "...[truncated 995904 bytes]"
     assert lines[1] == "[svc] flood 0" and lines[-2] == "[svc] flood 49999"
     assert lines[-1] == "[svc] end" and len(lines) == 50_002
+
+
+def test_policy_modes_decide_which_exits_restart() -> None:
+    assert RestartPolicy("on-failure").wants_restart(1) and RestartPolicy("on-failure").wants_restart(-9)
+    assert not RestartPolicy("on-failure").wants_restart(0)
+    assert RestartPolicy("always").wants_restart(0)
+    assert not RestartPolicy("no").wants_restart(-9)
+    with pytest.raises(ConfigError, match="not one of no, on-failure, always"):
+        RestartPolicy("sometimes")
+
+
+def test_policy_from_env_flags_win_over_variables() -> None:
+    env = {"ROLLMESH_RESTART": "always", "ROLLMESH_RESTART_MAX": "2", "ROLLMESH_RESTART_WINDOW_S": "9"}
+    assert RestartPolicy.from_env(env) == RestartPolicy("always", 2, 9.0)
+    assert RestartPolicy.from_env(env, mode="no", max_restarts=7) == RestartPolicy("no", 7, 9.0)
+    assert RestartPolicy.from_env({}) == RestartPolicy()
+
+
+def test_budget_backs_off_exponentially_and_forgets_old_restarts() -> None:
+    budget = RestartBudget(RestartPolicy(max_restarts=3, window_s=100, backoff_s=0.5, backoff_max_s=1.5))
+    assert [budget.next_delay(t) for t in (0.0, 10.0, 20.0)] == [0.5, 1.0, 1.5]  # 2.0 capped at 1.5
+    assert budget.next_delay(30.0) is None  # 3 restarts within 100 s: give up
+    assert budget.next_delay(101.0) == 1.5  # the first (at 0.5 s) fell out of the window; two remain
+    assert budget.used == 3
+
+
+def test_describe_exit_names_the_code_or_the_signal() -> None:
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-9) == "was killed by signal SIGKILL"
+    assert describe_exit(-15) == "was killed by signal SIGTERM"

@@ -16,7 +16,6 @@ from rollmesh.commands._common import (
     RegistryAddr,
     SchedulerAddr,
     VerifierAddr,
-    err,
     fail,
     print_json,
     print_table,
@@ -43,14 +42,54 @@ def up(
     output_dir: Annotated[
         str, typer.Option("--output-dir", help="Scheduler's JSONL output folder.")
     ] = "runs",
+    restart: Annotated[
+        str,
+        typer.Option(
+            "--restart",
+            help="Restart a service that dies: no, on-failure or always "
+            "(default: ROLLMESH_RESTART or on-failure).",
+            show_default=False,
+        ),
+    ] = "",
+    max_restarts: Annotated[
+        int | None,
+        typer.Option(
+            "--max-restarts",
+            min=0,
+            help="Restarts of one service allowed within --restart-window, then up gives up and exits 1 "
+            "(default: ROLLMESH_RESTART_MAX or 5).",
+            show_default=False,
+        ),
+    ] = None,
+    restart_window: Annotated[
+        float | None,
+        typer.Option(
+            "--restart-window",
+            min=0.001,
+            help="Seconds --max-restarts counts over (default: ROLLMESH_RESTART_WINDOW_S or 300).",
+            show_default=False,
+        ),
+    ] = None,
+    grace: Annotated[
+        float,
+        typer.Option("--grace", min=0.0, help="Seconds services get to stop on SIGTERM before SIGKILL."),
+    ] = 15.0,
     as_json: JsonOut = False,
 ) -> None:
     """Start registry, verifier, gateway (with Ray Serve replicas) and scheduler as separate processes,
-    stay in the foreground with their logs; Ctrl-C stops them all."""
-    from rollmesh.launch.processes import Mesh, UpConfig, start_mesh
-    from rollmesh.mesh.config import DEFAULT_PORTS
+    stay in the foreground with their logs and restart a service that dies (--restart); Ctrl-C or
+    SIGTERM stops them all (a second one kills at once). Exits 1 when a service cannot be kept up."""
+    from rollmesh.launch.processes import Mesh, UpConfig
+    from rollmesh.launch.restart import RestartPolicy
+    from rollmesh.mesh.config import DEFAULT_PORTS, ConfigError
     from rollmesh.mesh.lines import LineWriter
 
+    try:
+        policy = RestartPolicy.from_env(
+            mode=restart or None, max_restarts=max_restarts, window_s=restart_window
+        )
+    except ConfigError as exc:
+        fail(str(exc))
     ports = {s: 0 for s in DEFAULT_PORTS} if ephemeral else dict(DEFAULT_PORTS)
     gateway_args = [
         "--replicas",
@@ -62,7 +101,12 @@ def up(
         if value:
             gateway_args += [flag, value]
     cfg = UpConfig(
-        host=host, ports=ports, gateway_args=tuple(gateway_args), scheduler_args=("--output-dir", output_dir)
+        host=host,
+        ports=ports,
+        gateway_args=tuple(gateway_args),
+        scheduler_args=("--output-dir", output_dir),
+        grace_s=grace,
+        restart=policy,
     )
 
     # Children's lines reach stderr through a queue and a thread: a slow terminal or a full pipe
@@ -73,53 +117,47 @@ def up(
     write = out_lines.write
 
     async def go() -> int:
-        mesh = Mesh()
-        stop = asyncio.Event()
+        mesh = Mesh(cfg, write)
+        stop, force = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            (force if stop.is_set() else stop).set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        starter = asyncio.ensure_future(start_mesh(cfg, write, mesh))
+            loop.add_signal_handler(sig, on_signal)
+        starter = asyncio.ensure_future(mesh.start())
         stopper = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({starter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if starter.done() and starter.exception() is None:
-                if as_json:
-                    print_json(mesh.addresses)
-                else:
-                    print_table(
-                        "rollmesh is up (Ctrl-C stops)", ["service", "address"], list(mesh.addresses.items())
-                    )
-                await _watch(mesh, stop)
-            elif starter.done():
-                write(f"[up] failed to start: {starter.exception()}")
+            if not starter.done():
+                return 0
+            if exc := starter.exception():
+                write(f"[up] failed to start: {exc}")
                 return 1
-            return 0
+            if as_json:
+                print_json(mesh.addresses)
+            else:
+                print_table(
+                    "rollmesh is up (Ctrl-C stops)", ["service", "address"], list(mesh.addresses.items())
+                )
+            code = await mesh.supervise(stop)
+            if code:
+                write("[up] a service could not be kept up; stopping the mesh (exit 1)")
+            return code
         finally:
             starter.cancel()
             stopper.cancel()
+            await asyncio.gather(starter, stopper, return_exceptions=True)
             write("[up] stopping")
-            await mesh.stop(cfg.grace_s)
+            await mesh.stop(cfg.grace_s, force)
+            write("[up] stopped")
 
     try:
         code = run(go())
     finally:
         out_lines.close(timeout_s=5.0)
     raise typer.Exit(code)
-
-
-async def _watch(mesh: object, stop: asyncio.Event) -> None:
-    """Return when asked to stop or when any child dies (then the rest are stopped too)."""
-    from rollmesh.launch.processes import Mesh
-
-    assert isinstance(mesh, Mesh)
-    waits = [asyncio.ensure_future(c.proc.wait()) for c in mesh.children]
-    stopper = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait({*waits, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    for w in [*waits, stopper]:
-        w.cancel()
-    for child in mesh.children:
-        if child.proc.returncode is not None and stopper not in done:
-            err.print(f"[up] {child.service} exited with code {child.proc.returncode}; stopping the mesh")
 
 
 def status(

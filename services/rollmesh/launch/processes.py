@@ -1,10 +1,23 @@
-"""`rollmesh up`: every service as its own process (`rollmesh serve <service>`), started in
-dependency order, each waited on through its port file and the health service, their logs
-interleaved on stderr with a prefix; SIGINT/SIGTERM stops them all (SIGTERM, then a grace)."""
+"""`rollmesh up`: every service as its own process (`rollmesh serve <service>`), supervised.
+
+- Start: services start in dependency order (ORDER), each waited on through its port file and
+  the health service before the next starts; each later one gets the earlier ones' addresses.
+  A child that dies before it serves fails the start (`up` exits 1).
+- Logs: each child's stdout+stderr is read in chunks and written line by line with a
+  `[service] ` prefix; lines of any length are cut with a marker (mesh/lines.py).
+- Supervision: a child that dies is logged with its pid and exit code or signal, and restarted
+  per the RestartPolicy (launch/restart.py) on the port it had, so every address stays valid.
+  Before a restart the child's process group is killed (no orphaned grandchildren). When the
+  policy says no restart, or the restart budget is spent, the mesh stops and `supervise`
+  returns 1.
+- Stop: SIGTERM to every running child at once; any still running after `grace_s` (or at once
+  when `force` is set, e.g. by a second Ctrl-C) is SIGKILLed with its whole process group.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -12,7 +25,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh import config
 from rollmesh.mesh.config import DEFAULT_PORTS
 from rollmesh.mesh.lines import LineAssembler
@@ -29,6 +44,7 @@ class UpConfig:
     scheduler_args: tuple[str, ...] = ()
     start_timeout_s: float = 600.0
     grace_s: float = 15.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
     max_line_bytes: int = field(default_factory=lambda: int(config.read("ROLLMESH_LOG_MAX_LINE_BYTES")))
 
 
@@ -36,6 +52,7 @@ class UpConfig:
 class Child:
     service: str
     proc: asyncio.subprocess.Process
+    budget: RestartBudget
     address: str = ""
     pump: asyncio.Task[None] | None = None
 
@@ -57,68 +74,141 @@ async def pump_lines(
         write(f"{prefix}{line}")
 
 
-async def _wait_port_file(path: Path, child: Child, deadline: float) -> str:
-    loop = asyncio.get_running_loop()
-    while not await asyncio.to_thread(path.exists):
-        if child.proc.returncode is not None:
-            raise RuntimeError(f"{child.service} exited with code {child.proc.returncode} before serving")
-        if loop.time() > deadline:
-            raise TimeoutError(f"{child.service} did not start in time")
-        await asyncio.sleep(0.1)
-    return (await asyncio.to_thread(path.read_text)).strip()
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the child's process group (it leads its own session): the child and what it started."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 class Mesh:
-    """The running children; `stop()` ends them in reverse order."""
+    """The supervised children: `start()`, then `supervise(stop)`, and always `stop()`."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: UpConfig, write: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.write = write
         self.children: list[Child] = []
+        self.env = dict(os.environ)
+        self._tmp = tempfile.TemporaryDirectory(prefix="rollmesh-up-")
+        self._extra_args: dict[str, Sequence[str]] = {
+            "gateway": cfg.gateway_args,
+            "scheduler": cfg.scheduler_args,
+        }
 
     @property
     def addresses(self) -> dict[str, str]:
         return {c.service: c.address for c in self.children}
 
-    async def stop(self, grace_s: float) -> None:
-        for child in reversed(self.children):
-            if child.proc.returncode is None:
-                child.proc.send_signal(signal.SIGTERM)
-        for child in reversed(self.children):
-            try:
-                await asyncio.wait_for(child.proc.wait(), grace_s)
-            except TimeoutError:
-                child.proc.kill()
-                await child.proc.wait()
+    async def start(self) -> None:
+        """Start every service in ORDER, each once the previous is SERVING."""
+        deadline = asyncio.get_running_loop().time() + self.cfg.start_timeout_s
+        for service in ORDER:
+            child = await self._spawn(service, self.cfg.ports[service], None)
+            await self._wait_ready(child, deadline)
+
+    async def _spawn(self, service: str, port: int, child: Child | None) -> Child:
+        port_file = Path(self._tmp.name) / f"{service}.addr"
+        port_file.unlink(missing_ok=True)
+        args = [*_cli(), "serve", service, "--port", str(port), "--host", self.cfg.host]
+        args += list(self._extra_args.get(service, ()))
+        proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**self.env, "ROLLMESH_PORT_FILE": str(port_file)},
+            start_new_session=True,
+        )
+        if child is None:
+            child = Child(service, proc, RestartBudget(self.cfg.restart))
+            self.children.append(child)
+        else:
+            child.proc = proc
+        assert proc.stdout is not None
+        child.pump = asyncio.create_task(
+            pump_lines(f"[{service}] ", proc.stdout, self.write, self.cfg.max_line_bytes)
+        )
+        return child
+
+    async def _wait_ready(self, child: Child, deadline: float) -> None:
+        port_file = Path(self._tmp.name) / f"{child.service}.addr"
+        loop = asyncio.get_running_loop()
+        while not await asyncio.to_thread(port_file.exists):
+            if child.proc.returncode is not None:
+                raise RuntimeError(f"{child.service} {describe_exit(child.proc.returncode)} before serving")
+            if loop.time() > deadline:
+                raise TimeoutError(f"{child.service} did not start in time")
+            await asyncio.sleep(0.1)
+        bound = (await asyncio.to_thread(port_file.read_text)).strip()
+        host, _, port = bound.rpartition(":")
+        child.address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        await wait_serving(child.address, timeout_s=max(deadline - loop.time(), 1.0))
+        self.env[f"ROLLMESH_{child.service.upper()}_ADDR"] = child.address
+        self.write(f"[up] {child.service} serving on {child.address} (pid {child.proc.pid})")
+
+    async def supervise(self, stop: asyncio.Event) -> int:
+        """Keep every child running until `stop` is set (returns 0) or one is given up on (returns 1)."""
+        keepers = [asyncio.create_task(self._keep(c), name=f"keep-{c.service}") for c in self.children]
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait({*keepers, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in [*keepers, stopper]:
+                task.cancel()
+            await asyncio.gather(*keepers, stopper, return_exceptions=True)
+        return 0 if stopper in done else 1
+
+    async def _keep(self, child: Child) -> None:
+        """Restart `child` whenever it dies; returns only when the policy gives up on it."""
+        loop = asyncio.get_running_loop()
+        policy = self.cfg.restart
+        while True:
+            pid = child.proc.pid
+            code = await child.proc.wait()
+            _kill_group(child.proc)
             if child.pump is not None:
                 await asyncio.gather(child.pump, return_exceptions=True)
-
-
-async def start_mesh(cfg: UpConfig, write: Callable[[str], None], mesh: Mesh) -> None:
-    """Start every service in ORDER, each once the previous is SERVING; fills `mesh` as it goes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + cfg.start_timeout_s
-    env = dict(os.environ)
-    extra_args: dict[str, Sequence[str]] = {"gateway": cfg.gateway_args, "scheduler": cfg.scheduler_args}
-    with tempfile.TemporaryDirectory(prefix="rollmesh-up-") as tmp:
-        for service in ORDER:
-            port_file = Path(tmp) / f"{service}.addr"
-            args = [*_cli(), "serve", service, "--port", str(cfg.ports[service]), "--host", cfg.host]
-            args += list(extra_args.get(service, ()))
-            proc = await asyncio.create_subprocess_exec(
-                *args,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env={**env, "ROLLMESH_PORT_FILE": str(port_file)},
-                start_new_session=True,
+            self.write(f"[up] {child.service} (pid {pid}) {describe_exit(code)}")
+            if not policy.wants_restart(code):
+                self.write(f"[up] restart policy {policy.mode!r}: not restarting {child.service}")
+                return
+            delay = child.budget.next_delay(loop.time())
+            if delay is None:
+                self.write(
+                    f"[up] giving up on {child.service}: {policy.max_restarts} restarts within "
+                    f"{policy.window_s:g} s"
+                )
+                return
+            self.write(
+                f"[up] restarting {child.service} in {delay:g} s "
+                f"(restart {child.budget.used} of {policy.max_restarts} within {policy.window_s:g} s)"
             )
-            child = Child(service, proc)
-            assert proc.stdout is not None
-            child.pump = asyncio.create_task(
-                pump_lines(f"[{service}] ", proc.stdout, write, cfg.max_line_bytes)
-            )
-            mesh.children.append(child)
-            bound = await _wait_port_file(port_file, child, deadline)
-            host, _, port = bound.rpartition(":")
-            child.address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-            await wait_serving(child.address, timeout_s=max(deadline - loop.time(), 1.0))
-            env[f"ROLLMESH_{service.upper()}_ADDR"] = child.address
-            write(f"[up] {service} serving on {child.address}")
+            await asyncio.sleep(delay)
+            port = int(child.address.rpartition(":")[2])
+            await self._spawn(child.service, port, child)
+            try:
+                await self._wait_ready(child, loop.time() + self.cfg.start_timeout_s)
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                self.write(f"[up] {child.service} failed to come back: {exc}")
+                if child.proc.returncode is None:
+                    _kill_group(child.proc)
+
+    async def stop(self, grace_s: float, force: asyncio.Event | None = None) -> None:
+        """SIGTERM every child at once; SIGKILL (whole group) what still runs after `grace_s` or `force`."""
+        running = [c for c in self.children if c.proc.returncode is None]
+        for child in reversed(running):
+            with contextlib.suppress(ProcessLookupError):
+                child.proc.send_signal(signal.SIGTERM)
+        waits: asyncio.Future[Any] = asyncio.gather(*(c.proc.wait() for c in running))
+        forced: asyncio.Future[Any] = asyncio.ensure_future((force or asyncio.Event()).wait())
+        try:
+            await asyncio.wait([waits, forced], timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+        for child in running:  # (a child that died earlier had its group killed then)
+            if child.proc.returncode is None:
+                self.write(f"[up] {child.service} (pid {child.proc.pid}) still running; killing it")
+            _kill_group(child.proc)  # also ends anything the child left behind in its group
+        await asyncio.gather(*(c.proc.wait() for c in self.children), return_exceptions=True)
+        waits.cancel()
+        await asyncio.gather(waits, return_exceptions=True)
+        await asyncio.gather(*(c.pump for c in self.children if c.pump is not None), return_exceptions=True)
+        self._tmp.cleanup()

@@ -1,0 +1,256 @@
+"""`rollmesh up` as a process manager, under faults (fake model backend, ephemeral ports):
+
+- SIGKILL of each service (registry, verifier, gateway, scheduler) mid-job: `up` logs the signal,
+  restarts the service on the same address, and the job completes (the scheduler's job is resumed
+  by id on the restarted scheduler) with every (task_index, rollout_index) exactly once in
+  rollouts.jsonl or failures.jsonl and the job's reported state and counts matching the files;
+- `--restart no`: a dead child stops the mesh and `up` exits 1;
+- the restart budget: past `--max-restarts` within the window `up` gives up and exits 1;
+- SIGTERM stops every child within `--grace`, then SIGKILLs one that does not stop (a stopped
+  process: SIGSTOP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from rollmesh.mesh.server import wait_serving
+from rollmesh_client import Client
+from rollmesh_client._scheduler import JobHandle
+from rollmesh_client.v1 import scheduler_pb2 as spb
+from tests.exactly_once import check_exactly_once, expected_keys, read_keys
+from tests.procs import ROLLMESH
+
+SERVING = re.compile(r"^\[up\] (\w+) serving on (\S+) \(pid (\d+)\)$")
+
+
+@dataclass
+class Up:
+    """One `rollmesh up --ephemeral --backend fake` and what it printed."""
+
+    proc: subprocess.Popen[bytes]
+    work: Path
+    log_path: Path
+    addrs: dict[str, str]
+
+    def up_lines(self) -> list[str]:
+        text = self.log_path.read_text(errors="replace")
+        return [line for line in text.splitlines() if line.startswith("[up] ")]
+
+    def pids(self, service: str) -> list[int]:
+        """Every pid `service` has served under, oldest first."""
+        return [int(m[3]) for line in self.up_lines() if (m := SERVING.match(line)) and m[1] == service]
+
+    async def wait_until(self, what: str, ok: Callable[[], bool], timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await asyncio.to_thread(ok):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; up said:\n" + "\n".join(self.up_lines()))
+            await asyncio.sleep(0.1)
+
+    def wait_exit(self, timeout_s: float = 90) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError("rollmesh up did not exit:\n" + "\n".join(self.up_lines())) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (dead, not yet reaped by a parent that is gone) counts as dead
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def start_up(work: Path, *args: str) -> Up:
+    """Start `rollmesh up` in its own session; returns once it printed the addresses (all SERVING)."""
+    work.mkdir(parents=True, exist_ok=True)
+    out, log = work / "up.json", work / "up.log"
+    argv = [str(ROLLMESH), "up", "--ephemeral", "--backend", "fake", "--json"]
+    with out.open("w") as o, log.open("w") as e:
+        proc = subprocess.Popen(
+            [*argv, "--output-dir", str(work / "runs"), *args],
+            stdout=o,
+            stderr=e,
+            cwd=work,
+            env={**os.environ, "ROLLMESH_LOG_JSON": "1"},
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 180
+    while not out.read_text().strip().endswith("}"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"rollmesh up not ready (exit {proc.poll()}):\n{log.read_text()[-5000:]}")
+        time.sleep(0.2)
+    return Up(proc, work, log, json.loads(out.read_text()))
+
+
+def finish(up: Up) -> None:
+    """Stop `up` if it still runs, and check no child outlived it."""
+    pids = [pid for s in ("registry", "verifier", "gateway", "scheduler") for pid in up.pids(s)]
+    if up.proc.poll() is None:
+        os.killpg(up.proc.pid, signal.SIGTERM)
+        up.wait_exit()
+    for pid in pids:
+        assert not _alive(pid), f"pid {pid} outlived rollmesh up"
+
+
+# ---- SIGKILL each service mid-job -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    up = start_up(tmp_path_factory.mktemp("up-faults"))
+    try:
+        yield up
+    finally:
+        finish(up)
+    assert up.proc.returncode == 0, "\n".join(up.up_lines())
+
+
+@pytest_asyncio.fixture
+async def client(mesh_up: Up) -> AsyncIterator[Client]:
+    for address in mesh_up.addrs.values():  # a previous test's restart has settled
+        await wait_serving(address, timeout_s=120)
+    async with await Client.connect(**mesh_up.addrs) as c:
+        yield c
+
+
+TASKS, REPEATS = 150, 4
+# Generous per-rollout retries: a rollout in flight when its service dies waits for the restart.
+RETRY = spb.RetryPolicy(max_attempts=20, initial_backoff_s=0.2, max_backoff_s=2.0)
+
+
+def job_spec(runs: Path) -> spb.JobSpec:
+    return spb.JobSpec(
+        benchmark="arithmetic",
+        limit=TASKS,
+        num_repeats=REPEATS,
+        concurrency=2,
+        output_dir=str(runs),
+        retry=RETRY,
+    )
+
+
+async def sigkill(up: Up, service: str) -> int:
+    """SIGKILL `service`'s current process; returns once `up` has it serving again (new pid)."""
+    pid = up.pids(service)[-1]
+    os.kill(pid, signal.SIGKILL)
+    await up.wait_until(f"{service} restarted", lambda: up.pids(service)[-1] != pid)
+    lines = up.up_lines()
+    assert f"[up] {service} (pid {pid}) was killed by signal SIGKILL" in lines
+    assert any(line.startswith(f"[up] restarting {service} in ") for line in lines)
+    assert up.addrs[service] in next(line for line in reversed(lines) if SERVING.match(line))
+    return pid
+
+
+async def wait_done(job: JobHandle, at_least: int) -> spb.Job:
+    deadline = time.monotonic() + 120
+    while (state := await job.get()).progress.done < at_least:
+        assert state.state in (spb.JOB_STATE_PENDING, spb.JOB_STATE_RUNNING), state
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.05)
+    assert state.state == spb.JOB_STATE_RUNNING, f"the job ended before the fault: {state}"
+    return state
+
+
+@pytest.mark.parametrize("service", ["registry", "verifier", "gateway"])
+async def test_sigkill_a_service_mid_job_restarts_it_and_the_job_completes(
+    mesh_up: Up, client: Client, service: str
+) -> None:
+    runs = mesh_up.work / "runs"
+    job = await client.scheduler.submit(job_spec(runs))
+    await wait_done(job, 40)
+    await sigkill(mesh_up, service)
+    final = await job.result(poll_s=0.2, timeout_s=300)
+    assert spb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED", final.error
+    truth = check_exactly_once(runs / job.job_id, expected_keys(TASKS, REPEATS), job=final)
+    assert len(truth.rollout_keys) == TASKS * REPEATS and not truth.failure_keys
+
+
+async def test_sigkill_the_scheduler_mid_job_then_resume_completes(mesh_up: Up, client: Client) -> None:
+    runs = mesh_up.work / "runs"
+    job = await client.scheduler.submit(job_spec(runs))
+    rollouts = runs / job.job_id / "rollouts.jsonl"
+    await mesh_up.wait_until("40 rows on disk", lambda: len(read_keys(rollouts)) >= 40)
+    assert (await job.get()).state == spb.JOB_STATE_RUNNING
+    before = set(read_keys(rollouts))  # rows on disk stay; buffered ones die with the process
+    await sigkill(mesh_up, "scheduler")
+    await wait_serving(mesh_up.addrs["scheduler"], timeout_s=120)
+    stale = await client.scheduler.get(job.job_id)  # the restarted scheduler knows it from job.json
+    assert stale.state not in (spb.JOB_STATE_RUNNING, spb.JOB_STATE_SUCCEEDED), stale
+    resumed = await client.scheduler.submit(spb.JobSpec(resume_job_id=job.job_id, output_dir=str(runs)))
+    assert resumed.job_id == job.job_id
+    final = await resumed.result(poll_s=0.2, timeout_s=300)
+    assert spb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED", final.error
+    truth = check_exactly_once(runs / job.job_id, expected_keys(TASKS, REPEATS), job=final)
+    assert len(truth.rollout_keys) == TASKS * REPEATS and before <= truth.rollout_keys
+
+
+# ---- restart policy, give-up, stop --------------------------------------------------------------
+
+
+async def test_restart_no_stops_the_mesh_and_exits_1(tmp_path: Path) -> None:
+    up = start_up(tmp_path, "--restart", "no")
+    try:
+        pid = up.pids("verifier")[-1]
+        os.kill(pid, signal.SIGKILL)
+        code = await asyncio.to_thread(up.wait_exit)
+        lines = up.up_lines()
+        assert code == 1, lines
+        assert f"[up] verifier (pid {pid}) was killed by signal SIGKILL" in lines
+        assert "[up] restart policy 'no': not restarting verifier" in lines
+        assert len(up.pids("verifier")) == 1
+    finally:
+        finish(up)
+
+
+async def test_gives_up_after_max_restarts_within_the_window(tmp_path: Path) -> None:
+    up = start_up(tmp_path, "--max-restarts", "1", "--restart-window", "600")
+    try:
+        await sigkill(up, "gateway")  # restart 1 of 1
+        pid = up.pids("gateway")[-1]
+        os.kill(pid, signal.SIGKILL)
+        code = await asyncio.to_thread(up.wait_exit)
+        lines = up.up_lines()
+        assert code == 1, lines
+        assert "[up] giving up on gateway: 1 restarts within 600 s" in lines
+        assert len(up.pids("gateway")) == 2
+    finally:
+        finish(up)
+
+
+async def test_sigterm_stops_every_child_within_the_grace_then_kills(tmp_path: Path) -> None:
+    up = start_up(tmp_path, "--grace", "3")
+    try:
+        stuck = up.pids("registry")[-1]
+        os.kill(stuck, signal.SIGSTOP)  # a stopped process cannot act on SIGTERM
+        started = time.monotonic()
+        os.kill(up.proc.pid, signal.SIGTERM)
+        code = await asyncio.to_thread(up.wait_exit, 60)
+        took = time.monotonic() - started
+        lines = up.up_lines()
+        assert code == 0, lines
+        assert f"[up] registry (pid {stuck}) still running; killing it" in lines
+        assert took < 3 + 30, took  # the grace, plus slack for a loaded machine
+        assert lines[-1] == "[up] stopped"
+    finally:
+        finish(up)
