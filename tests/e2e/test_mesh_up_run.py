@@ -36,7 +36,10 @@ async def test_status_shows_every_service_serving(mesh: tuple[dict[str, str], Pa
     rows = {r["service"]: r for r in json.loads(out)}
     assert set(rows) == set(SERVICE_NAMES)
     assert all(r["health"] == "SERVING" for r in rows.values())
-    assert rows["verifier"]["detail"] == "5 environments"
+    assert rows["verifier"]["detail"] in (
+        "5 environments; code sandbox: namespaces",
+        "5 environments; code sandbox: unsafe-process (UNSAFE opt-in)",
+    )
     assert rows["gateway"]["replicas"] and rows["gateway"]["replicas"][0]["healthy"] is True
 
 

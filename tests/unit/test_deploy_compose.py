@@ -327,7 +327,7 @@ def test_the_image_ships_what_the_compose_file_runs(services: dict[str, dict[str
     for path in referenced:
         target = str(Path(path).parent) + "/"
         assert any(f"deploy/{Path(path).name}" in c[:-1] and c[-1] in (path, target) for c in copies), path
-    users = {svc.get("user") for svc in services.values()} - {None}
+    users = {svc.get("user") for svc in services.values()} - {None, "root"}
     for user in users:
         assert re.search(rf"useradd --create-home --uid \d+ (--gid \S+ )?{user}\b", dockerfile), user
     assert "FROM ${BASE_IMAGE}" in dockerfile and "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
@@ -489,3 +489,17 @@ def test_docker_compose_v1_accepts_the_file_with_and_without_the_gpu_profile() -
             cwd=DEPLOY,
         )
         assert res.returncode == 0, res.stderr
+
+
+def test_verifier_gets_real_sandbox_isolation(services: dict[str, dict[str, Any]]) -> None:
+    """The containerized verifier is never on the unsafe process fallback: it demands namespaces
+    and has what they need (root in the container, CAP_SYS_ADMIN, AppArmor's mount ban lifted)."""
+    verifier = services["verifier"]
+    env = env_of(verifier)
+    assert env["ROLLMESH_VERIFIER_SANDBOX_ISOLATION"] == "namespaces"
+    assert "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS" not in env
+    assert verifier["user"] == "root" and "SYS_ADMIN" in verifier["cap_add"]
+    assert "apparmor=unconfined" in verifier["security_opt"]
+    assert not verifier.get("privileged"), "CAP_SYS_ADMIN is enough; privileged would hand over devices"
+    others = {name for name, svc in services.items() if name != "verifier"}
+    assert not any(services[n].get("cap_add") or services[n].get("user") == "root" for n in others)

@@ -56,7 +56,14 @@ async def _detail(c: Client, st: ServiceStatus) -> None:
         st.detail = f"{len(roots.roots)} roots"
     elif st.service == "verifier":
         envs = [e async for e in c.verifier.environments()]
-        st.detail = f"{len(envs)} environments"
+        parts = [f"{len(envs)} environments"]
+        parts += [
+            f"{e.name} sandbox: {e.sandbox}" + (" (UNSAFE opt-in)" if e.sandbox == "unsafe-process" else "")
+            for e in envs
+            if e.sandbox
+        ]
+        parts += [f"broken {b.name}: {b.error[:160]}" for b in (await c.verifier.list(page_size=1)).broken]
+        st.detail = "; ".join(parts)
     elif st.service == "gateway":
         models = [m async for m in c.gateway.models()]
         parts = []

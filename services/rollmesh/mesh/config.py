@@ -195,7 +195,15 @@ ENV_VARS: dict[str, EnvVar] = {
             "ROLLMESH_VERIFIER_SANDBOX_ISOLATION",
             "auto",
             parse_str,
-            "Verifier: code sandbox isolation: auto, namespaces or process.",
+            "Verifier: code sandbox isolation: auto (namespaces, else refuse to start), namespaces, "
+            "or process (only with ..._ALLOW_UNSAFE_PROCESS).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS",
+            False,
+            parse_bool,
+            "Verifier: UNSAFE opt-in: run untrusted code under Python-level guards only when "
+            "namespaces are unavailable (logged, shown in ListEnvironments and `rollmesh status`).",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY", 4, parse_int, "Verifier: code sandboxes running at once."

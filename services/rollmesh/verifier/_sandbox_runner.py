@@ -1,5 +1,6 @@
 """The untrusted side of a sandboxed run. Copied into the run's temp dir and started as
-`python -I -S -B runner.py` with an empty environment; the service imports it only for `encode`.
+`python -I -S -B runner.py [--keeper]` with an empty environment; the service imports it only for
+`encode`. `--keeper` (`process` mode as root): see `keep`.
 
 Contract: this process never holds an expected value or a comparison. It answers requests, one
 JSON object per line on stdin, with exactly one frame each on the reply fd (4-byte big-endian
@@ -309,12 +310,17 @@ def main() -> None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    _no_new_privileges()
     _apply_limits(hello["limits"])
     if hello.get("guards", True):
         _install_guards(os.getcwd())
     runner.reply(int(hello["id"]), {})
     del hello
-    while line := requests.readline():
+    while True:
+        os.set_blocking(requests.fileno(), True)  # the code may have made it non-blocking
+        line = requests.readline()
+        if not line:
+            break
         req = json.loads(line)
         try:
             body = runner.handle(req)
@@ -329,5 +335,87 @@ def main() -> None:
     os._exit(0)
 
 
+class _Stop(Exception):
+    pass
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc/*/stat)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            if len(fields) > 1 and int(fields[1]) == pid:
+                kids.append(int(entry))
+    return kids
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every descendant; as a child subreaper, orphans come back to us until none is left."""
+    me = os.getpid()
+    while kids := _children(me):
+        for kid in kids:
+            try:
+                os.kill(kid, 9)
+            except OSError:
+                pass
+        for _ in kids:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+
+
+def keep() -> None:
+    """`process` mode as root: stay root (the code, as uid 65534, cannot signal us), be a child
+    subreaper, run the runner in a child, and when it exits or the verifier sends SIGTERM, SIGKILL
+    every descendant left (daemons that called setsid included), then exit as the runner did."""
+    import ctypes
+    import signal
+
+    if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        os._exit(70)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, stop)
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        main()
+        os._exit(0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.closerange(3, 4096)
+    status = 0
+    try:
+        _, status = os.waitpid(pid, 0)
+    except _Stop:
+        status = 0
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _kill_descendants()
+    if os.WIFSIGNALED(status):
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def _no_new_privileges() -> None:
+    """PR_SET_NO_NEW_PRIVS: no setuid binary can give the code privileges back (best effort)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
-    main()
+    keep() if "--keeper" in sys.argv[1:] else main()

@@ -26,6 +26,10 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class SandboxConfig:
+    """`isolation`: "auto" (namespaces; when unavailable, refuse to start unless
+    `allow_unsafe_process`, then "process"), "namespaces", or "process" (needs
+    `allow_unsafe_process`: the operator's explicit, logged opt-in)."""
+
     isolation: str = "auto"
     concurrency: int = 4
     allow_unsafe_process: bool = False
@@ -103,5 +107,6 @@ class VerifierConfig:
                 isolation=str(r("SANDBOX_ISOLATION")).strip().lower(),
                 concurrency=int(r("SANDBOX_CONCURRENCY")),
                 limits=limits,
+                allow_unsafe_process=bool(r("SANDBOX_ALLOW_UNSAFE_PROCESS")),
             ),
         )

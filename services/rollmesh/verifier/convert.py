@@ -19,6 +19,7 @@ def environment_to_pb(info: EnvironmentInfo) -> pb.Environment:
         source=info.source,
         example_dataset=info.example_dataset,
         stateless=info.stateless,
+        sandbox=info.sandbox,
     )
 
 

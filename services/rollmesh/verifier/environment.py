@@ -322,6 +322,11 @@ class Environment(ABC):
         """Called once on shutdown. Default: nothing."""
         return
 
+    def sandbox_mode(self) -> str:
+        """How this environment isolates untrusted code it runs, as ListEnvironments shows it
+        ("namespaces", "unsafe-process"); "" (the default) when it runs none."""
+        return ""
+
     async def seed_session(self, task: Task) -> Any:
         """Create the per-session state for `task` (available as `session.state`). Default: None."""
         del task

@@ -1,15 +1,20 @@
 """Running untrusted Python against tests: a separate process per run, in a fresh temp dir.
 
-Isolation is probed once at start and logged (`sandbox_isolation`):
+Isolation is decided once at start and logged (`sandbox_isolation`, or the warning
+`sandbox_isolation_unsafe`). Without OS-level isolation, `start` raises, naming what is missing,
+unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
 
 - `namespaces` (when the kernel lets us `unshare` mount, net, pid, ipc and uts namespaces): the
-  run sees a chroot built from a tmpfs holding read-only binds of /usr (and /lib*, /bin) and the
+  run sees a chroot built from a tmpfs holding read-only, nosuid binds of /usr (and /lib*, /bin) and the
   Python prefix, with its temp dir as /sandbox; no network interface but loopback; its own pid
   namespace, so killing the outer process kills every descendant (fork bombs included); as root
   the code runs as uid/gid 65534, which makes RLIMIT_NPROC bite and the service's files unreadable.
-- `process` (fallback): a plain child in a new session (the whole process group is killed), an
-  empty environment, cwd in the temp dir, and the runner's guards (no sockets, no fork/exec, no
-  files outside the temp dir: best effort against deliberate escapes).
+- `process` (the UNSAFE opt-in): a plain child in a new session, an empty environment, cwd in the
+  temp dir, and the runner's guards (no sockets, no fork/exec, no files outside the temp dir:
+  bypassable). As root, a keeper (root, a child subreaper) runs the runner as uid 65534 and, at the
+  end, SIGKILLs every descendant, daemons included; the service's /proc files are then unreadable to
+  the code. As non-root there is no such guarantee: the code can read the service's environment
+  through /proc, signal it, and leave daemons. No network isolation in either case.
 
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
@@ -42,6 +47,7 @@ log = get_logger("rollmesh.verifier.sandbox")
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 SANDBOX_UID = 65534
 _TAIL_BYTES = 64 * 1024
+UNSAFE_OPT_IN = "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS"
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 MAX_CASES_REPORTED = 50
 MAX_ERROR_CHARS = 300
@@ -55,16 +61,17 @@ mount -t tmpfs -o size=4m,mode=755 sbxroot "$R"
 for d in usr bin sbin lib lib32 lib64; do
   if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$R/$d"
   elif [ -d "/$d" ]; then
-    mkdir "$R/$d"; mount --rbind "/$d" "$R/$d"; mount -o remount,bind,ro "$R/$d" 2>/dev/null || true
+    mkdir "$R/$d"; mount --rbind "/$d" "$R/$d"
+    mount -o remount,bind,ro,nosuid,nodev "$R/$d" 2>/dev/null || true
   fi
 done
 case "$PFX" in
   /usr/*|/usr) ;;
   *) mkdir -p "$R$PFX"; mount --rbind "$PFX" "$R$PFX"
-     mount -o remount,bind,ro "$R$PFX" 2>/dev/null || true ;;
+     mount -o remount,bind,ro,nosuid,nodev "$R$PFX" 2>/dev/null || true ;;
 esac
 mkdir -p "$R/sandbox" "$R/dev"
-mount --bind "$W" "$R/sandbox"
+mount --bind "$W" "$R/sandbox"; mount -o remount,bind,nosuid,nodev "$R/sandbox" 2>/dev/null || true
 for n in null zero urandom random; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
 done
@@ -127,7 +134,7 @@ async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, 
 class Sandbox:
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
-        self.isolation = "process" if config.isolation == "process" else ""
+        self.isolation = ""
         self._slots = asyncio.Semaphore(config.concurrency)
         self._drop_privileges = os.geteuid() == 0
         self._process_python = _world_usable_python() if self._drop_privileges else None
@@ -136,27 +143,54 @@ class Sandbox:
     # -- isolation probe ------------------------------------------------------------------------------
 
     async def start(self) -> str:
-        """Decide the isolation mode (probing the kernel) and log it. Idempotent."""
+        """Decide the isolation mode and log it. Raises ConfigError, naming what is missing, rather
+        than run untrusted code without OS-level isolation, unless the operator opted in
+        (`allow_unsafe_process`). Idempotent."""
         if self.isolation:
             return self.isolation
-        ok, why = await self.probe()
-        if ok:
-            self.isolation = "namespaces"
-        elif self.config.isolation == "namespaces":
-            raise ConfigError(
-                f"ROLLMESH_VERIFIER_SANDBOX_ISOLATION=namespaces but the kernel refused: {why}; "
-                "use auto or process"
-            )
-        else:
+        why = ""
+        if self.config.isolation != "process":
+            ok, why = await self.probe()
+            if ok:
+                self.isolation = "namespaces"
+            elif self.config.isolation == "namespaces" or not self.config.allow_unsafe_process:
+                raise ConfigError(_missing_isolation(why))
+        if not self.isolation:
+            if not self.config.allow_unsafe_process:
+                raise ConfigError(
+                    "ROLLMESH_VERIFIER_SANDBOX_ISOLATION=process runs untrusted code under Python-level "
+                    f"guards only; set {UNSAFE_OPT_IN}=1 to accept that, or use auto or namespaces"
+                )
             self.isolation = "process"
-        log.info(
-            "sandbox_isolation",
-            mode=self.isolation,
-            probe_error=why or None,
-            uid=SANDBOX_UID if self._drop_privileges else os.geteuid(),
-            limits=asdict(self.config.limits),
-        )
+        fields: dict[str, Any] = {
+            "mode": self.isolation,
+            "uid": SANDBOX_UID if self._drop_privileges else os.geteuid(),
+            "limits": asdict(self.config.limits),
+        }
+        if self.isolation == "namespaces":
+            log.info("sandbox_isolation", **fields)
+        else:
+            log.warning(
+                "sandbox_isolation_unsafe",
+                **fields,
+                opted_in_by=f"{UNSAFE_OPT_IN}=1",
+                namespaces_unavailable=why or "not tried (isolation=process)",
+                guarantees=self.guarantees,
+            )
         return self.isolation
+
+    @property
+    def label(self) -> str:
+        """The mode as ListEnvironments and `rollmesh status` show it ("" before `start`)."""
+        return "unsafe-process" if self.isolation == "process" else self.isolation
+
+    @property
+    def guarantees(self) -> str:
+        if self.isolation == "namespaces":
+            return "kernel: own mount/pid/net/ipc/uts namespaces, chroot, uid 65534, rlimits"
+        if self._drop_privileges and self._process_python:
+            return "uid 65534, rlimits, every descendant killed; no network or filesystem isolation"
+        return "none beyond rlimits and Python-level guards: the code runs as the service's user"
 
     async def probe(self) -> tuple[bool, str]:
         """Whether a namespaces run works here, and if not, why."""
@@ -185,7 +219,8 @@ class Sandbox:
     def _command(self, mode: str, root: Path, work: Path) -> list[str]:
         py = _service_python()
         if mode == "process":
-            return [self._process_python or py, "-I", "-S", "-B", "runner.py"]
+            keeper = ["--keeper"] if self._drop_to(mode) is not None else []
+            return [self._process_python or py, "-I", "-S", "-B", "runner.py", *keeper]
         prefix = os.path.realpath(sys.base_prefix)
         flags = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
         if os.geteuid() != 0:
@@ -288,8 +323,7 @@ class Sandbox:
             status, error = "crashed", str(exc)
         finally:
             channel.close()
-            self._kill(proc)
-            await proc.wait()
+            await self._stop(proc, keeper=drop_to is not None)
         try:
             async with asyncio.timeout(2.0):
                 (out_head, _, out_trunc), (err_head, _, err_trunc) = await readers
@@ -315,12 +349,32 @@ class Sandbox:
         )
 
     @staticmethod
-    def _kill(proc: asyncio.subprocess.Process) -> None:
+    async def _stop(proc: asyncio.subprocess.Process, *, keeper: bool) -> None:
+        """End the run. With a keeper (`process` mode as root), SIGTERM asks it to SIGKILL every
+        descendant, daemons included, before it exits. Then SIGKILL to the process group; in
+        `namespaces` mode that kills unshare, whose death kills the pid namespace."""
+        if keeper and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await proc.wait()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+        await proc.wait()
+
+
+def _missing_isolation(why: str) -> str:
+    return (
+        f"no OS-level isolation for untrusted code: namespaces are unavailable ({why}). The code "
+        "environment needs Linux with unshare(1), mount(8) and chroot(8), and either root with "
+        "CAP_SYS_ADMIN (in a container: cap_add SYS_ADMIN and security_opt apparmor=unconfined, as "
+        "deploy/docker-compose.yml gives the verifier) or a user allowed unprivileged user namespaces. "
+        f"To run untrusted code anyway under Python-level guards only (UNSAFE), set {UNSAFE_OPT_IN}=1"
+    )
 
 
 def _service_python() -> str:

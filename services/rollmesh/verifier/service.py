@@ -51,6 +51,8 @@ class EnvironmentInfo:
     example_dataset: str
     #: No tools and no `seed_session` override: verification needs no session (see `is_stateless`).
     stateless: bool = False
+    #: How it isolates the untrusted code it runs (`Environment.sandbox_mode`); "" when it runs none.
+    sandbox: str = ""
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,7 @@ class VerifierService:
             item.source,
             item.example_dataset,
             stateless=is_stateless(cls),
+            sandbox=item.env.sandbox_mode(),
         )
 
     def _tool_specs(self, cls: type[Environment]) -> list[ToolSpec]:

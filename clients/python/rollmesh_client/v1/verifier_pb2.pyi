@@ -32,6 +32,7 @@ class Environment(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     EXAMPLE_DATASET_FIELD_NUMBER: _builtins.int
     STATELESS_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name, e.g. "arithmetic"."""
     description: _builtins.str
@@ -43,6 +44,12 @@ class Environment(_message.Message):
     stateless: _builtins.bool
     """True when the environment has no tools and does not override `seed_session`, so verification
     needs no session: callers may skip SeedSession/CloseSession and call Verify without a session_id.
+    """
+    sandbox: _builtins.str
+    """How the environment isolates the untrusted code it runs: "namespaces" (kernel isolation: own
+    mount/pid/net/ipc/uts namespaces, chroot, uid 65534), "unsafe-process" (the operator's explicit
+    opt-in ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1: Python-level guards only), or empty
+    when it runs no untrusted code.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
@@ -57,10 +64,11 @@ class Environment(_message.Message):
         source: _builtins.str = ...,
         example_dataset: _builtins.str = ...,
         stateless: _builtins.bool = ...,
+        sandbox: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "source", b"source", "stateless", b"stateless", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "source", b"source", "stateless", b"stateless", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -42,16 +42,21 @@ def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
 
 class CodeEnv(Environment):
     """Python programming tasks. The code (a ```python block, or the whole answer) runs against
-    `verifier_metadata.tests` in a sandbox (separate process, temp dir, CPU/wall/memory/process/
-    file/output limits, no network, empty environment). Reward 1.0 when every test passes (or the
-    pass rate with `verifier_metadata.partial_credit`)."""
+    `verifier_metadata.tests` in a sandbox (namespaces, chroot, uid 65534, CPU/wall/memory/
+    process/file/output limits, no network, empty environment); the verdict is computed here.
+    Reward 1.0 when every test passes (or the pass rate with `verifier_metadata.partial_credit`)."""
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
         self.sandbox = Sandbox(context.config.sandbox)
 
     async def start(self) -> None:
+        """Refuses (ConfigError naming what is missing) when no OS-level isolation is available,
+        unless the operator opted in to the unsafe process mode."""
         await self.sandbox.start()
+
+    def sandbox_mode(self) -> str:
+        return self.sandbox.label
 
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
         del session
