@@ -1,0 +1,52 @@
+"""The job store (scheduler/store.py): the resume scan, counting a folder, atomic JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from rollmesh.scheduler import store
+from rollmesh.scheduler.spec import JobSpec
+
+
+def _job(root: Path, job_id: str, spec: JobSpec, state: str, created: float) -> Path:
+    folder = store.job_dir(root, job_id)
+    store.write_json_atomic(
+        folder / store.JOB, {"job_id": job_id, "spec": spec.to_json(), "state": state, "create_time": created}
+    )
+    return folder
+
+
+def test_find_resumable_takes_the_newest_unfinished_job_with_the_same_rollouts(tmp_path: Path) -> None:
+    spec = JobSpec(dataset="d.jsonl", environment="arithmetic", num_repeats=4, starting_seed=7)
+    _job(tmp_path, "old", spec, "FAILED", 1.0)
+    _job(tmp_path, "new", replace(spec, concurrency=64, output_dir="/elsewhere"), "INTERRUPTED", 2.0)
+    _job(tmp_path, "done", spec, "SUCCEEDED", 3.0)  # succeeded: nothing to resume
+    _job(tmp_path, "other-seed", replace(spec, starting_seed=8), "RUNNING", 4.0)  # other rollouts
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / store.JOB).write_text("{not json")  # unreadable: skipped, not fatal
+    assert store.find_resumable(tmp_path, spec) == "new"  # how fast or where is not identity
+    assert store.find_resumable(tmp_path, replace(spec, num_repeats=8)) is None
+    assert store.find_resumable(tmp_path / "absent", spec) is None
+
+
+def test_count_on_disk_counts_each_key_once_and_a_failure_only_without_a_rollout(tmp_path: Path) -> None:
+    rows = [{"task_index": 0, "rollout_index": i, "reward": 1.0} for i in range(3)]
+    (tmp_path / store.ROLLOUTS).write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"task_in')
+    failures = [{"task_index": 0, "rollout_index": 2}, {"task_index": 1, "rollout_index": 0}]
+    (tmp_path / store.FAILURES).write_text("".join(json.dumps(r) + "\n" for r in failures))
+    before = store.files_stamp(tmp_path)
+    counted = store.count_on_disk(tmp_path)
+    assert (counted.rollouts, counted.failures, counted.reward_sum, counted.done) == (3, 1, 3.0, 4)
+    with (tmp_path / store.ROLLOUTS).open("a") as f:
+        f.write('dex": 5, "rollout_index": 0}\n')  # the torn row completes: the stamp changes
+    assert store.files_stamp(tmp_path) != before and store.count_on_disk(tmp_path).rollouts == 4
+
+
+def test_retire_failures_moves_rows_to_the_history_file(tmp_path: Path) -> None:
+    (tmp_path / store.FAILURES).write_text('{"task_index": 1, "rollout_index": 0}\n')
+    assert store.retire_failures(tmp_path) == 1
+    assert (tmp_path / store.FAILURES).read_text() == ""
+    assert (tmp_path / store.FAILURES_RETRIED).read_text().count("\n") == 1
+    assert store.retire_failures(tmp_path) == 0  # nothing left to move
