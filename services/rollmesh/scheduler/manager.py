@@ -1,6 +1,9 @@
-"""Jobs: submit (validated before anything runs, idempotent by request_id), get, list, cancel,
-stream the output, metrics. Each job's state is persisted as `<output_dir>/<job_id>/job.json`
-beside the sink files, so a restarted scheduler can report it and resume it by id.
+"""Jobs: submit (validated before anything runs, idempotent by request_id; `resume_latest` finds
+the job to resume in the results root), get, list, cancel, stream the output, metrics. Each job's
+state is persisted as `<output_dir>/<job_id>/job.json` beside the sink files (layout and reading:
+`scheduler/store.py`), so a restarted scheduler lists it (one that was running as INTERRUPTED,
+its progress counted from its files) and resumes it by id. A sink that cannot store a row fails
+the job at once, and the final progress counts only rows that reached the disk.
 No grpc here: the servicer converts.
 """
 
