@@ -27,14 +27,12 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def _addr_option(service: str) -> Any:
-    """`--<service> host:port`; empty: ROLLMESH_<SERVICE>_ADDR, else the default from the config table."""
-    from rollmesh.mesh.config import ENV_VARS
-
-    var = ENV_VARS[f"ROLLMESH_{service.upper()}_ADDR"]
+    """`--<service> host:port`; empty: ROLLMESH_<SERVICE>_ADDR, else the default port from the config
+    table (mesh/config.py, not imported here so `--help` stays fast; `rollmesh config` lists it)."""
     return typer.Option(
         f"--{service}",
-        envvar=var.name,
-        help=f"{service.capitalize()} host:port (default: {var.default}).",
+        envvar=f"ROLLMESH_{service.upper()}_ADDR",
+        help=f"{service.capitalize()} host:port (default: the config table's, see `rollmesh config`).",
         show_default=False,
     )
 
