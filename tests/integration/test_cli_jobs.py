@@ -68,7 +68,9 @@ async def test_submit_wait_and_run_scheduler_share_options_and_resume(
 async def test_run_survives_telling_a_scheduler_crash_then_the_printed_command_finishes_it(
     start_server: StartServer, tmp_path: Path
 ) -> None:
-    fakes = await start_server([FakeGateway(latency_s=0.02).binding(), FakeVerifier().binding()])
+    fakes = await start_server(
+        [FakeGateway(latency_s=0.05).binding(), FakeVerifier().binding()]
+    )  # ~5 s of job
     env = {"ROLLMESH_GATEWAY_ADDR": fakes.address, "ROLLMESH_VERIFIER_ADDR": fakes.address}
     data = Rows.arithmetic(100).write(tmp_path / "arith.jsonl")
     runs = tmp_path / "runs"
