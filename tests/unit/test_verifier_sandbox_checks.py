@@ -79,6 +79,12 @@ async def passes(child: RecordingChild, case: str) -> bool:
         ("assert add({1}, set()) == {1}", False),  # TypeError in the sandbox: a failed test
         ("assert add(True, 0) == 1 and isinstance(add(1, 1), int)", True),
         ("raise ValueError('x')", False),
+        ("assert 1 / add(0, 0) > 0", False),  # ZeroDivisionError here: a failed test, not a crash
+        ("assert sorted([add(1, 1), 'x']) == []", False),
+        (
+            "assert {x % 3: x for x in range(6)} == {0: 3, 1: 4, 2: 5} and round(add(0.5, 0.25), 1) == 0.8",
+            True,
+        ),
     ],
 )
 async def test_verdicts(case: str, ok: bool) -> None:
@@ -118,6 +124,17 @@ async def test_sizes_are_bounded_on_the_trusted_side() -> None:
         await Checker(child).check("assert 10 ** big() > 0")
     with pytest.raises(CaseFailed, match="too large"):
         await Checker(child).check("assert len('x' * big() * big()) > 0")
+    with pytest.raises(CaseFailed, match="digits"):
+        await Checker(child).check("assert round(5, -big()) == 0")
+
+
+async def test_keys_crafted_to_share_a_hash_are_refused() -> None:
+    """ints congruent mod 2**61 - 1 share a hash: a set of many costs quadratic time to build."""
+    child = RecordingChild("def keys(): return [i * (2**61 - 1) for i in range(1, 5000)]\n")
+    with pytest.raises(CaseFailed, match="share one hash"):
+        await Checker(child).check("assert set(keys()) == set()")  # decoded list is fine; set() is not
+    with pytest.raises(BadValue, match="share one hash"):
+        decode_value(encode(set(range(1, 40)) | {i * (2**61 - 1) for i in range(1, 40)}))
 
 
 @pytest.mark.parametrize(

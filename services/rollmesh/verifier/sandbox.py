@@ -39,7 +39,13 @@ from typing import Any
 from rollmesh.mesh.config import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
-from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError, normalize_output
+from rollmesh.verifier.sandbox_checks import (
+    CaseFailed,
+    ChannelBroken,
+    Checker,
+    ProbeError,
+    normalize_output,
+)
 from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
@@ -435,11 +441,6 @@ async def _check_io(channel: Channel, case: dict[str, Any]) -> None:
         raise CaseFailed("output exceeds the cap")
     if normalize_output(stdout) != normalize_output(str(case["output"])):
         raise CaseFailed(f"wrong output: {stdout[:MAX_ERROR_CHARS]!r}")
-
-
-class ChannelBroken(Exception):
-    """The sandbox stopped answering as the protocol says: EOF, an oversized, malformed or
-    out-of-order reply. The whole run fails."""
 
 
 class Channel:

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollmesh.verifier._sandbox_runner import encode
+from rollmesh.verifier.sandbox_values import check_hashes
 
 MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
-MAX_LEN = 1 << 22  # sequences built here (*, range) stay below this many items
+MAX_LEN = 1 << 20  # sequences built here (*, range) stay below this many items
 MAX_STEPS = 200_000  # loop iterations and probes per case
 
 
@@ -43,12 +44,39 @@ class Child(Protocol):
     async def eval(self, src: str, bind: dict[str, Any]) -> Any: ...
 
 
+class ChannelBroken(Exception):
+    """The sandbox stopped answering as the protocol says: EOF, an oversized, malformed or
+    out-of-order reply. The whole run fails."""
+
+
 class ProbeError(Exception):
     """The sandbox answered a probe with an error, or with a value that does not decode."""
 
 
 class CaseFailed(Exception):
     """The case does not pass; the message says why."""
+
+
+def _small_ints(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    if any(type(v) is int and abs(v) > 10_000 for v in values):
+        raise CaseFailed("round() to more than 10000 digits is not checked")
+    return values
+
+
+def _hash_checked(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    if args:
+        items = list(_as_iterable(args[0]))
+        check_hashes(items)
+        return (items,)
+    return args
+
+
+def _safe_dict(*args: Any, **kwargs: Any) -> dict[Any, Any]:
+    if args and not isinstance(args[0], dict):  # a dict argument was checked when it was built
+        pairs = [tuple(p) for p in _as_iterable(args[0])]
+        check_hashes(p[0] for p in pairs if len(p) == 2)
+        return dict(pairs, *args[1:], **kwargs)
+    return dict(*args, **kwargs)
 
 
 def _bounded_range(*args: int) -> range:
@@ -89,7 +117,14 @@ SAFE_FUNCS: dict[str, Any] = {
         type,
         zip,
     )
-} | {"range": _bounded_range, "reversed": lambda x: list(reversed(x))}
+} | {
+    "range": _bounded_range,
+    "reversed": lambda x: list(reversed(x)),
+    "round": lambda x, *nd: round(x, *_small_ints(nd)),
+    "set": lambda *a: set(*_hash_checked(a)),
+    "frozenset": lambda *a: frozenset(*_hash_checked(a)),
+    "dict": lambda *a, **k: _safe_dict(*a, **k),
+}
 MATH_NAMES = (
     "isclose sqrt floor ceil fabs isnan isinf isfinite log log2 log10 exp sin cos tan atan2 hypot gcd "
     "trunc copysign pi e tau inf nan"
@@ -189,7 +224,12 @@ class Checker:
             tree = ast.parse(source, "test", "exec")
         except SyntaxError as exc:
             raise CaseFailed(f"the test does not parse: {exc}") from None
-        await self._block(tree.body, {})
+        try:
+            await self._block(tree.body, {})
+        except (CaseFailed, ProbeError, ChannelBroken):
+            raise
+        except Exception as exc:  # what the test's own expression raised here: 1 / 0, a TypeError
+            raise CaseFailed(f"{type(exc).__name__}: {exc}"[:300]) from None
 
     # -- statements -------------------------------------------------------------------------------------
 
@@ -400,13 +440,17 @@ class Checker:
 
     async def _comprehension(self, node: ast.expr, local: dict[str, Any]) -> Any:
         if isinstance(node, ast.DictComp):
-            out = {}
+            pairs = []
             async for scope in self._scopes(node.generators, 0, dict(local)):
-                out[await self._eval(node.key, scope)] = await self._eval(node.value, scope)
-            return out
+                pairs.append((await self._eval(node.key, scope), await self._eval(node.value, scope)))
+            check_hashes(k for k, _ in pairs)
+            return dict(pairs)
         assert isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp))
         items = [item async for item in self._generate(node, local)]
-        return set(items) if isinstance(node, ast.SetComp) else items
+        if isinstance(node, ast.SetComp):
+            check_hashes(items)
+            return set(items)
+        return items
 
     def _bind_for(self, node: ast.AST, local: dict[str, Any]) -> dict[str, Any]:
         """The values the sandbox needs for `node`: those of the names it uses that live here."""

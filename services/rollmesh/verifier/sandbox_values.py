@@ -3,14 +3,16 @@
 `decode_value` turns the wire form written by `_sandbox_runner.encode` into plain builtin data:
 None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset, dict, and
 nothing else. Exact JSON types only (a subclass, an unknown tag, a NaN token, a wrong arity, an
-unhashable key, more than `MAX_DEPTH` levels or `MAX_ITEMS` items) raise `BadValue`, so a value
-whose comparisons lie cannot exist on this side. `parse_frame` does the same for one reply frame.
+unhashable key, more than `MAX_DEPTH` levels or `MAX_ITEMS` items, keys crafted to share a hash)
+raise `BadValue`, so a value whose comparisons lie cannot exist on this side, and none costs more
+than linear time to build. `parse_frame` does the same for one reply frame.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 MAX_DEPTH = 64
@@ -21,6 +23,21 @@ REPLY_KEYS = frozenset({"id", "error", "value", "stdout", "exit", "truncated"})
 
 class BadValue(ValueError):
     """The sandbox sent something that is not a well-formed plain value: a failed test."""
+
+
+MAX_SAME_HASH = 16
+
+
+def check_hashes(keys: Iterable[Any]) -> None:
+    """Refuse keys crafted to share a hash (ints congruent mod 2**61 - 1, say): a set or dict of
+    them costs quadratic time to build, here on the verifier's event loop. Honest data never has
+    more than a few keys with one hash."""
+    counts: dict[int, int] = {}
+    for key in keys:
+        h = hash(key)
+        counts[h] = counts.get(h, 0) + 1
+        if counts[h] > MAX_SAME_HASH:
+            raise BadValue(f"more than {MAX_SAME_HASH} keys share one hash")
 
 
 def _reject_constant(token: str) -> Any:
@@ -89,13 +106,17 @@ def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int]) -> Any:
     if type(body) is not list:
         raise BadValue(f"bad {tag}")
     if tag == "dict":
-        out: dict[Any, Any] = {}
+        pairs = []
         for pair in body:
             if type(pair) is not list or len(pair) != 2:
                 raise BadValue("bad dict item")
-            out[_decode(pair[0], depth + 1, counter)] = _decode(pair[1], depth + 1, counter)
-        return out
+            pairs.append((_decode(pair[0], depth + 1, counter), _decode(pair[1], depth + 1, counter)))
+        check_hashes(k for k, _ in pairs)
+        return dict(pairs)
     kind = _SEQUENCES.get(tag)
     if kind is None:
         raise BadValue(f"unknown tag {tag!r}")
-    return kind(_decode(v, depth + 1, counter) for v in body)
+    items = [_decode(v, depth + 1, counter) for v in body]
+    if kind in (set, frozenset):
+        check_hashes(items)
+    return kind(items)
