@@ -52,6 +52,8 @@ class SessionState:
     token_ids: tuple[int, ...]
     # The last turn's output decoded with special tokens (to see whether it ended with eos).
     output_text: str
+    # Where the last turn ran, as the engine reported it (shown by ListModels). Placement itself is
+    # the backend's: serving/router.py routes a session back to its replica; this only records it.
     replica_id: str = ""
 
 

@@ -4,7 +4,9 @@ Routing (see router.py): a custom Ray Serve `RequestRouter` (`SessionAffinityRou
 the deployment through `request_router_config`) runs inside this process's deployment handle. It
 keeps each `session_id` on the replica it used last (prefix cache) and sends new sessions to the
 least-loaded replica. `abort` and per-replica stats are pinned to one replica by the same router
-(`pin_replica`), so an abort reaches the replica running the request.
+(`pin_replica`), so an abort reaches the replica running the request. The router is the one
+owner of session placement: this backend keeps no session table (the gateway's session store
+records where each session's last turn ran, as the engine reported it, for ListModels).
 
 Failover: a request whose replica dies before the first token is streamed is retried once on
 another replica (`avoid_replica`); after a token has been streamed, or when the retry fails too,
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,6 @@ log = get_logger(__name__)
 
 _STATS_TIMEOUT_S = 10.0
 _ABORT_TIMEOUT_S = 10.0
-_MAX_SESSIONS = 100_000
 
 
 def _is_replica_failure(exc: BaseException) -> bool:
@@ -60,7 +60,6 @@ class RayServeBackend(ModelBackend):
         self._handle: Any = None
         self._where: dict[str, str] = {}  # request id -> replica id, while streaming
         self._streams: dict[str, Any] = {}  # request id -> DeploymentResponseGenerator
-        self._homes: OrderedDict[str, str] = OrderedDict()  # session id -> replica id (bounded LRU)
         self.startup_seconds: dict[str, float] = {}
 
     @classmethod
@@ -121,7 +120,6 @@ class RayServeBackend(ModelBackend):
                 async for chunk in stream:
                     if not routed:
                         self._where[request.request_id] = chunk.replica_id
-                        self._note_session(request.session_id, chunk.replica_id)
                         routed = True
                     streamed = streamed or bool(chunk.token_ids or chunk.text or chunk.finish_reason)
                     yield chunk
@@ -155,14 +153,6 @@ class RayServeBackend(ModelBackend):
                 if not completed:
                     stream.cancel()  # the replica's generator is cancelled, which aborts the engine request
 
-    def _note_session(self, session_id: str, replica_id: str) -> None:
-        if not session_id:
-            return
-        self._homes[session_id] = replica_id
-        self._homes.move_to_end(session_id)
-        while len(self._homes) > _MAX_SESSIONS:
-            self._homes.popitem(last=False)
-
     async def abort(self, request_id: str) -> bool:
         handle = self._handle
         replica = self._where.get(request_id)
@@ -186,13 +176,11 @@ class RayServeBackend(ModelBackend):
             return []
         ids = await self._cluster.replica_ids()
         stats = await asyncio.gather(*(self._stats(r) for r in ids))
-        sessions = Counter(self._homes.values())
         return [
             ReplicaStatus(
                 replica_id=rid,
                 healthy=s is not None,
                 in_flight=int(s["in_flight"]) if s else 0,
-                sessions=sessions.get(rid, 0),
             )
             for rid, s in zip(ids, stats, strict=True)
         ]

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import (
@@ -44,8 +45,6 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.gateway.openai")
-
-_JSON = {"Content-Type": "application/json"}
 
 
 def _render_calls(calls: dict[int, dict[str, str]]) -> str:
@@ -95,10 +94,11 @@ class OpenAIBackend(ModelBackend):
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s)
         self._request_token_ids = request_token_ids
         self._max_connections = max(0, max_connections)
+        self._chat_url = URL(f"{self.base_url}/chat/completions")
         self._session: aiohttp.ClientSession | None = None
         self._healthy = False
-        # request id -> the task running a unary call, or the open streaming response
-        self._running: dict[str, asyncio.Task[EngineChunk] | aiohttp.ClientResponse | None] = {}
+        # request id -> the task waiting on a unary call, or the open streaming response
+        self._running: dict[str, asyncio.Task[Any] | aiohttp.ClientResponse | None] = {}
         self._aborted: set[str] = set()
         self.replica_id = urlsplit(self.base_url).netloc or self.base_url
 
@@ -113,12 +113,18 @@ class OpenAIBackend(ModelBackend):
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            headers = {"Content-Type": "application/json"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=headers, timeout=self._timeout, raise_for_status=False
+                connector=connector,
+                headers=headers,
+                timeout=self._timeout,
+                raise_for_status=False,
+                cookie_jar=aiohttp.DummyCookieJar(),  # an API: no cookies to keep per call
             )
         return self._session
 
@@ -186,7 +192,7 @@ class OpenAIBackend(ModelBackend):
         return body
 
     def _headers(self, request: EngineRequest) -> dict[str, str]:
-        headers = {**_JSON, "X-Request-Id": request.request_id}
+        headers = {"X-Request-Id": request.request_id}
         if request.session_id:
             headers["X-Session-Id"] = request.session_id
         return headers
@@ -207,22 +213,25 @@ class OpenAIBackend(ModelBackend):
     # -- unary: one POST, one chunk ----------------------------------------------------------
 
     async def _generate_unary(self, request: EngineRequest) -> EngineChunk:
+        """One POST in the caller's task (no task of its own per call): `abort` cancels that task,
+        and the cancellation it caused (only that one) becomes an "abort" chunk here."""
         rid = request.request_id
-        task = asyncio.ensure_future(self._post_unary(request))
+        task = asyncio.current_task()
         self._running[rid] = task
         try:
-            return await task
+            return await self._post_unary(request)
         except asyncio.CancelledError:
-            if rid in self._aborted and task.cancelled():
+            if rid in self._aborted and task is not None and task.cancelling() == 1:
+                task.uncancel()
                 return EngineChunk(finish_reason="abort", replica_id=self.replica_id)
             raise
+        finally:
+            self._running[rid] = None
 
     async def _post_unary(self, request: EngineRequest) -> EngineChunk:
         data = json.dumps(self._body(request)).encode()
         try:
-            async with self._http().post(
-                f"{self.base_url}/chat/completions", data=data, headers=self._headers(request)
-            ) as resp:
+            async with self._http().post(self._chat_url, data=data, headers=self._headers(request)) as resp:
                 if resp.status != 200:
                     await self._raise_for(resp)
                 payload = json.loads(await resp.read())
@@ -262,9 +271,7 @@ class OpenAIBackend(ModelBackend):
         usage = (0, 0)
         data = json.dumps(self._body(request)).encode()
         try:
-            resp = await self._http().post(
-                f"{self.base_url}/chat/completions", data=data, headers=self._headers(request)
-            )
+            resp = await self._http().post(self._chat_url, data=data, headers=self._headers(request))
         except Exception as exc:
             raise self._transport_error(exc) from None
         self._running[rid] = resp
