@@ -17,12 +17,12 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.gateway.backends.base import (
-    BackendUnavailable,
     EngineChunk,
     EngineRequest,
     ReplicaStatus,
     Sampling,
 )
+from rollmesh.gateway.errors import BackendUnavailable
 from rollmesh.serving.backend import RayServeBackend
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.errors import EngineRejected

@@ -1,7 +1,6 @@
 """The model gateway: the only door to models (gRPC ModelGateway + an OpenAI-compatible HTTP facade)."""
 
 from rollmesh.gateway.backends.base import (
-    BackendUnavailable,
     EngineChunk,
     EngineRequest,
     ModelBackend,
@@ -14,6 +13,7 @@ from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.errors import (
     BackendDown,
+    BackendUnavailable,
     InvalidGenerateRequest,
     InvalidSampling,
     ModelNotFound,

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import (
-    BackendUnavailable,
     EngineRequest,
     ModelBackend,
     ReplicaStatus,
@@ -271,7 +270,7 @@ class Gateway:
             backend = self._factory(spec)
             try:
                 await backend.start()
-            except BackendUnavailable as exc:
+            except errors.BackendUnavailable as exc:
                 raise errors.BackendDown(
                     f"route {route!r}: {base_url} is not reachable: {exc}", retry_after_s=exc.retry_after_s
                 ) from None
@@ -457,7 +456,7 @@ class Gateway:
                                 "generated)",
                                 metadata={"request_id": rid},
                             ) from None
-                        except BackendUnavailable as exc:
+                        except errors.BackendUnavailable as exc:
                             raise errors.BackendDown(
                                 f"model {m.name!r} is unavailable: {exc}",
                                 retry_after_s=exc.retry_after_s,

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.gateway.backends.base import (
-    BackendUnavailable,
     EngineChunk,
     EngineRequest,
     ModelBackend,
@@ -30,6 +29,7 @@ from rollmesh.gateway.backends.base import (
     ReplicaStatus,
     Tokenizer,
 )
+from rollmesh.gateway.errors import BackendUnavailable
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.cluster import ServingCluster

@@ -13,19 +13,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rollmesh.gateway.errors import BackendUnavailable
-
-__all__ = [
-    "BackendUnavailable",
-    "EngineChunk",
-    "EngineRequest",
-    "ModelBackend",
-    "ModelCard",
-    "ReplicaStatus",
-    "Sampling",
-    "Tokenizer",
-]
-
 
 @dataclass(frozen=True)
 class Sampling:
@@ -127,7 +114,8 @@ class ModelBackend(ABC):
 
     @abstractmethod
     def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        """Stream deltas; the last has finish_reason. Raise BackendUnavailable when down.
+        """Stream deltas; the last has finish_reason. Raise gateway.errors.BackendUnavailable (or a
+        more precise gateway error) when down.
         Cancelling the iteration must abort the engine request."""
 
     @abstractmethod

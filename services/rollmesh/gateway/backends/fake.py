@@ -29,13 +29,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from rollmesh.gateway.backends.base import (
-    BackendUnavailable,
     EngineChunk,
     EngineRequest,
     ModelBackend,
     ModelCard,
     ReplicaStatus,
 )
+from rollmesh.gateway.errors import BackendUnavailable
 
 Script = Callable[[str, EngineRequest], "str | Sequence[int]"]
 

@@ -137,6 +137,7 @@ class OpenAIBackend(ModelBackend):
 
     async def start(self) -> None:
         """Check the server answers `/models`, and learn the context length when it says (vLLM does)."""
+        _lift_open_files_limit()
         try:
             status, listing = await self._get_models(10.0)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -431,6 +432,19 @@ class OpenAIBackend(ModelBackend):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _lift_open_files_limit() -> None:
+    """Every request in flight holds a socket: raise the soft open-files limit to the hard one (as
+    Ray and vLLM do at start), so a concurrency of thousands is not cut short at 1,024."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError) as exc:  # not on this platform, or not allowed
+        log.info("open_files_limit_unchanged", error=str(exc))
 
 
 def _arguments(tool_call: dict[str, Any]) -> str:
