@@ -135,18 +135,16 @@ async def client(mesh_up: Up) -> AsyncIterator[Client]:
 
 
 TASKS, REPEATS = 150, 4
-# Generous per-rollout retries: a rollout in flight when its service dies waits for the restart.
-RETRY = spb.RetryPolicy(max_attempts=20, initial_backoff_s=0.2, max_backoff_s=2.0)
 
 
 def job_spec(runs: Path) -> spb.JobSpec:
+    """Default retries: a rollout in flight when its service dies waits out the restart."""
     return spb.JobSpec(
         benchmark="arithmetic",
         limit=TASKS,
         num_repeats=REPEATS,
         concurrency=2,
         output_dir=str(runs),
-        retry=RETRY,
     )
 
 

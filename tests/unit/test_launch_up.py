@@ -5,6 +5,7 @@ itself, with real services, is tested in tests/e2e/test_up_faults.py."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import textwrap
 
@@ -13,6 +14,7 @@ import pytest
 from rollmesh.launch.processes import pump_lines
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh.config import ConfigError
+from rollmesh.mesh.lines import LineWriter
 
 FLOOD = textwrap.dedent(
     """
@@ -35,6 +37,25 @@ async def test_pump_takes_a_megabyte_line_and_a_flood() -> None:
     assert lines[0] == "[svc] " + "x" * 4096 + "...[truncated 995904 bytes]"
     assert lines[1] == "[svc] flood 0" and lines[-2] == "[svc] flood 49999"
     assert lines[-1] == "[svc] end" and len(lines) == 50_002
+
+
+async def test_pump_into_a_stderr_nobody_reads_never_blocks_the_child() -> None:
+    """up's path end to end: child -> pump -> LineWriter -> a full pipe. The child still finishes."""
+    read_fd, write_fd = os.pipe()
+    stuck = os.fdopen(write_fd, "w")
+    writer = LineWriter(stuck, capacity=1000)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FLOOD, stdout=asyncio.subprocess.PIPE
+        )
+        assert proc.stdout is not None
+        await asyncio.wait_for(pump_lines("[svc] ", proc.stdout, writer.write, 4096), 120)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        assert writer.dropped_total > 0  # the pipe (64 KiB) and the queue filled: lines were dropped
+    finally:
+        os.close(read_fd)  # the blocked write fails; the writer thread ends
+        writer.close(timeout_s=5)
+        stuck.close()
 
 
 def test_policy_modes_decide_which_exits_restart() -> None:
