@@ -56,3 +56,34 @@ def test_cpu_replica_gets_threads_and_kv_cache_gpu_replica_gets_tp() -> None:
     assert gpu.device == "cuda"
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["distributed_executor_backend"] == "mp"
     assert kwargs["max_model_len"] == 512
+
+
+def test_app_name_is_unique_per_gateway_unless_given() -> None:
+    a = ServingConfig.from_env("/m/tiny-arith", environ={})
+    b = ServingConfig.from_env("/m/tiny-arith", environ={})
+    assert a.app_name.startswith("rollmesh-tiny-arith-") and a.app_name != b.app_name
+    named = ServingConfig.from_env("/m/x", environ={"ROLLMESH_SERVE_APP_NAME": "team-a"})
+    assert named.app_name == "team-a"
+    with pytest.raises(ConfigError, match="ROLLMESH_SERVE_APP_NAME"):
+        ServingConfig.from_env("/m/x", environ={"ROLLMESH_SERVE_APP_NAME": "a#b"})
+
+
+def test_placement_and_engine() -> None:
+    cfg = ServingConfig.from_env(
+        "/m", environ={"ROLLMESH_REPLICAS_PER_NODE": "1", "ROLLMESH_SERVE_ENGINE": "fake"}
+    )
+    assert (cfg.replicas_per_node, cfg.engine) == (1, "fake")
+    with pytest.raises(ConfigError, match="ROLLMESH_SERVE_ENGINE"):
+        ServingConfig.from_env("/m", environ={"ROLLMESH_SERVE_ENGINE": "tpu"})
+
+
+def test_build_app_places_and_picks_the_replica_class() -> None:
+    from rollmesh.serving.deployment import VLLMReplica, build_app
+    from rollmesh.serving.fake_replica import FakeReplica
+
+    spread = build_app(ServingConfig(model_path="/m", replicas=3, replicas_per_node=1, engine="fake"))
+    deployment = spread._bound_deployment
+    assert deployment.func_or_class is FakeReplica and deployment.num_replicas == 3
+    assert deployment._replica_config.max_replicas_per_node == 1
+    anywhere = build_app(ServingConfig(model_path="/m"))._bound_deployment
+    assert anywhere.func_or_class is VLLMReplica and anywhere._replica_config.max_replicas_per_node is None

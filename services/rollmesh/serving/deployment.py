@@ -219,10 +219,16 @@ class VLLMReplica:
 
 
 def build_app(config: ServingConfig) -> Application:
-    """The Serve application: `config.replicas` replicas of `VLLMReplica`, session-affinity routing."""
+    """The Serve application: `config.replicas` replicas of `VLLMReplica` (or `FakeReplica` for
+    `engine="fake"`), session-affinity routing, at most `replicas_per_node` on one Ray node."""
     actor_options: dict[str, Any] = {"num_cpus": config.replica_cpus}
     if config.replica_gpus > 0:
         actor_options["num_gpus"] = config.replica_gpus
+    replica_class: type[Any] = VLLMReplica
+    if config.engine == "fake":
+        from rollmesh.serving.fake_replica import FakeReplica
+
+        replica_class = FakeReplica
     options: dict[str, Any] = {
         "name": config.deployment_name,
         "num_replicas": config.replicas,
@@ -236,7 +242,9 @@ def build_app(config: ServingConfig) -> Application:
             "request_routing_stats_period_s": 10,
         },
     }
-    deployment: Any = serve.deployment(VLLMReplica, **options)
+    if config.replicas_per_node > 0:
+        options["max_replicas_per_node"] = config.replicas_per_node
+    deployment: Any = serve.deployment(replica_class, **options)
     app: Application = deployment.bind(config)
     return app
 

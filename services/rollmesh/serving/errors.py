@@ -1,10 +1,17 @@
-"""Serving errors. `ServingStartupError` and `EngineRejected` are reported to callers (status code +
-ErrorInfo reason); `RequestRejected` crosses the Ray handle from a replica to `RayServeBackend`,
-which reports it as `EngineRejected`."""
+"""Serving errors. `ServingStartupError`, `EngineRejected`, `ServeAppExists` and the `Ray*` join
+errors (join.py) are reported to callers (status code + ErrorInfo reason), each in one line;
+`RequestRejected` crosses the Ray handle from a replica to `RayServeBackend`, which reports it as
+`EngineRejected`."""
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import InvalidArgument, Unavailable
+from rollmesh.mesh.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    Unauthenticated,
+    Unavailable,
+)
 
 
 class ServingStartupError(Unavailable):
@@ -21,3 +28,33 @@ class EngineRejected(InvalidArgument):
 
 class RequestRejected(ValueError):
     """vLLM refused the request as given (bad sampling values, prompt + max_tokens too long)."""
+
+
+class ServeAppExists(AlreadyExists):
+    """A Serve application with this gateway's name already runs on the joined cluster."""
+
+    reason = "SERVE_APP_EXISTS"
+
+
+class RayUnreachable(Unavailable):
+    """The Ray cluster's address does not answer (or `ray.init` failed for another reason)."""
+
+    reason = "RAY_CLUSTER_UNREACHABLE"
+
+
+class RayAuthFailed(Unauthenticated):
+    """The cluster runs token auth and this process has no token, or the wrong one."""
+
+    reason = "RAY_AUTH_FAILED"
+
+
+class RayVersionMismatch(FailedPrecondition):
+    """Ray or Python here differ from the cluster's."""
+
+    reason = "RAY_VERSION_MISMATCH"
+
+
+class RayNotANode(FailedPrecondition):
+    """A `host:port` address needs a Ray node on this host (a driver uses its local raylet)."""
+
+    reason = "RAY_NOT_A_NODE"
