@@ -6,13 +6,19 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
+import structlog
 
 from rollmesh.mesh.lines import LineAssembler, LineWriter, truncate_line
+from rollmesh.mesh.logging import configure, get_logger
 
 
 def test_truncate_line_keeps_short_text_and_names_what_it_cut() -> None:
@@ -142,3 +148,42 @@ async def test_a_service_logging_a_megabyte_line_and_a_flood_keeps_its_loop() ->
     failed = json.loads(next(line for line in lines if '"event": "failed"' in line))
     assert failed["exception"][0]["exc_type"] == "RuntimeError"
     assert "hunter2" not in err  # no frame locals by default
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for h in root.handlers:
+            h.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_long_exception_chain_is_one_bounded_json_line(capfd: pytest.CaptureFixture[str]) -> None:
+    configure(json=True)
+    log = get_logger("chain")
+
+    def fail(depth: int) -> None:
+        if depth == 0:
+            raise ValueError("v" * 15000)
+        try:
+            fail(depth - 1)
+        except ValueError as exc:
+            raise RuntimeError("r" * 15000) from exc
+
+    try:
+        fail(6)
+    except RuntimeError:
+        log.exception("chained")
+    logging.getLogger().handlers[0].flush()
+    line = next(line for line in capfd.readouterr().err.splitlines() if '"chained"' in line)
+    event = json.loads(line)  # still JSON
+    assert len(line.encode()) <= 16384
+    assert event["truncated_bytes"] > 0 and len(event["exception"]) <= 3
+    assert all(len(e["frames"]) <= 3 for e in event["exception"])

@@ -5,8 +5,10 @@ Logging can never stop a service:
   one thread writes stderr. A slow or blocked stderr drops lines (counted, then reported in one
   `log_lines_dropped` line) instead of blocking the event loop;
 - every line is at most ROLLMESH_LOG_MAX_LINE_BYTES (default 16 KiB): long string fields are cut
-  to half of that first (so JSON stays JSON), and the rendered line is cut as a last resort, each
-  with a `...[truncated N bytes]` marker;
+  to half of that first, each with a `...[truncated N bytes]` marker; a JSON event still too big
+  is rendered again smaller (shorter strings, the last 3 exceptions of a chain with their last 3
+  frames, `truncated_bytes` saying how much went), so a JSON line stays JSON; the rendered line is
+  cut with the marker only as a last resort;
 - tracebacks keep at most 20 frames and carry no frame locals unless ROLLMESH_LOG_LOCALS=1.
 """
 
@@ -51,6 +53,31 @@ class _CapFields:
     def __call__(self, logger: Any, name: str, event_dict: Any) -> Any:
         del logger, name
         return cap_strings(event_dict, self.max_chars)
+
+
+class _BoundedJSONRenderer:
+    """JSONRenderer whose line stays within `max_bytes` and stays JSON: an event too big to fit is
+    rendered again smaller (strings cut harder, at most 3 exceptions of a chain with their last
+    3 frames each) and says how many bytes that saved in `truncated_bytes`."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.render = structlog.processors.JSONRenderer()
+
+    def __call__(self, logger: Any, name: str, event_dict: Any) -> Any:
+        line = self.render(logger, name, event_dict)
+        size = len(line.encode("utf-8", errors="replace"))
+        if size <= self.max_bytes:
+            return line
+        small = cap_strings(event_dict, max(64, self.max_bytes // 16))
+        chain = small.get("exception")
+        if isinstance(chain, list):
+            small["exception"] = [
+                {**e, "frames": e.get("frames", [])[-3:]} if isinstance(e, dict) else e for e in chain[-3:]
+            ]
+        smaller = self.render(logger, name, small)
+        small["truncated_bytes"] = size - len(smaller.encode("utf-8", errors="replace"))
+        return self.render(logger, name, small)
 
 
 class QueuedHandler(logging.Handler):
@@ -112,7 +139,7 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
         final = [
             structlog.processors.ExceptionRenderer(tracebacks),
             _CapFields(max_line // 2),
-            structlog.processors.JSONRenderer(),
+            _BoundedJSONRenderer(max_line),
         ]
     else:
         exc_formatter = structlog.dev.RichTracebackFormatter(
