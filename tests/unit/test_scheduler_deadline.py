@@ -120,3 +120,46 @@ async def test_without_the_adaptive_deadline_a_hung_call_holds_its_slot(tmp_path
     retry = RetryPolicy(fixed_attempt_deadline=True, rollout_timeout_s=3.0)
     seconds, run = await _job_seconds(tmp_path, HangingModel(latency_s=0.01, hang_every=100), retry, 200)
     assert seconds >= 3.0 and run.deadline.timeouts == 0
+
+
+async def test_a_retry_after_a_cut_gets_twice_the_deadline() -> None:
+    d = AdaptiveDeadline(multiplier=2, floor_s=0.05, ceiling_s=60, warmup=20)
+    for _ in range(20):
+        d._observe(0.01)
+    assert d.current_s == 0.05
+    with pytest.raises(ModelCallDeadline):
+        await _call(d, 0.08)
+    with d.scaled(2.0):
+        await _call(d, 0.08)  # 0.08 s < 2 x 0.05 s: gets through
+
+
+class OneSlowTask(LocalModel):
+    """Task 7's answer always takes `slow_s` (a legitimately long generation); the rest are quick."""
+
+    def __init__(self, slow_s: float) -> None:
+        super().__init__(latency_s=0.01)
+        self.slow_s = slow_s
+
+    async def generate(self, call: object) -> object:
+        text = str(call.messages[-1].get("content", ""))  # type: ignore[attr-defined]
+        if text == "What is 7 + 8?":
+            await asyncio.sleep(self.slow_s)
+        return await super().generate(call)
+
+
+async def test_a_legitimately_long_call_gets_through_on_a_doubled_deadline(tmp_path: Path) -> None:
+    rows = Rows.arithmetic(60)
+    path = rows.write(tmp_path / "d.jsonl")
+    spec = JobSpec(
+        dataset=str(path),
+        environment="arithmetic",
+        concurrency=4,
+        retry=RetryPolicy(max_attempts=4, attempt_deadline_floor_s=0.15, attempt_deadline_multiplier=3),
+    )
+    sink = MemorySink()
+    run = JobRun("job-s", build_plan(CATALOG, spec), sink, model=OneSlowTask(0.4), env=LocalEnv())
+    result = await run.run(await run.open())
+    assert result.state == "SUCCEEDED", result.error
+    slow = [r for r in sink.rollouts if r.attempts > 1]
+    assert slow and run.deadline.timeouts >= 1  # cut at 0.15 s and 0.3 s, through at 0.6 s
+    assert all(r.attempts <= 4 for r in slow)

@@ -5,14 +5,15 @@ call runs under `AdaptiveDeadline.guard()`, whose deadline is
 
     clamp(multiplier x p99 of the last `window` successful call latencies, floor_s, ceiling_s)
 
-(defaults 4 x p99, floor 2 s, ceiling = `retry.rollout_timeout_s`). Until `warmup` calls have
-finished the deadline is the ceiling. When the estimate changes, calls already in flight are
-re-deadlined too (measured from their own start), so a call that hung before the first estimate
-is cut as soon as there is one. A call that times out raises `ModelCallDeadline`
-(DEADLINE_EXCEEDED, reason MODEL_CALL_DEADLINE: the retry policy tries the rollout again) and its
-latency is not a sample; when more than `TOO_MANY_TIMEOUTS` of the recent calls time out (the
-model got slower, not a few hung calls), the deadline doubles, up to the ceiling, until
-successful samples move the estimate again.
+(defaults 3 x p99, floor 1 s, ceiling = `retry.rollout_timeout_s`); a rollout retried after a
+cut gets 2x, then 4x ... that deadline (`scaled`), so a legitimately long call is not cut
+forever. Until `warmup` calls have finished the deadline is the ceiling. When the estimate
+changes, calls already in flight are re-deadlined too (measured from their own start), so a call
+that hung before the first estimate is cut as soon as there is one. A call that times out raises
+`ModelCallDeadline` (DEADLINE_EXCEEDED, reason MODEL_CALL_DEADLINE: the retry policy tries the
+rollout again at once) and its latency is not a sample; when more than `TOO_MANY_TIMEOUTS` of the
+recent calls time out (the model got slower, not a few hung calls), the deadline doubles, up to
+the ceiling, until successful samples move the estimate again.
 Timing uses the event loop's clock (what `asyncio.timeout` schedules on).
 """
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import AsyncIterator
+import contextvars
+from collections.abc import AsyncIterator, Iterator
 
 from rollmesh.mesh.errors import DeadlineExceeded
 
@@ -31,6 +33,11 @@ class ModelCallDeadline(DeadlineExceeded):
 
     reason = "MODEL_CALL_DEADLINE"
 
+
+# How many times the current deadline this task's calls get: a rollout whose call was cut tries
+# again with twice the deadline (then four times ...), so a call that is legitimately long (a rare
+# long generation, the same again on retry) gets through, while a hung one is replaced at once.
+_SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("rollmesh_deadline_scale", default=1.0)
 
 TOO_MANY_TIMEOUTS = 0.05  # fraction of the last OUTCOMES calls
 OUTCOMES = 200
@@ -58,7 +65,17 @@ class AdaptiveDeadline:
         self._samples: collections.deque[float] = collections.deque(maxlen=window)
         self._outcomes: collections.deque[bool] = collections.deque(maxlen=OUTCOMES)  # True: timed out
         self._since_estimate = 0
-        self._active: dict[int, tuple[float, asyncio.Timeout]] = {}
+        self._active: dict[int, tuple[float, float, asyncio.Timeout]] = {}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def scaled(factor: float) -> Iterator[None]:
+        """Calls made in this block (this task) get `factor` x the deadline."""
+        token = _SCALE.set(factor)
+        try:
+            yield
+        finally:
+            _SCALE.reset(token)
 
     @contextlib.asynccontextmanager
     async def guard(self) -> AsyncIterator[None]:
@@ -67,11 +84,11 @@ class AdaptiveDeadline:
             yield
             return
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        cm = asyncio.timeout_at(start + self.current_s)
+        start, scale = loop.time(), _SCALE.get()
+        cm = asyncio.timeout_at(start + self._bounded(self.current_s * scale))
         try:
             async with cm:
-                self._active[id(cm)] = (start, cm)
+                self._active[id(cm)] = (start, scale, cm)
                 try:
                     yield
                 finally:
@@ -82,7 +99,9 @@ class AdaptiveDeadline:
             self._timed_out()
             raise ModelCallDeadline(
                 f"the model call took over {loop.time() - start:.2f} s: the adaptive deadline "
-                f"({self.multiplier:g} x recent p99 {self.p99():.3f} s, at least {self.floor_s:g} s)"
+                f"({self.multiplier:g} x recent p99 {self.p99():.3f} s, at least {self.floor_s:g} s"
+                + (f", x{scale:g} for this retry" if scale != 1 else "")
+                + ")"
             ) from None
         self._observe(loop.time() - start)
 
@@ -108,11 +127,14 @@ class AdaptiveDeadline:
         ordered = sorted(self._samples)
         return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
+    def _bounded(self, deadline_s: float) -> float:
+        return min(self.ceiling_s, max(self.floor_s, deadline_s))
+
     def _set(self, deadline_s: float) -> None:
-        new = min(self.ceiling_s, max(self.floor_s, deadline_s))
+        new = self._bounded(deadline_s)
         if new == self.current_s:
             return
         self.current_s = new
-        for start, cm in list(self._active.values()):
+        for start, scale, cm in list(self._active.values()):
             if not cm.expired():
-                cm.reschedule(start + new)
+                cm.reschedule(start + self._bounded(new * scale))

@@ -38,7 +38,7 @@ from rollmesh.scheduler.agent import (
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
-from rollmesh.scheduler.deadline import AdaptiveDeadline
+from rollmesh.scheduler.deadline import AdaptiveDeadline, ModelCallDeadline
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
@@ -306,16 +306,24 @@ class JobRun:
             task = self.plan.rows[key.task_index]
             seed = self.plan.spec.starting_seed + key.rollout_index
 
+            cuts = 0  # model calls of this rollout cut by the adaptive deadline: each doubles the next
+
             async def attempt() -> tuple[AgentOutcome, TokenRecord]:
-                out = await run_agent(
-                    job_id=self.job_id,
-                    key=key,
-                    task=task,
-                    seed=seed,
-                    settings=self.settings,
-                    model=self.model,
-                    env=self.env,
-                )
+                nonlocal cuts
+                try:
+                    with self.deadline.scaled(2.0**cuts):
+                        out = await run_agent(
+                            job_id=self.job_id,
+                            key=key,
+                            task=task,
+                            seed=seed,
+                            settings=self.settings,
+                            model=self.model,
+                            env=self.env,
+                        )
+                except ModelCallDeadline:
+                    cuts += 1
+                    raise
                 # A record that does not line up (TOKEN_RECORD_MISMATCH) fails the rollout, not the job.
                 return out, self._tokens(out.turns)
 

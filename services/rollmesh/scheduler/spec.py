@@ -31,8 +31,8 @@ class RetryPolicy:
     # The same non-retryable error class on this many rollouts in a row fails the job at once.
     fail_fast_after: int = 20
     # A model call's deadline: multiplier x recent p99 latency, within [floor, rollout_timeout_s].
-    attempt_deadline_multiplier: float = 4.0
-    attempt_deadline_floor_s: float = 2.0
+    attempt_deadline_multiplier: float = 3.0
+    attempt_deadline_floor_s: float = 1.0
     fixed_attempt_deadline: bool = False
 
     def with_defaults(self) -> RetryPolicy:

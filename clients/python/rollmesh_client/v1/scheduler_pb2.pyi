@@ -321,10 +321,11 @@ class RetryPolicy(_message.Message):
     """
     attempt_deadline_multiplier: _builtins.float
     """A model call's deadline is this multiple of the recent p99 model-call latency
-    (default 4), at least `attempt_deadline_floor_s`, at most `rollout_timeout_s`.
+    (default 3), at least `attempt_deadline_floor_s`, at most `rollout_timeout_s`;
+    a rollout retried after a cut call gets twice the deadline, then four times, ...
     """
     attempt_deadline_floor_s: _builtins.float
-    """The least a model call is given once latency has been observed (default 2 s)."""
+    """The least a model call is given once latency has been observed (default 1 s)."""
     fixed_attempt_deadline: _builtins.bool
     """Turn the adaptive deadline off: every attempt gets `rollout_timeout_s`."""
     def __init__(
