@@ -318,10 +318,12 @@ class Sandbox:
         status, error = "ok", ""
         try:
             async with asyncio.timeout(limits.wall_s):
-                await channel.request(
+                hello = await channel.send(
                     "hello", reply_fd=child_fd, limits=asdict(limits), guards=guards, drop_to=drop_to
                 )
-                error = await _judge(channel, code, tests, verdicts)
+                load = await channel.send("load", code=code, mode=tests.kind)  # pipelined
+                await channel.receive(hello)
+                error = await _judge(channel, await channel.receive(load), tests, verdicts)
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
@@ -404,9 +406,10 @@ def _world_usable_python() -> str | None:
     return next((c for c in candidates if _world_usable(c)), None)
 
 
-async def _judge(channel: Channel, code: str, tests: TestSpec, verdicts: list[dict[str, Any]]) -> str:
-    """Load the code, then check every case here; returns the load error ("" when it loaded)."""
-    load = await channel.request("load", code=code, mode=tests.kind)
+async def _judge(
+    channel: Channel, load: dict[str, Any], tests: TestSpec, verdicts: list[dict[str, Any]]
+) -> str:
+    """Given the reply to "load", check every case here; returns the load error ("" when it loaded)."""
     if "error" in load:
         failed = {"ok": False, "error": f"the code did not load: {str(load['error'])[:MAX_ERROR_CHARS]}"}
         verdicts += [failed] * len(tests.cases)
@@ -475,16 +478,26 @@ class Channel:
             self._writer.close()
 
     async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        return await self.receive(await self.send(op, **fields))
+
+    async def send(self, op: str, **fields: Any) -> int:
+        """Write one request (replies come back in order: `receive` them by id)."""
         ident = self._next_id
         self._next_id += 1
         try:
             self._writer.write((json.dumps({"id": ident, "op": op, **fields}) + "\n").encode())
             await self._writer.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise ChannelBroken("the sandbox closed the channel") from None
+        return ident
+
+    async def receive(self, ident: int) -> dict[str, Any]:
+        try:
             size = int.from_bytes(await self._reader.readexactly(4), "big")
             if size > self._max_frame:
                 raise ChannelBroken(f"a reply of {size} bytes exceeds the {self._max_frame}-byte cap")
             frame = parse_frame(await self._reader.readexactly(size))
-        except (asyncio.IncompleteReadError, BrokenPipeError, ConnectionResetError):
+        except asyncio.IncompleteReadError:
             raise ChannelBroken("the sandbox closed the channel") from None
         except BadValue as exc:
             raise ChannelBroken(str(exc)) from None
