@@ -111,7 +111,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
         self._ids = itertools.count()
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._outbox: asyncio.Queue[Req | None] | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._readers: set[asyncio.Task[None]] = set()  # one per stream still being read
         self._probe: asyncio.Future[RollmeshClientError | None] | None = None
         self._unimplemented: RollmeshClientError | None = None
 
@@ -223,7 +223,9 @@ class Multiplexed(Generic[Req, Resp, Out]):
     def _open(self) -> asyncio.Queue[Req | None]:
         outbox: asyncio.Queue[Req | None] = asyncio.Queue()
         self._outbox = outbox
-        self._reader = asyncio.create_task(self._run(outbox), name=f"{self._what}-stream")
+        reader = asyncio.create_task(self._run(outbox), name=f"{self._what}-stream")
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
         return outbox
 
     async def _run(self, outbox: asyncio.Queue[Req | None]) -> None:
@@ -268,10 +270,10 @@ class Multiplexed(Generic[Req, Resp, Out]):
     async def close(self) -> None:
         """Half-close the stream and stop reading it (calls still waiting fail)."""
         self.done_writing()
-        reader, self._reader = self._reader, None
-        if reader is not None:
+        readers = list(self._readers)
+        for reader in readers:
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+        await asyncio.gather(*readers, return_exceptions=True)
 
 
 async def call_many(
