@@ -74,7 +74,7 @@ def test_writer_without_a_file_descriptor_writes_through_the_stream() -> None:
 
 CHILD = textwrap.dedent(
     """
-    import asyncio, sys, time
+    import asyncio, logging, sys, time
     from rollmesh.mesh.logging import configure, get_logger
 
     configure(json=True)
@@ -107,6 +107,8 @@ CHILD = textwrap.dedent(
         await tick
         print(f"flooded took={took:.3f} lag={lag:.3f}", flush=True)
         await asyncio.to_thread(sys.stdin.readline)
+        # stderr is read now: once the queue has drained there is room again
+        await asyncio.to_thread(logging.getLogger().handlers[0].writer.flush, 30)
         log.info("after")
 
     asyncio.run(main())

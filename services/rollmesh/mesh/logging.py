@@ -64,9 +64,12 @@ class _BoundedJSONRenderer:
         self.max_bytes = max_bytes
         self.render = structlog.processors.JSONRenderer()
 
+    def _size(self, line: str | bytes) -> int:
+        return len(line if isinstance(line, bytes) else line.encode("utf-8", errors="replace"))
+
     def __call__(self, logger: Any, name: str, event_dict: Any) -> Any:
         line = self.render(logger, name, event_dict)
-        size = len(line.encode("utf-8", errors="replace"))
+        size = self._size(line)
         if size <= self.max_bytes:
             return line
         small = cap_strings(event_dict, max(64, self.max_bytes // 16))
@@ -76,7 +79,7 @@ class _BoundedJSONRenderer:
                 {**e, "frames": e.get("frames", [])[-3:]} if isinstance(e, dict) else e for e in chain[-3:]
             ]
         smaller = self.render(logger, name, small)
-        small["truncated_bytes"] = size - len(smaller.encode("utf-8", errors="replace"))
+        small["truncated_bytes"] = size - self._size(smaller)
         return self.render(logger, name, small)
 
 
