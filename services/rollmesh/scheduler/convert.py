@@ -10,7 +10,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from rollmesh.mesh.chat import content_text
+from rollmesh.mesh import chat
 from rollmesh.scheduler.metrics import Metrics, TaskProfile
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
@@ -25,36 +25,12 @@ def key_from_pb(msg: common_pb2.RolloutKey) -> RolloutKey:
 
 
 def message_to_pb(msg: Mapping[str, Any]) -> common_pb2.ChatMessage:
-    """An OpenAI-style message dict; tool calls `{"id", "type", "function": {"name", "arguments"}}`."""
-    out = common_pb2.ChatMessage(
-        role=str(msg.get("role", "")),
-        content=content_text(msg.get("content")),  # content parts: keep the text ones
-        tool_call_id=str(msg.get("tool_call_id") or ""),
-        name=str(msg.get("name") or ""),
-    )
-    for call in msg.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call.get("function"), dict) else call
-        args = fn.get("arguments", "")
-        out.tool_calls.add(
-            id=str(call.get("id", "")),
-            name=str(fn.get("name", "")),
-            arguments_json=args if isinstance(args, str) else json.dumps(args),
-        )
-    return out
+    """An OpenAI-style message dict (content parts flattened to their text)."""
+    return chat.message_to_pb(chat.Message.from_openai(msg))
 
 
 def message_from_pb(msg: common_pb2.ChatMessage) -> Json:
-    out: Json = {"role": msg.role, "content": msg.content}
-    if msg.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-            for c in msg.tool_calls
-        ]
-    if msg.tool_call_id:
-        out["tool_call_id"] = msg.tool_call_id
-    if msg.name:
-        out["name"] = msg.name
-    return out
+    return chat.message_from_pb(msg).to_openai()
 
 
 def tokens_to_pb(rec: TokenRecord) -> common_pb2.TokenRecord:
