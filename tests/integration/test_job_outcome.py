@@ -70,10 +70,10 @@ async def test_every_call_unauthenticated_fails_fast_with_exit_4(mesh: Mesh) -> 
     big.write_text(mesh.data.read_text() * 25)  # 500 rows: fail fast must not burn through them
     args = _submit_args(mesh)
     args[args.index("--dataset") + 1] = str(big)
-    code, out, err = await run_cli(*args, "--json")
+    code, out, err = await run_cli(*args, "--json", "--fail-fast-after", "5")
     assert code == 4, err
-    assert "20 rollouts in a row failed with UNAUTHENTICATED" in err and "bad bearer token" in err
-    assert mesh.gateway.faults.calls["Generate"] < 100
+    assert "5 rollouts in a row failed with UNAUTHENTICATED" in err and "bad bearer token" in err
+    assert mesh.gateway.faults.calls["Generate"] < 20
     job = json.loads(out)
     assert (
         job["state"] == "JOB_STATE_FAILED" and job["failure_summary"][0]["error_class"] == "UNAUTHENTICATED"

@@ -104,15 +104,19 @@ async def _job_seconds(
 async def test_one_percent_hung_calls_keep_the_throughput(tmp_path: Path) -> None:
     rows = 800
     retry = RetryPolicy(attempt_deadline_floor_s=0.5, rollout_timeout_s=120)
-    clean_s, _ = await _job_seconds(tmp_path, HangingModel(latency_s=0.05, hang_every=0), retry, rows)
-    model = HangingModel(latency_s=0.05, hang_every=100)
-    hung_s, run = await _job_seconds(tmp_path, model, retry, rows)
-    # Every hung call was cut (a loaded machine may cut a few slow ones too: they are retried).
-    assert model.hung >= 7 and run.deadline.timeouts >= model.hung and run.progress.retries >= model.hung
-    ratio = clean_s / hung_s  # throughput with hangs / without
+    clean: list[float] = []
+    hung: list[float] = []
+    for _ in range(2):  # alternate and keep each side's best: a loaded machine slows either at random
+        seconds, _ = await _job_seconds(tmp_path, HangingModel(latency_s=0.05, hang_every=0), retry, rows)
+        clean.append(seconds)
+        model = HangingModel(latency_s=0.05, hang_every=100)
+        seconds, run = await _job_seconds(tmp_path, model, retry, rows)
+        hung.append(seconds)
+        # Every hung call was cut (a loaded machine may cut a few slow ones too: they are retried).
+        assert model.hung >= 7 and run.deadline.timeouts >= model.hung and run.progress.retries >= model.hung
+    ratio = min(clean) / min(hung)  # throughput with hangs / without
     # Within 20% on an idle machine (bench/hung_calls.py); generous here for a loaded 2-core CI.
-    print(f"hung-calls ratio {ratio:.3f} (clean {clean_s:.2f} s, hung {hung_s:.2f} s)")
-    assert ratio > 0.5, f"clean {clean_s:.2f} s, with 1% hung calls {hung_s:.2f} s"
+    assert ratio > 0.5, f"clean {clean} s, with 1% hung calls {hung} s"
 
 
 async def test_without_the_adaptive_deadline_a_hung_call_holds_its_slot(tmp_path: Path) -> None:

@@ -79,6 +79,14 @@ UnavailableBudget = Annotated[
         help="Seconds the gateway or verifier may stay unreachable before the job fails (0: default).",
     ),
 ]
+FailFastAfter = Annotated[
+    int,
+    typer.Option(
+        "--fail-fast-after",
+        help="Fail the job at once when this many rollouts in a row fail with the same "
+        "non-retryable error (0: default 20).",
+    ),
+]
 AllowedFailures = Annotated[
     str,
     typer.Option(
@@ -109,6 +117,7 @@ class SpecOptions:
     max_attempts: int = 0
     rollout_timeout_s: float = 0.0
     unavailable_budget_s: float = 0.0
+    fail_fast_after: int = 0
     job_id: str = ""  # resume exactly this job
     resume_latest: bool = False  # resume the newest unfinished job with the same settings
     allowed_failures: str = ""
@@ -132,6 +141,7 @@ _JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
     ("max_attempts", MaxAttempts, 0, "max_attempts"),
     ("rollout_timeout", RolloutTimeout, 0.0, "rollout_timeout_s"),
     ("unavailable_budget", UnavailableBudget, 0.0, "unavailable_budget_s"),
+    ("fail_fast_after", FailFastAfter, 0, "fail_fast_after"),
     ("output_dir", OutputDir, "", "output_dir"),
     ("resume", Resume, False, "resume_latest"),
     ("job_id", JobId, "", "job_id"),
@@ -171,6 +181,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         "max_attempts",
         "rollout_timeout_s",
         "unavailable_budget_s",
+        "fail_fast_after",
     ):
         if getattr(o, name) < 0:
             flag = "--" + name.removesuffix("_s").replace("_", "-")
@@ -194,6 +205,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
             max_attempts=o.max_attempts,
             rollout_timeout_s=o.rollout_timeout_s,
             unavailable_budget_s=o.unavailable_budget_s,
+            fail_fast_after=o.fail_fast_after,
         ),
     )
     if o.shard:

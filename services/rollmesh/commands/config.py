@@ -25,7 +25,10 @@ JOB_DEFAULTS = {
         "--unavailable-budget",
         "Seconds the gateway or verifier may stay unreachable before the job fails.",
     ),
-    "fail_fast_after": ("", "The same non-retryable error on this many rollouts in a row fails the job."),
+    "fail_fast_after": (
+        "--fail-fast-after",
+        "The same non-retryable error on this many rollouts in a row fails the job.",
+    ),
     "attempt_deadline_multiplier": ("", "A model call's deadline: this multiple of the recent p99 latency."),
     "attempt_deadline_floor_s": ("", "The least a model call is given once latency has been observed."),
     "fixed_attempt_deadline": ("", "Every attempt gets rollout_timeout_s (no adaptive deadline)."),
