@@ -45,6 +45,9 @@ async def test_permanent_failures_end_completed_with_failures(mesh: Mesh) -> Non
     ]
     assert dict(metrics.failures_by_class) == {"INVALID_ARGUMENT": 3}
     assert len(_rows(mesh, final.job_id, "failures.jsonl")) == 3 and len(_rows(mesh, final.job_id)) == 37
+    code, out, err = await run_cli("jobs", "status", final.job_id, "--scheduler", mesh.scheduler_addr)
+    assert code == 0, err
+    assert "failed: INVALID_ARGUMENT" in out and "3 (e.g. prompt too long)" in out
 
 
 async def test_cli_exit_codes_tell_the_outcome(mesh: Mesh) -> None:  # noqa: F811

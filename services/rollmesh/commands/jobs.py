@@ -83,6 +83,9 @@ def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
     ]
     if job.error:
         rows.append(("error", job.error))
+    rows += [  # the top failure classes so far, with one example each
+        (f"failed: {f.error_class}", f"{f.count} (e.g. {f.example_message})") for f in job.failure_summary
+    ]
     if job.resumable:
         rows.append(("resume", resume_command(job, scheduler)))
     print_table(f"job {job.job_id}", ["field", "value"], rows)
