@@ -88,6 +88,14 @@ exec chroot "$R" /bin/sh -c 'cd /sandbox && exec "$0" -I -S -B runner.py' "$PY"
 """
 
 
+# What a namespaces run must show before the mode is trusted (statvfs flags: 1 ro, 2 nosuid).
+_PROBE_CHECKS = {
+    "a run does not complete": "assert x == 1",
+    "/usr is not read-only and nosuid in the chroot": "assert os.statvfs('/usr').f_flag & 3 == 3",
+    "the Python prefix is not read-only and nosuid": "assert os.statvfs(sys.base_prefix).f_flag & 3 == 3",
+}
+
+
 @dataclass(frozen=True)
 class TestSpec:
     """`asserts`: each case is Python source run after the solution (shared globals).
@@ -203,13 +211,18 @@ class Sandbox:
         if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
             return False, "unshare(1) not available"
         limits = replace(self.config.limits, wall_s=20.0, cpu_s=10)
+        checks = dict(_PROBE_CHECKS)
+        if self._drop_privileges:
+            checks["the code does not run as uid 65534"] = f"assert os.getuid() == {SANDBOX_UID}"
+        tests = TestSpec("asserts", list(checks.values()))
         try:
-            res = await self._run_once("x = 1", TestSpec("asserts", ["assert x == 1"]), limits, "namespaces")
+            res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces")
         except OSError as exc:
             return False, str(exc)
-        if res.status == "ok" and res.passed == 1:
-            return True, ""
-        return False, (res.error or res.stderr.strip() or res.status)[-300:]
+        if res.status != "ok":
+            return False, (res.error or res.stderr.strip() or res.status)[-300:]
+        failed = [why for why, case in zip(checks, res.cases, strict=False) if not case.get("ok")]
+        return (False, "; ".join(failed)) if failed else (True, "")
 
     # -- runs -----------------------------------------------------------------------------------------
 
