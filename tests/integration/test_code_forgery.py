@@ -245,3 +245,25 @@ async def test_partial_credit_still_counts(verifier: tuple[Client, MeshServer, s
         client, IO_TESTS, "a, b = map(int, input().split())\nprint(abs(a * b))\n", partial=True
     )
     assert io_partial == pytest.approx(2 / 3), details
+
+
+HUMANEVAL_TESTS = [
+    "def check(candidate):\n"
+    "    assert candidate(2, 3) == 5\n"
+    "    for x in range(4):\n"
+    "        assert candidate(x, -x) == 0\n"
+    "    assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9\n"
+    "\n"
+    "check(add)\n"
+]
+
+
+async def test_helper_style_tests_cannot_be_forged(verifier: tuple[Client, MeshServer, str]) -> None:
+    """HumanEval's shape (`def check(candidate): assert ...`, then `check(add)`): the helper's
+    asserts run in the verifier too, so the same forgeries score 0 and honest code 1.0."""
+    client, _, _ = verifier
+    honest, details = await _reward(client, HUMANEVAL_TESTS, HONEST)
+    assert honest == 1.0, details
+    for name in ("eq_always_true", "int_subclass_eq", "patch_builtins", "hijack_runner_object"):
+        reward, details = await _reward(client, HUMANEVAL_TESTS, FORGERIES[name], partial=True)
+        assert reward == 0.0, (name, details)

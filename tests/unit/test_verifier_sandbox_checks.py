@@ -112,10 +112,48 @@ async def test_builtins_rebound_by_the_solution_are_not_used() -> None:
 
 async def test_asserts_that_would_run_in_the_sandbox_are_refused() -> None:
     child = RecordingChild(SOLUTION)
-    case = "def check(f):\n    assert f(1, 2) == 3\ncheck(add)"
-    with pytest.raises(CaseFailed, match="unverifiable"):
-        await Checker(child).check(case)
+    for case in (
+        "def check(*fs):\n    assert fs[0](1, 2) == 3\ncheck(add)",
+        "i = 0\nwhile i < 2:\n    assert add(i, 0) == i\n    i += 1",
+        "try:\n    assert add(1, 1) == 2\nexcept AssertionError:\n    pass",
+    ):
+        with pytest.raises(CaseFailed, match="unverifiable"):
+            await Checker(child).check(case)
     assert child.sent == []
+
+
+HUMANEVAL_STYLE = """
+METADATA = {'author': 'jt', 'dataset': 'test'}
+
+
+def check(candidate):
+    assert candidate(1, 2) == 3
+    assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9
+    for x in range(3):
+        assert candidate(x, x) == 2 * x
+    inner(candidate, 5)
+
+
+def inner(f, n):
+    assert f(n, -n) == 0
+    return n
+
+check(add)
+"""
+
+
+async def test_helpers_the_tests_define_run_here() -> None:
+    """HumanEval's `def check(candidate): assert ...` then `check(entry_point)`: the helper is
+    interpreted in the verifier; the sandbox only sees `add(...)` probes."""
+    child = RecordingChild(SOLUTION)
+    assert await passes(child, HUMANEVAL_STYLE)
+    assert {op for op, _, _ in child.sent} == {"eval"}
+    assert all(src.startswith("add(") for _, src, _ in child.sent), child.sent
+    assert ("eval", "add(x, x)", {"x": 2}) in child.sent
+    liar = RecordingChild("class Yes:\n    def __eq__(self, o): return True\ndef add(a, b): return Yes()\n")
+    assert not await passes(liar, HUMANEVAL_STYLE)
+    wrong = RecordingChild("def add(a, b): return a - b\n")
+    assert not await passes(wrong, HUMANEVAL_STYLE)
 
 
 async def test_sizes_are_bounded_on_the_trusted_side() -> None:

@@ -11,16 +11,22 @@ its source, plus the values of the comprehension/loop variables it names, goes t
 Other statements (`s = Solution()`, `s.push(1)`, a helper `def`) run in the sandbox (`Child.exec`),
 and names they bind are probed from then on.
 
+A function the tests define with asserts in it (HumanEval's `def check(candidate)`) is
+interpreted here as well: arguments computed here are passed as values, others (the solution's
+function) by reference, their source put in place of the parameter in each probe (`_Ref`).
+
 So the expected values and the comparison never enter the sandbox, and a value whose `__eq__`
 lies cannot reach the comparison. A statement that would need an `assert` to run in the sandbox
-(inside a `def`, `while`, `with`, `try`) is refused as unverifiable: the case fails with that
-reason. What a probe's arguments contain (inputs, loop variables) is visible to the solution; a
-helper the tests define and call (`assert check(f)`) runs in the sandbox, so its answer is a claim.
+(inside a `while`, `with`, `try`, or a helper too complex to interpret) is refused as
+unverifiable: the case fails with that reason. What a probe's arguments contain (inputs, loop
+variables) is visible to the solution; a helper without asserts that the tests call for a value
+(`assert is_valid(f(3))`) runs in the sandbox, so its answer is a claim.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import math
 import operator
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +39,8 @@ from rollmesh.verifier.sandbox_values import check_hashes
 MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
 MAX_LEN = 1 << 20  # sequences built here (*, range) stay below this many items
 MAX_STEPS = 200_000  # loop iterations and probes per case
+MAX_HELPER_DEPTH = 16
+_HELPER_SCOPE = " helper"  # a key no identifier can be: marks a helper's local scope
 
 
 class Child(Protocol):
@@ -216,6 +224,7 @@ class Checker:
     child_names: set[str] = field(default_factory=set)
     steps: int = 0
     no_probes: bool = False
+    depth: int = 0
 
     async def check(self, source: str) -> None:
         """Raises CaseFailed (or ProbeError) unless every statement of the case holds."""
@@ -252,6 +261,17 @@ class Checker:
                 await self._block(stmt.body, local)
         elif isinstance(stmt, ast.Raise):
             raise CaseFailed(f"the test raised: {ast.unparse(stmt)[:200]}")
+        elif isinstance(stmt, ast.Return) and _HELPER_SCOPE in local:
+            raise _Return(None if stmt.value is None else await self._eval(stmt.value, local))
+        elif isinstance(stmt, ast.FunctionDef) and _unverifiable(stmt) and _helper_ok(stmt):
+            self._store(stmt.name, _Helper(stmt), local)
+        elif (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name)
+            and isinstance(self._resolve(stmt.value.func.id, local), _Helper)
+        ):
+            await self._eval(stmt.value, local)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             await self._import(stmt, local)
         elif (
@@ -265,7 +285,9 @@ class Checker:
             why = _unverifiable(stmt)
             if why:
                 raise CaseFailed(f"unverifiable test, {why}")
-            await self.child.exec(ast.unparse(stmt), self._bind_for(stmt, local))
+            if self.no_probes:
+                raise _NeedsProbe
+            await self.child.exec(*self._for_child(stmt, local))
             for name in _names_bound(stmt):
                 local.pop(name, None)
                 self.values.pop(name, None)
@@ -274,22 +296,24 @@ class Checker:
     async def _eval_here(self, node: ast.expr, local: dict[str, Any]) -> Any:
         """`node`'s value when it needs no probe (an assignment of it then stays out of the
         sandbox), else _UNRESOLVED."""
-        self.no_probes = True
+        before, self.no_probes = self.no_probes, True
         try:
             return await self._eval(node, local)
         except _NeedsProbe:
             return _UNRESOLVED
         finally:
-            self.no_probes = False
+            self.no_probes = before
 
     def _store(self, name: str, value: Any, local: dict[str, Any]) -> None:
         self.child_names.discard(name)
-        if name in local:
+        if name in local or _HELPER_SCOPE in local:
             local[name] = value
         else:
             self.values[name] = value
 
     async def _import(self, stmt: ast.Import | ast.ImportFrom, local: dict[str, Any]) -> None:
+        if self.no_probes:
+            raise _NeedsProbe
         await self.child.exec(ast.unparse(stmt), {})
         for alias in stmt.names:
             bound = (alias.asname or alias.name).split(".")[0]
@@ -401,6 +425,8 @@ class Checker:
         plain_args = not any(isinstance(a, (ast.Starred, ast.Lambda)) for a in node.args) and not any(
             k.arg is None or isinstance(k.value, ast.Lambda) for k in node.keywords
         )
+        if isinstance(func, _Helper) and plain_args:
+            return await self._call_helper(func, node, local)
         if func is _UNRESOLVED or not callable(func) or not plain_args:
             return await self._probe(node, local)
         if func in (all, any) and len(node.args) == 1 and isinstance(node.args[0], ast.GeneratorExp):
@@ -452,21 +478,104 @@ class Checker:
             return set(items)
         return items
 
-    def _bind_for(self, node: ast.AST, local: dict[str, Any]) -> dict[str, Any]:
-        """The values the sandbox needs for `node`: those of the names it uses that live here."""
-        bind = {}
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Name) and sub.id not in bind:
-                value = local.get(sub.id, self.values.get(sub.id, _UNRESOLVED))
-                if value is not _UNRESOLVED and not isinstance(value, _Module) and not callable(value):
-                    bind[sub.id] = encode(value)
-        return bind
+    async def _call_helper(self, helper: _Helper, call: ast.Call, local: dict[str, Any]) -> Any:
+        """Interpret a function the tests define (its asserts must run here). An argument this
+        side can compute is passed as a value; any other (the solution's function, say) as a
+        `_Ref`, whose source is put in place of the parameter in every probe that names it."""
+        fn = helper.node
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        given: dict[str, ast.expr] = dict(zip(params, call.args, strict=False))
+        given.update({k.arg: k.value for k in call.keywords if k.arg is not None})
+        if len(call.args) > len(params) or set(given) - set(params):
+            raise CaseFailed(f"{fn.name}() called with arguments it does not take")
+        defaults = dict(zip(params[len(params) - len(fn.args.defaults) :], fn.args.defaults, strict=True))
+        scope: dict[str, Any] = {_HELPER_SCOPE: fn.name}
+        for param in params:
+            if param in given:
+                value = await self._eval_here(given[param], local)
+                scope[param] = _Ref(given[param], local) if value is _UNRESOLVED else value
+            elif param in defaults:
+                scope[param] = await self._eval(defaults[param], {})
+            else:
+                raise CaseFailed(f"{fn.name}() missing argument {param!r}")
+        self.depth += 1
+        if self.depth > MAX_HELPER_DEPTH:
+            raise CaseFailed(f"helpers nested deeper than {MAX_HELPER_DEPTH}")
+        try:
+            await self._block(fn.body, scope)
+        except _Return as ret:
+            return ret.value
+        finally:
+            self.depth -= 1
+        return None
+
+    def _for_child(self, node: ast.AST, local: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """`node`'s source as the sandbox gets it (names bound to `_Ref`s replaced by their source)
+        and the values it needs from here (encoded), refusing a name that would mean two things."""
+        binds: dict[str, Any] = {}
+
+        def expand(tree: ast.AST, scope: dict[str, Any], depth: int) -> ast.AST:
+            checker = self
+
+            class Substitute(ast.NodeTransformer):
+                def visit_Name(self, name: ast.Name) -> ast.AST:
+                    value = checker._resolve(name.id, scope)
+                    if isinstance(value, _Ref):
+                        if depth > MAX_HELPER_DEPTH:
+                            raise CaseFailed("arguments passed through too many helpers")
+                        return expand(copy.deepcopy(value.node), value.local, depth + 1)
+                    if value is _UNRESOLVED or value is SAFE_FUNCS.get(name.id) or name.id == _HELPER_SCOPE:
+                        return name
+                    if isinstance(value, (_Module, _Helper)) or callable(value):
+                        return name
+                    encoded = encode(value)
+                    if binds.setdefault(name.id, encoded) != encoded:
+                        raise CaseFailed(f"unverifiable test: {name.id!r} means two things in one probe")
+                    return name
+
+            result: ast.AST = Substitute().visit(tree)
+            return result
+
+        tree = expand(copy.deepcopy(node), local, 0)
+        return ast.unparse(tree), binds
 
     async def _probe(self, node: ast.expr, local: dict[str, Any]) -> Any:
         if self.no_probes:
             raise _NeedsProbe
         self._step()
-        return await self.child.eval(ast.unparse(node), self._bind_for(node, local))
+        return await self.child.eval(*self._for_child(node, local))
+
+
+@dataclass(frozen=True)
+class _Helper:
+    """A function the tests define whose asserts must run here (see `Checker._call_helper`)."""
+
+    node: ast.FunctionDef
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A helper's parameter bound to an argument that lives in the sandbox: its expression and
+    the scope it was written in."""
+
+    node: ast.expr
+    local: dict[str, Any]
+
+
+class _Return(Exception):
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+
+
+def _helper_ok(fn: ast.FunctionDef) -> bool:
+    """Simple enough to interpret here: plain parameters, no decorators, no nested scopes that
+    would run its asserts in the sandbox, no generators or global/nonlocal."""
+    args = fn.args
+    if fn.decorator_list or args.vararg or args.kwarg or args.kwonlyargs:
+        return False
+    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Yield, ast.YieldFrom, ast.Global)
+    return not any(isinstance(n, (*nested, ast.Nonlocal)) for stmt in fn.body for n in ast.walk(stmt))
 
 
 class _Unresolved:
