@@ -38,6 +38,8 @@ class ServiceClient:
     async def _stream(
         self, method: Callable[..., Any], request: Any, *, timeout_s: float | None = None
     ) -> AsyncIterator[Any]:
+        """The responses of a server- or bidi-streaming call (`request`: a message or an iterator
+        of them); a failure raises the SDK's typed error, and leaving early cancels the call."""
         call = method(request, timeout=timeout_s)
         try:
             async for item in call:

@@ -6,10 +6,8 @@ import json
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from typing import Any
 
-import grpc
-
 from rollmesh_client._base import ServiceClient
-from rollmesh_client._errors import RollmeshClientError, from_grpc_error, from_status
+from rollmesh_client._errors import RollmeshClientError, from_status
 from rollmesh_client._streams import Multiplexed, call_many
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
@@ -148,11 +146,5 @@ class VerifierClient(ServiceClient):
                 for item_id, req in requests:
                     yield pb.VerifyBatchRequest(id=item_id, request=req)
 
-        call = self.stub.VerifyBatch(gen(), timeout=timeout_s)
-        try:
-            async for item in call:
-                yield item
-        except grpc.aio.AioRpcError as exc:
-            raise from_grpc_error(exc) from None
-        finally:
-            call.cancel()
+        async for item in self._stream(self.stub.VerifyBatch, gen(), timeout_s=timeout_s):
+            yield item

@@ -112,19 +112,26 @@ def _decoded(request: Any, request_streaming: bool) -> Any:
     return _checked(request) if request_streaming else _check(request)
 
 
+@contextlib.asynccontextmanager
+async def _observed(method: str, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+    """Around one call: logging context, errors mapped to a status (`_fail`), the `rpc` line."""
+    outcome, start = _Outcome(), time.perf_counter()
+    with structlog.contextvars.bound_contextvars(rpc=method):
+        try:
+            yield
+        except grpc.aio.AbortError:
+            outcome.code = "ABORTED_BY_HANDLER"
+            raise
+        except Exception as exc:
+            await _fail(context, exc, outcome)
+        finally:
+            _finish(method, outcome, context, start)
+
+
 def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool) -> Behavior:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        outcome, start = _Outcome(), time.perf_counter()
-        with structlog.contextvars.bound_contextvars(rpc=method):
-            try:
-                return await behavior(_decoded(request, request_streaming), context)
-            except grpc.aio.AbortError:
-                outcome.code = "ABORTED_BY_HANDLER"
-                raise
-            except Exception as exc:
-                await _fail(context, exc, outcome)
-            finally:
-                _finish(method, outcome, context, start)
+        async with _observed(method, context):
+            return await behavior(_decoded(request, request_streaming), context)
 
     return wrapped
 
@@ -134,23 +141,14 @@ def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool) -> Be
         return _wrap_unary(method, behavior, request_streaming)
 
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-        outcome, start = _Outcome(), time.perf_counter()
-        with structlog.contextvars.bound_contextvars(rpc=method):
-            try:
-                # aclosing: when the client cancels, grpc.aio closes *this* generator (GeneratorExit
-                # at the yield); the handler's own generator must close now too, so its `finally`
-                # (abort the engine request, release a session) runs at once, not at GC.
-                items = behavior(_decoded(request, request_streaming), context)
-                async with contextlib.aclosing(items):
-                    async for item in items:
-                        yield item
-            except grpc.aio.AbortError:
-                outcome.code = "ABORTED_BY_HANDLER"
-                raise
-            except Exception as exc:
-                await _fail(context, exc, outcome)
-            finally:
-                _finish(method, outcome, context, start)
+        async with _observed(method, context):
+            # aclosing: when the client cancels, grpc.aio closes *this* generator (GeneratorExit
+            # at the yield); the handler's own generator must close now too, so its `finally`
+            # (abort the engine request, release a session) runs at once, not at GC.
+            items = behavior(_decoded(request, request_streaming), context)
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    yield item
 
     return wrapped
 
