@@ -89,7 +89,11 @@ ENV_VARS: dict[str, EnvVar] = {
             "A name in two roots resolves to the earliest root instead of an ARTIFACT_COLLISION error.",
         ),
         EnvVar(
-            "ROLLMESH_API_KEY", "", parse_str, "Bearer token servers require (health and reflection exempt)."
+            "ROLLMESH_API_KEY",
+            "",
+            parse_str,
+            "Bearer token every RPC must carry (health and reflection exempt); the SDK, the CLI, the"
+            " services' own calls and a trainer's SinkServer use it too.",
         ),
         EnvVar(
             "ROLLMESH_MAX_MESSAGE_MB",
