@@ -71,6 +71,7 @@ async def passes(child: RecordingChild, case: str) -> bool:
         ("assert any(add(x, 1) == 10 for x in range(5))", False),
         ("for a, b in [(1, 2), (3, 4)]:\n    assert add(a, b) == a + b", True),
         ("import math\nassert math.isclose(add(0.1, 0.2), 0.3)", True),
+        ("assert math.isclose(add(0.1, 0.2), 0.3) and math.floor(add(1.5, 1)) == 2", True),
         ("from math import isclose\nassert isclose(add(0.1, 0.2), 0.3)", True),
         ("assert abs(add(0.1, 0.2) - 0.3) < 1e-9", True),
         ("s = Stack()\ns.push(5)\ns.push(6)\nassert s.pop() == 6\nassert s.pop() == 5", True),
@@ -105,9 +106,13 @@ async def test_expected_values_never_reach_the_child() -> None:
 
 
 async def test_builtins_rebound_by_the_solution_are_not_used() -> None:
-    child = RecordingChild("def add(a, b): return 0\nall = lambda it: True\nabs = lambda x: 0\n")
+    child = RecordingChild(
+        "import math\nmath.isclose = lambda *a, **k: True\n"
+        "def add(a, b): return 0\nall = lambda it: True\nabs = lambda x: 0\n"
+    )
     assert not await passes(child, "assert all(add(x, 1) == x + 1 for x in range(3))")
     assert not await passes(child, "assert abs(add(0.1, 0.2) - 0.3) < 1e-9")
+    assert not await passes(child, "assert math.isclose(add(0.1, 0.2), 0.3)")
 
 
 async def test_asserts_that_would_run_in_the_sandbox_are_refused() -> None:

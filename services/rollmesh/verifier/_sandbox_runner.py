@@ -1,6 +1,6 @@
 """The untrusted side of a sandboxed run. Copied into the run's temp dir and started as
 `python -I -S -B runner.py [--keeper]` with an empty environment; the service imports it only for
-`encode`. `--keeper` (`process` mode as root): see `keep`.
+`encode`. `--keeper` (`process` mode): see `keep`.
 
 Contract: this process never holds an expected value or a comparison. It answers requests, one
 JSON object per line on stdin, with exactly one frame each on the reply fd (4-byte big-endian
@@ -372,9 +372,10 @@ def _kill_descendants() -> None:
 
 
 def keep() -> None:
-    """`process` mode as root: stay root (the code, as uid 65534, cannot signal us), be a child
-    subreaper, run the runner in a child, and when it exits or the verifier sends SIGTERM, SIGKILL
-    every descendant left (daemons that called setsid included), then exit as the runner did."""
+    """`process` mode: be a child subreaper, run the runner in a child, and when it exits or the
+    verifier sends SIGTERM, SIGKILL every descendant left (daemons that called setsid included),
+    then exit as the runner did. As root we stay root while the runner drops to uid 65534, so the
+    code cannot signal us; as non-root it can (that mode promises nothing)."""
     import ctypes
     import signal
 

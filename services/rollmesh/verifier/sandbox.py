@@ -11,10 +11,11 @@ unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
   the code runs as uid/gid 65534, which makes RLIMIT_NPROC bite and the service's files unreadable.
 - `process` (the UNSAFE opt-in): a plain child in a new session, an empty environment, cwd in the
   temp dir, and the runner's guards (no sockets, no fork/exec, no files outside the temp dir:
-  bypassable). As root, a keeper (root, a child subreaper) runs the runner as uid 65534 and, at the
-  end, SIGKILLs every descendant, daemons included; the service's /proc files are then unreadable to
-  the code. As non-root there is no such guarantee: the code can read the service's environment
-  through /proc, signal it, and leave daemons. No network isolation in either case.
+  bypassable). A keeper (a child subreaper) runs the runner and, at the end, SIGKILLs every
+  descendant, daemons included. As root the keeper stays root and the runner becomes uid 65534,
+  so the code can neither kill the keeper nor read the service's /proc files. As non-root there is
+  no such guarantee: the code can kill the keeper, read the service's environment through /proc,
+  and signal it. No network isolation in either case.
 
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
@@ -238,8 +239,7 @@ class Sandbox:
     def _command(self, mode: str, root: Path, work: Path) -> list[str]:
         py = _service_python()
         if mode == "process":
-            keeper = ["--keeper"] if self._drop_to(mode) is not None else []
-            return [self._process_python or py, "-I", "-S", "-B", "runner.py", *keeper]
+            return [self._process_python or py, "-I", "-S", "-B", "runner.py", "--keeper"]
         prefix = os.path.realpath(sys.base_prefix)
         flags = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
         if os.geteuid() != 0:
@@ -344,7 +344,7 @@ class Sandbox:
             status, error = "crashed", str(exc)
         finally:
             channel.close()
-            await self._stop(proc, keeper=drop_to is not None)
+            await self._stop(proc, keeper=mode == "process")
         try:
             async with asyncio.timeout(2.0):
                 (out_head, _, out_trunc), (err_head, _, err_trunc) = await readers

@@ -347,6 +347,8 @@ class Checker:
             return self.values[name]
         if name in self.child_names:
             return _UNRESOLVED
+        if name in TRUSTED_MODULES:  # `math.isclose(...)` stays here even when only the code imports math
+            return _Module(name)
         return SAFE_FUNCS.get(name, _UNRESOLVED)
 
     async def _eval(self, node: ast.expr, local: dict[str, Any]) -> Any:
