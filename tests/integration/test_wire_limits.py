@@ -146,6 +146,33 @@ async def test_a_dataset_row_too_large_is_refused_at_submit(mesh: dict[str, str]
     assert f"{data}:3:" in err.message and "ROLLMESH_MAX_MESSAGE_MB" in err.message
 
 
+async def test_a_job_row_whose_verify_request_is_too_large_fails_alone(
+    mesh: dict[str, str], tmp_path: Path
+) -> None:
+    """A row just under the row limit passes submit, but its VerifyRequest (the row as task_json plus
+    the conversation) is over the limit: that rollout fails with MESSAGE_TOO_LARGE, once (not retried),
+    and every other rollout of the job, sharing the same VerifyBatch stream, succeeds."""
+    data = Rows.arithmetic(6).write(tmp_path / "rows.jsonl")
+    lines = data.read_text().splitlines()
+    big = json.loads(lines[4])
+    big["responses_create_params"]["input"][0]["content"] += " " + "x" * 2_000
+    big["padding"] = ""
+    big["padding"] = "p" * (max_item_bytes() - 100 - len(json.dumps(big)))
+    lines[4] = json.dumps(big)
+    assert max_item_bytes() - 200 < len(lines[4]) < max_item_bytes()
+    data.write_text("\n".join(lines) + "\n")
+    async with await Client.connect(**mesh) as c:
+        spec = scheduler_pb2.JobSpec(dataset=str(data), environment="arithmetic", num_repeats=2)
+        job = await c.scheduler.submit(spec)
+        final = await job.result(timeout_s=120)
+    assert final.progress.succeeded == 10 and final.progress.failed == 2, final
+    failures = [json.loads(x) for x in (Path(final.output_path) / "failures.jsonl").read_text().splitlines()]
+    assert sorted((f["task_index"], f["rollout_index"]) for f in failures) == [(4, 0), (4, 1)]
+    for f in failures:
+        assert "MESSAGE_TOO_LARGE" in f["error_class"] and f["attempts"] == 1, f
+        assert f"{max_item_bytes():,}-byte gRPC message limit" in f["message"], f
+
+
 async def _raw_call(channel: grpc.aio.Channel, path: str, kind: str) -> grpc.aio.AioRpcError:
     garbage = b"\xff\xff\xff\xff\x0f"
     try:
