@@ -140,7 +140,19 @@ class Mesh:
         bound = (await asyncio.to_thread(port_file.read_text)).strip()
         host, _, port = bound.rpartition(":")
         child.address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-        await wait_serving(child.address, timeout_s=max(deadline - loop.time(), 1.0))
+        serving = asyncio.ensure_future(
+            wait_serving(child.address, timeout_s=max(deadline - loop.time(), 1.0))
+        )
+        died = asyncio.ensure_future(child.proc.wait())
+        try:
+            await asyncio.wait([serving, died], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (serving, died):
+                task.cancel()
+            await asyncio.gather(serving, died, return_exceptions=True)
+        if serving.cancelled():  # it died first
+            raise RuntimeError(f"{child.service} {describe_exit(await child.proc.wait())} before serving")
+        serving.result()
         self.env[f"ROLLMESH_{child.service.upper()}_ADDR"] = child.address
         self.write(f"[up] {child.service} serving on {child.address} (pid {child.proc.pid})")
 
