@@ -29,6 +29,6 @@ async def test_hung_upstream_calls_are_cut_and_retried(stack: Stack) -> None:  #
     elapsed = time.monotonic() - t0
     assert final.state == pb.JOB_STATE_SUCCEEDED, final.error
     assert final.progress.succeeded == 4 * TASKS and final.progress.failed == 0
-    assert final.progress.retries >= 3  # the hung calls were cut and tried again
+    assert final.progress.retries >= 3 and final.progress.model_calls_cut >= 3  # cut and tried again
     assert elapsed < 120, f"the job took {elapsed:.0f} s: hung calls held their slots"
     assert stack.upstream.stats.outcomes["hang"] >= 3

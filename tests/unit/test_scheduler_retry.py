@@ -171,3 +171,20 @@ async def test_an_outage_waits_without_using_attempts_until_the_budget() -> None
         back_after_5s, RetryPolicy(max_attempts=2), sleep=sleep, outages=outages
     )
     assert (result, attempts) == ("ok", 1) and calls > 2
+
+
+def test_outages_say_what_the_job_waits_on() -> None:
+    from rollmesh.scheduler.retry import Outages
+
+    now = [100.0]
+    outages = Outages(60.0, clock=lambda: now[0])
+    assert outages.describe() == "" and outages.exhausted() is None
+    outages.failed("verifier")
+    now[0] = 112.0
+    outages.failed("verifier")  # the clock runs from the first failure
+    outages.failed("gateway")
+    assert outages.describe() == "gateway unreachable for 0 s; verifier unreachable for 12 s"
+    now[0] = 161.0
+    assert outages.exhausted() == ("verifier", 61.0)
+    outages.recovered("verifier")
+    assert outages.down == ["gateway"] and outages.exhausted() is None

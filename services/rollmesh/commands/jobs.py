@@ -79,6 +79,8 @@ def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
         ("rollouts/s", f"{p.rollouts_per_second:.1f}"),
         ("tokens/s", f"{p.tokens_per_second:.1f}"),
         ("retries", p.retries),
+        *([("waiting on", p.waiting_on)] if p.waiting_on else []),
+        *([("model calls cut (hung)", p.model_calls_cut)] if p.model_calls_cut else []),
         ("output", job.output_path),
     ]
     if job.error:

@@ -71,6 +71,8 @@ class Progress:
     reward_sum: float = 0.0
     retries: int = 0
     completion_tokens: int = 0
+    waiting_on: str = ""  # services unreachable right now (JobRun.progress_now fills it in)
+    model_calls_cut: int = 0
     started: float = 0.0
     ended: float | None = None
 
@@ -237,6 +239,14 @@ class JobRun:
     @property
     def in_flight(self) -> int:
         return self.limiter.in_use
+
+    def progress_now(self, *, finished: bool) -> Progress:
+        """The progress with what is true at this moment: in flight, services waited on, calls cut."""
+        p = self.progress
+        p.in_flight = 0 if finished else self.in_flight
+        p.waiting_on = "" if finished else self.outages.describe()
+        p.model_calls_cut = self.deadline.timeouts
+        return p
 
     def stop(self, result: RunResult) -> None:
         """Stop dispatching and cancel rollouts in flight (what was written stays)."""

@@ -151,6 +151,8 @@ def job_to_pb(rec: JobRecord, now: float) -> pb.Job:
             rollouts_per_second=rps,
             tokens_per_second=tps,
             retries=p.retries,
+            waiting_on=p.waiting_on,
+            model_calls_cut=p.model_calls_cut,
         ),
         create_time=_ts(rec.create_time),
         error=rec.error,

@@ -99,9 +99,7 @@ class JobRecord:
     @property
     def progress(self) -> Progress:
         if self.run is not None:
-            p = self.run.progress
-            p.in_flight = self.run.in_flight if not self.finished else 0
-            return p
+            return self.run.progress_now(finished=self.finished)
         sp = self.stored_progress
         if self.on_disk is not None:  # what the files hold is the truth, whatever job.json last said
             d = self.on_disk

@@ -145,6 +145,11 @@ class Outages:
     def down(self) -> list[str]:
         return sorted(self._since)
 
+    def describe(self) -> str:
+        """ "gateway unreachable for 12 s" for each service down now ("" when none is)."""
+        now = self._clock()
+        return "; ".join(f"{s} unreachable for {now - t:.0f} s" for s, t in sorted(self._since.items()))
+
 
 class Backoff:
     """Delay before retry n (1-based): min(cap, initial * 2**(n-1)), jittered into [d/2, d]."""

@@ -364,6 +364,8 @@ class JobProgress(_message.Message):
     ROLLOUTS_PER_SECOND_FIELD_NUMBER: _builtins.int
     TOKENS_PER_SECOND_FIELD_NUMBER: _builtins.int
     RETRIES_FIELD_NUMBER: _builtins.int
+    WAITING_ON_FIELD_NUMBER: _builtins.int
+    MODEL_CALLS_CUT_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Rollouts in this job (tasks x repeats, after limit and shard)."""
     done: _builtins.int
@@ -382,6 +384,12 @@ class JobProgress(_message.Message):
     """Generated tokens per second over this run."""
     retries: _builtins.int
     """Retries so far."""
+    waiting_on: _builtins.str
+    """Services the job is waiting on right now, e.g. "gateway unreachable for 12 s" (empty when
+    every service answers); the job fails when one stays so for retry.unavailable_budget_s.
+    """
+    model_calls_cut: _builtins.int
+    """Model calls cut by the adaptive per-call deadline so far (each one was retried)."""
     def __init__(
         self,
         *,
@@ -395,10 +403,12 @@ class JobProgress(_message.Message):
         rollouts_per_second: _builtins.float = ...,
         tokens_per_second: _builtins.float = ...,
         retries: _builtins.int = ...,
+        waiting_on: _builtins.str = ...,
+        model_calls_cut: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "in_flight", b"in_flight", "mean_reward", b"mean_reward", "retries", b"retries", "rollouts_per_second", b"rollouts_per_second", "skipped_existing", b"skipped_existing", "succeeded", b"succeeded", "tokens_per_second", b"tokens_per_second", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "in_flight", b"in_flight", "mean_reward", b"mean_reward", "model_calls_cut", b"model_calls_cut", "retries", b"retries", "rollouts_per_second", b"rollouts_per_second", "skipped_existing", b"skipped_existing", "succeeded", b"succeeded", "tokens_per_second", b"tokens_per_second", "total", b"total", "waiting_on", b"waiting_on"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
