@@ -286,6 +286,9 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
     async def RegisterRoute(self, request: Any, context: Any) -> Any:
         await _unimplemented(context)
 
+    async def UpdateWeights(self, request: Any, context: Any) -> Any:
+        await _unimplemented(context)
+
 
 # ---- verifier ----------------------------------------------------------------------------------
 

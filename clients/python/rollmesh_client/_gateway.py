@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from rollmesh_client._base import ServiceClient
 from rollmesh_client._errors import RollmeshClientError, from_status
@@ -214,3 +215,37 @@ class GatewayClient(ServiceClient):
             ),
         )
         return resp.model
+
+    async def update_weights(
+        self,
+        checkpoint: str | os.PathLike[str],
+        *,
+        model: str = "",
+        policy_version: str = "",
+        in_flight: Literal["finish", "abort_and_retry"] = "finish",
+        drain_timeout_s: float = 0.0,
+        timeout_s: float | None = 600.0,
+    ) -> pb.UpdateWeightsResponse:
+        """Load `checkpoint` (a safetensors folder the gateway and its replicas can read, or a registry
+        model name) into every replica of `model` and bump its policy version (`policy_version`, or
+        the previous integer + 1), all replicas or none. `in_flight`: running generations "finish" on
+        the old weights, or are aborted and run again on the new ones ("abort_and_retry").
+        Raises CHECKPOINT_INCOMPATIBLE (nothing touched), WEIGHT_LOAD_FAILED (rolled back),
+        WEIGHT_UPDATE_DRAIN_TIMEOUT (nothing changed)."""
+        mode = (
+            pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY
+            if in_flight == "abort_and_retry"
+            else pb.IN_FLIGHT_POLICY_FINISH
+        )
+        resp: pb.UpdateWeightsResponse = await self._unary(
+            self.stub.UpdateWeights,
+            pb.UpdateWeightsRequest(
+                model=model,
+                checkpoint=os.fspath(checkpoint),
+                policy_version=policy_version,
+                in_flight=mode,
+                drain_timeout_s=drain_timeout_s,
+            ),
+            timeout_s=timeout_s,
+        )
+        return resp

@@ -116,5 +116,69 @@ def list_models(
     print_table("models", ["model", "backend", "context", "policy", "state", "replicas"], rows)
 
 
+@models_app.command("update-weights")
+def update_weights(
+    checkpoint: Annotated[
+        str,
+        typer.Argument(
+            help="A safetensors checkpoint folder (readable by the replicas) or a registry model."
+        ),
+    ],
+    model: Annotated[
+        str, typer.Option("--model", help="The served model (default: the default model).")
+    ] = "",
+    version: Annotated[
+        str,
+        typer.Option("--version", help="Policy version to label later generations (default: previous + 1)."),
+    ] = "",
+    abort_in_flight: Annotated[
+        bool,
+        typer.Option(
+            "--abort-in-flight", help="Abort running generations and run them again on the new weights."
+        ),
+    ] = False,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", min=0, help="Seconds running generations may take (0: 300).")
+    ] = 0.0,
+    gateway: GatewayAddr = "",
+    api_key: ApiKey = "",
+    as_json: JsonOut = False,
+) -> None:
+    """Load new weights into every replica of a model and bump its policy version (all or none)."""
+    from pathlib import Path
+
+    from google.protobuf import json_format
+
+    from rollmesh_client.v1 import gateway_pb2 as pb
+
+    path = Path(checkpoint).expanduser()
+    target = str(path.resolve()) if path.is_dir() else checkpoint  # the gateway resolves it, not our cwd
+
+    async def go() -> pb.UpdateWeightsResponse:
+        async with await connect(gateway=gateway, api_key=api_key) as c:
+            return await c.gateway.update_weights(
+                target,
+                model=model,
+                policy_version=version,
+                in_flight="abort_and_retry" if abort_in_flight else "finish",
+                drain_timeout_s=drain_timeout,
+            )
+
+    resp = run(go())
+    if as_json:
+        print_json(
+            json_format.MessageToDict(
+                resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            )
+        )
+        return
+    typer.echo(
+        f"policy version {resp.previous_version or '-'} -> {resp.policy_version}: "
+        f"{resp.tensors} tensors from {resp.checkpoint_path} into {len(resp.replica_ids)} replicas; "
+        f"generation held {resp.paused_s:.2f} s"
+        + (f", {resp.retried_requests} generations retried" if resp.retried_requests else "")
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(models_app, name="models")

@@ -3,8 +3,19 @@ sees *_pb2)."""
 
 from __future__ import annotations
 
-from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus, SamplingInput, StreamDelta
+from pathlib import Path
+
+from rollmesh.gateway.types import (
+    GenerateInput,
+    GenerateResult,
+    ModelStatus,
+    SamplingInput,
+    StreamDelta,
+    WeightUpdate,
+)
 from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
+from rollmesh.mesh.config import ConfigError
+from rollmesh.mesh.errors import InvalidArgument, RollmeshError
 from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb
 
@@ -74,4 +85,33 @@ def model_to_pb(m: ModelStatus) -> pb.ModelInfo:
         policy_version=m.policy_version,
         paused=m.paused,
         is_default=m.is_default,
+    )
+
+
+def checkpoint_path(checkpoint: str) -> Path:
+    """UpdateWeights' `checkpoint`: a folder, else a registry model name, resolved to a folder."""
+    from rollmesh.gateway.backends.factory import resolve_model_path
+
+    if not checkpoint:
+        raise InvalidArgument(
+            "checkpoint is empty: give a folder or a registry model name", metadata={"field": "checkpoint"}
+        )
+    try:
+        return resolve_model_path(checkpoint)
+    except (ConfigError, RollmeshError) as exc:
+        raise InvalidArgument(
+            f"checkpoint {checkpoint!r} is neither a folder nor a registry model: {exc}",
+            metadata={"field": "checkpoint"},
+        ) from None
+
+
+def weight_update_to_pb(u: WeightUpdate) -> pb.UpdateWeightsResponse:
+    return pb.UpdateWeightsResponse(
+        policy_version=u.policy_version,
+        previous_version=u.previous_version,
+        replica_ids=list(u.replica_ids),
+        retried_requests=u.retried_requests,
+        paused_s=u.paused_s,
+        checkpoint_path=u.checkpoint_path,
+        tensors=u.tensors,
     )

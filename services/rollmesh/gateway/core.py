@@ -13,10 +13,13 @@ import contextlib
 import json
 import math
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import (
@@ -35,13 +38,19 @@ from rollmesh.gateway.types import (
     SamplingInput,
     StreamDelta,
     Usage,
+    WeightUpdate,
 )
+from rollmesh.gateway.weights import DrainTimeout, WeightUpdatesUnsupported, check_checkpoint, next_version
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.gateway")
 
 BackendFactory = Callable[[ModelSpec], ModelBackend]
+InFlight = Literal["finish", "abort_and_retry"]
+DEFAULT_DRAIN_TIMEOUT_S = 300.0
+# ABORT_AND_RETRY: how often aborts are re-sent to generations that reached the engine meanwhile.
+_REABORT_PERIOD_S = 0.5
 
 
 @dataclass
@@ -52,15 +61,45 @@ class _Model:
     running: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: Counter[str] = field(default_factory=Counter)
     spec: ModelSpec | None = None  # set for routes the gateway created (and must shut down)
+    generating: set[str] = field(default_factory=set)  # request ids past the pause gate
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while `generating` is empty
+    updating: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight update at a time
 
     def __post_init__(self) -> None:
         self.running.set()
+        self.idle.set()
+
+    def enter(self, rid: str) -> None:
+        self.generating.add(rid)
+        self.idle.clear()
+
+    def leave(self, rid: str) -> None:
+        self.generating.discard(rid)
+        if not self.generating:
+            self.idle.set()
 
 
 @dataclass
 class _Flight:
     model: _Model
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set by an ABORT_AND_RETRY weight update: the engine request was aborted to run again.
+    retry: bool = False
+
+
+@dataclass
+class _Attempt:
+    """One run of a generation on the engine (a weight update may make it run again)."""
+
+    version: str
+    prompt_ids: tuple[int, ...]
+    out_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    replica: str = ""
+    finish: str | None = None
+    reported_usage: tuple[int, int] = (0, 0)  # token counts the backend reported (message-only backends)
+    streamed: bool = False  # deltas reached the caller
 
 
 @dataclass(frozen=True)
@@ -232,6 +271,93 @@ class Gateway:
         for m in self._targets(model):
             m.running.set()
         log.info("generation_resumed", model=model or "*")
+
+    async def update_weights(
+        self,
+        model: str,
+        checkpoint: Path,
+        *,
+        policy_version: str = "",
+        in_flight: InFlight = "finish",
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    ) -> WeightUpdate:
+        """Load `checkpoint` into every replica of `model` and label later generations with
+        `policy_version` (default: previous integer + 1), as one operation.
+
+        Order: validate the checkpoint against the served weights (nothing touched yet); hold new
+        generations; "finish": wait for running ones to end (`DrainTimeout` past `drain_timeout_s`,
+        nothing changed) / "abort_and_retry": abort them, they run again after the load; load into
+        every replica (the backend rolls back and raises `WeightLoadFailed` when one fails); set the
+        version; release held generations (unless the model was paused before). One update runs at a
+        time per model; later ones wait."""
+        m = self._resolve(model)
+        served = m.backend.weights_path
+        if served is None:
+            raise WeightUpdatesUnsupported(
+                f"model {m.name!r} ({m.backend.card.backend} backend) cannot update its weights",
+                metadata={"model": m.name},
+            )
+        async with m.updating:
+            version = policy_version or next_version(m.policy_version)
+            manifest = await asyncio.to_thread(check_checkpoint, checkpoint, served)
+            was_running = m.running.is_set()
+            m.running.clear()
+            held_at = time.monotonic()
+            retried: set[str] = set()
+            try:
+                drained = (
+                    self._abort_for_retry(m, retried) if in_flight == "abort_and_retry" else m.idle.wait()
+                )
+                try:
+                    await asyncio.wait_for(drained, drain_timeout_s)
+                except TimeoutError:
+                    raise DrainTimeout(
+                        f"{len(m.generating)} generations on {m.name!r} still running after "
+                        f"{drain_timeout_s:g} s; the weights were not changed",
+                        metadata={"model": m.name, "running": str(len(m.generating))},
+                    ) from None
+                replica_ids = await m.backend.load_weights(manifest.path)
+                previous, m.policy_version = m.policy_version, version
+            finally:
+                if was_running:
+                    m.running.set()
+            paused_s = time.monotonic() - held_at
+        log.info(
+            "weights_updated",
+            model=m.name,
+            checkpoint=str(manifest.path),
+            version=version,
+            previous=previous,
+            replicas=len(replica_ids),
+            retried=len(retried),
+            paused_s=round(paused_s, 3),
+        )
+        return WeightUpdate(
+            policy_version=version,
+            previous_version=previous,
+            replica_ids=tuple(replica_ids),
+            retried_requests=len(retried),
+            paused_s=paused_s,
+            checkpoint_path=str(manifest.path),
+            tensors=len(manifest.tensors),
+        )
+
+    async def _abort_for_retry(self, m: _Model, retried: set[str]) -> bool:
+        """Abort every generation of `m` on the engine, marked to run again, until none runs."""
+        while m.generating:
+            for rid in list(m.generating):
+                flight = self._flights.get(rid)
+                if flight is not None and not flight.retry:
+                    flight.retry = True
+                    retried.add(rid)
+                    await m.backend.abort(rid)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(m.idle.wait(), _REABORT_PERIOD_S)
+            for rid in list(m.generating):  # reached the engine after its abort: abort again
+                flight = self._flights.get(rid)
+                if flight is not None and flight.retry:
+                    await m.backend.abort(rid)
+        return True
 
     def close_session(self, session_id: str) -> bool:
         return self.sessions.close(session_id)
@@ -420,7 +546,11 @@ class Gateway:
         """Deltas as the backend produces them, then one `GenerateResult`. Cancelling the iteration
         (client cancel) or `abort(request_id)` aborts the engine request; `timeout_s` bounds the
         wait while paused and the whole generation. `deltas=False`: the caller only wants the result,
-        so the backend may deliver the output in one chunk."""
+        so the backend may deliver the output in one chunk.
+
+        A weight update in ABORT_AND_RETRY mode aborts the engine request with `retry` set: the
+        generation then runs again from its prompt on the new weights (new policy version), unless it
+        already streamed deltas to its caller (then it ends with finish_reason "abort")."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
         m = self._resolve(inp.model)
@@ -433,75 +563,92 @@ class Gateway:
         flight = _Flight(m)
         self._flights[rid] = flight
         try:
-            await self._wait_running(m, flight, deadline)
-            version = m.policy_version
-            out_ids: list[int] = []
-            logprobs: list[float] = []
-            texts: list[str] = []
-            replica, finish = "", None
-            prompt_ids = prepared.prompt_ids
-            reported_usage = (0, 0)  # token counts the backend reported (message-only backends)
-            if not flight.aborted.is_set():
-                agen = m.backend.generate(prepared.request)
+            while True:
+                await self._wait_running(m, flight, deadline)
+                m.enter(rid)
                 try:
-                    while True:
-                        try:
-                            async with asyncio.timeout_at(deadline):
-                                chunk = await anext(agen)
-                        except StopAsyncIteration:
-                            break
-                        except TimeoutError:
-                            raise errors.GenerationDeadlineExceeded(
-                                f"generation {rid} did not finish before the deadline ({len(out_ids)} tokens "
-                                "generated)",
-                                metadata={"request_id": rid},
-                            ) from None
-                        except errors.BackendUnavailable as exc:
-                            raise errors.BackendDown(
-                                f"model {m.name!r} is unavailable: {exc}",
-                                retry_after_s=exc.retry_after_s,
-                                metadata={"model": m.name},
-                            ) from None
-                        if chunk.replica_id and not replica:
-                            replica = chunk.replica_id
-                            m.in_flight[replica] += 1
-                        if chunk.prompt_token_ids and not prompt_ids:
-                            prompt_ids = chunk.prompt_token_ids
-                        if chunk.prompt_tokens or chunk.completion_tokens:
-                            reported_usage = (chunk.prompt_tokens, chunk.completion_tokens)
-                        if chunk.token_ids or chunk.text:
-                            out_ids.extend(chunk.token_ids)
-                            logprobs.extend(chunk.logprobs)
-                            texts.append(chunk.text)
-                            yield StreamDelta(chunk.text, chunk.token_ids, chunk.logprobs)
-                        if chunk.finish_reason:
-                            finish = chunk.finish_reason
-                            break
+                    flight.retry = False
+                    attempt = _Attempt(version=m.policy_version, prompt_ids=prepared.prompt_ids)
+                    if not flight.aborted.is_set():
+                        engine = self._run_engine(m, prepared, attempt, deadline)
+                        async with contextlib.aclosing(engine):
+                            async for delta in engine:
+                                if flight.retry and not attempt.streamed:
+                                    continue  # this attempt runs again: its output is thrown away
+                                attempt.streamed = deltas
+                                yield delta
                 finally:
-                    if replica:
-                        m.in_flight[replica] -= 1
-                        if m.in_flight[replica] <= 0:
-                            del m.in_flight[replica]
-                    if finish is None:
-                        await m.backend.abort(rid)
-                    aclose = getattr(agen, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
-            if finish is None:
+                    m.leave(rid)
+                if attempt.finish in (None, "abort") and flight.retry and not flight.aborted.is_set():
+                    if not attempt.streamed:
+                        log.info("generation_retried_after_weight_update", request_id=rid)
+                        continue
+                    attempt.finish = "abort"
+                break
+            if attempt.finish is None:
                 if not flight.aborted.is_set():
                     raise errors.BackendDown(
                         f"model {m.name!r} ended generation {rid} without a finish reason", retry_after_s=1.0
                     )
-                finish = "abort"
+                attempt.finish = "abort"
             usage = Usage(
-                prompt_tokens=len(prompt_ids) or reported_usage[0],
-                completion_tokens=len(out_ids) or reported_usage[1],
+                prompt_tokens=len(attempt.prompt_ids) or attempt.reported_usage[0],
+                completion_tokens=len(attempt.out_ids) or attempt.reported_usage[1],
             )
-            yield self._finish(
-                m, inp, prepared, rid, version, replica, finish, prompt_ids, out_ids, logprobs, texts, usage
-            )
+            yield self._finish(m, inp, prepared, rid, attempt, usage)
         finally:
             del self._flights[rid]
+
+    async def _run_engine(
+        self, m: _Model, prepared: _Prepared, attempt: _Attempt, deadline: float | None
+    ) -> AsyncGenerator[StreamDelta, None]:
+        """One engine request: deltas out, the outcome recorded in `attempt`."""
+        rid = prepared.request.request_id
+        agen = m.backend.generate(prepared.request)
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await anext(agen)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise errors.GenerationDeadlineExceeded(
+                        f"generation {rid} did not finish before the deadline ({len(attempt.out_ids)} tokens "
+                        "generated)",
+                        metadata={"request_id": rid},
+                    ) from None
+                except errors.BackendUnavailable as exc:
+                    raise errors.BackendDown(
+                        f"model {m.name!r} is unavailable: {exc}",
+                        retry_after_s=exc.retry_after_s,
+                        metadata={"model": m.name},
+                    ) from None
+                if chunk.replica_id and not attempt.replica:
+                    attempt.replica = chunk.replica_id
+                    m.in_flight[attempt.replica] += 1
+                if chunk.prompt_token_ids and not attempt.prompt_ids:
+                    attempt.prompt_ids = chunk.prompt_token_ids
+                if chunk.prompt_tokens or chunk.completion_tokens:
+                    attempt.reported_usage = (chunk.prompt_tokens, chunk.completion_tokens)
+                if chunk.token_ids or chunk.text:
+                    attempt.out_ids.extend(chunk.token_ids)
+                    attempt.logprobs.extend(chunk.logprobs)
+                    attempt.texts.append(chunk.text)
+                    yield StreamDelta(chunk.text, chunk.token_ids, chunk.logprobs)
+                if chunk.finish_reason:
+                    attempt.finish = chunk.finish_reason
+                    break
+        finally:
+            if attempt.replica:
+                m.in_flight[attempt.replica] -= 1
+                if m.in_flight[attempt.replica] <= 0:
+                    del m.in_flight[attempt.replica]
+            if attempt.finish is None:
+                await m.backend.abort(rid)
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def _finish(
         self,
@@ -509,15 +656,16 @@ class Gateway:
         inp: GenerateInput,
         prepared: _Prepared,
         rid: str,
-        version: str,
-        replica: str,
-        finish: str,
-        prompt_ids: tuple[int, ...],
-        out_ids: list[int],
-        logprobs: list[float],
-        texts: list[str],
+        attempt: _Attempt,
         usage: Usage,
     ) -> GenerateResult:
+        version, replica, finish = attempt.version, attempt.replica, attempt.finish or "abort"
+        prompt_ids, out_ids, logprobs, texts = (
+            attempt.prompt_ids,
+            attempt.out_ids,
+            attempt.logprobs,
+            attempt.texts,
+        )
         tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
         if tokenizer is not None and out_ids:
             # Decode ourselves, keeping special tokens such as <tool_call>, minus a trailing eos.

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rollmesh.gateway import convert
-from rollmesh.gateway.core import Gateway
+from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.errors import RollmeshError, to_status
 from rollmesh.mesh.multiplex import Item, ItemMessages, run_multiplexed
@@ -109,3 +109,18 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
             api_key_env=request.api_key_env,
         )
         return pb.RegisterRouteResponse(model=convert.model_to_pb(status))
+
+    async def UpdateWeights(self, request: pb.UpdateWeightsRequest, context: Any) -> pb.UpdateWeightsResponse:
+        mode: InFlight = (
+            "abort_and_retry" if request.in_flight == pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY else "finish"
+        )
+        update = await self._gw.update_weights(
+            request.model,
+            convert.checkpoint_path(request.checkpoint),
+            policy_version=request.policy_version,
+            in_flight=mode,
+            drain_timeout_s=request.drain_timeout_s
+            if request.drain_timeout_s > 0
+            else DEFAULT_DRAIN_TIMEOUT_S,
+        )
+        return convert.weight_update_to_pb(update)

@@ -81,3 +81,16 @@ class ModelStatus:
     policy_version: str
     paused: bool
     is_default: bool
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """The outcome of `Gateway.update_weights`."""
+
+    policy_version: str
+    previous_version: str
+    replica_ids: tuple[str, ...]
+    retried_requests: int
+    paused_s: float
+    checkpoint_path: str
+    tensors: int

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.rpc import status_pb2 as _status_pb2
 from rollmesh_client.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -19,6 +20,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _InFlightPolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _InFlightPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InFlightPolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    IN_FLIGHT_POLICY_UNSPECIFIED: _InFlightPolicy.ValueType  # 0
+    """FINISH_IN_FLIGHT."""
+    IN_FLIGHT_POLICY_FINISH: _InFlightPolicy.ValueType  # 1
+    """Running generations finish on the old weights (and carry the old policy version); new ones wait."""
+    IN_FLIGHT_POLICY_ABORT_AND_RETRY: _InFlightPolicy.ValueType  # 2
+    """Running generations are aborted and run again from their prompt on the new weights (a stream that
+    already sent deltas ends with finish_reason "abort" instead: its caller retries).
+    """
+
+class InFlightPolicy(_InFlightPolicy, metaclass=_InFlightPolicyEnumTypeWrapper):
+    """What happens to generations running when a weight update starts."""
+
+IN_FLIGHT_POLICY_UNSPECIFIED: InFlightPolicy.ValueType  # 0
+"""FINISH_IN_FLIGHT."""
+IN_FLIGHT_POLICY_FINISH: InFlightPolicy.ValueType  # 1
+"""Running generations finish on the old weights (and carry the old policy version); new ones wait."""
+IN_FLIGHT_POLICY_ABORT_AND_RETRY: InFlightPolicy.ValueType  # 2
+"""Running generations are aborted and run again from their prompt on the new weights (a stream that
+already sent deltas ends with finish_reason "abort" instead: its caller retries).
+"""
+Global___InFlightPolicy: _TypeAlias = InFlightPolicy  # noqa: Y015
 
 @_typing.final
 class GenerateRequest(_message.Message):
@@ -600,3 +629,83 @@ class RegisterRouteResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterRouteResponse: _TypeAlias = RegisterRouteResponse  # noqa: Y015
+
+@_typing.final
+class UpdateWeightsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    DRAIN_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """The served model (empty: the default model)."""
+    checkpoint: _builtins.str
+    """A checkpoint folder of safetensors readable by the gateway and the replicas, or a registry model
+    name; same architecture and tokenizer as the served model.
+    """
+    policy_version: _builtins.str
+    """The policy version later generations carry; empty: the previous integer version + 1."""
+    in_flight: Global___InFlightPolicy.ValueType
+    drain_timeout_s: _builtins.float
+    """FINISH: how long running generations may take to finish (0: 300 s); past it nothing changes."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        checkpoint: _builtins.str = ...,
+        policy_version: _builtins.str = ...,
+        in_flight: Global___InFlightPolicy.ValueType = ...,
+        drain_timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "drain_timeout_s", b"drain_timeout_s", "in_flight", b"in_flight", "model", b"model", "policy_version", b"policy_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateWeightsRequest: _TypeAlias = UpdateWeightsRequest  # noqa: Y015
+
+@_typing.final
+class UpdateWeightsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    PREVIOUS_VERSION_FIELD_NUMBER: _builtins.int
+    REPLICA_IDS_FIELD_NUMBER: _builtins.int
+    RETRIED_REQUESTS_FIELD_NUMBER: _builtins.int
+    PAUSED_S_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_PATH_FIELD_NUMBER: _builtins.int
+    TENSORS_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.str
+    previous_version: _builtins.str
+    retried_requests: _builtins.int
+    """ABORT_AND_RETRY: generations aborted to be run again."""
+    paused_s: _builtins.float
+    """How long new generations were held (drain + load)."""
+    checkpoint_path: _builtins.str
+    """The checkpoint folder loaded (a registry name resolved)."""
+    tensors: _builtins.int
+    @_builtins.property
+    def replica_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The replicas now serving the new weights."""
+
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.str = ...,
+        previous_version: _builtins.str = ...,
+        replica_ids: _abc.Iterable[_builtins.str] | None = ...,
+        retried_requests: _builtins.int = ...,
+        paused_s: _builtins.float = ...,
+        checkpoint_path: _builtins.str = ...,
+        tensors: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_path", b"checkpoint_path", "paused_s", b"paused_s", "policy_version", b"policy_version", "previous_version", b"previous_version", "replica_ids", b"replica_ids", "retried_requests", b"retried_requests", "tensors", b"tensors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateWeightsResponse: _TypeAlias = UpdateWeightsResponse  # noqa: Y015

@@ -87,6 +87,11 @@ class ModelGatewayStub:
                 request_serializer=rollmesh_dot_v1_dot_gateway__pb2.RegisterRouteRequest.SerializeToString,
                 response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.RegisterRouteResponse.FromString,
                 _registered_method=True)
+        self.UpdateWeights = channel.unary_unary(
+                '/rollmesh.v1.ModelGateway/UpdateWeights',
+                request_serializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class ModelGatewayServicer:
@@ -168,6 +173,14 @@ class ModelGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateWeights(self, request, context):
+        """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
+        operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -220,6 +233,11 @@ def add_ModelGatewayServicer_to_server(servicer, server):
                     servicer.RegisterRoute,
                     request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.RegisterRouteRequest.FromString,
                     response_serializer=rollmesh_dot_v1_dot_gateway__pb2.RegisterRouteResponse.SerializeToString,
+            ),
+            'UpdateWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWeights,
+                    request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -495,6 +513,33 @@ class ModelGateway:
             '/rollmesh.v1.ModelGateway/RegisterRoute',
             rollmesh_dot_v1_dot_gateway__pb2.RegisterRouteRequest.SerializeToString,
             rollmesh_dot_v1_dot_gateway__pb2.RegisterRouteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmesh.v1.ModelGateway/UpdateWeights',
+            rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsRequest.SerializeToString,
+            rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

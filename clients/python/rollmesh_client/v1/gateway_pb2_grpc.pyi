@@ -60,6 +60,10 @@ class ModelGatewayStub:
     """Admin: release held generations."""
     RegisterRoute: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.RegisterRouteRequest, _gateway_pb2.RegisterRouteResponse]
     """Register a named route (e.g. per job) to a model or an OpenAI-compatible URL."""
+    UpdateWeights: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.UpdateWeightsRequest, _gateway_pb2.UpdateWeightsResponse]
+    """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
+    operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
+    """
 
 @_typing.type_check_only
 class ModelGatewayAsyncStub(ModelGatewayStub):
@@ -93,6 +97,10 @@ class ModelGatewayAsyncStub(ModelGatewayStub):
     """Admin: release held generations."""
     RegisterRoute: _aio.UnaryUnaryMultiCallable[_gateway_pb2.RegisterRouteRequest, _gateway_pb2.RegisterRouteResponse]  # type: ignore[assignment]
     """Register a named route (e.g. per job) to a model or an OpenAI-compatible URL."""
+    UpdateWeights: _aio.UnaryUnaryMultiCallable[_gateway_pb2.UpdateWeightsRequest, _gateway_pb2.UpdateWeightsResponse]  # type: ignore[assignment]
+    """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
+    operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
+    """
 
 class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
     """Generates with a policy model served by Ray Serve vLLM replicas or any
@@ -183,5 +191,15 @@ class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.RegisterRouteResponse, _abc.Awaitable[_gateway_pb2.RegisterRouteResponse]]:
         """Register a named route (e.g. per job) to a model or an OpenAI-compatible URL."""
+
+    @_abc_1.abstractmethod
+    def UpdateWeights(
+        self,
+        request: _gateway_pb2.UpdateWeightsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.UpdateWeightsResponse, _abc.Awaitable[_gateway_pb2.UpdateWeightsResponse]]:
+        """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
+        operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
+        """
 
 def add_ModelGatewayServicer_to_server(servicer: ModelGatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

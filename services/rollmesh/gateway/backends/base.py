@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -124,6 +125,20 @@ class ModelBackend(ABC):
 
     @abstractmethod
     async def replicas(self) -> list[ReplicaStatus]: ...
+
+    @property
+    def weights_path(self) -> Path | None:
+        """The checkpoint folder the replicas serve now (what UpdateWeights validates a new one
+        against); None when this backend cannot update weights."""
+        return None
+
+    async def load_weights(self, checkpoint: Path) -> list[str]:
+        """Load `checkpoint` (validated against `weights_path`) into every replica while no request
+        runs; all or none: when a replica fails, the others are reloaded from the previous weights
+        and `gateway.weights.WeightLoadFailed` is raised. Returns the replica ids updated."""
+        from rollmesh.gateway.weights import WeightUpdatesUnsupported
+
+        raise WeightUpdatesUnsupported(f"the {self.card.backend} backend cannot update weights")
 
     async def check_health(self) -> bool:
         return any(r.healthy for r in await self.replicas())

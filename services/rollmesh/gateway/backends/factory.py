@@ -28,13 +28,29 @@ def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> 
     return catalog.locate(Kind.MODEL, model).path
 
 
+def _fake_weights_dir(model: str, environ: Mapping[str, str] | None) -> Path | None:
+    """The folder a fake backend pretends to serve (so UpdateWeights works against it), if `model`
+    names one; a fake model's name is otherwise just a label."""
+    if not model:
+        return None
+    from rollmesh.mesh.errors import RollmeshError
+
+    try:
+        return resolve_model_path(model, environ)
+    except (ConfigError, RollmeshError):
+        return None
+
+
 def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None) -> ModelBackend:
     env = os.environ if environ is None else environ
     if spec.backend == "fake":
         from rollmesh.gateway.backends.fake import FakeBackend
 
         return FakeBackend(
-            spec.name, num_replicas=spec.replicas or 1, max_model_len=spec.max_model_len or 4096
+            spec.name,
+            num_replicas=spec.replicas or 1,
+            max_model_len=spec.max_model_len or 4096,
+            weights_dir=_fake_weights_dir(spec.model, environ),
         )
     if spec.backend == "openai":
         from rollmesh.gateway.backends.openai import OpenAIBackend

@@ -26,6 +26,7 @@ import json
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rollmesh.gateway.backends.base import (
@@ -38,6 +39,8 @@ from rollmesh.gateway.backends.base import (
 from rollmesh.gateway.errors import BackendUnavailable
 
 Script = Callable[[str, EngineRequest], "str | Sequence[int]"]
+# Called per replica on a weight load: (replica_id, checkpoint); raising fails that replica's load.
+WeightLoadHook = Callable[[str, Path], None]
 
 SPECIALS = (
     "<|pad|>",
@@ -159,7 +162,12 @@ def echo_last_user(prompt_text: str, request: EngineRequest) -> str:
 class FakeBackend(ModelBackend):
     """Scripted engine with `num_replicas` pretend replicas, configurable latency, and hooks tests
     use: `requests` (last 1000 EngineRequests), `aborted` (request ids passed to abort),
-    `down` (generate raises BackendUnavailable), `wait_running(request_id)`, `wait_aborted(request_id)`."""
+    `down` (generate raises BackendUnavailable), `wait_running(request_id)`, `wait_aborted(request_id)`.
+
+    Weight updates: with `weights_dir` (the checkpoint folder the fake pretends to serve) the backend
+    takes UpdateWeights; `loaded_weights` maps each replica to the folder it serves now, `weight_loads`
+    counts loads, and `weight_load_hook` may raise to fail one replica's load (then every replica
+    goes back to the previous folder, as the real backend does)."""
 
     def __init__(
         self,
@@ -170,6 +178,8 @@ class FakeBackend(ModelBackend):
         max_model_len: int = 4096,
         first_token_latency_s: float = 0.0,
         token_latency_s: float = 0.0,
+        weights_dir: Path | None = None,
+        weight_load_hook: WeightLoadHook | None = None,
     ) -> None:
         self._card = ModelCard(name=name, backend="fake", max_model_len=max_model_len)
         self._tokenizer = FakeTokenizer()
@@ -186,6 +196,10 @@ class FakeBackend(ModelBackend):
         self._running: dict[str, asyncio.Event] = {}
         self._in_flight = dict.fromkeys(self.replica_ids, 0)
         self._changed = asyncio.Event()
+        self._weights_dir = weights_dir
+        self.weight_load_hook = weight_load_hook
+        self.loaded_weights: dict[str, Path] = dict.fromkeys(self.replica_ids, weights_dir or Path())
+        self.weight_loads = 0
 
     @property
     def card(self) -> ModelCard:
@@ -280,6 +294,39 @@ class FakeBackend(ModelBackend):
             return False
         ev.set()
         return True
+
+    @property
+    def weights_path(self) -> Path | None:
+        return self._weights_dir
+
+    async def load_weights(self, checkpoint: Path) -> list[str]:
+        from rollmesh.gateway.weights import WeightLoadFailed
+
+        if self._weights_dir is None:
+            return await super().load_weights(checkpoint)
+        if self._running:
+            raise AssertionError(
+                f"weights loaded while {len(self._running)} requests run"
+            )  # the gateway drains
+        failures: dict[str, str] = {}
+        for replica in self.replica_ids:
+            try:
+                if self.weight_load_hook is not None:
+                    self.weight_load_hook(replica, checkpoint)
+                self.loaded_weights[replica] = checkpoint
+            except Exception as exc:
+                failures[replica] = str(exc) or type(exc).__name__
+        self.weight_loads += 1
+        if failures:
+            self.loaded_weights = dict.fromkeys(self.replica_ids, self._weights_dir)
+            raise WeightLoadFailed(
+                f"{len(failures)} of {len(self.replica_ids)} replicas failed to load {checkpoint}: "
+                + "; ".join(f"{r}: {e}" for r, e in failures.items())
+                + f"; every replica serves {self._weights_dir} again",
+                metadata={"replica_errors": "; ".join(f"{r}: {e}" for r, e in failures.items())},
+            )
+        self._weights_dir = checkpoint
+        return list(self.replica_ids)
 
     async def replicas(self) -> list[ReplicaStatus]:
         return [

@@ -1,0 +1,115 @@
+"""UpdateWeights through the gRPC door: the SDK's `gateway.update_weights` and the CLI's
+`rollmesh models update-weights` against a ModelGateway server (FakeBackend serving a checkpoint
+folder) on loopback; errors arrive with their reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from rollmesh.gateway import Gateway, binding
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh_client import Client, RollmeshClientError
+from tests.conftest import StartServer
+from tests.procs import run_cli
+from tests.unit.test_gateway_update_weights import write_checkpoint
+
+USER = [{"role": "user", "content": "what is 5+7?"}]
+
+
+class Mesh:
+    def __init__(self, client: Client, backend: FakeBackend, address: str, root: Path) -> None:
+        self.client, self.backend, self.address, self.root = client, backend, address, root
+
+
+@pytest_asyncio.fixture
+async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]:
+    backend = FakeBackend("tiny", num_replicas=2, weights_dir=write_checkpoint(tmp_path / "served"))
+    gateway = Gateway([backend])
+    await gateway.start()
+    server = await start_server([binding(gateway)])
+    client = await Client.connect(gateway=server.address, timeout_s=30)
+    try:
+        yield Mesh(client, backend, server.address, tmp_path)
+    finally:
+        await client.close()
+        await gateway.shutdown()
+
+
+async def test_sdk_update_then_generations_carry_the_new_version(mesh: Mesh) -> None:
+    new = write_checkpoint(mesh.root / "step1", scale=3.0)
+    resp = await mesh.client.gateway.update_weights(new)
+    assert (resp.policy_version, resp.previous_version, resp.tensors) == ("1", "", 3)
+    assert sorted(resp.replica_ids) == ["tiny-replica-0", "tiny-replica-1"]
+    assert resp.checkpoint_path == str(new) and resp.retried_requests == 0
+    r = await mesh.client.gateway.generate(USER)
+    assert r.policy_version == "1"
+    models = [m async for m in mesh.client.gateway.models()]
+    assert models[0].policy_version == "1"
+
+
+async def test_sdk_abort_and_retry_reruns_a_running_generation(mesh: Mesh) -> None:
+    mesh.backend.token_latency_s = 60
+    running = asyncio.create_task(mesh.client.gateway.generate(USER, request_id="long", timeout_s=60))
+    await mesh.backend.wait_running("long")
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        mesh.backend.token_latency_s = 0.0
+
+    mesh.backend.weight_load_hook = fast
+    resp = await mesh.client.gateway.update_weights(
+        write_checkpoint(mesh.root / "step1"), in_flight="abort_and_retry", policy_version="v2"
+    )
+    assert resp.retried_requests == 1
+    r = await running
+    assert (r.finish_reason, r.policy_version) == ("stop", "v2")
+
+
+async def test_sdk_errors_carry_reasons(mesh: Mesh) -> None:
+    with pytest.raises(RollmeshClientError) as info:
+        await mesh.client.gateway.update_weights(write_checkpoint(mesh.root / "bad", drop="norm.weight"))
+    assert (info.value.code, info.value.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "CHECKPOINT_INCOMPATIBLE",
+    )
+    assert "tensor norm.weight is missing" in info.value.message
+    with pytest.raises(RollmeshClientError) as info:
+        await mesh.client.gateway.update_weights(mesh.root / "nowhere" / "ckpt")
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT and "neither a folder" in info.value.message
+
+    def broken(replica: str, checkpoint: Path) -> None:
+        raise RuntimeError(f"{replica} out of memory")
+
+    mesh.backend.weight_load_hook = broken
+    with pytest.raises(RollmeshClientError) as info:
+        await mesh.client.gateway.update_weights(write_checkpoint(mesh.root / "ok"))
+    assert (info.value.code, info.value.reason) == (grpc.StatusCode.ABORTED, "WEIGHT_LOAD_FAILED")
+    assert (await mesh.client.gateway.generate(USER)).policy_version == ""
+
+
+async def test_cli_update_weights(mesh: Mesh) -> None:
+    new = write_checkpoint(mesh.root / "cli")
+    code, out, err = await run_cli(
+        "models", "update-weights", str(new), "--version", "5", "--json", "--gateway", mesh.address
+    )
+    assert code == 0, err
+    assert json.loads(out)["policy_version"] == "5"
+    code, out, err = await run_cli(
+        "models", "update-weights", str(new), "--abort-in-flight", "--gateway", mesh.address
+    )
+    assert code == 0, err
+    assert "policy version 5 -> 6: 3 tensors" in out and "into 2 replicas" in out
+    code, out, err = await run_cli(
+        "models",
+        "update-weights",
+        str(write_checkpoint(mesh.root / "bad", shape=("norm.weight", (5,)))),
+        "--gateway",
+        mesh.address,
+    )
+    assert code != 0 and "CHECKPOINT_INCOMPATIBLE" in err and "norm.weight has shape [5]" in err

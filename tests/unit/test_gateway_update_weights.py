@@ -1,0 +1,249 @@
+"""UpdateWeights in the Gateway over FakeBackends: checkpoint validation before anything is touched,
+FINISH_IN_FLIGHT vs ABORT_AND_RETRY, all-or-nothing across replicas, policy versions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.weights import check_checkpoint, next_version
+from rollmesh.mesh.errors import RollmeshError
+
+USER = (Message("user", "what is 5+7?"),)
+TENSORS = {"embed.weight": (16, 4), "layer.0.weight": (4, 4), "norm.weight": (4,)}
+
+
+def write_checkpoint(path: Path, *, scale: float = 1.0, **changes: Any) -> Path:
+    """A tiny safetensors checkpoint; `changes`: drop=name, shape=(name, shape), vocab=..., config=..."""
+    path.mkdir(parents=True, exist_ok=True)
+    shapes = dict(TENSORS)
+    if "drop" in changes:
+        del shapes[changes["drop"]]
+    if "shape" in changes:
+        name, shape = changes["shape"]
+        shapes[name] = shape
+    tensors = {n: torch.full(s, scale) for n, s in shapes.items()}
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {"architectures": ["Tiny"], "hidden_size": 4, "transformers_version": "5.0"}
+    config |= changes.get("config", {})
+    (path / "config.json").write_text(json.dumps(config))
+    vocab = changes.get("vocab", {"a": 0, "b": 1})
+    (path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}, "added_tokens": []}))
+    return path
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Path:
+    return write_checkpoint(tmp_path / "served")
+
+
+async def started(backend: FakeBackend) -> Gateway:
+    gw = Gateway([backend])
+    await gw.start()
+    return gw
+
+
+def inp(**kw: Any) -> GenerateInput:
+    kw.setdefault("messages", USER)
+    return GenerateInput(**kw)
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"drop": "norm.weight"}, "tensor norm.weight is missing"),
+        ({"shape": ("layer.0.weight", (4, 8))}, "tensor layer.0.weight has shape [4, 8], served [4, 4]"),
+        ({"shape": ("extra.weight", (2,))}, "tensor extra.weight is not in the served model"),
+        ({"vocab": {"a": 0, "c": 1}}, "tokenizer.json has another vocabulary"),
+        ({"config": {"hidden_size": 8}}, "config.json hidden_size is 8, served 4"),
+    ],
+)
+def test_incompatible_checkpoints_are_refused_naming_the_problem(
+    served: Path, tmp_path: Path, changes: dict[str, Any], problem: str
+) -> None:
+    bad = write_checkpoint(tmp_path / "bad", **changes)
+    with pytest.raises(RollmeshError) as info:
+        check_checkpoint(bad, served)
+    assert info.value.reason == "CHECKPOINT_INCOMPATIBLE"
+    assert problem in info.value.message
+
+
+def test_a_weights_only_checkpoint_with_changed_values_fits(served: Path, tmp_path: Path) -> None:
+    new = write_checkpoint(tmp_path / "new", scale=2.0, config={"transformers_version": "5.1"})
+    (new / "tokenizer.json").unlink()
+    manifest = check_checkpoint(new, served)
+    assert sorted(manifest.tensors) == sorted(TENSORS)
+
+
+def test_not_a_checkpoint(served: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "model.safetensors").write_bytes(b"\x01\x02")
+    for folder, problem in [
+        ("empty", r"no \*\.safetensors file"),
+        ("junk", "not a readable safetensors file"),
+    ]:
+        with pytest.raises(RollmeshError, match=problem):
+            check_checkpoint(tmp_path / folder, served)
+
+
+def test_next_version_counts_up_integers() -> None:
+    assert [next_version(""), next_version("1"), next_version("41")] == ["1", "2", "42"]
+    with pytest.raises(RollmeshError, match="give policy_version"):
+        next_version("step-a")
+
+
+async def test_update_loads_every_replica_and_bumps_the_version_later_results_carry(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = FakeBackend("m", num_replicas=2, weights_dir=served)
+    gw = await started(backend)
+    assert (await gw.generate(inp())).policy_version == ""
+    new = write_checkpoint(tmp_path / "step1", scale=2.0)
+    update = await gw.update_weights("m", new)
+    assert (update.policy_version, update.previous_version, update.tensors) == ("1", "", 3)
+    assert sorted(update.replica_ids) == ["m-replica-0", "m-replica-1"]
+    assert set(backend.loaded_weights.values()) == {new}
+    assert (await gw.generate(inp())).policy_version == "1"
+    update = await gw.update_weights("", write_checkpoint(tmp_path / "step2"), policy_version="7")
+    assert (update.policy_version, update.previous_version) == ("7", "1")
+    assert (await gw.list_models())[0].policy_version == "7"
+
+
+async def test_rejected_checkpoint_touches_nothing(served: Path, tmp_path: Path) -> None:
+    backend = FakeBackend("m", num_replicas=2, weights_dir=served)
+    gw = await started(backend)
+    bad = write_checkpoint(tmp_path / "bad", drop="embed.weight")
+    with pytest.raises(RollmeshError) as info:
+        await gw.update_weights("m", bad)
+    assert info.value.reason == "CHECKPOINT_INCOMPATIBLE"
+    assert backend.weight_loads == 0 and set(backend.loaded_weights.values()) == {served}
+    r = await gw.generate(inp())
+    assert (r.finish_reason, r.policy_version) == ("stop", "")
+    assert not (await gw.list_models())[0].paused
+
+
+async def test_a_replica_failing_to_load_fails_the_update_and_the_old_weights_keep_serving(
+    served: Path, tmp_path: Path
+) -> None:
+    def fail_second(replica: str, checkpoint: Path) -> None:
+        if replica.endswith("-1"):
+            raise OSError("disk read error")
+
+    backend = FakeBackend("m", num_replicas=2, weights_dir=served, weight_load_hook=fail_second)
+    gw = await started(backend)
+    gw.set_policy_version("m", "3")
+    with pytest.raises(RollmeshError) as info:
+        await gw.update_weights("m", write_checkpoint(tmp_path / "new", scale=2.0))
+    assert info.value.reason == "WEIGHT_LOAD_FAILED"
+    assert "m-replica-1: disk read error" in info.value.message
+    assert set(backend.loaded_weights.values()) == {served}
+    assert backend.weights_path == served
+    assert (await gw.generate(inp())).policy_version == "3"
+
+
+async def test_finish_in_flight_lets_running_generations_end_on_the_old_version(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = FakeBackend("m", weights_dir=served, script=lambda p, r: "abcdef")
+    gw = await started(backend)
+    backend.token_latency_s = 0.05
+    running = asyncio.create_task(gw.generate(inp(request_id="old")))
+    await backend.wait_running("old")
+    update = asyncio.create_task(gw.update_weights("m", write_checkpoint(tmp_path / "new")))
+    for _ in range(3000):  # the update holds new generations (bounded wait: 30 s) ...
+        if (await gw.list_models())[0].paused:
+            break
+        await asyncio.sleep(0.01)
+    assert (await gw.list_models())[0].paused
+    held = asyncio.create_task(gw.generate(inp(request_id="new")))
+    old = await running
+    assert (old.finish_reason, old.policy_version, old.message.content) == ("stop", "", "abcdef")
+    assert (await update).retried_requests == 0
+    assert (await held).policy_version == "1"  # ... which run on the new weights
+    assert "old" not in backend.aborted
+
+
+async def test_abort_and_retry_reruns_running_generations_on_the_new_weights(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = FakeBackend("m", weights_dir=served, script=lambda p, r: "abcdef")
+    gw = await started(backend)
+    backend.token_latency_s = 60  # would never finish on its own
+    running = asyncio.create_task(gw.generate(inp(request_id="r1")))
+    await backend.wait_running("r1")
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        backend.token_latency_s = 0.0
+
+    backend.weight_load_hook = fast
+    update = await asyncio.wait_for(
+        gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="abort_and_retry"), 30
+    )
+    assert update.retried_requests == 1 and "r1" in backend.aborted
+    r = await asyncio.wait_for(running, 30)
+    assert (r.finish_reason, r.policy_version, r.message.content) == ("stop", "1", "abcdef")
+    assert [req.request_id for req in backend.requests].count("r1") == 2
+
+
+async def test_a_stream_that_already_sent_deltas_ends_with_abort_instead_of_rerunning(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = FakeBackend("m", weights_dir=served, script=lambda p, r: "abcdef")
+    gw = await started(backend)
+    backend.token_latency_s = 60
+    stream = gw.generate_stream(inp(request_id="s1"))
+    first = await anext(stream)  # the first delta reached the caller
+    update = asyncio.create_task(
+        gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="abort_and_retry")
+    )
+    rest = [x async for x in stream]
+    assert getattr(first, "text", "") == "a"
+    assert (
+        getattr(rest[-1], "finish_reason", "") == "abort" and getattr(rest[-1], "policy_version", "?") == ""
+    )
+    assert (await update).policy_version == "1"
+
+
+async def test_finish_in_flight_past_the_drain_timeout_changes_nothing(served: Path, tmp_path: Path) -> None:
+    backend = FakeBackend("m", weights_dir=served)
+    gw = await started(backend)
+    backend.token_latency_s = 60
+    running = asyncio.create_task(gw.generate(inp(request_id="slow")))
+    await backend.wait_running("slow")
+    with pytest.raises(RollmeshError) as info:
+        await gw.update_weights("m", write_checkpoint(tmp_path / "new"), drain_timeout_s=0.2)
+    assert info.value.reason == "WEIGHT_UPDATE_DRAIN_TIMEOUT"
+    assert backend.weight_loads == 0
+    assert not (await gw.list_models())[0].paused
+    await gw.abort("slow")
+    assert (await running).policy_version == ""
+
+
+async def test_a_paused_model_stays_paused_after_an_update(served: Path, tmp_path: Path) -> None:
+    gw = await started(FakeBackend("m", weights_dir=served))
+    gw.pause("m")
+    await gw.update_weights("m", write_checkpoint(tmp_path / "new"))
+    assert (await gw.list_models())[0].paused
+
+
+async def test_backends_without_weights_refuse_updates(tmp_path: Path) -> None:
+    gw = await started(FakeBackend("m"))
+    with pytest.raises(RollmeshError) as info:
+        await gw.update_weights("m", write_checkpoint(tmp_path / "new"))
+    assert info.value.reason == "WEIGHT_UPDATES_UNSUPPORTED"
+
+
+def test_fixture_checkpoint_is_self_consistent(served: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(served, copy)
+    assert check_checkpoint(copy, served).path == copy
