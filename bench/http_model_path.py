@@ -47,8 +47,9 @@ def write_dataset(path: Path, rows: int, seed: int = 0) -> None:
 # -- the raw client loop -------------------------------------------------------------------------
 
 
-async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[float, int]:
-    """(rollouts/s, correct answers): every row as one non-streaming chat completion, C at a time."""
+async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[float, float, int]:
+    """(requests/s, CPU ms per request of this client, answers): every row as one non-streaming chat
+    completion, C at a time."""
     import aiohttp
 
     prompts = [json.loads(line)["responses_create_params"]["input"] for line in dataset.open()]
@@ -66,10 +67,10 @@ async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[floa
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    return len(prompts) / wall, correct
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return len(prompts) / wall, cpu * 1000 / len(prompts), correct
 
 
 # -- the mesh ------------------------------------------------------------------------------------
@@ -207,14 +208,16 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
             async with AsyncExitStack() as stack:
                 addresses, pids = await stack.enter_async_context(mesh_up(base_url, tmp))
                 raw_rates: list[float] = []
+                raw_cpu_ms: list[float] = []
                 mesh_rates: list[float] = []
                 cpu_trials: list[dict[str, float]] = []
                 summaries: list[dict[str, Any]] = []
                 server_cpu_ms: list[float] = []
                 for trial in range(a.trials):  # alternate, so both see the same machine load
-                    rate, correct = await raw_loop(base_url, dataset, a.concurrency)
-                    log(f"raw trial {trial}: {rate:.0f}/s ({correct} answers)")
+                    rate, cpu_per_request, _ = await raw_loop(base_url, dataset, a.concurrency)
+                    log(f"raw trial {trial}: {rate:.0f}/s, {cpu_per_request:.3f} ms CPU/request")
                     raw_rates.append(rate)
+                    raw_cpu_ms.append(cpu_per_request)
                     s0 = cpu_seconds(server.pid)
                     rate, cpu_ms, summary = await mesh_trial(
                         addresses["scheduler"], pids, dataset, a.concurrency, tmp / "runs"
@@ -241,6 +244,8 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
             "mesh_rollouts_per_second": _stats(mesh_rates, "rollouts/s"),
             "raw_client_requests_per_second": _stats(raw_rates, "requests/s"),
             "ratio_mesh_to_raw": {"value": round(ratio, 3), "target": 0.40},
+            # Load-independent: what one request costs the raw client vs. what a rollout costs the mesh.
+            "raw_client_cpu_per_request": {"value": round(statistics.mean(raw_cpu_ms), 3), "unit": "ms"},
             "cpu_per_rollout_by_process": {"value": cpu, "unit": "ms"},
             "gateway_cpu_per_call": {"value": cpu.get("gateway", 0.0), "unit": "ms", "target": 0.8},
             "mesh_cpu_per_rollout": {"value": round(sum(cpu.values()), 3), "unit": "ms", "target": 2.5},
