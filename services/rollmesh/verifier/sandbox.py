@@ -53,7 +53,6 @@ log = get_logger("rollmesh.verifier.sandbox")
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 SANDBOX_UID = 65534
-_TAIL_BYTES = 64 * 1024
 UNSAFE_OPT_IN = "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS"
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 MAX_CASES_REPORTED = 50
@@ -110,7 +109,7 @@ class TestSpec:
 
 @dataclass
 class RunResult:
-    status: str  # "ok", "timeout", "crashed" (no result line), "error" (sandbox failed to start)
+    status: str  # "ok" (every case has a verdict), "timeout", "crashed" (the channel broke)
     passed: int = 0
     total: int = 0
     cases: list[dict[str, Any]] = field(default_factory=list)
@@ -129,21 +128,16 @@ class RunResult:
         return out
 
 
-async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bytes, bool]:
-    """Read to EOF keeping the first `cap` bytes and the last 64 KiB; the rest is dropped."""
-    head, tail, total = bytearray(), bytearray(), 0
+async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
+    """Read to EOF keeping the first `cap` bytes (diagnostics only); the rest is dropped."""
+    head, total = bytearray(), 0
     if stream is None:
-        return b"", b"", False
+        return b"", False
     while chunk := await stream.read(1 << 16):
         total += len(chunk)
         if len(head) < cap:
-            take = cap - len(head)
-            head += chunk[:take]
-            chunk = chunk[take:]
-        if chunk:
-            tail += chunk
-            del tail[:-_TAIL_BYTES]
-    return bytes(head), bytes(tail), total > cap
+            head += chunk[: cap - len(head)]
+    return bytes(head), total > cap
 
 
 class Sandbox:
@@ -179,7 +173,10 @@ class Sandbox:
             self.isolation = "process"
         fields: dict[str, Any] = {
             "mode": self.isolation,
-            "uid": SANDBOX_UID if self._drop_privileges else os.geteuid(),
+            "uid": SANDBOX_UID
+            if self._drop_to(self.isolation) is not None
+            or (self.isolation == "namespaces" and self._drop_privileges)
+            else os.geteuid(),
             "limits": asdict(self.config.limits),
         }
         if self.isolation == "namespaces":
@@ -347,7 +344,7 @@ class Sandbox:
             await self._stop(proc, keeper=mode == "process")
         try:
             async with asyncio.timeout(2.0):
-                (out_head, _, out_trunc), (err_head, _, err_trunc) = await readers
+                (out_head, out_trunc), (err_head, err_trunc) = await readers
         except TimeoutError:  # an escaped descendant still holds a pipe: give up on its output
             readers.cancel()
             out_head = err_head = b""
