@@ -22,7 +22,7 @@ from rollmesh.verifier.service import VerifierService
 from rollmesh_client import Client, aio_channel
 
 StartServer = Callable[..., Awaitable[MeshServer]]
-LIMITS = SandboxLimits(wall_s=2.0, cpu_s=2, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
+LIMITS = SandboxLimits(wall_s=5.0, cpu_s=2, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
 SECRET = "sekrit-api-key-for-the-sandbox-test"
 ADD_TESTS = ["assert add(2, 2) == 4"]
 
