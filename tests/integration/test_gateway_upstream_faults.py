@@ -206,9 +206,13 @@ async def test_2000_concurrent_requests_reach_a_2s_latency_server() -> None:
             await gw.shutdown()
         assert all(r.message.content == "The answer is 60." for r in results)
         assert slow.stats.outcomes["ok"] == n
-        # With a 100-connection pool this takes 20 waves of 2 s (>= 40 s) and peaks at 100.
-        assert slow.stats.peak_in_flight > 1000, slow.stats.to_json()
-        assert elapsed < 30, f"{n} calls to a 2 s server took {elapsed:.1f} s"
+        # A library-default pool (httpx, aiohttp: 100 connections) caps the peak at 100 and needs 20
+        # waves of 2 s (>= 40 s). Here every call gets a connection; on an idle host all 2,000 are in
+        # flight at once, on a loaded one the first calls may finish before the last connect.
+        assert slow.stats.peak_in_flight > 500, slow.stats.to_json()
+        assert elapsed < 120, f"{n} calls to a 2 s server took {elapsed:.1f} s"
+        log_line = f"peak in flight {slow.stats.peak_in_flight} of {n}, {elapsed:.1f} s"
+        print(log_line)
 
 
 def test_the_server_runs_as_a_process_with_faults_from_the_command_line() -> None:
