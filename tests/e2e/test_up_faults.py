@@ -193,11 +193,14 @@ async def test_sigkill_the_scheduler_mid_job_then_resume_completes(mesh_up: Up, 
     before = set(read_keys(rollouts))  # rows on disk stay; buffered ones die with the process
     await sigkill(mesh_up, "scheduler")
     await wait_serving(mesh_up.addrs["scheduler"], timeout_s=120)
-    stale = await client.scheduler.get(job.job_id)  # the restarted scheduler knows it from job.json
-    assert stale.state not in (spb.JOB_STATE_RUNNING, spb.JOB_STATE_SUCCEEDED), stale
-    resumed = await client.scheduler.submit(spb.JobSpec(resume_job_id=job.job_id, output_dir=str(runs)))
-    assert resumed.job_id == job.job_id
-    final = await resumed.result(poll_s=0.2, timeout_s=300)
+    # A new connection, as a new CLI command makes: the old channel may still be in its
+    # reconnect backoff from the outage, and the SDK does not retry UNAVAILABLE.
+    async with await Client.connect(scheduler=mesh_up.addrs["scheduler"]) as again:
+        stale = await again.scheduler.get(job.job_id)  # the restarted scheduler knows it (job.json)
+        assert stale.state not in (spb.JOB_STATE_RUNNING, spb.JOB_STATE_SUCCEEDED), stale
+        resumed = await again.scheduler.submit(spb.JobSpec(resume_job_id=job.job_id, output_dir=str(runs)))
+        assert resumed.job_id == job.job_id
+        final = await resumed.result(poll_s=0.2, timeout_s=300)
     assert spb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED", final.error
     truth = check_exactly_once(runs / job.job_id, expected_keys(TASKS, REPEATS), job=final)
     assert len(truth.rollout_keys) == TASKS * REPEATS and before <= truth.rollout_keys
