@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: setup run test lint typecheck protos protos-check bench clean
+.PHONY: setup run test test-containers lint typecheck protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,14 @@ typecheck: setup
 
 test: setup protos-check lint typecheck
 	$(BIN)/python -m pytest -q -ra
+
+# The container stack for real (README "Run the stack in containers"): deploy/local-docker.sh makes
+# Docker usable where there is none (daemon, compose, base image; cached), then
+# tests/e2e/test_deploy_stack.py builds, starts, uses and tears down the stack, within
+# STACK_TEST_TIMEOUT seconds in all; no test stack is left running (deploy/test-containers.sh).
+STACK_TEST_TIMEOUT ?= 3000
+test-containers: setup
+	STACK_TEST_TIMEOUT=$(STACK_TEST_TIMEOUT) deploy/test-containers.sh $(BIN)/python
 
 bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done

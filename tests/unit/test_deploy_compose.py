@@ -304,6 +304,13 @@ def copy_sources() -> list[str]:
     return sources
 
 
+def test_the_classic_builder_reads_the_same_ignore_file_as_buildkit() -> None:
+    # docker-compose 1.29 and Docker without BuildKit read only the context's .dockerignore.
+    root_ignore = REPO / ".dockerignore"
+    assert root_ignore.is_symlink(), ".dockerignore must be a link, not a second copy"
+    assert root_ignore.resolve() == (DEPLOY / "Dockerfile.dockerignore").resolve()
+
+
 def test_dockerfile_copy_sources_exist_and_are_not_ignored() -> None:
     sources = copy_sources()
     assert "pyproject.toml" in sources and "requirements.lock" in sources
