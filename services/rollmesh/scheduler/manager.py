@@ -353,22 +353,30 @@ class JobManager:
             p = run.progress
             p.succeeded, p.failed = run.sink.rows_written, run.sink.failures_written
             p.done, p.reward_sum = p.succeeded + p.failed, run.sink.reward_written
-        rec.state, rec.error, rec.end_time = result.state, result.error, time.time()
+        final = (result.state, result.error, time.time())
+        # job.json gets the final state before GetJob can report it (no await between these
+        # assignments): a client that sees the job ended finds the folder saying the same.
+        shown = rec.state, rec.error, rec.end_time
+        rec.state, rec.error, rec.end_time = final
+        job_json = rec.to_json()
+        rec.state, rec.error, rec.end_time = shown
         p = run.progress
         log.info(
             "job_finished",
             job_id=rec.job_id,
-            state=rec.state,
-            error=rec.error,
+            state=final[0],
+            error=final[1],
             done=p.done,
             failed=p.failed,
             skipped=p.skipped_existing,
             mean_reward=round(p.mean_reward, 4),
         )
         try:
-            await asyncio.to_thread(store.write_json_atomic, rec.directory / store.JOB, rec.to_json())
+            await asyncio.to_thread(store.write_json_atomic, rec.directory / store.JOB, job_json)
         except OSError as exc:  # job.json keeps its last state (a restart lists the job as interrupted)
-            log.error("job_state_not_persisted", job_id=rec.job_id, state=rec.state, error=str(exc))
+            log.error("job_state_not_persisted", job_id=rec.job_id, state=final[0], error=str(exc))
+        finally:
+            rec.state, rec.error, rec.end_time = final
         rec.notify()
         rec.done.set()
 
