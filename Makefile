@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: setup run test test-containers lint typecheck protos protos-check bench clean
+.PHONY: setup run train-demo test test-containers lint typecheck protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml requirements.lock
 
 run: setup
 	$(BIN)/rollmesh run --benchmark arithmetic
+
+# Online GRPO on the tiny model through the mesh (examples/grpo_arith.py; ~15 min on 2 CPU cores).
+train-demo: setup
+	$(BIN)/python examples/grpo_arith.py --embedded --out runs/grpo_arith
 
 protos: setup
 	$(BIN)/python scripts/gen_protos.py

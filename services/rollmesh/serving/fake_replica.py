@@ -62,6 +62,7 @@ class FakeReplica:
         )
         self._running: set[str] = set()
         self._served = 0
+        self._weights_path = config.model_path
 
     async def generate(
         self,
@@ -113,7 +114,14 @@ class FakeReplica:
             "in_flight": len(self._running),
             "served": self._served,
             "engine_unfinished": len(self._running),
+            "weights_path": self._weights_path,
         }
+
+    async def load_weights(self, *, weights_path: str, pin_replica: str = "") -> str:
+        """Pretend to load `weights_path` (the script's answers do not change)."""
+        del pin_replica
+        self._weights_path = weights_path
+        return self._replica_id
 
     async def check_health(self) -> None:
         """Always healthy: a fake replica fails only by dying."""
