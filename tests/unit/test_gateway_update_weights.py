@@ -247,3 +247,39 @@ def test_fixture_checkpoint_is_self_consistent(served: Path, tmp_path: Path) -> 
     copy = tmp_path / "copy"
     shutil.copytree(served, copy)
     assert check_checkpoint(copy, served).path == copy
+
+
+class CancellingBackend(FakeBackend):
+    """Ends an aborted request with an error instead of an "abort" chunk (as Ray Serve does for a
+    request cancelled before a replica took it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cancelled: set[str] = set()
+
+    async def generate(self, request: Any) -> Any:
+        async for chunk in super().generate(request):
+            rid = request.request_id
+            if rid in self.aborted and rid not in self.cancelled:
+                self.cancelled.add(rid)
+                raise RuntimeError(f"request {rid} cancelled")
+            yield chunk
+
+
+async def test_abort_and_retry_also_reruns_a_request_the_backend_cancelled_with_an_error(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = CancellingBackend("m", weights_dir=served, script=lambda p, r: "abc")
+    gw = await started(backend)
+    backend.token_latency_s = 60
+    running = asyncio.create_task(gw.generate(inp(request_id="r1")))
+    await backend.wait_running("r1")
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        backend.token_latency_s = 0.0
+
+    backend.weight_load_hook = fast
+    update = await gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="abort_and_retry")
+    r = await asyncio.wait_for(running, 30)
+    assert backend.cancelled == {"r1"} and update.retried_requests == 1
+    assert (r.finish_reason, r.policy_version, r.message.content) == ("stop", "1", "abc")

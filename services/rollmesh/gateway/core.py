@@ -571,12 +571,19 @@ class Gateway:
                     attempt = _Attempt(version=m.policy_version, prompt_ids=prepared.prompt_ids)
                     if not flight.aborted.is_set():
                         engine = self._run_engine(m, prepared, attempt, deadline)
-                        async with contextlib.aclosing(engine):
-                            async for delta in engine:
-                                if flight.retry and not attempt.streamed:
-                                    continue  # this attempt runs again: its output is thrown away
-                                attempt.streamed = deltas
-                                yield delta
+                        try:
+                            async with contextlib.aclosing(engine):
+                                async for delta in engine:
+                                    if flight.retry and not attempt.streamed:
+                                        continue  # this attempt runs again: its output is thrown away
+                                    attempt.streamed = deltas
+                                    yield delta
+                        except Exception:
+                            # Aborted for a weight update before the engine had it (a backend may
+                            # cancel such a request with an error): it runs again like the others.
+                            if not (flight.retry and not attempt.streamed and not flight.aborted.is_set()):
+                                raise
+                            attempt.finish = None
                 finally:
                     m.leave(rid)
                 if attempt.finish in (None, "abort") and flight.retry and not flight.aborted.is_set():
