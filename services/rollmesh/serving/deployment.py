@@ -8,7 +8,8 @@ engine request.
 
 `load_weights(weights_path=...)` replaces the weights in place through vLLM's worker
 `reload_weights` (`AsyncLLM.collective_rpc`; the CPU worker inherits the GPU worker's, so one path
-serves both), then drops the prefix cache (its KV came from the old weights). The gateway calls it
+serves both) wrapped by worker_ext.py (which re-ties a tied lm_head), then drops the prefix
+cache (its KV came from the old weights). The gateway calls it
 only when no request runs and after validating the checkpoint: vLLM itself accepts a checkpoint
 with a missing tensor silently (scripts/probe_weight_update.py).
 
@@ -50,6 +51,8 @@ def engine_kwargs(config: ServingConfig) -> dict[str, Any]:
         "seed": config.seed,
         "disable_log_stats": True,
         "enable_prefix_caching": True,
+        # Live weight updates: reload_weights + re-tie a tied lm_head (see worker_ext.py).
+        "worker_extension_cls": "rollmesh.serving.worker_ext.WeightReloadExtension",
     }
     if config.max_model_len:
         kwargs["max_model_len"] = config.max_model_len
@@ -213,7 +216,7 @@ class VLLMReplica:
         if self._running:
             raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
         started = time.monotonic()
-        await self._engine.collective_rpc("reload_weights", kwargs={"weights_path": weights_path})
+        await self._engine.collective_rpc("rollmesh_reload_weights", kwargs={"weights_path": weights_path})
         await self._engine.reset_prefix_cache()
         self._weights_path = weights_path
         log.info(
