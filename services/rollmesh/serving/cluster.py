@@ -20,6 +20,7 @@ Ray ties its local GCS and raylet to the thread that started them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -118,7 +119,7 @@ class ServingCluster:
                 }
                 if cfg.replica_gpus > 0:
                     kwargs["num_gpus"] = int(cfg.replicas * cfg.replica_gpus + 0.999)
-                ray.init(**kwargs)
+                _start_local_ray(kwargs)
                 _PROCESS_RAY.owned = True
         _PROCESS_RAY.users += 1
         self._uses_ray = True
@@ -255,3 +256,25 @@ def _connect(address: str) -> None:
         error = connect_error(address, exc)
         log.warning("ray_join_failed", address=address, reason=error.reason, error=repr(exc)[:2000])
         raise error from exc
+
+
+LOCAL_RAY_ATTEMPTS = 3
+
+
+def _start_local_ray(kwargs: dict[str, Any]) -> None:
+    """Start a local Ray. Ray waits a fixed 30 s for its raylet to register, which a loaded machine
+    can miss; such a start is retried (each attempt a fresh node), then reported in one line."""
+    import ray
+
+    for attempt in range(1, LOCAL_RAY_ATTEMPTS + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for a node that timed out
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if attempt == LOCAL_RAY_ATTEMPTS:
+                raise ServingStartupError(
+                    f"could not start a local Ray node ({LOCAL_RAY_ATTEMPTS} attempts): {exc}"
+                ) from exc
+            log.warning("ray_start_retry", attempt=attempt, error=str(exc)[:300])

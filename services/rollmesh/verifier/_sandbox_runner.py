@@ -30,6 +30,7 @@ import json
 import math
 import os
 import resource
+import signal
 import struct
 import sys
 from typing import Any
@@ -112,7 +113,17 @@ def _limit(which: int, soft: int, hard: int | None = None) -> None:
         pass
 
 
+CPU_LIMIT_EXIT = 124
+"""The runner's exit status when its CPU-time limit (SIGXCPU) stops it: the verifier reports a
+timeout. The code could exit with it too; that only names its failure differently (reward 0)."""
+
+
+def _on_cpu_limit(signum: int, frame: Any) -> None:
+    os._exit(CPU_LIMIT_EXIT)
+
+
 def _apply_limits(lim: dict[str, int]) -> None:
+    signal.signal(signal.SIGXCPU, _on_cpu_limit)  # as pid 1 of a namespace, unhandled it is ignored
     _limit(resource.RLIMIT_CPU, lim["cpu_s"], lim["cpu_s"] + 1)
     _limit(resource.RLIMIT_AS, lim["memory_mb"] * 1024 * 1024)
     _limit(resource.RLIMIT_FSIZE, lim["fsize_mb"] * 1024 * 1024)

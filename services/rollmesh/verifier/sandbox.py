@@ -39,6 +39,7 @@ from typing import Any
 
 from rollmesh.mesh.config import ConfigError
 from rollmesh.mesh.logging import get_logger
+from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
 from rollmesh.verifier.sandbox_checks import (
     CaseFailed,
@@ -339,6 +340,12 @@ class Sandbox:
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
         except ChannelBroken as exc:
             status, error = "crashed", str(exc)
+            with contextlib.suppress(TimeoutError):  # let it exit on its own: its status says why
+                async with asyncio.timeout(1.0):
+                    await proc.wait()
+            if proc.returncode == CPU_LIMIT_EXIT:
+                status = "timeout"
+                error = f"CPU-time limit of {limits.cpu_s}s exceeded; process group killed"
         finally:
             channel.close()
             await self._stop(proc, keeper=mode == "process")
