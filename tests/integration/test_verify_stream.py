@@ -5,6 +5,7 @@ its own call, and a broken stream fails its waiting calls as UNAVAILABLE and is 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import grpc
@@ -77,14 +78,14 @@ async def test_a_deadline_ends_only_its_own_call(start_server: StartServer) -> N
         await env.close()
 
 
-async def test_a_broken_stream_fails_waiting_calls_as_unavailable_and_reopens() -> None:
+async def _verifier_that_dies_mid_call() -> tuple[VerifierEnv, int]:
+    """A VerifierEnv whose verifier was stopped while a call waited on it (that call got
+    UNAVAILABLE), and the port it listened on."""
     fake = FakeVerifier()
     server = await build_server([fake.binding()], "127.0.0.1:0")
     await server.start()
     await wait_serving(server.address, timeout_s=30)
-    port = server.port
     env = VerifierEnv.connect(server.address, deadlines=Deadlines(verify_s=30))
-    restarted = None
     try:
         assert (await env.verify("arithmetic", _task(1), _answer("2"), "")).reward == 1.0
         fake.faults.delay("Verify", 30.0, times=-1)
@@ -94,6 +95,16 @@ async def test_a_broken_stream_fails_waiting_calls_as_unavailable_and_reopens() 
         await server.stop(grace=0)
         with pytest.raises(UnavailableError):
             await waiting
+    except BaseException:
+        await env.close()
+        raise
+    return env, server.port
+
+
+async def test_a_broken_stream_fails_waiting_calls_as_unavailable_and_reopens() -> None:
+    env, port = await _verifier_that_dies_mid_call()
+    restarted = None
+    try:
         again = FakeVerifier()
         restarted = await build_server([again.binding()], f"127.0.0.1:{port}")
         await restarted.start()
@@ -105,3 +116,30 @@ async def test_a_broken_stream_fails_waiting_calls_as_unavailable_and_reopens() 
         await env.close()
         if restarted is not None:
             await restarted.stop(grace=0)
+
+
+async def test_a_peer_that_dies_leaves_no_request_writer_behind() -> None:
+    """The verifier dying mid-call ends grpc.aio's request-writer task too: nothing is left pending
+    to be collected later as "Task was destroyed but it is pending" / "aclose(): asynchronous
+    generator is already running" (what the scheduler logged when a verifier died mid-job)."""
+    loop_errors: list[str] = []
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: loop_errors.append(str(ctx.get("message"))))
+    try:
+        env, _ = await _verifier_that_dies_mid_call()
+        try:
+
+            def writers() -> list[asyncio.Task[object]]:
+                return [t for t in asyncio.all_tasks() if "consume_request_iterator" in repr(t.get_coro())]
+
+            async with asyncio.timeout(30):
+                while writers():  # noqa: ASYNC110 (grpc.aio's own task, nothing to wait on)
+                    await asyncio.sleep(0.01)
+        finally:
+            await env.close()
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert loop_errors == []

@@ -262,6 +262,11 @@ class Multiplexed(Generic[Req, Resp, Out]):
         finally:
             if self._outbox is outbox:
                 self._outbox = None  # the next call opens a new stream
+            # End the request generator: grpc.aio's writer task waits in it, and `call.cancel()`
+            # does not cancel that task once the call has already ended (the peer died). Left
+            # waiting, it is collected while pending ("Task was destroyed but it is pending",
+            # "aclose(): asynchronous generator is already running").
+            outbox.put_nowait(None)
             call.cancel()
             for fut in list(self._pending.values()):
                 if not fut.done():

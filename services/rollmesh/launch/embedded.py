@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway import binding as gateway_binding
@@ -51,6 +51,19 @@ async def _start(
     return server.address
 
 
+def backend_phase(gateway_cfg: GatewayConfig) -> str:
+    """What starting `gateway_cfg`'s model backends means, in one progress line."""
+    parts = []
+    for m in gateway_cfg.models:
+        if m.backend == "ray-serve":
+            parts.append(f"{m.name}: Ray Serve + vLLM, can take a minute on CPU")
+        elif m.backend == "openai":
+            parts.append(f"{m.name}: OpenAI-compatible server at {m.base_url}")
+        else:
+            parts.append(f"{m.name}: {m.backend}")
+    return f"starting model backend ({'; '.join(parts)})"
+
+
 @asynccontextmanager
 async def embedded_mesh(
     gateway_cfg: GatewayConfig,
@@ -60,7 +73,7 @@ async def embedded_mesh(
     roots: RootsConfig | None = None,
     on_phase: Callable[[str], Awaitable[None] | None] | None = None,
 ) -> AsyncIterator[EmbeddedMesh]:
-    """Start registry, verifier, gateway (+ backends) and scheduler; stop them all on exit."""
+    """Start registry, gateway (+ backends), verifier and scheduler; stop them all on exit."""
 
     async def phase(text: str) -> None:
         if on_phase is not None:
@@ -76,19 +89,23 @@ async def embedded_mesh(
         await phase("starting registry")
         await _start(stack, mesh, "registry", registry_binding(catalog), api_key)
 
-        await phase("loading environments")
-        vcfg = VerifierConfig.from_env()
-        verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
-        await verifier.start()
-        stack.push_async_callback(verifier.aclose)
-        await _start(stack, mesh, "verifier", verifier_binding(verifier), api_key)
-
-        await phase("starting model backend (Ray Serve + vLLM can take a minute on CPU)")
+        await phase(backend_phase(gateway_cfg))
         backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
         gateway = Gateway.from_config(gateway_cfg, backends, backend_factory=create_backend)
         stack.push_async_callback(gateway.shutdown)
         await gateway.start()
         await _start(stack, mesh, "gateway", gateway_binding(gateway), api_key)
+
+        await phase("loading environments")
+        # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key.
+        vcfg = VerifierConfig.from_env()
+        vcfg = replace(
+            vcfg, gateway_addr=mesh.addresses["gateway"], server=replace(vcfg.server, api_key=api_key)
+        )
+        verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
+        await verifier.start()
+        stack.push_async_callback(verifier.aclose)
+        await _start(stack, mesh, "verifier", verifier_binding(verifier), api_key)
 
         await phase("starting scheduler")
         model = GatewayModel.connect(mesh.addresses["gateway"], api_key=api_key or None)

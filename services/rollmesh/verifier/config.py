@@ -48,7 +48,8 @@ class VerifierConfig:
     math_timeout_s: float = 10.0
     math_judge: bool = False
     math_judge_model: str = ""
-    gateway_addr: str = "127.0.0.1:50053"
+    # The math judge's gateway: ROLLMESH_GATEWAY_ADDR, else the config table's default.
+    gateway_addr: str = field(default_factory=lambda: service_addr("gateway"))
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
