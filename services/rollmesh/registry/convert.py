@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rollmesh.mesh.fields import to_pb
 from rollmesh.registry.catalog import Kind, Listed, Resolved
 from rollmesh.registry.errors import UnknownKind
 from rollmesh.registry.roots import Root
@@ -37,24 +38,15 @@ def root_to_pb(root: Root) -> pb.Root:
 
 
 def listed_to_pb(item: Listed) -> pb.ListedArtifact:
-    return pb.ListedArtifact(
+    return to_pb(
+        pb.ListedArtifact,
+        item,
         kind=kind_to_pb(item.kind),
-        name=item.name,
         path=str(item.path),
         root=str(item.root),
-        is_dir=item.is_dir,
         collides_with=[str(p) for p in item.collides_with],
     )
 
 
 def resolved_to_pb(item: Resolved) -> pb.Artifact:
-    return pb.Artifact(
-        kind=kind_to_pb(item.kind),
-        name=item.name,
-        path=str(item.path),
-        root=str(item.root),
-        sha256=item.sha256,
-        size_bytes=item.size_bytes,
-        is_dir=item.is_dir,
-        files=list(item.files),
-    )
+    return to_pb(pb.Artifact, item, kind=kind_to_pb(item.kind), path=str(item.path), root=str(item.root))

@@ -1,0 +1,100 @@
+"""Proto <-> dataclass conversion by field name: the part of every `convert.py` that only copies.
+
+A service's domain dataclass and its proto message mostly share field names; each `convert.py`
+names only the fields that differ (renamed, reshaped, serialized) and lets these two copy the rest.
+
+- `to_pb(message_class, obj, **given)` builds a message. Each proto field takes `given[name]` when
+  given (`None` there leaves it unset), else `getattr(obj, name)` when `obj` has that attribute
+  (properties count), else stays at its proto default. A value for a message field that is a
+  dataclass (or a sequence of them, for a repeated one) is converted into the field's message
+  type by the same rule; anything else is handed to the message constructor as is, so a value of
+  the wrong type raises `TypeError` there instead of being coerced.
+- `from_pb(dataclass_type, msg, **given)` builds a dataclass. Each dataclass field takes
+  `given[name]` when given, else the proto field of that name when it is a scalar (a set one, for
+  a field with presence), a repeated scalar (a tuple when the dataclass field defaults to a tuple,
+  else a list) or a map (a dict). Message fields, unset optional fields and names the proto lacks
+  keep the dataclass default: a required dataclass field of that kind must be given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from google.protobuf import message_factory
+from google.protobuf.message import Message
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+M = TypeVar("M", bound=Message)
+D = TypeVar("D", bound="DataclassInstance")
+# protobuf's `Descriptor` / `FieldDescriptor`, or their upb twins (the stubs type DESCRIPTOR as either).
+Descriptor = Any
+FieldDescriptor = Any
+
+
+def to_pb(message_class: type[M], obj: object, /, **given: Any) -> M:
+    """A `message_class` from `obj`'s same-named attributes, overridden by `given` (module docstring)."""
+    values = _pb_values(message_class.DESCRIPTOR, obj, given)
+    return message_class(**values)
+
+
+def from_pb(dataclass_type: type[D], msg: Message, /, **given: Any) -> D:
+    """A `dataclass_type` from `msg`'s same-named scalar, repeated and map fields, overridden by `given`."""
+    by_name = msg.DESCRIPTOR.fields_by_name
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(dataclass_type):
+        if f.name in given:
+            values[f.name] = given[f.name]
+        elif f.name in by_name:
+            _copy_field(values, f, by_name[f.name], msg)
+    return dataclass_type(**values)
+
+
+def _pb_values(descriptor: Descriptor, obj: object, given: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for fd in descriptor.fields:
+        value = given[fd.name] if fd.name in given else getattr(obj, fd.name, None)
+        if value is None:
+            continue
+        if fd.message_type is not None and not _is_map(fd):
+            value = _nested(fd.message_type, value, repeated=fd.is_repeated)
+        values[fd.name] = value
+    return values
+
+
+def _nested(descriptor: Descriptor, value: Any, *, repeated: bool) -> Any:
+    """Dataclass values for a message field as messages of its type; other values unchanged."""
+
+    def one(item: Any) -> Any:
+        if dataclasses.is_dataclass(item) and not isinstance(item, type):
+            return message_factory.GetMessageClass(descriptor)(**_pb_values(descriptor, item, {}))
+        return item
+
+    return [one(item) for item in value] if repeated else one(value)
+
+
+def _copy_field(values: dict[str, Any], f: dataclasses.Field[Any], fd: FieldDescriptor, msg: Message) -> None:
+    value = getattr(msg, fd.name)
+    if _is_map(fd):
+        values[f.name] = dict(value)
+    elif fd.message_type is not None:
+        return
+    elif fd.is_repeated:
+        values[f.name] = tuple(value) if isinstance(_default(f), tuple) else list(value)
+    elif not fd.has_presence or msg.HasField(fd.name):
+        values[f.name] = value
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _is_map(fd: FieldDescriptor) -> bool:
+    return fd.message_type is not None and fd.message_type.GetOptions().map_entry
