@@ -96,14 +96,14 @@ def fakes_args(latency_s: float) -> list[str]:
 
 
 async def _serve_fakes(latency_s: float) -> None:
+    from rollmesh.mesh.config import ServerConfig
     from rollmesh.mesh.logging import configure
     from rollmesh.mesh.server import serve
     from tests.fakes import FakeGateway, FakeVerifier
 
     configure("warning")
-    await serve(
-        [FakeGateway(latency_s=latency_s).binding(), FakeVerifier().binding()], "127.0.0.1:0", grace=0
-    )
+    fakes = [FakeGateway(latency_s=latency_s).binding(), FakeVerifier().binding()]
+    await serve(fakes, ServerConfig(host="127.0.0.1", port=0, grace_seconds=0))
 
 
 if __name__ == "__main__":  # the fakes server role: python -m bench._scheduler_common --latency S

@@ -10,7 +10,6 @@ from rollmesh.scheduler import convert
 from rollmesh.scheduler.metrics import (
     Metrics,
     compute,
-    compute_metrics,
     default_k_values,
     majority_correct,
     pass_at_k,
@@ -118,7 +117,7 @@ def test_duplicates_count_once_and_profile() -> None:
 
 def test_json_round_trip_and_proto() -> None:
     rollouts = [ro(t, i, float((t + i) % 2), str(i % 2)) for t in range(3) for i in range(4)]
-    data = compute_metrics(rollouts, threshold=0.5)
+    data = compute(rollouts, threshold=0.5).to_json()
     assert set(data["pass_at_k"]) == {"1", "2", "4"}
     back = Metrics.from_json(data)
     assert back.to_json() == data

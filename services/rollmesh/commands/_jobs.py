@@ -171,6 +171,8 @@ def job_command(func: Callable[..., None]) -> Callable[..., None]:
 
 def build_spec(o: SpecOptions) -> pb.JobSpec:
     """The JobSpec for these flags; unset values stay unset so benchmark defaults apply."""
+    from rollmesh.mesh.fields import to_pb
+    from rollmesh_client.v1 import common_pb2
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
     for name in (
@@ -188,42 +190,27 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
             raise typer.BadParameter(f"{flag} must be >= 0, got {getattr(o, name)}")
     if o.job_id and o.resume_latest:
         raise typer.BadParameter("--resume finds the job to resume, --job-id names it: give one")
-    spec = pb.JobSpec(
-        benchmark=o.benchmark,
-        dataset=o.dataset,
-        environment=o.environment,
-        model=o.model,
-        num_repeats=o.num_repeats,
-        limit=o.limit,
-        concurrency=o.concurrency,
-        starting_seed=o.starting_seed,
-        output_dir=o.output_dir,
-        resume_job_id=o.job_id,
-        resume_latest=o.resume_latest,
-        agent=pb.AgentSpec(max_steps=o.max_steps),
-        retry=pb.RetryPolicy(
-            max_attempts=o.max_attempts,
-            rollout_timeout_s=o.rollout_timeout_s,
-            unavailable_budget_s=o.unavailable_budget_s,
-            fail_fast_after=o.fail_fast_after,
-        ),
-    )
+    shard = None
     if o.shard:
         idx, _, cnt = o.shard.partition("/")
         if not (idx.isdigit() and cnt.isdigit()):
             raise typer.BadParameter(f"--shard {o.shard!r} is not i/n, e.g. 0/4")
-        spec.shard.CopyFrom(pb.Shard(index=int(idx), count=int(cnt)))
-    if o.temperature is not None:
-        spec.sampling.temperature = o.temperature
-    if o.top_p is not None:
-        spec.sampling.top_p = o.top_p
-    if o.max_tokens is not None:
-        spec.sampling.max_tokens = o.max_tokens
-    if o.sink_grpc:
-        spec.sink.grpc.address = o.sink_grpc
-    if o.allowed_failures:
-        spec.allowed_failures, spec.allowed_failure_fraction = parse_allowed_failures(o.allowed_failures)
-    return spec
+        shard = pb.Shard(index=int(idx), count=int(cnt))
+    allowed, allowed_fraction = parse_allowed_failures(o.allowed_failures) if o.allowed_failures else (0, 0.0)
+    # Same-named options copy over; unset sampling options stay unset (the benchmark's apply).
+    sampling = to_pb(common_pb2.SamplingParams, o)
+    return to_pb(
+        pb.JobSpec,
+        o,
+        resume_job_id=o.job_id,
+        shard=shard,
+        agent=pb.AgentSpec(max_steps=o.max_steps),
+        retry=to_pb(pb.RetryPolicy, o),
+        sampling=sampling if sampling.ByteSize() else None,
+        sink=pb.SinkSpec(grpc=pb.GrpcSinkSpec(address=o.sink_grpc)) if o.sink_grpc else None,
+        allowed_failures=allowed,
+        allowed_failure_fraction=allowed_fraction,
+    )
 
 
 def parse_allowed_failures(text: str) -> tuple[int, float]:

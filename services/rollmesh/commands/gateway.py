@@ -17,6 +17,7 @@ from rollmesh.commands._common import (
     print_table,
     run,
     serve_app,
+    serve_service,
 )
 
 models_app = typer.Typer(help="The models the gateway serves.", no_args_is_help=True)
@@ -52,25 +53,16 @@ def serve_gateway(
     ] = None,
 ) -> None:
     """Run the ModelGateway (gRPC) with its OpenAI-compatible HTTP facade."""
-    from rollmesh.commands._common import fail
-    from rollmesh.gateway.__main__ import main
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.mesh.errors import RollmeshError
-
-    try:
-        main(
-            port=port,
-            host=host,
-            http_port=http_port,
-            backend=backend,
-            model=model,
-            replicas=replicas,
-            base_url=base_url,
-        )
-    except ConfigError as exc:
-        fail(str(exc))
-    except RollmeshError as exc:
-        fail(f"{exc.code.name}: {exc.message} [{exc.reason}]")
+    serve_service(
+        "gateway",
+        port=port,
+        host=host,
+        http_port=http_port,
+        backend=backend,
+        model=model,
+        replicas=replicas,
+        base_url=base_url,
+    )
 
 
 @models_app.command("list")

@@ -19,6 +19,7 @@ from rollmesh.commands._common import (
     print_table,
     run,
     serve_app,
+    serve_service,
 )
 from rollmesh.commands._jobs import (
     Followed,
@@ -45,14 +46,7 @@ def serve_scheduler(
     ] = "runs",
 ) -> None:
     """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
-    from rollmesh.commands._common import fail
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.scheduler.__main__ import main
-
-    try:
-        main(port=port, host=host, output_dir=output_dir)
-    except ConfigError as exc:
-        fail(str(exc))
+    serve_service("scheduler", port=port, host=host, output_dir=output_dir)
 
 
 def _job_dict(job: pb.Job) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from rollmesh.commands._common import (
     print_table,
     run,
     serve_app,
+    serve_service,
 )
 
 artifacts_app = typer.Typer(
@@ -27,14 +28,7 @@ artifacts_app = typer.Typer(
 @serve_app.command("registry")
 def serve_registry(port: Port = None, host: Host = None) -> None:
     """Run the ArtifactRegistry service."""
-    from rollmesh.commands._common import fail
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.registry.__main__ import main
-
-    try:
-        main(port=port, host=host)
-    except ConfigError as exc:
-        fail(str(exc))
+    serve_service("registry", port=port, host=host)
 
 
 @artifacts_app.command("list")

@@ -18,6 +18,7 @@ from rollmesh.commands._common import (
     print_table,
     run,
     serve_app,
+    serve_service,
 )
 
 envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_args_is_help=True)
@@ -26,14 +27,7 @@ envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_
 @serve_app.command("verifier")
 def serve_verifier(port: Port = None, host: Host = None) -> None:
     """Run the EnvironmentVerifier service."""
-    from rollmesh.commands._common import fail
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.verifier.__main__ import main
-
-    try:
-        main(port=port, host=host)
-    except ConfigError as exc:
-        fail(str(exc))
+    serve_service("verifier", port=port, host=host)
 
 
 @envs_app.command("list")

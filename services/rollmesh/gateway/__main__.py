@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 from rollmesh.gateway import Gateway, GatewayConfig, binding
 from rollmesh.gateway.backends.base import ModelBackend
@@ -50,40 +51,17 @@ async def run(cfg: GatewayConfig, backends: Sequence[ModelBackend] | None = None
             await gateway.shutdown()
 
     try:
-        await serve(
-            [binding(gateway)],
-            cfg.server.address,
-            api_key=cfg.server.api_key,
-            grace=cfg.server.grace_seconds,
-            on_started=started,
-            on_stop=stop,
-        )
+        await serve([binding(gateway)], cfg.server, on_started=started, on_stop=stop)
     except BaseException:
         await stop()
         raise
 
 
-def main(
-    port: int | None = None,
-    host: str | None = None,
-    http_port: int | None = None,
-    *,
-    backend: str | None = None,
-    model: str | None = None,
-    replicas: int | None = None,
-    base_url: str | None = None,
-) -> None:
+def main(**flags: Any) -> None:
+    """`flags` (the CLI's: port, host, http_port, backend, model, replicas, base_url) override the
+    environment, as `GatewayConfig.from_env` takes them."""
     configure()
-    cfg = GatewayConfig.from_env(
-        port=port,
-        host=host,
-        http_port=http_port,
-        backend=backend,
-        model=model,
-        replicas=replicas,
-        base_url=base_url,
-    )
-    asyncio.run(run(cfg))
+    asyncio.run(run(GatewayConfig.from_env(**flags)))
 
 
 if __name__ == "__main__":

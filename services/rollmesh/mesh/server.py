@@ -118,15 +118,15 @@ async def build_server(
 
 async def serve(
     bindings: Sequence[ServiceBinding],
-    address: str,
+    server: config.ServerConfig,
     *,
-    api_key: str = "",
-    grace: float = 10.0,
     on_started: Callable[[MeshServer], Awaitable[None] | None] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run until SIGTERM or SIGINT, then drain and stop (the shape of every `__main__`)."""
-    mesh_server = await build_server(bindings, address, api_key=api_key)
+    """Run until SIGTERM or SIGINT, then drain for `server.grace_seconds` and stop (the shape of
+    every `__main__`)."""
+    grace = server.grace_seconds
+    mesh_server = await build_server(bindings, server.address, api_key=server.api_key)
     await mesh_server.start()
     log.info("server_started", address=mesh_server.address, services=mesh_server.services)
     port_file = str(config.read("ROLLMESH_PORT_FILE"))

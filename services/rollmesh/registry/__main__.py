@@ -14,11 +14,7 @@ def main(port: int | None = None, host: str | None = None) -> None:
     cfg = RegistryConfig.from_env(port=port, host=host)
     catalog = Catalog.from_config(cfg.roots)
     install_sys_path(catalog.roots)
-    asyncio.run(
-        serve(
-            [binding(catalog)], cfg.server.address, api_key=cfg.server.api_key, grace=cfg.server.grace_seconds
-        )
-    )
+    asyncio.run(serve([binding(catalog)], cfg.server))
 
 
 if __name__ == "__main__":

@@ -35,13 +35,7 @@ async def _serve(cfg: SchedulerConfig) -> None:
         await model.close()
         await env.close()
 
-    await serve(
-        [binding(manager)],
-        cfg.server.address,
-        api_key=cfg.server.api_key,
-        grace=cfg.server.grace_seconds,
-        on_stop=stop,
-    )
+    await serve([binding(manager)], cfg.server, on_stop=stop)
 
 
 def main(port: int | None = None, host: str | None = None, output_dir: str | None = None) -> None:

@@ -33,7 +33,7 @@ from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import store
 from rollmesh.scheduler.errors import DuplicateRollout, SinkClosed, SinkWriteFailed
-from rollmesh.scheduler.metrics import compute_metrics
+from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
 
@@ -253,9 +253,9 @@ class JsonlSink(Sink):
 
     def recompute_metrics(self) -> Json:
         rollouts, failures = store.load_dir(self.directory)
-        return compute_metrics(
+        return compute(
             rollouts, failures, k_values=self.k_values, num_repeats=self._num_repeats, job_id=self._job_id
-        )
+        ).to_json()
 
     def _close_files(self) -> None:
         for fd in self._fds.values():

@@ -36,7 +36,7 @@ from rollmesh.scheduler.errors import (
     RequestIdReused,
 )
 from rollmesh.scheduler.jsonl_sink import JsonlSink
-from rollmesh.scheduler.metrics import compute_metrics
+from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.outcome import (
     COMPLETED_WITH_FAILURES,
     FINAL_STATES,
@@ -337,9 +337,9 @@ class JobManager:
         assert run is not None
         metrics = None
         if not rec.has_file:
-            metrics = compute_metrics(
+            metrics = compute(
                 run.scored, run.failures, k_values=list(run.plan.k_values), job_id=rec.job_id
-            )
+            ).to_json()
         try:
             await run.sink.close(state=result.state, metrics=metrics)
         except Exception as exc:
@@ -484,11 +484,11 @@ class JobManager:
             rollouts, failures = await asyncio.to_thread(store.load_dir, rec.directory)
             ring = list(rec.ring)
             k_values = list(rec.plan.k_values) if rec.plan else None
-            return compute_metrics([*rollouts, *ring], failures, k_values=k_values, job_id=job_id)
+            return compute([*rollouts, *ring], failures, k_values=k_values, job_id=job_id).to_json()
         run = rec.run
         if run is None:
-            return compute_metrics([], [], job_id=job_id)
-        return compute_metrics(run.scored, run.failures, k_values=list(run.plan.k_values), job_id=job_id)
+            return compute([], [], job_id=job_id).to_json()
+        return compute(run.scored, run.failures, k_values=list(run.plan.k_values), job_id=job_id).to_json()
 
     async def stream(
         self, job_id: str, *, offset: int = 0, follow: bool = False, include_failures: bool = False

@@ -2,7 +2,7 @@
 
 `compute(rollouts, failures, k_values=...)` returns a `Metrics` (typed, proto-independent; the
 scheduler converts it to `JobMetrics`); `Metrics.to_json()` is the JSON-ready dict written to
-`metrics.json`. `compute_metrics(...)` is the two in one. Rollouts may be given whole or as
+`metrics.json`. Rollouts may be given whole or as
 `Scored`, the few fields metrics read (what the scheduler keeps per rollout when its sink cannot
 be read back, e.g. a trainer's gRPC sink: ~10x smaller than the rollout without its tokens).
 
@@ -271,21 +271,6 @@ def compute(
     m.mean_record_tokens = _avg(float(r.record_tokens) for r in by_key.values())
     m.tasks = profile(by_task, threshold)
     return m
-
-
-def compute_metrics(
-    rollouts: Iterable[Rollout | Scored],
-    failures: Iterable[RolloutFailure] = (),
-    *,
-    k_values: Sequence[int] | None = None,
-    num_repeats: int | None = None,
-    threshold: float = DEFAULT_THRESHOLD,
-    job_id: str = "",
-) -> Json:
-    """`compute(...)` as the JSON-ready dict written to metrics.json."""
-    return compute(
-        rollouts, failures, k_values=k_values, num_repeats=num_repeats, threshold=threshold, job_id=job_id
-    ).to_json()
 
 
 def profile(by_task: dict[int, list[Scored]], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:

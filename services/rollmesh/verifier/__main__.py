@@ -18,9 +18,7 @@ async def _run(cfg: VerifierConfig) -> None:
     service = await asyncio.to_thread(VerifierService.from_catalog, cfg, catalog)
     await service.start()
     try:
-        await serve(
-            [binding(service)], cfg.server.address, api_key=cfg.server.api_key, grace=cfg.server.grace_seconds
-        )
+        await serve([binding(service)], cfg.server)
     finally:
         await service.aclose()
 
