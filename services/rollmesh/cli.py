@@ -10,7 +10,6 @@ import pkgutil
 import typer
 
 from rollmesh import __version__, commands
-from rollmesh.commands._common import serve_app
 
 
 def _version(value: bool) -> None:
@@ -36,7 +35,6 @@ def build_app() -> typer.Typer:
     ) -> None:
         """rollmesh command line."""
 
-    app.add_typer(serve_app, name="serve")
     for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not mod.name.startswith("_"):
             importlib.import_module(f"rollmesh.commands.{mod.name}").register(app)

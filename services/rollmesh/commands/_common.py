@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-serve_app = typer.Typer(
-    help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
-)
-
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -74,22 +70,6 @@ async def connect(*, api_key: str = "", timeout_s: float | None = 60.0, **addres
     from rollmesh_client import Client
 
     return await Client.connect(**addresses, api_key=api_key or None, timeout_s=timeout_s)
-
-
-def serve_service(service: str, **flags: Any) -> None:
-    """`rollmesh serve <service>`: `rollmesh.<service>.__main__.main(**flags)` (imported here, so
-    `--help` stays instant); a configuration or start-up error is one line and exit 2."""
-    import importlib
-
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.mesh.errors import RollmeshError
-
-    try:
-        importlib.import_module(f"rollmesh.{service}.__main__").main(**flags)
-    except ConfigError as exc:
-        fail(str(exc))
-    except RollmeshError as exc:
-        fail(f"{exc.code.name}: {exc.message} [{exc.reason}]")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

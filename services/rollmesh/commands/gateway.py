@@ -1,4 +1,4 @@
-"""`rollmesh serve gateway` and `rollmesh models list`."""
+"""`rollmesh models`."""
 
 from __future__ import annotations
 
@@ -9,60 +9,14 @@ import typer
 from rollmesh.commands._common import (
     ApiKey,
     GatewayAddr,
-    Host,
     JsonOut,
-    Port,
     connect,
     print_json,
     print_table,
     run,
-    serve_app,
-    serve_service,
 )
 
 models_app = typer.Typer(help="The models the gateway serves.", no_args_is_help=True)
-
-
-@serve_app.command("gateway")
-def serve_gateway(
-    port: Port = None,
-    host: Host = None,
-    http_port: Annotated[
-        int | None,
-        typer.Option(
-            "--http-port",
-            help="OpenAI HTTP facade port (default ROLLMESH_OPENAI_HTTP_PORT or 8000; -1: off).",
-        ),
-    ] = None,
-    replicas: Annotated[
-        int | None, typer.Option("--replicas", min=1, help="Data-parallel replicas (ray-serve, fake).")
-    ] = None,
-    backend: Annotated[
-        str | None,
-        typer.Option("--backend", help="ray-serve (default), openai or fake (env ROLLMESH_GATEWAY_BACKEND)."),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            "--model",
-            help="Model path or registry name (default tiny-arith); for openai the remote model name.",
-        ),
-    ] = None,
-    base_url: Annotated[
-        str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (openai backend).")
-    ] = None,
-) -> None:
-    """Run the ModelGateway (gRPC) with its OpenAI-compatible HTTP facade."""
-    serve_service(
-        "gateway",
-        port=port,
-        host=host,
-        http_port=http_port,
-        backend=backend,
-        model=model,
-        replicas=replicas,
-        base_url=base_url,
-    )
 
 
 @models_app.command("list")

@@ -1,4 +1,4 @@
-"""`rollmesh serve scheduler` and `rollmesh jobs submit|status|list|cancel|stream`."""
+"""`rollmesh jobs submit|status|list|cancel|stream`."""
 
 from __future__ import annotations
 
@@ -10,16 +10,12 @@ import typer
 
 from rollmesh.commands._common import (
     ApiKey,
-    Host,
     JsonOut,
-    Port,
     SchedulerAddr,
     connect,
     print_json,
     print_table,
     run,
-    serve_app,
-    serve_service,
 )
 from rollmesh.commands._jobs import (
     Followed,
@@ -35,18 +31,6 @@ if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
 jobs_app = typer.Typer(help="Submit, watch, list, cancel and stream rollout jobs.", no_args_is_help=True)
-
-
-@serve_app.command("scheduler")
-def serve_scheduler(
-    port: Port = None,
-    host: Host = None,
-    output_dir: Annotated[
-        str, typer.Option("--output-dir", help="Where JSONL sinks write <job_id>/.")
-    ] = "runs",
-) -> None:
-    """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
-    serve_service("scheduler", port=port, host=host, output_dir=output_dir)
 
 
 def _job_dict(job: pb.Job) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""`rollmesh serve registry` and `rollmesh artifacts list|resolve`."""
+"""`rollmesh artifacts list|resolve`."""
 
 from __future__ import annotations
 
@@ -8,27 +8,17 @@ import typer
 
 from rollmesh.commands._common import (
     ApiKey,
-    Host,
     JsonOut,
-    Port,
     RegistryAddr,
     connect,
     print_json,
     print_table,
     run,
-    serve_app,
-    serve_service,
 )
 
 artifacts_app = typer.Typer(
     help="List and resolve artifacts (datasets, environments, benchmarks, models ...).", no_args_is_help=True
 )
-
-
-@serve_app.command("registry")
-def serve_registry(port: Port = None, host: Host = None) -> None:
-    """Run the ArtifactRegistry service."""
-    serve_service("registry", port=port, host=host)
 
 
 @artifacts_app.command("list")

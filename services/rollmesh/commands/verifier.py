@@ -1,4 +1,4 @@
-"""`rollmesh serve verifier` and `rollmesh envs list|show`."""
+"""`rollmesh envs list|show`."""
 
 from __future__ import annotations
 
@@ -9,25 +9,15 @@ import typer
 
 from rollmesh.commands._common import (
     ApiKey,
-    Host,
     JsonOut,
-    Port,
     VerifierAddr,
     connect,
     print_json,
     print_table,
     run,
-    serve_app,
-    serve_service,
 )
 
 envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_args_is_help=True)
-
-
-@serve_app.command("verifier")
-def serve_verifier(port: Port = None, host: Host = None) -> None:
-    """Run the EnvironmentVerifier service."""
-    serve_service("verifier", port=port, host=host)
 
 
 @envs_app.command("list")

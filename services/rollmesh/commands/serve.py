@@ -1,0 +1,100 @@
+"""`rollmesh serve registry|verifier|gateway|scheduler`: one service in the foreground, its flags
+overriding its ROLLMESH_* variables (each service's `__main__.main` does the wiring)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from rollmesh.commands._common import Host, Port, fail
+
+serve_app = typer.Typer(
+    help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
+)
+
+
+def serve_service(service: str, **flags: Any) -> None:
+    """`rollmesh serve <service>`: `rollmesh.<service>.__main__.main(**flags)` (imported here, so
+    `--help` stays instant); a configuration or start-up error is one line and exit 2."""
+    import importlib
+
+    from rollmesh.mesh.config import ConfigError
+    from rollmesh.mesh.errors import RollmeshError
+
+    try:
+        importlib.import_module(f"rollmesh.{service}.__main__").main(**flags)
+    except ConfigError as exc:
+        fail(str(exc))
+    except RollmeshError as exc:
+        fail(f"{exc.code.name}: {exc.message} [{exc.reason}]")
+
+
+@serve_app.command("registry")
+def serve_registry(port: Port = None, host: Host = None) -> None:
+    """Run the ArtifactRegistry service."""
+    serve_service("registry", port=port, host=host)
+
+
+@serve_app.command("verifier")
+def serve_verifier(port: Port = None, host: Host = None) -> None:
+    """Run the EnvironmentVerifier service."""
+    serve_service("verifier", port=port, host=host)
+
+
+@serve_app.command("gateway")
+def serve_gateway(
+    port: Port = None,
+    host: Host = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            "--http-port",
+            help="OpenAI HTTP facade port (default ROLLMESH_OPENAI_HTTP_PORT or 8000; -1: off).",
+        ),
+    ] = None,
+    replicas: Annotated[
+        int | None, typer.Option("--replicas", min=1, help="Data-parallel replicas (ray-serve, fake).")
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option("--backend", help="ray-serve (default), openai or fake (env ROLLMESH_GATEWAY_BACKEND)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Model path or registry name (default tiny-arith); for openai the remote model name.",
+        ),
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (openai backend).")
+    ] = None,
+) -> None:
+    """Run the ModelGateway (gRPC) with its OpenAI-compatible HTTP facade."""
+    serve_service(
+        "gateway",
+        port=port,
+        host=host,
+        http_port=http_port,
+        backend=backend,
+        model=model,
+        replicas=replicas,
+        base_url=base_url,
+    )
+
+
+@serve_app.command("scheduler")
+def serve_scheduler(
+    port: Port = None,
+    host: Host = None,
+    output_dir: Annotated[
+        str, typer.Option("--output-dir", help="Where JSONL sinks write <job_id>/.")
+    ] = "runs",
+) -> None:
+    """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
+    serve_service("scheduler", port=port, host=host, output_dir=output_dir)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(serve_app, name="serve")
