@@ -19,6 +19,10 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.enable_retries", 0),
+    # A restarted server is found within 2 s: grpc's default reconnect backoff grows to 120 s, and
+    # while it waits every call fails UNAVAILABLE at once however long the server has been back.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from rollmesh_client._base import UNAVAILABLE_RETRY_S
 from rollmesh_client._channel import aio_channel
 from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient
@@ -33,12 +34,23 @@ class Client:
             async for a in c.registry.artifacts("dataset"): ...
 
     Addresses default to `ROLLMESH_<SERVICE>_ADDR`, then the standard ports.
+    `retry_unavailable_s` (set it before the first call; default 15 s, 0 turns it off): how long
+    reads, and submits (made idempotent by a request id), retry UNAVAILABLE once the service was
+    reached, e.g. while it restarts (see _base.py).
     """
 
-    def __init__(self, addresses: dict[str, str], *, api_key: str | None, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        addresses: dict[str, str],
+        *,
+        api_key: str | None,
+        timeout_s: float | None,
+        retry_unavailable_s: float = UNAVAILABLE_RETRY_S,
+    ) -> None:
         self.addresses = addresses
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.retry_unavailable_s = retry_unavailable_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._clients: dict[str, Any] = {}
 
@@ -65,7 +77,9 @@ class Client:
 
     def _client(self, service: str, cls: type[Any]) -> Any:
         if service not in self._clients:
-            self._clients[service] = cls(self.channel(service), timeout_s=self.timeout_s)
+            self._clients[service] = cls(
+                self.channel(service), timeout_s=self.timeout_s, retry_unavailable_s=self.retry_unavailable_s
+            )
         return self._clients[service]
 
     @property

@@ -36,7 +36,7 @@ class RegistryClient(ServiceClient):
     stub_class = pb_grpc.ArtifactRegistryStub
 
     async def roots(self) -> pb.ListRootsResponse:
-        return await self._unary(self.stub.ListRoots, pb.ListRootsRequest())
+        return await self._unary(self.stub.ListRoots, pb.ListRootsRequest(), idempotent=True)
 
     async def artifacts(
         self, kind: str | int | None = None, *, page_size: int = 100
@@ -52,7 +52,7 @@ class RegistryClient(ServiceClient):
 
     async def resolve(self, kind: str | int, name: str) -> pb.Artifact:
         req = pb.ResolveArtifactRequest(kind=kind_value(kind), name=name)
-        resp: pb.ResolveArtifactResponse = await self._unary(self.stub.ResolveArtifact, req)
+        resp: pb.ResolveArtifactResponse = await self._unary(self.stub.ResolveArtifact, req, idempotent=True)
         return resp.artifact
 
     async def read(

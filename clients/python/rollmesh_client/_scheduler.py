@@ -8,9 +8,11 @@ final = await job.result()                       # waits until the job ends
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 
-from rollmesh_client._base import ServiceClient
+from rollmesh_client._base import ServiceClient, UnavailableRetry
+from rollmesh_client._errors import UnavailableError
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from rollmesh_client.v1 import scheduler_pb2_grpc as pb_grpc
 
@@ -71,14 +73,17 @@ class SchedulerClient(ServiceClient):
     stub_class = pb_grpc.RolloutSchedulerStub
 
     async def submit(self, spec: pb.JobSpec, *, request_id: str = "") -> JobHandle:
-        job = await self._unary(self.stub.SubmitJob, pb.SubmitJobRequest(spec=spec, request_id=request_id))
+        """Submit `spec`. Without a `request_id` one is made, so a submit retried after UNAVAILABLE
+        (the scheduler restarting) finds the job it may already have started instead of a second."""
+        req = pb.SubmitJobRequest(spec=spec, request_id=request_id or f"sdk-{uuid.uuid4().hex}")
+        job = await self._unary(self.stub.SubmitJob, req, idempotent=True)
         return JobHandle(self, job)
 
     def handle(self, job_id: str) -> JobHandle:
         return JobHandle(self, pb.Job(job_id=job_id))
 
     async def get(self, job_id: str) -> pb.Job:
-        return await self._unary(self.stub.GetJob, pb.GetJobRequest(job_id=job_id))
+        return await self._unary(self.stub.GetJob, pb.GetJobRequest(job_id=job_id), idempotent=True)
 
     async def cancel(self, job_id: str) -> pb.Job:
         return await self._unary(self.stub.CancelJob, pb.CancelJobRequest(job_id=job_id))
@@ -92,11 +97,26 @@ class SchedulerClient(ServiceClient):
     async def stream(
         self, job_id: str, *, offset: int = 0, follow: bool = True, include_failures: bool = False
     ) -> AsyncIterator[pb.StreamRolloutsResponse]:
-        req = pb.StreamRolloutsRequest(
-            job_id=job_id, offset=offset, follow=follow, include_failures=include_failures
-        )
-        async for item in self._stream(self.stub.StreamRollouts, req):
-            yield item
+        """The job's rollouts from `offset`. A stream broken by UNAVAILABLE (the scheduler restarted)
+        is reopened after the last offset received, within the retry budget: nothing twice."""
+        next_offset = offset
+        retry = UnavailableRetry(self.unavailable_budget())
+        while True:
+            req = pb.StreamRolloutsRequest(
+                job_id=job_id, offset=next_offset, follow=follow, include_failures=include_failures
+            )
+            try:
+                async for item in self._stream(self.stub.StreamRollouts, req):
+                    next_offset = item.offset + 1
+                    self._reached = True
+                    retry = UnavailableRetry(self.unavailable_budget())  # progress: a fresh budget
+                    yield item
+                return
+            except UnavailableError:
+                if not await retry.wait():
+                    raise
 
     async def metrics(self, job_id: str) -> pb.JobMetrics:
-        return await self._unary(self.stub.GetJobMetrics, pb.GetJobMetricsRequest(job_id=job_id))
+        return await self._unary(
+            self.stub.GetJobMetrics, pb.GetJobMetricsRequest(job_id=job_id), idempotent=True
+        )

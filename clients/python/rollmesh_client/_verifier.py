@@ -75,12 +75,14 @@ class VerifierClient(ServiceClient):
     async def list(self, *, page_size: int = 100) -> pb.ListEnvironmentsResponse:
         """One page, with the broken plugins (listed on the first page)."""
         resp: pb.ListEnvironmentsResponse = await self._unary(
-            self.stub.ListEnvironments, pb.ListEnvironmentsRequest(page_size=page_size)
+            self.stub.ListEnvironments, pb.ListEnvironmentsRequest(page_size=page_size), idempotent=True
         )
         return resp
 
     async def get(self, name: str) -> pb.Environment:
-        env: pb.Environment = await self._unary(self.stub.GetEnvironment, pb.GetEnvironmentRequest(name=name))
+        env: pb.Environment = await self._unary(
+            self.stub.GetEnvironment, pb.GetEnvironmentRequest(name=name), idempotent=True
+        )
         return env
 
     async def seed_session(

@@ -264,13 +264,14 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
         task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0)
         unreachable_since: float | None = None
         while True:
+            asked = time.monotonic()  # the SDK may have retried UNAVAILABLE for a while already
             try:
                 job = await handle.get()
             except RollmeshClientError as exc:
                 if exc.code.name != "UNAVAILABLE":
                     raise
                 now = time.monotonic()
-                unreachable_since = unreachable_since or now
+                unreachable_since = unreachable_since or asked
                 if now - unreachable_since >= SCHEDULER_LOST_AFTER_S:
                     raise SchedulerLost(handle.last, exc) from None
                 await asyncio.sleep(poll_s)
