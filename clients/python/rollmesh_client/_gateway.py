@@ -69,22 +69,17 @@ def sampling_params(
     logprobs: bool | None = None,
     ignore_eos: bool | None = None,
 ) -> cpb.SamplingParams:
-    s = cpb.SamplingParams(stop=list(stop))
-    if temperature is not None:
-        s.temperature = temperature
-    if top_p is not None:
-        s.top_p = top_p
-    if top_k is not None:
-        s.top_k = top_k
-    if max_tokens is not None:
-        s.max_tokens = max_tokens
-    if seed is not None:
-        s.seed = seed
-    if logprobs is not None:
-        s.logprobs = logprobs
-    if ignore_eos is not None:
-        s.ignore_eos = ignore_eos
-    return s
+    """Sampling for a request; an option left at None stays unset (the model's default applies)."""
+    given: dict[str, Any] = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "logprobs": logprobs,
+        "ignore_eos": ignore_eos,
+    }
+    return cpb.SamplingParams(stop=list(stop), **{k: v for k, v in given.items() if v is not None})
 
 
 GenerateMux = Multiplexed[pb.GenerateManyRequest, pb.GenerateManyResponse, pb.GenerateResponse]

@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -518,11 +518,3 @@ class _Servicer(sink_pb2_grpc.RolloutSinkServicer):
         self, request: sink_pb2.ListCommittedRequest, context: grpc.aio.ServicerContext
     ) -> sink_pb2.ListCommittedResponse:
         return await self._sink._list_committed(request.job_id)
-
-
-def group_by_task(rollouts: Sequence[TrainerRollout]) -> dict[tuple[str, int], list[TrainerRollout]]:
-    """Rollouts grouped by (job_id, task_index), in first-seen order."""
-    out: dict[tuple[str, int], list[TrainerRollout]] = {}
-    for r in rollouts:
-        out.setdefault((r.job_id, r.task_index), []).append(r)
-    return out

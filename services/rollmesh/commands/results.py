@@ -19,10 +19,6 @@ Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink f
 OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
 
 
-def _out_path(value: str | None) -> Path | None:
-    return Path(value) if value else None
-
-
 def _metrics_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("rollouts", str(m["num_rollouts"])),

@@ -65,10 +65,6 @@ class CheckpointManifest:
     path: Path
     tensors: dict[str, TensorMeta]
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
-
 
 def _incompatible(path: Path, problem: str) -> CheckpointIncompatible:
     return CheckpointIncompatible(

@@ -17,10 +17,6 @@ from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
 
 
-def key_to_pb(key: RolloutKey) -> common_pb2.RolloutKey:
-    return to_pb(common_pb2.RolloutKey, key)
-
-
 def key_from_pb(msg: common_pb2.RolloutKey) -> RolloutKey:
     return from_pb(RolloutKey, msg)
 
@@ -32,10 +28,6 @@ def message_to_pb(msg: Mapping[str, Any]) -> common_pb2.ChatMessage:
 
 def message_from_pb(msg: common_pb2.ChatMessage) -> Json:
     return chat.message_from_pb(msg).to_openai()
-
-
-def tokens_to_pb(rec: TokenRecord) -> common_pb2.TokenRecord:
-    return to_pb(common_pb2.TokenRecord, rec)
 
 
 def tokens_from_pb(msg: common_pb2.TokenRecord) -> TokenRecord:
@@ -73,10 +65,6 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
 
 def failure_to_pb(f: RolloutFailure) -> scheduler_pb2.RolloutFailure:
     return to_pb(scheduler_pb2.RolloutFailure, f)
-
-
-def failure_from_pb(msg: scheduler_pb2.RolloutFailure) -> RolloutFailure:
-    return from_pb(RolloutFailure, msg, key=key_from_pb(msg.key))
 
 
 def metrics_to_pb(m: Metrics | Mapping[str, Any]) -> scheduler_pb2.JobMetrics:

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from rollmesh.mesh.errors import DeadlineExceeded, Unavailable
+from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
@@ -38,10 +38,6 @@ _STATES = {
 
 class SinkUnavailable(Unavailable):
     reason = "SINK_UNAVAILABLE"
-
-
-class SinkDrainTimeout(DeadlineExceeded):
-    reason = "SINK_DRAIN_TIMEOUT"
 
 
 def state_to_pb(state: str) -> scheduler_pb2.JobState.ValueType:

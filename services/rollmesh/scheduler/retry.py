@@ -177,11 +177,6 @@ class RolloutFailed(Exception):
         self.attempts = attempts
 
 
-@dataclass
-class RetryStats:
-    retries: int = 0
-
-
 async def with_retry(
     attempt: Callable[[], Awaitable[T]],
     policy: RetryPolicy,

@@ -34,7 +34,7 @@ import json
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
@@ -382,7 +382,3 @@ class Environment(ABC):
         except Exception as exc:
             return ToolOutput(call.id, f"error: {type(exc).__name__}: {exc}", True)
         return ToolOutput(call.id, result if isinstance(result, str) else json.dumps(result))
-
-
-def tool_names(specs: Sequence[ToolSpec]) -> list[str]:
-    return [s.name for s in specs]
