@@ -545,8 +545,8 @@ class LocalModel:
 
     async def generate(self, call: Any) -> Any:
         from rollmesh.scheduler.agent import Turn
-        from rollmesh.scheduler.convert import message_from_pb, message_to_pb
-        from rollmesh.scheduler.remote import sampling_to_pb, tool_to_pb
+        from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
+        from rollmesh.scheduler.remote import tool_to_pb
 
         self.calls.append(call)
         self.in_flight += 1

@@ -19,6 +19,7 @@ names only the fields that differ (renamed, reshaped, serialized) and lets these
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -55,14 +56,26 @@ def from_pb(dataclass_type: type[D], msg: Message, /, **given: Any) -> D:
 
 def _pb_values(descriptor: Descriptor, obj: object, given: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for fd in descriptor.fields:
-        value = given[fd.name] if fd.name in given else getattr(obj, fd.name, None)
+    for name, nested, repeated in _plan(descriptor):
+        value = given[name] if name in given else getattr(obj, name, None)
         if value is None:
             continue
-        if fd.message_type is not None and not _is_map(fd):
-            value = _nested(fd.message_type, value, repeated=fd.is_repeated)
-        values[fd.name] = value
+        values[name] = value if nested is None else _nested(nested, value, repeated=repeated)
     return values
+
+
+@functools.cache
+def _plan(descriptor: Descriptor) -> tuple[tuple[str, Descriptor | None, bool], ...]:
+    """Per field: its name, its message type when values may need converting (not maps), repeated."""
+    return tuple(
+        (fd.name, None if fd.message_type is None or _is_map(fd) else fd.message_type, fd.is_repeated)
+        for fd in descriptor.fields
+    )
+
+
+@functools.cache
+def _message_class(descriptor: Descriptor) -> Any:
+    return message_factory.GetMessageClass(descriptor)
 
 
 def _nested(descriptor: Descriptor, value: Any, *, repeated: bool) -> Any:
@@ -70,7 +83,7 @@ def _nested(descriptor: Descriptor, value: Any, *, repeated: bool) -> Any:
 
     def one(item: Any) -> Any:
         if dataclasses.is_dataclass(item) and not isinstance(item, type):
-            return message_factory.GetMessageClass(descriptor)(**_pb_values(descriptor, item, {}))
+            return _message_class(descriptor)(**_pb_values(descriptor, item, {}))
         return item
 
     return [one(item) for item in value] if repeated else one(value)

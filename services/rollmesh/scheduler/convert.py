@@ -14,6 +14,7 @@ from rollmesh.mesh import chat
 from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.scheduler.metrics import Metrics, TaskProfile
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.spec import SAMPLING_FIELDS
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
 
 
@@ -32,6 +33,39 @@ def message_from_pb(msg: common_pb2.ChatMessage) -> Json:
 
 def tokens_from_pb(msg: common_pb2.TokenRecord) -> TokenRecord:
     return from_pb(TokenRecord, msg, turns=[from_pb(TurnSpan, t) for t in msg.turns])
+
+
+# A sampling dict's fields (SAMPLING_FIELDS but stop) and their types: a row's
+# `responses_create_params` may carry numbers as strings.
+_SAMPLING_TYPES: dict[str, type] = {
+    "temperature": float,
+    "top_p": float,
+    "max_tokens": int,
+    "top_k": int,
+    "seed": int,
+    "logprobs": bool,
+}
+
+
+def sampling_to_pb(s: Mapping[str, Any]) -> common_pb2.SamplingParams:
+    """A sampling dict (only the fields it sets; other keys ignored) as `SamplingParams`."""
+    msg = common_pb2.SamplingParams(**{k: cast(s[k]) for k, cast in _SAMPLING_TYPES.items() if k in s})
+    stop = s.get("stop")
+    if stop:
+        msg.stop.extend([stop] if isinstance(stop, str) else [str(x) for x in stop])
+    return msg
+
+
+def sampling_from_pb(msg: common_pb2.SamplingParams) -> Json:
+    """The fields `msg` sets, as a sampling dict (in SAMPLING_FIELDS order)."""
+    out: Json = {}
+    for name in SAMPLING_FIELDS:
+        if name == "stop":
+            if msg.stop:
+                out["stop"] = list(msg.stop)
+        elif msg.HasField(name):  # type: ignore[arg-type]
+            out[name] = getattr(msg, name)
+    return out
 
 
 def rollout_to_pb(r: Rollout) -> scheduler_pb2.Rollout:

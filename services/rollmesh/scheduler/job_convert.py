@@ -5,9 +5,9 @@ from __future__ import annotations
 from google.protobuf import timestamp_pb2
 
 from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.scheduler.convert import sampling_from_pb, sampling_to_pb
 from rollmesh.scheduler.manager import JobRecord
-from rollmesh.scheduler.spec import SAMPLING_FIELDS, JobSpec, RetryPolicy, SinkConfig
-from rollmesh_client.v1 import common_pb2
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy, SinkConfig
 from rollmesh_client.v1 import scheduler_pb2 as pb
 
 STATES = {
@@ -19,27 +19,6 @@ STATES = {
     "COMPLETED_WITH_FAILURES": pb.JOB_STATE_COMPLETED_WITH_FAILURES,
     "INTERRUPTED": pb.JOB_STATE_INTERRUPTED,
 }
-
-
-def sampling_from_pb(msg: common_pb2.SamplingParams) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name in SAMPLING_FIELDS:
-        if name == "stop":
-            if msg.stop:
-                out["stop"] = list(msg.stop)
-        elif msg.HasField(name):  # type: ignore[arg-type]
-            out[name] = getattr(msg, name)
-    return out
-
-
-def sampling_to_pb(s: dict[str, object]) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams()
-    for name, value in s.items():
-        if name == "stop":
-            msg.stop.extend([str(x) for x in value] if isinstance(value, list) else [str(value)])
-        elif name in SAMPLING_FIELDS:
-            setattr(msg, name, value)
-    return msg
 
 
 def spec_from_pb(msg: pb.JobSpec) -> JobSpec:

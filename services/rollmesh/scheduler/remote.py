@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import grpc
 
+from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn, Verdict
-from rollmesh.scheduler.convert import message_from_pb, message_to_pb
+from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
 from rollmesh_client import (
     AlreadyExistsError,
     NotFoundError,
@@ -57,63 +58,42 @@ def tool_from_pb(spec: common_pb2.ToolSpec) -> Json:
     }
 
 
-def sampling_to_pb(s: Json) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams()
-    if "temperature" in s:
-        msg.temperature = float(s["temperature"])
-    if "top_p" in s:
-        msg.top_p = float(s["top_p"])
-    if "max_tokens" in s:
-        msg.max_tokens = int(s["max_tokens"])
-    if "top_k" in s:
-        msg.top_k = int(s["top_k"])
-    if "seed" in s:
-        msg.seed = int(s["seed"])
-    if "logprobs" in s:
-        msg.logprobs = bool(s["logprobs"])
-    stop = s.get("stop")
-    if stop:
-        msg.stop.extend([stop] if isinstance(stop, str) else [str(x) for x in stop])
-    return msg
-
-
-class GatewayModel:
-    """ModelPort over the ModelGateway."""
+class _Port:
+    """A channel to one service and the deadlines its calls run under."""
 
     def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
         self.channel = channel
-        self.stub = gateway_pb2_grpc.ModelGatewayStub(channel)
         self.deadlines = deadlines or Deadlines()
+
+    @classmethod
+    def connect(cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None) -> Self:
+        return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
+
+
+class GatewayModel(_Port):
+    """ModelPort over the ModelGateway."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
+        super().__init__(channel, deadlines=deadlines)
+        self.stub = gateway_pb2_grpc.ModelGatewayStub(channel)
         self._many = generate_mux(self.stub)
         self._unary_only = False  # the gateway has no GenerateMany
 
-    @classmethod
-    def connect(
-        cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None
-    ) -> GatewayModel:
-        return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
-
     async def generate(self, call: GenerateCall) -> Turn:
-        req = gateway_pb2.GenerateRequest(
-            model=call.model,
+        req = to_pb(
+            gateway_pb2.GenerateRequest,
+            call,
             messages=[message_to_pb(m) for m in call.messages],
             tools=[tool_to_pb(t) for t in call.tools],
             sampling=sampling_to_pb(call.sampling),
-            session_id=call.session_id,
-            request_id=call.request_id,
         )
         resp = await self._generate(req)
-        return Turn(
+        return from_pb(
+            Turn,
+            resp,
             message=message_from_pb(resp.message),
-            prompt_token_ids=list(resp.prompt_token_ids),
-            output_token_ids=list(resp.output_token_ids),
-            logprobs=list(resp.logprobs),
-            finish_reason=resp.finish_reason,
-            prompt_tokens=int(resp.usage.prompt_tokens),
-            completion_tokens=int(resp.usage.completion_tokens),
-            replica_id=resp.replica_id,
-            policy_version=resp.policy_version,
-            reused_prefix_tokens=int(resp.reused_prefix_tokens),
+            prompt_tokens=resp.usage.prompt_tokens,
+            completion_tokens=resp.usage.completion_tokens,
         )
 
     async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
@@ -138,20 +118,13 @@ class GatewayModel:
         await self.channel.close()
 
 
-class VerifierEnv:
+class VerifierEnv(_Port):
     """EnvPort over the EnvironmentVerifier."""
 
     def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
-        self.channel = channel
+        super().__init__(channel, deadlines=deadlines)
         self.stub = verifier_pb2_grpc.EnvironmentVerifierStub(channel)
-        self.deadlines = deadlines or Deadlines()
         self._batch = verify_mux(self.stub)
-
-    @classmethod
-    def connect(
-        cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None
-    ) -> VerifierEnv:
-        return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
 
     async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
         req = verifier_pb2.SeedSessionRequest(
@@ -193,12 +166,7 @@ class VerifierEnv:
             session_id=session_id,
         )
         r = await self._batch.call(req, self.deadlines.verify_s)
-        return Verdict(
-            reward=r.reward,
-            components=dict(r.components),
-            extracted_answer=r.extracted_answer,
-            details=json.loads(r.details_json) if r.details_json else {},
-        )
+        return from_pb(Verdict, r, details=json.loads(r.details_json) if r.details_json else {})
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
