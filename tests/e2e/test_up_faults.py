@@ -13,11 +13,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -193,8 +195,8 @@ async def test_sigkill_the_scheduler_mid_job_then_resume_completes(mesh_up: Up, 
     before = set(read_keys(rollouts))  # rows on disk stay; buffered ones die with the process
     await sigkill(mesh_up, "scheduler")
     await wait_serving(mesh_up.addrs["scheduler"], timeout_s=120)
-    # A new connection, as a new CLI command makes: the old channel may still be in its
-    # reconnect backoff from the outage, and the SDK does not retry UNAVAILABLE.
+    # A new connection, as a new CLI command makes (the SDK's reads would also retry UNAVAILABLE
+    # on the old one, tests/integration/test_sdk_retries.py).
     async with await Client.connect(scheduler=mesh_up.addrs["scheduler"]) as again:
         stale = await again.scheduler.get(job.job_id)  # the restarted scheduler knows it (job.json)
         assert stale.state not in (spb.JOB_STATE_RUNNING, spb.JOB_STATE_SUCCEEDED), stale
@@ -254,4 +256,24 @@ async def test_sigterm_stops_every_child_within_the_grace_then_kills(tmp_path: P
         assert took < 3 + 30, took  # the grace, plus slack for a loaded machine
         assert lines[-1] == "[up] stopped"
     finally:
+        finish(up)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+async def test_sigkill_of_up_itself_stops_every_child(tmp_path: Path) -> None:
+    """`up` cannot clean up after a SIGKILL: the kernel tells each child (PR_SET_PDEATHSIG)."""
+    up = start_up(tmp_path)
+    pids = {s: up.pids(s)[-1] for s in ("registry", "verifier", "gateway", "scheduler")}
+    try:
+        assert all(_alive(pid) for pid in pids.values())
+        os.kill(up.proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(up.wait_exit, 30)
+        deadline = time.monotonic() + 90
+        while alive := [s for s, pid in pids.items() if _alive(pid)]:
+            assert time.monotonic() < deadline, f"outlived a SIGKILLed rollmesh up: {alive}"
+            await asyncio.sleep(0.2)
+    finally:
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)  # each child leads its own session
         finish(up)

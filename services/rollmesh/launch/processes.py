@@ -12,6 +12,9 @@
   returns 1.
 - Stop: SIGTERM to every running child at once; any still running after `grace_s` (or at once
   when `force` is set, e.g. by a second Ctrl-C) is SIGKILLed with its whole process group.
+- `up` itself killed (SIGKILL, OOM): on Linux every child gets SIGTERM from the kernel
+  (PR_SET_PDEATHSIG, set between fork and exec) and drains as on a normal stop, so no service
+  outlives `up`. Elsewhere a SIGKILLed `up` leaves its children running.
 """
 
 from __future__ import annotations
@@ -74,6 +77,31 @@ async def pump_lines(
         write(f"{prefix}{line}")
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A `preexec_fn` (runs in the child between fork and exec) asking the kernel to SIGTERM the
+    child when this process dies; None where prctl is unavailable. The libc lookup happens here, in
+    the parent: the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: the kernel will not tell us
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL the child's process group (it leads its own session): the child and what it started."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -89,6 +117,7 @@ class Mesh:
         self.children: list[Child] = []
         self.env = dict(os.environ)
         self._tmp = tempfile.TemporaryDirectory(prefix="rollmesh-up-")
+        self._preexec = _die_with_parent()
         self._extra_args: dict[str, Sequence[str]] = {
             "gateway": cfg.gateway_args,
             "scheduler": cfg.scheduler_args,
@@ -116,6 +145,7 @@ class Mesh:
             stderr=asyncio.subprocess.STDOUT,
             env={**self.env, "ROLLMESH_PORT_FILE": str(port_file)},
             start_new_session=True,
+            preexec_fn=self._preexec,
         )
         if child is None:
             child = Child(service, proc, RestartBudget(self.cfg.restart))
