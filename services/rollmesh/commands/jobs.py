@@ -101,23 +101,27 @@ def submit(
 JobIdArg = Annotated[str, typer.Argument(help="The job id.")]
 
 
-def _one_job(action: str, job_id: str, scheduler: str, api_key: str, as_json: bool) -> None:
-    """`status` / `cancel`: one call about one job, shown as a table (or JSON)."""
+def _one_job_command(name: str, action: str, doc: str) -> None:
+    """`jobs <name>`: one SchedulerClient call (`action`) about one job, shown as a table (or JSON)."""
 
-    async def go() -> pb.Job:
-        async with await connect(scheduler=scheduler, api_key=api_key) as c:
-            job: pb.Job = await getattr(c.scheduler, action)(job_id)
-            return job
+    def command(
+        job_id: JobIdArg, scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: JsonOut = False
+    ) -> None:
+        async def go() -> pb.Job:
+            async with await connect(scheduler=scheduler, api_key=api_key) as c:
+                job: pb.Job = await getattr(c.scheduler, action)(job_id)
+                return job
 
-    _show(run(go()), as_json, scheduler)
+        _show(run(go()), as_json, scheduler)
+
+    command.__doc__ = doc
+    jobs_app.command(name)(command)
 
 
-@jobs_app.command("status")
-def status(
-    job_id: JobIdArg, scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: JsonOut = False
-) -> None:
-    """A job's state and progress (and, when it can be resumed, the command that does it)."""
-    _one_job("get", job_id, scheduler, api_key, as_json)
+_one_job_command(
+    "status", "get", "A job's state and progress (and, when it can be resumed, the command that does it)."
+)
+_one_job_command("cancel", "cancel", "Stop a job; rollouts already written stay.")
 
 
 @jobs_app.command("list")
@@ -145,14 +149,6 @@ def list_jobs(scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: Json
         for j in jobs
     ]
     print_table("jobs", ["job_id", "state", "done", "mean reward", "resume with"], rows)
-
-
-@jobs_app.command("cancel")
-def cancel(
-    job_id: JobIdArg, scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: JsonOut = False
-) -> None:
-    """Stop a job; rollouts already written stay."""
-    _one_job("cancel", job_id, scheduler, api_key, as_json)
 
 
 @jobs_app.command("stream")

@@ -9,7 +9,6 @@ from typing import Any
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.types import GenerateResult
-from rollmesh.mesh.errors import RollmeshError, to_status
 from rollmesh.mesh.multiplex import Item, ItemMessages, run_multiplexed
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
@@ -24,14 +23,6 @@ MANY_CONCURRENCY = 65_536
 def _timeout(context: Any) -> float | None:
     remaining = context.time_remaining()
     return None if remaining is None else float(remaining)
-
-
-def _many_answer(item_id: str, result: GenerateResult) -> pb.GenerateManyResponse:
-    return pb.GenerateManyResponse(id=item_id, response=convert.result_to_pb(result))
-
-
-def _many_error(item_id: str, exc: RollmeshError) -> pb.GenerateManyResponse:
-    return pb.GenerateManyResponse(id=item_id, error=to_status(exc))
 
 
 class GatewayServicer(pb_grpc.ModelGatewayServicer):
@@ -66,7 +57,7 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
                 elif req.cancel:
                     yield Item(req.id)
 
-        messages = ItemMessages("generate", _many_answer, _many_error)
+        messages = ItemMessages("generate", pb.GenerateManyResponse, "response", convert.result_to_pb)
         async for item_id, outcome in run_multiplexed(items(), limit=MANY_CONCURRENCY, what="generate"):
             yield messages(item_id, outcome)
 

@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from rollmesh.mesh.errors import Internal, ResourceExhausted, RollmeshError
+from rollmesh.mesh.errors import Internal, ResourceExhausted, RollmeshError, to_status
 from rollmesh.mesh.logging import get_logger
 from rollmesh_client import max_message_bytes
 
@@ -35,25 +35,27 @@ class Item(Generic[T]):
 
 
 class ItemMessages(Generic[T, M]):
-    """Each item's outcome as its stream message: `answer(id, result)`, or `error(id, exc)` for a
-    failure and for an answer over the message limit (ROLLMESH_MAX_MESSAGE_MB, read when the stream
-    starts), which becomes RESOURCE_EXHAUSTED with reason MESSAGE_TOO_LARGE and the numbers."""
+    """Each item's outcome as its stream message, a `message_class` with the item's `id` and either
+    `<answer_field>=to_pb(result)` or `error=` a google.rpc.Status: for a failure, and for an answer
+    over the message limit (ROLLMESH_MAX_MESSAGE_MB, read when the stream starts), which becomes
+    RESOURCE_EXHAUSTED with reason MESSAGE_TOO_LARGE and the numbers."""
 
     def __init__(
-        self,
-        what: str,
-        answer: Callable[[str, T], M],
-        error: Callable[[str, RollmeshError], M],
+        self, what: str, message_class: type[M], answer_field: str, to_pb: Callable[[T], Message]
     ) -> None:
         self.what = what
         self.limit = max_message_bytes()
-        self._answer = answer
-        self._error = error
+        self._message_class = message_class
+        self._answer_field = answer_field
+        self._to_pb = to_pb
+
+    def _error(self, item_id: str, exc: RollmeshError) -> M:
+        return self._message_class(id=item_id, error=to_status(exc))
 
     def __call__(self, item_id: str, outcome: T | RollmeshError) -> M:
         if isinstance(outcome, RollmeshError):
             return self._error(item_id, outcome)
-        message = self._answer(item_id, outcome)
+        message = self._message_class(id=item_id, **{self._answer_field: self._to_pb(outcome)})
         size = message.ByteSize()
         if size <= self.limit:
             return message

@@ -6,22 +6,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rollmesh.mesh import chat
-from rollmesh.mesh.errors import InvalidArgument, RollmeshError, to_status
+from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.multiplex import ItemMessages
 from rollmesh.mesh.paging import page
 from rollmesh.verifier import convert
-from rollmesh.verifier.environment import VerifyResult
 from rollmesh.verifier.service import VerifierService, VerifyCall
 from rollmesh_client.v1 import verifier_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
-
-
-def _batch_answer(item_id: str, result: VerifyResult) -> pb.VerifyBatchResponse:
-    return pb.VerifyBatchResponse(id=item_id, result=convert.result_to_pb(result))
-
-
-def _batch_error(item_id: str, exc: RollmeshError) -> pb.VerifyBatchResponse:
-    return pb.VerifyBatchResponse(id=item_id, error=to_status(exc))
 
 
 class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
@@ -74,6 +65,6 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
             async for req in request_iterator:
                 yield req.id, convert.verify_call_from_pb(req.request)
 
-        messages = ItemMessages("verify", _batch_answer, _batch_error)
+        messages = ItemMessages("verify", pb.VerifyBatchResponse, "result", convert.result_to_pb)
         async for item_id, outcome in self._svc.verify_many(calls()):
             yield messages(item_id, outcome)
