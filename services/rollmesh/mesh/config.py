@@ -6,10 +6,17 @@ Precedence everywhere: CLI flag > environment variable > default.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
 
 
 class ConfigError(ValueError):
@@ -329,6 +336,20 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
     if raw is None or raw == "":
         return var.default
     return var.parse(name, raw)
+
+
+def read_fields(cls: type[D], prefix: str, environ: Mapping[str, str] | None = None, /, **given: Any) -> D:
+    """A `cls` dataclass whose fields take `given[name]`, else the registered variable
+    `<prefix><NAME>` (parsed, then converted to the field's declared type when that is bool, int,
+    float or str), else their defaults: a service's config names each variable once, in ENV_VARS."""
+    hints = typing.get_type_hints(cls)
+    values = dict(given)
+    for f in dataclasses.fields(cls):
+        var = prefix + f.name.upper()
+        if f.name not in given and var in ENV_VARS:
+            value, kind = read(var, environ), hints.get(f.name)
+            values[f.name] = kind(value) if kind in (bool, int, float, str) else value
+    return cls(**values)
 
 
 def service_addr(service: str, environ: Mapping[str, str] | None = None) -> str:

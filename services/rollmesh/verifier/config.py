@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from rollmesh.mesh.config import ConfigError, ServerConfig, read, service_addr
+from rollmesh.mesh.config import ConfigError, ServerConfig, read, read_fields, service_addr
 from rollmesh.registry.roots import RootsConfig
 
 ISOLATION_MODES = ("auto", "namespaces", "process")
@@ -81,33 +80,19 @@ class VerifierConfig:
     def from_env(
         cls, *, port: int | None = None, host: str | None = None, environ: Mapping[str, str] | None = None
     ) -> VerifierConfig:
-        def r(name: str) -> Any:
-            return read(f"ROLLMESH_VERIFIER_{name}", environ)
-
-        limits = SandboxLimits(
-            wall_s=float(r("SANDBOX_WALL_S")),
-            cpu_s=int(r("SANDBOX_CPU_S")),
-            memory_mb=int(r("SANDBOX_MEMORY_MB")),
-            nproc=int(r("SANDBOX_NPROC")),
-            fsize_mb=int(r("SANDBOX_FSIZE_MB")),
-            output_kb=int(r("SANDBOX_OUTPUT_KB")),
-        )
-        return cls(
+        sandbox = "ROLLMESH_VERIFIER_SANDBOX_"
+        return read_fields(
+            cls,
+            "ROLLMESH_VERIFIER_",
+            environ,
             server=ServerConfig.from_env("verifier", port=port, host=host, environ=environ),
             roots=RootsConfig.from_env(environ),
-            session_ttl_s=float(r("SESSION_TTL_S")),
-            max_sessions=int(r("MAX_SESSIONS")),
-            verify_timeout_s=float(r("VERIFY_TIMEOUT_S")),
-            workers=int(r("WORKERS")),
-            batch_concurrency=int(r("BATCH_CONCURRENCY")),
-            math_timeout_s=float(r("MATH_TIMEOUT_S")),
-            math_judge=bool(r("MATH_JUDGE")),
-            math_judge_model=str(r("MATH_JUDGE_MODEL")),
             gateway_addr=service_addr("gateway", environ),
-            sandbox=SandboxConfig(
-                isolation=str(r("SANDBOX_ISOLATION")).strip().lower(),
-                concurrency=int(r("SANDBOX_CONCURRENCY")),
-                limits=limits,
-                allow_unsafe_process=bool(r("SANDBOX_ALLOW_UNSAFE_PROCESS")),
+            sandbox=read_fields(
+                SandboxConfig,
+                sandbox,
+                environ,
+                isolation=str(read(sandbox + "ISOLATION", environ)).strip().lower(),
+                limits=read_fields(SandboxLimits, sandbox, environ),
             ),
         )
