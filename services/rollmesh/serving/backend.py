@@ -218,6 +218,21 @@ class RayServeBackend(ModelBackend):
             )
         return loaded
 
+    async def hold_engine(self, replica_id: str, *, held: bool) -> bool:
+        """Freeze or release one vLLM replica's engine scheduler (`VLLMReplica.hold`): its running
+        requests stay in flight without progressing until released or a weight load. For tests and
+        operators; returns whether the engine is held now."""
+        handle = self._require_handle()
+        async with asyncio.timeout(_STATS_TIMEOUT_S):
+            now: bool = await handle.hold.remote(held=held, pin_replica=replica_id)
+        return now
+
+    async def replica_stats(self, replica_id: str) -> dict[str, Any] | None:
+        """One replica's own figures (`VLLMReplica.stats`), None when it does not answer."""
+        if self._handle is None:
+            return None
+        return await self._stats(replica_id)
+
     async def replicas(self) -> list[ReplicaStatus]:
         if self._handle is None:
             return []

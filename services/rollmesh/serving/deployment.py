@@ -210,14 +210,34 @@ class VLLMReplica:
         await self._engine.abort(request_id)
         return True
 
+    async def hold(self, *, held: bool, pin_replica: str = "") -> bool:
+        """Freeze (`held=True`) or release this replica's engine scheduler (vLLM's
+        `pause_generation(mode="keep")`): running requests stay in the engine without taking a step,
+        new ones queue, aborts still work. A weight load releases a hold. Returns whether the engine
+        is held now. Tests use it to keep a request provably in flight."""
+        del pin_replica
+        if held:
+            await self._engine.pause_generation(mode="keep", clear_cache=False)
+        else:
+            await self._engine.resume_generation()
+        return bool(await self._engine.is_paused())
+
     async def load_weights(self, *, weights_path: str, pin_replica: str = "") -> str:
-        """Load the checkpoint folder `weights_path` into this replica's engine; returns its id."""
+        """Load the checkpoint folder `weights_path` into this replica's engine; returns its id.
+        The engine's scheduler is frozen while the workers load (no step can see half-loaded
+        weights), then released."""
         del pin_replica
         if self._running:
             raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
         started = time.monotonic()
-        await self._engine.collective_rpc("rollmesh_reload_weights", kwargs={"weights_path": weights_path})
-        await self._engine.reset_prefix_cache()
+        await self._engine.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self._engine.collective_rpc(
+                "rollmesh_reload_weights", kwargs={"weights_path": weights_path}
+            )
+            await self._engine.reset_prefix_cache()
+        finally:
+            await self._engine.resume_generation()
         self._weights_path = weights_path
         log.info(
             "replica_weights_loaded",
@@ -234,6 +254,8 @@ class VLLMReplica:
             "in_flight": len(self._running),
             "served": self._served,
             "engine_unfinished": self._engine.get_num_unfinished_requests(),
+            "engine_output_tokens": _output_tokens(self._engine),
+            "engine_held": bool(await self._engine.is_paused()),
             "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
             "weights_path": self._weights_path,
         }
@@ -246,6 +268,16 @@ class VLLMReplica:
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.shutdown()
+
+
+def _output_tokens(engine: Any) -> int:
+    """Tokens generated so far by the engine's unfinished requests (-1 when this vLLM keeps them
+    elsewhere): vLLM tracks them in its output processor even for FINAL_ONLY requests."""
+    try:
+        states = engine.output_processor.request_states.values()
+        return sum(int(s.detokenizer.num_output_tokens()) for s in states)
+    except AttributeError:
+        return -1
 
 
 def build_app(config: ServingConfig) -> Application:
