@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rollmesh.mesh.chat import message_from_pb, tool_spec_to_pb
+from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.verifier.environment import Response, ToolOutput, VerifyResult
 from rollmesh.verifier.loader import Broken
 from rollmesh.verifier.service import EnvironmentInfo, VerifyCall
@@ -12,19 +13,11 @@ from rollmesh_client.v1 import verifier_pb2 as pb
 
 
 def environment_to_pb(info: EnvironmentInfo) -> pb.Environment:
-    return pb.Environment(
-        name=info.name,
-        description=info.description,
-        tools=[tool_spec_to_pb(t) for t in info.tools],
-        source=info.source,
-        example_dataset=info.example_dataset,
-        stateless=info.stateless,
-        sandbox=info.sandbox,
-    )
+    return to_pb(pb.Environment, info, tools=[tool_spec_to_pb(t) for t in info.tools])
 
 
 def broken_to_pb(item: Broken) -> pb.BrokenEnvironment:
-    return pb.BrokenEnvironment(name=item.name, source=item.source, error=item.error)
+    return to_pb(pb.BrokenEnvironment, item)
 
 
 def response_from_pb(resp: pb.ModelResponse) -> Response:
@@ -32,12 +25,7 @@ def response_from_pb(resp: pb.ModelResponse) -> Response:
 
 
 def verify_call_from_pb(req: pb.VerifyRequest) -> VerifyCall:
-    return VerifyCall(
-        environment=req.environment,
-        task_json=req.task_json,
-        response=response_from_pb(req.response),
-        session_id=req.session_id,
-    )
+    return from_pb(VerifyCall, req, response=response_from_pb(req.response))
 
 
 def tool_output_to_pb(out: ToolOutput) -> pb.CallToolResponse:
