@@ -13,6 +13,7 @@ from rollmesh.mesh.errors import (
     AlreadyExists,
     DeadlineExceeded,
     FailedPrecondition,
+    Internal,
     InvalidArgument,
     NotFound,
     ResourceExhausted,
@@ -177,6 +178,15 @@ class UpstreamUnreachable(Unavailable):
     reason = "UPSTREAM_UNREACHABLE"
 
 
+class UpstreamBadResponse(Internal):
+    """The upstream answered 200 with something that is not a chat completion (not JSON, no
+    choices, no message): never read as an empty answer, which would score as a wrong one. Not
+    retryable (it is how that server answers); the HTTP facade reports it as 502."""
+
+    reason = "UPSTREAM_BAD_RESPONSE"
+    http_status_override = 502
+
+
 __all__ = [
     "BackendDown",
     "BackendUnavailable",
@@ -192,6 +202,7 @@ __all__ = [
     "TokenIdsUnsupported",
     "TooManyRoutes",
     "UpstreamAuthFailed",
+    "UpstreamBadResponse",
     "UpstreamHttpError",
     "UpstreamRateLimited",
     "UpstreamRejected",

@@ -19,7 +19,9 @@ Failures name their cause (gateway/errors.py): HTTP 5xx -> UPSTREAM_HTTP_ERROR, 
 UPSTREAM_RATE_LIMITED (RetryInfo from Retry-After), 401/403 -> UPSTREAM_AUTH_FAILED, 404 ->
 MODEL_NOT_FOUND, 408 or no bytes for `timeout_s` -> UPSTREAM_TIMEOUT, other 4xx -> UPSTREAM_REJECTED
 (each with `metadata["http_status"]`); no connection -> UPSTREAM_UNREACHABLE; a connection closed
-mid-answer -> UPSTREAM_STREAM_DROPPED.
+mid-answer -> UPSTREAM_STREAM_DROPPED; a 200 that is not a chat completion (not JSON, no
+`choices`, a choice without a `message`, a stream that ends with no choice) ->
+UPSTREAM_BAD_RESPONSE, never an empty answer.
 """
 
 from __future__ import annotations
@@ -235,18 +237,38 @@ class OpenAIBackend(ModelBackend):
             async with self._http().post(self._chat_url, data=data, headers=self._headers(request)) as resp:
                 if resp.status != 200:
                     await self._raise_for(resp)
-                payload = json.loads(await resp.read())
+                body = await resp.read()
         except RollmeshError:
             raise
         except Exception as exc:
             raise self._transport_error(exc) from None
         self._healthy = True
-        return self._unary_chunk(payload)
+        return self._unary_chunk(*self._completion(body))
 
-    def _unary_chunk(self, payload: dict[str, Any]) -> EngineChunk:
-        choices = payload.get("choices") or [{}]
-        choice = choices[0]
-        message = choice.get("message") or {}
+    def _completion(self, body: bytes) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """(payload, its first choice, that choice's message) of a chat completion, or
+        UPSTREAM_BAD_RESPONSE naming what is wrong with `body`."""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise errors.UpstreamBadResponse(
+                f"{self.base_url}: the answer is not a JSON object: {body[:200]!r}"
+            )
+        choices = payload.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise errors.UpstreamBadResponse(f"{self.base_url}: the answer has no choices: {body[:200]!r}")
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            raise errors.UpstreamBadResponse(
+                f"{self.base_url}: the answer's choice has no message: {body[:200]!r}"
+            )
+        return payload, choices[0], message
+
+    def _unary_chunk(
+        self, payload: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]
+    ) -> EngineChunk:
         calls = {
             i: {"name": (tc.get("function") or {}).get("name") or "", "arguments": _arguments(tc)}
             for i, tc in enumerate(message.get("tool_calls") or [])
@@ -270,6 +292,7 @@ class OpenAIBackend(ModelBackend):
         calls: dict[int, dict[str, str]] = {}
         finish: EngineChunk | None = None
         usage = (0, 0)
+        saw_choice = False
         data = json.dumps(self._body(request)).encode()
         try:
             resp = await self._http().post(self._chat_url, data=data, headers=self._headers(request))
@@ -288,6 +311,7 @@ class OpenAIBackend(ModelBackend):
                     done = True
                     break
                 chunk = json.loads(data_line)
+                saw_choice = saw_choice or bool(chunk.get("choices"))
                 if chunk.get("usage"):
                     usage = _usage(chunk)
                 for out in self._chunks(chunk, calls):
@@ -299,6 +323,8 @@ class OpenAIBackend(ModelBackend):
                 raise errors.UpstreamStreamDropped(
                     f"{self.base_url}: the stream ended before a finish reason", retry_after_s=1.0
                 )
+            if done and not saw_choice and rid not in self._aborted:
+                raise errors.UpstreamBadResponse(f"{self.base_url}: the stream ended ([DONE]) with no choice")
         except RollmeshError:
             raise
         except Exception as exc:
