@@ -11,7 +11,8 @@ import pytest_asyncio
 
 from rollmesh.mesh.server import wait_serving
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.grpc_sink import GrpcSink, SinkUnavailable
+from rollmesh.scheduler.errors import SinkUnavailable
+from rollmesh.scheduler.grpc_sink import GrpcSink
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh_client import aio_channel
 from rollmesh_client.trainer import SinkServer, TrainerRollout, collate

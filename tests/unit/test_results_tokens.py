@@ -10,14 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
+from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
-from rollmesh.scheduler.tokens import (
-    TokenRecordMismatch,
-    TurnOutput,
-    build_token_record,
-    validate_rollout,
-    validate_token_record,
-)
+from rollmesh.scheduler.tokens import TurnOutput, build_token_record, validate_rollout, validate_token_record
 
 MODEL = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/models/tiny-arith"
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.deadline import AdaptiveDeadline, ModelCallDeadline
+from rollmesh.scheduler.deadline import AdaptiveDeadline
 from rollmesh.scheduler.engine import JobRun
+from rollmesh.scheduler.errors import ModelCallDeadline
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows

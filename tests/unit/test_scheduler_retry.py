@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from rollmesh.mesh.errors import InvalidArgument, ResourceExhausted, Unavailable
+from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.retry import Backoff, RolloutFailed, classify, with_retry
 from rollmesh.scheduler.spec import RetryPolicy
-from rollmesh.scheduler.tokens import TokenRecordMismatch
 from rollmesh_client import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 
 

@@ -29,6 +29,7 @@ from rollmesh.gateway.backends.base import (
     Sampling,
 )
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.errors import DrainTimeout, WeightUpdatesUnsupported
 from rollmesh.gateway.sessions import SessionState, SessionStore, build_prompt, tools_key
 from rollmesh.gateway.toolcalls import parse_tool_calls
 from rollmesh.gateway.types import (
@@ -40,7 +41,7 @@ from rollmesh.gateway.types import (
     Usage,
     WeightUpdate,
 )
-from rollmesh.gateway.weights import DrainTimeout, WeightUpdatesUnsupported, check_checkpoint, next_version
+from rollmesh.gateway.weights import check_checkpoint, next_version
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.logging import get_logger
 

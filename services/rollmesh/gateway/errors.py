@@ -187,9 +187,34 @@ class UpstreamBadResponse(Internal):
     http_status_override = 502
 
 
+class CheckpointIncompatible(InvalidArgument):
+    """The checkpoint cannot replace the served weights; `metadata["problem"]` says why."""
+
+    reason = "CHECKPOINT_INCOMPATIBLE"
+
+
+class WeightUpdatesUnsupported(FailedPrecondition):
+    reason = "WEIGHT_UPDATES_UNSUPPORTED"
+
+
+class WeightLoadFailed(RollmeshError):
+    """A replica failed to load a validated checkpoint; the update was rolled back (the previous
+    weights keep serving). `metadata["replica_errors"]` lists replica: reason."""
+
+    code, reason = grpc.StatusCode.ABORTED, "WEIGHT_LOAD_FAILED"
+
+
+class DrainTimeout(DeadlineExceeded):
+    """Running generations did not finish within the drain timeout; nothing was changed."""
+
+    reason = "WEIGHT_UPDATE_DRAIN_TIMEOUT"
+
+
 __all__ = [
     "BackendDown",
     "BackendUnavailable",
+    "CheckpointIncompatible",
+    "DrainTimeout",
     "DuplicateRequestId",
     "GenerationDeadlineExceeded",
     "InvalidGenerateRequest",
@@ -209,6 +234,8 @@ __all__ = [
     "UpstreamStreamDropped",
     "UpstreamTimeout",
     "UpstreamUnreachable",
+    "WeightLoadFailed",
+    "WeightUpdatesUnsupported",
     "http_status",
     "openai_type",
 ]

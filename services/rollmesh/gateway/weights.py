@@ -22,36 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from rollmesh.mesh.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, RollmeshError
+from rollmesh.gateway.errors import CheckpointIncompatible
+from rollmesh.mesh.errors import InvalidArgument
 
 # config.json keys a training run may legitimately change (not the architecture).
 _CONFIG_FREE = frozenset({"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache"})
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
-
-
-class CheckpointIncompatible(InvalidArgument):
-    """The checkpoint cannot replace the served weights; `metadata["problem"]` says why."""
-
-    reason = "CHECKPOINT_INCOMPATIBLE"
-
-
-class WeightUpdatesUnsupported(FailedPrecondition):
-    reason = "WEIGHT_UPDATES_UNSUPPORTED"
-
-
-class WeightLoadFailed(RollmeshError):
-    """A replica failed to load a validated checkpoint; the update was rolled back (the previous
-    weights keep serving). `metadata["replica_errors"]` lists replica: reason."""
-
-    code, reason = grpc.StatusCode.ABORTED, "WEIGHT_LOAD_FAILED"
-
-
-class DrainTimeout(DeadlineExceeded):
-    """Running generations did not finish within the drain timeout; nothing was changed."""
-
-    reason = "WEIGHT_UPDATE_DRAIN_TIMEOUT"
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,7 @@ import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Iterator
 
-from rollmesh.mesh.errors import DeadlineExceeded
-
-
-class ModelCallDeadline(DeadlineExceeded):
-    """A model call outlived the adaptive deadline (retryable, like every DEADLINE_EXCEEDED)."""
-
-    reason = "MODEL_CALL_DEADLINE"
-
+from rollmesh.scheduler.errors import ModelCallDeadline
 
 # How many times the current deadline this task's calls get: a rollout whose call was cut tries
 # again with twice the deadline (then four times ...), so a call that is legitimately long (a rare

@@ -38,14 +38,15 @@ from rollmesh.scheduler.agent import (
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
-from rollmesh.scheduler.deadline import AdaptiveDeadline, ModelCallDeadline
+from rollmesh.scheduler.deadline import AdaptiveDeadline
+from rollmesh.scheduler.errors import ModelCallDeadline, TokenRecordMismatch
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, RolloutFailed, classify, with_retry
 from rollmesh.scheduler.sink import Sink
-from rollmesh.scheduler.tokens import TokenRecordMismatch, build_token_record, validate_rollout
+from rollmesh.scheduler.tokens import build_token_record, validate_rollout
 
 log = get_logger("rollmesh.scheduler.engine")
 

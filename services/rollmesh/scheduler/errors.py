@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
+from rollmesh.mesh.errors import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 
 
 class InvalidJobSpec(InvalidArgument):
@@ -92,3 +100,19 @@ class SinkWriteFailed(Internal):
     reason; rows of the failed batch are not on disk and not counted, so a resume re-runs them."""
 
     reason = "SINK_WRITE_FAILED"
+
+
+class TokenRecordMismatch(Internal):
+    """A turn's prompt does not extend the ids so far, or logprobs do not line up with outputs."""
+
+    reason = "TOKEN_RECORD_MISMATCH"
+
+
+class ModelCallDeadline(DeadlineExceeded):
+    """A model call outlived the adaptive deadline (retryable, like every DEADLINE_EXCEEDED)."""
+
+    reason = "MODEL_CALL_DEADLINE"
+
+
+class SinkUnavailable(Unavailable):
+    reason = "SINK_UNAVAILABLE"

@@ -19,9 +19,9 @@ from typing import Any
 
 import grpc
 
-from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import convert
+from rollmesh.scheduler.errors import SinkUnavailable
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
 from rollmesh_client import aio_channel
@@ -34,10 +34,6 @@ _STATES = {
     for name, value in scheduler_pb2.JobState.items()
     if name != "JOB_STATE_UNSPECIFIED"
 }
-
-
-class SinkUnavailable(Unavailable):
-    reason = "SINK_UNAVAILABLE"
 
 
 def state_to_pb(state: str) -> scheduler_pb2.JobState.ValueType:

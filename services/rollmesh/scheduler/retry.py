@@ -52,7 +52,7 @@ UPSTREAM_PERMANENT = frozenset({"UPSTREAM_REJECTED", "UPSTREAM_AUTH_FAILED"})  #
 # UNAVAILABLE with one of these reasons means the callee (or what it serves) cannot be reached.
 OUTAGE_REASONS = frozenset({"", UNAVAILABLE, "BACKEND_UNAVAILABLE", "UPSTREAM_UNREACHABLE"})
 OUTAGE_MAX_BACKOFF_S = 2.0
-MODEL_CALL_DEADLINE = "MODEL_CALL_DEADLINE"  # deadline.ModelCallDeadline's reason: retried without a wait
+MODEL_CALL_DEADLINE = "MODEL_CALL_DEADLINE"  # errors.ModelCallDeadline's reason: retried without a wait
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollmesh.mesh.errors import Internal
+from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import Json, Rollout, TokenRecord, TurnSpan
-
-
-class TokenRecordMismatch(Internal):
-    """A turn's prompt does not extend the ids so far, or logprobs do not line up with outputs."""
-
-    reason = "TOKEN_RECORD_MISMATCH"
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,7 @@ from rollmesh.gateway.backends.base import (
     ReplicaStatus,
     Tokenizer,
 )
-from rollmesh.gateway.errors import BackendUnavailable
-from rollmesh.gateway.weights import WeightLoadFailed
+from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.cluster import ServingCluster

@@ -135,8 +135,8 @@ class ModelBackend(ABC):
     async def load_weights(self, checkpoint: Path) -> list[str]:
         """Load `checkpoint` (validated against `weights_path`) into every replica while no request
         runs; all or none: when a replica fails, the others are reloaded from the previous weights
-        and `gateway.weights.WeightLoadFailed` is raised. Returns the replica ids updated."""
-        from rollmesh.gateway.weights import WeightUpdatesUnsupported
+        and `gateway.errors.WeightLoadFailed` is raised. Returns the replica ids updated."""
+        from rollmesh.gateway.errors import WeightUpdatesUnsupported
 
         raise WeightUpdatesUnsupported(f"the {self.card.backend} backend cannot update weights")
 

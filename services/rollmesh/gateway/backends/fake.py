@@ -300,7 +300,7 @@ class FakeBackend(ModelBackend):
         return self._weights_dir
 
     async def load_weights(self, checkpoint: Path) -> list[str]:
-        from rollmesh.gateway.weights import WeightLoadFailed
+        from rollmesh.gateway.errors import WeightLoadFailed
 
         if self._weights_dir is None:
             return await super().load_weights(checkpoint)
