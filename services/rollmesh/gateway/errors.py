@@ -9,17 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from rollmesh.mesh.errors import (
-    AlreadyExists,
-    DeadlineExceeded,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    RollmeshError,
-    Unavailable,
-)
+from rollmesh.mesh import errors as mesh
 
 # google.rpc code -> HTTP status (the mapping in google/rpc/code.proto).
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
@@ -49,7 +39,7 @@ OPENAI_TYPE: dict[grpc.StatusCode, str] = {
 }
 
 
-def http_status(exc: RollmeshError) -> int:
+def http_status(exc: mesh.RollmeshError) -> int:
     """The HTTP status the facade answers for `exc` (a class may override the code's default)."""
     override = getattr(exc, "http_status_override", None)
     if isinstance(override, int):
@@ -57,27 +47,27 @@ def http_status(exc: RollmeshError) -> int:
     return HTTP_STATUS.get(exc.code, 500)
 
 
-def openai_type(exc: RollmeshError) -> str:
+def openai_type(exc: mesh.RollmeshError) -> str:
     return OPENAI_TYPE.get(exc.code, "server_error")
 
 
-class ModelNotFound(NotFound):
+class ModelNotFound(mesh.NotFound):
     reason = "MODEL_NOT_FOUND"
 
 
-class InvalidSampling(InvalidArgument):
+class InvalidSampling(mesh.InvalidArgument):
     """A sampling parameter is out of range; `metadata["field"]` names it."""
 
     reason = "INVALID_SAMPLING_PARAMS"
 
 
-class InvalidGenerateRequest(InvalidArgument):
+class InvalidGenerateRequest(mesh.InvalidArgument):
     """The request shape is wrong (no prompt, both prompt forms, bad tool schema ...)."""
 
     reason = "INVALID_GENERATE_REQUEST"
 
 
-class PromptTooLong(ResourceExhausted):
+class PromptTooLong(mesh.ResourceExhausted):
     """The prompt does not fit the model's context. No RetryInfo: retrying cannot help.
 
     Over HTTP this is 400 (OpenAI's `context_length_exceeded`), so OpenAI clients do not retry it
@@ -88,39 +78,39 @@ class PromptTooLong(ResourceExhausted):
     http_status_override = 400
 
 
-class TokenIdsUnsupported(FailedPrecondition):
+class TokenIdsUnsupported(mesh.FailedPrecondition):
     reason = "TOKEN_IDS_UNSUPPORTED"
 
 
-class BackendDown(Unavailable):
+class BackendDown(mesh.Unavailable):
     """The backend cannot serve now; carries RetryInfo (`retry_after_s`)."""
 
     reason = "BACKEND_UNAVAILABLE"
 
 
-class GenerationDeadlineExceeded(DeadlineExceeded):
+class GenerationDeadlineExceeded(mesh.DeadlineExceeded):
     reason = "GENERATION_DEADLINE_EXCEEDED"
 
 
-class PausedDeadlineExceeded(DeadlineExceeded):
+class PausedDeadlineExceeded(mesh.DeadlineExceeded):
     """The deadline passed while generation was paused (around a weight update)."""
 
     reason = "GENERATION_PAUSED"
 
 
-class DuplicateRequestId(AlreadyExists):
+class DuplicateRequestId(mesh.AlreadyExists):
     reason = "REQUEST_ID_IN_USE"
 
 
-class RouteExists(AlreadyExists):
+class RouteExists(mesh.AlreadyExists):
     reason = "ROUTE_EXISTS"
 
 
-class InvalidRoute(InvalidArgument):
+class InvalidRoute(mesh.InvalidArgument):
     reason = "INVALID_ROUTE"
 
 
-class TooManyRoutes(ResourceExhausted):
+class TooManyRoutes(mesh.ResourceExhausted):
     reason = "TOO_MANY_ROUTES"
 
 
@@ -136,49 +126,49 @@ class BackendUnavailable(Exception):
 # -- an OpenAI-compatible upstream failed: one reason per cause (failure classes key on these names) --
 
 
-class UpstreamHttpError(Unavailable):
+class UpstreamHttpError(mesh.Unavailable):
     """The upstream answered HTTP 5xx (`metadata["http_status"]`); retryable, with RetryInfo."""
 
     reason = "UPSTREAM_HTTP_ERROR"
 
 
-class UpstreamRejected(InvalidArgument):
+class UpstreamRejected(mesh.InvalidArgument):
     """The upstream refused the request (HTTP 4xx, `metadata["http_status"]`); its message is passed on."""
 
     reason = "UPSTREAM_REJECTED"
 
 
-class UpstreamRateLimited(ResourceExhausted):
+class UpstreamRateLimited(mesh.ResourceExhausted):
     """The upstream answered 429; RetryInfo carries its Retry-After (1 s when it gave none)."""
 
     reason = "UPSTREAM_RATE_LIMITED"
 
 
-class UpstreamAuthFailed(FailedPrecondition):
+class UpstreamAuthFailed(mesh.FailedPrecondition):
     """The upstream refused our API key (HTTP 401/403): a configuration problem, not retryable."""
 
     reason = "UPSTREAM_AUTH_FAILED"
 
 
-class UpstreamTimeout(DeadlineExceeded):
+class UpstreamTimeout(mesh.DeadlineExceeded):
     """The upstream sent nothing for the backend's read timeout (or answered 408); retryable."""
 
     reason = "UPSTREAM_TIMEOUT"
 
 
-class UpstreamStreamDropped(Unavailable):
+class UpstreamStreamDropped(mesh.Unavailable):
     """The upstream closed the connection before the answer was complete; retryable."""
 
     reason = "UPSTREAM_STREAM_DROPPED"
 
 
-class UpstreamUnreachable(Unavailable):
+class UpstreamUnreachable(mesh.Unavailable):
     """No connection to the upstream (refused, DNS, connect timeout); retryable."""
 
     reason = "UPSTREAM_UNREACHABLE"
 
 
-class UpstreamBadResponse(Internal):
+class UpstreamBadResponse(mesh.Internal):
     """The upstream answered 200 with something that is not a chat completion (not JSON, no
     choices, no message): never read as an empty answer, which would score as a wrong one. Not
     retryable (it is how that server answers); the HTTP facade reports it as 502."""
@@ -187,24 +177,24 @@ class UpstreamBadResponse(Internal):
     http_status_override = 502
 
 
-class CheckpointIncompatible(InvalidArgument):
+class CheckpointIncompatible(mesh.InvalidArgument):
     """The checkpoint cannot replace the served weights; `metadata["problem"]` says why."""
 
     reason = "CHECKPOINT_INCOMPATIBLE"
 
 
-class WeightUpdatesUnsupported(FailedPrecondition):
+class WeightUpdatesUnsupported(mesh.FailedPrecondition):
     reason = "WEIGHT_UPDATES_UNSUPPORTED"
 
 
-class WeightLoadFailed(RollmeshError):
+class WeightLoadFailed(mesh.RollmeshError):
     """A replica failed to load a validated checkpoint; the update was rolled back (the previous
     weights keep serving). `metadata["replica_errors"]` lists replica: reason."""
 
     code, reason = grpc.StatusCode.ABORTED, "WEIGHT_LOAD_FAILED"
 
 
-class DrainTimeout(DeadlineExceeded):
+class DrainTimeout(mesh.DeadlineExceeded):
     """Running generations did not finish within the drain timeout; nothing was changed."""
 
     reason = "WEIGHT_UPDATE_DRAIN_TIMEOUT"

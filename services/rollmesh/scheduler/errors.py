@@ -2,117 +2,109 @@
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import (
-    AlreadyExists,
-    DeadlineExceeded,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-)
+from rollmesh.mesh import errors as mesh
 
 
-class InvalidJobSpec(InvalidArgument):
+class InvalidJobSpec(mesh.InvalidArgument):
     """A JobSpec field is out of range or missing (negative numbers, no dataset, ...)."""
 
     reason = "INVALID_JOB_SPEC"
 
 
-class InvalidShard(InvalidArgument):
+class InvalidShard(mesh.InvalidArgument):
     reason = "INVALID_SHARD"
 
 
-class MalformedDatasetRow(InvalidArgument):
+class MalformedDatasetRow(mesh.InvalidArgument):
     """A dataset line is not a JSON object with a usable `responses_create_params.input`."""
 
     reason = "MALFORMED_DATASET_ROW"
 
 
-class DatasetRowTooLarge(InvalidArgument):
+class DatasetRowTooLarge(mesh.InvalidArgument):
     """A dataset line too large for the requests made from it to fit in a gRPC message."""
 
     reason = "DATASET_ROW_TOO_LARGE"
 
 
-class DatasetNotFound(NotFound):
+class DatasetNotFound(mesh.NotFound):
     reason = "DATASET_NOT_FOUND"
 
 
-class BenchmarkNotFound(NotFound):
+class BenchmarkNotFound(mesh.NotFound):
     reason = "BENCHMARK_NOT_FOUND"
 
 
-class InvalidBenchmark(InvalidArgument):
+class InvalidBenchmark(mesh.InvalidArgument):
     reason = "INVALID_BENCHMARK"
 
 
-class EnvironmentNotFound(NotFound):
+class EnvironmentNotFound(mesh.NotFound):
     reason = "ENVIRONMENT_NOT_FOUND"
 
 
-class JobNotFound(NotFound):
+class JobNotFound(mesh.NotFound):
     reason = "JOB_NOT_FOUND"
 
 
-class JobFinished(FailedPrecondition):
+class JobFinished(mesh.FailedPrecondition):
     """Cancelling a job that already ended."""
 
     reason = "JOB_FINISHED"
 
 
-class JobRunning(FailedPrecondition):
+class JobRunning(mesh.FailedPrecondition):
     """Resuming a job that is still running in this scheduler."""
 
     reason = "JOB_RUNNING"
 
 
-class OffsetExpired(FailedPrecondition):
+class OffsetExpired(mesh.FailedPrecondition):
     """StreamRollouts asked for an offset no longer held in memory and the sink keeps no file."""
 
     reason = "OFFSET_EXPIRED"
 
 
-class RequestIdReused(AlreadyExists):
+class RequestIdReused(mesh.AlreadyExists):
     """The same request_id came with a different spec."""
 
     reason = "REQUEST_ID_REUSED"
 
 
-class DuplicateRollout(AlreadyExists):
+class DuplicateRollout(mesh.AlreadyExists):
     """A key was written twice: the sink keeps every key exactly once."""
 
     reason = "DUPLICATE_ROLLOUT"
 
 
-class CorruptSinkFile(FailedPrecondition):
+class CorruptSinkFile(mesh.FailedPrecondition):
     """A complete line of a sink file is not a JSON object (not a torn tail: that is repaired)."""
 
     reason = "SINK_FILE_CORRUPT"
 
 
-class SinkClosed(FailedPrecondition):
+class SinkClosed(mesh.FailedPrecondition):
     reason = "SINK_CLOSED"
 
 
-class SinkWriteFailed(Internal):
+class SinkWriteFailed(mesh.Internal):
     """The sink could not store rows (a full disk, an I/O error): the job fails at once with this
     reason; rows of the failed batch are not on disk and not counted, so a resume re-runs them."""
 
     reason = "SINK_WRITE_FAILED"
 
 
-class TokenRecordMismatch(Internal):
+class TokenRecordMismatch(mesh.Internal):
     """A turn's prompt does not extend the ids so far, or logprobs do not line up with outputs."""
 
     reason = "TOKEN_RECORD_MISMATCH"
 
 
-class ModelCallDeadline(DeadlineExceeded):
+class ModelCallDeadline(mesh.DeadlineExceeded):
     """A model call outlived the adaptive deadline (retryable, like every DEADLINE_EXCEEDED)."""
 
     reason = "MODEL_CALL_DEADLINE"
 
 
-class SinkUnavailable(Unavailable):
+class SinkUnavailable(mesh.Unavailable):
     reason = "SINK_UNAVAILABLE"

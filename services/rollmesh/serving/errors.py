@@ -5,22 +5,16 @@ errors (join.py) are reported to callers (status code + ErrorInfo reason), each 
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import (
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
-    Unauthenticated,
-    Unavailable,
-)
+from rollmesh.mesh import errors as mesh
 
 
-class ServingStartupError(Unavailable):
+class ServingStartupError(mesh.Unavailable):
     """The replicas did not all become healthy before the deadline, or their deployment failed."""
 
     reason = "SERVING_STARTUP_FAILED"
 
 
-class EngineRejected(InvalidArgument):
+class EngineRejected(mesh.InvalidArgument):
     """vLLM refused the request as given (e.g. prompt + max_tokens over max_model_len)."""
 
     reason = "ENGINE_REJECTED_REQUEST"
@@ -30,31 +24,31 @@ class RequestRejected(ValueError):
     """vLLM refused the request as given (bad sampling values, prompt + max_tokens too long)."""
 
 
-class ServeAppExists(AlreadyExists):
+class ServeAppExists(mesh.AlreadyExists):
     """A Serve application with this gateway's name already runs on the joined cluster."""
 
     reason = "SERVE_APP_EXISTS"
 
 
-class RayUnreachable(Unavailable):
+class RayUnreachable(mesh.Unavailable):
     """The Ray cluster's address does not answer (or `ray.init` failed for another reason)."""
 
     reason = "RAY_CLUSTER_UNREACHABLE"
 
 
-class RayAuthFailed(Unauthenticated):
+class RayAuthFailed(mesh.Unauthenticated):
     """The cluster runs token auth and this process has no token, or the wrong one."""
 
     reason = "RAY_AUTH_FAILED"
 
 
-class RayVersionMismatch(FailedPrecondition):
+class RayVersionMismatch(mesh.FailedPrecondition):
     """Ray or Python here differ from the cluster's."""
 
     reason = "RAY_VERSION_MISMATCH"
 
 
-class RayNotANode(FailedPrecondition):
+class RayNotANode(mesh.FailedPrecondition):
     """A `host:port` address needs a Ray node on this host (a driver uses its local raylet)."""
 
     reason = "RAY_NOT_A_NODE"

@@ -2,55 +2,48 @@
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import (
-    AlreadyExists,
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-)
+from rollmesh.mesh import errors as mesh
 
 
-class EnvironmentNotFound(NotFound):
+class EnvironmentNotFound(mesh.NotFound):
     reason = "ENVIRONMENT_NOT_FOUND"
 
 
-class EnvironmentBroken(FailedPrecondition):
+class EnvironmentBroken(mesh.FailedPrecondition):
     """The plugin failed to load; the message carries its error."""
 
     reason = "ENVIRONMENT_BROKEN"
 
 
-class SessionNotFound(NotFound):
+class SessionNotFound(mesh.NotFound):
     """Never seeded, closed, or expired after its TTL."""
 
     reason = "SESSION_NOT_FOUND"
 
 
-class SessionExists(AlreadyExists):
+class SessionExists(mesh.AlreadyExists):
     reason = "SESSION_EXISTS"
 
 
-class SessionMismatch(InvalidArgument):
+class SessionMismatch(mesh.InvalidArgument):
     """A session used with an environment other than the one that seeded it."""
 
     reason = "SESSION_ENVIRONMENT_MISMATCH"
 
 
-class TooManySessions(ResourceExhausted):
+class TooManySessions(mesh.ResourceExhausted):
     reason = "SESSION_LIMIT"
 
 
-class ToolNotFound(NotFound):
+class ToolNotFound(mesh.NotFound):
     reason = "TOOL_NOT_FOUND"
 
 
-class BadTask(InvalidArgument):
+class BadTask(mesh.InvalidArgument):
     """The task JSON is not a JSON object."""
 
     reason = "BAD_TASK"
 
 
-class VerifyTimeout(DeadlineExceeded):
+class VerifyTimeout(mesh.DeadlineExceeded):
     reason = "VERIFY_TIMEOUT"
