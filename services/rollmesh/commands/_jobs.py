@@ -377,12 +377,17 @@ def exit_for_state(job: pb.Job) -> None:
     exit_for_job(job)
 
 
-def metrics_rows(m: pb.JobMetrics, job: pb.Job | None = None) -> list[tuple[str, str]]:
+def metrics_rows(
+    m: pb.JobMetrics, job: pb.Job | None = None, *, duplicates: int = 0
+) -> list[tuple[str, str]]:
+    """The metrics table of `run`, `jobs submit --wait` and `aggregate` (which passes the keys it
+    found twice as `duplicates`)."""
     rows = [
         ("rollouts", str(m.num_rollouts)),
         ("tasks", str(m.num_tasks)),
         ("failures", str(m.num_failures)),
         *[(f"  {name}", str(n)) for name, n in sorted(m.failures_by_class.items(), key=lambda kv: -kv[1])],
+        *([("duplicates skipped", str(duplicates))] if duplicates else []),
         ("mean reward", f"{m.mean_reward:.4f} ± {m.stderr_reward:.4f} (stderr)"),
         ("pass@1 (avg over k)", f"{m.pass_at_1_avg:.4f}"),
     ]

@@ -19,29 +19,6 @@ Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink f
 OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
 
 
-def _metrics_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [
-        ("rollouts", str(m["num_rollouts"])),
-        ("tasks", str(m["num_tasks"])),
-        ("failures", str(m["num_failures"])),
-        ("duplicates skipped", str(m.get("num_duplicates", 0))),
-        ("mean reward", f"{m['mean_reward']:.4f} ± {m['stderr_reward']:.4f} (std {m['std_reward']:.4f})"),
-        ("pass@1 (avg)", f"{m['pass_at_1_avg']:.4f}"),
-    ]
-    for k in m.get("k_values", []):
-        if str(k) in m["pass_at_k"]:
-            rows.append(
-                (f"pass@{k} / maj@{k}", f"{m['pass_at_k'][str(k)]:.4f} / {m['maj_at_k'][str(k)]:.4f}")
-            )
-    rows.append(
-        (
-            "mean tokens (prompt / completion)",
-            f"{m['mean_prompt_tokens']:.1f} / {m['mean_completion_tokens']:.1f}",
-        )
-    )
-    return rows
-
-
 def aggregate(
     paths: Paths,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write metrics.json here.")] = None,
@@ -55,6 +32,8 @@ def aggregate(
     as_json: JsonOut = False,
 ) -> None:
     """Recompute metrics over many shard files as if they were one run (keys deduplicated)."""
+    from rollmesh.commands._jobs import metrics_rows
+    from rollmesh.scheduler.convert import metrics_to_pb
     from rollmesh.scheduler.metrics import compute
     from rollmesh.scheduler.store import expand_paths, load_files
 
@@ -74,7 +53,8 @@ def aggregate(
     if as_json or not out:
         print_json(data)
     else:
-        print_table("metrics", ["metric", "value"], _metrics_rows(data))
+        rows = metrics_rows(metrics_to_pb(data), duplicates=int(data["num_duplicates"]))
+        print_table("metrics", ["metric", "value"], rows)
         err.print(f"wrote {out}")
 
 
