@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.server import MeshServer, ServiceBinding
 from rollmesh.registry.roots import BUILTIN_ROOT
+from rollmesh.verifier.errors import BadTask, JudgeFailed
 from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, task
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -52,17 +54,31 @@ async def test_judge_can_rescue_an_answer(start_server: StartServer) -> None:
         assert right.reward == 1.0 and len(fake.prompts) == 1  # no judge when math-verify agrees
 
 
-async def test_judge_failure_scores_zero_and_says_why(start_server: StartServer) -> None:
+async def test_judge_failure_is_an_error_not_a_zero(start_server: StartServer) -> None:
+    """The symbolic check said no and the judge gave no verdict: the reward is unknown, so verify
+    fails JUDGE_FAILED (retryable) instead of scoring the answer 0."""
     fake = FakeGateway(None)
     server = await start_server([gateway_binding(fake)])
     cfg = replace(TEST_CONFIG, math_judge=True, gateway_addr=server.address)
     async with load_env(MATH, cfg) as env:
-        r = await check(env, task("4"), answer("x equals four"))
-        assert r.reward == 0.0 and "judge failed: UNAVAILABLE" in r.details["judge"]
+        with pytest.raises(JudgeFailed) as failed:
+            await check(env, task("4"), answer("x equals four"))
+        assert failed.value.code == grpc.StatusCode.UNAVAILABLE and failed.value.reason == "JUDGE_FAILED"
+        assert "judge failed: UNAVAILABLE" in failed.value.message
+        assert (await check(env, task("4"), answer("\\boxed{4}"))).reward == 1.0  # no judge needed
     fake.verdict = "I think so"
     async with load_env(MATH, cfg) as env:
-        r = await check(env, task("4"), answer("x equals four"))
-        assert r.reward == 0.0 and "unparseable verdict" in r.details["judge"]
+        with pytest.raises(JudgeFailed, match="unparseable verdict"):
+            await check(env, task("4"), answer("x equals four"))
+
+
+async def test_a_row_without_an_expected_answer_is_a_bad_task() -> None:
+    async with load_env(MATH, TEST_CONFIG) as env:
+        with pytest.raises(BadTask):
+            await check(env, task(None, "2 + 2?"), answer("4"))
+    async with load_env(BUILTIN_ROOT / "environments" / "arithmetic", TEST_CONFIG) as env:
+        with pytest.raises(BadTask, match="no integer expected_answer"):
+            await check(env, task("four"), answer("4"))
 
 
 async def test_judge_unreachable_and_off_by_default(tmp_path: Path) -> None:
@@ -71,6 +87,6 @@ async def test_judge_unreachable_and_off_by_default(tmp_path: Path) -> None:
     async with load_env(MATH, cfg) as env:
         off = await check(env, task("4"), answer("x equals four"))
         assert off.reward == 0.0 and "judge" not in off.details
-        on = await check(env, task("4", verifier_metadata={"use_judge": True}), answer("four"))
-        assert on.reward == 0.0 and on.details["judge"].startswith("judge failed:"), on.details
-    assert grpc.StatusCode.UNAVAILABLE.name in on.details["judge"] or "DEADLINE" in on.details["judge"]
+        with pytest.raises(JudgeFailed) as on:
+            await check(env, task("4", verifier_metadata={"use_judge": True}), answer("four"))
+    assert grpc.StatusCode.UNAVAILABLE.name in on.value.message or "DEADLINE" in on.value.message

@@ -91,6 +91,16 @@ def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
     assert "b.jsonl:1:" in info.value.message and "input" in info.value.message
 
 
+def test_a_binary_row_is_malformed_not_internal(catalog: Catalog, tmp_path: Path) -> None:
+    path = Rows.arithmetic(2).write(tmp_path / "d.jsonl")
+    with open(path, "ab") as f:
+        f.write(b"\x00\x92\xff binary\n")
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(path), environment="arithmetic"))
+    assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_DATASET_ROW")
+    assert f"{path}:3: not UTF-8" in info.value.message
+
+
 def test_dataset_folder_with_single_jsonl(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "datasets" / "mine").mkdir(parents=True)

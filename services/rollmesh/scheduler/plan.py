@@ -139,11 +139,19 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
     since the requests made from it could not be sent."""
     limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
     rows: list[Json] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MalformedDatasetRow(
+                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                    "a dataset is JSONL",
+                    metadata={"path": str(path), "line": str(lineno)},
+                ) from None
             if not line.strip():
                 continue
-            size = len(line.encode("utf-8"))
+            size = len(raw)
             if size > limit:
                 raise DatasetRowTooLarge(
                     f"{path}:{lineno}: the row is {size:,} bytes, over the {limit:,}-byte limit of a "

@@ -3,6 +3,9 @@
 Plugins import the public API from here::
 
     from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+
+A row that cannot be scored (no usable `expected_answer`) raises `BadTask` from `verify`: the rollout
+fails with class BAD_TASK instead of recording a reward of 0 for an answer nobody could judge.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from rollmesh.verifier.environment import (
     VerifyResult,
     tool,
 )
+from rollmesh.verifier.errors import BadTask
 
 if TYPE_CHECKING:
     from rollmesh.mesh.server import ServiceBinding
@@ -44,6 +48,7 @@ def binding(service: VerifierService) -> ServiceBinding:
 
 
 __all__ = [
+    "BadTask",
     "EnvContext",
     "Environment",
     "Message",

@@ -40,10 +40,19 @@ class ToolNotFound(mesh.NotFound):
 
 
 class BadTask(mesh.InvalidArgument):
-    """The task JSON is not a JSON object."""
+    """The task JSON is not a JSON object, or the row lacks what its environment needs to score it
+    (no usable `expected_answer`). Environments raise it rather than score 0: a reward of 0 says
+    the model was wrong, and here nobody can tell."""
 
     reason = "BAD_TASK"
 
 
 class VerifyTimeout(mesh.DeadlineExceeded):
     reason = "VERIFY_TIMEOUT"
+
+
+class JudgeFailed(mesh.Unavailable):
+    """An LLM judge was needed for the verdict and gave none (its call failed, or its reply could
+    not be read): the reward is unknown, so the verify fails (retryable) instead of scoring 0."""
+
+    reason = "JUDGE_FAILED"

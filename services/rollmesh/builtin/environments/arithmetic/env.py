@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 
 _INT = re.compile(r"[-+]?\d+")
 
@@ -30,9 +30,7 @@ class Arithmetic(Environment):
         try:
             expected = int(str(task.expected_answer).strip())
         except ValueError:
-            return VerifyResult(
-                0.0, {"correct": 0.0}, extracted or "", {"reason": "task has no integer expected_answer"}
-            )
+            raise BadTask(f"task has no integer expected_answer (got {task.expected_answer!r:.80})") from None
         if extracted is None:
             reason = "empty response" if not text.strip() else "no integer in the response"
             return VerifyResult(0.0, {"correct": 0.0}, "", {"reason": reason, "expected": str(expected)})

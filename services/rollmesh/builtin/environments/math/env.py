@@ -10,7 +10,8 @@ from typing import Any
 import grpc
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier.errors import JudgeFailed
 from rollmesh.verifier.workers import WorkerError, WorkerTimeout
 
 log = get_logger("rollmesh.env.math")
@@ -54,7 +55,8 @@ class MathEnv(Environment):
     """Math word problems with a reference answer, checked symbolically by math-verify (\\boxed{}
     or the last expression). When ROLLMESH_VERIFIER_MATH_JUDGE=1 (or the task's
     `verifier_metadata.use_judge`), an LLM judge served by the gateway gets a second opinion on
-    answers the symbolic check rejects; a judge failure scores 0 and says why."""
+    answers the symbolic check rejects. A row without a usable expected_answer raises BadTask, and
+    a judge that gives no verdict JudgeFailed: neither is scored 0."""
 
     _channel: grpc.aio.Channel | None = None
     _warm: asyncio.Task[Any] | None = None
@@ -81,7 +83,7 @@ class MathEnv(Environment):
         text = response.final_text
         expected = task.expected_answer
         if expected is None or not str(expected).strip():
-            return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": "task has no expected_answer"})
+            raise BadTask("task has no expected_answer")
         if not text.strip():
             return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": "empty response"})
         timeout = self.context.config.math_timeout_s
@@ -96,6 +98,8 @@ class MathEnv(Environment):
             )
         except WorkerError as exc:
             return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": f"math-verify failed: {exc}"})
+        if out["reason"] == "could not parse expected_answer":
+            raise BadTask(f"math-verify could not parse expected_answer {str(expected)[:80]!r}")
         correct = bool(out["correct"])
         details: dict[str, Any] = {
             "reason": out["reason"],
@@ -107,6 +111,8 @@ class MathEnv(Environment):
         use_judge = bool(task.metadata.get("use_judge", self.context.config.math_judge))
         if not correct and use_judge:
             verdict, why = await self._judge(task.prompt, str(expected), text)
+            if verdict is None:  # the symbolic check said no, the judge said nothing: unknown
+                raise JudgeFailed(f"math judge: {why}")
             details["judge"] = why
             components["judge"] = 1.0 if verdict else 0.0
             if verdict:
@@ -114,8 +120,8 @@ class MathEnv(Environment):
                 details["reason"] = "judge: equivalent"
         return VerifyResult(reward, components, str(out["extracted"]), details)
 
-    async def _judge(self, problem: str, expected: str, answer: str) -> tuple[bool, str]:
-        """(equivalent?, what happened). Never raises: a failure is (False, reason)."""
+    async def _judge(self, problem: str, expected: str, answer: str) -> tuple[bool | None, str]:
+        """(equivalent?, what happened). Never raises: a failure is (None, reason)."""
         from rollmesh_client import aio_channel
         from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -137,10 +143,10 @@ class MathEnv(Environment):
             resp = await stub.Generate(req, timeout=max(cfg.math_timeout_s, 5.0) * 3)
         except grpc.aio.AioRpcError as exc:
             log.warning("math_judge_failed", code=exc.code().name, error=exc.details())
-            return False, f"judge failed: {exc.code().name}: {exc.details()}"
+            return None, f"judge failed: {exc.code().name}: {exc.details()}"
         verdict = resp.message.content.strip().upper()
         if "EQUIVALENT" in verdict and "NOT" not in verdict:
             return True, "judge: EQUIVALENT"
         if "DIFFERENT" in verdict:
             return False, "judge: DIFFERENT"
-        return False, f"judge failed: unparseable verdict {resp.message.content[:80]!r}"
+        return None, f"judge failed: unparseable verdict {resp.message.content[:80]!r}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult, tool
 
 
 @dataclass
@@ -45,9 +45,7 @@ class CounterEnv(Environment):
         try:
             expected = int(task.expected_answer)
         except (TypeError, ValueError):
-            return VerifyResult(
-                0.0, {"reached": 0.0}, str(session.state.value), {"reason": "no integer expected_answer"}
-            )
+            raise BadTask(f"task has no integer expected_answer (got {task.expected_answer!r:.80})") from None
         ok = session.state.value == expected
         return VerifyResult(
             1.0 if ok else 0.0,

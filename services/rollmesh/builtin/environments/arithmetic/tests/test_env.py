@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+import pytest
+
+from rollmesh.verifier import BadTask
 from rollmesh.verifier.environment import Message, Response
 from rollmesh.verifier.testing import answer, check, load_env, rows, task
 
@@ -28,8 +31,9 @@ async def test_empty_and_malformed() -> None:
         assert (empty.reward, empty.extracted_answer, empty.details["reason"]) == (0.0, "", "empty response")
         words = await check(env, task("5"), answer("five"))
         assert words.reward == 0.0 and words.details["reason"] == "no integer in the response"
-        bad_task = await check(env, task("not a number"), answer("5"))
-        assert bad_task.reward == 0.0 and "expected_answer" in bad_task.details["reason"]
+        # A row that cannot be scored is an error (BAD_TASK), never a reward of 0.
+        with pytest.raises(BadTask, match="expected_answer"):
+            await check(env, task("not a number"), answer("5"))
 
 
 async def test_only_the_last_assistant_message_counts() -> None:

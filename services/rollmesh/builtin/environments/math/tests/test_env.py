@@ -3,6 +3,9 @@
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from rollmesh.verifier import BadTask
 from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows, task
 
 HERE = Path(__file__).resolve().parent.parent
@@ -21,8 +24,8 @@ async def test_right_wrong_empty_malformed() -> None:
         assert (empty.reward, empty.details["reason"]) == (0.0, "empty response")
         garbage = await check(env, task("4"), answer("\\boxed{{{ \\frac"))
         assert garbage.reward == 0.0
-        no_expected = await check(env, task(None), answer("\\boxed{4}"))
-        assert no_expected.reward == 0.0 and "expected_answer" in no_expected.details["reason"]
+        with pytest.raises(BadTask, match="expected_answer"):  # an error, never a reward of 0
+            await check(env, task(None), answer("\\boxed{4}"))
 
 
 async def test_timeout_kills_the_worker_and_scores_zero() -> None:

@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+import pytest
+
+from rollmesh.verifier import BadTask
 from rollmesh.verifier.testing import answer, call, check, load_env, rows, seeded, task
 
 HERE = Path(__file__).resolve().parent.parent
@@ -26,7 +29,8 @@ async def test_wrong_empty_and_sessionless() -> None:
         assert (await check(env, t, answer(""), s)).reward == 0.0
         assert (await check(env, t, answer("5"), None)).reward == 0.0
         malformed = task("five", verifier_metadata={"initial_value": 2})
-        assert (await check(env, malformed, answer("5"), await seeded(env, malformed))).reward == 0.0
+        with pytest.raises(BadTask, match="expected_answer"):  # an error, never a reward of 0
+            await check(env, malformed, answer("5"), await seeded(env, malformed))
 
 
 async def test_sessions_are_isolated() -> None:
