@@ -7,7 +7,13 @@ Prints one JSON object: rollouts/s for both (mean ± stddev over the trials), th
 per rollout of each mesh process (user + system from /proc, load-independent) and of the model
 server, peak RSS of each mesh process (VmHWM) and their sum.
 
-    python bench/http_model_path.py [--rollouts 10000] [--concurrency 512] [--trials 2]
+    python bench/http_model_path.py [--rollouts 10000] [--concurrency 512] [--trials 2] [--quick]
+
+`--quick` is 3,000 rollouts and one trial (about 20 s of measuring on an idle 2-core machine, plus
+the mesh's start). The raw loop is the same workload at the same concurrency against the same
+server in the same process tree state: C workers over one aiohttp pool of C connections, each
+request the non-streaming chat completion the gateway sends (same body fields as the gateway's
+OpenAI backend), its answer parsed; its CPU per request is this client process's own.
 """
 
 from __future__ import annotations
@@ -48,29 +54,40 @@ def write_dataset(path: Path, rows: int, seed: int = 0) -> None:
 
 
 async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[float, float, int]:
-    """(requests/s, CPU ms per request of this client, answers): every row as one non-streaming chat
-    completion, C at a time."""
+    """(requests/s, CPU ms per request of this client, answers with content): every row as one
+    non-streaming chat completion, C at a time. A request that fails raises (a raw loop that skips
+    failures would look faster than it is)."""
     import aiohttp
 
     prompts = [json.loads(line)["responses_create_params"]["input"] for line in dataset.open()]
     queue = iter(prompts)
-    correct = 0
+    answered = 0
 
     async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal correct
+        nonlocal answered
         for messages in queue:
-            body = {"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 1.0}
+            body = {
+                "model": "tiny",
+                "messages": messages,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "max_tokens": 16,
+                "return_token_ids": True,
+            }
             async with session.post(f"{base_url}/chat/completions", json=body) as resp:
+                resp.raise_for_status()
                 out = await resp.json()
             if out["choices"][0]["message"]["content"]:
-                correct += 1
+                answered += 1
 
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return len(prompts) / wall, cpu * 1000 / len(prompts), correct
+    if answered != len(prompts):
+        raise RuntimeError(f"the raw loop got {answered} answers with content of {len(prompts)}")
+    return len(prompts) / wall, cpu * 1000 / len(prompts), answered
 
 
 # -- the mesh ------------------------------------------------------------------------------------
@@ -157,6 +174,7 @@ async def mesh_trial(
 ) -> tuple[float, dict[str, float], dict[str, Any]]:
     """(rollouts/s end to end, CPU ms per rollout by process, job summary)."""
     from rollmesh_client import Client
+    from rollmesh_client.v1 import common_pb2
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
     spec = pb.JobSpec(
@@ -166,6 +184,7 @@ async def mesh_trial(
         concurrency=concurrency,
         output_dir=str(out),
         agent=pb.AgentSpec(max_steps=1),
+        sampling=common_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=16),  # as the raw loop
     )
     async with await Client.connect(scheduler=scheduler) as c:
         cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -239,6 +258,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
             "model_server": "rollmesh.devtools.openai_server (instant, its own process, uvloop)",
             "environment": "arithmetic, one model turn per rollout, JSONL sink",
             "raw_client": "aiohttp, non-streaming chat completions, C workers over one pool",
+            "event_loop": os.environ.get("ROLLMESH_EVENT_LOOP") or "auto (uvloop when installed)",
         },
         "figures": {
             "mesh_rollouts_per_second": _stats(mesh_rates, "rollouts/s"),
@@ -264,4 +284,8 @@ if __name__ == "__main__":
     ap.add_argument("--rollouts", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=512)
     ap.add_argument("--trials", type=int, default=2)
-    print(json.dumps(asyncio.run(main(ap.parse_args()))))
+    ap.add_argument("--quick", action="store_true", help="3,000 rollouts, one trial")
+    args = ap.parse_args()
+    if args.quick:
+        args.rollouts, args.trials = 3_000, 1
+    print(json.dumps(asyncio.run(main(args))))

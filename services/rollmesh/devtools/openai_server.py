@@ -46,6 +46,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.server import write_port_file
 
@@ -405,13 +406,7 @@ def openai_server_process(
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    loop_factory = None
-    with contextlib.suppress(ImportError):  # uvloop when installed: the server should not be the bottleneck
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_serve(args))
+    run_server(_serve(args))  # uvloop when installed: the server should not be the bottleneck
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +9,7 @@ from rollmesh.gateway import Gateway, GatewayConfig, binding
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
+from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure, get_logger
 from rollmesh.mesh.server import MeshServer, serve
 
@@ -61,7 +61,13 @@ def main(**flags: Any) -> None:
     """`flags` (the CLI's: port, host, http_port, backend, model, replicas, base_url) override the
     environment, as `GatewayConfig.from_env` takes them."""
     configure()
-    asyncio.run(run(GatewayConfig.from_env(**flags)))
+    cfg = GatewayConfig.from_env(**flags)
+    # Ray Serve's handles run in this process with that backend: only asyncio is tested with them.
+    run_server(
+        run(cfg),
+        event_loop=cfg.server.event_loop,
+        uvloop_ok=all(m.backend != "ray-serve" for m in cfg.models),
+    )
 
 
 if __name__ == "__main__":

@@ -62,6 +62,13 @@ def parse_address(name: str, raw: str) -> str:
     return value
 
 
+def parse_event_loop(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "uvloop", "asyncio"):
+        raise ConfigError(f"{name}={raw!r} is not an event loop: use auto, uvloop or asyncio")
+    return value
+
+
 def parse_str(name: str, raw: str) -> str:
     del name
     return raw
@@ -136,6 +143,13 @@ ENV_VARS: dict[str, EnvVar] = {
             300.0,
             parse_float,
             "`rollmesh up`: the window (seconds) ROLLMESH_RESTART_MAX counts over; then it gives up.",
+        ),
+        EnvVar(
+            "ROLLMESH_EVENT_LOOP",
+            "auto",
+            parse_event_loop,
+            "Servers' event loop: auto (uvloop when installed, but asyncio for the verifier and a "
+            "ray-serve gateway), uvloop or asyncio.",
         ),
         EnvVar("ROLLMESH_BIND_HOST", "127.0.0.1", parse_str, "Host servers bind; 0.0.0.0 only when asked."),
         EnvVar("ROLLMESH_GRACE_SECONDS", 10.0, parse_float, "Seconds to drain RPCs on SIGTERM."),
@@ -365,6 +379,7 @@ class ServerConfig:
     port: int = 0
     api_key: str = ""
     grace_seconds: float = 10.0
+    event_loop: str = "auto"  # ROLLMESH_EVENT_LOOP: what `mesh.aio.run_server` runs the process on
 
     @property
     def address(self) -> str:
@@ -385,4 +400,5 @@ class ServerConfig:
             port=addr_port if port is None else port,
             api_key=str(read("ROLLMESH_API_KEY", environ)),
             grace_seconds=float(read("ROLLMESH_GRACE_SECONDS", environ)),
+            event_loop=str(read("ROLLMESH_EVENT_LOOP", environ)),
         )

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-
+from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import serve
 from rollmesh.registry import Catalog, RegistryConfig, binding, install_sys_path
@@ -14,7 +13,7 @@ def main(port: int | None = None, host: str | None = None) -> None:
     cfg = RegistryConfig.from_env(port=port, host=host)
     catalog = Catalog.from_config(cfg.roots)
     install_sys_path(catalog.roots)
-    asyncio.run(serve([binding(catalog)], cfg.server))
+    run_server(serve([binding(catalog)], cfg.server), event_loop=cfg.server.event_loop)
 
 
 if __name__ == "__main__":

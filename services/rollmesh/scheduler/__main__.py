@@ -8,8 +8,8 @@ there, so a parent process needs no free-port guessing.
 from __future__ import annotations
 
 import argparse
-import asyncio
 
+from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import serve
 from rollmesh.registry import Catalog
@@ -41,7 +41,7 @@ async def _serve(cfg: SchedulerConfig) -> None:
 def main(port: int | None = None, host: str | None = None, output_dir: str | None = None) -> None:
     configure()
     cfg = SchedulerConfig.from_env(port=port, host=host, output_dir=output_dir)
-    asyncio.run(_serve(cfg))
+    run_server(_serve(cfg), event_loop=cfg.server.event_loop)
 
 
 if __name__ == "__main__":

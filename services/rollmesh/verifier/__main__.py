@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import serve
 from rollmesh.registry import Catalog, install_sys_path
@@ -26,7 +27,9 @@ async def _run(cfg: VerifierConfig) -> None:
 def main(port: int | None = None, host: str | None = None) -> None:
     configure()
     cfg = VerifierConfig.from_env(port=port, host=host)
-    asyncio.run(_run(cfg))
+    # Always asyncio: the code sandbox's supervision relies on asyncio's subprocess pipes (uvloop
+    # raises on a write to a pipe the child closed, and owns the reply pipe's fd differently).
+    run_server(_run(cfg), event_loop="asyncio")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,47 @@
+"""`mesh.aio.run_server` runs a server on the loop ROLLMESH_EVENT_LOOP names (uvloop when installed and
+the process allows it), and the variable is parsed strictly."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+
+from rollmesh.mesh.aio import run_server
+from rollmesh.mesh.config import ConfigError, ServerConfig
+
+HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
+
+
+async def _loop_module() -> str:
+    return type(asyncio.get_running_loop()).__module__
+
+
+@pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed in this environment")
+def test_auto_and_uvloop_run_on_uvloop() -> None:
+    assert run_server(_loop_module()).startswith("uvloop")
+    assert run_server(_loop_module(), event_loop="uvloop").startswith("uvloop")
+
+
+def test_asyncio_when_asked_or_when_the_process_does_not_allow_uvloop() -> None:
+    assert run_server(_loop_module(), event_loop="asyncio").startswith("asyncio")
+    assert run_server(_loop_module(), event_loop="auto", uvloop_ok=False).startswith("asyncio")
+
+
+def test_the_result_comes_back() -> None:
+    async def answer() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    assert run_server(answer(), event_loop="asyncio") == 42
+
+
+def test_event_loop_variable() -> None:
+    assert ServerConfig.from_env("scheduler", environ={}).event_loop == "auto"
+    assert (
+        ServerConfig.from_env("scheduler", environ={"ROLLMESH_EVENT_LOOP": " AsyncIO "}).event_loop
+        == "asyncio"
+    )
+    with pytest.raises(ConfigError, match="ROLLMESH_EVENT_LOOP='trio'"):
+        ServerConfig.from_env("scheduler", environ={"ROLLMESH_EVENT_LOOP": "trio"})
