@@ -56,6 +56,25 @@ async def test_a_call_past_the_deadline_is_cut_and_one_hung_before_the_estimate_
         await _call(d, 3600)
 
 
+async def test_calls_in_flight_are_re_timed_only_when_the_estimate_moves_by_over_a_quarter() -> None:
+    d = AdaptiveDeadline(multiplier=1, floor_s=0.01, ceiling_s=600, warmup=20)
+    for _ in range(20):
+        d._observe(10.0)  # the first estimate: 10 s
+    in_flight = asyncio.create_task(_call(d, 3600))
+    await asyncio.sleep(0)
+    ((start, _, cm),) = d._active.values()
+    assert cm.when() == pytest.approx(start + 10.0)
+    d._set(11.0)  # a small move: new calls only
+    assert d.current_s == 11.0 and cm.when() == pytest.approx(start + 10.0)
+    d._set(5.0)  # half: the call in flight is re-timed from its own start
+    assert cm.when() == pytest.approx(start + 5.0)
+    d._set(30.0)  # the model got slower: extended too
+    assert cm.when() == pytest.approx(start + 30.0)
+    in_flight.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await in_flight
+
+
 async def test_many_timeouts_mean_the_model_got_slower_and_the_deadline_grows() -> None:
     d = AdaptiveDeadline(multiplier=2, floor_s=0.02, ceiling_s=60, warmup=20)
     for _ in range(20):

@@ -21,11 +21,20 @@ from rollmesh_client._errors import (
 from rollmesh_client._gateway import GatewayClient, generate_mux
 from rollmesh_client._registry import RegistryClient
 from rollmesh_client._scheduler import JobHandle, SchedulerClient
-from rollmesh_client._streams import Multiplexed, call_many, max_item_bytes
+from rollmesh_client._streams import (
+    BATCH_METADATA,
+    Multiplexed,
+    batch_messages,
+    call_many,
+    items_of,
+    max_item_bytes,
+    says_batches,
+)
 from rollmesh_client._sync import SyncClient
 from rollmesh_client._verifier import VerifierClient, verify_mux
 
 __all__ = [
+    "BATCH_METADATA",
     "AlreadyExistsError",
     "CancelledError",
     "Client",
@@ -47,13 +56,16 @@ __all__ = [
     "UnavailableError",
     "VerifierClient",
     "aio_channel",
+    "batch_messages",
     "call_many",
     "default_address",
     "from_grpc_error",
     "from_status",
     "generate_mux",
+    "items_of",
     "max_item_bytes",
     "max_message_bytes",
+    "says_batches",
     "unary_call",
     "verify_mux",
 ]

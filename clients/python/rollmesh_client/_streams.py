@@ -15,6 +15,11 @@ as answers (or per-item errors, typed by `from_status`) come back in completion 
   UNAVAILABLE (retry policies retry it) and the next call opens a new stream. A stream-level
   INTERNAL/UNKNOWN/CANCELLED is a broken transport too (grpc reports "Internal error from Core"
   when the peer ends the call while a message is being written): application errors come per item.
+- Batches: a message may carry many items in its `batch` field (the RPC's own message type, its
+  other fields then unused). A client asks for batched answers with the call metadata
+  `rollmesh-batch: 1` (`BATCH_METADATA`); a server that reads batches says so with the same pair in
+  its initial metadata, and only then does the writer coalesce the items waiting in its outbox into
+  one message (never over the message limit; nothing waits to fill a batch). `items_of` unpacks.
 - Before its first stream, a `Multiplexed` asks the peer whether it will take the method at all: an
   empty stream, half-closed at once, ends OK, or with the refusal (UNIMPLEMENTED, UNAUTHENTICATED,
   PERMISSION_DENIED ...) that the first real stream would race against its writes. Calls to a peer
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -46,8 +51,15 @@ _BROKEN_TRANSPORT = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.Sta
 _NOT_A_REFUSAL = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, *_BROKEN_TRANSPORT}
 # Room for the stream's own framing around an item (id, deadline, field tags).
 _ITEM_OVERHEAD_BYTES = 1024
+# Items one batch message carries at most, and the framing each adds inside it (tag + length).
+_BATCH_MAX_ITEMS = 512
+_BATCH_ITEM_FRAMING = 8
+
+#: The metadata pair both ends of a multiplexed stream send to say they read and write batches.
+BATCH_METADATA = ("rollmesh-batch", "1")
 
 Req = TypeVar("Req")
+M = TypeVar("M")  # a stream message type with a `batch` field
 Resp = TypeVar("Resp")
 Out = TypeVar("Out")
 
@@ -55,6 +67,42 @@ Out = TypeVar("Out")
 MakeItem = Callable[[str, Any, float], Req]
 #: A stream's response message -> (id, answer or its typed error).
 ReadAnswer = Callable[[Resp], tuple[str, Out | RollmeshClientError]]
+
+
+def items_of(message: M) -> Sequence[M]:
+    """The items a stream message carries: its `batch` when that is set, else the message itself."""
+    batch: Sequence[M] = message.batch  # type: ignore[attr-defined]
+    return batch if len(batch) else (message,)
+
+
+def says_batches(metadata: Iterable[tuple[str, Any]] | None) -> bool:
+    """Does this metadata (a call's, or a stream's initial metadata) carry `BATCH_METADATA`?"""
+    return any((key, value) == BATCH_METADATA for key, value in metadata or ())
+
+
+def batch_messages(messages: Sequence[M], sizes: Sequence[int], limit: int) -> list[M]:
+    """`messages` as few batch messages as the message limit allows (`sizes`: each one's ByteSize);
+    one message stays itself. Keeps the order."""
+    out: list[M] = []
+    group: list[M] = []
+    total = 0
+    for message, size in zip(messages, sizes, strict=True):
+        if group and (total + size + _BATCH_ITEM_FRAMING > limit or len(group) >= _BATCH_MAX_ITEMS):
+            out.append(_envelope(group))
+            group, total = [], 0
+        group.append(message)
+        total += size + _BATCH_ITEM_FRAMING
+    if group:
+        out.append(_envelope(group))
+    return out
+
+
+def _envelope(group: list[M]) -> M:
+    if len(group) == 1:
+        return group[0]
+    kind: Any = type(group[0])
+    envelope: M = kind(batch=group)
+    return envelope
 
 
 def max_item_bytes() -> int:
@@ -78,6 +126,10 @@ def too_large(what: str, size: int, limit: int) -> InvalidArgumentError:
         reason="MESSAGE_TOO_LARGE",
         metadata={"size": str(size), "limit": str(limit)},
     )
+
+
+#: A stream's queue of items to write, each with its ByteSize; None half-closes the stream.
+_Outbox = asyncio.Queue[tuple[Req, int] | None]
 
 
 @dataclass(frozen=True)
@@ -108,9 +160,10 @@ class Multiplexed(Generic[Req, Resp, Out]):
         self._make_cancel = make_cancel
         self._what = what
         self._limit = max_item_bytes()
+        self._batch_limit = max_message_bytes()
         self._ids = itertools.count()
         self._pending: dict[str, asyncio.Future[Any]] = {}
-        self._outbox: asyncio.Queue[Req | None] | None = None
+        self._outbox: _Outbox[Req] | None = None
         self._readers: set[asyncio.Task[None]] = set()  # one per stream still being read
         self._probe: asyncio.Future[RollmeshClientError | None] | None = None
         self._unimplemented: RollmeshClientError | None = None
@@ -144,7 +197,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
         outbox = self._outbox if self._outbox is not None else self._open()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[item_id] = fut
-        outbox.put_nowait(item)
+        outbox.put_nowait((item, size))
         return Sent(item_id, fut, outbox)
 
     async def wait(self, sent: Sent, deadline_s: float) -> Out | RollmeshClientError:
@@ -218,31 +271,50 @@ class Multiplexed(Generic[Req, Resp, Out]):
         # Our own wait cancels the future too (deadline, caller cancelled): only an answer counts.
         answered = fut is not None and fut.done() and not fut.cancelled()
         if self._make_cancel is not None and not answered and self._outbox is sent.outbox:
-            sent.outbox.put_nowait(self._make_cancel(sent.item_id))
+            cancel = self._make_cancel(sent.item_id)
+            sent.outbox.put_nowait((cancel, cancel.ByteSize()))  # type: ignore[attr-defined]
 
-    def _open(self) -> asyncio.Queue[Req | None]:
-        outbox: asyncio.Queue[Req | None] = asyncio.Queue()
+    def _open(self) -> _Outbox[Req]:
+        outbox: _Outbox[Req] = asyncio.Queue()
         self._outbox = outbox
         reader = asyncio.create_task(self._run(outbox), name=f"{self._what}-stream")
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
         return outbox
 
-    async def _run(self, outbox: asyncio.Queue[Req | None]) -> None:
-        async def requests() -> AsyncIterator[Req]:
-            while (item := await outbox.get()) is not None:
-                yield item
+    async def _run(self, outbox: _Outbox[Req]) -> None:
+        batches = False  # the peer said (initial metadata) that it reads batches
 
-        call = self._open_call(requests())
+        async def requests() -> AsyncIterator[Req]:
+            while (first := await outbox.get()) is not None:
+                if not batches or outbox.empty():
+                    yield first[0]
+                    continue
+                items, sizes, more = [first[0]], [first[1]], True
+                while more and not outbox.empty() and len(items) < _BATCH_MAX_ITEMS:
+                    nxt = outbox.get_nowait()
+                    if nxt is None:
+                        more = False  # half-close once these are written
+                    else:
+                        items.append(nxt[0])
+                        sizes.append(nxt[1])
+                for message in batch_messages(items, sizes, self._batch_limit):
+                    yield message
+                if not more:
+                    return
+
+        call = self._open_call(requests(), metadata=(BATCH_METADATA,))
         error: RollmeshClientError = UnavailableError(
             f"the peer ended the {self._what} stream", code=grpc.StatusCode.UNAVAILABLE
         )
         try:
+            batches = says_batches(await call.initial_metadata())
             async for resp in call:
-                item_id, answer = self._read_answer(resp)
-                fut = self._pending.get(item_id)
-                if fut is not None and not fut.done():  # else its caller gave up (deadline, cancel)
-                    fut.set_result(answer)
+                for one in items_of(resp):
+                    item_id, answer = self._read_answer(one)
+                    fut = self._pending.get(item_id)
+                    if fut is not None and not fut.done():  # else its caller gave up (deadline, cancel)
+                        fut.set_result(answer)
         except grpc.aio.AioRpcError as exc:
             error = from_grpc_error(exc)
             if exc.code() in _BROKEN_TRANSPORT:

@@ -9,7 +9,14 @@ from typing import Any
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.types import GenerateResult
-from rollmesh.mesh.multiplex import Item, ItemMessages, run_multiplexed
+from rollmesh.mesh.multiplex import (
+    Item,
+    ItemMessages,
+    answer_messages,
+    open_batches,
+    run_multiplexed_batches,
+    stream_items,
+)
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
@@ -48,8 +55,10 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
     async def GenerateMany(
         self, request_iterator: AsyncIterator[pb.GenerateManyRequest], context: Any
     ) -> AsyncIterator[pb.GenerateManyResponse]:
+        batched = await open_batches(context)
+
         async def items() -> AsyncIterator[Item[GenerateResult]]:
-            async for req in request_iterator:
+            async for req in stream_items(request_iterator):
                 if req.WhichOneof("item") == "request":
                     inp = convert.generate_from_pb(req.request)
                     timeout = req.timeout_s if req.timeout_s > 0 else None
@@ -58,8 +67,9 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
                     yield Item(req.id)
 
         messages = ItemMessages("generate", pb.GenerateManyResponse, "response", convert.result_to_pb)
-        async for item_id, outcome in run_multiplexed(items(), limit=MANY_CONCURRENCY, what="generate"):
-            yield messages(item_id, outcome)
+        outcomes = run_multiplexed_batches(items(), limit=MANY_CONCURRENCY, what="generate")
+        async for message in answer_messages(outcomes, messages, batched=batched):
+            yield message
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()

@@ -6,20 +6,25 @@ carry the caller's id; they run concurrently, at most `limit` at once, and resul
 completion order with that id. A per-item failure is that item's result (the stream goes on).
 `ItemMessages` keeps it so for answers too: one larger than the message limit would break the write
 and so the whole stream; it becomes that item's RESOURCE_EXHAUSTED (reason MESSAGE_TOO_LARGE).
+
+Batches (the SDK's contract, rollmesh_client/_streams.py): `open_batches` tells the caller in the
+initial metadata that this server reads batch messages (`stream_items` unpacks them) and says whether
+the caller wants its answers batched; `answer_messages` then writes every result ready at once
+(`run_multiplexed_batches`) as few messages as the limit allows, instead of one message per item.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
 
 from rollmesh.mesh.errors import Internal, ResourceExhausted, RollmeshError, to_status
 from rollmesh.mesh.logging import get_logger
-from rollmesh_client import max_message_bytes
+from rollmesh_client import BATCH_METADATA, batch_messages, items_of, max_message_bytes, says_batches
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
@@ -53,19 +58,60 @@ class ItemMessages(Generic[T, M]):
         return self._message_class(id=item_id, error=to_status(exc))
 
     def __call__(self, item_id: str, outcome: T | RollmeshError) -> M:
+        return self.sized(item_id, outcome)[0]
+
+    def sized(self, item_id: str, outcome: T | RollmeshError) -> tuple[M, int]:
+        """The message and its ByteSize."""
         if isinstance(outcome, RollmeshError):
-            return self._error(item_id, outcome)
+            message = self._error(item_id, outcome)
+            return message, message.ByteSize()
         message = self._message_class(id=item_id, **{self._answer_field: self._to_pb(outcome)})
         size = message.ByteSize()
         if size <= self.limit:
-            return message
+            return message, size
         too_large = ResourceExhausted(
             f"the {self.what} answer is {size:,} bytes, over the {self.limit:,}-byte gRPC message limit "
             "(set ROLLMESH_MAX_MESSAGE_MB to raise it)",
             reason="MESSAGE_TOO_LARGE",
             metadata={"size": str(size), "limit": str(self.limit)},
         )
-        return self._error(item_id, too_large)
+        message = self._error(item_id, too_large)
+        return message, message.ByteSize()
+
+    def batched(self, outcomes: Sequence[tuple[str, T | RollmeshError]]) -> list[M]:
+        """The outcomes as few batch messages as the message limit allows."""
+        sized = [self.sized(item_id, outcome) for item_id, outcome in outcomes]
+        return batch_messages([m for m, _ in sized], [n for _, n in sized], self.limit)
+
+
+async def open_batches(context: Any) -> bool:
+    """At the start of a multiplexed stream: tell the caller this server reads batch messages (initial
+    metadata), and return whether the caller asked for batched answers."""
+    await context.send_initial_metadata((BATCH_METADATA,))
+    return says_batches(context.invocation_metadata())
+
+
+async def stream_items(messages: AsyncIterator[M]) -> AsyncIterator[M]:
+    """Each item of the incoming stream, batch messages unpacked (`items_of`)."""
+    async for message in messages:
+        for item in items_of(message):
+            yield item
+
+
+async def answer_messages(
+    batches: AsyncIterator[Sequence[tuple[str, T | RollmeshError]]],
+    messages: ItemMessages[T, M],
+    *,
+    batched: bool,
+) -> AsyncIterator[M]:
+    """The stream's answers: per batch of ready outcomes, batch messages (`batched`) or one each."""
+    async for outcomes in batches:
+        if batched:
+            for message in messages.batched(outcomes):
+                yield message
+        else:
+            for item_id, outcome in outcomes:
+                yield messages(item_id, outcome)
 
 
 async def run_multiplexed(
@@ -74,6 +120,16 @@ async def run_multiplexed(
     """Run the items' work concurrently (at most `limit`), yielding (id, result or error) in
     completion order. A slow reader slows intake: a slot frees only when its result was taken.
     A cancelled item yields nothing. Only a failing input stream ends the output (re-raised)."""
+    async for batch in run_multiplexed_batches(items, limit=limit, what=what):
+        for got in batch:
+            yield got
+
+
+async def run_multiplexed_batches(
+    items: AsyncIterator[Item[T]], *, limit: int, what: str = "item"
+) -> AsyncIterator[list[tuple[str, T | RollmeshError]]]:
+    """As `run_multiplexed`, but yielding every result ready at once as one list (never empty):
+    the slots of a list's items free when the next list is asked for."""
     slots = asyncio.Semaphore(limit)
     done: asyncio.Queue[tuple[str, T | RollmeshError] | None] = asyncio.Queue()
     running: dict[str, asyncio.Task[None]] = {}
@@ -114,9 +170,18 @@ async def run_multiplexed(
 
     reader = asyncio.create_task(read(), name=f"{what}-reader")
     try:
-        while (got := await done.get()) is not None:
-            yield got
-            slots.release()
+        ended = False
+        while not ended and (got := await done.get()) is not None:
+            batch = [got]
+            while not done.empty():
+                more = done.get_nowait()
+                if more is None:
+                    ended = True
+                    break
+                batch.append(more)
+            yield batch
+            for _ in batch:
+                slots.release()
         if reader_error:
             raise reader_error[0]
     finally:

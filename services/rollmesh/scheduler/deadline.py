@@ -8,12 +8,14 @@ call runs under `AdaptiveDeadline.guard()`, whose deadline is
 (defaults 3 x p99, floor 1 s, ceiling = `retry.rollout_timeout_s`); a rollout retried after a
 cut gets 2x, then 4x ... that deadline (`scaled`), so a legitimately long call is not cut
 forever. Until `warmup` calls have finished the deadline is the ceiling. When the estimate
-changes, calls already in flight are re-deadlined too (measured from their own start), so a call
-that hung before the first estimate is cut as soon as there is one. A call that times out raises
-`ModelCallDeadline` (DEADLINE_EXCEEDED, reason MODEL_CALL_DEADLINE: the retry policy tries the
-rollout again at once) and its latency is not a sample; when more than `TOO_MANY_TIMEOUTS` of the
-recent calls time out (the model got slower, not a few hung calls), the deadline doubles, up to
-the ceiling, until successful samples move the estimate again.
+moves by more than `RETIME_FACTOR` (a quarter) from the one calls in flight were last timed to,
+they are re-deadlined too (measured from their own start), so a call that hung before the first
+estimate is cut as soon as there is one; a smaller move applies to new calls only (re-timing each of
+hundreds of calls in flight on every estimate was the scheduler's largest CPU cost per rollout).
+A call that times out raises `ModelCallDeadline` (DEADLINE_EXCEEDED, reason MODEL_CALL_DEADLINE:
+the retry policy tries the rollout again at once) and its latency is not a sample; when more than
+`TOO_MANY_TIMEOUTS` of the recent calls time out (the model got slower, not a few hung calls), the
+deadline doubles, up to the ceiling, until successful samples move the estimate again.
 Timing uses the event loop's clock (what `asyncio.timeout` schedules on).
 """
 
@@ -35,6 +37,7 @@ _SCALE: contextvars.ContextVar[float] = contextvars.ContextVar("rollmesh_deadlin
 TOO_MANY_TIMEOUTS = 0.05  # fraction of the last OUTCOMES calls
 OUTCOMES = 200
 RECOMPUTE_EVERY = 16  # successful samples between two estimates
+RETIME_FACTOR = 1.25  # calls in flight are re-timed when the deadline moves more than this factor
 
 
 class AdaptiveDeadline:
@@ -59,6 +62,7 @@ class AdaptiveDeadline:
         self._outcomes: collections.deque[bool] = collections.deque(maxlen=OUTCOMES)  # True: timed out
         self._since_estimate = 0
         self._active: dict[int, tuple[float, float, asyncio.Timeout]] = {}
+        self._timed_to_s = ceiling_s  # the deadline calls in flight were last re-timed to
 
     @staticmethod
     @contextlib.contextmanager
@@ -128,6 +132,9 @@ class AdaptiveDeadline:
         if new == self.current_s:
             return
         self.current_s = new
+        if 1 / RETIME_FACTOR <= new / self._timed_to_s <= RETIME_FACTOR:
+            return
+        self._timed_to_s = new
         for start, scale, cm in list(self._active.values()):
             if not cm.expired():
                 cm.reschedule(start + self._bounded(new * scale))

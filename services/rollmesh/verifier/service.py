@@ -14,7 +14,7 @@ from typing import Any
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import Internal, RollmeshError
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.multiplex import Item, run_multiplexed
+from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.environment import (
@@ -267,10 +267,19 @@ class VerifierService:
         A slow reader slows intake: a slot frees only when its result has been taken.
         """
 
+        async for batch in self.verify_batches(calls, concurrency=concurrency):
+            for got in batch:
+                yield got
+
+    async def verify_batches(
+        self, calls: AsyncIterator[tuple[str, VerifyCall]], *, concurrency: int | None = None
+    ) -> AsyncIterator[list[tuple[str, VerifyResult | RollmeshError]]]:
+        """As `verify_many`, but every result ready at once comes as one list (never empty)."""
+
         async def items() -> AsyncIterator[Item[VerifyResult]]:
             async for item_id, call in calls:
                 yield Item(item_id, functools.partial(self.verify, call))
 
         limit = concurrency or self.config.batch_concurrency
-        async for got in run_multiplexed(items(), limit=limit, what="verify"):
-            yield got
+        async for batch in run_multiplexed_batches(items(), limit=limit, what="verify"):
+            yield batch

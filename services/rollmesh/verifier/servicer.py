@@ -7,7 +7,7 @@ from typing import Any
 
 from rollmesh.mesh import chat
 from rollmesh.mesh.errors import InvalidArgument
-from rollmesh.mesh.multiplex import ItemMessages
+from rollmesh.mesh.multiplex import ItemMessages, answer_messages, open_batches, stream_items
 from rollmesh.mesh.paging import page
 from rollmesh.verifier import convert
 from rollmesh.verifier.service import VerifierService, VerifyCall
@@ -61,10 +61,12 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
     async def VerifyBatch(
         self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any
     ) -> AsyncIterator[pb.VerifyBatchResponse]:
+        batched = await open_batches(context)
+
         async def calls() -> AsyncIterator[tuple[str, VerifyCall]]:
-            async for req in request_iterator:
+            async for req in stream_items(request_iterator):
                 yield req.id, convert.verify_call_from_pb(req.request)
 
         messages = ItemMessages("verify", pb.VerifyBatchResponse, "result", convert.result_to_pb)
-        async for item_id, outcome in self._svc.verify_many(calls()):
-            yield messages(item_id, outcome)
+        async for message in answer_messages(self._svc.verify_batches(calls()), messages, batched=batched):
+            yield message

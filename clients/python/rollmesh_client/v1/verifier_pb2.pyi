@@ -454,19 +454,27 @@ class VerifyBatchRequest(_message.Message):
 
     ID_FIELD_NUMBER: _builtins.int
     REQUEST_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Caller's id for matching the answer."""
     @_builtins.property
     def request(self) -> Global___VerifyRequest: ...
+    @_builtins.property
+    def batch(self) -> _containers.RepeatedCompositeFieldContainer[Global___VerifyBatchRequest]:
+        """A batch: when set, this message only carries these items (its own fields are ignored). The same
+        contract as GenerateManyRequest.batch, `rollmesh-batch: 1` metadata included.
+        """
+
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         request: Global___VerifyRequest | None = ...,
+        batch: _abc.Iterable[Global___VerifyBatchRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "id", b"id", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -479,6 +487,7 @@ class VerifyBatchResponse(_message.Message):
     ID_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     @_builtins.property
     def result(self) -> Global___VerifyResult: ...
@@ -486,16 +495,21 @@ class VerifyBatchResponse(_message.Message):
     def error(self) -> _status_pb2.Status:
         """Why this item failed; the stream goes on."""
 
+    @_builtins.property
+    def batch(self) -> _containers.RepeatedCompositeFieldContainer[Global___VerifyBatchResponse]:
+        """A batch of answers (see VerifyBatchRequest.batch); when set, this message's own fields are unused."""
+
     def __init__(
         self,
         *,
         id: _builtins.str = ...,
         result: Global___VerifyResult | None = ...,
         error: _status_pb2.Status | None = ...,
+        batch: _abc.Iterable[Global___VerifyBatchResponse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "id", b"id", "outcome", b"outcome", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "error", b"error", "id", b"id", "outcome", b"outcome", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["result", "error"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
