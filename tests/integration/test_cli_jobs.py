@@ -64,6 +64,22 @@ async def test_submit_wait_and_run_scheduler_share_options_and_resume(
         code, _, err = await run_cli("run", *job_flags, "--resume", "--job-id", first, "--scheduler", address)
         assert code == 2 and "give one" in err  # one way to say which job to resume
 
+        # --job-id with flags naming other rollouts (another dataset, more repeats) is refused in one
+        # line: the job's folder would mix two jobs' rows under one set of keys
+        other = Rows.arithmetic(3).write(tmp_path / "other.jsonl")
+        for changed in (["-d", str(other)], ["-n", "5"]):
+            flags = [*job_flags, *changed, "--seed", "7"]
+            code, _, err = await run_cli("run", *flags, "--job-id", first, "--scheduler", address)
+            errors = [line for line in err.splitlines() if line.startswith("error:")]
+            assert code == 2 and len(errors) == 1 and "RESUME_SPEC_MISMATCH" in errors[0], err
+            assert "Traceback" not in err
+        check_exactly_once(tmp_path / "runs" / first, expected_keys(6, 2))  # untouched
+        # the same settings resume it (nothing left to run)
+        code, _, err = await run_cli(
+            "run", *job_flags, "--seed", "7", "--job-id", first, "--scheduler", address
+        )
+        assert code == 0, err
+
 
 async def test_run_survives_telling_a_scheduler_crash_then_the_printed_command_finishes_it(
     start_server: StartServer, tmp_path: Path

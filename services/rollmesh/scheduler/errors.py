@@ -59,6 +59,13 @@ class JobRunning(mesh.FailedPrecondition):
     reason = "JOB_RUNNING"
 
 
+class ResumeMismatch(mesh.FailedPrecondition):
+    """Resuming a job with settings that ask for other rollouts (another dataset, limit, repeats,
+    sampling ...): its folder would mix two jobs' rows under one set of keys."""
+
+    reason = "RESUME_SPEC_MISMATCH"
+
+
 class OffsetExpired(mesh.FailedPrecondition):
     """StreamRollouts asked for an offset no longer held in memory and the sink keeps no file."""
 

@@ -34,6 +34,7 @@ from rollmesh.scheduler.errors import (
     JobRunning,
     OffsetExpired,
     RequestIdReused,
+    ResumeMismatch,
 )
 from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.metrics import compute
@@ -158,6 +159,20 @@ class JobRecord:
         }
 
 
+def _check_same_rollouts(job_id: str, stored: JobSpec, asked: JobSpec) -> None:
+    """Refuse to resume `job_id` (which ran `stored`) with settings `asked` that name other rollouts."""
+    theirs, mine = store.identity(stored), store.identity(asked)
+    differ = [k for k in store.IDENTITY_FIELDS if theirs[k] != mine[k]]
+    if differ:
+        what = "; ".join(f"{k}: {theirs[k]!r} there, {mine[k]!r} here" for k in differ)
+        raise ResumeMismatch(
+            f"job {job_id} ran other rollouts than these settings ask for ({what}). Resume it with its "
+            f"own settings (`rollmesh run --job-id {job_id} --output-dir {asked.effective_output_dir}` "
+            "and no dataset flags), or start a new job without --job-id",
+            metadata={"job_id": job_id, "fields": ",".join(differ)},
+        )
+
+
 def resume_hint(job_id: str, output_dir: str | Path) -> str:
     """How a user resumes a job, in CLI flags (the API field is JobSpec.resume_job_id)."""
     return f"resume it with `rollmesh run --job-id {job_id} --output-dir {output_dir}`"
@@ -257,6 +272,8 @@ class JobManager:
             store.read_json, Path(spec.effective_output_dir) / job_id / store.JOB
         )
         if spec.dataset or spec.benchmark:
+            if stored is not None:
+                _check_same_rollouts(job_id, JobSpec.from_json(stored.get("spec") or {}), spec)
             return job_id, spec
         if stored is None:
             raise JobNotFound(
