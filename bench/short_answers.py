@@ -116,7 +116,8 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     async with embedded_mesh(cfg, output_dir=str(out_dir), on_phase=phase) as mesh:
         ready_s = round(time.perf_counter() - t0, 1)
         started = events.events.get("serving_started", {})
-        stats = await serve.get_app_handle(str(started.get("app"))).stats.remote()
+        replica = serve.get_app_handle(str(started.get("app")))
+        stats = await replica.stats.remote()
         async with await Client.connect(**mesh.addresses, timeout_s=600) as c:
             t1 = time.perf_counter()
             await c.gateway.generate(
@@ -133,8 +134,15 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             cpu0 = _cpu_by_process()
             t2 = time.perf_counter()
             handle = await c.scheduler.submit(job_spec)
-            job = await handle.result(poll_s=0.2, timeout_s=3600)
+            in_flight: list[int] = []
+            sampler = asyncio.create_task(_sample_in_flight(replica, in_flight))
+            try:
+                job = await handle.result(poll_s=0.2, timeout_s=3600)
+            finally:
+                sampler.cancel()
             elapsed = time.perf_counter() - t2
+            cpu_ms = _cpu_ms_per_item(cpu0, job.progress.succeeded)  # while the replica still runs
+            await asyncio.gather(sampler, return_exceptions=True)
     done = job.progress.succeeded
     return {
         "state": pb.JobState.Name(job.state),
@@ -142,14 +150,16 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
         "failed": job.progress.failed,
         "seconds": round(elapsed, 2),
         "rollouts_per_s": round(done / elapsed, 1),
-        "cpu_ms_per_rollout": _cpu_ms_per_item(cpu0, done),
+        "cpu_ms_per_rollout": cpu_ms,
+        "replica_in_flight": _summary(in_flight),
         "rollouts_file": str(out_dir / job.job_id / "rollouts.jsonl"),
         "startup_s": {
             "ready": ready_s,
+            # These two run while the model backend starts (launch/embedded.py).
             "registry_and_environments": round(
                 phases.get("starting registry", 0.0) + phases.get("loading environments", 0.0), 1
             ),
-            "model_backend": phases.get("starting model backend (Ray Serve + vLLM can take a minute on CPU)"),
+            "then_waiting_for_model_backend": phases.get("waiting for the model backend"),
             "ray": started.get("ray"),
             "serve_replicas": started.get("replicas"),
             "replica_engine_load": stats.get("engine_load_s"),
@@ -157,6 +167,19 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             "first_token_cold": first_token_s,
         },
     }
+
+
+async def _sample_in_flight(replica: Any, samples: list[int], period_s: float = 0.25) -> None:
+    """Appends the replica's requests in its engine (running or waiting) until cancelled."""
+    while True:
+        stats = await replica.stats.remote()
+        samples.append(int(stats["engine_unfinished"]))
+        await asyncio.sleep(period_s)
+
+
+def _summary(samples: list[int]) -> dict[str, float]:
+    busy = [n for n in samples if n > 0] or [0]
+    return {"mean_while_busy": round(sum(busy) / len(busy), 1), "max": max(busy), "samples": len(samples)}
 
 
 def _requests(rollouts_file: Path) -> list[tuple[list[int], int]]:
@@ -174,9 +197,16 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from rollmesh.serving.config import ServingConfig
+    from rollmesh.serving.deployment import engine_kwargs
+
     requests = _requests(Path(args.offline_from))
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, seed=0, disable_log_stats=True, enable_prefix_caching=True)
+    # Exactly the replica's engine arguments (dtype, eager mode, prefix caching, seed).
+    serving = ServingConfig(
+        model_path=args.model, replica_cpus=args.replica_cpus, kvcache_gib=args.kvcache_gib
+    )
+    llm = LLM(**engine_kwargs(serving))
     load_s = round(time.perf_counter() - t0, 1)
     inputs = [TokensPrompt(prompt_token_ids=p) for p, _ in requests]
     params = [

@@ -226,6 +226,23 @@ async def test_aimd_limiter_grows_when_flat_and_backs_off_when_queueing() -> Non
     assert lim.limit <= 64
 
 
+async def test_aimd_limiter_doubles_until_the_first_cut_then_adds() -> None:
+    lim = Limiter(16, adaptive=True, max_limit=1024)
+    seen = [lim.limit]
+    for _ in range(4):
+        for _ in range(lim.limit):  # one window: min(limit, 256) turns
+            lim.observe(0.1)
+        seen.append(lim.limit)
+    assert seen == [16, 32, 64, 128, 256]  # 496 flat turns reach 256 in flight
+    for _ in range(256):
+        lim.observe(1.0)  # queueing: cut, and slow start is over
+    cut = lim.limit
+    assert cut == int(256 * 0.7)
+    for _ in range(cut):
+        lim.observe(0.1)
+    assert lim.limit == cut + int(cut**0.5)  # additive from now on
+
+
 async def test_token_records_are_validated_and_a_drifted_one_fails_its_rollout(tmp_path: Path) -> None:
     from rollmesh.scheduler.tokens import build_token_record
 

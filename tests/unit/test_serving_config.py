@@ -49,13 +49,16 @@ def test_cpu_replica_gets_threads_and_kv_cache_gpu_replica_gets_tp() -> None:
         "VLLM_CPU_KVCACHE_SPACE": "3",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "2",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the one worker runs in the engine core process
     }
     assert "gpu_memory_utilization" not in engine_kwargs(cpu)
+    assert engine_kwargs(cpu)["enforce_eager"] is True  # no inductor compile at load on CPU
     gpu = ServingConfig(model_path="/m", replica_gpus=2, tensor_parallel_size=2, max_model_len=512)
     kwargs = engine_kwargs(gpu)
     assert gpu.device == "cuda"
     assert kwargs["tensor_parallel_size"] == 2 and kwargs["distributed_executor_backend"] == "mp"
     assert kwargs["max_model_len"] == 512
+    assert "enforce_eager" not in kwargs and "VLLM_ENABLE_V1_MULTIPROCESSING" not in replica_env(gpu)
 
 
 def test_app_name_is_unique_per_gateway_unless_given() -> None:

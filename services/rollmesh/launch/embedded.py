@@ -56,7 +56,7 @@ def backend_phase(gateway_cfg: GatewayConfig) -> str:
     parts = []
     for m in gateway_cfg.models:
         if m.backend == "ray-serve":
-            parts.append(f"{m.name}: Ray Serve + vLLM, can take a minute on CPU")
+            parts.append(f"{m.name}: Ray Serve + vLLM, 30-60 s on CPU")
         elif m.backend == "openai":
             parts.append(f"{m.name}: OpenAI-compatible server at {m.base_url}")
         else:
@@ -73,7 +73,10 @@ async def embedded_mesh(
     roots: RootsConfig | None = None,
     on_phase: Callable[[str], Awaitable[None] | None] | None = None,
 ) -> AsyncIterator[EmbeddedMesh]:
-    """Start registry, gateway (+ backends), verifier and scheduler; stop them all on exit."""
+    """Start registry, gateway (+ backends), verifier and scheduler; stop them all on exit.
+
+    The model backends start first, in the background, while the registry comes up; the gateway
+    serves once they are up. `on_phase` hears each step as it starts."""
 
     async def phase(text: str) -> None:
         if on_phase is not None:
@@ -86,14 +89,21 @@ async def embedded_mesh(
     catalog = Catalog.from_config(roots_cfg)
     install_sys_path(catalog.roots)
     async with AsyncExitStack() as stack:
-        await phase("starting registry")
-        await _start(stack, mesh, "registry", registry_binding(catalog), api_key)
-
+        # The model backend (Ray, replicas, engine load) takes longest: it starts first.
         await phase(backend_phase(gateway_cfg))
         backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
         gateway = Gateway.from_config(gateway_cfg, backends, backend_factory=create_backend)
         stack.push_async_callback(gateway.shutdown)
-        await gateway.start()
+        backend_up = asyncio.create_task(gateway.start(), name="embedded-gateway-start")
+        try:
+            await phase("starting registry")
+            await _start(stack, mesh, "registry", registry_binding(catalog), api_key)
+            await phase("waiting for the model backend")
+            await backend_up
+        finally:
+            if not backend_up.done():
+                backend_up.cancel()
+            await asyncio.wait([backend_up])
         await _start(stack, mesh, "gateway", gateway_binding(gateway), api_key)
 
         await phase("loading environments")

@@ -1,8 +1,10 @@
 """The bound on rollouts in flight: fixed, or adaptive (AIMD on the gateway's latency).
 
 Adaptive: every `window` model turns, compare the window's mean latency to the best window seen.
-Flat (within `tolerance` x best) -> raise the limit additively; queueing (above it) -> cut it
-multiplicatively. Always within [min_limit, max_limit].
+Flat (within `tolerance` x best) -> raise the limit; queueing (above it) -> cut it multiplicatively.
+Raising doubles the limit until the first cut (slow start, as TCP does: a batching engine such as
+vLLM needs hundreds of requests in flight, which additive steps from 16 reach only after thousands
+of turns), then adds sqrt(limit). Always within [min_limit, max_limit].
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Limiter:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._samples: list[float] = []
         self._best: float | None = None
+        self._slow_start = True  # doubling until the first cut
 
     async def acquire(self) -> None:
         while self.in_use >= self.limit:
@@ -71,9 +74,10 @@ class Limiter:
         if self._best is None or mean < self._best:
             self._best = mean
         if mean <= self._best * self.tolerance:
-            step = max(1, int(math.sqrt(self.limit)))
+            step = self.limit if self._slow_start else max(1, int(math.sqrt(self.limit)))
             self.limit = min(self.max_limit, self.limit + step)
         else:
+            self._slow_start = False
             self.limit = max(self.min_limit, int(self.limit * self.decrease))
             # The baseline drifts up slowly so a permanently slower backend is not punished forever.
             self._best *= 1.05

@@ -13,6 +13,10 @@ checkpoint folder at once (each through vLLM's `reload_weights`); when one fails
 reloaded from the previous folder and `WeightLoadFailed` names the failures, so the model never
 serves mixed weights. The folder must be readable on every replica's host (shared filesystem).
 
+Whole-output requests without a session (`stream=False`, no `session_id`: single-turn rollouts)
+travel to the replicas in micro-batches, one Serve call for many (batching.py); the rest go one call
+each. Abort, cancellation and failover behave the same on both paths.
+
 Failover: a request whose replica dies before the first token is streamed is retried once on
 another replica (`avoid_replica`); after a token has been streamed, or when the retry fails too,
 `BackendUnavailable` is raised. Serve replaces dead replicas on its own; `replicas()` shows them.
@@ -37,6 +41,7 @@ from rollmesh.gateway.backends.base import (
 from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
+from rollmesh.serving.batching import Batcher, BatchItem, BatchItemFailed, BatchReport, Ticket
 from rollmesh.serving.cluster import ServingCluster
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.errors import EngineRejected, RequestRejected
@@ -66,6 +71,9 @@ class RayServeBackend(ModelBackend):
         self._handle: Any = None
         self._where: dict[str, str] = {}  # request id -> replica id, while streaming
         self._streams: dict[str, Any] = {}  # request id -> DeploymentResponseGenerator
+        self._tickets: dict[str, Ticket] = {}  # request id -> its place in a micro-batch
+        self._batcher = Batcher(self._send_batch)
+        self._aborts: set[asyncio.Task[bool]] = set()
         self.startup_seconds: dict[str, float] = {}
         self._weights_path = Path(config.model_path)
 
@@ -102,10 +110,16 @@ class RayServeBackend(ModelBackend):
             from rollmesh.serving.fake_replica import fake_tokenizer
 
             self._tokenizer, model_len = fake_tokenizer()
+            self._handle = await self._cluster.start()
         else:
-            self._tokenizer, model_len = await asyncio.to_thread(_load_tokenizer, self.config.model_path)
+            # The tokenizer loads while Ray starts and the replicas load their engines.
+            tokenizer = asyncio.create_task(asyncio.to_thread(_load_tokenizer, self.config.model_path))
+            try:
+                self._handle = await self._cluster.start()
+            finally:
+                await asyncio.wait([tokenizer])
+            self._tokenizer, model_len = tokenizer.result()
         self._max_model_len = self.config.max_model_len or model_len
-        self._handle = await self._cluster.start()
         self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self._cluster.startup_seconds}
 
     def _require_handle(self) -> Any:
@@ -117,6 +131,10 @@ class RayServeBackend(ModelBackend):
         handle = self._require_handle()
         if not request.prompt_token_ids:
             raise InvalidArgument("the Ray Serve backend needs prompt_token_ids")
+        if not request.stream and not request.session_id:
+            async for chunk in self._generate_batched(request):
+                yield chunk
+            return
         avoid = ""
         for attempt in (1, 2):
             routed = streamed = completed = False
@@ -166,9 +184,81 @@ class RayServeBackend(ModelBackend):
                 if not completed:
                     stream.cancel()  # the replica's generator is cancelled, which aborts the engine request
 
+    def _send_batch(self, items: list[BatchItem], avoid_replica: str) -> AsyncIterator[BatchReport]:
+        handle = self._require_handle()
+        stream: AsyncIterator[BatchReport] = handle.options(stream=True).generate_batch.remote(
+            requests=items, batch_size=len(items), avoid_replica=avoid_replica
+        )
+        return stream
+
+    async def _generate_batched(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """A whole-output request without a session, sent in a micro-batch (batching.py): the
+        replica's id first (an empty chunk, for abort), then the whole output in one chunk."""
+        rid = request.request_id
+        item = BatchItem(rid, list(request.prompt_token_ids), request.sampling)
+        avoid = ""
+        for attempt in (1, 2):
+            ticket = self._batcher.submit(item, avoid_replica=avoid)
+            self._tickets[rid] = ticket
+            try:
+                replica = await ticket.replica
+                if replica:
+                    self._where[rid] = replica
+                    yield EngineChunk(replica_id=replica)
+                yield await ticket.output
+                return
+            except RequestRejected as exc:
+                raise EngineRejected(f"vLLM rejected request {rid}: {_short(exc)}") from exc
+            except BatchItemFailed as exc:
+                raise BackendUnavailable(
+                    f"request {rid} failed on its replica: {exc}", retry_after_s=2.0
+                ) from exc
+            except Exception as exc:
+                if not _is_replica_failure(exc):
+                    raise
+                failed = self._where.get(rid, "")
+                log.warning(
+                    "replica_failed_during_request",
+                    request_id=rid,
+                    replica_id=failed,
+                    attempt=attempt,
+                    streamed=False,
+                    error=type(exc).__name__,
+                )
+                if attempt == 2:
+                    raise BackendUnavailable(
+                        f"replica {failed or '?'} failed while serving {rid} (attempt {attempt}): {exc}",
+                        retry_after_s=2.0,
+                    ) from exc
+                avoid = failed
+            finally:
+                self._tickets.pop(rid, None)
+                replica_id = self._where.pop(rid, "")
+                if not ticket.output.done() and not self._batcher.cancel(ticket) and replica_id:
+                    self._abort_later(rid, replica_id)  # the caller left: stop it on its replica
+
+    def _abort_later(self, request_id: str, replica_id: str) -> None:
+        task = asyncio.create_task(self._abort_on(request_id, replica_id), name=f"abort-{request_id}")
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort_on(self, request_id: str, replica_id: str) -> bool:
+        try:
+            async with asyncio.timeout(_ABORT_TIMEOUT_S):
+                aborted: bool = await self._handle.abort.remote(request_id=request_id, pin_replica=replica_id)
+                return aborted
+        except Exception as exc:
+            log.warning("abort_failed", request_id=request_id, replica_id=replica_id, error=repr(exc))
+            return False
+
     async def abort(self, request_id: str) -> bool:
         handle = self._handle
         replica = self._where.get(request_id)
+        ticket = self._tickets.get(request_id)
+        if ticket is not None and handle is not None:
+            if self._batcher.cancel(ticket):
+                return True  # its batch had not left: it ends with finish_reason "abort"
+            return await self._abort_on(request_id, replica) if replica else False
         stream = self._streams.get(request_id)
         if handle is None or stream is None:
             return False
@@ -257,6 +347,10 @@ class RayServeBackend(ModelBackend):
     async def shutdown(self) -> None:
         for stream in list(self._streams.values()):
             stream.cancel()
+        await self._batcher.aclose()
+        for task in list(self._aborts):
+            task.cancel()
+        await asyncio.gather(*self._aborts, return_exceptions=True)
         self._handle = None
         await self._cluster.shutdown()
 

@@ -1,7 +1,8 @@
 """Start or join Ray, deploy the replicas as one Serve application, wait until every one is healthy.
 
 With no address, a local Ray starts inside this process with small footprints (no dashboard, a
-small object store, logical CPUs = what the replicas need or the machine's count); this process owns
+small object store, logical CPUs = what the replicas need or the machine's count) and its workers at
+normal priority (Ray's default nice 15 starves the replicas next to this process); this process owns
 it and shuts Serve and Ray down when its last `ServingCluster` stops. With an address
 (`ROLLMESH_RAY_ADDRESS`: `head:6379`, `auto` on a node of a running cluster, or `ray://head:10001`)
 it joins a cluster someone else runs (join.py: token auth, one-line errors) and the replicas go
@@ -116,6 +117,10 @@ class ServingCluster:
                     "include_dashboard": False,
                     "object_store_memory": cfg.object_store_mb * 1024 * 1024,
                     "log_to_driver": False,
+                    # Ray runs its workers at nice 15 by default: the replicas (and the vLLM engine
+                    # processes they spawn) then lose every contended core to this process's
+                    # scheduler and gateway, so the engine sees tiny batches. They are the work here.
+                    "_system_config": {"worker_niceness": 0},
                 }
                 if cfg.replica_gpus > 0:
                     kwargs["num_gpus"] = int(cfg.replicas * cfg.replica_gpus + 0.999)

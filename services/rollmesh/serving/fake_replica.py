@@ -24,6 +24,7 @@ from ray import serve
 
 from rollmesh.gateway.backends.base import EngineChunk, EngineRequest, Sampling
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.serving.batching import BatchItem, BatchReport, merge_chunks, run_batch
 from rollmesh.serving.config import ServingConfig
 
 FAKE_MAX_MODEL_LEN = 4096
@@ -89,17 +90,35 @@ class FakeReplica:
                     yield dataclasses.replace(chunk, replica_id=self._replica_id)
                 return
             yield EngineChunk(replica_id=self._replica_id)
-            chunks = [c async for c in self._engine.generate(request)]
-            yield EngineChunk(
-                token_ids=tuple(t for c in chunks for t in c.token_ids),
-                logprobs=tuple(lp for c in chunks for lp in c.logprobs),
-                text="".join(c.text for c in chunks),
-                finish_reason=chunks[-1].finish_reason if chunks else "stop",
-                replica_id=self._replica_id,
-            )
+            yield await self._whole(request)
         finally:
             self._running.discard(request_id)
             self._served += 1
+
+    async def generate_batch(
+        self, *, requests: list[BatchItem], batch_size: int = 0, avoid_replica: str = ""
+    ) -> AsyncIterator[BatchReport]:
+        del batch_size, avoid_replica
+        async for report in run_batch(self._replica_id, requests, self._whole_item):
+            yield report
+
+    async def _whole_item(self, item: BatchItem) -> EngineChunk:
+        request = EngineRequest(
+            request_id=item.request_id,
+            sampling=item.sampling,
+            prompt_token_ids=tuple(item.prompt_token_ids),
+            stream=False,
+        )
+        self._running.add(item.request_id)
+        try:
+            return await self._whole(request)
+        finally:
+            self._running.discard(item.request_id)
+            self._served += 1
+
+    async def _whole(self, request: EngineRequest) -> EngineChunk:
+        chunks = [c async for c in self._engine.generate(request)] or [EngineChunk(finish_reason="stop")]
+        return dataclasses.replace(merge_chunks(chunks), replica_id=self._replica_id)
 
     async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
         del pin_replica

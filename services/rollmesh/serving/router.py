@@ -9,6 +9,8 @@ call it reads three keyword arguments the replica methods accept:
   so far); if it is gone or full, the session moves to the next-best replica and stays there.
 - `avoid_replica`: skip this replica unless it is the only one (the backend's failover retry).
 
+- `batch_size`: a batch call (batching.py) counts as that many requests in flight.
+
 Everything else, and new sessions, goes to the least-loaded replica: fewest requests this router has
 in flight there (counting choices not yet confirmed, so a burst spreads), then, for a new session,
 fewest sessions homed there (a session brings more turns), then the replica's last reported queue
@@ -35,7 +37,8 @@ class SessionAffinityRouter(RequestRouter):  # type: ignore[misc]
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[str, str] = OrderedDict()  # session id -> replica unique id
         self._in_flight: dict[str, int] = {}  # replica unique id -> requests routed, not completed
-        self._request_replica: dict[str, str] = {}  # internal request id -> replica unique id
+        # internal request id -> (replica unique id, requests it carries: a batch carries several)
+        self._request_replica: dict[str, tuple[str, int]] = {}
         self._session_count: dict[str, int] = {}  # replica unique id -> sessions homed there
         self._tentative_ids: OrderedDict[str, str] = OrderedDict()  # request id -> chosen, unconfirmed
         self._tentative_count: dict[str, int] = {}
@@ -103,16 +106,18 @@ class SessionAffinityRouter(RequestRouter):  # type: ignore[misc]
         uid = replica_id.unique_id
         request_id = pending_request.metadata.internal_request_id
         self._tentative(request_id, None)
-        self._in_flight[uid] = self._in_flight.get(uid, 0) + 1
-        self._request_replica[request_id] = uid
+        weight = max(1, int(pending_request.kwargs.get("batch_size") or 1))
+        self._in_flight[uid] = self._in_flight.get(uid, 0) + weight
+        self._request_replica[request_id] = (uid, weight)
         session = str(pending_request.kwargs.get("session_id") or "")
         if session and not pending_request.kwargs.get("pin_replica"):
             self._home(session, uid)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        uid = self._request_replica.pop(internal_request_id, None)
-        if uid is not None and self._in_flight.get(uid, 0) > 0:
-            self._in_flight[uid] -= 1
+        routed = self._request_replica.pop(internal_request_id, None)
+        if routed is not None:
+            uid, weight = routed
+            self._in_flight[uid] = max(0, self._in_flight.get(uid, 0) - weight)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
