@@ -258,8 +258,10 @@ def main() -> None:
             [sys.executable, __file__, *sys.argv[1:], "--offline-from", mesh["rollouts_file"]],
             stdout=subprocess.PIPE,
             text=True,
-            check=True,
         )
+        if child.returncode != 0:  # vLLM's engine core logs its error to stdout
+            sys.stderr.write(child.stdout[-20_000:])
+            raise SystemExit(f"the offline side failed (exit {child.returncode}); its output is above")
     marked = [line for line in child.stdout.splitlines() if line.startswith(RESULT_MARK)]
     offline: dict[str, Any] = json.loads(marked[-1][len(RESULT_MARK) :])
     mesh.pop("rollouts_file")

@@ -90,3 +90,28 @@ def test_build_app_places_and_picks_the_replica_class() -> None:
     assert deployment._replica_config.max_replicas_per_node == 1
     anywhere = build_app(ServingConfig(model_path="/m"))._bound_deployment
     assert anywhere.func_or_class is VLLMReplica and anywhere._replica_config.max_replicas_per_node is None
+
+
+def test_a_failed_ray_start_leaves_no_ray_process_of_ours_behind() -> None:
+    """Ray forgets a node whose start timed out; its GCS, monitors and dashboard keep running unless
+    the retry loop kills them. Only this process's children running Ray's programs are killed."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    from rollmesh.serving.cluster import _stop_own_ray_processes
+
+    ray_program = os.path.join(os.path.dirname(ray.__file__), "_private", "log_monitor.py")
+    sleeper = "import time; time.sleep(120)"
+    like_ray = subprocess.Popen([sys.executable, "-c", sleeper, ray_program])
+    other = subprocess.Popen([sys.executable, "-c", sleeper, "not-ray"])
+    try:
+        assert _stop_own_ray_processes() == 1
+        assert like_ray.wait(timeout=30) != 0
+        assert other.poll() is None
+    finally:
+        for proc in (like_ray, other):
+            proc.kill()
+            proc.wait(timeout=30)

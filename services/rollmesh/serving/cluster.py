@@ -268,7 +268,9 @@ LOCAL_RAY_ATTEMPTS = 3
 
 def _start_local_ray(kwargs: dict[str, Any]) -> None:
     """Start a local Ray. Ray waits a fixed 30 s for its raylet to register, which a loaded machine
-    can miss; such a start is retried (each attempt a fresh node), then reported in one line."""
+    can miss; such a start is retried (each attempt a fresh node), then reported in one line.
+    A failed attempt's processes are stopped: Ray forgets a node whose start failed and leaves its
+    GCS, monitors and dashboard running, which loads the machine further for the next attempt."""
     import ray
 
     for attempt in range(1, LOCAL_RAY_ATTEMPTS + 1):
@@ -278,8 +280,28 @@ def _start_local_ray(kwargs: dict[str, Any]) -> None:
         except Exception as exc:  # Ray raises a bare Exception for a node that timed out
             with contextlib.suppress(Exception):
                 ray.shutdown()
+            stopped = _stop_own_ray_processes()
+            log.warning("ray_start_failed_attempt_cleaned", attempt=attempt, stopped_processes=stopped)
             if attempt == LOCAL_RAY_ATTEMPTS:
                 raise ServingStartupError(
                     f"could not start a local Ray node ({LOCAL_RAY_ATTEMPTS} attempts): {exc}"
                 ) from exc
             log.warning("ray_start_retry", attempt=attempt, error=str(exc)[:300])
+
+
+def _stop_own_ray_processes() -> int:
+    """Kill this process's descendants that run Ray's own programs (only called while this process
+    has no Ray node: they belong to a failed start). Returns how many were killed."""
+    import psutil  # type: ignore[import-untyped]
+    import ray
+
+    ray_dir = os.path.dirname(ray.__file__)
+    killed = 0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any(ray_dir in part for part in child.cmdline()):
+                child.kill()
+                killed += 1
+        except psutil.Error:
+            continue
+    return killed
