@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.sessions import (
+    FreshPromptCache,
     SessionState,
     SessionStore,
     build_prompt,
@@ -134,3 +135,27 @@ def test_store_ttl_lru_cap_and_close() -> None:
     assert store.get("c") is None and store.get("a") is not None
     assert store.close("a") is True and store.close("a") is False
     assert len(store) == 0
+
+
+def test_fresh_prompts_render_once_per_conversation_and_the_cache_is_bounded() -> None:
+    rendered: list[int] = []
+
+    class CountingTokenizer(FakeTokenizer):
+        def apply_chat_template(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+            rendered.append(1)
+            return super().apply_chat_template(*args, **kwargs)  # type: ignore[arg-type]
+
+    tok = CountingTokenizer()
+    cache = FreshPromptCache(max_entries=2)
+    ask = (Message("user", "What is 2 + 3?"),)
+    tool = (ToolSpec.of("add", "adds", {"type": "object"}),)
+    first = build_prompt(tok, ask, (), None, model="m", fresh_cache=cache)
+    again = build_prompt(tok, ask, (), None, model="m", fresh_cache=cache)
+    assert again.token_ids == first.token_ids == build_prompt(tok, ask, (), None, model="m").token_ids
+    assert len(rendered) == 2  # once through the cache, once without it
+    with_tools = build_prompt(tok, ask, tool, None, model="m", fresh_cache=cache)
+    other_model = build_prompt(tok, ask, (), None, model="n", fresh_cache=cache)
+    assert with_tools.token_ids != first.token_ids and other_model.token_ids == first.token_ids
+    assert len(rendered) == 4 and len(cache) == 2  # the oldest entry was evicted
+    build_prompt(tok, ask, (), None, model="m", fresh_cache=cache)
+    assert len(rendered) == 5

@@ -30,7 +30,7 @@ from rollmesh.gateway.backends.base import (
 )
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.gateway.errors import DrainTimeout, WeightUpdatesUnsupported
-from rollmesh.gateway.sessions import SessionState, SessionStore, build_prompt, tools_key
+from rollmesh.gateway.sessions import FreshPromptCache, SessionState, SessionStore, build_prompt, tools_key
 from rollmesh.gateway.toolcalls import parse_tool_calls
 from rollmesh.gateway.types import (
     GenerateInput,
@@ -201,6 +201,7 @@ class Gateway:
         self.max_routes = max_routes
         self.default_max_tokens = default_max_tokens
         self.sessions = SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
+        self._fresh_prompts = FreshPromptCache()
         self._flights: dict[str, _Flight] = {}
         self._factory = backend_factory
         self._environ = os.environ if environ is None else environ
@@ -502,7 +503,9 @@ class Gateway:
             kept = previous.token_ids if previous is not None else ()
             reused = len(kept) if kept and ids[: len(kept)] == kept else 0
         else:
-            prompt = build_prompt(tokenizer, inp.messages, inp.tools, previous, model=m.name)
+            prompt = build_prompt(
+                tokenizer, inp.messages, inp.tools, previous, model=m.name, fresh_cache=self._fresh_prompts
+            )
             ids, reused = prompt.token_ids, prompt.reused_prefix_tokens
             if previous is not None and prompt.fresh_reason:
                 log.info("session_restarted", session_id=inp.session_id, reason=prompt.fresh_reason)

@@ -166,6 +166,31 @@ def _closer_rest(tokenizer: Tokenizer, previous: SessionState, tools: Sequence[d
     return closer
 
 
+class FreshPromptCache:
+    """Prompt ids of conversations rendered from scratch, by (model, messages, tools), least
+    recently used evicted beyond `max_entries`. A job asks each prompt once per sample (pass@k
+    repeats, GRPO groups), and rendering a chat template costs more gateway CPU than everything
+    else a short answer needs."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._max = max(1, max_entries)
+        self._ids: OrderedDict[tuple[Any, ...], tuple[int, ...]] = OrderedDict()
+
+    def ids(self, key: tuple[Any, ...], build: Callable[[], Sequence[int]]) -> tuple[int, ...]:
+        found = self._ids.get(key)
+        if found is not None:
+            self._ids.move_to_end(key)
+            return found
+        made = tuple(build())
+        self._ids[key] = made
+        while len(self._ids) > self._max:
+            self._ids.popitem(last=False)
+        return made
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 def build_prompt(
     tokenizer: Tokenizer,
     messages: Sequence[Message],
@@ -173,6 +198,7 @@ def build_prompt(
     previous: SessionState | None,
     *,
     model: str,
+    fresh_cache: FreshPromptCache | None = None,
 ) -> Prompt:
     """The prompt ids for `messages`, reusing `previous`'s ids when the conversation extends it."""
     openai_tools = [t.to_openai() for t in tools]
@@ -195,5 +221,12 @@ def build_prompt(
                     token_ids=(*previous.token_ids, *added), reused_prefix_tokens=len(previous.token_ids)
                 )
             reason = "template_not_append_only"
-    text = render(tokenizer, messages, openai_tools, add_generation_prompt=True)
-    return Prompt(token_ids=tuple(tokenizer.encode(text, add_special_tokens=False)), fresh_reason=reason)
+
+    def fresh() -> list[int]:
+        text = render(tokenizer, messages, openai_tools, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    if fresh_cache is None:
+        return Prompt(token_ids=tuple(fresh()), fresh_reason=reason)
+    key = (model, tuple(messages), tuple(tools))
+    return Prompt(token_ids=fresh_cache.ids(key, fresh), fresh_reason=reason)
