@@ -1,24 +1,38 @@
 """`rollmesh`: the root Typer app. Commands live in rollmesh/commands/<name>.py, each exposing
-`register(app)`; this file only gathers them (so `--help` stays instant: heavy imports are lazy)."""
+`register(app)`; this file only gathers them (so `--help` stays instant: heavy imports are lazy).
+
+Ctrl-C while the commands are still being imported (a second or more on a loaded machine) ends the
+command with "interrupted" and exit 130, as Ctrl-C does later, not with an import traceback."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import pkgutil
+import sys
+from typing import TYPE_CHECKING
 
-import typer
+if TYPE_CHECKING:
+    import typer
 
-from rollmesh import __version__, commands
+EXIT_INTERRUPTED = 130
 
 
 def _version(value: bool) -> None:
+    import typer
+
+    from rollmesh import __version__
+
     if value:
         typer.echo(f"rollmesh {__version__}")
         raise typer.Exit()
 
 
 def build_app() -> typer.Typer:
+    import typer
+
+    from rollmesh import commands
+
     app = typer.Typer(
         name="rollmesh",
         help="Collect LLM rollouts against verifiable environments over a typed gRPC mesh.",
@@ -44,7 +58,12 @@ def build_app() -> typer.Typer:
 def main() -> None:
     # gRPC's C core logs fork/poller INFO lines when Ray or vLLM spawn processes; users can override.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    build_app()()
+    try:
+        app = build_app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    app()
 
 
 if __name__ == "__main__":
