@@ -11,6 +11,9 @@ as answers (or per-item errors, typed by `from_status`) come back in completion 
   stream the other calls share.
 - A call that outlives its deadline raises DEADLINE_EXCEEDED; a call whose caller is cancelled
   sends a cancel item when the RPC has one (GenerateMany: the gateway aborts the engine request).
+  Deadlines run on one loop timer per `_DEADLINE_TICK_S` with calls due, not one timer per call
+  (at a thousand calls a second those timers were a tenth of the caller's CPU): a call may outlive
+  its deadline by up to that tick.
 - When the stream breaks (the peer restarted, the network dropped), every waiting call fails with
   UNAVAILABLE (retry policies retry it) and the next call opens a new stream. A stream-level
   INTERNAL/UNKNOWN/CANCELLED is a broken transport too (grpc reports "Internal error from Core"
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -54,6 +58,9 @@ _ITEM_OVERHEAD_BYTES = 1024
 # Items one batch message carries at most, and the framing each adds inside it (tag + length).
 _BATCH_MAX_ITEMS = 512
 _BATCH_ITEM_FRAMING = 8
+
+# Deadlines of waiting calls are rounded up to ticks of this many seconds (see the module doc).
+_DEADLINE_TICK_S = 0.05
 
 #: The metadata pair both ends of a multiplexed stream send to say they read and write batches.
 BATCH_METADATA = ("rollmesh-batch", "1")
@@ -132,6 +139,38 @@ def too_large(what: str, size: int, limit: int) -> InvalidArgumentError:
 _Outbox = asyncio.Queue[tuple[Req, int] | None]
 
 
+class _DeadlinePassed(Exception):
+    """Set on a waiting call's future when its deadline passes (`_Deadlines`)."""
+
+
+class _Deadlines:
+    """Waiting calls' deadlines, on one loop timer per tick that has calls due."""
+
+    def __init__(self) -> None:
+        self._due: dict[int, dict[str, asyncio.Future[Any]]] = {}
+
+    def add(self, item_id: str, future: asyncio.Future[Any], deadline_s: float) -> int:
+        """Fail `future` with `_DeadlinePassed` once `deadline_s` has passed; returns its tick."""
+        loop = asyncio.get_running_loop()
+        tick = math.ceil((loop.time() + deadline_s) / _DEADLINE_TICK_S)
+        due = self._due.get(tick)
+        if due is None:
+            due = self._due[tick] = {}
+            loop.call_at(tick * _DEADLINE_TICK_S, self._expire, tick)
+        due[item_id] = future
+        return tick
+
+    def discard(self, tick: int, item_id: str) -> None:
+        due = self._due.get(tick)
+        if due is not None:
+            due.pop(item_id, None)
+
+    def _expire(self, tick: int) -> None:
+        for future in self._due.pop(tick, {}).values():
+            if not future.done():
+                future.set_exception(_DeadlinePassed())
+
+
 @dataclass(frozen=True)
 class Sent:
     """A call on the stream: its id, the future its answer resolves, the stream's outbox."""
@@ -163,6 +202,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
         self._batch_limit = max_message_bytes()
         self._ids = itertools.count()
         self._pending: dict[str, asyncio.Future[Any]] = {}
+        self._deadlines = _Deadlines()
         self._outbox: _Outbox[Req] | None = None
         self._readers: set[asyncio.Task[None]] = set()  # one per stream still being read
         self._probe: asyncio.Future[RollmeshClientError | None] | None = None
@@ -202,12 +242,12 @@ class Multiplexed(Generic[Req, Resp, Out]):
 
     async def wait(self, sent: Sent, deadline_s: float) -> Out | RollmeshClientError:
         """The answer to a sent call (see `answer`); on deadline or cancel, the peer is told."""
+        tick = self._deadlines.add(sent.item_id, sent.future, deadline_s)
         try:
-            async with asyncio.timeout(deadline_s):
-                answer: Out | RollmeshClientError = await sent.future
-                return answer
-        except TimeoutError:
-            self._cancel(sent)
+            answer: Out | RollmeshClientError = await sent.future
+            return answer
+        except _DeadlinePassed:
+            self._tell_peer(sent)
             raise DeadlineExceededError(
                 f"{self._what} took longer than {deadline_s:g}s", code=grpc.StatusCode.DEADLINE_EXCEEDED
             ) from None
@@ -215,6 +255,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
             self._cancel(sent)
             raise
         finally:
+            self._deadlines.discard(tick, sent.item_id)
             self._pending.pop(sent.item_id, None)
 
     def done_writing(self) -> None:
@@ -270,7 +311,12 @@ class Multiplexed(Generic[Req, Resp, Out]):
         fut = self._pending.get(sent.item_id)
         # Our own wait cancels the future too (deadline, caller cancelled): only an answer counts.
         answered = fut is not None and fut.done() and not fut.cancelled()
-        if self._make_cancel is not None and not answered and self._outbox is sent.outbox:
+        if not answered:
+            self._tell_peer(sent)
+
+    def _tell_peer(self, sent: Sent) -> None:
+        """Send the call's cancel item, when the RPC has one and the call's stream is still open."""
+        if self._make_cancel is not None and self._outbox is sent.outbox:
             cancel = self._make_cancel(sent.item_id)
             sent.outbox.put_nowait((cancel, cancel.ByteSize()))  # type: ignore[attr-defined]
 
