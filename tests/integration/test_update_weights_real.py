@@ -7,7 +7,9 @@ shipped tiny model. One bounded test (startup dominates: minutes on a loaded 2-c
   - after the update, greedy outputs from both replicas equal HF transformers' greedy outputs computed
     from the new checkpoint (and differ from the old weights' outputs for some prompt);
   - a checkpoint missing a tensor is refused with CHECKPOINT_INCOMPATIBLE and the new weights keep
-    serving unchanged.
+    serving unchanged;
+  - a replica Serve starts after the update (one killed with ray.kill) loads the new weights before
+    it answers: its greedy outputs are the new checkpoint's and carry the new policy version.
 """
 
 from __future__ import annotations
@@ -23,14 +25,19 @@ import pytest
 from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message, SamplingInput
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.serving.backend import RayServeBackend
-from rollmesh.serving.config import ServingConfig
+from tests.serving_replicas import (
+    SHIPPED,
+    kill_replica,
+    tiny_serving_config,
+    until_answered_by,
+    wait_replaced,
+)
 
-SHIPPED = Path(__file__).resolve().parents[2] / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 PROMPTS = [f"What is {a} + {b}?" for a, b in [(12, 30), (7, 8), (45, 17), (3, 99), (61, 6), (20, 22)]]
 MAX_TOKENS = 16
 LONG_TOKENS = 200  # the tiny model's context is 256
 HOLD_ATTEMPTS = 20
-DEADLINE_S = 1500.0  # two vLLM engines start in ~2 min idle, 6+ min on a loaded 2-core machine
+DEADLINE_S = 2400.0  # 3 vLLM engine starts (2 + a replacement): ~3 min idle, 8+ min each under load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE_S + 300)]
 
@@ -110,15 +117,7 @@ async def test_update_weights_on_two_vllm_replicas(tmp_path: Path) -> None:
 
 
 async def _scenario(tmp_path: Path) -> None:
-    config = ServingConfig(
-        model_path=str(SHIPPED),
-        model_name="tiny-arith",
-        app_name=f"rollmesh-test-{uuid.uuid4().hex[:6]}",
-        replicas=2,
-        replica_cpus=0.5,
-        kvcache_gib=1,
-        startup_timeout_s=DEADLINE_S,
-    )
+    config = tiny_serving_config(replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=DEADLINE_S)
     backend = RayServeBackend(config)
     gateway = Gateway([backend])
     await gateway.start()
@@ -155,5 +154,21 @@ async def _scenario(tmp_path: Path) -> None:
         still = await asyncio.gather(*(gateway.generate(greedy(p)) for p in PROMPTS))
         assert [list(r.output_token_ids) for r in still] == expected_new
         assert {r.policy_version for r in still} == {"1"}
+
+        # A replica Serve starts after the update (here: one killed) serves the new weights.
+        serving = await backend.cluster.replica_ids()
+        await kill_replica(backend, serving[0])
+        replacement = await wait_replaced(backend, serving, serving[0], timeout_s=DEADLINE_S)
+        stats = await backend.replica_stats(replacement)
+        assert stats is not None and stats["weights_id"] == backend.current_weights.weights_id
+        assert (stats["weights_path"], stats["policy_version"]) == (str(new), "1")
+
+        async def ask() -> list[GenerateResult]:
+            rerun = await asyncio.gather(*(gateway.generate(greedy(p)) for p in PROMPTS))
+            assert [list(r.output_token_ids) for r in rerun] == expected_new
+            assert {r.policy_version for r in rerun} == {"1"}
+            return rerun
+
+        await until_answered_by(replacement, ask)
     finally:
         await gateway.shutdown()

@@ -171,6 +171,13 @@ def _validate_tools(tools: Sequence[ToolSpec]) -> None:
                 )
 
 
+def _leave_replica(m: _Model, replica: str) -> None:
+    """One request fewer in flight on `replica` (per-replica accounting for ListModels)."""
+    m.in_flight[replica] -= 1
+    if m.in_flight[replica] <= 0:
+        del m.in_flight[replica]
+
+
 class Gateway:
     """Serve `backends` (by their card's name); `default_model` answers requests naming no model."""
 
@@ -318,7 +325,7 @@ class Gateway:
                         f"{drain_timeout_s:g} s; the weights were not changed",
                         metadata={"model": m.name, "running": str(len(m.generating))},
                     ) from None
-                replica_ids = await m.backend.load_weights(manifest.path)
+                replica_ids = await m.backend.load_weights(manifest.path, policy_version=version)
                 previous, m.policy_version = m.policy_version, version
             finally:
                 if was_running:
@@ -635,7 +642,11 @@ class Gateway:
                         retry_after_s=exc.retry_after_s,
                         metadata={"model": m.name},
                     ) from None
-                if chunk.replica_id and not attempt.replica:
+                if chunk.replica_id and chunk.replica_id != attempt.replica:
+                    # The backend may move a request to another replica before any output (failover,
+                    # a replica on stale weights): the result names the replica that produced it.
+                    if attempt.replica:
+                        _leave_replica(m, attempt.replica)
                     attempt.replica = chunk.replica_id
                     m.in_flight[attempt.replica] += 1
                 if chunk.prompt_token_ids and not attempt.prompt_ids:
@@ -652,9 +663,7 @@ class Gateway:
                     break
         finally:
             if attempt.replica:
-                m.in_flight[attempt.replica] -= 1
-                if m.in_flight[attempt.replica] <= 0:
-                    del m.in_flight[attempt.replica]
+                _leave_replica(m, attempt.replica)
             if attempt.finish is None:
                 await m.backend.abort(rid)
             aclose = getattr(agen, "aclose", None)

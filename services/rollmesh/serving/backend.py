@@ -12,6 +12,11 @@ Weight updates (`load_weights`, behind the gateway's UpdateWeights): every live 
 checkpoint folder at once (each through vLLM's `reload_weights`); when one fails, every replica is
 reloaded from the previous folder and `WeightLoadFailed` names the failures, so the model never
 serves mixed weights. The folder must be readable on every replica's host (shared filesystem).
+Each load gets a unique weights id, kept in the application's weights record (weights_record.py):
+a replica Serve starts later loads the record's current weights before it takes traffic. Every
+response names the weights its replica served; one whose weights are not the current ones is never
+passed on (`StaleReplica`): the request runs on another replica, as after a replica failure, and
+that replica fails its next health check, so Serve replaces it.
 
 Whole-output requests without a session (`stream=False`, no `session_id`: single-turn rollouts)
 travel to the replicas in micro-batches, one Serve call for many (batching.py); the rest go one call
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +50,8 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.batching import Batcher, BatchItem, BatchItemFailed, BatchReport, Ticket
 from rollmesh.serving.cluster import ServingCluster
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.errors import EngineRejected, RequestRejected
+from rollmesh.serving.errors import EngineRejected, RequestRejected, StaleReplica
+from rollmesh.serving.weights_record import WeightsRecord, WeightsRef, write_record
 
 log = get_logger(__name__)
 
@@ -75,7 +82,7 @@ class RayServeBackend(ModelBackend):
         self._batcher = Batcher(self._send_batch)
         self._aborts: set[asyncio.Task[bool]] = set()
         self.startup_seconds: dict[str, float] = {}
-        self._weights_path = Path(config.model_path)
+        self._weights = WeightsRecord.initial(config.model_path)  # what the cluster's record says
 
     @classmethod
     def from_env(cls, model_path: str | Path, *, model_name: str = "", **overrides: Any) -> RayServeBackend:
@@ -152,6 +159,7 @@ class RayServeBackend(ModelBackend):
                     if not routed:
                         self._where[request.request_id] = chunk.replica_id
                         routed = True
+                        self._refuse_stale(chunk)
                     streamed = streamed or bool(chunk.token_ids or chunk.text or chunk.finish_reason)
                     yield chunk
                 completed = True
@@ -160,7 +168,7 @@ class RayServeBackend(ModelBackend):
                 message = str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else type(exc).__name__
                 raise EngineRejected(f"vLLM rejected request {request.request_id}: {message}") from exc
             except Exception as exc:
-                if not _is_replica_failure(exc):
+                if not (_is_replica_failure(exc) or isinstance(exc, StaleReplica)):
                     raise
                 failed = self._where.get(request.request_id, "")
                 log.warning(
@@ -205,7 +213,9 @@ class RayServeBackend(ModelBackend):
                 if replica:
                     self._where[rid] = replica
                     yield EngineChunk(replica_id=replica)
-                yield await ticket.output
+                output = await ticket.output
+                self._refuse_stale(output)
+                yield output
                 return
             except RequestRejected as exc:
                 raise EngineRejected(f"vLLM rejected request {rid}: {_short(exc)}") from exc
@@ -214,7 +224,7 @@ class RayServeBackend(ModelBackend):
                     f"request {rid} failed on its replica: {exc}", retry_after_s=2.0
                 ) from exc
             except Exception as exc:
-                if not _is_replica_failure(exc):
+                if not (_is_replica_failure(exc) or isinstance(exc, StaleReplica)):
                     raise
                 failed = self._where.get(rid, "")
                 log.warning(
@@ -274,36 +284,63 @@ class RayServeBackend(ModelBackend):
             return True
         return aborted
 
+    def _refuse_stale(self, chunk: EngineChunk) -> None:
+        current = self._weights.current.weights_id
+        if chunk.weights_id and chunk.weights_id != current:
+            log.error(
+                "replica_serves_stale_weights",
+                replica_id=chunk.replica_id,
+                weights_id=chunk.weights_id,
+                current=current,
+            )
+            raise StaleReplica(
+                f"replica {chunk.replica_id} serves weights {chunk.weights_id}, not the current {current}"
+            )
+
     @property
     def weights_path(self) -> Path | None:
-        return self._weights_path
+        return Path(self._weights.current.weights_path)
 
-    async def load_weights(self, checkpoint: Path) -> list[str]:
+    @property
+    def current_weights(self) -> WeightsRef:
+        """The weights every replica must serve now (id, folder, policy version)."""
+        return self._weights.current
+
+    async def load_weights(self, checkpoint: Path, *, policy_version: str = "") -> list[str]:
         self._require_handle()
         ids = await self._cluster.replica_ids()
         if not ids:
             raise BackendUnavailable("no live replica to load weights into", retry_after_s=5.0)
-        results = await asyncio.gather(*(self._load_on(r, checkpoint) for r in ids), return_exceptions=True)
+        previous = self._weights
+        new = WeightsRef(uuid.uuid4().hex[:12], str(checkpoint), policy_version)
+        app = self.config.app_name
+        await asyncio.to_thread(write_record, app, previous.with_pending(new))  # replicas starting now wait
+        results = await asyncio.gather(*(self._load_on(r, new) for r in ids), return_exceptions=True)
         failures = {r: _short(e) for r, e in zip(ids, results, strict=True) if isinstance(e, BaseException)}
         if not failures:
-            self._weights_path = checkpoint
+            self._weights = WeightsRecord(new)
+            await asyncio.to_thread(write_record, app, self._weights)
             return ids
-        previous = self._weights_path
-        restored = await asyncio.gather(*(self._load_on(r, previous) for r in ids), return_exceptions=True)
+        old = previous.current
+        restored = await asyncio.gather(*(self._load_on(r, old) for r in ids), return_exceptions=True)
+        await asyncio.to_thread(write_record, app, previous)
         stuck = [r for r, e in zip(ids, restored, strict=True) if isinstance(e, BaseException)]
         detail = "; ".join(f"{r}: {e}" for r, e in failures.items())
         log.error("weights_load_failed", checkpoint=str(checkpoint), failures=detail, not_restored=stuck)
         raise WeightLoadFailed(
             f"{len(failures)} of {len(ids)} replicas failed to load {checkpoint} ({detail}); "
-            f"every replica was reloaded from {previous}"
+            f"every replica was reloaded from {old.weights_path}"
             + (f", except {', '.join(stuck)} (not restored)" if stuck else ""),
             metadata={"replica_errors": detail, "not_restored": ",".join(stuck)},
         )
 
-    async def _load_on(self, replica_id: str, checkpoint: Path) -> str:
+    async def _load_on(self, replica_id: str, ref: WeightsRef) -> str:
         async with asyncio.timeout(_LOAD_TIMEOUT_S):
             loaded: str = await self._handle.load_weights.remote(
-                weights_path=str(checkpoint), pin_replica=replica_id
+                weights_path=ref.weights_path,
+                weights_id=ref.weights_id,
+                policy_version=ref.policy_version,
+                pin_replica=replica_id,
             )
         return loaded
 

@@ -65,6 +65,7 @@ def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
         text="".join(c.text for c in chunks),
         finish_reason=chunks[-1].finish_reason,
         replica_id=chunks[-1].replica_id,
+        weights_id=chunks[-1].weights_id,
     )
 
 

@@ -9,9 +9,10 @@ it joins a cluster someone else runs (join.py: token auth, one-line errors) and 
 wherever the cluster has room: that is how serving scales past one machine.
 
 On a joined cluster rollmesh owns exactly one thing, its Serve application (`config.app_name`,
-unique per gateway by default): `shutdown` deletes that application and disconnects this driver;
-it never stops Serve or Ray, which other applications there may use. Deploying refuses a name that
-already exists on a joined cluster rather than replace someone else's replicas.
+unique per gateway by default) with its weights record (weights_record.py): `shutdown` deletes
+both and disconnects this driver; it never stops Serve or Ray, which other applications there may
+use. Deploying refuses a name that already exists on a joined cluster rather than replace someone
+else's replicas, and writes a fresh weights record (the config's model_path) before it deploys.
 
 Every Ray and Serve call here is blocking, so each runs in a worker thread, never on the loop.
 `ray.init`/`ray.shutdown` run on one thread that lives as long as the process (`ProcessLifetimeThread`):
@@ -33,6 +34,7 @@ from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.deployment import build_app, config_summary
 from rollmesh.serving.errors import ServeAppExists, ServingStartupError
 from rollmesh.serving.join import connect_error, driver_on_node, enable_token_auth, wait_reachable
+from rollmesh.serving.weights_record import WeightsRecord, delete_record, write_record
 
 log = get_logger(__name__)
 
@@ -149,6 +151,8 @@ class ServingCluster:
         if self.joined:
             await asyncio.to_thread(self._refuse_taken_name)
         log.info("serving_deploying", **config_summary(cfg))
+        # Replicas load the record's weights at start: a fresh application serves its model_path.
+        await asyncio.to_thread(write_record, cfg.app_name, WeightsRecord.initial(cfg.model_path))
         app = build_app(cfg)
         run = asyncio.create_task(
             asyncio.to_thread(serve.run, app, name=cfg.app_name, route_prefix=None, blocking=False)
@@ -232,6 +236,7 @@ class ServingCluster:
         try:
             if ray.is_initialized():
                 await asyncio.to_thread(serve.delete, self.config.app_name)
+                await asyncio.to_thread(delete_record, self.config.app_name)
         finally:
             _PROCESS_RAY.users -= 1
             if _PROCESS_RAY.users == 0 and ray.is_initialized():

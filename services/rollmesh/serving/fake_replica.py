@@ -26,6 +26,7 @@ from rollmesh.gateway.backends.base import EngineChunk, EngineRequest, Sampling
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.serving.batching import BatchItem, BatchReport, merge_chunks, run_batch
 from rollmesh.serving.config import ServingConfig
+from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_stats
 
 FAKE_MAX_MODEL_LEN = 4096
 _EXPR = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
@@ -53,7 +54,7 @@ def fake_tokenizer() -> tuple[FakeTokenizer, int]:
 class FakeReplica:
     """Same keyword-only methods as `VLLMReplica` (the router reads the same routing hints)."""
 
-    def __init__(self, config: ServingConfig) -> None:
+    async def __init__(self, config: ServingConfig) -> None:  # type: ignore[misc]  # Serve awaits it
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._engine = FakeBackend(
             config.name,
@@ -63,7 +64,8 @@ class FakeReplica:
         )
         self._running: set[str] = set()
         self._served = 0
-        self._weights_path = config.model_path
+        self._weights = ReplicaWeights(config.app_name, config.model_path, _pretend_load)
+        await self._weights.startup(pending_timeout_s=config.startup_timeout_s)
 
     async def generate(
         self,
@@ -84,12 +86,13 @@ class FakeReplica:
             stream=stream,
         )
         self._running.add(request_id)
+        weights_id = self._weights.serving.weights_id
         try:
             if stream:
                 async for chunk in self._engine.generate(request):
-                    yield dataclasses.replace(chunk, replica_id=self._replica_id)
+                    yield dataclasses.replace(chunk, replica_id=self._replica_id, weights_id=weights_id)
                 return
-            yield EngineChunk(replica_id=self._replica_id)
+            yield EngineChunk(replica_id=self._replica_id, weights_id=weights_id)
             yield await self._whole(request)
         finally:
             self._running.discard(request_id)
@@ -118,7 +121,10 @@ class FakeReplica:
 
     async def _whole(self, request: EngineRequest) -> EngineChunk:
         chunks = [c async for c in self._engine.generate(request)] or [EngineChunk(finish_reason="stop")]
-        return dataclasses.replace(merge_chunks(chunks), replica_id=self._replica_id)
+        whole = merge_chunks(chunks)
+        return dataclasses.replace(
+            whole, replica_id=self._replica_id, weights_id=self._weights.serving.weights_id
+        )
 
     async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
         del pin_replica
@@ -133,14 +139,22 @@ class FakeReplica:
             "in_flight": len(self._running),
             "served": self._served,
             "engine_unfinished": len(self._running),
-            "weights_path": self._weights_path,
+            **weights_stats(self._weights.serving),
         }
 
-    async def load_weights(self, *, weights_path: str, pin_replica: str = "") -> str:
-        """Pretend to load `weights_path` (the script's answers do not change)."""
+    async def load_weights(
+        self, *, weights_path: str, weights_id: str, policy_version: str = "", pin_replica: str = ""
+    ) -> str:
+        """Pretend to load `weights_path` (the script's answers do not change); serve it as `weights_id`."""
         del pin_replica
-        self._weights_path = weights_path
+        await self._weights.loaded(WeightsRef(weights_id, weights_path, policy_version))
         return self._replica_id
 
     async def check_health(self) -> None:
-        """Always healthy: a fake replica fails only by dying."""
+        """Healthy unless it serves weights the application no longer serves (weights_record.py)."""
+        await self._weights.check()
+
+
+async def _pretend_load(ref: WeightsRef) -> None:
+    """A fake replica's weights are its script: loading changes only what it reports."""
+    del ref

@@ -60,6 +60,8 @@ class EngineChunk:
     # Token counts the engine reported (an OpenAI upstream's `usage`); 0 when it reported none.
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The weights the replica generated this from (Ray Serve replicas; serving/weights_record.py).
+    weights_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,10 +134,11 @@ class ModelBackend(ABC):
         against); None when this backend cannot update weights."""
         return None
 
-    async def load_weights(self, checkpoint: Path) -> list[str]:
+    async def load_weights(self, checkpoint: Path, *, policy_version: str = "") -> list[str]:
         """Load `checkpoint` (validated against `weights_path`) into every replica while no request
-        runs; all or none: when a replica fails, the others are reloaded from the previous weights
-        and `gateway.errors.WeightLoadFailed` is raised. Returns the replica ids updated."""
+        runs, as the weights of `policy_version`; all or none: when a replica fails, the others are
+        reloaded from the previous weights and `gateway.errors.WeightLoadFailed` is raised. Returns
+        the replica ids updated. Replicas started later must serve these weights too."""
         from rollmesh.gateway.errors import WeightUpdatesUnsupported
 
         raise WeightUpdatesUnsupported(f"the {self.card.backend} backend cannot update weights")

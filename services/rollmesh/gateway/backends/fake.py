@@ -299,11 +299,11 @@ class FakeBackend(ModelBackend):
     def weights_path(self) -> Path | None:
         return self._weights_dir
 
-    async def load_weights(self, checkpoint: Path) -> list[str]:
+    async def load_weights(self, checkpoint: Path, *, policy_version: str = "") -> list[str]:
         from rollmesh.gateway.errors import WeightLoadFailed
 
         if self._weights_dir is None:
-            return await super().load_weights(checkpoint)
+            return await super().load_weights(checkpoint, policy_version=policy_version)
         if self._running:
             raise AssertionError(
                 f"weights loaded while {len(self._running)} requests run"
