@@ -59,11 +59,10 @@ def main() -> None:
     # gRPC's C core logs fork/poller INFO lines when Ray or vLLM spawn processes; users can override.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
-        app = build_app()
+        build_app()()  # typer builds the click commands inside the call, before click's own handling
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         raise SystemExit(EXIT_INTERRUPTED) from None
-    app()
 
 
 if __name__ == "__main__":
