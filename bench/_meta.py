@@ -1,10 +1,14 @@
-"""What every benchmark's JSON carries besides its figures: CPUs, package versions, git sha."""
+"""What every benchmark shares: the JSON's environment (CPUs, package versions, git sha), event
+lines on stderr, and where the machine's CPU went, by process."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
+import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,3 +31,39 @@ def env_info(*dists: str) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return {"cpus": os.cpu_count(), "versions": versions, "git_sha": sha}
+
+
+def log(event: str, **fields: Any) -> None:
+    """One JSON event line on stderr (stdout carries only the result)."""
+    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
+
+
+def cpu_by_process(label: Callable[[str, str], str]) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every process on the machine, summed by
+    `label(process name, command line)`."""
+    import psutil  # type: ignore[import-untyped]
+
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None:
+            continue
+        key = label(str(proc.info["name"] or "?"), " ".join(proc.info["cmdline"] or []))
+        out[key] = out.get(key, 0.0) + times.user + times.system
+    return out
+
+
+def cpu_ms_per(
+    label: Callable[[str, str], str],
+    before: dict[str, float],
+    items: int,
+    *,
+    per: int = 1,
+    floor_ms: float = 0.1,
+    digits: int = 2,
+) -> dict[str, float]:
+    """CPU ms per `per` items spent since `before` (a `cpu_by_process(label)`), by label, the
+    largest first; labels under `floor_ms` are left out."""
+    after = cpu_by_process(label)
+    spent = {k: (v - before.get(k, 0.0)) * 1e3 * per / max(items, 1) for k, v in after.items()}
+    return {k: round(v, digits) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= floor_ms}

@@ -27,41 +27,24 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import env_info  # noqa: E402
+from bench._meta import cpu_by_process, cpu_ms_per, env_info, log  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 
 
-def _log(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
-
-
-def _cpu_by_process() -> dict[str, float]:
-    """CPU seconds (user + system) so far of every process on the machine, by a short label."""
-    import psutil  # type: ignore[import-untyped]
-
-    out: dict[str, float] = {}
-    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
-        times = proc.info["cpu_times"]
-        if times is None:
-            continue
-        cmd = " ".join(proc.info["cmdline"] or [])
-        name = str(proc.info["name"] or "?")
-        if "serve gateway" in cmd:
-            name = "rollmesh gateway"
-        elif "e2e_tokens" in cmd:
-            name = "bench client/driver"
-        elif name.startswith("ray::ServeReplica"):
-            name = "ray::ServeReplica (vLLM AsyncLLM)"
-        out[name] = out.get(name, 0.0) + times.user + times.system
-    return out
+def _label(name: str, cmd: str) -> str:
+    if "serve gateway" in cmd:
+        return "rollmesh gateway"
+    if "e2e_tokens" in cmd:
+        return "bench client/driver"
+    if name.startswith("ray::ServeReplica"):
+        return "ray::ServeReplica (vLLM AsyncLLM)"
+    return name
 
 
 def _cpu_spent(before: dict[str, float], tokens: int) -> dict[str, float]:
     """CPU ms per 1,000 generated tokens, by process label, the largest first (>= 1 ms only)."""
-    after = _cpu_by_process()
-    spent = {k: (v - before.get(k, 0.0)) * 1e6 / max(tokens, 1) for k, v in after.items()}
-    return {k: round(v, 1) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 1.0}
+    return cpu_ms_per(_label, before, tokens, per=1000, floor_ms=1.0, digits=1)
 
 
 def _prompts(model: str, n: int) -> list[list[int]]:
@@ -82,7 +65,7 @@ def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> 
         for i in range(len(prompts))
     ]
     rates: list[float] = []
-    cpu0, timed_tokens = _cpu_by_process(), 0
+    cpu0, timed_tokens = cpu_by_process(_label), 0
     for trial in range(args.trials + 1):
         t0 = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
@@ -92,8 +75,8 @@ def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> 
             rates.append(tokens / dt)
             timed_tokens += tokens
         else:
-            cpu0 = _cpu_by_process()
-        _log("offline_trial", trial=trial, tokens=tokens, seconds=round(dt, 3))
+            cpu0 = cpu_by_process(_label)
+        log("offline_trial", trial=trial, tokens=tokens, seconds=round(dt, 3))
     cpu = _cpu_spent(cpu0, timed_tokens)
     llm.llm_engine.engine_core.shutdown()
     del llm
@@ -132,7 +115,7 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
     t0 = time.perf_counter()
     async with spawn(gateway_cmd, env=env, name="gateway", start_timeout_s=900) as (_, address):
         startup = round(time.perf_counter() - t0, 1)
-        _log("serving_started", replicas=replicas, startup_s=startup)
+        log("serving_started", replicas=replicas, startup_s=startup)
         async with await Client.connect(gateway=address, timeout_s=600) as client:
             names = [m.name async for m in client.gateway.models()]
             model = names[0]
@@ -150,7 +133,7 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
                 return len(resp.output_token_ids)
 
             rates: list[float] = []
-            cpu0, timed_tokens = _cpu_by_process(), 0
+            cpu0, timed_tokens = cpu_by_process(_label), 0
             for trial in range(args.trials + 1):
                 t1 = time.perf_counter()
                 counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -159,8 +142,8 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
                     rates.append(sum(counts) / dt)
                     timed_tokens += sum(counts)
                 else:
-                    cpu0 = _cpu_by_process()
-                _log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), s=round(dt, 3))
+                    cpu0 = cpu_by_process(_label)
+                log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), s=round(dt, 3))
             cpu = _cpu_spent(cpu0, timed_tokens)
     return {"rates": rates, "startup_s": startup, "cpu_ms_per_1k_tokens": cpu}
 

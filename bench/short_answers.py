@@ -31,16 +31,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import env_info  # noqa: E402
+from bench._meta import cpu_by_process, cpu_ms_per, env_info, log  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 MAX_TOKENS = 16
 TEMPERATURE = 1.0
 RESULT_MARK = "SHORT-ANSWERS-RESULT "  # the child's result line (vLLM writes to stdout too)
-
-
-def _log(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
 
 def _label(name: str, cmd: str) -> str:
@@ -51,27 +47,6 @@ def _label(name: str, cmd: str) -> str:
     if name.startswith("VLLM::") or "EngineCore" in name or "EngineCore" in cmd:
         return "vLLM engine core (the engine)"
     return name
-
-
-def _cpu_by_process() -> dict[str, float]:
-    """CPU seconds (user + system) so far of every process on the machine, by label."""
-    import psutil  # type: ignore[import-untyped]
-
-    out: dict[str, float] = {}
-    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
-        times = proc.info["cpu_times"]
-        if times is None:
-            continue
-        label = _label(str(proc.info["name"] or "?"), " ".join(proc.info["cmdline"] or []))
-        out[label] = out.get(label, 0.0) + times.user + times.system
-    return out
-
-
-def _cpu_ms_per_item(before: dict[str, float], items: int) -> dict[str, float]:
-    """CPU ms per item by process label, the largest first (>= 0.1 ms only)."""
-    after = _cpu_by_process()
-    spent = {k: (v - before.get(k, 0.0)) * 1e3 / max(items, 1) for k, v in after.items()}
-    return {k: round(v, 2) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 0.1}
 
 
 class _ServingEvents(logging.Handler):
@@ -131,7 +106,7 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
                 output_dir=str(out_dir),
                 concurrency=args.concurrency,
             )
-            cpu0 = _cpu_by_process()
+            cpu0 = cpu_by_process(_label)
             t2 = time.perf_counter()
             handle = await c.scheduler.submit(job_spec)
             in_flight: list[int] = []
@@ -141,7 +116,7 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             finally:
                 sampler.cancel()
             elapsed = time.perf_counter() - t2
-            cpu_ms = _cpu_ms_per_item(cpu0, job.progress.succeeded)  # while the replica still runs
+            cpu_ms = cpu_ms_per(_label, cpu0, job.progress.succeeded)  # while the replica still runs
             await asyncio.gather(sampler, return_exceptions=True)
     done = job.progress.succeeded
     return {
@@ -214,7 +189,7 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
         for _, seed in requests
     ]
     llm.generate(inputs[:32], params[:32], use_tqdm=False)  # warm-up
-    cpu0 = _cpu_by_process()
+    cpu0 = cpu_by_process(_label)
     t1 = time.perf_counter()
     outs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - t1
@@ -223,7 +198,7 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(elapsed, 2),
         "requests_per_s": round(len(outs) / elapsed, 1),
         "mean_output_tokens": round(sum(len(o.outputs[0].token_ids) for o in outs) / len(outs), 2),
-        "cpu_ms_per_request": _cpu_ms_per_item(cpu0, len(outs)),
+        "cpu_ms_per_request": cpu_ms_per(_label, cpu0, len(outs)),
         "engine_load_s": load_s,
     }
 
@@ -252,7 +227,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="short-answers-") as tmp:
         mesh = asyncio.run(_mesh(args, Path(tmp)))
-        _log("mesh_done", **{k: v for k, v in mesh.items() if k != "cpu_ms_per_rollout"})
+        log("mesh_done", **{k: v for k, v in mesh.items() if k != "cpu_ms_per_rollout"})
         # The offline engine runs in a child, after the mesh stopped: each side has the machine.
         child = subprocess.run(
             [sys.executable, __file__, *sys.argv[1:], "--offline-from", mesh["rollouts_file"]],
