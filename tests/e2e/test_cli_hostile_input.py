@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from rollmesh.registry.roots import BUILTIN_ROOT
 from tests.procs import run_cli
+
+_BUILTIN_ARITHMETIC = BUILTIN_ROOT / "environments" / "arithmetic" / "env.py"
 
 GOOD = {
     "responses_create_params": {"input": [{"role": "user", "content": "What is 2 + 3?"}]},
@@ -91,3 +94,19 @@ async def test_a_row_that_cannot_be_judged_fails_its_rollout_not_scored_zero(tmp
     rows = _rows(Path(result["paths"]["rollouts.jsonl"]))
     assert sorted(int(str(r["task_index"])) for r in rows) == [0, 2]  # no row for the task nobody can judge
     assert "Traceback" not in err
+
+
+async def test_a_plugin_colliding_with_a_builtin_is_one_line_exit_2(tmp_path: Path) -> None:
+    """An environment defined in two roots is unusable (ARTIFACT_COLLISION): the submit says so as
+    a precondition (exit 2), not as "cannot reach the verifier" (UNAVAILABLE, exit 1)."""
+    plugin = tmp_path / "root" / "environments" / "arithmetic"
+    plugin.mkdir(parents=True)
+    (plugin / "env.py").write_bytes(_BUILTIN_ARITHMETIC.read_bytes())
+    code, _, err = await run_cli(
+        "run", "--benchmark", "arithmetic", "--backend", "fake", "--limit", "2", "-n", "1",
+        "-o", str(tmp_path / "runs"), env={"ROLLMESH_EXTRA_ROOTS": str(tmp_path / "root")},
+    )  # fmt: skip
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1, err
+    assert "FAILED_PRECONDITION" in errors[0] and "defined in 2 places" in errors[0], err
+    assert "UNAVAILABLE" not in errors[0] and "Traceback" not in err

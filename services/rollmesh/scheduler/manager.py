@@ -49,6 +49,7 @@ from rollmesh.scheduler.plan import Plan, build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.spec import JobSpec, validate
+from rollmesh.verifier.errors import EnvironmentBroken
 
 log = get_logger("rollmesh.scheduler.jobs")
 
@@ -302,6 +303,11 @@ class JobManager:
                 raise EnvironmentNotFound(
                     f"environment {name!r} is not loaded in the verifier: {getattr(exc, 'message', exc)}",
                     metadata={"environment": name},
+                ) from None
+            if code == "FAILED_PRECONDITION":  # loaded but unusable (a broken plugin, a name collision)
+                raise EnvironmentBroken(
+                    f"environment {name!r} cannot be used: {getattr(exc, 'message', exc)}",
+                    metadata={"environment": name, "cause": str(getattr(exc, "reason", ""))},
                 ) from None
             raise Unavailable(f"cannot reach the verifier to check environment {name!r}: {exc}") from None
 
