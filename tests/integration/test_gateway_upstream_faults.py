@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import openai
 import pytest
@@ -174,6 +175,16 @@ async def test_an_unreachable_upstream() -> None:
             assert (exc.value.code, exc.value.reason) == (grpc.StatusCode.UNAVAILABLE, "UPSTREAM_UNREACHABLE")
     finally:
         await gw.shutdown()
+
+
+def test_a_connect_timeout_is_unreachable_not_a_read_timeout() -> None:
+    """aiohttp's connect timeout is a TimeoutError too; it must not read as "no answer within 600 s"."""
+    backend = OpenAIBackend("tiny", base_url="http://127.0.0.1:9/v1")
+    err = backend._transport_error(aiohttp.ConnectionTimeoutError("Connection timeout to host"))
+    assert (err.code, err.reason) == (grpc.StatusCode.UNAVAILABLE, "UPSTREAM_UNREACHABLE")
+    assert "no connection within 10 s" in err.message
+    read = backend._transport_error(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+    assert (read.code, read.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED, "UPSTREAM_TIMEOUT")
 
 
 async def test_abort_ends_a_unary_call_waiting_on_the_upstream(server: OpenAITestServer) -> None:

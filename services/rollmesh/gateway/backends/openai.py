@@ -18,7 +18,8 @@ output the same way.
 Failures name their cause (gateway/errors.py): HTTP 5xx -> UPSTREAM_HTTP_ERROR, 429 ->
 UPSTREAM_RATE_LIMITED (RetryInfo from Retry-After), 401/403 -> UPSTREAM_AUTH_FAILED, 404 ->
 MODEL_NOT_FOUND, 408 or no bytes for `timeout_s` -> UPSTREAM_TIMEOUT, other 4xx -> UPSTREAM_REJECTED
-(each with `metadata["http_status"]`); no connection -> UPSTREAM_UNREACHABLE; a connection closed
+(each with `metadata["http_status"]`); no connection (refused, or none within 10 s) ->
+UPSTREAM_UNREACHABLE; a connection closed
 mid-answer -> UPSTREAM_STREAM_DROPPED; a 200 that is not a chat completion (not JSON, no
 `choices`, a choice without a `message`, a stream that ends with no choice) ->
 UPSTREAM_BAD_RESPONSE, never an empty answer.
@@ -392,6 +393,12 @@ class OpenAIBackend(ModelBackend):
         if isinstance(exc, aiohttp.ClientConnectorError):
             self._healthy = False
             return errors.UpstreamUnreachable(f"{where}: cannot connect: {exc}", retry_after_s=1.0)
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):  # a TimeoutError too, but no answer was due
+            return errors.UpstreamUnreachable(
+                f"{where}: no connection within {self._timeout.sock_connect:g} s (the server, or this "
+                "host, is overloaded or the address is unreachable)",
+                retry_after_s=1.0,
+            )
         if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors
             return errors.UpstreamTimeout(
                 f"{where}: no answer within the read timeout ({self._timeout.sock_read:g} s)",
