@@ -289,6 +289,9 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
     async def UpdateWeights(self, request: Any, context: Any) -> Any:
         await _unimplemented(context)
 
+    async def UploadWeights(self, request_iterator: Any, context: Any) -> Any:
+        await _unimplemented(context)
+
 
 # ---- verifier ----------------------------------------------------------------------------------
 

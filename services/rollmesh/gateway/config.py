@@ -60,6 +60,7 @@ class GatewayConfig:
     max_sessions: int = 10_000
     default_max_tokens: int = 256
     max_routes: int = 1024
+    weights_staging_dir: str = ""  # UploadWeights; empty: <tmp>/rollmesh-weights
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
@@ -109,4 +110,5 @@ class GatewayConfig:
             session_ttl_s=float(read("ROLLMESH_GATEWAY_SESSION_TTL_S", environ)),
             max_sessions=int(read("ROLLMESH_GATEWAY_MAX_SESSIONS", environ)),
             default_max_tokens=int(read("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", environ)),
+            weights_staging_dir=str(read("ROLLMESH_WEIGHTS_STAGING_DIR", environ)),
         )

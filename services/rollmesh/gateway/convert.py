@@ -3,6 +3,7 @@ sees *_pb2)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from rollmesh.gateway.types import (
@@ -13,6 +14,7 @@ from rollmesh.gateway.types import (
     StreamDelta,
     WeightUpdate,
 )
+from rollmesh.gateway.uploads import UploadPiece
 from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
 from rollmesh.mesh.config import ConfigError
 from rollmesh.mesh.errors import InvalidArgument, RollmeshError
@@ -64,6 +66,31 @@ def checkpoint_path(checkpoint: str) -> Path:
             f"checkpoint {checkpoint!r} is neither a folder nor a registry model: {exc}",
             metadata={"field": "checkpoint"},
         ) from None
+
+
+def upload_head(first: pb.UploadWeightsRequest | None) -> pb.UpdateWeightsRequest:
+    """UploadWeights' first message: `update` only, with no checkpoint (the files are the checkpoint)."""
+    if first is None or not first.HasField("update") or first.file_name or first.data:
+        raise InvalidArgument(
+            "UploadWeights' first message carries `update` (model, policy_version, in_flight) and no file",
+            metadata={"field": "update"},
+        )
+    if first.update.checkpoint:
+        raise InvalidArgument(
+            "UploadWeights takes no update.checkpoint: the streamed files are the checkpoint",
+            metadata={"field": "update.checkpoint"},
+        )
+    return first.update
+
+
+async def upload_pieces(requests: AsyncIterator[pb.UploadWeightsRequest]) -> AsyncIterator[UploadPiece]:
+    """The file pieces of an UploadWeights stream, after its first message."""
+    async for r in requests:
+        if r.HasField("update"):
+            raise InvalidArgument(
+                "only UploadWeights' first message carries `update`", metadata={"field": "update"}
+            )
+        yield UploadPiece(file_name=r.file_name, data=r.data, sha256=r.sha256)
 
 
 def weight_update_to_pb(u: WeightUpdate) -> pb.UpdateWeightsResponse:

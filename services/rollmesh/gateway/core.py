@@ -13,10 +13,11 @@ import contextlib
 import json
 import math
 import os
+import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -41,7 +42,8 @@ from rollmesh.gateway.types import (
     Usage,
     WeightUpdate,
 )
-from rollmesh.gateway.weights import check_checkpoint, next_version
+from rollmesh.gateway.uploads import UploadPiece, WeightUploads
+from rollmesh.gateway.weights import check_checkpoint, next_version, read_manifest
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.logging import get_logger
 
@@ -50,6 +52,8 @@ log = get_logger("rollmesh.gateway")
 BackendFactory = Callable[[ModelSpec], ModelBackend]
 InFlight = Literal["finish", "abort_and_retry"]
 DEFAULT_DRAIN_TIMEOUT_S = 300.0
+# UploadWeights: bytes allowed beyond the served safetensors (config, tokenizer, generation config).
+_UPLOAD_MARGIN_BYTES = 64 * 1024 * 1024
 # ABORT_AND_RETRY: how often aborts are re-sent to generations that reached the engine meanwhile.
 _REABORT_PERIOD_S = 0.5
 
@@ -65,6 +69,7 @@ class _Model:
     generating: set[str] = field(default_factory=set)  # request ids past the pause gate
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while `generating` is empty
     updating: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight update at a time
+    reference: Path | None = None  # the checkpoint first served: what new weights are checked against
 
     def __post_init__(self) -> None:
         self.running.set()
@@ -192,6 +197,7 @@ class Gateway:
         max_routes: int = 1024,
         backend_factory: BackendFactory | None = None,
         environ: Mapping[str, str] | None = None,
+        weights_staging_dir: str = "",
     ) -> None:
         if not backends:
             raise ValueError("a gateway needs at least one backend")
@@ -212,6 +218,8 @@ class Gateway:
         self._flights: dict[str, _Flight] = {}
         self._factory = backend_factory
         self._environ = os.environ if environ is None else environ
+        staging = Path(weights_staging_dir) if weights_staging_dir else Path(tempfile.gettempdir())
+        self.uploads = WeightUploads(staging / "rollmesh-weights")
 
     @classmethod
     def from_config(
@@ -229,6 +237,7 @@ class Gateway:
             default_max_tokens=cfg.default_max_tokens,
             max_routes=cfg.max_routes,
             backend_factory=backend_factory,
+            weights_staging_dir=cfg.weights_staging_dir,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -243,6 +252,7 @@ class Gateway:
         for m, r in zip(self._models.values(), results, strict=True):
             if isinstance(r, Exception):
                 log.warning("backend_shutdown_failed", model=m.name, error=str(r))
+        await self.uploads.close()
 
     # -- lookups -----------------------------------------------------------------------------
 
@@ -300,15 +310,10 @@ class Gateway:
         version; release held generations (unless the model was paused before). One update runs at a
         time per model; later ones wait."""
         m = self._resolve(model)
-        served = m.backend.weights_path
-        if served is None:
-            raise WeightUpdatesUnsupported(
-                f"model {m.name!r} ({m.backend.card.backend} backend) cannot update its weights",
-                metadata={"model": m.name},
-            )
+        reference = self._weights_reference(m)
         async with m.updating:
             version = policy_version or next_version(m.policy_version)
-            manifest = await asyncio.to_thread(check_checkpoint, checkpoint, served)
+            manifest = await asyncio.to_thread(check_checkpoint, checkpoint, reference)
             was_running = m.running.is_set()
             m.running.clear()
             held_at = time.monotonic()
@@ -327,6 +332,7 @@ class Gateway:
                     ) from None
                 replica_ids = await m.backend.load_weights(manifest.path, policy_version=version)
                 previous, m.policy_version = m.policy_version, version
+                await self.uploads.served(m.name, manifest.path)
             finally:
                 if was_running:
                     m.running.set()
@@ -350,6 +356,47 @@ class Gateway:
             checkpoint_path=str(manifest.path),
             tensors=len(manifest.tensors),
         )
+
+    async def upload_weights(
+        self,
+        model: str,
+        pieces: AsyncIterator[UploadPiece],
+        *,
+        policy_version: str = "",
+        in_flight: InFlight = "finish",
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    ) -> WeightUpdate:
+        """`update_weights` from a checkpoint streamed as `pieces` (uploads.py): staged in a folder
+        bounded by the served checkpoint's size (+ `_UPLOAD_MARGIN_BYTES` for config and tokenizer
+        files), digests checked, then updated from; the folder is deleted when the update fails or
+        once later weights replace it."""
+        m = self._resolve(model)
+        manifest = await asyncio.to_thread(read_manifest, self._weights_reference(m))
+        folder = await self.uploads.stage(pieces, limit_bytes=manifest.total_bytes + _UPLOAD_MARGIN_BYTES)
+        try:
+            update = await self.update_weights(
+                model,
+                folder,
+                policy_version=policy_version,
+                in_flight=in_flight,
+                drain_timeout_s=drain_timeout_s,
+            )
+        except BaseException:
+            await self.uploads.discard(folder)
+            raise
+        return update
+
+    def _weights_reference(self, m: _Model) -> Path:
+        """The checkpoint new weights are checked against: the one the model was first served from
+        (later ones have the same tensors; a weights-only upload has no config or tokenizer)."""
+        if m.reference is None:
+            m.reference = m.backend.weights_path
+        if m.reference is None:
+            raise WeightUpdatesUnsupported(
+                f"model {m.name!r} ({m.backend.card.backend} backend) cannot update its weights",
+                metadata={"model": m.name},
+            )
+        return m.reference
 
     async def _abort_for_retry(self, m: _Model, retried: set[str]) -> bool:
         """Abort every generation of `m` on the engine, marked to run again, until none runs."""

@@ -200,6 +200,18 @@ class DrainTimeout(mesh.DeadlineExceeded):
     reason = "WEIGHT_UPDATE_DRAIN_TIMEOUT"
 
 
+class UploadInvalid(mesh.InvalidArgument):
+    """An UploadWeights stream broke its rules (file name, order, sha256); nothing was kept."""
+
+    reason = "UPLOAD_INVALID"
+
+
+class UploadTooLarge(mesh.ResourceExhausted):
+    """An UploadWeights stream passed the served checkpoint's size plus a margin; nothing was kept."""
+
+    reason = "UPLOAD_TOO_LARGE"
+
+
 __all__ = [
     "BackendDown",
     "BackendUnavailable",
@@ -216,6 +228,8 @@ __all__ = [
     "RouteExists",
     "TokenIdsUnsupported",
     "TooManyRoutes",
+    "UploadInvalid",
+    "UploadTooLarge",
     "UpstreamAuthFailed",
     "UpstreamBadResponse",
     "UpstreamHttpError",

@@ -32,6 +32,15 @@ def _timeout(context: Any) -> float | None:
     return None if remaining is None else float(remaining)
 
 
+def _update_options(request: pb.UpdateWeightsRequest) -> dict[str, Any]:
+    """UpdateWeights' keyword options for `Gateway.update_weights` / `upload_weights`."""
+    mode: InFlight = (
+        "abort_and_retry" if request.in_flight == pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY else "finish"
+    )
+    drain = request.drain_timeout_s if request.drain_timeout_s > 0 else DEFAULT_DRAIN_TIMEOUT_S
+    return {"policy_version": request.policy_version, "in_flight": mode, "drain_timeout_s": drain}
+
+
 class GatewayServicer(pb_grpc.ModelGatewayServicer):
     def __init__(self, gateway: Gateway) -> None:
         self._gw = gateway
@@ -112,16 +121,18 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         return pb.RegisterRouteResponse(model=convert.model_to_pb(status))
 
     async def UpdateWeights(self, request: pb.UpdateWeightsRequest, context: Any) -> pb.UpdateWeightsResponse:
-        mode: InFlight = (
-            "abort_and_retry" if request.in_flight == pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY else "finish"
-        )
         update = await self._gw.update_weights(
-            request.model,
-            convert.checkpoint_path(request.checkpoint),
-            policy_version=request.policy_version,
-            in_flight=mode,
-            drain_timeout_s=request.drain_timeout_s
-            if request.drain_timeout_s > 0
-            else DEFAULT_DRAIN_TIMEOUT_S,
+            request.model, convert.checkpoint_path(request.checkpoint), **_update_options(request)
+        )
+        return convert.weight_update_to_pb(update)
+
+    async def UploadWeights(
+        self, request_iterator: AsyncIterator[pb.UploadWeightsRequest], context: Any
+    ) -> pb.UpdateWeightsResponse:
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        head = convert.upload_head(first)
+        update = await self._gw.upload_weights(
+            head.model, convert.upload_pieces(requests), **_update_options(head)
         )
         return convert.weight_update_to_pb(update)

@@ -41,6 +41,11 @@ class CheckpointManifest:
     path: Path
     tensors: dict[str, TensorMeta]
 
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the checkpoint's safetensors files (what bounds an UploadWeights)."""
+        return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+
 
 def _incompatible(path: Path, problem: str) -> CheckpointIncompatible:
     return CheckpointIncompatible(

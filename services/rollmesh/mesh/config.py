@@ -335,6 +335,13 @@ ENV_VARS: dict[str, EnvVar] = {
             "ROLLMESH_GATEWAY_SESSION_TTL_S", 3600.0, parse_float, "Seconds a gateway session is kept unused."
         ),
         EnvVar(
+            "ROLLMESH_WEIGHTS_STAGING_DIR",
+            "",
+            parse_str,
+            "Where UploadWeights stages streamed checkpoints (replicas load them from there: a shared "
+            "mount on a multi-node cluster; default: <tmp>/rollmesh-weights).",
+        ),
+        EnvVar(
             "ROLLMESH_GATEWAY_MAX_SESSIONS", 10_000, parse_int, "Sessions kept (least recently used evicted)."
         ),
         EnvVar("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", 256, parse_int, "max_tokens when a request sets none."),

@@ -685,6 +685,42 @@ class UpdateWeightsRequest(_message.Message):
 Global___UpdateWeightsRequest: _TypeAlias = UpdateWeightsRequest  # noqa: Y015
 
 @_typing.final
+class UploadWeightsRequest(_message.Message):
+    """One message of an UploadWeights stream: the first carries `update` only (its `checkpoint` empty);
+    the others carry pieces of the checkpoint's files, each file's pieces in order, one file after
+    another, the last piece of a file with its sha256.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UPDATE_FIELD_NUMBER: _builtins.int
+    FILE_NAME_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    file_name: _builtins.str
+    """A plain file name (model.safetensors, config.json, ...): no directories."""
+    data: _builtins.bytes
+    sha256: _builtins.str
+    """On a file's last piece: the lowercase hex sha256 of the whole file."""
+    @_builtins.property
+    def update(self) -> Global___UpdateWeightsRequest: ...
+    def __init__(
+        self,
+        *,
+        update: Global___UpdateWeightsRequest | None = ...,
+        file_name: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["update", b"update"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "file_name", b"file_name", "sha256", b"sha256", "update", b"update"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UploadWeightsRequest: _TypeAlias = UploadWeightsRequest  # noqa: Y015
+
+@_typing.final
 class UpdateWeightsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -92,6 +92,11 @@ class ModelGatewayStub:
                 request_serializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsRequest.SerializeToString,
                 response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.UploadWeights = channel.stream_unary(
+                '/rollmesh.v1.ModelGateway/UploadWeights',
+                request_serializer=rollmesh_dot_v1_dot_gateway__pb2.UploadWeightsRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class ModelGatewayServicer:
@@ -181,6 +186,16 @@ class ModelGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadWeights(self, request_iterator, context):
+        """Admin: UpdateWeights with the checkpoint's files streamed in the call, for a trainer that shares
+        no filesystem with the gateway. The gateway stages the files (bounded by the served checkpoint's
+        size, each checked against its sha256), then updates from that folder, and deletes it once
+        other weights replace it (or the update fails).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +252,11 @@ def add_ModelGatewayServicer_to_server(servicer, server):
             'UpdateWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateWeights,
                     request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'UploadWeights': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadWeights,
+                    request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UploadWeightsRequest.FromString,
                     response_serializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.SerializeToString,
             ),
     }
@@ -539,6 +559,33 @@ class ModelGateway:
             target,
             '/rollmesh.v1.ModelGateway/UpdateWeights',
             rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsRequest.SerializeToString,
+            rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadWeights(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/rollmesh.v1.ModelGateway/UploadWeights',
+            rollmesh_dot_v1_dot_gateway__pb2.UploadWeightsRequest.SerializeToString,
             rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,

@@ -64,6 +64,12 @@ class ModelGatewayStub:
     """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
     operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
     """
+    UploadWeights: _grpc.StreamUnaryMultiCallable[_gateway_pb2.UploadWeightsRequest, _gateway_pb2.UpdateWeightsResponse]
+    """Admin: UpdateWeights with the checkpoint's files streamed in the call, for a trainer that shares
+    no filesystem with the gateway. The gateway stages the files (bounded by the served checkpoint's
+    size, each checked against its sha256), then updates from that folder, and deletes it once
+    other weights replace it (or the update fails).
+    """
 
 @_typing.type_check_only
 class ModelGatewayAsyncStub(ModelGatewayStub):
@@ -100,6 +106,12 @@ class ModelGatewayAsyncStub(ModelGatewayStub):
     UpdateWeights: _aio.UnaryUnaryMultiCallable[_gateway_pb2.UpdateWeightsRequest, _gateway_pb2.UpdateWeightsResponse]  # type: ignore[assignment]
     """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
     operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
+    """
+    UploadWeights: _aio.StreamUnaryMultiCallable[_gateway_pb2.UploadWeightsRequest, _gateway_pb2.UpdateWeightsResponse]  # type: ignore[assignment]
+    """Admin: UpdateWeights with the checkpoint's files streamed in the call, for a trainer that shares
+    no filesystem with the gateway. The gateway stages the files (bounded by the served checkpoint's
+    size, each checked against its sha256), then updates from that folder, and deletes it once
+    other weights replace it (or the update fails).
     """
 
 class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
@@ -200,6 +212,18 @@ class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_gateway_pb2.UpdateWeightsResponse, _abc.Awaitable[_gateway_pb2.UpdateWeightsResponse]]:
         """Admin: load a new checkpoint into every replica of a model and bump its policy version, as one
         operation (all replicas or none; a rejected or failed update leaves the previous weights serving).
+        """
+
+    @_abc_1.abstractmethod
+    def UploadWeights(
+        self,
+        request_iterator: _MaybeAsyncIterator[_gateway_pb2.UploadWeightsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.UpdateWeightsResponse, _abc.Awaitable[_gateway_pb2.UpdateWeightsResponse]]:
+        """Admin: UpdateWeights with the checkpoint's files streamed in the call, for a trainer that shares
+        no filesystem with the gateway. The gateway stages the files (bounded by the served checkpoint's
+        size, each checked against its sha256), then updates from that folder, and deletes it once
+        other weights replace it (or the update fails).
         """
 
 def add_ModelGatewayServicer_to_server(servicer: ModelGatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
