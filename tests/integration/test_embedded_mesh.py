@@ -4,7 +4,6 @@ ROLLMESH_GATEWAY_ADDR says; and the start-up line names the backend actually sta
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.launch import embedded_mesh
 from rollmesh.launch.embedded import backend_phase
 from rollmesh.verifier.config import VerifierConfig
-from rollmesh_client import Client
+from rollmesh_client import Client, UnavailableError
 
 KEY = "embedded-key"
 
@@ -29,13 +28,13 @@ async def test_the_math_judge_calls_the_embedded_gateway(
     async with embedded_mesh(cfg, output_dir=str(tmp_path / "runs"), api_key=KEY) as mesh:
         async with await Client.connect(**mesh.addresses, api_key=KEY, timeout_s=120) as c:
             task = {"expected_answer": "4", "responses_create_params": {"input": "Solve 2x + 3 = 11."}}
-            result = await c.verifier.verify("math", task, "x equals four")
-    details = json.loads(result.details_json) if result.details_json else {}
-    judge = str(details.get("judge", ""))
-    # The fake model echoes the prompt: the judge got an answer (a verdict or an unparseable one),
-    # not UNAVAILABLE from 127.0.0.1:1 nor UNAUTHENTICATED for a missing key.
-    assert judge, details
-    assert "UNAVAILABLE" not in judge and "UNAUTHENTICATED" not in judge, judge
+            with pytest.raises(UnavailableError) as judged:
+                await c.verifier.verify("math", task, "x equals four")
+    # The fake model echoes the judge's prompt: an answer came back from this mesh's gateway (an
+    # unparseable verdict, so no reward: JUDGE_FAILED), not UNAVAILABLE from 127.0.0.1:1 nor
+    # UNAUTHENTICATED for a missing key.
+    assert judged.value.reason == "JUDGE_FAILED", judged.value
+    assert "unparseable verdict" in str(judged.value), judged.value
 
 
 def test_the_start_up_line_names_the_backend() -> None:
