@@ -130,6 +130,7 @@ class VLLMReplica:
         self._running: set[str] = set()
         self._served = 0
         self._engine_load_s = round(time.monotonic() - started, 1)
+        self._weights_load_s = 0.0  # the last weight load (freeze, reload, cache reset, release)
         self._weights = ReplicaWeights(config.app_name, config.model_path, self._reload)
         await self._weights.startup(pending_timeout_s=config.startup_timeout_s)
         log.info(
@@ -292,12 +293,13 @@ class VLLMReplica:
             await self._engine.reset_prefix_cache()
         finally:
             await self._engine.resume_generation()
+        self._weights_load_s = round(time.monotonic() - started, 3)
         log.info(
             "replica_weights_loaded",
             replica_id=self._replica_id,
             weights_path=ref.weights_path,
             weights_id=ref.weights_id,
-            seconds=round(time.monotonic() - started, 2),
+            seconds=self._weights_load_s,
         )
 
     async def stats(self, *, pin_replica: str = "") -> dict[str, Any]:
@@ -310,6 +312,7 @@ class VLLMReplica:
             "engine_output_tokens": _output_tokens(self._engine),
             "engine_held": bool(await self._engine.is_paused()),
             "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
+            "weights_load_s": self._weights_load_s,
             **weights_stats(self._weights.serving),
         }
 
