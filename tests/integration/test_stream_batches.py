@@ -11,11 +11,14 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from rollmesh.gateway import Gateway, binding
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.scheduler.agent import GenerateCall
@@ -35,6 +38,17 @@ def _generate_item(i: int) -> gateway_pb2.GenerateManyRequest:
         request_id=f"batch-{i}",
     )
     return gateway_pb2.GenerateManyRequest(id=str(i), request=request, timeout_s=60)
+
+
+def _call(i: int) -> GenerateCall:
+    return GenerateCall(
+        model="",
+        messages=[{"role": "user", "content": f"what is {i}+1?"}],
+        tools=[],
+        sampling={"temperature": 0},
+        session_id="",
+        request_id=f"coalesced-{i}",
+    )
 
 
 async def _one_message(message: object) -> AsyncIterator[object]:
@@ -133,6 +147,42 @@ async def test_the_sdk_mux_answers_every_caller_against_a_batching_gateway(start
         ]
         turns = await asyncio.gather(*(model.generate(c) for c in calls))
         assert [t.message["content"] for t in turns] == [f"what is {i}+1?" for i in range(300)]
+    finally:
+        await model.close()
+        await gateway.shutdown()
+
+
+async def test_the_sdk_writer_coalesces_calls_that_are_ready_together(start_server: StartServer) -> None:
+    """Once the stream's initial metadata said `rollmesh-batch: 1`, calls sent in one loop turn leave
+    as one (or a few) batch messages, not one message each."""
+    gateway = Gateway([FakeBackend("tiny", num_replicas=2, max_model_len=256)])
+    await gateway.start()
+    received = {"messages": 0, "items": 0}
+
+    class Counting(GatewayServicer):
+        async def GenerateMany(
+            self, request_iterator: AsyncIterator[gateway_pb2.GenerateManyRequest], context: Any
+        ) -> AsyncIterator[gateway_pb2.GenerateManyResponse]:
+            async def counted() -> AsyncIterator[gateway_pb2.GenerateManyRequest]:
+                async for message in request_iterator:
+                    received["messages"] += 1
+                    received["items"] += len(items_of(message))
+                    yield message
+
+            async for answer in super().GenerateMany(counted(), context):
+                yield answer
+
+    server = await start_server(
+        [ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", Counting(gateway))]
+    )
+    model = GatewayModel.connect(server.address)
+    try:
+        await model.generate(_call(0))  # opens the stream; its initial metadata says batches
+        received.update(messages=0, items=0)
+        turns = await asyncio.gather(*(model.generate(_call(i)) for i in range(1, 201)))
+        assert [t.message["content"] for t in turns] == [f"what is {i}+1?" for i in range(1, 201)]
+        assert received["items"] == 200
+        assert received["messages"] <= 10, received  # 200 calls ready in one turn: batches
     finally:
         await model.close()
         await gateway.shutdown()
