@@ -13,8 +13,8 @@ session goes alone, so the router keeps it on its session's replica.
   `output` (the whole output as one `EngineChunk`) or the error for that request alone.
 - Replica side, `run_batch(replica_id, items, run_one)`: runs every item at once in the engine and
   yields `BatchReport`s as items finish. The first names the replica and carries no output; items
-  finishing together share a report. Cancelling the iteration cancels every item still running
-  (the engine aborts each).
+  finishing within `report_interval_s` of each other share a report. Cancelling the iteration
+  cancels every item still running (the engine aborts each).
 - Abort of one request: `cancel(ticket)` drops a ticket whose batch has not left (its output becomes
   finish_reason "abort"); once a replica has it, the caller aborts it there by request id, which
   ends that item alone with finish_reason "abort".
@@ -32,7 +32,8 @@ from rollmesh.gateway.backends.base import EngineChunk, Sampling
 from rollmesh.serving.errors import RequestRejected
 
 DEFAULT_MAX_BATCH = 256
-DEFAULT_LINGER_S = 0.002
+DEFAULT_LINGER_S = 0.005  # gateway side: how long a batch waits for company before it leaves
+REPORT_INTERVAL_S = 0.005  # replica side: items finishing this close together share a report
 
 
 @dataclass(frozen=True)
@@ -195,6 +196,8 @@ async def run_batch(
     replica_id: str,
     items: list[BatchItem],
     run_one: Callable[[BatchItem], Awaitable[EngineChunk]],
+    *,
+    report_interval_s: float = REPORT_INTERVAL_S,
 ) -> AsyncIterator[BatchReport]:
     """Replica side: every item at once; a first report naming the replica, then reports of
     finished items as they finish (see the module docstring)."""
@@ -212,6 +215,8 @@ async def run_batch(
         left = len(items)
         while left:
             got = [await finished.get()]
+            if left > 1:
+                await asyncio.sleep(report_interval_s)  # each report is a Ray object: fewer, larger
             while not finished.empty():
                 got.append(finished.get_nowait())
             left -= len(got)
