@@ -127,6 +127,7 @@ class RayServeBackend(ModelBackend):
                 await asyncio.wait([tokenizer])
             self._tokenizer, model_len = tokenizer.result()
         self._max_model_len = self.config.max_model_len or model_len
+        self._handle = await _routing_on_this_loop(self.config.app_name, self._handle)
         self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self._cluster.startup_seconds}
 
     def _require_handle(self) -> Any:
@@ -390,6 +391,22 @@ class RayServeBackend(ModelBackend):
         await asyncio.gather(*self._aborts, return_exceptions=True)
         self._handle = None
         await self._cluster.shutdown()
+
+
+async def _routing_on_this_loop(app_name: str, handle: Any) -> Any:
+    """A handle whose router runs on this event loop. Serve's default runs it on a thread of its
+    own, and every call and every streamed object then crosses threads twice (measured with
+    engine="fake" replicas, 16 requests in flight: 1.23 -> 0.83 ms CPU per request). Every use of
+    the backend's handle is on this loop. Falls back to `handle` if Serve has no such option."""
+    from ray import serve
+
+    fresh = await asyncio.to_thread(serve.get_app_handle, app_name)
+    try:
+        fresh._init(_run_router_in_separate_loop=False)  # type: ignore[no-untyped-call]
+    except (RuntimeError, TypeError) as exc:
+        log.warning("serve_handle_default_router", error=str(exc)[:300])
+        return handle
+    return fresh
 
 
 def _short(exc: BaseException) -> str:
