@@ -87,6 +87,12 @@ async def _scenario(tmp_path: Path) -> None:
 
         await until_answered_by(replacement, ask)
         ids = await backend.cluster.replica_ids()
+        listed = {
+            r.replica_id: (r.weights_id, r.policy_version) for r in (await gateway.list_models())[0].replicas
+        }
+        assert listed == dict.fromkeys(ids, (current.weights_id, "1")), (
+            "ListModels shows what each replica serves"
+        )
 
         # A replica serving other weights (loaded behind the gateway's back) never answers.
         rogue, healthy = replacement, next(r for r in ids if r != replacement)
@@ -105,5 +111,10 @@ async def _scenario(tmp_path: Path) -> None:
         await wait_replaced(backend, ids, rogue, timeout_s=DEADLINE_S / 2)
         ids = await backend.cluster.replica_ids()
         assert [await weights_of(r) for r in ids] == [expected, expected]
+        models = await gateway.list_models()
+        live = [r for r in models[0].replicas if r.healthy]  # the rogue may still be listed, down (sessions)
+        assert {(r.replica_id, r.weights_id, r.policy_version) for r in live} == {
+            (r, current.weights_id, "1") for r in ids
+        }
     finally:
         await gateway.shutdown()

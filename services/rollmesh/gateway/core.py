@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -490,14 +491,12 @@ class Gateway:
             log.warning("backend_replicas_failed", model=m.name, error=str(exc))
             reported = []
         sessions = self.sessions.sessions_per_replica(m.name)
-        seen = {r.replica_id: r.healthy for r in reported}
+        seen = {r.replica_id: r for r in reported}
         for rid in [*m.in_flight, *sessions]:
-            seen.setdefault(rid, False)
+            seen.setdefault(rid, ReplicaStatus(replica_id=rid, healthy=False))
         replicas = tuple(
-            ReplicaStatus(
-                replica_id=rid, healthy=h, in_flight=m.in_flight.get(rid, 0), sessions=sessions.get(rid, 0)
-            )
-            for rid, h in seen.items()
+            dataclasses.replace(r, in_flight=m.in_flight.get(rid, 0), sessions=sessions.get(rid, 0))
+            for rid, r in seen.items()
         )
         return ModelStatus(
             name=name,

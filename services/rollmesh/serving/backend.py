@@ -370,6 +370,8 @@ class RayServeBackend(ModelBackend):
                 replica_id=rid,
                 healthy=s is not None,
                 in_flight=int(s["in_flight"]) if s else 0,
+                weights_id=str(s.get("weights_id", "")) if s else "",
+                policy_version=str(s.get("policy_version", "")) if s else "",
             )
             for rid, s in zip(ids, stats, strict=True)
         ]

@@ -340,12 +340,19 @@ class ReplicaInfo(_message.Message):
     HEALTHY_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
+    WEIGHTS_ID_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     healthy: _builtins.bool
     in_flight: _builtins.int
     """Requests running on it now, through this gateway."""
     sessions: _builtins.int
     """Sessions pinned to it."""
+    weights_id: _builtins.str
+    """The weights it serves, as it reports them (Ray Serve replicas; empty when unknown): the id of
+    their load and their policy version. Every replica of a model serves the same ones.
+    """
+    policy_version: _builtins.str
     def __init__(
         self,
         *,
@@ -353,10 +360,12 @@ class ReplicaInfo(_message.Message):
         healthy: _builtins.bool = ...,
         in_flight: _builtins.int = ...,
         sessions: _builtins.int = ...,
+        weights_id: _builtins.str = ...,
+        policy_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["healthy", b"healthy", "in_flight", b"in_flight", "replica_id", b"replica_id", "sessions", b"sessions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["healthy", b"healthy", "in_flight", b"in_flight", "policy_version", b"policy_version", "replica_id", b"replica_id", "sessions", b"sessions", "weights_id", b"weights_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -70,6 +70,9 @@ class ReplicaStatus:
     healthy: bool
     in_flight: int = 0
     sessions: int = 0
+    # The weights the replica reports serving (Ray Serve replicas; serving/weights_record.py).
+    weights_id: str = ""
+    policy_version: str = ""
 
 
 @dataclass(frozen=True)
