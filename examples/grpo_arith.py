@@ -13,14 +13,21 @@ Each step:
   3. save the weights (safetensors) and `gateway.update_weights(step_dir, policy_version=step)`:
      every replica loads them (all or none) and later turns carry the new version; the sink's
      `policy_version` follows so staleness is measured against it.
-Every `--eval-every` steps a held-out evaluation runs through the same mesh: the `arithmetic`
-benchmark (T = 1.0, as `make run` measures it), pass@1 from the job's metrics.
+The run starts by loading `--model` into every replica as policy version 0 (so a mesh a previous
+run trained starts over) and evaluating it. Every `--eval-every` steps, and after the last step, a
+held-out evaluation runs through the same mesh: the `arithmetic` benchmark (all 200 tasks x 8
+samples at T = 1.0, as `make run` measures it; `--eval-limit` for fewer), pass@1 from the job's
+metrics; no weight update happens meanwhile, so each evaluation scores one policy version. The run stops
+after `--steps` steps, or earlier when another step plus the final evaluation might not fit in
+`--time-budget-s` (wall time from the start of the command, mesh start-up and evaluations included).
 
-Outputs in `--out`: `metrics.csv` (one row per step: wall time, reward, loss, staleness, update
-seconds, held-out pass@1 when evaluated), `metrics.png` (reward and pass@1 against steps and wall
-time), `summary.json`, and the last checkpoints. The training split is written there too: every
-`What is a + b?` with a, b in 0..99 outside the benchmark's held-out pairs (same rule as the
-built-in split).
+Outputs in `--out`: `metrics.csv` (one row per step: wall time, training reward, loss, staleness,
+where the step's time went: waiting for rollouts, the optimizer step, saving, UpdateWeights, held-out
+evaluation; held-out pass@1 when evaluated), `metrics.png` (reward and pass@1 against steps and wall
+time), `summary.json` (first and last pass@1, the step and wall time it first reached `--target`),
+and the last two checkpoints. The training split is written there too: every `What is a + b?` with
+a, b in 0..99 outside the benchmark's held-out pairs (same rule as the built-in split), so no
+benchmark task is ever trained on.
 
 The training loop uses only `rollmesh_client`; `--embedded` additionally imports the services to
 start the mesh in this process (registry, verifier, gateway with `--backend`, scheduler).
@@ -34,6 +41,7 @@ import contextlib
 import csv
 import hashlib
 import json
+import os
 import random
 import shutil
 import sys
@@ -166,13 +174,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     img.save(path)
 
 
-async def evaluate(client: Client, args: argparse.Namespace) -> float:
-    """Held-out pass@1 of the policy now serving: the arithmetic benchmark through the mesh."""
-    spec = scheduler_pb2.JobSpec(benchmark="arithmetic", limit=args.eval_limit, starting_seed=args.seed)
+async def evaluate(client: Client, args: argparse.Namespace) -> tuple[float, float]:
+    """Held-out pass@1 of the policy now serving, and the seconds it took: the `arithmetic`
+    benchmark through the mesh (its 200 tasks x 8 samples at T = 1.0 unless `--eval-limit`)."""
+    t0 = time.monotonic()
+    spec = scheduler_pb2.JobSpec(
+        benchmark="arithmetic",
+        limit=args.eval_limit,
+        starting_seed=args.seed,
+        concurrency=args.eval_concurrency,
+    )
     job = await client.scheduler.submit(spec)
     await job.result(timeout_s=args.eval_timeout_s)
     metrics = await job.metrics()
-    return float(metrics.pass_at_k[1]) if 1 in metrics.pass_at_k else float(metrics.pass_at_1_avg)
+    pass_at_1 = float(metrics.pass_at_k[1]) if 1 in metrics.pass_at_k else float(metrics.pass_at_1_avg)
+    return pass_at_1, time.monotonic() - t0
 
 
 @contextlib.asynccontextmanager
@@ -191,7 +207,32 @@ async def mesh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
         yield m.addresses["gateway"], m.addresses["scheduler"]
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc), so wall times count the imports too."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime_s - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass
+class Clock:
+    """Wall time since the command started, and the time budget the run must fit in."""
+
+    budget_s: float
+    started: float = field(default_factory=lambda: time.monotonic() - process_age_s())
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 1)
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
+
+
 async def train(args: argparse.Namespace) -> dict[str, Any]:
+    clock = Clock(args.time_budget_s)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -201,26 +242,24 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
     tasks = write_train_split(train_path, args.seed)
     policy = Policy.load(args.model, args.lr)
     metrics = Metrics()
-    started = time.monotonic()
+    batch_size = args.groups * args.group_size
     async with (
         mesh(args) as (gateway, scheduler),
         await Client.connect(gateway=gateway, scheduler=scheduler, timeout_s=60) as client,
     ):
-        await client.gateway.set_policy_version("0")
-        pass_at_1 = await evaluate(client, args) if args.eval_every else None
-        metrics.add(
-            {
-                "step": 0,
-                "wall_s": round(time.monotonic() - started, 1),
-                "reward": None,
-                "pass_at_1": pass_at_1,
-            }
-        )
+        # Every replica serves --model as version 0, also on a mesh a previous run trained.
+        await client.gateway.update_weights(args.model, policy_version="0")
+        emit("mesh_ready", wall_s=clock.now())
+        pass_at_1, eval_s = await evaluate(client, args) if args.eval_every else (None, 0.0)
+        metrics.add({"step": 0, "wall_s": clock.now(), "pass_at_1": pass_at_1, "eval_s": round(eval_s, 1)})
+        # Whole groups, one step of overlap (max_staleness=1). Windows of one batch: while the
+        # trainer steps or evaluates, at most about one batch is generated ahead on the old policy.
         sink = SinkServer(
-            window=args.groups * args.group_size * 2,
+            window=batch_size,
             group_complete=True,
             group_size=args.group_size,
             max_staleness=args.max_staleness,
+            max_held=batch_size,
             policy_version=0,
         )
         async with sink:
@@ -232,38 +271,42 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                 starting_seed=args.seed,
                 sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=16, logprobs=True),
                 sink=scheduler_pb2.SinkSpec(
-                    grpc=scheduler_pb2.GrpcSinkSpec(
-                        address=sink.address, window=args.groups * args.group_size
-                    )
+                    grpc=scheduler_pb2.GrpcSinkSpec(address=sink.address, window=batch_size)
                 ),
             )
             job = await client.scheduler.submit(spec)
             emit("train_job_submitted", job_id=job.job_id)
             step = 0
+            waited = time.monotonic()
             try:
-                async for rollouts in sink.batches(args.groups * args.group_size):
+                async for rollouts in sink.batches(batch_size):
+                    wait_s = time.monotonic() - waited
                     batch = collate(rollouts, pad_id=0)
                     versions = [int(v) for v in batch.policy_versions if v.isdigit()]
+                    t0 = time.monotonic()
                     stats = await asyncio.to_thread(policy.step, batch)
                     step += 1
-                    ckpt = policy.save(args.out / "checkpoints" / f"step-{step:04d}")
-                    t0 = time.monotonic()
+                    t1 = time.monotonic()
+                    ckpt = await asyncio.to_thread(policy.save, args.out / "checkpoints" / f"step-{step:04d}")
+                    t2 = time.monotonic()
                     update = await client.gateway.update_weights(
                         ckpt, policy_version=str(step), in_flight=args.in_flight
                     )
                     sink.policy_version = step
-                    update_s = time.monotonic() - t0
+                    t3 = time.monotonic()
                     stale = args.out / "checkpoints" / f"step-{step - 2:04d}"
                     if stale.is_dir():
                         shutil.rmtree(stale)
-                    if args.eval_every and step % args.eval_every == 0:
-                        pass_at_1 = await evaluate(client, args)
-                    else:
-                        pass_at_1 = None
+                    # Stop when another step and the final evaluation might not fit in the budget.
+                    last = step >= args.steps or clock.left() < eval_s * 1.5 + (t3 - waited)
+                    pass_at_1, eval_s_now = (None, 0.0)
+                    if args.eval_every and (last or step % args.eval_every == 0):
+                        pass_at_1, eval_s_now = await evaluate(client, args)
+                        eval_s = max(eval_s, eval_s_now)
                     metrics.add(
                         {
                             "step": step,
-                            "wall_s": round(time.monotonic() - started, 1),
+                            "wall_s": clock.now(),
                             "reward": round(float(batch.rewards.mean()), 4),
                             "pass_at_1": pass_at_1,
                             "loss": round(stats["loss"], 5),
@@ -271,28 +314,47 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                             "tokens": int(stats["tokens"]),
                             "rollout_versions": f"{min(versions)}-{max(versions)}" if versions else "",
                             "max_staleness_seen": (step - 1 - min(versions)) if versions else "",
-                            "update_s": round(update_s, 2),
+                            "wait_s": round(wait_s, 2),
+                            "train_s": round(t1 - t0, 2),
+                            "save_s": round(t2 - t1, 2),
+                            "update_s": round(t3 - t2, 2),
                             "paused_s": round(update.paused_s, 2),
                             "retried": update.retried_requests,
                             "dropped_stale": sink.stats.dropped_stale,
+                            "eval_s": round(eval_s_now, 1),
                         }
                     )
-                    if step >= args.steps or time.monotonic() - started > args.time_budget_s:
+                    if last:
                         break
+                    waited = time.monotonic()
             finally:
                 with contextlib.suppress(Exception):  # the job may have ended already
                     await job.cancel()
-        if args.eval_every and step % args.eval_every != 0:
-            metrics.rows[-1]["pass_at_1"] = await evaluate(client, args)
+        if args.eval_every and metrics.rows[-1].get("pass_at_1") is None:  # the job ended early
+            metrics.rows[-1]["pass_at_1"], metrics.rows[-1]["eval_s"] = await evaluate(client, args)
     metrics.write(args.out)
-    evals = [r["pass_at_1"] for r in metrics.rows if r.get("pass_at_1") is not None]
+    return summarize(metrics.rows, args, clock, dropped_stale=sink.stats.dropped_stale)
+
+
+def summarize(
+    rows: list[dict[str, Any]], args: argparse.Namespace, clock: Clock, *, dropped_stale: int
+) -> dict[str, Any]:
+    """summary.json: first and last held-out pass@1, when (step, wall time) it first reached `--target`."""
+    evals = [r for r in rows if r.get("pass_at_1") is not None]
+    reached = next((r for r in evals if float(r["pass_at_1"]) >= args.target), None)
+    steps = int(rows[-1]["step"])
     summary = {
-        "steps": step,
-        "wall_s": round(time.monotonic() - started, 1),
-        "pass_at_1_first": evals[0] if evals else None,
-        "pass_at_1_last": evals[-1] if evals else None,
-        "policy_version": step,
-        "dropped_stale": sink.stats.dropped_stale,
+        "seed": args.seed,
+        "steps": steps,
+        "wall_s": clock.now(),
+        "time_budget_s": args.time_budget_s,
+        "pass_at_1_first": evals[0]["pass_at_1"] if evals else None,
+        "pass_at_1_last": evals[-1]["pass_at_1"] if evals else None,
+        "target": args.target,
+        "target_step": reached["step"] if reached else None,
+        "target_wall_s": reached["wall_s"] if reached else None,
+        "policy_version": steps,
+        "dropped_stale": dropped_stale,
         "out": str(args.out),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -307,16 +369,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default="ray-serve", help="--embedded: ray-serve (vLLM) or fake.")
     p.add_argument("--model", type=Path, default=SHIPPED, help="Initial checkpoint (the served model).")
     p.add_argument("--out", type=Path, default=Path("runs/grpo_arith"))
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=80)
     p.add_argument("--time-budget-s", type=float, default=900.0)
-    p.add_argument("--groups", type=int, default=8, help="Tasks per step.")
+    p.add_argument("--groups", type=int, default=16, help="Tasks per step.")
     p.add_argument("--group-size", type=int, default=8, help="Samples per task (GRPO group).")
-    p.add_argument("--lr", type=float, default=3e-5)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--in-flight", choices=["finish", "abort_and_retry"], default="abort_and_retry")
-    p.add_argument("--eval-every", type=int, default=10, help="Steps between held-out evals (0: none).")
+    p.add_argument("--eval-every", type=int, default=20, help="Steps between held-out evals (0: none).")
     p.add_argument("--eval-limit", type=int, default=200, help="Held-out tasks per eval (x8 samples).")
+    p.add_argument("--eval-concurrency", type=int, default=0, help="Eval rollouts in flight (0: auto).")
     p.add_argument("--eval-timeout-s", type=float, default=600.0)
+    p.add_argument(
+        "--target", type=float, default=0.70, help="Held-out pass@1 whose first crossing is reported."
+    )
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)

@@ -2,7 +2,8 @@
 
 The loop runs end to end (sink -> GRPO step -> checkpoint -> UpdateWeights -> held-out eval), the
 policy version advances through the token records (with max staleness 1, step 3's rollouts come from
-version >= 1), and it writes metrics.csv, metrics.png and summary.json.
+version >= 1), and it writes metrics.csv, metrics.png and summary.json. The training split it writes
+shares no task with the held-out benchmark.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.py"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "grpo_arith.py"
+BENCHMARK_ROWS = ROOT / "services" / "rollmesh" / "builtin" / "datasets" / "arithmetic" / "test.jsonl"
+
+
+def questions(path: Path) -> set[str]:
+    return {json.loads(line)["responses_create_params"]["input"][0]["content"] for line in path.open()}
 
 
 def test_grpo_example_runs_three_steps_and_versions_advance(tmp_path: Path) -> None:
@@ -26,6 +33,7 @@ def test_grpo_example_runs_three_steps_and_versions_advance(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["steps"], summary["policy_version"]) == (3, 3)
+    assert summary["pass_at_1_first"] is not None and summary["pass_at_1_last"] is not None
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert [r["step"] for r in rows] == ["0", "1", "2", "3"]
     assert rows[0]["pass_at_1"] != "" and rows[3]["pass_at_1"] != ""  # held-out evals before and after
@@ -34,3 +42,24 @@ def test_grpo_example_runs_three_steps_and_versions_advance(tmp_path: Path) -> N
     assert all(float(r["update_s"]) >= 0 for r in rows[1:])
     assert (out / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0002", "step-0003"]
+    assert 0 < summary["wall_s"] and summary["time_budget_s"] == 900.0
+
+
+def test_training_split_never_holds_a_benchmark_task(tmp_path: Path) -> None:
+    """The held-out benchmark is never trained on: the example's training split (every a + b with
+    a, b in 0..99 outside the held-out pairs) shares no question with the benchmark's 200 rows."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import runpy; m = runpy.run_path({str(EXAMPLE)!r}); "
+            f"print(m['write_train_split'](__import__('pathlib').Path({str(tmp_path / 't.jsonl')!r}), 0))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    train, benchmark = questions(tmp_path / "t.jsonl"), questions(BENCHMARK_ROWS)
+    assert len(train) == int(done.stdout.strip()) > 8000 and len(benchmark) == 200
+    assert not train & benchmark
