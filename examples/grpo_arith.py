@@ -247,8 +247,11 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         mesh(args) as (gateway, scheduler),
         await Client.connect(gateway=gateway, scheduler=scheduler, timeout_s=60) as client,
     ):
-        # Every replica serves --model as version 0, also on a mesh a previous run trained.
-        await client.gateway.update_weights(args.model, policy_version="0")
+        # Every replica serves --model as version 0, also on a mesh a previous run trained. Loaded
+        # as the trainer's weights-only copy: after one update the gateway compares a checkpoint's
+        # tokenizer.json with the last loaded folder (which has none), so --model itself is refused.
+        initial = await asyncio.to_thread(policy.save, args.out / "checkpoints" / "step-0000")
+        await client.gateway.update_weights(initial, policy_version="0")
         emit("mesh_ready", wall_s=clock.now())
         pass_at_1, eval_s = await evaluate(client, args) if args.eval_every else (None, 0.0)
         metrics.add({"step": 0, "wall_s": clock.now(), "pass_at_1": pass_at_1, "eval_s": round(eval_s, 1)})
