@@ -270,8 +270,11 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                 dataset=str(train_path),
                 environment="arithmetic",
                 num_repeats=args.group_size,
-                limit=min(tasks, args.steps * args.groups * 4),
+                limit=tasks,  # the whole split; the run ends it (cancel) after its last step
                 starting_seed=args.seed,
+                # At most one batch generating ahead: what waits beyond the windows would come
+                # from policies too old for max_staleness and be dropped (wasted generation).
+                concurrency=batch_size,
                 sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=16, logprobs=True),
                 sink=scheduler_pb2.SinkSpec(
                     grpc=scheduler_pb2.GrpcSinkSpec(address=sink.address, window=batch_size)
@@ -282,7 +285,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
             step = 0
             waited = time.monotonic()
             try:
-                async for rollouts in sink.batches(batch_size):
+                async for rollouts in sink.batches(batch_size, until_closed=True):
                     wait_s = time.monotonic() - waited
                     batch = collate(rollouts, pad_id=0)
                     versions = [int(v) for v in batch.policy_versions if v.isdigit()]
@@ -331,8 +334,13 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                         break
                     waited = time.monotonic()
             finally:
+                # CancelJob of a job waiting on the sink's window answered only after ~60 s, so the
+                # sink stops once the cancel is under way (or after 2 s), which ends the job at once.
+                cancel = asyncio.create_task(job.cancel())
+                await asyncio.wait({cancel}, timeout=2.0)
+                await sink.stop(grace=0)
                 with contextlib.suppress(Exception):  # the job may have ended already
-                    await job.cancel()
+                    await cancel
         if args.eval_every and metrics.rows[-1].get("pass_at_1") is None:  # the job ended early
             metrics.rows[-1]["pass_at_1"], metrics.rows[-1]["eval_s"] = await evaluate(client, args)
     metrics.write(args.out)
