@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml requirements.lock
 run: setup
 	$(BIN)/rollmesh run --benchmark arithmetic
 
-# Online GRPO on the tiny model through the mesh (examples/grpo_arith.py; ~15 min on 2 CPU cores).
+# Online GRPO on the tiny model through the mesh (examples/grpo_arith.py; 80 steps, ~9 min on 2 loaded CPU cores).
 train-demo: setup
 	$(BIN)/python examples/grpo_arith.py --embedded --out runs/grpo_arith
 
