@@ -126,6 +126,11 @@ class ServingCluster:
                 }
                 if cfg.replica_gpus > 0:
                     kwargs["num_gpus"] = int(cfg.replicas * cfg.replica_gpus + 0.999)
+                # The replicas (which inherit this environment) run their methods on the actor's own
+                # event loop rather than on a second thread: each request and each streamed object
+                # then crosses no thread (measured: replica + engine CPU 5.2 -> 4.5 ms per request
+                # at 16 in flight). Ray Serve's own throughput-optimized mode does the same.
+                os.environ.setdefault("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD", "0")
                 _start_local_ray(kwargs)
                 _PROCESS_RAY.owned = True
         _PROCESS_RAY.users += 1
