@@ -213,7 +213,7 @@ async def test_manager_idempotent_submit_cancel_and_errors(tmp_path: Path) -> No
 
 
 async def test_aimd_limiter_grows_when_flat_and_backs_off_when_queueing() -> None:
-    lim = Limiter(8, adaptive=True, max_limit=64)
+    lim = Limiter(8, adaptive=True, max_limit=64, clock=lambda: 0.0)  # no throughput signal
     for _ in range(8 * 6):
         lim.observe(0.1)
     grown = lim.limit
@@ -227,7 +227,7 @@ async def test_aimd_limiter_grows_when_flat_and_backs_off_when_queueing() -> Non
 
 
 async def test_aimd_limiter_doubles_until_the_first_cut_then_adds() -> None:
-    lim = Limiter(16, adaptive=True, max_limit=1024)
+    lim = Limiter(16, adaptive=True, max_limit=1024, clock=lambda: 0.0)
     seen = [lim.limit]
     for _ in range(4):
         for _ in range(lim.limit):  # one window: min(limit, 256) turns
@@ -273,3 +273,31 @@ async def test_token_records_are_validated_and_a_drifted_one_fails_its_rollout(t
     assert (await run.run(await run.open())).state == "COMPLETED_WITH_FAILURES"
     # By default one key in 16 is checked: exactly those rollouts fail, the rest are written.
     assert len(sampled.failures) == 3 and len(sampled.rollouts) == 45
+
+
+async def test_aimd_limiter_keeps_raising_while_rising_latency_buys_throughput() -> None:
+    """A batching engine: a bigger batch costs more latency but completes more per second (up to a
+    saturation point). Slow start keeps doubling while throughput rises, where latency alone (2x the
+    best at 64 in flight) would have cut; past saturation more in flight only queues, and is cut."""
+
+    def run(rate_gain: float) -> list[int]:
+        now = 0.0
+
+        def clock() -> float:
+            return now
+
+        lim = Limiter(16, adaptive=True, max_limit=1024, rate_gain=rate_gain, clock=clock)
+        limits = []
+        for _ in range(12):
+            in_flight = lim.limit
+            rate = min(20 * in_flight**0.5, 300.0)  # turns per second; saturates at 225 in flight
+            for _ in range(max(8, min(in_flight, 256))):
+                now += 1.0 / rate
+                lim.observe(in_flight / rate)  # Little's law
+            limits.append(lim.limit)
+        return limits
+
+    with_rate = run(1.1)
+    latency_only = run(float("inf"))
+    assert max(latency_only) == 64 and max(with_rate) == 512
+    assert with_rate[-1] < 512  # cut once more in flight stopped paying

@@ -5,6 +5,11 @@ Flat (within `tolerance` x best) -> raise the limit; queueing (above it) -> cut 
 Raising doubles the limit until the first cut (slow start, as TCP does: a batching engine such as
 vLLM needs hundreds of requests in flight, which additive steps from 16 reach only after thousands
 of turns), then adds sqrt(limit). Always within [min_limit, max_limit].
+
+Latency that rises while the window's throughput (turns per second) also rises by `rate_gain` over
+the previous window's is not queueing: a batching engine (vLLM) serves a bigger batch at a lower
+cost per request, so its latency grows with the batch while it completes more. Such a window
+raises the limit too; a slower window that completes no more than the previous one cuts it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import time
+from collections.abc import Callable
 
 
 class Limiter:
@@ -26,6 +33,8 @@ class Limiter:
         max_limit: int = 1024,
         tolerance: float = 1.5,
         decrease: float = 0.7,
+        rate_gain: float = 1.1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.adaptive = adaptive
         self.min_limit = max(1, min_limit)
@@ -38,6 +47,10 @@ class Limiter:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._samples: list[float] = []
         self._best: float | None = None
+        self.rate_gain = rate_gain
+        self._clock = clock
+        self._window_start = 0.0
+        self._last_rate = 0.0  # turns per second of the previous window
         self._slow_start = True  # doubling until the first cut
 
     async def acquire(self) -> None:
@@ -65,15 +78,22 @@ class Limiter:
         """One model-turn latency (adaptive mode); may move the limit."""
         if not self.adaptive:
             return
+        now = self._clock()
+        if not self._samples:
+            self._window_start = now
         self._samples.append(latency_s)
         window = max(8, min(self.limit, 256))
         if len(self._samples) < window:
             return
         mean = sum(self._samples) / len(self._samples)
+        elapsed = now - self._window_start
+        rate = (len(self._samples) - 1) / elapsed if elapsed > 0 else 0.0
         self._samples.clear()
         if self._best is None or mean < self._best:
             self._best = mean
-        if mean <= self._best * self.tolerance:
+        paying = self._last_rate > 0 and rate >= self._last_rate * self.rate_gain
+        self._last_rate = rate
+        if mean <= self._best * self.tolerance or paying:
             step = self.limit if self._slow_start else max(1, int(math.sqrt(self.limit)))
             self.limit = min(self.max_limit, self.limit + step)
         else:
