@@ -5,7 +5,9 @@ Plugins import the public API from here::
     from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
 
 A row that cannot be scored (no usable `expected_answer`) raises `BadTask` from `verify`: the rollout
-fails with class BAD_TASK instead of recording a reward of 0 for an answer nobody could judge.
+fails with class BAD_TASK instead of recording a reward of 0 for an answer nobody could judge. A
+checker that overruns its time raises `CheckTimeout` (CHECK_TIMEOUT), one that breaks `CheckFailed`
+(CHECK_FAILED): both are retried, neither is a reward of 0.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rollmesh.verifier.environment import (
     VerifyResult,
     tool,
 )
-from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout
 
 if TYPE_CHECKING:
     from rollmesh.mesh.server import ServiceBinding
@@ -49,6 +51,8 @@ def binding(service: VerifierService) -> ServiceBinding:
 
 __all__ = [
     "BadTask",
+    "CheckFailed",
+    "CheckTimeout",
     "EnvContext",
     "Environment",
     "Message",

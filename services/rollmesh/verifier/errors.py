@@ -56,3 +56,17 @@ class JudgeFailed(mesh.Unavailable):
     not be read): the reward is unknown, so the verify fails (retryable) instead of scoring 0."""
 
     reason = "JUDGE_FAILED"
+
+
+class CheckTimeout(mesh.DeadlineExceeded):
+    """An environment's checker (e.g. math-verify in a worker) overran its hard timeout and was
+    killed: the answer was never judged, so the verify fails (retryable) instead of scoring 0."""
+
+    reason = "CHECK_TIMEOUT"
+
+
+class CheckFailed(mesh.Unavailable):
+    """An environment's checker raised or its worker process died: the answer was never judged,
+    so the verify fails (retryable) instead of scoring 0."""
+
+    reason = "CHECK_FAILED"

@@ -11,7 +11,7 @@ import grpc
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import JudgeFailed
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout, JudgeFailed
 from rollmesh.verifier.workers import WorkerError, WorkerTimeout
 
 log = get_logger("rollmesh.env.math")
@@ -55,8 +55,9 @@ class MathEnv(Environment):
     """Math word problems with a reference answer, checked symbolically by math-verify (\\boxed{}
     or the last expression). When ROLLMESH_VERIFIER_MATH_JUDGE=1 (or the task's
     `verifier_metadata.use_judge`), an LLM judge served by the gateway gets a second opinion on
-    answers the symbolic check rejects. A row without a usable expected_answer raises BadTask, and
-    a judge that gives no verdict JudgeFailed: neither is scored 0."""
+    answers the symbolic check rejects. A row without a usable expected_answer raises BadTask, a
+    checker that overruns its timeout CheckTimeout, one that raises or dies CheckFailed, and a judge
+    that gives no verdict JudgeFailed: none of them is scored 0 (nobody judged the answer)."""
 
     _channel: grpc.aio.Channel | None = None
     _warm: asyncio.Task[Any] | None = None
@@ -90,14 +91,9 @@ class MathEnv(Environment):
         try:
             out = await self.context.workers.call(f"{_HERE}:check", str(expected), text, timeout_s=timeout)
         except WorkerTimeout:
-            return VerifyResult(
-                0.0,
-                {"symbolic": 0.0},
-                "",
-                {"reason": f"math-verify timed out after {timeout:g}s; worker killed"},
-            )
+            raise CheckTimeout(f"math-verify took longer than {timeout:g}s; worker killed") from None
         except WorkerError as exc:
-            return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": f"math-verify failed: {exc}"})
+            raise CheckFailed(f"math-verify failed: {exc}") from None
         if out["reason"] == "could not parse expected_answer":
             raise BadTask(f"math-verify could not parse expected_answer {str(expected)[:80]!r}")
         correct = bool(out["correct"])

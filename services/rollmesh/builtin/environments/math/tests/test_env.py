@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier import BadTask
+from rollmesh.verifier import BadTask, CheckFailed, CheckTimeout
 from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows, task
+from rollmesh.verifier.workers import WorkerError
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -28,13 +29,27 @@ async def test_right_wrong_empty_malformed() -> None:
             await check(env, task(None), answer("\\boxed{4}"))
 
 
-async def test_timeout_kills_the_worker_and_scores_zero() -> None:
+async def test_a_check_that_times_out_is_an_error_never_a_reward_of_0() -> None:
+    """A correct answer whose check overran the timeout (a loaded host, a slow expression) was
+    scored 0: a wrong reward a trainer would optimize. It is CHECK_TIMEOUT (retried) instead."""
     cfg = replace(TEST_CONFIG, math_timeout_s=0.001)
     async with load_env(HERE, cfg) as env:
         await env.context.workers.warm()
-        slow = await check(env, task("\\frac{5}{6}"), answer("\\boxed{\\frac{10}{12}}"))
-        assert slow.reward == 0.0 and "timed out" in slow.details["reason"]
+        with pytest.raises(CheckTimeout, match="worker killed"):
+            await check(env, task("\\frac{5}{6}"), answer("\\boxed{\\frac{10}{12}}"))
         assert env.context.workers.restarts >= 1
+
+
+async def test_a_checker_that_dies_is_an_error_never_a_reward_of_0() -> None:
+    async with load_env(HERE) as env:
+        await env.context.workers.warm()
+
+        async def dying(*args: object, **kwargs: object) -> object:
+            raise WorkerError("math-verify worker died (exit code -9)")
+
+        env.context.workers.call = dying  # type: ignore[method-assign]
+        with pytest.raises(CheckFailed, match="worker died"):
+            await check(env, task("4"), answer("\\boxed{4}"))
 
 
 async def test_example_rows() -> None:
