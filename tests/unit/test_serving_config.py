@@ -92,26 +92,40 @@ def test_build_app_places_and_picks_the_replica_class() -> None:
     assert anywhere.func_or_class is VLLMReplica and anywhere._replica_config.max_replicas_per_node is None
 
 
+_STOP_OWN_RAY_PROBE = """
+import os, subprocess, sys
+import ray
+from rollmesh.serving.cluster import _stop_own_ray_processes
+
+ray_program = os.path.join(os.path.dirname(ray.__file__), "_private", "log_monitor.py")
+sleeper = "import time; time.sleep(120)"
+like_ray = subprocess.Popen([sys.executable, "-c", sleeper, ray_program])
+other = subprocess.Popen([sys.executable, "-c", sleeper, "not-ray"])
+try:
+    killed = _stop_own_ray_processes()
+    like_ray_code = like_ray.wait(timeout=30)
+    print(killed, like_ray_code, other.poll())
+finally:
+    for proc in (like_ray, other):
+        proc.kill()
+        proc.wait(timeout=30)
+"""
+
+
 def test_a_failed_ray_start_leaves_no_ray_process_of_ours_behind() -> None:
     """Ray forgets a node whose start timed out; its GCS, monitors and dashboard keep running unless
-    the retry loop kills them. Only this process's children running Ray's programs are killed."""
-    import os
+    the retry loop kills them. Only this process's children running Ray's programs are killed.
+
+    Run in a fresh process: this test process may be a Ray driver (earlier tests' local cluster),
+    whose own Ray children the probe would rightly count and kill."""
     import subprocess
     import sys
 
-    import ray
-
-    from rollmesh.serving.cluster import _stop_own_ray_processes
-
-    ray_program = os.path.join(os.path.dirname(ray.__file__), "_private", "log_monitor.py")
-    sleeper = "import time; time.sleep(120)"
-    like_ray = subprocess.Popen([sys.executable, "-c", sleeper, ray_program])
-    other = subprocess.Popen([sys.executable, "-c", sleeper, "not-ray"])
-    try:
-        assert _stop_own_ray_processes() == 1
-        assert like_ray.wait(timeout=30) != 0
-        assert other.poll() is None
-    finally:
-        for proc in (like_ray, other):
-            proc.kill()
-            proc.wait(timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", _STOP_OWN_RAY_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    killed, like_ray_code, other_status = out.stdout.split()
+    assert killed == "1"  # the Ray-like child only
+    assert like_ray_code != "0"  # it was killed, not left to finish
+    assert other_status == "None"  # the other child still ran
