@@ -246,11 +246,28 @@ class ServingCluster:
             _PROCESS_RAY.users -= 1
             if _PROCESS_RAY.users == 0 and ray.is_initialized():
                 if _PROCESS_RAY.owned:
-                    await _RAY_THREAD.run(serve.shutdown)
+                    await _RAY_THREAD.run(_shutdown_serve)
                 await _RAY_THREAD.run(ray.shutdown)  # a joined cluster: disconnects this driver only
             if _PROCESS_RAY.users == 0:
                 _PROCESS_RAY.owned = False
         log.info("serving_stopped", app=self.config.app_name, joined=bool(self.config.ray_address))
+
+
+def _shutdown_serve() -> None:
+    """`serve.shutdown()`, first forgetting cached deployment handles whose router ran on an event
+    loop that is closed by now (a handle routes on its creator's loop; an earlier backend of this
+    process may have gone with its loop): shutting such a handle down raises 'Event loop is closed'
+    and would leave Serve running."""
+    from ray import serve
+    from ray.serve import context
+
+    client = context._global_client
+    cache: dict[Any, Any] = getattr(client, "handle_cache", None) or {}
+    for key, handle in list(cache.items()):
+        loop = getattr(getattr(handle, "_router", None), "_asyncio_loop", None)
+        if loop is not None and loop.is_closed():
+            del cache[key]
+    serve.shutdown()  # type: ignore[no-untyped-call]
 
 
 def _connect(address: str) -> None:
