@@ -1,4 +1,4 @@
-"""arithmetic: the last integer of the last assistant message is the answer."""
+"""arithmetic: the last number of the last assistant message, read whole, is the answer."""
 
 from pathlib import Path
 
@@ -23,6 +23,53 @@ async def test_wrong_answer_and_last_integer_rule() -> None:
         assert (wrong.reward, wrong.extracted_answer) == (0.0, "67")
         negative = await check(env, task("-3"), answer("It is -3"))
         assert negative.reward == 1.0
+
+
+# A wrong answer never matches through a fragment of itself, a look-alike sign or a huge exponent.
+WRONG_LOOKALIKES = {
+    "12.5": "5",  # decimal part
+    "5e3": "3",  # exponent
+    "5e3 ": "5",
+    "1/5": "5",  # fraction
+    "10^5": "5",  # power
+    "10 ** 5": "5",
+    "5²": "5",
+    "5,000": "0",  # thousands separator
+    "v1.2.5": "5",
+    "\u22125": "5",  # U+2212 MINUS SIGN
+    "\uff0d5": "5",  # FULLWIDTH HYPHEN-MINUS
+    "1e999999999": "1",  # not evaluated, not an integer answer
+    "0.1e-1": "0",
+}
+RIGHT_FORMS = {
+    "5.0": "5",
+    "10/2": "5",
+    "5e3": "5000",
+    "5,000": "5000",
+    "\u22125": "-5",
+    "The answer is 7.": "7",
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), sorted(WRONG_LOOKALIKES.items()))
+async def test_a_wrong_number_never_matches_through_a_fragment(text: str, expected: str) -> None:
+    async with load_env(HERE) as env:
+        r = await check(env, task(expected), answer(text))
+        assert r.reward == 0.0, (text, r)
+
+
+@pytest.mark.parametrize(("text", "expected"), sorted(RIGHT_FORMS.items()))
+async def test_the_whole_number_is_read(text: str, expected: str) -> None:
+    async with load_env(HERE) as env:
+        r = await check(env, task(expected), answer(text))
+        assert (r.reward, r.extracted_answer) == (1.0, expected), (text, r)
+
+
+async def test_a_last_number_that_is_not_an_integer_is_named() -> None:
+    async with load_env(HERE) as env:
+        half = await check(env, task("2"), answer("It is 2 or 2.5"))
+        reason = "the last number is not an integer"
+        assert (half.reward, half.extracted_answer, half.details["reason"]) == (0.0, "2.5", reason)
 
 
 async def test_empty_and_malformed() -> None:
