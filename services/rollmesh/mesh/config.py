@@ -359,14 +359,23 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return var.parse(name, raw)
 
 
-def read_fields(cls: type[D], prefix: str, environ: Mapping[str, str] | None = None, /, **given: Any) -> D:
+def read_fields(
+    cls: type[D],
+    prefix: str,
+    environ: Mapping[str, str] | None = None,
+    /,
+    *,
+    names: Mapping[str, str] | None = None,
+    **given: Any,
+) -> D:
     """A `cls` dataclass whose fields take `given[name]`, else the registered variable
-    `<prefix><NAME>` (parsed, then converted to the field's declared type when that is bool, int,
-    float or str), else their defaults: a service's config names each variable once, in ENV_VARS."""
+    `<prefix><NAME>` (or `names[name]`, for a field whose variable is spelled otherwise; parsed,
+    then converted to the field's declared type when that is bool, int, float or str), else their
+    defaults: a service's config names each variable once, in ENV_VARS."""
     hints = typing.get_type_hints(cls)
     values = dict(given)
     for f in dataclasses.fields(cls):
-        var = prefix + f.name.upper()
+        var = (names or {}).get(f.name) or prefix + f.name.upper()
         if f.name not in given and var in ENV_VARS:
             value, kind = read(var, environ), hints.get(f.name)
             values[f.name] = kind(value) if kind in (bool, int, float, str) else value

@@ -7,11 +7,11 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollmesh.mesh.config import ConfigError, read
+from rollmesh.mesh.config import ConfigError, read_fields
 
 ENGINES = ("vllm", "fake")
 _APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
@@ -100,9 +100,6 @@ class ServingConfig:
     def device(self) -> str:
         return "cuda" if self.replica_gpus > 0 else "cpu"
 
-    def with_(self, **changes: Any) -> ServingConfig:
-        return replace(self, **changes)
-
     @classmethod
     def from_env(
         cls,
@@ -113,22 +110,18 @@ class ServingConfig:
         **overrides: Any,
     ) -> ServingConfig:
         """Environment variables (see mesh/config.py) under explicit `overrides` (CLI flags)."""
-        values: dict[str, Any] = {
-            "model_path": str(model_path),
-            "model_name": model_name,
-            "ray_address": str(read("ROLLMESH_RAY_ADDRESS", environ)),
-            "app_name": str(read("ROLLMESH_SERVE_APP_NAME", environ)),
-            "replicas": int(read("ROLLMESH_REPLICAS", environ)),
-            "replicas_per_node": int(read("ROLLMESH_REPLICAS_PER_NODE", environ)),
-            "engine": str(read("ROLLMESH_SERVE_ENGINE", environ)),
-            "fake_token_latency_s": float(read("ROLLMESH_FAKE_TOKEN_LATENCY_S", environ)),
-            "replica_cpus": float(read("ROLLMESH_REPLICA_CPUS", environ)),
-            "replica_gpus": float(read("ROLLMESH_REPLICA_GPUS", environ)),
-            "tensor_parallel_size": int(read("ROLLMESH_TP_SIZE", environ)),
-            "kvcache_gib": int(read("ROLLMESH_VLLM_KVCACHE_GIB", environ)),
-            "gpu_memory_utilization": float(read("ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION", environ)),
-            "max_model_len": int(read("ROLLMESH_VLLM_MAX_MODEL_LEN", environ)),
-            "startup_timeout_s": float(read("ROLLMESH_SERVE_STARTUP_TIMEOUT", environ)),
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        given |= {"model_path": str(model_path), "model_name": model_name}
+        return read_fields(cls, "ROLLMESH_", environ, names=_VARIABLES, **given)
+
+
+# The fields read from a variable not spelled ROLLMESH_<FIELD NAME> (see mesh/config.py's ENV_VARS).
+_VARIABLES = {
+    "app_name": "ROLLMESH_SERVE_APP_NAME",
+    "engine": "ROLLMESH_SERVE_ENGINE",
+    "tensor_parallel_size": "ROLLMESH_TP_SIZE",
+    "kvcache_gib": "ROLLMESH_VLLM_KVCACHE_GIB",
+    "gpu_memory_utilization": "ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION",
+    "max_model_len": "ROLLMESH_VLLM_MAX_MODEL_LEN",
+    "startup_timeout_s": "ROLLMESH_SERVE_STARTUP_TIMEOUT",
+}

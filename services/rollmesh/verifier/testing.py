@@ -10,15 +10,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rollmesh.verifier.config import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.environment import (
+from rollmesh.verifier import (
     EnvContext,
     Environment,
     Message,
     Response,
+    SandboxConfig,
+    SandboxLimits,
     Session,
     Task,
     ToolCall,
+    VerifierConfig,
     VerifyResult,
 )
 from rollmesh.verifier.loader import environment_class, import_file
