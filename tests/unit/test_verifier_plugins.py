@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from rollmesh.mesh.errors import Internal
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.errors import ArtifactCollision
 from rollmesh.registry.roots import BUILTIN_ROOT
@@ -103,6 +104,30 @@ async def test_plugin_in_an_extra_root_is_discovered(tmp_path: Path) -> None:
     task = '{"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}'
     result = await svc.verify(VerifyCall("echo", task, Response.from_text("hi")))
     assert result.reward == 1.0
+
+
+BAD_REWARDS = {"nan": "float('nan')", "inf": "float('inf')", "text": "'1.0'", "none": "None"}
+BAD_REWARD_PLUGIN = """
+from rollmesh.verifier import Environment, VerifyResult
+
+
+class Bad(Environment):
+    def verify(self, task, response, session=None):
+        value = {value}
+        return VerifyResult({reward}, {{"part": {component}}})
+"""
+
+
+@pytest.mark.parametrize("where", ["reward", "component"])
+@pytest.mark.parametrize("bad", sorted(BAD_REWARDS))
+async def test_a_reward_that_is_not_a_finite_number_fails_the_verify(
+    tmp_path: Path, bad: str, where: str
+) -> None:
+    reward, component = ("value", "1.0") if where == "reward" else ("1.0", "value")
+    source = BAD_REWARD_PLUGIN.format(value=BAD_REWARDS[bad], reward=reward, component=component)
+    svc = service_for([make_root(tmp_path / "plugins", {"bad": source})])
+    with pytest.raises(Internal, match="not a finite number"):
+        await svc.verify(VerifyCall("bad", "{}", Response.from_text("x")))
 
 
 def test_collision_with_a_builtin_is_the_registrys_error(tmp_path: Path) -> None:

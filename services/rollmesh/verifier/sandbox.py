@@ -17,6 +17,12 @@ unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
   no such guarantee: the code can kill the keeper, read the service's environment through /proc,
   and signal it. No network isolation in either case.
 
+A run whose sandbox never came up (the runner did not answer its "hello", which it does before
+any of the code is read: unshare/mount/chroot failed, or the host was too loaded to start it within
+the wall-clock limit) raises `SandboxUnavailable`: nobody ran the code, so there is no verdict, and
+callers must fail the verify (retryable) rather than score it 0. Everything after the hello is
+the code's doing and ends in a `RunResult`.
+
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
 semaphore bounding concurrent runs. Spawning uses asyncio subprocesses; nothing blocks the loop.
@@ -95,6 +101,15 @@ _PROBE_CHECKS = {
     "/usr is not read-only and nosuid in the chroot": "assert os.statvfs('/usr').f_flag & 3 == 3",
     "the Python prefix is not read-only and nosuid": "assert os.statvfs(sys.base_prefix).f_flag & 3 == 3",
 }
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox did not come up, so the code never ran (see the module docstring).
+    `timed_out`: it did not answer within the wall-clock limit (a loaded host), else it died."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
@@ -216,8 +231,8 @@ class Sandbox:
         tests = TestSpec("asserts", list(checks.values()))
         try:
             res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces")
-        except OSError as exc:
-            return False, str(exc)
+        except (OSError, SandboxUnavailable) as exc:
+            return False, str(exc)[-300:]
         if res.status != "ok":
             return False, (res.error or res.stderr.strip() or res.status)[-300:]
         failed = [why for why, case in zip(checks, res.cases, strict=False) if not case.get("ok")]
@@ -228,7 +243,8 @@ class Sandbox:
     async def run(
         self, code: str, tests: TestSpec, *, limits: SandboxLimits | None = None, guards: bool = True
     ) -> RunResult:
-        """Run `code` against `tests` under the limits; never raises for anything the code does."""
+        """Run `code` against `tests` under the limits; never raises for anything the code does.
+        Raises `SandboxUnavailable` when the sandbox never came up (the code did not run)."""
         mode = await self.start()
         async with self._slots:
             self.runs += 1
@@ -279,8 +295,8 @@ class Sandbox:
             )
             child_fd, reply_w = reply_w, -1
             os.close(child_fd)
-            result = await self._supervise(proc, (reply_r, child_fd), mode, code, tests, limits, guards)
-            reply_r = -1  # owned by the channel's transport now
+            read_fd, reply_r = reply_r, -1  # the channel's transport owns it from here
+            result = await self._supervise(proc, (read_fd, child_fd), mode, code, tests, limits, guards)
             result.isolation = mode
             result.duration_s = round(time.monotonic() - start, 4)
             return result
@@ -326,14 +342,20 @@ class Sandbox:
         drop_to = self._drop_to(mode)
         channel = await Channel.open(proc, reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
         verdicts: list[dict[str, Any]] = []
-        status, error = "ok", ""
+        status, error, greeted = "ok", "", False
         try:
             async with asyncio.timeout(limits.wall_s):
                 hello = await channel.send(
                     "hello", reply_fd=child_fd, limits=asdict(limits), guards=guards, drop_to=drop_to
                 )
-                load = await channel.send("load", code=code, mode=tests.kind)  # pipelined
-                await channel.receive(hello)
+                # The runner answers hello before it reads the code: its reply, awaited while the code
+                # is still being written (pipelined), says the sandbox came up.
+                greeting = asyncio.ensure_future(channel.receive(hello))
+                try:
+                    load = await channel.send("load", code=code, mode=tests.kind)
+                    await greeting
+                finally:
+                    greeted = _succeeded(greeting)
                 error = await _judge(channel, await channel.receive(load), tests, verdicts)
         except TimeoutError:
             status = "timeout"
@@ -356,6 +378,11 @@ class Sandbox:
             readers.cancel()
             out_head = err_head = b""
             out_trunc = err_trunc = True
+        if not greeted:
+            why = (err_head.decode(errors="replace").strip() or f"exit code {proc.returncode}")[-300:]
+            raise SandboxUnavailable(
+                f"the sandbox did not start ({error}): {why}", timed_out=status == "timeout"
+            )
         if status == "crashed":
             rc = proc.returncode or 0
             why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
@@ -390,6 +417,14 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         await proc.wait()
+
+
+def _succeeded(task: asyncio.Future[Any]) -> bool:
+    """Whether `task` finished with a result; cancels it when it has not finished."""
+    if not task.done():
+        task.cancel()
+        return False
+    return not task.cancelled() and task.exception() is None
 
 
 def _missing_isolation(why: str) -> str:

@@ -6,6 +6,8 @@ import asyncio
 import functools
 import inspect
 import json
+import math
+import numbers
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,8 +85,17 @@ def is_stateless(cls: type[Environment]) -> bool:
 
 
 def _check_result(name: str, result: Any) -> VerifyResult:
+    """The environment's result, or Internal when it is not a VerifyResult or its reward or a
+    component is not a finite number (a NaN would poison every mean and pass@k it enters, an
+    inf or a string has no meaning as a reward): the verify fails, visibly, instead."""
     if not isinstance(result, VerifyResult):
         raise Internal(f"environment {name!r} verify returned {type(result).__name__}, not VerifyResult")
+    values = {"reward": result.reward, **{f"components[{k!r}]": v for k, v in result.components.items()}}
+    for what, value in values.items():
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise Internal(
+                f"environment {name!r} verify returned {what} = {value!r:.80}, not a finite number"
+            )
     return result
 
 

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.sandbox import Sandbox, TestSpec
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout
+from rollmesh.verifier.sandbox import Sandbox, SandboxUnavailable, TestSpec
 
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -44,7 +45,9 @@ class CodeEnv(Environment):
     """Python programming tasks. The code (a ```python block, or the whole answer) runs against
     `verifier_metadata.tests` in a sandbox (namespaces, chroot, uid 65534, CPU/wall/memory/
     process/file/output limits, no network, empty environment); the verdict is computed here.
-    Reward 1.0 when every test passes (or the pass rate with `verifier_metadata.partial_credit`)."""
+    Reward 1.0 when every test passes (or the pass rate with `verifier_metadata.partial_credit`).
+    A sandbox that never came up (the code did not run) raises CheckFailed, or CheckTimeout when it
+    did not start within the wall-clock limit: retryable errors, never a reward of 0."""
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
@@ -67,7 +70,10 @@ class CodeEnv(Environment):
         code = extract_code(text)
         if not code.strip():
             return VerifyResult(0.0, {"pass_rate": 0.0}, "", {"reason": "empty response"})
-        run = await self.sandbox.run(code, spec)
+        try:
+            run = await self.sandbox.run(code, spec)
+        except SandboxUnavailable as exc:  # the code never ran: no verdict, not a 0
+            raise (CheckTimeout if exc.timed_out else CheckFailed)(str(exc)) from None
         total = run.total or len(spec.cases)
         rate = run.passed / total if total else 0.0
         all_passed = run.status == "ok" and total > 0 and run.passed == total

@@ -1,0 +1,70 @@
+"""A sandbox that never came up is no verdict: `Sandbox.run` raises SandboxUnavailable (the code
+never ran) and the `code` environment turns it into a retryable error (CHECK_FAILED, or
+CHECK_TIMEOUT when it did not start within the wall-clock limit), never a reward of 0. Whatever
+the code does once the sandbox is up still ends in a verdict (its own crash scores 0)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout
+from rollmesh.verifier.sandbox import Sandbox, SandboxUnavailable, TestSpec
+from rollmesh.verifier.testing import answer, check, load_env, task
+
+CODE_ENV = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments/code"
+LIMITS = SandboxLimits(wall_s=20.0, cpu_s=4, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
+ADD = TestSpec("asserts", ["assert add(1, 2) == 3"])
+HONEST = "def add(a, b):\n    return a + b\n"
+# What a sandbox that fails to come up looks like from here: unshare/mount/chroot print and exit.
+DIES_AT_START = ["/bin/sh", "-c", "echo 'mount: sbxroot: permission denied' >&2; exit 32"]
+NEVER_ANSWERS = ["/bin/sh", "-c", "exec sleep 60"]  # a host too loaded to start it in time
+
+
+def broken(sandbox: Sandbox, argv: list[str]) -> Sandbox:
+    sandbox._command = lambda mode, root, work: argv  # type: ignore[method-assign]
+    return sandbox
+
+
+async def test_a_sandbox_that_dies_before_the_code_runs_is_no_verdict() -> None:
+    sandbox = Sandbox(SandboxConfig(limits=LIMITS))
+    await sandbox.start()
+    with pytest.raises(SandboxUnavailable, match="permission denied") as died:
+        await broken(sandbox, DIES_AT_START).run(HONEST, ADD)
+    assert not died.value.timed_out
+
+
+async def test_a_sandbox_that_does_not_start_in_time_is_no_verdict() -> None:
+    sandbox = Sandbox(SandboxConfig(limits=replace(LIMITS, wall_s=1.0)))
+    await sandbox.start()
+    with pytest.raises(SandboxUnavailable) as late:
+        await broken(sandbox, NEVER_ANSWERS).run(HONEST, ADD)
+    assert late.value.timed_out
+
+
+async def test_the_codes_own_crash_after_start_is_still_a_verdict() -> None:
+    sandbox = Sandbox(SandboxConfig(limits=LIMITS))
+    await sandbox.start()
+    for code in ("import os\nos._exit(3)\n", "import os\ndef add(a, b):\n    os._exit(0)\n"):
+        res = await sandbox.run(code, ADD)
+        assert (res.status, res.passed) == ("crashed", 0), res
+    res = await sandbox.run(HONEST, ADD)
+    assert (res.status, res.passed) == ("ok", 1), res
+
+
+@pytest.mark.parametrize(
+    ("argv", "wall_s", "error"), [(DIES_AT_START, 20.0, CheckFailed), (NEVER_ANSWERS, 1.0, CheckTimeout)]
+)
+async def test_the_code_environment_fails_the_verify_instead_of_scoring_0(
+    argv: list[str], wall_s: float, error: type[Exception]
+) -> None:
+    config = VerifierConfig(sandbox=SandboxConfig(limits=replace(LIMITS, wall_s=wall_s)))
+    async with load_env(CODE_ENV, config) as env:
+        good = await check(env, task(None, verifier_metadata={"tests": ADD.cases}), answer(HONEST))
+        assert good.reward == 1.0, good.details
+        broken(env.sandbox, argv)  # type: ignore[attr-defined]
+        with pytest.raises(error, match="the sandbox did not start"):
+            await check(env, task(None, verifier_metadata={"tests": ADD.cases}), answer(HONEST))
