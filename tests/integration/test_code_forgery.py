@@ -267,3 +267,40 @@ async def test_helper_style_tests_cannot_be_forged(verifier: tuple[Client, MeshS
     for name in ("eq_always_true", "int_subclass_eq", "patch_builtins", "hijack_runner_object"):
         reward, details = await _reward(client, HUMANEVAL_TESTS, FORGERIES[name], partial=True)
         assert reward == 0.0, (name, details)
+
+
+# Tests that get their cases or their verdict from helpers without asserts.
+HELPER_DATA_TESTS = [
+    "def cases():\n    return [(2, 3, 5), (-7, 4, -3), (10, 10, 20)]\n"
+    "for a, b, want in cases():\n    assert add(a, b) == want\n",
+    "def agrees(f, n):\n    total = 0\n    for i in range(n):\n        total += f(i, 1) - (i + 1)\n"
+    "    return total == 0\n"
+    "assert agrees(add, 5)\n",
+]
+# Rewrites the runner so that whatever a probe asks of a test helper comes back as a pass: an
+# empty list of cases, True for a check.
+HIJACK_HELPER_ANSWERS = (
+    "import gc\n"
+    "runner = [o for o in gc.get_objects() if type(o).__name__ == 'Runner'][0]\n"
+    "real = runner.handle\n"
+    "def handle(req, real=real):\n"
+    "    src = req.get('src', '')\n"
+    "    if req.get('op') == 'eval' and 'cases' in src:\n"
+    "        return {'value': ['list', []]}\n"
+    "    if req.get('op') == 'eval' and 'agrees' in src:\n"
+    "        return {'value': True}\n"
+    "    return real(req)\n"
+    "runner.handle = handle\n"
+    "def add(a, b):\n    return 0\n"
+)
+
+
+async def test_helpers_without_asserts_cannot_be_forged(verifier: tuple[Client, MeshServer, str]) -> None:
+    """A helper the tests call for their cases or a verdict is interpreted in the verifier: a
+    runner rewritten to answer 'no cases' or True for it scores 0; honest code still scores 1.0."""
+    client, _, _ = verifier
+    honest, details = await _reward(client, HELPER_DATA_TESTS, HONEST)
+    assert honest == 1.0, details
+    for code in (HIJACK_HELPER_ANSWERS, FORGERIES["hijack_runner_object"], FORGERIES["eq_always_true"]):
+        reward, details = await _reward(client, HELPER_DATA_TESTS, code, partial=True)
+        assert reward == 0.0, (code, details)

@@ -161,6 +161,44 @@ async def test_helpers_the_tests_define_run_here() -> None:
     assert not await passes(wrong, HUMANEVAL_STYLE)
 
 
+async def test_helpers_without_asserts_run_here_when_simple() -> None:
+    """A helper the tests call for their cases or a verdict is interpreted here (the sandbox also
+    gets its def, for probes); `+=` on a value that lives here stays here. A helper too complex to
+    interpret (recursion, while) still runs in the sandbox, so honest code keeps passing."""
+    cases = (
+        "def cases():\n    return [(1, 2, 3), (2, 2, 4)]\n"
+        "for a, b, want in cases():\n    assert add(a, b) == want\n"
+    )
+    child = RecordingChild(SOLUTION)
+    assert await passes(child, cases)
+    assert [(op, src) for op, src, _ in child.sent] == [
+        ("exec", "def cases():\n    return [(1, 2, 3), (2, 2, 4)]"),
+        ("eval", "add(a, b)"),
+        ("eval", "add(a, b)"),
+    ]
+    counting = (
+        "def agrees(f, n):\n    total = 0\n    for i in range(n):\n        total += f(i, i)\n"
+        "    return total == n * (n - 1)\nassert agrees(add, 4)\n"
+    )
+    child = RecordingChild(SOLUTION)
+    assert await passes(child, counting)
+    assert [src for op, src, _ in child.sent if op == "eval"] == ["add(i, i)"] * 4
+    assert not await passes(RecordingChild("def add(a, b): return 0\n"), counting)
+    top_level = "n = 1\nn += add(1, 1)\nassert n == 3\n"
+    assert await passes(RecordingChild(SOLUTION), top_level)
+    recursive = (
+        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\nassert add(fib(20), 0) == 6765\n"
+    )
+    looping = (
+        "def tri(n):\n    t = 0\n    while n:\n        t += n\n        n -= 1\n    return t\n"
+        "assert add(tri(4), 0) == 10\n"
+    )
+    for case in (recursive, looping):
+        child = RecordingChild(SOLUTION)
+        assert await passes(child, case), case
+        assert child.sent[0][0] == "exec"
+
+
 async def test_sizes_are_bounded_on_the_trusted_side() -> None:
     child = RecordingChild("def big(): return 10**6\n")
     with pytest.raises(CaseFailed, match="too large"):

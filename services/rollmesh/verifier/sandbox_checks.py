@@ -15,12 +15,18 @@ A function the tests define with asserts in it (HumanEval's `def check(candidate
 interpreted here as well: arguments computed here are passed as values, others (the solution's
 function) by reference, their source put in place of the parameter in each probe (`_Ref`).
 
+A helper without asserts whose body is made only of statements interpreted here (assignments,
+`+=`, `if`, `for`, `return`, `assert`, `pass`, calls), and that does not call itself, is
+interpreted here too when the tests call it directly (`assert is_valid(f(3))`,
+`for a, b in cases(): ...`): a solution that rewrites the runner cannot make it return True or an
+empty list of cases. It is also defined in the sandbox, for probes that pass it to the solution.
+
 So the expected values and the comparison never enter the sandbox, and a value whose `__eq__`
 lies cannot reach the comparison. A statement that would need an `assert` to run in the sandbox
 (inside a `while`, `with`, `try`, or a helper too complex to interpret) is refused as
 unverifiable: the case fails with that reason. What a probe's arguments contain (inputs, loop
-variables) is visible to the solution; a helper without asserts that the tests call for a value
-(`assert is_valid(f(3))`) runs in the sandbox, so its answer is a claim.
+variables) is visible to the solution; a helper without asserts that is too complex to interpret
+here (a `while`, a `try`, recursion) runs in the sandbox, so its answer is a claim.
 """
 
 from __future__ import annotations
@@ -265,6 +271,19 @@ class Checker:
             raise _Return(None if stmt.value is None else await self._eval(stmt.value, local))
         elif isinstance(stmt, ast.FunctionDef) and _unverifiable(stmt) and _helper_ok(stmt):
             self._store(stmt.name, _Helper(stmt), local)
+        elif isinstance(stmt, ast.FunctionDef) and _helper_ok(stmt) and _interpretable(stmt):
+            if self.no_probes:
+                raise _NeedsProbe
+            await self.child.exec(*self._for_child(stmt, local))  # probes that name it find it there
+            self._store(stmt.name, _Helper(stmt), local)  # calls made from here are interpreted here
+        elif (
+            isinstance(stmt, ast.AugAssign)
+            and isinstance(stmt.target, ast.Name)
+            and type(stmt.op) in _BINOPS
+            and not isinstance(current := self._resolve(stmt.target.id, local), (_Unresolved, _Ref))
+            and (stmt.target.id in local or stmt.target.id in self.values)
+        ):
+            self._store(stmt.target.id, _binop(stmt.op, current, await self._eval(stmt.value, local)), local)
         elif (
             isinstance(stmt, ast.Expr)
             and isinstance(stmt.value, ast.Call)
@@ -578,6 +597,31 @@ def _helper_ok(fn: ast.FunctionDef) -> bool:
         return False
     nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Yield, ast.YieldFrom, ast.Global)
     return not any(isinstance(n, (*nested, ast.Nonlocal)) for stmt in fn.body for n in ast.walk(stmt))
+
+
+_INTERPRETED = (ast.Assert, ast.Pass, ast.Return, ast.Assign, ast.AugAssign, ast.If, ast.For, ast.Expr)
+
+
+def _interpretable(fn: ast.FunctionDef) -> bool:
+    """Every statement of `fn` is one `Checker._stmt` interprets here (no `while`, `try`, `with`,
+    `del`, `import`...), an `Expr` only for a call, and `fn` never names itself (recursion)."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and node.id == fn.name:
+            return False
+        if isinstance(node, ast.stmt) and node is not fn:
+            if not isinstance(node, _INTERPRETED):
+                return False
+            if isinstance(node, ast.Expr) and not isinstance(node.value, ast.Call):
+                return False
+            if isinstance(node, ast.For) and (node.orelse or _target_names(node.target) is None):
+                return False
+            if isinstance(node, ast.Assign) and (
+                len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name)
+            ):
+                return False
+            if isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name):
+                return False
+    return True
 
 
 class _Unresolved:

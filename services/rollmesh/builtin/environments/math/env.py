@@ -33,18 +33,23 @@ def warmup() -> bool:
 
 
 def check(expected: str, response: str) -> dict[str, Any]:
-    """math-verify's verdict and the extracted answer (runs in a worker: may be slow or hang)."""
+    """math-verify's verdict and the extracted answer (runs in a worker: may be slow or hang).
+
+    math-verify's own signal-based timeouts are off: when one fires, math-verify answers "no
+    answer found" or "not equivalent", a silent 0 for an answer nobody finished judging (a
+    correct answer on a loaded host). The worker's hard timeout bounds the whole check instead,
+    and its overrun is CHECK_TIMEOUT."""
     from math_verify import parse, verify
 
     gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
-    gold = parse(gold_text)
-    pred = parse(response)
+    gold = parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
+    pred = parse(response, parsing_timeout=None)  # type: ignore[arg-type]
     extracted = str(pred[1]) if len(pred) > 1 else (str(pred[0]) if pred else "")
     if not gold:
         return {"correct": False, "extracted": extracted, "reason": "could not parse expected_answer"}
     if not pred:
         return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
-    ok = bool(verify(gold, pred))
+    ok = bool(verify(gold, pred, timeout_seconds=None))
     return {"correct": ok, "extracted": extracted, "reason": "equivalent" if ok else "not equivalent"}
 
 

@@ -1,7 +1,10 @@
 """math: math-verify in a worker process with a hard timeout."""
 
+import importlib.util
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -10,6 +13,14 @@ from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows
 from rollmesh.verifier.workers import WorkerError
 
 HERE = Path(__file__).resolve().parent.parent
+
+
+def load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("rollmesh_envtest_math_env", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 async def test_right_wrong_empty_malformed() -> None:
@@ -27,6 +38,23 @@ async def test_right_wrong_empty_malformed() -> None:
         assert garbage.reward == 0.0
         with pytest.raises(BadTask, match="expected_answer"):  # an error, never a reward of 0
             await check(env, task(None), answer("\\boxed{4}"))
+
+
+def test_a_slow_comparison_is_judged_not_timed_out_into_a_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """math-verify's own 5 s timeouts answered "not equivalent" when a comparison ran long (a
+    loaded host): a correct answer scored 0. They are off; only the worker's hard timeout (the
+    next test) bounds a check. Here one comparison takes 6 s and the answer is still right."""
+    import math_verify.grader as grader
+
+    real = grader.sympy_expr_eq
+
+    def slow(*args: object, **kwargs: object) -> bool:
+        time.sleep(6.0)
+        return bool(real(*args, **kwargs))
+
+    monkeypatch.setattr(grader, "sympy_expr_eq", slow)
+    env_module = load_module(HERE / "env.py")
+    assert env_module.check("5", "so \\boxed{\\frac{10}{2}}")["correct"] is True
 
 
 async def test_a_check_that_times_out_is_an_error_never_a_reward_of_0() -> None:
