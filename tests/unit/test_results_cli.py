@@ -21,12 +21,12 @@ async def invoke(*args: str) -> Result:
     return await asyncio.to_thread(lambda: runner.invoke(build_app(), list(args)))
 
 
-def make(t: int, i: int) -> Rollout:
+def make(t: int, i: int, job_id: str = "job1") -> Rollout:
     reward = 1.0 if (t * 7 + i * 3) % 5 < 2 else 0.0
     answer = "right" if reward else ("wrong" if i % 2 else "")
     return Rollout(
         key=RolloutKey(t, i),
-        job_id="job1",
+        job_id=job_id,
         task={"id": f"task-{t}", "expected_answer": "right"},
         messages=[{"role": "assistant", "content": answer}],
         reward=reward,
@@ -93,6 +93,22 @@ async def test_profile_writes_one_line_per_task(tmp_path: Path) -> None:
     rewards = [make(0, i).reward for i in range(4)]
     assert rows[0]["mean_reward"] == sum(rewards) / 4 and rows[0]["num_rollouts"] == 4
     assert rows[5]["num_rollouts"] == 3
+
+
+async def test_rows_of_two_jobs_with_one_key_are_refused_not_mixed(tmp_path: Path) -> None:
+    """Two runs over one dataset (another model, say) share every key: aggregating them as shards
+    kept the first file's rows and counted the rest as duplicates, one set of metrics silently
+    mixing two runs. It is a one-line error (exit 2) naming both rows."""
+    await write_run(tmp_path / "run1", [0, 1])
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    (run2 / ROLLOUTS).write_text(json.dumps(make(1, 0, job_id="job2").to_row()) + "\n")
+    res = await invoke("aggregate", str(tmp_path / "run1"), str(run2))
+    assert res.exit_code == 2, res.output
+    assert "RESULTS_OF_DIFFERENT_JOBS" in res.stderr and "'job1'" in res.stderr and "'job2'" in res.stderr
+    assert "task 1, rollout 0" in res.stderr
+    res = await invoke("profile", str(run2))
+    assert res.exit_code == 0, res.output
 
 
 def test_readable_errors(tmp_path: Path) -> None:

@@ -90,6 +90,13 @@ class CorruptSinkFile(mesh.FailedPrecondition):
     reason = "SINK_FILE_CORRUPT"
 
 
+class MixedJobs(mesh.InvalidArgument):
+    """Rows of two different jobs share a key: the files are not shards of one job (whose keys are
+    disjoint), so keeping either row would silently mix two runs in one set of metrics."""
+
+    reason = "RESULTS_OF_DIFFERENT_JOBS"
+
+
 class SinkClosed(mesh.FailedPrecondition):
     reason = "SINK_CLOSED"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.errors import CorruptSinkFile
+from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.spec import JobSpec
 
@@ -367,9 +367,11 @@ def read_rollout_rows(path: Path) -> list[tuple[int, Json]]:
 
 
 def load_files(paths: Sequence[Path]) -> LoadedResults:
-    """Rollouts and failures of many files as one run (blocking; call from a thread)."""
+    """Rollouts and failures of many files as one run (blocking; call from a thread). A key seen
+    again in a row of the same job is a duplicate (counted, the first row kept); in a row of
+    another job it raises MixedJobs: shards of one job never share a key."""
     res = LoadedResults(files=list(paths))
-    seen: set[RolloutKey] = set()
+    seen: dict[RolloutKey, tuple[str, Path, int]] = {}
     for path in paths:
         if is_failures_file(path):
             for lineno, row in iter_rows(path):
@@ -377,11 +379,18 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
             continue
         for lineno, row in iter_rows(path):
             r = _parse(path, lineno, row, Rollout.from_row)
-            if r.key in seen:
-                res.duplicates += 1
+            first = seen.get(r.key)
+            if first is None:
+                seen[r.key] = (r.job_id, path, lineno)
+                res.rollouts.append(r)
                 continue
-            seen.add(r.key)
-            res.rollouts.append(r)
+            if first[0] != r.job_id:
+                raise MixedJobs(
+                    f"{first[1]}:{first[2]} (job {first[0]!r}) and {path}:{lineno} (job {r.job_id!r}) "
+                    f"both hold rollout (task {r.key.task_index}, rollout {r.key.rollout_index}): "
+                    "these are not shards of one job; aggregate one job's files at a time"
+                )
+            res.duplicates += 1
     return res
 
 
