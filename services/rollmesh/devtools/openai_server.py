@@ -406,7 +406,9 @@ def openai_server_process(
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    run_server(_serve(args))  # uvloop when installed: the server should not be the bottleneck
+    # uvloop when installed: the server should not be the bottleneck. CPython's collector settings,
+    # as the benches' raw client loops have: this server is their common reference, not the mesh.
+    run_server(_serve(args), gc_tuned=False)
 
 
 if __name__ == "__main__":
