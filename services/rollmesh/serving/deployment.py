@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import asdict
 from typing import Any
 
@@ -35,10 +35,11 @@ from ray.serve.deployment import Application
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
 from rollmesh.mesh.logging import get_logger
-from rollmesh.serving.batching import BatchItem, BatchReport, merge_chunks, run_batch
+from rollmesh.serving.batching import BatchItem, merge_chunks
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.errors import RequestRejected
-from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_stats
+from rollmesh.serving.replica import Replica
+from rollmesh.serving.weights_record import WeightsRef
 
 log = get_logger(__name__)
 
@@ -116,9 +117,8 @@ def _as_rejection(exc: Exception) -> Exception:
     return RequestRejected(str(exc)) if rejected else exc
 
 
-class VLLMReplica:
-    """One data-parallel replica. Methods take keyword arguments only: the request router reads
-    `session_id`, `pin_replica` and `avoid_replica` from them (see router.py)."""
+class VLLMReplica(Replica):
+    """One data-parallel replica: the engine half of `Replica` (replica.py) over vLLM's `AsyncLLM`."""
 
     async def __init__(self, config: ServingConfig) -> None:  # type: ignore[misc]  # Serve awaits it
         """Start the engine, then load the application's current weights (weights_record.py)
@@ -129,14 +129,10 @@ class VLLMReplica:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(config)))
-        self._running: set[str] = set()
-        self._served = 0
         self._engine_load_s = round(time.monotonic() - started, 1)
         self._weights_load_s = 0.0  # the last weight load (freeze, reload, cache reset, release)
-        self._weights = ReplicaWeights(config.app_name, config.model_path, self._reload)
-        await self._weights.startup(pending_timeout_s=config.startup_timeout_s)
+        await self._start(config, self._reload)
         log.info(
             "replica_engine_ready",
             replica_id=self._replica_id,
@@ -145,22 +141,10 @@ class VLLMReplica:
             weights_id=self._weights.serving.weights_id,
         )
 
-    async def generate(
-        self,
-        *,
-        request_id: str,
-        prompt_token_ids: list[int],
-        sampling: Sampling,
-        session_id: str = "",
-        avoid_replica: str = "",
-        stream: bool = True,
-    ) -> AsyncIterator[EngineChunk]:
-        """Stream deltas for one prompt; the last chunk has `finish_reason`.
-
-        `stream=False` (unary Generate): an empty chunk at once (it tells the caller which replica
-        runs the request, for abort), then the whole output in one chunk: every chunk is a Ray object
-        sent between processes, and one per engine step costs more than the step itself."""
-        del session_id, avoid_replica  # routing hints, read by the router
+    async def _generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: Sampling, session_id: str, stream: bool
+    ) -> AsyncGenerator[EngineChunk, None]:
+        del session_id  # a routing hint, read by the router
         from vllm.inputs import TokensPrompt
 
         queue: asyncio.Queue[Any] = asyncio.Queue()  # bounded by max_tokens deltas
@@ -178,7 +162,6 @@ class VLLMReplica:
             except Exception as exc:  # handed to the consumer, which re-raises it
                 queue.put_nowait(_as_rejection(exc))
 
-        self._running.add(request_id)
         task = asyncio.create_task(pump(), name=f"vllm-{request_id}")
         try:
             if not stream:
@@ -196,46 +179,30 @@ class VLLMReplica:
                 if tail is _DONE:
                     return
         finally:
-            self._running.discard(request_id)
-            self._served += 1
             if not task.done():
                 task.cancel()  # vLLM's generate() aborts the engine request on cancellation
             await asyncio.gather(task, return_exceptions=True)
 
-    async def generate_batch(
-        self, *, requests: list[BatchItem], batch_size: int = 0, avoid_replica: str = ""
-    ) -> AsyncIterator[BatchReport]:
-        """Run many whole-output requests at once; reports as they finish (see batching.py).
-        `batch_size` and `avoid_replica` are routing hints, read by the router."""
-        del batch_size, avoid_replica
-        async for report in run_batch(self._replica_id, requests, self._whole_output):
-            yield report
-
     async def _whole_output(self, item: BatchItem) -> EngineChunk:
         from vllm.inputs import TokensPrompt
 
-        self._running.add(item.request_id)
+        last: Any = None
+        outputs = self._engine.generate(
+            TokensPrompt(prompt_token_ids=item.prompt_token_ids),
+            _sampling_params(item.sampling, deltas=False),
+            item.request_id,
+        )
         try:
-            last: Any = None
-            outputs = self._engine.generate(
-                TokensPrompt(prompt_token_ids=item.prompt_token_ids),
-                _sampling_params(item.sampling, deltas=False),
-                item.request_id,
-            )
-            try:
-                async for out in outputs:
-                    last = out
-            except Exception as exc:
-                rejection = _as_rejection(exc)
-                if rejection is exc:
-                    raise
-                raise rejection from exc
-            if last is None:
-                return EngineChunk(finish_reason="abort", replica_id=self._replica_id)
-            return self._chunk(last)
-        finally:
-            self._running.discard(item.request_id)
-            self._served += 1
+            async for out in outputs:
+                last = out
+        except Exception as exc:
+            rejection = _as_rejection(exc)
+            if rejection is exc:
+                raise
+            raise rejection from exc
+        if last is None:
+            return EngineChunk(finish_reason="abort", replica_id=self._replica_id)
+        return self._chunk(last)
 
     def _chunk(self, out: Any) -> EngineChunk:
         completion = out.outputs[0]
@@ -254,11 +221,7 @@ class VLLMReplica:
             weights_id=self._weights.serving.weights_id,
         )
 
-    async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
-        """Abort a request running here; False when it is not running here."""
-        del pin_replica
-        if request_id not in self._running:
-            return False
+    async def _abort(self, request_id: str) -> bool:
         await self._engine.abort(request_id)
         return True
 
@@ -279,11 +242,14 @@ class VLLMReplica:
     ) -> str:
         """Load the checkpoint folder `weights_path` into this replica's engine and serve it as
         `weights_id` (labelled `policy_version`); returns the replica's id."""
-        del pin_replica
         if self._running:
             raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
-        await self._weights.loaded(WeightsRef(weights_id, weights_path, policy_version))
-        return self._replica_id
+        return await super().load_weights(
+            weights_path=weights_path,
+            weights_id=weights_id,
+            policy_version=policy_version,
+            pin_replica=pin_replica,
+        )
 
     async def _reload(self, ref: WeightsRef) -> None:
         """Put `ref`'s weights into the engine. Its scheduler is frozen while the workers load (no
@@ -306,25 +272,20 @@ class VLLMReplica:
             seconds=self._weights_load_s,
         )
 
-    async def stats(self, *, pin_replica: str = "") -> dict[str, Any]:
-        del pin_replica
+    async def _engine_stats(self) -> dict[str, Any]:
         return {
-            "replica_id": self._replica_id,
-            "in_flight": len(self._running),
-            "served": self._served,
             "engine_unfinished": self._engine.get_num_unfinished_requests(),
             "engine_output_tokens": _output_tokens(self._engine),
             "engine_held": bool(await self._engine.is_paused()),
             "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
             "weights_load_s": self._weights_load_s,
-            **weights_stats(self._weights.serving),
         }
 
     async def check_health(self) -> None:
         """Serve's health probe: raises when the engine is dead or serves weights the application
         no longer serves (Serve then replaces the replica, see weights_record.py)."""
         await self._engine.check_health()
-        await self._weights.check()
+        await super().check_health()
 
     def __del__(self) -> None:
         engine = getattr(self, "_engine", None)

@@ -1,0 +1,126 @@
+"""`Replica`: the half of a Serve replica (`VLLMReplica`, `FakeReplica`) that is not the engine.
+
+It keeps the replica's id, its running requests (what `abort` may stop) and served count, and its
+weights record (weights_record.py), and serves the keyword-only methods the router and
+`RayServeBackend` call (the router reads `session_id`, `pin_replica` and `avoid_replica`, see
+router.py). A subclass builds its engine in `async __init__`, then awaits `_start(config, load)`,
+and supplies `_generate`, `_whole_output`, `_abort` and `_engine_stats`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
+from typing import Any
+
+from ray import serve
+
+from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.serving.batching import BatchItem, BatchReport, run_batch
+from rollmesh.serving.config import ServingConfig
+from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_stats
+
+
+class Replica:
+    _replica_id: str
+    _running: set[str]
+    _served: int
+    _weights: ReplicaWeights
+
+    async def _start(self, config: ServingConfig, load: Callable[[WeightsRef], Awaitable[None]]) -> None:
+        """Name this replica and load the application's current weights with `load`."""
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
+        self._running = set()
+        self._served = 0
+        self._weights = ReplicaWeights(config.app_name, config.model_path, load)
+        await self._weights.startup(pending_timeout_s=config.startup_timeout_s)
+
+    @contextmanager
+    def _tracked(self, request_id: str) -> Iterator[None]:
+        """`request_id` counts as running here (abort finds it) until it ends, then as served."""
+        self._running.add(request_id)
+        try:
+            yield
+        finally:
+            self._running.discard(request_id)
+            self._served += 1
+
+    async def generate(
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: Sampling,
+        session_id: str = "",
+        avoid_replica: str = "",
+        stream: bool = True,
+    ) -> AsyncIterator[EngineChunk]:
+        """Stream deltas for one prompt; the last chunk has `finish_reason`.
+
+        `stream=False` (unary Generate): an empty chunk at once (it tells the caller which replica
+        runs the request, for abort), then the whole output in one chunk: every chunk is a Ray object
+        sent between processes, and one per engine step costs more than the step itself."""
+        del avoid_replica  # a routing hint, read by the router
+        with self._tracked(request_id):
+            chunks = self._generate(request_id, prompt_token_ids, sampling, session_id, stream)
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    yield chunk
+
+    def _generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: Sampling, session_id: str, stream: bool
+    ) -> AsyncGenerator[EngineChunk, None]:
+        raise NotImplementedError
+
+    async def generate_batch(
+        self, *, requests: list[BatchItem], batch_size: int = 0, avoid_replica: str = ""
+    ) -> AsyncIterator[BatchReport]:
+        """Run many whole-output requests at once; reports as they finish (see batching.py).
+        `batch_size` and `avoid_replica` are routing hints, read by the router."""
+        del batch_size, avoid_replica
+        async for report in run_batch(self._replica_id, requests, self._whole_output_tracked):
+            yield report
+
+    async def _whole_output_tracked(self, item: BatchItem) -> EngineChunk:
+        with self._tracked(item.request_id):
+            return await self._whole_output(item)
+
+    async def _whole_output(self, item: BatchItem) -> EngineChunk:
+        raise NotImplementedError
+
+    async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
+        """Abort a request running here; False when it is not running here."""
+        del pin_replica
+        if request_id not in self._running:
+            return False
+        return await self._abort(request_id)
+
+    async def _abort(self, request_id: str) -> bool:
+        raise NotImplementedError
+
+    async def load_weights(
+        self, *, weights_path: str, weights_id: str, policy_version: str = "", pin_replica: str = ""
+    ) -> str:
+        """Load the checkpoint folder `weights_path` and serve it as `weights_id` (labelled
+        `policy_version`); returns the replica's id."""
+        del pin_replica
+        await self._weights.loaded(WeightsRef(weights_id, weights_path, policy_version))
+        return self._replica_id
+
+    async def stats(self, *, pin_replica: str = "") -> dict[str, Any]:
+        del pin_replica
+        return {
+            "replica_id": self._replica_id,
+            "in_flight": len(self._running),
+            "served": self._served,
+            **await self._engine_stats(),
+            **weights_stats(self._weights.serving),
+        }
+
+    async def _engine_stats(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def check_health(self) -> None:
+        """Serve's health probe: raises when the replica serves weights the application no longer
+        serves (Serve then replaces it, see weights_record.py)."""
+        await self._weights.check()
