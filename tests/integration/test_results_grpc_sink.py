@@ -249,3 +249,27 @@ async def test_callback_consumer(make_server: type[SinkServer]) -> None:
     await sink.close(state="succeeded", metrics=None)
     assert await asyncio.wait_for(consumer, timeout=30) == 6
     assert sizes == [3, 3] and sink.in_flight == 0
+
+
+async def test_an_idle_sink_stream_outlives_the_schedulers_keepalive_pings(
+    make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's channel pings every KEEPALIVE_TIME_MS while its sink stream is quiet (a
+    trainer step); a SinkServer on grpc's server defaults (one ping per 5 min without data) struck
+    each ping and cut the stream with GOAWAY too_many_pings after ~4 min. Scaled down: the client
+    pings just past the servers' minimum interval, unthrottled, so the old server cut it in ~45 s."""
+    from rollmesh_client import _channel
+
+    ping_ms = dict(_channel.SERVER_KEEPALIVE_OPTIONS)["grpc.http2.min_ping_interval_without_data_ms"] + 1_000
+    options = [(k, ping_ms if k == "grpc.keepalive_time_ms" else v) for k, v in _channel.CHANNEL_OPTIONS]
+    monkeypatch.setattr(_channel, "CHANNEL_OPTIONS", [*options, ("grpc.http2.max_pings_without_data", 0)])
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=4, rpc_timeout_s=30)
+    await sink.open("job1", total=2, spec={})
+    consumer = asyncio.create_task(collect(server))
+    await sink.write(rollout(0, 0))
+    await asyncio.sleep(4.5 * ping_ms / 1000)  # four pings on a stream with no data either way
+    await sink.write(rollout(0, 1))
+    await sink.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert sorted(r.key for r in got) == [(0, 0), (0, 1)]

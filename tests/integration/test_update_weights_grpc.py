@@ -113,3 +113,22 @@ async def test_cli_update_weights(mesh: Mesh) -> None:
         mesh.address,
     )
     assert code != 0 and "CHECKPOINT_INCOMPATIBLE" in err and "norm.weight has shape [5]" in err
+
+
+async def test_cli_models_list_shows_each_replicas_weights(mesh: Mesh) -> None:
+    code, out, err = await run_cli("models", "list", "--gateway", mesh.address, env={"COLUMNS": "400"})
+    assert code == 0, err
+    assert "tiny-replica-0: 0 running, 0 sess." in out and "weights" not in out
+    new = write_checkpoint(mesh.root / "step7")
+    code, _, err = await run_cli(
+        "models", "update-weights", str(new), "--version", "7", "--gateway", mesh.address
+    )
+    assert code == 0, err
+    code, out, err = await run_cli("models", "list", "--gateway", mesh.address, env={"COLUMNS": "400"})
+    assert code == 0, err
+    for replica in ("tiny-replica-0", "tiny-replica-1"):
+        assert f"{replica}: 0 running, 0 sess., weights step7 (policy 7)" in out, out
+    code, out, err = await run_cli("models", "list", "--json", "--gateway", mesh.address)
+    assert code == 0, err
+    replicas = json.loads(out)[0]["replicas"]
+    assert [(r["weights_id"], r["policy_version"]) for r in replicas] == [("step7", "7")] * 2

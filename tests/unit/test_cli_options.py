@@ -64,6 +64,21 @@ def test_config_shows_every_retry_default_with_its_flag() -> None:
     assert table.exit_code == 0 and "--rollout-timeout" in table.stdout
 
 
+def test_config_never_prints_the_api_key() -> None:
+    env = {
+        "ROLLMESH_API_KEY": "s3cret-token-value",
+        "ROLLMESH_SCHEDULER_ADDR": "127.0.0.1:1",
+        "COLUMNS": "300",
+    }
+    data = json.loads(runner.invoke(build_app(), ["config", "--json"], env=env).stdout)
+    shown = {v["name"]: v["set"] for v in data["variables"]}
+    assert shown["ROLLMESH_API_KEY"] == "(set, hidden)"
+    assert shown["ROLLMESH_SCHEDULER_ADDR"] == "127.0.0.1:1"  # other values are shown as set
+    table = runner.invoke(build_app(), ["config"], env=env)
+    assert table.exit_code == 0 and "(set, hidden)" in table.stdout
+    assert "s3cret-token-value" not in table.stdout + json.dumps(data)
+
+
 def test_run_and_submit_take_the_same_job_options() -> None:
     app = build_app()
     shared = ["--seed", "--starting-seed", "--resume", "--job-id", "--max-attempts", "--rollout-timeout"]

@@ -1,5 +1,6 @@
 """Hung model calls are bounded by what is normal (#12.5): the adaptive per-call deadline, and a job
-whose model hangs on 1% of calls keeps its throughput (the precise ratio: bench/hung_calls.py)."""
+whose model hangs on 1% of calls keeps its throughput, measured as the share of slot time the cut
+calls held (wall-clock ratios end to end: bench/hung_calls.py)."""
 
 from __future__ import annotations
 
@@ -92,20 +93,34 @@ async def test_disabled_deadline_never_cuts() -> None:
 
 
 class HangingModel(LocalModel):
-    """Answers after `latency_s`; every `hang_every`-th call hangs until cancelled."""
+    """Answers after `latency_s`; every `hang_every`-th call hangs until cancelled. `holds` has, per
+    call, the seconds it held its concurrency slot and whether it answered (False: it was cut)."""
 
     def __init__(self, *, latency_s: float, hang_every: int) -> None:
         super().__init__(latency_s=latency_s)
         self.hang_every = hang_every
         self.n = 0
         self.hung = 0
+        self.holds: list[tuple[float, bool]] = []
 
     async def generate(self, call: object) -> object:
         self.n += 1
-        if self.hang_every and self.n % self.hang_every == 0:
-            self.hung += 1
-            await asyncio.Event().wait()
-        return await super().generate(call)
+        start, answered = time.monotonic(), False
+        try:
+            if self.hang_every and self.n % self.hang_every == 0:
+                self.hung += 1
+                await asyncio.Event().wait()
+            reply = await super().generate(call)
+            answered = True
+            return reply
+        finally:
+            self.holds.append((time.monotonic() - start, answered))
+
+    def slot_share_lost(self) -> float:
+        """The share of the model's slot-seconds spent on calls that were cut (hung ones, and any
+        slow one cut with them): with the job bound by its concurrency, the throughput it lost."""
+        lost = sum(seconds for seconds, answered in self.holds if not answered)
+        return lost / (lost + sum(seconds for seconds, answered in self.holds if answered))
 
 
 async def _job_seconds(
@@ -122,21 +137,26 @@ async def _job_seconds(
 
 
 async def test_one_percent_hung_calls_keep_the_throughput(tmp_path: Path) -> None:
-    rows = 800
+    """Measured in slot-seconds, not wall time (a loaded machine stretches wall time at random): the
+    job runs at a fixed concurrency, so the share of slot time its hung calls held is the throughput
+    they cost. With a fixed deadline each would hold its slot for the rollout timeout (120 s here,
+    a share of ~0.95); the adaptive one cuts them after a few times the observed p99."""
+    model = HangingModel(latency_s=0.05, hang_every=100)
     retry = RetryPolicy(attempt_deadline_floor_s=0.5, rollout_timeout_s=120)
-    clean: list[float] = []
-    hung: list[float] = []
-    for _ in range(2):  # alternate and keep each side's best: a loaded machine slows either at random
-        seconds, _ = await _job_seconds(tmp_path, HangingModel(latency_s=0.05, hang_every=0), retry, rows)
-        clean.append(seconds)
-        model = HangingModel(latency_s=0.05, hang_every=100)
-        seconds, run = await _job_seconds(tmp_path, model, retry, rows)
-        hung.append(seconds)
-        # Every hung call was cut (a loaded machine may cut a few slow ones too: they are retried).
-        assert model.hung >= 7 and run.deadline.timeouts >= model.hung and run.progress.retries >= model.hung
-    ratio = min(clean) / min(hung)  # throughput with hangs / without
-    # Within 20% on an idle machine (bench/hung_calls.py); generous here for a loaded 2-core CI.
-    assert ratio > 0.5, f"clean {clean} s, with 1% hung calls {hung} s"
+    _, run = await _job_seconds(tmp_path, model, retry, 800)
+    # Every hung call was cut (a loaded machine may cut a few slow ones too: they are retried).
+    assert model.hung >= 7 and run.deadline.timeouts >= model.hung and run.progress.retries >= model.hung
+    answered = sorted(seconds for seconds, ok in model.holds if ok)
+    p50, p99 = answered[len(answered) // 2], answered[int(len(answered) * 0.99)]
+    # Throughput with hangs / without = 1 - the share the cut calls held: ~0.91 here on an idle or
+    # moderately loaded machine (bench/hung_calls.py, end to end: 0.98). Each cut costs a few x the
+    # p99 of answered calls, which a starved test process inflates more than their mean: the bar is
+    # the old wall-clock one, at least half the throughput.
+    ratio = 1 - model.slot_share_lost()
+    assert ratio > 0.5, (
+        f"throughput ratio {ratio:.2f}: cut calls held {model.slot_share_lost():.0%} of the slot time;"
+        f" deadline {run.deadline.current_s:.2f} s, answered calls p50 {p50:.3f} s p99 {p99:.3f} s"
+    )
 
 
 async def test_without_the_adaptive_deadline_a_hung_call_holds_its_slot(tmp_path: Path) -> None:

@@ -14,8 +14,12 @@ from rollmesh_client._auth import client_interceptors
 MAX_MESSAGE_ENV = "ROLLMESH_MAX_MESSAGE_MB"
 DEFAULT_MAX_MESSAGE_MB = 64
 
+# Every rollmesh channel pings its server this often, idle or not, so long silent streams (a slow
+# sink, a long generation) survive idle proxies.
+KEEPALIVE_TIME_MS = 60_000
+
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.enable_retries", 0),
@@ -23,6 +27,19 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     # while it waits every call fails UNAVAILABLE at once however long the server has been back.
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+
+# What every rollmesh server (the services, a trainer's SinkServer) needs to accept those pings:
+# grpc's server defaults refuse pings on a connection without calls and allow one per 5 min while no
+# data flows, and answer the third early ping with GOAWAY too_many_pings, which cuts every stream on
+# the connection (a sink stream idle for 3 min was cut that way). Servers ping back on the same clock.
+SERVER_KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
 
 

@@ -53,6 +53,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rollmesh_client._auth import BearerAuthInterceptor
 from rollmesh_client._batch import RolloutBatch, collate, grpo_advantages, verl_view
+from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
 from rollmesh_client.v1 import common_pb2, scheduler_pb2, sink_pb2, sink_pb2_grpc
 
 __all__ = [
@@ -224,7 +225,10 @@ class SinkServer:
 
     async def start(self) -> SinkServer:
         interceptors = [BearerAuthInterceptor(self._api_key)] if self._api_key else None
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
+        # The mesh's server keepalive (the scheduler's pings on a quiet stream are welcome, not a
+        # GOAWAY too_many_pings) and message limit (ROLLMESH_MAX_MESSAGE_MB, as the scheduler sends).
+        options = [*SERVER_KEEPALIVE_OPTIONS, ("grpc.so_reuseport", 0), *message_limit_options()]
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         sink_pb2_grpc.add_RolloutSinkServicer_to_server(_Servicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         port = server.add_insecure_port(f"{self.host}:{self.port}")

@@ -46,6 +46,12 @@ def job_defaults() -> list[dict[str, Any]]:
     ]
 
 
+def shown_value(name: str, *, secret: bool) -> str:
+    """The variable's value in this shell as `rollmesh config` prints it: a secret only as set or not."""
+    value = os.environ.get(name, "")
+    return "(set, hidden)" if secret and value else value
+
+
 def show_config(as_json: JsonOut = False) -> None:
     """List every ROLLMESH_* environment variable (default, value in this shell, meaning), then the
     per-job retry and timeout defaults and the flags that override them."""
@@ -55,7 +61,7 @@ def show_config(as_json: JsonOut = False) -> None:
         {
             "name": v.name,
             "default": "" if v.default is None else str(v.default),
-            "set": os.environ.get(v.name, ""),
+            "set": shown_value(v.name, secret=v.secret),
             "doc": v.doc,
         }
         for v in sorted(ENV_VARS.values(), key=lambda v: v.name)

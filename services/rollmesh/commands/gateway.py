@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +15,9 @@ from rollmesh.commands._common import (
     print_table,
     run,
 )
+
+if TYPE_CHECKING:
+    from rollmesh_client.v1 import gateway_pb2
 
 models_app = typer.Typer(help="The models the gateway serves.", no_args_is_help=True)
 
@@ -52,14 +55,20 @@ def list_models(
             m.max_model_len or "?",
             m.policy_version or "-",
             "paused" if m.paused else "running",
-            ", ".join(
-                f"{r.replica_id}{'' if r.healthy else ' (down)'}: {r.in_flight} running, {r.sessions} sess."
-                for r in m.replicas
-            ),
+            ", ".join(_replica_cell(r) for r in m.replicas),
         )
         for m in items
     ]
     print_table("models", ["model", "backend", "context", "policy", "state", "replicas"], rows)
+
+
+def _replica_cell(r: gateway_pb2.ReplicaInfo) -> str:
+    """One replica in the table: health, load, and the weights it reports serving (when it does),
+    so a replica left on other weights than its model's policy version shows."""
+    cell = f"{r.replica_id}{'' if r.healthy else ' (down)'}: {r.in_flight} running, {r.sessions} sess."
+    if r.weights_id or r.policy_version:
+        cell += f", weights {r.weights_id or '?'} (policy {r.policy_version or '-'})"
+    return cell
 
 
 @models_app.command("update-weights")

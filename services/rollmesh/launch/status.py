@@ -71,7 +71,14 @@ async def _detail(c: Client, st: ServiceStatus) -> None:
             healthy = sum(1 for r in m.replicas if r.healthy)
             parts.append(f"{m.name} ({m.backend}, {healthy}/{len(m.replicas)} replicas healthy)")
             st.replicas += [
-                {"model": m.name, "replica_id": r.replica_id, "healthy": r.healthy, "in_flight": r.in_flight}
+                {
+                    "model": m.name,
+                    "replica_id": r.replica_id,
+                    "healthy": r.healthy,
+                    "in_flight": r.in_flight,
+                    "weights_id": r.weights_id,
+                    "policy_version": r.policy_version,
+                }
                 for r in m.replicas
             ]
         st.detail = "; ".join(parts)

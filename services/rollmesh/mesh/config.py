@@ -80,6 +80,8 @@ class EnvVar:
     default: Any
     parse: Callable[[str, str], Any]
     doc: str
+    # A secret's value is never printed (`rollmesh config` shows only that it is set).
+    secret: bool = False
 
 
 DEFAULT_PORTS = {"registry": 50051, "verifier": 50052, "gateway": 50053, "scheduler": 50054}
@@ -108,6 +110,7 @@ ENV_VARS: dict[str, EnvVar] = {
             parse_str,
             "Bearer token every RPC must carry (health and reflection exempt); the SDK, the CLI, the"
             " services' own calls and a trainer's SinkServer use it too.",
+            secret=True,
         ),
         EnvVar(
             "ROLLMESH_MAX_MESSAGE_MB",

@@ -22,17 +22,14 @@ from grpc_reflection.v1alpha import reflection
 from rollmesh.mesh import config
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
-from rollmesh_client._channel import message_limit_options
+from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
 
 log = get_logger("rollmesh.server")
 
 SERVER_OPTIONS: list[tuple[str, Any]] = [
-    # Long silent streams (a slow sink, a long generation) must survive idle proxies.
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
+    # Long silent streams (a slow sink, a long generation) must survive idle proxies, and the
+    # clients' keepalive pings must never be refused (shared with the SDK's SinkServer).
+    *SERVER_KEEPALIVE_OPTIONS,
     # Two servers must never share a port.
     ("grpc.so_reuseport", 0),
     # grpc core sheds calls that arrived but that the application has not picked up yet: past

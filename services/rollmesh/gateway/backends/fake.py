@@ -167,7 +167,8 @@ class FakeBackend(ModelBackend):
     Weight updates: with `weights_dir` (the checkpoint folder the fake pretends to serve) the backend
     takes UpdateWeights; `loaded_weights` maps each replica to the folder it serves now, `weight_loads`
     counts loads, and `weight_load_hook` may raise to fail one replica's load (then every replica
-    goes back to the previous folder, as the real backend does)."""
+    goes back to the previous folder, as the real backend does). After a load each replica reports
+    the folder's name as its `weights_id` and the load's policy version, as Ray Serve replicas do."""
 
     def __init__(
         self,
@@ -200,6 +201,7 @@ class FakeBackend(ModelBackend):
         self.weight_load_hook = weight_load_hook
         self.loaded_weights: dict[str, Path] = dict.fromkeys(self.replica_ids, weights_dir or Path())
         self.weight_loads = 0
+        self._served_version = ""
 
     @property
     def card(self) -> ModelCard:
@@ -326,10 +328,17 @@ class FakeBackend(ModelBackend):
                 metadata={"replica_errors": "; ".join(f"{r}: {e}" for r, e in failures.items())},
             )
         self._weights_dir = checkpoint
+        self._served_version = policy_version
         return list(self.replica_ids)
 
     async def replicas(self) -> list[ReplicaStatus]:
         return [
-            ReplicaStatus(replica_id=r, healthy=not self.down, in_flight=self._in_flight[r])
+            ReplicaStatus(
+                replica_id=r,
+                healthy=not self.down,
+                in_flight=self._in_flight[r],
+                weights_id=self.loaded_weights[r].name if self.weight_loads else "",
+                policy_version=self._served_version,
+            )
             for r in self.replica_ids
         ]
