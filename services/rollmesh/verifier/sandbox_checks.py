@@ -207,6 +207,35 @@ def _unverifiable(stmt: ast.stmt) -> str | None:
     return None
 
 
+def unverifiable_case(source: str) -> str | None:
+    """Why a test case can never give a verdict whatever the solution does (it does not parse,
+    or an assert of it would have to run in the sandbox), else None. Mirrors `Checker._stmt`'s
+    dispatch without running anything: a task whose tests fail this is a bad task, not a 0."""
+    try:
+        tree = ast.parse(source, "test", "exec")
+    except SyntaxError as exc:
+        return f"the test does not parse: {exc}"
+    why = _static_block(tree.body)
+    return f"unverifiable test, {why}" if why else None
+
+
+def _static_block(body: list[ast.stmt]) -> str | None:
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            why = _static_block(stmt.body) or _static_block(stmt.orelse)
+        elif isinstance(stmt, ast.For) and not stmt.orelse and _target_names(stmt.target) is not None:
+            why = _static_block(stmt.body)
+        elif isinstance(stmt, ast.FunctionDef) and _helper_ok(stmt):
+            why = _static_block(stmt.body)
+        elif isinstance(stmt, ast.Assert):
+            why = None
+        else:
+            why = _unverifiable(stmt)
+        if why:
+            return why
+    return None
+
+
 def _names_bound(stmt: ast.stmt) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(stmt):

@@ -6,9 +6,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 from rollmesh.verifier.errors import CheckFailed, CheckTimeout
 from rollmesh.verifier.sandbox import Sandbox, SandboxUnavailable, TestSpec
+from rollmesh.verifier.sandbox_checks import unverifiable_case
 
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -25,8 +26,9 @@ def extract_code(text: str) -> str:
 
 
 def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
-    """The task's tests, or why they are unusable. Accepts a list of assert statements, a list of
-    {"input", "output"} pairs, or {"inputs": [...], "outputs": [...]}."""
+    """The task's tests, or why they are unusable (missing, malformed, a case that does not parse
+    or whose asserts would have to run in the sandbox). Accepts a list of assert statements, a
+    list of {"input", "output"} pairs, or {"inputs": [...], "outputs": [...]}."""
     tests = meta.get("tests")
     if isinstance(tests, Mapping) and isinstance(tests.get("inputs"), list):
         ins, outs = tests["inputs"], tests.get("outputs")
@@ -35,6 +37,9 @@ def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
         return TestSpec("io", [{"input": str(i), "output": str(o)} for i, o in zip(ins, outs, strict=True)])
     if isinstance(tests, list) and tests:
         if all(isinstance(t, str) for t in tests):
+            for i, case in enumerate(tests):
+                if why := unverifiable_case(case):
+                    return f"verifier_metadata.tests[{i}]: {why}"
             return TestSpec("asserts", list(tests))
         if all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
             return TestSpec("io", [{"input": str(t["input"]), "output": str(t["output"])} for t in tests])
@@ -47,7 +52,8 @@ class CodeEnv(Environment):
     process/file/output limits, no network, empty environment); the verdict is computed here.
     Reward 1.0 when every test passes (or the pass rate with `verifier_metadata.partial_credit`).
     A sandbox that never came up (the code did not run) raises CheckFailed, or CheckTimeout when it
-    did not start within the wall-clock limit: retryable errors, never a reward of 0."""
+    did not start within the wall-clock limit: retryable errors, never a reward of 0. Tests no
+    answer could pass (see `test_spec`) raise BadTask."""
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
@@ -64,8 +70,8 @@ class CodeEnv(Environment):
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
         del session
         spec = test_spec(task.metadata)
-        if isinstance(spec, str):
-            return VerifyResult(0.0, {"pass_rate": 0.0}, "", {"reason": spec})
+        if isinstance(spec, str):  # no answer could pass: an error (BAD_TASK), never a reward of 0
+            raise BadTask(spec)
         text = response.final_text
         code = extract_code(text)
         if not code.strip():

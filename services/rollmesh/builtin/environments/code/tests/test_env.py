@@ -2,6 +2,9 @@
 
 from pathlib import Path
 
+import pytest
+
+from rollmesh.verifier import BadTask
 from rollmesh.verifier.testing import answer, check, load_env, rows, task
 
 HERE = Path(__file__).resolve().parent.parent
@@ -37,8 +40,23 @@ async def test_empty_malformed_and_bad_tests() -> None:
         assert (empty.reward, empty.details["reason"]) == (0.0, "empty response")
         syntax = await check(env, task(None, verifier_metadata=ADD_TESTS), answer("def add(:"))
         assert syntax.reward == 0.0 and "SyntaxError" in syntax.details["reason"]
-        no_tests = await check(env, task(None), answer("x = 1"))
-        assert no_tests.reward == 0.0 and "verifier_metadata.tests" in no_tests.details["reason"]
+        # Tests no answer could pass are an error (BAD_TASK), never a reward of 0.
+        with pytest.raises(BadTask, match=r"verifier_metadata\.tests must be"):
+            await check(env, task(None), answer("x = 1"))
+        unusable = {
+            "assert add(1, 2) == 3 +": "does not parse",
+            "i = 0\nwhile i < 2:\n    assert add(i, 0) == i\n    i += 1": "an assert inside a while",
+            "if True:\n    try:\n        assert add(1, 1) == 2\n    except Exception:\n        pass": (
+                "inside a try"
+            ),
+            "def check(*fs):\n    assert fs[0](1, 2) == 3\ncheck(add)": "inside a functiondef",
+        }
+        for case, why in unusable.items():
+            meta = {"tests": ["assert add(1, 2) == 3", case]}
+            with pytest.raises(BadTask, match=rf"tests\[1\]: .*{why}"):
+                await check(
+                    env, task(None, verifier_metadata=meta), answer("def add(a, b):\n    return a + b")
+                )
 
 
 async def test_stdin_stdout_tests() -> None:
