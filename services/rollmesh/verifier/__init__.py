@@ -7,7 +7,8 @@ Plugins import the public API from here::
 A row that cannot be scored (no usable `expected_answer`) raises `BadTask` from `verify`: the rollout
 fails with class BAD_TASK instead of recording a reward of 0 for an answer nobody could judge. A
 checker that overruns its time raises `CheckTimeout` (CHECK_TIMEOUT), one that breaks `CheckFailed`
-(CHECK_FAILED): both are retried, neither is a reward of 0.
+(CHECK_FAILED): both are retried, neither is a reward of 0. A `verify` that needs the rollout's
+session and got none raises `SessionRequired` (SESSION_REQUIRED).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rollmesh.verifier.environment import (
     VerifyResult,
     tool,
 )
-from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout
+from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout, SessionRequired
 
 if TYPE_CHECKING:
     from rollmesh.mesh.server import ServiceBinding
@@ -60,6 +61,7 @@ __all__ = [
     "SandboxConfig",
     "SandboxLimits",
     "Session",
+    "SessionRequired",
     "SessionState",
     "Task",
     "ToolCall",

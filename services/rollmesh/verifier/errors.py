@@ -21,6 +21,13 @@ class SessionNotFound(mesh.NotFound):
     reason = "SESSION_NOT_FOUND"
 
 
+class SessionRequired(mesh.FailedPrecondition):
+    """`verify` needs the rollout's session (the state its tools built lives in the verifier) and
+    the call carried none: nothing can be judged, so it is an error, never a reward of 0."""
+
+    reason = "SESSION_REQUIRED"
+
+
 class SessionExists(mesh.AlreadyExists):
     reason = "SESSION_EXISTS"
 

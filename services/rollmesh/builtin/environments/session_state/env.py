@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult, tool
+from rollmesh.verifier import (
+    BadTask,
+    Environment,
+    Response,
+    Session,
+    SessionRequired,
+    Task,
+    VerifyResult,
+    tool,
+)
 
 
 @dataclass
@@ -15,13 +24,15 @@ class Counter:
 class CounterEnv(Environment):
     """A per-session counter seeded from `verifier_metadata.initial_value`. Tools:
     `increment_counter(count)` and `get_counter_value()`. Reward 1.0 when the session's counter
-    equals `expected_answer` at verification time."""
+    equals `expected_answer` at verification time. A row whose `initial_value` or `expected_answer`
+    is not an integer raises BadTask; a verify without the rollout's session SessionRequired."""
 
     async def seed_session(self, task: Task) -> Counter:
+        raw = task.metadata.get("initial_value", 0)
         try:
-            return Counter(int(task.metadata.get("initial_value", 0)))
-        except (TypeError, ValueError):
-            return Counter(0)
+            return Counter(int(raw))
+        except (TypeError, ValueError):  # seeding 0 instead would score every rollout of the row wrongly
+            raise BadTask(f"verifier_metadata.initial_value is not an integer (got {raw!r:.80})") from None
 
     @tool
     async def increment_counter(self, session: Session, count: int) -> str:
@@ -38,9 +49,10 @@ class CounterEnv(Environment):
 
     def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
         del response
-        if session is None or not isinstance(session.state, Counter):
-            return VerifyResult(
-                0.0, {"reached": 0.0}, "", {"reason": "session_state needs the rollout's session"}
+        if session is None or not isinstance(session.state, Counter):  # nothing to judge: not a 0
+            raise SessionRequired(
+                "session_state verifies the counter of the rollout's session; the call carried none "
+                "(a stored rollout cannot be re-verified: its session is gone)"
             )
         try:
             expected = int(task.expected_answer)

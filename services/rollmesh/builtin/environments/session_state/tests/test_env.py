@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier import BadTask
+from rollmesh.verifier import BadTask, SessionRequired
 from rollmesh.verifier.testing import answer, call, check, load_env, rows, seeded, task
 
 HERE = Path(__file__).resolve().parent.parent
@@ -27,7 +27,10 @@ async def test_wrong_empty_and_sessionless() -> None:
         await env.call_tool(s, call("increment_counter", {"count": 1}))
         assert (await check(env, t, answer("5"), s)).reward == 0.0
         assert (await check(env, t, answer(""), s)).reward == 0.0
-        assert (await check(env, t, answer("5"), None)).reward == 0.0
+        with pytest.raises(SessionRequired):  # nothing to judge: an error, never a reward of 0
+            await check(env, t, answer("5"), None)
+        with pytest.raises(BadTask, match="initial_value"):
+            await seeded(env, task(5, verifier_metadata={"initial_value": "two"}))
         malformed = task("five", verifier_metadata={"initial_value": 2})
         with pytest.raises(BadTask, match="expected_answer"):  # an error, never a reward of 0
             await check(env, malformed, answer("5"), await seeded(env, malformed))
