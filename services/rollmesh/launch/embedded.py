@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway import binding as gateway_binding
 from rollmesh.gateway.backends.factory import create_backend
+from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig, install_sys_path
@@ -125,5 +126,6 @@ async def embedded_mesh(
         manager = JobManager(catalog, model=model, env=env, output_dir=output_dir, api_key=api_key)
         stack.push_async_callback(manager.aclose)
         await _start(stack, mesh, "scheduler", scheduler_binding(manager), api_key)
+        log.info("startup_heap_frozen", objects=freeze_startup_heap())  # mesh/heap.py
         await phase("mesh ready")
         yield mesh

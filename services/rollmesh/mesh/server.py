@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollmesh.mesh import config
+from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
 from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
@@ -133,6 +134,7 @@ async def serve(
         maybe = on_started(mesh_server)
         if maybe is not None:
             await maybe
+    log.info("startup_heap_frozen", objects=freeze_startup_heap())  # heap.py
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
