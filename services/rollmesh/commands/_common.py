@@ -97,6 +97,17 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
 
 
+def as_dict(message: Any, *, unset_too: bool = False) -> dict[str, Any]:
+    """A proto message as JSON data under its .proto field names (`unset_too`: scalars left at
+    their default are listed too)."""
+    from google.protobuf import json_format
+
+    data: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=unset_too
+    )
+    return data
+
+
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
     sys.stdout.flush()  # a long-running command (`rollmesh up --json`) is read while it runs

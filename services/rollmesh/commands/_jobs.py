@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import err, print_table
+from rollmesh.commands._common import as_dict, err, print_table
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -403,9 +403,7 @@ def metrics_rows(
 
 
 def metrics_dict(m: pb.JobMetrics) -> dict[str, Any]:
-    from google.protobuf import json_format
-
-    data: dict[str, Any] = json_format.MessageToDict(m, preserving_proto_field_name=True)
+    data = as_dict(m)
     data.pop("tasks", None)
     return data
 

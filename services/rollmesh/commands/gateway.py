@@ -10,6 +10,7 @@ from rollmesh.commands._common import (
     ApiKey,
     GatewayAddr,
     JsonOut,
+    as_dict,
     connect,
     print_json,
     print_table,
@@ -29,8 +30,6 @@ def list_models(
     as_json: JsonOut = False,
 ) -> None:
     """List the gateway's models and routes with their replicas."""
-    from google.protobuf import json_format
-
     from rollmesh_client.v1 import gateway_pb2 as pb
 
     async def go() -> list[pb.ModelInfo]:
@@ -39,14 +38,7 @@ def list_models(
 
     items = run(go())
     if as_json:
-        print_json(
-            [
-                json_format.MessageToDict(
-                    m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-                )
-                for m in items
-            ]
-        )
+        print_json([as_dict(m, unset_too=True) for m in items])
         return
     rows = [
         (
@@ -109,8 +101,6 @@ def update_weights(
     """Load new weights into every replica of a model and bump its policy version (all or none)."""
     from pathlib import Path
 
-    from google.protobuf import json_format
-
     from rollmesh_client.v1 import gateway_pb2 as pb
 
     path = Path(checkpoint).expanduser()
@@ -133,11 +123,7 @@ def update_weights(
 
     resp = run(go())
     if as_json:
-        print_json(
-            json_format.MessageToDict(
-                resp, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-            )
-        )
+        print_json(as_dict(resp, unset_too=True))
         return
     typer.echo(
         f"policy version {resp.previous_version or '-'} -> {resp.policy_version}: "

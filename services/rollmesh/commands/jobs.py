@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -12,6 +12,7 @@ from rollmesh.commands._common import (
     ApiKey,
     JsonOut,
     SchedulerAddr,
+    as_dict,
     connect,
     print_json,
     print_table,
@@ -33,18 +34,11 @@ if TYPE_CHECKING:
 jobs_app = typer.Typer(help="Submit, watch, list, cancel and stream rollout jobs.", no_args_is_help=True)
 
 
-def _job_dict(job: pb.Job) -> dict[str, Any]:
-    from google.protobuf import json_format
-
-    data: dict[str, Any] = json_format.MessageToDict(job, preserving_proto_field_name=True)
-    return data
-
-
 def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
     from rollmesh_client._scheduler import state_name
 
     if as_json:
-        print_json(_job_dict(job))
+        print_json(as_dict(job))
         return
     p = job.progress
     rows = [
@@ -136,7 +130,7 @@ def list_jobs(scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: Json
 
     jobs = run(go())
     if as_json:
-        print_json([_job_dict(j) for j in jobs])
+        print_json([as_dict(j) for j in jobs])
         return
     rows = [
         (
@@ -163,14 +157,12 @@ def stream(
     """The job's rollouts as JSON lines on stdout (offset included), following the job."""
     import json
 
-    from google.protobuf import json_format
-
     async def go() -> None:
         async with await connect(scheduler=scheduler, api_key=api_key, timeout_s=None) as c:
             async for item in c.scheduler.stream(
                 job_id, offset=offset, follow=follow, include_failures=failures
             ):
-                data = json_format.MessageToDict(item, preserving_proto_field_name=True)
+                data = as_dict(item)
                 data["offset"] = int(item.offset)
                 sys.stdout.write(json.dumps(data) + "\n")
                 sys.stdout.flush()

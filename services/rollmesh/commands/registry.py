@@ -10,6 +10,7 @@ from rollmesh.commands._common import (
     ApiKey,
     JsonOut,
     RegistryAddr,
+    as_dict,
     connect,
     print_json,
     print_table,
@@ -66,12 +67,11 @@ def resolve(
     as_json: JsonOut = False,
 ) -> None:
     """Resolve one artifact to its path, root and sha256."""
-    from google.protobuf import json_format
 
     async def go() -> dict[str, object]:
         async with await connect(registry=registry, api_key=api_key) as c:
             art = await c.registry.resolve(kind, name)
-            return json_format.MessageToDict(art, preserving_proto_field_name=True)
+            return as_dict(art)
 
     data = run(go())
     if as_json:

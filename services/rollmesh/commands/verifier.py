@@ -11,6 +11,7 @@ from rollmesh.commands._common import (
     ApiKey,
     JsonOut,
     VerifierAddr,
+    as_dict,
     connect,
     print_json,
     print_table,
@@ -23,8 +24,6 @@ envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_
 @envs_app.command("list")
 def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOut = False) -> None:
     """Every environment the verifier serves, and every plugin that failed to load."""
-    from google.protobuf import json_format
-
     from rollmesh_client.v1 import verifier_pb2 as pb
 
     async def go() -> tuple[list[pb.Environment], list[pb.BrokenEnvironment]]:
@@ -47,7 +46,7 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
                     }
                     for e in envs
                 ],
-                "broken": [json_format.MessageToDict(b, preserving_proto_field_name=True) for b in broken],
+                "broken": [as_dict(b) for b in broken],
             }
         )
         return

@@ -13,12 +13,11 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -197,7 +196,6 @@ class Gateway:
         default_max_tokens: int = 256,
         max_routes: int = 1024,
         backend_factory: BackendFactory | None = None,
-        environ: Mapping[str, str] | None = None,
         weights_staging_dir: str = "",
     ) -> None:
         if not backends:
@@ -218,7 +216,6 @@ class Gateway:
         self._fresh_prompts = FreshPromptCache()
         self._flights: dict[str, _Flight] = {}
         self._factory = backend_factory
-        self._environ = os.environ if environ is None else environ
         staging = Path(weights_staging_dir) if weights_staging_dir else Path(tempfile.gettempdir())
         self.uploads = WeightUploads(staging / "rollmesh-weights")
 

@@ -22,15 +22,10 @@ from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_
 
 
 class Replica:
-    _replica_id: str
-    _running: set[str]
-    _served: int
-    _weights: ReplicaWeights
-
     async def _start(self, config: ServingConfig, load: Callable[[WeightsRef], Awaitable[None]]) -> None:
         """Name this replica and load the application's current weights with `load`."""
-        self._replica_id = serve.get_replica_context().replica_id.unique_id
-        self._running = set()
+        self._replica_id: str = serve.get_replica_context().replica_id.unique_id
+        self._running: set[str] = set()
         self._served = 0
         self._weights = ReplicaWeights(config.app_name, config.model_path, load)
         await self._weights.startup(pending_timeout_s=config.startup_timeout_s)
