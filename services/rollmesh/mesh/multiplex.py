@@ -10,7 +10,8 @@ and so the whole stream; it becomes that item's RESOURCE_EXHAUSTED (reason MESSA
 Batches (the SDK's contract, rollmesh_client/_streams.py): `open_batches` tells the caller in the
 initial metadata that this server reads batch messages (`stream_items` unpacks them) and says whether
 the caller wants its answers batched; `answer_messages` then writes every result ready at once
-(`run_multiplexed_batches`) as few messages as the limit allows, instead of one message per item.
+(`run_multiplexed_batches`, after one turn of the event loop so that items finishing in the same
+turn join them) as few messages as the limit allows, instead of one message per item.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ async def run_multiplexed_batches(
     try:
         ended = False
         while not ended and (got := await done.get()) is not None:
+            await asyncio.sleep(0)  # one loop turn: the items ready to finish now join this batch
             batch = [got]
             while not done.empty():
                 more = done.get_nowait()
