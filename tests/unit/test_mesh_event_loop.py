@@ -1,6 +1,6 @@
 """`mesh.aio.run_server` runs a server on the loop ROLLMESH_EVENT_LOOP names (uvloop when installed and
-the process allows it), and the variable is parsed strictly; it sets the collector up for serving
-(start-up objects frozen, a high young-generation threshold) unless told not to."""
+the process allows it), and the variable is parsed strictly; it raises the collector's threshold for
+serving (mesh/heap.py) unless told not to."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollmesh.mesh.aio import SERVER_GC_THRESHOLD, run_server
+from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.config import ConfigError, ServerConfig
+from rollmesh.mesh.heap import SERVING_GC_THRESHOLD
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
@@ -22,7 +23,6 @@ def _restore_gc() -> Iterator[None]:
     """run_server tunes the collector of the process it runs in: here pytest's, restored after."""
     threshold = gc.get_threshold()
     yield
-    gc.unfreeze()
     gc.set_threshold(*threshold)
 
 
@@ -59,19 +59,15 @@ def test_event_loop_variable() -> None:
         ServerConfig.from_env("scheduler", environ={"ROLLMESH_EVENT_LOOP": "trio"})
 
 
-async def _gc_state() -> tuple[tuple[int, ...], int]:
-    return gc.get_threshold(), gc.get_freeze_count()
-
-
-def test_a_server_runs_with_start_up_frozen_and_a_high_gc_threshold() -> None:
+def test_a_server_runs_with_the_serving_gc_threshold() -> None:
     gc.set_threshold(700, 10, 10)
-    gc.unfreeze()
-    threshold, frozen = run_server(_gc_state(), event_loop="asyncio")
-    assert threshold == SERVER_GC_THRESHOLD
-    assert frozen > 1000  # at least the modules' objects alive when the server started
+    assert run_server(_gc_threshold(), event_loop="asyncio") == SERVING_GC_THRESHOLD
 
 
 def test_gc_untouched_when_not_tuned() -> None:
     gc.set_threshold(700, 10, 10)
-    gc.unfreeze()
-    assert run_server(_gc_state(), event_loop="asyncio", gc_tuned=False) == ((700, 10, 10), 0)
+    assert run_server(_gc_threshold(), event_loop="asyncio", gc_tuned=False) == (700, 10, 10)
+
+
+async def _gc_threshold() -> tuple[int, ...]:
+    return gc.get_threshold()

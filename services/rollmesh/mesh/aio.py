@@ -1,23 +1,19 @@
-"""Small asyncio helpers every service uses: the event loop a server process runs on (`run_server`) and its
-garbage collector's settings (`tune_gc`), a set of kept background tasks, and a thread that lives as long
-as the process for blocking calls whose side effects belong to the calling thread."""
+"""Small asyncio helpers every service uses: the event loop a server process runs on (`run_server`), a set
+of kept background tasks, and a thread that lives as long as the process for blocking calls whose side
+effects belong to the calling thread."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import queue
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from rollmesh.mesh.heap import raise_gc_threshold
+
 T = TypeVar("T")
-
-
-# Young-generation threshold of a server process (CPython's default is 700 allocations net of
-# deallocations). See `tune_gc`.
-SERVER_GC_THRESHOLD = (50_000, 50, 100)
 
 
 def run_server(
@@ -27,9 +23,10 @@ def run_server(
     (mesh/config.py): "uvloop" (ImportError when not installed), "asyncio", or "auto": uvloop when
     installed and the process declares it safe (`uvloop_ok`), else asyncio. uvloop cuts the loop's
     cost per message for grpc.aio and aiohttp alike (about a quarter of the scheduler's and gateway's
-    CPU per rollout on the HTTP model path, bench/http_model_path.py). `gc_tuned`: `tune_gc` first."""
+    CPU per rollout on the HTTP model path, bench/http_model_path.py). `gc_tuned`: the collector's
+    serving threshold (mesh/heap.py) first."""
     if gc_tuned:
-        tune_gc()
+        raise_gc_threshold()
     factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     if event_loop == "uvloop" or (event_loop == "auto" and uvloop_ok):
         try:
@@ -41,20 +38,6 @@ def run_server(
                 raise
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
-
-
-def tune_gc() -> None:
-    """Set this process's garbage collector up for serving: everything alive now (modules, protobuf
-    descriptors, servicers: the objects of start-up) moves to the permanent generation that
-    collections never traverse (`gc.freeze`), and a young collection runs every 50,000 net
-    allocations instead of 700 (`SERVER_GC_THRESHOLD`), so the thousands of objects of the calls in
-    flight are not traversed, promoted and traversed again many times a second. Cyclic garbage is
-    still collected, only later: memory held by it is bounded by the threshold. On the HTTP model
-    path at 512 rollouts in flight the collector took ~30% of the scheduler's CPU and ~14% of the
-    gateway's with CPython's defaults (a full collection of the scheduler's heap: ~0.25 s)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*SERVER_GC_THRESHOLD)
 
 
 class TaskSet:
