@@ -637,13 +637,13 @@ class LocalEnv:
         return ToolResult(str(state["count"]))
 
     async def verify(self, environment: str, task: Json, messages: list[Json], session_id: str) -> Any:
-        from rollmesh.scheduler.agent import Verdict
+        from rollmesh.mesh.verify_result import VerifyResult
 
         if self.verify_errors:
             raise self.verify_errors.pop(0)
         answer = next((m["content"] for m in reversed(messages) if m["role"] == "assistant"), "")
         ok = answer.strip() == str(task.get("expected_answer", ""))
-        return Verdict(reward=1.0 if ok else 0.0, extracted_answer=answer.strip())
+        return VerifyResult(reward=1.0 if ok else 0.0, extracted_answer=answer.strip())
 
     async def close_session(self, session_id: str) -> None:
         self.closed.append(session_id)

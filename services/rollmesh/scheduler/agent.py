@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler.records import RolloutKey
 
 Json = dict[str, Any]
@@ -62,14 +63,6 @@ class ToolResult:
     is_error: bool = False
 
 
-@dataclass
-class Verdict:
-    reward: float
-    components: dict[str, float] = field(default_factory=dict)
-    extracted_answer: str = ""
-    details: Json = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class EnvDescription:
     """What the scheduler needs to know of an environment, fetched once per job."""
@@ -94,7 +87,7 @@ class EnvPort(Protocol):
 
     async def verify(
         self, environment: str, task: Json, messages: list[Json], session_id: str
-    ) -> Verdict: ...
+    ) -> VerifyResult: ...
 
     async def close_session(self, session_id: str) -> None: ...
 
@@ -121,7 +114,7 @@ class AgentSettings:
 @dataclass
 class AgentOutcome:
     messages: list[Json]
-    verdict: Verdict
+    verdict: VerifyResult
     turns: list[Turn]
     finish_reason: str
 

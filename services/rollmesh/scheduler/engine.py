@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler.agent import (
     AgentOutcome,
     AgentSettings,
@@ -34,7 +35,6 @@ from rollmesh.scheduler.agent import (
     ModelPort,
     ToolResult,
     Turn,
-    Verdict,
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
@@ -148,7 +148,9 @@ class _WatchedEnv:
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
         return await _watch(self._outages, VERIFIER, self._inner.call_tool(session_id, call))
 
-    async def verify(self, environment: str, task: Json, messages: list[Json], session_id: str) -> Verdict:
+    async def verify(
+        self, environment: str, task: Json, messages: list[Json], session_id: str
+    ) -> VerifyResult:
         return await _watch(
             self._outages, VERIFIER, self._inner.verify(environment, task, messages, session_id)
         )

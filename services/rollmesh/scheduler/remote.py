@@ -17,7 +17,8 @@ from typing import Self, TypeVar
 import grpc
 
 from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn, Verdict
+from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
 from rollmesh_client import (
     AlreadyExistsError,
@@ -158,7 +159,9 @@ class VerifierEnv(_Port):
         resp: verifier_pb2.CallToolResponse = await unary_call(self.stub.CallTool, req, self.deadlines.tool_s)
         return ToolResult(output=resp.output, is_error=resp.is_error)
 
-    async def verify(self, environment: str, task: Json, messages: list[Json], session_id: str) -> Verdict:
+    async def verify(
+        self, environment: str, task: Json, messages: list[Json], session_id: str
+    ) -> VerifyResult:
         req = verifier_pb2.VerifyRequest(
             environment=environment,
             task_json=json.dumps(task, ensure_ascii=False),
@@ -166,7 +169,7 @@ class VerifierEnv(_Port):
             session_id=session_id,
         )
         r = await self._batch.call(req, self.deadlines.verify_s)
-        return from_pb(Verdict, r, details=json.loads(r.details_json) if r.details_json else {})
+        return from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)

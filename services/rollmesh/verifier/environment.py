@@ -35,7 +35,7 @@ import types
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
@@ -43,6 +43,7 @@ from rollmesh.mesh.chat import Message as Message  # re-exported: part of the pl
 from rollmesh.mesh.chat import ToolCall as ToolCall
 from rollmesh.mesh.chat import ToolSpec as ToolSpec
 from rollmesh.mesh.chat import content_text
+from rollmesh.mesh.verify_result import VerifyResult as VerifyResult  # re-exported: plugin API
 
 if TYPE_CHECKING:
     from rollmesh.verifier.config import VerifierConfig
@@ -120,16 +121,6 @@ class Response:
             if m.role == "tool" and m.tool_call_id == call_id:
                 return m.content
         return None
-
-
-@dataclass
-class VerifyResult:
-    """The outcome of verifying one response."""
-
-    reward: float
-    components: dict[str, float] = field(default_factory=dict)
-    extracted_answer: str = ""
-    details: JsonObject = field(default_factory=dict)
 
 
 @dataclass
