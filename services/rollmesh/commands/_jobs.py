@@ -38,6 +38,13 @@ MaxSteps = Annotated[int, typer.Option("--max-steps", help="Model turns per roll
 Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")]
 TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Tokens per model turn.")]
+Logprobs = Annotated[
+    bool | None,
+    typer.Option(
+        "--logprobs/--no-logprobs",
+        help="Record the sampler's logprob of each generated token (tokens.logprobs; without it they are 0).",
+    ),
+]
 Seed = Annotated[
     int, typer.Option("--seed", "--starting-seed", help="Rollout i of a task samples with seed + i.")
 ]
@@ -111,6 +118,7 @@ class SpecOptions:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    logprobs: bool | None = None
     starting_seed: int = 0
     output_dir: str = ""
     sink_grpc: str = ""
@@ -136,6 +144,7 @@ _JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
     ("temperature", Temperature, None, "temperature"),
     ("top_p", TopP, None, "top_p"),
     ("max_tokens", MaxTokens, None, "max_tokens"),
+    ("logprobs", Logprobs, None, "logprobs"),
     ("seed", Seed, 0, "starting_seed"),
     ("allowed_failures", AllowedFailures, "", "allowed_failures"),
     ("max_attempts", MaxAttempts, 0, "max_attempts"),

@@ -47,7 +47,12 @@ def _run(
         str, typer.Option("--base-url", help="Use a pre-hosted OpenAI-compatible model instead of Ray Serve.")
     ] = "",
     api_key_env: Annotated[
-        str, typer.Option("--api-key-env", help="Env var holding the --base-url API key.")
+        str,
+        typer.Option(
+            "--api-key-env",
+            help="Env var holding the --base-url API key (default: ROLLMESH_GATEWAY_API_KEY_ENV, else"
+            " OPENAI_API_KEY).",
+        ),
     ] = "",
     backend: Annotated[
         str, typer.Option("--backend", help="Embedded backend: ray-serve (default), openai, fake.")
@@ -120,6 +125,7 @@ async def _embedded(
 ) -> Outcome:
     from rollmesh.gateway.config import GatewayConfig, ModelSpec, model_name_for
     from rollmesh.launch import embedded_mesh
+    from rollmesh.mesh.config import read
     from rollmesh.mesh.logging import configure
 
     configure(level="warning")
@@ -132,7 +138,8 @@ async def _embedded(
         model=model,
         replicas=replicas,
         base_url=base_url,
-        api_key_env=api_key_env,
+        # As `rollmesh up` / `serve gateway` do: the upstream's key is in OPENAI_API_KEY unless told.
+        api_key_env=api_key_env or str(read("ROLLMESH_GATEWAY_API_KEY_ENV")),
     )
     gateway_cfg = GatewayConfig(models=(model_spec,), default_model=model_spec.name, http_port=-1)
 

@@ -131,6 +131,16 @@ class OpenAIBackend(ModelBackend):
             )
         return self._session
 
+    def _refused(self, status: int) -> str:
+        """What a 401/403 means here: a wrong key, or none sent at all (the key is read from the
+        variable ROLLMESH_GATEWAY_API_KEY_ENV names, OPENAI_API_KEY by default)."""
+        if self._api_key:
+            return f"refused the API key (HTTP {status})"
+        return (
+            f"wants an API key and none was sent (HTTP {status}): put it in OPENAI_API_KEY, or in the"
+            " variable ROLLMESH_GATEWAY_API_KEY_ENV (`rollmesh run --api-key-env`) names"
+        )
+
     async def _get_models(self, timeout_s: float) -> tuple[int, dict[str, Any]]:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._http().get(f"{self.base_url}/models", timeout=timeout) as resp:
@@ -139,23 +149,37 @@ class OpenAIBackend(ModelBackend):
             return resp.status, json.loads(await resp.read())
 
     async def start(self) -> None:
-        """Check the server answers `/models`, and learn the context length when it says (vLLM does)."""
+        """Check the server answers `/models` with the key and lists the model (when it lists any),
+        and learn the context length when it says (vLLM does). A wrong key, a model the server does
+        not serve, or a base URL missing its `/v1` fail here, once, not on every later call."""
         _lift_open_files_limit()
         try:
             status, listing = await self._get_models(10.0)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise errors.UpstreamUnreachable(f"{self.base_url}/models: {exc!r}", retry_after_s=2.0) from None
+            raise self._transport_error(exc) from None
+        meta = {"http_status": str(status)}
         if status in (401, 403):
-            raise errors.UpstreamAuthFailed(
-                f"{self.base_url} refused the API key (HTTP {status})", metadata={"http_status": str(status)}
+            raise errors.UpstreamAuthFailed(f"{self.base_url} {self._refused(status)}", metadata=meta)
+        if status == 404 and not self.base_url.endswith("/v1"):
+            raise errors.UpstreamRejected(
+                f"{self.base_url}/models answered HTTP 404: an OpenAI-compatible base URL ends in /v1"
+                f" (try {self.base_url}/v1)",
+                metadata=meta,
             )
         self._healthy = status == 200
         if not self._healthy:
             log.warning("openai_backend_models_failed", base_url=self.base_url, status=status)
             return
-        for item in listing.get("data", []):
-            if item.get("id") == self.remote_model and isinstance(item.get("max_model_len"), int):
-                self._max_model_len = self._max_model_len or int(item["max_model_len"])
+        served = {str(item.get("id")): item for item in listing.get("data", []) if isinstance(item, dict)}
+        if served and self.remote_model not in served:
+            raise errors.ModelNotFound(
+                f"{self.base_url} serves no model {self.remote_model!r};"
+                f" it serves: {', '.join(sorted(served))}",
+                metadata={"model": self.remote_model, "served": ",".join(sorted(served))},
+            )
+        item = served.get(self.remote_model, {})
+        if isinstance(item.get("max_model_len"), int):
+            self._max_model_len = self._max_model_len or int(item["max_model_len"])
 
     async def check_health(self) -> bool:
         try:
@@ -430,9 +454,7 @@ class OpenAIBackend(ModelBackend):
         if status == 408:
             raise errors.UpstreamTimeout(f"{where} timed out (HTTP 408): {message}", metadata=meta)
         if status in (401, 403):
-            raise errors.UpstreamAuthFailed(
-                f"{where} refused the API key (HTTP {status}): {message}", metadata=meta
-            )
+            raise errors.UpstreamAuthFailed(f"{where} {self._refused(status)}: {message}", metadata=meta)
         if status == 404:
             raise errors.ModelNotFound(
                 f"{where} has no model {self.remote_model!r}: {message}",
