@@ -4,6 +4,8 @@ for plugins), and the scheduler's agent loop gets it back from its `EnvPort`."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,3 +18,12 @@ class VerifyResult:
     components: dict[str, float] = field(default_factory=dict)
     extracted_answer: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+
+    def not_finite(self) -> str | None:
+        """What in it is not a finite number (`reward = nan`), else None. Both sides refuse such a
+        result: a NaN would poison every mean and pass@k it enters, an inf or a string means nothing."""
+        values = {"reward": self.reward, **{f"components[{k!r}]": v for k, v in self.components.items()}}
+        for what, value in values.items():
+            if not isinstance(value, numbers.Real) or not math.isfinite(value):
+                return f"{what} = {value!r:.80}"
+        return None

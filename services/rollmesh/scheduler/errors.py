@@ -114,6 +114,13 @@ class TokenRecordMismatch(mesh.Internal):
     reason = "TOKEN_RECORD_MISMATCH"
 
 
+class BadReward(mesh.Internal):
+    """The verifier answered a reward (or a component) that is not a finite number: stored, a NaN
+    would poison every mean and pass@k it enters. The rollout fails (not retried) instead."""
+
+    reason = "VERIFIER_BAD_REWARD"
+
+
 class ModelCallDeadline(mesh.DeadlineExceeded):
     """A model call outlived the adaptive deadline (retryable, like every DEADLINE_EXCEEDED)."""
 

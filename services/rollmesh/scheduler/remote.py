@@ -20,6 +20,7 @@ from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
+from rollmesh.scheduler.errors import BadReward
 from rollmesh_client import (
     AlreadyExistsError,
     NotFoundError,
@@ -169,7 +170,10 @@ class VerifierEnv(_Port):
             session_id=session_id,
         )
         r = await self._batch.call(req, self.deadlines.verify_s)
-        return from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
+        result = from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
+        if bad := result.not_finite():
+            raise BadReward(f"the verifier answered {bad}, not a finite number")
+        return result
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)

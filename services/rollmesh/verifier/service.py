@@ -6,8 +6,6 @@ import asyncio
 import functools
 import inspect
 import json
-import math
-import numbers
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,12 +88,8 @@ def _check_result(name: str, result: Any) -> VerifyResult:
     inf or a string has no meaning as a reward): the verify fails, visibly, instead."""
     if not isinstance(result, VerifyResult):
         raise Internal(f"environment {name!r} verify returned {type(result).__name__}, not VerifyResult")
-    values = {"reward": result.reward, **{f"components[{k!r}]": v for k, v in result.components.items()}}
-    for what, value in values.items():
-        if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise Internal(
-                f"environment {name!r} verify returned {what} = {value!r:.80}, not a finite number"
-            )
+    if bad := result.not_finite():
+        raise Internal(f"environment {name!r} verify returned {bad}, not a finite number")
     return result
 
 
