@@ -1,0 +1,72 @@
+"""The README's command table and flag lists match the CLI: every `rollmesh ...` command it names
+exists (`--help` answers), and every `--flag` a row or the common-flags paragraph names is an
+option of that command (a renamed or dropped flag fails here, not in a user's shell)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rollmesh.cli import build_app
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROWS = re.findall(r"^\| `rollmesh ([^`]+)`(.*)$", README, flags=re.MULTILINE)
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _commands(spelled: str) -> list[tuple[str, ...]]:
+    """`jobs submit\\|status` -> [("jobs", "submit"), ("jobs", "status")]: the words before the
+    first argument or option, alternatives expanded."""
+    words: list[str] = []
+    for word in spelled.replace("\\|", "|").split():
+        if word.startswith(("-", "[", "'", ".")) or word.isupper() or "." in word:
+            break
+        words.append(word)
+    *path, last = words
+    return [(*path, alt) for alt in last.split("|")]
+
+
+@functools.cache
+def _help(command: tuple[str, ...]) -> str:
+    result = CliRunner().invoke(build_app(), [*command, "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, (command, result.output)
+    return result.stdout
+
+
+def test_the_readme_has_a_command_table() -> None:
+    assert len(ROWS) >= 15
+
+
+@pytest.mark.parametrize(("spelled", "rest"), ROWS, ids=[r[0][:40] for r in ROWS])
+def test_each_command_in_the_table_exists_with_the_flags_it_names(spelled: str, rest: str) -> None:
+    commands = _commands(spelled)
+    helps = [_help(c) for c in commands]
+    for flag in set(FLAG.findall(spelled + rest)):
+        assert any(flag in h for h in helps), (
+            f"README row `rollmesh {spelled}` names {flag}: not in {commands}"
+        )
+
+
+def test_the_common_run_and_submit_flags_exist_on_both() -> None:
+    paragraph = README[README.index("Common `run` / `jobs submit` flags") :]
+    paragraph = paragraph[: paragraph.index("\n\n")]
+    flags = set(FLAG.findall(paragraph))
+    assert {"--num-repeats", "--logprobs", "--allowed-failures"} <= flags
+    for command in (("run",), ("jobs", "submit")):
+        missing = sorted(f for f in flags if f not in _help(command))
+        assert not missing, f"rollmesh {' '.join(command)} lacks {missing}"
+
+
+@pytest.mark.parametrize("doc", ["README.md", "DESIGN.md", "docs/training.md", "docs/nemo-gym-migration.md"])
+def test_every_rollmesh_variable_the_docs_name_is_declared(doc: str) -> None:
+    """`rollmesh config` lists ENV_VARS: a variable the docs name but no code reads is a trap."""
+    from rollmesh.mesh.config import ENV_VARS
+
+    text = (Path(__file__).resolve().parents[2] / doc).read_text()
+    # ROLLMESH_COMPOSE is printed by deploy/local-docker.sh for the shell, not read by rollmesh.
+    named = set(re.findall(r"ROLLMESH_[A-Z0-9_]*[A-Z0-9]", text)) - {"ROLLMESH_COMPOSE"}
+    assert not sorted(named - set(ENV_VARS)), f"{doc} names undeclared variables"
