@@ -174,6 +174,21 @@ def _check_same_rollouts(job_id: str, stored: JobSpec, asked: JobSpec) -> None:
         )
 
 
+async def _check_same_tasks(job_id: str, plan: Plan) -> None:
+    """Refuse to resume `job_id` when its stored rollouts echo other tasks than the dataset now
+    holds at their indices (the file changed under the same path): the job's metrics would pair
+    old rewards with new tasks."""
+    rollouts = Path(plan.spec.effective_output_dir) / job_id / store.ROLLOUTS
+    changed = await asyncio.to_thread(store.changed_tasks, rollouts, plan.rows)
+    if changed:
+        raise ResumeMismatch(
+            f"job {job_id} has rollouts of other tasks than {plan.dataset_path} now holds at indices "
+            f"{', '.join(map(str, changed))}: the dataset changed since the job ran. Restore it, or start "
+            "a new job without --job-id",
+            metadata={"job_id": job_id, "fields": "dataset"},
+        )
+
+
 def resume_hint(job_id: str, output_dir: str | Path) -> str:
     """How a user resumes a job, in CLI flags (the API field is JobSpec.resume_job_id)."""
     return f"resume it with `rollmesh run --job-id {job_id} --output-dir {output_dir}`"
@@ -226,6 +241,8 @@ class JobManager:
             validate(spec)
             job_id, spec = await self._resolve_resume(spec)
             plan = await asyncio.to_thread(build_plan, self.catalog, spec)
+            if spec.resume_job_id and plan.spec.sink.kind == "jsonl":
+                await _check_same_tasks(job_id, plan)
             described = (
                 await self._check_environment(plan.spec.environment) if self.check_environment else None
             )

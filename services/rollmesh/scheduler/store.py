@@ -148,6 +148,31 @@ def read_keys(path: Path) -> set[RolloutKey]:
     return keys
 
 
+def changed_tasks(path: Path, rows: Sequence[Json], limit: int = 5) -> list[int]:
+    """The lowest task indices (up to `limit`) whose stored rollouts echo another task than `rows` holds at
+    that index (the dataset file was edited, reordered or replaced under the same path): resuming
+    would pair those rollouts with other tasks. Reads the rollouts file; blocking."""
+    changed: list[int] = []
+    checked: set[int] = set()
+    if not path.exists():
+        return changed
+    for _, row in iter_rows(path):
+        index = int(row.get("task_index", -1))
+        if index in checked:
+            continue
+        checked.add(index)
+        current = rows[index] if 0 <= index < len(rows) else None
+        # both sides as the row echoes them: the task's fields but those rollmesh adds
+        echoed = (
+            None
+            if current is None
+            else Rollout.from_row({**current, "task_index": index, "rollout_index": 0})
+        )
+        if echoed is None or Rollout.from_row(row).task != echoed.task:
+            changed.append(index)
+    return sorted(changed)[:limit]
+
+
 def read_lines(path: Path, byte_offset: int, limit: int) -> tuple[list[Json], int]:
     """Up to `limit` complete rows of a growing file from `byte_offset`; the rows and the offset after."""
     rows: list[Json] = []
