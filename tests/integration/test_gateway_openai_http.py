@@ -116,6 +116,30 @@ async def test_streaming_chat(http: Http) -> None:
     assert usage is not None and usage.completion_tokens > 0
 
 
+async def test_streaming_chat_with_logprobs(http: Http) -> None:
+    """Asked for, a stream's chunks carry the logprob of each token they carry, as a unary call's
+    choice does (they were always null on a stream)."""
+    messages = [{"role": "user", "content": "hello there"}]
+    whole = await http.client.chat.completions.create(model="tiny", messages=messages, logprobs=True)  # type: ignore[arg-type]
+    stream = await http.client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        logprobs=True,
+        stream=True,  # type: ignore[arg-type]
+    )
+    streamed: list[float] = []
+    token_ids: list[int] = []
+    async for chunk in stream:
+        for c in chunk.choices:
+            token_ids += (c.model_extra or {}).get("token_ids") or []
+            streamed += [t.logprob for t in (c.logprobs.content if c.logprobs else None) or []]
+    assert whole.choices[0].logprobs is not None
+    assert streamed == [t.logprob for t in whole.choices[0].logprobs.content or []]
+    assert len(streamed) == len(token_ids) > 0
+    plain = await http.client.chat.completions.create(model="tiny", messages=messages, stream=True)  # type: ignore[arg-type]
+    assert [c.logprobs async for chunk in plain for c in chunk.choices if c.logprobs is not None] == []
+
+
 async def test_streaming_plain_text(http: Http) -> None:
     stream = await http.client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "stream me"}], stream=True

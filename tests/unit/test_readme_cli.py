@@ -70,3 +70,23 @@ def test_every_rollmesh_variable_the_docs_name_is_declared(doc: str) -> None:
     # ROLLMESH_COMPOSE is printed by deploy/local-docker.sh for the shell, not read by rollmesh.
     named = set(re.findall(r"ROLLMESH_[A-Z0-9_]*[A-Z0-9]", text)) - {"ROLLMESH_COMPOSE"}
     assert not sorted(named - set(ENV_VARS)), f"{doc} names undeclared variables"
+
+
+def test_the_job_state_exit_codes_are_the_clis() -> None:
+    from rollmesh.commands._exit import JOB_EXIT_CODES
+
+    table = dict(re.findall(r"^\| `([A-Z_]+)` \|.*\| (\d+) \|$", README, flags=re.MULTILINE))
+    assert {state: int(code) for state, code in table.items()} == JOB_EXIT_CODES
+
+
+@pytest.mark.parametrize("doc", ["README.md", "DESIGN.md"])
+def test_the_default_ports_are_the_configs(doc: str) -> None:
+    from rollmesh.mesh.config import DEFAULT_PORTS, OPENAI_HTTP_PORT
+
+    text = " ".join((Path(__file__).resolve().parents[2] / doc).read_text().split())
+    expected = ", ".join(f"{s} {p}" for s, p in DEFAULT_PORTS.items())
+    expected = expected.replace(
+        f"gateway {DEFAULT_PORTS['gateway']}",
+        f"gateway {DEFAULT_PORTS['gateway']} (OpenAI HTTP {OPENAI_HTTP_PORT})",
+    )
+    assert f"Default ports: {expected}" in text

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollmesh.gateway import errors
@@ -201,13 +201,15 @@ def extension(r: GenerateResult, session_id: str) -> dict[str, Any]:
     }
 
 
-def _logprobs(r: GenerateResult) -> dict[str, Any] | None:
-    if not r.logprobs:
+def logprobs_json(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any] | None:
+    """A choice's `logprobs` (a whole completion's, or a stream chunk's), tokens named by id as
+    vLLM's `return_tokens_as_token_ids` does; None when none were asked for."""
+    if not logprobs:
         return None
     return {
         "content": [
             {"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-            for t, lp in zip(r.output_token_ids, r.logprobs, strict=False)
+            for t, lp in zip(token_ids, logprobs, strict=False)
         ]
     }
 
@@ -237,7 +239,7 @@ def chat_completion(r: GenerateResult, session_id: str) -> dict[str, Any]:
                 "index": 0,
                 "message": message,
                 "finish_reason": r.finish_reason,
-                "logprobs": _logprobs(r),
+                "logprobs": logprobs_json(r.output_token_ids, r.logprobs),
                 "token_ids": list(r.output_token_ids),
             }
         ],

@@ -16,7 +16,14 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from rollmesh.gateway.http.protocol import calls_json, error_json, extension, response_object, usage_json
+from rollmesh.gateway.http.protocol import (
+    calls_json,
+    error_json,
+    extension,
+    logprobs_json,
+    response_object,
+    usage_json,
+)
 from rollmesh.gateway.toolcalls import ContentStreamFilter
 from rollmesh.gateway.types import GenerateResult, StreamDelta
 from rollmesh.mesh.errors import RollmeshError
@@ -89,7 +96,8 @@ async def chat_events(
                 break
             text = filt.feed(item.text)
             if text or item.token_ids:
-                yield chunk({"content": text}, token_ids=list(item.token_ids))
+                logprobs = logprobs_json(item.token_ids, item.logprobs)
+                yield chunk({"content": text}, token_ids=list(item.token_ids), logprobs=logprobs)
             item = await anext(rest, None)
     except RollmeshError as exc:
         # Headers are gone; report the error in-band as OpenAI does, then end the stream.
