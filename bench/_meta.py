@@ -38,37 +38,40 @@ def log(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), file=sys.stderr, flush=True)
 
 
-def cpu_by_process(label: Callable[[str, str], str], *, tree_of: int | None = None) -> dict[str, float]:
-    """CPU seconds (user + system) so far of every process on the machine, summed by
-    `label(process name, command line)`. `tree_of`: only that process and its descendants (a
-    local Ray's GCS, raylet, workers and the engines they spawn descend from the driver), so
-    other work on a shared machine (another Ray cluster's processes of the same name) is not
-    counted."""
+CpuSnapshot = dict[tuple[int, float], tuple[str, float]]  # (pid, start time) -> (label, CPU s)
+
+
+def cpu_by_process(label: Callable[[str, str], str], *, tree_of: int | None = None) -> CpuSnapshot:
+    """CPU seconds (user + system) so far of every process on the machine, each with its
+    `label(process name, command line)`, keyed by the process (pid and start time): a process
+    whose title changes meanwhile (a Ray actor names the method it runs) is still the same
+    process. `tree_of`: only that process and its descendants (a local Ray's GCS, raylet,
+    workers and the engines they spawn descend from the driver), so other work on a shared
+    machine (another Ray cluster's processes of the same name) is not counted."""
     import psutil  # type: ignore[import-untyped]
 
-    out: dict[str, float] = {}
     if tree_of is None:
-        procs = list(psutil.process_iter(["name", "cmdline", "cpu_times"]))
+        procs = list(psutil.process_iter())
     else:
         root = psutil.Process(tree_of)
         procs = [root, *root.children(recursive=True)]
-        for proc in procs:
-            try:
-                proc.info = proc.as_dict(["name", "cmdline", "cpu_times"])
-            except psutil.Error:  # it ended meanwhile
-                proc.info = {"name": "?", "cmdline": [], "cpu_times": None}
+    out: CpuSnapshot = {}
     for proc in procs:
-        times = proc.info["cpu_times"]
+        try:
+            info = proc.as_dict(["name", "cmdline", "cpu_times", "create_time"])
+        except psutil.Error:  # it ended meanwhile
+            continue
+        times = info["cpu_times"]
         if times is None:
             continue
-        key = label(str(proc.info["name"] or "?"), " ".join(proc.info["cmdline"] or []))
-        out[key] = out.get(key, 0.0) + times.user + times.system
+        name = label(str(info["name"] or "?"), " ".join(info["cmdline"] or []))
+        out[(proc.pid, float(info["create_time"] or 0.0))] = (name, times.user + times.system)
     return out
 
 
 def cpu_ms_per(
     label: Callable[[str, str], str],
-    before: dict[str, float],
+    before: CpuSnapshot,
     items: int,
     *,
     per: int = 1,
@@ -76,8 +79,11 @@ def cpu_ms_per(
     digits: int = 2,
     tree_of: int | None = None,
 ) -> dict[str, float]:
-    """CPU ms per `per` items spent since `before` (a `cpu_by_process(label, tree_of=...)` with the
-    same `tree_of`), by label, the largest first; labels under `floor_ms` are left out."""
-    after = cpu_by_process(label, tree_of=tree_of)
-    spent = {k: (v - before.get(k, 0.0)) * 1e3 * per / max(items, 1) for k, v in after.items()}
+    """CPU ms per `per` items that each process spent since `before` (a `cpu_by_process(label,
+    tree_of=...)` with the same `tree_of`; a process started since counts from 0), summed by
+    label, the largest first; labels under `floor_ms` are left out."""
+    spent: dict[str, float] = {}
+    for key, (name, cpu_s) in cpu_by_process(label, tree_of=tree_of).items():
+        delta = cpu_s - before.get(key, (name, 0.0))[1]
+        spent[name] = spent.get(name, 0.0) + delta * 1e3 * per / max(items, 1)
     return {k: round(v, digits) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= floor_ms}

@@ -27,7 +27,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import cpu_by_process, cpu_ms_per, env_info, log  # noqa: E402
+from bench._meta import CpuSnapshot, cpu_by_process, cpu_ms_per, env_info, log  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 
@@ -42,7 +42,7 @@ def _label(name: str, cmd: str) -> str:
     return name
 
 
-def _cpu_spent(before: dict[str, float], tokens: int) -> dict[str, float]:
+def _cpu_spent(before: CpuSnapshot, tokens: int) -> dict[str, float]:
     """CPU ms per 1,000 generated tokens, by process label, the largest first (>= 1 ms only)."""
     return cpu_ms_per(_label, before, tokens, per=1000, floor_ms=1.0, digits=1, tree_of=os.getpid())
 
