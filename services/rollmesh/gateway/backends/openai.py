@@ -6,10 +6,12 @@ gateway sends messages and cannot build prompts from kept ids. Token-exact multi
 request asks for its `return_token_ids` extension, so responses still carry the prompt and output
 ids the server used; other servers ignore the field and the ids stay empty.
 
-Calls: a request that wants deltas (`EngineRequest.stream`) is streamed as SSE; a unary one is one
-non-streaming POST answered by one chunk. Both report the upstream's `usage` on the last chunk.
-The connection pool has no cap of its own by default (`max_connections=0`): every request in
-flight gets a connection, so the caller's concurrency (the scheduler's bound) is the one that holds.
+Calls: a request that wants deltas (`EngineRequest.stream`) is streamed as SSE (aiohttp); a unary
+one is one non-streaming POST answered by one chunk, sent by the lean keep-alive client of
+unary_http.py (aiohttp's request path was the largest part of the gateway's CPU per call). Both
+report the upstream's `usage` on the last chunk. The connection pools have no cap of their own by
+default (`max_connections=0`): every request in flight gets a connection, so the caller's
+concurrency (the scheduler's bound) is the one that holds.
 
 Tool calls the server returns as structured `tool_calls` are re-rendered as
 `<tool_call>{"name": ..., "arguments": ...}</tool_call>` text, so the gateway parses every backend's
@@ -37,6 +39,7 @@ import aiohttp
 from yarl import URL
 
 from rollmesh.gateway import errors
+from rollmesh.gateway.backends import unary_http
 from rollmesh.gateway.backends.base import (
     EngineChunk,
     EngineRequest,
@@ -99,6 +102,7 @@ class OpenAIBackend(ModelBackend):
         self._max_connections = max(0, max_connections)
         self._chat_url = URL(f"{self.base_url}/chat/completions")
         self._session: aiohttp.ClientSession | None = None
+        self._unary_pool: unary_http.UnaryHttpPool | None = None
         self._healthy = False
         # request id -> the task waiting on a unary call, or the open streaming response
         self._running: dict[str, asyncio.Task[Any] | aiohttp.ClientResponse | None] = {}
@@ -140,6 +144,20 @@ class OpenAIBackend(ModelBackend):
             f"wants an API key and none was sent (HTTP {status}): put it in OPENAI_API_KEY, or in the"
             " variable ROLLMESH_GATEWAY_API_KEY_ENV (`rollmesh run --api-key-env`) names"
         )
+
+    def _unary(self) -> unary_http.UnaryHttpPool:
+        if self._unary_pool is None:
+            headers = {"Content-Type": "application/json", "Accept": "application/json"}
+            if self._api_key:
+                headers["Authorization"] = f"Bearer {self._api_key}"
+            self._unary_pool = unary_http.UnaryHttpPool(
+                self.base_url,
+                headers=headers,
+                connect_timeout_s=self._timeout.sock_connect or 10.0,
+                read_timeout_s=self._timeout.sock_read or 600.0,
+                max_connections=self._max_connections,
+            )
+        return self._unary_pool
 
     async def _get_models(self, timeout_s: float) -> tuple[int, dict[str, Any]]:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -259,16 +277,13 @@ class OpenAIBackend(ModelBackend):
     async def _post_unary(self, request: EngineRequest) -> EngineChunk:
         data = json.dumps(self._body(request)).encode()
         try:
-            async with self._http().post(self._chat_url, data=data, headers=self._headers(request)) as resp:
-                if resp.status != 200:
-                    await self._raise_for(resp)
-                body = await resp.read()
-        except RollmeshError:
-            raise
+            answer = await self._unary().post("/chat/completions", data, self._headers(request))
         except Exception as exc:
             raise self._transport_error(exc) from None
+        if answer.status != 200:
+            self._raise_for_status(answer.status, answer.headers.get("retry-after"), answer.body)
         self._healthy = True
-        return self._unary_chunk(*self._completion(body))
+        return self._unary_chunk(*self._completion(answer.body))
 
     def _completion(self, body: bytes) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
         """(payload, its first choice, that choice's message) of a chat completion, or
@@ -414,34 +429,43 @@ class OpenAIBackend(ModelBackend):
     def _transport_error(self, exc: BaseException) -> RollmeshError:
         """The gateway error for a failure below HTTP (the connection, or the wait for bytes)."""
         where = self.base_url
-        if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc, unary_http.ConnectFailed):
             self._healthy = False
-            return errors.UpstreamUnreachable(f"{where}: cannot connect: {exc}", retry_after_s=1.0)
-        if isinstance(exc, aiohttp.ConnectionTimeoutError):  # a TimeoutError too, but no answer was due
+            return errors.UpstreamUnreachable(f"{where}: {exc}", retry_after_s=1.0)
+        if isinstance(exc, unary_http.ConnectTimedOut | aiohttp.ConnectionTimeoutError):
+            # aiohttp's is a TimeoutError too, but no answer was due
             return errors.UpstreamUnreachable(
                 f"{where}: no connection within {self._timeout.sock_connect:g} s (the server, or this "
                 "host, is overloaded or the address is unreachable)",
                 retry_after_s=1.0,
             )
-        if isinstance(exc, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors
+        if isinstance(exc, unary_http.ReadTimedOut | TimeoutError):  # aiohttp's read timeouts too
             return errors.UpstreamTimeout(
                 f"{where}: no answer within the read timeout ({self._timeout.sock_read:g} s)",
                 retry_after_s=1.0,
             )
+        if isinstance(exc, unary_http.ConnectionBroke):
+            return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc}", retry_after_s=1.0)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            self._healthy = False
+            return errors.UpstreamUnreachable(f"{where}: cannot connect: {exc}", retry_after_s=1.0)
         if isinstance(exc, aiohttp.ClientError | ConnectionError | ValueError):
             return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc!r}", retry_after_s=1.0)
         return errors.UpstreamStreamDropped(f"{where}: the call failed: {exc!r}", retry_after_s=1.0)
 
     async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
-        body = (await resp.read()).decode(errors="replace")[:500]
+        self._raise_for_status(resp.status, resp.headers.get("Retry-After"), await resp.read())
+
+    def _raise_for_status(self, status: int, retry_after: str | None, answer: bytes) -> None:
+        """The gateway error for an HTTP status other than 200 (`retry_after`: the header's value)."""
+        body = answer.decode(errors="replace")[:500]
         try:
             message = str(json.loads(body)["error"]["message"])
         except (ValueError, KeyError, TypeError):
             message = body
-        status = resp.status
         meta = {"http_status": str(status)}
         where = self.base_url
-        retry = _retry_after(resp.headers.get("Retry-After"))
+        retry = _retry_after(retry_after)
         if status >= 500:
             self._healthy = status not in (502, 503, 504)
             raise errors.UpstreamHttpError(
@@ -484,6 +508,9 @@ class OpenAIBackend(ModelBackend):
         ]
 
     async def shutdown(self) -> None:
+        if self._unary_pool is not None:
+            await self._unary_pool.close()
+            self._unary_pool = None
         if self._session is not None:
             await self._session.close()
             self._session = None

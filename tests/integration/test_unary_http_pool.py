@@ -1,0 +1,265 @@
+"""The gateway's lean unary HTTP client (gateway/backends/unary_http.py) against real local servers:
+keep-alive reuse, chunked / gzip / connection-delimited bodies, every failure class (refused, read
+timeout, a connection closed mid-answer, not HTTP), a cancelled call closes its connection (the
+server sees it), header injection refused, a connection cap, and 512 concurrent calls on uvloop."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import importlib.util
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from rollmesh.gateway.backends.unary_http import (
+    ConnectFailed,
+    ConnectionBroke,
+    ReadTimedOut,
+    UnaryHttpPool,
+)
+
+HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
+
+
+class Upstream:
+    """An aiohttp app under /v1 that records what it saw."""
+
+    def __init__(self) -> None:
+        self.peers: set[tuple[str, int]] = set()
+        self.requests: list[tuple[Mapping[str, str], bytes]] = []
+        self.hanging = asyncio.Event()
+        self.disconnected = asyncio.Event()
+        self.base_url = ""
+
+    async def echo(self, request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer is not None:
+            self.peers.add((peer[0], peer[1]))
+        body = await request.read()
+        self.requests.append((request.headers.copy(), body))
+        return web.json_response({"path": request.path, "body": json.loads(body)})
+
+    async def chunked(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for part in (b'{"parts": ', b"[1, 2", b", 3]}"):
+            await resp.write(part)
+            await asyncio.sleep(0.01)
+        await resp.write_eof()
+        return resp
+
+    async def gzipped(self, request: web.Request) -> web.Response:
+        return web.Response(body=gzip.compress(b'{"zipped": true}'), headers={"Content-Encoding": "gzip"})
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.Response(
+            status=429, text='{"error": {"message": "slow down"}}', headers={"Retry-After": "3"}
+        )
+
+    async def hang(self, request: web.Request) -> web.Response:
+        self.hanging.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.disconnected.set()  # aiohttp cancels the handler when the client's connection closes
+            raise
+        return web.Response(text="late")
+
+    async def slow_bytes(self, request: web.Request) -> web.StreamResponse:
+        """An answer whose bytes keep coming, each well within the read timeout, 1 s in all."""
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for _ in range(10):
+            await resp.write(b" ")
+            await asyncio.sleep(0.1)
+        await resp.write(b"{}")
+        await resp.write_eof()
+        return resp
+
+
+@pytest_asyncio.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    up = Upstream()
+    app = web.Application(handler_args={"handler_cancellation": True})
+    app.router.add_post("/v1/echo", up.echo)
+    app.router.add_post("/v1/chunked", up.chunked)
+    app.router.add_post("/v1/gzipped", up.gzipped)
+    app.router.add_post("/v1/status", up.status)
+    app.router.add_post("/v1/hang", up.hang)
+    app.router.add_post("/v1/slow", up.slow_bytes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    up.base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        yield up
+    finally:
+        await runner.cleanup()
+
+
+def _pool(base_url: str, **kw: float) -> UnaryHttpPool:
+    return UnaryHttpPool(
+        base_url,
+        headers={"Content-Type": "application/json", "Authorization": "Bearer k"},
+        connect_timeout_s=kw.pop("connect_timeout_s", 5.0),
+        read_timeout_s=kw.pop("read_timeout_s", 30.0),
+        max_connections=int(kw.pop("max_connections", 0)),
+    )
+
+
+async def test_answers_and_headers_and_keep_alive(upstream: Upstream) -> None:
+    pool = _pool(upstream.base_url)
+    try:
+        for i in range(5):
+            answer = await pool.post("/echo", json.dumps({"i": i}).encode(), {"X-Request-Id": f"r{i}"})
+            assert answer.status == 200
+            assert json.loads(answer.body) == {"path": "/v1/echo", "body": {"i": i}}
+            assert answer.headers["content-type"].startswith("application/json")
+        headers, _ = upstream.requests[-1]
+        assert headers["Authorization"] == "Bearer k" and headers["X-Request-Id"] == "r4"
+        assert headers["Host"] == upstream.base_url.split("/")[2]
+        assert len(upstream.peers) == 1  # one connection served all five calls
+    finally:
+        await pool.close()
+
+
+async def test_chunked_gzip_and_error_statuses_come_back_whole(upstream: Upstream) -> None:
+    pool = _pool(upstream.base_url)
+    try:
+        assert json.loads((await pool.post("/chunked", b"{}", {})).body) == {"parts": [1, 2, 3]}
+        assert json.loads((await pool.post("/gzipped", b"{}", {})).body) == {"zipped": True}
+        limited = await pool.post("/status", b"{}", {})
+        assert (limited.status, limited.headers["retry-after"]) == (429, "3")
+        assert json.loads(limited.body)["error"]["message"] == "slow down"
+        assert (await pool.post("/nowhere", b"{}", {})).status == 404
+    finally:
+        await pool.close()
+
+
+async def test_refused_connection() -> None:
+    pool = _pool("http://127.0.0.1:9/v1")
+    with pytest.raises(ConnectFailed, match="cannot connect"):
+        await pool.post("/echo", b"{}", {})
+    await pool.close()
+
+
+async def test_read_timeout_counts_silence_not_the_whole_answer(upstream: Upstream) -> None:
+    pool = _pool(upstream.base_url, read_timeout_s=0.5)
+    try:
+        assert (await pool.post("/slow", b"{}", {})).body.strip() == b"{}"  # 1 s in all, never 0.5 s quiet
+        with pytest.raises(ReadTimedOut):
+            await pool.post("/hang", b"{}", {})
+        assert (await pool.post("/echo", b"{}", {})).status == 200  # the pool still works
+    finally:
+        await pool.close()
+
+
+async def test_a_cancelled_call_closes_its_connection(upstream: Upstream) -> None:
+    pool = _pool(upstream.base_url)
+    try:
+        call = asyncio.ensure_future(pool.post("/hang", b"{}", {}))
+        async with asyncio.timeout(30):
+            await upstream.hanging.wait()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await upstream.disconnected.wait()  # the server saw the connection close
+        assert (await pool.post("/echo", b"{}", {})).status == 200
+    finally:
+        await pool.close()
+
+
+async def _raw_server(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> Any:
+    return await asyncio.start_server(handle, "127.0.0.1", 0)
+
+
+async def test_connection_delimited_body_broken_answers_and_garbage() -> None:
+    async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        path = head.split(b" ")[1]
+        await reader.readexactly(length)
+        if path.endswith(b"/eof-body"):  # no length, no chunks: the body ends with the connection
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b'{"eof": 1}')
+        elif path.endswith(b"/cut"):  # promises 100 bytes, sends 5, closes
+            writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"a":')
+        elif path.endswith(b"/garbage"):
+            writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await _raw_server(reply)
+    port = server.sockets[0].getsockname()[1]
+    pool = _pool(f"http://127.0.0.1:{port}/v1")
+    try:
+        answer = await pool.post("/eof-body", b"{}", {})
+        assert (answer.status, json.loads(answer.body)) == (200, {"eof": 1})
+        with pytest.raises(ConnectionBroke, match="before the answer ended"):
+            await pool.post("/cut", b"{}", {})
+        with pytest.raises(ConnectionBroke, match="not HTTP"):
+            await pool.post("/garbage", b"{}", {})
+    finally:
+        await pool.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_header_injection_is_refused_before_sending(upstream: Upstream) -> None:
+    pool = _pool(upstream.base_url)
+    with pytest.raises(ValueError, match="line break"):
+        await pool.post("/echo", b"{}", {"X-Session-Id": "s\r\nX-Admin: 1"})
+    assert upstream.requests == []
+    await pool.close()
+
+
+async def test_max_connections_caps_the_connections_open(upstream: Upstream) -> None:
+    pool = _pool(upstream.base_url, max_connections=2)
+    try:
+        answers = await asyncio.gather(*(pool.post("/echo", b"{}", {}) for _ in range(20)))
+        assert all(a.status == 200 for a in answers)
+        assert len(upstream.peers) <= 2
+    finally:
+        await pool.close()
+
+
+@pytest.mark.skipif(not HAS_UVLOOP, reason="uvloop is not installed in this environment")
+def test_512_concurrent_calls_on_uvloop() -> None:
+    """The gateway runs on uvloop, whose transports differ from asyncio's."""
+    import uvloop
+
+    async def main() -> tuple[int, int]:
+        up = Upstream()
+        app = web.Application()
+        app.router.add_post("/v1/echo", up.echo)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        pool = _pool(f"http://127.0.0.1:{runner.addresses[0][1]}/v1")
+        try:
+
+            async def worker(w: int) -> int:
+                ok = 0
+                for i in range(4):
+                    answer = await pool.post("/echo", json.dumps({"w": w, "i": i}).encode(), {})
+                    ok += json.loads(answer.body)["body"] == {"w": w, "i": i}
+                return ok
+
+            async with asyncio.timeout(120):
+                oks = await asyncio.gather(*(worker(w) for w in range(512)))
+            return sum(oks), len(up.peers)
+        finally:
+            await pool.close()
+            await runner.cleanup()
+
+    ok, connections = uvloop.run(main())
+    assert ok == 512 * 4
+    assert connections <= 512  # reused: never more connections than calls at once
