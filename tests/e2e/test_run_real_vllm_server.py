@@ -171,3 +171,54 @@ def test_a_wrong_setting_fails_at_once_in_one_line(
     assert len(errors) == 1 and expected in errors[0], done.stderr[-4000:]
     assert "Traceback" not in done.stderr
     assert not list(tmp_path.glob("*/rollouts.jsonl")), "no job may start"
+
+
+def test_the_openai_facade_over_vllms_server_with_the_openai_sdk(vllm_url: str) -> None:
+    """An agent that speaks only HTTP: the official `openai` SDK against the gateway's facade
+    (`rollmesh serve gateway --backend openai`, both with keys), which calls vLLM's server. Unary
+    and streamed answers agree at temperature 0, logprobs and token ids included."""
+    openai = pytest.importorskip("openai", reason="the openai SDK is not installed here")
+    from tests.procs import spawn_server
+
+    http_port = _free_port()
+    args = [
+        str(ROLLMESH),
+        "serve",
+        "gateway",
+        "--backend",
+        "openai",
+        "--base-url",
+        vllm_url,
+        "--model",
+        MODEL,
+    ]
+    env = {
+        "OPENAI_API_KEY": KEY,
+        "ROLLMESH_API_KEY": "facade-key",
+        "ROLLMESH_OPENAI_HTTP_PORT": str(http_port),
+    }
+    with spawn_server([*args, "--port", "0"], env=env, timeout_s=120):
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{http_port}/v1", api_key="facade-key", max_retries=0
+        )
+        messages = [{"role": "user", "content": "What is 2 + 3?"}]
+        whole = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0, logprobs=True
+        )
+        choice = whole.choices[0]
+        assert choice.message.content == "The answer is 5." and choice.finish_reason == "stop"
+        unary_lps = [t.logprob for t in (choice.logprobs.content if choice.logprobs else None) or []]
+        assert len(unary_lps) == len((choice.model_extra or {})["token_ids"]) > 0
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0, logprobs=True, stream=True
+        )
+        text, streamed_lps = "", []
+        for chunk in stream:
+            for c in chunk.choices:
+                text += c.delta.content or ""
+                streamed_lps += [t.logprob for t in (c.logprobs.content if c.logprobs else None) or []]
+        assert text == "The answer is 5."
+        assert streamed_lps == pytest.approx(unary_lps, abs=1e-4)
+        wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
