@@ -247,20 +247,6 @@ class VLLMReplica(Replica):
             await self._engine.resume_generation()
         return bool(await self._engine.is_paused())
 
-    async def load_weights(
-        self, *, weights_path: str, weights_id: str, policy_version: str = "", pin_replica: str = ""
-    ) -> str:
-        """Load the checkpoint folder `weights_path` into this replica's engine and serve it as
-        `weights_id` (labelled `policy_version`); returns the replica's id."""
-        if self._running:
-            raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
-        return await super().load_weights(
-            weights_path=weights_path,
-            weights_id=weights_id,
-            policy_version=policy_version,
-            pin_replica=pin_replica,
-        )
-
     async def _reload(self, ref: WeightsRef) -> None:
         """Put `ref`'s weights into the engine. Its scheduler is frozen while the workers load (no
         step can see half-loaded weights) and released after, with the prefix cache (old KV) dropped."""

@@ -97,8 +97,11 @@ class Replica:
         self, *, weights_path: str, weights_id: str, policy_version: str = "", pin_replica: str = ""
     ) -> str:
         """Load the checkpoint folder `weights_path` and serve it as `weights_id` (labelled
-        `policy_version`); returns the replica's id."""
+        `policy_version`); returns the replica's id. Refused while requests run here: the gateway
+        drains them first."""
         del pin_replica
+        if self._running:
+            raise RuntimeError(f"{len(self._running)} requests are running; the gateway drains them first")
         await self._weights.loaded(WeightsRef(weights_id, weights_path, policy_version))
         return self._replica_id
 
