@@ -4,8 +4,8 @@ Contract: the answer is the last *number* written in the last assistant message,
 its decimal part, exponent, thousands separators, a `/` denominator or a power after it. It scores
 1.0 only when that number's exact value is the expected integer, so no wrong answer matches by a
 fragment of itself (`12.5`, `5e3`, `1/5`, `10^5`, `5²` never match 5; `5,000` never matches 0).
-`5.0` and `10/2` are 5; a Unicode minus (U+2212, U+FE63, U+FF0D) is a minus. An exponent or
-power the check cannot evaluate cheaply is not an integer.
+`5.0` and `10/2` are 5, `1,2,3` is its last item; a Unicode minus (U+2212, U+FE63, U+FF0D) is
+a minus. An exponent or power the check cannot evaluate cheaply is not an integer.
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from decimal import Decimal, InvalidOperation, localcontext
 
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 
-_MAG = r"\d+(?:,\d{3})*(?![\d,]*\d)(?:\.\d+)?(?:[eE][-+]?\d+)?"
+# Possessive quantifiers only: one pass over the text, whatever it holds (a nested, backtracking
+# pattern took minutes on '1,000,000,...' and this check runs on the event loop).
+_MAG = r"\d++(?:[,.]\d++)*+(?:[eE][-+]?\d++)?+"
 _NUMBER = re.compile(
     rf"(?:(?<![\w)])(?P<sign>[-+\u2212\ufe63\uff0d\uff0b]))?(?<![\d.])(?P<num>{_MAG})"
-    rf"(?:\s*/\s*(?P<den>{_MAG}))?(?P<power>\s*(?:\^|\*\*)\s*[-+(]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹⁻])?"
+    rf"(?:\s*+/\s*+(?P<den>{_MAG}))?+(?P<power>\s*+(?:\^|\*\*)\s*+[-+(]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹⁻])?"
 )
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?:[eE][-+]?\d++)?+")
+_INT_LIST = re.compile(r"\d++(?:,\d++)++")
 _MAX_DIGITS = 4000  # |value| below 10**_MAX_DIGITS is evaluated; anything larger is not an answer
 
 
@@ -45,24 +49,30 @@ def _integer_value(match: re.Match[str]) -> int | None:
     with localcontext() as ctx:
         ctx.prec = _MAX_DIGITS + 10
         try:
-            value = _decimal(match.group("num"))
+            value, listed = _decimal(match.group("num"))
             if match.group("den") is not None:
-                den = _decimal(match.group("den"))
+                den = _decimal(match.group("den"))[0]
                 if den == 0 or value % den != 0:
                     return None
                 value = value / den
             if value != value.to_integral_value():
                 return None
-        except InvalidOperation:  # too many digits to be exact at this precision
+        except InvalidOperation:  # not a number (`1.2.3`), or too many digits to be exact
             return None
-    return int(value) if match.group("sign") in (None, "+", "\uff0b") else -int(value)
+    negative = not listed and match.group("sign") not in (None, "+", "\uff0b")
+    return -int(value) if negative else int(value)
 
 
-def _decimal(text: str) -> Decimal:
-    value = Decimal(text.replace(",", ""))
+def _decimal(text: str) -> tuple[Decimal, bool]:
+    """The value of one number's text, and whether it was a comma-separated list of integers
+    (`1,2,3`: its last item; `5,000` is five thousand; `1.234,5` is no number)."""
+    listed = "," in text and not _THOUSANDS.fullmatch(text)
+    if listed and not _INT_LIST.fullmatch(text):
+        raise InvalidOperation
+    value = Decimal(text.rsplit(",", 1)[1] if listed else text.replace(",", ""))
     if value.adjusted() >= _MAX_DIGITS:
         raise InvalidOperation
-    return value
+    return value, listed
 
 
 class Arithmetic(Environment):

@@ -1,5 +1,6 @@
 """arithmetic: the last number of the last assistant message, read whole, is the answer."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ WRONG_LOOKALIKES = {
     "\uff0d5": "5",  # FULLWIDTH HYPHEN-MINUS
     "1e999999999": "1",  # not evaluated, not an integer answer
     "0.1e-1": "0",
+    "1.234,5": "5",  # a European decimal comma is no number, not its last digits
 }
 RIGHT_FORMS = {
     "5.0": "5",
@@ -63,6 +65,26 @@ async def test_the_whole_number_is_read(text: str, expected: str) -> None:
     async with load_env(HERE) as env:
         r = await check(env, task(expected), answer(text))
         assert (r.reward, r.extracted_answer) == (1.0, expected), (text, r)
+
+
+async def test_hostile_answers_are_read_in_one_pass() -> None:
+    """The check runs on the verifier's event loop: no answer may make it slow. A backtracking
+    pattern took minutes on a run of thousands groups; each of these is read in milliseconds."""
+    hostile = [
+        "1" + ",000" * 5000 + "1",
+        "1,000" * 4000,
+        "1" * 20000,
+        "1." * 10000,
+        "1e" * 10000,
+        "12/" * 7000,
+        "-" * 20000 + "5",
+        ("9" * 100 + "/") * 200,
+    ]
+    async with load_env(HERE) as env:
+        for text in hostile:
+            started = time.monotonic()
+            await check(env, task("5"), answer(text))
+            assert time.monotonic() - started < 2.0, text[:40]  # generous: a loaded host; it was minutes
 
 
 async def test_a_last_number_that_is_not_an_integer_is_named() -> None:
