@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -95,7 +96,8 @@ async def submit(args: argparse.Namespace, sink_address: str) -> str:
             grpc=scheduler_pb2.GrpcSinkSpec(address=sink_address, window=args.window)
         ),
     )
-    async with aio_channel(args.scheduler) as channel:
+    # The sink checks ROLLMESH_API_KEY when it is set (SinkServer's default); the submit carries it too.
+    async with aio_channel(args.scheduler, api_key=os.environ.get("ROLLMESH_API_KEY") or None) as channel:
         job = await scheduler_pb2_grpc.RolloutSchedulerStub(channel).SubmitJob(
             scheduler_pb2.SubmitJobRequest(spec=spec), timeout=30
         )

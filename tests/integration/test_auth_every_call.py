@@ -5,7 +5,10 @@ the scheduler's own calls, the CLI's streaming commands and the trainer's sink s
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ SERVICES = {
     "scheduler": scheduler_pb2.DESCRIPTOR.services_by_name["RolloutScheduler"],
 }
 RPC_TIMEOUT_S = 30.0
+EXAMPLE_TRAINER = Path(__file__).resolve().parents[2] / "examples" / "trainer_loop.py"
 
 
 @pytest_asyncio.fixture
@@ -221,3 +225,20 @@ async def test_trainer_sink_server_requires_the_key_and_the_scheduler_sends_it(m
             final = await job.result(timeout_s=120)
         assert final.state == scheduler_pb2.JOB_STATE_SUCCEEDED, final.error
         assert sorted(r.key for r in got) == [(t, i) for t in range(2) for i in range(2)]
+
+
+async def test_the_example_trainer_runs_a_job_against_a_keyed_mesh(mesh: dict[str, str]) -> None:
+    """examples/trainer_loop.py with ROLLMESH_API_KEY set: its submit carries the key (it sent none:
+    UNAUTHENTICATED), and its SinkServer takes the scheduler's keyed stream."""
+    args = ["--scheduler", mesh["scheduler"], "--limit", "3", "--num-repeats", "2", "--batch-size", "2"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLE_TRAINER),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "ROLLMESH_API_KEY": KEY},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert json.loads(out)["rollouts"] == 6, out
