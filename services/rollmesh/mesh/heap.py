@@ -17,7 +17,8 @@ promoted and scanned again many times a second. Cyclic garbage is still collecte
 memory it holds meanwhile is bounded by the threshold. Measured on the HTTP model path at 512
 rollouts in flight (bench/http_model_path.py, service processes): with CPython's settings the
 collector took ~30% of the scheduler's CPU and ~14% of the gateway's, ~3% with this threshold.
-`mesh.aio.run_server` sets it in every service process.
+`mesh.aio.run_server` sets it in every service process, and the embedded mesh (launch/embedded.py)
+in the process it serves from.
 """
 
 from __future__ import annotations
