@@ -11,7 +11,9 @@ from rollmesh.verifier.errors import CheckFailed, CheckTimeout
 from rollmesh.verifier.sandbox import Sandbox, SandboxUnavailable, TestSpec
 from rollmesh.verifier.sandbox_checks import unverifiable_case
 
-_FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# Possessive: a run of blanks after ``` is read once (backtracking between the two blank runs took
+# seconds on a long run of spaces, on the verifier's event loop).
+_FENCE = re.compile(r"```[ \t]*+(python3?|py)?+[ \t]*+\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
 def extract_code(text: str) -> str:

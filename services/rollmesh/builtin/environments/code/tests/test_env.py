@@ -1,10 +1,12 @@
 """code: the answer's Python runs against the task's tests in the sandbox."""
 
+import time
 from pathlib import Path
 
 import pytest
 
 from rollmesh.verifier import BadTask
+from rollmesh.verifier.loader import import_file
 from rollmesh.verifier.testing import answer, check, load_env, rows, task
 
 HERE = Path(__file__).resolve().parent.parent
@@ -66,6 +68,19 @@ async def test_stdin_stdout_tests() -> None:
         assert (await check(env, task(None, verifier_metadata=meta), answer(good))).reward == 1.0
         bad = "a, b = map(int, input().split())\nprint(a + b)"
         assert (await check(env, task(None, verifier_metadata=meta), answer(bad))).reward == 0.0
+
+
+def test_code_extraction_is_one_pass() -> None:
+    """extract_code runs on the verifier's event loop: a long run of blanks after a fence (seconds
+    with the backtracking pattern) is read at once, and fences still extract as before."""
+    extract_code = import_file(HERE / "env.py").extract_code
+    for text in ("```" + " " * 100_000, ("```" + " \t" * 500) * 100):
+        started = time.monotonic()
+        assert extract_code(text) == text
+        assert time.monotonic() - started < 1.0  # generous (a loaded host); it was ~40 s
+    assert extract_code("```  Python3  \nx = 1\n```") == "x = 1\n"
+    assert extract_code("```py\na\n```\n```\nb\n```") == "a\n"
+    assert extract_code("```\na\n```\n```\nb\n```") == "b\n"
 
 
 async def test_example_rows_have_tests() -> None:

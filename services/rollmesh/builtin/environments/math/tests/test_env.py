@@ -1,26 +1,17 @@
 """math: math-verify in a worker process with a hard timeout."""
 
-import importlib.util
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from rollmesh.verifier import BadTask, CheckFailed, CheckTimeout
+from rollmesh.verifier.loader import import_file
 from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows, task
 from rollmesh.verifier.workers import WorkerError
 
 HERE = Path(__file__).resolve().parent.parent
-
-
-def load_module(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rollmesh_envtest_math_env", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 async def test_right_wrong_empty_malformed() -> None:
@@ -53,7 +44,7 @@ def test_a_slow_comparison_is_judged_not_timed_out_into_a_0(monkeypatch: pytest.
         return bool(real(*args, **kwargs))
 
     monkeypatch.setattr(grader, "sympy_expr_eq", slow)
-    env_module = load_module(HERE / "env.py")
+    env_module = import_file(HERE / "env.py")
     assert env_module.check("5", "so \\boxed{\\frac{10}{2}}")["correct"] is True
 
 
