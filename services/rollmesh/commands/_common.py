@@ -52,6 +52,7 @@ Host = Annotated[
     typer.Option("--host", help="Host to bind (default 127.0.0.1; 0.0.0.0 to listen on all interfaces)."),
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+BaseUrl = Annotated[str, typer.Option("--base-url", help="OpenAI-compatible model URL (the openai backend).")]
 
 EXIT_USER_ERROR = 2
 EXIT_FAILURE = 1

@@ -11,6 +11,7 @@ import typer
 
 from rollmesh.commands._common import (
     ApiKey,
+    BaseUrl,
     GatewayAddr,
     JsonOut,
     RegistryAddr,
@@ -35,7 +36,7 @@ def up(
     ] = "",
     model: Annotated[str, typer.Option("--model", help="Gateway model (default tiny-arith).")] = "",
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="Data-parallel vLLM replicas.")] = 1,
-    base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible URL (openai backend).")] = "",
+    base_url: BaseUrl = "",
     http_port: Annotated[
         int, typer.Option("--http-port", help="Gateway's OpenAI HTTP port (-1: off).")
     ] = 8000,

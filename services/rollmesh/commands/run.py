@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, JsonOut, connect, err, fail, print_json, run
+from rollmesh.commands._common import ApiKey, BaseUrl, JsonOut, connect, err, fail, print_json, run
 from rollmesh.commands._exit import failure_summary_dicts
 from rollmesh.commands._jobs import (
     Followed,
@@ -43,9 +43,7 @@ def _run(
             "--model", "-m", help="Embedded: model artifact or folder; with --base-url: remote name."
         ),
     ] = "tiny-arith",
-    base_url: Annotated[
-        str, typer.Option("--base-url", help="Use a pre-hosted OpenAI-compatible model instead of Ray Serve.")
-    ] = "",
+    base_url: BaseUrl = "",
     api_key_env: Annotated[
         str,
         typer.Option(
