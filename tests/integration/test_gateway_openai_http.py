@@ -227,6 +227,37 @@ async def test_session_header_gives_token_exact_multi_turn(http: Http) -> None:
     assert ids != naive
 
 
+@pytest.mark.parametrize(
+    "unimplemented",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"frequency_penalty": 0.5},
+        {"presence_penalty": -1},
+        {"logit_bias": {"12": 5}},
+        {"top_logprobs": 3, "logprobs": True},
+        {"tool_choice": "required"},
+    ],
+)
+async def test_a_parameter_the_gateway_does_not_implement_is_refused_not_ignored(
+    http: Http, unimplemented: dict[str, object]
+) -> None:
+    messages = [{"role": "user", "content": "hello"}]
+    with pytest.raises(openai.BadRequestError) as bad:
+        await http.client.chat.completions.create(model="tiny", messages=messages, **unimplemented)  # type: ignore[call-overload]
+    name = next(iter(unimplemented))
+    assert bad.value.param == name and "is not supported by this gateway" in bad.value.message
+    # The values clients send by default still work.
+    defaults = {"frequency_penalty": 0, "presence_penalty": 0.0, "top_logprobs": 0, "tool_choice": "auto"}
+    r = await http.client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        response_format={"type": "text"},
+        logit_bias={},
+        **defaults,  # type: ignore[call-overload]
+    )
+    assert r.choices[0].message.content == "hello"
+
+
 async def test_errors_are_openai_style(http: Http) -> None:
     with pytest.raises(openai.NotFoundError) as nf:
         await http.client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

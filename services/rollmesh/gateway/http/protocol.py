@@ -108,12 +108,37 @@ def _session(headers: Mapping[str, str], body: dict[str, Any]) -> str:
     return headers.get("x-session-id") or str(body.get("session_id") or body.get("user") or "")
 
 
+# Chat parameters the gateway does not implement, with the values that mean "off" (what clients send
+# by default). Any other value is refused by name: ignoring it would answer something the client did
+# not ask for (JSON mode, penalties, alternatives) as if it had been honoured.
+_UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "top_logprobs": (None, 0),
+    "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "auto", "none"),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+}
+
+
+def _refuse_unimplemented(body: dict[str, Any]) -> None:
+    for name, off in _UNIMPLEMENTED.items():
+        value = body.get(name)
+        if all(value != o or isinstance(value, bool) for o in off):
+            raise bad_request(f"{name}={json.dumps(value)} is not supported by this gateway", name)
+
+
 def chat_input(headers: Mapping[str, str], body: dict[str, Any]) -> GenerateInput:
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad_request("messages must be a non-empty list", "messages")
     if (body.get("n") or 1) != 1:
         raise bad_request("n > 1 is not supported; send n requests", "n")
+    _refuse_unimplemented(body)
     return GenerateInput(
         model=str(body.get("model") or ""),
         messages=tuple(chat_message(m, i) for i, m in enumerate(msgs)),
