@@ -108,6 +108,19 @@ async def test_job_submitted_with_the_cli(mesh: tuple[dict[str, str], Path]) -> 
     assert len(rows) == 6
 
 
+async def test_run_with_scheduler_runs_the_model_it_names(mesh: tuple[dict[str, str], Path]) -> None:
+    """`run --scheduler ADDR --model NAME` asks the running gateway for NAME (it was dropped: the job
+    silently ran on the gateway's default model); the default name still runs."""
+    addrs, _ = mesh
+    args = ("run", "--scheduler", addrs["scheduler"], "--benchmark", "arithmetic", "--limit", "2", "--json")
+    code, out, err = await run_cli(*args, "--model", "not-served", "--fail-fast-after", "2")
+    assert code == 4, err
+    assert "MODEL_NOT_FOUND" in err and "no model or route named 'not-served'" in err
+    code, out, err = await run_cli(*args, "--model", "tiny-arith")
+    assert code == 0, err
+    assert json.loads(out)["state"] == "SUCCEEDED"
+
+
 async def test_job_submitted_with_the_async_sdk(mesh: tuple[dict[str, str], Path]) -> None:
     addrs, _ = mesh
     async with await Client.connect(**addrs) as c:

@@ -85,3 +85,27 @@ def test_run_and_submit_take_the_same_job_options() -> None:
     for command in (["run", "--help"], ["jobs", "submit", "--help"]):
         text = runner.invoke(app, command, env={"COLUMNS": "200"}).stdout
         assert all(flag in text for flag in shared), (command, text)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--scheduler", "127.0.0.1:1", "--base-url", "http://h/v1"],
+            "--base-url: these configure the embedded",
+        ),
+        (
+            ["--scheduler", "127.0.0.1:1", "--backend", "fake", "--replicas", "2"],
+            "--backend, --replicas: these",
+        ),
+        (["--scheduler", "127.0.0.1:1", "--api-key-env", "MY_KEY"], "--api-key-env: these configure"),
+        (["--backend", "fake", "--base-url", "http://h/v1"], "--backend fake does not use it"),
+        (["--base-url", "http://h/v1", "--replicas", "4"], "--replicas counts the embedded vLLM replicas"),
+    ],
+)
+def test_run_refuses_flags_it_would_ignore(args: list[str], expected: str) -> None:
+    """Before any connection: a flag that would change nothing is one line and exit 2, not a job
+    that silently ran on the running mesh's (or the fake's) model."""
+    result = runner.invoke(build_app(), ["run", "--benchmark", "arithmetic", *args], env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())

@@ -25,6 +25,10 @@ from rollmesh.commands._jobs import (
     show_metrics,
     submit_and_follow,
 )
+from rollmesh.mesh.config import ENV_VARS
+
+# The gateway's default model (ROLLMESH_GATEWAY_MODEL's default): what --model is when not given.
+DEFAULT_MODEL = str(ENV_VARS["ROLLMESH_GATEWAY_MODEL"].default)
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -42,7 +46,7 @@ def _run(
         typer.Option(
             "--model", "-m", help="Embedded: model artifact or folder; with --base-url: remote name."
         ),
-    ] = "tiny-arith",
+    ] = DEFAULT_MODEL,
     base_url: BaseUrl = "",
     api_key_env: Annotated[
         str,
@@ -64,6 +68,9 @@ def _run(
     as_json: JsonOut = False,
 ) -> None:
     """Run a job of rollouts and print its metrics (embedded mesh by default)."""
+    _refuse_ignored_flags(
+        scheduler=scheduler, base_url=base_url, backend=backend, replicas=replicas, api_key_env=api_key_env
+    )
     if not (job.benchmark or input_file or job.dataset or job.job_id):
         fail(
             "give --benchmark NAME, or --input FILE.jsonl with --environment NAME (or --job-id ID to resume)"
@@ -80,9 +87,10 @@ def _run(
         from rollmesh.scheduler.spec import DEFAULT_OUTPUT_DIR
 
         output_dir = str(Path(output_dir or DEFAULT_OUTPUT_DIR).resolve())
-    spec = build_spec(
-        replace(job, dataset=dataset, output_dir=output_dir, model="" if not base_url else model)
-    )
+    # The job names the model when it is not the embedded gateway's own default: a --base-url
+    # model, or with --scheduler any --model given (the running gateway's model or route).
+    named = base_url or (scheduler and model != DEFAULT_MODEL)
+    spec = build_spec(replace(job, dataset=dataset, output_dir=output_dir, model=model if named else ""))
 
     # Stdout carries only the result: anything Ray, vLLM or a library prints while the mesh runs
     # (e.g. Ray's raylet messages at shutdown) goes to stderr with the progress.
@@ -92,6 +100,31 @@ def _run(
         else:
             outcome = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
     _report(outcome, as_json, scheduler)
+
+
+def _refuse_ignored_flags(
+    *, scheduler: str, base_url: str, backend: str, replicas: int, api_key_env: str
+) -> None:
+    """Flags that configure the embedded mesh's gateway mean nothing to a running mesh, and a
+    --base-url nothing to a backend other than openai: refused in one line, never ignored (a job
+    that silently ran on another model than the one named)."""
+    embedded_only = {
+        "--base-url": bool(base_url),
+        "--backend": bool(backend),
+        "--replicas": replicas != 1,
+        "--api-key-env": bool(api_key_env),
+    }
+    given = [flag for flag, set_here in embedded_only.items() if set_here]
+    if scheduler and given:
+        fail(
+            f"{', '.join(given)}: these configure the embedded mesh's gateway; with --scheduler the running"
+            " mesh's gateway serves the job (start that one with them, e.g. `rollmesh up --backend openai"
+            " --base-url URL`, and name its model with --model)"
+        )
+    if base_url and backend not in ("", "openai"):
+        fail(f"--base-url is the openai backend's URL: --backend {backend} does not use it")
+    if base_url and replicas != 1:
+        fail("--replicas counts the embedded vLLM replicas: a --base-url model is served by that server")
 
 
 class Outcome:
