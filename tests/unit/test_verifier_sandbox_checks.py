@@ -199,6 +199,18 @@ async def test_helpers_without_asserts_run_here_when_simple() -> None:
         assert child.sent[0][0] == "exec"
 
 
+async def test_a_helper_that_builds_its_cases_by_mutation_is_not_interpreted_into_none() -> None:
+    """`out.append(...)` run as a probe would change a copy in the sandbox: interpreted here, the
+    helper would return no cases and every solution would pass. It runs in the sandbox instead."""
+    building = (
+        "def cases():\n    out = []\n    for i in range(3):\n        out.append((i, i, 2 * i))\n"
+        "    return out\n"
+        "for a, b, want in cases():\n    assert add(a, b) == want\n"
+    )
+    assert await passes(RecordingChild(SOLUTION), building)
+    assert not await passes(RecordingChild("def add(a, b): return 0\n"), building)
+
+
 async def test_sizes_are_bounded_on_the_trusted_side() -> None:
     child = RecordingChild("def big(): return 10**6\n")
     with pytest.raises(CaseFailed, match="too large"):

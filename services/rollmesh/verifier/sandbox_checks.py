@@ -16,7 +16,8 @@ interpreted here as well: arguments computed here are passed as values, others (
 function) by reference, their source put in place of the parameter in each probe (`_Ref`).
 
 A helper without asserts whose body is made only of statements interpreted here (assignments,
-`+=`, `if`, `for`, `return`, `assert`, `pass`, calls), and that does not call itself, is
+`+=`, `if`, `for`, `return`, `assert`, `pass`; no method calls, no calls for side effects), and
+that does not call itself, is
 interpreted here too when the tests call it directly (`assert is_valid(f(3))`,
 `for a, b in cases(): ...`): a solution that rewrites the runner cannot make it return True or an
 empty list of cases. It is also defined in the sandbox, for probes that pass it to the solution.
@@ -628,19 +629,24 @@ def _helper_ok(fn: ast.FunctionDef) -> bool:
     return not any(isinstance(n, (*nested, ast.Nonlocal)) for stmt in fn.body for n in ast.walk(stmt))
 
 
-_INTERPRETED = (ast.Assert, ast.Pass, ast.Return, ast.Assign, ast.AugAssign, ast.If, ast.For, ast.Expr)
+_INTERPRETED = (ast.Assert, ast.Pass, ast.Return, ast.Assign, ast.AugAssign, ast.If, ast.For)
 
 
 def _interpretable(fn: ast.FunctionDef) -> bool:
-    """Every statement of `fn` is one `Checker._stmt` interprets here (no `while`, `try`, `with`,
-    `del`, `import`...), an `Expr` only for a call, and `fn` never names itself (recursion)."""
+    """`fn` computes its value only through what `Checker` interprets here with the same result as
+    Python: every statement is an assignment to a name, `+=`, `if`, `for`, `return`, `assert` or
+    `pass` (no `while`, `try`, `with`, no call made for its side effect), no method is called (a
+    method may mutate what it is called on: `out.append(x)` would change a copy in the sandbox,
+    and a helper building its cases that way would return none), and `fn` never names itself."""
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and node.id == fn.name:
             return False
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if not (isinstance(owner, ast.Name) and owner.id in TRUSTED_MODULES):
+                return False
         if isinstance(node, ast.stmt) and node is not fn:
             if not isinstance(node, _INTERPRETED):
-                return False
-            if isinstance(node, ast.Expr) and not isinstance(node.value, ast.Call):
                 return False
             if isinstance(node, ast.For) and (node.orelse or _target_names(node.target) is None):
                 return False
