@@ -45,6 +45,15 @@ def test_flags_beat_env_and_env_beats_defaults() -> None:
         assert name in ENV_VARS
 
 
+def test_a_base_url_flag_means_the_openai_backend_unless_another_is_named() -> None:
+    url = "http://h:1/v1"
+    assert GatewayConfig.from_env(environ={}, base_url=url).models[0].backend == "openai"
+    env = {"ROLLMESH_GATEWAY_BACKEND": "fake"}  # the environment's choice stands
+    assert GatewayConfig.from_env(environ=env, base_url=url).models[0].backend == "fake"
+    with pytest.raises(ConfigError, match="--backend ray-serve does not use it"):
+        GatewayConfig.from_env(environ={}, base_url=url, backend="ray-serve")
+
+
 def test_config_errors_give_advice() -> None:
     with pytest.raises(ConfigError, match="base URL"):
         GatewayConfig.from_env(environ={"ROLLMESH_GATEWAY_BACKEND": "openai"})

@@ -3,6 +3,7 @@ default model, session limits and the OpenAI HTTP facade's port."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,20 @@ class ModelSpec:
 def model_name_for(model: str) -> str:
     """The name clients use for `model`: a directory's name, or the name itself."""
     return Path(model).name if ("/" in model or "\\" in model) else model
+
+
+def _backend_for(backend: str | None, base_url: str | None, environ: Mapping[str, str] | None) -> str:
+    """The --backend flag, else ROLLMESH_GATEWAY_BACKEND, else openai when a --base-url flag was
+    given (`serve gateway --base-url URL` started Ray Serve and never called URL), else ray-serve.
+    A --base-url flag with another --backend flag is refused: one of them would be ignored."""
+    if base_url and backend and backend != "openai":
+        raise ConfigError(f"--base-url is the openai backend's URL: --backend {backend} does not use it")
+    if backend:
+        return backend
+    env = os.environ if environ is None else environ
+    if base_url and not env.get("ROLLMESH_GATEWAY_BACKEND"):
+        return "openai"
+    return str(read("ROLLMESH_GATEWAY_BACKEND", environ))
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,7 @@ class GatewayConfig:
         name = model_name or str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
         spec = ModelSpec(
             name=name,
-            backend=backend or str(read("ROLLMESH_GATEWAY_BACKEND", environ)),
+            backend=_backend_for(backend, base_url, environ),
             model=model_ref,
             replicas=replicas,
             base_url=base_url or str(read("ROLLMESH_GATEWAY_BASE_URL", environ)),
