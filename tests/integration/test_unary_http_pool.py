@@ -6,6 +6,7 @@ server sees it), header injection refused, a connection cap, and 512 concurrent 
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import importlib.util
 import json
@@ -219,6 +220,22 @@ async def test_header_injection_is_refused_before_sending(upstream: Upstream) ->
         await pool.post("/echo", b"{}", {"X-Session-Id": "s\r\nX-Admin: 1"})
     assert upstream.requests == []
     await pool.close()
+
+
+async def test_credentials_in_the_url_are_basic_auth(upstream: Upstream) -> None:
+    pool = UnaryHttpPool(
+        upstream.base_url.replace("http://", "http://us%40er:p%3Ass@"),
+        headers={"Content-Type": "application/json"},
+        connect_timeout_s=5.0,
+        read_timeout_s=30.0,
+    )
+    try:
+        assert (await pool.post("/echo", b"{}", {})).status == 200
+        headers, _ = upstream.requests[-1]
+        assert headers["Authorization"] == "Basic " + base64.b64encode(b"us@er:p:ss").decode()
+        assert "@" not in headers["Host"]
+    finally:
+        await pool.close()
 
 
 async def test_max_connections_caps_the_connections_open(upstream: Upstream) -> None:

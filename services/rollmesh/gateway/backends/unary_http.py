@@ -20,19 +20,21 @@ Contract:
   or failed before the answer did, or the answer is not HTTP).
 - A caller cancelled while its call is under way closes that call's connection (an OpenAI server,
   vLLM, aborts the request when its connection closes); the connection never serves another call.
-- Header values with CR or LF are refused (ValueError) before anything is sent.
+- Header values with CR or LF are refused (ValueError) before anything is sent. Credentials in
+  the URL (`http://user:pass@host/v1`) become Basic authorization unless `headers` has one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -224,7 +226,11 @@ class UnaryHttpPool:
         self._ssl: ssl.SSLContext | None = ssl.create_default_context() if url.scheme == "https" else None
         self._path = url.path.rstrip("/")
         host_header = url.netloc.rpartition("@")[2]
-        self._common = _header_bytes({"Host": host_header, **headers})
+        common = {"Host": host_header, **headers}
+        if url.username is not None and not any(k.lower() == "authorization" for k in headers):
+            credentials = f"{unquote(url.username)}:{unquote(url.password or '')}".encode()
+            common["Authorization"] = "Basic " + base64.b64encode(credentials).decode()  # as aiohttp
+        self._common = _header_bytes(common)
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._keepalive_s = keepalive_s
