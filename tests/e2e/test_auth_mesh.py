@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import rollmesh_up
+from tests.e2e.readme_blocks import bash_block, run_block
 from tests.procs import ROLLMESH, grpcurl, run_cli
 
 KEY = "e2e-s3cret"
@@ -68,6 +69,16 @@ def test_grpcurl_with_the_bearer_header(keyed_mesh: dict[str, str]) -> None:
     assert answer["id"] == "a" and answer["response"]["output_token_ids"]
     denied = grpcurl("-plaintext", "-d", json.dumps(item), gateway, many)
     assert denied.returncode != 0 and "Unauthenticated" in denied.stderr
+
+
+def test_the_readme_keyed_grpcurl_block_runs_as_written(keyed_mesh: dict[str, str], tmp_path: Path) -> None:
+    script = bash_block("With `ROLLMESH_API_KEY` set on the servers")
+    assert "$ROLLMESH_API_KEY" in script
+    done = run_block(script, keyed_mesh, tmp_path, env={"ROLLMESH_API_KEY": KEY})
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert '"name": "arithmetic"' in done.stdout and '"id": "a"' in done.stdout
+    without = run_block(script, keyed_mesh, tmp_path, env={"ROLLMESH_API_KEY": "wrong"})
+    assert without.returncode != 0 and "Unauthenticated" in without.stderr
 
 
 def test_embedded_run_with_a_key(tmp_path: Path) -> None:
