@@ -252,7 +252,7 @@ class JsonlSink(Sink):
         log.info("sink_closed", job_id=self._job_id, state=state, rows=self.rows_written, fsyncs=self.fsyncs)
 
     def recompute_metrics(self) -> Json:
-        rollouts, failures = store.load_dir(self.directory)
+        rollouts, failures = store.load_scored(self.directory)
         return compute(
             rollouts, failures, k_values=self.k_values, num_repeats=self._num_repeats, job_id=self._job_id
         ).to_json()

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
+from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.spec import JobSpec
 
@@ -322,10 +323,12 @@ def find_resumable(output_dir: Path, spec: JobSpec) -> str | None:
 # ---- offline loading (aggregate, export, reverify) ----------------------------------------------
 
 
-def load_dir(directory: Path) -> tuple[list[Rollout], list[RolloutFailure]]:
-    """Every rollout and failure a job folder holds (blocking; call from a thread)."""
+def load_scored(directory: Path) -> tuple[list[Scored], list[RolloutFailure]]:
+    """What metrics read of every rollout a job folder holds, and its failures (blocking; call from
+    a thread). One row is parsed at a time and only its `Scored` summary kept, so memory follows the
+    number of rows (a few hundred bytes each), not the size of rollouts.jsonl (whole conversations)."""
     rollouts = (
-        [Rollout.from_row(row) for _, row in iter_rows(directory / ROLLOUTS)]
+        [Scored.of(Rollout.from_row(row)) for _, row in iter_rows(directory / ROLLOUTS)]
         if (directory / ROLLOUTS).exists()
         else []
     )
