@@ -258,6 +258,32 @@ async def test_a_parameter_the_gateway_does_not_implement_is_refused_not_ignored
     assert r.choices[0].message.content == "hello"
 
 
+@pytest.mark.parametrize(
+    ("unimplemented", "param"),
+    [
+        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}, "tool_choice"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+    ],
+)
+async def test_the_responses_api_refuses_what_it_does_not_implement(
+    http: Http, unimplemented: dict[str, object], param: str
+) -> None:
+    async with httpx.AsyncClient() as raw:
+        bad = await raw.post(f"{http.url}/responses", json={"model": "tiny", "input": "hi", **unimplemented})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+        ok = await raw.post(
+            f"{http.url}/responses",
+            json={
+                "model": "tiny",
+                "input": "hi",
+                "text": {"format": {"type": "text"}},
+                "tool_choice": "auto",
+            },
+        )
+        assert ok.status_code == 200 and ok.json()["output"][0]["content"][0]["text"] == "hi", ok.text
+
+
 async def test_errors_are_openai_style(http: Http) -> None:
     with pytest.raises(openai.NotFoundError) as nf:
         await http.client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])

@@ -125,8 +125,15 @@ _UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _refuse_unimplemented(body: dict[str, Any]) -> None:
-    for name, off in _UNIMPLEMENTED.items():
+# The Responses API's counterparts (`text.format` is checked on its own: it is nested).
+_RESPONSES_UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "tool_choice": (None, "auto", "none"),
+    "top_logprobs": (None, 0),
+}
+
+
+def _refuse_unimplemented(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = _UNIMPLEMENTED) -> None:
+    for name, off in table.items():
         value = body.get(name)
         if all(value != o or isinstance(value, bool) for o in off):
             raise bad_request(f"{name}={json.dumps(value)} is not supported by this gateway", name)
@@ -155,6 +162,11 @@ def responses_input(headers: Mapping[str, str], body: dict[str, Any]) -> Generat
             "previous_response_id is not supported; send the whole input with an X-Session-Id header",
             "previous_response_id",
         )
+    _refuse_unimplemented(body, _RESPONSES_UNIMPLEMENTED)
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise bad_request(f"text.format={json.dumps(fmt)} is not supported by this gateway", "text.format")
     msgs: list[Message] = []
     if body.get("instructions"):
         msgs.append(Message(role="system", content=str(body["instructions"])))
