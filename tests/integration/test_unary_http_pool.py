@@ -280,3 +280,127 @@ def test_512_concurrent_calls_on_uvloop() -> None:
     ok, connections = uvloop.run(main())
     assert ok == 512 * 4
     assert connections <= 512  # reused: never more connections than calls at once
+
+
+async def test_a_reused_connection_closed_before_the_call_is_retried_once_on_a_new_one() -> None:
+    """A keep-alive connection the server closes while idle races the next call sent on it: the
+    server never read that call, so it goes once more on a new connection. A new connection that
+    ends without an answer is not retried (the server may have run the call)."""
+    seen: list[int] = []  # per request: the index of the connection it came on
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        index, connections = connections, connections + 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                seen.append(index)
+                if served == 1 or head.split(b" ")[1].endswith(b"/drop"):
+                    break  # the idle close, as the call arrives: no byte of an answer
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+                served += 1
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    server = await _raw_server(serve)
+    port = server.sockets[0].getsockname()[1]
+    pool = _pool(f"http://127.0.0.1:{port}/v1")
+    try:
+        assert (await pool.post("/echo", b"{}", {})).status == 200
+        assert (await pool.post("/echo", b"{}", {})).status == 200  # reused, dropped, sent anew
+        assert seen == [0, 0, 1] and connections == 2
+        pool_new = _pool(f"http://127.0.0.1:{port}/v1")
+        try:
+            with pytest.raises(ConnectionBroke):
+                await pool_new.post("/drop", b"{}", {})
+            assert seen[3:] == [2]  # sent once: a new connection's failure is the caller's to judge
+        finally:
+            await pool_new.close()
+    finally:
+        await pool.close()
+        server.close()
+
+
+def _self_signed(tmp_dir: Any) -> tuple[str, str]:
+    """A certificate for localhost and 127.0.0.1 and its key, as PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = f"{tmp_dir}/cert.pem", f"{tmp_dir}/key.pem"
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    return cert_path, key_path
+
+
+async def test_https_verifies_the_server_certificate(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """https:// goes over TLS with the system's trust store (SSL_CERT_FILE adds a private CA): a
+    certificate nobody vouches for is refused in one line, a trusted one serves calls."""
+    import ssl
+
+    cert_path, key_path = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert_path, key_path)
+    up = Upstream()
+    app = web.Application()
+    app.router.add_post("/v1/echo", up.echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls).start()
+    port = runner.addresses[0][1]
+    try:
+        untrusted = _pool(f"https://localhost:{port}/v1")
+        with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
+            await untrusted.post("/echo", b"{}", {})
+        await untrusted.close()
+
+        monkeypatch.setenv("SSL_CERT_FILE", cert_path)
+        trusted = _pool(f"https://localhost:{port}/v1")
+        try:
+            for i in range(3):
+                answer = await trusted.post("/echo", json.dumps({"i": i}).encode(), {})
+                assert json.loads(answer.body) == {"path": "/v1/echo", "body": {"i": i}}
+            assert len(up.peers) == 1  # the TLS connection is kept alive too
+            assert up.requests[-1][0]["Host"] == f"localhost:{port}"
+        finally:
+            await trusted.close()
+    finally:
+        await runner.cleanup()

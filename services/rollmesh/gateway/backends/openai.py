@@ -124,7 +124,7 @@ class OpenAIBackend(ModelBackend):
             if self._api_key:
                 headers["Authorization"] = f"Bearer {self._api_key}"
             connector = aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=0, keepalive_timeout=30.0
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=4.0
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,

@@ -13,7 +13,9 @@ Contract:
   for), a body delimited by the connection's end accepted at that end.
 - Connections are reused while both sides keep them alive; an idle one is closed after
   `keepalive_s`. `max_connections` (0: no cap) bounds the connections open at once: a call past it
-  waits for one. Nothing is retried (a POST is not idempotent).
+  waits for one. A POST is not idempotent, so one case only is retried, once, on a new connection: a
+  reused keep-alive connection that ended before any byte of the answer came (the server closed it
+  while idle, as uvicorn does after 5 s, in the instant the call went out).
 - Failures, each a `HttpCallError` subclass: `ConnectFailed` (refused, unresolvable: the cause in
   `__cause__`), `ConnectTimedOut` (no connection within `connect_timeout_s`), `ReadTimedOut` (no
   byte of the answer for `read_timeout_s` at any point), `ConnectionBroke` (the connection ended
@@ -82,6 +84,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reusable = False  # the last answer left it open for another call
         self.idle_since = 0.0
+        self.calls = 0  # calls sent on this connection
+        self.answered_bytes = False  # a byte of the current call's answer came
         self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[HttpAnswer] | None = None
         self._headers: dict[str, str] = {}
@@ -97,6 +101,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_bytes_at = time.monotonic()
+        self.answered_bytes = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -168,6 +173,8 @@ class _Connection(asyncio.Protocol):
         self._headers, self._body, self._headers_done = {}, [], False
         self._last_bytes_at = time.monotonic()
         self.reusable = False
+        self.answered_bytes = False
+        self.calls += 1
         self.transport.write(data)
         self._read_timer = loop.call_later(read_timeout_s, self._check_read, read_timeout_s)
         try:
@@ -216,7 +223,7 @@ class UnaryHttpPool:
         connect_timeout_s: float,
         read_timeout_s: float,
         max_connections: int = 0,
-        keepalive_s: float = 30.0,
+        keepalive_s: float = 4.0,  # below the 5 s after which uvicorn (vLLM's server) closes idle ones
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -254,6 +261,15 @@ class UnaryHttpPool:
 
     async def _post(self, data: bytes) -> HttpAnswer:
         conn = await self._take()
+        try:
+            return await self._call(conn, data)
+        except ConnectionBroke:
+            if conn.calls == 1 or conn.answered_bytes:
+                raise
+        # a reused connection the server had closed before our call reached it: once more, anew
+        return await self._call(await self._connect(), data)
+
+    async def _call(self, conn: _Connection, data: bytes) -> HttpAnswer:
         self._busy.add(conn)
         try:
             answer = await conn.request(data, self._read_timeout_s)
