@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -49,13 +48,13 @@ ENGINE_KWARGS: dict[str, Any] = {
     "seed": 0,
 }
 
-_INT = re.compile(r"-?\d+")
-
 
 def extract_answer(text: str) -> str | None:
-    """The last integer in the response (``The answer is 68.`` → ``68``)."""
-    found = _INT.findall(text)
-    return found[-1] if found else None
+    """The answer as the `arithmetic` environment reads it (its last number, read whole), so the
+    model card's figures are the ones a rollmesh job scores."""
+    from rollmesh.builtin.environments.arithmetic.env import last_integer
+
+    return last_integer(text)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
