@@ -273,3 +273,18 @@ async def test_an_idle_sink_stream_outlives_the_schedulers_keepalive_pings(
     await sink.close(state="succeeded", metrics=None)
     got = await asyncio.wait_for(consumer, timeout=30)
     assert sorted(r.key for r in got) == [(0, 0), (0, 1)]
+
+
+async def test_a_rollout_over_grpcs_default_4_mib_reaches_the_trainer(make_server: type[SinkServer]) -> None:
+    """The SinkServer takes messages up to ROLLMESH_MAX_MESSAGE_MB (64 MiB) as the scheduler sends
+    them; on grpc's default receive limit (4 MiB) a long rollout broke the job's sink stream."""
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=4, rpc_timeout_s=30)
+    await sink.open("job1", total=1, spec={})
+    consumer = asyncio.create_task(collect(server))
+    big = rollout(0, 0)
+    big.messages = [{"role": "assistant", "content": "7" * (5 * 1024 * 1024)}]
+    await sink.write(big)
+    await sink.close(state="succeeded", metrics=None)
+    (got,) = await asyncio.wait_for(consumer, timeout=60)
+    assert got.key == (0, 0) and len(got.raw.messages[-1].content) == 5 * 1024 * 1024
