@@ -4,6 +4,10 @@
   restarts the service on the same address, and the job completes (the scheduler's job is resumed
   by id on the restarted scheduler) with every (task_index, rollout_index) exactly once in
   rollouts.jsonl or failures.jsonl and the job's reported state and counts matching the files;
+- SIGSTOP (a hang, not a death: `up` sees nothing) of the gateway or the verifier mid-job: a short
+  hang (SIGCONT after 15 s) costs no rollout, the job succeeds with default retries; a hang past
+  `retry.unavailable_budget_s` fails the job visibly (FAILED, naming the service), counts matching
+  the files, and once the service runs again a resume completes it exactly once;
 - `--restart no`: a dead child stops the mesh and `up` exits 1;
 - the restart budget: past `--max-restarts` within the window `up` gives up and exits 1;
 - SIGTERM stops every child within `--grace`, then SIGKILLs one that does not stop (a stopped
@@ -32,7 +36,7 @@ from rollmesh.mesh.server import wait_serving
 from rollmesh_client import Client
 from rollmesh_client._scheduler import JobHandle
 from rollmesh_client.v1 import scheduler_pb2 as spb
-from tests.exactly_once import check_exactly_once, expected_keys, read_keys
+from tests.exactly_once import FolderTruth, check_exactly_once, expected_keys, read_keys
 from tests.procs import ROLLMESH
 
 SERVING = re.compile(r"^\[up\] (\w+) serving on (\S+) \(pid (\d+)\)$")
@@ -172,18 +176,30 @@ async def wait_done(job: JobHandle, at_least: int) -> spb.Job:
     return state
 
 
-@pytest.mark.parametrize("service", ["registry", "verifier", "gateway"])
-async def test_sigkill_a_service_mid_job_restarts_it_and_the_job_completes(
-    mesh_up: Up, client: Client, service: str
-) -> None:
-    runs = mesh_up.work / "runs"
-    job = await client.scheduler.submit(job_spec(runs))
+async def job_under_way(up: Up, client: Client, spec: spb.JobSpec | None = None) -> tuple[JobHandle, Path]:
+    """Submit `spec` (default `job_spec`) to `up`'s scheduler; returns once 40 rollouts are done."""
+    runs = up.work / "runs"
+    job = await client.scheduler.submit(spec or job_spec(runs))
     await wait_done(job, 40)
-    await sigkill(mesh_up, service)
+    return job, runs
+
+
+async def succeeds_exactly_once(job: JobHandle, runs: Path) -> FolderTruth:
+    """Wait for the job; it must succeed with every key exactly once in rollouts.jsonl."""
     final = await job.result(poll_s=0.2, timeout_s=300)
     assert spb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED", final.error
     truth = check_exactly_once(runs / job.job_id, expected_keys(TASKS, REPEATS), job=final)
     assert len(truth.rollout_keys) == TASKS * REPEATS and not truth.failure_keys
+    return truth
+
+
+@pytest.mark.parametrize("service", ["registry", "verifier", "gateway"])
+async def test_sigkill_a_service_mid_job_restarts_it_and_the_job_completes(
+    mesh_up: Up, client: Client, service: str
+) -> None:
+    job, runs = await job_under_way(mesh_up, client)
+    await sigkill(mesh_up, service)
+    await succeeds_exactly_once(job, runs)
 
 
 async def test_sigkill_the_scheduler_mid_job_then_resume_completes(mesh_up: Up, client: Client) -> None:
@@ -206,6 +222,54 @@ async def test_sigkill_the_scheduler_mid_job_then_resume_completes(mesh_up: Up, 
     assert spb.JobState.Name(final.state) == "JOB_STATE_SUCCEEDED", final.error
     truth = check_exactly_once(runs / job.job_id, expected_keys(TASKS, REPEATS), job=final)
     assert len(truth.rollout_keys) == TASKS * REPEATS and before <= truth.rollout_keys
+
+
+# ---- SIGSTOP (hang) a service mid-job -----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def stopped(up: Up, service: str) -> Iterator[int]:
+    """`service`'s current process stopped (SIGSTOP) for the block; continued on the way out."""
+    pid = up.pids(service)[-1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("service", ["verifier", "gateway"])
+async def test_a_short_hang_of_a_service_mid_job_costs_no_rollout(
+    mesh_up: Up, client: Client, service: str
+) -> None:
+    job, runs = await job_under_way(mesh_up, client)
+    with stopped(mesh_up, service) as pid:
+        await asyncio.sleep(15)
+        assert (await job.get()).state == spb.JOB_STATE_RUNNING  # waiting, not failing
+    await succeeds_exactly_once(job, runs)
+    assert mesh_up.pids(service)[-1] == pid  # a hang is not a death: `up` restarted nothing
+
+
+async def test_a_hang_past_the_budget_fails_the_job_visibly_then_resume_completes(
+    mesh_up: Up, client: Client
+) -> None:
+    spec = job_spec(mesh_up.work / "runs")
+    spec.retry.unavailable_budget_s = 5
+    job, runs = await job_under_way(mesh_up, client, spec)
+    with stopped(mesh_up, "gateway"):
+        # Calls to a stopped process hang: they are cut by their deadlines, and the channel is
+        # found dead by keepalive (60 s + 20 s), after which the budget runs.
+        final = await job.result(poll_s=0.5, timeout_s=400)
+        assert spb.JobState.Name(final.state) == "JOB_STATE_FAILED", final
+        assert "the gateway has been unreachable" in final.error and "resume" in final.error, final.error
+        first = check_exactly_once(
+            runs / job.job_id, expected_keys(TASKS, REPEATS), job=final, complete=False
+        )
+        assert len(first.keys) < TASKS * REPEATS
+    await wait_serving(mesh_up.addrs["gateway"], timeout_s=120)
+    resumed = await client.scheduler.submit(spb.JobSpec(resume_job_id=job.job_id, output_dir=str(runs)))
+    truth = await succeeds_exactly_once(resumed, runs)
+    assert first.rollout_keys <= truth.rollout_keys  # rows kept; failures of the hang retried
 
 
 # ---- restart policy, give-up, stop --------------------------------------------------------------

@@ -5,7 +5,8 @@ holds its slot until the sink accepted it, so a slow sink slows dispatch and not
 bound (no gather over all rollouts, no unbounded queue). Each key is written once: either a Rollout or,
 after every retry, a RolloutFailure. A sink that cannot store a row stops the run at once (FAILED,
 with the sink's reason). A gateway or verifier that stays unreachable (no call getting through)
-for `retry.unavailable_budget_s` stops the run (FAILED); shorter outages (a restart) cost no
+(or hangs: model calls cut while it answers none, errors.GatewayUnresponsive) for
+`retry.unavailable_budget_s` stops the run (FAILED); shorter outages (a restart, a stall) cost no
 rollouts: their rollouts wait and carry on (retry.py, `Outages`).
 
 A run that dispatched every key ends in the state `outcome.final_state` gives it (SUCCEEDED only
@@ -39,7 +40,7 @@ from rollmesh.scheduler.agent import (
 )
 from rollmesh.scheduler.concurrency import Limiter
 from rollmesh.scheduler.deadline import AdaptiveDeadline
-from rollmesh.scheduler.errors import ModelCallDeadline, TokenRecordMismatch
+from rollmesh.scheduler.errors import GatewayUnresponsive, ModelCallDeadline, TokenRecordMismatch
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
@@ -123,11 +124,27 @@ class _WatchedModel:
     ) -> None:
         self._inner, self._outages, self._deadline = inner, outages, deadline
         self._limiter, self._clock = limiter, clock
+        self._in_flight = 0
 
     async def generate(self, call: GenerateCall) -> Turn:
         t0 = self._clock()
-        async with self._deadline.guard():
-            turn = await _watch(self._outages, GATEWAY, self._inner.generate(call))
+        self._in_flight += 1
+        try:
+            async with self._deadline.guard():
+                turn = await _watch(self._outages, GATEWAY, self._inner.generate(call))
+        except ModelCallDeadline as exc:
+            # Not one call answered since this one started, while others were in flight (or the
+            # gateway is already down): the gateway hangs, not this call. Alone, a cut call may just
+            # be long: it stays a MODEL_CALL_DEADLINE.
+            hung = self._in_flight > 1 or GATEWAY in self._outages.down
+            if hung and not self._outages.answered_since(GATEWAY, t0):
+                self._outages.failed(GATEWAY, since=t0)
+                raise GatewayUnresponsive(
+                    f"the gateway answered no call for {self._clock() - t0:.1f} s ({exc.message})"
+                ) from exc
+            raise
+        finally:
+            self._in_flight -= 1
         if self._limiter is not None:
             self._limiter.observe(self._clock() - t0)
         return turn

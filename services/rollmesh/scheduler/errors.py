@@ -127,5 +127,15 @@ class ModelCallDeadline(mesh.DeadlineExceeded):
     reason = "MODEL_CALL_DEADLINE"
 
 
+class GatewayUnresponsive(ModelCallDeadline):
+    """A model call cut by the adaptive deadline while other calls were in flight (or the gateway
+    was already down) and the gateway answered none since this one started: the gateway hangs
+    (stopped, wedged), the call is not at fault. An outage: the rollout waits within
+    `unavailable_budget_s` instead of using up its attempts (a 15 s gateway stall failed rollouts
+    permanently before)."""
+
+    reason = "GATEWAY_UNRESPONSIVE"
+
+
 class SinkUnavailable(mesh.Unavailable):
     reason = "SINK_UNAVAILABLE"

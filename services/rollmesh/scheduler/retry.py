@@ -14,7 +14,8 @@ once, without a backoff: one hung call is not a sign of overload.
 
 Outages: an error saying a service is unreachable (UNAVAILABLE with no reason,
 BACKEND_UNAVAILABLE, UPSTREAM_UNREACHABLE; CANCELLED with no reason: the server stopped under the
-call) is an `outage` error. It does not use up the rollout's attempts: the rollout waits (backoff
+call; GATEWAY_UNRESPONSIVE: calls cut while the gateway answered none, errors.GatewayUnresponsive)
+is an `outage` error. It does not use up the rollout's attempts: the rollout waits (backoff
 capped at OUTAGE_MAX_BACKOFF_S) and tries again while the job's `Outages` say the service has been
 unreachable for less than `unavailable_budget_s`; past the budget it fails with `budget_exhausted`
 set, and the engine stops the job. The clock and the randomness are injectable so tests never sleep.
@@ -53,6 +54,7 @@ UPSTREAM_PERMANENT = frozenset({"UPSTREAM_REJECTED", "UPSTREAM_AUTH_FAILED"})  #
 OUTAGE_REASONS = frozenset({"", UNAVAILABLE, "BACKEND_UNAVAILABLE", "UPSTREAM_UNREACHABLE"})
 OUTAGE_MAX_BACKOFF_S = 2.0
 MODEL_CALL_DEADLINE = "MODEL_CALL_DEADLINE"  # errors.ModelCallDeadline's reason: retried without a wait
+GATEWAY_UNRESPONSIVE = "GATEWAY_UNRESPONSIVE"  # errors.GatewayUnresponsive's reason: an outage
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def classify(exc: BaseException) -> ErrorClass:
         # here): the server stopped under it, e.g. a restart. Same as unreachable.
         return ErrorClass(name, True, retry_after, message, outage=True)
     if code_name == DEADLINE_EXCEEDED:
-        return ErrorClass(name, True, retry_after, message)
+        return ErrorClass(name, True, retry_after, message, outage=reason == GATEWAY_UNRESPONSIVE)
     if code_name == RESOURCE_EXHAUSTED:
         return ErrorClass(name, retry_after is not None, retry_after, message)
     return ErrorClass(name, False, None, message)
@@ -118,20 +120,27 @@ def classify(exc: BaseException) -> ErrorClass:
 class Outages:
     """How long each service has been unreachable without one call getting through.
 
-    `failed(service)` at an outage error starts the clock (if not running); `recovered(service)` at
-    any successful call stops it. `exhausted()` names a service unreachable for the whole budget.
+    `failed(service)` at an outage error starts the clock (if not running; `since`: the outage began
+    earlier); `recovered(service)` at any successful call stops it. `exhausted()` names a service
+    unreachable for the whole budget; `answered_since(service, t)` says whether a call succeeded at
+    or after `t`.
     """
 
     def __init__(self, budget_s: float, *, clock: Callable[[], float]) -> None:
         self.budget_s = budget_s
         self._clock = clock
         self._since: dict[str, float] = {}
+        self._last_ok: dict[str, float] = {}
 
-    def failed(self, service: str) -> None:
-        self._since.setdefault(service, self._clock())
+    def failed(self, service: str, *, since: float | None = None) -> None:
+        self._since.setdefault(service, self._clock() if since is None else since)
 
     def recovered(self, service: str) -> None:
         self._since.pop(service, None)
+        self._last_ok[service] = self._clock()
+
+    def answered_since(self, service: str, t: float) -> bool:
+        return self._last_ok.get(service, float("-inf")) >= t
 
     def exhausted(self) -> tuple[str, float] | None:
         """(service, seconds unreachable) for a service past the budget, else None."""
