@@ -108,3 +108,49 @@ async def test_start_fails_fast_when_the_url_is_down() -> None:
         await backend.start()
     assert (exc.value.code, exc.value.reason) == (grpc.StatusCode.UNAVAILABLE, "UPSTREAM_UNREACHABLE")
     await backend.shutdown()
+
+
+@pytest_asyncio.fixture
+async def tagged_upstream() -> AsyncIterator[str]:
+    """A server that lists `llama3:latest` and resolves the untagged name (as Ollama does)."""
+    from aiohttp import web
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "llama3:latest", "object": "model"}]})
+
+    async def model(request: web.Request) -> web.Response:
+        if request.match_info["name"] in ("llama3", "llama3:latest"):
+            return web.json_response({"id": "llama3:latest", "object": "model"})
+        return web.json_response({"error": {"message": "model not found"}}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name}", model)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def test_start_refuses_a_model_the_server_neither_lists_nor_resolves(
+    upstream: tuple[str, FakeBackend], tagged_upstream: str
+) -> None:
+    url, _ = upstream
+    missing = OpenAIBackend("x", base_url=url, model="missing")
+    with pytest.raises(RollmeshError) as exc:
+        await missing.start()
+    assert (exc.value.code, exc.value.reason) == (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND")
+    assert "serves no model 'missing'; it serves: tiny" in exc.value.message
+    await missing.shutdown()
+    aliased = OpenAIBackend("l", base_url=tagged_upstream, model="llama3")
+    await aliased.start()  # not listed under that name, but the server resolves it
+    await aliased.shutdown()
+    other = OpenAIBackend("o", base_url=tagged_upstream, model="mistral")
+    with pytest.raises(RollmeshError, match="it serves: llama3:latest"):
+        await other.start()
+    await other.shutdown()

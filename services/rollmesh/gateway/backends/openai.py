@@ -33,7 +33,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from yarl import URL
@@ -189,7 +189,7 @@ class OpenAIBackend(ModelBackend):
             log.warning("openai_backend_models_failed", base_url=self.base_url, status=status)
             return
         served = {str(item.get("id")): item for item in listing.get("data", []) if isinstance(item, dict)}
-        if served and self.remote_model not in served:
+        if served and self.remote_model not in served and not await self._retrievable(self.remote_model):
             raise errors.ModelNotFound(
                 f"{self.base_url} serves no model {self.remote_model!r};"
                 f" it serves: {', '.join(sorted(served))}",
@@ -198,6 +198,18 @@ class OpenAIBackend(ModelBackend):
         item = served.get(self.remote_model, {})
         if isinstance(item.get("max_model_len"), int):
             self._max_model_len = self._max_model_len or int(item["max_model_len"])
+
+    async def _retrievable(self, model: str) -> bool:
+        """`GET /models/{model}` answers 200: a server that resolves names it does not list (an
+        alias, a default tag such as Ollama's `:latest`) serves it. vLLM has no such route (404)."""
+        timeout = aiohttp.ClientTimeout(total=10.0)
+        try:
+            async with self._http().get(
+                f"{self.base_url}/models/{quote(model, safe='')}", timeout=timeout
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
 
     async def check_health(self) -> bool:
         try:
