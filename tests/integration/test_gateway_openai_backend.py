@@ -19,6 +19,7 @@ from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.errors import RollmeshError
+from tests.http_apps import serve_app
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 5, "b": 7}}</tool_call>'
 
@@ -126,15 +127,8 @@ async def tagged_upstream() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{name}", model)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as origin:
+        yield f"{origin}/v1"
 
 
 async def test_start_refuses_a_model_the_server_neither_lists_nor_resolves(

@@ -20,6 +20,7 @@ from aiohttp import web
 from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.mesh.errors import RollmeshError
+from tests.http_apps import serve_app
 from tests.procs import ROLLMESH
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
@@ -60,15 +61,8 @@ async def bad_upstream() -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/{mode}/v1/models", _models)
     app.router.add_post("/{mode}/v1/chat/completions", _chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as origin:
+        yield origin
 
 
 async def _generate(base: str, mode: str, *, stream: bool) -> GenerateResult:
