@@ -23,6 +23,10 @@ the wall-clock limit) raises `SandboxUnavailable`: nobody ran the code, so there
 callers must fail the verify (retryable) rather than score it 0. Everything after the hello is
 the code's doing and ends in a `RunResult`.
 
+A run that the host's other work kept from a CPU so long that it did not get its wall-clock time
+within 4x the limit raises `SandboxStarved` (a `SandboxUnavailable`, timed out): its outcome is
+unknown. The wall-clock limit counts the time the code could run (verifier/sandbox_clock.py).
+
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
 semaphore bounding concurrent runs. Spawning uses asyncio subprocesses; nothing blocks the loop.
@@ -54,6 +58,7 @@ from rollmesh.verifier.sandbox_checks import (
     ProbeError,
     normalize_output,
 )
+from rollmesh.verifier.sandbox_clock import Starved, run_within_wall_time
 from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
@@ -110,6 +115,14 @@ class SandboxUnavailable(Exception):
     def __init__(self, message: str, *, timed_out: bool) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+class SandboxStarved(SandboxUnavailable):
+    """The code ran, but the host's other work held the CPUs so long that it did not get its
+    wall-clock time (verifier/sandbox_clock.py): its outcome is unknown, not a timeout of its own."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, timed_out=True)
 
 
 @dataclass(frozen=True)
@@ -342,24 +355,28 @@ class Sandbox:
         drop_to = self._drop_to(mode)
         channel = await Channel.open(proc, reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
         verdicts: list[dict[str, Any]] = []
-        status, error, greeted = "ok", "", False
+        status, error = "ok", ""
+        greeting: asyncio.Future[Any] | None = None
+
+        async def talk() -> str:
+            nonlocal greeting
+            hello = await channel.send(
+                "hello", reply_fd=child_fd, limits=asdict(limits), guards=guards, drop_to=drop_to
+            )
+            # The runner answers hello before it reads the code: its reply, awaited while the code
+            # is still being written (pipelined), says the sandbox came up.
+            greeting = asyncio.ensure_future(channel.receive(hello))
+            load = await channel.send("load", code=code, mode=tests.kind)
+            await greeting
+            return await _judge(channel, await channel.receive(load), tests, verdicts)
+
         try:
-            async with asyncio.timeout(limits.wall_s):
-                hello = await channel.send(
-                    "hello", reply_fd=child_fd, limits=asdict(limits), guards=guards, drop_to=drop_to
-                )
-                # The runner answers hello before it reads the code: its reply, awaited while the code
-                # is still being written (pipelined), says the sandbox came up.
-                greeting = asyncio.ensure_future(channel.receive(hello))
-                try:
-                    load = await channel.send("load", code=code, mode=tests.kind)
-                    await greeting
-                finally:
-                    greeted = _succeeded(greeting)
-                error = await _judge(channel, await channel.receive(load), tests, verdicts)
+            error = await run_within_wall_time(talk(), proc.pid, limits.wall_s)
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
+        except Starved as exc:
+            status, error = "starved", str(exc)
         except ChannelBroken as exc:
             status, error = "crashed", str(exc)
             with contextlib.suppress(TimeoutError):  # let it exit on its own: its status says why
@@ -369,6 +386,7 @@ class Sandbox:
                 status = "timeout"
                 error = f"CPU-time limit of {limits.cpu_s}s exceeded; process group killed"
         finally:
+            greeted = greeting is not None and _succeeded(greeting)
             channel.close()
             await self._stop(proc, keeper=mode == "process")
         try:
@@ -381,8 +399,10 @@ class Sandbox:
         if not greeted:
             why = (err_head.decode(errors="replace").strip() or f"exit code {proc.returncode}")[-300:]
             raise SandboxUnavailable(
-                f"the sandbox did not start ({error}): {why}", timed_out=status == "timeout"
+                f"the sandbox did not start ({error}): {why}", timed_out=status in ("timeout", "starved")
             )
+        if status == "starved":
+            raise SandboxStarved(error)
         if status == "crashed":
             rc = proc.returncode or 0
             why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"

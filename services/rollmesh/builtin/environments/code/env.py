@@ -80,7 +80,7 @@ class CodeEnv(Environment):
             return VerifyResult(0.0, {"pass_rate": 0.0}, "", {"reason": "empty response"})
         try:
             run = await self.sandbox.run(code, spec)
-        except SandboxUnavailable as exc:  # the code never ran: no verdict, not a 0
+        except SandboxUnavailable as exc:  # never ran, or starved of CPU: no verdict, not a 0
             raise (CheckTimeout if exc.timed_out else CheckFailed)(str(exc)) from None
         total = run.total or len(spec.cases)
         rate = run.passed / total if total else 0.0

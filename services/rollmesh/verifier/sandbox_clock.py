@@ -1,0 +1,95 @@
+"""The sandbox's wall-clock limit counts the time the code could run, not the time it waited for a
+CPU that other work on the host held.
+
+On a loaded host (vLLM replicas, a trainer and the verifier on the same cores) a correct solution
+that needs 2 s of CPU can take 10 s of wall time, and a plain wall-clock limit scores it 0. Linux
+counts, per task, the time it was runnable but waiting for a CPU (`/proc/<pid>/schedstat`, second
+field). So:
+
+- `run_within_wall_time(aw, session, wall_s)` awaits `aw`; at the deadline it reads the run's
+  processes (every process of `session`: the sandbox is started as a session leader) and moves the
+  deadline out by the longest wait for a CPU any one of them had, unless the run's processes used
+  more CPU than one task could in the time it was not waiting (then they competed with each other:
+  the wait is their own doing, and threads or forks earn no extra time).
+- The deadline never goes past `STARVED_AFTER` times `wall_s`: a run still waiting then raises
+  `Starved` (the host, not the code, ran out of time: no verdict). A run that had its whole wall time
+  raises `TimeoutError`, as `asyncio.timeout` would. Either way `aw` is cancelled.
+- A process that left the session (`setsid`) is not counted: that only shortens its run's time.
+Reading `/proc` is done off the event loop, only at deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+STARVED_AFTER = 4.0  # the longest a run may take, in multiples of its wall-clock limit
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class Starved(Exception):
+    """The run did not get its wall-clock time within `STARVED_AFTER` x the limit: other work held
+    the CPUs. The code's outcome is unknown."""
+
+
+def session_cpu(session: int) -> tuple[float, float]:
+    """(CPU seconds used by every process of `session`, the longest any one of them waited for a
+    CPU in seconds), read from /proc; (0, 0) where /proc does not say."""
+    used = waited = 0.0
+    with contextlib.suppress(OSError):
+        entries = os.listdir("/proc")
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+                if int(fields[3]) != session:
+                    continue
+                used += (int(fields[11]) + int(fields[12])) / _TICKS
+                with open(f"/proc/{entry}/schedstat", "rb") as f:
+                    waited = max(waited, int(f.read().split()[1]) / 1e9)
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile, or a kernel without schedstat
+    return used, waited
+
+
+async def run_within_wall_time(aw: Awaitable[T], session: int, wall_s: float) -> T:
+    """Await `aw` under the wall-clock limit `wall_s` of the run whose processes form `session`
+    (module docstring)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(aw)
+    start = loop.time()
+    cap = start + STARVED_AFTER * wall_s
+    deadline = start + wall_s
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+            if done:
+                return task.result()
+            now = loop.time()
+            used, waited = await asyncio.to_thread(session_cpu, session)
+            if task.done():
+                return task.result()
+            # one task at a time runs for (elapsed - waited); using more, its tasks competed
+            own_load = used > 1.25 * (now - start - waited) + 0.1
+            earned = start + wall_s + (0.0 if own_load else waited)
+            if earned <= now + 0.01:
+                raise TimeoutError
+            if now >= cap:
+                raise Starved(
+                    f"waited {waited:.1f} s for a CPU in {now - start:.1f} s (used {used:.2f} s): the host"
+                    f" did not give the code its {wall_s:g} s of wall-clock time"
+                )
+            deadline = min(earned, cap)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved: it ended on its own while being cancelled
