@@ -48,6 +48,7 @@ def test_flags_beat_env_and_env_beats_defaults() -> None:
 def test_a_base_url_flag_means_the_openai_backend_unless_another_is_named() -> None:
     url = "http://h:1/v1"
     assert GatewayConfig.from_env(environ={}, base_url=url).models[0].backend == "openai"
+    assert GatewayConfig.from_env(environ={"ROLLMESH_GATEWAY_BASE_URL": url}).models[0].backend == "openai"
     env = {"ROLLMESH_GATEWAY_BACKEND": "fake"}  # the environment's choice stands
     assert GatewayConfig.from_env(environ=env, base_url=url).models[0].backend == "fake"
     with pytest.raises(ConfigError, match="--backend ray-serve does not use it"):

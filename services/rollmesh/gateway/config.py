@@ -50,15 +50,16 @@ def model_name_for(model: str) -> str:
 
 
 def _backend_for(backend: str | None, base_url: str | None, environ: Mapping[str, str] | None) -> str:
-    """The --backend flag, else ROLLMESH_GATEWAY_BACKEND, else openai when a --base-url flag was
-    given (`serve gateway --base-url URL` started Ray Serve and never called URL), else ray-serve.
-    A --base-url flag with another --backend flag is refused: one of them would be ignored."""
+    """The --backend flag, else ROLLMESH_GATEWAY_BACKEND, else openai when a base URL was given
+    (--base-url or ROLLMESH_GATEWAY_BASE_URL: `serve gateway --base-url URL` started Ray Serve and
+    never called URL), else ray-serve. A --base-url flag with another --backend flag is refused:
+    one of them would be ignored."""
     if base_url and backend and backend != "openai":
         raise ConfigError(f"--base-url is the openai backend's URL: --backend {backend} does not use it")
     if backend:
         return backend
     env = os.environ if environ is None else environ
-    if base_url and not env.get("ROLLMESH_GATEWAY_BACKEND"):
+    if (base_url or env.get("ROLLMESH_GATEWAY_BASE_URL")) and not env.get("ROLLMESH_GATEWAY_BACKEND"):
         return "openai"
     return str(read("ROLLMESH_GATEWAY_BACKEND", environ))
 
