@@ -101,6 +101,14 @@ class SinkClosed(mesh.FailedPrecondition):
     reason = "SINK_CLOSED"
 
 
+class JobFolderInUse(mesh.FailedPrecondition):
+    """Another process (a scheduler, a `rollmesh run`) holds the job folder's writer lock: it is
+    running this job now (or hangs, stopped). Two writers would run the same keys twice, so the
+    second one writes nothing and fails; resume once the other has ended."""
+
+    reason = "JOB_FOLDER_IN_USE"
+
+
 class SinkWriteFailed(mesh.Internal):
     """The sink could not store rows (a full disk, an I/O error): the job fails at once with this
     reason; rows of the failed batch are not on disk and not counted, so a resume re-runs them."""

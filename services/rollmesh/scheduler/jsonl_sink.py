@@ -12,6 +12,12 @@ every later call raises `SinkWriteFailed` with the first reason, `on_error` is c
 job manager fails the job at once), and `close()` keeps what was on disk before the batch.
 `rows_written` / `failures_written` / `reward_written` count only rows that reached the disk.
 
+One writer: `open()` first takes an exclusive lock on the folder's `writer.lock` (flock, released
+when the sink closes or its process dies, so a crashed job resumes at once). While another process
+holds it (that job runs there now, or its process hangs) `open()` raises `JobFolderInUse` naming
+the holder, having touched nothing, and `close()` then writes nothing either. (flock is local:
+two hosts sharing the folder over NFS are not kept apart.)
+
 Exactly once: `open()` returns the keys already in rollouts.jsonl; writing a key that is already
 there (or was written in this run) raises `DuplicateRollout`. Failed keys are *not* returned,
 so a resumed job retries its failures: `open()` moves their old rows to failures.retried.jsonl,
@@ -22,8 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +40,7 @@ from typing import Any
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import store
-from rollmesh.scheduler.errors import DuplicateRollout, SinkClosed, SinkWriteFailed
+from rollmesh.scheduler.errors import DuplicateRollout, JobFolderInUse, SinkClosed, SinkWriteFailed
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
@@ -72,6 +80,8 @@ class JsonlSink(Sink):
         self._failure_rows: list[_Row] = []
         self._oldest: float | None = None
         self._fds: dict[str, int] = {}  # file name -> append-only descriptor
+        self._lock_fd: int | None = None  # writer.lock, flocked while the sink is open
+        self.owned_folder = False  # it held the folder's lock (so job.json is this run's to write)
         self._io_lock = asyncio.Lock()
         self._tasks = TaskSet()
         self._closed = False
@@ -103,6 +113,7 @@ class JsonlSink(Sink):
 
     def _open_files(self) -> set[RolloutKey]:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_folder()
         for name in (store.ROLLOUTS, store.FAILURES):
             removed = store.repair_torn_tail(self.directory / name)
             if removed:
@@ -114,6 +125,23 @@ class JsonlSink(Sink):
         for name in (store.ROLLOUTS, store.FAILURES):
             self._fds[name] = os.open(self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         return keys
+
+    def _lock_folder(self) -> None:
+        fd = os.open(self.directory / store.WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise JobFolderInUse(
+                f"{self.directory} is being written by {holder}: that run of the job is still going "
+                "(or its process hangs); wait for it to end, or stop it, then resume",
+                metadata={"directory": str(self.directory), "holder": holder},
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._lock_fd = fd
+        self.owned_folder = True
 
     async def write(self, rollout: Rollout) -> None:
         self._check_open()
@@ -230,6 +258,10 @@ class JsonlSink(Sink):
         even that fails, removes a stale metrics.json) and raises nothing more: its error is known."""
         if self._closed:
             return
+        if self._lock_fd is None:  # never opened (or the folder is another writer's): touch nothing
+            self._closed = True
+            await self._tasks.aclose()
+            return
         try:
             if self.error is None:
                 with contextlib.suppress(SinkWriteFailed):
@@ -238,6 +270,13 @@ class JsonlSink(Sink):
             self._closed = True
             await self._tasks.aclose()
             await asyncio.to_thread(self._close_files)
+        try:
+            await self._write_metrics(state, metrics)
+        finally:
+            self._unlock_folder()
+        log.info("sink_closed", job_id=self._job_id, state=state, rows=self.rows_written, fsyncs=self.fsyncs)
+
+    async def _write_metrics(self, state: str, metrics: dict[str, Any] | None) -> None:
         if metrics is None or self.error is not None:
             metrics = await asyncio.to_thread(self.recompute_metrics)
         data = {**metrics, "job_state": state}
@@ -249,7 +288,6 @@ class JsonlSink(Sink):
             log.error("sink_metrics_not_written", job_id=self._job_id, error=str(exc))
             with contextlib.suppress(OSError):
                 (self.directory / store.METRICS).unlink()
-        log.info("sink_closed", job_id=self._job_id, state=state, rows=self.rows_written, fsyncs=self.fsyncs)
 
     def recompute_metrics(self) -> Json:
         rollouts, failures = store.load_scored(self.directory)
@@ -262,6 +300,12 @@ class JsonlSink(Sink):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = {}
+
+    def _unlock_folder(self) -> None:
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def _check_open(self) -> None:
         if self._closed or not self._fds:

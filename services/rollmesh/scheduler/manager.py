@@ -412,7 +412,8 @@ class JobManager:
             mean_reward=round(p.mean_reward, 4),
         )
         try:
-            await asyncio.to_thread(store.write_json_atomic, rec.directory / store.JOB, job_json)
+            if not isinstance(run.sink, JsonlSink) or run.sink.owned_folder:  # else another run's job.json
+                await asyncio.to_thread(store.write_json_atomic, rec.directory / store.JOB, job_json)
         except OSError as exc:  # job.json keeps its last state (a restart lists the job as interrupted)
             log.error("job_state_not_persisted", job_id=rec.job_id, state=final[0], error=str(exc))
         finally:

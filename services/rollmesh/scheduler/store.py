@@ -6,6 +6,7 @@
       failures.jsonl          one row per rollout whose failure stands (`RolloutFailure.to_row`)
       failures.retried.jsonl  history: failures a later run of the job retried (moved at open)
       metrics.json            written when the job ends (`rollmesh aggregate` recomputes it)
+      writer.lock             flocked while a run writes the folder (holder: "pid N on HOST")
 
 This module spells those names, reads a growing JSONL file (complete lines only: a last line
 without its newline is a row being appended, or a torn tail that `repair_torn_tail` removes),
@@ -42,6 +43,7 @@ ROLLOUTS = "rollouts.jsonl"
 FAILURES = "failures.jsonl"
 FAILURES_RETRIED = "failures.retried.jsonl"
 METRICS = "metrics.json"
+WRITER_LOCK = "writer.lock"  # flocked by the job's one writer (jsonl_sink.py)
 OUTPUT_FILES = (ROLLOUTS, FAILURES, METRICS)  # what a finished job hands its user
 
 
