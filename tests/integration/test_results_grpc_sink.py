@@ -288,3 +288,29 @@ async def test_a_rollout_over_grpcs_default_4_mib_reaches_the_trainer(make_serve
     await sink.close(state="succeeded", metrics=None)
     (got,) = await asyncio.wait_for(consumer, timeout=60)
     assert got.key == (0, 0) and len(got.raw.messages[-1].content) == 5 * 1024 * 1024
+
+
+async def test_a_trainer_that_stalls_past_the_drain_timeout_fails_the_close(
+    make_server: type[SinkServer],
+) -> None:
+    """Rollouts the trainer never acknowledged are not delivered: close() must not let the job end
+    SUCCEEDED (it did, with a warning in the log), and the trainer is told FAILED."""
+    server = await make_server(window=4).start()
+    sink = GrpcSink(server.address, window=4, rpc_timeout_s=5, drain_timeout_s=0.5)
+    await sink.open("job1", total=2, spec={})
+    await sink.write(rollout(0, 0))
+    await sink.write(rollout(0, 1))  # nobody consumes: neither is acknowledged
+    with pytest.raises(SinkUnavailable) as info:
+        await sink.close(state="succeeded", metrics=None)
+    assert "2 rollouts sent were never acknowledged" in info.value.message, info.value.message
+    assert info.value.metadata["unacked"] == "2"
+
+
+async def test_a_trainer_gone_before_acking_fails_the_close(make_server: type[SinkServer]) -> None:
+    server = await make_server(window=4).start()
+    sink = GrpcSink(server.address, window=4, rpc_timeout_s=5, drain_timeout_s=30)
+    await sink.open("job1", total=1, spec={})
+    await sink.write(rollout(0, 0))
+    await server.stop(grace=0)
+    with pytest.raises(SinkUnavailable, match="1 rollouts sent were never acknowledged"):
+        await asyncio.wait_for(sink.close(state="succeeded", metrics=None), timeout=60)

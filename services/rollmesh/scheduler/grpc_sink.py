@@ -5,7 +5,10 @@ them), then opens one `Consume` stream and sends `SinkOpen`. `write()` waits for
 more than `window` rollouts are sent and not yet acknowledged, so a slow trainer slows dispatch.
 Failures are sent outside the window (the trainer need not ack them). `close()` waits until
 every rollout is acknowledged (up to `drain_timeout_s`), sends `SinkClose` with the metrics and
-the final state, half-closes and waits for the trainer to end the stream.
+the final state, half-closes and waits for the trainer to end the stream. Rollouts still not
+acknowledged then (the trainer stalled past `drain_timeout_s`, or the stream broke) make the
+SinkClose say FAILED and, when the job would have ended SUCCEEDED or COMPLETED_WITH_FAILURES,
+`close()` raise `SinkUnavailable`: the job fails, never a success with rows the trainer lacks.
 
 If the stream breaks, `write()` raises `SinkUnavailable` (UNAVAILABLE); rollouts sent but not
 acknowledged are not committed on the trainer, so a resumed job sends them again.
@@ -34,6 +37,9 @@ _STATES = {
     for name, value in scheduler_pb2.JobState.items()
     if name != "JOB_STATE_UNSPECIFIED"
 }
+
+
+_SUCCESS = frozenset({scheduler_pb2.JOB_STATE_SUCCEEDED, scheduler_pb2.JOB_STATE_COMPLETED_WITH_FAILURES})
 
 
 def state_to_pb(state: str) -> scheduler_pb2.JobState.ValueType:
@@ -132,7 +138,8 @@ class GrpcSink(Sink):
                 except TimeoutError:
                     log.warning("sink_drain_timeout", job_id=self._job_id, unacked=len(self._unacked))
             if self._error is None:
-                close = sink_pb2.SinkClose(state=state_to_pb(state))
+                # Rollouts still unacked (the trainer stalled past drain_timeout_s): not delivered.
+                close = sink_pb2.SinkClose(state=state_to_pb("FAILED" if self._unacked else state))
                 if metrics is not None:
                     close.metrics.CopyFrom(convert.metrics_to_pb(metrics))
                 await self._send(sink_pb2.ConsumeRequest(close=close))
@@ -157,6 +164,13 @@ class GrpcSink(Sink):
                 self._call.cancel()
             if self._own_channel:
                 await self._channel.close()
+        if self._unacked and state_to_pb(state) in _SUCCESS:
+            cause = _describe(self._error) if self._error is not None else "no ack within drain_timeout_s"
+            raise SinkUnavailable(
+                f"trainer sink {self.address}: {len(self._unacked)} rollouts sent were never acknowledged "
+                f"({cause}); they are not committed, and a resume sends them again",
+                metadata={"unacked": str(len(self._unacked))},
+            )
 
     async def _send(self, req: sink_pb2.ConsumeRequest) -> None:
         if self._call is None:
