@@ -188,3 +188,27 @@ def test_outages_say_what_the_job_waits_on() -> None:
     assert outages.exhausted() == ("verifier", 61.0)
     outages.recovered("verifier")
     assert outages.down == ["gateway"] and outages.exhausted() is None
+
+
+async def test_an_unreachable_model_server_is_named_as_such_not_as_the_gateway() -> None:
+    from rollmesh.scheduler.retry import Outages
+
+    now = [0.0]
+    outages = Outages(10.0, clock=lambda: now[0])
+
+    async def sleep(s: float) -> None:
+        now[0] += s
+
+    async def upstream_down() -> None:
+        outages.failed("gateway")
+        raise UnavailableError(
+            "http://127.0.0.1:9/v1: cannot connect",
+            code=grpc.StatusCode.UNAVAILABLE,
+            reason="UPSTREAM_UNREACHABLE",
+        )
+
+    with pytest.raises(RolloutFailed) as info:
+        await with_retry(upstream_down, RetryPolicy(max_attempts=2), sleep=sleep, outages=outages)
+    message = info.value.error.message
+    assert message.startswith("the model server behind the gateway has been unreachable for 1"), message
+    assert "http://127.0.0.1:9/v1: cannot connect" in message

@@ -117,6 +117,11 @@ def classify(exc: BaseException) -> ErrorClass:
     return ErrorClass(name, False, None, message)
 
 
+def _behind(err: ErrorClass) -> bool:
+    """The error is the gateway's report that what it serves from is unreachable."""
+    return err.name.split(":")[0] in ("UPSTREAM_UNREACHABLE", "BACKEND_UNAVAILABLE")
+
+
 class Outages:
     """How long each service has been unreachable without one call getting through.
 
@@ -219,7 +224,9 @@ async def with_retry(
                 gone = outages.exhausted()
                 if gone is not None:
                     service, seconds = gone
-                    msg = f"the {service} has been unreachable for {seconds:.0f} s ({err.message})"
+                    # The gateway answering "its model server is unreachable" is not the gateway down.
+                    whom = f"the model server behind the {service}" if _behind(err) else f"the {service}"
+                    msg = f"{whom} has been unreachable for {seconds:.0f} s ({err.message})"
                     raise RolloutFailed(replace(err, message=msg, budget_exhausted=True), max(n, 1)) from exc
                 waits += 1
                 delay = min(backoff.delay(waits, err.retry_after_s), OUTAGE_MAX_BACKOFF_S)
