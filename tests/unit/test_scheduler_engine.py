@@ -4,6 +4,7 @@ idempotent submit, cancel, AIMD limiter."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -301,3 +302,49 @@ async def test_aimd_limiter_keeps_raising_while_rising_latency_buys_throughput()
     latency_only = run(float("inf"))
     assert max(latency_only) == 64 and max(with_rate) == 512
     assert with_rate[-1] < 512  # cut once more in flight stopped paying
+
+
+def _simulate(
+    limiter: Limiter, clock_at: list[float], rate_of: Callable[[int], float], windows: int
+) -> list[int]:
+    """Drive `limiter` with a backend completing `rate_of(in_flight)` turns per second (latency by
+    Little's law); the limit after each window."""
+    limits = []
+    for _ in range(windows):
+        in_flight = limiter.limit
+        rate = rate_of(in_flight)
+        for _ in range(max(8, min(in_flight, 256))):
+            clock_at[0] += 1.0 / rate
+            limiter.observe(in_flight / rate)
+        limits.append(limiter.limit)
+    return limits
+
+
+async def test_aimd_limiter_settles_at_the_knee_where_throughput_peaked() -> None:
+    """Past a batching engine's saturation, cuts stop at the smallest limit that reached the peak
+    throughput (latency alone would keep cutting towards the first, tiny windows' latency); a
+    server that only queues past its capacity is brought back down to that capacity; a backend
+    that got slower (throughput below the hold share) is cut as before."""
+    clock_at = [0.0]
+
+    def batching(in_flight: int) -> float:
+        return min(20 * in_flight**0.5, 300.0)  # saturates at 225 in flight
+
+    lim = Limiter(16, adaptive=True, max_limit=1024, clock=lambda: clock_at[0])
+    limits = _simulate(lim, clock_at, batching, 40)
+    assert max(limits) == 512  # over the knee in slow start, then held at it, probing above it
+    assert all(256 <= limit <= 2 * 256 for limit in limits[-30:]), limits
+    # (latency alone cut it to 46-114 in flight, where the engine completes 135-210 turns/s, not 300)
+
+    def capacity_64(in_flight: int) -> float:
+        return 400.0 * min(in_flight, 64) / 64  # a fixed-size server: past 64 in flight it queues
+
+    lim = Limiter(16, adaptive=True, max_limit=1024, clock=lambda: clock_at[0])
+    limits = _simulate(lim, clock_at, capacity_64, 40)
+    assert all(64 <= limit <= 3 * 64 for limit in limits[-30:]), limits  # never below its capacity
+
+    lim = Limiter(16, adaptive=True, max_limit=1024, clock=lambda: clock_at[0])
+    _simulate(lim, clock_at, batching, 12)
+    held = lim.limit
+    _simulate(lim, clock_at, lambda n: batching(n) / 3, 3)  # the backend got 3x slower
+    assert lim.limit < held * 0.7

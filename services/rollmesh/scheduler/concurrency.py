@@ -10,12 +10,20 @@ Latency that rises while the window's throughput (turns per second) also rises b
 the previous window's is not queueing: a batching engine (vLLM) serves a bigger batch at a lower
 cost per request, so its latency grows with the batch while it completes more. Such a window
 raises the limit too; a slower window that completes no more than the previous one cuts it.
+
+A cut never goes below the knee while throughput holds: the knee is the smallest limit whose window
+completed at least `knee_share` of the best sustained rate (the best rate two consecutive windows
+both reached: one noisy window is not a peak). A window that queues but still completes at least
+`hold_share` of that rate is cut no lower than the knee, so the limit settles where the engine's
+throughput peaked instead of falling back to where latency was lowest. A window slower than that
+(the backend itself got slower) cuts as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -34,6 +42,8 @@ class Limiter:
         tolerance: float = 1.5,
         decrease: float = 0.7,
         rate_gain: float = 1.1,
+        knee_share: float = 0.9,
+        hold_share: float = 0.8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.adaptive = adaptive
@@ -52,6 +62,9 @@ class Limiter:
         self._window_start = 0.0
         self._last_rate = 0.0  # turns per second of the previous window
         self._slow_start = True  # doubling until the first cut
+        self.knee_share = knee_share
+        self.hold_share = hold_share
+        self._windows: collections.deque[tuple[int, float]] = collections.deque(maxlen=32)  # (limit, rate)
 
     async def acquire(self) -> None:
         while self.in_use >= self.limit:
@@ -93,12 +106,23 @@ class Limiter:
             self._best = mean
         paying = self._last_rate > 0 and rate >= self._last_rate * self.rate_gain
         self._last_rate = rate
+        self._windows.append((self.limit, rate))
         if mean <= self._best * self.tolerance or paying:
             step = self.limit if self._slow_start else max(1, int(math.sqrt(self.limit)))
             self.limit = min(self.max_limit, self.limit + step)
         else:
             self._slow_start = False
-            self.limit = max(self.min_limit, int(self.limit * self.decrease))
+            cut = max(self.min_limit, int(self.limit * self.decrease))
+            self.limit = max(cut, min(self.limit, self._knee(rate)))
             # The baseline drifts up slowly so a permanently slower backend is not punished forever.
             self._best *= 1.05
         # A raised limit takes effect at the next release (observe runs inside a rollout in flight).
+
+    def _knee(self, rate: float) -> int:
+        """The lowest limit a cut may reach at this window's `rate` (class docstring): the knee
+        while `rate` holds `hold_share` of the best sustained rate, else no floor (0)."""
+        windows = list(self._windows)
+        sustained = max((min(a[1], b[1]) for a, b in itertools.pairwise(windows)), default=0.0)
+        if sustained <= 0 or rate < self.hold_share * sustained:
+            return 0
+        return min(limit for limit, r in windows if r >= self.knee_share * sustained)
