@@ -18,6 +18,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from rollmesh.gateway.backends.unary_http import (
+    AnswerTooLarge,
     ConnectFailed,
     ConnectionBroke,
     ReadTimedOut,
@@ -404,3 +405,66 @@ async def test_https_verifies_the_server_certificate(tmp_path: Any, monkeypatch:
             await trusted.close()
     finally:
         await runner.cleanup()
+
+
+async def test_an_answer_over_the_body_limit_fails_without_being_held() -> None:
+    """A body past max_body_bytes (sent whole, or a small gzip that inflates past it) fails the
+    call with AnswerTooLarge; the pool keeps working."""
+    big = b'{"x": "' + b"a" * (2 * 1024 * 1024) + b'"}'
+    bomb = gzip.compress(b" " * (8 * 1024 * 1024))  # ~8 KiB on the wire
+
+    async def serve(request: web.Request) -> web.Response:
+        if request.path.endswith("/big"):
+            return web.Response(body=big, content_type="application/json")
+        if request.path.endswith("/bomb"):
+            return web.Response(body=bomb, headers={"Content-Encoding": "gzip"})
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/{name}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    pool = UnaryHttpPool(
+        f"http://127.0.0.1:{runner.addresses[0][1]}/v1",
+        headers={},
+        connect_timeout_s=5.0,
+        read_timeout_s=30.0,
+        max_body_bytes=1024 * 1024,
+    )
+    try:
+        with pytest.raises(AnswerTooLarge, match="over 1048576 bytes"):
+            await pool.post("/big", b"{}", {})
+        with pytest.raises(AnswerTooLarge, match="decoded body is over"):
+            await pool.post("/bomb", b"{}", {})
+        assert json.loads((await pool.post("/small", b"{}", {})).body) == {"ok": True}
+    finally:
+        await pool.close()
+        await runner.cleanup()
+
+
+async def test_a_server_sent_event_line_over_the_limit_is_a_bad_response() -> None:
+    """The streaming path's line reader: lines split across blocks are joined, a line past the
+    limit is UPSTREAM_BAD_RESPONSE (not held whole in memory)."""
+    from rollmesh.gateway.backends.openai import _sse_data
+    from rollmesh.gateway.errors import UpstreamBadResponse
+
+    class Content:
+        def __init__(self, blocks: list[bytes]) -> None:
+            self.blocks = blocks
+
+        async def iter_any(self) -> AsyncIterator[bytes]:
+            for block in self.blocks:
+                yield block
+
+    class Resp:
+        url = "http://upstream/v1/chat/completions"
+
+        def __init__(self, blocks: list[bytes]) -> None:
+            self.content = Content(blocks)
+
+    fine = Resp([b'data: {"a"', b": 1}\n\nda", b"ta: [DONE]"])
+    assert [d async for d in _sse_data(fine, max_line_bytes=64)] == ['{"a": 1}', "[DONE]"]  # type: ignore[arg-type]
+    endless = Resp([b"data: " + b"x" * 40] * 10)
+    with pytest.raises(UpstreamBadResponse, match="line over 64 bytes"):
+        [d async for d in _sse_data(endless, max_line_bytes=64)]  # type: ignore[arg-type]

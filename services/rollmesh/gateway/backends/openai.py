@@ -456,6 +456,8 @@ class OpenAIBackend(ModelBackend):
                 f"{where}: no answer within the read timeout ({self._timeout.sock_read:g} s)",
                 retry_after_s=1.0,
             )
+        if isinstance(exc, unary_http.AnswerTooLarge):
+            return errors.UpstreamBadResponse(f"{where}: {exc}")
         if isinstance(exc, unary_http.ConnectionBroke):
             return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc}", retry_after_s=1.0)
         if isinstance(exc, aiohttp.ClientConnectorError):
@@ -554,14 +556,29 @@ def _retry_after(value: str | None) -> float:
         return 1.0
 
 
-async def _sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[str]:
-    """The `data:` payloads of a server-sent-event stream, lines of any length."""
-    buffer = b""
+async def _sse_data(
+    resp: aiohttp.ClientResponse, max_line_bytes: int = unary_http.MAX_BODY_BYTES
+) -> AsyncIterator[str]:
+    """The `data:` payloads of a server-sent-event stream, lines up to `max_line_bytes` (a longer
+    one is UPSTREAM_BAD_RESPONSE: a hostile or broken server cannot exhaust the gateway's memory).
+    Each byte is scanned once, however long the line."""
+    pending: list[bytes] = []  # the current line's pieces so far
+    pending_bytes = 0
     async for block in resp.content.iter_any():
-        buffer += block
-        *lines, buffer = buffer.split(b"\n")
+        *lines, rest = block.split(b"\n")
+        if lines:
+            lines[0] = b"".join([*pending, lines[0]])
+            pending, pending_bytes = [], 0
         for raw in lines:
             if raw.startswith(b"data:"):
                 yield raw[5:].strip().decode()
-    if buffer.startswith(b"data:"):
-        yield buffer[5:].strip().decode()
+        if rest:
+            pending.append(rest)
+            pending_bytes += len(rest)
+            if pending_bytes > max_line_bytes:
+                raise errors.UpstreamBadResponse(
+                    f"{resp.url}: a server-sent event line over {max_line_bytes} bytes"
+                )
+    tail = b"".join(pending)
+    if tail.startswith(b"data:"):
+        yield tail[5:].strip().decode()

@@ -22,6 +22,9 @@ Contract:
   or failed before the answer did, or the answer is not HTTP).
 - A caller cancelled while its call is under way closes that call's connection (an OpenAI server,
   vLLM, aborts the request when its connection closes); the connection never serves another call.
+- An answer whose body (or its decoded content) passes `max_body_bytes` fails the call with
+  `AnswerTooLarge` as soon as it does, holding no more than that: a hostile or broken server cannot
+  exhaust the gateway's memory.
 - Header values with CR or LF are refused (ValueError) before anything is sent. Credentials in
   the URL (`http://user:pass@host/v1`) become Basic authorization unless `headers` has one.
 """
@@ -61,6 +64,13 @@ class ConnectionBroke(HttpCallError):
     pass
 
 
+class AnswerTooLarge(HttpCallError):
+    pass
+
+
+MAX_BODY_BYTES = 64 * 1024 * 1024  # the mesh's gRPC message limit: no larger answer could be passed on
+
+
 @dataclass(frozen=True)
 class HttpAnswer:
     status: int
@@ -80,7 +90,9 @@ def _header_bytes(headers: Mapping[str, str]) -> bytes:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; one call at a time (`request`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.max_body_bytes = max_body_bytes
+        self._body_bytes = 0
         self.transport: asyncio.Transport | None = None
         self.reusable = False  # the last answer left it open for another call
         self.idle_since = 0.0
@@ -133,6 +145,11 @@ class _Connection(asyncio.Protocol):
         self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.max_body_bytes:
+            self._body.clear()
+            self._fail(AnswerTooLarge(f"the answer's body is over {self.max_body_bytes} bytes"))
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -140,7 +157,12 @@ class _Connection(asyncio.Protocol):
         if answer is None or answer.done():
             return
         try:
-            body = _decoded(b"".join(self._body), self._headers.get("content-encoding", ""))
+            body = _decoded(
+                b"".join(self._body), self._headers.get("content-encoding", ""), self.max_body_bytes
+            )
+        except AnswerTooLarge as exc:
+            self._fail(exc)
+            return
         except zlib.error as exc:
             self._fail(ConnectionBroke(f"the answer's body does not decode: {exc}"))
             return
@@ -170,7 +192,7 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[HttpAnswer] = loop.create_future()
         self._answer = answer
-        self._headers, self._body, self._headers_done = {}, [], False
+        self._headers, self._body, self._headers_done, self._body_bytes = {}, [], False, 0
         self._last_bytes_at = time.monotonic()
         self.reusable = False
         self.answered_bytes = False
@@ -198,18 +220,29 @@ class _Connection(asyncio.Protocol):
             self._read_timer = loop.call_later(read_timeout_s - quiet, self._check_read, read_timeout_s)
 
 
-def _decoded(body: bytes, encoding: str) -> bytes:
+def _decoded(body: bytes, encoding: str, limit: int) -> bytes:
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding in ("gzip", "x-gzip"):
-        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        return _inflate(body, 16 + zlib.MAX_WBITS, limit)
     if encoding == "deflate":
         try:
-            return zlib.decompress(body)
+            return _inflate(body, zlib.MAX_WBITS, limit)
         except zlib.error:
-            return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate, as some servers send it
+            return _inflate(body, -zlib.MAX_WBITS, limit)  # raw deflate, as some servers send it
     raise zlib.error(f"unsupported content-encoding {encoding!r}")
+
+
+def _inflate(body: bytes, wbits: int, limit: int) -> bytes:
+    """`body` decompressed, never more than `limit` bytes of it (a small body can inflate to GiBs)."""
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(body, limit + 1)
+    if len(out) > limit:
+        raise AnswerTooLarge(f"the answer's decoded body is over {limit} bytes")
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    return out
 
 
 class UnaryHttpPool:
@@ -223,6 +256,7 @@ class UnaryHttpPool:
         connect_timeout_s: float,
         read_timeout_s: float,
         max_connections: int = 0,
+        max_body_bytes: int = MAX_BODY_BYTES,
         keepalive_s: float = 4.0,  # below the 5 s after which uvicorn (vLLM's server) closes idle ones
     ) -> None:
         url = urlsplit(base_url)
@@ -241,6 +275,7 @@ class UnaryHttpPool:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._keepalive_s = keepalive_s
+        self._max_body_bytes = max_body_bytes
         self._slots = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._idle: list[_Connection] = []  # oldest first
         self._busy: set[_Connection] = set()
@@ -300,7 +335,7 @@ class UnaryHttpPool:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    _Connection,
+                    lambda: _Connection(self._max_body_bytes),
                     self._host,
                     self._port,
                     ssl=self._ssl,
