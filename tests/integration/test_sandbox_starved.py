@@ -65,26 +65,29 @@ def one_busy_cpu() -> Iterator[None]:
 TESTS = TestSpec("asserts", ["assert add(2, 2) == 4"])
 
 
-def _sandbox(wall_s: float, cpu_s: int) -> Sandbox:
+def _sandbox(wall_s: float, cpu_s: int, isolation: str) -> Sandbox:
     limits = SandboxLimits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=512, nproc=16, fsize_mb=1, output_kb=16)
-    return Sandbox(SandboxConfig(allow_unsafe_process=True, limits=limits))
+    return Sandbox(SandboxConfig(isolation=isolation, allow_unsafe_process=True, limits=limits))
 
 
+@pytest.mark.parametrize("isolation", ["auto", "process"])  # auto: namespaces where the kernel allows
 async def test_a_starved_correct_solution_gets_its_time_and_loops_sleepers_still_time_out(
-    one_busy_cpu: None,
+    one_busy_cpu: None, isolation: str
 ) -> None:
     # 0.5 s of CPU at a fifth of one CPU: ~3 s of wall time, past the 2 s limit
-    ok = await _sandbox(wall_s=2.0, cpu_s=5).run(_work(0.5), TESTS)
+    ok = await _sandbox(wall_s=2.0, cpu_s=5, isolation=isolation).run(_work(0.5), TESTS)
     assert (ok.status, ok.passed, ok.total) == ("ok", 1, 1), ok
     assert ok.duration_s > 2.0  # it did wait past the plain limit
-    loop = await _sandbox(wall_s=3.0, cpu_s=1).run("def add(a, b):\n    while True:\n        pass\n", TESTS)
+    loop = await _sandbox(wall_s=3.0, cpu_s=1, isolation=isolation).run(
+        "def add(a, b):\n    while True:\n        pass\n", TESTS
+    )
     assert loop.status == "timeout" and loop.passed == 0 and "CPU-time" in loop.error, loop
-    sleeper = await _sandbox(wall_s=1.5, cpu_s=5).run(
+    sleeper = await _sandbox(wall_s=1.5, cpu_s=5, isolation=isolation).run(
         "import time\ntime.sleep(30)\ndef add(a, b): return a + b\n", TESTS
     )
     assert sleeper.status == "timeout" and "wall-clock" in sleeper.error, sleeper
     assert sleeper.duration_s < 1.5 * 4  # a sleeper waits for no CPU: no extra time
     # 3 s of CPU at a fifth of one CPU needs ~15 s, and had 1.5 s of it within 4 x 1.5 s: unknown
     with pytest.raises(SandboxStarved, match="did not give the code") as starved:
-        await _sandbox(wall_s=1.5, cpu_s=10).run(_work(3.0), TESTS)
+        await _sandbox(wall_s=1.5, cpu_s=10, isolation=isolation).run(_work(3.0), TESTS)
     assert starved.value.timed_out  # the code environment's CHECK_TIMEOUT: retried, never a 0
