@@ -113,3 +113,23 @@ async def test_the_lock_goes_with_its_process(tmp_path: Path) -> None:
             await asyncio.sleep(0.1)
     await sink.close(state="SUCCEEDED", metrics=None)
     assert (d / METRICS).exists()
+
+
+async def test_a_filesystem_without_flock_runs_the_job_unguarded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Some NFS/FUSE mounts refuse flock (ENOLCK, EOPNOTSUPP): the job still runs there (with a
+    warning), rather than failing at open with an OSError."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    d = job_dir(tmp_path, "job1")
+    sink = JsonlSink(d, flush_interval_s=0)
+    await sink.open("job1", total=1, spec={})
+    await sink.write(rollout(0, 0))
+    await sink.close(state="SUCCEEDED", metrics=None)
+    assert (d / "rollouts.jsonl").read_text().count("\n") == 1

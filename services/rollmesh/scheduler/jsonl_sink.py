@@ -16,7 +16,8 @@ One writer: `open()` first takes an exclusive lock on the folder's `writer.lock`
 when the sink closes or its process dies, so a crashed job resumes at once). While another process
 holds it (that job runs there now, or its process hangs) `open()` raises `JobFolderInUse` naming
 the holder, having touched nothing, and `close()` then writes nothing either. (flock is local:
-two hosts sharing the folder over NFS are not kept apart.)
+two hosts sharing the folder over NFS are not kept apart; on a filesystem that refuses flock the
+job runs without the lock, with the warning `sink_writer_lock_unsupported`.)
 
 Exactly once: `open()` returns the keys already in rollouts.jsonl; writing a key that is already
 there (or was written in this run) raises `DuplicateRollout`. Failed keys are *not* returned,
@@ -138,6 +139,8 @@ class JsonlSink(Sink):
                 "(or its process hangs); wait for it to end, or stop it, then resume",
                 metadata={"directory": str(self.directory), "holder": holder},
             ) from None
+        except OSError as exc:  # a filesystem without flock (some NFS/FUSE mounts): run, unguarded
+            log.warning("sink_writer_lock_unsupported", directory=str(self.directory), error=str(exc))
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._lock_fd = fd
