@@ -96,7 +96,10 @@ async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[floa
 def children_of(pid: int) -> list[int]:
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except OSError:  # the thread ended since the listing
+            continue
         out += [int(x) for x in text]
     return out
 
