@@ -14,7 +14,10 @@ AsyncLLM front end; the engine core process is the engine itself, so "outside th
 everything but that row. Then the start-up phases: registry + environments, Ray, Serve
 replicas (of which the replica's own engine load), scheduler, then the first token of a cold request.
 
-    python bench/short_answers.py [--tasks 200] [--repeats 8] [--replica-cpus 1]
+    python bench/short_answers.py [--tasks 200] [--repeats 8] [--replica-cpus 1] [--sample-every-s 0.25]
+
+The mesh's rate is submit -> final state as the client sees it (`rollouts_per_s`) and, beside it, the
+scheduler's own created -> ended (`job_rollouts_per_s`).
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             t2 = time.perf_counter()
             handle = await c.scheduler.submit(job_spec)
             in_flight: list[int] = []
-            sampler = asyncio.create_task(_sample_in_flight(replica, in_flight))
+            sampler = asyncio.create_task(_sample_in_flight(replica, in_flight, args.sample_every_s))
             try:
                 job = await handle.result(poll_s=0.2, timeout_s=3600)
             finally:
@@ -121,12 +124,16 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
             cpu_ms = cpu_ms_per(_label, cpu0, job.progress.succeeded, tree_of=os.getpid())  # replica still up
             await asyncio.gather(sampler, return_exceptions=True)
     done = job.progress.succeeded
+    record = json.loads((out_dir / job.job_id / "job.json").read_text())
+    job_s = float(record["end_time"]) - float(record["create_time"])  # the scheduler's own clock
     return {
         "state": pb.JobState.Name(job.state),
         "rollouts": done,
         "failed": job.progress.failed,
         "seconds": round(elapsed, 2),
         "rollouts_per_s": round(done / elapsed, 1),
+        "job_seconds": round(job_s, 2),  # created -> ended, without the client's submit and polling
+        "job_rollouts_per_s": round(done / job_s, 1),
         "cpu_ms_per_rollout": cpu_ms,
         "replica_in_flight": _summary(in_flight),
         "rollouts_file": str(out_dir / job.job_id / "rollouts.jsonl"),
@@ -146,9 +153,10 @@ async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     }
 
 
-async def _sample_in_flight(replica: Any, samples: list[int], period_s: float = 0.25) -> None:
-    """Appends the replica's requests in its engine (running or waiting) until cancelled."""
-    while True:
+async def _sample_in_flight(replica: Any, samples: list[int], period_s: float) -> None:
+    """Appends the replica's requests in its engine (running or waiting) until cancelled (never,
+    with `period_s` 0)."""
+    while period_s > 0:
         stats = await replica.stats.remote()
         samples.append(int(stats["engine_unfinished"]))
         await asyncio.sleep(period_s)
@@ -213,6 +221,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=0, help="scheduler concurrency (0: auto)")
     ap.add_argument("--replica-cpus", type=int, default=1, help="the replica's CPUs = offline OMP threads")
     ap.add_argument("--kvcache-gib", type=int, default=1)
+    ap.add_argument(
+        "--sample-every-s", type=float, default=0.25, help="replica in-flight sampling period (0: off)"
+    )
     ap.add_argument("--offline-from", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
