@@ -34,7 +34,8 @@ def test_objects_alive_at_startup_are_frozen_and_garbage_is_collected_first() ->
 
     frozen = freeze_startup_heap()
 
-    assert frozen == gc.get_freeze_count() > 0
+    # frozen objects freed meanwhile (another thread of the suite's process) leave the count: <=
+    assert 0 < gc.get_freeze_count() <= frozen
     assert not _tracked(alive)  # in the permanent generation: no collection scans it again
     assert dropped() is None
     later: list[object] = [{"request": True}]
