@@ -9,6 +9,7 @@ and supplies `_generate`, `_whole_output`, `_abort` and `_engine_stats`.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
 from typing import Any
@@ -21,7 +22,7 @@ from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_stats
 
 
-class Replica:
+class Replica(ABC):
     async def _start(self, config: ServingConfig, load: Callable[[WeightsRef], Awaitable[None]]) -> None:
         """Name this replica and load the application's current weights with `load`."""
         self._replica_id: str = serve.get_replica_context().replica_id.unique_id
@@ -62,10 +63,11 @@ class Replica:
                 async for chunk in chunks:
                     yield chunk
 
+    @abstractmethod
     def _generate(
         self, request_id: str, prompt_token_ids: list[int], sampling: Sampling, session_id: str, stream: bool
     ) -> AsyncGenerator[EngineChunk, None]:
-        raise NotImplementedError
+        """The engine's part (VLLMReplica, FakeReplica)."""
 
     async def generate_batch(
         self, *, requests: list[BatchItem], batch_size: int = 0, avoid_replica: str = ""
@@ -80,8 +82,9 @@ class Replica:
         with self._tracked(item.request_id):
             return await self._whole_output(item)
 
+    @abstractmethod
     async def _whole_output(self, item: BatchItem) -> EngineChunk:
-        raise NotImplementedError
+        """The engine's part (VLLMReplica, FakeReplica)."""
 
     async def abort(self, *, request_id: str, pin_replica: str = "") -> bool:
         """Abort a request running here; False when it is not running here."""
@@ -90,8 +93,9 @@ class Replica:
             return False
         return await self._abort(request_id)
 
+    @abstractmethod
     async def _abort(self, request_id: str) -> bool:
-        raise NotImplementedError
+        """The engine's part (VLLMReplica, FakeReplica)."""
 
     async def load_weights(
         self, *, weights_path: str, weights_id: str, policy_version: str = "", pin_replica: str = ""
@@ -115,8 +119,9 @@ class Replica:
             **weights_stats(self._weights.serving),
         }
 
+    @abstractmethod
     async def _engine_stats(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The engine's part (VLLMReplica, FakeReplica)."""
 
     async def check_health(self) -> None:
         """Serve's health probe: raises when the replica serves weights the application no longer
