@@ -537,9 +537,12 @@ class LocalModel:
 
     `errors` is a list of exceptions raised by the next generate calls, in order."""
 
-    def __init__(self, script: Script = arithmetic_script, *, latency_s: float = 0.0) -> None:
+    def __init__(
+        self, script: Script = arithmetic_script, *, latency_s: float = 0.0, capacity: int = 0
+    ) -> None:
         self._gw = FakeGateway(script=script)
         self.latency_s = latency_s
+        self.capacity = capacity  # what engine_capacity reports
         self.errors: list[BaseException] = []
         self.closed: list[str] = []
         self.calls: list[Any] = []
@@ -585,6 +588,9 @@ class LocalModel:
     async def close_session(self, session_id: str) -> None:
         self.closed.append(session_id)
         self._gw.sessions.pop(session_id, None)
+
+    async def engine_capacity(self, model: str) -> int:
+        return self.capacity
 
     @property
     def open_sessions(self) -> int:

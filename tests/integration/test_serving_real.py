@@ -128,6 +128,7 @@ async def _wait_for(
 async def test_all_replicas_healthy_and_card(backend: RayServeBackend) -> None:
     reps = await backend.replicas()
     assert len(reps) == REPLICAS and all(r.healthy for r in reps), reps
+    assert all(r.max_batch >= 64 for r in reps), reps  # vLLM's max_num_seqs, read off each engine
     assert await backend.check_health()
     card = backend.card
     assert card.backend == "ray-serve" and card.name == "tiny-arith" and card.max_model_len > 0
@@ -269,6 +270,7 @@ async def test_through_the_grpc_gateway(backend: RayServeBackend) -> None:
 
     from rollmesh.gateway import Gateway, binding
     from rollmesh.mesh.server import build_server, wait_serving
+    from rollmesh.scheduler.remote import GatewayModel
     from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
     gateway = Gateway([backend])  # the backend is started (and shut down) by the fixture
@@ -304,6 +306,15 @@ async def test_through_the_grpc_gateway(backend: RayServeBackend) -> None:
             listed = await stub.ListModels(gateway_pb2.ListModelsRequest(), timeout=60)
             sessions = {r.replica_id: r.sessions for m in listed.models for r in m.replicas}
             assert sessions[replicas.pop()] >= 1
+            # What the scheduler's automatic concurrency starts from: every healthy engine's batch.
+            batch = sum(r.max_batch for m in listed.models for r in m.replicas if r.healthy)
+            assert batch >= 64 * REPLICAS
+            port = GatewayModel.connect(server.address)
+            try:
+                assert await port.engine_capacity("") == batch
+                assert await port.engine_capacity("no-such-model") == 0
+            finally:
+                await port.close()
     finally:
         await server.stop(grace=0)
 

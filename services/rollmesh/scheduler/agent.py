@@ -77,6 +77,11 @@ class ModelPort(Protocol):
 
     async def close_session(self, session_id: str) -> None: ...
 
+    async def engine_capacity(self, model: str) -> int:
+        """Requests `model`'s engines run at once in all, over its healthy replicas ("" names the
+        default model); 0 when unknown (an OpenAI-compatible URL reports none)."""
+        ...
+
 
 class EnvPort(Protocol):
     async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:

@@ -17,6 +17,10 @@ both reached: one noisy window is not a peak). A window that queues but still co
 `hold_share` of that rate is cut no lower than the knee, so the limit settles where the engine's
 throughput peaked instead of falling back to where latency was lowest. A window slower than that
 (the backend itself got slower) cuts as before.
+
+A known engine capacity (`floor`: the requests the model's engines run at once, which the gateway
+reports for vLLM replicas) is where the limit starts and the lowest a cut goes: fewer rollouts in
+flight than the engines' batch slots only leave slots empty. Without one the limit starts small.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class Limiter:
         adaptive: bool = False,
         min_limit: int = 1,
         max_limit: int = 1024,
+        floor: int = 0,
         tolerance: float = 1.5,
         decrease: float = 0.7,
         rate_gain: float = 1.1,
@@ -47,8 +52,8 @@ class Limiter:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.adaptive = adaptive
-        self.min_limit = max(1, min_limit)
-        self.max_limit = max(self.min_limit, max_limit)
+        self.max_limit = max(1, min_limit, max_limit)
+        self.min_limit = min(max(1, min_limit, floor), self.max_limit)
         self.limit = min(max(limit, self.min_limit), self.max_limit)
         self.tolerance = tolerance
         self.decrease = decrease

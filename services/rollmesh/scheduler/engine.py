@@ -152,6 +152,9 @@ class _WatchedModel:
     async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
         await self._inner.close_session(session_id)
 
+    async def engine_capacity(self, model: str) -> int:
+        return await self._inner.engine_capacity(model)
+
 
 class _WatchedEnv:
     """The verifier port: marks the verifier reachable or not for the outage budget."""
@@ -210,17 +213,22 @@ class JobRun:
         env: EnvPort,
         hooks: Hooks | None = None,
         environment: EnvDescription | None = None,
+        engine_capacity: int = 0,
     ) -> None:
         """`environment`: the environment's description, fetched once per job (None: assume it keeps
-        per-session state, so every rollout opens a verifier session)."""
+        per-session state, so every rollout opens a verifier session). `engine_capacity`: requests the
+        model's engines run at once (0: unknown); automatic concurrency starts there and never cuts
+        below it (concurrency.py)."""
         self.job_id = job_id
         self.plan = plan
         self.sink = sink
         self.hooks = hooks or Hooks()
         self.policy = plan.spec.retry.with_defaults()
         conc = plan.spec.concurrency
-        self.limiter = Limiter(
-            AUTO_START if conc == 0 else conc, adaptive=conc == 0, max_limit=max(conc, AUTO_MAX)
+        self.limiter = (
+            Limiter(conc, max_limit=conc)
+            if conc
+            else Limiter(AUTO_START, adaptive=True, max_limit=AUTO_MAX, floor=engine_capacity)
         )
         self.outages = Outages(self.policy.unavailable_budget_s, clock=self.hooks.clock)
         p = self.policy

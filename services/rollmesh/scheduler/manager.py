@@ -56,6 +56,7 @@ log = get_logger("rollmesh.scheduler.jobs")
 RING_SIZE = 2048  # recent output items kept in memory for StreamRollouts
 MAX_JOBS = 1000  # jobs kept in memory; the oldest finished ones are forgotten first
 READ_BATCH = 256
+CAPACITY_TIMEOUT_S = 5.0  # asking the gateway what its engines run at once (automatic concurrency)
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
 Item = Rollout | RolloutFailure
@@ -246,6 +247,7 @@ class JobManager:
             described = (
                 await self._check_environment(plan.spec.environment) if self.check_environment else None
             )
+            capacity = await self._engine_capacity(plan.spec.model) if not plan.spec.concurrency else 0
             directory = Path(plan.spec.effective_output_dir) / job_id
             sink = self.sink_factory(job_id, plan, directory)
             rec = JobRecord(
@@ -261,7 +263,14 @@ class JobManager:
             hooks.on_rollout = lambda r: self._on_rollout(rec, r)
             hooks.on_failure = lambda f: rec.notify()
             rec.run = JobRun(
-                job_id, plan, sink, model=self.model, env=self.env, hooks=hooks, environment=described
+                job_id,
+                plan,
+                sink,
+                model=self.model,
+                env=self.env,
+                hooks=hooks,
+                environment=described,
+                engine_capacity=capacity,
             )
             rec.run.keep_scored = not rec.has_file
             run = rec.run
@@ -307,6 +316,18 @@ class JobManager:
             concurrency=spec.concurrency or base.concurrency,
             retry=spec.retry if spec.retry != JobSpec().retry else base.retry,
         )
+
+    async def _engine_capacity(self, model: str) -> int:
+        """What the model's engines run at once, for automatic concurrency: a hint, so a gateway that
+        cannot say (or does not answer in time) gives 0, and the limit starts small as without one."""
+        try:
+            async with asyncio.timeout(CAPACITY_TIMEOUT_S):
+                capacity = await self.model.engine_capacity(model)
+        except Exception as exc:
+            log.warning("engine_capacity_unknown", model=model, error=str(exc) or type(exc).__name__)
+            return 0
+        log.info("engine_capacity", model=model, requests=capacity)
+        return max(0, capacity)
 
     async def _check_environment(self, name: str) -> EnvDescription:
         """The environment's description (once per job); a clear error when it is not loaded."""

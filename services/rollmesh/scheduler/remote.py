@@ -115,6 +115,16 @@ class GatewayModel(_Port):
         req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
         await unary_call(self.stub.CloseSession, req, self.deadlines.session_s)
 
+    async def engine_capacity(self, model: str) -> int:
+        req = gateway_pb2.ListModelsRequest(page_size=1000)
+        resp: gateway_pb2.ListModelsResponse = await unary_call(
+            self.stub.ListModels, req, self.deadlines.session_s
+        )
+        for m in resp.models:
+            if m.name == model or (not model and m.is_default):
+                return sum(r.max_batch for r in m.replicas if r.healthy)
+        return 0
+
     async def close(self) -> None:
         await self._many.close()
         await self.channel.close()

@@ -372,6 +372,7 @@ class RayServeBackend(ModelBackend):
                 in_flight=int(s["in_flight"]) if s else 0,
                 weights_id=str(s.get("weights_id", "")) if s else "",
                 policy_version=str(s.get("policy_version", "")) if s else "",
+                max_batch=int(s.get("max_batch", 0)) if s else 0,
             )
             for rid, s in zip(ids, stats, strict=True)
         ]

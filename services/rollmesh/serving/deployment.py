@@ -275,6 +275,7 @@ class VLLMReplica(Replica):
             "engine_held": bool(await self._engine.is_paused()),
             "engine_load_s": self._engine_load_s,  # the replica's constructor: imports + engine load
             "weights_load_s": self._weights_load_s,
+            "max_batch": self._engine.vllm_config.scheduler_config.max_num_seqs,
         }
 
     async def check_health(self) -> None:

@@ -26,7 +26,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from rollmesh_client.v1 import common_pb2 as rollmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rollmesh/v1/gateway.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\xe3\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12$\n\x05tools\x18\x04 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.rollmesh.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\xaa\x02\n\x10GenerateResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x18\n\x10output_token_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.rollmesh.v1.Usage\x12\x12\n\nreplica_id\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x1c\n\x14reused_prefix_tokens\x18\x0b \x01(\x05\"\xb0\x01\n\x13GenerateManyRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1c.rollmesh.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12/\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32 .rollmesh.v1.GenerateManyRequestB\x06\n\x04item\"\xb7\x01\n\x14GenerateManyResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x30\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32!.rollmesh.v1.GenerateManyResponseB\t\n\x07outcome\"\x7f\n\x16GenerateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12,\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponse\"\xa9\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12*\n\x08replicas\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.ReplicaInfo\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\t\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x12\n\nis_default\x18\x07 \x01(\x08\"\x83\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x10\n\x08sessions\x18\x04 \x01(\x05\x12\x12\n\nweights_id\x18P \x01(\t\x12\x16\n\x0epolicy_version\x18Q \x01(\t\":\n\x11ListModelsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.rollmesh.v1.ModelInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"0\n\x1a\x43loseGatewaySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"-\n\x1b\x43loseGatewaySessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"9\n\x17SetPolicyVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"4\n\x18SetPolicyVersionResponse\x12\x18\n\x10previous_version\x18\x01 \x01(\t\"\'\n\x16PauseGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x19\n\x17PauseGenerationResponse\"(\n\x17ResumeGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x1a\n\x18ResumeGenerationResponse\"b\n\x14RegisterRouteRequest\x12\r\n\x05route\x18\x01 \x01(\t\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\">\n\x15RegisterRouteResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.rollmesh.v1.ModelInfo\"\x9a\x01\n\x14UpdateWeightsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12.\n\tin_flight\x18\x04 \x01(\x0e\x32\x1b.rollmesh.v1.InFlightPolicy\x12\x17\n\x0f\x64rain_timeout_s\x18\x05 \x01(\x01\"z\n\x14UploadWeightsRequest\x12\x31\n\x06update\x18\x01 \x01(\x0b\x32!.rollmesh.v1.UpdateWeightsRequest\x12\x11\n\tfile_name\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xb4\x01\n\x15UpdateWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x13\n\x0breplica_ids\x18\x03 \x03(\t\x12\x18\n\x10retried_requests\x18\x04 \x01(\x05\x12\x10\n\x08paused_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63heckpoint_path\x18\x06 \x01(\t\x12\x0f\n\x07tensors\x18\x07 \x01(\x05*u\n\x0eInFlightPolicy\x12 \n\x1cIN_FLIGHT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17IN_FLIGHT_POLICY_FINISH\x10\x01\x12$\n IN_FLIGHT_POLICY_ABORT_AND_RETRY\x10\x02\x32\xa3\x08\n\x0cModelGateway\x12G\n\x08Generate\x12\x1c.rollmesh.v1.GenerateRequest\x1a\x1d.rollmesh.v1.GenerateResponse\x12U\n\x0eGenerateStream\x12\x1c.rollmesh.v1.GenerateRequest\x1a#.rollmesh.v1.GenerateStreamResponse0\x01\x12W\n\x0cGenerateMany\x12 .rollmesh.v1.GenerateManyRequest\x1a!.rollmesh.v1.GenerateManyResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.rollmesh.v1.ListModelsRequest\x1a\x1f.rollmesh.v1.ListModelsResponse\x12>\n\x05\x41\x62ort\x12\x19.rollmesh.v1.AbortRequest\x1a\x1a.rollmesh.v1.AbortResponse\x12\x61\n\x0c\x43loseSession\x12\'.rollmesh.v1.CloseGatewaySessionRequest\x1a(.rollmesh.v1.CloseGatewaySessionResponse\x12_\n\x10SetPolicyVersion\x12$.rollmesh.v1.SetPolicyVersionRequest\x1a%.rollmesh.v1.SetPolicyVersionResponse\x12\\\n\x0fPauseGeneration\x12#.rollmesh.v1.PauseGenerationRequest\x1a$.rollmesh.v1.PauseGenerationResponse\x12_\n\x10ResumeGeneration\x12$.rollmesh.v1.ResumeGenerationRequest\x1a%.rollmesh.v1.ResumeGenerationResponse\x12V\n\rRegisterRoute\x12!.rollmesh.v1.RegisterRouteRequest\x1a\".rollmesh.v1.RegisterRouteResponse\x12V\n\rUpdateWeights\x12!.rollmesh.v1.UpdateWeightsRequest\x1a\".rollmesh.v1.UpdateWeightsResponse\x12X\n\rUploadWeights\x12!.rollmesh.v1.UploadWeightsRequest\x1a\".rollmesh.v1.UpdateWeightsResponse(\x01\x42\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rollmesh/v1/gateway.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\xe3\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12$\n\x05tools\x18\x04 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12-\n\x08sampling\x18\x05 \x01(\x0b\x32\x1b.rollmesh.v1.SamplingParams\x12\x12\n\nsession_id\x18\x06 \x01(\t\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"\xaa\x02\n\x10GenerateResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x18\n\x10output_token_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.rollmesh.v1.Usage\x12\x12\n\nreplica_id\x18\x07 \x01(\t\x12\x16\n\x0epolicy_version\x18\x08 \x01(\t\x12\r\n\x05model\x18\t \x01(\t\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\x1c\n\x14reused_prefix_tokens\x18\x0b \x01(\x05\"\xb0\x01\n\x13GenerateManyRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1c.rollmesh.v1.GenerateRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\x08H\x00\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12/\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32 .rollmesh.v1.GenerateManyRequestB\x06\n\x04item\"\xb7\x01\n\x14GenerateManyResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12\x30\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32!.rollmesh.v1.GenerateManyResponseB\t\n\x07outcome\"\x7f\n\x16GenerateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12,\n\x05\x66inal\x18\x04 \x01(\x0b\x32\x1d.rollmesh.v1.GenerateResponse\"\xa9\x01\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x02 \x01(\t\x12*\n\x08replicas\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.ReplicaInfo\x12\x15\n\rmax_model_len\x18\x04 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\t\x12\x0e\n\x06paused\x18\x06 \x01(\x08\x12\x12\n\nis_default\x18\x07 \x01(\x08\"\x96\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x10\n\x08sessions\x18\x04 \x01(\x05\x12\x12\n\nweights_id\x18P \x01(\t\x12\x16\n\x0epolicy_version\x18Q \x01(\t\x12\x11\n\tmax_batch\x18R \x01(\x05\":\n\x11ListModelsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"U\n\x12ListModelsResponse\x12&\n\x06models\x18\x01 \x03(\x0b\x32\x16.rollmesh.v1.ModelInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"0\n\x1a\x43loseGatewaySessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"-\n\x1b\x43loseGatewaySessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"9\n\x17SetPolicyVersionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"4\n\x18SetPolicyVersionResponse\x12\x18\n\x10previous_version\x18\x01 \x01(\t\"\'\n\x16PauseGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x19\n\x17PauseGenerationResponse\"(\n\x17ResumeGenerationRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x1a\n\x18ResumeGenerationResponse\"b\n\x14RegisterRouteRequest\x12\r\n\x05route\x18\x01 \x01(\t\x12\x14\n\x0ctarget_model\x18\x02 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x03 \x01(\t\x12\x13\n\x0b\x61pi_key_env\x18\x04 \x01(\t\">\n\x15RegisterRouteResponse\x12%\n\x05model\x18\x01 \x01(\x0b\x32\x16.rollmesh.v1.ModelInfo\"\x9a\x01\n\x14UpdateWeightsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\ncheckpoint\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\t\x12.\n\tin_flight\x18\x04 \x01(\x0e\x32\x1b.rollmesh.v1.InFlightPolicy\x12\x17\n\x0f\x64rain_timeout_s\x18\x05 \x01(\x01\"z\n\x14UploadWeightsRequest\x12\x31\n\x06update\x18\x01 \x01(\x0b\x32!.rollmesh.v1.UpdateWeightsRequest\x12\x11\n\tfile_name\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xb4\x01\n\x15UpdateWeightsResponse\x12\x16\n\x0epolicy_version\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x13\n\x0breplica_ids\x18\x03 \x03(\t\x12\x18\n\x10retried_requests\x18\x04 \x01(\x05\x12\x10\n\x08paused_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63heckpoint_path\x18\x06 \x01(\t\x12\x0f\n\x07tensors\x18\x07 \x01(\x05*u\n\x0eInFlightPolicy\x12 \n\x1cIN_FLIGHT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n\x17IN_FLIGHT_POLICY_FINISH\x10\x01\x12$\n IN_FLIGHT_POLICY_ABORT_AND_RETRY\x10\x02\x32\xa3\x08\n\x0cModelGateway\x12G\n\x08Generate\x12\x1c.rollmesh.v1.GenerateRequest\x1a\x1d.rollmesh.v1.GenerateResponse\x12U\n\x0eGenerateStream\x12\x1c.rollmesh.v1.GenerateRequest\x1a#.rollmesh.v1.GenerateStreamResponse0\x01\x12W\n\x0cGenerateMany\x12 .rollmesh.v1.GenerateManyRequest\x1a!.rollmesh.v1.GenerateManyResponse(\x01\x30\x01\x12M\n\nListModels\x12\x1e.rollmesh.v1.ListModelsRequest\x1a\x1f.rollmesh.v1.ListModelsResponse\x12>\n\x05\x41\x62ort\x12\x19.rollmesh.v1.AbortRequest\x1a\x1a.rollmesh.v1.AbortResponse\x12\x61\n\x0c\x43loseSession\x12\'.rollmesh.v1.CloseGatewaySessionRequest\x1a(.rollmesh.v1.CloseGatewaySessionResponse\x12_\n\x10SetPolicyVersion\x12$.rollmesh.v1.SetPolicyVersionRequest\x1a%.rollmesh.v1.SetPolicyVersionResponse\x12\\\n\x0fPauseGeneration\x12#.rollmesh.v1.PauseGenerationRequest\x1a$.rollmesh.v1.PauseGenerationResponse\x12_\n\x10ResumeGeneration\x12$.rollmesh.v1.ResumeGenerationRequest\x1a%.rollmesh.v1.ResumeGenerationResponse\x12V\n\rRegisterRoute\x12!.rollmesh.v1.RegisterRouteRequest\x1a\".rollmesh.v1.RegisterRouteResponse\x12V\n\rUpdateWeights\x12!.rollmesh.v1.UpdateWeightsRequest\x1a\".rollmesh.v1.UpdateWeightsResponse\x12X\n\rUploadWeights\x12!.rollmesh.v1.UploadWeightsRequest\x1a\".rollmesh.v1.UpdateWeightsResponse(\x01\x42\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollmesh_client.v1.gateway_
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001'
-  _globals['_INFLIGHTPOLICY']._serialized_start=2617
-  _globals['_INFLIGHTPOLICY']._serialized_end=2734
+  _globals['_INFLIGHTPOLICY']._serialized_start=2636
+  _globals['_INFLIGHTPOLICY']._serialized_end=2753
   _globals['_GENERATEREQUEST']._serialized_start=94
   _globals['_GENERATEREQUEST']._serialized_end=321
   _globals['_GENERATERESPONSE']._serialized_start=324
@@ -49,41 +49,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELINFO']._serialized_start=1119
   _globals['_MODELINFO']._serialized_end=1288
   _globals['_REPLICAINFO']._serialized_start=1291
-  _globals['_REPLICAINFO']._serialized_end=1422
-  _globals['_LISTMODELSREQUEST']._serialized_start=1424
-  _globals['_LISTMODELSREQUEST']._serialized_end=1482
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1484
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1569
-  _globals['_ABORTREQUEST']._serialized_start=1571
-  _globals['_ABORTREQUEST']._serialized_end=1605
-  _globals['_ABORTRESPONSE']._serialized_start=1607
-  _globals['_ABORTRESPONSE']._serialized_end=1639
-  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_start=1641
-  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_end=1689
-  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_start=1691
-  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_end=1736
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=1738
-  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=1795
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=1797
-  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=1849
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=1851
-  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1890
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1892
-  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1917
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1919
-  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1959
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1961
-  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=1987
-  _globals['_REGISTERROUTEREQUEST']._serialized_start=1989
-  _globals['_REGISTERROUTEREQUEST']._serialized_end=2087
-  _globals['_REGISTERROUTERESPONSE']._serialized_start=2089
-  _globals['_REGISTERROUTERESPONSE']._serialized_end=2151
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=2154
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=2308
-  _globals['_UPLOADWEIGHTSREQUEST']._serialized_start=2310
-  _globals['_UPLOADWEIGHTSREQUEST']._serialized_end=2432
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=2435
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=2615
-  _globals['_MODELGATEWAY']._serialized_start=2737
-  _globals['_MODELGATEWAY']._serialized_end=3796
+  _globals['_REPLICAINFO']._serialized_end=1441
+  _globals['_LISTMODELSREQUEST']._serialized_start=1443
+  _globals['_LISTMODELSREQUEST']._serialized_end=1501
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1503
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1588
+  _globals['_ABORTREQUEST']._serialized_start=1590
+  _globals['_ABORTREQUEST']._serialized_end=1624
+  _globals['_ABORTRESPONSE']._serialized_start=1626
+  _globals['_ABORTRESPONSE']._serialized_end=1658
+  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_start=1660
+  _globals['_CLOSEGATEWAYSESSIONREQUEST']._serialized_end=1708
+  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_start=1710
+  _globals['_CLOSEGATEWAYSESSIONRESPONSE']._serialized_end=1755
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_start=1757
+  _globals['_SETPOLICYVERSIONREQUEST']._serialized_end=1814
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_start=1816
+  _globals['_SETPOLICYVERSIONRESPONSE']._serialized_end=1868
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_start=1870
+  _globals['_PAUSEGENERATIONREQUEST']._serialized_end=1909
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_start=1911
+  _globals['_PAUSEGENERATIONRESPONSE']._serialized_end=1936
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_start=1938
+  _globals['_RESUMEGENERATIONREQUEST']._serialized_end=1978
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_start=1980
+  _globals['_RESUMEGENERATIONRESPONSE']._serialized_end=2006
+  _globals['_REGISTERROUTEREQUEST']._serialized_start=2008
+  _globals['_REGISTERROUTEREQUEST']._serialized_end=2106
+  _globals['_REGISTERROUTERESPONSE']._serialized_start=2108
+  _globals['_REGISTERROUTERESPONSE']._serialized_end=2170
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=2173
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=2327
+  _globals['_UPLOADWEIGHTSREQUEST']._serialized_start=2329
+  _globals['_UPLOADWEIGHTSREQUEST']._serialized_end=2451
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=2454
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=2634
+  _globals['_MODELGATEWAY']._serialized_start=2756
+  _globals['_MODELGATEWAY']._serialized_end=3815
 # @@protoc_insertion_point(module_scope)

@@ -342,6 +342,7 @@ class ReplicaInfo(_message.Message):
     SESSIONS_FIELD_NUMBER: _builtins.int
     WEIGHTS_ID_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     healthy: _builtins.bool
     in_flight: _builtins.int
@@ -353,6 +354,10 @@ class ReplicaInfo(_message.Message):
     their load and their policy version. Every replica of a model serves the same ones.
     """
     policy_version: _builtins.str
+    max_batch: _builtins.int
+    """Requests its engine runs at once (vLLM's max_num_seqs; 0 when unknown, e.g. an OpenAI URL):
+    fewer in flight leave batch slots empty. The scheduler's automatic concurrency starts there.
+    """
     def __init__(
         self,
         *,
@@ -362,10 +367,11 @@ class ReplicaInfo(_message.Message):
         sessions: _builtins.int = ...,
         weights_id: _builtins.str = ...,
         policy_version: _builtins.str = ...,
+        max_batch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["healthy", b"healthy", "in_flight", b"in_flight", "policy_version", b"policy_version", "replica_id", b"replica_id", "sessions", b"sessions", "weights_id", b"weights_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["healthy", b"healthy", "in_flight", b"in_flight", "max_batch", b"max_batch", "policy_version", b"policy_version", "replica_id", b"replica_id", "sessions", b"sessions", "weights_id", b"weights_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -97,7 +97,9 @@ class JobSpec(_message.Message):
     limit: _builtins.int
     """Only the first `limit` tasks (0 = all)."""
     concurrency: _builtins.int
-    """Rollouts in flight at once; 0 means auto (grow while latency stays flat)."""
+    """Rollouts in flight at once; 0 means auto: start at the engines' batch capacity the gateway
+    reports (ReplicaInfo.max_batch, summed; 16 when unknown) and grow while latency stays flat.
+    """
     output_dir: _builtins.str
     """Where the JSONL sink writes: <output_dir>/<job_id>/. Default "runs"."""
     resume_job_id: _builtins.str

@@ -73,6 +73,8 @@ class ReplicaStatus:
     # The weights the replica reports serving (Ray Serve replicas; serving/weights_record.py).
     weights_id: str = ""
     policy_version: str = ""
+    # Requests its engine runs at once (vLLM's max_num_seqs); 0 when unknown.
+    max_batch: int = 0
 
 
 @dataclass(frozen=True)

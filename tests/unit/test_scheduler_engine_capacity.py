@@ -1,0 +1,75 @@
+"""Automatic concurrency and the engines' batch capacity: a gateway that reports what its engines run
+at once (vLLM's max_num_seqs) starts the job's limit there and keeps it from cutting below; one that
+cannot say leaves the small start; a fixed concurrency is taken as given, however large."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.engine import AUTO_START
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.spec import JobSpec
+from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+
+CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
+
+
+def test_a_floor_is_the_start_and_no_cut_goes_below_it() -> None:
+    lim = Limiter(16, adaptive=True, max_limit=1024, floor=200, clock=lambda: 0.0)
+    assert lim.limit == 200
+    for _ in range(200):
+        lim.observe(0.01)  # a flat first window: the best baseline, and slow start doubles
+    assert lim.limit == 400
+    seen = []
+    for _ in range(6):
+        for _ in range(256):
+            lim.observe(5.0)  # 500x the best latency: queueing, cut after cut
+        seen.append(lim.limit)
+    assert seen == [280, 200, 200, 200, 200, 200]
+
+
+def test_a_floor_above_the_maximum_is_the_maximum() -> None:
+    assert Limiter(16, adaptive=True, max_limit=300, floor=5000).limit == 300
+
+
+class _NoCapacity(LocalModel):
+    async def engine_capacity(self, model: str) -> int:
+        raise RuntimeError("the gateway does not answer ListModels")
+
+
+async def _limit_of(tmp_path: Path, model: LocalModel, **spec: Any) -> int:
+    path = Rows.arithmetic(4).write(tmp_path / "d.jsonl")
+    mgr = JobManager(
+        CATALOG,
+        model=model,
+        env=LocalEnv(),
+        output_dir=str(tmp_path),
+        sink_factory=lambda job_id, plan, directory: MemorySink(),
+    )
+    try:
+        rec = await mgr.submit(
+            JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), **spec)
+        )
+        assert rec.run is not None
+        limit = rec.run.limiter.limit
+        done = await mgr.wait(rec.job_id)
+        assert done.state == "SUCCEEDED", done.message
+        return limit
+    finally:
+        await mgr.aclose()
+
+
+async def test_automatic_concurrency_starts_at_the_engines_capacity(tmp_path: Path) -> None:
+    assert await _limit_of(tmp_path, LocalModel(capacity=512)) == 512
+
+
+async def test_unknown_capacity_starts_small(tmp_path: Path) -> None:
+    assert await _limit_of(tmp_path, LocalModel(capacity=0)) == AUTO_START
+    assert await _limit_of(tmp_path, _NoCapacity()) == AUTO_START
+
+
+async def test_a_fixed_concurrency_is_not_capped(tmp_path: Path) -> None:
+    assert await _limit_of(tmp_path, LocalModel(capacity=512), concurrency=5000) == 5000
