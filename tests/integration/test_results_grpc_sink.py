@@ -314,3 +314,42 @@ async def test_a_trainer_gone_before_acking_fails_the_close(make_server: type[Si
     await server.stop(grace=0)
     with pytest.raises(SinkUnavailable, match="1 rollouts sent were never acknowledged"):
         await asyncio.wait_for(sink.close(state="succeeded", metrics=None), timeout=60)
+
+
+async def test_a_trainer_that_stops_acknowledging_shows_as_waiting(
+    make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full window with no acknowledgement is not an error (a training step may take long), but the
+    job must say what it waits on instead of looking stuck; it clears once the trainer acks again."""
+    from rollmesh.scheduler import grpc_sink
+
+    monkeypatch.setattr(grpc_sink, "WAIT_SHOWN_AFTER_S", 0.2)
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=2)
+    await sink.open("job1", total=4, spec={})
+    await sink.write(rollout(0, 0))
+    await sink.write(rollout(0, 1))  # the window is full; nobody consumes yet
+    assert sink.waiting() == ""  # not for long yet
+    blocked = asyncio.create_task(sink.write(rollout(0, 2)))
+    deadline = asyncio.get_running_loop().time() + 30
+    while not sink.waiting():
+        assert asyncio.get_running_loop().time() < deadline, "the stall never showed"
+        await asyncio.sleep(0.05)
+    assert not blocked.done()
+    said = sink.waiting()
+    assert said.startswith(f"trainer sink at {server.address} acknowledged nothing for "), said
+    assert said.endswith("(2 unacknowledged, the window)"), said
+
+    got: list[TrainerRollout] = []
+
+    async def trainer() -> None:
+        async for r in server.rollouts(until_closed=True):
+            got.append(r)
+
+    consumer = asyncio.create_task(trainer())
+    await asyncio.wait_for(blocked, timeout=30)
+    assert sink.waiting() == ""
+    await sink.write(rollout(0, 3))
+    await sink.close(state="succeeded", metrics=None)
+    await asyncio.wait_for(consumer, timeout=30)
+    assert sorted(r.key for r in got) == [(0, i) for i in range(4)]

@@ -267,10 +267,11 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
         TextColumn("{task.fields[rps]:.1f} rollouts/s"),
         TextColumn("reward {task.fields[reward]:.3f}  failed {task.fields[failed]}"),
         TimeElapsedColumn(),
+        TextColumn("[yellow]{task.fields[waiting]}"),
         console=err,
         transient=False,
     ) as bar:
-        task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0)
+        task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0, waiting="")
         unreachable_since: float | None = None
         while True:
             asked = time.monotonic()  # the SDK may have retried UNAVAILABLE for a while already
@@ -294,6 +295,7 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
                 reward=p.mean_reward,
                 rps=p.rollouts_per_second,
                 failed=p.failed,
+                waiting=f"waiting: {p.waiting_on}" if p.waiting_on else "",
             )
             if job.state in FINAL_STATES:
                 return job

@@ -73,7 +73,7 @@ class Progress:
     reward_sum: float = 0.0
     retries: int = 0
     completion_tokens: int = 0
-    waiting_on: str = ""  # services unreachable right now (JobRun.progress_now fills it in)
+    waiting_on: str = ""  # services unreachable, a stalled sink, right now (JobRun.progress_now)
     model_calls_cut: int = 0
     started: float = 0.0
     ended: float | None = None
@@ -272,7 +272,9 @@ class JobRun:
         """The progress with what is true at this moment: in flight, services waited on, calls cut."""
         p = self.progress
         p.in_flight = 0 if finished else self.in_flight
-        p.waiting_on = "" if finished else self.outages.describe()
+        p.waiting_on = (
+            "" if finished else "; ".join(w for w in (self.outages.describe(), self.sink.waiting()) if w)
+        )
         p.model_calls_cut = self.deadline.timeouts
         return p
 

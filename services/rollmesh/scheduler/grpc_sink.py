@@ -12,12 +12,17 @@ SinkClose say FAILED and, when the job would have ended SUCCEEDED or COMPLETED_W
 
 If the stream breaks, `write()` raises `SinkUnavailable` (UNAVAILABLE); rollouts sent but not
 acknowledged are not committed on the trainer, so a resumed job sends them again.
+
+A trainer that keeps the window full and acknowledges nothing for WAIT_SHOWN_AFTER_S (a training
+step, or a hung trainer) is not an error: dispatch waits, and `waiting()` says so, which the job's
+progress shows (`waiting_on`, `rollmesh run`'s bar, `rollmesh jobs status`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import grpc
@@ -39,6 +44,7 @@ _STATES = {
 }
 
 
+WAIT_SHOWN_AFTER_S = 5.0  # a full window with no acknowledgement for this long shows in progress
 _SUCCESS = frozenset({scheduler_pb2.JOB_STATE_SUCCEEDED, scheduler_pb2.JOB_STATE_COMPLETED_WITH_FAILURES})
 
 
@@ -78,10 +84,20 @@ class GrpcSink(Sink):
         self._closed = False
         self.max_unacked_seen = 0  # the largest in-flight count observed (tests, logs)
         self.acked = 0
+        self._last_ack = time.monotonic()  # when the trainer last acknowledged (or the sink opened)
 
     @property
     def in_flight(self) -> int:
         return len(self._unacked)
+
+    def waiting(self) -> str:
+        quiet = time.monotonic() - self._last_ack
+        if len(self._unacked) < self.window or quiet < WAIT_SHOWN_AFTER_S:
+            return ""
+        return (
+            f"trainer sink at {self.address} acknowledged nothing for {quiet:.0f} s "
+            f"({len(self._unacked)} unacknowledged, the window)"
+        )
 
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
         self._job_id = job_id
@@ -192,6 +208,7 @@ class GrpcSink(Sink):
                         await self._fail(ConnectionError("the trainer ended the Consume stream"))
                     return
                 keys = [convert.key_from_pb(k) for k in resp.acked]
+                self._last_ack = time.monotonic()
                 async with self._cond:
                     for k in keys:
                         if k in self._unacked:

@@ -38,3 +38,8 @@ class Sink(ABC):
     def in_flight(self) -> int:
         """Rollouts handed to the sink and not yet acknowledged (0 for synchronous sinks)."""
         return 0
+
+    def waiting(self) -> str:
+        """Why writes have been waiting for a while now, e.g. "trainer sink at ADDR acknowledged
+        nothing for 30 s (64 unacknowledged, the window)"; "" when they are not."""
+        return ""

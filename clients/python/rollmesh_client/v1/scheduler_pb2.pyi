@@ -387,8 +387,10 @@ class JobProgress(_message.Message):
     retries: _builtins.int
     """Retries so far."""
     waiting_on: _builtins.str
-    """Services the job is waiting on right now, e.g. "gateway unreachable for 12 s" (empty when
-    every service answers); the job fails when one stays so for retry.unavailable_budget_s.
+    """What the job is waiting on right now, e.g. "gateway unreachable for 12 s" (the job fails when
+    a service stays so for retry.unavailable_budget_s) or a trainer sink that has acknowledged
+    nothing for a while with its window full (no limit: a training step may take long); empty
+    when nothing holds it up.
     """
     model_calls_cut: _builtins.int
     """Model calls cut by the adaptive per-call deadline so far (each one was retried)."""
