@@ -202,3 +202,33 @@ def test_outages_say_what_the_job_waits_on() -> None:
     assert outages.exhausted() == ("verifier", 61.0)
     outages.recovered("verifier")
     assert outages.down == ["gateway"] and outages.exhausted() is None
+
+
+def test_outages_say_which_reachable_service_keeps_calls_waiting() -> None:
+    """A hung service that keeps its connections is not unreachable: its calls just wait. After
+    `quiet_shown_s` with calls waiting and no answer, describe() says so; any answer clears it."""
+    from rollmesh.scheduler.retry import Outages
+
+    now = [100.0]
+    outages = Outages(60.0, clock=lambda: now[0], quiet_shown_s=30.0)
+    outages.started("verifier")
+    outages.ended("verifier", answered=True)  # heard at 100
+    now[0] = 110.0
+    outages.started("verifier")
+    outages.started("verifier")
+    now[0] = 139.0
+    assert outages.describe() == ""  # waiting 29 s (it had nothing to answer from 100 to 110)
+    now[0] = 141.0
+    assert outages.describe() == "verifier answered none of 2 calls for 31 s"
+    outages.ended("verifier", answered=False)  # cut on our side: still no word from it
+    assert outages.describe() == "verifier answered none of 1 call for 31 s"
+    outages.ended("verifier", answered=True)
+    assert outages.describe() == ""
+    # Calls that start after a long idle spell count from their start, not from the last answer.
+    now[0] = 500.0
+    outages.started("gateway")
+    now[0] = 520.0
+    assert outages.describe() == ""
+    now[0] = 531.0
+    outages.failed("gateway")  # unreachable is said once, as unreachable
+    assert outages.describe() == "gateway unreachable for 0 s"

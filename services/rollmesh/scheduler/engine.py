@@ -186,16 +186,25 @@ class _WatchedEnv:
 
 
 GATEWAY, VERIFIER = "gateway", "verifier"
+# Errors that are not the service's answer: the call ran out of time or was cut on this side.
+_NOT_ANSWERS = frozenset({"DEADLINE_EXCEEDED", "CANCELLED", "MODEL_CALL_DEADLINE"})
 R = TypeVar("R")
 
 
 async def _watch(outages: Outages, service: str, call: Awaitable[R]) -> R:
+    outages.started(service)
     try:
         result = await call
     except Exception as exc:
-        if classify(exc).outage:
+        err = classify(exc)
+        outages.ended(service, answered=not err.outage and err.name not in _NOT_ANSWERS)
+        if err.outage:
             outages.failed(service)
         raise
+    except BaseException:  # cancelled here: no word from the service either way
+        outages.ended(service, answered=False)
+        raise
+    outages.ended(service, answered=True)
     outages.recovered(service)
     return result
 

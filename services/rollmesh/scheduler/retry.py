@@ -24,6 +24,7 @@ set, and the engine stops the job. The clock and the randomness are injectable s
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -123,19 +124,26 @@ def _behind(err: ErrorClass) -> bool:
 
 
 class Outages:
-    """How long each service has been unreachable without one call getting through.
+    """How long each service has been unreachable without one call getting through, and how long
+    one that is reachable has kept calls waiting without answering any.
 
     `failed(service)` at an outage error starts the clock (if not running; `since`: the outage began
     earlier); `recovered(service)` at any successful call stops it. `exhausted()` names a service
     unreachable for the whole budget; `answered_since(service, t)` says whether a call succeeded at
-    or after `t`.
+    or after `t`. `started(service)` / `ended(service)` bracket every call: a service with calls
+    waiting that has answered none (with a result or an error) for `quiet_shown_s` shows in
+    `describe()` (a hung process that still holds its connections is not unreachable, and its calls
+    wait for their deadline: the job would look stuck with no reason given). Showing is all it does.
     """
 
-    def __init__(self, budget_s: float, *, clock: Callable[[], float]) -> None:
+    def __init__(self, budget_s: float, *, clock: Callable[[], float], quiet_shown_s: float = 30.0) -> None:
         self.budget_s = budget_s
+        self.quiet_shown_s = quiet_shown_s
         self._clock = clock
         self._since: dict[str, float] = {}
         self._last_ok: dict[str, float] = {}
+        self._waiting: collections.Counter[str] = collections.Counter()
+        self._heard: dict[str, float] = {}  # last answer, or when calls started waiting after none
 
     def failed(self, service: str, *, since: float | None = None) -> None:
         self._since.setdefault(service, self._clock() if since is None else since)
@@ -143,6 +151,16 @@ class Outages:
     def recovered(self, service: str) -> None:
         self._since.pop(service, None)
         self._last_ok[service] = self._clock()
+
+    def started(self, service: str) -> None:
+        if not self._waiting[service]:
+            self._heard[service] = max(self._heard.get(service, float("-inf")), self._clock())
+        self._waiting[service] += 1
+
+    def ended(self, service: str, *, answered: bool) -> None:
+        self._waiting[service] -= 1
+        if answered:
+            self._heard[service] = self._clock()
 
     def answered_since(self, service: str, t: float) -> bool:
         return self._last_ok.get(service, float("-inf")) >= t
@@ -160,9 +178,15 @@ class Outages:
         return sorted(self._since)
 
     def describe(self) -> str:
-        """ "gateway unreachable for 12 s" for each service down now ("" when none is)."""
+        """ "gateway unreachable for 12 s" for each service down now, "verifier answered none of 8
+        calls for 31 s" for each quiet one ("" when none is)."""
         now = self._clock()
-        return "; ".join(f"{s} unreachable for {now - t:.0f} s" for s, t in sorted(self._since.items()))
+        said = [f"{s} unreachable for {now - t:.0f} s" for s, t in sorted(self._since.items())]
+        for s, n in sorted(self._waiting.items()):
+            quiet = now - self._heard.get(s, now)
+            if n > 0 and s not in self._since and quiet >= self.quiet_shown_s:
+                said.append(f"{s} answered none of {n} call{'s' if n != 1 else ''} for {quiet:.0f} s")
+        return "; ".join(said)
 
 
 class Backoff:

@@ -388,7 +388,8 @@ class JobProgress(_message.Message):
     """Retries so far."""
     waiting_on: _builtins.str
     """What the job is waiting on right now, e.g. "gateway unreachable for 12 s" (the job fails when
-    a service stays so for retry.unavailable_budget_s) or a trainer sink that has acknowledged
+    a service stays so for retry.unavailable_budget_s), "verifier answered none of 8 calls for
+    31 s" (reachable, but no answer for 30 s while calls wait), or a trainer sink that has acknowledged
     nothing for a while with its window full (no limit: a training step may take long); empty
     when nothing holds it up.
     """
