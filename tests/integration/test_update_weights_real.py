@@ -128,7 +128,12 @@ async def test_update_weights_on_two_vllm_replicas(tmp_path: Path) -> None:
 
 
 async def _scenario(tmp_path: Path) -> None:
-    config = tiny_serving_config(replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=DEADLINE_S)
+    # float32 on both sides: served in vLLM's CPU default (bfloat16), a near-tie between two digits
+    # went the other way than in transformers' float32 on an AVX2-only CPU (a kernel difference,
+    # not a weights difference), and the exact comparison below would not say which weights ran.
+    config = tiny_serving_config(
+        replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=DEADLINE_S, dtype="float32"
+    )
     backend = RayServeBackend(config)
     gateway = Gateway([backend])
     await gateway.start()
