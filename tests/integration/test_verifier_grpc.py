@@ -155,6 +155,46 @@ async def test_sessions_tools_verify_close(verifier: tuple[Client, MeshServer, V
     assert re_.value.reason == "SESSION_LIMIT" and "4 sessions open, the limit is 4" in re_.value.message
 
 
+async def test_hostile_json_is_an_answer_not_an_internal_error(
+    verifier: tuple[Client, MeshServer, VerifierService],
+) -> None:
+    """JSON a model or a dataset wrote is parsed with every failure json.loads has: nesting past
+    the recursion limit (RecursionError) and a number past int's 4300-digit limit (ValueError)
+    were INTERNAL errors (a failed rollout, fail-fast after 20 in a row) instead of a tool error
+    the model sees, a reward of 0, or BAD_TASK; a counter pushed past 4300 digits made the verify
+    of session_state INTERNAL."""
+    c, _, _ = verifier
+    deep, huge = "[" * 100_000 + "]" * 100_000, "9" * 5000
+    task = {"expected_answer": 3, "verifier_metadata": {"initial_value": 1}}
+    sid = (await c.verifier.seed_session("session_state", task)).session_id
+    for args in ('{"count": ' + deep + "}", '{"count": ' + huge + "}"):
+        out = await c.verifier.call_tool(sid, "increment_counter", args)
+        assert out.is_error and "arguments are not valid JSON" in out.output
+    for _ in range(2):  # each under the digit limit; their sum would be past it
+        out = await c.verifier.call_tool(sid, "increment_counter", {"count": int("9" * 4300)})
+        assert out.is_error and "the counter must stay within" in out.output
+    r = await c.verifier.verify("session_state", task, "done", session_id=sid)
+    assert (r.reward, r.extracted_answer) == (0.0, "1")
+    assert (await c.verifier.call_tool(sid, "increment_counter", {"count": 2})).output == "3"
+
+    bad = common_pb2.ToolCall(id="c0", name="get_weather", arguments_json='{"city": ' + deep + "}")
+    messages = [
+        common_pb2.ChatMessage(role="assistant", tool_calls=[bad]),
+        common_pb2.ChatMessage(role="assistant", content="foggy, 16°C"),
+    ]
+    r = await c.verifier.verify("single_tool_call", {"verifier_metadata": {}}, messages)
+    assert r.reward == 0.0 and json.loads(r.details_json)["reason"] == "no valid get_weather call"
+
+    for task_json in ('{"a": ' + deep + "}", '{"expected_answer": ' + huge + "}"):
+        for call in (
+            c.verifier.verify("math", task_json, "5"),
+            c.verifier.seed_session("session_state", task_json),
+        ):
+            with pytest.raises(InvalidArgumentError) as err:
+                await call
+            assert err.value.reason == "BAD_TASK" and "task_json is not valid JSON" in err.value.message
+
+
 async def test_verify_with_tool_messages_and_batch(
     verifier: tuple[Client, MeshServer, VerifierService],
 ) -> None:

@@ -361,7 +361,7 @@ class Environment(ABC):
         spec, attr = tools[call.name]
         try:
             args = json.loads(call.arguments_json) if call.arguments_json.strip() else {}
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, a number past int's digit limit, too deep
             return ToolOutput(call.id, f"error: arguments are not valid JSON: {exc}", True)
         problems = schema_errors(args, spec.parameters)
         if problems:

@@ -66,7 +66,7 @@ class VerifyCall:
 def parse_task(task_json: str) -> Task:
     try:
         row = json.loads(task_json) if task_json.strip() else {}
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, a number past int's digit limit, too deep
         raise BadTask(f"task_json is not valid JSON: {exc}") from None
     if not isinstance(row, dict):
         raise BadTask(f"task_json must be a JSON object, got {type(row).__name__}")

@@ -11,9 +11,15 @@ from rollmesh.verifier import (
     Session,
     SessionRequired,
     Task,
+    ToolError,
     VerifyResult,
     tool,
 )
+
+MAX_ABS = 10**18
+"""The counter stays within +-MAX_ABS: a count that would take it past refuses (a tool error), so a
+model's huge counts cannot make the value unprintable (Python's 4300-digit limit) and its verify an
+INTERNAL error instead of a reward."""
 
 
 @dataclass
@@ -36,8 +42,10 @@ class CounterEnv(Environment):
 
     @tool
     async def increment_counter(self, session: Session, count: int) -> str:
-        """Add `count` (may be negative) to the counter; returns the new value."""
+        """Add `count` (may be negative) to the counter; returns the new value (within +-10**18)."""
         state: Counter = session.state
+        if abs(state.value + count) > MAX_ABS:
+            raise ToolError(f"the counter must stay within +-{MAX_ABS}; it is {state.value}")
         state.value += count
         return str(state.value)
 
