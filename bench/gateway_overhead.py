@@ -34,11 +34,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._meta import env_info
-from rollmesh.gateway import Gateway, GenerateInput, Message, binding
+from rollmesh.gateway import Gateway, GenerateInput, Message
 from rollmesh.gateway.backends.base import EngineRequest, Sampling
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import build_server, wait_serving
+from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh_client import Client
 
 log = get_logger("bench.gateway_overhead")
@@ -75,7 +76,7 @@ async def main(trials: int, requests: int) -> dict[str, Any]:
     backend = FakeBackend("tiny", script=lambda prompt, req: "12")
     gateway = Gateway([backend])
     await gateway.start()
-    server = await build_server([binding(gateway)], "127.0.0.1:0")
+    server = await build_server([ServiceBinding.of(GatewayServicer(gateway))], "127.0.0.1:0")
     await server.start()
     await wait_serving(server.address, timeout_s=30)
     client = await Client.connect(gateway=server.address, timeout_s=30)

@@ -23,11 +23,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._meta import env_info
 from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import build_server, wait_serving
+from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, VerifierConfig, binding
+from rollmesh.verifier import Response, VerifierConfig
 from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import Client
 from rollmesh_client._verifier import verify_request
 
@@ -105,7 +106,7 @@ async def main(trials: int, seconds: float, envs: list[str]) -> dict[str, Any]:
     await svc.start()
     isolation = svc.environment("code").sandbox.isolation  # type: ignore[attr-defined]
     await svc.environment("math").context.workers.warm()
-    server = await build_server([binding(svc)], "127.0.0.1:0")
+    server = await build_server([ServiceBinding.of(VerifierServicer(svc))], "127.0.0.1:0")
     await server.start()
     await wait_serving(server.address, timeout_s=30)
     client = await Client.connect(verifier=server.address)

@@ -181,7 +181,7 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
         self.generated = 0
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", self)
+        return ServiceBinding.of(self)
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: Any
@@ -321,7 +321,7 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
         self.closed = 0
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding.of(verifier_pb2, verifier_pb2_grpc, "EnvironmentVerifier", self)
+        return ServiceBinding.of(self)
 
     async def GetEnvironment(
         self, request: verifier_pb2.GetEnvironmentRequest, context: Any

@@ -15,12 +15,13 @@ import pytest_asyncio
 
 from rollmesh.devtools.openai_server import FaultConfig, OpenAITestServer
 from rollmesh.gateway import Gateway
-from rollmesh.gateway import binding as gateway_binding
 from rollmesh.gateway.backends.openai import OpenAIBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler import binding as scheduler_binding
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
@@ -42,14 +43,14 @@ async def stack(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Stac
     async with OpenAITestServer() as upstream:
         gateway = Gateway([OpenAIBackend("tiny", base_url=upstream.base_url)])
         await gateway.start()
-        gw_server = await start_server([gateway_binding(gateway)])
+        gw_server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
         ver_server = await start_server([FakeVerifier().binding()])
         model, env = GatewayModel.connect(gw_server.address), VerifierEnv.connect(ver_server.address)
         out = tmp_path / "runs"
         manager = JobManager(
             Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env, output_dir=str(out)
         )
-        sched = await start_server([scheduler_binding(manager)])
+        sched = await start_server([ServiceBinding.of(SchedulerServicer(manager))])
         try:
             yield Stack(upstream, sched.address, Rows.arithmetic(TASKS).write(tmp_path / "d.jsonl"), out)
         finally:

@@ -9,8 +9,9 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from rollmesh.gateway import Gateway, binding
+from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.agent import GenerateCall
 from rollmesh.scheduler.remote import Deadlines, GatewayModel
@@ -33,7 +34,7 @@ async def mesh(start_server: StartServer) -> AsyncIterator[Mesh]:
     backend = FakeBackend("tiny", num_replicas=2, max_model_len=256)
     gateway = Gateway([backend])
     await gateway.start()
-    server = await start_server([binding(gateway)])
+    server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
     client = await Client.connect(gateway=server.address, timeout_s=10)
     try:
         yield Mesh(client, backend, gateway, server.address)

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from rollmesh.gateway import Gateway, binding
+from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.errors import NotFound
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh_client import Client, InternalError, NotFoundError, aio_channel
@@ -26,7 +27,7 @@ async def test_a_cancelled_server_stream_aborts_the_engine_request(start_server:
     gateway = Gateway([backend])
     await gateway.start()
     try:
-        server = await start_server([binding(gateway)], api_key="k")
+        server = await start_server([ServiceBinding.of(GatewayServicer(gateway))], api_key="k")
         async with aio_channel(server.address, api_key="k") as ch:
             request = gateway_pb2.GenerateRequest(
                 messages=[{"role": "user", "content": "go"}], request_id="streamed"
@@ -61,7 +62,7 @@ class _Failing(registry_pb2_grpc.ArtifactRegistryServicer):
 
 
 async def test_errors_map_to_statuses_for_unary_and_streaming_calls(start_server: StartServer) -> None:
-    binding = ServiceBinding.of(registry_pb2, registry_pb2_grpc, "ArtifactRegistry", _Failing())
+    binding = ServiceBinding.of(_Failing())
     server = await start_server([binding], api_key="k")
     async with await Client.connect(registry=server.address, api_key="k") as c:
         with pytest.raises(InternalError) as internal:

@@ -9,7 +9,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rollmesh.registry import Catalog, RootsConfig, binding
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry.servicer import RegistryServicer
 from rollmesh_client import (
     Client,
     FailedPreconditionError,
@@ -39,7 +41,9 @@ def build_roots(tmp_path: Path) -> RootsConfig:
 
 
 async def test_list_resolve_read_and_collision(tmp_path: Path, start_server: StartServer) -> None:
-    server = await start_server([binding(Catalog.from_config(build_roots(tmp_path)))])
+    server = await start_server(
+        [ServiceBinding.of(RegistryServicer(Catalog.from_config(build_roots(tmp_path))))]
+    )
     async with await Client.connect(registry=server.address) as c:
         roots = await c.registry.roots()
         assert [r.source for r in roots.roots] == ["extra", "root"] and not roots.allow_override
@@ -77,7 +81,9 @@ async def test_list_resolve_read_and_collision(tmp_path: Path, start_server: Sta
 
 
 async def test_unknown_kind_and_bad_page_token(tmp_path: Path, start_server: StartServer) -> None:
-    server = await start_server([binding(Catalog.from_config(build_roots(tmp_path)))])
+    server = await start_server(
+        [ServiceBinding.of(RegistryServicer(Catalog.from_config(build_roots(tmp_path))))]
+    )
     async with grpc.aio.insecure_channel(server.address) as ch:
         stub = pb_grpc.ArtifactRegistryStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -91,7 +97,9 @@ async def test_unknown_kind_and_bad_page_token(tmp_path: Path, start_server: Sta
 
 
 async def test_bearer_auth_exempts_health_and_reflection(tmp_path: Path, start_server: StartServer) -> None:
-    server = await start_server([binding(Catalog.from_config(build_roots(tmp_path)))], api_key="s3cret")
+    server = await start_server(
+        [ServiceBinding.of(RegistryServicer(Catalog.from_config(build_roots(tmp_path))))], api_key="s3cret"
+    )
     async with await Client.connect(registry=server.address, api_key="wrong") as bad:
         with pytest.raises(UnauthenticatedError) as info:
             await bad.registry.roots()
@@ -107,7 +115,9 @@ async def test_bearer_auth_exempts_health_and_reflection(tmp_path: Path, start_s
 
 
 async def test_graceful_stop_flips_health_to_not_serving(tmp_path: Path, start_server: StartServer) -> None:
-    server = await start_server([binding(Catalog.from_config(build_roots(tmp_path)))])
+    server = await start_server(
+        [ServiceBinding.of(RegistryServicer(Catalog.from_config(build_roots(tmp_path))))]
+    )
     async with grpc.aio.insecure_channel(server.address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         await server.health.enter_graceful_shutdown()

@@ -14,11 +14,11 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from rollmesh.mesh.server import MeshServer, build_server, wait_serving
+from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler import binding
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import Deadlines, GatewayModel, VerifierEnv
+from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh_client import Client, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
@@ -45,7 +45,7 @@ async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]
     env = VerifierEnv.connect(ver_server.address, deadlines=Deadlines(verify_s=0.5, session_s=2))
     out = tmp_path / "runs"
     manager = JobManager(Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env, output_dir=str(out))
-    sched = await start_server([binding(manager)])
+    sched = await start_server([ServiceBinding.of(SchedulerServicer(manager))])
     data = Rows.arithmetic(20).write(tmp_path / "arith.jsonl")
     try:
         yield Mesh(gw, ver, ver_server, sched.address, out, data, manager)

@@ -96,7 +96,7 @@ class FlakyScheduler(scheduler_pb2_grpc.RolloutSchedulerServicer):
         self.stream_offsets: list[int] = []
 
     def binding(self) -> ServiceBinding:
-        return ServiceBinding.of(scheduler_pb2, scheduler_pb2_grpc, "RolloutScheduler", self)
+        return ServiceBinding.of(self)
 
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.Job:
         self.request_ids.append(request.request_id)

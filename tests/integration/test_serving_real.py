@@ -268,13 +268,14 @@ async def test_through_the_grpc_gateway(backend: RayServeBackend) -> None:
     one session kept on one replica across turns."""
     import grpc
 
-    from rollmesh.gateway import Gateway, binding
-    from rollmesh.mesh.server import build_server, wait_serving
+    from rollmesh.gateway import Gateway
+    from rollmesh.gateway.servicer import GatewayServicer
+    from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
     from rollmesh.scheduler.remote import GatewayModel
     from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
     gateway = Gateway([backend])  # the backend is started (and shut down) by the fixture
-    server = await build_server([binding(gateway)], "127.0.0.1:0")
+    server = await build_server([ServiceBinding.of(GatewayServicer(gateway))], "127.0.0.1:0")
     await server.start()
     try:
         await wait_serving(server.address, timeout_s=30)

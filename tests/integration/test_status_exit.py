@@ -9,15 +9,16 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 
 from rollmesh.gateway import Gateway
-from rollmesh.gateway import binding as gateway_binding
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.registry import binding as registry_binding
-from rollmesh.scheduler import binding as scheduler_binding
+from rollmesh.registry.servicer import RegistryServicer
 from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh.verifier import VerifierConfig
-from rollmesh.verifier import binding as verifier_binding
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 from tests.conftest import StartServer
 from tests.fakes import LocalEnv, LocalModel
 from tests.procs import run_cli
@@ -33,10 +34,10 @@ async def keyed_address(start_server: StartServer) -> AsyncIterator[str]:
     await verifier.start()
     manager = JobManager(catalog, model=LocalModel(), env=LocalEnv())
     bindings = [
-        registry_binding(catalog),
-        verifier_binding(verifier),
-        gateway_binding(Gateway([FakeBackend("tiny")])),
-        scheduler_binding(manager),
+        ServiceBinding.of(RegistryServicer(catalog)),
+        ServiceBinding.of(VerifierServicer(verifier)),
+        ServiceBinding.of(GatewayServicer(Gateway([FakeBackend("tiny")]))),
+        ServiceBinding.of(SchedulerServicer(manager)),
     ]
     try:
         server = await start_server(bindings, api_key=KEY)

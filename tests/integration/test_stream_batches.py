@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from rollmesh.gateway import Gateway, binding
+from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
@@ -24,8 +24,8 @@ from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.scheduler.agent import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.verifier import VerifierConfig
-from rollmesh.verifier import binding as verifier_binding
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import BATCH_METADATA, batch_messages, items_of, says_batches
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.conftest import StartServer
@@ -58,7 +58,7 @@ async def _one_message(message: object) -> AsyncIterator[object]:
 async def _gateway(start_server: StartServer) -> tuple[Gateway, str]:
     gateway = Gateway([FakeBackend("tiny", num_replicas=2, max_model_len=256)])
     await gateway.start()
-    server = await start_server([binding(gateway)])
+    server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
     return gateway, server.address
 
 
@@ -105,7 +105,7 @@ async def test_a_cancel_inside_a_batch_aborts_its_generation(start_server: Start
     backend.token_latency_s = 60
     gateway = Gateway([backend])
     await gateway.start()
-    server = await start_server([binding(gateway)])
+    server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
     try:
         async with grpc.aio.insecure_channel(server.address) as channel:
             stub = gateway_pb2_grpc.ModelGatewayStub(channel)
@@ -172,9 +172,7 @@ async def test_the_sdk_writer_coalesces_calls_that_are_ready_together(start_serv
             async for answer in super().GenerateMany(counted(), context):
                 yield answer
 
-    server = await start_server(
-        [ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", Counting(gateway))]
-    )
+    server = await start_server([ServiceBinding.of(Counting(gateway))])
     model = GatewayModel.connect(server.address)
     try:
         await model.generate(_call(0))  # opens the stream; its initial metadata says batches
@@ -193,7 +191,7 @@ async def test_the_verifier_reads_and_writes_batches(start_server: StartServer, 
     roots = RootsConfig(tmp_path, (), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
     await svc.start()
-    server = await start_server([verifier_binding(svc)])
+    server = await start_server([ServiceBinding.of(VerifierServicer(svc))])
     try:
 
         def item(i: int, answer: str) -> verifier_pb2.VerifyBatchRequest:

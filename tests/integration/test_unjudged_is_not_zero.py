@@ -16,14 +16,15 @@ from typing import Any
 import pytest_asyncio
 
 from rollmesh.commands._exit import EXIT_JOB_FAILED
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
-from rollmesh.scheduler import binding as scheduler_binding
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import Deadlines, GatewayModel, VerifierEnv
+from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier import binding as verifier_binding
 from rollmesh.verifier.sandbox import Sandbox
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client.v1 import gateway_pb2
 from tests.conftest import StartServer
 from tests.fakes import FakeGateway, Json
@@ -72,12 +73,12 @@ async def stack(start_server: StartServer, tmp_path: Path) -> AsyncIterator[tupl
     flaky = FlakySandbox(sandbox)
     gw = FakeGateway(script=honest_code)
     gw_server = await start_server([gw.binding()])
-    ver_server = await start_server([verifier_binding(svc)])
+    ver_server = await start_server([ServiceBinding.of(VerifierServicer(svc))])
     model = GatewayModel.connect(gw_server.address, deadlines=Deadlines(generate_s=10))
     env = VerifierEnv.connect(ver_server.address, deadlines=Deadlines(verify_s=60, session_s=10))
     out = tmp_path / "runs"
     manager = JobManager(Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env, output_dir=str(out))
-    sched = await start_server([scheduler_binding(manager)])
+    sched = await start_server([ServiceBinding.of(SchedulerServicer(manager))])
     data = tmp_path / "code.jsonl"
     rows = [
         {

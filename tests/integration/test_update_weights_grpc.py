@@ -13,8 +13,10 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from rollmesh.gateway import Gateway, binding
+from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh_client import Client, RollmeshClientError
 from tests.conftest import StartServer
 from tests.procs import run_cli
@@ -33,7 +35,7 @@ async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]
     backend = FakeBackend("tiny", num_replicas=2, weights_dir=write_checkpoint(tmp_path / "served"))
     gateway = Gateway([backend])
     await gateway.start()
-    server = await start_server([binding(gateway)])
+    server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
     client = await Client.connect(gateway=server.address, timeout_s=30)
     try:
         yield Mesh(client, backend, server.address, tmp_path)

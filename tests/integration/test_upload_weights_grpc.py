@@ -16,8 +16,10 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
-from rollmesh.gateway import Gateway, binding
+from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh_client import Client, RollmeshClientError
 from rollmesh_client.v1 import gateway_pb2 as pb
 from tests.conftest import StartServer
@@ -41,7 +43,7 @@ async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]
     backend = FakeBackend("tiny", num_replicas=2, weights_dir=write_checkpoint(tmp_path / "served"))
     gateway = Gateway([backend], weights_staging_dir=str(tmp_path / "staging"))
     await gateway.start()
-    server = await start_server([binding(gateway)])
+    server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
     client = await Client.connect(gateway=server.address, timeout_s=30)
     try:
         yield Mesh(client, backend, gateway, tmp_path)

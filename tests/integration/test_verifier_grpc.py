@@ -12,11 +12,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import MeshServer, ServiceBinding
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import VerifierConfig, binding
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import (
     AlreadyExistsError,
     Client,
@@ -67,7 +68,7 @@ async def verifier(
     roots = RootsConfig(tmp_path, (plugin_root(tmp_path / "plugins"),), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
     await svc.start()
-    server = await start_server([binding(svc)])
+    server = await start_server([ServiceBinding.of(VerifierServicer(svc))])
     client = await Client.connect(verifier=server.address, timeout_s=30)
     try:
         yield client, server, svc
@@ -242,7 +243,7 @@ async def test_stateless_flag_and_verify_without_session(start_server: StartServ
     roots = RootsConfig(tmp_path, (), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
     await svc.start()
-    server = await start_server([binding(svc)])
+    server = await start_server([ServiceBinding.of(VerifierServicer(svc))])
     c = await Client.connect(verifier=server.address, timeout_s=30)
     try:
         flags = {name: (await c.verifier.get(name)).stateless for name in STATELESS}

@@ -38,7 +38,7 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
 
 
 def gateway_binding(fake: FakeGateway) -> ServiceBinding:
-    return ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", fake)
+    return ServiceBinding.of(fake)
 
 
 async def test_judge_can_rescue_an_answer(start_server: StartServer) -> None:

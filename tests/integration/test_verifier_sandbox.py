@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import MeshServer, ServiceBinding
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig, binding
+from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
 from rollmesh.verifier.sandbox import Sandbox, TestSpec
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import Client, aio_channel
 
 StartServer = Callable[..., Awaitable[MeshServer]]
@@ -36,7 +37,7 @@ async def code_verifier(
     roots = RootsConfig(Path("/nonexistent"), (), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
     await svc.start()
-    server = await start_server([binding(svc)])
+    server = await start_server([ServiceBinding.of(VerifierServicer(svc))])
     client = await Client.connect(verifier=server.address, timeout_s=30)
     try:
         yield client, server, svc

@@ -21,16 +21,6 @@ from rollmesh.gateway.errors import (
 )
 from rollmesh.gateway.types import GenerateInput, GenerateResult, SamplingInput
 from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
-from rollmesh.mesh.server import ServiceBinding
-
-
-def binding(gateway: Gateway) -> ServiceBinding:
-    """The gateway's servicer, ready for `mesh.build_server`."""
-    from rollmesh.gateway.servicer import GatewayServicer
-    from rollmesh_client.v1 import gateway_pb2, gateway_pb2_grpc
-
-    return ServiceBinding.of(gateway_pb2, gateway_pb2_grpc, "ModelGateway", GatewayServicer(gateway))
-
 
 __all__ = [
     "BackendDown",
@@ -56,5 +46,4 @@ __all__ = [
     "Tokenizer",
     "ToolCall",
     "ToolSpec",
-    "binding",
 ]

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollmesh.gateway import Gateway, GatewayConfig, binding
+from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
+from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import MeshServer, serve
+from rollmesh.mesh.server import MeshServer, ServiceBinding, serve
 
 log = get_logger("rollmesh.gateway")
 
@@ -51,7 +52,9 @@ async def run(cfg: GatewayConfig, backends: Sequence[ModelBackend] | None = None
             await gateway.shutdown()
 
     try:
-        await serve([binding(gateway)], cfg.server, on_started=started, on_stop=stop)
+        await serve(
+            [ServiceBinding.of(GatewayServicer(gateway))], cfg.server, on_started=started, on_stop=stop
+        )
     except BaseException:
         await stop()
         raise

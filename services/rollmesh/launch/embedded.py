@@ -15,19 +15,19 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 from rollmesh.gateway import Gateway, GatewayConfig
-from rollmesh.gateway import binding as gateway_binding
 from rollmesh.gateway.backends.factory import create_backend
+from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig, install_sys_path
-from rollmesh.registry import binding as registry_binding
-from rollmesh.scheduler import binding as scheduler_binding
+from rollmesh.registry.servicer import RegistryServicer
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh.verifier import VerifierConfig
-from rollmesh.verifier import binding as verifier_binding
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 
 log = get_logger("rollmesh.embedded")
 
@@ -40,10 +40,8 @@ class EmbeddedMesh:
     servers: list[MeshServer] = field(default_factory=list)
 
 
-async def _start(
-    stack: AsyncExitStack, mesh: EmbeddedMesh, name: str, b: ServiceBinding, api_key: str
-) -> str:
-    server = await build_server([b], "127.0.0.1:0", api_key=api_key)
+async def _start(stack: AsyncExitStack, mesh: EmbeddedMesh, name: str, servicer: object, api_key: str) -> str:
+    server = await build_server([ServiceBinding.of(servicer)], "127.0.0.1:0", api_key=api_key)
     await server.start()
     stack.push_async_callback(server.stop, 1.0)
     await wait_serving(server.address, timeout_s=60)
@@ -99,14 +97,14 @@ async def embedded_mesh(
         backend_up = asyncio.create_task(gateway.start(), name="embedded-gateway-start")
         try:
             await phase("starting registry")
-            await _start(stack, mesh, "registry", registry_binding(catalog), api_key)
+            await _start(stack, mesh, "registry", RegistryServicer(catalog), api_key)
             await phase("waiting for the model backend")
             await backend_up
         finally:
             if not backend_up.done():
                 backend_up.cancel()
             await asyncio.wait([backend_up])
-        await _start(stack, mesh, "gateway", gateway_binding(gateway), api_key)
+        await _start(stack, mesh, "gateway", GatewayServicer(gateway), api_key)
 
         await phase("loading environments")
         # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key.
@@ -117,7 +115,7 @@ async def embedded_mesh(
         verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
         await verifier.start()
         stack.push_async_callback(verifier.aclose)
-        await _start(stack, mesh, "verifier", verifier_binding(verifier), api_key)
+        await _start(stack, mesh, "verifier", VerifierServicer(verifier), api_key)
 
         await phase("starting scheduler")
         model = GatewayModel.connect(mesh.addresses["gateway"], api_key=api_key or None)
@@ -126,7 +124,7 @@ async def embedded_mesh(
         stack.push_async_callback(env.close)
         manager = JobManager(catalog, model=model, env=env, output_dir=output_dir, api_key=api_key)
         stack.push_async_callback(manager.aclose)
-        await _start(stack, mesh, "scheduler", scheduler_binding(manager), api_key)
+        await _start(stack, mesh, "scheduler", SchedulerServicer(manager), api_key)
         # The whole mesh serves from this process: its collector as in a service process (heap.py).
         log.info("startup_heap_frozen", objects=freeze_startup_heap())
         stack.callback(gc.set_threshold, *gc.get_threshold())  # the process's own after the mesh

@@ -8,11 +8,12 @@ then the caller's `on_stop` closes backends.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import grpc
@@ -54,14 +55,17 @@ class ServiceBinding:
     add: Callable[[Any, grpc.aio.Server], None]
 
     @classmethod
-    def of(cls, pb2: ModuleType, pb2_grpc: ModuleType, service: str, servicer: Any) -> ServiceBinding:
-        """The binding of `servicer` for `service` (e.g. "ArtifactRegistry"): the full name comes
-        from the descriptor (what reflection and health advertise), the add function from the
-        generated module, so no caller spells either out."""
+    def of(cls, servicer: Any) -> ServiceBinding:
+        """The binding of `servicer`, an instance of a generated `<Service>Servicer` subclass: the
+        full name comes from the descriptor (what reflection and health advertise), the add function
+        from the generated module, so no caller spells either out."""
+        base = next(b for b in type(servicer).__mro__ if b.__module__.endswith("_pb2_grpc"))
+        service = base.__name__.removesuffix("Servicer")
+        pb2 = importlib.import_module(base.__module__.removesuffix("_grpc"))
         return cls(
             name=pb2.DESCRIPTOR.services_by_name[service].full_name,
             servicer=servicer,
-            add=getattr(pb2_grpc, f"add_{service}Servicer_to_server"),
+            add=getattr(sys.modules[base.__module__], f"add_{service}Servicer_to_server"),
         )
 
 

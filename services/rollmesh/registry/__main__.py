@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import serve
-from rollmesh.registry import Catalog, RegistryConfig, binding, install_sys_path
+from rollmesh.mesh.server import ServiceBinding, serve
+from rollmesh.registry import Catalog, RegistryConfig, install_sys_path
+from rollmesh.registry.servicer import RegistryServicer
 
 
 def main(port: int | None = None, host: str | None = None) -> None:
@@ -13,7 +14,9 @@ def main(port: int | None = None, host: str | None = None) -> None:
     cfg = RegistryConfig.from_env(port=port, host=host)
     catalog = Catalog.from_config(cfg.roots)
     install_sys_path(catalog.roots)
-    run_server(serve([binding(catalog)], cfg.server), event_loop=cfg.server.event_loop)
+    run_server(
+        serve([ServiceBinding.of(RegistryServicer(catalog))], cfg.server), event_loop=cfg.server.event_loop
+    )
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ import argparse
 
 from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import serve
+from rollmesh.mesh.server import ServiceBinding, serve
 from rollmesh.registry import Catalog
-from rollmesh.scheduler import binding
 from rollmesh.scheduler.config import SchedulerConfig
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.servicer import SchedulerServicer
 
 
 async def _serve(cfg: SchedulerConfig) -> None:
@@ -35,7 +35,7 @@ async def _serve(cfg: SchedulerConfig) -> None:
         await model.close()
         await env.close()
 
-    await serve([binding(manager)], cfg.server, on_stop=stop)
+    await serve([ServiceBinding.of(SchedulerServicer(manager))], cfg.server, on_stop=stop)
 
 
 def main(port: int | None = None, host: str | None = None, output_dir: str | None = None) -> None:

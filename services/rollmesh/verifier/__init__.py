@@ -13,8 +13,6 @@ session and got none raises `SessionRequired` (SESSION_REQUIRED).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits, VerifierConfig
 from rollmesh.verifier.environment import (
     EnvContext,
@@ -32,22 +30,7 @@ from rollmesh.verifier.environment import (
 )
 from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout, SessionRequired
 
-if TYPE_CHECKING:
-    from rollmesh.mesh.server import ServiceBinding
-    from rollmesh.verifier.service import VerifierService
-
 SessionState = Session  # the issue's name for per-session state
-
-
-def binding(service: VerifierService) -> ServiceBinding:
-    """The verifier's servicer, ready for `mesh.build_server`."""
-    from rollmesh.mesh.server import ServiceBinding
-    from rollmesh.verifier.servicer import VerifierServicer
-    from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
-
-    return ServiceBinding.of(
-        verifier_pb2, verifier_pb2_grpc, "EnvironmentVerifier", VerifierServicer(service)
-    )
 
 
 __all__ = [
@@ -70,6 +53,5 @@ __all__ = [
     "ToolSpec",
     "VerifierConfig",
     "VerifyResult",
-    "binding",
     "tool",
 ]

@@ -6,10 +6,11 @@ import asyncio
 
 from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import serve
+from rollmesh.mesh.server import ServiceBinding, serve
 from rollmesh.registry import Catalog, install_sys_path
-from rollmesh.verifier import VerifierConfig, binding
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 
 
 async def _run(cfg: VerifierConfig) -> None:
@@ -19,7 +20,7 @@ async def _run(cfg: VerifierConfig) -> None:
     service = await asyncio.to_thread(VerifierService.from_catalog, cfg, catalog)
     await service.start()
     try:
-        await serve([binding(service)], cfg.server)
+        await serve([ServiceBinding.of(VerifierServicer(service))], cfg.server)
     finally:
         await service.aclose()
 
