@@ -305,3 +305,46 @@ async def test_helpers_without_asserts_cannot_be_forged(verifier: tuple[Client, 
     for code in (HIJACK_HELPER_ANSWERS, FORGERIES["hijack_runner_object"], FORGERIES["eq_always_true"]):
         reward, details = await _reward(client, HELPER_DATA_TESTS, code, partial=True)
         assert reward == 0.0, (code, details)
+
+
+# Statements of the tests run in the sandbox; what they do there is seen here as in Python.
+STATEMENT_TESTS = [
+    "want = [3, 2, 1]\nx = [1, 2, 3]\nalias = x\nrev(x)\nassert x == want and alias == want",
+    "def check(f):\n    y = {'a': [1, 2]}\n    f(y['a'])\n    assert y == {'a': [2, 1]}\ncheck(rev)",
+    "x = 3\nx = add(x, 2)\nassert x == 5",
+]
+STATEMENT_HONEST = "def rev(a):\n    a.reverse()\n\ndef add(a, b):\n    return a + b\n"
+STATEMENT_FORGERIES = {
+    "no_op": "def rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n",
+    # a global of the name a rebinding statement assigns: a probe of `x` found it (the statement's
+    # own x was dropped), so `assert x == 5` passed for any add
+    "shadow_rebound_name": "x = 5\ndef rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n",
+    # claims a statement changed the expected value (never sent to the sandbox) or a rebound name
+    "claim_changed_expected": (
+        "import gc\n"
+        "runner = [o for o in gc.get_objects() if type(o).__name__ == 'Runner'][0]\n"
+        "real = runner.handle\n"
+        "def handle(req, real=real):\n"
+        "    if req.get('op') == 'exec' and 'rev(' in req.get('src', ''):\n"
+        "        real(req)\n"
+        "        y = ['dict', [['a', ['list', [1, 2]]]]]\n"
+        "        return {'changed': {'want': ['list', [1, 2, 3]], 'y': y}}\n"
+        "    return real(req)\n"
+        "runner.handle = handle\n"
+        "def rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n"
+    ),
+}
+
+
+async def test_statements_see_what_the_solution_did(verifier: tuple[Client, MeshServer, str]) -> None:
+    """A list the tests pass to the solution in a statement (`rev(x)`) and change there is changed
+    here too (it stayed as it was: a correct in-place solution scored 0), and a name a statement
+    rebinds from the solution's answer (`x = add(x, 2)`) keeps that answer (it was lost: `x` then
+    named nothing, or the solution's own global x). What the sandbox claims changed is only ever a
+    value the statement was given."""
+    client, _, _ = verifier
+    honest, details = await _reward(client, STATEMENT_TESTS, STATEMENT_HONEST)
+    assert honest == 1.0, details
+    for name, code in STATEMENT_FORGERIES.items():
+        reward, details = await _reward(client, STATEMENT_TESTS, code, partial=True)
+        assert reward == 0.0, (name, details)

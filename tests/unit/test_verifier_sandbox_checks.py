@@ -4,11 +4,12 @@ refused. The real sandbox is exercised in tests/integration/test_code_forgery.py
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import pytest
 
-from rollmesh.verifier._sandbox_runner import decode_loose, encode
+from rollmesh.verifier._sandbox_runner import Runner, decode_loose, encode
 from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError
 from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
 
@@ -21,11 +22,13 @@ class RecordingChild:
         exec(solution, self.globals)
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
 
-    async def exec(self, src: str, bind: dict[str, Any]) -> None:
+    async def exec(self, src: str, bind: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
         self.sent.append(("exec", src, bind))
+        runner = Runner()
+        runner.globals = self.globals
         scope = {**self.globals, **{k: decode_loose(v) for k, v in bind.items()}}
-        exec(src, scope)
-        self.globals.update({k: v for k, v in scope.items() if k not in bind})
+        reply = runner.exec_statement(src, bind, set(keep), scope)
+        return {k: decode_value(v) for k, v in reply.get("changed", {}).items()}
 
     async def eval(self, src: str, bind: dict[str, Any]) -> Any:
         self.sent.append(("eval", src, bind))

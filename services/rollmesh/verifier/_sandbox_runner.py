@@ -10,7 +10,8 @@ length, then a JSON object with the request's "id"):
            drop_to}                                      (soft = hard) and guards set
     load  {code, mode}                -> {}              "asserts": run the code once as `solution`;
                                                          "io": only compile it
-    exec  {src, bind}                 -> {}              a test's own statement, in the solution's globals
+    exec  {src, bind, keep}           -> {"changed"?: {}} a test's own statement, in the solution's globals;
+                                                         the values of `bind` it changed in place
     eval  {src, bind}                 -> {"value": v}    an expression's value as plain data (`encode`)
     main  {stdin}                     -> {"stdout", "exit", "truncated"}  one run as __main__
 
@@ -273,13 +274,25 @@ class Runner:
             scope = dict(self.globals)
             scope.update({k: decode_loose(v) for k, v in req.get("bind", {}).items()})
             if op == "exec":
-                exec(compile(req["src"], "test", "exec"), scope)
-                self.globals.update({k: v for k, v in scope.items() if k not in req.get("bind", {})})
-                return {}
+                return self.exec_statement(req["src"], req.get("bind", {}), set(req.get("keep", ())), scope)
             return {"value": encode(eval(compile(req["src"], "test", "eval"), scope))}
         if op == "main":
             return self.main(str(req["stdin"]))
         raise ValueError(f"unknown request {op!r}")
+
+    def exec_statement(
+        self, src: str, bind: dict[str, Any], keep: set[str], scope: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Run a test's statement. The names it binds stay in the solution's globals (those in
+        `keep` too: bound by the statement although the verifier sent their old value); a value
+        the verifier sent that the statement changed in place (`rev(x)`) comes back as "changed"."""
+        exec(compile(src, "test", "exec"), scope)
+        self.globals.update({k: v for k, v in scope.items() if k not in bind or k in keep})
+        changed = {}
+        for name, sent in bind.items():
+            if name not in keep and json.dumps(now := encode(scope[name])) != json.dumps(sent):
+                changed[name] = now
+        return {"changed": changed} if changed else {}
 
     def main(self, stdin: str) -> dict[str, Any]:
         out = _CappedOut()

@@ -43,6 +43,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -577,10 +578,17 @@ class Channel:
             raise ChannelBroken(f"reply {frame['id']} out of order (expected {ident})")
         return frame
 
-    async def exec(self, src: str, bind: dict[str, Any]) -> None:
-        reply = await self.request("exec", src=src, bind=bind)
+    async def exec(self, src: str, bind: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
+        reply = await self.request("exec", src=src, bind=bind, keep=sorted(keep))
         if "error" in reply:
             raise ProbeError(str(reply["error"]))
+        changed = reply.get("changed", {})
+        if type(changed) is not dict or not set(changed) <= set(bind) - set(keep):
+            raise ChannelBroken("malformed reply to exec")
+        try:
+            return {name: decode_value(value) for name, value in changed.items()}
+        except BadValue as exc:
+            raise ProbeError(f"{src[:80]}: {exc}") from None
 
     async def eval(self, src: str, bind: dict[str, Any]) -> Any:
         reply = await self.request("eval", src=src, bind=bind)

@@ -9,7 +9,8 @@ evaluated here too. Every other sub-expression, typically a call into the soluti
 its source, plus the values of the comprehension/loop variables it names, goes to the sandbox
 (`Child.eval`), and what comes back is decoded strictly into plain data (`sandbox_values`).
 Other statements (`s = Solution()`, `s.push(1)`, a helper `def`) run in the sandbox (`Child.exec`),
-and names they bind are probed from then on.
+and names they bind are probed from then on. A list, dict, set or bytearray of the tests such a
+statement is given and changes in place (`rev(x)`) comes back (decoded strictly) and changes here too.
 
 A function the tests define with asserts in it (HumanEval's `def check(candidate)`) is
 interpreted here as well: arguments computed here are passed as values, others (the solution's
@@ -36,7 +37,7 @@ import ast
 import copy
 import math
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,7 +55,10 @@ class Child(Protocol):
     """The sandboxed process, as the checker sees it. `exec`/`eval` raise `ProbeError` when the code
     there failed; anything that breaks the channel (crash, timeout, malformed reply) propagates."""
 
-    async def exec(self, src: str, bind: dict[str, Any]) -> None: ...
+    async def exec(self, src: str, bind: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
+        """Run a statement; `keep`: names of `bind` it binds (they move to the sandbox). Returns
+        the other values of `bind` the statement changed in place, decoded."""
+        ...
 
     async def eval(self, src: str, bind: dict[str, Any]) -> Any: ...
 
@@ -336,8 +340,11 @@ class Checker:
                 raise CaseFailed(f"unverifiable test, {why}")
             if self.no_probes:
                 raise _NeedsProbe
-            await self.child.exec(*self._for_child(stmt, local))
-            for name in _names_bound(stmt):
+            bound = _names_bound(stmt)
+            src, binds = self._for_child(stmt, local)
+            for name, value in (await self.child.exec(src, binds, bound & set(binds))).items():
+                _update_in_place(local[name] if name in local else self.values.get(name), value)
+            for name in bound:
                 local.pop(name, None)
                 self.values.pop(name, None)
                 self.child_names.add(name)
@@ -677,6 +684,20 @@ class _Module:
     def get(self, attr: str) -> Any:
         table = TRUSTED_MODULES[self.name]
         return table[attr] if attr in table else _UNRESOLVED
+
+
+def _update_in_place(current: Any, value: Any) -> None:
+    """A list, dict, set or bytearray the tests passed to the solution in a statement (`rev(x)`)
+    that the statement changed there: it changes here too, in place, so every name for it sees the
+    change, as in Python. A value of another type or kind stays as it was (no statement can rebind
+    a name of the tests from the solution)."""
+    if type(current) is not type(value):
+        return
+    if isinstance(current, (list, bytearray)):
+        current[:] = value
+    elif isinstance(current, (dict, set)):
+        current.clear()
+        current.update(value)
 
 
 def _target_names(target: ast.expr) -> list[str] | None:
