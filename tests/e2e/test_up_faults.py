@@ -6,8 +6,9 @@
   rollouts.jsonl or failures.jsonl and the job's reported state and counts matching the files;
 - SIGSTOP (a hang, not a death: `up` sees nothing) of the gateway or the verifier mid-job: a short
   hang (SIGCONT after 15 s) costs no rollout, the job succeeds with default retries; a hang past
-  `retry.unavailable_budget_s` fails the job visibly (FAILED, naming the service), counts matching
-  the files, and once the service runs again a resume completes it exactly once;
+  `retry.unavailable_budget_s` fails the job visibly within the budget and a health probe (FAILED,
+  naming the service; not after keepalive's 80 s), counts matching the files, and once the service
+  runs again a resume completes it exactly once;
 - `--restart no`: a dead child stops the mesh and `up` exits 1;
 - the restart budget: past `--max-restarts` within the window `up` gives up and exits 1;
 - SIGTERM stops every child within `--grace`, then SIGKILLs one that does not stop (a stopped
@@ -250,23 +251,28 @@ async def test_a_short_hang_of_a_service_mid_job_costs_no_rollout(
     assert mesh_up.pids(service)[-1] == pid  # a hang is not a death: `up` restarted nothing
 
 
+@pytest.mark.parametrize("service", ["verifier", "gateway"])
 async def test_a_hang_past_the_budget_fails_the_job_visibly_then_resume_completes(
-    mesh_up: Up, client: Client
+    mesh_up: Up, client: Client, service: str
 ) -> None:
     spec = job_spec(mesh_up.work / "runs")
     spec.retry.unavailable_budget_s = 5
     job, runs = await job_under_way(mesh_up, client, spec)
-    with stopped(mesh_up, "gateway"):
-        # Calls to a stopped process hang: they are cut by their deadlines, and the channel is
-        # found dead by keepalive (60 s + 20 s), after which the budget runs.
+    with stopped(mesh_up, service):
+        # Calls to a stopped process hang, and keepalive finds the channel dead only after
+        # 60 s + 20 s: the watchdog cuts them once the service has answered none, nor a health
+        # check, for the budget (5 s + a 5 s probe + a tick).
+        started = time.monotonic()
         final = await job.result(poll_s=0.5, timeout_s=400)
+        took = time.monotonic() - started
         assert spb.JobState.Name(final.state) == "JOB_STATE_FAILED", final
-        assert "the gateway has been unreachable" in final.error and "resume" in final.error, final.error
+        assert f"the {service} has been unreachable" in final.error and "resume" in final.error, final.error
+        assert took < 5 + 5 + 30, (took, final.error)  # budget + probe + slack for a loaded machine
         first = check_exactly_once(
             runs / job.job_id, expected_keys(TASKS, REPEATS), job=final, complete=False
         )
         assert len(first.keys) < TASKS * REPEATS
-    await wait_serving(mesh_up.addrs["gateway"], timeout_s=120)
+    await wait_serving(mesh_up.addrs[service], timeout_s=120)
     resumed = await client.scheduler.submit(spb.JobSpec(resume_job_id=job.job_id, output_dir=str(runs)))
     truth = await succeeds_exactly_once(resumed, runs)
     assert first.rollout_keys <= truth.rollout_keys  # rows kept; failures of the hang retried

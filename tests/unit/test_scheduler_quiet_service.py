@@ -7,10 +7,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.engine import Hooks, JobRun
 from rollmesh.scheduler.plan import build_plan
-from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
@@ -47,3 +49,64 @@ async def test_a_hung_verifier_shows_in_the_progress_and_clears(tmp_path: Path) 
     result = await asyncio.wait_for(task, timeout=30)
     assert result.state == "SUCCEEDED" and len(sink.rollouts) == 3
     assert run.progress_now(finished=False).waiting_on == ""
+
+
+class _Probed(_HangingVerifier):
+    """A hung verifier that answers health checks (`alive`) or not: slow, or stopped."""
+
+    def __init__(self, alive: bool) -> None:
+        super().__init__()
+        self.alive = alive
+        self.probes = 0
+
+    async def responsive(self, timeout_s: float) -> bool:
+        self.probes += 1
+        return self.alive
+
+
+def _hung_job(tmp_path: Path, env: LocalEnv, budget_s: float) -> tuple[JobRun, MemorySink]:
+    path = Rows.arithmetic(6).write(tmp_path / "d.jsonl")
+    retry = RetryPolicy(unavailable_budget_s=budget_s)
+    spec = JobSpec(dataset=str(path), environment="arithmetic", concurrency=3, retry=retry)
+    sink = MemorySink()
+    return JobRun("job-v", build_plan(CATALOG, spec), sink, model=LocalModel(), env=env), sink
+
+
+@pytest.mark.parametrize("probed", [False, True])
+async def test_a_hung_verifier_fails_the_job_within_the_budget_naming_it(
+    tmp_path: Path, probed: bool
+) -> None:
+    """Not after keepalive (80 s) plus the budget, nor the rollout timeout (300 s): the budget."""
+    env = _Probed(alive=False) if probed else _HangingVerifier()
+    run, sink = _hung_job(tmp_path, env, budget_s=2)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    result = await asyncio.wait_for(run.run(await run.open()), timeout=60)
+    took = loop.time() - t0
+    env.go.set()
+    assert result.state == "FAILED", result
+    assert "the verifier has been unreachable" in result.error and "answered none of 3 calls" in result.error
+    assert ("nor a health check" in result.error) == probed, result.error
+    assert "resume the job" in result.error
+    assert 2 <= took < 2 + 5, took  # the budget, a tick, and slack for a loaded machine
+    assert not sink.rollouts
+    assert [f.error_class for f in sink.failures] == ["VERIFIER_UNRESPONSIVE"] * 3, sink.failures
+
+
+async def test_a_slow_verifier_that_answers_its_health_check_is_not_cut(tmp_path: Path) -> None:
+    env = _Probed(alive=True)
+    run, sink = _hung_job(tmp_path, env, budget_s=1)
+    asyncio.get_running_loop().call_later(4.0, env.go.set)  # 4 x the budget, alive all along
+    result = await asyncio.wait_for(run.run(await run.open()), timeout=60)
+    assert result.state == "SUCCEEDED", result.error
+    assert env.probes >= 2 and len(sink.rollouts) == 6 and not sink.failures
+
+
+async def test_a_verifier_hang_shorter_than_the_budget_costs_nothing(tmp_path: Path) -> None:
+    env = _HangingVerifier()
+    run, sink = _hung_job(tmp_path, env, budget_s=5)
+    asyncio.get_running_loop().call_later(2.0, env.go.set)
+    result = await asyncio.wait_for(run.run(await run.open()), timeout=60)
+    assert result.state == "SUCCEEDED", result.error
+    assert sorted(r.key.as_str() for r in sink.rollouts) == sorted({r.key.as_str() for r in sink.rollouts})
+    assert len(sink.rollouts) == 6 and not sink.failures and run.progress.retries == 0

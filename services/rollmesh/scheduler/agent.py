@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
@@ -81,6 +81,14 @@ class ModelPort(Protocol):
         """Requests `model`'s engines run at once in all, over its healthy replicas ("" names the
         default model); 0 when unknown (an OpenAI-compatible URL reports none)."""
         ...
+
+
+@runtime_checkable
+class Responsive(Protocol):
+    """A port whose service can be asked whether it answers at all (remote.py: a health check). The
+    watchdog asks before it calls a service that keeps calls waiting hung (watchdog.py)."""
+
+    async def responsive(self, timeout_s: float) -> bool: ...
 
 
 class EnvPort(Protocol):

@@ -5,7 +5,7 @@ holds its slot until the sink accepted it, so a slow sink slows dispatch and not
 bound (no gather over all rollouts, no unbounded queue). Each key is written once: either a Rollout or,
 after every retry, a RolloutFailure. A sink that cannot store a row stops the run at once (FAILED,
 with the sink's reason). A gateway or verifier that stays unreachable (no call getting through)
-(or hangs: model calls cut while it answers none, errors.GatewayUnresponsive) for
+(or hangs: answers none of the calls waiting on it, nor a health check; watchdog.py) for
 `retry.unavailable_budget_s` stops the run (FAILED); shorter outages (a restart, a stall) cost no
 rollouts: their rollouts wait and carry on (retry.py, `Outages`).
 
@@ -21,7 +21,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
@@ -34,6 +34,7 @@ from rollmesh.scheduler.agent import (
     GenerateCall,
     Json,
     ModelPort,
+    Responsive,
     ToolResult,
     Turn,
     run_agent,
@@ -45,9 +46,10 @@ from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
-from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, RolloutFailed, classify, with_retry
+from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, RolloutFailed, with_retry
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.tokens import build_token_record, validate_rollout
+from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Probe, Watchdog
 
 log = get_logger("rollmesh.scheduler.engine")
 
@@ -110,20 +112,20 @@ class Hooks:
 
 
 class _WatchedModel:
-    """The model port as the job sees it: each call under the adaptive deadline (deadline.py), the
-    gateway marked reachable or not for the outage budget, each turn's latency fed to the adaptive
-    limiter (when there is one)."""
+    """The model port as the job sees it: each call under the adaptive deadline (deadline.py) and the
+    watchdog (the gateway reachable or not, cut when it hangs), each turn's latency fed to the
+    adaptive limiter (when there is one)."""
 
     def __init__(
         self,
         inner: ModelPort,
-        outages: Outages,
+        watchdog: Watchdog,
         deadline: AdaptiveDeadline,
         limiter: Limiter | None,
         clock: Callable[[], float],
     ) -> None:
-        self._inner, self._outages, self._deadline = inner, outages, deadline
-        self._limiter, self._clock = limiter, clock
+        self._inner, self._watchdog, self._outages = inner, watchdog, watchdog.outages
+        self._deadline, self._limiter, self._clock = deadline, limiter, clock
         self._in_flight = 0
 
     async def generate(self, call: GenerateCall) -> Turn:
@@ -131,7 +133,9 @@ class _WatchedModel:
         self._in_flight += 1
         try:
             async with self._deadline.guard():
-                turn = await _watch(self._outages, GATEWAY, self._inner.generate(call))
+                turn = await self._watchdog.watch(GATEWAY, self._inner.generate(call))
+        except GatewayUnresponsive:
+            raise
         except ModelCallDeadline as exc:
             # Not one call answered since this one started, while others were in flight (or the
             # gateway is already down): the gateway hangs, not this call. Alone, a cut call may just
@@ -157,56 +161,34 @@ class _WatchedModel:
 
 
 class _WatchedEnv:
-    """The verifier port: marks the verifier reachable or not for the outage budget."""
+    """The verifier port under the watchdog: reachable or not, cut when it hangs."""
 
-    def __init__(self, inner: EnvPort, outages: Outages) -> None:
-        self._inner, self._outages = inner, outages
+    def __init__(self, inner: EnvPort, watchdog: Watchdog) -> None:
+        self._inner, self._watch = inner, watchdog.watch
 
     async def seed_session(self, environment: str, task: dict[str, Any], session_id: str) -> list[Json]:
-        return await _watch(self._outages, VERIFIER, self._inner.seed_session(environment, task, session_id))
+        return await self._watch(VERIFIER, self._inner.seed_session(environment, task, session_id))
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
-        return await _watch(self._outages, VERIFIER, self._inner.call_tool(session_id, call))
+        return await self._watch(VERIFIER, self._inner.call_tool(session_id, call))
 
     async def verify(
         self, environment: str, task: Json, messages: list[Json], session_id: str
     ) -> VerifyResult:
-        return await _watch(
-            self._outages, VERIFIER, self._inner.verify(environment, task, messages, session_id)
-        )
+        return await self._watch(VERIFIER, self._inner.verify(environment, task, messages, session_id))
 
     async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
         await self._inner.close_session(session_id)
 
     async def environment_tools(self, environment: str) -> list[Json]:
-        return await _watch(self._outages, VERIFIER, self._inner.environment_tools(environment))
+        return await self._watch(VERIFIER, self._inner.environment_tools(environment))
 
     async def describe_environment(self, environment: str) -> EnvDescription:
-        return await _watch(self._outages, VERIFIER, self._inner.describe_environment(environment))
+        return await self._watch(VERIFIER, self._inner.describe_environment(environment))
 
 
-GATEWAY, VERIFIER = "gateway", "verifier"
-# Errors that are not the service's answer: the call ran out of time or was cut on this side.
-_NOT_ANSWERS = frozenset({"DEADLINE_EXCEEDED", "CANCELLED", "MODEL_CALL_DEADLINE"})
-R = TypeVar("R")
-
-
-async def _watch(outages: Outages, service: str, call: Awaitable[R]) -> R:
-    outages.started(service)
-    try:
-        result = await call
-    except Exception as exc:
-        err = classify(exc)
-        outages.ended(service, answered=not err.outage and err.name not in _NOT_ANSWERS)
-        if err.outage:
-            outages.failed(service)
-        raise
-    except BaseException:  # cancelled here: no word from the service either way
-        outages.ended(service, answered=False)
-        raise
-    outages.ended(service, answered=True)
-    outages.recovered(service)
-    return result
+def _probe(port: object) -> Probe | None:
+    return port.responsive if isinstance(port, Responsive) else None
 
 
 class JobRun:
@@ -247,10 +229,11 @@ class JobRun:
             ceiling_s=p.rollout_timeout_s,
             enabled=not p.fixed_attempt_deadline,
         )
+        self.watchdog = Watchdog(self.outages, {GATEWAY: _probe(model), VERIFIER: _probe(env)})
         self.model: ModelPort = _WatchedModel(
-            model, self.outages, self.deadline, self.limiter if conc == 0 else None, self.hooks.clock
+            model, self.watchdog, self.deadline, self.limiter if conc == 0 else None, self.hooks.clock
         )
-        self.env: EnvPort = _WatchedEnv(env, self.outages)
+        self.env: EnvPort = _WatchedEnv(env, self.watchdog)
         self.backoff = Backoff(self.policy, rand=self.hooks.rand)
         self.settings = AgentSettings(
             environment=plan.spec.environment,
@@ -309,12 +292,15 @@ class JobRun:
             self.progress.ended = self.progress.started
             return self._stop_reason
         self._producer = asyncio.create_task(self._produce(existing), name=f"produce-{self.job_id}")
+        watchdog = asyncio.create_task(self.watchdog.run(), name=f"watchdog-{self.job_id}")
         try:
             await self._producer
         except asyncio.CancelledError:
             if self._stop_reason is None:  # we were cancelled from outside (shutdown): propagate
                 raise
         finally:
+            watchdog.cancel()
+            await asyncio.gather(watchdog, return_exceptions=True)
             self.progress.ended = self.hooks.clock()
             self.progress.in_flight = 0
         return self._stop_reason or self._outcome()

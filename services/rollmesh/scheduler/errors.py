@@ -145,5 +145,13 @@ class GatewayUnresponsive(ModelCallDeadline):
     reason = "GATEWAY_UNRESPONSIVE"
 
 
+class VerifierUnresponsive(mesh.DeadlineExceeded):
+    """Verifier calls cut because the verifier answered none of them, nor a health check, for
+    `unavailable_budget_s` (stopped, wedged: watchdog.py). An outage that spent the budget: the job
+    fails naming the verifier (it waited for keepalive, 60 + 20 s, before the budget even began)."""
+
+    reason = "VERIFIER_UNRESPONSIVE"
+
+
 class SinkUnavailable(mesh.Unavailable):
     reason = "SINK_UNAVAILABLE"

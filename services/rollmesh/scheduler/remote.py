@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Self, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.mesh.verify_result import VerifyResult
@@ -70,6 +71,17 @@ class _Port:
     @classmethod
     def connect(cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None) -> Self:
         return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
+
+    async def responsive(self, timeout_s: float) -> bool:
+        """Does the service answer a health check within `timeout_s`? (Any answer counts: a process
+        that answers is alive; one stopped or wedged answers nothing.)"""
+        try:
+            await health_pb2_grpc.HealthStub(self.channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            return exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        return True
 
 
 class GatewayModel(_Port):

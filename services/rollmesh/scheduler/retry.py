@@ -14,11 +14,12 @@ once, without a backoff: one hung call is not a sign of overload.
 
 Outages: an error saying a service is unreachable (UNAVAILABLE with no reason,
 BACKEND_UNAVAILABLE, UPSTREAM_UNREACHABLE; CANCELLED with no reason: the server stopped under the
-call; GATEWAY_UNRESPONSIVE: calls cut while the gateway answered none, errors.GatewayUnresponsive)
-is an `outage` error. It does not use up the rollout's attempts: the rollout waits (backoff
-capped at OUTAGE_MAX_BACKOFF_S) and tries again while the job's `Outages` say the service has been
-unreachable for less than `unavailable_budget_s`; past the budget it fails with `budget_exhausted`
-set, and the engine stops the job. The clock and the randomness are injectable so tests never sleep.
+call; GATEWAY_UNRESPONSIVE, VERIFIER_UNRESPONSIVE: calls cut while the service answered none,
+errors.GatewayUnresponsive, watchdog.py) is an `outage` error. It does not use up the rollout's
+attempts: the rollout waits (backoff capped at OUTAGE_MAX_BACKOFF_S) and tries again while the
+job's `Outages` say the service has been unreachable for less than `unavailable_budget_s`; past the
+budget it fails with `budget_exhausted` set, and the engine stops the job. The clock and the
+randomness are injectable so tests never sleep.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ OUTAGE_REASONS = frozenset({"", UNAVAILABLE, "BACKEND_UNAVAILABLE", "UPSTREAM_UN
 OUTAGE_MAX_BACKOFF_S = 2.0
 MODEL_CALL_DEADLINE = "MODEL_CALL_DEADLINE"  # errors.ModelCallDeadline's reason: retried without a wait
 GATEWAY_UNRESPONSIVE = "GATEWAY_UNRESPONSIVE"  # errors.GatewayUnresponsive's reason: an outage
+# A hung service (errors.GatewayUnresponsive, errors.VerifierUnresponsive; watchdog.py): an outage.
+UNRESPONSIVE = frozenset({GATEWAY_UNRESPONSIVE, "VERIFIER_UNRESPONSIVE"})
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ def classify(exc: BaseException) -> ErrorClass:
         # here): the server stopped under it, e.g. a restart. Same as unreachable.
         return ErrorClass(name, True, retry_after, message, outage=True)
     if code_name == DEADLINE_EXCEEDED:
-        return ErrorClass(name, True, retry_after, message, outage=reason == GATEWAY_UNRESPONSIVE)
+        return ErrorClass(name, True, retry_after, message, outage=reason in UNRESPONSIVE)
     if code_name == RESOURCE_EXHAUSTED:
         return ErrorClass(name, retry_after is not None, retry_after, message)
     return ErrorClass(name, False, None, message)
@@ -161,6 +164,15 @@ class Outages:
         self._waiting[service] -= 1
         if answered:
             self._heard[service] = self._clock()
+
+    def now(self) -> float:
+        return self._clock()
+
+    def quiet_s(self, service: str) -> float | None:
+        """Seconds `service` has kept calls waiting without answering any (None: no call waits)."""
+        if self._waiting[service] <= 0:
+            return None
+        return self._clock() - self._heard.get(service, self._clock())
 
     def answered_since(self, service: str, t: float) -> bool:
         return self._last_ok.get(service, float("-inf")) >= t

@@ -1,0 +1,113 @@
+"""Every call a job makes to the gateway or the verifier, watched: reachable or not (retry.Outages),
+and cut when the service hangs.
+
+`Watchdog.watch(service, call)` brackets a call for `Outages` (started/ended, failed/recovered).
+A service that keeps calls waiting and answers none of them for `unavailable_budget_s` (a stopped
+or wedged process still holds its connections: nothing fails, calls just wait for their deadlines,
+and gRPC keepalive notices a dead peer only after 60 + 20 s) is asked for its health (`Responsive`,
+a grpc.health Check, PROBE_TIMEOUT_S): one that answers is slow, not hung, and its calls go on;
+one that does not is an outage that began when it went quiet: its waiting calls are cut with its
+`*_UNRESPONSIVE` error (an outage, retry.py), and as the budget is spent the job fails naming the
+service. A hang shorter than the budget cuts nothing: the calls complete once it runs again, each
+exactly once. So a hung service ends the job within `unavailable_budget_s` + PROBE_TIMEOUT_S + one
+tick of its last answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from rollmesh.mesh import errors as mesh
+from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler.errors import GatewayUnresponsive, VerifierUnresponsive
+from rollmesh.scheduler.retry import Outages, classify
+
+log = get_logger("rollmesh.scheduler.watchdog")
+
+GATEWAY, VERIFIER = "gateway", "verifier"
+UNRESPONSIVE: Mapping[str, type[mesh.RollmeshError]] = {
+    GATEWAY: GatewayUnresponsive,
+    VERIFIER: VerifierUnresponsive,
+}
+PROBE_TIMEOUT_S = 5.0
+# Errors that are not the service's answer: the call ran out of time or was cut on this side.
+_NOT_ANSWERS = frozenset({"DEADLINE_EXCEEDED", "CANCELLED", "MODEL_CALL_DEADLINE"})
+Probe = Callable[[float], Awaitable[bool]]  # Responsive.responsive: did it answer within the timeout?
+R = TypeVar("R")
+
+
+class Watchdog:
+    """The calls waiting on each service, and the check that cuts them when the service hangs."""
+
+    def __init__(
+        self,
+        outages: Outages,
+        probes: Mapping[str, Probe | None],
+        *,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self.outages = outages
+        self.probes = probes
+        self.probe_timeout_s = probe_timeout_s
+        self._calls: collections.defaultdict[str, set[asyncio.Timeout]] = collections.defaultdict(set)
+        self._why: dict[str, str] = {}
+
+    async def watch(self, service: str, call: Awaitable[R]) -> R:
+        o = self.outages
+        o.started(service)
+        cut = asyncio.timeout(None)
+        calls = self._calls[service]
+        calls.add(cut)
+        try:
+            try:
+                async with cut:
+                    result = await call
+            except TimeoutError:
+                if not cut.expired():
+                    raise
+                raise UNRESPONSIVE[service](self._why.get(service, f"the {service} hangs")) from None
+        except Exception as exc:
+            err = classify(exc)
+            o.ended(service, answered=not err.outage and err.name not in _NOT_ANSWERS)
+            if err.outage:
+                o.failed(service)
+            raise
+        except BaseException:  # cancelled here: no word from the service either way
+            o.ended(service, answered=False)
+            raise
+        finally:
+            calls.discard(cut)
+        o.ended(service, answered=True)
+        o.recovered(service)
+        return result
+
+    async def run(self) -> None:
+        """Check every tick (a quarter of the budget, at most 1 s) until cancelled."""
+        tick = min(1.0, self.outages.budget_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            await self.check()
+
+    async def check(self) -> None:
+        o = self.outages
+        for service, calls in self._calls.items():
+            quiet = o.quiet_s(service)
+            if not calls or quiet is None or quiet < o.budget_s:
+                continue
+            probe = self.probes.get(service)
+            if probe is not None and await probe(self.probe_timeout_s):
+                continue  # it answers its health check: slow, not hung; its calls go on
+            quiet = o.quiet_s(service)
+            if not calls or quiet is None:  # answered while we asked
+                continue
+            n = len(calls)
+            why = f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {quiet:.0f} s"
+            self._why[service] = why + (", nor a health check" if probe is not None else "")
+            log.warning("service_unresponsive", service=service, calls=n, quiet_s=round(quiet, 1))
+            o.failed(service, since=o.now() - quiet)
+            loop = asyncio.get_running_loop()
+            for c in list(calls):
+                c.reschedule(loop.time())
