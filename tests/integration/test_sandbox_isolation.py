@@ -5,6 +5,7 @@ environment holds ROLLMESH_API_KEY, in every mode allowed to run here:
   any file descriptor it inherited), with the runner's Python guards bypassed through `posix`;
 - nothing it starts outlives the verify (a double-forked, setsid daemon is gone afterwards);
 - where the mode claims network isolation (namespaces), it cannot connect to a local port;
+- where the mode claims to bound what it writes in all (namespaces), it cannot write more;
 - the mode is logged at start and shown in ListEnvironments and `rollmesh status`;
 - without OS-level isolation the environment refuses to start, naming what is missing, unless
   the operator opts in (ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1)."""
@@ -202,6 +203,34 @@ async def test_local_ports_are_reachable_exactly_as_the_mode_claims(
     else:
         assert reward == 0.0, details
         assert accepted == [1]
+
+
+WRITE_FILES = """
+import posix
+def written():
+    n = 0
+    for i in range(64):
+        try:
+            fd = posix.open(f'f{i}', posix.O_WRONLY | posix.O_CREAT, 0o600)
+            posix.write(fd, b'x' * (1 << 20))
+            posix.close(fd)
+        except OSError:
+            break
+        n += 1
+    return n
+"""
+
+
+async def test_what_it_writes_is_bounded_as_the_mode_claims(
+    client: Client, verifier: tuple[ServerProc, str]
+) -> None:
+    """namespaces: all the run writes, together, fits in ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB (8 MiB
+    here: its /sandbox is a tmpfs that size; files on the host's disk were bounded one by one
+    only, ~1 GB written per CPU second). unsafe-process bounds each file only (README), and the
+    test holds it to that claim."""
+    bound = "written() <= 9" if verifier[1] == "namespaces" else "written() == 64"
+    reward, details = await _verify(client, WRITE_FILES, [f"assert {bound}"])
+    assert reward == 1.0, details
 
 
 async def test_mode_is_logged_listed_and_in_status(client: Client, verifier: tuple[ServerProc, str]) -> None:

@@ -56,11 +56,11 @@ class FlakySandbox:
         self.calls = 0
         sandbox._command = self.command  # type: ignore[method-assign]
 
-    def command(self, mode: str, root: Path, work: Path) -> list[str]:
+    def command(self, mode: str, root: Path, work: Path, limits: SandboxLimits) -> list[str]:
         self.calls += 1
         if self.down < 0 or self.calls <= self.down:
             return DIES_AT_START
-        return self.real(mode, root, work)
+        return self.real(mode, root, work, limits)
 
 
 @pytest_asyncio.fixture

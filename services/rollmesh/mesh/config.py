@@ -285,7 +285,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB",
             8,
             parse_int,
-            "Verifier: largest file a sandboxed run may write (RLIMIT_FSIZE).",
+            "Verifier: largest file a sandboxed run may write (RLIMIT_FSIZE); namespaces mode: all of them.",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_OUTPUT_KB",

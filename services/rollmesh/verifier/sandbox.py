@@ -6,7 +6,8 @@ unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
 
 - `namespaces` (when the kernel lets us `unshare` mount, net, pid, ipc and uts namespaces): the
   run sees a chroot built from a tmpfs holding read-only, nosuid binds of /usr (and /lib*, /bin) and the
-  Python prefix, with its temp dir as /sandbox; no network interface but loopback; its own pid
+  Python prefix, with a tmpfs of `fsize_mb` as /sandbox (all it may write: files written to the
+  host's disk filled it at ~1 GB/s of CPU); no network interface but loopback; its own pid
   namespace, so killing the outer process kills every descendant (fork bombs included); as root
   the code runs as uid/gid 65534, which makes RLIMIT_NPROC bite and the service's files unreadable.
 - `process` (the UNSAFE opt-in): a plain child in a new session, an empty environment, cwd in the
@@ -75,7 +76,7 @@ _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME"
 # Runs as root inside the new namespaces; builds the chroot and drops privileges.
 _NS_SCRIPT = r"""
 set -e
-R=$1; W=$2; PFX=$3; PY=$4; DROP=$5
+R=$1; W=$2; PFX=$3; PY=$4; DROP=$5; DISK_MB=$6
 mount -t tmpfs -o size=4m,mode=755 sbxroot "$R"
 for d in usr bin sbin lib lib32 lib64; do
   if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$R/$d"
@@ -90,7 +91,9 @@ case "$PFX" in
      mount -o remount,bind,ro,nosuid,nodev "$R$PFX" 2>/dev/null || true ;;
 esac
 mkdir -p "$R/sandbox" "$R/dev"
-mount --bind "$W" "$R/sandbox"; mount -o remount,bind,nosuid,nodev "$R/sandbox" 2>/dev/null || true
+mount -t tmpfs -o "size=${DISK_MB}m,mode=700,nosuid,nodev" sbxwork "$R/sandbox"
+cp "$W/runner.py" "$R/sandbox/runner.py"
+if [ "$DROP" = 1 ]; then chown -R 65534:65534 "$R/sandbox"; fi
 for n in null zero urandom random; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
 done
@@ -264,7 +267,7 @@ class Sandbox:
             self.runs += 1
             return await self._run_once(code, tests, limits or self.config.limits, mode, guards=guards)
 
-    def _command(self, mode: str, root: Path, work: Path) -> list[str]:
+    def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits) -> list[str]:
         py = _service_python()
         if mode == "process":
             return [self._process_python or py, "-I", "-S", "-B", "runner.py", "--keeper"]
@@ -286,6 +289,7 @@ class Sandbox:
             prefix,
             py,
             drop,
+            str(limits.fsize_mb + 1),  # what the run may write in all; +1 for runner.py
         ]
 
     async def _run_once(
@@ -298,7 +302,7 @@ class Sandbox:
             work, root = base / "work", base / "root"
             await asyncio.to_thread(self._prepare, base, work, root, mode)
             proc = await asyncio.create_subprocess_exec(
-                *self._command(mode, root, work),
+                *self._command(mode, root, work, limits),
                 cwd=str(work),
                 env=dict(_CLEAN_ENV),
                 stdin=asyncio.subprocess.PIPE,
