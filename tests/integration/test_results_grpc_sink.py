@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -353,3 +354,45 @@ async def test_a_trainer_that_stops_acknowledging_shows_as_waiting(
     await sink.close(state="succeeded", metrics=None)
     await asyncio.wait_for(consumer, timeout=30)
     assert sorted(r.key for r in got) == [(0, i) for i in range(4)]
+
+
+async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_job_then_resume_completes(
+    make_server: type[SinkServer], tmp_path: Path
+) -> None:
+    """A trainer alive but stuck (keepalive answered, nothing consumed) stalled the job forever: now
+    the job fails after GrpcSinkSpec.ack_timeout_s naming the sink, and a resume against a trainer
+    that consumes delivers every key exactly once."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from tests.fakes import LocalEnv, LocalModel, Rows
+
+    server = await make_server(window=64).start()
+    path = Rows.arithmetic(10).write(tmp_path / "d.jsonl")
+    sink = SinkConfig(kind="grpc", address=server.address, window=2, ack_timeout_s=1.0)
+    spec = JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink)
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
+    )
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        rec = await mgr.submit(spec)
+        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
+        assert done.state == "FAILED", done.error
+        assert f"trainer sink at {server.address} acknowledged nothing for 1 s" in done.error, done.error
+        assert "ack_timeout_s 1 s" in done.error and "a resume sends them again" in done.error
+        assert loop.time() - t0 < 1 + 20  # the timeout, not the 300 s drain on top
+
+        # The trainer wakes: it consumes what the first run left with it (up to that run's SinkClose,
+        # which says FAILED), then the resumed run.
+        first = await asyncio.wait_for(collect(server), timeout=30)
+        assert server.stats.closed_states == ["JOB_STATE_FAILED"]  # the trainer was told
+        consumer = asyncio.create_task(collect(server))
+        again = await mgr.submit(JobSpec(resume_job_id=rec.job_id, output_dir=str(tmp_path)))
+        final = await asyncio.wait_for(mgr.wait(again.job_id), timeout=60)
+        assert final.state == "SUCCEEDED", final.error
+        got = first + await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    assert sorted(r.key for r in got) == [(t, 0) for t in range(10)]  # each once, none lost

@@ -14,8 +14,13 @@ If the stream breaks, `write()` raises `SinkUnavailable` (UNAVAILABLE); rollouts
 acknowledged are not committed on the trainer, so a resumed job sends them again.
 
 A trainer that keeps the window full and acknowledges nothing for WAIT_SHOWN_AFTER_S (a training
-step, or a hung trainer) is not an error: dispatch waits, and `waiting()` says so, which the job's
-progress shows (`waiting_on`, `rollmesh run`'s bar, `rollmesh jobs status`).
+step, or a hung trainer) is not yet an error: dispatch waits, and `waiting()` says so, which the
+job's progress shows (`waiting_on`, `rollmesh run`'s bar, `rollmesh jobs status`). Past
+`ack_timeout_s` (GrpcSinkSpec.ack_timeout_s, default 300 s: an optimizer step may take minutes) it
+is: `write()` raises `SinkUnavailable` and the job fails (a trainer alive enough to answer
+keepalive pings but stuck, e.g. a deadlocked loop, stalled the job forever); what it never
+acknowledged is not committed, so a resumed job sends it again. The clock runs from the later of
+the last acknowledgement and the moment rollouts began waiting for one.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ _STATES = {
 
 
 WAIT_SHOWN_AFTER_S = 5.0  # a full window with no acknowledgement for this long shows in progress
+ACK_TIMEOUT_S = 300.0  # ... and fails the job (GrpcSinkSpec.ack_timeout_s)
 _SUCCESS = frozenset({scheduler_pb2.JOB_STATE_SUCCEEDED, scheduler_pb2.JOB_STATE_COMPLETED_WITH_FAILURES})
 
 
@@ -62,15 +68,19 @@ class GrpcSink(Sink):
         window: int = 64,
         api_key: str | None = None,
         rpc_timeout_s: float = 30.0,
-        drain_timeout_s: float = 300.0,
+        drain_timeout_s: float | None = None,
+        ack_timeout_s: float | None = None,
         channel: grpc.aio.Channel | None = None,
     ) -> None:
+        """`ack_timeout_s` (None: ACK_TIMEOUT_S): no acknowledgement for this long with the window
+        full fails the job; `drain_timeout_s` (None: `ack_timeout_s`): the wait for the last ones."""
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.address = address
         self.window = window
         self.rpc_timeout_s = rpc_timeout_s
-        self.drain_timeout_s = drain_timeout_s
+        self.ack_timeout_s = ack_timeout_s or ACK_TIMEOUT_S
+        self.drain_timeout_s = self.ack_timeout_s if drain_timeout_s is None else drain_timeout_s
         self._own_channel = channel is None
         self._channel = channel if channel is not None else aio_channel(address, api_key=api_key)
         self._stub = sink_pb2_grpc.RolloutSinkStub(self._channel)
@@ -85,13 +95,19 @@ class GrpcSink(Sink):
         self.max_unacked_seen = 0  # the largest in-flight count observed (tests, logs)
         self.acked = 0
         self._last_ack = time.monotonic()  # when the trainer last acknowledged (or the sink opened)
+        self._unacked_since = time.monotonic()  # when the unacknowledged set last became non-empty
+        self._stalled = False  # the trainer acknowledged nothing for ack_timeout_s: no drain wait
 
     @property
     def in_flight(self) -> int:
         return len(self._unacked)
 
+    def _quiet_s(self) -> float:
+        """Seconds rollouts have waited for an acknowledgement that did not come."""
+        return time.monotonic() - max(self._last_ack, self._unacked_since)
+
     def waiting(self) -> str:
-        quiet = time.monotonic() - self._last_ack
+        quiet = self._quiet_s()
         if len(self._unacked) < self.window or quiet < WAIT_SHOWN_AFTER_S:
             return ""
         return (
@@ -130,8 +146,23 @@ class GrpcSink(Sink):
 
     async def write(self, rollout: Rollout) -> None:
         async with self._cond:
-            await self._cond.wait_for(lambda: self._error is not None or len(self._unacked) < self.window)
+            while self._error is None and len(self._unacked) >= self.window:
+                left = self.ack_timeout_s - self._quiet_s()
+                if left <= 0:
+                    self._stalled = True
+                    raise SinkUnavailable(
+                        f"trainer sink at {self.address} acknowledged nothing for {self._quiet_s():.0f} s "
+                        f"with its window full ({len(self._unacked)} unacknowledged; GrpcSinkSpec."
+                        f"ack_timeout_s {self.ack_timeout_s:g} s): they are not committed, and a resume "
+                        "sends them again",
+                        metadata={"unacked": str(len(self._unacked))},
+                    )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._cond.wait()
             self._raise_if_broken()
+            if not self._unacked:
+                self._unacked_since = time.monotonic()
             self._unacked.add(rollout.key)
             self.max_unacked_seen = max(self.max_unacked_seen, len(self._unacked))
         await self._send(sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout)))
@@ -147,7 +178,7 @@ class GrpcSink(Sink):
         try:
             if self._call is None:
                 return
-            if self._error is None:
+            if self._error is None and not self._stalled:
                 try:
                     async with asyncio.timeout(self.drain_timeout_s), self._cond:
                         await self._cond.wait_for(lambda: self._error is not None or not self._unacked)

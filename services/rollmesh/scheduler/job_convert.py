@@ -28,6 +28,7 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         fsync_every=msg.sink.jsonl.fsync_every if kind == "jsonl" else 0,
         address=msg.sink.grpc.address if kind == "grpc" else "",
         window=msg.sink.grpc.window if kind == "grpc" else 0,
+        ack_timeout_s=msg.sink.grpc.ack_timeout_s if kind == "grpc" else 0.0,
     )
     return from_pb(
         JobSpec,
@@ -50,7 +51,9 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
         agent=pb.AgentSpec(max_steps=spec.max_steps, system_prompt=spec.system_prompt),
         sampling=sampling_to_pb(spec.sampling),
         shard=pb.Shard(index=spec.shard_index, count=spec.shard_count),
-        sink=pb.SinkSpec(grpc=pb.GrpcSinkSpec(address=s.address, window=s.window))
+        sink=pb.SinkSpec(
+            grpc=pb.GrpcSinkSpec(address=s.address, window=s.window, ack_timeout_s=s.ack_timeout_s)
+        )
         if s.kind == "grpc"
         else pb.SinkSpec(jsonl=pb.JsonlSinkSpec(fsync_every=s.fsync_every)),
     )

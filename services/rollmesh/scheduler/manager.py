@@ -69,7 +69,12 @@ def default_sink_factory(job_id: str, plan: Plan, directory: Path, *, api_key: s
     if cfg.kind == "grpc":
         from rollmesh.scheduler.grpc_sink import GrpcSink
 
-        return GrpcSink(cfg.address, window=cfg.window or 64, api_key=api_key or None)
+        return GrpcSink(
+            cfg.address,
+            window=cfg.window or 64,
+            api_key=api_key or None,
+            ack_timeout_s=cfg.ack_timeout_s or None,
+        )
     return JsonlSink(directory, fsync_every=cfg.fsync_every or 64, k_values=list(plan.k_values))
 
 

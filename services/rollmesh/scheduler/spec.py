@@ -58,6 +58,7 @@ class SinkConfig:
     fsync_every: int = 0  # jsonl: rows per fsync batch (0 = the sink's default)
     address: str = ""  # grpc: the RolloutSink's host:port
     window: int = 0  # grpc: max unacknowledged rollouts (0 = the sink's default)
+    ack_timeout_s: float = 0.0  # grpc: fail when nothing is acknowledged this long (0 = the default)
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def validate(spec: JobSpec) -> None:
         "allowed_failures": spec.allowed_failures,
         "sink.fsync_every": spec.sink.fsync_every,
         "sink.window": spec.sink.window,
+        "sink.grpc.ack_timeout_s": spec.sink.ack_timeout_s,
     }
     for name, value in numbers.items():
         if value < 0:

@@ -271,18 +271,24 @@ class GrpcSinkSpec(_message.Message):
 
     ADDRESS_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
+    ACK_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     address: _builtins.str
     window: _builtins.int
     """At most this many rollouts sent but not acknowledged (default 64)."""
+    ack_timeout_s: _builtins.float
+    """The job fails when the trainer acknowledges nothing for this long while rollouts wait
+    for it: its window full mid-job, or unacknowledged rollouts at the end (default 300 s).
+    """
     def __init__(
         self,
         *,
         address: _builtins.str = ...,
         window: _builtins.int = ...,
+        ack_timeout_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_s", b"ack_timeout_s", "address", b"address", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
