@@ -39,6 +39,8 @@ def test_retry_flags_and_resume_choices_go_into_the_spec() -> None:
         build_spec(SpecOptions(job_id="job-1", resume_latest=True))
     with pytest.raises(typer.BadParameter, match="--rollout-timeout must be >= 0"):
         build_spec(SpecOptions(rollout_timeout_s=-1.0))
+    with pytest.raises(typer.BadParameter, match="--unavailable-budget must be >= 0, got nan"):
+        build_spec(SpecOptions(unavailable_budget_s=float("nan")))
 
 
 def test_resume_command_names_the_cli_flags() -> None:

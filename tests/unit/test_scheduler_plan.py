@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import grpc
@@ -43,6 +44,17 @@ def _err(exc: pytest.ExceptionInfo[RollmeshError]) -> tuple[grpc.StatusCode, str
         (JobSpec(dataset="d", shard_index=1, shard_count=0), "INVALID_SHARD", "shard count"),
         (JobSpec(), "INVALID_JOB_SPEC", "no dataset"),
         (JobSpec(dataset="d", sampling={"top_p": 0.0}), "INVALID_JOB_SPEC", "top_p"),
+        (JobSpec(dataset="d", sampling={"temperature": math.nan}), "INVALID_JOB_SPEC", "temperature"),
+        (
+            JobSpec(dataset="d", retry=RetryPolicy(unavailable_budget_s=math.nan)),
+            "INVALID_JOB_SPEC",
+            "retry.unavailable_budget_s is nan",
+        ),
+        (
+            JobSpec(dataset="d", retry=RetryPolicy(rollout_timeout_s=math.inf)),
+            "INVALID_JOB_SPEC",
+            "retry.rollout_timeout_s is inf",
+        ),
     ],
 )
 def test_validate_rejects(spec: JobSpec, reason: str, needle: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
 import shlex
 import signal
 import time
@@ -194,9 +195,10 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         "unavailable_budget_s",
         "fail_fast_after",
     ):
-        if getattr(o, name) < 0:
+        value = getattr(o, name)
+        if not math.isfinite(value) or value < 0:  # typer parses "nan" and "inf" as floats
             flag = "--" + name.removesuffix("_s").replace("_", "-")
-            raise typer.BadParameter(f"{flag} must be >= 0, got {getattr(o, name)}")
+            raise typer.BadParameter(f"{flag} must be >= 0, got {value}")
     if o.job_id and o.resume_latest:
         raise typer.BadParameter("--resume finds the job to resume, --job-id names it: give one")
     shard = None

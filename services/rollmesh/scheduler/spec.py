@@ -7,6 +7,7 @@ Zero values mean "default", as in the proto: `num_repeats = 0` takes the benchma
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,9 +132,10 @@ def validate(spec: JobSpec) -> None:
         "sink.grpc.ack_timeout_s": spec.sink.ack_timeout_s,
     }
     for name, value in numbers.items():
-        if value < 0:
+        # NaN passes `< 0`: a NaN budget or timeout never ran out (a hung service stalled the job).
+        if not math.isfinite(value) or value < 0:
             raise InvalidJobSpec(
-                f"{name} is {value}; it must be >= 0 (0 means the default)", metadata={"field": name}
+                f"{name} is {value}; it must be a number >= 0 (0 means the default)", metadata={"field": name}
             )
     if not 0.0 <= spec.allowed_failure_fraction <= 1.0:
         raise InvalidJobSpec(
@@ -179,7 +181,7 @@ def validate(spec: JobSpec) -> None:
             "a gRPC sink needs an address (host:port)", metadata={"field": "sink.grpc.address"}
         )
     s = spec.sampling
-    if "temperature" in s and s["temperature"] < 0:
+    if "temperature" in s and not (math.isfinite(s["temperature"]) and s["temperature"] >= 0):
         raise InvalidJobSpec(
             f"sampling.temperature {s['temperature']} must be >= 0", metadata={"field": "sampling"}
         )
