@@ -20,6 +20,7 @@ from aiohttp import web
 from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.mesh.errors import RollmeshError
+from rollmesh.scheduler.retry import classify
 from tests.http_apps import serve_app
 from tests.procs import ROLLMESH
 
@@ -35,6 +36,35 @@ UNARY_BODIES: dict[str, bytes] = {
 EMPTY_ANSWER = {
     "choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]
 }
+SAID = {"role": "assistant", "content": "The answer is 5."}
+
+
+def _answer(message: dict[str, object] = SAID, finish: str = "stop", **extra: object) -> dict[str, object]:
+    return {"choices": [{"index": 0, "message": message, "finish_reason": finish, **extra}], "usage": USAGE}
+
+
+# A field of the wrong type was a Python error inside the gateway (INTERNAL, a traceback in its log).
+MALFORMED: dict[str, dict[str, object]] = {
+    "usage_not_a_number": {**_answer(), "usage": {"prompt_tokens": "many", "completion_tokens": 3}},
+    "usage_a_list": {**_answer(), "usage": [1, 2]},
+    "content_a_number": _answer({"role": "assistant", "content": 5}),
+    "tool_call_a_string": _answer({"role": "assistant", "content": None, "tool_calls": ["f"]}, "tool_calls"),
+    "tool_function_a_string": _answer(
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "function": "f"}]}, "tool_calls"
+    ),
+    "logprob_not_a_number": _answer(logprobs={"content": [{"logprob": "x"}]}),
+}
+CHUNK = b'data: {"choices": [{"index": 0, "delta": {"content": "The answer is 5"}}]}\n\n'
+MALFORMED_STREAMS: dict[str, list[bytes]] = {
+    "line_not_json": [CHUNK, b"data: {not json\n\n", b"data: [DONE]\n\n"],
+    "delta_a_string": [b'data: {"choices": [{"index": 0, "delta": "x"}]}\n\n', b"data: [DONE]\n\n"],
+    "choices_an_object": [b'data: {"choices": {"a": 1}}\n\n', b"data: [DONE]\n\n"],
+}
+FILTERED_STREAM = [
+    b'data: {"choices": [{"index": 0, "delta": {"content": "The answer is 5"}, '
+    b'"finish_reason": "content_filter"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
@@ -43,11 +73,20 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     if not body.get("stream"):
         if mode == "empty_answer":
             return web.json_response({**EMPTY_ANSWER, "usage": USAGE})
+        if mode == "content_filter":
+            return web.json_response(_answer(finish="content_filter"))
+        if mode == "content_parts":
+            return web.json_response(
+                _answer({"role": "assistant", "content": [{"type": "text", "text": "5"}]})
+            )
+        if mode in MALFORMED:
+            return web.json_response(MALFORMED[mode])
         return web.Response(body=UNARY_BODIES[mode], content_type="application/json")
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    await resp.write(b'data: {"id": "x", "choices": []}\n\n')
-    await resp.write(b"data: [DONE]\n\n")
+    parts = MALFORMED_STREAMS.get(mode) or (FILTERED_STREAM if mode == "content_filter" else None)
+    for part in parts or [b'data: {"id": "x", "choices": []}\n\n', b"data: [DONE]\n\n"]:
+        await resp.write(part)
     return resp
 
 
@@ -97,6 +136,42 @@ async def test_a_stream_with_no_choice_is_a_bad_response(bad_upstream: str) -> N
 async def test_a_well_formed_empty_answer_is_still_an_answer(bad_upstream: str) -> None:
     result = await _generate(bad_upstream, "empty_answer", stream=False)
     assert result.message.content == "" and result.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("mode", sorted(MALFORMED))
+async def test_a_field_of_the_wrong_type_is_a_bad_response_not_an_internal_error(
+    bad_upstream: str, mode: str
+) -> None:
+    with pytest.raises(RollmeshError) as info:
+        await _generate(bad_upstream, mode, stream=False)
+    assert info.value.reason == "UPSTREAM_BAD_RESPONSE", info.value
+    assert "a field of the answer is malformed" in info.value.message
+
+
+@pytest.mark.parametrize("mode", sorted(MALFORMED_STREAMS))
+async def test_a_malformed_streamed_chunk_is_a_bad_response_not_a_dropped_stream(
+    bad_upstream: str, mode: str
+) -> None:
+    """Retrying a server that sends garbage gets garbage: not UPSTREAM_STREAM_DROPPED (retried)."""
+    with pytest.raises(RollmeshError) as info:
+        await _generate(bad_upstream, mode, stream=True)
+    assert info.value.reason == "UPSTREAM_BAD_RESPONSE", info.value
+    assert "a streamed chunk is malformed" in info.value.message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_answer_cut_by_a_content_filter_is_never_an_answer(bad_upstream: str, stream: bool) -> None:
+    """ "The answer is 5" followed by finish_reason content_filter is half an answer: scoring it as
+    the model's (it was read as finish_reason "stop") would reward what the server withheld."""
+    with pytest.raises(RollmeshError) as info:
+        await _generate(bad_upstream, "content_filter", stream=stream)
+    assert info.value.reason == "UPSTREAM_CONTENT_FILTERED", info.value
+    assert not classify(info.value).retryable
+
+
+async def test_content_given_as_text_parts_is_read_as_text(bad_upstream: str) -> None:
+    result = await _generate(bad_upstream, "content_parts", stream=False)
+    assert result.message.content == "5" and result.finish_reason == "stop"
 
 
 async def test_rollmesh_run_against_it_fails_with_the_class(bad_upstream: str, tmp_path: Path) -> None:

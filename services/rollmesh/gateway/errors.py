@@ -177,6 +177,13 @@ class UpstreamBadResponse(mesh.Internal):
     http_status_override = 502
 
 
+class UpstreamContentFiltered(UpstreamBadResponse):
+    """The upstream cut its answer (finish_reason `content_filter`): what it sent is half an answer,
+    which a verifier must never score. Not retryable (the same prompt is filtered again)."""
+
+    reason = "UPSTREAM_CONTENT_FILTERED"
+
+
 class CheckpointIncompatible(mesh.InvalidArgument):
     """The checkpoint cannot replace the served weights; `metadata["problem"]` says why."""
 

@@ -23,8 +23,11 @@ MODEL_NOT_FOUND, 408 or no bytes for `timeout_s` -> UPSTREAM_TIMEOUT, other 4xx 
 (each with `metadata["http_status"]`); no connection (refused, or none within 10 s) ->
 UPSTREAM_UNREACHABLE; a connection closed
 mid-answer -> UPSTREAM_STREAM_DROPPED; a 200 that is not a chat completion (not JSON, no
-`choices`, a choice without a `message`, a stream that ends with no choice) ->
-UPSTREAM_BAD_RESPONSE, never an empty answer.
+`choices`, a choice without a `message`, a stream that ends with no choice, a field of the wrong
+type: `usage`, `content`, `tool_calls`, `logprobs`, an SSE line that is not JSON) ->
+UPSTREAM_BAD_RESPONSE, never an empty answer nor an internal error; an answer the server cut with
+finish_reason `content_filter` -> UPSTREAM_CONTENT_FILTERED (a half answer is never scored).
+Content given as a list of text parts is read as their text.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from rollmesh.gateway.backends.base import (
     ModelCard,
     ReplicaStatus,
 )
+from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 
@@ -63,8 +67,15 @@ def _render_calls(calls: dict[int, dict[str, str]]) -> str:
     return "".join(parts)
 
 
-def _finish_reason(reason: str) -> str:
+def _finish_reason(reason: str, where: str) -> str:
+    if reason == "content_filter":  # the server withheld the rest: a half answer, never scored
+        raise errors.UpstreamContentFiltered(
+            f"{where}: the server cut the answer (finish_reason content_filter)"
+        )
     return reason if reason in ("length", "abort") else "stop"
+
+
+_MALFORMED = (TypeError, ValueError, AttributeError, KeyError)  # a field of the wrong type or shape
 
 
 def _logprobs(choice: dict[str, Any]) -> tuple[float, ...]:
@@ -321,6 +332,16 @@ class OpenAIBackend(ModelBackend):
     def _unary_chunk(
         self, payload: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]
     ) -> EngineChunk:
+        try:
+            return self._read_unary(payload, choice, message)
+        except _MALFORMED as exc:
+            raise errors.UpstreamBadResponse(
+                f"{self.base_url}: a field of the answer is malformed ({type(exc).__name__}: {exc})"
+            ) from None
+
+    def _read_unary(
+        self, payload: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]
+    ) -> EngineChunk:
         calls = {
             i: {"name": (tc.get("function") or {}).get("name") or "", "arguments": _arguments(tc)}
             for i, tc in enumerate(message.get("tool_calls") or [])
@@ -329,8 +350,8 @@ class OpenAIBackend(ModelBackend):
         return EngineChunk(
             token_ids=tuple(choice.get("token_ids") or ()),
             logprobs=_logprobs(choice),
-            text=(message.get("content") or "") + _render_calls(calls),
-            finish_reason=_finish_reason(choice.get("finish_reason") or "stop"),
+            text=content_text(message.get("content"), strict=True) + _render_calls(calls),
+            finish_reason=_finish_reason(choice.get("finish_reason") or "stop", self.base_url),
             replica_id=self.replica_id,
             prompt_token_ids=tuple(payload.get("prompt_token_ids") or ()),
             prompt_tokens=prompt_tokens,
@@ -362,11 +383,18 @@ class OpenAIBackend(ModelBackend):
                 if data_line == "[DONE]":
                     done = True
                     break
-                chunk = json.loads(data_line)
-                saw_choice = saw_choice or bool(chunk.get("choices"))
-                if chunk.get("usage"):
-                    usage = _usage(chunk)
-                for out in self._chunks(chunk, calls):
+                try:
+                    chunk = json.loads(data_line)
+                    saw_choice = saw_choice or bool(chunk.get("choices"))
+                    if chunk.get("usage"):
+                        usage = _usage(chunk)
+                    outs = self._chunks(chunk, calls)
+                except _MALFORMED as exc:  # not a dropped connection: retrying gets the same
+                    raise errors.UpstreamBadResponse(
+                        f"{self.base_url}: a streamed chunk is malformed ({type(exc).__name__}: {exc}): "
+                        f"{data_line[:200]!r}"
+                    ) from None
+                for out in outs:
                     if out.finish_reason:
                         finish = out  # held back: the usage chunk comes after it
                     else:
@@ -416,11 +444,11 @@ class OpenAIBackend(ModelBackend):
                 fn = tc.get("function") or {}
                 slot["name"] += fn.get("name") or ""
                 slot["arguments"] += fn.get("arguments") or ""
-            text = delta.get("content") or ""
+            text = content_text(delta.get("content"), strict=True)
             reason = choice.get("finish_reason")
             if reason:
                 text += _render_calls(calls)
-                reason = _finish_reason(reason)
+                reason = _finish_reason(reason, self.base_url)
             out.append(
                 EngineChunk(
                     token_ids=tuple(choice.get("token_ids") or ()),
