@@ -138,25 +138,20 @@ async def test_a_well_formed_empty_answer_is_still_an_answer(bad_upstream: str) 
     assert result.message.content == "" and result.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("mode", sorted(MALFORMED))
-async def test_a_field_of_the_wrong_type_is_a_bad_response_not_an_internal_error(
-    bad_upstream: str, mode: str
+@pytest.mark.parametrize(
+    ("mode", "stream"),
+    [(m, False) for m in sorted(MALFORMED)] + [(m, True) for m in sorted(MALFORMED_STREAMS)],
+)
+async def test_a_field_of_the_wrong_type_is_a_bad_response(
+    bad_upstream: str, mode: str, stream: bool
 ) -> None:
+    """Not an internal error (unary), nor UPSTREAM_STREAM_DROPPED (streamed: retried against a
+    server that sends the same garbage again)."""
     with pytest.raises(RollmeshError) as info:
-        await _generate(bad_upstream, mode, stream=False)
+        await _generate(bad_upstream, mode, stream=stream)
     assert info.value.reason == "UPSTREAM_BAD_RESPONSE", info.value
-    assert "a field of the answer is malformed" in info.value.message
-
-
-@pytest.mark.parametrize("mode", sorted(MALFORMED_STREAMS))
-async def test_a_malformed_streamed_chunk_is_a_bad_response_not_a_dropped_stream(
-    bad_upstream: str, mode: str
-) -> None:
-    """Retrying a server that sends garbage gets garbage: not UPSTREAM_STREAM_DROPPED (retried)."""
-    with pytest.raises(RollmeshError) as info:
-        await _generate(bad_upstream, mode, stream=True)
-    assert info.value.reason == "UPSTREAM_BAD_RESPONSE", info.value
-    assert "a streamed chunk is malformed" in info.value.message
+    said = "a streamed chunk is malformed" if stream else "a field of the answer is malformed"
+    assert said in info.value.message
 
 
 @pytest.mark.parametrize("stream", [False, True])
