@@ -47,31 +47,25 @@ class _WithToken:
             details.method, details.timeout, md, details.credentials, details.wait_for_ready
         )
 
-
-class _UnaryUnaryToken(_WithToken, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(self, continuation: Behavior, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
+    async def _intercept(self, continuation: Behavior, details: Any, request_or_requests: Any) -> Any:
+        return await continuation(self._details(details), request_or_requests)
 
 
-class _UnaryStreamToken(_WithToken, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_stream(self, continuation: Behavior, details: Any, request: Any) -> Any:
-        return await continuation(self._details(details), request)
-
-
-class _StreamUnaryToken(_WithToken, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(self, continuation: Behavior, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
-
-
-class _StreamStreamToken(_WithToken, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_stream(self, continuation: Behavior, details: Any, requests: Any) -> Any:
-        return await continuation(self._details(details), requests)
+# One class per grpc.aio interface (module docstring), each with `_intercept` as its method.
+_TOKEN_KINDS: list[Callable[[str], grpc.aio.ClientInterceptor]] = [
+    type(f"_{base.__name__}Token", (_WithToken, base), {f"intercept_{call}": _WithToken._intercept})
+    for call, base in (
+        ("unary_unary", grpc.aio.UnaryUnaryClientInterceptor),
+        ("unary_stream", grpc.aio.UnaryStreamClientInterceptor),
+        ("stream_unary", grpc.aio.StreamUnaryClientInterceptor),
+        ("stream_stream", grpc.aio.StreamStreamClientInterceptor),
+    )
+]
 
 
 def client_interceptors(api_key: str) -> list[grpc.aio.ClientInterceptor]:
     """Interceptors that send `authorization: Bearer <api_key>` on every call type."""
-    kinds = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
-    return [kind(api_key) for kind in kinds]
+    return [kind(api_key) for kind in _TOKEN_KINDS]
 
 
 # -- server side -------------------------------------------------------------------------------

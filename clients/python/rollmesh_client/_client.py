@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import Any
+from typing import Generic, TypeVar
 
 import grpc
 
-from rollmesh_client._base import UNAVAILABLE_RETRY_S
+from rollmesh_client._base import UNAVAILABLE_RETRY_S, ServiceClient
 from rollmesh_client._channel import aio_channel
 from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient
@@ -25,6 +25,30 @@ DEFAULT_ADDRS = {
 
 def default_address(service: str) -> str:
     return os.environ.get(f"ROLLMESH_{service.upper()}_ADDR") or DEFAULT_ADDRS[service]
+
+
+C = TypeVar("C", bound=ServiceClient)
+
+
+class _Service(Generic[C]):
+    """`Client.<service>`: that service's client, made on first use over its channel."""
+
+    def __init__(self, cls: type[C]) -> None:
+        self.cls = cls
+
+    def __set_name__(self, owner: type[Client], name: str) -> None:
+        self.service = name
+
+    def __get__(self, client: Client, owner: type[Client]) -> C:
+        made = client._clients.get(self.service)
+        if not isinstance(made, self.cls):
+            made = self.cls(
+                client.channel(self.service),
+                timeout_s=client.timeout_s,
+                retry_unavailable_s=client.retry_unavailable_s,
+            )
+            client._clients[self.service] = made
+        return made
 
 
 class Client:
@@ -52,7 +76,7 @@ class Client:
         self.timeout_s = timeout_s
         self.retry_unavailable_s = retry_unavailable_s
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[str, ServiceClient] = {}
 
     @classmethod
     async def connect(
@@ -75,28 +99,10 @@ class Client:
             self._channels[service] = aio_channel(self.addresses[service], api_key=self.api_key)
         return self._channels[service]
 
-    def _client(self, service: str, cls: type[Any]) -> Any:
-        if service not in self._clients:
-            self._clients[service] = cls(
-                self.channel(service), timeout_s=self.timeout_s, retry_unavailable_s=self.retry_unavailable_s
-            )
-        return self._clients[service]
-
-    @property
-    def registry(self) -> RegistryClient:
-        return self._client("registry", RegistryClient)  # type: ignore[no-any-return]
-
-    @property
-    def gateway(self) -> GatewayClient:
-        return self._client("gateway", GatewayClient)  # type: ignore[no-any-return]
-
-    @property
-    def verifier(self) -> VerifierClient:
-        return self._client("verifier", VerifierClient)  # type: ignore[no-any-return]
-
-    @property
-    def scheduler(self) -> SchedulerClient:
-        return self._client("scheduler", SchedulerClient)  # type: ignore[no-any-return]
+    registry = _Service(RegistryClient)
+    gateway = _Service(GatewayClient)
+    verifier = _Service(VerifierClient)
+    scheduler = _Service(SchedulerClient)
 
     async def close(self) -> None:
         for ch in self._channels.values():

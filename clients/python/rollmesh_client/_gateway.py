@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
 from rollmesh_client._base import ServiceClient
 from rollmesh_client._errors import RollmeshClientError, from_status
-from rollmesh_client._streams import Multiplexed, call_many
+from rollmesh_client._streams import Answers, IdPairs, Multiplexed, call_many
 from rollmesh_client._weights_upload import (
     CHUNK_BYTES,
     FileSource,
@@ -183,15 +183,11 @@ class GatewayClient(ServiceClient):
             yield item
 
     def generate_many(
-        self,
-        requests: AsyncIterable[tuple[str, pb.GenerateRequest]] | Iterable[tuple[str, pb.GenerateRequest]],
-        *,
-        window: int = 64,
-        timeout_s: float = 300.0,
-    ) -> AsyncIterator[tuple[str, pb.GenerateResponse | RollmeshClientError]]:
-        """(id, request) pairs over one `GenerateMany` stream, at most `window` unanswered; yields
-        (id, response or that item's error) in completion order. An item unanswered for `timeout_s`
-        or a broken stream ends the iteration with that error."""
+        self, requests: IdPairs[pb.GenerateRequest], *, window: int = 64, timeout_s: float = 300.0
+    ) -> Answers[pb.GenerateResponse]:
+        """`call_many` over one `GenerateMany` stream: at most `window` unanswered, (id, response or
+        that item's error) in completion order; an item unanswered for `timeout_s` or a broken
+        stream ends the iteration with that error."""
         return call_many(generate_mux(self.stub), requests, window=window, deadline_s=timeout_s, close=True)
 
     async def models(self, *, page_size: int = 100) -> AsyncIterator[pb.ModelInfo]:

@@ -76,6 +76,19 @@ Out = TypeVar("Out")
 MakeItem = Callable[[str, Any, float], Req]
 #: A stream's response message -> (id, answer or its typed error).
 ReadAnswer = Callable[[Resp], tuple[str, Out | RollmeshClientError]]
+# (id, request) pairs, from a list or an async source, in; (id, answer or that item's error) out.
+IdPairs = AsyncIterable[tuple[str, Req]] | Iterable[tuple[str, Req]]
+Answers = AsyncIterator[tuple[str, Out | RollmeshClientError]]
+
+
+async def id_pairs(items: IdPairs[Req]) -> AsyncIterator[tuple[str, Req]]:
+    """`items` as one async iterator, whichever kind it is."""
+    if isinstance(items, AsyncIterable):
+        async for pair in items:
+            yield pair
+    else:
+        for pair in items:
+            yield pair
 
 
 def items_of(message: M) -> Sequence[M]:
@@ -405,12 +418,12 @@ class Multiplexed(Generic[Req, Resp, Out]):
 
 async def call_many(
     mux: Multiplexed[Any, Any, Out],
-    items: AsyncIterable[tuple[str, Any]] | Iterable[tuple[str, Any]],
+    items: IdPairs[Any],
     *,
     window: int,
     deadline_s: float,
     close: bool = False,
-) -> AsyncIterator[tuple[str, Out | RollmeshClientError]]:
+) -> Answers[Out]:
     """(id, payload) items through `mux`, at most `window` unanswered; (id, answer or its per-item
     error) in completion order. The stream is half-closed once the items run out (and `mux` closed
     at the end with `close`). A stream-level failure, or an item unanswered for `deadline_s`, ends
@@ -442,12 +455,8 @@ async def call_many(
 
     async def feed() -> None:
         try:
-            if isinstance(items, AsyncIterable):
-                async for item_id, payload in items:
-                    await one(item_id, payload)
-            else:
-                for item_id, payload in items:
-                    await one(item_id, payload)
+            async for item_id, payload in id_pairs(items):
+                await one(item_id, payload)
             mux.done_writing()
             while waiting:
                 await asyncio.wait(set(waiting))

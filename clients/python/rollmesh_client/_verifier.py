@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from rollmesh_client._base import ServiceClient
 from rollmesh_client._errors import RollmeshClientError, from_status
-from rollmesh_client._streams import Multiplexed, call_many
+from rollmesh_client._streams import Answers, IdPairs, Multiplexed, call_many, id_pairs
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
@@ -120,20 +120,14 @@ class VerifierClient(ServiceClient):
         await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))
 
     def verify_many(
-        self,
-        requests: AsyncIterable[tuple[str, pb.VerifyRequest]] | Iterable[tuple[str, pb.VerifyRequest]],
-        *,
-        window: int = 32,
-        timeout_s: float = 300.0,
-    ) -> AsyncIterator[tuple[str, pb.VerifyResult | RollmeshClientError]]:
-        """(id, request) pairs over one `VerifyBatch` stream, at most `window` unanswered; yields
-        (id, result or that item's error) in completion order. An item unanswered for `timeout_s`
-        or a broken stream ends the iteration with that error."""
+        self, requests: IdPairs[pb.VerifyRequest], *, window: int = 32, timeout_s: float = 300.0
+    ) -> Answers[pb.VerifyResult]:
+        """`GatewayClient.generate_many`'s contract over one `VerifyBatch` stream."""
         return call_many(verify_mux(self.stub), requests, window=window, deadline_s=timeout_s, close=True)
 
     async def verify_batch(
         self,
-        requests: AsyncIterable[tuple[str, pb.VerifyRequest]] | Iterable[tuple[str, pb.VerifyRequest]],
+        requests: IdPairs[pb.VerifyRequest],
         *,
         timeout_s: float | None = None,
     ) -> AsyncIterator[pb.VerifyBatchResponse]:
@@ -141,12 +135,8 @@ class VerifierClient(ServiceClient):
         completion order, with no window (`verify_many` bounds it and types the answers)."""
 
         async def gen() -> AsyncIterator[pb.VerifyBatchRequest]:
-            if isinstance(requests, AsyncIterable):
-                async for item_id, req in requests:
-                    yield pb.VerifyBatchRequest(id=item_id, request=req)
-            else:
-                for item_id, req in requests:
-                    yield pb.VerifyBatchRequest(id=item_id, request=req)
+            async for item_id, req in id_pairs(requests):
+                yield pb.VerifyBatchRequest(id=item_id, request=req)
 
         async for item in self._stream(self.stub.VerifyBatch, gen(), timeout_s=timeout_s):
             yield item
