@@ -7,6 +7,7 @@ from rollmesh.gateway.backends.base import (
     ModelCard,
     ReplicaStatus,
     Sampling,
+    SamplingInput,
     Tokenizer,
 )
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
@@ -19,7 +20,7 @@ from rollmesh.gateway.errors import (
     ModelNotFound,
     PromptTooLong,
 )
-from rollmesh.gateway.types import GenerateInput, GenerateResult, SamplingInput
+from rollmesh.gateway.types import GenerateInput, GenerateResult
 from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
 
 __all__ = [

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.types import (
     GenerateInput,
     GenerateResult,
     ModelStatus,
-    SamplingInput,
     StreamDelta,
     WeightUpdate,
 )

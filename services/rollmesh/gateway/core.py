@@ -28,6 +28,7 @@ from rollmesh.gateway.backends.base import (
     ModelBackend,
     ReplicaStatus,
     Sampling,
+    SamplingInput,
 )
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.gateway.errors import DrainTimeout, WeightUpdatesUnsupported
@@ -37,7 +38,6 @@ from rollmesh.gateway.types import (
     GenerateInput,
     GenerateResult,
     ModelStatus,
-    SamplingInput,
     StreamDelta,
     Usage,
     WeightUpdate,

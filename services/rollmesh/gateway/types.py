@@ -9,22 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.gateway.backends.base import ReplicaStatus, SamplingInput
 from rollmesh.mesh.chat import Message, ToolSpec
-
-
-@dataclass(frozen=True)
-class SamplingInput:
-    """Sampling as the caller sent it: None means "the model's default"."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    logprobs: bool = False
-    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,29 @@ from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
-class Sampling:
-    """Validated sampling parameters (the gateway validates before a backend sees them)."""
+class SamplingInput:
+    """Sampling parameters as the caller sent them: None means "the model's default"."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 256
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
     # Generate exactly max_tokens (benchmarks, load tests); backends without it may ignore it.
     ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Sampling(SamplingInput):
+    """The same parameters validated, each default filled in (`Gateway` validates them before a
+    backend sees them): backends read these."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
 
 
 @dataclass(frozen=True)

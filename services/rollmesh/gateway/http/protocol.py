@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollmesh.gateway import errors
-from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus, SamplingInput
+from rollmesh.gateway.backends.base import SamplingInput
+from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus
 from rollmesh.mesh.chat import Message, ToolCall, ToolSpec, content_text
 from rollmesh.mesh.errors import RollmeshError
 
