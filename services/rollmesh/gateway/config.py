@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollmesh.mesh.config import OPENAI_HTTP_PORT, ConfigError, ServerConfig, read
+from rollmesh.mesh.config import OPENAI_HTTP_PORT, ConfigError, ServerConfig, read, read_fields
 
 BACKENDS = ("ray-serve", "openai", "fake")
 
@@ -117,14 +117,17 @@ class GatewayConfig:
             api_key_env=str(read("ROLLMESH_GATEWAY_API_KEY_ENV", environ)),
             max_connections=int(read("ROLLMESH_GATEWAY_UPSTREAM_CONNECTIONS", environ)),
         )
-        return cls(
+        return read_fields(
+            cls,
+            "ROLLMESH_GATEWAY_",
+            environ,
+            names={
+                "http_port": "ROLLMESH_OPENAI_HTTP_PORT",
+                "weights_staging_dir": "ROLLMESH_WEIGHTS_STAGING_DIR",
+            },
             server=server,
             models=(spec,),
             default_model=spec.name,
             http_host=server.host,
-            http_port=int(read("ROLLMESH_OPENAI_HTTP_PORT", environ)) if http_port is None else http_port,
-            session_ttl_s=float(read("ROLLMESH_GATEWAY_SESSION_TTL_S", environ)),
-            max_sessions=int(read("ROLLMESH_GATEWAY_MAX_SESSIONS", environ)),
-            default_max_tokens=int(read("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", environ)),
-            weights_staging_dir=str(read("ROLLMESH_WEIGHTS_STAGING_DIR", environ)),
+            http_port=http_port,
         )

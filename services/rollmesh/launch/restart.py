@@ -46,15 +46,9 @@ class RestartPolicy:
         window_s: float | None = None,
     ) -> RestartPolicy:
         """Flags given here win over ROLLMESH_RESTART, ROLLMESH_RESTART_MAX, ROLLMESH_RESTART_WINDOW_S."""
-        return cls(
-            mode=mode or str(config.read("ROLLMESH_RESTART", environ)),
-            max_restarts=(
-                int(config.read("ROLLMESH_RESTART_MAX", environ)) if max_restarts is None else max_restarts
-            ),
-            window_s=float(config.read("ROLLMESH_RESTART_WINDOW_S", environ))
-            if window_s is None
-            else window_s,
-        )
+        names = {"mode": "ROLLMESH_RESTART", "max_restarts": "ROLLMESH_RESTART_MAX"}
+        flags = {"mode": mode or None, "max_restarts": max_restarts, "window_s": window_s}
+        return config.read_fields(cls, "ROLLMESH_RESTART_", environ, names=names, **flags)
 
     def wants_restart(self, returncode: int) -> bool:
         return self.mode == "always" or (self.mode == "on-failure" and returncode != 0)

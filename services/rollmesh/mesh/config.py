@@ -371,15 +371,16 @@ def read_fields(
     names: Mapping[str, str] | None = None,
     **given: Any,
 ) -> D:
-    """A `cls` dataclass whose fields take `given[name]`, else the registered variable
-    `<prefix><NAME>` (or `names[name]`, for a field whose variable is spelled otherwise; parsed,
-    then converted to the field's declared type when that is bool, int, float or str), else their
-    defaults: a service's config names each variable once, in ENV_VARS."""
+    """A `cls` dataclass whose fields take `given[name]` (None there: not given, as a CLI flag left
+    out), else the registered variable `<prefix><NAME>` (or `names[name]`, for a field whose
+    variable is spelled otherwise; parsed, then converted to the field's declared type when that is
+    bool, int, float or str), else their defaults: a service's config names each variable once, in
+    ENV_VARS."""
     hints = typing.get_type_hints(cls)
-    values = dict(given)
+    values = {name: value for name, value in given.items() if value is not None}
     for f in dataclasses.fields(cls):
         var = (names or {}).get(f.name) or prefix + f.name.upper()
-        if f.name not in given and var in ENV_VARS:
+        if f.name not in values and var in ENV_VARS:
             value, kind = read(var, environ), hints.get(f.name)
             values[f.name] = kind(value) if kind in (bool, int, float, str) else value
     return cls(**values)

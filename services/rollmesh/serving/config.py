@@ -110,8 +110,7 @@ class ServingConfig:
         **overrides: Any,
     ) -> ServingConfig:
         """Environment variables (see mesh/config.py) under explicit `overrides` (CLI flags)."""
-        given = {k: v for k, v in overrides.items() if v is not None}
-        given |= {"model_path": str(model_path), "model_name": model_name}
+        given = overrides | {"model_path": str(model_path), "model_name": model_name}
         return read_fields(cls, "ROLLMESH_", environ, names=_VARIABLES, **given)
 
 
