@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rollmesh.mesh.errors import DeadlineExceeded, Unavailable
+from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.records import Json
 from rollmesh_client import (
@@ -27,14 +27,6 @@ from rollmesh_client import (
     aio_channel,
 )
 from rollmesh_client.v1 import verifier_pb2
-
-
-class VerifierUnavailable(Unavailable):
-    reason = "VERIFIER_UNAVAILABLE"
-
-
-class ReverifyTimeout(DeadlineExceeded):
-    reason = "REVERIFY_TIMEOUT"
 
 
 @dataclass
