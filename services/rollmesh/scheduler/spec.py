@@ -38,19 +38,8 @@ class RetryPolicy:
 
     def with_defaults(self) -> RetryPolicy:
         """Zero fields replaced by the defaults (the proto's zero means unset)."""
-        d = RetryPolicy()
-        return RetryPolicy(
-            max_attempts=self.max_attempts or d.max_attempts,
-            initial_backoff_s=self.initial_backoff_s or d.initial_backoff_s,
-            max_backoff_s=self.max_backoff_s or d.max_backoff_s,
-            rollout_timeout_s=self.rollout_timeout_s or d.rollout_timeout_s,
-            max_consecutive_unavailable=self.max_consecutive_unavailable or d.max_consecutive_unavailable,
-            unavailable_budget_s=self.unavailable_budget_s or d.unavailable_budget_s,
-            fail_fast_after=self.fail_fast_after or d.fail_fast_after,
-            attempt_deadline_multiplier=self.attempt_deadline_multiplier or d.attempt_deadline_multiplier,
-            attempt_deadline_floor_s=self.attempt_deadline_floor_s or d.attempt_deadline_floor_s,
-            fixed_attempt_deadline=self.fixed_attempt_deadline,
-        )
+        unset = [f.name for f in dataclasses.fields(self) if not getattr(self, f.name)]
+        return dataclasses.replace(self, **{name: getattr(RetryPolicy(), name) for name in unset})
 
 
 @dataclass(frozen=True)
@@ -117,15 +106,7 @@ def validate(spec: JobSpec) -> None:
         "limit": spec.limit,
         "concurrency": spec.concurrency,
         "agent.max_steps": spec.max_steps,
-        "retry.max_attempts": spec.retry.max_attempts,
-        "retry.initial_backoff_s": spec.retry.initial_backoff_s,
-        "retry.max_backoff_s": spec.retry.max_backoff_s,
-        "retry.rollout_timeout_s": spec.retry.rollout_timeout_s,
-        "retry.max_consecutive_unavailable": spec.retry.max_consecutive_unavailable,
-        "retry.unavailable_budget_s": spec.retry.unavailable_budget_s,
-        "retry.fail_fast_after": spec.retry.fail_fast_after,
-        "retry.attempt_deadline_multiplier": spec.retry.attempt_deadline_multiplier,
-        "retry.attempt_deadline_floor_s": spec.retry.attempt_deadline_floor_s,
+        **{f"retry.{f.name}": getattr(spec.retry, f.name) for f in dataclasses.fields(spec.retry)},
         "allowed_failures": spec.allowed_failures,
         "sink.fsync_every": spec.sink.fsync_every,
         "sink.window": spec.sink.window,
