@@ -261,30 +261,48 @@ def usage_json(r: GenerateResult) -> dict[str, int]:
     }
 
 
+def completion_object(
+    cid: str,
+    model: str,
+    choices: list[dict[str, Any]],
+    *,
+    created: int = 0,
+    chunk: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """OpenAI's `chat.completion` object (with `chunk`, a `chat.completion.chunk`: a stream's
+    chunks share one `created`) around `choices`; `extra` adds top-level keys (usage ...)."""
+    return {
+        "id": cid,
+        "object": "chat.completion.chunk" if chunk else "chat.completion",
+        "created": created or int(time.time()),
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+
+
 def chat_completion(r: GenerateResult, session_id: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": r.message.content or None}
     if r.message.tool_calls:
         message["tool_calls"] = calls_json(r)
     elif message["content"] is None:
         message["content"] = ""
-    return {
-        "id": f"chatcmpl-{r.request_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": r.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": r.finish_reason,
-                "logprobs": logprobs_json(r.output_token_ids, r.logprobs),
-                "token_ids": list(r.output_token_ids),
-            }
-        ],
-        "usage": usage_json(r),
-        "prompt_token_ids": list(r.prompt_token_ids),
-        "rollmesh": extension(r, session_id),
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": r.finish_reason,
+        "logprobs": logprobs_json(r.output_token_ids, r.logprobs),
+        "token_ids": list(r.output_token_ids),
     }
+    return completion_object(
+        f"chatcmpl-{r.request_id}",
+        r.model,
+        [choice],
+        usage=usage_json(r),
+        prompt_token_ids=list(r.prompt_token_ids),
+        rollmesh=extension(r, session_id),
+    )
 
 
 def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from rollmesh.gateway.http.protocol import (
     calls_json,
+    completion_object,
     error_json,
     extension,
     logprobs_json,
@@ -45,17 +46,19 @@ async def chat_events(
 ) -> AsyncIterator[bytes]:
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+    def chunk(
+        delta: dict[str, Any],
+        finish: str | None = None,
+        *,
+        answer: GenerateResult | None = None,
+        **extra: Any,
+    ) -> bytes:
+        """One choice's `delta`; `answer` (the final `GenerateResult`) adds the rollmesh fields."""
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **extra}
-        return _sse(
-            {
-                "id": cid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-        )
+        if answer is None:
+            return _sse(completion_object(cid, model, [choice], created=created, chunk=True))
+        more = {"prompt_token_ids": list(answer.prompt_token_ids), "rollmesh": extension(answer, session_id)}
+        return _sse(completion_object(cid, answer.model, [choice], created=created, chunk=True, **more))
 
     filt = ContentStreamFilter()
     yield chunk({"role": "assistant", "content": ""})
@@ -70,29 +73,10 @@ async def chat_events(
                 if r.message.tool_calls:
                     calls = [{"index": i, **c} for i, c in enumerate(calls_json(r))]
                     yield chunk({"tool_calls": calls})
-                final = {
-                    "id": cid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": r.model,
-                    "choices": [
-                        {"index": 0, "delta": {}, "finish_reason": r.finish_reason, "logprobs": None}
-                    ],
-                    "prompt_token_ids": list(r.prompt_token_ids),
-                    "rollmesh": extension(r, session_id),
-                }
-                yield _sse(final)
+                yield chunk({}, r.finish_reason, answer=r)
                 if include_usage:
-                    yield _sse(
-                        {
-                            "id": cid,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": r.model,
-                            "choices": [],
-                            "usage": usage_json(r),
-                        }
-                    )
+                    usage = usage_json(r)
+                    yield _sse(completion_object(cid, r.model, [], created=created, chunk=True, usage=usage))
                 break
             text = filt.feed(item.text)
             if text or item.token_ids:
