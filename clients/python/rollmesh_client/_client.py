@@ -15,16 +15,12 @@ from rollmesh_client._registry import RegistryClient
 from rollmesh_client._scheduler import SchedulerClient
 from rollmesh_client._verifier import VerifierClient
 
-DEFAULT_ADDRS = {
-    "registry": "127.0.0.1:50051",
-    "verifier": "127.0.0.1:50052",
-    "gateway": "127.0.0.1:50053",
-    "scheduler": "127.0.0.1:50054",
-}
+# Each service's default port (DESIGN.md), the one table: the servers' config (mesh/config.py) reads it.
+DEFAULT_PORTS = {"registry": 50051, "verifier": 50052, "gateway": 50053, "scheduler": 50054}
 
 
 def default_address(service: str) -> str:
-    return os.environ.get(f"ROLLMESH_{service.upper()}_ADDR") or DEFAULT_ADDRS[service]
+    return os.environ.get(f"ROLLMESH_{service.upper()}_ADDR") or f"127.0.0.1:{DEFAULT_PORTS[service]}"
 
 
 C = TypeVar("C", bound=ServiceClient)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rollmesh_client._client import DEFAULT_PORTS as DEFAULT_PORTS  # the one table, also the SDK's
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -84,7 +86,6 @@ class EnvVar:
     secret: bool = False
 
 
-DEFAULT_PORTS = {"registry": 50051, "verifier": 50052, "gateway": 50053, "scheduler": 50054}
 OPENAI_HTTP_PORT = 8000
 SERVICES = tuple(DEFAULT_PORTS)
 
