@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -101,6 +102,30 @@ def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
     with pytest.raises(RollmeshError) as info:
         build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
     assert "b.jsonl:1:" in info.value.message and "input" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [
+        ({"temperature": "hot"}, "`responses_create_params.temperature` must be a number, not 'hot'"),
+        ({"top_p": float("nan")}, "`responses_create_params.top_p` must be a number, not nan"),
+        ({"max_output_tokens": [5]}, "`responses_create_params.max_output_tokens` must be an integer"),
+        ({"top_k": True}, "`responses_create_params.top_k` must be an integer, not True"),
+        ({"stop": 5}, "`responses_create_params.stop` must be a string or a list of strings, not 5"),
+    ],
+)
+def test_a_row_sampling_value_of_the_wrong_type_names_its_line(
+    catalog: Catalog, tmp_path: Path, params: dict[str, object], said: str
+) -> None:
+    """It failed every rollout of the row with INTERNAL ("could not convert string to float") at run time."""
+    path = Rows.arithmetic(2).write(tmp_path / "d.jsonl")
+    row = {"responses_create_params": {"input": "What is 1 + 2?", **params}, "expected_answer": "3"}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(path), environment="arithmetic"))
+    assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_DATASET_ROW")
+    assert f"{path}:3: {said}" in info.value.message, info.value.message
 
 
 def test_a_binary_row_is_malformed_not_internal(catalog: Catalog, tmp_path: Path) -> None:

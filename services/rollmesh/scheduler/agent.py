@@ -179,18 +179,22 @@ def row_tools(task: Json) -> list[Json]:
     return out
 
 
+# A row's `responses_create_params` field -> the sampling field it overrides.
+ROW_SAMPLING = (
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("max_output_tokens", "max_tokens"),
+    ("max_tokens", "max_tokens"),
+    ("top_k", "top_k"),
+    ("stop", "stop"),
+)
+
+
 def row_sampling(task: Json, base: Json) -> Json:
     """Job sampling with the row's `responses_create_params` overrides applied."""
     params = task["responses_create_params"]
     s = dict(base)
-    for src, dst in (
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("max_output_tokens", "max_tokens"),
-        ("max_tokens", "max_tokens"),
-        ("top_k", "top_k"),
-        ("stop", "stop"),
-    ):
+    for src, dst in ROW_SAMPLING:
         if params.get(src) is not None:
             s[dst] = params[src]
     return s

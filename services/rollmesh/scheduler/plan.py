@@ -5,12 +5,15 @@ selected (limit, then shard), keys enumerated lazily. Blocking file I/O: call of
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
+from rollmesh.scheduler.agent import ROW_SAMPLING
+from rollmesh.scheduler.convert import sampling_to_pb
 from rollmesh.scheduler.errors import (
     BenchmarkNotFound,
     DatasetNotFound,
@@ -184,16 +187,44 @@ def _row_problem(row: Any) -> str:
         return "missing `responses_create_params` (an object with `input`)"
     inp = params.get("input")
     if isinstance(inp, str):
-        return "" if inp else "`responses_create_params.input` is empty"
-    if not isinstance(inp, list) or not inp:
+        if not inp:
+            return "`responses_create_params.input` is empty"
+    elif not isinstance(inp, list) or not inp:
         return "`responses_create_params.input` must be a non-empty list of messages or a string"
-    for i, m in enumerate(inp):
-        if not isinstance(m, dict) or "role" not in m:
-            return f"`responses_create_params.input[{i}]` is not a message with a `role`"
+    else:
+        for i, m in enumerate(inp):
+            if not isinstance(m, dict) or "role" not in m:
+                return f"`responses_create_params.input[{i}]` is not a message with a `role`"
     tools = params.get("tools", [])
     if not isinstance(tools, list):
         return "`responses_create_params.tools` must be a list"
+    for src, dst in ROW_SAMPLING:
+        value = params.get(src)
+        # A value sampling cannot take failed every rollout of the row with INTERNAL at run time.
+        if value is not None and not _is_sampling_value(dst, value):
+            return f"`responses_create_params.{src}` must be {_SAMPLING_KINDS[dst]}, not {value!r}"
     return ""
+
+
+_SAMPLING_KINDS = {
+    "temperature": "a number",
+    "top_p": "a number",
+    "max_tokens": "an integer",
+    "top_k": "an integer",
+    "stop": "a string or a list of strings",
+}
+
+
+def _is_sampling_value(name: str, value: Any) -> bool:
+    if name == "stop":
+        return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return False
+    try:
+        sampling_to_pb({name: value})
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return name not in ("temperature", "top_p") or math.isfinite(float(value))
 
 
 def build_plan(catalog: Catalog, spec: JobSpec) -> Plan:
