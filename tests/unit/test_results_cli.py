@@ -120,6 +120,12 @@ def test_readable_errors(tmp_path: Path) -> None:
     no_key.write_text('{"reward": 1}\n')
     res = runner.invoke(build_app(), ["profile", str(no_key)])
     assert res.exit_code == 2 and f"{no_key}:1: not a rollmesh row" in res.stderr
+    # A BOM-like start made json guess UTF-16 and fail with a codec error naming no file or line.
+    (utf16 := tmp_path / "utf16.jsonl").write_bytes(
+        b"\xff\xfe\n" + json.dumps(make(0, 0).to_row()).encode() + b"\n"
+    )
+    res = runner.invoke(build_app(), ["aggregate", str(utf16)])
+    assert res.exit_code == 2 and f"{utf16}:1: not valid JSON (not UTF-8 text)" in res.stderr, res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "no such file" in res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "nothing*")])

@@ -127,12 +127,15 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
             if not raw.strip():
                 continue
             try:
-                row = json.loads(raw)
-            except json.JSONDecodeError as exc:
+                # Decoded as UTF-8 here: json.loads(bytes) guesses UTF-16/32 from the first bytes and
+                # failed with a codec error naming neither the file nor the line.
+                row = json.loads(raw.decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 if not raw.endswith(b"\n"):
                     log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
                     return
-                raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                said = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+                raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({said})") from None
             if not isinstance(row, dict):
                 raise CorruptSinkFile(f"{path}:{lineno}: not a JSON object")
             yield lineno, row
