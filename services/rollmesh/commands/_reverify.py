@@ -16,16 +16,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from rollmesh.commands._common import connect
 from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.records import Json
-from rollmesh_client import (
-    DeadlineExceededError,
-    RollmeshClientError,
-    UnavailableError,
-    VerifierClient,
-    aio_channel,
-)
+from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
 from rollmesh_client.v1 import verifier_pb2
 
 
@@ -70,10 +65,9 @@ async def reverify(
     if not out:
         return report
     requests = ((str(i), verify_request(row, environment)) for i, row in enumerate(out))
-    async with aio_channel(verifier, api_key=api_key) as channel:
-        client = VerifierClient(channel, timeout_s=idle_timeout_s)
+    async with await connect(verifier=verifier, api_key=api_key or "", timeout_s=idle_timeout_s) as c:
         try:
-            async for item_id, answer in client.verify_many(
+            async for item_id, answer in c.verifier.verify_many(
                 requests, window=window, timeout_s=idle_timeout_s
             ):
                 _apply(out[int(item_id)], answer, report)
