@@ -100,13 +100,14 @@ class GatewayConfig:
         http_port: int | None = None,
         backend: str | None = None,
         model: str | None = None,
+        model_name: str | None = None,
         replicas: int | None = None,
         base_url: str | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> GatewayConfig:
         server = ServerConfig.from_env("gateway", port=port, host=host, environ=environ)
         model_ref = model or str(read("ROLLMESH_GATEWAY_MODEL", environ))
-        name = str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
+        name = model_name or str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
         spec = ModelSpec(
             name=name,
             backend=_backend_for(backend, base_url, environ),
