@@ -326,3 +326,29 @@ async def test_api_key_is_required_when_set() -> None:
         await right.close()
     finally:
         await facade.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"stop": 5}, "stop"),  # was a 500 (TypeError in the facade)
+        ({"stop": ["ok", 5]}, "stop"),
+        ({"seed": "x"}, "seed"),  # was dropped: answered as if unseeded
+        ({"top_k": 2.5}, "top_k"),  # was dropped
+        ({"temperature": 1e400}, "sampling.temperature"),  # JSON infinity was accepted
+    ],
+)
+async def test_a_sampling_field_of_the_wrong_type_is_a_400_naming_it(
+    http: Http, body: dict[str, object], param: str
+) -> None:
+    async with httpx.AsyncClient(timeout=20) as client:
+        resp = await client.post(
+            f"{http.url}/chat/completions",
+            content=json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **body})
+            .replace("Infinity", "1e400")
+            .encode(),
+            headers={"content-type": "application/json"},
+        )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["code"] == "INVALID_SAMPLING_PARAMS", error

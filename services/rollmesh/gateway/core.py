@@ -124,7 +124,7 @@ def validate_sampling(
     def bad(name: str, problem: str) -> errors.InvalidSampling:
         return errors.InvalidSampling(f"sampling.{name} {problem}", metadata={"field": f"sampling.{name}"})
 
-    if s.temperature is not None and (math.isnan(s.temperature) or s.temperature < 0):
+    if s.temperature is not None and not (math.isfinite(s.temperature) and s.temperature >= 0):
         raise bad("temperature", f"must be >= 0 (0 is greedy), got {s.temperature}")
     if s.top_p is not None and not (0 < s.top_p <= 1):
         raise bad("top_p", f"must be in (0, 1], got {s.top_p}")

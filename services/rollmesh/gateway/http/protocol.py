@@ -87,19 +87,25 @@ def _sampling(body: dict[str, Any], max_key: tuple[str, ...]) -> SamplingInput:
             raise errors.InvalidSampling(f"{key} must be a number", metadata={"field": key})
         return float(v)
 
-    max_tokens = next((body[k] for k in max_key if body.get(k) is not None), None)
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-        raise errors.InvalidSampling(f"{max_key[0]} must be an integer", metadata={"field": max_key[0]})
+    def integer(key: str, value: Any) -> int | None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise errors.InvalidSampling(f"{key} must be an integer", metadata={"field": key})
+        return value
+
+    max_tokens = integer(max_key[0], next((body[k] for k in max_key if body.get(k) is not None), None))
+    # A `stop` that is not text was a 500 (TypeError); a `seed` or `top_k` of another type was dropped.
     stop = body.get("stop") or ()
-    top_k = body.get("top_k")
-    seed = body.get("seed")
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, list | tuple) or not all(isinstance(x, str) for x in stop):
+        raise errors.InvalidSampling("stop must be a string or a list of strings", metadata={"field": "stop"})
     return SamplingInput(
         temperature=num("temperature"),
         top_p=num("top_p"),
-        top_k=int(top_k) if isinstance(top_k, int) else None,
+        top_k=integer("top_k", body.get("top_k")),
         max_tokens=max_tokens,
-        stop=(stop,) if isinstance(stop, str) else tuple(str(s) for s in stop),
-        seed=int(seed) if isinstance(seed, int) else None,
+        stop=tuple(stop),
+        seed=integer("seed", body.get("seed")),
         logprobs=bool(body.get("logprobs")),
         ignore_eos=bool(body.get("ignore_eos")),  # vLLM's extension of the OpenAI API
     )
