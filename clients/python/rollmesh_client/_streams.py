@@ -11,7 +11,7 @@ as answers (or per-item errors, typed by `from_status`) come back in completion 
   stream the other calls share.
 - A call that outlives its deadline raises DEADLINE_EXCEEDED; a call whose caller is cancelled
   sends a cancel item when the RPC has one (GenerateMany: the gateway aborts the engine request).
-  Deadlines run on one loop timer per `_DEADLINE_TICK_S` with calls due, not one timer per call
+  Deadlines run on one loop timer per `DEADLINE_TICK_S` with calls due, not one timer per call
   (at a thousand calls a second those timers were a tenth of the caller's CPU): a call may outlive
   its deadline by up to that tick.
 - When the stream breaks (the peer restarted, the network dropped), every waiting call fails with
@@ -62,7 +62,7 @@ _BATCH_MAX_ITEMS = 512
 _BATCH_ITEM_FRAMING = 8
 
 # Deadlines of waiting calls are rounded up to ticks of this many seconds (see the module doc).
-_DEADLINE_TICK_S = 0.05
+DEADLINE_TICK_S = 0.05
 
 #: The metadata pair both ends of a multiplexed stream send to say they read and write batches.
 BATCH_METADATA = ("rollmesh-batch", "1")
@@ -167,11 +167,11 @@ class _Deadlines:
     def add(self, item_id: str, future: asyncio.Future[Any], deadline_s: float) -> int:
         """Fail `future` with `_DeadlinePassed` once `deadline_s` has passed; returns its tick."""
         loop = asyncio.get_running_loop()
-        tick = math.ceil((loop.time() + deadline_s) / _DEADLINE_TICK_S)
+        tick = math.ceil((loop.time() + deadline_s) / DEADLINE_TICK_S)
         due = self._due.get(tick)
         if due is None:
             due = self._due[tick] = {}
-            loop.call_at(tick * _DEADLINE_TICK_S, self._expire, tick)
+            loop.call_at(tick * DEADLINE_TICK_S, self._expire, tick)
         due[item_id] = future
         return tick
 
@@ -222,6 +222,19 @@ class Multiplexed(Generic[Req, Resp, Out]):
         self._readers: set[asyncio.Task[None]] = set()  # one per stream still being read
         self._probe: asyncio.Future[RollmeshClientError | None] | None = None
         self._unimplemented: RollmeshClientError | None = None
+
+    @property
+    def what(self) -> str:
+        """The call's name in errors (e.g. "Generate")."""
+        return self._what
+
+    def make_item(self, item_id: str, payload: Any, deadline_s: float) -> Req:
+        """The stream message that carries `payload` as item `item_id`."""
+        return self._make_item(item_id, payload, deadline_s)
+
+    def read_answer(self, message: Resp) -> tuple[str, Out | RollmeshClientError]:
+        """An answer message as (item id, answer or its typed error)."""
+        return self._read_answer(message)
 
     async def call(self, payload: Any, deadline_s: float) -> Out:
         """The answer to `payload`; the peer's per-item error, or a stream-level one, is raised."""

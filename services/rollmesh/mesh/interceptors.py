@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import structlog
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from rollmesh.mesh import errors
@@ -38,13 +39,19 @@ class _Outcome:
         self.code = "OK"
 
 
-async def _fail(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, outcome: _Outcome) -> None:
+def status_of(exc: BaseException) -> status_pb2.Status:
+    """The status a call that raised `exc` ends with: a domain error's own; INTERNAL with a short
+    message for anything else (its traceback goes to the log)."""
     if isinstance(exc, errors.RollmeshError):
-        outcome.code = exc.code.name
-        await context.abort_with_status(rpc_status.to_status(errors.to_status(exc)))
-    outcome.code = "INTERNAL"
+        return errors.to_status(exc)
     log.error("rpc_internal_error", exc_info=exc)
-    await context.abort_with_status(rpc_status.to_status(errors.internal_status()))
+    return errors.internal_status()
+
+
+async def _fail(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, outcome: _Outcome) -> None:
+    status = status_of(exc)
+    outcome.code = errors.code_name(status.code)
+    await context.abort_with_status(rpc_status.to_status(status))
 
 
 def _finish(

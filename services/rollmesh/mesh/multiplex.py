@@ -115,6 +115,18 @@ async def answer_messages(
                 yield messages(item_id, outcome)
 
 
+async def outcome_of(work: Callable[[], Awaitable[T]], what: str, item_id: str) -> T | RollmeshError:
+    """One item's outcome: its result, its domain error, or INTERNAL for any other failure (logged
+    with the traceback; the caller gets only the exception's type)."""
+    try:
+        return await work()
+    except RollmeshError as exc:
+        return exc
+    except Exception as exc:
+        log.error(f"{what}_failed", id=item_id, exc_info=exc)
+        return Internal(f"{what} failed: {type(exc).__name__}")
+
+
 async def run_multiplexed(
     items: AsyncIterator[Item[T]], *, limit: int, what: str = "item"
 ) -> AsyncIterator[tuple[str, T | RollmeshError]]:
@@ -138,15 +150,10 @@ async def run_multiplexed_batches(
 
     async def one(item_id: str, work: Callable[[], Awaitable[T]]) -> None:
         try:
-            res: T | RollmeshError = await work()
+            res = await outcome_of(work, what, item_id)
         except asyncio.CancelledError:
             slots.release()  # cancelled by the caller: no result to take
             raise
-        except RollmeshError as exc:
-            res = exc
-        except Exception as exc:
-            log.error(f"{what}_failed", id=item_id, exc_info=exc)
-            res = Internal(f"{what} failed: {type(exc).__name__}")
         finally:
             if running.get(item_id) is asyncio.current_task():
                 del running[item_id]

@@ -6,24 +6,31 @@ Generate and Verify calls go over one long-lived stream each, the SDK's multiple
 (`generate_mux`, `verify_mux`: rollmesh_client/_streams.py): a stream message costs both ends a
 fraction of a unary RPC. A gateway without GenerateMany (UNIMPLEMENTED) is called with unary
 `Generate` instead.
+
+`connect(address)` makes a port over gRPC; `in_process(servicer)` one on the service's servicer in
+this process (the embedded mesh, launch/embedded.py), with the same messages, errors, deadlines and
+cancellation but no gRPC hop (mesh/in_process.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.mesh.in_process import InProcessMux, InProcessStub, MultiplexedMethod
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
 from rollmesh.scheduler.errors import BadReward
 from rollmesh_client import (
     AlreadyExistsError,
+    Multiplexed,
     NotFoundError,
     RollmeshClientError,
     aio_channel,
@@ -61,16 +68,54 @@ def tool_from_pb(spec: common_pb2.ToolSpec) -> Json:
     }
 
 
-class _Port:
-    """A channel to one service and the deadlines its calls run under."""
+class _Caller(Protocol):
+    """A multiplexed method's calls: the SDK's `Multiplexed`, or `InProcessMux`."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
+    async def call(self, payload: Any, deadline_s: float) -> Any: ...
+
+    async def close(self) -> None: ...
+
+
+class _Port:
+    """A service's stub and multiplexed method, and the deadlines its calls run under: over a gRPC
+    channel (`connect`), or on the service's servicer in this process (`in_process`: the embedded
+    mesh; same messages, errors, deadlines and cancellation, no gRPC hop: mesh/in_process.py)."""
+
+    def __init__(
+        self,
+        stub: Any,
+        many: _Caller,
+        *,
+        channel: grpc.aio.Channel | None = None,
+        deadlines: Deadlines | None = None,
+    ) -> None:
+        self.stub = stub
+        self._many = many
         self.channel = channel
         self.deadlines = deadlines or Deadlines()
 
+    # Set by each port: its gRPC stub class, the SDK's multiplexed client of its stream method,
+    # and the servicer's method that describes that stream's server side (mesh/in_process.py).
+    _stub_class: Any = None
+    _mux: Callable[[Any], Multiplexed[Any, Any, Any]]
+    _stream_method = ""
+
     @classmethod
     def connect(cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None) -> Self:
-        return cls(aio_channel(address, api_key=api_key), deadlines=deadlines)
+        channel = aio_channel(address, api_key=api_key)
+        stub = cls._stub_class(channel)
+        return cls(stub, cls._mux(stub), channel=channel, deadlines=deadlines)
+
+    @classmethod
+    def in_process(cls, servicer: Any, *, deadlines: Deadlines | None = None) -> Self:
+        stub = InProcessStub(servicer)
+        method: MultiplexedMethod[Any] = getattr(servicer, cls._stream_method)()
+        return cls(stub, InProcessMux(cls._mux(stub), method), deadlines=deadlines)
+
+    async def close(self) -> None:
+        await self._many.close()
+        if self.channel is not None:
+            await self.channel.close()
 
     async def responsive(self, timeout_s: float) -> bool:
         """Does the service answer a health check within `timeout_s`? (Any answer counts: a process
@@ -87,11 +132,10 @@ class _Port:
 class GatewayModel(_Port):
     """ModelPort over the ModelGateway."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
-        super().__init__(channel, deadlines=deadlines)
-        self.stub = gateway_pb2_grpc.ModelGatewayStub(channel)
-        self._many = generate_mux(self.stub)
-        self._unary_only = False  # the gateway has no GenerateMany
+    _stub_class = gateway_pb2_grpc.ModelGatewayStub
+    _mux = staticmethod(generate_mux)
+    _stream_method = "generate_many"
+    _unary_only = False  # the gateway has no GenerateMany
 
     async def generate(self, call: GenerateCall) -> Turn:
         req = to_pb(
@@ -113,7 +157,8 @@ class GatewayModel(_Port):
     async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
         if not self._unary_only:
             try:
-                return await self._many.call(req, self.deadlines.generate_s)
+                answer: gateway_pb2.GenerateResponse = await self._many.call(req, self.deadlines.generate_s)
+                return answer
             except RollmeshClientError as exc:
                 if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
@@ -137,18 +182,13 @@ class GatewayModel(_Port):
                 return sum(r.max_batch for r in m.replicas if r.healthy)
         return 0
 
-    async def close(self) -> None:
-        await self._many.close()
-        await self.channel.close()
-
 
 class VerifierEnv(_Port):
     """EnvPort over the EnvironmentVerifier."""
 
-    def __init__(self, channel: grpc.aio.Channel, *, deadlines: Deadlines | None = None) -> None:
-        super().__init__(channel, deadlines=deadlines)
-        self.stub = verifier_pb2_grpc.EnvironmentVerifierStub(channel)
-        self._batch = verify_mux(self.stub)
+    _stub_class = verifier_pb2_grpc.EnvironmentVerifierStub
+    _mux = staticmethod(verify_mux)
+    _stream_method = "verify_batch"
 
     async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
         req = verifier_pb2.SeedSessionRequest(
@@ -191,7 +231,7 @@ class VerifierEnv(_Port):
             response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in messages]),
             session_id=session_id,
         )
-        r = await self._batch.call(req, self.deadlines.verify_s)
+        r = await self._many.call(req, self.deadlines.verify_s)
         result = from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
         if bad := result.not_finite():
             raise BadReward(f"the verifier answered {bad}, not a finite number")
@@ -210,7 +250,3 @@ class VerifierEnv(_Port):
             self.stub.GetEnvironment, req, self.deadlines.session_s
         )
         return EnvDescription(tools=[tool_from_pb(t) for t in resp.tools], stateless=resp.stateless)
-
-    async def close(self) -> None:
-        await self._batch.close()
-        await self.channel.close()

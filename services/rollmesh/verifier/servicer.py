@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
 from rollmesh.mesh import chat
 from rollmesh.mesh.errors import InvalidArgument
-from rollmesh.mesh.multiplex import ItemMessages, answer_messages, open_batches, stream_items
+from rollmesh.mesh.in_process import MultiplexedMethod
+from rollmesh.mesh.multiplex import Item, ItemMessages, answer_messages, open_batches, stream_items
 from rollmesh.mesh.paging import page
+from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier import convert
 from rollmesh.verifier.service import VerifierService, VerifyCall
 from rollmesh_client.v1 import verifier_pb2 as pb
@@ -67,6 +70,16 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
             async for req in stream_items(request_iterator):
                 yield req.id, convert.verify_call_from_pb(req.request)
 
-        messages = ItemMessages("verify", pb.VerifyBatchResponse, "result", convert.result_to_pb)
+        messages = self.verify_batch().messages
         async for message in answer_messages(self._svc.verify_batches(calls()), messages, batched=batched):
             yield message
+
+    def verify_batch(self) -> MultiplexedMethod[VerifyResult]:
+        """VerifyBatch's server side, which the embedded mesh also runs in-process (in_process.py):
+        each item is `verify` of its call (as in `VerifierService.verify_batches`), at most the
+        service's `batch_concurrency` at once."""
+        messages = ItemMessages("verify", pb.VerifyBatchResponse, "result", convert.result_to_pb)
+        return MultiplexedMethod(self._batch_item, messages, self._svc.config.batch_concurrency)
+
+    def _batch_item(self, req: pb.VerifyBatchRequest) -> Item[VerifyResult]:
+        return Item(req.id, functools.partial(self._svc.verify, convert.verify_call_from_pb(req.request)))
