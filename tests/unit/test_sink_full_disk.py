@@ -235,3 +235,24 @@ async def test_a_real_full_tmpfs_fails_the_job_then_resume_completes(
         await mgr2.aclose()
     assert resumed.state == "SUCCEEDED", resumed.error
     _check(resumed, expected, complete=True)
+
+
+async def test_an_output_dir_that_is_a_file_is_a_one_line_refusal_not_internal(tmp_path: Path) -> None:
+    """`rollmesh run -o FILE` answered INTERNAL ('internal error; see the server log', exit 1)."""
+    from rollmesh.mesh.errors import RollmeshError
+
+    path = Rows.arithmetic(2).write(tmp_path / "d.jsonl")
+    (a_file := tmp_path / "afile").write_text("")
+    mgr = JobManager(CATALOG, model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
+    try:
+        with pytest.raises(RollmeshError) as info:
+            await mgr.submit(JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(a_file)))
+        assert (info.value.code, info.value.reason) == (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "OUTPUT_DIR_UNUSABLE",
+        )
+        assert f"cannot write the job folder {a_file}/job-" in info.value.message
+        assert "Not a directory" in info.value.message, info.value.message
+        assert await mgr.list_jobs() == []  # no phantom job left behind
+    finally:
+        await mgr.aclose()

@@ -109,6 +109,13 @@ class JobFolderInUse(mesh.FailedPrecondition):
     reason = "JOB_FOLDER_IN_USE"
 
 
+class OutputDirUnusable(mesh.FailedPrecondition):
+    """The job folder cannot be created or written (the output dir is a file, not writable, or
+    full): the submit fails naming it, and no job is recorded."""
+
+    reason = "OUTPUT_DIR_UNUSABLE"
+
+
 class SinkWriteFailed(mesh.Internal):
     """The sink could not store rows (a full disk, an I/O error): the job fails at once with this
     reason; rows of the failed batch are not on disk and not counted, so a resume re-runs them."""

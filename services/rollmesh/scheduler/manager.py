@@ -33,6 +33,7 @@ from rollmesh.scheduler.errors import (
     JobNotFound,
     JobRunning,
     OffsetExpired,
+    OutputDirUnusable,
     RequestIdReused,
     ResumeMismatch,
 )
@@ -280,8 +281,14 @@ class JobManager:
             rec.run.keep_scored = not rec.has_file
             run = rec.run
             sink.on_error = lambda exc: run.stop(RunResult("FAILED", exc.message))
+            try:
+                await asyncio.to_thread(store.write_json_atomic, directory / store.JOB, rec.to_json())
+            except OSError as exc:  # a file where the folder goes, no permission, a full disk
+                raise OutputDirUnusable(
+                    f"cannot write the job folder {directory}: {exc.strerror or exc} (check --output-dir)",
+                    metadata={"path": str(directory)},
+                ) from None
             self._remember(rec)
-            await asyncio.to_thread(store.write_json_atomic, directory / store.JOB, rec.to_json())
             self._tasks.spawn(self._drive(rec), name=f"job-{job_id}")
             log.info("job_submitted", job_id=job_id, total=plan.total, environment=plan.spec.environment)
             return rec
