@@ -26,6 +26,13 @@ def test_given_values_win_over_the_environment() -> None:
     assert read_fields(_Knobs, "ROLLMESH_VERIFIER_SANDBOX_", env, cpu_s=2).cpu_s == 2
 
 
+def test_a_none_given_is_a_flag_left_out_the_variable_then_the_default_apply() -> None:
+    env = {"ROLLMESH_VERIFIER_SANDBOX_CPU_S": "9"}
+    got = read_fields(_Knobs, "ROLLMESH_VERIFIER_SANDBOX_", env, cpu_s=None, wall_s=None, not_a_variable=None)
+    # cpu_s from the environment, wall_s from its variable's registered default, the other its own
+    assert got == _Knobs(wall_s=SandboxLimits().wall_s, cpu_s=9, not_a_variable="kept")
+
+
 def test_verifier_config_reads_every_sandbox_limit() -> None:
     env = {"ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB": "128", "ROLLMESH_VERIFIER_SANDBOX_ISOLATION": " Process "}
     cfg = VerifierConfig.from_env(environ=env)

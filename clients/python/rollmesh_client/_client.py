@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 import grpc
 
@@ -35,7 +35,13 @@ class _Service(Generic[C]):
     def __set_name__(self, owner: type[Client], name: str) -> None:
         self.service = name
 
-    def __get__(self, client: Client, owner: type[Client]) -> C:
+    @overload
+    def __get__(self, client: None, owner: type[Client]) -> _Service[C]: ...
+    @overload
+    def __get__(self, client: Client, owner: type[Client]) -> C: ...
+    def __get__(self, client: Client | None, owner: type[Client]) -> C | _Service[C]:
+        if client is None:  # looked up on the class (help(), introspection): the descriptor
+            return self
         made = client._clients.get(self.service)
         if not isinstance(made, self.cls):
             made = self.cls(

@@ -1,0 +1,24 @@
+"""rollmesh_client.Client: one typed client per service, made on first use over that service's channel."""
+
+from __future__ import annotations
+
+from rollmesh_client import Client, GatewayClient, RegistryClient, SchedulerClient, VerifierClient
+
+ADDRESSES = {s: f"127.0.0.1:{1 + i}" for i, s in enumerate(("registry", "verifier", "gateway", "scheduler"))}
+
+
+async def test_each_service_attribute_is_its_typed_client_made_once() -> None:
+    c = Client(ADDRESSES, api_key=None, timeout_s=5.0, retry_unavailable_s=2.0)
+    try:
+        kinds = {"registry": RegistryClient, "verifier": VerifierClient, "gateway": GatewayClient}
+        for service, kind in {**kinds, "scheduler": SchedulerClient}.items():
+            client = getattr(c, service)
+            assert type(client) is kind and getattr(c, service) is client
+            assert client.channel is c.channel(service)
+            assert (client.timeout_s, client.retry_unavailable_s) == (5.0, 2.0)
+    finally:
+        await c.close()
+
+
+def test_on_the_class_the_attribute_is_inspectable() -> None:
+    assert Client.gateway is not None and "first use" in (type(Client.gateway).__doc__ or "")
