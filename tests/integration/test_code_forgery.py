@@ -312,13 +312,23 @@ STATEMENT_TESTS = [
     "want = [3, 2, 1]\nx = [1, 2, 3]\nalias = x\nrev(x)\nassert x == want and alias == want",
     "def check(f):\n    y = {'a': [1, 2]}\n    f(y['a'])\n    assert y == {'a': [2, 1]}\ncheck(rev)",
     "x = 3\nx = add(x, 2)\nassert x == 5",
+    "nums = [3, 1, 2]\nout = sort_copy(nums)\nassert out == sorted(nums)",
 ]
-STATEMENT_HONEST = "def rev(a):\n    a.reverse()\n\ndef add(a, b):\n    return a + b\n"
+STATEMENT_HONEST = (
+    "def rev(a):\n    a.reverse()\n\ndef add(a, b):\n    return a + b\n\n"
+    "def sort_copy(a):\n    return sorted(a)\n"
+)
+WRONG = "def add(a, b):\n    return 0\n\ndef sort_copy(a):\n    return a\n"
 STATEMENT_FORGERIES = {
-    "no_op": "def rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n",
+    "no_op": "def rev(a):\n    pass\n\n" + WRONG,
     # a global of the name a rebinding statement assigns: a probe of `x` found it (the statement's
     # own x was dropped), so `assert x == 5` passed for any add
-    "shadow_rebound_name": "x = 5\ndef rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n",
+    "shadow_rebound_name": "x = 5\ndef rev(a):\n    pass\n\n" + WRONG,
+    # rewrites the input it returns: `sorted(nums)` must still be the test's nums
+    "rewrite_input": (
+        "def rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n\n"
+        "def sort_copy(a):\n    a[:] = [9]\n    return [9]\n"
+    ),
     # claims a statement changed the expected value (never sent to the sandbox) or a rebound name
     "claim_changed_expected": (
         "import gc\n"
@@ -331,7 +341,7 @@ STATEMENT_FORGERIES = {
         "        return {'changed': {'want': ['list', [1, 2, 3]], 'y': y}}\n"
         "    return real(req)\n"
         "runner.handle = handle\n"
-        "def rev(a):\n    pass\n\ndef add(a, b):\n    return 0\n"
+        "def rev(a):\n    pass\n\n" + WRONG
     ),
 }
 

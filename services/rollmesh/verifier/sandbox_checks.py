@@ -9,8 +9,8 @@ evaluated here too. Every other sub-expression, typically a call into the soluti
 its source, plus the values of the comprehension/loop variables it names, goes to the sandbox
 (`Child.eval`), and what comes back is decoded strictly into plain data (`sandbox_values`).
 Other statements (`s = Solution()`, `s.push(1)`, a helper `def`) run in the sandbox (`Child.exec`),
-and names they bind are probed from then on. A list, dict, set or bytearray of the tests such a
-statement is given and changes in place (`rev(x)`) comes back (decoded strictly) and changes here too.
+and names they bind are probed from then on. A list, dict, set or bytearray of the tests that a
+call made for its effect (`rev(x)`) changes in place comes back (decoded strictly) and changes here too.
 
 A function the tests define with asserts in it (HumanEval's `def check(candidate)`) is
 interpreted here as well: arguments computed here are passed as values, others (the solution's
@@ -342,8 +342,10 @@ class Checker:
                 raise _NeedsProbe
             bound = _names_bound(stmt)
             src, binds = self._for_child(stmt, local)
-            for name, value in (await self.child.exec(src, binds, bound & set(binds))).items():
-                _update_in_place(local[name] if name in local else self.values.get(name), value)
+            changed = await self.child.exec(src, binds, bound & set(binds))
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):  # called for its effect
+                for name, value in changed.items():
+                    _update_in_place(local[name] if name in local else self.values.get(name), value)
             for name in bound:
                 local.pop(name, None)
                 self.values.pop(name, None)
@@ -687,10 +689,12 @@ class _Module:
 
 
 def _update_in_place(current: Any, value: Any) -> None:
-    """A list, dict, set or bytearray the tests passed to the solution in a statement (`rev(x)`)
-    that the statement changed there: it changes here too, in place, so every name for it sees the
-    change, as in Python. A value of another type or kind stays as it was (no statement can rebind
-    a name of the tests from the solution)."""
+    """A list, dict, set or bytearray the tests passed to the solution in a call made for its effect
+    (`rev(x)`) that the call changed there: it changes here too, in place, so every name for it sees
+    the change, as in Python. A value of another type stays as it was (no statement can rebind a
+    name of the tests from the solution). Only such a call: in `out = f(nums)` then `assert out ==
+    sorted(nums)`, `nums` stays the test's, so a solution that rewrites its input cannot set the
+    expected value too."""
     if type(current) is not type(value):
         return
     if isinstance(current, (list, bytearray)):
