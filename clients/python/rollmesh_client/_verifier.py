@@ -14,13 +14,15 @@ from rollmesh_client.v1 import verifier_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
 
 Task = Mapping[str, Any] | str
+# The answer to verify: its final text, the rollout's messages, or a ModelResponse.
+ResponseLike = str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse
 
 
 def _task_json(task: Task) -> str:
     return task if isinstance(task, str) else json.dumps(task)
 
 
-def _messages(response: str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse) -> pb.ModelResponse:
+def _messages(response: ResponseLike) -> pb.ModelResponse:
     if isinstance(response, pb.ModelResponse):
         return response
     if isinstance(response, str):
@@ -29,13 +31,9 @@ def _messages(response: str | Iterable[common_pb2.ChatMessage] | pb.ModelRespons
 
 
 def verify_request(
-    environment: str,
-    task: Task,
-    response: str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse,
-    *,
-    session_id: str = "",
+    environment: str, task: Task, response: ResponseLike, *, session_id: str = ""
 ) -> pb.VerifyRequest:
-    """A VerifyRequest; `response` is the final answer text, the rollout's messages, or a ModelResponse."""
+    """A VerifyRequest for `response` (`ResponseLike`)."""
     return pb.VerifyRequest(
         environment=environment,
         task_json=_task_json(task),
@@ -105,12 +103,7 @@ class VerifierClient(ServiceClient):
         return resp
 
     async def verify(
-        self,
-        environment: str,
-        task: Task,
-        response: str | Iterable[common_pb2.ChatMessage] | pb.ModelResponse,
-        *,
-        session_id: str = "",
+        self, environment: str, task: Task, response: ResponseLike, *, session_id: str = ""
     ) -> pb.VerifyResult:
         req = verify_request(environment, task, response, session_id=session_id)
         resp: pb.VerifyResponse = await self._unary(self.stub.Verify, req)
