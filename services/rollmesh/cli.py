@@ -48,6 +48,12 @@ def build_app() -> typer.Typer:
         ),
     ) -> None:
         """rollmesh command line."""
+        from rollmesh.mesh.logging import configure
+
+        # Log lines go to stderr, warnings and up unless ROLLMESH_LOG_LEVEL says otherwise (a service
+        # started here configures its own). Unconfigured, structlog printed them on stdout, in the
+        # middle of the JSON that `aggregate`, `profile` and `--json` print there.
+        configure(level=os.environ.get("ROLLMESH_LOG_LEVEL") or "warning")
 
     for mod in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not mod.name.startswith("_"):

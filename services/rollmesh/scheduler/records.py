@@ -6,6 +6,7 @@ A rollout's JSONL row is NeMo Gym-compatible: the input row's fields echoed, plu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +119,10 @@ class Rollout:
             job_id=str(row.get("job_id", "")),
             task=task,
             messages=list(response.get("output", [])),
-            reward=float(row.get("reward", 0.0)),
-            reward_components={k: float(v) for k, v in row.get("reward_components", {}).items()},
+            reward=_finite("reward", row.get("reward", 0.0)),
+            reward_components={
+                k: _finite(f"reward_components.{k}", v) for k, v in row.get("reward_components", {}).items()
+            },
             extracted_answer=str(row.get("extracted_answer", "")),
             verify_details=dict(row.get("verify_details", {})),
             tokens=TokenRecord.from_json(row.get("tokens", {})),
@@ -131,6 +134,15 @@ class Rollout:
             seed=int(row.get("seed", 0)),
             finish_reason=str(response.get("finish_reason", "")),
         )
+
+
+def _finite(name: str, value: Any) -> float:
+    """A stored reward: a NaN or infinity (never written by the scheduler: BadReward) would poison every
+    mean it enters, so the row is refused as corrupt."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} is {number}, not a finite number")
+    return number
 
 
 _ADDED_FIELDS = frozenset(
