@@ -52,6 +52,17 @@ FORGERIES: dict[str, str] = {
         "    def __lt__(self, other): return True\n    def __bool__(self): return True\n"
         "def add(a, b):\n    return Yes()\n"
     ),
+    # an object of its own that lies in every method a test's builtin or operator could call
+    "opaque_liar": (
+        "class Liar:\n"
+        "    def __eq__(self, other): return True\n    def __ne__(self, other): return False\n"
+        "    def __lt__(self, other): return True\n    def __sub__(self, other): return Liar()\n"
+        "    def __abs__(self): return 0\n    def __bool__(self): return False\n"
+        "    def __len__(self): return 0\n    def __index__(self): return 0\n"
+        "    __hash__ = object.__hash__\n"
+        "import builtins\nbuiltins.isinstance = lambda *a: True\n"
+        "def add(a, b):\n    return Liar()\n"
+    ),
     "int_subclass_eq": (
         "class Liar(int):\n    def __eq__(self, other): return True\n    __hash__ = int.__hash__\n"
         "    def __sub__(self, other): return Liar(0)\n    def __abs__(self): return 0\n"
@@ -358,3 +369,40 @@ async def test_statements_see_what_the_solution_did(verifier: tuple[Client, Mesh
     for name, code in STATEMENT_FORGERIES.items():
         reward, details = await _reward(client, STATEMENT_TESTS, code, partial=True)
         assert reward == 0.0, (name, details)
+
+
+# A class the solution defines, checked through what Python would ask of it: len(), str(),
+# list(), isinstance(), its truth, `is None`; a comparison of it stays refused.
+CLASS_TESTS = [
+    "s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2 and list(s) == [1, 2] and sorted(s) == [1, 2]",
+    "s = Stack()\ns.push(1)\nassert str(s) == 'Stack[1]' and isinstance(s, Stack)",
+    "s = Stack()\nassert s is not None and not s\ns.push(0)\nassert s and s.pop() == 0",
+]
+CLASS_HONEST = (
+    "class Stack:\n"
+    "    def __init__(self):\n        self.items = []\n"
+    "    def push(self, x):\n        self.items.append(x)\n"
+    "    def pop(self):\n        return self.items.pop()\n"
+    "    def __len__(self):\n        return len(self.items)\n"
+    "    def __iter__(self):\n        return iter(self.items)\n"
+    "    def __str__(self):\n        return 'Stack' + str(self.items)\n"
+)
+
+
+async def test_objects_of_its_own_are_asked_what_python_would_ask(
+    verifier: tuple[Client, MeshServer, str],
+) -> None:
+    """`len(s)`, `str(s)`, `isinstance(s, Stack)`, `assert s`, `s is not None` on an object the
+    solution made: every such test failed ('a Stack is not plain data'), so a correct class scored
+    0. Such a call is now asked of the sandbox as a whole; a comparison or an expected value still
+    never goes there (opaque_liar in the corpus: its object lies in every method)."""
+    client, _, _ = verifier
+    honest, details = await _reward(client, CLASS_TESTS, CLASS_HONEST)
+    assert honest == 1.0, details
+    wrong, details = await _reward(
+        client,
+        CLASS_TESTS,
+        CLASS_HONEST.replace("[1, 2]", "[2, 1]").replace("self.items.append(x)", "self.items.insert(0, x)"),
+        partial=True,
+    )
+    assert wrong == pytest.approx(2 / 3), details  # list(s) and sorted(s) differ: only case 1 fails

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier._sandbox_runner import Runner, decode_loose, encode
-from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError
+from rollmesh.verifier._sandbox_runner import Runner, encode
+from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError, eval_result
 from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
 
 
@@ -18,25 +18,23 @@ class RecordingChild:
     """Runs what the checker sends in a plain namespace, as the runner would, and records it."""
 
     def __init__(self, solution: str) -> None:
-        self.globals: dict[str, Any] = {}
+        self.runner = Runner()
+        self.globals = self.runner.globals
         exec(solution, self.globals)
         self.sent: list[tuple[str, str, dict[str, Any]]] = []
 
     async def exec(self, src: str, bind: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
         self.sent.append(("exec", src, bind))
-        runner = Runner()
-        runner.globals = self.globals
-        scope = {**self.globals, **{k: decode_loose(v) for k, v in bind.items()}}
-        reply = runner.exec_statement(src, bind, set(keep), scope)
+        reply = self.runner.handle({"op": "exec", "src": src, "bind": bind, "keep": list(keep)})
         return {k: decode_value(v) for k, v in reply.get("changed", {}).items()}
 
     async def eval(self, src: str, bind: dict[str, Any]) -> Any:
         self.sent.append(("eval", src, bind))
-        scope = {**self.globals, **{k: decode_loose(v) for k, v in bind.items()}}
         try:
-            return decode_value(encode(eval(src, scope)))
+            reply = self.runner.handle({"op": "eval", "src": src, "bind": bind})
         except (TypeError, ValueError) as exc:
-            raise ProbeError(str(exc)) from None
+            reply = {"error": str(exc)}
+        return eval_result(src, reply)
 
 
 SOLUTION = """

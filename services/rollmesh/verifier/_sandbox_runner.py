@@ -12,7 +12,8 @@ length, then a JSON object with the request's "id"):
                                                          "io": only compile it
     exec  {src, bind, keep}           -> {"changed"?: {}} a test's own statement, in the solution's globals;
                                                          the values of `bind` it changed in place
-    eval  {src, bind}                 -> {"value": v}    an expression's value as plain data (`encode`)
+    eval  {src, bind}                 -> {"value": v}    an expression's value as plain data (`encode`);
+                                                         {"error", "opaque": true} when it is not
     main  {stdin}                     -> {"stdout", "exit", "truncated"}  one run as __main__
 
 A failure answers {"error": "..."}. Everything sent back is a claim that the verifier decodes
@@ -275,7 +276,11 @@ class Runner:
             scope.update({k: decode_loose(v) for k, v in req.get("bind", {}).items()})
             if op == "exec":
                 return self.exec_statement(req["src"], req.get("bind", {}), set(req.get("keep", ())), scope)
-            return {"value": encode(eval(compile(req["src"], "test", "eval"), scope))}
+            value = eval(compile(req["src"], "test", "eval"), scope)
+            try:
+                return {"value": encode(value)}
+            except TypeError as exc:  # an object of the code's own: the verifier may ask len(), str()...
+                return {"error": _short(exc), "opaque": True}
         if op == "main":
             return self.main(str(req["stdin"]))
         raise ValueError(f"unknown request {op!r}")

@@ -58,6 +58,7 @@ from rollmesh.verifier.sandbox_checks import (
     ChannelBroken,
     Checker,
     ProbeError,
+    eval_result,
     normalize_output,
 )
 from rollmesh.verifier.sandbox_clock import Starved, run_within_wall_time
@@ -595,12 +596,4 @@ class Channel:
             raise ProbeError(f"{src[:80]}: {exc}") from None
 
     async def eval(self, src: str, bind: dict[str, Any]) -> Any:
-        reply = await self.request("eval", src=src, bind=bind)
-        if "error" in reply:
-            raise ProbeError(f"{src[:80]}: {reply['error']}")
-        if "value" not in reply:
-            raise ChannelBroken("a reply to eval without a value")
-        try:
-            return decode_value(reply["value"])
-        except BadValue as exc:
-            raise ProbeError(f"{src[:80]}: {exc}") from None
+        return eval_result(src, await self.request("eval", src=src, bind=bind))

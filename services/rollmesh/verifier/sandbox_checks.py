@@ -24,7 +24,10 @@ interpreted here too when the tests call it directly (`assert is_valid(f(3))`,
 empty list of cases. It is also defined in the sandbox, for probes that pass it to the solution.
 
 So the expected values and the comparison never enter the sandbox, and a value whose `__eq__`
-lies cannot reach the comparison. A statement that would need an `assert` to run in the sandbox
+lies cannot reach the comparison. A probe whose value is an object of the code's own (`NotPlain`)
+fails its case, unless that probe is itself the argument of a pure builtin call, the operand of a
+truth test or of `is None`: that call or test is then probed whole (`Checker._opaque`).
+A statement that would need an `assert` to run in the sandbox
 (inside a `while`, `with`, `try`, or a helper too complex to interpret) is refused as
 unverifiable: the case fails with that reason. What a probe's arguments contain (inputs, loop
 variables) is visible to the solution; a helper without asserts that is too complex to interpret
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollmesh.verifier._sandbox_runner import encode
-from rollmesh.verifier.sandbox_values import check_hashes
+from rollmesh.verifier.sandbox_values import BadValue, check_hashes, decode_value
 
 MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
 MAX_LEN = 1 << 20  # sequences built here (*, range) stay below this many items
@@ -70,6 +73,27 @@ class ChannelBroken(Exception):
 
 class ProbeError(Exception):
     """The sandbox answered a probe with an error, or with a value that does not decode."""
+
+
+class NotPlain(ProbeError):
+    """The probed expression's value is an object of the code's own (`s = Stack()`; `s`), not
+    plain data: a call of a pure builtin on it (`len(s)`), its truth or `s is None` is then asked
+    of the sandbox as a whole (see `Checker._opaque`). `node`: the expression probed."""
+
+    node: ast.expr | None = None
+
+
+def eval_result(src: str, reply: dict[str, Any]) -> Any:
+    """The value of the runner's reply to `eval src`, decoded strictly; ProbeError (NotPlain for
+    an object of the code's own) when there is none."""
+    if "error" in reply:
+        raise (NotPlain if reply.get("opaque") is True else ProbeError)(f"{src[:80]}: {reply['error']}")
+    if "value" not in reply:
+        raise ChannelBroken("a reply to eval without a value")
+    try:
+        return decode_value(reply["value"])
+    except BadValue as exc:
+        raise ProbeError(f"{src[:80]}: {exc}") from None
 
 
 class CaseFailed(Exception):
@@ -396,7 +420,33 @@ class Checker:
             raise CaseFailed(f"more than {MAX_STEPS} steps in one case")
 
     async def _truth(self, node: ast.expr, local: dict[str, Any]) -> bool:
-        return bool(await self._eval(node, local))
+        if isinstance(node, ast.BoolOp):  # the truth of each operand, in order: `assert s and s.pop() == 0`
+            short = isinstance(node.op, ast.Or)
+            for value in node.values:
+                if await self._truth(value, local) == short:
+                    return short
+            return not short
+        try:
+            return bool(await self._eval(node, local))
+        except NotPlain as exc:  # `assert s`: the truth of an object of the code's own is its claim
+            call = ast.Call(func=ast.Name("bool", ast.Load()), args=[node], keywords=[])
+            return bool(await self._opaque(exc, (node,), call, local))
+
+    async def _opaque(
+        self, exc: NotPlain, operands: tuple[ast.expr, ...], whole: ast.expr, local: dict[str, Any]
+    ) -> Any:
+        """`whole` asked of the sandbox, when the probe that gave an object of the code's own
+        (`exc`) was one of `operands` itself: `len(s)`, `str(s)`, `isinstance(s, Stack)`, `bool(s)`,
+        `s is None` are what that code's own methods say in Python too, and any claim of theirs a
+        plain value could give as well. Else (the object is deeper in an expression of the test's,
+        `abs(f(x) - 0.3)`, `all(f(x) == y for ...)`) the probe's error stands: a comparison or an
+        expected value never goes to the sandbox."""
+        if exc.node is None or not any(exc.node is op for op in operands):
+            raise exc
+        value = await self._probe(whole, local)
+        if type(value) is not bool and isinstance(whole, (ast.Compare, ast.UnaryOp)):
+            raise CaseFailed(f"{ast.unparse(whole)[:80]} is not a bool")
+        return value
 
     def _resolve(self, name: str, local: dict[str, Any]) -> Any:
         if name in local:
@@ -432,6 +482,8 @@ class Checker:
                 if k is not None
             }
         if isinstance(node, ast.UnaryOp):
+            if isinstance(node.op, ast.Not):
+                return not await self._truth(node.operand, local)
             return _UNARY[type(node.op)](await self._eval(node.operand, local))
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             return _binop(node.op, await self._eval(node.left, local), await self._eval(node.right, local))
@@ -443,6 +495,11 @@ class Checker:
                     return result
             return result
         if isinstance(node, ast.Compare):
+            if _is_none_check(node):
+                try:
+                    return _COMPARE[type(node.ops[0])](await self._eval(node.left, local), None)
+                except NotPlain as exc:
+                    return await self._opaque(exc, (node.left,), node, local)
             left = await self._eval(node.left, local)
             for op, right_node in zip(node.ops, node.comparators, strict=True):
                 right = await self._eval(right_node, local)
@@ -495,8 +552,11 @@ class Checker:
                 if bool(item) == want:
                     return want
             return not want
-        args = [await self._eval(a, local) for a in node.args]
-        kwargs = {k.arg: await self._eval(k.value, local) for k in node.keywords if k.arg is not None}
+        try:
+            args = [await self._eval(a, local) for a in node.args]
+            kwargs = {k.arg: await self._eval(k.value, local) for k in node.keywords if k.arg is not None}
+        except NotPlain as exc:
+            return await self._opaque(exc, (*node.args, *(k.value for k in node.keywords)), node, local)
         return func(*args, **kwargs)
 
     async def _iterate(self, node: ast.expr, local: dict[str, Any]) -> list[Any]:
@@ -603,7 +663,11 @@ class Checker:
         if self.no_probes:
             raise _NeedsProbe
         self._step()
-        return await self.child.eval(*self._for_child(node, local))
+        try:
+            return await self.child.eval(*self._for_child(node, local))
+        except NotPlain as exc:
+            exc.node = node
+            raise
 
 
 @dataclass(frozen=True)
@@ -702,6 +766,17 @@ def _update_in_place(current: Any, value: Any) -> None:
     elif isinstance(current, (dict, set)):
         current.clear()
         current.update(value)
+
+
+def _is_none_check(node: ast.Compare) -> bool:
+    """`x is None` / `x is not None`."""
+    right = node.comparators[0]
+    return (
+        len(node.ops) == 1
+        and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+        and isinstance(right, ast.Constant)
+        and right.value is None
+    )
 
 
 def _target_names(target: ast.expr) -> list[str] | None:

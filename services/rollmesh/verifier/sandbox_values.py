@@ -18,7 +18,7 @@ from typing import Any
 MAX_DEPTH = 64
 MAX_ITEMS = 1_000_000
 _SEQUENCES: dict[str, type] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
-REPLY_KEYS = frozenset({"id", "error", "value", "changed", "stdout", "exit", "truncated"})
+REPLY_KEYS = frozenset({"id", "error", "opaque", "value", "changed", "stdout", "exit", "truncated"})
 
 
 class BadValue(ValueError):
