@@ -93,13 +93,19 @@ def _request(
     ignore_eos: bool = False,
     seed: int = 7,
     stream: bool = True,
+    stop: tuple[str, ...] = (),
 ) -> EngineRequest:
     assert b.tokenizer is not None
     ids = b.tokenizer.encode(PROMPT)
     return EngineRequest(
         request_id=f"t-{uuid.uuid4().hex[:10]}",
         sampling=Sampling(
-            temperature=1.0, max_tokens=max_tokens, seed=seed, logprobs=True, ignore_eos=ignore_eos
+            temperature=1.0,
+            max_tokens=max_tokens,
+            seed=seed,
+            logprobs=True,
+            ignore_eos=ignore_eos,
+            stop=stop,
         ),
         prompt_token_ids=tuple(ids),
         session_id=session,
@@ -204,7 +210,11 @@ async def test_whole_output_mode_is_one_chunk_with_the_streamed_tokens(backend: 
     assert list(body.token_ids) == [t for c in streamed for t in c.token_ids]
     assert len(body.logprobs) == 40
     assert body.logprobs == pytest.approx([lp for c in streamed for lp in c.logprobs], abs=1e-4)
-    assert body.text == "".join(c.text for c in streamed)
+    assert "".join(c.text for c in streamed) and not body.text  # the gateway decodes a whole output
+    stopped = await _collect(
+        backend, _request(backend, max_tokens=40, ignore_eos=True, seed=3, stream=False, stop=("zz",))
+    )
+    assert stopped[-1].text  # stop strings are matched on text: the replica detokenizes
 
 
 async def test_abort_reaches_the_replica_in_whole_output_mode(backend: RayServeBackend) -> None:

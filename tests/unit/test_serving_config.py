@@ -129,3 +129,12 @@ def test_a_failed_ray_start_leaves_no_ray_process_of_ours_behind() -> None:
     assert killed == "1"  # the Ray-like child only
     assert like_ray_code != "0"  # it was killed, not left to finish
     assert other_status == "None"  # the other child still ran
+
+
+def test_whole_outputs_skip_vllms_detokenizer_unless_stop_strings_need_it() -> None:
+    from rollmesh.gateway.backends.base import Sampling
+    from rollmesh.serving.deployment import _sampling_params
+
+    assert _sampling_params(Sampling(logprobs=True), deltas=False).detokenize is False
+    assert _sampling_params(Sampling(stop=("\n",)), deltas=False).detokenize is True
+    assert _sampling_params(Sampling(), deltas=True).detokenize is True  # streamed text deltas

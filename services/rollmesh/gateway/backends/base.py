@@ -53,7 +53,9 @@ class EngineRequest:
     # Replica affinity: requests of one session should land on one replica.
     session_id: str = ""
     # The caller consumes deltas as they come (GenerateStream). False (unary Generate): only the
-    # whole output matters, and a backend may deliver it in one chunk (fewer hops per token).
+    # whole output matters, and a backend may deliver it in one chunk (fewer hops per token); a
+    # token-id backend may then leave `EngineChunk.text` empty when no stop strings are set (the
+    # gateway decodes the token ids itself).
     stream: bool = True
 
 
