@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rollmesh.mesh import errors as mesh_errors
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.engine import Hooks, JobRun
 from rollmesh.scheduler.plan import build_plan
@@ -110,3 +111,45 @@ async def test_a_verifier_hang_shorter_than_the_budget_costs_nothing(tmp_path: P
     assert result.state == "SUCCEEDED", result.error
     assert sorted(r.key.as_str() for r in sink.rollouts) == sorted({r.key.as_str() for r in sink.rollouts})
     assert len(sink.rollouts) == 6 and not sink.failures and run.progress.retries == 0
+
+
+class _StoppedThenKeepaliveCut(_Probed):
+    """A stopped verifier (no health check) whose waiting calls gRPC keepalive cuts with UNAVAILABLE
+    `cut_after_s` into the hang; later calls hang again."""
+
+    def __init__(self, cut_after_s: float) -> None:
+        super().__init__(alive=False)
+        self.cut_after_s = cut_after_s
+        self.cut = asyncio.Event()
+
+    async def verify(self, *args: Any) -> Any:
+        if not self.cut.is_set():
+            loop = asyncio.get_running_loop()
+            if not self.waiting:
+                loop.call_later(self.cut_after_s, self.cut.set)
+            self.waiting += 1
+            await self.cut.wait()
+            raise mesh_errors.Unavailable("Stream removed (ping timeout)")
+        return await super().verify(*args)
+
+    async def seed_session(self, *args: Any) -> Any:
+        if self.cut.is_set():  # still stopped: a retry's first call hangs too
+            await self.go.wait()
+        return await super().seed_session(*args)
+
+
+async def test_a_hung_verifier_counts_from_its_last_answer_even_when_keepalive_cuts_its_calls(
+    tmp_path: Path,
+) -> None:
+    """The failed health check (at quiet_shown_s) dates the outage from the last answer: keepalive's
+    UNAVAILABLE later must not restart the budget (it did: the job failed budget after the cut)."""
+    env = _StoppedThenKeepaliveCut(cut_after_s=3.0)
+    run, _ = _hung_job(tmp_path, env, budget_s=6)
+    run.outages.quiet_shown_s = 0.5
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    result = await asyncio.wait_for(run.run(await run.open()), timeout=60)
+    took = loop.time() - t0
+    env.go.set()
+    assert result.state == "FAILED" and "the verifier has been unreachable" in result.error, result
+    assert 6 <= took < 6 + 2.5, took  # not 3 + 6

@@ -177,6 +177,11 @@ class Outages:
     def answered_since(self, service: str, t: float) -> bool:
         return self._last_ok.get(service, float("-inf")) >= t
 
+    def down_for(self, service: str) -> float | None:
+        """Seconds `service` has been counted unreachable (None: it is not)."""
+        since = self._since.get(service)
+        return None if since is None else self._clock() - since
+
     def exhausted(self) -> tuple[str, float] | None:
         """(service, seconds unreachable) for a service past the budget, else None."""
         now = self._clock()

@@ -2,15 +2,17 @@
 and cut when the service hangs.
 
 `Watchdog.watch(service, call)` brackets a call for `Outages` (started/ended, failed/recovered).
-A service that keeps calls waiting and answers none of them for `unavailable_budget_s` (a stopped
-or wedged process still holds its connections: nothing fails, calls just wait for their deadlines,
-and gRPC keepalive notices a dead peer only after 60 + 20 s) is asked for its health (`Responsive`,
-a grpc.health Check, PROBE_TIMEOUT_S): one that answers is slow, not hung, and its calls go on;
-one that does not is an outage that began when it went quiet: its waiting calls are cut with its
-`*_UNRESPONSIVE` error (an outage, retry.py), and as the budget is spent the job fails naming the
-service. A hang shorter than the budget cuts nothing: the calls complete once it runs again, each
-exactly once. So a hung service ends the job within `unavailable_budget_s` + PROBE_TIMEOUT_S + one
-tick of its last answer.
+A stopped or wedged process still holds its connections: nothing fails, its calls just wait for
+their deadlines, and gRPC keepalive notices a dead peer only after 60 + 20 s. So a service that
+keeps calls waiting and answers none of them for 30 s (`Outages.quiet_shown_s`, or
+`unavailable_budget_s` when shorter) is asked for its health (`Responsive`: a grpc.health Check,
+PROBE_TIMEOUT_S). One that answers is slow, not hung: its calls go on. One that does not is
+counted unreachable from its last answer (a port without a probe: once quiet for the whole
+budget); once that outage reaches `unavailable_budget_s` its waiting calls are cut with its
+`*_UNRESPONSIVE` error (an outage, retry.py) and the job fails naming the service. A hang shorter
+than the budget cuts nothing: the calls complete once it runs again, each exactly once. Bound: a
+hung service ends the job `unavailable_budget_s` after its last answer, plus PROBE_TIMEOUT_S and a
+tick (and, when keepalive cut its calls first, up to one 20 s connection attempt of a retry).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Watchdog:
         self.probe_timeout_s = probe_timeout_s
         self._calls: collections.defaultdict[str, set[asyncio.Timeout]] = collections.defaultdict(set)
         self._why: dict[str, str] = {}
+        self._probed: dict[str, bool] = {}  # a failed health check marked it down (not the budget alone)
 
     async def watch(self, service: str, call: Awaitable[R]) -> R:
         o = self.outages
@@ -95,19 +98,32 @@ class Watchdog:
         o = self.outages
         for service, calls in self._calls.items():
             quiet = o.quiet_s(service)
-            if not calls or quiet is None or quiet < o.budget_s:
+            if not calls or quiet is None or quiet < min(o.budget_s, o.quiet_shown_s):
                 continue
             probe = self.probes.get(service)
-            if probe is not None and await probe(self.probe_timeout_s):
-                continue  # it answers its health check: slow, not hung; its calls go on
-            quiet = o.quiet_s(service)
-            if not calls or quiet is None:  # answered while we asked
+            if service not in o.down:
+                # Without a probe only the budget says it hangs; with one, a failed health check
+                # says so now, and the outage began when it went quiet.
+                if probe is None and quiet < o.budget_s:
+                    continue
+                if probe is not None and await probe(self.probe_timeout_s):
+                    continue  # it answers its health check: slow, not hung; its calls go on
+                quiet = o.quiet_s(service)
+                if not calls or quiet is None:  # answered while we asked
+                    continue
+                o.failed(service, since=o.now() - quiet)
+                self._probed[service] = probe is not None
+                log.warning(
+                    "service_unresponsive", service=service, calls=len(calls), quiet_s=round(quiet, 1)
+                )
+            down = o.down_for(service)
+            if down is None or down < o.budget_s:
                 continue
             n = len(calls)
-            why = f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {quiet:.0f} s"
-            self._why[service] = why + (", nor a health check" if probe is not None else "")
-            log.warning("service_unresponsive", service=service, calls=n, quiet_s=round(quiet, 1))
-            o.failed(service, since=o.now() - quiet)
+            self._why[service] = (
+                f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {down:.0f} s"
+                + (", nor a health check" if self._probed.get(service) else "")
+            )
             loop = asyncio.get_running_loop()
             for c in list(calls):
                 c.reschedule(loop.time())
