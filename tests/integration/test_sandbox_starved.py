@@ -91,3 +91,28 @@ async def test_a_starved_correct_solution_gets_its_time_and_loops_sleepers_still
     with pytest.raises(SandboxStarved, match="did not give the code") as starved:
         await _sandbox(wall_s=1.5, cpu_s=10, isolation=isolation).run(_work(3.0), TESTS)
     assert starved.value.timed_out  # the code environment's CHECK_TIMEOUT: retried, never a 0
+
+
+# An infinite loop after forking CPU hogs that leave its session: they keep its runner from the CPU.
+ESCAPED_HOGS = (
+    "import posix, time\n"
+    "for _ in range(4):\n"
+    "    if posix.fork() == 0:\n"
+    "        posix.setsid()\n"
+    "        _end = time.time() + 30\n"
+    "        while time.time() < _end:\n            pass\n"
+    "        posix._exit(0)\n"
+    "def add(a, b):\n    while True:\n        pass\n"
+)
+
+
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+async def test_hogs_the_code_forks_out_of_its_session_earn_no_time(
+    one_busy_cpu: None, isolation: str
+) -> None:
+    """The wait they cause is the run's own doing: it ends at its wall-clock limit (reward 0). Not
+    counted, they made the run look starved: it held the CPU to 4x the limit and was SandboxStarved
+    (CHECK_TIMEOUT, retried, never a 0)."""
+    run = await _sandbox(wall_s=1.5, cpu_s=10, isolation=isolation).run(ESCAPED_HOGS, TESTS)
+    assert run.status == "timeout" and "wall-clock" in run.error, run
+    assert run.duration_s < 1.5 * 2, run

@@ -7,14 +7,18 @@ counts, per task, the time it was runnable but waiting for a CPU (`/proc/<pid>/s
 field). So:
 
 - `run_within_wall_time(aw, session, wall_s)` awaits `aw`; at the deadline it reads the run's
-  processes (every process of `session`: the sandbox is started as a session leader) and moves the
+  processes (every process of `session`, the sandbox being started as a session leader, and every
+  descendant of that leader, whatever session it moved to) and moves the
   deadline out by the longest wait for a CPU any one of them had, unless the run's processes used
   more CPU than one task could in the time it was not waiting (then they competed with each other:
   the wait is their own doing, and threads or forks earn no extra time).
 - The deadline never goes past `STARVED_AFTER` times `wall_s`: a run still waiting then raises
   `Starved` (the host, not the code, ran out of time: no verdict). A run that had its whole wall time
   raises `TimeoutError`, as `asyncio.timeout` would. Either way `aw` is cancelled.
-- A process that left the session (`setsid`) is not counted: that only shortens its run's time.
+- A process that left the session (`setsid`) still counts: it stays a descendant of the leader (an
+  orphan goes to the run's pid-namespace init or the keeper, both descendants). Not counted, CPU
+  hogs the code forked out of its session made its own wait the host's: an infinite loop ran to 4x
+  the limit and was `Starved` (no verdict) instead of a timeout (reward 0), holding the CPUs.
 Reading `/proc` is done off the event loop, only at deadlines.
 """
 
@@ -38,24 +42,39 @@ class Starved(Exception):
 
 
 def session_cpu(session: int) -> tuple[float, float]:
-    """(CPU seconds used by every process of `session`, the longest any one of them waited for a
-    CPU in seconds), read from /proc; (0, 0) where /proc does not say."""
-    used = waited = 0.0
+    """(CPU seconds used by the run's processes, the longest any one of them waited for a CPU in
+    seconds), read from /proc; (0, 0) where /proc does not say. The run's processes: those of
+    `session` and every descendant of its leader, whatever session it moved to (`setsid`)."""
+    stats: dict[int, tuple[int, int, float]] = {}  # pid -> (ppid, session, CPU seconds)
     with contextlib.suppress(OSError):
-        entries = os.listdir("/proc")
-        for entry in entries:
+        for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
                     fields = f.read().rpartition(b")")[2].split()
-                if int(fields[3]) != session:
-                    continue
-                used += (int(fields[11]) + int(fields[12])) / _TICKS
-                with open(f"/proc/{entry}/schedstat", "rb") as f:
-                    waited = max(waited, int(f.read().split()[1]) / 1e9)
+                cpu = (int(fields[11]) + int(fields[12])) / _TICKS
+                stats[int(entry)] = (int(fields[1]), int(fields[3]), cpu)
             except (OSError, ValueError, IndexError):
-                continue  # gone meanwhile, or a kernel without schedstat
+                continue  # gone meanwhile
+    members = {pid for pid, (_, sid, _) in stats.items() if sid == session}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = list(members)
+    while todo:
+        for kid in children.get(todo.pop(), ()):
+            if kid not in members:
+                members.add(kid)
+                todo.append(kid)
+    used = sum(stats[pid][2] for pid in members)
+    waited = 0.0
+    for pid in members:
+        try:
+            with open(f"/proc/{pid}/schedstat", "rb") as f:
+                waited = max(waited, int(f.read().split()[1]) / 1e9)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or a kernel without schedstat
     return used, waited
 
 
