@@ -83,6 +83,23 @@ async def test_shards_aggregated_equal_the_unsharded_run(tmp_path: Path) -> None
     assert json.loads(res.stdout)["num_failures"] == 1
 
 
+async def test_a_shard_that_did_not_finish_is_named_and_exits_3(tmp_path: Path) -> None:
+    """A shard that FAILED half-way aggregated with exit 0 and metrics that read as the whole job's."""
+    await write_run(tmp_path / "shard0", [0, 2, 4])  # 12 rows: complete
+    await write_run(tmp_path / "shard1", [1, 3])  # 8 rows of the 12 its job planned
+    for shard, total, state in (("shard0", 12, "SUCCEEDED"), ("shard1", 12, "FAILED")):
+        job = {"job_id": "job1", "state": state, "progress": {"total": total}}
+        (tmp_path / shard / "job.json").write_text(json.dumps(job))
+    res = await invoke("aggregate", str(tmp_path / "shard*"), "--json")
+    assert res.exit_code == 3, res.output
+    assert json.loads(res.stdout)["num_rollouts"] == 20  # still printed
+    said = " ".join(res.stderr.split())
+    assert f"incomplete: job1 ({tmp_path / 'shard1'}) is FAILED with 8 of its 12 rollouts" in said, said
+    assert "shard0" not in said
+    res = await invoke("aggregate", str(tmp_path / "shard0"), "--json")
+    assert res.exit_code == 0 and "incomplete" not in res.stderr, res.output
+
+
 async def test_profile_writes_one_line_per_task(tmp_path: Path) -> None:
     await write_run(tmp_path / "full", list(range(6)))
     out = tmp_path / "profile.jsonl"

@@ -3,7 +3,8 @@
     0    the job SUCCEEDED (permanent failures within --allowed-failures), or the command did its work
     1    an error: a service unreachable or unreadable, an internal error, a crash
     2    bad usage or input (a flag, a spec the scheduler rejected, a missing file or artifact)
-    3    the job COMPLETED_WITH_FAILURES: every rollout ran, more failed than allowed
+    3    the job COMPLETED_WITH_FAILURES: every rollout ran, more failed than allowed; `aggregate`:
+         a job folder holds fewer rows than its job planned (metrics printed, but not that job's)
     4    the job FAILED (fail fast, every rollout failed, services gone for longer than the budget, sink)
     5    the job was CANCELLED (by `rollmesh jobs cancel` or another client)
     6    the job was INTERRUPTED (its scheduler stopped while it ran): resumable with --resume

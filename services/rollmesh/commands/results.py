@@ -31,13 +31,17 @@ def aggregate(
     ] = 1.0,
     as_json: JsonOut = False,
 ) -> None:
-    """Recompute metrics over many shard files as if they were one run (keys deduplicated)."""
+    """Recompute metrics over many shard files as if they were one run (keys deduplicated).
+
+    Exit 3 (metrics still printed) when a job folder holds fewer rows than its job.json planned (a
+    shard that failed, was cancelled or still runs): the metrics are not that job's."""
+    from rollmesh.commands._exit import EXIT_COMPLETED_WITH_FAILURES
     from rollmesh.commands._jobs import metrics_rows
     from rollmesh.scheduler.convert import metrics_to_pb
     from rollmesh.scheduler.metrics import compute
-    from rollmesh.scheduler.store import expand_paths, load_files
+    from rollmesh.scheduler.store import Incomplete, expand_paths, incomplete_jobs, load_files
 
-    async def go() -> dict[str, Any]:
+    async def go() -> tuple[dict[str, Any], list[Incomplete]]:
         files = expand_paths(paths)
         loaded = await asyncio.to_thread(load_files, files)
         m = compute(
@@ -47,15 +51,19 @@ def aggregate(
         data = m.to_json()
         if out:
             await asyncio.to_thread(Path(out).write_text, json.dumps(data, indent=2) + "\n")
-        return data
+        return data, await asyncio.to_thread(incomplete_jobs, loaded)
 
-    data = run(go())
+    data, short = run(go())
     if as_json or not out:
         print_json(data)
     else:
         rows = metrics_rows(metrics_to_pb(data), duplicates=int(data["num_duplicates"]))
         print_table("metrics", ["metric", "value"], rows)
         err.print(f"wrote {out}")
+    for job in short:
+        err.print(f"[bold yellow]incomplete:[/] {job.describe()}", highlight=False)
+    if short:
+        raise typer.Exit(EXIT_COMPLETED_WITH_FAILURES)
 
 
 def profile(

@@ -353,6 +353,7 @@ class LoadedResults:
     failures: list[RolloutFailure] = field(default_factory=list)
     duplicates: int = 0
     files: list[Path] = field(default_factory=list)
+    keys_by_folder: dict[Path, set[RolloutKey]] = field(default_factory=dict)  # rollouts and failures
 
 
 def expand_paths(patterns: Sequence[str]) -> list[Path]:
@@ -406,12 +407,16 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
     res = LoadedResults(files=list(paths))
     seen: dict[RolloutKey, tuple[str, Path, int]] = {}
     for path in paths:
+        held = res.keys_by_folder.setdefault(path.parent, set())
         if is_failures_file(path):
             for lineno, row in iter_rows(path):
-                res.failures.append(_parse(path, lineno, row, RolloutFailure.from_row))
+                failure = _parse(path, lineno, row, RolloutFailure.from_row)
+                res.failures.append(failure)
+                held.add(failure.key)
             continue
         for lineno, row in iter_rows(path):
             r = _parse(path, lineno, row, Rollout.from_row)
+            held.add(r.key)
             first = seen.get(r.key)
             if first is None:
                 seen[r.key] = (r.job_id, path, lineno)
@@ -425,6 +430,45 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
                 )
             res.duplicates += 1
     return res
+
+
+@dataclass(frozen=True)
+class Incomplete:
+    """A job whose folder was aggregated without all its rollouts: its job.json plans `total`
+    rows, the files hold `rows` (rollouts and failures, keys once) and it ended `state`."""
+
+    job_id: str
+    folder: Path
+    state: str
+    rows: int
+    total: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.job_id} ({self.folder}) is {self.state} with {self.rows} of its {self.total} rollouts: "
+            f"the metrics leave out the {self.total - self.rows} it has not run; resume it "
+            f"(rollmesh run --job-id {self.job_id} --output-dir {self.folder.parent}) and aggregate again"
+        )
+
+
+def incomplete_jobs(loaded: LoadedResults) -> list[Incomplete]:
+    """The jobs among `loaded`'s folders (those with a job.json) that are not all there: their rows
+    fall short of the planned total (a shard that failed, was cancelled or still runs). Metrics over
+    them are not the job's; a folder without job.json cannot be checked."""
+    out: list[Incomplete] = []
+    for folder, held in loaded.keys_by_folder.items():
+        stored = read_json(folder / JOB)
+        if stored is None:
+            continue
+        job_id = str(stored.get("job_id") or folder.name)
+        progress = stored.get("progress")
+        try:
+            total = int(progress.get("total") or 0) if isinstance(progress, dict) else 0
+        except (TypeError, ValueError):
+            continue
+        if total and len(held) < total:
+            out.append(Incomplete(job_id, folder, str(stored.get("state") or "?"), len(held), total))
+    return out
 
 
 def _parse(path: Path, lineno: int, row: Json, parse: Callable[[Json], T]) -> T:
