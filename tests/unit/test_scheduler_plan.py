@@ -112,6 +112,20 @@ def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
         ({"max_output_tokens": [5]}, "`responses_create_params.max_output_tokens` must be an integer"),
         ({"top_k": True}, "`responses_create_params.top_k` must be an integer, not True"),
         ({"stop": 5}, "`responses_create_params.stop` must be a string or a list of strings, not 5"),
+        (  # the image was dropped and the model asked the rest of the question
+            {
+                "input": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "input_text", "text": "What is in the picture?"},
+                            {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                        ],
+                    }
+                ]
+            },
+            "`responses_create_params.input[0].content`: only text content parts are supported",
+        ),
     ],
 )
 def test_a_row_sampling_value_of_the_wrong_type_names_its_line(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rollmesh.mesh.chat import content_text
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
 from rollmesh.scheduler.agent import ROW_SAMPLING
 from rollmesh.scheduler.convert import sampling_to_pb
@@ -195,6 +196,10 @@ def _row_problem(row: Any) -> str:
         for i, m in enumerate(inp):
             if not isinstance(m, dict) or "role" not in m:
                 return f"`responses_create_params.input[{i}]` is not a message with a `role`"
+            try:  # an image or audio part was dropped: the model was asked half the question
+                content_text(m.get("content"), strict=True)
+            except ValueError as exc:
+                return f"`responses_create_params.input[{i}].content`: {exc} (rollmesh sends text only)"
     tools = params.get("tools", [])
     if not isinstance(tools, list):
         return "`responses_create_params.tools` must be a list"
