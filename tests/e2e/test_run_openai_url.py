@@ -1,6 +1,7 @@
 """`rollmesh run --base-url URL` end to end: the embedded mesh on the openai backend against the
 project's OpenAI test server in its own process, with a fault on every third call (a 503, which the
-scheduler retries): every rollout succeeds, rewards are right and the upstream's usage is counted."""
+scheduler retries): every rollout succeeds, rewards are right and the upstream's usage is counted;
+the server returns no token ids, and the rows carry no token record (and the run says so)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
                 url,
                 "--model",
                 "tiny",
+                "--logprobs",
                 "--output-dir",
                 str(tmp_path),
                 "--json",
@@ -46,3 +48,7 @@ def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
     assert metrics["mean_completion_tokens"] == 4.0  # "The answer is N.", as the upstream counted it
     rows = [json.loads(line) for line in Path(result["paths"]["rollouts.jsonl"]).open()]
     assert len(rows) == 12 and max(r["attempts"] for r in rows) >= 2  # some calls were retried
+    # A plain OpenAI server returns no token ids (nor, here, logprobs): the rows say they have no
+    # token record, rather than spans of zero length or zeros passed off as logprobs.
+    assert all(r["tokens"] == {"token_ids": [], "loss_mask": [], "logprobs": [], "turns": []} for r in rows)
+    assert "returned no token ids" in done.stderr

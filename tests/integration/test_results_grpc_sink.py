@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -396,3 +397,92 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
     finally:
         await mgr.aclose()
     assert sorted(r.key for r in got) == [(t, 0) for t in range(10)]  # each once, none lost
+
+
+async def test_the_trainer_gets_the_rows_the_jsonl_sink_writes_for_the_same_job(
+    make_server: type[SinkServer], tmp_path: Path
+) -> None:
+    """One seeded multi-turn tool-calling job (a real gateway on the fake engine, the real verifier,
+    logprobs on) run twice, into rollouts.jsonl and into a trainer: every rollout's token record,
+    messages, reward and versions arrive the same (logprobs as the float32 the wire carries)."""
+    import numpy as np
+
+    from rollmesh.gateway import Gateway
+    from rollmesh.gateway.backends.base import EngineRequest
+    from rollmesh.gateway.backends.fake import FakeBackend
+    from rollmesh.gateway.servicer import GatewayServicer
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from rollmesh.verifier import VerifierConfig
+    from rollmesh.verifier.service import VerifierService
+    from rollmesh.verifier.servicer import VerifierServicer
+
+    def script(prompt: str, request: EngineRequest) -> str:
+        if prompt.count("<|assistant|>") == 1:  # first turn: call the tool for the city asked about
+            city = prompt.rsplit("weather in ", 1)[1].split("?", 1)[0]
+            return f'<tool_call>{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}</tool_call>'
+        return f"The tool says: {prompt.rsplit('<|tool|>', 1)[1].split('<|end|>', 1)[0].strip()}"
+
+    gateway = Gateway([FakeBackend("tiny", script=script)])
+    await gateway.start()
+    roots = RootsConfig(Path("/nonexistent"), (), BUILTIN_ROOT, False)
+    verifier = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
+    await verifier.start()
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]),
+        model=GatewayModel.in_process(GatewayServicer(gateway)),
+        env=VerifierEnv.in_process(VerifierServicer(verifier)),
+        output_dir=str(tmp_path),
+    )
+    dataset = BUILTIN_ROOT / "environments/single_tool_call/data/example.jsonl"
+    server = await make_server(window=64).start()
+
+    def spec(sink: SinkConfig) -> JobSpec:
+        return JobSpec(
+            dataset=str(dataset),
+            environment="single_tool_call",
+            max_steps=3,
+            num_repeats=2,
+            starting_seed=7,
+            sampling={"temperature": 1.0, "logprobs": True},
+            validate_all=True,
+            output_dir=str(tmp_path),
+            sink=sink,
+        )
+
+    try:
+        to_file = await mgr.submit(spec(SinkConfig()))
+        done = await asyncio.wait_for(mgr.wait(to_file.job_id), timeout=60)
+        assert done.state == "SUCCEEDED", done.error
+        consumer = asyncio.create_task(collect(server))
+        to_trainer = await mgr.submit(spec(SinkConfig(kind="grpc", address=server.address)))
+        done = await asyncio.wait_for(mgr.wait(to_trainer.job_id), timeout=60)
+        assert done.state == "SUCCEEDED", done.error
+        got = await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+        await verifier.aclose()
+        await gateway.shutdown()
+    rows_path = tmp_path / to_file.job_id / "rollouts.jsonl"
+    rows = {(r["task_index"], r["rollout_index"]): r for r in map(json.loads, rows_path.open())}
+    assert len(rows) == len(got) > 2 and {r.key for r in got} == set(rows)
+    for r in got:
+        stored, sent = Rollout.from_row(rows[r.key]), convert.rollout_from_pb(r.raw)
+        tokens = stored.tokens
+        assert len(tokens.turns) == 2 and sum(tokens.loss_mask) == stored.completion_tokens
+        assert (r.token_ids, r.loss_mask, r.reward) == (tokens.token_ids, tokens.loss_mask, stored.reward)
+        assert np.array_equal(np.asarray(r.logprobs, np.float32), np.asarray(tokens.logprobs, np.float32))
+        assert min(tokens.logprobs) < 0  # real logprobs, not zeros
+        assert sent.tokens.turns == tokens.turns and r.prompt_length == tokens.turns[0].output_start
+        same = ("task", "reward_components", "extracted_answer", "seed", "finish_reason", "policy_version")
+        assert [getattr(sent, f) for f in same] == [getattr(stored, f) for f in same]
+        # Tool-call ids name the job (call_<job id>_...): the one field that differs between the jobs.
+        assert without_call_ids(sent.messages) == without_call_ids(stored.messages)
+
+
+def without_call_ids(messages: list[dict[str, object]]) -> str:
+    import re
+
+    return re.sub(r'"(id|tool_call_id)": "[^"]*"', "", json.dumps(messages, sort_keys=True))

@@ -70,3 +70,10 @@ def test_versions() -> None:
     assert parse_version("12") == 12 and parse_version("") is None and parse_version("v2") is None
     r = tr(0, 0, 1.0, [1, 2], [0, 1], 1, version="5")
     assert r.version == 5 and r.prompt_length == 1
+
+
+def test_collate_refuses_a_rollout_without_token_ids() -> None:
+    # Its reward would shift its group's mean and std while no token of it is trained on.
+    rs = [tr(0, 0, 1.0, [1, 2, 3], [0, 1, 1], 1), tr(0, 1, 0.0, [], [], 0)]
+    with pytest.raises(ValueError, match="rollout j/0/1 has no token record"):
+        collate(rs)

@@ -155,3 +155,40 @@ def test_validate_cli(tok: Any, tmp_path: Path) -> None:
     assert f"{tmp_path / 'mixed.jsonl'}:2 rollout 3:0: turn 2: decoded ids" in res.stdout
     missing = runner.invoke(build_app(), ["validate", str(tmp_path / "nope.jsonl")])
     assert missing.exit_code == 2 and "no such file" in missing.stderr
+
+
+# -- what the record holds when the server's answer cannot be trained on --------------------------
+
+
+def test_a_server_that_returns_no_token_ids_gives_no_record_not_empty_spans() -> None:
+    # A plain OpenAI server: no ids; some send logprobs anyway (they cannot be placed on any id).
+    plain = [TurnOutput([], [], [-0.1, -0.2]), TurnOutput([], [])]
+    rec = build_token_record(plain)
+    assert rec == TokenRecord()
+    rollout = Rollout(RolloutKey(0, 0), "j", {}, [{"role": "assistant", "content": "hi"}], 1.0, tokens=rec)
+    assert validate_rollout(rollout) == [
+        "no token record (token_ids empty: the model server returned no token ids)"
+    ]
+    with pytest.raises(TokenRecordMismatch, match="turn 2 came back without token ids"):
+        build_token_record([TurnOutput([1], [2]), TurnOutput([], [3])])
+
+
+def test_logprobs_the_job_asked_for_and_did_not_get_are_a_mismatch_not_zeros() -> None:
+    turns = [TurnOutput([1], [2, 3], [-0.1, -0.2]), TurnOutput([1, 2, 3, 4], [5])]
+    assert build_token_record(turns).logprobs == pytest.approx([0, -0.1, -0.2, 0, 0])
+    with pytest.raises(TokenRecordMismatch, match="asked for logprobs but turn 2 came back with 1 generated"):
+        build_token_record(turns, logprobs_wanted=True)
+    # A turn that generated nothing has nothing to miss.
+    assert build_token_record([TurnOutput([1], [])], logprobs_wanted=True).token_ids == [1]
+
+
+def test_a_turn_that_ended_on_eos_decodes_to_exactly_its_content(tok: Any) -> None:
+    # The ids say 190, the message (and so the reward) says 19: not a stop string, a different answer.
+    longer = tool_rollout(tok, [*tok.encode("The answer is 190", add_special_tokens=False), tok.eos_token_id])
+    assert validate_rollout(longer, tokenizer=tok) == [
+        'turn 2: decoded ids "The answer is 190" differ from the assistant content "The answer is 19" '
+        "at character 16"
+    ]
+    # Without an eos the turn may have been cut by a stop string, which the content leaves out.
+    cut = tool_rollout(tok, tok.encode("The answer is 19 STOP", add_special_tokens=False))
+    assert validate_rollout(cut, tokenizer=tok) == []

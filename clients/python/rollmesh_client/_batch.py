@@ -63,6 +63,13 @@ def collate(
     end (their `truncated` flag is set; the reward still applies to the kept ids)."""
     if not rollouts:
         raise ValueError("collate needs at least one rollout")
+    empty = next((r for r in rollouts if not r.token_ids), None)
+    if empty is not None:  # a row of padding would still weigh in its group's advantages
+        raise ValueError(
+            f"rollout {empty.job_id}/{empty.task_index}/{empty.rollout_index} has no token record (its "
+            "model server returned no token ids, e.g. an OpenAI URL that is not vLLM): it cannot be "
+            "trained on"
+        )
     lengths = [len(r.token_ids) for r in rollouts]
     longest = max(lengths)
     keep = min(longest, max_len) if max_len is not None else longest  # ids kept per row at most

@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rollmesh.mesh.errors import RollmeshError
@@ -58,10 +59,6 @@ AUTO_START, AUTO_MAX = 16, 1024
 VALIDATE_EVERY = 16
 
 TokenBuilder = Callable[[list[Turn]], TokenRecord]
-
-
-def _default_tokens(turns: list[Turn]) -> TokenRecord:
-    return build_token_record(turns)
 
 
 @dataclass
@@ -251,9 +248,11 @@ class JobRun:
         self._fail_fast = FailFast(self.policy.fail_fast_after)
         self._write_lock = asyncio.Lock()
         self._stop_reason: RunResult | None = None
+        self._said_no_token_ids = False
         self._producer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._tokens = self.hooks.token_builder or _default_tokens
+        wanted = bool(plan.spec.sampling.get("logprobs"))
+        self._tokens = self.hooks.token_builder or partial(build_token_record, logprobs_wanted=wanted)
         self.keep_scored = True  # the manager turns this off when the sink keeps a file to read back
 
     @property
@@ -372,6 +371,14 @@ class JobRun:
                     outages=self.outages,
                 )
                 rollout = self._rollout(key, task, seed, outcome, tokens, attempts, self.hooks.clock() - t0)
+                if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
+                    self._said_no_token_ids = True
+                    log.warning(
+                        "rollouts_without_token_ids",
+                        job_id=self.job_id,
+                        reason="the model server returned no token ids: rows carry no token record "
+                        "(rewards are fine for evaluation; a trainer cannot use them)",
+                    )
             except RolloutFailed as failed:
                 await self._fail(key, failed.error, failed.attempts)
                 return

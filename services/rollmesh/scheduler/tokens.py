@@ -15,7 +15,11 @@ The scheduler fills one `TurnOutput` per model turn from the gateway's `Generate
 Each turn's prompt must start with every id so far (the gateway keeps the ids it generated, so a
 re-rendered template never changes them); if it does not, the record would train on tokens the
 policy never saw, so `build_token_record` raises `TokenRecordMismatch` (the rollout fails with
-error class TOKEN_RECORD_MISMATCH).
+error class TOKEN_RECORD_MISMATCH). So it does when the job asked for logprobs and a turn came back
+with generated ids but none (zeros would pass for the policy's logprobs), and when some turns carry
+ids and others none. A model server that returns no ids at all (an OpenAI URL that is not vLLM)
+gives an empty record (no ids, no turns): the row still has its messages and reward, and says it
+has no tokens, rather than spans of zero length or ids re-tokenized from the text.
 """
 
 from __future__ import annotations
@@ -59,8 +63,17 @@ class Decoder(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def build_token_record(turns: Sequence[TurnLike]) -> TokenRecord:
-    """The token record of a rollout from its turns, in order (see the module doc)."""
+def build_token_record(turns: Sequence[TurnLike], *, logprobs_wanted: bool = False) -> TokenRecord:
+    """The token record of a rollout from its turns, in order (see the module doc). With
+    `logprobs_wanted` (the job's `sampling.logprobs`) every generated id must have its logprob."""
+    without_ids = [i + 1 for i, t in enumerate(turns) if not t.prompt_token_ids]
+    if without_ids and len(without_ids) == len(turns):
+        return TokenRecord()  # the model server returned no token ids: no record, not an empty one
+    if without_ids:
+        raise TokenRecordMismatch(
+            f"turn {without_ids[0]} came back without token ids while other turns of the rollout have them",
+            metadata={"turn": str(without_ids[0])},
+        )
     ids: list[int] = []
     mask: list[int] = []
     lps: list[float] = []
@@ -81,6 +94,12 @@ def build_token_record(turns: Sequence[TurnLike]) -> TokenRecord:
         mask.extend([0] * len(added))
         lps.extend([0.0] * len(added))
         out = list(turn.output_token_ids)
+        if logprobs_wanted and out and not turn.logprobs:
+            raise TokenRecordMismatch(
+                f"the job asked for logprobs but turn {i + 1} came back with {len(out)} generated ids "
+                "and no logprobs",
+                metadata={"turn": str(i + 1)},
+            )
         if turn.logprobs and len(turn.logprobs) != len(out):
             raise TokenRecordMismatch(
                 f"turn {i + 1} has {len(out)} output ids but {len(turn.logprobs)} logprobs",
@@ -116,7 +135,8 @@ def validate_token_record(
     (when given and > 0) equals the generated count. With `messages` and a `tokenizer`: one
     assistant message per turn, and decoding each generated span gives that message's content
     (for a message with tool calls, the content and each tool's name must appear in the decoded
-    text, since the parser moved the call out of the content; a trailing stop string is tolerated).
+    text, since the parser moved the call out of the content; a trailing stop string is tolerated
+    after a turn that did not end with the tokenizer's eos, which is the only way it can be there).
     """
     reasons: list[str] = []
     n = len(record.token_ids)
@@ -169,7 +189,7 @@ def validate_token_record(
 def validate_rollout(rollout: Rollout, *, tokenizer: Decoder | None = None) -> list[str]:
     """`validate_token_record` of a stored rollout, against its messages and usage."""
     if not rollout.tokens.token_ids and not rollout.tokens.turns:
-        return ["no token record (token_ids empty)"]
+        return ["no token record (token_ids empty: the model server returned no token ids)"]
     return validate_token_record(
         rollout.tokens,
         messages=rollout.messages,
@@ -184,9 +204,9 @@ def _check_text(record: TokenRecord, messages: Sequence[Json], tokenizer: Decode
     if len(assistant) != len(record.turns):
         return [f"{len(record.turns)} turns but {len(assistant)} assistant messages"]
     for t, (span, msg) in enumerate(zip(record.turns, assistant, strict=True), start=1):
-        decoded = tokenizer.decode(
-            record.token_ids[span.output_start : span.output_end], skip_special_tokens=True
-        ).strip()
+        generated = record.token_ids[span.output_start : span.output_end]
+        decoded = tokenizer.decode(generated, skip_special_tokens=True).strip()
+        ended_on_eos = bool(generated) and generated[-1] == getattr(tokenizer, "eos_token_id", None)
         content = str(msg.get("content") or "").strip()
         calls = _tool_call_names(msg)
         if calls:
@@ -199,7 +219,8 @@ def _check_text(record: TokenRecord, messages: Sequence[Json], tokenizer: Decode
                 reasons.append(
                     f"turn {t}: decoded ids {_show(decoded)} do not mention tool call(s) {missing}"
                 )
-        elif not decoded.startswith(content):
+        elif decoded != content and (ended_on_eos or not decoded.startswith(content)):
+            # Only a turn cut by a stop string may decode to more than its content (the stop string).
             at = _first_difference(list(decoded), list(content))
             reasons.append(
                 f"turn {t}: decoded ids {_show(decoded)} differ from the assistant content {_show(content)} "
