@@ -13,7 +13,9 @@ from rollmesh.mesh import errors as mesh_errors
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.engine import Hooks, JobRun
 from rollmesh.scheduler.plan import build_plan
+from rollmesh.scheduler.retry import Outages
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Watchdog
 from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
@@ -153,3 +155,28 @@ async def test_a_hung_verifier_counts_from_its_last_answer_even_when_keepalive_c
     env.go.set()
     assert result.state == "FAILED" and "the verifier has been unreachable" in result.error, result
     assert 6 <= took < 6 + 2.5, took  # not 3 + 6
+
+
+async def test_the_watchdog_survives_a_first_call_to_another_service_during_its_health_check() -> None:
+    """The check awaits a probe while iterating the services: a first verifier call meanwhile added
+    one, and the watchdog task died ("dictionary changed size during iteration"), hangs unwatched."""
+    now = [0.0]
+    outages = Outages(1.0, clock=lambda: now[0], quiet_shown_s=0.5)
+    calls: list[asyncio.Task[Any]] = []
+
+    async def alive(timeout_s: float) -> bool:
+        calls.append(asyncio.create_task(watchdog.watch(VERIFIER, asyncio.Event().wait())))
+        await asyncio.sleep(0)
+        return True
+
+    watchdog = Watchdog(outages, {GATEWAY: alive})
+    calls.append(asyncio.create_task(watchdog.watch(GATEWAY, asyncio.Event().wait())))
+    await asyncio.sleep(0)
+    now[0] = 2.0
+    try:
+        await watchdog.check()
+        assert outages.down == [] and len(calls) == 2  # slow, not hung: nothing cut
+    finally:
+        for c in calls:
+            c.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)

@@ -92,11 +92,14 @@ class Watchdog:
         tick = min(1.0, self.outages.budget_s / 4)
         while True:
             await asyncio.sleep(tick)
-            await self.check()
+            try:
+                await self.check()
+            except Exception:  # a bug here must not leave the job's hangs unwatched for good
+                log.exception("watchdog_check_failed")
 
     async def check(self) -> None:
         o = self.outages
-        for service, calls in self._calls.items():
+        for service, calls in list(self._calls.items()):  # a first call may add a service meanwhile
             quiet = o.quiet_s(service)
             if not calls or quiet is None or quiet < min(o.budget_s, o.quiet_shown_s):
                 continue
