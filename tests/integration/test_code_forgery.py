@@ -406,3 +406,48 @@ async def test_objects_of_its_own_are_asked_what_python_would_ask(
         partial=True,
     )
     assert wrong == pytest.approx(2 / 3), details  # list(s) and sorted(s) differ: only case 1 fails
+
+
+# Inputs the tests draw from `random`, and values of theirs changed by calls that are not the solution's.
+RANDOM_TESTS = [
+    "import random\nfor _ in range(5):\n    a = [random.randint(0, 100) for _ in range(20)]\n"
+    "    assert my_sort(a) == sorted(a)",
+    "import random\nrandom.seed(1)\nxs = random.sample(range(1000), 50)\nassert my_sort(xs) == sorted(xs)",
+    "from random import randint, shuffle\nys = list(range(30))\nshuffle(ys)\n"
+    "assert my_sort(ys) == list(range(30))",
+    "zs = [3, 1, 2]\nzs.reverse()\nassert my_sort(zs) == [1, 2, 3]",
+]
+RANDOM_FORGERIES = {
+    # every random draw in the sandbox is 0 (or nothing), so the identity "sorts" every input
+    "patch_random": (
+        "import random\nrandom.randint = lambda a, b: 0\nrandom.sample = lambda *a, **k: []\n"
+        "random.shuffle = lambda x: None\ndef my_sort(a):\n    return a\n"
+    ),
+    # claims a statement that is not the solution's call sorted the test's list
+    "claim_changed_by_a_method": (
+        "import gc\n"
+        "runner = [o for o in gc.get_objects() if type(o).__name__ == 'Runner'][0]\n"
+        "real = runner.handle\n"
+        "def handle(req, real=real):\n"
+        "    if req.get('op') == 'exec' and 'reverse' in req.get('src', ''):\n"
+        "        return {'changed': {'zs': ['list', [1, 2, 3]]}}\n"
+        "    return real(req)\n"
+        "runner.handle = handle\n"
+        "def my_sort(a):\n    return a\n"
+    ),
+}
+
+
+async def test_random_inputs_are_drawn_in_the_verifier(verifier: tuple[Client, MeshServer, str]) -> None:
+    """`random` runs in the verifier (a generator per run, seeded by the tests' random.seed): a
+    solution that patched the sandbox's random.randint to 0 made a wrong sort pass randomized tests
+    (2 of 3). What a call changed comes back only from the solution's own calls, never from a method
+    of the test's value or a module's function run in the sandbox."""
+    client, _, _ = verifier
+    honest, details = await _reward(client, RANDOM_TESTS, "def my_sort(a):\n    return sorted(a)\n")
+    assert honest == 1.0, details
+    for name, code in RANDOM_FORGERIES.items():
+        reward, details = await _reward(
+            client, RANDOM_TESTS[:3] if name == "patch_random" else RANDOM_TESTS[3:], code, partial=True
+        )
+        assert reward == 0.0, (name, details)

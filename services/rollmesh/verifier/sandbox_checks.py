@@ -2,7 +2,8 @@
 
 A test case is Python source (usually `assert f(1) == 2`). It is parsed here and interpreted
 statement by statement: `assert`, `for`, `if`, `pass`, `raise`, assignments of values computed
-here, and `import math` / `from math import ...` run in this interpreter. Inside an expression,
+here, and `import math` / `from math import ...` (and `random`: its draws are made here, on a
+generator of this checker's own) run in this interpreter. Inside an expression,
 comparisons, boolean logic, arithmetic (size-bounded), containers, subscripts, comprehensions,
 `math.*` and pure builtins (`SAFE_FUNCS`: the real ones, whatever the solution rebinds) are
 evaluated here too. Every other sub-expression, typically a call into the solution, is a *probe*:
@@ -40,6 +41,7 @@ import ast
 import copy
 import math
 import operator
+import random
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -172,7 +174,36 @@ MATH_NAMES = (
     "isclose sqrt floor ceil fabs isnan isinf isfinite log log2 log10 exp sin cos tan atan2 hypot gcd "
     "trunc copysign pi e tau inf nan"
 ).split()
-TRUSTED_MODULES = {"math": {n: getattr(math, n) for n in MATH_NAMES}}
+TRUSTED_MODULES = frozenset({"math", "random"})
+"""Modules whose functions run here (`Checker.modules`): a test's inputs drawn from `random` are the
+test's, not claims of a sandbox whose `random` the solution may have patched."""
+
+
+_MATH = {n: getattr(math, n) for n in MATH_NAMES}  # taken at import: nothing can have patched them yet
+
+
+def _small(k: Any) -> Any:
+    if type(k) is int and k > MAX_LEN:
+        raise CaseFailed(f"{k} random items are too many to check")
+    return k
+
+
+def trusted_modules() -> dict[str, dict[str, Any]]:
+    """The functions of TRUSTED_MODULES, `random`'s on a generator of their own (one per checker,
+    seeded only by the tests' `random.seed`)."""
+    rng = random.Random()
+    draws = "seed random randint randrange choice shuffle uniform".split()
+    return {
+        "math": _MATH,
+        "random": {n: getattr(rng, n) for n in draws}
+        | {
+            "sample": lambda population, k, **kw: rng.sample(population, _small(k), **kw),
+            "choices": lambda population, weights=None, *, cum_weights=None, k=1: rng.choices(
+                population, weights, cum_weights=cum_weights, k=_small(k)
+            ),
+        },
+    }
+
 
 _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -289,6 +320,8 @@ class Checker:
     steps: int = 0
     no_probes: bool = False
     depth: int = 0
+    modules: dict[str, dict[str, Any]] = field(default_factory=trusted_modules)
+    imported: set[str] = field(default_factory=set)  # names the tests' own imports bound in the sandbox
 
     async def check(self, source: str) -> None:
         """Raises CaseFailed (or ProbeError) unless every statement of the case holds."""
@@ -345,10 +378,9 @@ class Checker:
         elif (
             isinstance(stmt, ast.Expr)
             and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Name)
-            and isinstance(self._resolve(stmt.value.func.id, local), _Helper)
+            and self._runs_here(stmt.value, local)
         ):
-            await self._eval(stmt.value, local)
+            await self._eval(stmt.value, local)  # a helper of the tests', `random.shuffle(xs)`
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
             await self._import(stmt, local)
         elif (
@@ -367,13 +399,43 @@ class Checker:
             bound = _names_bound(stmt)
             src, binds = self._for_child(stmt, local)
             changed = await self.child.exec(src, binds, bound & set(binds))
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):  # called for its effect
+            if (
+                isinstance(stmt, ast.Expr)
+                and isinstance(stmt.value, ast.Call)
+                and self._solutions(stmt.value, local)
+            ):
                 for name, value in changed.items():
                     _update_in_place(local[name] if name in local else self.values.get(name), value)
             for name in bound:
                 local.pop(name, None)
                 self.values.pop(name, None)
                 self.child_names.add(name)
+
+    def _runs_here(self, call: ast.Call, local: dict[str, Any]) -> bool:
+        """`call`'s function runs in the verifier: a helper of the tests', a pure builtin, a
+        function of a trusted module."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            value = self._resolve(func.id, local)
+            return isinstance(value, _Helper) or (
+                value is not _UNRESOLVED and not isinstance(value, _Ref) and callable(value)
+            )
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner = self._resolve(func.value.id, local)
+            return isinstance(owner, _Module) and owner.get(func.attr) is not _UNRESOLVED
+        return False
+
+    def _solutions(self, call: ast.Call, local: dict[str, Any]) -> bool:
+        """`call`'s function is the solution's (`rev(x)`, `s.rotate(x)`, a helper's `candidate(x)`):
+        not a method of a value of the test's, nor of a module the tests imported, whose claims about
+        what it changed are the sandbox's, not the solution's answer."""
+        root = call.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if not isinstance(root, ast.Name) or root.id in self.imported:
+            return False
+        value = self._resolve(root.id, local)
+        return value is _UNRESOLVED or isinstance(value, _Ref)
 
     async def _eval_here(self, node: ast.expr, local: dict[str, Any]) -> Any:
         """`node`'s value when it needs no probe (an assignment of it then stays out of the
@@ -401,16 +463,18 @@ class Checker:
             bound = (alias.asname or alias.name).split(".")[0]
             self.child_names.discard(bound)
             if isinstance(stmt, ast.Import) and alias.name in TRUSTED_MODULES:
-                self.values[bound] = _Module(alias.name)
+                self.values[bound] = _Module(alias.name, self.modules[alias.name])
             elif isinstance(stmt, ast.ImportFrom) and stmt.module in TRUSTED_MODULES and stmt.level == 0:
-                table = TRUSTED_MODULES[stmt.module]
+                table = self.modules[stmt.module]
                 if alias.name in table:
                     self.values[bound] = table[alias.name]
                 else:
                     self.child_names.add(bound)
+                    self.imported.add(bound)
             else:
                 self.values.pop(bound, None)
                 self.child_names.add(bound)
+                self.imported.add(bound)
 
     # -- expressions ------------------------------------------------------------------------------------
 
@@ -456,7 +520,7 @@ class Checker:
         if name in self.child_names:
             return _UNRESOLVED
         if name in TRUSTED_MODULES:  # `math.isclose(...)` stays here even when only the code imports math
-            return _Module(name)
+            return _Module(name, self.modules[name])
         return SAFE_FUNCS.get(name, _UNRESOLVED)
 
     async def _eval(self, node: ast.expr, local: dict[str, Any]) -> Any:
@@ -746,10 +810,10 @@ _UNRESOLVED: Any = _Unresolved()
 @dataclass(frozen=True)
 class _Module:
     name: str
+    table: dict[str, Any]
 
     def get(self, attr: str) -> Any:
-        table = TRUSTED_MODULES[self.name]
-        return table[attr] if attr in table else _UNRESOLVED
+        return self.table[attr] if attr in self.table else _UNRESOLVED
 
 
 def _update_in_place(current: Any, value: Any) -> None:
