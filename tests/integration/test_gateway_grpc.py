@@ -73,7 +73,7 @@ async def test_generate_stream(mesh: Mesh) -> None:
 
 async def test_abort_and_policy_version(mesh: Mesh) -> None:
     mesh.backend.token_latency_s = 60
-    assert await mesh.client.gateway.set_policy_version("step-3") == ""
+    assert await mesh.client.gateway.set_policy_version("step-3") == "0"
     task = asyncio.create_task(mesh.client.gateway.generate(USER, request_id="long"))
     await mesh.backend.wait_running("long")
     assert await mesh.client.gateway.abort("long") is True

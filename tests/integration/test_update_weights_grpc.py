@@ -47,7 +47,7 @@ async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]
 async def test_sdk_update_then_generations_carry_the_new_version(mesh: Mesh) -> None:
     new = write_checkpoint(mesh.root / "step1", scale=3.0)
     resp = await mesh.client.gateway.update_weights(new)
-    assert (resp.policy_version, resp.previous_version, resp.tensors) == ("1", "", 3)
+    assert (resp.policy_version, resp.previous_version, resp.tensors) == ("1", "0", 3)
     assert sorted(resp.replica_ids) == ["tiny-replica-0", "tiny-replica-1"]
     assert resp.checkpoint_path == str(new) and resp.retried_requests == 0
     r = await mesh.client.gateway.generate(USER)
@@ -92,7 +92,7 @@ async def test_sdk_errors_carry_reasons(mesh: Mesh) -> None:
     with pytest.raises(RollmeshClientError) as info:
         await mesh.client.gateway.update_weights(write_checkpoint(mesh.root / "ok"))
     assert (info.value.code, info.value.reason) == (grpc.StatusCode.ABORTED, "WEIGHT_LOAD_FAILED")
-    assert (await mesh.client.gateway.generate(USER)).policy_version == ""
+    assert (await mesh.client.gateway.generate(USER)).policy_version == "0"
 
 
 async def test_cli_update_weights(mesh: Mesh) -> None:

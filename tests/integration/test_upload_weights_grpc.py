@@ -139,7 +139,7 @@ async def test_bad_uploads_fail_with_reasons_and_leave_nothing(mesh: Mesh) -> No
         await mesh.client.gateway.update_weights_from_folder(bad)
     assert info.value.reason == "CHECKPOINT_INCOMPATIBLE"
     assert mesh.staged() == [] and mesh.backend.weight_loads == 0
-    assert [m.policy_version async for m in mesh.client.gateway.models()] == [""]
+    assert [m.policy_version async for m in mesh.client.gateway.models()] == ["0"]
 
 
 async def test_cli_update_weights_upload(mesh: Mesh) -> None:

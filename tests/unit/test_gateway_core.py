@@ -255,8 +255,8 @@ async def test_abort_releases_a_request_held_by_pause() -> None:
 
 async def test_policy_version_labels_every_response() -> None:
     gw = await started(FakeBackend("a"), FakeBackend("b"))
-    assert (await gw.generate(inp())).policy_version == ""
-    assert gw.set_policy_version("", "v1") == ""
+    assert (await gw.generate(inp())).policy_version == "0"
+    assert gw.set_policy_version("", "v1") == "0"
     assert (await gw.generate(inp(model="b"))).policy_version == "v1"
     assert gw.set_policy_version("a", "v2") == "v1"
     assert (await gw.generate(inp(model="a"))).policy_version == "v2"

@@ -107,10 +107,10 @@ async def test_update_loads_every_replica_and_bumps_the_version_later_results_ca
 ) -> None:
     backend = FakeBackend("m", num_replicas=2, weights_dir=served)
     gw = await started(backend)
-    assert (await gw.generate(inp())).policy_version == ""
+    assert (await gw.generate(inp())).policy_version == "0"
     new = write_checkpoint(tmp_path / "step1", scale=2.0)
     update = await gw.update_weights("m", new)
-    assert (update.policy_version, update.previous_version, update.tensors) == ("1", "", 3)
+    assert (update.policy_version, update.previous_version, update.tensors) == ("1", "0", 3)
     assert sorted(update.replica_ids) == ["m-replica-0", "m-replica-1"]
     assert set(backend.loaded_weights.values()) == {new}
     assert (await gw.generate(inp())).policy_version == "1"
@@ -128,7 +128,7 @@ async def test_rejected_checkpoint_touches_nothing(served: Path, tmp_path: Path)
     assert info.value.reason == "CHECKPOINT_INCOMPATIBLE"
     assert backend.weight_loads == 0 and set(backend.loaded_weights.values()) == {served}
     r = await gw.generate(inp())
-    assert (r.finish_reason, r.policy_version) == ("stop", "")
+    assert (r.finish_reason, r.policy_version) == ("stop", "0")
     assert not (await gw.list_models())[0].paused
 
 
@@ -167,7 +167,7 @@ async def test_finish_in_flight_lets_running_generations_end_on_the_old_version(
     assert (await gw.list_models())[0].paused
     held = asyncio.create_task(gw.generate(inp(request_id="new")))
     old = await running
-    assert (old.finish_reason, old.policy_version, old.message.content) == ("stop", "", "abcdef")
+    assert (old.finish_reason, old.policy_version, old.message.content) == ("stop", "0", "abcdef")
     assert (await update).retried_requests == 0
     assert (await held).policy_version == "1"  # ... which run on the new weights
     assert "old" not in backend.aborted
@@ -209,7 +209,7 @@ async def test_a_stream_that_already_sent_deltas_ends_with_abort_instead_of_reru
     rest = [x async for x in stream]
     assert getattr(first, "text", "") == "a"
     assert (
-        getattr(rest[-1], "finish_reason", "") == "abort" and getattr(rest[-1], "policy_version", "?") == ""
+        getattr(rest[-1], "finish_reason", "") == "abort" and getattr(rest[-1], "policy_version", "?") == "0"
     )
     assert (await update).policy_version == "1"
 
@@ -226,7 +226,7 @@ async def test_finish_in_flight_past_the_drain_timeout_changes_nothing(served: P
     assert backend.weight_loads == 0
     assert not (await gw.list_models())[0].paused
     await gw.abort("slow")
-    assert (await running).policy_version == ""
+    assert (await running).policy_version == "0"
 
 
 async def test_a_paused_model_stays_paused_after_an_update(served: Path, tmp_path: Path) -> None:
@@ -283,3 +283,31 @@ async def test_abort_and_retry_also_reruns_a_request_the_backend_cancelled_with_
     r = await asyncio.wait_for(running, 30)
     assert backend.cancelled == {"r1"} and update.retried_requests == 1
     assert (r.finish_reason, r.policy_version, r.message.content) == ("stop", "1", "abc")
+
+
+async def test_a_rollout_straddling_the_first_update_is_as_old_as_its_first_turn(
+    served: Path, tmp_path: Path
+) -> None:
+    """The weights a model is first served with are version "0": unlabelled, a rollout whose first
+    turn ran on them and whose second ran after the first update counted as version 1 (the only
+    integer among its turns), so a strictly on-policy trainer took it as fresh."""
+    from rollmesh.scheduler import convert
+    from rollmesh.scheduler.records import Rollout, RolloutKey
+    from rollmesh.scheduler.tokens import TurnOutput, build_token_record
+    from rollmesh_client.trainer import TrainerRollout
+
+    gw = await started(FakeBackend("m", weights_dir=served))
+    first = await gw.generate(inp(session_id="s"))
+    assert (await gw.list_models())[0].policy_version == "0"
+    update = await gw.update_weights("m", write_checkpoint(tmp_path / "step1", scale=2.0))
+    assert (update.previous_version, update.policy_version) == ("0", "1")
+    follow_up = (*USER, first.message, Message("user", "and 1+1?"))
+    second = await gw.generate(inp(messages=follow_up, session_id="s"))
+    turns = [
+        TurnOutput(r.prompt_token_ids, r.output_token_ids, policy_version=r.policy_version)
+        for r in (first, second)
+    ]
+    rec = build_token_record(turns)
+    assert [t.policy_version for t in rec.turns] == ["0", "1"]
+    rollout = Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=rec, policy_version="1")
+    assert TrainerRollout.from_pb(convert.rollout_to_pb(rollout)).version == 0

@@ -62,7 +62,7 @@ _REABORT_PERIOD_S = 0.5
 class _Model:
     name: str
     backend: ModelBackend
-    policy_version: str = ""
+    policy_version: str = "0"  # the weights first served; UpdateWeights counts up from it
     running: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: Counter[str] = field(default_factory=Counter)
     spec: ModelSpec | None = None  # set for routes the gateway created (and must shut down)
