@@ -324,6 +324,7 @@ STATEMENT_TESTS = [
     "def check(f):\n    y = {'a': [1, 2]}\n    f(y['a'])\n    assert y == {'a': [2, 1]}\ncheck(rev)",
     "x = 3\nx = add(x, 2)\nassert x == 5",
     "nums = [3, 1, 2]\nout = sort_copy(nums)\nassert out == sorted(nums)",
+    "res = []\nres.append(add(1, 1))\nres.extend([add(2, 2)])\nres.sort(reverse=True)\nassert res == [4, 2]",
 ]
 STATEMENT_HONEST = (
     "def rev(a):\n    a.reverse()\n\ndef add(a, b):\n    return a + b\n\n"
@@ -358,11 +359,12 @@ STATEMENT_FORGERIES = {
 
 
 async def test_statements_see_what_the_solution_did(verifier: tuple[Client, MeshServer, str]) -> None:
-    """A list the tests pass to the solution in a statement (`rev(x)`) and change there is changed
-    here too (it stayed as it was: a correct in-place solution scored 0), and a name a statement
-    rebinds from the solution's answer (`x = add(x, 2)`) keeps that answer (it was lost: `x` then
-    named nothing, or the solution's own global x). What the sandbox claims changed is only ever a
-    value the statement was given."""
+    """A list of the tests' changed by its own methods (`res.append(add(1, 1))`) changes here (it
+    changed a copy in the sandbox), and one they pass to the solution in a statement (`rev(x)`)
+    and change there is changed here too (it stayed as it was: a correct in-place solution scored
+    0), and a name a statement rebinds from the solution's answer (`x = add(x, 2)`) keeps that
+    answer (it was lost: `x` then named nothing, or the solution's own global x). What the sandbox
+    claims changed is only ever a value the statement was given."""
     client, _, _ = verifier
     honest, details = await _reward(client, STATEMENT_TESTS, STATEMENT_HONEST)
     assert honest == 1.0, details

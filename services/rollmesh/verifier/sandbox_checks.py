@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import math
 import operator
 import random
@@ -421,8 +422,7 @@ class Checker:
                 value is not _UNRESOLVED and not isinstance(value, _Ref) and callable(value)
             )
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-            owner = self._resolve(func.value.id, local)
-            return isinstance(owner, _Module) and owner.get(func.attr) is not _UNRESOLVED
+            return _attribute(self._resolve(func.value.id, local), func.attr) is not _UNRESOLVED
         return False
 
     def _solutions(self, call: ast.Call, local: dict[str, Any]) -> bool:
@@ -600,9 +600,7 @@ class Checker:
         if isinstance(node.func, ast.Name):
             func = self._resolve(node.func.id, local)
         elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
-            owner = self._resolve(node.func.value.id, local)
-            if isinstance(owner, _Module):
-                func = owner.get(node.func.attr)
+            func = _attribute(self._resolve(node.func.value.id, local), node.func.attr)
         plain_args = not any(isinstance(a, (ast.Starred, ast.Lambda)) for a in node.args) and not any(
             k.arg is None or isinstance(k.value, ast.Lambda) for k in node.keywords
         )
@@ -814,6 +812,33 @@ class _Module:
 
     def get(self, attr: str) -> Any:
         return self.table[attr] if attr in self.table else _UNRESOLVED
+
+
+_METHODS: dict[type, frozenset[str]] = {
+    list: frozenset("append extend insert pop remove reverse sort index count copy clear".split()),
+    dict: frozenset("get keys values items copy".split()),
+    str: frozenset("split rsplit strip lstrip rstrip lower upper startswith endswith splitlines".split()),
+}
+
+
+def _attribute(owner: Any, attr: str) -> Any:
+    """`owner.attr` when it runs here: a trusted module's function, or a method of a plain value of
+    the tests' (`res.append(f(1))` changes `res` here; it changed a copy in the sandbox, and a
+    correct solution scored 0); else _UNRESOLVED."""
+    if isinstance(owner, _Module):
+        return owner.get(attr)
+    if attr not in _METHODS.get(type(owner), ()):
+        return _UNRESOLVED
+    if attr == "extend":
+        return functools.partial(_extend, owner)
+    return getattr(owner, attr)
+
+
+def _extend(items: list[Any], more: Any) -> None:
+    more = list(_as_iterable(more))
+    if len(items) + len(more) > MAX_LEN:
+        raise CaseFailed(f"a list of more than {MAX_LEN} items is too large to check")
+    items.extend(more)
 
 
 def _update_in_place(current: Any, value: Any) -> None:
