@@ -122,3 +122,43 @@ async def test_one_turn_rollout_opens_no_gateway_session() -> None:
     assert [c.session_id for c in model.calls] == [""] and model.calls[0].request_id == "j/2/0/0"
     assert model.closed == [] and model.open_sessions == 0
     assert env.closed == ["j/2/0"] and not env.sessions
+
+
+async def test_a_turn_aborted_on_the_engine_is_retried_not_scored() -> None:
+    """A generation aborted mid-answer (the gateway's Abort, an engine abort) comes back with
+    finish_reason "abort" and the tokens so far: scored, "The answer is 1" of 12 was a reward and a
+    token record of a cut answer. Now the attempt fails, retryable, and nothing is recorded."""
+    import asyncio
+
+    from rollmesh.gateway import Gateway
+    from rollmesh.gateway.backends.fake import FakeBackend
+    from rollmesh.gateway.servicer import GatewayServicer
+    from rollmesh.scheduler.errors import GenerationAborted
+    from rollmesh.scheduler.remote import GatewayModel
+    from rollmesh.scheduler.retry import classify
+
+    backend = FakeBackend("tiny", script=lambda prompt, request: "The answer is 12", token_latency_s=0.05)
+    gateway = Gateway([backend])
+    await gateway.start()
+    env = LocalEnv()
+    never = AssertionError("a cut answer was verified")
+    env.verify_errors.append(never)
+    rollout = asyncio.create_task(
+        run_agent(
+            job_id="j",
+            key=RolloutKey(0, 0),
+            task=_task("What is 5 + 7?", "12"),
+            seed=0,
+            settings=AgentSettings(environment="arithmetic", max_steps=1),
+            model=GatewayModel.in_process(GatewayServicer(gateway)),
+            env=env,
+        )
+    )
+    try:
+        await backend.wait_running("j/0/0/0")
+        assert await gateway.abort("j/0/0/0")
+        with pytest.raises(GenerationAborted, match=r"model turn 1 .* was aborted after") as info:
+            await rollout
+    finally:
+        await gateway.shutdown()
+    assert classify(info.value).retryable and env.verify_errors == [never]

@@ -1,7 +1,8 @@
 """The built-in agent loop of one rollout, over two small ports (model, environment).
 
 seed session -> generate -> run tool calls on the verifier -> append results -> ... (up to
-`max_steps` model turns) -> verify; the verifier and gateway sessions are closed in `finally`
+`max_steps` model turns) -> verify (a turn that comes back aborted raises GenerationAborted, retryable:
+a cut answer is never scored); the verifier and gateway sessions are closed in `finally`
 (a one-turn rollout opens no gateway session; a stateless environment with a row that declares no
 tools opens no verifier session: generate -> verify).
 The ports are Protocols: `remote.py` implements them over gRPC, tests with in-process fakes.
@@ -19,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.scheduler.errors import GenerationAborted
 from rollmesh.scheduler.records import RolloutKey
 
 Json = dict[str, Any]
@@ -258,6 +260,12 @@ async def run_agent(
             )
             generated = bool(model_session)
             turn = await model.generate(call)
+            if turn.finish_reason == "abort":
+                raise GenerationAborted(
+                    f"model turn {step + 1} (request {call.request_id}) was aborted after "
+                    f"{len(turn.output_token_ids)} tokens: a cut answer is not scored",
+                    metadata={"request_id": call.request_id},
+                )
             turns.append(turn)
             new.append(turn.message)
             calls = turn.message.get("tool_calls") or []

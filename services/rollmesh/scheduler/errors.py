@@ -129,6 +129,14 @@ class TokenRecordMismatch(mesh.Internal):
     reason = "TOKEN_RECORD_MISMATCH"
 
 
+class GenerationAborted(mesh.Unavailable):
+    """A model turn came back with finish_reason "abort" (aborted on the engine, or by the gateway's
+    Abort): its output is cut where the abort landed, so it is never scored nor recorded; the
+    rollout runs again (retryable)."""
+
+    reason = "GENERATION_ABORTED"
+
+
 class BadReward(mesh.Internal):
     """The verifier answered a reward (or a component) that is not a finite number: stored, a NaN
     would poison every mean and pass@k it enters. The rollout fails (not retried) instead."""
