@@ -78,6 +78,7 @@ async def test_a_starved_correct_solution_gets_its_time_and_loops_sleepers_still
     ok = await _sandbox(wall_s=2.0, cpu_s=5, isolation=isolation).run(_work(0.5), TESTS)
     assert (ok.status, ok.passed, ok.total) == ("ok", 1, 1), ok
     assert ok.duration_s > 2.0  # it did wait past the plain limit
+    assert ok.cpu_wait_credit_s > 0  # and the run's report says it was given that time
     loop = await _sandbox(wall_s=3.0, cpu_s=1, isolation=isolation).run(
         "def add(a, b):\n    while True:\n        pass\n", TESTS
     )

@@ -97,7 +97,8 @@ async def test_hostile_code_is_contained(
     details = json.loads(r.details_json)
     assert r.reward == 0.0, details
     assert SECRET not in r.details_json and "root:x:0:0" not in r.details_json
-    assert details["duration_s"] < LIMITS.wall_s + 3
+    # its wall-clock limit, plus what the sandbox credited for time it waited for a CPU (a loaded host)
+    assert details["duration_s"] < LIMITS.wall_s + details["cpu_wait_credit_s"] + 3
     if name in ("infinite_loop", "huge_output"):
         assert details["status"] == "timeout"
     if name == "huge_output":

@@ -61,7 +61,7 @@ from rollmesh.verifier.sandbox_checks import (
     eval_result,
     normalize_output,
 )
-from rollmesh.verifier.sandbox_clock import Starved, run_within_wall_time
+from rollmesh.verifier.sandbox_clock import Starved, WallCredit, run_within_wall_time
 from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
@@ -153,6 +153,8 @@ class RunResult:
     stderr: str = ""
     output_truncated: bool = False
     duration_s: float = 0.0
+    # Seconds the run was given past wall_s for the time it waited for a CPU (sandbox_clock.py).
+    cpu_wait_credit_s: float = 0.0
     isolation: str = ""
 
     def summary(self, max_chars: int = 2000) -> dict[str, Any]:
@@ -363,6 +365,7 @@ class Sandbox:
         verdicts: list[dict[str, Any]] = []
         status, error = "ok", ""
         greeting: asyncio.Future[Any] | None = None
+        credit = WallCredit()
 
         async def talk() -> str:
             nonlocal greeting
@@ -377,7 +380,7 @@ class Sandbox:
             return await _judge(channel, await channel.receive(load), tests, verdicts)
 
         try:
-            error = await run_within_wall_time(talk(), proc.pid, limits.wall_s)
+            error = await run_within_wall_time(talk(), proc.pid, limits.wall_s, credit)
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
@@ -424,6 +427,7 @@ class Sandbox:
             stdout=out_head.decode(errors="replace"),
             stderr=err_head.decode(errors="replace"),
             output_truncated=out_trunc or err_trunc,
+            cpu_wait_credit_s=credit.waited_s,
         )
 
     @staticmethod

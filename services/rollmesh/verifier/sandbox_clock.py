@@ -14,7 +14,8 @@ field). So:
   the wait is their own doing, and threads or forks earn no extra time).
 - The deadline never goes past `STARVED_AFTER` times `wall_s`: a run still waiting then raises
   `Starved` (the host, not the code, ran out of time: no verdict). A run that had its whole wall time
-  raises `TimeoutError`, as `asyncio.timeout` would. Either way `aw` is cancelled.
+  raises `TimeoutError`, as `asyncio.timeout` would. Either way `aw` is cancelled. The time moved
+  out is left in `credit.waited_s` when a `WallCredit` is given (the run's report says it).
 - A process that left the session (`setsid`) still counts: it stays a descendant of the leader (an
   orphan goes to the run's pid-namespace init or the keeper, both descendants). Not counted, CPU
   hogs the code forked out of its session made its own wait the host's: an infinite loop ran to 4x
@@ -28,12 +29,20 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
 
 STARVED_AFTER = 4.0  # the longest a run may take, in multiples of its wall-clock limit
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class WallCredit:
+    """Seconds a run was given past its wall-clock limit for the time it waited for a CPU."""
+
+    waited_s: float = 0.0
 
 
 class Starved(Exception):
@@ -78,9 +87,11 @@ def session_cpu(session: int) -> tuple[float, float]:
     return used, waited
 
 
-async def run_within_wall_time(aw: Awaitable[T], session: int, wall_s: float) -> T:
+async def run_within_wall_time(
+    aw: Awaitable[T], session: int, wall_s: float, credit: WallCredit | None = None
+) -> T:
     """Await `aw` under the wall-clock limit `wall_s` of the run whose processes form `session`
-    (module docstring)."""
+    (module docstring); `credit`, when given, holds how far the deadline was moved out."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(aw)
     start = loop.time()
@@ -106,6 +117,8 @@ async def run_within_wall_time(aw: Awaitable[T], session: int, wall_s: float) ->
                     f" did not give the code its {wall_s:g} s of wall-clock time"
                 )
             deadline = min(earned, cap)
+            if credit is not None:
+                credit.waited_s = round(deadline - start - wall_s, 4)
     finally:
         if not task.done():
             task.cancel()
