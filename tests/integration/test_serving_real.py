@@ -363,3 +363,26 @@ async def test_killed_replica_fails_over_and_is_replaced(backend: RayServeBacken
     await backend.cluster.wait_healthy(timeout_s=60)
     chunks = await _collect(backend, _request(backend, max_tokens=4))
     assert chunks[-1].finish_reason is not None
+
+
+async def test_a_stop_string_ends_the_message_and_the_ids_stay_the_engines(backend: RayServeBackend) -> None:
+    """vLLM ends a request on a stop string with the ids that completed it (and whatever else the
+    last one holds): the message ends before the stop string, as vLLM's own text does, and the
+    output ids are the unstopped greedy output's first ones, the stop string included."""
+    from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
+
+    gateway = Gateway([backend])  # the backend is started (and shut down) by the fixture
+    assert backend.tokenizer is not None
+    user = (Message("user", PROMPT),)
+
+    def greedy(*stop: str) -> GenerateInput:
+        return GenerateInput(messages=user, sampling=SamplingInput(temperature=0, max_tokens=24, stop=stop))
+
+    free = await gateway.generate(greedy())
+    text = free.message.content
+    stop = next(c for c in text[len(text) // 2 :] if not c.isspace())
+    cut = await gateway.generate(greedy(stop))
+    assert (cut.finish_reason, cut.message.content) == ("stop", text[: text.find(stop)])
+    n = len(cut.output_token_ids)
+    assert cut.output_token_ids == free.output_token_ids[:n]
+    assert stop in backend.tokenizer.decode(list(cut.output_token_ids))

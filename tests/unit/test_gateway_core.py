@@ -376,3 +376,28 @@ async def test_shutdown_reaches_every_backend() -> None:
     assert a.started and b.started
     await gw.shutdown()
     assert not a.started and not b.started
+
+
+async def test_a_stop_string_ends_the_message_the_ids_keep_what_the_engine_produced() -> None:
+    """vLLM ends a request on a stop string with the ids that completed it (measured on tiny-arith:
+    stop " " after "The" gives ids decoding to "The answer", text "The"). The gateway decoded the ids
+    into the message, so the verifier scored text past the stop string; now the message ends where
+    an OpenAI server's would, the ids stay the engine's, and the next turn of the session keeps them."""
+    from rollmesh.scheduler.records import Rollout, RolloutKey
+    from rollmesh.scheduler.tokens import TurnOutput, build_token_record, validate_rollout
+
+    tok = FakeTokenizer()
+    gw = await started(FakeBackend("m", script=lambda prompt, request: "The answer is 12."))
+    stop = SamplingInput(stop=("is 1",), logprobs=True)
+    r1 = await gw.generate(inp(sampling=stop, session_id="s"))
+    assert (r1.finish_reason, r1.message.content) == ("stop", "The answer ")
+    # The engine's ids: the stop string, and the "2" of the id "12" that completed it.
+    assert tok.decode(r1.output_token_ids) == "The answer is 12"
+    convo = (*USER, r1.message, Message("user", "and 6+6?"))
+    r2 = await gw.generate(inp(messages=convo, session_id="s"))
+    kept = (*r1.prompt_token_ids, *r1.output_token_ids)
+    assert r2.prompt_token_ids[: len(kept)] == kept and r2.message.content == "The answer is 12."
+    turns = [TurnOutput(r.prompt_token_ids, r.output_token_ids, r.logprobs) for r in (r1, r2)]
+    rollout = Rollout(RolloutKey(0, 0), "j", {}, [r1.message.to_openai(), r2.message.to_openai()], 0.0)
+    rollout.tokens = build_token_record(turns)
+    assert validate_rollout(rollout, tokenizer=tok) == []

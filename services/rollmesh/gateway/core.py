@@ -176,6 +176,19 @@ def _validate_tools(tools: Sequence[ToolSpec]) -> None:
                 )
 
 
+def before_stop_string(text: str, stop: Sequence[str], last_from: int) -> str:
+    """`text` up to the stop string its last token (from `last_from` on) completed: the text an
+    OpenAI server answers. vLLM ends a request on a stop string with the ids that completed it, so
+    decoding its ids gives the stop string and whatever else its last token holds ("The answer" for
+    stop " " after "The"): the ids stay what the engine produced, the message is what the caller
+    asked for. Only an occurrence that ends in the last token counts (vLLM stopped at the first one
+    in its text; an earlier one in `text` can only be inside a special token, which vLLM's text
+    leaves out)."""
+    found = (text.find(s, max(0, last_from - len(s) + 1)) for s in stop if s)
+    cut = min((at for at in found if at >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
 def _leave_replica(m: _Model, replica: str) -> None:
     """One request fewer in flight on `replica` (per-replica accounting for ListModels)."""
     m.in_flight[replica] -= 1
@@ -735,6 +748,9 @@ class Gateway:
             eos = getattr(tokenizer, "eos_token_id", None)
             body = out_ids[:-1] if out_ids[-1] == eos else out_ids
             raw = tokenizer.decode(body, skip_special_tokens=False)
+            if finish == "stop" and body is out_ids and prepared.request.sampling.stop:
+                last_from = len(tokenizer.decode(body[:-1], skip_special_tokens=False))
+                raw = before_stop_string(raw, prepared.request.sampling.stop, last_from)
         else:
             raw = "".join(texts)
         parsed = parse_tool_calls(raw, id_prefix=f"call_{rid[:8]}_")

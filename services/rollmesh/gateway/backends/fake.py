@@ -273,17 +273,18 @@ class FakeBackend(ModelBackend):
                     return
                 text = "" if tid == self._tokenizer.eos_token_id else self._tokenizer.decode([tid])
                 text_so_far += text
-                if any(s in text_so_far for s in request.sampling.stop):
-                    yield EngineChunk(finish_reason="stop", replica_id=replica)
-                    return
-                last = i == len(ids) - 1
+                # As vLLM: the id that completes a stop string is output, and the request ends.
+                stopped = any(s in text_so_far for s in request.sampling.stop)
+                last = i == len(ids) - 1 or stopped
                 yield EngineChunk(
                     token_ids=(tid,),
                     logprobs=(-0.01 - (tid % 7) / 10,) if request.sampling.logprobs else (),
                     text=text,
-                    finish_reason=finish if last else None,
+                    finish_reason=("stop" if stopped else finish) if last else None,
                     replica_id=replica,
                 )
+                if stopped:
+                    return
         finally:
             self._running.pop(request.request_id, None)
             self._in_flight[replica] -= 1
