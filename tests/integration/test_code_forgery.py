@@ -325,6 +325,7 @@ STATEMENT_TESTS = [
     "x = 3\nx = add(x, 2)\nassert x == 5",
     "nums = [3, 1, 2]\nout = sort_copy(nums)\nassert out == sorted(nums)",
     "res = []\nres.append(add(1, 1))\nres.extend([add(2, 2)])\nres.sort(reverse=True)\nassert res == [4, 2]",
+    "got = {}\nfor n in range(3):\n    got[n] = add(n, n)\nassert got == {0: 0, 1: 2, 2: 4}",
 ]
 STATEMENT_HONEST = (
     "def rev(a):\n    a.reverse()\n\ndef add(a, b):\n    return a + b\n\n"
@@ -359,12 +360,13 @@ STATEMENT_FORGERIES = {
 
 
 async def test_statements_see_what_the_solution_did(verifier: tuple[Client, MeshServer, str]) -> None:
-    """A list of the tests' changed by its own methods (`res.append(add(1, 1))`) changes here (it
-    changed a copy in the sandbox), and one they pass to the solution in a statement (`rev(x)`)
-    and change there is changed here too (it stayed as it was: a correct in-place solution scored
-    0), and a name a statement rebinds from the solution's answer (`x = add(x, 2)`) keeps that
-    answer (it was lost: `x` then named nothing, or the solution's own global x). What the sandbox
-    claims changed is only ever a value the statement was given."""
+    """A list of the tests' changed by its own methods (`res.append(add(1, 1))`) or an item
+    assignment (`got[n] = add(n, n)`) changes here (it changed a copy in the sandbox); one they
+    pass to the solution in a statement (`rev(x)`) and change there is changed here too (it stayed
+    as it was: a correct in-place solution scored 0); a name a statement rebinds from the
+    solution's answer (`x = add(x, 2)`) keeps that answer (it was lost: `x` then named nothing, or
+    the solution's own global x). What the sandbox claims changed is only ever a value the
+    statement was given."""
     client, _, _ = verifier
     honest, details = await _reward(client, STATEMENT_TESTS, STATEMENT_HONEST)
     assert honest == 1.0, details
