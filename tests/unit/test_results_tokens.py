@@ -192,3 +192,11 @@ def test_a_turn_that_ended_on_eos_decodes_to_exactly_its_content(tok: Any) -> No
     # Without an eos the turn may have been cut by a stop string, which the content leaves out.
     cut = tool_rollout(tok, tok.encode("The answer is 19 STOP", add_special_tokens=False))
     assert validate_rollout(cut, tokenizer=tok) == []
+
+
+def test_values_on_generated_ids_that_are_no_logprobs_are_reported() -> None:
+    rec = build_token_record([TurnOutput([1], [2, 3, 4], [-0.5, 1.25, float("nan")])])
+    assert validate_token_record(rec) == [
+        "logprobs of 2 generated ids are not log-probabilities (> 0, infinite or NaN; first at 2: 1.25)"
+    ]
+    assert validate_token_record(build_token_record([TurnOutput([1], [2], [0.0])])) == []  # p = 1

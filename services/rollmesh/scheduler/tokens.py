@@ -25,6 +25,7 @@ has no tokens, rather than spans of zero length or ids re-tokenized from the tex
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -131,7 +132,8 @@ def validate_token_record(
     """Why `record` is not a faithful token record; an empty list when it is.
 
     Checks: the three arrays have one length; spans are contiguous, in order and in range; the
-    loss mask is 1 exactly on the generated spans; logprobs are 0 off them; `completion_tokens`
+    loss mask is 1 exactly on the generated spans; logprobs are 0 off them, and finite and <= 0 on
+    them (a logit or a NaN is no logprob); `completion_tokens`
     (when given and > 0) equals the generated count. With `messages` and a `tokenizer`: one
     assistant message per turn, and decoding each generated span gives that message's content
     (for a message with tool calls, the content and each tool's name must appear in the decoded
@@ -178,6 +180,13 @@ def validate_token_record(
     stray_lp = [i for i in range(n) if expected[i] == 0 and record.logprobs[i] != 0.0]
     if stray_lp:
         reasons.append(f"logprobs are non-zero on {len(stray_lp)} non-generated ids (first at {stray_lp[0]})")
+    impossible = [i for i in range(n) if expected[i] and not -math.inf < record.logprobs[i] <= 0.0]
+    if impossible:
+        at = impossible[0]
+        reasons.append(
+            f"logprobs of {len(impossible)} generated ids are not log-probabilities (> 0, infinite or NaN; "
+            f"first at {at}: {record.logprobs[at]})"
+        )
     generated = sum(expected)
     if completion_tokens and completion_tokens != generated:
         reasons.append(f"usage says {completion_tokens} completion tokens but the spans hold {generated}")
