@@ -50,6 +50,9 @@ def _line(row: object) -> bytes:
         ("a_list", b"[1, 2]\n", "must be a JSON object"),
         ("no_input", _line({"expected_answer": "5"}), "responses_create_params"),
         ("empty", b"", "no rows"),
+        # json.loads refuses these with ValueError / RecursionError, not JSONDecodeError (were INTERNAL)
+        ("huge_number", _line(GOOD) + b'{"n": ' + b"1" * 5000 + b"}\n", ":2: not valid JSON (a number"),
+        ("too_deep", b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ":1: not valid JSON (nested"),
     ],
 )
 async def test_a_malformed_dataset_is_one_line_exit_2(

@@ -143,6 +143,9 @@ def test_readable_errors(tmp_path: Path) -> None:
     )
     res = runner.invoke(build_app(), ["aggregate", str(utf16)])
     assert res.exit_code == 2 and f"{utf16}:1: not valid JSON (not UTF-8 text)" in res.stderr, res.stderr
+    (deep := tmp_path / "deep.jsonl").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    res = runner.invoke(build_app(), ["aggregate", str(deep)])
+    assert res.exit_code == 2 and f"{deep}:1: not valid JSON (nested too deeply)" in res.stderr, res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "no such file" in res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "nothing*")])

@@ -4,13 +4,13 @@ selected (limit, then shard), keys enumerated lazily. Blocking file I/O: call of
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
 from rollmesh.scheduler.agent import ROW_SAMPLING
@@ -81,9 +81,9 @@ def load_benchmark(catalog: Catalog, name: str) -> Json:
     if not path.is_file():
         raise InvalidBenchmark(f"benchmark {name!r} has no benchmark.json at {path}")
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InvalidBenchmark(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = untrusted_json.loads(path.read_text())
+    except untrusted_json.NotJson as exc:
+        raise InvalidBenchmark(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise InvalidBenchmark(f"{path}: must hold a JSON object")
     return data
@@ -163,10 +163,10 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
                     metadata={"path": str(path), "line": str(lineno), "size": str(size), "limit": str(limit)},
                 )
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
+                row = untrusted_json.loads(line)
+            except untrusted_json.NotJson as exc:
                 raise MalformedDatasetRow(
-                    f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})",
+                    f"{path}:{lineno}: not valid JSON ({exc})",
                     metadata={"path": str(path), "line": str(lineno)},
                 ) from None
             problem = _row_problem(row)

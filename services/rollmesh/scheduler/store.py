@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
 from rollmesh.scheduler.metrics import Scored
@@ -129,12 +130,12 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
             try:
                 # Decoded as UTF-8 here: json.loads(bytes) guesses UTF-16/32 from the first bytes and
                 # failed with a codec error naming neither the file nor the line.
-                row = json.loads(raw.decode("utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                row = untrusted_json.loads(raw.decode("utf-8"))
+            except (untrusted_json.NotJson, UnicodeDecodeError) as exc:
                 if not raw.endswith(b"\n"):
                     log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
                     return
-                said = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+                said = str(exc) if isinstance(exc, untrusted_json.NotJson) else "not UTF-8 text"
                 raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({said})") from None
             if not isinstance(row, dict):
                 raise CorruptSinkFile(f"{path}:{lineno}: not a JSON object")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import Message as Message  # re-exported: part of the plugin API
 from rollmesh.mesh.chat import ToolCall as ToolCall
 from rollmesh.mesh.chat import ToolSpec as ToolSpec
@@ -360,8 +361,8 @@ class Environment(ABC):
             raise KeyError(call.name)
         spec, attr = tools[call.name]
         try:
-            args = json.loads(call.arguments_json) if call.arguments_json.strip() else {}
-        except (ValueError, RecursionError) as exc:  # not JSON, a number past int's digit limit, too deep
+            args = untrusted_json.loads(call.arguments_json) if call.arguments_json.strip() else {}
+        except untrusted_json.NotJson as exc:
             return ToolOutput(call.id, f"error: arguments are not valid JSON: {exc}", True)
         problems = schema_errors(args, spec.parameters)
         if problems:

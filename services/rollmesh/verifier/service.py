@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import Internal, RollmeshError
 from rollmesh.mesh.logging import get_logger
@@ -65,8 +65,8 @@ class VerifyCall:
 
 def parse_task(task_json: str) -> Task:
     try:
-        row = json.loads(task_json) if task_json.strip() else {}
-    except (ValueError, RecursionError) as exc:  # not JSON, a number past int's digit limit, too deep
+        row = untrusted_json.loads(task_json) if task_json.strip() else {}
+    except untrusted_json.NotJson as exc:
         raise BadTask(f"task_json is not valid JSON: {exc}") from None
     if not isinstance(row, dict):
         raise BadTask(f"task_json must be a JSON object, got {type(row).__name__}")
