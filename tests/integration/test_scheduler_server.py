@@ -97,6 +97,8 @@ async def test_job_end_to_end_stream_metrics_and_idempotency(mesh: Mesh) -> None
         assert (mesh.out / job.job_id / "job.json").exists()
         streamed = [item async for item in job.rollouts(offset=5, follow=True)]
         assert [s.offset for s in streamed] == list(range(5, 40))
+        with pytest.raises(InvalidArgumentError, match="offset must be 0 or more"):  # not silently from 0
+            [item async for item in job.rollouts(offset=-5)]
         assert streamed[0].rollout.key.task_index == rows[5]["task_index"]
         metrics = await job.metrics()
         assert metrics.num_rollouts == 40 and metrics.pass_at_k[1] == 1.0 and metrics.num_tasks == 20

@@ -148,7 +148,7 @@ def list_jobs(scheduler: SchedulerAddr = "", api_key: ApiKey = "", as_json: Json
 @jobs_app.command("stream")
 def stream(
     job_id: JobIdArg,
-    offset: Annotated[int, typer.Option("--offset", help="Skip the first N rollouts.")] = 0,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip the first N rollouts.")] = 0,
     follow: Annotated[bool, typer.Option("--follow/--no-follow", help="Wait for new rollouts.")] = True,
     failures: Annotated[bool, typer.Option("--failures", help="Include failures at the end.")] = False,
     scheduler: SchedulerAddr = "",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.mesh.errors import RollmeshError, Unavailable
+from rollmesh.mesh.errors import InvalidArgument, RollmeshError, Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
 from rollmesh.scheduler import store
@@ -572,9 +572,11 @@ class JobManager:
         Offsets count rollouts (rollouts.jsonl lines). With `include_failures`, the failures follow
         once the job has ended, numbered after the last rollout.
         """
+        if offset < 0:
+            raise InvalidArgument(f"offset must be 0 or more, got {offset}")
         rec = await self.get(job_id)
         path = rec.directory / store.ROLLOUTS
-        pos = max(offset, 0)
+        pos = offset
         byte_pos, skipped = (0, 0)
         cursor_line = 0
         if rec.has_file:
