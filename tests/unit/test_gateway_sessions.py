@@ -31,7 +31,6 @@ def _turn(
         tools_key=tools_key(tools),
         messages=(*messages, reply),
         token_ids=(*prompt.token_ids, *output_ids),
-        output_text=TOK.decode(output_ids),
     )
 
 
@@ -82,9 +81,7 @@ def test_tool_turns_extend_with_tools_in_the_system_prompt() -> None:
     prompt0 = build_prompt(TOK, first, tools, None, model="m")
     out = [*TOK.char_ids(call_text), TOK.eos_token_id]
     reply = Message("assistant", "", (ToolCall("call_0", "add", '{"a": 5, "b": 7}'),))
-    state = SessionState(
-        "s", "m", tools_key(tools), (*first, reply), (*prompt0.token_ids, *out), TOK.decode(out)
-    )
+    state = SessionState("s", "m", tools_key(tools), (*first, reply), (*prompt0.token_ids, *out))
     # The client echoes the call back with its own spacing and id, then the tool result.
     echoed = Message("assistant", "", (ToolCall("x", "add", '{"b":7,"a":5}'),))
     convo = (*first, echoed, Message("tool", "12", tool_call_id="x"))
@@ -121,7 +118,7 @@ def test_store_ttl_lru_cap_and_close() -> None:
     store = SessionStore(ttl_s=10, max_sessions=2, clock=lambda: now[0])
 
     def st(sid: str, replica: str = "r0") -> SessionState:
-        return SessionState(sid, "m", "[]", (), (1,), "", replica)
+        return SessionState(sid, "m", "[]", (), (1,), replica)
 
     store.put(st("a"))
     store.put(st("b", "r1"))
@@ -159,3 +156,17 @@ def test_fresh_prompts_render_once_per_conversation_and_the_cache_is_bounded() -
     assert len(rendered) == 4 and len(cache) == 2  # the oldest entry was evicted
     build_prompt(tok, ask, (), None, model="m", fresh_cache=cache)
     assert len(rendered) == 5
+
+
+def test_a_turn_cut_after_a_character_the_closer_starts_with_still_gets_the_closer_token() -> None:
+    """The closer's text was matched character by character: a turn cut by max_tokens right after a
+    literal "<" counted as having emitted the closer's first character, so the next prompt went on
+    with the text "|end|>" (plain-character ids) instead of the end-of-turn token."""
+    first = (Message("user", "is 1 < 2?"),)
+    state = _turn(first, TOK.encode("yes, 1 <"))  # no eos: cut by max_tokens
+    convo = (*state.messages, Message("user", "go on"))
+    prompt = build_prompt(TOK, convo, (), state, model="m")
+    added = list(prompt.token_ids[len(state.token_ids) :])
+    assert prompt.token_ids[: len(state.token_ids)] == state.token_ids
+    assert added[0] == TOK.eos_token_id
+    assert added == TOK.encode("<|end|>\n<|user|>\ngo on<|end|>\n<|assistant|>\n")

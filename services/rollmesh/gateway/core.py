@@ -758,7 +758,6 @@ class Gateway:
             finish = "tool_calls"
         message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
         if inp.session_id and finish != "abort":
-            tail = tokenizer.decode(out_ids[-16:], skip_special_tokens=False) if tokenizer is not None else ""
             self.sessions.put(
                 SessionState(
                     session_id=inp.session_id,
@@ -766,7 +765,6 @@ class Gateway:
                     tools_key=tools_key(inp.tools),
                     messages=(*inp.messages, message) if inp.messages and tokenizer is not None else (),
                     token_ids=(*prompt_ids, *out_ids) if tokenizer is not None else (),
-                    output_text=tail,
                     replica_id=replica,
                 )
             )

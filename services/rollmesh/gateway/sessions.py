@@ -11,8 +11,9 @@ where
   them (`False`), and take the text after the shorter rendering. The shorter rendering must be a
   prefix of the longer one (true for append-only templates); otherwise the session starts fresh.
 - `closer_rest` is the part of the template's assistant-turn closer (for tiny-arith `<|end|>\\n`,
-  found by rendering a sentinel assistant message) that the policy did not generate itself: after
-  an eos it is `\\n`; after a `length` stop it is the whole closer.
+  found by rendering a sentinel assistant message) that the policy did not generate itself, matched
+  on ids (the kept ids' tail against the closer's ids): after an eos it is `\\n`; after a `length`
+  stop it is the whole closer, even when the output ended with a character the closer starts with.
 
 Invariant: `next_ids[:len(kept_ids)] == kept_ids`, always. Re-rendering the chat template can never
 change a token the policy produced, even when the policy's tokenization of its own text is not the
@@ -50,8 +51,6 @@ class SessionState:
     messages: tuple[Message, ...]
     # Prompt ids + output ids of the last turn, exactly as the engine saw and produced them.
     token_ids: tuple[int, ...]
-    # The last turn's output decoded with special tokens (to see whether it ended with eos).
-    output_text: str
     # Where the last turn ran, as the engine reported it (shown by ListModels). Placement itself is
     # the backend's: serving/router.py routes a session back to its replica; this only records it.
     replica_id: str = ""
@@ -160,9 +159,12 @@ def _closer_rest(tokenizer: Tokenizer, previous: SessionState, tools: Sequence[d
     if at < 0:
         return None
     closer = text[at + len(_SENTINEL) :]
-    for k in range(len(closer), 0, -1):
-        if previous.output_text.endswith(closer[:k]):
-            return closer[k:]
+    # Matched in ids, not characters: a turn cut right after a literal "<" did not emit "<|end|>".
+    closer_ids = tokenizer.encode(closer, add_special_tokens=False)
+    kept = previous.token_ids
+    for k in range(min(len(closer_ids), len(kept)), 0, -1):
+        if tuple(kept[-k:]) == tuple(closer_ids[:k]):
+            return tokenizer.decode(closer_ids[k:], skip_special_tokens=False)
     return closer
 
 
