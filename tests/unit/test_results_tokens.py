@@ -140,6 +140,10 @@ def test_a_drifted_record_fails_with_a_clear_reason(tok: Any) -> None:
     no_call = tool_rollout(tok)
     no_call.messages[0]["tool_calls"][0]["function"]["name"] = "search"
     assert "do not mention tool call(s) ['search']" in validate_rollout(no_call, tokenizer=tok)[0]
+    # The tool ran with arguments the ids do not hold.
+    other_args = tool_rollout(tok)
+    other_args.messages[0]["tool_calls"][0]["function"]["arguments"] = '{"expr": "12+8"}'
+    assert "do not mention tool call(s) ['12+8']" in validate_rollout(other_args, tokenizer=tok)[0]
 
 
 def test_validate_cli(tok: Any, tmp_path: Path) -> None:

@@ -136,9 +136,10 @@ def validate_token_record(
     them (a logit or a NaN is no logprob); `completion_tokens`
     (when given and > 0) equals the generated count. With `messages` and a `tokenizer`: one
     assistant message per turn, and decoding each generated span gives that message's content
-    (for a message with tool calls, the content and each tool's name must appear in the decoded
-    text, since the parser moved the call out of the content; a trailing stop string is tolerated
-    after a turn that did not end with the tokenizer's eos, which is the only way it can be there).
+    (for a message with tool calls, the content, each tool's name and every string in its arguments
+    must appear in the decoded text, since the parser moved the call out of the content; a trailing
+    stop string is tolerated after a turn that did not end with the tokenizer's eos, which is the
+    only way it can be there).
     """
     reasons: list[str] = []
     n = len(record.token_ids)
@@ -217,9 +218,9 @@ def _check_text(record: TokenRecord, messages: Sequence[Json], tokenizer: Decode
         decoded = tokenizer.decode(generated, skip_special_tokens=True).strip()
         ended_on_eos = bool(generated) and generated[-1] == getattr(tokenizer, "eos_token_id", None)
         content = str(msg.get("content") or "").strip()
-        calls = _tool_call_names(msg)
+        calls = _tool_call_parts(msg)
         if calls:
-            missing = [c for c in calls if c not in decoded]
+            missing = [c for c in calls if c not in decoded and json.dumps(c)[1:-1] not in decoded]
             if content and content not in decoded:
                 reasons.append(
                     f"turn {t}: decoded ids {_show(decoded)} do not contain the content {_show(content)}"
@@ -238,16 +239,31 @@ def _check_text(record: TokenRecord, messages: Sequence[Json], tokenizer: Decode
     return reasons
 
 
-def _tool_call_names(msg: Json) -> list[str]:
-    names: list[str] = []
+def _tool_call_parts(msg: Json) -> list[str]:
+    """What the text of the message's tool calls must hold: each call's name and every string in
+    its arguments (the tool ran with them)."""
+    parts: list[str] = []
     for call in msg.get("tool_calls") or []:
         if not isinstance(call, dict):
             continue
         fn: Any = call.get("function")
-        name = fn.get("name") if isinstance(fn, dict) else call.get("name")
-        if name:
-            names.append(str(name))
-    return names
+        fn = fn if isinstance(fn, dict) else call
+        if fn.get("name"):
+            parts.append(str(fn["name"]))
+        args = fn.get("arguments")
+        try:
+            parts.extend(_strings(json.loads(args) if isinstance(args, str) else args))
+        except ValueError:
+            continue
+    return parts
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) and value else []
 
 
 def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
