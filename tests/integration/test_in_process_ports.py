@@ -170,3 +170,25 @@ async def test_every_port_answers_the_watchdogs_health_check(ports: Ports) -> No
     (logged each second once a verify ran 30 s), where its service is as alive as the caller."""
     for port in (*ports.model.values(), *ports.env.values()):
         assert await port.responsive(5.0), port
+
+
+async def test_same_session_round_trip(ports: Ports) -> None:
+    """Seed, a tool call, a tool error, verify on the session and close: the unary session calls."""
+    task = {"verifier_metadata": {"initial_value": 3}, "expected_answer": "5"}
+    seen = {}
+    for kind, env in ports.env.items():
+        session = "sess"  # the same id on each port, one after the other
+        tools = await env.seed_session("session_state", task, session)
+        added = await env.call_tool(
+            session, {"id": "c1", "function": {"name": "increment_counter", "arguments": {"count": 2}}}
+        )
+        refused = await env.call_tool(
+            session, {"id": "c2", "function": {"name": "increment_counter", "arguments": {"count": 10**19}}}
+        )
+        verdict = await env.verify("session_state", task, [{"role": "assistant", "content": ""}], session)
+        await env.close_session(session)
+        seen[kind] = (tools, added, refused.is_error, verdict)
+    assert seen["in_process"] == seen["grpc"]
+    assert seen["grpc"][1].output == "5" and seen["grpc"][2] is True and seen["grpc"][3].reward == 1.0
+    closed = await _both_fail(ports, lambda k: ports.env[k].call_tool("sess", {"name": "get_counter_value"}))
+    assert closed[1] == grpc.StatusCode.NOT_FOUND
