@@ -6,6 +6,7 @@ by construction; the corpus proves the construction holds."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -373,6 +374,112 @@ async def test_statements_see_what_the_solution_did(verifier: tuple[Client, Mesh
     for name, code in STATEMENT_FORGERIES.items():
         reward, details = await _reward(client, STATEMENT_TESTS, code, partial=True)
         assert reward == 0.0, (name, details)
+
+
+async def _honest_one_forged_zero(
+    client: Client, tests: list[str], honest: str, forged: dict[str, str]
+) -> None:
+    """`honest` scores 1.0 on `tests`; each of `forged` scores 0, in well under the run's limits."""
+    reward, details = await _reward(client, tests, honest)
+    assert reward == 1.0, details
+    for name, code in forged.items():
+        started = time.monotonic()
+        reward, details = await _reward(client, tests, code, partial=True)
+        assert reward == 0.0, (name, details)
+        assert time.monotonic() - started < 30, name
+
+
+# Methods that insert into the tests' own dicts and sets, and `xs.sort(key=f)` with the solution's f.
+CONTAINER_TESTS = [
+    "d = {'a': 1}\nd.update(pairs(2))\nd.update(b=sq(2))\nassert d == {'a': 1, 0: 0, 1: 1, 'b': 4}",
+    "seen = set()\nfor n in range(4):\n    seen.add(sq(n))\nassert seen == {0, 1, 4, 9}",
+    "d = {}\nd.setdefault('k', sq(3))\ns = {1}\ns.update([sq(2), sq(2)])\n"
+    "assert d == {'k': 9} and s == {1, 4}",
+    "xs = ['bb', 'a', 'ccc', 'dd']\nxs.sort(key=weight)\nassert xs == ['a', 'bb', 'dd', 'ccc']",
+    "xs = [3, 1, 2]\nxs.sort(key=lambda v: weight('x' * v), reverse=True)\nassert xs == [3, 2, 1]",
+]
+CONTAINER_HONEST = (
+    "def pairs(n):\n    return {i: i for i in range(n)}\n\ndef sq(n):\n    return n * n\n\n"
+    "def weight(s):\n    return len(s)\n"
+)
+CONTAINER_WRONG = (
+    "def pairs(n):\n    return {}\n\ndef sq(n):\n    return n + n\n\ndef weight(s):\n    return -len(s)\n"
+)
+CONTAINER_FORGERIES = {
+    "wrong": CONTAINER_WRONG,
+    # keys that share one hash (ints congruent mod 2**61 - 1; tuples whose hashes combine to one):
+    # inserting n of them costs n**2 on the verifier's event loop; they are refused, not inserted
+    "colliding_ints": (
+        "M = (1 << 61) - 1\n"
+        "def pairs(n):\n    return {k * M: 0 for k in range(1, 17)}\n"
+        "def sq(n):\n    return (n + 1) * M\n"
+        "def weight(s):\n    return 0\n"
+    ),
+    "tuples": "def pairs(n):\n    return {}\ndef sq(n):\n    return (n, n)\ndef weight(s):\n    return ()\n",
+    "huge": (
+        "def pairs(n):\n    return {}\ndef sq(n):\n    return 1 << 65536\n"
+        "def weight(s):\n    return 1 << 65536\n"
+    ),
+    # an object whose comparisons lie, as a key or an element
+    "liar": (
+        "class Yes:\n    def __eq__(self, o): return True\n    def __hash__(self): return 0\n"
+        "    def __lt__(self, o): return False\n"
+        "def pairs(n):\n    return {Yes(): Yes()}\ndef sq(n):\n    return Yes()\n"
+        "def weight(s):\n    return Yes()\n"
+    ),
+}
+
+
+async def test_inserts_and_key_sorts_on_the_tests_values(verifier: tuple[Client, MeshServer, str]) -> None:
+    """`d.update(...)`, `s.add(...)`, `d.setdefault(...)`, `s.update(...)` on a dict or set of the
+    tests' and `xs.sort(key=f)` with the solution's f changed a copy in the sandbox: a correct
+    solution scored 0. They run here now; a key that an answer could make share a hash (a large int,
+    a tuple, a float) fails its case, so none costs quadratic time here."""
+    await _honest_one_forged_zero(verifier[0], CONTAINER_TESTS, CONTAINER_HONEST, CONTAINER_FORGERIES)
+
+
+# Answers of types the stdlib makes for exact arithmetic.
+VALUE_TESTS = [
+    "from fractions import Fraction\nassert ratio(1, 3) == Fraction(1, 3) and ratio(2, 4) == Fraction('1/2')",
+    "from decimal import Decimal\nassert dsum('0.1', '0.2') == Decimal('0.3')",
+    "from collections import deque\nassert window([1, 2, 3], 2) == deque([2, 3])",
+    "import fractions\nassert ratio(3, 1) ** 2 == 9 and {ratio(1, 3)} == {fractions.Fraction(2, 6)}",
+]
+VALUE_HONEST = (
+    "from fractions import Fraction\nfrom decimal import Decimal\nfrom collections import deque\n"
+    "def ratio(a, b):\n    return Fraction(a, b)\n\ndef dsum(a, b):\n    return Decimal(a) + Decimal(b)\n\n"
+    "def window(xs, n):\n    return deque(xs, maxlen=n)\n"
+)
+VALUE_FORGERIES = {
+    "floats": (
+        "def ratio(a, b):\n    return a / b\n\ndef dsum(a, b):\n    return float(a) + float(b)\n\n"
+        "def window(xs, n):\n    return xs[-n:]\n"
+    ),
+    # subclasses whose comparisons lie: they come back as the plain values they hold
+    "lying_subclasses": (
+        "from fractions import Fraction\nfrom decimal import Decimal\nfrom collections import deque\n"
+        "class F(Fraction):\n    def __eq__(self, o): return True\n    __hash__ = Fraction.__hash__\n"
+        "class D(Decimal):\n    def __eq__(self, o): return True\n    __hash__ = Decimal.__hash__\n"
+        "class Q(deque):\n    def __eq__(self, o): return True\n"
+        "def ratio(a, b):\n    return F(7, 1)\n\ndef dsum(a, b):\n    return D(7)\n\n"
+        "def window(xs, n):\n    return Q([7])\n"
+    ),
+    # values that would cost seconds to reduce or compare here: refused at decoding
+    "huge": (
+        "from fractions import Fraction\nfrom decimal import Decimal\nimport random\n"
+        "def ratio(a, b):\n    bits = 1 << 20\n"
+        "    return Fraction(random.getrandbits(bits), random.getrandbits(bits) | 1)\n\n"
+        "def dsum(a, b):\n    return Decimal('1' * 4000 + 'e999999999')\n\n"
+        "def window(xs, n):\n    return {Fraction(k * ((1 << 61) - 1) + 1) for k in range(1, 2000)}\n\n"
+    ),
+}
+
+
+async def test_exact_number_types_come_back(verifier: tuple[Client, MeshServer, str]) -> None:
+    """`assert f(1, 3) == Fraction(1, 3)`, a Decimal or deque answer: each failed as not plain
+    data, so a correct solution scored 0. They come back as data now, built strictly here, and the
+    test's own Fraction/Decimal/deque are built here; sizes that would cost seconds here fail."""
+    await _honest_one_forged_zero(verifier[0], VALUE_TESTS, VALUE_HONEST, VALUE_FORGERIES)
 
 
 # A class the solution defines, checked through what Python would ask of it: len(), str(),

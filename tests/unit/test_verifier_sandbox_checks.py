@@ -4,6 +4,7 @@ refused. The real sandbox is exercised in tests/integration/test_code_forgery.py
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from typing import Any
 
@@ -265,3 +266,41 @@ def test_reply_frames_are_strict() -> None:
     for bad in (b'{"id": "3"}', b'{"id": 1, "passed": 5}', b"[1]", b'{"id": 1, "value": NaN}', b"\xff"):
         with pytest.raises(BadValue):
             parse_frame(bad)
+
+
+async def test_inserts_take_only_keys_that_cannot_share_a_hash() -> None:
+    """`s.add(f(n))` into the tests' set runs here: 5000 ints congruent mod 2**61 - 1 (one hash)
+    would cost 5000**2 probes of the table; the first is refused. 5000 distinct small ints that
+    share their low 40 bits still have distinct hashes and are taken."""
+    case = "s = set()\nfor n in range(5000):\n    s.add(key(n))\nassert len(s) == 5000"
+    colliding = RecordingChild("def key(n):\n    return (n + 1) * ((1 << 61) - 1)\n")
+    with pytest.raises(CaseFailed, match=r"int key added by \.add"):
+        await Checker(colliding).check(case)
+    assert len(colliding.sent) == 1
+    tuples = RecordingChild("def key(n):\n    return (n, -n)\n")
+    with pytest.raises(CaseFailed, match="tuple key"):
+        await Checker(tuples).check(case)
+    assert await passes(RecordingChild("def key(n):\n    return n << 40\n"), case)
+
+
+def test_exact_number_types_decode_strictly() -> None:
+    """Fraction, Decimal and deque answers come back as the real types, bounded so that reducing
+    or comparing them stays cheap; a malformed or oversized one is a BadValue (a failed case)."""
+    from collections import deque
+    from decimal import Decimal
+    from fractions import Fraction
+
+    for value in (Fraction(-1, 3), Decimal("0.30"), deque([1, Fraction(1, 2)]), 1 << 262_000):
+        back = decode_value(json.loads(json.dumps(encode(value))))
+        assert back == value and type(back) is type(value)
+    for bad in (
+        ["fraction", [1, 0]],
+        ["fraction", [1.5, 2]],
+        ["fraction", [["int", "f" * (1 << 15)], 3]],
+        ["decimal", "1e999999999"],
+        ["decimal", "1" * 5000],
+        ["decimal", "nonsense"],
+        ["int", "f" * ((1 << 16) + 1)],
+    ):
+        with pytest.raises(BadValue):
+            decode_value(bad)

@@ -27,6 +27,9 @@ rlimits) is the first.
 from __future__ import annotations
 
 import builtins
+import collections
+import decimal
+import fractions
 import io
 import json
 import math
@@ -65,6 +68,12 @@ def encode(value: Any, depth: int = 0) -> Any:
         return ["complex", [encode(value.real), encode(value.imag)]]
     if isinstance(value, (bytes, bytearray)):
         return ["bytes" if isinstance(value, bytes) else "bytearray", bytes(value).hex()]
+    if isinstance(value, fractions.Fraction):
+        return ["fraction", [encode(value.numerator), encode(value.denominator)]]
+    if isinstance(value, decimal.Decimal):
+        return ["decimal", decimal.Decimal.__str__(value)]
+    if isinstance(value, collections.deque):
+        return ["deque", [encode(v, depth + 1) for v in _bounded(value)]]
     if isinstance(value, dict):
         return ["dict", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _bounded(value.items())]]
     for kind in (list, tuple, set, frozenset):
@@ -99,9 +108,19 @@ def decode_loose(obj: Any) -> Any:
         return complex(decode_loose(body[0]), decode_loose(body[1]))
     if tag in ("bytes", "bytearray"):
         return bytes.fromhex(body) if tag == "bytes" else bytearray.fromhex(body)
+    if tag == "fraction":
+        return fractions.Fraction(decode_loose(body[0]), decode_loose(body[1]))
+    if tag == "decimal":
+        return decimal.Decimal(body)
     if tag == "dict":
         return {decode_loose(k): decode_loose(v) for k, v in body}
-    kinds: dict[str, Any] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+    kinds: dict[str, Any] = {
+        "list": list,
+        "tuple": tuple,
+        "set": set,
+        "frozenset": frozenset,
+        "deque": collections.deque,
+    }
     return kinds[tag](decode_loose(v) for v in body)
 
 

@@ -43,12 +43,15 @@ import functools
 import math
 import operator
 import random
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Protocol
 
 from rollmesh.verifier._sandbox_runner import encode
-from rollmesh.verifier.sandbox_values import BadValue, check_hashes, decode_value
+from rollmesh.verifier.sandbox_values import BadValue, check_hashes, checked_decimal, decode_value
 
 MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
 MAX_LEN = 1 << 20  # sequences built here (*, range) stay below this many items
@@ -175,9 +178,26 @@ MATH_NAMES = (
     "isclose sqrt floor ceil fabs isnan isinf isfinite log log2 log10 exp sin cos tan atan2 hypot gcd "
     "trunc copysign pi e tau inf nan"
 ).split()
-TRUSTED_MODULES = frozenset({"math", "random"})
+TRUSTED_MODULES = frozenset({"math", "random", "fractions", "decimal", "collections"})
 """Modules whose functions run here (`Checker.modules`): a test's inputs drawn from `random` are the
-test's, not claims of a sandbox whose `random` the solution may have patched."""
+test's, not claims of a sandbox whose `random` the solution may have patched; `Fraction(1, 3)`,
+`Decimal('0.1')`, `deque([1, 2])` are the test's expected values (an answer of these types comes
+back as data: `sandbox_values`)."""
+
+
+def _fraction(*args: Any) -> Fraction:
+    """`Fraction(...)` of the tests': one from a string or Decimal with a large exponent would cost
+    its 10**exponent here."""
+    for arg in args:
+        if isinstance(arg, str):
+            checked_decimal(arg.split("/")[0].strip())
+        elif isinstance(arg, Decimal) and arg.is_finite():
+            checked_decimal(str(arg))
+    return Fraction(*args)
+
+
+def _decimal(value: Any = "0") -> Decimal:
+    return checked_decimal(value) if isinstance(value, str) else Decimal(value)
 
 
 _MATH = {n: getattr(math, n) for n in MATH_NAMES}  # taken at import: nothing can have patched them yet
@@ -196,6 +216,9 @@ def trusted_modules() -> dict[str, dict[str, Any]]:
     draws = "seed random randint randrange choice shuffle uniform".split()
     return {
         "math": _MATH,
+        "fractions": {"Fraction": _fraction},
+        "decimal": {"Decimal": _decimal},
+        "collections": {"deque": lambda *a: deque(*a)},
         "random": {n: getattr(rng, n) for n in draws}
         | {
             "sample": lambda population, k, **kw: rng.sample(population, _small(k), **kw),
@@ -246,6 +269,9 @@ def _binop(op: ast.operator, a: Any, b: Any) -> Any:
     if isinstance(op, ast.Pow) and type(a) is int and type(b) is int and abs(a) > 1 and b > 0:
         if b * a.bit_length() > MAX_BITS:
             raise CaseFailed(f"{a.bit_length()}-bit ** {b} is too large to check")
+    if isinstance(op, ast.Pow) and type(a) is Fraction and type(b) is int:
+        if abs(b) * (a.numerator.bit_length() + a.denominator.bit_length()) > MAX_BITS:
+            raise CaseFailed("Fraction ** too large to check")
     if isinstance(op, ast.LShift) and type(b) is int and b > MAX_BITS:
         raise CaseFailed("<< too large to check")
     if isinstance(op, ast.Mod) and isinstance(a, (str, bytes)):
@@ -616,6 +642,9 @@ class Checker:
         )
         if isinstance(func, _Helper) and plain_args:
             return await self._call_helper(func, node, local)
+        if _is_list_sort(func) and (key := next((k.value for k in node.keywords if k.arg == "key"), None)):
+            if await self._eval_here(key, local) is _UNRESOLVED:  # the solution's function, a lambda
+                return await self._sort_by_probed_key(node, key, func.__self__, local)
         if func is _UNRESOLVED or not callable(func) or not plain_args:
             return await self._probe(node, local)
         if func in (all, any) and len(node.args) == 1 and isinstance(node.args[0], ast.GeneratorExp):
@@ -630,6 +659,28 @@ class Checker:
         except NotPlain as exc:
             return await self._opaque(exc, (*node.args, *(k.value for k in node.keywords)), node, local)
         return func(*args, **kwargs)
+
+    async def _sort_by_probed_key(
+        self, call: ast.Call, key: ast.expr, items: list[Any], local: dict[str, Any]
+    ) -> None:
+        """`xs.sort(key=f)` on a list of the tests' with a key of the solution's: the keys are its
+        answers (one probe, `[f(v) for v in xs]`), the sort is done here, stable as Python's (it ran
+        on a copy in the sandbox: a correct `f` scored 0)."""
+        assert isinstance(call.func, ast.Attribute)
+        if call.args or {k.arg for k in call.keywords} - {"key", "reverse"}:
+            raise CaseFailed("list.sort() takes only key= and reverse=")
+        reverse = [await self._eval(k.value, local) for k in call.keywords if k.arg == "reverse"]
+        probe = ast.ListComp(
+            elt=ast.Call(func=key, args=[ast.Name(_SORT_ITEM, ast.Load())], keywords=[]),
+            generators=[
+                ast.comprehension(ast.Name(_SORT_ITEM, ast.Store()), call.func.value, [], is_async=0)
+            ],
+        )
+        keys = await self._probe(probe, local)
+        if type(keys) is not list or len(keys) != len(items):
+            raise CaseFailed("the sort key's answers do not match the list")
+        order = sorted(range(len(items)), key=keys.__getitem__, reverse=bool(reverse and reverse[0]))
+        items[:] = [items[i] for i in order]
 
     async def _iterate(self, node: ast.expr, local: dict[str, Any]) -> list[Any]:
         items = []
@@ -826,7 +877,8 @@ class _Module:
 
 _METHODS: dict[type, frozenset[str]] = {
     list: frozenset("append extend insert pop remove reverse sort index count copy clear".split()),
-    dict: frozenset("get keys values items copy".split()),
+    dict: frozenset("get keys values items copy pop clear update setdefault".split()),
+    set: frozenset("pop remove discard clear copy add update".split()),
     str: frozenset("split rsplit strip lstrip rstrip lower upper startswith endswith splitlines".split()),
 }
 
@@ -841,7 +893,17 @@ def _attribute(owner: Any, attr: str) -> Any:
         return _UNRESOLVED
     if attr == "extend":
         return functools.partial(_extend, owner)
+    if attr in ("add", "update", "setdefault"):
+        return functools.partial(_insert, owner, attr)
     return getattr(owner, attr)
+
+
+_SORT_ITEM = "_rollmesh_sort_item"
+
+
+def _is_list_sort(func: Any) -> bool:
+    """`func` is `xs.sort` of a list of the tests' (see `_attribute`)."""
+    return getattr(func, "__name__", None) == "sort" and type(getattr(func, "__self__", None)) is list
 
 
 def _extend(items: list[Any], more: Any) -> None:
@@ -851,7 +913,47 @@ def _extend(items: list[Any], more: Any) -> None:
     items.extend(more)
 
 
+def _insert(container: dict[Any, Any] | set[Any], method: str, *args: Any, **kwargs: Any) -> Any:
+    """`d.update(...)`, `d.setdefault(k, v)`, `s.add(k)`, `s.update(...)` on a dict or set of the
+    tests': the keys may be the solution's answers, so only keys that no answer can make share one
+    hash are taken (`_distinct_hashes`); any other fails the case, and the container is bounded
+    like every list built here."""
+    if isinstance(container, dict) and method == "update":
+        if len(args) > 1:
+            raise TypeError(f"update expected at most 1 argument, got {len(args)}")
+        source = args[0] if args else {}
+        pairs = list(source.items()) if isinstance(source, dict) else [tuple(p) for p in _as_iterable(source)]
+        if any(len(p) != 2 for p in pairs):
+            raise CaseFailed("dict.update() with an item that is not a pair")
+        keys = [p[0] for p in pairs] + list(kwargs)
+    elif method == "update":
+        keys = [k for arg in args for k in _as_iterable(arg)]
+    else:
+        keys = list(args[:1])
+    for key in keys:
+        if not _distinct_hashes(key):
+            raise CaseFailed(
+                f"a {type(key).__name__} key added by .{method}() is not checked (str, int, bool, None are)"
+            )
+    if len(container) + len(keys) > MAX_LEN:
+        raise CaseFailed(f"a container of more than {MAX_LEN} items is too large to check")
+    if method != "update":
+        return getattr(container, method)(*args, **kwargs)
+    if isinstance(container, dict):
+        container.update(pairs, **kwargs)
+    else:
+        container.update(keys)
+    return None
+
+
 _HASH_MODULUS = (1 << 61) - 1  # an int's hash is the int modulo this
+
+
+def _distinct_hashes(key: Any) -> bool:
+    """Distinct keys of these kinds never share a hash (a str's is salted per process): a key an
+    answer of the solution's chose cannot be made to collide with many others. A tuple can (its hash
+    combines its items' reversibly), and so can a float or a larger int."""
+    return key is None or type(key) in (str, bool) or (type(key) is int and abs(key) < _HASH_MODULUS)
 
 
 def _hash_safe(key: Any) -> bool:
@@ -921,7 +1023,7 @@ def _bind(target: ast.expr, value: Any, scope: dict[str, Any]) -> None:
 def _as_iterable(value: Any) -> Iterable[Any]:
     if isinstance(value, (str, bytes, bytearray, list, tuple, set, frozenset, dict, range)):
         return value
-    if isinstance(value, (Iterator, enumerate, zip)):
+    if isinstance(value, (Iterator, enumerate, zip, deque)):
         return value
     raise CaseFailed(f"a {type(value).__name__} is not iterable")
 

@@ -1,23 +1,39 @@
 """Strict decoding of what the sandbox sends back. Trusted side; no untrusted code runs here.
 
 `decode_value` turns the wire form written by `_sandbox_runner.encode` into plain builtin data:
-None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset, dict, and
-nothing else. Exact JSON types only (a subclass, an unknown tag, a NaN token, a wrong arity, an
-unhashable key, more than `MAX_DEPTH` levels or `MAX_ITEMS` items, keys crafted to share a hash)
-raise `BadValue`, so a value whose comparisons lie cannot exist on this side, and none costs more
-than linear time to build. `parse_frame` does the same for one reply frame.
+None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset, dict,
+`fractions.Fraction`, `decimal.Decimal`, `collections.deque`, and nothing else. Exact JSON types
+only (a subclass, an unknown tag, a NaN token, a wrong arity, an unhashable key, more than
+`MAX_DEPTH` levels or `MAX_ITEMS` items, keys crafted to share a hash) raise `BadValue`, so a
+value whose comparisons lie cannot exist on this side, and none costs more than linear time to
+build (a Fraction's parts and a Decimal's digits and exponent are bounded so that reducing and
+comparing them stays in milliseconds). `parse_frame` does the same for one reply frame.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from collections.abc import Iterable
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 MAX_DEPTH = 64
 MAX_ITEMS = 1_000_000
-_SEQUENCES: dict[str, type] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
+MAX_INT_HEX = 1 << 16  # hex digits of an int sent back: 262,144 bits. At 2**20 bits one `==` with a
+# Decimal costs 2.0 s here, a gcd 2.6 s, a long division ~1 s: the event loop would stall
+MAX_FRACTION_BITS = 1 << 16  # reducing two parts of n bits costs ~n**2: 2.6 s at 2**20 bits
+MAX_DECIMAL_DIGITS = 1_000
+MAX_DECIMAL_EXPONENT = 1_000  # a Decimal past it costs as much as its 10**exponent to compare exactly
+_SEQUENCES: dict[str, type] = {
+    "list": list,
+    "tuple": tuple,
+    "set": set,
+    "frozenset": frozenset,
+    "deque": deque,
+}
 REPLY_KEYS = frozenset({"id", "error", "opaque", "value", "changed", "stdout", "exit", "truncated"})
 
 
@@ -38,6 +54,20 @@ def check_hashes(keys: Iterable[Any]) -> None:
         counts[h] = counts.get(h, 0) + 1
         if counts[h] > MAX_SAME_HASH:
             raise BadValue(f"more than {MAX_SAME_HASH} keys share one hash")
+
+
+def checked_decimal(text: Any) -> Decimal:
+    """A Decimal from its string, refused when its exponent or digits are so large that an exact
+    comparison with an int or a Fraction would cost its 10**exponent."""
+    if type(text) is not str or len(text) > MAX_DECIMAL_DIGITS + 20:
+        raise BadValue("bad decimal")
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise BadValue("bad decimal") from None
+    if value.is_finite() and abs(value.adjusted()) > MAX_DECIMAL_EXPONENT:
+        raise BadValue(f"a decimal past 1e{MAX_DECIMAL_EXPONENT} is not checked")
+    return value
 
 
 def _reject_constant(token: str) -> Any:
@@ -84,9 +114,20 @@ def _decode(obj: Any, depth: int, counter: list[int]) -> Any:
 
 def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int]) -> Any:
     if tag == "int":
-        if type(body) is not str or not body or body.lstrip("-") == "" or len(body) > 1 << 16:
+        if type(body) is not str or not body or body.lstrip("-") == "" or len(body) > MAX_INT_HEX:
             raise BadValue("bad int")
         return int(body, 16)
+    if tag == "fraction":
+        if type(body) is not list or len(body) != 2:
+            raise BadValue("bad fraction")
+        num, den = (_decode(p, depth + 1, counter) for p in body)
+        if type(num) is not int or type(den) is not int or den <= 0:
+            raise BadValue("bad fraction")
+        if max(num.bit_length(), den.bit_length()) > MAX_FRACTION_BITS:
+            raise BadValue(f"a fraction of more than {MAX_FRACTION_BITS}-bit parts is not checked")
+        return Fraction(num, den)
+    if tag == "decimal":
+        return checked_decimal(body)
     if tag == "float":
         if body not in ("nan", "inf", "-inf"):
             raise BadValue("bad float")
