@@ -327,6 +327,9 @@ STATEMENT_TESTS = [
     "nums = [3, 1, 2]\nout = sort_copy(nums)\nassert out == sorted(nums)",
     "res = []\nres.append(add(1, 1))\nres.extend([add(2, 2)])\nres.sort(reverse=True)\nassert res == [4, 2]",
     "got = {}\nfor n in range(3):\n    got[n] = add(n, n)\nassert got == {0: 0, 1: 2, 2: 4}",
+    "x = [1, 2, 3]\nassert rev(x) is None and x == [3, 2, 1]",
+    # not carried back: the answer compared is the same call's (rewrite_input must stay 0)
+    "nums = [3, 1, 2]\nassert sort_copy(nums) is not None and sort_copy(nums) == sorted(nums)",
 ]
 STATEMENT_HONEST = (
     "def rev(a):\n    a.reverse()\n\ndef add(a, b):\n    return a + b\n\n"
@@ -367,7 +370,8 @@ async def test_statements_see_what_the_solution_did(verifier: tuple[Client, Mesh
     as it was: a correct in-place solution scored 0); a name a statement rebinds from the
     solution's answer (`x = add(x, 2)`) keeps that answer (it was lost: `x` then named nothing, or
     the solution's own global x). What the sandbox claims changed is only ever a value the
-    statement was given."""
+    statement was given. `assert rev(x) is None and x == ...` sees the change too (rev's answer is
+    None: only its effect counts, as for the statement `rev(x)`)."""
     client, _, _ = verifier
     honest, details = await _reward(client, STATEMENT_TESTS, STATEMENT_HONEST)
     assert honest == 1.0, details

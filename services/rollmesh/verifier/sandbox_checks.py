@@ -11,7 +11,8 @@ its source, plus the values of the comprehension/loop variables it names, goes t
 (`Child.eval`), and what comes back is decoded strictly into plain data (`sandbox_values`).
 Other statements (`s = Solution()`, `s.push(1)`, a helper `def`) run in the sandbox (`Child.exec`),
 and names they bind are probed from then on. A list, dict, set or bytearray of the tests that a
-call made for its effect (`rev(x)`) changes in place comes back (decoded strictly) and changes here too.
+call made for its effect (`rev(x)`, or `rev(x) is None` when it returned None) changes in place comes
+back (decoded strictly) and changes here too.
 
 A function the tests define with asserts in it (HumanEval's `def check(candidate)`) is
 interpreted here as well: arguments computed here are passed as values, others (the solution's
@@ -441,12 +442,29 @@ class Checker:
                 and isinstance(stmt.value, ast.Call)
                 and self._solutions(stmt.value, local)
             ):
-                for name, value in changed.items():
-                    _update_in_place(local[name] if name in local else self.values.get(name), value)
+                self._carry_back(changed, local)
             for name in bound:
                 local.pop(name, None)
                 self.values.pop(name, None)
                 self.child_names.add(name)
+
+    def _carry_back(self, changed: dict[str, Any], local: dict[str, Any]) -> None:
+        for name, value in changed.items():
+            _update_in_place(local[name] if name in local else self.values.get(name), value)
+
+    async def _returns_none(self, call: ast.Call, local: dict[str, Any]) -> bool:
+        """`f(x) is None` for the solution's `f`: true when `f` returned None, and then what it
+        changed in place in the values of the tests' it was given changes here too, as after the
+        statement `f(x)` (its answer carries nothing but its effect; after `out = f(x)` or
+        `f(x) is not None` the values stay the test's: see `_update_in_place`)."""
+        src, binds = self._for_child(call, local)
+        changed = await self.child.exec(f"{_NONE_FLAG} = ({src}) is None", binds)
+        returned_none = await self.child.eval(_NONE_FLAG, {})
+        if type(returned_none) is not bool:
+            raise CaseFailed(f"{src[:80]} is None: not a bool")
+        if returned_none:
+            self._carry_back(changed, local)
+        return returned_none
 
     def _runs_here(self, call: ast.Call, local: dict[str, Any]) -> bool:
         """`call`'s function runs in the verifier: a helper of the tests', a pure builtin, a
@@ -595,6 +613,15 @@ class Checker:
                     return result
             return result
         if isinstance(node, ast.Compare):
+            if (
+                _is_none_check(node)
+                and isinstance(node.ops[0], ast.Is)
+                and isinstance(node.left, ast.Call)
+                and self._solutions(node.left, local)
+                and not self.no_probes
+            ):
+                self._step()
+                return await self._returns_none(node.left, local)
             if _is_none_check(node):
                 try:
                     return _COMPARE[type(node.ops[0])](await self._eval(node.left, local), None)
@@ -899,6 +926,7 @@ def _attribute(owner: Any, attr: str) -> Any:
 
 
 _SORT_ITEM = "_rollmesh_sort_item"
+_NONE_FLAG = "_rollmesh_returned_none"
 
 
 def _is_list_sort(func: Any) -> bool:
