@@ -1,5 +1,5 @@
 """Automatic concurrency and the engines' batch capacity: a gateway that reports what its engines run
-at once (vLLM's max_num_seqs) starts the job's limit there and keeps it from cutting below; one that
+at once (vLLM's max_num_seqs) starts the job's limit above it and keeps it from cutting below; one that
 cannot say leaves the small start; a fixed concurrency is taken as given, however large."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.concurrency import Limiter
-from rollmesh.scheduler.engine import AUTO_START
+from rollmesh.scheduler.engine import AUTO_MAX, AUTO_START, CAPACITY_HEADROOM
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.spec import JobSpec
 from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
@@ -62,8 +62,10 @@ async def _limit_of(tmp_path: Path, model: LocalModel, **spec: Any) -> int:
         await mgr.aclose()
 
 
-async def test_automatic_concurrency_starts_at_the_engines_capacity(tmp_path: Path) -> None:
-    assert await _limit_of(tmp_path, LocalModel(capacity=512)) == 512
+async def test_automatic_concurrency_starts_above_the_engines_capacity(tmp_path: Path) -> None:
+    # rollouts outside the engine (linger, gateway, verifier, sink) leave slots empty at 1x
+    assert await _limit_of(tmp_path, LocalModel(capacity=300)) == CAPACITY_HEADROOM * 300
+    assert await _limit_of(tmp_path, LocalModel(capacity=4000)) == AUTO_MAX
 
 
 async def test_unknown_capacity_starts_small(tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ throughput peaked instead of falling back to where latency was lowest. A window 
 (the backend itself got slower) cuts as before.
 
 A known engine capacity (`floor`: the requests the model's engines run at once, which the gateway
-reports for vLLM replicas) is where the limit starts and the lowest a cut goes: fewer rollouts in
-flight than the engines' batch slots only leave slots empty. Without one the limit starts small.
+reports for vLLM replicas) is the lowest a cut goes: fewer rollouts in flight than the engines' batch
+slots only leave slots empty (the scheduler starts the limit above it: engine.py CAPACITY_HEADROOM).
+Without one the limit starts small.
 """
 
 from __future__ import annotations
