@@ -52,7 +52,13 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from rollmesh.verifier._sandbox_runner import encode
-from rollmesh.verifier.sandbox_values import BadValue, check_hashes, checked_decimal, decode_value
+from rollmesh.verifier.sandbox_values import (
+    MAX_SAME_HASH,
+    BadValue,
+    check_hashes,
+    checked_decimal,
+    decode_value,
+)
 
 MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
 MAX_LEN = 1 << 20  # sequences built here (*, range) stay below this many items
@@ -350,6 +356,7 @@ class Checker:
     depth: int = 0
     modules: dict[str, dict[str, Any]] = field(default_factory=trusted_modules)
     imported: set[str] = field(default_factory=set)  # names the tests' own imports bound in the sandbox
+    hash_counts: dict[str, tuple[Any, dict[int, int], int]] = field(default_factory=dict)  # `_merge_counts`
 
     async def check(self, source: str) -> None:
         """Raises CaseFailed (or ProbeError) unless every statement of the case holds."""
@@ -402,7 +409,15 @@ class Checker:
             and not isinstance(current := self._resolve(stmt.target.id, local), (_Unresolved, _Ref))
             and (stmt.target.id in local or stmt.target.id in self.values)
         ):
-            self._store(stmt.target.id, _binop(stmt.op, current, await self._eval(stmt.value, local)), local)
+            value = await self._eval(stmt.value, local)
+            counts = None
+            if isinstance(stmt.op, (ast.BitOr, ast.BitXor)) and isinstance(value, (set, frozenset, dict)):
+                counts = self._merge_counts(stmt.target.id, current, value)
+            result = _binop(stmt.op, current, value)
+            self._store(stmt.target.id, result, local)
+            self.hash_counts.pop(stmt.target.id, None)
+            if counts is not None and isinstance(stmt.op, ast.BitOr):  # keys only added: counts hold
+                self.hash_counts[stmt.target.id] = (result, counts, len(result))
         elif (
             isinstance(stmt, ast.Expr)
             and isinstance(stmt.value, ast.Call)
@@ -447,6 +462,29 @@ class Checker:
                 local.pop(name, None)
                 self.values.pop(name, None)
                 self.child_names.add(name)
+
+    def _merge_counts(self, name: str, current: Any, more: Collection[Any]) -> dict[int, int]:
+        """`s |= f(n)` in a loop: each answer holds at most 16 keys of one hash (decoding checks),
+        but they add up in `s`, and a set of n keys of one hash costs n**2 here (2000 rounds of 16:
+        6.9 s on the event loop). The keys of `s` per hash are counted once and kept while `s` is
+        the value the last `|=` made, so a round costs what its new keys do; a merge that would put
+        more than MAX_SAME_HASH keys on one hash fails the case."""
+        if not isinstance(current, (set, frozenset, dict)):
+            return {}
+        cached = self.hash_counts.get(name)
+        if cached is not None and cached[0] is current and cached[2] == len(current):  # not changed since
+            counts = cached[1]  # over-counted if this merge fails: the case fails anyway
+        else:
+            counts = {}
+            for key in current:
+                counts[hash(key)] = counts.get(hash(key), 0) + 1
+        for key in more:
+            if key not in current:
+                h = hash(key)
+                counts[h] = counts.get(h, 0) + 1
+                if counts[h] > MAX_SAME_HASH:
+                    raise CaseFailed(f"more than {MAX_SAME_HASH} keys of one hash merged into {name!r}")
+        return counts
 
     def _carry_back(self, changed: dict[str, Any], local: dict[str, Any]) -> None:
         for name, value in changed.items():
