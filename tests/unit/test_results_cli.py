@@ -150,3 +150,29 @@ def test_readable_errors(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "no such file" in res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "nothing*")])
     assert res.exit_code == 2 and "the glob matched nothing" in res.stderr
+
+
+def test_nothing_to_read_is_an_error_and_a_cut_last_line_is_named(tmp_path: Path) -> None:
+    """An empty results file aggregated to all-zero metrics with exit 0; a last line cut off
+    mid-row was left out without a word."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    for command in (["aggregate"], ["profile"], ["validate"], ["reverify", "-e", "arithmetic"]):
+        res = runner.invoke(build_app(), [*command, str(empty)])  # refused before reverify connects
+        said = " ".join(res.stderr.split())
+        assert res.exit_code == 2 and f"nothing to {command[0]}: no rollout rows in {empty}" in said, said
+    only_failures = tmp_path / FAILURES
+    only_failures.write_text(
+        json.dumps(RolloutFailure(RolloutKey(0, 0), "job1", "X", "x", 1).to_row()) + "\n"
+    )
+    res = runner.invoke(build_app(), ["aggregate", str(only_failures)])
+    assert res.exit_code == 2 and "(only 1 failure rows)" in res.stderr, res.stderr
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(
+        "".join(json.dumps(make(0, i).to_row()) + "\n" for i in range(2)) + '{"task_index": 0, "rol'
+    )
+    res = runner.invoke(build_app(), ["aggregate", str(cut), "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["num_rollouts"] == 2, res.output
+    assert f"skipped 1 unfinished last line(s) (a row still being written, or cut off): {cut}:3" in " ".join(
+        res.stderr.split()
+    )

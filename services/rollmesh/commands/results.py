@@ -1,13 +1,16 @@
 """Results commands: `rollmesh aggregate`, `rollmesh profile`, `rollmesh reverify`, `rollmesh validate`.
 
 They read the JSONL sink's files (rollouts.jsonl rows, failures.jsonl rows, or sink folders).
-A missing file or a malformed line is one line on stderr (with the line number) and exit code 2.
+A missing file or a malformed line is one line on stderr (with the line number) and exit code 2;
+so is input holding no rollout row. An unfinished last line (a row still being written) is left
+out and named on stderr.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +20,19 @@ from rollmesh.commands._common import ApiKey, JsonOut, VerifierAddr, err, print_
 
 Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink folders (shards of one job).")]
 OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
+
+
+def check_rows(verb: str, paths: Sequence[str], rows: int, skipped: Sequence[str], failures: int = 0) -> None:
+    """Name the unfinished last lines left out; refuse input with no rollout row (ValueError: exit 2)."""
+    if skipped:
+        err.print(
+            f"skipped {len(skipped)} unfinished last line(s) (a row still being written, or cut off): "
+            + ", ".join(skipped),
+            highlight=False,
+        )
+    if not rows:
+        only = f" (only {failures} failure rows)" if failures else ""
+        raise ValueError(f"nothing to {verb}: no rollout rows in {' '.join(paths)}{only}")
 
 
 def aggregate(
@@ -44,6 +60,7 @@ def aggregate(
     async def go() -> tuple[dict[str, Any], list[Incomplete]]:
         files = expand_paths(paths)
         loaded = await asyncio.to_thread(load_files, files)
+        check_rows("aggregate", paths, len(loaded.rollouts), loaded.skipped, len(loaded.failures))
         m = compute(
             loaded.rollouts, loaded.failures, k_values=k, num_repeats=num_repeats, threshold=threshold
         )
@@ -82,6 +99,7 @@ def profile(
     async def go() -> list[dict[str, Any]]:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
         loaded = await asyncio.to_thread(load_files, files)
+        check_rows("profile", [path], len(loaded.rollouts), loaded.skipped)
         return [t.to_json() for t in task_profile(loaded.rollouts, threshold)]
 
     rows = run(go())
@@ -117,7 +135,9 @@ def reverify(
 
     async def go() -> rv.ReverifyReport:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
-        rows = [row for f in files for _, row in await asyncio.to_thread(read_rollout_rows, f)]
+        skipped: list[str] = []
+        rows = [row for f in files for _, row in await asyncio.to_thread(read_rollout_rows, f, skipped)]
+        check_rows("reverify", [path], len(rows), skipped)
         with Progress(
             TextColumn("reverify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
         ) as bar:
@@ -174,13 +194,15 @@ def validate(
 
     async def go() -> list[dict[str, Any]]:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
+        skipped: list[str] = []
+        rows = [(f, *row) for f in files for row in await asyncio.to_thread(read_rollout_rows, f, skipped)]
+        check_rows("validate", [path], len(rows), skipped)
         tok = await asyncio.to_thread(load_tokenizer)
         results: list[dict[str, Any]] = []
-        for f in files:
-            for lineno, row in await asyncio.to_thread(read_rollout_rows, f):
-                r = Rollout.from_row(row)
-                reasons = validate_rollout(r, tokenizer=tok)
-                results.append({"file": str(f), "line": lineno, "key": r.key.as_str(), "reasons": reasons})
+        for f, lineno, row in rows:
+            r = Rollout.from_row(row)
+            reasons = validate_rollout(r, tokenizer=tok)
+            results.append({"file": str(f), "line": lineno, "key": r.key.as_str(), "reasons": reasons})
         return results
 
     results = run(go())

@@ -118,11 +118,12 @@ def repair_torn_tail(path: Path) -> int:
     return size - keep
 
 
-def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
+def iter_rows(path: Path, skipped: list[str] | None = None) -> Iterator[tuple[int, Json]]:
     """(line number, row) for every non-blank line; a malformed complete line raises CorruptSinkFile.
 
-    A last line without its newline that does not parse is skipped: it is a row being appended
-    (a live file) or a torn tail (repaired when a sink next opens the folder)."""
+    A last line without its newline that does not parse is skipped (its `file:line` added to
+    `skipped`): it is a row being appended (a live file) or a torn tail (repaired when a sink next
+    opens the folder)."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -134,6 +135,8 @@ def iter_rows(path: Path) -> Iterator[tuple[int, Json]]:
             except (untrusted_json.NotJson, UnicodeDecodeError) as exc:
                 if not raw.endswith(b"\n"):
                     log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
+                    if skipped is not None:
+                        skipped.append(f"{path}:{lineno}")
                     return
                 said = str(exc) if isinstance(exc, untrusted_json.NotJson) else "not UTF-8 text"
                 raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({said})") from None
@@ -355,6 +358,7 @@ class LoadedResults:
     duplicates: int = 0
     files: list[Path] = field(default_factory=list)
     keys_by_folder: dict[Path, set[RolloutKey]] = field(default_factory=dict)  # rollouts and failures
+    skipped: list[str] = field(default_factory=list)  # file:line of unfinished last lines (iter_rows)
 
 
 def expand_paths(patterns: Sequence[str]) -> list[Path]:
@@ -392,10 +396,10 @@ def is_failures_file(path: Path) -> bool:
     return path.name.startswith("failures")
 
 
-def read_rollout_rows(path: Path) -> list[tuple[int, Json]]:
+def read_rollout_rows(path: Path, skipped: list[str] | None = None) -> list[tuple[int, Json]]:
     """(line number, row) of a rollouts file, each row checked to parse as a Rollout."""
     rows: list[tuple[int, Json]] = []
-    for lineno, row in iter_rows(path):
+    for lineno, row in iter_rows(path, skipped):
         _parse(path, lineno, row, Rollout.from_row)
         rows.append((lineno, row))
     return rows
@@ -410,12 +414,12 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
     for path in paths:
         held = res.keys_by_folder.setdefault(path.parent, set())
         if is_failures_file(path):
-            for lineno, row in iter_rows(path):
+            for lineno, row in iter_rows(path, res.skipped):
                 failure = _parse(path, lineno, row, RolloutFailure.from_row)
                 res.failures.append(failure)
                 held.add(failure.key)
             continue
-        for lineno, row in iter_rows(path):
+        for lineno, row in iter_rows(path, res.skipped):
             r = _parse(path, lineno, row, Rollout.from_row)
             held.add(r.key)
             first = seen.get(r.key)
