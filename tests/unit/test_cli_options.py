@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
 from rollmesh.commands._jobs import SpecOptions, build_spec, resume_command
+from rollmesh.scheduler.grpc_sink import ACK_TIMEOUT_S
 from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh_client.v1 import scheduler_pb2 as pb
 
@@ -43,6 +44,16 @@ def test_retry_flags_and_resume_choices_go_into_the_spec() -> None:
         build_spec(SpecOptions(unavailable_budget_s=float("nan")))
 
 
+def test_sink_flags_go_into_the_spec() -> None:
+    spec = build_spec(SpecOptions(benchmark="b", sink_grpc="10.0.0.5:7000", sink_ack_timeout_s=900.0))
+    assert (spec.sink.grpc.address, spec.sink.grpc.ack_timeout_s) == ("10.0.0.5:7000", 900.0)
+    assert not build_spec(SpecOptions(benchmark="b")).HasField("sink")
+    with pytest.raises(typer.BadParameter, match="give --sink-grpc too"):
+        build_spec(SpecOptions(benchmark="b", sink_ack_timeout_s=900.0))
+    with pytest.raises(typer.BadParameter, match="--sink-ack-timeout must be >= 0, got inf"):
+        build_spec(SpecOptions(sink_grpc="h:1", sink_ack_timeout_s=float("inf")))
+
+
 def test_resume_command_names_the_cli_flags() -> None:
     job = pb.Job(job_id="job-abc", output_path="/data/my runs/job-abc")
     assert resume_command(job) == "rollmesh run --job-id job-abc --output-dir '/data/my runs'"
@@ -57,10 +68,16 @@ def test_config_shows_every_retry_default_with_its_flag() -> None:
     listed = {f"retry.{f.name}" for f in dataclasses.fields(RetryPolicy)} - {
         "retry.max_consecutive_unavailable"
     }
-    assert set(defaults) == listed  # every live retry setting is shown
+    assert set(defaults) == listed | {"sink.grpc.ack_timeout_s"}  # every live retry setting is shown
     assert defaults["retry.max_attempts"]["default"] == RetryPolicy().max_attempts
     assert defaults["retry.max_attempts"]["flag"] == "--max-attempts"
     assert defaults["retry.unavailable_budget_s"]["flag"] == "--unavailable-budget"
+    assert defaults["sink.grpc.ack_timeout_s"] | {"doc": ""} == {
+        "field": "sink.grpc.ack_timeout_s",
+        "default": ACK_TIMEOUT_S,
+        "flag": "--sink-ack-timeout",
+        "doc": "",
+    }
     assert any(v["name"] == "ROLLMESH_SCHEDULER_ADDR" for v in data["variables"])
     table = runner.invoke(build_app(), ["config"])
     assert table.exit_code == 0 and "--rollout-timeout" in table.stdout
@@ -84,6 +101,7 @@ def test_config_never_prints_the_api_key() -> None:
 def test_run_and_submit_take_the_same_job_options() -> None:
     app = build_app()
     shared = ["--seed", "--starting-seed", "--resume", "--job-id", "--max-attempts", "--rollout-timeout"]
+    shared += ["--sink-grpc", "--sink-ack-timeout"]
     for command in (["run", "--help"], ["jobs", "submit", "--help"]):
         text = runner.invoke(app, command, env={"COLUMNS": "200"}).stdout
         assert all(flag in text for flag in shared), (command, text)

@@ -95,6 +95,15 @@ FailFastAfter = Annotated[
         "non-retryable error (0: default 20).",
     ),
 ]
+SinkGrpc = Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")]
+SinkAckTimeout = Annotated[
+    float,
+    typer.Option(
+        "--sink-ack-timeout",
+        help="Seconds the --sink-grpc trainer may acknowledge nothing while rollouts wait before the "
+        "job fails (0: default; `rollmesh config` lists it). Set it above your longest optimizer step.",
+    ),
+]
 AllowedFailures = Annotated[
     str,
     typer.Option(
@@ -123,6 +132,7 @@ class SpecOptions:
     starting_seed: int = 0
     output_dir: str = ""
     sink_grpc: str = ""
+    sink_ack_timeout_s: float = 0.0
     max_attempts: int = 0
     rollout_timeout_s: float = 0.0
     unavailable_budget_s: float = 0.0
@@ -152,6 +162,8 @@ _JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
     ("rollout_timeout", RolloutTimeout, 0.0, "rollout_timeout_s"),
     ("unavailable_budget", UnavailableBudget, 0.0, "unavailable_budget_s"),
     ("fail_fast_after", FailFastAfter, 0, "fail_fast_after"),
+    ("sink_grpc", SinkGrpc, "", "sink_grpc"),
+    ("sink_ack_timeout", SinkAckTimeout, 0.0, "sink_ack_timeout_s"),
     ("output_dir", OutputDir, "", "output_dir"),
     ("resume", Resume, False, "resume_latest"),
     ("job_id", JobId, "", "job_id"),
@@ -194,11 +206,14 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         "rollout_timeout_s",
         "unavailable_budget_s",
         "fail_fast_after",
+        "sink_ack_timeout_s",
     ):
         value = getattr(o, name)
         if not math.isfinite(value) or value < 0:  # typer parses "nan" and "inf" as floats
             flag = "--" + name.removesuffix("_s").replace("_", "-")
             raise typer.BadParameter(f"{flag} must be >= 0, got {value}")
+    if o.sink_ack_timeout_s and not o.sink_grpc:
+        raise typer.BadParameter("--sink-ack-timeout is the --sink-grpc trainer's: give --sink-grpc too")
     if o.job_id and o.resume_latest:
         raise typer.BadParameter("--resume finds the job to resume, --job-id names it: give one")
     shard = None
@@ -218,7 +233,9 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         agent=pb.AgentSpec(max_steps=o.max_steps),
         retry=to_pb(pb.RetryPolicy, o),
         sampling=sampling if sampling.ByteSize() else None,
-        sink=pb.SinkSpec(grpc=pb.GrpcSinkSpec(address=o.sink_grpc)) if o.sink_grpc else None,
+        sink=pb.SinkSpec(grpc=pb.GrpcSinkSpec(address=o.sink_grpc, ack_timeout_s=o.sink_ack_timeout_s))
+        if o.sink_grpc
+        else None,
         allowed_failures=allowed,
         allowed_failure_fraction=allowed_fraction,
     )

@@ -1,6 +1,6 @@
 """`rollmesh config`: every ROLLMESH_* variable with its default and meaning (from mesh/config.py),
-and the per-job retry and timeout defaults (from scheduler/spec.py's RetryPolicy) with the flag of
-`rollmesh run` / `jobs submit` that overrides each for one job."""
+and the per-job retry and timeout defaults (from scheduler/spec.py's RetryPolicy, and the gRPC
+sink's ack timeout) with the flag of `rollmesh run` / `jobs submit` that overrides each for one job."""
 
 from __future__ import annotations
 
@@ -36,13 +36,21 @@ JOB_DEFAULTS = {
 
 
 def job_defaults() -> list[dict[str, Any]]:
-    """The per-job retry/timeout defaults, each with the flag that overrides it (JobSpec.retry.*)."""
+    """The per-job retry/timeout defaults, each with the flag that overrides it (JobSpec.retry, .sink)."""
+    from rollmesh.scheduler.grpc_sink import ACK_TIMEOUT_S
     from rollmesh.scheduler.spec import RetryPolicy
 
     defaults = dataclasses.asdict(RetryPolicy())
     return [
         {"field": f"retry.{name}", "default": defaults[name], "flag": flag, "doc": doc}
         for name, (flag, doc) in JOB_DEFAULTS.items()
+    ] + [
+        {
+            "field": "sink.grpc.ack_timeout_s",
+            "default": ACK_TIMEOUT_S,
+            "flag": "--sink-ack-timeout",
+            "doc": "A trainer sink that acknowledges nothing this long while rollouts wait fails the job.",
+        }
     ]
 
 
@@ -76,7 +84,7 @@ def show_config(as_json: JsonOut = False) -> None:
         [tuple(r.values()) for r in rows],
     )
     print_table(
-        "per-job defaults (JobSpec.retry; a flag overrides one for a job)",
+        "per-job defaults (JobSpec.retry, JobSpec.sink; a flag overrides one for a job)",
         ["field", "default", "flag", "meaning"],
         [(j["field"], j["default"], j["flag"] or "(API only)", j["doc"]) for j in jobs],
     )

@@ -70,7 +70,6 @@ def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
 def submit(
     job: SpecOptions,
     model: Annotated[str, typer.Option("--model", "-m", help="Model or gateway route.")] = "",
-    sink_grpc: Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")] = "",
     request_id: Annotated[str, typer.Option("--request-id", help="Idempotency key.")] = "",
     wait: Annotated[bool, typer.Option("--wait", help="Show progress until the job ends.")] = False,
     scheduler: SchedulerAddr = "",
@@ -78,7 +77,7 @@ def submit(
     as_json: JsonOut = False,
 ) -> None:
     """Submit a job (prints the job; with --wait, a progress bar, then the final state)."""
-    spec = build_spec(replace(job, model=model, sink_grpc=sink_grpc))
+    spec = build_spec(replace(job, model=model))
 
     async def go() -> Followed:
         async with await connect(scheduler=scheduler, api_key=api_key) as c:
