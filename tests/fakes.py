@@ -26,7 +26,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from rollmesh.mesh.errors import RollmeshError, to_status
-from rollmesh.mesh.multiplex import Item, run_multiplexed
+from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
@@ -131,10 +131,12 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: int, reason:
 async def _answer_many(
     items: AsyncIterator[Item[R]],
 ) -> AsyncIterator[tuple[str, R | status_pb2.Status]]:
-    """A fake's multiplexed stream (VerifyBatch, GenerateMany): the product's `run_multiplexed`, with
-    work that returns its answer or an injected error's Status (it never raises)."""
-    async for item_id, out in run_multiplexed(items, limit=65_536, what="fake"):
-        yield item_id, (to_status(out) if isinstance(out, RollmeshError) else out)
+    """A fake's multiplexed stream (VerifyBatch, GenerateMany): the product's
+    `run_multiplexed_batches`, with work that returns its answer or an injected error's Status (it
+    never raises)."""
+    async for batch in run_multiplexed_batches(items, limit=65_536, what="fake"):
+        for item_id, out in batch:
+            yield item_id, (to_status(out) if isinstance(out, RollmeshError) else out)
 
 
 async def _unimplemented(context: Any) -> None:

@@ -124,7 +124,7 @@ def test_json_round_trip_and_proto() -> None:
     pb = convert.metrics_to_pb(data)
     assert dict(pb.pass_at_k) == pytest.approx(back.pass_at_k)
     assert pb.num_rollouts == 12 and len(pb.tasks) == 3
-    assert convert.metrics_from_pb(pb).maj_at_k == pytest.approx(back.maj_at_k)
+    assert dict(pb.maj_at_k) == pytest.approx(back.maj_at_k)
 
 
 def test_empty_run() -> None:

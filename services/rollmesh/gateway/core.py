@@ -735,13 +735,8 @@ class Gateway:
         attempt: _Attempt,
         usage: Usage,
     ) -> GenerateResult:
-        version, replica, finish = attempt.version, attempt.replica, attempt.finish or "abort"
-        prompt_ids, out_ids, logprobs, texts = (
-            attempt.prompt_ids,
-            attempt.out_ids,
-            attempt.logprobs,
-            attempt.texts,
-        )
+        finish = attempt.finish or "abort"
+        out_ids = attempt.out_ids
         tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
         if tokenizer is not None and out_ids:
             # Decode ourselves, keeping special tokens such as <tool_call>, minus a trailing eos.
@@ -752,7 +747,7 @@ class Gateway:
                 last_from = len(tokenizer.decode(body[:-1], skip_special_tokens=False))
                 raw = before_stop_string(raw, prepared.request.sampling.stop, last_from)
         else:
-            raw = "".join(texts)
+            raw = "".join(attempt.texts)
         parsed = parse_tool_calls(raw, id_prefix=f"call_{rid[:8]}_")
         if parsed.tool_calls and finish in ("stop", "length"):
             finish = "tool_calls"
@@ -764,19 +759,19 @@ class Gateway:
                     model=m.name,
                     tools_key=tools_key(inp.tools),
                     messages=(*inp.messages, message) if inp.messages and tokenizer is not None else (),
-                    token_ids=(*prompt_ids, *out_ids) if tokenizer is not None else (),
-                    replica_id=replica,
+                    token_ids=(*attempt.prompt_ids, *out_ids) if tokenizer is not None else (),
+                    replica_id=attempt.replica,
                 )
             )
         return GenerateResult(
             message=message,
-            prompt_token_ids=tuple(prompt_ids),
+            prompt_token_ids=tuple(attempt.prompt_ids),
             output_token_ids=tuple(out_ids),
-            logprobs=tuple(logprobs) if prepared.request.sampling.logprobs else (),
+            logprobs=tuple(attempt.logprobs) if prepared.request.sampling.logprobs else (),
             finish_reason=finish,
             usage=usage,
-            replica_id=replica,
-            policy_version=version,
+            replica_id=attempt.replica,
+            policy_version=attempt.version,
             model=m.name,
             request_id=rid,
             reused_prefix_tokens=prepared.reused,

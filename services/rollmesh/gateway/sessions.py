@@ -224,11 +224,8 @@ def build_prompt(
                 )
             reason = "template_not_append_only"
 
-    def fresh() -> list[int]:
-        text = render(tokenizer, messages, openai_tools, add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
-
     if fresh_cache is None:
-        return Prompt(token_ids=tuple(fresh()), fresh_reason=reason)
+        return Prompt(token_ids=tuple(naive_prompt_ids(tokenizer, messages, tools)), fresh_reason=reason)
     key = (model, tuple(messages), tuple(tools))
-    return Prompt(token_ids=fresh_cache.ids(key, fresh), fresh_reason=reason)
+    ids = fresh_cache.ids(key, lambda: naive_prompt_ids(tokenizer, messages, tools))
+    return Prompt(token_ids=ids, fresh_reason=reason)

@@ -55,6 +55,11 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self._tasks)
 
+    async def join(self) -> None:
+        """Wait until every task has ended, those spawned meanwhile included."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
     async def aclose(self) -> None:
         tasks = list(self._tasks)
         for t in tasks:

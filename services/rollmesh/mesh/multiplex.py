@@ -127,22 +127,13 @@ async def outcome_of(work: Callable[[], Awaitable[T]], what: str, item_id: str) 
         return Internal(f"{what} failed: {type(exc).__name__}")
 
 
-async def run_multiplexed(
-    items: AsyncIterator[Item[T]], *, limit: int, what: str = "item"
-) -> AsyncIterator[tuple[str, T | RollmeshError]]:
-    """Run the items' work concurrently (at most `limit`), yielding (id, result or error) in
-    completion order. A slow reader slows intake: a slot frees only when its result was taken.
-    A cancelled item yields nothing. Only a failing input stream ends the output (re-raised)."""
-    async for batch in run_multiplexed_batches(items, limit=limit, what=what):
-        for got in batch:
-            yield got
-
-
 async def run_multiplexed_batches(
     items: AsyncIterator[Item[T]], *, limit: int, what: str = "item"
 ) -> AsyncIterator[list[tuple[str, T | RollmeshError]]]:
-    """As `run_multiplexed`, but yielding every result ready at once as one list (never empty):
-    the slots of a list's items free when the next list is asked for."""
+    """Run the items' work concurrently (at most `limit`), yielding (id, result or error) in
+    completion order, every result ready at once as one list (never empty). A slow reader slows
+    intake: the slots of a list's items free when the next list is asked for. A cancelled item
+    yields nothing. Only a failing input stream ends the output (re-raised)."""
     slots = asyncio.Semaphore(limit)
     done: asyncio.Queue[tuple[str, T | RollmeshError] | None] = asyncio.Queue()
     running: dict[str, asyncio.Task[None]] = {}

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 
 from rollmesh.mesh import chat
 from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.scheduler.metrics import Metrics, TaskProfile
+from rollmesh.scheduler.metrics import Metrics
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh.scheduler.spec import SAMPLING_FIELDS
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
@@ -104,16 +104,6 @@ def failure_to_pb(f: RolloutFailure) -> scheduler_pb2.RolloutFailure:
 def metrics_to_pb(m: Metrics | Mapping[str, Any]) -> scheduler_pb2.JobMetrics:
     """`Metrics` (or its JSON dict) as `JobMetrics`; fields the proto lacks stay in metrics.json."""
     return to_pb(scheduler_pb2.JobMetrics, m if isinstance(m, Metrics) else Metrics.from_json(dict(m)))
-
-
-def metrics_from_pb(msg: scheduler_pb2.JobMetrics) -> Metrics:
-    return from_pb(
-        Metrics,
-        msg,
-        k_values=sorted(msg.pass_at_k),
-        failures_by_class=dict(sorted(msg.failures_by_class.items())),
-        tasks=[from_pb(TaskProfile, t, num_correct=0) for t in msg.tasks],
-    )
 
 
 def spec_to_pb(spec: Mapping[str, Any]) -> scheduler_pb2.JobSpec:

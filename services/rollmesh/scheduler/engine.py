@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
@@ -260,7 +261,7 @@ class JobRun:
         self._stop_reason: RunResult | None = None
         self._said_no_token_ids = False
         self._producer: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         wanted = bool(plan.spec.sampling.get("logprobs"))
         self._tokens = self.hooks.token_builder or partial(build_token_record, logprobs_wanted=wanted)
         self.keep_scored = True  # the manager turns this off when the sink keeps a file to read back
@@ -332,17 +333,10 @@ class JobRun:
                 if key in existing:
                     continue
                 await self.limiter.acquire()
-                task = asyncio.create_task(self._one(key))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            while self._tasks:
-                await asyncio.wait(set(self._tasks))
+                self._tasks.spawn(self._one(key))
+            await self._tasks.join()
         finally:
-            pending = list(self._tasks)
-            for t in pending:
-                t.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            await self._tasks.aclose()
 
     async def _one(self, key: RolloutKey) -> None:
         try:

@@ -45,6 +45,7 @@ from rollmesh.gateway.backends.base import (
     Tokenizer,
 )
 from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
+from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.batching import Batcher, BatchItem, BatchItemFailed, BatchReport, Ticket
@@ -80,7 +81,7 @@ class RayServeBackend(ModelBackend):
         self._streams: dict[str, Any] = {}  # request id -> DeploymentResponseGenerator
         self._tickets: dict[str, Ticket] = {}  # request id -> its place in a micro-batch
         self._batcher = Batcher(self._send_batch)
-        self._aborts: set[asyncio.Task[bool]] = set()
+        self._aborts = TaskSet()
         self.startup_seconds: dict[str, float] = {}
         self._weights = WeightsRecord.initial(config.model_path)  # what the cluster's record says
 
@@ -249,9 +250,7 @@ class RayServeBackend(ModelBackend):
                     self._abort_later(rid, replica_id)  # the caller left: stop it on its replica
 
     def _abort_later(self, request_id: str, replica_id: str) -> None:
-        task = asyncio.create_task(self._abort_on(request_id, replica_id), name=f"abort-{request_id}")
-        self._aborts.add(task)
-        task.add_done_callback(self._aborts.discard)
+        self._aborts.spawn(self._abort_on(request_id, replica_id), name=f"abort-{request_id}")
 
     async def _abort_on(self, request_id: str, replica_id: str) -> bool:
         try:
@@ -389,9 +388,7 @@ class RayServeBackend(ModelBackend):
         for stream in list(self._streams.values()):
             stream.cancel()
         await self._batcher.aclose()
-        for task in list(self._aborts):
-            task.cancel()
-        await asyncio.gather(*self._aborts, return_exceptions=True)
+        await self._aborts.aclose()
         self._handle = None
         await self._cluster.shutdown()
 

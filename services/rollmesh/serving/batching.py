@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.mesh.aio import TaskSet
 from rollmesh.serving.errors import RequestRejected
 
 DEFAULT_MAX_BATCH = 256
@@ -122,7 +123,7 @@ class Batcher:
         self._queued: dict[str, list[Ticket]] = {}  # avoid_replica -> tickets not sent yet
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
-        self._calls: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()  # the flusher and the calls in flight
         self.calls_sent = 0
         self.items_sent = 0
 
@@ -131,7 +132,7 @@ class Batcher:
         self._queued.setdefault(avoid_replica, []).append(ticket)
         self._wake.set()
         if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_forever(), name="rollmesh-batch-flusher")
+            self._flusher = self._tasks.spawn(self._flush_forever(), name="rollmesh-batch-flusher")
         return ticket
 
     def cancel(self, ticket: Ticket) -> bool:
@@ -155,9 +156,7 @@ class Batcher:
             for avoid, tickets in queued.items():
                 for start in range(0, len(tickets), self._max_batch):
                     batch = tickets[start : start + self._max_batch]
-                    call = asyncio.create_task(self._call(batch, avoid), name="rollmesh-batch-call")
-                    self._calls.add(call)
-                    call.add_done_callback(self._calls.discard)
+                    self._tasks.spawn(self._call(batch, avoid), name="rollmesh-batch-call")
 
     async def _call(self, tickets: list[Ticket], avoid: str) -> None:
         self.calls_sent += 1
@@ -188,10 +187,7 @@ class Batcher:
 
     async def aclose(self) -> None:
         """Stop the flusher and every call in flight; waiting tickets fail."""
-        tasks = [t for t in (self._flusher, *self._calls) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.aclose()
         for tickets in self._queued.values():
             for ticket in tickets:
                 ticket.fail(BatchItemFailed("the backend is shutting down"))

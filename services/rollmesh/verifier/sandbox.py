@@ -183,7 +183,6 @@ class Sandbox:
         self._slots = asyncio.Semaphore(config.concurrency)
         self._drop_privileges = os.geteuid() == 0
         self._process_python = _world_usable_python() if self._drop_privileges else None
-        self.runs = 0
 
     # -- isolation probe ------------------------------------------------------------------------------
 
@@ -267,7 +266,6 @@ class Sandbox:
         Raises `SandboxUnavailable` when the sandbox never came up (the code did not run)."""
         mode = await self.start()
         async with self._slots:
-            self.runs += 1
             return await self._run_once(code, tests, limits or self.config.limits, mode, guards=guards)
 
     def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits) -> list[str]:

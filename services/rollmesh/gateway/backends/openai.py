@@ -33,6 +33,7 @@ Content given as a list of text parts is read as their text.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -129,17 +130,19 @@ class OpenAIBackend(ModelBackend):
             extra={"base_url": self.base_url, "remote_model": self.remote_model},
         )
 
+    def _auth_headers(self) -> dict[str, str]:
+        if self._api_key:
+            return {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
+        return {"Content-Type": "application/json"}
+
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
-            headers = {"Content-Type": "application/json"}
-            if self._api_key:
-                headers["Authorization"] = f"Bearer {self._api_key}"
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections, limit_per_host=0, keepalive_timeout=4.0
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                headers=headers,
+                headers=self._auth_headers(),
                 timeout=self._timeout,
                 raise_for_status=False,
                 cookie_jar=aiohttp.DummyCookieJar(),  # an API: no cookies to keep per call
@@ -158,12 +161,9 @@ class OpenAIBackend(ModelBackend):
 
     def _unary(self) -> unary_http.UnaryHttpPool:
         if self._unary_pool is None:
-            headers = {"Content-Type": "application/json", "Accept": "application/json"}
-            if self._api_key:
-                headers["Authorization"] = f"Bearer {self._api_key}"
             self._unary_pool = unary_http.UnaryHttpPool(
                 self.base_url,
-                headers=headers,
+                headers={**self._auth_headers(), "Accept": "application/json"},
                 connect_timeout_s=self._timeout.sock_connect or 10.0,
                 read_timeout_s=self._timeout.sock_read or 600.0,
                 max_connections=self._max_connections,
@@ -333,30 +333,25 @@ class OpenAIBackend(ModelBackend):
         self, payload: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]
     ) -> EngineChunk:
         try:
-            return self._read_unary(payload, choice, message)
+            calls = {
+                i: {"name": (tc.get("function") or {}).get("name") or "", "arguments": _arguments(tc)}
+                for i, tc in enumerate(message.get("tool_calls") or [])
+            }
+            prompt_tokens, completion_tokens = _usage(payload)
+            return EngineChunk(
+                token_ids=tuple(choice.get("token_ids") or ()),
+                logprobs=_logprobs(choice),
+                text=content_text(message.get("content"), strict=True) + _render_calls(calls),
+                finish_reason=_finish_reason(choice.get("finish_reason") or "stop", self.base_url),
+                replica_id=self.replica_id,
+                prompt_token_ids=tuple(payload.get("prompt_token_ids") or ()),
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+            )
         except _MALFORMED as exc:
             raise errors.UpstreamBadResponse(
                 f"{self.base_url}: a field of the answer is malformed ({type(exc).__name__}: {exc})"
             ) from None
-
-    def _read_unary(
-        self, payload: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]
-    ) -> EngineChunk:
-        calls = {
-            i: {"name": (tc.get("function") or {}).get("name") or "", "arguments": _arguments(tc)}
-            for i, tc in enumerate(message.get("tool_calls") or [])
-        }
-        prompt_tokens, completion_tokens = _usage(payload)
-        return EngineChunk(
-            token_ids=tuple(choice.get("token_ids") or ()),
-            logprobs=_logprobs(choice),
-            text=content_text(message.get("content"), strict=True) + _render_calls(calls),
-            finish_reason=_finish_reason(choice.get("finish_reason") or "stop", self.base_url),
-            replica_id=self.replica_id,
-            prompt_token_ids=tuple(payload.get("prompt_token_ids") or ()),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
 
     # -- streaming: SSE deltas ---------------------------------------------------------------
 
@@ -415,16 +410,7 @@ class OpenAIBackend(ModelBackend):
         if rid in self._aborted:
             yield EngineChunk(finish_reason="abort", replica_id=self.replica_id)
         elif finish is not None:
-            yield EngineChunk(
-                token_ids=finish.token_ids,
-                logprobs=finish.logprobs,
-                text=finish.text,
-                finish_reason=finish.finish_reason,
-                replica_id=finish.replica_id,
-                prompt_token_ids=finish.prompt_token_ids,
-                prompt_tokens=usage[0],
-                completion_tokens=usage[1],
-            )
+            yield dataclasses.replace(finish, prompt_tokens=usage[0], completion_tokens=usage[1])
         else:
             yield EngineChunk(
                 text=_render_calls(calls),
