@@ -17,7 +17,7 @@ import pytest_asyncio
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import Deadlines, GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh_client import Client, FailedPreconditionError, InvalidArgumentError, NotFoundError
 from rollmesh_client.v1 import scheduler_pb2 as pb
@@ -41,8 +41,8 @@ async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]
     gw, ver = FakeGateway(), FakeVerifier()
     gw_server = await start_server([gw.binding()])
     ver_server = await start_server([ver.binding()])
-    model = GatewayModel.connect(gw_server.address, deadlines=Deadlines(generate_s=5))
-    env = VerifierEnv.connect(ver_server.address, deadlines=Deadlines(verify_s=0.5, session_s=2))
+    model = GatewayModel.connect(gw_server.address)
+    env = VerifierEnv.connect(ver_server.address)
     out = tmp_path / "runs"
     manager = JobManager(Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env, output_dir=str(out))
     sched = await start_server([ServiceBinding.of(SchedulerServicer(manager))])
@@ -150,15 +150,17 @@ async def test_verifier_raising_and_timing_out(mesh: Mesh) -> None:
         assert "verify crashed" in str(fails[0]["message"])
         assert final.progress.failed == 3 and final.progress.succeeded == 17
 
-        # Verify hangs past its 0.5 s deadline twice: DEADLINE_EXCEEDED is retried, then succeeds.
+        # Verify hangs past the job's 0.5 s attempt deadline twice: DEADLINE_EXCEEDED is retried,
+        # then succeeds.
         mesh.verifier.faults.delay("Verify", 1.0, times=2)
-        job2 = await c.scheduler.submit(_spec(mesh, concurrency=1, num_repeats=1, limit=3))
+        short = pb.RetryPolicy(rollout_timeout_s=0.5)
+        job2 = await c.scheduler.submit(_spec(mesh, concurrency=1, num_repeats=1, limit=3, retry=short))
         final2 = await job2.result(poll_s=0.05, timeout_s=60)
         assert final2.progress.succeeded == 3 and final2.progress.retries == 2 and final2.progress.failed == 0
 
         # Always hanging: after max_attempts the failure says DEADLINE_EXCEEDED.
         mesh.verifier.faults.delay("Verify", 1.0, times=-1)
-        job3 = await c.scheduler.submit(_spec(mesh, concurrency=2, num_repeats=1, limit=2))
+        job3 = await c.scheduler.submit(_spec(mesh, concurrency=2, num_repeats=1, limit=2, retry=short))
         final3 = await job3.result(poll_s=0.05, timeout_s=60)
         assert pb.JobState.Name(final3.state) == "JOB_STATE_FAILED"  # every rollout failed
         fails3 = _rows(mesh, job3.job_id, "failures.jsonl")

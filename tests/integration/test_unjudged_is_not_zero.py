@@ -19,7 +19,7 @@ from rollmesh.commands._exit import EXIT_JOB_FAILED
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import Deadlines, GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
 from rollmesh.verifier.sandbox import Sandbox
@@ -74,8 +74,8 @@ async def stack(start_server: StartServer, tmp_path: Path) -> AsyncIterator[tupl
     gw = FakeGateway(script=honest_code)
     gw_server = await start_server([gw.binding()])
     ver_server = await start_server([ServiceBinding.of(VerifierServicer(svc))])
-    model = GatewayModel.connect(gw_server.address, deadlines=Deadlines(generate_s=10))
-    env = VerifierEnv.connect(ver_server.address, deadlines=Deadlines(verify_s=60, session_s=10))
+    model = GatewayModel.connect(gw_server.address)
+    env = VerifierEnv.connect(ver_server.address)
     out = tmp_path / "runs"
     manager = JobManager(Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env, output_dir=str(out))
     sched = await start_server([ServiceBinding.of(SchedulerServicer(manager))])

@@ -12,8 +12,10 @@ import grpc
 import pytest
 
 from rollmesh.mesh.server import build_server, wait_serving
-from rollmesh.scheduler.remote import Deadlines, VerifierEnv
-from rollmesh_client import DeadlineExceededError, InternalError, UnavailableError
+from rollmesh.scheduler.convert import message_to_pb
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh_client import DeadlineExceededError, InternalError, UnavailableError, verify_mux
+from rollmesh_client.v1 import verifier_pb2
 from tests.conftest import StartServer
 from tests.fakes import FakeVerifier
 
@@ -24,6 +26,14 @@ def _task(i: int) -> dict[str, object]:
 
 def _answer(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
+
+
+def _request(i: int, text: str) -> verifier_pb2.VerifyRequest:
+    return verifier_pb2.VerifyRequest(
+        environment="arithmetic",
+        task_json=json.dumps(_task(i)),
+        response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in _answer(text)]),
+    )
 
 
 async def test_concurrent_calls_get_their_own_results_over_one_stream(start_server: StartServer) -> None:
@@ -62,19 +72,23 @@ async def test_an_item_error_keeps_its_code_and_the_stream_goes_on(start_server:
 
 
 async def test_a_deadline_ends_only_its_own_call(start_server: StartServer) -> None:
+    """The SDK's per-call deadline (`Multiplexed.call(payload, deadline_s)`; the scheduler's ports give
+    none of their own, the job bounds them) ends that call alone."""
     fake = FakeVerifier()
     server = await start_server([fake.binding()])
-    env = VerifierEnv.connect(server.address, deadlines=Deadlines(verify_s=0.3))
+    env = VerifierEnv.connect(server.address)
+    mux = verify_mux(env.stub)
     try:
         fake.faults.delay("Verify", 5.0, times=1)
-        slow = asyncio.create_task(env.verify("arithmetic", _task(1), _answer("2"), ""))
+        slow = asyncio.create_task(mux.call(_request(1, "2"), 0.3))
         while fake.faults.calls.get("Verify", 0) < 1:  # noqa: ASYNC110 (the server counts it)
             await asyncio.sleep(0.01)
-        fast = await env.verify("arithmetic", _task(2), _answer("3"), "")
+        fast = await mux.call(_request(2, "3"), None)
         assert fast.reward == 1.0
         with pytest.raises(DeadlineExceededError):
             await slow
     finally:
+        await mux.close()
         await env.close()
 
 
@@ -85,7 +99,7 @@ async def _verifier_that_dies_mid_call() -> tuple[VerifierEnv, int]:
     server = await build_server([fake.binding()], "127.0.0.1:0")
     await server.start()
     await wait_serving(server.address, timeout_s=30)
-    env = VerifierEnv.connect(server.address, deadlines=Deadlines(verify_s=30))
+    env = VerifierEnv.connect(server.address)
     try:
         assert (await env.verify("arithmetic", _task(1), _answer("2"), "")).reward == 1.0
         fake.faults.delay("Verify", 30.0, times=-1)

@@ -19,7 +19,7 @@ from grpc_status import rpc_status
 
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.launch import embedded_mesh
-from rollmesh.scheduler.remote import Deadlines, GatewayModel
+from rollmesh.scheduler.remote import GatewayModel
 from rollmesh_client import (
     Client,
     InvalidArgumentError,
@@ -99,7 +99,7 @@ async def test_an_oversized_generate_item_fails_alone_on_a_shared_stream(mesh: d
     assert all(not isinstance(a, RollmeshClientError) and a.output_token_ids for a in answers.values())
 
     # The scheduler's port: the big call raises on its own, the stream it shares keeps working.
-    model = GatewayModel.connect(mesh["gateway"], deadlines=Deadlines(generate_s=60))
+    model = GatewayModel.connect(mesh["gateway"])
     try:
         assert (await model._generate(request("What is 1 + 1?"))).output_token_ids
         with pytest.raises(InvalidArgumentError) as refused:

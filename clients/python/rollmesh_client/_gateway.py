@@ -117,7 +117,9 @@ def generate_mux(stub: pb_grpc.ModelGatewayStub) -> GenerateMux:
     A cancelled or timed-out call sends a cancel item (the gateway aborts the engine request)."""
     return Multiplexed(
         stub.GenerateMany,
-        make_item=lambda i, req, deadline_s: pb.GenerateManyRequest(id=i, request=req, timeout_s=deadline_s),
+        make_item=lambda i, req, deadline_s: pb.GenerateManyRequest(
+            id=i, request=req, timeout_s=deadline_s or 0
+        ),
         make_cancel=lambda i: pb.GenerateManyRequest(id=i, cancel=True),
         read_answer=_generate_answer,
         what="Generate",

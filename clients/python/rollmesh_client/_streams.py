@@ -9,7 +9,8 @@ as answers (or per-item errors, typed by `from_status`) come back in completion 
 - An item whose message would exceed the message limit (`max_message_bytes()`) fails alone with
   INVALID_ARGUMENT naming its size and the limit; it is never written, so it cannot break the
   stream the other calls share.
-- A call that outlives its deadline raises DEADLINE_EXCEEDED; a call whose caller is cancelled
+- A call that outlives its deadline raises DEADLINE_EXCEEDED (a call with no deadline, `None`, is
+  bounded by its caller, e.g. the scheduler's per-attempt deadlines); a call whose caller is cancelled
   sends a cancel item when the RPC has one (GenerateMany: the gateway aborts the engine request).
   Deadlines run on one loop timer per `DEADLINE_TICK_S` with calls due, not one timer per call
   (at a thousand calls a second those timers were a tenth of the caller's CPU): a call may outlive
@@ -72,8 +73,8 @@ M = TypeVar("M")  # a stream message type with a `batch` field
 Resp = TypeVar("Resp")
 Out = TypeVar("Out")
 
-#: (id, payload, deadline in seconds) -> the stream's request message.
-MakeItem = Callable[[str, Any, float], Req]
+#: (id, payload, deadline in seconds or None) -> the stream's request message.
+MakeItem = Callable[[str, Any, float | None], Req]
 #: A stream's response message -> (id, answer or its typed error).
 ReadAnswer = Callable[[Resp], tuple[str, Out | RollmeshClientError]]
 # (id, request) pairs, from a list or an async source, in; (id, answer or that item's error) out.
@@ -164,8 +165,11 @@ class _Deadlines:
     def __init__(self) -> None:
         self._due: dict[int, dict[str, asyncio.Future[Any]]] = {}
 
-    def add(self, item_id: str, future: asyncio.Future[Any], deadline_s: float) -> int:
-        """Fail `future` with `_DeadlinePassed` once `deadline_s` has passed; returns its tick."""
+    def add(self, item_id: str, future: asyncio.Future[Any], deadline_s: float | None) -> int:
+        """Fail `future` with `_DeadlinePassed` once `deadline_s` has passed; returns its tick (-1: no
+        deadline)."""
+        if deadline_s is None:
+            return -1
         loop = asyncio.get_running_loop()
         tick = math.ceil((loop.time() + deadline_s) / DEADLINE_TICK_S)
         due = self._due.get(tick)
@@ -228,7 +232,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
         """The call's name in errors (e.g. "Generate")."""
         return self._what
 
-    def make_item(self, item_id: str, payload: Any, deadline_s: float) -> Req:
+    def make_item(self, item_id: str, payload: Any, deadline_s: float | None) -> Req:
         """The stream message that carries `payload` as item `item_id`."""
         return self._make_item(item_id, payload, deadline_s)
 
@@ -236,14 +240,14 @@ class Multiplexed(Generic[Req, Resp, Out]):
         """An answer message as (item id, answer or its typed error)."""
         return self._read_answer(message)
 
-    async def call(self, payload: Any, deadline_s: float) -> Out:
+    async def call(self, payload: Any, deadline_s: float | None) -> Out:
         """The answer to `payload`; the peer's per-item error, or a stream-level one, is raised."""
         answer = await self.answer(payload, deadline_s)
         if isinstance(answer, RollmeshClientError):
             raise answer
         return answer
 
-    async def answer(self, payload: Any, deadline_s: float) -> Out | RollmeshClientError:
+    async def answer(self, payload: Any, deadline_s: float | None) -> Out | RollmeshClientError:
         """As `call`, but the peer's (or the size check's) per-item error is returned, not raised;
         what ends the stream for every call (broken transport, refusal, deadline) is raised."""
         await self.ready()
@@ -254,7 +258,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
         """Return when a call may be sent (the peer was asked once); raise the peer's refusal."""
         await self._check_peer()
 
-    def send(self, payload: Any, deadline_s: float) -> Sent | RollmeshClientError:
+    def send(self, payload: Any, deadline_s: float | None) -> Sent | RollmeshClientError:
         """Put one call on the stream now (after `ready()`); wait for it with `wait`. An item over the
         message limit is not sent: its error is returned."""
         item_id = str(next(self._ids))
@@ -268,7 +272,7 @@ class Multiplexed(Generic[Req, Resp, Out]):
         outbox.put_nowait((item, size))
         return Sent(item_id, fut, outbox)
 
-    async def wait(self, sent: Sent, deadline_s: float) -> Out | RollmeshClientError:
+    async def wait(self, sent: Sent, deadline_s: float | None) -> Out | RollmeshClientError:
         """The answer to a sent call (see `answer`); on deadline or cancel, the peer is told."""
         tick = self._deadlines.add(sent.item_id, sent.future, deadline_s)
         try:
@@ -434,7 +438,7 @@ async def call_many(
     items: IdPairs[Any],
     *,
     window: int,
-    deadline_s: float,
+    deadline_s: float | None,
     close: bool = False,
 ) -> Answers[Out]:
     """(id, payload) items through `mux`, at most `window` unanswered; (id, answer or its per-item

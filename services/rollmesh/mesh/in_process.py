@@ -12,10 +12,9 @@ channel's stub and multiplexed stream, these two, which run the peer's servicer 
   (`MultiplexedMethod`, which the servicer's stream handler uses too): the SDK's own stream item,
   the servicer's work for it under the stream's concurrency bound, the outcome as the server's
   answer message (`ItemMessages`, which also applies the message limit) read back by the SDK. So
-  items over the message limit, per-item errors and their classes are those of the stream;
-  the deadline is the stream's (the caller's deadline, rounded up to the SDK's deadline tick, so the
-  server's own deadline still fires first), and cancelling the caller cancels the work at once (the
-  stream sends a cancel item for it).
+  items over the message limit, per-item errors and their classes are those of the stream. Its calls
+  have no deadline of their own (nor have the ports' stream calls: the job bounds them), and
+  cancelling the caller cancels the work at once (the stream sends a cancel item for it).
 
 What is skipped is only the transport: serialization, HTTP/2 frames, the stream's tasks and the
 network poller's wake-ups, which cost the embedded mesh about a third of its CPU per rollout.
@@ -26,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,7 +35,7 @@ from rollmesh.mesh.interceptors import status_of
 from rollmesh.mesh.multiplex import Item, ItemMessages, outcome_of
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, max_item_bytes
 from rollmesh_client._errors import from_status
-from rollmesh_client._streams import DEADLINE_TICK_S, Multiplexed, too_large
+from rollmesh_client._streams import Multiplexed, too_large
 
 T = TypeVar("T")
 Out = TypeVar("Out")
@@ -101,7 +99,8 @@ class MultiplexedMethod(Generic[T]):
 
 
 class InProcessMux(Generic[T, Out]):
-    """`sdk.call(payload, deadline_s)` with `method` run in this process (see the module docstring)."""
+    """`sdk.call(payload, None)` with `method` run in this process (see the module docstring). Calls
+    have no deadline of their own: the caller bounds them (the scheduler's ports: remote.py)."""
 
     def __init__(self, sdk: Multiplexed[Any, Any, Out], method: MultiplexedMethod[T]) -> None:
         self._sdk = sdk
@@ -110,30 +109,20 @@ class InProcessMux(Generic[T, Out]):
         self._ids = itertools.count()
         self._limit = max_item_bytes()
 
-    async def call(self, payload: Any, deadline_s: float) -> Out:
+    async def call(self, payload: Any, deadline_s: None) -> Out:
         item_id = str(next(self._ids))
         request = self._sdk.make_item(item_id, payload, deadline_s)
         size = request.ByteSize()
         if size > self._limit:
             raise too_large(self._sdk.what, size, self._limit)
-        loop = asyncio.get_running_loop()
-        deadline = math.ceil((loop.time() + deadline_s) / DEADLINE_TICK_S) * DEADLINE_TICK_S
 
         async def work() -> T:
             item = self._method.item(request)
             assert item is not None and item.work is not None  # a request item, never a cancel
             return await item.work()
 
-        scope = asyncio.timeout_at(deadline)
-        try:
-            async with scope, self._slots:
-                outcome = await outcome_of(work, self._method.messages.what, item_id)
-        except TimeoutError:
-            if not scope.expired():
-                raise
-            raise DeadlineExceededError(
-                f"{self._sdk.what} took longer than {deadline_s:g}s", code=grpc.StatusCode.DEADLINE_EXCEEDED
-            ) from None
+        async with self._slots:
+            outcome = await outcome_of(work, self._method.messages.what, item_id)
         message, _ = self._method.messages.sized(item_id, outcome)
         _, answer = self._sdk.read_answer(message)
         if isinstance(answer, RollmeshClientError):

@@ -1,7 +1,11 @@
 """The agent loop's ports over gRPC: the ModelGateway and the EnvironmentVerifier.
 
-One channel per target (`rollmesh_client.aio_channel`), a deadline on every call, and errors as the
-SDK's typed classes (`unary_call`), which carry the code the retry policy classifies.
+One channel per target (`rollmesh_client.aio_channel`), and errors as the SDK's typed classes
+(`unary_call`), which carry the code the retry policy classifies. Deadlines have one owner, the job:
+model, tool and verify calls have none of their own; the job's retry policy bounds them (each
+attempt's `rollout_timeout_s`, each model call's adaptive deadline: engine.py, deadline.py), and
+cancelling the caller cancels the call on the server (a stream call sends a cancel item). Only
+the calls around a rollout (sessions, listings) are capped here, at `SERVICE_CALL_S`.
 Generate and Verify calls go over one long-lived stream each, the SDK's multiplexed clients
 (`generate_mux`, `verify_mux`: rollmesh_client/_streams.py): a stream message costs both ends a
 fraction of a unary RPC. A gateway without GenerateMany (UNIMPLEMENTED) is called with unary
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol, Self, TypeVar
 
 import grpc
@@ -42,13 +45,9 @@ from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifi
 
 R = TypeVar("R")
 
-
-@dataclass(frozen=True)
-class Deadlines:
-    generate_s: float = 300.0
-    tool_s: float = 60.0
-    verify_s: float = 120.0
-    session_s: float = 30.0
+# The deadline of a call around a rollout (open or close a session, list models, describe an
+# environment): the service answers these at once, whatever the job's own deadlines are.
+SERVICE_CALL_S = 30.0
 
 
 def tool_to_pb(tool: Json) -> common_pb2.ToolSpec:
@@ -71,13 +70,13 @@ def tool_from_pb(spec: common_pb2.ToolSpec) -> Json:
 class _Caller(Protocol):
     """A multiplexed method's calls: the SDK's `Multiplexed`, or `InProcessMux`."""
 
-    async def call(self, payload: Any, deadline_s: float) -> Any: ...
+    async def call(self, payload: Any, deadline_s: None) -> Any: ...
 
     async def close(self) -> None: ...
 
 
 class _Port:
-    """A service's stub and multiplexed method, and the deadlines its calls run under: over a gRPC
+    """A service's stub and multiplexed method: over a gRPC
     channel (`connect`), or on the service's servicer in this process (`in_process`: the embedded
     mesh; same messages, errors, deadlines and cancellation, no gRPC hop: mesh/in_process.py)."""
 
@@ -87,12 +86,10 @@ class _Port:
         many: _Caller,
         *,
         channel: grpc.aio.Channel | None = None,
-        deadlines: Deadlines | None = None,
     ) -> None:
         self.stub = stub
         self._many = many
         self.channel = channel
-        self.deadlines = deadlines or Deadlines()
 
     # Set by each port: its gRPC stub class, the SDK's multiplexed client of its stream method,
     # and the servicer's method that describes that stream's server side (mesh/in_process.py).
@@ -101,16 +98,16 @@ class _Port:
     _stream_method = ""
 
     @classmethod
-    def connect(cls, address: str, *, api_key: str | None = None, deadlines: Deadlines | None = None) -> Self:
+    def connect(cls, address: str, *, api_key: str | None = None) -> Self:
         channel = aio_channel(address, api_key=api_key)
         stub = cls._stub_class(channel)
-        return cls(stub, cls._mux(stub), channel=channel, deadlines=deadlines)
+        return cls(stub, cls._mux(stub), channel=channel)
 
     @classmethod
-    def in_process(cls, servicer: Any, *, deadlines: Deadlines | None = None) -> Self:
+    def in_process(cls, servicer: Any) -> Self:
         stub = InProcessStub(servicer)
         method: MultiplexedMethod[Any] = getattr(servicer, cls._stream_method)()
-        return cls(stub, InProcessMux(cls._mux(stub), method), deadlines=deadlines)
+        return cls(stub, InProcessMux(cls._mux(stub), method))
 
     async def close(self) -> None:
         await self._many.close()
@@ -160,26 +157,22 @@ class GatewayModel(_Port):
     async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
         if not self._unary_only:
             try:
-                answer: gateway_pb2.GenerateResponse = await self._many.call(req, self.deadlines.generate_s)
+                answer: gateway_pb2.GenerateResponse = await self._many.call(req, None)
                 return answer
             except RollmeshClientError as exc:
                 if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 self._unary_only = True
-        resp: gateway_pb2.GenerateResponse = await unary_call(
-            self.stub.Generate, req, self.deadlines.generate_s
-        )
+        resp: gateway_pb2.GenerateResponse = await unary_call(self.stub.Generate, req, None)
         return resp
 
     async def close_session(self, session_id: str) -> None:
         req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
-        await unary_call(self.stub.CloseSession, req, self.deadlines.session_s)
+        await unary_call(self.stub.CloseSession, req, SERVICE_CALL_S)
 
     async def engine_capacity(self, model: str) -> int:
         req = gateway_pb2.ListModelsRequest(page_size=1000)
-        resp: gateway_pb2.ListModelsResponse = await unary_call(
-            self.stub.ListModels, req, self.deadlines.session_s
-        )
+        resp: gateway_pb2.ListModelsResponse = await unary_call(self.stub.ListModels, req, SERVICE_CALL_S)
         for m in resp.models:
             if m.name == model or (not model and m.is_default):
                 return sum(r.max_batch for r in m.replicas if r.healthy)
@@ -199,7 +192,7 @@ class VerifierEnv(_Port):
         )
         try:
             resp: verifier_pb2.SeedSessionResponse = await unary_call(
-                self.stub.SeedSession, req, self.deadlines.session_s
+                self.stub.SeedSession, req, SERVICE_CALL_S
             )
         except AlreadyExistsError:
             # Left over from an attempt whose close was lost (or a crashed run): start it afresh.
@@ -207,7 +200,7 @@ class VerifierEnv(_Port):
                 await self.close_session(session_id)
             except NotFoundError:
                 pass
-            resp = await unary_call(self.stub.SeedSession, req, self.deadlines.session_s)
+            resp = await unary_call(self.stub.SeedSession, req, SERVICE_CALL_S)
         return [tool_from_pb(t) for t in resp.tools]
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
@@ -222,7 +215,7 @@ class VerifierEnv(_Port):
                 arguments_json=args if isinstance(args, str) else json.dumps(args),
             ),
         )
-        resp: verifier_pb2.CallToolResponse = await unary_call(self.stub.CallTool, req, self.deadlines.tool_s)
+        resp: verifier_pb2.CallToolResponse = await unary_call(self.stub.CallTool, req, None)
         return ToolResult(output=resp.output, is_error=resp.is_error)
 
     async def verify(
@@ -234,7 +227,7 @@ class VerifierEnv(_Port):
             response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in messages]),
             session_id=session_id,
         )
-        r = await self._many.call(req, self.deadlines.verify_s)
+        r = await self._many.call(req, None)
         result = from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
         if bad := result.not_finite():
             raise BadReward(f"the verifier answered {bad}, not a finite number")
@@ -242,14 +235,12 @@ class VerifierEnv(_Port):
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
-        await unary_call(self.stub.CloseSession, req, self.deadlines.session_s)
+        await unary_call(self.stub.CloseSession, req, SERVICE_CALL_S)
 
     async def environment_tools(self, environment: str) -> list[Json]:
         return (await self.describe_environment(environment)).tools
 
     async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
-        resp: verifier_pb2.Environment = await unary_call(
-            self.stub.GetEnvironment, req, self.deadlines.session_s
-        )
+        resp: verifier_pb2.Environment = await unary_call(self.stub.GetEnvironment, req, SERVICE_CALL_S)
         return EnvDescription(tools=[tool_from_pb(t) for t in resp.tools], stateless=resp.stateless)
