@@ -13,7 +13,7 @@ from typing import Any
 
 from rollmesh_client.v1 import gateway_pb2 as pb
 
-CHUNK_BYTES = 4 * 1024 * 1024  # under the gateway's 16 MiB message limit with room to spare
+CHUNK_BYTES = 4 * 1024 * 1024  # well under the message limit (ROLLMESH_MAX_MESSAGE_MB, default 64)
 
 FileSource = bytes | str | os.PathLike[str]
 

@@ -174,7 +174,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "ROLLMESH_SERVE_APP_NAME",
             "",
             parse_str,
-            "Ray Serve application name (default: unique per gateway, rollmesh-<model>-<host>-<pid>).",
+            "Ray Serve application name (default: unique per gateway, rollmesh-<model>-<host>-<pid>-<id>).",
         ),
         EnvVar("ROLLMESH_REPLICAS", 1, parse_int, "Data-parallel vLLM replicas (Ray Serve num_replicas)."),
         EnvVar(
