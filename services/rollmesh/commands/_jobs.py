@@ -31,11 +31,16 @@ if TYPE_CHECKING:
 Benchmark = Annotated[str, typer.Option("--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")]
 Dataset = Annotated[str, typer.Option("--dataset", "-d", help="Dataset artifact name or JSONL path.")]
 Environment = Annotated[str, typer.Option("--environment", "-e", help="Environment name.")]
-NumRepeats = Annotated[int, typer.Option("--num-repeats", "-n", help="Rollouts per task (k of pass@k).")]
+NumRepeats = Annotated[
+    int,
+    typer.Option("--num-repeats", "-n", help="Rollouts per task (k of pass@k; 0: the benchmark's, else 1)."),
+]
 Limit = Annotated[int, typer.Option("--limit", help="Only the first N tasks (0 = all).")]
 ShardOpt = Annotated[str, typer.Option("--shard", help="i/n: run shard i of n (task_index % n == i).")]
 Concurrency = Annotated[int, typer.Option("--concurrency", "-c", help="Rollouts in flight (0 = auto).")]
-MaxSteps = Annotated[int, typer.Option("--max-steps", help="Model turns per rollout.")]
+MaxSteps = Annotated[
+    int, typer.Option("--max-steps", help="Model turns per rollout (0: the benchmark's, else 8).")
+]
 Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")]
 TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling.")]
 MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Tokens per model turn.")]

@@ -97,8 +97,9 @@ class JobSpec(_message.Message):
     limit: _builtins.int
     """Only the first `limit` tasks (0 = all)."""
     concurrency: _builtins.int
-    """Rollouts in flight at once; 0 means auto: start at the engines' batch capacity the gateway
-    reports (ReplicaInfo.max_batch, summed; 16 when unknown) and grow while latency stays flat.
+    """Rollouts in flight at once; 0 means auto: start at twice the engines' batch capacity the
+    gateway reports (ReplicaInfo.max_batch, summed; 16 when unknown), never below that capacity,
+    and grow while latency stays flat or throughput rises.
     """
     output_dir: _builtins.str
     """Where the JSONL sink writes: <output_dir>/<job_id>/. Default "runs"."""
@@ -173,7 +174,7 @@ class AgentSpec(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     SYSTEM_PROMPT_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
-    """Model turns at most per rollout (each turn may call tools). Default 8."""
+    """Model turns at most per rollout (each turn may call tools). 0: the benchmark's, else 8."""
     system_prompt: _builtins.str
     """Prepended as a system message when the row has none."""
     def __init__(
