@@ -152,3 +152,16 @@ async def test_cli_update_weights_upload(mesh: Mesh) -> None:
     (staged,) = mesh.staged()
     assert json.loads(out)["checkpoint_path"] == str(staged)
     assert json.loads(out)["policy_version"] == "4"
+
+
+async def test_an_empty_folder_is_one_line_exit_2_before_any_call(mesh: Mesh) -> None:
+    """An empty folder raised inside the request stream, which grpc turned into a CancelledError
+    traceback (exit 1)."""
+    (empty := mesh.root / "empty").mkdir()
+    address = mesh.client.addresses["gateway"]
+    code, _, err = await run_cli("models", "update-weights", str(empty), "--upload", "--gateway", address)
+    assert code == 2 and f"error: {empty} holds no files to upload" in " ".join(err.split()), err
+    assert "Traceback" not in err
+    with pytest.raises(ValueError, match="an upload needs at least one file"):
+        await mesh.client.gateway.upload_weights({})
+    assert mesh.staged() == [] and mesh.backend.weight_loads == 0

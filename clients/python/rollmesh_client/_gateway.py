@@ -278,6 +278,8 @@ class GatewayClient(ServiceClient):
         with its sha256; the gateway stages them (at most the served checkpoint's size plus a margin:
         UPLOAD_TOO_LARGE past it; UPLOAD_INVALID for a bad digest or name), then updates as
         `update_weights` does (same errors)."""
+        if not files:  # here, not in the request stream: raised there it became a CancelledError
+            raise ValueError("an upload needs at least one file")
         head = _update_head(
             model=model,
             checkpoint="",

@@ -32,8 +32,6 @@ async def upload_requests(
     head: pb.UpdateWeightsRequest, files: Mapping[str, FileSource], *, chunk_bytes: int = CHUNK_BYTES
 ) -> AsyncIterator[pb.UploadWeightsRequest]:
     """`head` first, then every file of `files` (name -> bytes or a path) in pieces."""
-    if not files:
-        raise ValueError("an upload needs at least one file")
     yield pb.UploadWeightsRequest(update=head)
     for name, source in files.items():
         digest = hashlib.sha256()
@@ -52,7 +50,10 @@ def folder_files(folder: str | os.PathLike[str]) -> dict[str, Path]:
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder")
-    return {p.name: p for p in sorted(root.iterdir()) if p.is_file()}
+    files = {p.name: p for p in sorted(root.iterdir()) if p.is_file()}
+    if not files:
+        raise ValueError(f"{root} holds no files to upload")
+    return files
 
 
 def state_dict_bytes(state_dict: Mapping[str, Any]) -> bytes:
