@@ -176,3 +176,14 @@ def test_nothing_to_read_is_an_error_and_a_cut_last_line_is_named(tmp_path: Path
     assert f"skipped 1 unfinished last line(s) (a row still being written, or cut off): {cut}:3" in " ".join(
         res.stderr.split()
     )
+
+
+def test_a_folder_without_a_tokenizer_is_one_line(tmp_path: Path) -> None:
+    """transformers' several-line message was printed as the error."""
+    rows = tmp_path / ROLLOUTS
+    rows.write_text(json.dumps(make(0, 0).to_row()) + "\n")
+    (empty := tmp_path / "no_tokenizer").mkdir()
+    res = runner.invoke(build_app(), ["validate", str(rows), "--tokenizer", str(empty)])
+    said = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.exit_code == 2 and len(said) == 1, res.stderr
+    assert f"error: --tokenizer {empty}: no tokenizer there (" in said[0], said

@@ -189,7 +189,12 @@ def validate(
             raise FileNotFoundError(f"{tokenizer}: no such tokenizer folder")
         from transformers import AutoTokenizer
 
-        tok: Any = AutoTokenizer.from_pretrained(tokenizer)
+        try:
+            tok: Any = AutoTokenizer.from_pretrained(tokenizer)
+        except (OSError, ValueError) as exc:  # transformers' own message runs to several lines
+            raise ValueError(
+                f"--tokenizer {tokenizer}: no tokenizer there ({str(exc).splitlines()[0].rstrip(': ')})"
+            ) from None
         return tok  # type: ignore[no-any-return]
 
     async def go() -> list[dict[str, Any]]:
