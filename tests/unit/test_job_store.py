@@ -50,3 +50,14 @@ def test_retire_failures_moves_rows_to_the_history_file(tmp_path: Path) -> None:
     assert (tmp_path / store.FAILURES).read_text() == ""
     assert (tmp_path / store.FAILURES_RETRIED).read_text().count("\n") == 1
     assert store.retire_failures(tmp_path) == 0  # nothing left to move
+
+
+def test_a_spec_stored_by_an_older_version_still_loads() -> None:
+    """A job stored before a field was retired (retry.max_consecutive_unavailable) can be resumed
+    and listed: keys this version does not know are left out, at every level."""
+    stored = JobSpec(dataset="d.jsonl", environment="arithmetic").to_json()
+    stored["retry"]["max_consecutive_unavailable"] = 50
+    stored["sink"]["retired_option"] = 1
+    stored["retired_top_level"] = True
+    spec = JobSpec.from_json(stored)
+    assert spec == JobSpec(dataset="d.jsonl", environment="arithmetic")

@@ -26,7 +26,6 @@ class RetryPolicy:
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 10.0
     rollout_timeout_s: float = 300.0
-    max_consecutive_unavailable: int = 50  # deprecated, ignored: unavailable_budget_s is the rule
     # Seconds a service may stay unreachable (no call getting through) before the job fails.
     unavailable_budget_s: float = 60.0
     # The same non-retryable error class on this many rollouts in a row fails the job at once.
@@ -86,10 +85,10 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, data: Json) -> JobSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in known}
-        kw["sink"] = SinkConfig(**data.get("sink", {}))
-        kw["retry"] = RetryPolicy(**data.get("retry", {}))
+        """A stored spec (spec.json); keys this version does not know (e.g. a retired field) are left out."""
+        kw = _known(cls, data)
+        kw["sink"] = SinkConfig(**_known(SinkConfig, data.get("sink", {})))
+        kw["retry"] = RetryPolicy(**_known(RetryPolicy, data.get("retry", {})))
         kw["sampling"] = dict(data.get("sampling", {}))
         kw["k_values"] = tuple(int(k) for k in data.get("k_values", ()))
         return cls(**kw)
@@ -97,6 +96,11 @@ class JobSpec:
     @property
     def effective_output_dir(self) -> str:
         return self.output_dir or DEFAULT_OUTPUT_DIR
+
+
+def _known(cls: type[Any], data: Json) -> Json:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def validate(spec: JobSpec) -> None:

@@ -303,7 +303,6 @@ class RetryPolicy(_message.Message):
     INITIAL_BACKOFF_S_FIELD_NUMBER: _builtins.int
     MAX_BACKOFF_S_FIELD_NUMBER: _builtins.int
     ROLLOUT_TIMEOUT_S_FIELD_NUMBER: _builtins.int
-    MAX_CONSECUTIVE_UNAVAILABLE_FIELD_NUMBER: _builtins.int
     UNAVAILABLE_BUDGET_S_FIELD_NUMBER: _builtins.int
     FAIL_FAST_AFTER_FIELD_NUMBER: _builtins.int
     ATTEMPT_DEADLINE_MULTIPLIER_FIELD_NUMBER: _builtins.int
@@ -317,8 +316,6 @@ class RetryPolicy(_message.Message):
     """Cap on one backoff (default 10)."""
     rollout_timeout_s: _builtins.float
     """Deadline for one attempt of one rollout (default 300)."""
-    max_consecutive_unavailable: _builtins.int
-    """Deprecated and ignored: the give-up rule is `unavailable_budget_s` (a time budget)."""
     unavailable_budget_s: _builtins.float
     """The job fails when the gateway or verifier stays unreachable this long without one
     call getting through (default 60 s). Rollouts waiting on an outage retry without
@@ -344,7 +341,6 @@ class RetryPolicy(_message.Message):
         initial_backoff_s: _builtins.float = ...,
         max_backoff_s: _builtins.float = ...,
         rollout_timeout_s: _builtins.float = ...,
-        max_consecutive_unavailable: _builtins.int = ...,
         unavailable_budget_s: _builtins.float = ...,
         fail_fast_after: _builtins.int = ...,
         attempt_deadline_multiplier: _builtins.float = ...,
@@ -353,7 +349,7 @@ class RetryPolicy(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline_floor_s", b"attempt_deadline_floor_s", "attempt_deadline_multiplier", b"attempt_deadline_multiplier", "fail_fast_after", b"fail_fast_after", "fixed_attempt_deadline", b"fixed_attempt_deadline", "initial_backoff_s", b"initial_backoff_s", "max_attempts", b"max_attempts", "max_backoff_s", b"max_backoff_s", "max_consecutive_unavailable", b"max_consecutive_unavailable", "rollout_timeout_s", b"rollout_timeout_s", "unavailable_budget_s", b"unavailable_budget_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_deadline_floor_s", b"attempt_deadline_floor_s", "attempt_deadline_multiplier", b"attempt_deadline_multiplier", "fail_fast_after", b"fail_fast_after", "fixed_attempt_deadline", b"fixed_attempt_deadline", "initial_backoff_s", b"initial_backoff_s", "max_attempts", b"max_attempts", "max_backoff_s", b"max_backoff_s", "rollout_timeout_s", b"rollout_timeout_s", "unavailable_budget_s", b"unavailable_budget_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
