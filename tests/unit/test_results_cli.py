@@ -187,3 +187,22 @@ def test_a_folder_without_a_tokenizer_is_one_line(tmp_path: Path) -> None:
     said = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.exit_code == 2 and len(said) == 1, res.stderr
     assert f"error: --tokenizer {empty}: no tokenizer there (" in said[0], said
+
+
+async def test_bad_k_threshold_or_out_are_refused_not_silently_empty(tmp_path: Path) -> None:
+    """`--k 0`, `--num-repeats -3` and `--threshold nan` printed metrics with exit 0 (no pass@k at
+    all; NaN scored every rollout wrong); `profile -o` into a missing folder was a traceback."""
+    await write_run(tmp_path / "full", list(range(6)))
+    folder = str(tmp_path / "full")
+    for args, flag in (
+        (["--k", "0"], "--k"),
+        (["--num-repeats", "-3"], "--num-repeats"),
+        (["--threshold", "nan"], "--threshold"),
+    ):
+        res = await invoke("aggregate", folder, *args)
+        assert res.exit_code == 2 and f"Invalid value for '{flag}'" in res.output, (args, res.output)
+    res = await invoke("aggregate", folder, "--k", "9", "--k", "2", "--json")
+    assert res.exit_code == 0 and set(json.loads(res.stdout)["pass_at_k"]) == {"2"}, res.output
+    assert "no task has 9 rollouts: pass@9 and maj@9 are left out" in res.stderr
+    res = await invoke("profile", folder, "-o", str(tmp_path / "missing" / "p.jsonl"))
+    assert res.exit_code == 2 and "No such file or directory" in res.stderr and "Traceback" not in res.output

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,6 +21,22 @@ from rollmesh.commands._common import ApiKey, JsonOut, VerifierAddr, err, print_
 
 Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink folders (shards of one job).")]
 OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):  # a NaN threshold scored every rollout wrong
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
+Threshold = Annotated[
+    float, typer.Option("--threshold", help="A rollout is correct when reward >= this.", callback=_finite)
+]
+
+
+def write_out(out: str, text: str) -> None:
+    """Write a command's --out file; an unwritable path is one line and exit 2 (via run)."""
+    run(asyncio.to_thread(Path(out).write_text, text))
 
 
 def check_rows(verb: str, paths: Sequence[str], rows: int, skipped: Sequence[str], failures: int = 0) -> None:
@@ -38,13 +55,14 @@ def check_rows(verb: str, paths: Sequence[str], rows: int, skipped: Sequence[str
 def aggregate(
     paths: Paths,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write metrics.json here.")] = None,
-    k: Annotated[list[int] | None, typer.Option("--k", help="A k for pass@k / maj@k (repeatable).")] = None,
-    num_repeats: Annotated[
-        int | None, typer.Option("--num-repeats", help="n for the default k values (default: the most seen).")
+    k: Annotated[
+        list[int] | None, typer.Option("--k", min=1, help="A k for pass@k / maj@k (repeatable).")
     ] = None,
-    threshold: Annotated[
-        float, typer.Option("--threshold", help="A rollout is correct when reward >= this.")
-    ] = 1.0,
+    num_repeats: Annotated[
+        int | None,
+        typer.Option("--num-repeats", min=1, help="n for the default k values (default: the most seen)."),
+    ] = None,
+    threshold: Threshold = 1.0,
     as_json: JsonOut = False,
 ) -> None:
     """Recompute metrics over many shard files as if they were one run (keys deduplicated).
@@ -71,6 +89,8 @@ def aggregate(
         return data, await asyncio.to_thread(incomplete_jobs, loaded)
 
     data, short = run(go())
+    for missing in [x for x in k or [] if str(x) not in data["pass_at_k"]]:
+        err.print(f"no task has {missing} rollouts: pass@{missing} and maj@{missing} are left out")
     if as_json or not out:
         print_json(data)
     else:
@@ -88,9 +108,7 @@ def profile(
     out: Annotated[
         str | None, typer.Option("--out", "-o", help="Write the JSONL profile here (default stdout).")
     ] = None,
-    threshold: Annotated[
-        float, typer.Option("--threshold", help="A rollout is correct when reward >= this.")
-    ] = 1.0,
+    threshold: Threshold = 1.0,
 ) -> None:
     """Per-task reward profile (mean, std, min, max, correct count per task) as JSONL."""
     from rollmesh.scheduler.metrics import task_profile
@@ -105,7 +123,7 @@ def profile(
     rows = run(go())
     text = "".join(json.dumps(r) + "\n" for r in rows)
     if out:
-        Path(out).write_text(text)
+        write_out(out, text)
         err.print(f"wrote {len(rows)} tasks to {out}")
     else:
         typer.echo(text, nl=False)
@@ -155,7 +173,7 @@ def reverify(
     report = run(go())
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in report.rows)
     if out:
-        Path(out).write_text(text)
+        write_out(out, text)
     else:
         typer.echo(text, nl=False)
     err.print(
