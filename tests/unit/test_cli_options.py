@@ -42,6 +42,10 @@ def test_retry_flags_and_resume_choices_go_into_the_spec() -> None:
         build_spec(SpecOptions(rollout_timeout_s=-1.0))
     with pytest.raises(typer.BadParameter, match="--unavailable-budget must be >= 0, got nan"):
         build_spec(SpecOptions(unavailable_budget_s=float("nan")))
+    assert build_spec(SpecOptions(shard="1/4")).shard == pb.Shard(index=1, count=4)
+    for shard in ("0/0", "1", "a/b"):
+        with pytest.raises(typer.BadParameter, match="is not i/n with n >= 1"):
+            build_spec(SpecOptions(shard=shard))
 
 
 def test_sink_flags_go_into_the_spec() -> None:

@@ -224,8 +224,8 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
     shard = None
     if o.shard:
         idx, _, cnt = o.shard.partition("/")
-        if not (idx.isdigit() and cnt.isdigit()):
-            raise typer.BadParameter(f"--shard {o.shard!r} is not i/n, e.g. 0/4")
+        if not (idx.isdigit() and cnt.isdigit() and int(cnt) > 0):  # 0/0 ran the whole dataset
+            raise typer.BadParameter(f"--shard {o.shard!r} is not i/n with n >= 1, e.g. 0/4")
         shard = pb.Shard(index=int(idx), count=int(cnt))
     allowed, allowed_fraction = parse_allowed_failures(o.allowed_failures) if o.allowed_failures else (0, 0.0)
     # Same-named options copy over; unset sampling options stay unset (the benchmark's apply).
