@@ -1,4 +1,5 @@
-"""verify_many: bounded concurrency, completion order, per-item errors that do not end the stream."""
+"""VerifierService.verify_batches: bounded concurrency, completion order, per-item errors that do not
+end the stream."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ class Gate(Environment):
         return VerifyResult(float(task.row["gate"]))
 
 
+async def verify_many(
+    svc: VerifierService, calls: AsyncIterator[tuple[str, VerifyCall]]
+) -> AsyncIterator[tuple[str, VerifyResult | RollmeshError]]:
+    """`svc.verify_batches`, one result at a time."""
+    async for batch in svc.verify_batches(calls):
+        for got in batch:
+            yield got
+
+
 def gate_service(concurrency: int, verify_timeout_s: float = 30.0) -> VerifierService:
     cfg = replace(VerifierConfig(), batch_concurrency=concurrency, verify_timeout_s=verify_timeout_s)
     from rollmesh.verifier.environment import EnvContext
@@ -55,7 +65,7 @@ async def test_completion_order_and_per_item_errors() -> None:
         yield "no-env", VerifyCall("nope", "{}", Response())
 
     out: list[tuple[str, float | str]] = []
-    stream = svc.verify_many(calls())
+    stream = verify_many(svc, calls())
     for _ in range(2):  # the two errors come first: nothing else has finished
         item_id, res = await anext(stream)
         assert isinstance(res, RollmeshError)
@@ -82,7 +92,7 @@ async def test_concurrency_is_bounded_and_timeouts_are_items() -> None:
         for i in range(20):
             yield str(i), VerifyCall("gate", json.dumps({"gate": "open"}), Response())
 
-    results = [r async for r in svc.verify_many(calls())]
+    results = [r async for r in verify_many(svc, calls())]
     assert len(results) == 21 and Gate.peak <= 3
     stuck = dict(results)["stuck"]
     assert isinstance(stuck, RollmeshError)

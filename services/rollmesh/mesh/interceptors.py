@@ -163,9 +163,6 @@ def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool) -> Be
 class MeshInterceptor(BearerAuthInterceptor):
     """Auth (when an API key is set), decoding, error mapping and per-RPC logging for every method."""
 
-    def __init__(self, api_key: str = "") -> None:
-        super().__init__(api_key)
-
     def admit(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         request_streaming = bool(handler.request_streaming)
 

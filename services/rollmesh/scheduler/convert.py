@@ -17,6 +17,18 @@ from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.spec import SAMPLING_FIELDS
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
 
+_STATES = {
+    name.removeprefix("JOB_STATE_").lower(): value
+    for name, value in scheduler_pb2.JobState.items()
+    if name != "JOB_STATE_UNSPECIFIED"
+}
+
+
+def state_to_pb(state: str) -> scheduler_pb2.JobState.ValueType:
+    """ "succeeded", "SUCCEEDED" or "JOB_STATE_SUCCEEDED" -> JOB_STATE_SUCCEEDED (unknown: UNSPECIFIED)."""
+    name = state.strip().lower().removeprefix("job_state_")
+    return _STATES.get(name, scheduler_pb2.JOB_STATE_UNSPECIFIED)
+
 
 def key_from_pb(msg: common_pb2.RolloutKey) -> RolloutKey:
     return from_pb(RolloutKey, msg)

@@ -42,22 +42,9 @@ from rollmesh_client.v1 import scheduler_pb2, sink_pb2, sink_pb2_grpc
 
 log = get_logger("rollmesh.scheduler.grpc_sink")
 
-_STATES = {
-    name.removeprefix("JOB_STATE_").lower(): value
-    for name, value in scheduler_pb2.JobState.items()
-    if name != "JOB_STATE_UNSPECIFIED"
-}
-
-
 WAIT_SHOWN_AFTER_S = 5.0  # a full window with no acknowledgement for this long shows in progress
 ACK_TIMEOUT_S = 300.0  # ... and fails the job (GrpcSinkSpec.ack_timeout_s)
 _SUCCESS = frozenset({scheduler_pb2.JOB_STATE_SUCCEEDED, scheduler_pb2.JOB_STATE_COMPLETED_WITH_FAILURES})
-
-
-def state_to_pb(state: str) -> scheduler_pb2.JobState.ValueType:
-    """ "succeeded", "SUCCEEDED" or "JOB_STATE_SUCCEEDED" -> JOB_STATE_SUCCEEDED (unknown: UNSPECIFIED)."""
-    name = state.strip().lower().removeprefix("job_state_")
-    return _STATES.get(name, scheduler_pb2.JOB_STATE_UNSPECIFIED)
 
 
 class GrpcSink(Sink):
@@ -186,7 +173,7 @@ class GrpcSink(Sink):
                     log.warning("sink_drain_timeout", job_id=self._job_id, unacked=len(self._unacked))
             if self._error is None:
                 # Rollouts still unacked (the trainer stalled past drain_timeout_s): not delivered.
-                close = sink_pb2.SinkClose(state=state_to_pb("FAILED" if self._unacked else state))
+                close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if self._unacked else state))
                 if metrics is not None:
                     close.metrics.CopyFrom(convert.metrics_to_pb(metrics))
                 await self._send(sink_pb2.ConsumeRequest(close=close))
@@ -211,7 +198,7 @@ class GrpcSink(Sink):
                 self._call.cancel()
             if self._own_channel:
                 await self._channel.close()
-        if self._unacked and state_to_pb(state) in _SUCCESS:
+        if self._unacked and convert.state_to_pb(state) in _SUCCESS:
             cause = _describe(self._error) if self._error is not None else "no ack within drain_timeout_s"
             raise SinkUnavailable(
                 f"trainer sink {self.address}: {len(self._unacked)} rollouts sent were never acknowledged "

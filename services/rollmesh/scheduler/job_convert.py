@@ -5,20 +5,10 @@ from __future__ import annotations
 from google.protobuf import timestamp_pb2
 
 from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.scheduler.convert import sampling_from_pb, sampling_to_pb
+from rollmesh.scheduler.convert import sampling_from_pb, sampling_to_pb, state_to_pb
 from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy, SinkConfig
 from rollmesh_client.v1 import scheduler_pb2 as pb
-
-STATES = {
-    "PENDING": pb.JOB_STATE_PENDING,
-    "RUNNING": pb.JOB_STATE_RUNNING,
-    "SUCCEEDED": pb.JOB_STATE_SUCCEEDED,
-    "FAILED": pb.JOB_STATE_FAILED,
-    "CANCELLED": pb.JOB_STATE_CANCELLED,
-    "COMPLETED_WITH_FAILURES": pb.JOB_STATE_COMPLETED_WITH_FAILURES,
-    "INTERRUPTED": pb.JOB_STATE_INTERRUPTED,
-}
 
 
 def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
@@ -72,7 +62,7 @@ def job_to_pb(rec: JobRecord, now: float) -> pb.Job:
         pb.Job,
         rec,
         spec=spec_to_pb(rec.spec),
-        state=STATES.get(rec.state, pb.JOB_STATE_UNSPECIFIED),
+        state=state_to_pb(rec.state),
         progress=to_pb(pb.JobProgress, p, rollouts_per_second=rps, tokens_per_second=tps),
         create_time=_ts(rec.create_time),
         end_time=None if rec.end_time is None else _ts(rec.end_time),

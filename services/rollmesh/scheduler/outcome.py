@@ -16,6 +16,7 @@ the fail-fast rule. Pure (no grpc, no I/O), so the engine, the manager and tests
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class FailureClassSummary:
     example_message: str
 
     def to_json(self) -> dict[str, object]:
-        return {"error_class": self.error_class, "count": self.count, "example_message": self.example_message}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> FailureClassSummary:

@@ -263,23 +263,13 @@ class VerifierService:
             ) from None
         return _check_result(call.environment, result)
 
-    async def verify_many(
-        self, calls: AsyncIterator[tuple[str, VerifyCall]], *, concurrency: int | None = None
-    ) -> AsyncIterator[tuple[str, VerifyResult | RollmeshError]]:
-        """Verify a stream of (id, call) with at most `concurrency` in flight; yield in completion order.
-
-        A per-item failure is yielded as its error; only a failing input stream ends the output.
-        A slow reader slows intake: a slot frees only when its result has been taken.
-        """
-
-        async for batch in self.verify_batches(calls, concurrency=concurrency):
-            for got in batch:
-                yield got
-
     async def verify_batches(
         self, calls: AsyncIterator[tuple[str, VerifyCall]], *, concurrency: int | None = None
     ) -> AsyncIterator[list[tuple[str, VerifyResult | RollmeshError]]]:
-        """As `verify_many`, but every result ready at once comes as one list (never empty)."""
+        """Verify a stream of (id, call) with at most `concurrency` in flight, in completion order:
+        every result ready at once comes as one list (never empty). A per-item failure comes as its
+        error; only a failing input stream ends the output. A slow reader slows intake: a list's
+        slots free when the next list is asked for."""
 
         async def items() -> AsyncIterator[Item[VerifyResult]]:
             async for item_id, call in calls:
