@@ -245,8 +245,8 @@ ENV_VARS: dict[str, EnvVar] = {
             "ROLLMESH_VERIFIER_SANDBOX_ISOLATION",
             "auto",
             parse_str,
-            "Verifier: code sandbox isolation: auto (namespaces, else refuse to start), namespaces, "
-            "or process (only with ..._ALLOW_UNSAFE_PROCESS).",
+            "Verifier: code sandbox isolation: auto (namespaces; else process when ..._ALLOW_UNSAFE_PROCESS, "
+            "else refuse to start), namespaces, or process (only with ..._ALLOW_UNSAFE_PROCESS).",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS",
