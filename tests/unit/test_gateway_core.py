@@ -275,6 +275,15 @@ async def test_tool_calls_are_parsed_with_finish_reason_tool_calls() -> None:
     assert "You can call these tools" in FakeTokenizer().decode(r.prompt_token_ids)
 
 
+async def test_a_turn_cut_by_length_keeps_length_with_a_whole_tool_call_in_it() -> None:
+    """The call closed before max_tokens cut the text: it was labelled "tool_calls", so a cut turn
+    looked complete (and the agent ran the call)."""
+    said = 'Adding.<tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'
+    gw = await started(FakeBackend("m", script=lambda p, r: said + " and then more"))
+    r = await gw.generate(inp(sampling=SamplingInput(max_tokens=len(FakeTokenizer().encode(said)) + 2)))
+    assert r.finish_reason == "length" and [c.name for c in r.message.tool_calls] == ["add"]
+
+
 async def test_malformed_tool_call_stays_content() -> None:
     bad = '<tool_call>{"name": "add", "arguments": {</tool_call>'
     gw = await started(FakeBackend("m", script=lambda p, r: bad))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -57,6 +59,29 @@ async def test_max_steps_stops_the_loop() -> None:
         env=env,
     )
     assert out.finish_reason == "max_steps" and len(out.turns) == 2 and out.verdict.reward == 0.0
+
+
+@pytest.mark.parametrize("finish", ["length", "unknown"])
+async def test_a_cut_turn_runs_no_tool_call_and_keeps_its_reason(finish: str) -> None:
+    """A turn cut by max_tokens (or one whose end nobody named) whose text holds a whole tool call:
+    the call ran and the loop went on, so the rollout ended "stop" and hid that a turn was cut."""
+
+    class CutModel(LocalModel):
+        async def generate(self, call: Any) -> Any:
+            return dataclasses.replace(await super().generate(call), finish_reason=finish)
+
+    model, env = CutModel(counter_tool_script), LocalEnv()
+    out = await run_agent(
+        job_id="j",
+        key=RolloutKey(0, 0),
+        task=_task("Add 1 and 2", "3"),
+        seed=0,
+        settings=AgentSettings(environment="session_state", max_steps=8),
+        model=model,
+        env=env,
+    )
+    assert out.finish_reason == finish and len(out.turns) == 1 and env.tool_calls == []
+    assert [m["role"] for m in out.messages] == ["assistant"] and out.messages[0]["tool_calls"]
 
 
 async def test_sessions_closed_when_verify_raises() -> None:

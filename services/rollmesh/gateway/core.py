@@ -749,7 +749,7 @@ class Gateway:
         else:
             raw = "".join(attempt.texts)
         parsed = parse_tool_calls(raw, id_prefix=f"call_{rid[:8]}_")
-        if parsed.tool_calls and finish in ("stop", "length"):
+        if parsed.tool_calls and finish == "stop":  # a turn cut by length (or unknown) keeps saying so
             finish = "tool_calls"
         message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)
         if inp.session_id and finish != "abort":

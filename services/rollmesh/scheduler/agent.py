@@ -269,7 +269,9 @@ async def run_agent(
             turns.append(turn)
             new.append(turn.message)
             calls = turn.message.get("tool_calls") or []
-            if not calls:
+            if not calls or turn.finish_reason != "tool_calls":
+                # A turn cut by length (or that ended for an unknown reason) ends the rollout with
+                # that reason and runs none of its calls: the model did not finish its turn.
                 finish = turn.finish_reason or "stop"
                 break
             for tc in calls:

@@ -117,7 +117,9 @@ class GenerateResponse(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REUSED_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
     finish_reason: _builtins.str
-    """"stop", "length", "tool_calls" or "abort"."""
+    """"stop", "length", "tool_calls" (only for a turn that ended by itself: one cut by length keeps
+    "length"), "abort", or "unknown" (an OpenAI-compatible server named none: it may be cut).
+    """
     replica_id: _builtins.str
     """The replica that served the request."""
     policy_version: _builtins.str

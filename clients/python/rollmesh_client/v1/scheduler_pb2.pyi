@@ -733,7 +733,9 @@ class Rollout(_message.Message):
     """The policy version of the last turn."""
     seed: _builtins.int
     finish_reason: _builtins.str
-    """Why the last turn ended: "stop", "length", "tool_calls", "max_steps"."""
+    """Why the rollout ended: "stop"; "length" (its last turn was cut by max_tokens: a tool call in it
+    was not run); "max_steps"; "unknown" (the model server named no reason: the turn may be cut).
+    """
     @_builtins.property
     def key(self) -> _common_pb2.RolloutKey: ...
     @_builtins.property
