@@ -6,11 +6,19 @@ the server returns no token ids, and the rows carry no token record (and the run
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import urllib.request
 from pathlib import Path
 
+import pytest
+
 from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
+from rollmesh.registry import BUILTIN_ROOT
 from tests.procs import ROLLMESH
+
+WEATHER = BUILTIN_ROOT / "environments" / "single_tool_call" / "data" / "example.jsonl"
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
 def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
@@ -52,3 +60,41 @@ def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
     # token record, rather than spans of zero length or zeros passed off as logprobs.
     assert all(r["tokens"] == {"token_ids": [], "loss_mask": [], "logprobs": [], "turns": []} for r in rows)
     assert "returned no token ids" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "argv"),
+    [
+        ("length", ["--environment", "single_tool_call", "--dataset", str(WEATHER), "--limit", "2"]),
+        ("", ["--benchmark", "arithmetic", "--limit", "2"]),
+    ],
+    ids=["length", "null"],
+)
+def test_a_cut_or_unnamed_end_is_recorded_as_such(
+    tmp_path: Path, finish_reason: str, argv: list[str]
+) -> None:
+    """Off the default path (an API key on the mesh, an external server): a turn the server cut by
+    length with a whole tool call in it was "tool_calls" (the tool ran, the next turn answered: the
+    row said "stop"); an answer with finish_reason null was "stop". Now the rows say "length" (no
+    tool run, one model call per rollout) and "unknown"."""
+    faults = FaultConfig(answer=CALL, finish_reason=finish_reason)
+    with openai_server_process(faults) as (url, _):
+        argv = [*argv, "-n", "1", "--base-url", url, "--model", "tiny", "-o", str(tmp_path), "--json"]
+        done = subprocess.run(
+            [str(ROLLMESH), "run", *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "ROLLMESH_API_KEY": "sekrit-for-this-test"},
+        )
+        calls = json.loads(urllib.request.urlopen(url.removesuffix("/v1") + "/_stats").read())["calls"]
+    assert done.returncode in (0, 3), done.stderr
+    rows = [json.loads(line) for line in Path(json.loads(done.stdout)["paths"]["rollouts.jsonl"]).open()]
+    assert len(rows) == 2 and calls == 2  # one model call each: no tool result, no second turn
+    assert {r["response"]["finish_reason"] for r in rows} == {finish_reason or "unknown"}
+    if finish_reason == "length":
+        assert all([m["role"] for m in r["response"]["output"]] == ["assistant"] for r in rows)
+        assert all(r["response"]["output"][0]["tool_calls"] for r in rows)  # kept as generated
+    else:
+        assert all(r["reward"] == 1.0 for r in rows)  # still scored: "unknown" is a label, not a failure

@@ -155,6 +155,38 @@ async def test_upstream_failures_name_the_cause(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+async def test_an_answer_that_names_no_finish_reason_is_unknown_not_stop(
+    server: OpenAITestServer, stream: bool
+) -> None:
+    """finish_reason null (or a stream whose chunks name none before [DONE]) was read as "stop": an
+    answer the server may have cut passed for a complete one."""
+    server.set_faults(FaultConfig(finish_reason=""))
+    gw = Gateway([OpenAIBackend("tiny", base_url=server.base_url)])
+    try:
+        r = await _generate(gw, stream=stream)
+        assert (r.message.content, r.finish_reason) == ("The answer is 60.", "unknown")
+    finally:
+        await gw.shutdown()
+
+
+@pytest.mark.parametrize("finish_reason", ["stop", ""], ids=["stop", "null"])
+async def test_a_stream_that_ends_without_done_is_dropped_not_an_answer(
+    server: OpenAITestServer, finish_reason: str
+) -> None:
+    """EOF with no `data: [DONE]` is a cut connection, even after a chunk named a finish reason (what
+    came after it, the usage, may be what was lost): it was an answer ("stop" without one)."""
+    server.set_faults(FaultConfig(send_done=False, finish_reason=finish_reason))
+    gw = Gateway([OpenAIBackend("tiny", base_url=server.base_url)])
+    try:
+        with pytest.raises(RollmeshError) as exc:
+            await _generate(gw, stream=True)
+        assert exc.value.reason == "UPSTREAM_STREAM_DROPPED" and "without [DONE]" in exc.value.message
+        assert exc.value.retry_after_s is not None  # retryable
+    finally:
+        await gw.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 async def test_a_hung_upstream_is_a_timeout(server: OpenAITestServer, stream: bool) -> None:
     server.set_faults(FaultConfig(hang_every=1))
     gw = Gateway([OpenAIBackend("tiny", base_url=server.base_url, timeout_s=0.5)])

@@ -13,7 +13,8 @@ Contract:
   divides `n`, or with probability `fail_rate`; 429 carries `Retry-After: retry_after_s`); else hang
   until the client goes away or the server stops (`hang_every` / `hang_rate`); else drop the
   connection (`drop_every` / `drop_rate`): a stream after its first chunk, a unary call before any
-  byte of the response.
+  byte of the response. Every answer ends with `finish_reason` (default "stop"; "" sends null and a
+  stream with no chunk naming one); `send_done` false ends a stream without `data: [DONE]`.
 - Control, for tests and benchmarks: `GET /_stats` (calls, in flight, peak in flight, outcomes) and
   `POST /_faults` (a FaultConfig as JSON replaces the current one and resets the call count).
 
@@ -68,6 +69,8 @@ class FaultConfig:
     drop_rate: float = 0.0
     answer: str = "ok"
     seed: int = 0
+    finish_reason: str = "stop"  # what every answer says ("": null, as a server that names none)
+    send_done: bool = True  # False: a stream ends (cleanly) after its last chunk, with no [DONE]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FaultConfig:
@@ -279,7 +282,7 @@ class OpenAITestServer:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
+                    "finish_reason": self.faults.finish_reason or None,
                     "logprobs": None,
                 }
             ],
@@ -314,10 +317,12 @@ class OpenAITestServer:
         words = text.split(" ")
         for i, word in enumerate(words):
             await resp.write(chunk({"content": word if i == 0 else " " + word}, None))
-        await resp.write(chunk({}, "stop"))
+        if self.faults.finish_reason:
+            await resp.write(chunk({}, self.faults.finish_reason))
         if (body.get("stream_options") or {}).get("include_usage"):
             await resp.write(chunk({}, None, self._usage(body, text)))
-        await resp.write(b"data: [DONE]\n\n")
+        if self.faults.send_done:
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         self.stats.outcomes["ok"] += 1
         return resp

@@ -21,12 +21,14 @@ Failures name their cause (gateway/errors.py): HTTP 5xx -> UPSTREAM_HTTP_ERROR, 
 UPSTREAM_RATE_LIMITED (RetryInfo from Retry-After), 401/403 -> UPSTREAM_AUTH_FAILED, 404 ->
 MODEL_NOT_FOUND, 408 or no bytes for `timeout_s` -> UPSTREAM_TIMEOUT, other 4xx -> UPSTREAM_REJECTED
 (each with `metadata["http_status"]`); no connection (refused, or none within 10 s) ->
-UPSTREAM_UNREACHABLE; a connection closed
-mid-answer -> UPSTREAM_STREAM_DROPPED; a 200 that is not a chat completion (not JSON, no
+UPSTREAM_UNREACHABLE; a connection closed mid-answer, or a stream that ends without
+`data: [DONE]` -> UPSTREAM_STREAM_DROPPED; a 200 that is not a chat completion (not JSON, no
 `choices`, a choice without a `message`, a stream that ends with no choice, a field of the wrong
 type: `usage`, `content`, `tool_calls`, `logprobs`, an SSE line that is not JSON) ->
 UPSTREAM_BAD_RESPONSE, never an empty answer nor an internal error; an answer the server cut with
-finish_reason `content_filter` -> UPSTREAM_CONTENT_FILTERED (a half answer is never scored).
+finish_reason `content_filter` -> UPSTREAM_CONTENT_FILTERED (a half answer is never scored). An
+answer with no finish_reason (null, missing, or a stream whose chunks name none before [DONE]) ends
+with finish_reason "unknown", never "stop": it may be cut, and the agent runs no tool call from it.
 Content given as a list of text parts is read as their text.
 """
 
@@ -68,11 +70,13 @@ def _render_calls(calls: dict[int, dict[str, str]]) -> str:
     return "".join(parts)
 
 
-def _finish_reason(reason: str, where: str) -> str:
+def _finish_reason(reason: object, where: str) -> str:
     if reason == "content_filter":  # the server withheld the rest: a half answer, never scored
         raise errors.UpstreamContentFiltered(
             f"{where}: the server cut the answer (finish_reason content_filter)"
         )
+    if not reason:  # null or missing: a cut answer would look the same, so never "stop"
+        return "unknown"
     return reason if reason in ("length", "abort") else "stop"
 
 
@@ -342,7 +346,7 @@ class OpenAIBackend(ModelBackend):
                 token_ids=tuple(choice.get("token_ids") or ()),
                 logprobs=_logprobs(choice),
                 text=content_text(message.get("content"), strict=True) + _render_calls(calls),
-                finish_reason=_finish_reason(choice.get("finish_reason") or "stop", self.base_url),
+                finish_reason=_finish_reason(choice.get("finish_reason"), self.base_url),
                 replica_id=self.replica_id,
                 prompt_token_ids=tuple(payload.get("prompt_token_ids") or ()),
                 prompt_tokens=prompt_tokens,
@@ -394,9 +398,9 @@ class OpenAIBackend(ModelBackend):
                         finish = out  # held back: the usage chunk comes after it
                     else:
                         yield out
-            if not done and finish is None and rid not in self._aborted:
+            if not done and rid not in self._aborted:  # EOF without [DONE]: the connection was cut
                 raise errors.UpstreamStreamDropped(
-                    f"{self.base_url}: the stream ended before a finish reason", retry_after_s=1.0
+                    f"{self.base_url}: the stream ended without [DONE]", retry_after_s=1.0
                 )
             if done and not saw_choice and rid not in self._aborted:
                 raise errors.UpstreamBadResponse(f"{self.base_url}: the stream ended ([DONE]) with no choice")
@@ -414,7 +418,7 @@ class OpenAIBackend(ModelBackend):
         else:
             yield EngineChunk(
                 text=_render_calls(calls),
-                finish_reason="stop",
+                finish_reason="unknown",  # [DONE] came, but no chunk said why the answer ended
                 replica_id=self.replica_id,
                 prompt_tokens=usage[0],
                 completion_tokens=usage[1],
