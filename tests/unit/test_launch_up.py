@@ -86,3 +86,36 @@ def test_describe_exit_names_the_code_or_the_signal() -> None:
     assert describe_exit(3) == "exited with code 3"
     assert describe_exit(-9) == "was killed by signal SIGKILL"
     assert describe_exit(-15) == "was killed by signal SIGTERM"
+
+
+def test_up_passes_the_variables_its_flags_would_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` hands --host, --replicas and --http-port to its children as flags, so their defaults
+    overrode ROLLMESH_BIND_HOST, ROLLMESH_REPLICAS and ROLLMESH_OPENAI_HTTP_PORT; a flag still wins."""
+    from typer.testing import CliRunner
+
+    from rollmesh.cli import build_app
+    from rollmesh.launch import processes
+
+    seen: list[processes.UpConfig] = []
+
+    class Recorder:
+        def __init__(self, cfg: processes.UpConfig, write: object) -> None:
+            seen.append(cfg)
+
+        async def start(self) -> None:
+            raise RuntimeError("recorded")
+
+        async def stop(self, grace_s: float, force: asyncio.Event) -> None:
+            return None
+
+    monkeypatch.setattr(processes, "Mesh", Recorder)
+    env = {"ROLLMESH_BIND_HOST": "0.0.0.0", "ROLLMESH_REPLICAS": "3", "ROLLMESH_OPENAI_HTTP_PORT": "8123"}
+    for args, host, replicas, http in (
+        ([], "0.0.0.0", "3", "8123"),
+        (["--replicas", "2"], "0.0.0.0", "2", "8123"),
+    ):
+        res = CliRunner().invoke(build_app(), ["up", *args], env=env)
+        assert res.exit_code == 1 and "failed to start: recorded" in res.output, res.output
+        cfg = seen.pop()
+        gateway = dict(zip(cfg.gateway_args[::2], cfg.gateway_args[1::2], strict=True))
+        assert (cfg.host, gateway["--replicas"], gateway["--http-port"]) == (host, replicas, http)

@@ -26,7 +26,10 @@ from rollmesh.commands._common import (
 
 def up(
     host: Annotated[
-        str, typer.Option("--host", help="Host every service binds (0.0.0.0: all interfaces).")
+        str,
+        typer.Option(
+            "--host", envvar="ROLLMESH_BIND_HOST", help="Host every service binds (0.0.0.0: all interfaces)."
+        ),
     ] = "127.0.0.1",
     ephemeral: Annotated[
         bool, typer.Option("--ephemeral", help="Bind free ports instead of 50051-50054 (printed when ready).")
@@ -35,10 +38,17 @@ def up(
         str, typer.Option("--backend", help="Gateway backend: ray-serve, openai or fake.")
     ] = "",
     model: Annotated[str, typer.Option("--model", help="Gateway model (default tiny-arith).")] = "",
-    replicas: Annotated[int, typer.Option("--replicas", min=1, help="Data-parallel vLLM replicas.")] = 1,
+    # envvar=: up passes each to its child as a flag, which would otherwise override the variable.
+    replicas: Annotated[
+        int,
+        typer.Option("--replicas", min=1, envvar="ROLLMESH_REPLICAS", help="Data-parallel vLLM replicas."),
+    ] = 1,
     base_url: BaseUrl = "",
     http_port: Annotated[
-        int, typer.Option("--http-port", help="Gateway's OpenAI HTTP port (-1: off).")
+        int,
+        typer.Option(
+            "--http-port", envvar="ROLLMESH_OPENAI_HTTP_PORT", help="Gateway's OpenAI HTTP port (-1: off)."
+        ),
     ] = 8000,
     output_dir: Annotated[
         str, typer.Option("--output-dir", help="Scheduler's JSONL output folder.")
