@@ -393,7 +393,7 @@ async def test_a_stop_string_ends_the_message_the_ids_keep_what_the_engine_produ
     into the message, so the verifier scored text past the stop string; now the message ends where
     an OpenAI server's would, the ids stay the engine's, and the next turn of the session keeps them."""
     from rollmesh.scheduler.records import Rollout, RolloutKey
-    from rollmesh.scheduler.tokens import TurnOutput, build_token_record, validate_rollout
+    from rollmesh.scheduler.tokens import build_token_record, validate_rollout
 
     tok = FakeTokenizer()
     gw = await started(FakeBackend("m", script=lambda prompt, request: "The answer is 12."))
@@ -406,7 +406,6 @@ async def test_a_stop_string_ends_the_message_the_ids_keep_what_the_engine_produ
     r2 = await gw.generate(inp(messages=convo, session_id="s"))
     kept = (*r1.prompt_token_ids, *r1.output_token_ids)
     assert r2.prompt_token_ids[: len(kept)] == kept and r2.message.content == "The answer is 12."
-    turns = [TurnOutput(r.prompt_token_ids, r.output_token_ids, r.logprobs) for r in (r1, r2)]
     rollout = Rollout(RolloutKey(0, 0), "j", {}, [r1.message.to_openai(), r2.message.to_openai()], 0.0)
-    rollout.tokens = build_token_record(turns)
+    rollout.tokens = build_token_record([r1, r2])  # a GenerateResult carries a turn's ids
     assert validate_rollout(rollout, tokenizer=tok) == []

@@ -293,7 +293,7 @@ async def test_a_rollout_straddling_the_first_update_is_as_old_as_its_first_turn
     integer among its turns), so a strictly on-policy trainer took it as fresh."""
     from rollmesh.scheduler import convert
     from rollmesh.scheduler.records import Rollout, RolloutKey
-    from rollmesh.scheduler.tokens import TurnOutput, build_token_record
+    from rollmesh.scheduler.tokens import build_token_record
     from rollmesh_client.trainer import TrainerRollout
 
     gw = await started(FakeBackend("m", weights_dir=served))
@@ -303,11 +303,7 @@ async def test_a_rollout_straddling_the_first_update_is_as_old_as_its_first_turn
     assert (update.previous_version, update.policy_version) == ("0", "1")
     follow_up = (*USER, first.message, Message("user", "and 1+1?"))
     second = await gw.generate(inp(messages=follow_up, session_id="s"))
-    turns = [
-        TurnOutput(r.prompt_token_ids, r.output_token_ids, policy_version=r.policy_version)
-        for r in (first, second)
-    ]
-    rec = build_token_record(turns)
+    rec = build_token_record([first, second])  # a GenerateResult carries a turn's ids
     assert [t.policy_version for t in rec.turns] == ["0", "1"]
     rollout = Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=rec, policy_version="1")
     assert TrainerRollout.from_pb(convert.rollout_to_pb(rollout)).version == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,19 @@ from typer.testing import CliRunner
 from rollmesh.cli import build_app
 from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
-from rollmesh.scheduler.tokens import TurnOutput, build_token_record, validate_rollout, validate_token_record
+from rollmesh.scheduler.tokens import build_token_record, validate_rollout, validate_token_record
+
+
+@dataclass(frozen=True)
+class TurnOutput:
+    """What the gateway returned for one model turn (build_token_record's `TurnLike`)."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    logprobs: Sequence[float] = ()
+    policy_version: str = ""
+    replica_id: str = ""
+
 
 MODEL = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/models/tiny-arith"
 

@@ -8,14 +8,7 @@ from rollmesh.registry.errors import UnknownKind
 from rollmesh.registry.roots import Root
 from rollmesh_client.v1 import registry_pb2 as pb
 
-_KIND_TO_PB = {
-    Kind.ENVIRONMENT: pb.ARTIFACT_KIND_ENVIRONMENT,
-    Kind.BENCHMARK: pb.ARTIFACT_KIND_BENCHMARK,
-    Kind.DATASET: pb.ARTIFACT_KIND_DATASET,
-    Kind.CONFIG: pb.ARTIFACT_KIND_CONFIG,
-    Kind.PROMPT: pb.ARTIFACT_KIND_PROMPT,
-    Kind.MODEL: pb.ARTIFACT_KIND_MODEL,
-}
+_KIND_TO_PB = {k: pb.ArtifactKind.Value(f"ARTIFACT_KIND_{k.name}") for k in Kind}
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
 
 

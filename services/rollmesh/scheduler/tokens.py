@@ -1,9 +1,9 @@
 """Token records of multi-turn rollouts, built from the gateway's ids (never by re-tokenizing), and
 their validator.
 
-The scheduler fills one `TurnOutput` per model turn from the gateway's `GenerateResponse`
-(`prompt_token_ids`, `output_token_ids`, `logprobs`, `policy_version`, `replica_id`) and calls
-`build_token_record(turns)`. The record is:
+The agent loop fills one `Turn` per model turn from the gateway's `GenerateResponse`
+(`prompt_token_ids`, `output_token_ids`, `logprobs`, `policy_version`, `replica_id`) and the
+scheduler calls `build_token_record(turns)`. The record is:
 
     token_ids = turn-1 prompt ids, turn-1 generated ids, the ids turn 2's prompt adds (tool
                 results, the chat template's glue), turn-2 generated ids, ...
@@ -27,26 +27,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import Json, Rollout, TokenRecord, TurnSpan
 
 
-@dataclass(frozen=True)
-class TurnOutput:
-    """What the gateway returned for one model turn."""
-
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    logprobs: Sequence[float] = ()
-    policy_version: str = ""
-    replica_id: str = ""
-
-
 class TurnLike(Protocol):
-    """Anything with a turn's ids (`TurnOutput`, or the agent loop's own `Turn`)."""
+    """Anything with a turn's ids (the agent loop's `Turn`, the gateway's `GenerateResult`)."""
 
     @property
     def prompt_token_ids(self) -> Sequence[int]: ...
