@@ -87,8 +87,7 @@ def to_status(exc: RollmeshError) -> status_pb2.Status:
 
 
 def internal_status(message: str = "internal error; see the server log") -> status_pb2.Status:
-    exc = Internal(message)
-    return to_status(exc)
+    return to_status(Internal(message))
 
 
 def code_name(code: int) -> str:

@@ -8,11 +8,11 @@ Anything imported libraries print goes to stderr, so stdout carries only answers
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -23,13 +23,9 @@ def _resolve(target: str) -> Callable[..., Any]:
     where, _, fn = target.rpartition(":")
     if where not in _modules:
         if where.endswith(".py"):
-            name = f"_rollmesh_worker_{abs(hash(where))}"
-            spec = importlib.util.spec_from_file_location(name, where)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {where}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
+            from rollmesh.verifier.loader import import_file
+
+            module = import_file(Path(where))
         else:
             module = importlib.import_module(where)
         _modules[where] = module

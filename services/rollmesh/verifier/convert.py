@@ -32,14 +32,10 @@ def tool_output_to_pb(out: ToolOutput) -> pb.CallToolResponse:
     return pb.CallToolResponse(tool_call_id=out.call_id, output=out.output, is_error=out.is_error)
 
 
-def _jsonable(value: object) -> object:
-    return repr(value)
-
-
 def result_to_pb(result: VerifyResult) -> pb.VerifyResult:
     return pb.VerifyResult(
         reward=float(result.reward),
         components={k: float(v) for k, v in result.components.items()},
         extracted_answer=result.extracted_answer,
-        details_json=json.dumps(result.details, default=_jsonable),
+        details_json=json.dumps(result.details, default=repr),
     )
