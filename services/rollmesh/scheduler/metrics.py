@@ -298,11 +298,8 @@ def profile(by_task: dict[int, list[Scored]], threshold: float = DEFAULT_THRESHO
 def task_profile(
     rollouts: Iterable[Rollout | Scored], threshold: float = DEFAULT_THRESHOLD
 ) -> list[TaskProfile]:
-    by_key, _ = dedupe(rollouts)
-    by_task: dict[int, list[Scored]] = {}
-    for key in sorted(by_key):
-        by_task.setdefault(key.task_index, []).append(by_key[key])
-    return profile(by_task, threshold)
+    """The per-task reward profile of `compute`'s metrics (`Metrics.tasks`)."""
+    return compute(rollouts, threshold=threshold).tasks
 
 
 def _correct(r: _Voter, threshold: float) -> bool:

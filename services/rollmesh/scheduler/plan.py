@@ -23,6 +23,7 @@ from rollmesh.scheduler.errors import (
     InvalidJobSpec,
     MalformedDatasetRow,
 )
+from rollmesh.scheduler.metrics import default_k_values
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.spec import DEFAULT_MAX_STEPS, SAMPLING_FIELDS, JobSpec
 from rollmesh_client import max_item_bytes
@@ -59,16 +60,6 @@ def select_tasks(num_rows: int, *, limit: int = 0, shard_index: int = 0, shard_c
     if shard_count <= 1:
         return list(range(end))
     return [i for i in range(end) if i % shard_count == shard_index]
-
-
-def default_k_values(num_repeats: int) -> tuple[int, ...]:
-    ks = []
-    k = 1
-    while k < num_repeats:
-        ks.append(k)
-        k *= 2
-    ks.append(num_repeats)
-    return tuple(ks)
 
 
 def load_benchmark(catalog: Catalog, name: str) -> Json:
@@ -254,7 +245,7 @@ def build_plan(catalog: Catalog, spec: JobSpec) -> Plan:
             metadata={"field": "shard"},
         )
     num_repeats = spec.num_repeats or 1
-    k_values = spec.k_values or default_k_values(num_repeats)
+    k_values = spec.k_values or tuple(default_k_values(num_repeats))
     if any(k > num_repeats for k in k_values):
         raise InvalidJobSpec(
             f"k_values {list(k_values)} exceed num_repeats {num_repeats}", metadata={"field": "k_values"}
