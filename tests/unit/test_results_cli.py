@@ -206,3 +206,14 @@ async def test_bad_k_threshold_or_out_are_refused_not_silently_empty(tmp_path: P
     assert "no task has 9 rollouts: pass@9 and maj@9 are left out" in res.stderr
     res = await invoke("profile", folder, "-o", str(tmp_path / "missing" / "p.jsonl"))
     assert res.exit_code == 2 and "No such file or directory" in res.stderr and "Traceback" not in res.output
+
+
+async def test_a_job_json_with_an_unreadable_total_is_not_checked(tmp_path: Path) -> None:
+    """A total of 1e400 (inf) in job.json was an OverflowError traceback."""
+    await write_run(tmp_path / "full", list(range(6)))
+    for total in ('"abc"', "1e400", "-1"):
+        (tmp_path / "full" / "job.json").write_text(
+            '{"job_id": "job1", "progress": {"total": ' + total + "}}"
+        )
+        res = await invoke("aggregate", str(tmp_path / "full"), "--json")
+        assert res.exit_code == 0 and json.loads(res.stdout)["num_rollouts"] == 23, (total, res.output)

@@ -469,7 +469,7 @@ def incomplete_jobs(loaded: LoadedResults) -> list[Incomplete]:
         progress = stored.get("progress")
         try:
             total = int(progress.get("total") or 0) if isinstance(progress, dict) else 0
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: a total of 1e400 (inf)
             continue
         if total and len(held) < total:
             out.append(Incomplete(job_id, folder, str(stored.get("state") or "?"), len(held), total))
