@@ -33,6 +33,12 @@ def test_malformed_json_stays_in_content_and_is_not_a_call() -> None:
     assert p.content == text
 
 
+def test_json_nested_past_the_recursion_limit_stays_in_content() -> None:
+    text = "<tool_call>" + "[" * 100_000 + "</tool_call>"  # json.loads raises RecursionError here
+    parsed = parse_tool_calls(text)
+    assert parsed.content == text and parsed.tool_calls == ()
+
+
 def test_malformed_block_does_not_hide_a_later_valid_one() -> None:
     bad = "<tool_call>not json</tool_call>"
     good = '<tool_call>{"name": "ok", "arguments": {}}</tool_call>'

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -25,8 +26,8 @@ class Parsed:
 
 def _parse_body(body: str) -> tuple[str, str] | None:
     try:
-        obj = json.loads(body)
-    except ValueError:
+        obj = untrusted_json.loads(body)
+    except untrusted_json.NotJson:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None

@@ -21,6 +21,7 @@ tiny-arith template written in Python.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import zlib
@@ -264,10 +265,8 @@ class FakeBackend(ModelBackend):
             for i, tid in enumerate(ids):
                 delay = self.first_token_latency_s if i == 0 else self.token_latency_s
                 if delay > 0:
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(abort.wait(), delay)
-                    except TimeoutError:
-                        pass
                 if abort.is_set():
                     yield EngineChunk(finish_reason="abort", replica_id=replica)
                     return
