@@ -156,9 +156,5 @@ class ReplicaWeights:
 
 
 def weights_stats(ref: WeightsRef) -> dict[str, str]:
-    """What a replica's `stats` say about the weights it serves."""
-    return {
-        "weights_path": ref.weights_path,
-        "weights_id": ref.weights_id,
-        "policy_version": ref.policy_version,
-    }
+    """What a replica's `stats` say about the weights it serves: the ref's fields."""
+    return asdict(ref)
