@@ -102,6 +102,10 @@ def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
     with pytest.raises(RollmeshError) as info:
         build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
     assert "b.jsonl:1:" in info.value.message and "input" in info.value.message
+    bad.write_text('{"responses_create_params": {"inp')  # cut off: read "starting at at column 30"
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
+    assert "b.jsonl:1: not valid JSON (Unterminated string starting at column 30)" in info.value.message
 
 
 @pytest.mark.parametrize(

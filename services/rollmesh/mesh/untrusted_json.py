@@ -23,7 +23,8 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno} column {exc.colno}"
-        raise NotJson(f"{exc.msg} at {where}") from None
+        # removesuffix: "Unterminated string starting at" would read "... at at column 9".
+        raise NotJson(f"{exc.msg.removesuffix(' at')} at {where}") from None
     except RecursionError:
         raise NotJson("nested too deeply") from None
     except ValueError:  # int("...") past the digit limit
