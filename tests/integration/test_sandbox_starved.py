@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import pytest
 
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
-from rollmesh.verifier.sandbox import Sandbox, SandboxStarved, TestSpec
+from rollmesh.verifier.errors import SandboxStarved
+from rollmesh.verifier.sandbox import Sandbox, TestSpec
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout
-from rollmesh.verifier.sandbox import Sandbox, SandboxUnavailable, TestSpec
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
+from rollmesh.verifier.sandbox import Sandbox, TestSpec
 from rollmesh.verifier.testing import answer, check, load_env, task
 
 CODE_ENV = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments/code"

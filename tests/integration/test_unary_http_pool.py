@@ -17,13 +17,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from rollmesh.gateway.backends.unary_http import (
-    AnswerTooLarge,
-    ConnectFailed,
-    ConnectionBroke,
-    ReadTimedOut,
-    UnaryHttpPool,
-)
+from rollmesh.gateway.backends.unary_http import UnaryHttpPool
+from rollmesh.gateway.errors import AnswerTooLarge, ConnectFailed, ConnectionBroke, ReadTimedOut
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 

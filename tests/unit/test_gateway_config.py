@@ -8,7 +8,8 @@ from rollmesh.gateway.backends.factory import create_backend, resolve_model_path
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
-from rollmesh.mesh.config import ENV_VARS, ConfigError
+from rollmesh.mesh.config import ENV_VARS
+from rollmesh.mesh.errors import ConfigError
 
 
 def test_defaults_serve_tiny_arith_on_ray_serve_with_http_on_8000() -> None:

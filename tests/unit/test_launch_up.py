@@ -13,7 +13,7 @@ import pytest
 
 from rollmesh.launch.processes import pump_lines
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
-from rollmesh.mesh.config import ConfigError
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.lines import LineWriter
 
 FLOOD = textwrap.dedent(

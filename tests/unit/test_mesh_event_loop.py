@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from rollmesh.mesh.aio import run_server
-from rollmesh.mesh.config import ConfigError, ServerConfig
+from rollmesh.mesh.config import ServerConfig
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.heap import SERVING_GC_THRESHOLD
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None

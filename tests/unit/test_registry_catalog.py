@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.mesh.config import ConfigError, parse_bool
+from rollmesh.mesh.config import parse_bool
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.registry import (
     ArtifactCollision,
     ArtifactNotFound,

@@ -6,8 +6,8 @@ import grpc
 import pytest
 
 from rollmesh.mesh.errors import InvalidArgument, ResourceExhausted, Unavailable
-from rollmesh.scheduler.errors import TokenRecordMismatch
-from rollmesh.scheduler.retry import Backoff, RolloutFailed, classify, with_retry
+from rollmesh.scheduler.errors import RolloutFailed, TokenRecordMismatch
+from rollmesh.scheduler.retry import Backoff, classify, with_retry
 from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh_client import InvalidArgumentError, ResourceExhaustedError, UnavailableError
 

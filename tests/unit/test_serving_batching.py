@@ -8,14 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
-from rollmesh.serving.batching import (
-    Batcher,
-    BatchItem,
-    BatchItemFailed,
-    BatchReport,
-    run_batch,
-)
-from rollmesh.serving.errors import RequestRejected
+from rollmesh.serving.batching import Batcher, BatchItem, BatchReport, run_batch
+from rollmesh.serving.errors import BatchItemFailed, RequestRejected
 
 pytestmark = pytest.mark.asyncio
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollmesh.mesh.config import ConfigError
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.deployment import engine_kwargs, replica_env
 

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from rollmesh.verifier._sandbox_runner import Runner, encode
-from rollmesh.verifier.sandbox_checks import CaseFailed, Checker, ProbeError, eval_result
-from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
+from rollmesh.verifier.errors import BadValue, CaseFailed, ProbeError
+from rollmesh.verifier.sandbox_checks import Checker, eval_result
+from rollmesh.verifier.sandbox_values import decode_value, parse_frame
 
 
 class RecordingChild:

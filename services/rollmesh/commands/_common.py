@@ -75,8 +75,7 @@ async def connect(*, api_key: str = "", timeout_s: float | None = 60.0, **addres
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run one coroutine; known errors become one line on stderr and an exit code, never a traceback."""
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.mesh.errors import RollmeshError
+    from rollmesh.mesh.errors import ConfigError, RollmeshError
     from rollmesh_client import RollmeshClientError
 
     try:

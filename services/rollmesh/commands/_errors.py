@@ -1,6 +1,14 @@
-"""Errors of the CLI's own work (`rollmesh reverify`), reported in one line like a service's."""
+"""Errors of the CLI's own work (`rollmesh reverify`, following a job), reported in one line like a
+service's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rollmesh.mesh.errors import DeadlineExceeded, Unavailable
+
+if TYPE_CHECKING:
+    from rollmesh_client.v1 import scheduler_pb2 as pb
 
 
 class VerifierUnavailable(Unavailable):
@@ -9,3 +17,11 @@ class VerifierUnavailable(Unavailable):
 
 class ReverifyTimeout(DeadlineExceeded):
     reason = "REVERIFY_TIMEOUT"
+
+
+class SchedulerLost(Exception):
+    """The scheduler stopped answering while a job was followed."""
+
+    def __init__(self, job: pb.Job, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.job, self.cause = job, cause

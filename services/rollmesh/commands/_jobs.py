@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rollmesh.commands._common import as_dict, err, print_table
+from rollmesh.commands._errors import SchedulerLost
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -266,14 +267,6 @@ def parse_allowed_failures(text: str) -> tuple[int, float]:
 
 
 SCHEDULER_LOST_AFTER_S = 15.0  # how long following tolerates an unreachable scheduler
-
-
-class SchedulerLost(Exception):
-    """The scheduler stopped answering while a job was followed."""
-
-    def __init__(self, job: pb.Job, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.job, self.cause = job, cause
 
 
 async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:

@@ -92,7 +92,8 @@ def up(
     SIGTERM stops them all (a second one kills at once). Exits 1 when a service cannot be kept up."""
     from rollmesh.launch.processes import Mesh, UpConfig
     from rollmesh.launch.restart import RestartPolicy
-    from rollmesh.mesh.config import DEFAULT_PORTS, ConfigError
+    from rollmesh.mesh.config import DEFAULT_PORTS
+    from rollmesh.mesh.errors import ConfigError
     from rollmesh.mesh.lines import LineWriter
 
     try:

@@ -19,8 +19,7 @@ def serve_service(service: str, **flags: Any) -> None:
     `--help` stays instant); a configuration or start-up error is one line and exit 2."""
     import importlib
 
-    from rollmesh.mesh.config import ConfigError
-    from rollmesh.mesh.errors import RollmeshError
+    from rollmesh.mesh.errors import ConfigError, RollmeshError
 
     try:
         importlib.import_module(f"rollmesh.{service}.__main__").main(**flags)

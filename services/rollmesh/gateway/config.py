@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollmesh.mesh.config import OPENAI_HTTP_PORT, ConfigError, ServerConfig, read, read_fields
+from rollmesh.mesh.config import OPENAI_HTTP_PORT, ServerConfig, read, read_fields
+from rollmesh.mesh.errors import ConfigError
 
 BACKENDS = ("ray-serve", "openai", "fake")
 

@@ -16,8 +16,7 @@ from rollmesh.gateway.types import (
 )
 from rollmesh.gateway.uploads import UploadPiece
 from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
-from rollmesh.mesh.config import ConfigError
-from rollmesh.mesh.errors import InvalidArgument, RollmeshError
+from rollmesh.mesh.errors import ConfigError, InvalidArgument, RollmeshError
 from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb

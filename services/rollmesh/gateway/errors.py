@@ -250,3 +250,27 @@ __all__ = [
     "http_status",
     "openai_type",
 ]
+
+
+class HttpCallError(Exception):
+    """A call that got no complete HTTP answer."""
+
+
+class ConnectFailed(HttpCallError):
+    pass
+
+
+class ConnectTimedOut(HttpCallError):
+    pass
+
+
+class ReadTimedOut(HttpCallError):
+    pass
+
+
+class ConnectionBroke(HttpCallError):
+    pass
+
+
+class AnswerTooLarge(HttpCallError):
+    pass

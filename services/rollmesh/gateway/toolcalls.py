@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.errors import NotJson
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -27,7 +28,7 @@ class Parsed:
 def _parse_body(body: str) -> tuple[str, str] | None:
     try:
         obj = untrusted_json.loads(body)
-    except untrusted_json.NotJson:
+    except NotJson:
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None

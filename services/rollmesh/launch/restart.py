@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from rollmesh.mesh import config
+from rollmesh.mesh.errors import ConfigError
 
 MODES = ("no", "on-failure", "always")
 
@@ -32,9 +33,9 @@ class RestartPolicy:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise config.ConfigError(f"restart policy {self.mode!r} is not one of {', '.join(MODES)}")
+            raise ConfigError(f"restart policy {self.mode!r} is not one of {', '.join(MODES)}")
         if self.max_restarts < 0 or self.window_s <= 0:
-            raise config.ConfigError("max restarts must be >= 0 and the restart window > 0 seconds")
+            raise ConfigError("max restarts must be >= 0 and the restart window > 0 seconds")
 
     @classmethod
     def from_env(

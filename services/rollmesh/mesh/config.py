@@ -13,16 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rollmesh.mesh.errors import ConfigError
 from rollmesh_client._client import DEFAULT_PORTS as DEFAULT_PORTS  # the one table, also the SDK's
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 D = TypeVar("D", bound="DataclassInstance")
-
-
-class ConfigError(ValueError):
-    """A configuration value is malformed; the message names the variable and what is allowed."""
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -92,3 +92,11 @@ def internal_status(message: str = "internal error; see the server log") -> stat
 
 def code_name(code: int) -> str:
     return str(code_pb2.Code.Name(code))
+
+
+class ConfigError(ValueError):
+    """A configuration value is malformed; the message names the variable and what is allowed."""
+
+
+class NotJson(ValueError):
+    """The text is not JSON this process can read; the message says why."""

@@ -13,9 +13,7 @@ import json
 import sys
 from typing import Any
 
-
-class NotJson(ValueError):
-    """The text is not JSON this process can read; the message says why."""
+from rollmesh.mesh.errors import NotJson
 
 
 def loads(text: str | bytes) -> Any:

@@ -43,12 +43,17 @@ from rollmesh.scheduler.agent import (
 )
 from rollmesh.scheduler.concurrency import Limiter
 from rollmesh.scheduler.deadline import AdaptiveDeadline
-from rollmesh.scheduler.errors import GatewayUnresponsive, ModelCallDeadline, TokenRecordMismatch
+from rollmesh.scheduler.errors import (
+    GatewayUnresponsive,
+    ModelCallDeadline,
+    RolloutFailed,
+    TokenRecordMismatch,
+)
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
-from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, RolloutFailed, with_retry
+from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, with_retry
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.tokens import build_token_record, validate_rollout
 from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Probe, Watchdog

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rollmesh.mesh import errors as mesh
+
+if TYPE_CHECKING:
+    from rollmesh.scheduler.retry import ErrorClass
 
 
 class InvalidJobSpec(mesh.InvalidArgument):
@@ -170,3 +175,12 @@ class VerifierUnresponsive(mesh.DeadlineExceeded):
 
 class SinkUnavailable(mesh.Unavailable):
     reason = "SINK_UNAVAILABLE"
+
+
+class RolloutFailed(Exception):
+    """Every attempt failed (or the first failed with a non-retryable error)."""
+
+    def __init__(self, error: ErrorClass, attempts: int) -> None:
+        super().__init__(f"{error.name}: {error.message}")
+        self.error = error
+        self.attempts = attempts

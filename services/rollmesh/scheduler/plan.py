@@ -12,6 +12,7 @@ from typing import Any
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import content_text
+from rollmesh.mesh.errors import NotJson
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
 from rollmesh.scheduler.agent import ROW_SAMPLING
 from rollmesh.scheduler.convert import sampling_to_pb
@@ -73,7 +74,7 @@ def load_benchmark(catalog: Catalog, name: str) -> Json:
         raise InvalidBenchmark(f"benchmark {name!r} has no benchmark.json at {path}")
     try:
         data = untrusted_json.loads(path.read_text())
-    except untrusted_json.NotJson as exc:
+    except NotJson as exc:
         raise InvalidBenchmark(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise InvalidBenchmark(f"{path}: must hold a JSON object")
@@ -155,7 +156,7 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
                 )
             try:
                 row = untrusted_json.loads(line)
-            except untrusted_json.NotJson as exc:
+            except NotJson as exc:
                 raise MalformedDatasetRow(
                     f"{path}:{lineno}: not valid JSON ({exc})",
                     metadata={"path": str(path), "line": str(lineno)},

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from rollmesh.mesh.errors import RollmeshError
+from rollmesh.scheduler.errors import RolloutFailed
 from rollmesh.scheduler.spec import RetryPolicy
 
 T = TypeVar("T")
@@ -221,15 +222,6 @@ class Backoff:
         if retry_after_s is not None:
             jittered = max(jittered, retry_after_s)
         return min(jittered, self.policy.max_backoff_s)
-
-
-class RolloutFailed(Exception):
-    """Every attempt failed (or the first failed with a non-retryable error)."""
-
-    def __init__(self, error: ErrorClass, attempts: int) -> None:
-        super().__init__(f"{error.name}: {error.message}")
-        self.error = error
-        self.attempts = attempts
 
 
 async def with_retry(

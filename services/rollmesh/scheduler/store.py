@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rollmesh.mesh import untrusted_json
+from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
 from rollmesh.scheduler.metrics import Scored
@@ -132,13 +133,13 @@ def iter_rows(path: Path, skipped: list[str] | None = None) -> Iterator[tuple[in
                 # Decoded as UTF-8 here: json.loads(bytes) guesses UTF-16/32 from the first bytes and
                 # failed with a codec error naming neither the file nor the line.
                 row = untrusted_json.loads(raw.decode("utf-8"))
-            except (untrusted_json.NotJson, UnicodeDecodeError) as exc:
+            except (NotJson, UnicodeDecodeError) as exc:
                 if not raw.endswith(b"\n"):
                     log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
                     if skipped is not None:
                         skipped.append(f"{path}:{lineno}")
                     return
-                said = str(exc) if isinstance(exc, untrusted_json.NotJson) else "not UTF-8 text"
+                said = str(exc) if isinstance(exc, NotJson) else "not UTF-8 text"
                 raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({said})") from None
             if not isinstance(row, dict):
                 raise CorruptSinkFile(f"{path}:{lineno}: not a JSON object")

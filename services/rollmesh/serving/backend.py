@@ -48,10 +48,10 @@ from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
-from rollmesh.serving.batching import Batcher, BatchItem, BatchItemFailed, BatchReport, Ticket
+from rollmesh.serving.batching import Batcher, BatchItem, BatchReport, Ticket
 from rollmesh.serving.cluster import ServingCluster
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.errors import EngineRejected, RequestRejected, StaleReplica
+from rollmesh.serving.errors import BatchItemFailed, EngineRejected, RequestRejected, StaleReplica
 from rollmesh.serving.weights_record import WeightsRecord, WeightsRef, write_record
 
 log = get_logger(__name__)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.serving.errors import RequestRejected
+from rollmesh.serving.errors import BatchItemFailed, RequestRejected
 
 DEFAULT_MAX_BATCH = 256
 # Gateway side: how long a batch waits for company before it leaves. Measured on the short-answers
@@ -75,10 +75,6 @@ def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
         replica_id=chunks[-1].replica_id,
         weights_id=chunks[-1].weights_id,
     )
-
-
-class BatchItemFailed(Exception):
-    """The replica failed one item of a batch with an error that is not a rejection."""
 
 
 class Ticket:

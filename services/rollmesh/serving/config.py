@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollmesh.mesh.config import ConfigError, read_fields
+from rollmesh.mesh.config import read_fields
+from rollmesh.mesh.errors import ConfigError
 
 ENGINES = ("vllm", "fake")
 _APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")

@@ -62,3 +62,7 @@ class StaleReplica(RuntimeError):
 class WeightsDrift(RuntimeError):
     """A replica serves weights the application's record does not allow (its health check raises
     this, so Serve replaces it)."""
+
+
+class BatchItemFailed(Exception):
+    """The replica failed one item of a batch with an error that is not a rejection."""

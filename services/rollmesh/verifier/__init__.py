@@ -22,13 +22,12 @@ from rollmesh.verifier.environment import (
     Session,
     Task,
     ToolCall,
-    ToolError,
     ToolOutput,
     ToolSpec,
     VerifyResult,
     tool,
 )
-from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout, SessionRequired
+from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout, SessionRequired, ToolError
 
 SessionState = Session  # the name for per-session state
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rollmesh.mesh.config import ConfigError, ServerConfig, read, read_fields, service_addr
+from rollmesh.mesh.config import ServerConfig, read, read_fields, service_addr
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.registry.roots import RootsConfig
 
 ISOLATION_MODES = ("auto", "namespaces", "process")

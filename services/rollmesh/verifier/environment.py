@@ -44,7 +44,9 @@ from rollmesh.mesh.chat import Message as Message  # re-exported: part of the pl
 from rollmesh.mesh.chat import ToolCall as ToolCall
 from rollmesh.mesh.chat import ToolSpec as ToolSpec
 from rollmesh.mesh.chat import content_text
+from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.verify_result import VerifyResult as VerifyResult  # re-exported: plugin API
+from rollmesh.verifier.errors import ToolError
 
 if TYPE_CHECKING:
     from rollmesh.verifier.config import VerifierConfig
@@ -136,10 +138,6 @@ class Session:
 
 # ---------------------------------------------------------------------------------------------------------
 # Tools
-
-
-class ToolError(Exception):
-    """Raise from a tool to send the message back to the model as an error output."""
 
 
 @dataclass(frozen=True)
@@ -362,7 +360,7 @@ class Environment(ABC):
         spec, attr = tools[call.name]
         try:
             args = untrusted_json.loads(call.arguments_json) if call.arguments_json.strip() else {}
-        except untrusted_json.NotJson as exc:
+        except NotJson as exc:
             return ToolOutput(call.id, f"error: arguments are not valid JSON: {exc}", True)
         problems = schema_errors(args, spec.parameters)
         if problems:

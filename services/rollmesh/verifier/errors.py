@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from rollmesh.mesh import errors as mesh
 
 
@@ -77,3 +79,62 @@ class CheckFailed(mesh.Unavailable):
     so the verify fails (retryable) instead of scoring 0."""
 
     reason = "CHECK_FAILED"
+
+
+class ChannelBroken(Exception):
+    """The sandbox stopped answering as the protocol says: EOF, an oversized, malformed or
+    out-of-order reply. The whole run fails."""
+
+
+class ProbeError(Exception):
+    """The sandbox answered a probe with an error, or with a value that does not decode."""
+
+
+class NotPlain(ProbeError):
+    """The probed expression's value is an object of the code's own (`s = Stack()`; `s`), not
+    plain data: a call of a pure builtin on it (`len(s)`), its truth or `s is None` is then asked
+    of the sandbox as a whole (see `Checker._opaque`). `node`: the expression probed."""
+
+    node: ast.expr | None = None
+
+
+class CaseFailed(Exception):
+    """The case does not pass; the message says why."""
+
+
+class WorkerTimeout(TimeoutError):
+    """The call took longer than its timeout; its worker was killed."""
+
+
+class WorkerError(RuntimeError):
+    """The target raised, or the worker died; the message says which."""
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox did not come up, so the code never ran (see the module docstring).
+    `timed_out`: it did not answer within the wall-clock limit (a loaded host), else it died."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class SandboxStarved(SandboxUnavailable):
+    """The code ran, but the host's other work held the CPUs so long that it did not get its
+    wall-clock time (verifier/sandbox_clock.py): its outcome is unknown, not a timeout of its own."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, timed_out=True)
+
+
+class Starved(Exception):
+    """The run did not get its wall-clock time within `STARVED_AFTER` x the limit: other work held
+    the CPUs. The code's outcome is unknown."""
+
+
+class BadValue(ValueError):
+    """The sandbox sent something that is not a well-formed plain value: a failed test."""
+
+
+class ToolError(Exception):
+    """Raise from a tool to send the message back to the model as an error output."""

@@ -49,20 +49,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rollmesh.mesh.config import ConfigError
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
-from rollmesh.verifier.sandbox_checks import (
+from rollmesh.verifier.errors import (
+    BadValue,
     CaseFailed,
     ChannelBroken,
-    Checker,
     ProbeError,
-    eval_result,
-    normalize_output,
+    SandboxStarved,
+    SandboxUnavailable,
+    Starved,
 )
-from rollmesh.verifier.sandbox_clock import Starved, WallCredit, run_within_wall_time
-from rollmesh.verifier.sandbox_values import BadValue, decode_value, parse_frame
+from rollmesh.verifier.sandbox_checks import Checker, eval_result, normalize_output
+from rollmesh.verifier.sandbox_clock import WallCredit, run_within_wall_time
+from rollmesh.verifier.sandbox_values import decode_value, parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
 
@@ -111,23 +113,6 @@ _PROBE_CHECKS = {
     "/usr is not read-only and nosuid in the chroot": "assert os.statvfs('/usr').f_flag & 3 == 3",
     "the Python prefix is not read-only and nosuid": "assert os.statvfs(sys.base_prefix).f_flag & 3 == 3",
 }
-
-
-class SandboxUnavailable(Exception):
-    """The sandbox did not come up, so the code never ran (see the module docstring).
-    `timed_out`: it did not answer within the wall-clock limit (a loaded host), else it died."""
-
-    def __init__(self, message: str, *, timed_out: bool) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
-class SandboxStarved(SandboxUnavailable):
-    """The code ran, but the host's other work held the CPUs so long that it did not get its
-    wall-clock time (verifier/sandbox_clock.py): its outcome is unknown, not a timeout of its own."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, timed_out=True)
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,8 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from rollmesh.verifier._sandbox_runner import encode
-from rollmesh.verifier.sandbox_values import (
-    MAX_SAME_HASH,
-    BadValue,
-    check_hashes,
-    checked_decimal,
-    decode_value,
-)
+from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, NotPlain, ProbeError
+from rollmesh.verifier.sandbox_values import MAX_SAME_HASH, check_hashes, checked_decimal, decode_value
 
 MAX_BITS = 1 << 16  # ints built here (**, <<) stay below this many bits
 MAX_LEN = 1 << 20  # sequences built here (*, range) stay below this many items
@@ -79,23 +74,6 @@ class Child(Protocol):
     async def eval(self, src: str, bind: dict[str, Any]) -> Any: ...
 
 
-class ChannelBroken(Exception):
-    """The sandbox stopped answering as the protocol says: EOF, an oversized, malformed or
-    out-of-order reply. The whole run fails."""
-
-
-class ProbeError(Exception):
-    """The sandbox answered a probe with an error, or with a value that does not decode."""
-
-
-class NotPlain(ProbeError):
-    """The probed expression's value is an object of the code's own (`s = Stack()`; `s`), not
-    plain data: a call of a pure builtin on it (`len(s)`), its truth or `s is None` is then asked
-    of the sandbox as a whole (see `Checker._opaque`). `node`: the expression probed."""
-
-    node: ast.expr | None = None
-
-
 def eval_result(src: str, reply: dict[str, Any]) -> Any:
     """The value of the runner's reply to `eval src`, decoded strictly; ProbeError (NotPlain for
     an object of the code's own) when there is none."""
@@ -107,10 +85,6 @@ def eval_result(src: str, reply: dict[str, Any]) -> Any:
         return decode_value(reply["value"])
     except BadValue as exc:
         raise ProbeError(f"{src[:80]}: {exc}") from None
-
-
-class CaseFailed(Exception):
-    """The case does not pass; the message says why."""
 
 
 def _small_ints(values: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -32,6 +32,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from rollmesh.verifier.errors import Starved
+
 T = TypeVar("T")
 
 STARVED_AFTER = 4.0  # the longest a run may take, in multiples of its wall-clock limit
@@ -43,11 +45,6 @@ class WallCredit:
     """Seconds a run was given past its wall-clock limit for the time it waited for a CPU."""
 
     waited_s: float = 0.0
-
-
-class Starved(Exception):
-    """The run did not get its wall-clock time within `STARVED_AFTER` x the limit: other work held
-    the CPUs. The code's outcome is unknown."""
 
 
 def session_cpu(session: int) -> tuple[float, float]:

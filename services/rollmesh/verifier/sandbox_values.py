@@ -20,6 +20,8 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
+from rollmesh.verifier.errors import BadValue
+
 MAX_DEPTH = 64
 MAX_ITEMS = 1_000_000
 MAX_INT_HEX = 1 << 16  # hex digits of an int sent back: 262,144 bits. At 2**20 bits one `==` with a
@@ -35,10 +37,6 @@ _SEQUENCES: dict[str, type] = {
     "deque": deque,
 }
 REPLY_KEYS = frozenset({"id", "error", "opaque", "value", "changed", "stdout", "exit", "truncated"})
-
-
-class BadValue(ValueError):
-    """The sandbox sent something that is not a well-formed plain value: a failed test."""
 
 
 MAX_SAME_HASH = 16

@@ -12,7 +12,7 @@ from typing import Any
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.mesh.errors import Internal, RollmeshError
+from rollmesh.mesh.errors import Internal, NotJson, RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.registry.catalog import Catalog
@@ -66,7 +66,7 @@ class VerifyCall:
 def parse_task(task_json: str) -> Task:
     try:
         row = untrusted_json.loads(task_json) if task_json.strip() else {}
-    except untrusted_json.NotJson as exc:
+    except NotJson as exc:
         raise BadTask(f"task_json is not valid JSON: {exc}") from None
     if not isinstance(row, dict):
         raise BadTask(f"task_json must be a JSON object, got {type(row).__name__}")

@@ -15,18 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from rollmesh.mesh.logging import get_logger
+from rollmesh.verifier.errors import WorkerError, WorkerTimeout
 
 log = get_logger("rollmesh.verifier.workers")
 
 _LINE_LIMIT = 32 * 1024 * 1024
-
-
-class WorkerTimeout(TimeoutError):
-    """The call took longer than its timeout; its worker was killed."""
-
-
-class WorkerError(RuntimeError):
-    """The target raised, or the worker died; the message says which."""
 
 
 class _Worker:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.config import ModelSpec
-from rollmesh.mesh.config import ConfigError
+from rollmesh.mesh.errors import ConfigError
 
 
 def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> Path:

@@ -53,6 +53,13 @@ from rollmesh.gateway.backends.base import (
     ModelCard,
     ReplicaStatus,
 )
+from rollmesh.gateway.errors import (
+    AnswerTooLarge,
+    ConnectFailed,
+    ConnectionBroke,
+    ConnectTimedOut,
+    ReadTimedOut,
+)
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
@@ -459,24 +466,24 @@ class OpenAIBackend(ModelBackend):
     def _transport_error(self, exc: BaseException) -> RollmeshError:
         """The gateway error for a failure below HTTP (the connection, or the wait for bytes)."""
         where = self.base_url
-        if isinstance(exc, unary_http.ConnectFailed):
+        if isinstance(exc, ConnectFailed):
             self._healthy = False
             return errors.UpstreamUnreachable(f"{where}: {exc}", retry_after_s=1.0)
-        if isinstance(exc, unary_http.ConnectTimedOut | aiohttp.ConnectionTimeoutError):
+        if isinstance(exc, ConnectTimedOut | aiohttp.ConnectionTimeoutError):
             # aiohttp's is a TimeoutError too, but no answer was due
             return errors.UpstreamUnreachable(
                 f"{where}: no connection within {self._timeout.sock_connect:g} s (the server, or this "
                 "host, is overloaded or the address is unreachable)",
                 retry_after_s=1.0,
             )
-        if isinstance(exc, unary_http.ReadTimedOut | TimeoutError):  # aiohttp's read timeouts too
+        if isinstance(exc, ReadTimedOut | TimeoutError):  # aiohttp's read timeouts too
             return errors.UpstreamTimeout(
                 f"{where}: no answer within the read timeout ({self._timeout.sock_read:g} s)",
                 retry_after_s=1.0,
             )
-        if isinstance(exc, unary_http.AnswerTooLarge):
+        if isinstance(exc, AnswerTooLarge):
             return errors.UpstreamBadResponse(f"{where}: {exc}")
-        if isinstance(exc, unary_http.ConnectionBroke):
+        if isinstance(exc, ConnectionBroke):
             return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc}", retry_after_s=1.0)
         if isinstance(exc, aiohttp.ClientConnectorError):
             self._healthy = False

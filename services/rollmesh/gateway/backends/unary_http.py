@@ -43,30 +43,14 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-
-class HttpCallError(Exception):
-    """A call that got no complete HTTP answer."""
-
-
-class ConnectFailed(HttpCallError):
-    pass
-
-
-class ConnectTimedOut(HttpCallError):
-    pass
-
-
-class ReadTimedOut(HttpCallError):
-    pass
-
-
-class ConnectionBroke(HttpCallError):
-    pass
-
-
-class AnswerTooLarge(HttpCallError):
-    pass
-
+from rollmesh.gateway.errors import (
+    AnswerTooLarge,
+    ConnectFailed,
+    ConnectionBroke,
+    ConnectTimedOut,
+    HttpCallError,
+    ReadTimedOut,
+)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the mesh's gRPC message limit: no larger answer could be passed on
 

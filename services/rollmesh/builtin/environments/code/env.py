@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout
-from rollmesh.verifier.sandbox import Sandbox, SandboxUnavailable, TestSpec
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
+from rollmesh.verifier.sandbox import Sandbox, TestSpec
 from rollmesh.verifier.sandbox_checks import unverifiable_case
 
 # Possessive: a run of blanks after ``` is read once (backtracking between the two blank runs took

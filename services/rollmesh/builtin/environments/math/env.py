@@ -13,8 +13,7 @@ import grpc
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout, JudgeFailed
-from rollmesh.verifier.workers import WorkerError, WorkerTimeout
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout, JudgeFailed, WorkerError, WorkerTimeout
 
 log = get_logger("rollmesh.env.math")
 _HERE = str(Path(__file__).resolve())

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from rollmesh.verifier import BadTask, CheckFailed, CheckTimeout
+from rollmesh.verifier.errors import WorkerError
 from rollmesh.verifier.loader import import_file
 from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows, task
-from rollmesh.verifier.workers import WorkerError
 
 HERE = Path(__file__).resolve().parent.parent
 
