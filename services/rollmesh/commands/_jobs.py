@@ -387,7 +387,7 @@ async def submit_and_follow(
 def exit_for_followed(followed: Followed, scheduler: str = "") -> None:
     """Exit with the code for how following ended (130 interrupted here, 1 scheduler lost, else the
     job's state); a job that did not succeed and can be resumed gets the resume command."""
-    from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED
+    from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED, exit_for_job
 
     if followed.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
@@ -395,14 +395,7 @@ def exit_for_followed(followed: Followed, scheduler: str = "") -> None:
         raise typer.Exit(EXIT_ERROR)
     if followed.job.resumable:
         err.print(f"resume with: {resume_command(followed.job, scheduler)}", highlight=False)
-    exit_for_state(followed.job)
-
-
-def exit_for_state(job: pb.Job) -> None:
-    """Print a job's outcome and exit with its code (commands/_exit.py); return when it SUCCEEDED."""
-    from rollmesh.commands._exit import exit_for_job
-
-    exit_for_job(job)
+    exit_for_job(followed.job)
 
 
 def metrics_rows(

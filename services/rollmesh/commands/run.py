@@ -193,9 +193,11 @@ def _report(outcome: Outcome, as_json: bool, scheduler: str) -> None:
 
         paths = {name: str(out_dir / name) for name in OUTPUT_FILES}
     if as_json:
+        from rollmesh_client._scheduler import state_name
+
         data: dict[str, Any] = {
             "job_id": job.job_id,
-            "state": _state(job),
+            "state": state_name(job.state),
             "error": job.error,
             "failure_summary": failure_summary_dicts(job),
             "paths": paths,
@@ -209,12 +211,6 @@ def _report(outcome: Outcome, as_json: bool, scheduler: str) -> None:
         for name, p in paths.items():
             err.print(f"{name:>16}: {p}")
     exit_for_followed(outcome.followed, scheduler)
-
-
-def _state(job: pb.Job) -> str:
-    from rollmesh_client._scheduler import state_name
-
-    return state_name(job.state)
 
 
 def register(app: typer.Typer) -> None:
