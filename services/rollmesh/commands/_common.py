@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
+
 if TYPE_CHECKING:
     from rollmesh_client import Client
 
@@ -54,12 +56,10 @@ Host = Annotated[
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 BaseUrl = Annotated[str, typer.Option("--base-url", help="OpenAI-compatible model URL (the openai backend).")]
 
-EXIT_USER_ERROR = 2
-EXIT_FAILURE = 1
 _USER_CODES = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "UNAUTHENTICATED"}
 
 
-def fail(message: str, *, code: int = EXIT_USER_ERROR) -> NoReturn:
+def fail(message: str, *, code: int = EXIT_USAGE) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
 
@@ -84,17 +84,17 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         hint = ""
         if exc.code.name == "UNAVAILABLE":
             hint = " (is the service running? `rollmesh status` shows the mesh)"
-        fail(f"{exc}{hint}", code=EXIT_USER_ERROR if exc.code.name in _USER_CODES else EXIT_FAILURE)
+        fail(f"{exc}{hint}", code=EXIT_USAGE if exc.code.name in _USER_CODES else EXIT_ERROR)
     except RollmeshError as exc:
         fail(
             f"{exc.code.name}: {exc.message} [{exc.reason}]",
-            code=EXIT_USER_ERROR if exc.code.name in _USER_CODES else EXIT_FAILURE,
+            code=EXIT_USAGE if exc.code.name in _USER_CODES else EXIT_ERROR,
         )
     except (ConfigError, ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
         err.print("interrupted")
-        raise typer.Exit(130) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def as_dict(message: Any, *, unset_too: bool = False) -> dict[str, Any]:

@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from rollmesh.commands._common import err
-
 if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
@@ -59,6 +57,8 @@ def failure_summary_dicts(job: pb.Job) -> list[dict[str, object]]:
 
 def show_failure_summary(job: pb.Job) -> None:
     """The top failure classes, most frequent first, with one example message each (stderr)."""
+    from rollmesh.commands._common import err
+
     rows = failure_summary_rows(job)
     if not rows:
         return
@@ -69,6 +69,7 @@ def show_failure_summary(job: pb.Job) -> None:
 
 def exit_for_job(job: pb.Job) -> None:
     """Print the job's outcome and exit with its code; return when it SUCCEEDED."""
+    from rollmesh.commands._common import err
     from rollmesh_client._scheduler import state_name
 
     state = state_name(job.state)
