@@ -12,6 +12,7 @@ import math
 import shlex
 import signal
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,15 @@ _JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
     ("resume", Resume, False, "resume_latest"),
     ("job_id", JobId, "", "job_id"),
 )
+
+
+def job_flags() -> dict[str, str]:
+    """`SpecOptions` field -> the flag of `run` / `jobs submit` that sets it (e.g. "--max-attempts")."""
+    flags = {}
+    for name, option, _, field in _JOB_OPTIONS:
+        decls = [d for d in typing.get_args(option)[1].param_decls if d.startswith("--")]
+        flags[field] = decls[0] if decls else f"--{name.replace('_', '-')}"  # typer's own name
+    return flags
 
 
 def job_command(func: Callable[..., None]) -> Callable[..., None]:

@@ -12,43 +12,28 @@ import typer
 
 from rollmesh.commands._common import JsonOut, print_json, print_table
 
-# RetryPolicy field -> (flag overriding it per job, or "" when only the API sets it; meaning).
-JOB_DEFAULTS = {
-    "max_attempts": ("--max-attempts", "Attempts per rollout before it is recorded as a failure."),
-    "initial_backoff_s": ("", "First wait between attempts (doubles each time, with jitter)."),
-    "max_backoff_s": ("", "Longest wait between attempts."),
-    "rollout_timeout_s": (
-        "--rollout-timeout",
-        "Most one attempt may take (the adaptive deadline's ceiling).",
-    ),
-    "unavailable_budget_s": (
-        "--unavailable-budget",
-        "Seconds the gateway or verifier may stay unreachable before the job fails.",
-    ),
-    "fail_fast_after": (
-        "--fail-fast-after",
-        "The same non-retryable error on this many rollouts in a row fails the job.",
-    ),
-    "attempt_deadline_multiplier": ("", "A model call's deadline: this multiple of the recent p99 latency."),
-    "attempt_deadline_floor_s": ("", "The least a model call is given once latency has been observed."),
-    "fixed_attempt_deadline": ("", "Every attempt gets rollout_timeout_s (no adaptive deadline)."),
-}
-
 
 def job_defaults() -> list[dict[str, Any]]:
-    """The per-job retry/timeout defaults, each with the flag that overrides it (JobSpec.retry, .sink)."""
+    """The per-job retry/timeout defaults (JobSpec.retry, .sink), each with its meaning (the field's
+    own, scheduler/spec.py) and the flag that overrides it ("" when only the API sets it)."""
+    from rollmesh.commands._jobs import job_flags
     from rollmesh.scheduler.grpc_sink import ACK_TIMEOUT_S
     from rollmesh.scheduler.spec import RetryPolicy
 
-    defaults = dataclasses.asdict(RetryPolicy())
+    flags, defaults = job_flags(), RetryPolicy()
     return [
-        {"field": f"retry.{name}", "default": defaults[name], "flag": flag, "doc": doc}
-        for name, (flag, doc) in JOB_DEFAULTS.items()
+        {
+            "field": f"retry.{f.name}",
+            "default": getattr(defaults, f.name),
+            "flag": flags.get(f.name, ""),
+            "doc": f.metadata["doc"],
+        }
+        for f in dataclasses.fields(RetryPolicy)
     ] + [
         {
             "field": "sink.grpc.ack_timeout_s",
             "default": ACK_TIMEOUT_S,
-            "flag": "--sink-ack-timeout",
+            "flag": flags["sink_ack_timeout_s"],
             "doc": "A trainer sink that acknowledges nothing this long while rollouts wait fails the job.",
         }
     ]

@@ -20,20 +20,32 @@ DEFAULT_MAX_STEPS = 8
 DEFAULT_OUTPUT_DIR = "runs"
 
 
+def _setting(default: Any, doc: str) -> Any:
+    """A RetryPolicy field: its default and its meaning, which `rollmesh config` prints."""
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 3
-    initial_backoff_s: float = 0.5
-    max_backoff_s: float = 10.0
-    rollout_timeout_s: float = 300.0
-    # Seconds a service may stay unreachable (no call getting through) before the job fails.
-    unavailable_budget_s: float = 60.0
-    # The same non-retryable error class on this many rollouts in a row fails the job at once.
-    fail_fast_after: int = 20
-    # A model call's deadline: multiplier x recent p99 latency, within [floor, rollout_timeout_s].
-    attempt_deadline_multiplier: float = 3.0
-    attempt_deadline_floor_s: float = 1.0
-    fixed_attempt_deadline: bool = False
+    max_attempts: int = _setting(3, "Attempts per rollout before it is recorded as a failure.")
+    initial_backoff_s: float = _setting(0.5, "First wait between attempts (doubles each time, with jitter).")
+    max_backoff_s: float = _setting(10.0, "Longest wait between attempts.")
+    rollout_timeout_s: float = _setting(300.0, "Most one attempt may take (the adaptive deadline's ceiling).")
+    unavailable_budget_s: float = _setting(
+        60.0, "Seconds the gateway or verifier may stay unreachable before the job fails."
+    )
+    fail_fast_after: int = _setting(
+        20, "The same non-retryable error on this many rollouts in a row fails the job."
+    )
+    attempt_deadline_multiplier: float = _setting(
+        3.0, "A model call's deadline: this multiple of the recent p99 latency."
+    )
+    attempt_deadline_floor_s: float = _setting(
+        1.0, "The least a model call is given once latency has been observed."
+    )
+    fixed_attempt_deadline: bool = _setting(
+        False, "Every attempt gets rollout_timeout_s (no adaptive deadline)."
+    )
 
     def with_defaults(self) -> RetryPolicy:
         """Zero fields replaced by the defaults (the proto's zero means unset)."""
