@@ -98,3 +98,24 @@ def test_a_cut_or_unnamed_end_is_recorded_as_such(
         assert all(r["response"]["output"][0]["tool_calls"] for r in rows)  # kept as generated
     else:
         assert all(r["reward"] == 1.0 for r in rows)  # still scored: "unknown" is a label, not a failure
+
+
+def test_a_model_server_that_never_answers_fails_the_job_after_one_rollout_timeout(tmp_path: Path) -> None:
+    """Every call hangs from the first (the gateway stays healthy): each rollout waited out
+    max_attempts x rollout_timeout_s (15 min by default) and failed as DEADLINE_EXCEEDED. Now no call
+    of the job answered within rollout_timeout_s fails the job then, naming the gateway."""
+    with openai_server_process(FaultConfig(hang_every=1)) as (url, _):
+        argv = ["--benchmark", "arithmetic", "--limit", "2", "-n", "1", "--base-url", url, "--model", "tiny"]
+        argv += ["--rollout-timeout", "4", "--unavailable-budget", "2", "-o", str(tmp_path), "--json"]
+        done = subprocess.run(
+            [str(ROLLMESH), "run", *argv],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+            env={**os.environ, "ROLLMESH_API_KEY": "sekrit-for-this-test"},
+        )
+    assert done.returncode == 4, done.stderr
+    result = json.loads(done.stdout)
+    assert result["state"] == "FAILED" and "answered none of the job's calls" in result["error"], result
+    assert [f["error_class"] for f in result["failure_summary"]] == ["GATEWAY_UNRESPONSIVE"]

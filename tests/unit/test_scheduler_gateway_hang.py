@@ -82,3 +82,38 @@ async def test_one_hung_call_among_answered_ones_is_the_rollouts_own_deadline(tm
     assert [(f.key.task_index, f.error_class, f.attempts) for f in sink.failures] == [
         (45, "MODEL_CALL_DEADLINE", 2)
     ]
+
+
+class Mute(LocalModel):
+    """A gateway that answers its health check but whose model answers no call (`after_s` None), or
+    answers each one `after_s` late: a model server hung from its first call, or a slow one."""
+
+    def __init__(self, after_s: float | None) -> None:
+        super().__init__()
+        self.after_s = after_s
+
+    async def responsive(self, timeout_s: float) -> bool:
+        return True
+
+    async def generate(self, call: Any) -> Any:
+        await (asyncio.Event().wait() if self.after_s is None else asyncio.sleep(self.after_s))
+        return await super().generate(call)
+
+
+async def test_a_model_that_never_answers_fails_the_job_after_one_rollout_timeout(tmp_path: Path) -> None:
+    """No latency observed yet, so the adaptive deadline is rollout_timeout_s, and the gateway is
+    alive (slow, not hung): each of 3 attempts waited it out (3 x 300 s by default) before the job
+    failed, as DEADLINE_EXCEEDED. Now, no call of the job answered in rollout_timeout_s fails it,
+    naming the gateway; a model that answers within it is only slow."""
+    path = Rows.arithmetic(4).write(tmp_path / "d.jsonl")
+    retry = RetryPolicy(rollout_timeout_s=2.0, unavailable_budget_s=1.0, initial_backoff_s=0.01)
+    took = {}
+    for after_s, want in ((1.0, "SUCCEEDED"), (None, "FAILED")):
+        spec = JobSpec(dataset=str(path), environment="arithmetic", concurrency=2, retry=retry)
+        run = JobRun("job-m", build_plan(CATALOG, spec), MemorySink(), model=Mute(after_s), env=LocalEnv())
+        t0 = asyncio.get_running_loop().time()
+        result = await asyncio.wait_for(run.run(await run.open()), timeout=60)
+        took[want] = asyncio.get_running_loop().time() - t0
+        assert result.state == want, result.error
+    assert "gateway answered none of the job's calls" in result.error, result.error
+    assert took["FAILED"] < 2.0 + 2.5, took  # one rollout timeout, a watchdog tick and slack; not 3 x 2 s

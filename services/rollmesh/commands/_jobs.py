@@ -277,11 +277,14 @@ def parse_allowed_failures(text: str) -> tuple[int, float]:
 
 
 SCHEDULER_LOST_AFTER_S = 15.0  # how long following tolerates an unreachable scheduler
+WAITING_SAID_EVERY_S = 30.0
 
 
 async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
     """A live progress bar on stderr (done/total, rollouts/s, mean reward, failures) until the job
-    ends. Raises SchedulerLost when the scheduler is unreachable for SCHEDULER_LOST_AFTER_S."""
+    ends; when stderr is not a terminal (no live bar), what the job waits on is a line every
+    WAITING_SAID_EVERY_S. Raises SchedulerLost when the scheduler is unreachable for
+    SCHEDULER_LOST_AFTER_S."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollmesh_client import RollmeshClientError
@@ -300,6 +303,7 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
     ) as bar:
         task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0, waiting="")
         unreachable_since: float | None = None
+        said_at = float("-inf")
         while True:
             asked = time.monotonic()  # the SDK may have retried UNAVAILABLE for a while already
             try:
@@ -324,6 +328,9 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
                 failed=p.failed,
                 waiting=f"waiting: {p.waiting_on}" if p.waiting_on else "",
             )
+            if p.waiting_on and not err.is_terminal and time.monotonic() - said_at >= WAITING_SAID_EVERY_S:
+                said_at = time.monotonic()
+                err.print(f"{handle.job_id} waiting: {p.waiting_on}", markup=False, highlight=False)
             if job.state in FINAL_STATES:
                 return job
             await asyncio.sleep(poll_s)

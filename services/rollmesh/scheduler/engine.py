@@ -242,7 +242,9 @@ class JobRun:
             ceiling_s=p.rollout_timeout_s,
             enabled=not p.fixed_attempt_deadline,
         )
-        self.watchdog = Watchdog(self.outages, {GATEWAY: _probe(model), VERIFIER: _probe(env)})
+        self.watchdog = Watchdog(
+            self.outages, {GATEWAY: _probe(model), VERIFIER: _probe(env)}, silent_limit_s=p.rollout_timeout_s
+        )
         self.model: ModelPort = _WatchedModel(
             model, self.watchdog, self.deadline, self.limiter if conc == 0 else None, self.hooks.clock
         )

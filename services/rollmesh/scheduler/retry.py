@@ -148,6 +148,7 @@ class Outages:
         self._last_ok: dict[str, float] = {}
         self._waiting: collections.Counter[str] = collections.Counter()
         self._heard: dict[str, float] = {}  # last answer, or when calls started waiting after none
+        self._first: dict[str, float | None] = {}  # the first call, until the service answers one
 
     def failed(self, service: str, *, since: float | None = None) -> None:
         self._since.setdefault(service, self._clock() if since is None else since)
@@ -160,11 +161,13 @@ class Outages:
         if not self._waiting[service]:
             self._heard[service] = max(self._heard.get(service, float("-inf")), self._clock())
         self._waiting[service] += 1
+        self._first.setdefault(service, self._clock())
 
     def ended(self, service: str, *, answered: bool) -> None:
         self._waiting[service] -= 1
         if answered:
             self._heard[service] = self._clock()
+            self._first[service] = None
 
     def now(self) -> float:
         return self._clock()
@@ -174,6 +177,11 @@ class Outages:
         if self._waiting[service] <= 0:
             return None
         return self._clock() - self._heard.get(service, self._clock())
+
+    def silent_s(self, service: str) -> float | None:
+        """Seconds since the first call to `service` while it has answered none (None: it has)."""
+        first = self._first.get(service)
+        return None if first is None else self._clock() - first
 
     def answered_since(self, service: str, t: float) -> bool:
         return self._last_ok.get(service, float("-inf")) >= t

@@ -13,6 +13,11 @@ budget); once that outage reaches `unavailable_budget_s` its waiting calls are c
 than the budget cuts nothing: the calls complete once it runs again, each exactly once. Bound: a
 hung service ends the job `unavailable_budget_s` after its last answer, plus PROBE_TIMEOUT_S and a
 tick (and, when keepalive cut its calls first, up to one 20 s connection attempt of a retry).
+
+One that has answered none of the job's calls for `silent_limit_s` (the engine: rollout_timeout_s,
+the longest one attempt may take) hangs even if it answers its health check: a gateway whose model
+server never answers. Retrying every rollout `max_attempts` times, each waiting that long, would only
+make the job fail later (3 x 300 s by default): it fails now, or once the budget is spent.
 """
 
 from __future__ import annotations
@@ -50,10 +55,12 @@ class Watchdog:
         probes: Mapping[str, Probe | None],
         *,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        silent_limit_s: float = float("inf"),
     ) -> None:
         self.outages = outages
         self.probes = probes
         self.probe_timeout_s = probe_timeout_s
+        self.silent_limit_s = silent_limit_s
         self._calls: collections.defaultdict[str, set[asyncio.Timeout]] = collections.defaultdict(set)
         self._why: dict[str, str] = {}
         self._probed: dict[str, bool] = {}  # a failed health check marked it down (not the budget alone)
@@ -101,30 +108,38 @@ class Watchdog:
         o = self.outages
         for service, calls in list(self._calls.items()):  # a first call may add a service meanwhile
             quiet = o.quiet_s(service)
-            if not calls or quiet is None or quiet < min(o.budget_s, o.quiet_shown_s):
+            silent = o.silent_s(service) or 0.0
+            mute = silent >= self.silent_limit_s  # none of the job's calls answered, ever
+            if not calls or quiet is None or (quiet < min(o.budget_s, o.quiet_shown_s) and not mute):
                 continue
             probe = self.probes.get(service)
             if service not in o.down:
                 # Without a probe only the budget says it hangs; with one, a failed health check
                 # says so now, and the outage began when it went quiet.
-                if probe is None and quiet < o.budget_s:
+                if probe is None and quiet < o.budget_s and not mute:
                     continue
-                if probe is not None and await probe(self.probe_timeout_s):
+                if probe is not None and not mute and await probe(self.probe_timeout_s):
                     continue  # it answers its health check: slow, not hung; its calls go on
                 quiet = o.quiet_s(service)
                 if not calls or quiet is None:  # answered while we asked
                     continue
-                o.failed(service, since=o.now() - quiet)
-                self._probed[service] = probe is not None
+                o.failed(service, since=o.now() - (silent if mute else quiet))
+                self._probed[service] = probe is not None and not mute
                 log.warning(
-                    "service_unresponsive", service=service, calls=len(calls), quiet_s=round(quiet, 1)
+                    "service_unresponsive",
+                    service=service,
+                    calls=len(calls),
+                    quiet_s=round(max(quiet, silent), 1),
                 )
             down = o.down_for(service)
             if down is None or down < o.budget_s:
                 continue
             n = len(calls)
             self._why[service] = (
-                f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {down:.0f} s"
+                f"the {service} answered none of the job's calls in {down:.0f} s (retry.rollout_timeout_s"
+                f" is {self.silent_limit_s:g} s): what it serves never answers, or needs a longer timeout"
+                if mute
+                else f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {down:.0f} s"
                 + (", nor a health check" if self._probed.get(service) else "")
             )
             loop = asyncio.get_running_loop()

@@ -315,7 +315,11 @@ class RetryPolicy(_message.Message):
     max_backoff_s: _builtins.float
     """Cap on one backoff (default 10)."""
     rollout_timeout_s: _builtins.float
-    """Deadline for one attempt of one rollout (default 300)."""
+    """Deadline for one attempt of one rollout (default 300). Until a model call of the job has
+    answered, no latency is known and a model call gets all of it; a gateway that has answered none
+    of the job's calls for this long (its model server hangs from the first call) fails the job
+    then (or once unavailable_budget_s is spent), not after max_attempts x this.
+    """
     unavailable_budget_s: _builtins.float
     """The job fails when the gateway or verifier stays unreachable this long without one
     call getting through (default 60 s). Rollouts waiting on an outage retry without
