@@ -73,7 +73,7 @@ class RayServeBackend(ModelBackend):
 
     def __init__(self, config: ServingConfig) -> None:
         self.config = config
-        self._cluster = ServingCluster(config)
+        self.cluster = ServingCluster(config)
         self._tokenizer: Any = None
         self._max_model_len = config.max_model_len
         self._handle: Any = None
@@ -88,10 +88,6 @@ class RayServeBackend(ModelBackend):
     @classmethod
     def from_env(cls, model_path: str | Path, *, model_name: str = "", **overrides: Any) -> RayServeBackend:
         return cls(ServingConfig.from_env(model_path, model_name=model_name, **overrides))
-
-    @property
-    def cluster(self) -> ServingCluster:
-        return self._cluster
 
     @property
     def card(self) -> ModelCard:
@@ -118,18 +114,18 @@ class RayServeBackend(ModelBackend):
             from rollmesh.serving.fake_replica import fake_tokenizer
 
             self._tokenizer, model_len = fake_tokenizer()
-            self._handle = await self._cluster.start()
+            self._handle = await self.cluster.start()
         else:
             # The tokenizer loads while Ray starts and the replicas load their engines.
             tokenizer = asyncio.create_task(asyncio.to_thread(_load_tokenizer, self.config.model_path))
             try:
-                self._handle = await self._cluster.start()
+                self._handle = await self.cluster.start()
             finally:
                 await asyncio.wait([tokenizer])
             self._tokenizer, model_len = tokenizer.result()
         self._max_model_len = self.config.max_model_len or model_len
         self._handle = await _routing_on_this_loop(self.config.app_name, self._handle)
-        self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self._cluster.startup_seconds}
+        self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self.cluster.startup_seconds}
 
     def _require_handle(self) -> Any:
         if self._handle is None:
@@ -308,7 +304,7 @@ class RayServeBackend(ModelBackend):
 
     async def load_weights(self, checkpoint: Path, *, policy_version: str = "") -> list[str]:
         self._require_handle()
-        ids = await self._cluster.replica_ids()
+        ids = await self.cluster.replica_ids()
         if not ids:
             raise BackendUnavailable("no live replica to load weights into", retry_after_s=5.0)
         previous = self._weights
@@ -362,7 +358,7 @@ class RayServeBackend(ModelBackend):
     async def replicas(self) -> list[ReplicaStatus]:
         if self._handle is None:
             return []
-        ids = await self._cluster.replica_ids()
+        ids = await self.cluster.replica_ids()
         stats = await asyncio.gather(*(self._stats(r) for r in ids))
         return [
             ReplicaStatus(
@@ -390,7 +386,7 @@ class RayServeBackend(ModelBackend):
         await self._batcher.aclose()
         await self._aborts.aclose()
         self._handle = None
-        await self._cluster.shutdown()
+        await self.cluster.shutdown()
 
 
 async def _routing_on_this_loop(app_name: str, handle: Any) -> Any:
