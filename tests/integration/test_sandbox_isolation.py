@@ -54,7 +54,7 @@ def verifier(request: pytest.FixtureRequest) -> Iterator[tuple[ServerProc, str]]
             pytest.skip(f"namespaces are not available here: {why}")
     elif os.geteuid() != 0:
         pytest.skip(
-            "the process mode keeps these guarantees only as root (the code runs as uid 65534 under a "
+            "the process mode keeps these guarantees only as root (the code runs as a uid of its own under a "
             "keeper); as non-root it is the UNSAFE opt-in and promises none of them"
         )
     with spawn_server(

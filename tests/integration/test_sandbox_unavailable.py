@@ -25,7 +25,7 @@ NEVER_ANSWERS = ["/bin/sh", "-c", "exec sleep 60"]  # a host too loaded to start
 
 
 def broken(sandbox: Sandbox, argv: list[str]) -> Sandbox:
-    sandbox._command = lambda mode, root, work, limits: argv  # type: ignore[method-assign]
+    sandbox._command = lambda mode, root, work, limits, uid: argv  # type: ignore[method-assign]
     return sandbox
 
 

@@ -56,11 +56,11 @@ class FlakySandbox:
         self.calls = 0
         sandbox._command = self.command  # type: ignore[method-assign]
 
-    def command(self, mode: str, root: Path, work: Path, limits: SandboxLimits) -> list[str]:
+    def command(self, mode: str, root: Path, work: Path, limits: SandboxLimits, uid: int) -> list[str]:
         self.calls += 1
         if self.down < 0 or self.calls <= self.down:
             return DIES_AT_START
-        return self.real(mode, root, work, limits)
+        return self.real(mode, root, work, limits, uid)
 
 
 @pytest_asyncio.fixture

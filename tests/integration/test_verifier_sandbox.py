@@ -17,7 +17,7 @@ from rollmesh.mesh.server import MeshServer, ServiceBinding
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.sandbox import Sandbox, TestSpec
+from rollmesh.verifier.sandbox import PROBE_UID, SANDBOX_UIDS, Sandbox, TestSpec
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import Client, aio_channel
@@ -26,6 +26,7 @@ StartServer = Callable[..., Awaitable[MeshServer]]
 LIMITS = SandboxLimits(wall_s=5.0, cpu_s=2, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
 SECRET = "sekrit-api-key-for-the-sandbox-test"
 ADD_TESTS = ["assert add(2, 2) == 4"]
+RUN_UIDS = {*SANDBOX_UIDS, PROBE_UID}
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def _sandbox_processes() -> list[int]:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/status") as f:
-                    if any(line.startswith("Uid:") and line.split()[1] == "65534" for line in f):
+                    if any(line.startswith("Uid:") and int(line.split()[1]) in RUN_UIDS for line in f):
                         pids.append(int(entry))
             except OSError:
                 continue
@@ -136,7 +137,7 @@ async def test_kernel_contains_a_fork_bomb_without_the_runner_guards() -> None:
     res = await sandbox.run(bomb, TestSpec("asserts", ADD_TESTS), guards=False)
     assert res.status == "timeout" and res.passed == 0
     deadline = asyncio.get_running_loop().time() + 10
-    # The bomb's processes are those of uid 65534 alive now that were not before; they must go
+    # The bomb's processes are those of the sandbox's uids alive now that were not before; they must go
     # (SIGKILLed with the pid namespace: wait for the reaping). Sandbox runs that start later, of
     # other work on the host, are not the bomb's.
     leftover = set(_sandbox_processes()) - before
@@ -157,3 +158,48 @@ async def test_kernel_contains_a_fork_bomb_without_the_runner_guards() -> None:
         probe, TestSpec("asserts", ["assert found == [], found"]), limits=relaxed, guards=False
     )
     assert res.status == "ok" and res.passed == 1, res
+
+
+# A run that signals every process it may (kill -1), or takes every process its uid may have, for
+# 10 s; its guards off, as code that got past them would be.
+KILL_ALL = (
+    "import os, signal, time\nend = time.monotonic() + 10\nwhile time.monotonic() < end:\n"
+    "    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass\n"
+    "    time.sleep(0.01)\n"
+)
+HOLD_NPROC = (
+    "import os, time\nfor _ in range(64):\n    try:\n        if os.fork() == 0:\n"
+    "            time.sleep(10)\n            os._exit(0)\n    except OSError:\n        break\n"
+    "time.sleep(10)\n"
+)
+# Its neighbour: correct, and it forks once.
+NEIGHBOUR = (
+    "import os, time\ntime.sleep(1)\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+    "forked = os.waitpid(pid, 0)[1] == 0\ndef add(a, b):\n    return a + b\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("mode", "hostile", "holding"), [("process", KILL_ALL, 1), ("namespaces", HOLD_NPROC, 12)]
+)
+async def test_a_run_cannot_score_its_neighbour_zero(mode: str, hostile: str, holding: int) -> None:
+    """Runs as root had one uid: in `process` mode a run's kill -1 killed the concurrent run's runner
+    (a correct answer scored 0), and a run holding its RLIMIT_NPROC kept the other from forking or
+    from starting at all (its code did not load: 0). Each concurrent run now has a uid of its own."""
+    if os.geteuid() != 0:
+        pytest.skip("runs get a uid of their own only as root (without root they run as the service's user)")
+    limits = replace(LIMITS, wall_s=30.0, cpu_s=20)
+    sandbox = Sandbox(SandboxConfig(isolation=mode, concurrency=2, limits=limits, allow_unsafe_process=True))
+    if await sandbox.start() != mode:
+        pytest.skip(f"the {mode} sandbox is not available here")
+    before = set(_sandbox_processes())
+    hostile_run = asyncio.create_task(sandbox.run(hostile, TestSpec("asserts", ["True"]), guards=False))
+    deadline = asyncio.get_running_loop().time() + 60
+    while len(set(_sandbox_processes()) - before) < holding:  # the hostile run is at it
+        assert not hostile_run.done(), hostile_run.result()
+        assert asyncio.get_running_loop().time() < deadline, "the hostile run never started"
+        await asyncio.sleep(0.05)
+    neighbour = await sandbox.run(NEIGHBOUR, TestSpec("asserts", [*ADD_TESTS, "assert forked"]), guards=False)
+    assert not hostile_run.done()  # the neighbour ran while the hostile run was at it
+    await hostile_run
+    assert neighbour.status == "ok" and neighbour.passed == 2, neighbour

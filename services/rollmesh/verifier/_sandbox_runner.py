@@ -422,7 +422,7 @@ def _kill_descendants() -> None:
 def keep() -> None:
     """`process` mode: be a child subreaper, run the runner in a child, and when it exits or the
     verifier sends SIGTERM, SIGKILL every descendant left (daemons that called setsid included),
-    then exit as the runner did. As root we stay root while the runner drops to uid 65534, so the
+    then exit as the runner did. As root we stay root while the runner drops to the run's uid, so the
     code cannot signal us; as non-root it can (that mode promises nothing)."""
     import ctypes
     import signal

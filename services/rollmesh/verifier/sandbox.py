@@ -9,12 +9,14 @@ unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
   Python prefix, with a tmpfs of `fsize_mb` as /sandbox (all it may write: files written to the
   host's disk filled it at ~1 GB/s of CPU); no network interface but loopback; its own pid
   namespace, so killing the outer process kills every descendant (fork bombs included); as root
-  the code runs as uid/gid 65534, which makes RLIMIT_NPROC bite and the service's files unreadable.
+  the code runs as a uid/gid of its own (`SANDBOX_UIDS`), which makes RLIMIT_NPROC bite and the
+  service's files unreadable.
 - `process` (the UNSAFE opt-in): a plain child in a new session, an empty environment, cwd in the
   temp dir, and the runner's guards (no sockets, no fork/exec, no files outside the temp dir:
   bypassable). A keeper (a child subreaper) runs the runner and, at the end, SIGKILLs every
-  descendant, daemons included. As root the keeper stays root and the runner becomes uid 65534,
-  so the code can neither kill the keeper nor read the service's /proc files. As non-root there is
+  descendant, daemons included. As root the keeper stays root and the runner becomes the run's
+  own uid, so the code can neither kill the keeper or a concurrent run nor read the service's /proc
+  files. As non-root there is
   no such guarantee: the code can kill the keeper, read the service's environment through /proc,
   and signal it. No network isolation in either case.
 
@@ -30,15 +32,20 @@ unknown. The wall-clock limit counts the time the code could run (verifier/sandb
 
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
-semaphore bounding concurrent runs. Spawning uses asyncio subprocesses; nothing blocks the loop.
+semaphore bounding concurrent runs. As root, each concurrent run has a uid of its own: runs share
+no RLIMIT_NPROC budget (a fork bomb in one cannot keep another from starting or forking) and, in
+`process` mode, cannot signal each other (a run that killed its neighbour's runner scored that
+neighbour's answer 0). Spawning uses asyncio subprocesses; nothing blocks the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import sys
@@ -69,7 +76,10 @@ from rollmesh.verifier.sandbox_values import decode_value, parse_frame
 log = get_logger("rollmesh.verifier.sandbox")
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
-SANDBOX_UID = 65534
+# The uids runs drop to as root, one per concurrent run (more runs than uids share them): Debian's
+# reserved block 65000-65533, which no account is given. The isolation probe runs as nobody.
+SANDBOX_UIDS = range(65533, 64999, -1)
+PROBE_UID = 65534
 UNSAFE_OPT_IN = "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS"
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 MAX_CASES_REPORTED = 50
@@ -79,7 +89,7 @@ _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME"
 # Runs as root inside the new namespaces; builds the chroot and drops privileges.
 _NS_SCRIPT = r"""
 set -e
-R=$1; W=$2; PFX=$3; PY=$4; DROP=$5; DISK_MB=$6
+R=$1; W=$2; PFX=$3; PY=$4; RUN_UID=$5; DISK_MB=$6
 mount -t tmpfs -o size=4m,mode=755 sbxroot "$R"
 for d in usr bin sbin lib lib32 lib64; do
   if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$R/$d"
@@ -96,14 +106,13 @@ esac
 mkdir -p "$R/sandbox" "$R/dev"
 mount -t tmpfs -o "size=${DISK_MB}m,mode=700,nosuid,nodev" sbxwork "$R/sandbox"
 cp "$W/runner.py" "$R/sandbox/runner.py"
-if [ "$DROP" = 1 ]; then chown -R 65534:65534 "$R/sandbox"; fi
+if [ -n "$RUN_UID" ]; then chown -R "$RUN_UID:$RUN_UID" "$R/sandbox"; fi
 for n in null zero urandom random; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
 done
-if [ "$DROP" = 1 ]; then
-  exec chroot --userspec=65534:65534 "$R" /bin/sh -c 'cd /sandbox && exec "$0" -I -S -B runner.py' "$PY"
-fi
-exec chroot "$R" /bin/sh -c 'cd /sandbox && exec "$0" -I -S -B runner.py' "$PY"
+RUN='cd /sandbox && exec "$0" -I -S -B runner.py'
+if [ -n "$RUN_UID" ]; then exec chroot --userspec="$RUN_UID:$RUN_UID" "$R" /bin/sh -c "$RUN" "$PY"; fi
+exec chroot "$R" /bin/sh -c "$RUN" "$PY"
 """
 
 
@@ -166,6 +175,12 @@ class Sandbox:
         self.config = config
         self.isolation = ""
         self._slots = asyncio.Semaphore(config.concurrency)
+        # Free uids, the longest free first (a run's last processes are reaped before its uid is
+        # reused); from a random place in the block, so two verifiers on one host rarely share one.
+        first = random.randrange(len(SANDBOX_UIDS))
+        self._uids = collections.deque(
+            SANDBOX_UIDS[(first + i) % len(SANDBOX_UIDS)] for i in range(config.concurrency)
+        )
         self._drop_privileges = os.geteuid() == 0
         self._process_python = _world_usable_python() if self._drop_privileges else None
 
@@ -193,10 +208,10 @@ class Sandbox:
             self.isolation = "process"
         fields: dict[str, Any] = {
             "mode": self.isolation,
-            "uid": SANDBOX_UID
-            if self._drop_to(self.isolation) is not None
+            "uids": f"{SANDBOX_UIDS[-1]}-{SANDBOX_UIDS[0]}"
+            if self._drop_to(self.isolation, PROBE_UID) is not None
             or (self.isolation == "namespaces" and self._drop_privileges)
-            else os.geteuid(),
+            else str(os.geteuid()),
             "limits": asdict(self.config.limits),
         }
         if self.isolation == "namespaces":
@@ -219,9 +234,9 @@ class Sandbox:
     @property
     def guarantees(self) -> str:
         if self.isolation == "namespaces":
-            return "kernel: own mount/pid/net/ipc/uts namespaces, chroot, uid 65534, rlimits"
+            return "kernel: own mount/pid/net/ipc/uts namespaces, chroot, a uid per run, rlimits"
         if self._drop_privileges and self._process_python:
-            return "uid 65534, rlimits, every descendant killed; no network or filesystem isolation"
+            return "a uid per run, rlimits, every descendant killed; no network or filesystem isolation"
         return "none beyond rlimits and Python-level guards: the code runs as the service's user"
 
     async def probe(self) -> tuple[bool, str]:
@@ -231,10 +246,10 @@ class Sandbox:
         limits = replace(self.config.limits, wall_s=20.0, cpu_s=10)
         checks = dict(_PROBE_CHECKS)
         if self._drop_privileges:
-            checks["the code does not run as uid 65534"] = f"assert os.getuid() == {SANDBOX_UID}"
+            checks[f"the code does not run as uid {PROBE_UID}"] = f"assert os.getuid() == {PROBE_UID}"
         tests = TestSpec("asserts", list(checks.values()))
         try:
-            res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces")
+            res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces", PROBE_UID)
         except (OSError, SandboxUnavailable) as exc:
             return False, str(exc)[-300:]
         if res.status != "ok":
@@ -251,9 +266,15 @@ class Sandbox:
         Raises `SandboxUnavailable` when the sandbox never came up (the code did not run)."""
         mode = await self.start()
         async with self._slots:
-            return await self._run_once(code, tests, limits or self.config.limits, mode, guards=guards)
+            uid = self._uids.popleft()
+            try:
+                return await self._run_once(
+                    code, tests, limits or self.config.limits, mode, uid, guards=guards
+                )
+            finally:
+                self._uids.append(uid)
 
-    def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits) -> list[str]:
+    def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits, uid: int) -> list[str]:
         py = _service_python()
         if mode == "process":
             return [self._process_python or py, "-I", "-S", "-B", "runner.py", "--keeper"]
@@ -261,7 +282,7 @@ class Sandbox:
         flags = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
         if os.geteuid() != 0:
             flags[:0] = ["--user", "--map-root-user"]
-        drop = "1" if self._drop_privileges else "0"
+        drop = str(uid) if self._drop_privileges else ""
         return [
             "unshare",
             *flags,
@@ -279,16 +300,16 @@ class Sandbox:
         ]
 
     async def _run_once(
-        self, code: str, tests: TestSpec, limits: SandboxLimits, mode: str, *, guards: bool = True
+        self, code: str, tests: TestSpec, limits: SandboxLimits, mode: str, uid: int, *, guards: bool = True
     ) -> RunResult:
         start = time.monotonic()
         base = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="rollmesh-sbx-"))
         reply_r, reply_w = os.pipe()
         try:
             work, root = base / "work", base / "root"
-            await asyncio.to_thread(self._prepare, base, work, root, mode)
+            await asyncio.to_thread(self._prepare, base, work, root, uid)
             proc = await asyncio.create_subprocess_exec(
-                *self._command(mode, root, work, limits),
+                *self._command(mode, root, work, limits, uid),
                 cwd=str(work),
                 env=dict(_CLEAN_ENV),
                 stdin=asyncio.subprocess.PIPE,
@@ -300,7 +321,10 @@ class Sandbox:
             child_fd, reply_w = reply_w, -1
             os.close(child_fd)
             read_fd, reply_r = reply_r, -1  # the channel's transport owns it from here
-            result = await self._supervise(proc, (read_fd, child_fd), mode, code, tests, limits, guards)
+            drop_to = self._drop_to(mode, uid)
+            result = await self._supervise(
+                proc, (read_fd, child_fd), mode, drop_to, code, tests, limits, guards
+            )
             result.isolation = mode
             result.duration_s = round(time.monotonic() - start, 4)
             return result
@@ -310,24 +334,24 @@ class Sandbox:
                     os.close(fd)
             await asyncio.to_thread(shutil.rmtree, base, True)
 
-    def _prepare(self, base: Path, work: Path, root: Path, mode: str) -> None:
+    def _prepare(self, base: Path, work: Path, root: Path, uid: int) -> None:
         """The run's directory holds only the runner: code, inputs and probes arrive over stdin."""
         work.mkdir()
         root.mkdir()
         shutil.copyfile(RUNNER, work / "runner.py")
         if self._drop_privileges:
-            os.chown(work, SANDBOX_UID, SANDBOX_UID)
+            os.chown(work, uid, uid)
             os.chmod(work, 0o700)
             os.chmod(base, 0o711)  # traversable by the sandbox user in `process` mode, not listable
         else:
             os.chmod(base, 0o700)
 
-    def _drop_to(self, mode: str) -> int | None:
-        """In `process` mode as root, the runner switches to uid/gid 65534 (no supplementary groups)
+    def _drop_to(self, mode: str, uid: int) -> int | None:
+        """In `process` mode as root, the runner switches to the run's uid/gid (no supplementary groups)
         before any code runs, when an interpreter that user can run exists (`_world_usable_python`).
         Not through Popen's `user=`: that forks without vfork, and grpc's fork handlers crash the child."""
         if mode == "process" and self._drop_privileges and self._process_python:
-            return SANDBOX_UID
+            return uid
         return None
 
     async def _supervise(
@@ -335,6 +359,7 @@ class Sandbox:
         proc: asyncio.subprocess.Process,
         reply_fds: tuple[int, int],
         mode: str,
+        drop_to: int | None,
         code: str,
         tests: TestSpec,
         limits: SandboxLimits,
@@ -343,7 +368,6 @@ class Sandbox:
         cap = limits.output_kb * 1024
         readers = asyncio.gather(_drain(proc.stdout, cap), _drain(proc.stderr, cap))
         reply_fd, child_fd = reply_fds  # ours to read; its number in the sandbox
-        drop_to = self._drop_to(mode)
         channel = await Channel.open(proc, reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
         verdicts: list[dict[str, Any]] = []
         status, error = "ok", ""
@@ -462,7 +486,7 @@ def _world_usable(path: str) -> bool:
 
 
 def _world_usable_python() -> str | None:
-    """An interpreter for `process` mode runs as uid 65534: the service's own when that user can
+    """An interpreter for `process` mode runs as the run's uid: the service's own when that user can
     reach it and its standard library, else the system's python3 (the runner needs only the
     standard library), else None (the code then runs as the service's user)."""
     own = _service_python()

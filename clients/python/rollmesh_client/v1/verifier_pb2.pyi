@@ -47,7 +47,7 @@ class Environment(_message.Message):
     """
     sandbox: _builtins.str
     """How the environment isolates the untrusted code it runs: "namespaces" (kernel isolation: own
-    mount/pid/net/ipc/uts namespaces, chroot, uid 65534), "unsafe-process" (the operator's explicit
+    mount/pid/net/ipc/uts namespaces, chroot, a uid per run), "unsafe-process" (the operator's explicit
     opt-in ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1: Python-level guards only), or empty
     when it runs no untrusted code.
     """

@@ -50,7 +50,7 @@ def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
 
 class CodeEnv(Environment):
     """Python programming tasks. The code (a ```python block, or the whole answer) runs against
-    `verifier_metadata.tests` in a sandbox (namespaces, chroot, uid 65534, CPU/wall/memory/
+    `verifier_metadata.tests` in a sandbox (namespaces, chroot, a uid per run, CPU/wall/memory/
     process/file/output limits, no network, empty environment); the verdict is computed here.
     Reward 1.0 when every test passes (or the pass rate with `verifier_metadata.partial_credit`).
     A sandbox that never came up (the code did not run) raises CheckFailed, or CheckTimeout when it
