@@ -212,6 +212,9 @@ class SinkServer:
         self._api_key = api_key if api_key is not None else os.environ.get("ROLLMESH_API_KEY", "")
         self.stats = SinkStats()
         self._committed: dict[str, set[Key]] = {j: set(ks) for j, ks in (committed or {}).items()}
+        # Keys queued for or handed to the trainer and not yet committed nor dropped, across streams:
+        # a job resumed meanwhile resends them (ListCommitted lacks them), and they must not go twice.
+        self._taken: dict[str, set[Key]] = {}
         self._streams: dict[str, _Stream] = {}
         self._queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=window)
         self._server: grpc.aio.Server | None = None
@@ -272,6 +275,7 @@ class SinkServer:
             if r.key not in done:
                 done.add(r.key)
                 self.stats.acked += 1
+            self._taken.get(r.job_id, set()).discard(r.key)
             by_job.setdefault(r.job_id, []).append(r.key)
         for job_id, keys in by_job.items():
             st = self._streams.get(job_id)
@@ -373,6 +377,7 @@ class SinkServer:
                 self.stats.dropped_stale += 1
                 dropped.append(r)
         for r in dropped:  # acknowledged (the scheduler moves on) but not committed
+            self._taken.get(r.job_id, set()).discard(r.key)
             st = self._streams.get(r.job_id)
             if st is not None:
                 st.ack([r.key])
@@ -435,6 +440,7 @@ class SinkServer:
         st.group_size = self.group_size or int(msg.spec.num_repeats) or 1
         self._streams[st.job_id] = st
         self._committed.setdefault(st.job_id, set())
+        self._taken.setdefault(st.job_id, set())
         self.stats.jobs_opened += 1
 
     async def _on_rollout(self, msg: scheduler_pb2.Rollout, st: _Stream) -> None:
@@ -444,15 +450,21 @@ class SinkServer:
             self.stats.duplicates += 1
             st.ack([key])
             return
-        if key in st.unacked or key in st.held:
+        if key in st.held:
             self.stats.duplicates += 1
-            if key in st.held:
-                st.ack([key])
+            st.ack([key])
+            return
+        if key in st.unacked or key in self._taken[st.job_id]:
+            # The trainer has this key already (maybe from the stream of a run since resumed): this
+            # copy is acknowledged once that one is consumed (ack() answers on the newest stream).
+            self.stats.duplicates += 1
+            self._track(st, key)
             return
         r = TrainerRollout.from_pb(msg)
         r.job_id = st.job_id  # the stream's job is authoritative for acks and ListCommitted
         if not self.group_complete:
             self._track(st, key)
+            self._taken[st.job_id].add(key)
             await self._queue.put([r])
             return
         task = key[0]
@@ -495,6 +507,7 @@ class SinkServer:
         st.expected.pop(task, None)
         for r in group:
             st.held.discard(r.key)
+            self._taken[st.job_id].add(r.key)
         await self._queue.put(group)
 
     def _track(self, st: _Stream, key: Key) -> None:
