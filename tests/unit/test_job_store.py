@@ -1,4 +1,4 @@
-"""The job store (scheduler/store.py): the resume scan, counting a folder, atomic JSON."""
+"""The job store (scheduler/store.py): the resume scan, counting a folder, atomic JSON, corrupt files."""
 
 from __future__ import annotations
 
@@ -6,8 +6,18 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler import store
+from rollmesh.scheduler.errors import CorruptJobFile, CorruptSinkFile
+from rollmesh.scheduler.job_convert import job_to_pb
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.spec import JobSpec
+from tests.fakes import LocalEnv, LocalModel
+
+CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 
 
 def _job(root: Path, job_id: str, spec: JobSpec, state: str, created: float) -> Path:
@@ -61,3 +71,56 @@ def test_a_spec_stored_by_an_older_version_still_loads() -> None:
     stored["retired_top_level"] = True
     spec = JobSpec.from_json(stored)
     assert spec == JobSpec(dataset="d.jsonl", environment="arithmetic")
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError on it
+
+
+def test_rows_nested_too_deeply_or_past_int_are_corrupt_rows_not_internal_errors(tmp_path: Path) -> None:
+    """read_lines (StreamRollouts' reader) used plain json.loads: a deep line raised RecursionError;
+    a task_index of 1e400 raised OverflowError past every reader (aggregate, resume, count)."""
+    good = {"task_index": 0, "rollout_index": 0, "reward": 1.0}
+    path = tmp_path / store.ROLLOUTS
+    path.write_text(json.dumps(good) + "\n" + DEEP + "\n")
+    with pytest.raises(CorruptSinkFile, match=r"at byte \d+: not valid JSON \(nested too deeply\)"):
+        store.read_lines(path, 0, 10, Rollout.from_row)
+    rows, end = store.read_lines(path, 0, 1, Rollout.from_row)  # the good row before it still reads
+    assert [r.reward for r in rows] == [1.0] and end == len(json.dumps(good)) + 1
+    path.write_text(json.dumps({**good, "task_index": 1e400}) + "\n")
+    for read in (
+        lambda: store.read_lines(path, 0, 10, Rollout.from_row),
+        lambda: store.load_files([path]),
+        lambda: store.read_keys(path),
+        lambda: store.changed_tasks(path, [{}]),
+    ):
+        with pytest.raises(CorruptSinkFile, match=str(path)):
+            read()
+    (tmp_path / store.JOB).write_text('{"job_id": ' + DEEP + "}")
+    assert store.read_json(tmp_path / store.JOB) is None  # unreadable, like a torn job.json
+
+
+async def test_a_corrupt_job_json_is_left_out_of_the_listing_and_named_when_asked_for(tmp_path: Path) -> None:
+    """One job.json with a progress count 'abc' (or a spec field of the wrong type, an infinite time)
+    made ListJobs INTERNAL for every job of the results root."""
+    spec = JobSpec(dataset="d.jsonl", environment="arithmetic")
+    _job(tmp_path, "job-good", spec, "SUCCEEDED", 1.0)
+    corrupt = {
+        "job-progress": {"progress": {"total": "abc"}},
+        "job-time": {"create_time": 1e400},
+        "job-spec": {"spec": {**spec.to_json(), "num_repeats": "4"}},
+        "job-retry": {"spec": {**spec.to_json(), "retry": {"rollout_timeout_s": float("nan")}}},
+    }
+    for job_id, fields in corrupt.items():
+        stored = {"job_id": job_id, "spec": spec.to_json(), "state": "SUCCEEDED", **fields}
+        (tmp_path / job_id).mkdir()
+        (tmp_path / job_id / store.JOB).write_text(json.dumps(stored))
+    mgr = JobManager(CATALOG, model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
+    try:
+        listed = await mgr.list_jobs()
+        assert [r.job_id for r in listed] == ["job-good"]
+        assert [job_to_pb(r, 0.0).progress.total for r in listed] == [0]
+        for job_id in corrupt:
+            with pytest.raises(CorruptJobFile, match=f"{tmp_path / job_id / store.JOB}: "):
+                await mgr.get(job_id)
+    finally:
+        await mgr.aclose()

@@ -95,6 +95,13 @@ class CorruptSinkFile(mesh.FailedPrecondition):
     reason = "SINK_FILE_CORRUPT"
 
 
+class CorruptJobFile(mesh.FailedPrecondition):
+    """A job.json that parses but holds a field of the wrong type or out of range (edited by hand,
+    corrupted): that job is left out of listings, and asking for it names the file."""
+
+    reason = "JOB_FILE_CORRUPT"
+
+
 class MixedJobs(mesh.InvalidArgument):
     """Rows of two different jobs share a key: the files are not shards of one job (whose keys are
     disjoint), so keeping either row would silently mix two runs in one set of metrics."""

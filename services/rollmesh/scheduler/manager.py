@@ -28,6 +28,7 @@ from rollmesh.scheduler import store
 from rollmesh.scheduler.agent import EnvDescription, EnvPort, ModelPort
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
 from rollmesh.scheduler.errors import (
+    CorruptJobFile,
     EnvironmentNotFound,
     JobFinished,
     JobNotFound,
@@ -57,6 +58,7 @@ log = get_logger("rollmesh.scheduler.jobs")
 RING_SIZE = 2048  # recent output items kept in memory for StreamRollouts
 MAX_JOBS = 1000  # jobs kept in memory; the oldest finished ones are forgotten first
 READ_BATCH = 256
+TIME_LIMIT = 62135596800.0  # |seconds| a protobuf Timestamp holds on both sides of 1970
 CAPACITY_TIMEOUT_S = 5.0  # asking the gateway what its engines run at once (automatic concurrency)
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
@@ -196,6 +198,23 @@ async def _check_same_tasks(job_id: str, plan: Plan) -> None:
         )
 
 
+def _stored_spec(path: Path, stored: Json) -> JobSpec:
+    try:
+        return JobSpec.from_json(stored.get("spec") or {})
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CorruptJobFile(f"{path}: spec: {exc}") from None
+
+
+def _stored_number(data: Json, name: str, limit: float) -> float | None:
+    """`data[name]` when a number of magnitude below `limit`, None when absent; else ValueError."""
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not abs(value) < limit:
+        raise ValueError(f"{name} is {value!r:.60}, not a number of magnitude below {limit:g}")
+    return value
+
+
 def resume_hint(job_id: str, output_dir: str | Path) -> str:
     """How a user resumes a job, in CLI flags (the API field is JobSpec.resume_job_id)."""
     return f"resume it with `rollmesh run --job-id {job_id} --output-dir {output_dir}`"
@@ -307,12 +326,11 @@ class JobManager:
                 f"job {job_id} is still running here; `rollmesh jobs cancel {job_id}` before resuming it",
                 metadata={"job_id": job_id},
             )
-        stored = await asyncio.to_thread(
-            store.read_json, Path(spec.effective_output_dir) / job_id / store.JOB
-        )
+        stored_path = Path(spec.effective_output_dir) / job_id / store.JOB
+        stored = await asyncio.to_thread(store.read_json, stored_path)
         if spec.dataset or spec.benchmark:
             if stored is not None:
-                _check_same_rollouts(job_id, JobSpec.from_json(stored.get("spec") or {}), spec)
+                _check_same_rollouts(job_id, _stored_spec(stored_path, stored), spec)
             return job_id, spec
         if stored is None:
             raise JobNotFound(
@@ -320,7 +338,7 @@ class JobManager:
                 "give --output-dir the folder it ran with (or the job's full flags)",
                 metadata={"job_id": job_id},
             )
-        base = JobSpec.from_json(stored.get("spec", {}))
+        base = _stored_spec(stored_path, stored)
         return job_id, replace(
             base,
             resume_job_id=job_id,
@@ -493,23 +511,27 @@ class JobManager:
 
     def _from_disk(self, directory: Path, stored: Json) -> JobRecord:
         """A job of an earlier scheduler process, from its job.json, its progress counted from its
-        files (blocking: call from a thread)."""
-        spec = JobSpec.from_json(stored.get("spec", {}))
-        rec = JobRecord(
-            job_id=str(stored.get("job_id", directory.name)),
-            request_id=str(stored.get("request_id", "")),
-            spec=spec,
-            directory=directory,
-            create_time=float(stored.get("create_time") or 0.0),
-            state=str(stored.get("state", "FAILED")),
-            error=str(stored.get("error", "")),
-            end_time=stored.get("end_time"),
-            has_file=spec.sink.kind == "jsonl",
-            stored_progress=dict(stored.get("progress", {})),
-            stored_failure_summary=[
-                FailureClassSummary.from_json(f) for f in stored.get("failure_summary", [])
-            ],
-        )
+        files (blocking: call from a thread). A field of the wrong type raises CorruptJobFile."""
+        try:
+            spec = _stored_spec(directory / store.JOB, stored)
+            progress = stored.get("progress", {})
+            rec = JobRecord(
+                job_id=str(stored.get("job_id", directory.name)),
+                request_id=str(stored.get("request_id", "")),
+                spec=spec,
+                directory=directory,
+                create_time=_stored_number(stored, "create_time", TIME_LIMIT) or 0.0,
+                state=str(stored.get("state", "FAILED")),
+                error=str(stored.get("error", "")),
+                end_time=_stored_number(stored, "end_time", TIME_LIMIT),
+                has_file=spec.sink.kind == "jsonl",
+                stored_progress={k: _stored_number(progress, k, 2**63) or 0 for k in dict(progress)},
+                stored_failure_summary=[
+                    FailureClassSummary.from_json(f) for f in stored.get("failure_summary", [])
+                ],
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CorruptJobFile(f"{directory / store.JOB}: {exc}") from None
         if rec.has_file:
             rec.on_disk = self._count(directory)
         if not rec.finished:  # it was running when its scheduler died
@@ -528,7 +550,7 @@ class JobManager:
             return cached[1]
         try:
             counted = store.count_on_disk(directory)
-        except (OSError, ValueError, KeyError, TypeError, RollmeshError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RollmeshError) as exc:
             log.warning("job_folder_unreadable", directory=str(directory), error=str(exc))
             return None
         self._disk_counts[directory] = (stamp, counted)
@@ -542,11 +564,16 @@ class JobManager:
         return sorted(jobs.values(), key=lambda r: r.create_time, reverse=True)
 
     def _stored_jobs(self) -> list[JobRecord]:
-        return [
-            self._from_disk(folder, stored)
-            for folder, stored in store.stored_jobs(self.results_root)
-            if str(stored.get("job_id", folder.name)) not in self._jobs
-        ]
+        """Every job under the results root this process does not hold; a corrupt job.json is logged
+        and left out, never failing the listing of the others."""
+        jobs = []
+        for folder, stored in store.stored_jobs(self.results_root):
+            if str(stored.get("job_id", folder.name)) not in self._jobs:
+                try:
+                    jobs.append(self._from_disk(folder, stored))
+                except CorruptJobFile as exc:
+                    log.warning("job_file_corrupt", error=exc.message)
+        return jobs
 
     async def metrics(self, job_id: str) -> Json:
         rec = await self.get(job_id)
@@ -600,11 +627,13 @@ class JobManager:
                     byte_pos, n = await asyncio.to_thread(store.skip_lines, path, pos - cursor_line, byte_pos)
                     cursor_line += n
                 if cursor_line == pos:
-                    rows, byte_pos2 = await asyncio.to_thread(store.read_lines, path, byte_pos, READ_BATCH)
+                    rows, byte_pos2 = await asyncio.to_thread(
+                        store.read_lines, path, byte_pos, READ_BATCH, Rollout.from_row
+                    )
                     if rows:
                         byte_pos = byte_pos2
                         for row in rows:
-                            yield pos, Rollout.from_row(row)
+                            yield pos, row
                             pos += 1
                             cursor_line += 1
                         continue
@@ -629,8 +658,9 @@ class JobManager:
                 _, n_rollouts = await asyncio.to_thread(
                     store.skip_lines, rec.directory / store.ROLLOUTS, 1 << 62
                 )
-            rows, _ = await asyncio.to_thread(store.read_lines, rec.directory / store.FAILURES, 0, 1 << 62)
-            failures = [RolloutFailure.from_row(r) for r in rows]
+            failures, _ = await asyncio.to_thread(
+                store.read_lines, rec.directory / store.FAILURES, 0, 1 << 62, RolloutFailure.from_row
+            )
         else:
             failures = list(rec.run.failures) if rec.run is not None else []
         for i, f in enumerate(failures):

@@ -110,9 +110,24 @@ class JobSpec:
         return self.output_dir or DEFAULT_OUTPUT_DIR
 
 
-def _known(cls: type[Any], data: Json) -> Json:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
+def _known(cls: type[Any], data: object) -> Json:
+    """The fields of `cls` in a stored object, each of its default's type: a job.json edited or
+    corrupted raises ValueError naming the field instead of loading a spec nothing can convert."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} is a {type(data).__name__}, not an object")
+    kept = {f.name: (data[f.name], f.default) for f in dataclasses.fields(cls) if f.name in data}
+    for name, (value, default) in kept.items():
+        if isinstance(default, str | int | float) and not _same_kind(value, default):
+            raise ValueError(f"{name} is {value!r:.60}, not a {type(default).__name__}")
+    return {name: value for name, (value, _) in kept.items()}
+
+
+def _same_kind(value: object, default: object) -> bool:
+    if isinstance(value, bool) or isinstance(default, bool):
+        return type(value) is type(default)
+    if isinstance(default, int | float) and isinstance(value, int | float):
+        return (isinstance(value, int) or isinstance(default, float)) and abs(value) < 2**63  # NaN: no
+    return isinstance(value, type(default))
 
 
 def validate(spec: JobSpec) -> None:

@@ -83,8 +83,8 @@ def write_json_atomic(path: Path, data: Json) -> None:
 def read_json(path: Path) -> Json | None:
     """A JSON object file, or None when absent or unreadable."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        data = untrusted_json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError):  # NotJson, UnicodeDecodeError
         return None
     return data if isinstance(data, dict) else None
 
@@ -130,20 +130,29 @@ def iter_rows(path: Path, skipped: list[str] | None = None) -> Iterator[tuple[in
             if not raw.strip():
                 continue
             try:
-                # Decoded as UTF-8 here: json.loads(bytes) guesses UTF-16/32 from the first bytes and
-                # failed with a codec error naming neither the file nor the line.
-                row = untrusted_json.loads(raw.decode("utf-8"))
-            except (NotJson, UnicodeDecodeError) as exc:
+                row = _row(raw)
+            except NotJson as exc:
                 if not raw.endswith(b"\n"):
                     log.debug("sink_partial_last_line_skipped", file=str(path), line=lineno)
                     if skipped is not None:
                         skipped.append(f"{path}:{lineno}")
                     return
-                said = str(exc) if isinstance(exc, NotJson) else "not UTF-8 text"
-                raise CorruptSinkFile(f"{path}:{lineno}: not valid JSON ({said})") from None
-            if not isinstance(row, dict):
-                raise CorruptSinkFile(f"{path}:{lineno}: not a JSON object")
+                raise CorruptSinkFile(f"{path}:{lineno}: {exc}") from None
             yield lineno, row
+
+
+def _row(raw: bytes) -> Json:
+    """One JSONL line as a JSON object; NotJson saying why not."""
+    try:
+        # Decoded as UTF-8 here: json.loads(bytes) guesses UTF-16/32 from the first bytes and
+        # failed with a codec error naming neither the file nor the line.
+        row = untrusted_json.loads(raw.decode("utf-8"))
+    except (NotJson, UnicodeDecodeError) as exc:
+        said = str(exc) if isinstance(exc, NotJson) else "not UTF-8 text"
+        raise NotJson(f"not valid JSON ({said})") from None
+    if not isinstance(row, dict):
+        raise NotJson("not a JSON object")
+    return row
 
 
 def read_keys(path: Path) -> set[RolloutKey]:
@@ -154,7 +163,7 @@ def read_keys(path: Path) -> set[RolloutKey]:
     for lineno, row in iter_rows(path):
         try:
             keys.add(RolloutKey(int(row["task_index"]), int(row["rollout_index"])))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             raise CorruptSinkFile(f"{path}:{lineno}: row has no task_index/rollout_index") from None
     return keys
 
@@ -167,8 +176,9 @@ def changed_tasks(path: Path, rows: Sequence[Json], limit: int = 5) -> list[int]
     checked: set[int] = set()
     if not path.exists():
         return changed
-    for _, row in iter_rows(path):
-        index = int(row.get("task_index", -1))
+    for lineno, row in iter_rows(path):
+        stored = _parse(f"{path}:{lineno}", row, Rollout.from_row)
+        index = stored.key.task_index
         if index in checked:
             continue
         checked.add(index)
@@ -179,14 +189,15 @@ def changed_tasks(path: Path, rows: Sequence[Json], limit: int = 5) -> list[int]
             if current is None
             else Rollout.from_row({**current, "task_index": index, "rollout_index": 0})
         )
-        if echoed is None or Rollout.from_row(row).task != echoed.task:
+        if echoed is None or stored.task != echoed.task:
             changed.append(index)
     return sorted(changed)[:limit]
 
 
-def read_lines(path: Path, byte_offset: int, limit: int) -> tuple[list[Json], int]:
-    """Up to `limit` complete rows of a growing file from `byte_offset`; the rows and the offset after."""
-    rows: list[Json] = []
+def read_lines(path: Path, byte_offset: int, limit: int, parse: Callable[[Json], T]) -> tuple[list[T], int]:
+    """Up to `limit` complete rows of a growing file from `byte_offset`, each through `parse`; the rows
+    and the offset after. A line that does not parse raises CorruptSinkFile naming its byte offset."""
+    rows: list[T] = []
     if not path.exists():
         return rows, byte_offset
     with path.open("rb") as f:
@@ -195,9 +206,13 @@ def read_lines(path: Path, byte_offset: int, limit: int) -> tuple[list[Json], in
             line = f.readline()
             if not line.endswith(b"\n"):  # absent or torn: not written yet
                 break
-            byte_offset += len(line)
             if line.strip():
-                rows.append(json.loads(line))
+                where = f"{path} at byte {byte_offset}"
+                try:
+                    rows.append(_parse(where, _row(line), parse))
+                except NotJson as exc:
+                    raise CorruptSinkFile(f"{where}: {exc}") from None
+            byte_offset += len(line)
     return rows, byte_offset
 
 
@@ -401,7 +416,7 @@ def read_rollout_rows(path: Path, skipped: list[str] | None = None) -> list[tupl
     """(line number, row) of a rollouts file, each row checked to parse as a Rollout."""
     rows: list[tuple[int, Json]] = []
     for lineno, row in iter_rows(path, skipped):
-        _parse(path, lineno, row, Rollout.from_row)
+        _parse(f"{path}:{lineno}", row, Rollout.from_row)
         rows.append((lineno, row))
     return rows
 
@@ -416,12 +431,12 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
         held = res.keys_by_folder.setdefault(path.parent, set())
         if is_failures_file(path):
             for lineno, row in iter_rows(path, res.skipped):
-                failure = _parse(path, lineno, row, RolloutFailure.from_row)
+                failure = _parse(f"{path}:{lineno}", row, RolloutFailure.from_row)
                 res.failures.append(failure)
                 held.add(failure.key)
             continue
         for lineno, row in iter_rows(path, res.skipped):
-            r = _parse(path, lineno, row, Rollout.from_row)
+            r = _parse(f"{path}:{lineno}", row, Rollout.from_row)
             held.add(r.key)
             first = seen.get(r.key)
             if first is None:
@@ -477,8 +492,8 @@ def incomplete_jobs(loaded: LoadedResults) -> list[Incomplete]:
     return out
 
 
-def _parse(path: Path, lineno: int, row: Json, parse: Callable[[Json], T]) -> T:
+def _parse(where: str, row: Json, parse: Callable[[Json], T]) -> T:
     try:
         return parse(row)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CorruptSinkFile(f"{path}:{lineno}: not a rollmesh row ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise CorruptSinkFile(f"{where}: not a rollmesh row ({type(exc).__name__}: {exc})") from None
