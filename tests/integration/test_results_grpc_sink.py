@@ -287,6 +287,31 @@ async def test_callback_consumer(make_server: type[SinkServer]) -> None:
     assert sizes == [3, 3] and sink.in_flight == 0
 
 
+async def test_batches_go_on_after_a_max_wait_s_batch(make_server: type[SinkServer]) -> None:
+    """A batch sent early by `max_wait_s` ended `batches()` for good (the timeout cancelled the
+    generator it read from): the loop stopped as if the job had closed, the rest never consumed."""
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=8, drain_timeout_s=5)
+    await sink.open("job1", total=6, spec={})
+    batches: list[list[tuple[int, int]]] = []
+    first = asyncio.Event()
+
+    async def trainer() -> None:
+        async for batch in server.batches(4, until_closed=True, max_wait_s=0.2):
+            batches.append([r.key for r in batch])
+            first.set()
+
+    consumer = asyncio.create_task(trainer())
+    for i in range(3):
+        await sink.write(rollout(0, i))
+    await asyncio.wait_for(first.wait(), timeout=30)  # 3 < 4: out after max_wait_s
+    for i in range(3, 6):
+        await sink.write(rollout(0, i))
+    await sink.close(state="succeeded", metrics=None)
+    await asyncio.wait_for(consumer, timeout=30)
+    assert batches == [[(0, 0), (0, 1), (0, 2)], [(0, 3), (0, 4), (0, 5)]]
+
+
 async def test_an_idle_sink_stream_outlives_the_schedulers_keepalive_pings(
     make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

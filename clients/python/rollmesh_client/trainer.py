@@ -285,20 +285,23 @@ class SinkServer:
     async def groups(self, *, until_closed: bool = False) -> AsyncGenerator[list[TrainerRollout], None]:
         """Delivery units: one rollout each, or whole groups with `group_complete`. Each unit is
         acknowledged when the loop asks for the next one. `until_closed` ends after a job's close."""
-        while True:
-            item = await self._queue.get()
-            if isinstance(item, _Stopped):
-                return
-            if isinstance(item, _JobClosed):
-                if until_closed:
-                    return
-                continue
-            unit = self._apply_staleness(item)
-            if not unit:
-                continue
-            self.stats.delivered += len(unit)
+        while (unit := await self._next_unit(until_closed)) is not None:
             yield unit
             self.ack(unit)
+
+    async def _next_unit(self, until_closed: bool) -> _Unit | None:
+        """The next unit to deliver; None once the server stops (or, `until_closed`, a job closes).
+        Safe to cancel (a timeout): nothing is taken from the queue then."""
+        while not isinstance(item := await self._queue.get(), _Stopped):
+            if isinstance(item, _JobClosed):
+                if until_closed:
+                    return None
+                continue
+            unit = self._apply_staleness(item)
+            if unit:
+                self.stats.delivered += len(unit)
+                return unit
+        return None
 
     async def rollouts(self, *, until_closed: bool = False) -> AsyncIterator[TrainerRollout]:
         """One rollout at a time; each is acknowledged when the loop asks for the next."""
@@ -313,31 +316,29 @@ class SinkServer:
         """Lists of about `size` rollouts (groups are never split, so a batch may hold up to one
         group more). A batch goes out early when `max_wait_s` passes without a new rollout, when
         the job closes, or when waiting longer would exceed the scheduler's window (give the job a
-        window >= size). Acknowledged when the loop asks for the next batch."""
+        window >= size). A unit is acknowledged as it joins a batch, the batch's last one when the
+        loop asks for the next batch (so the job's last rollouts reach the trainer)."""
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
-        units = self.groups(until_closed=until_closed)
         batch: list[TrainerRollout] = []
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(max_wait_s if batch else None):
-                        unit = await anext(units)
-                except TimeoutError:
-                    unit = None
-                except StopAsyncIteration:
-                    break
-                if unit is not None:
-                    batch.extend(unit)
-                if batch and (unit is None or len(batch) >= min(size, self._min_window())):
-                    out, batch = batch, []
-                    yield out
-                    self.ack(out)
-            if batch:
-                yield batch
-                self.ack(batch)
-        finally:
-            await units.aclose()
+        while True:
+            try:
+                async with asyncio.timeout(max_wait_s if batch else None):
+                    unit = await self._next_unit(until_closed)
+            except TimeoutError:
+                unit = []  # nothing new for max_wait_s: the batch goes out as it is
+            if unit is None:
+                break
+            batch.extend(unit)
+            if not unit or len(batch) >= min(size, self._min_window()):
+                out, batch = batch, []
+                yield out
+                self.ack(out)
+            else:
+                self.ack(unit)
+        if batch:
+            yield batch
+            self.ack(batch)
 
     async def consume(
         self,
