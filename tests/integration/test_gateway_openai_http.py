@@ -352,3 +352,31 @@ async def test_a_sampling_field_of_the_wrong_type_is_a_400_naming_it(
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and error["code"] == "INVALID_SAMPLING_PARAMS", error
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "responses"])
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ('{"model": "tiny", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        (
+            '{"model": "tiny", "input": "\\ud800", "messages": [{"role": "user", "content": "\\udfff"}]}',
+            "surrogate",
+        ),
+    ],
+)
+async def test_a_body_nested_too_deeply_or_with_a_lone_surrogate_is_a_400(
+    http: Http, route: str, body: str, said: str
+) -> None:
+    """Both were 500s: RecursionError out of the body's parse, UnicodeEncodeError writing the answer."""
+    async with httpx.AsyncClient(timeout=20) as client:
+        resp = await client.post(
+            f"{http.url}/{route}", content=body.encode(), headers={"content-type": "application/json"}
+        )
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == "body" and said in resp.json()["error"]["message"]
+        ok = await client.post(
+            f"{http.url}/{route}",
+            json={"model": "tiny", "input": "hi", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert ok.status_code == 200, ok.text  # the facade stays healthy

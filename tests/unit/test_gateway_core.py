@@ -161,6 +161,11 @@ async def test_bad_request_shapes() -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             "INVALID_GENERATE_REQUEST",
         ),
+        (  # was RecursionError out of json.loads: INTERNAL
+            inp(tools=(ToolSpec("t", "", "[" * 100_000 + "]" * 100_000),)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_GENERATE_REQUEST",
+        ),
     ]
     for bad, code, reason in cases:
         with pytest.raises(RollmeshError) as exc:

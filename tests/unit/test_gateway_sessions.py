@@ -170,3 +170,12 @@ def test_a_turn_cut_after_a_character_the_closer_starts_with_still_gets_the_clos
     assert prompt.token_ids[: len(state.token_ids)] == state.token_ids
     assert added[0] == TOK.eos_token_id
     assert added == TOK.encode("<|end|>\n<|user|>\ngo on<|end|>\n<|assistant|>\n")
+
+
+def test_an_echoed_tool_call_with_arguments_nested_too_deeply_compares_as_text() -> None:
+    """A client echoing a session's history with such arguments made the gateway answer 500 / INTERNAL
+    (RecursionError out of the comparison of turns); unparsable arguments compare as their text."""
+    deep = "[" * 100_000 + "]" * 100_000
+    turn = Message("assistant", "", tool_calls=(ToolCall("c1", "f", deep),))
+    assert turn.same_turn(Message("assistant", "", tool_calls=(ToolCall("c2", "f", deep),)))
+    assert not turn.same_turn(Message("assistant", "", tool_calls=(ToolCall("c1", "f", deep + " "),)))

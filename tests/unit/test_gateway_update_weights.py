@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,39 @@ def test_not_a_checkpoint(served: Path, tmp_path: Path) -> None:
     ]:
         with pytest.raises(RollmeshError, match=problem):
             check_checkpoint(tmp_path / folder, served)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "problem"),
+    [
+        (
+            "model.safetensors",
+            DEEP,
+            "model.safetensors is not a readable safetensors file (nested too deeply)",
+        ),
+        ("model.safetensors", '{"w": {"dtype": "F32", "shape": ["x"]}}', "not a readable safetensors file"),
+        ("model.safetensors", '{"w": 5}', "not a readable safetensors file"),
+        ("config.json", DEEP, "config.json is not JSON (nested too deeply)"),
+        ("tokenizer.json", "[1]", "tokenizer.json is not a JSON object"),
+    ],
+)
+def test_a_hostile_checkpoint_file_is_refused_naming_it(
+    served: Path, tmp_path: Path, file: str, text: str, problem: str
+) -> None:
+    """An uploaded checkpoint is the caller's input: a header nested past the recursion limit, a
+    shape that is not numbers, a tokenizer.json list were RecursionError/ValueError/AttributeError
+    out of the check, so UpdateWeights answered INTERNAL."""
+    bad = write_checkpoint(tmp_path / "bad")
+    data = text.encode()
+    (bad / file).write_bytes(struct.pack("<Q", len(data)) + data if file.endswith(".safetensors") else data)
+    with pytest.raises(RollmeshError) as info:
+        check_checkpoint(bad, served)
+    assert info.value.reason == "CHECKPOINT_INCOMPATIBLE" and problem in info.value.message, (
+        info.value.message
+    )
 
 
 def test_next_version_counts_up_integers() -> None:

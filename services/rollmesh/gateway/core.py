@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import math
 import tempfile
 import time
@@ -44,6 +43,7 @@ from rollmesh.gateway.types import (
 )
 from rollmesh.gateway.uploads import UploadPiece, WeightUploads
 from rollmesh.gateway.weights import check_checkpoint, next_version, read_manifest
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.logging import get_logger
 
@@ -163,7 +163,7 @@ def _validate_tools(tools: Sequence[ToolSpec]) -> None:
             )
         if t.parameters_json:
             try:
-                params = json.loads(t.parameters_json)
+                params = untrusted_json.loads(t.parameters_json)
             except ValueError as exc:
                 raise errors.InvalidGenerateRequest(
                     f"tools[{i}].parameters_json is not JSON: {exc}",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.gateway.errors import CheckpointIncompatible
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.errors import InvalidArgument
 
 # config.json keys a training run may legitimately change (not the architecture).
@@ -62,7 +63,7 @@ def _header(file: Path) -> dict[str, Any]:
         (size,) = struct.unpack("<Q", raw)
         if size > _MAX_HEADER_BYTES:
             raise ValueError(f"header of {size} bytes is not plausible")
-        header = json.loads(f.read(size))
+        header = untrusted_json.loads(f.read(size))
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     return header
@@ -79,15 +80,18 @@ def read_manifest(path: Path) -> CheckpointManifest:
     for file in files:
         try:
             header = _header(file)
-        except (OSError, ValueError) as exc:
+            metas = {n: _tensor(m) for n, m in header.items() if n != "__metadata__"}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise _incompatible(path, f"{file.name} is not a readable safetensors file ({exc})") from None
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
+        for name, meta in metas.items():
             if name in tensors:
                 raise _incompatible(path, f"tensor {name} appears in two files")
-            tensors[name] = TensorMeta(str(meta.get("dtype")), tuple(int(d) for d in meta.get("shape", ())))
+            tensors[name] = meta
     return CheckpointManifest(path, tensors)
+
+
+def _tensor(meta: dict[str, Any]) -> TensorMeta:
+    return TensorMeta(str(meta.get("dtype")), tuple(int(d) for d in meta.get("shape", ())))
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -95,7 +99,7 @@ def _config(path: Path) -> dict[str, Any]:
     if not file.is_file():
         return {}
     try:
-        loaded = json.loads(file.read_text())
+        loaded = untrusted_json.loads(file.read_text())
     except ValueError as exc:
         raise _incompatible(path, f"config.json is not JSON ({exc})") from None
     return loaded if isinstance(loaded, dict) else {}
@@ -107,9 +111,11 @@ def _vocabulary(path: Path) -> str:
     if not file.is_file():
         return ""
     try:
-        loaded = json.loads(file.read_text())
+        loaded = untrusted_json.loads(file.read_text())
     except ValueError as exc:
         raise _incompatible(path, f"tokenizer.json is not JSON ({exc})") from None
+    if not isinstance(loaded, dict):
+        raise _incompatible(path, "tokenizer.json is not a JSON object")
     vocab = {"model": loaded.get("model"), "added_tokens": loaded.get("added_tokens")}
     return hashlib.sha256(json.dumps(vocab, sort_keys=True).encode()).hexdigest()
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rollmesh.mesh import untrusted_json
 from rollmesh_client.v1 import common_pb2
 
 
@@ -55,7 +56,8 @@ class ToolCall:
     def arguments_key(self) -> str:
         """The arguments in a canonical form, for comparing two renderings of one call."""
         try:
-            return json.dumps(json.loads(self.arguments_json), sort_keys=True, separators=(",", ":"))
+            parsed = untrusted_json.loads(self.arguments_json)
+            return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
         except ValueError:
             return self.arguments_json
 
@@ -130,7 +132,9 @@ class ToolSpec:
     @functools.cached_property
     def parameters(self) -> dict[str, Any]:
         """The JSON Schema as an object (parsed once); ValueError when `parameters_json` is not JSON."""
-        parsed: Any = json.loads(self.parameters_json) if self.parameters_json else {"type": "object"}
+        parsed: Any = (
+            untrusted_json.loads(self.parameters_json) if self.parameters_json else {"type": "object"}
+        )
         return parsed if isinstance(parsed, dict) else {"type": "object"}
 
     def to_openai(self) -> dict[str, Any]:

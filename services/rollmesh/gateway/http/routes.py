@@ -18,6 +18,7 @@ from rollmesh.gateway import errors
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.http import protocol, streaming
 from rollmesh.gateway.types import GenerateResult, StreamDelta
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.errors import RollmeshError, Unauthenticated
 from rollmesh_client._auth import AUTH_HEADER, authorized
 
@@ -30,9 +31,9 @@ def error_response(exc: RollmeshError) -> JSONResponse:
 
 async def _body(request: Request) -> dict[str, Any]:
     try:
-        body = await request.json()
-    except ValueError:
-        raise protocol.bad_request("the body is not JSON", "body") from None
+        body = untrusted_json.loads(await request.body())
+    except ValueError as exc:  # NotJson, and UnicodeDecodeError for a body that is not UTF-8
+        raise protocol.bad_request(f"the body is not JSON ({exc})", "body") from None
     if not isinstance(body, dict):
         raise protocol.bad_request("the body must be a JSON object", "body")
     return body
