@@ -116,4 +116,6 @@ async def test_a_model_that_never_answers_fails_the_job_after_one_rollout_timeou
         took[want] = asyncio.get_running_loop().time() - t0
         assert result.state == want, result.error
     assert "gateway answered none of the job's calls" in result.error, result.error
+    # the limit it names is the one that applied: no outage budget would have helped
+    assert "unavailable_budget_s" not in result.error and "unreachable" not in result.error, result.error
     assert took["FAILED"] < 2.0 + 2.5, took  # one rollout timeout, a watchdog tick and slack; not 3 x 2 s

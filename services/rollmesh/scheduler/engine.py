@@ -495,8 +495,6 @@ class JobRun:
             self.stop(
                 RunResult(
                     "FAILED",
-                    f"{err.message}: longer than retry.unavailable_budget_s "
-                    f"({self.policy.unavailable_budget_s:g} s) allows. "
-                    "Everything written is kept; resume the job once the services are back.",
+                    f"{err.message}. Everything written is kept; resume the job once the services are back.",
                 )
             )

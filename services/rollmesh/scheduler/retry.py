@@ -57,6 +57,8 @@ UPSTREAM_PERMANENT = frozenset({"UPSTREAM_REJECTED", "UPSTREAM_AUTH_FAILED"})  #
 OUTAGE_REASONS = frozenset({"", UNAVAILABLE, "BACKEND_UNAVAILABLE", "UPSTREAM_UNREACHABLE"})
 OUTAGE_MAX_BACKOFF_S = 2.0
 MODEL_CALL_DEADLINE = "MODEL_CALL_DEADLINE"  # errors.ModelCallDeadline's reason: retried without a wait
+# Error metadata key: this error ends the job as it is, no retry or outage wait changes it.
+FINAL = "rollmesh-final"
 GATEWAY_UNRESPONSIVE = "GATEWAY_UNRESPONSIVE"  # errors.GatewayUnresponsive's reason: an outage
 # A hung service (errors.GatewayUnresponsive, errors.VerifierUnresponsive; watchdog.py): an outage.
 UNRESPONSIVE = frozenset({GATEWAY_UNRESPONSIVE, "VERIFIER_UNRESPONSIVE"})
@@ -116,6 +118,8 @@ def classify(exc: BaseException) -> ErrorClass:
         # here): the server stopped under it, e.g. a restart. Same as unreachable.
         return ErrorClass(name, True, retry_after, message, outage=True)
     if code_name == DEADLINE_EXCEEDED:
+        if FINAL in metadata:  # the watchdog's verdict for the whole job (watchdog.py)
+            return ErrorClass(name, False, None, message, budget_exhausted=True)
         return ErrorClass(name, True, retry_after, message, outage=reason in UNRESPONSIVE)
     if code_name == RESOURCE_EXHAUSTED:
         return ErrorClass(name, retry_after is not None, retry_after, message)
@@ -267,7 +271,10 @@ async def with_retry(
                     service, seconds = gone
                     # The gateway answering "its model server is unreachable" is not the gateway down.
                     whom = f"the model server behind the {service}" if _behind(err) else f"the {service}"
-                    msg = f"{whom} has been unreachable for {seconds:.0f} s ({err.message})"
+                    msg = (
+                        f"{whom} has been unreachable for {seconds:.0f} s ({err.message}): longer than "
+                        f"retry.unavailable_budget_s ({outages.budget_s:g} s) allows"
+                    )
                     raise RolloutFailed(replace(err, message=msg, budget_exhausted=True), max(n, 1)) from exc
                 waits += 1
                 delay = min(backoff.delay(waits, err.retry_after_s), OUTAGE_MAX_BACKOFF_S)

@@ -30,7 +30,7 @@ from typing import TypeVar
 from rollmesh.mesh import errors as mesh
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.errors import GatewayUnresponsive, VerifierUnresponsive
-from rollmesh.scheduler.retry import Outages, classify
+from rollmesh.scheduler.retry import FINAL, Outages, classify
 
 log = get_logger("rollmesh.scheduler.watchdog")
 
@@ -62,7 +62,7 @@ class Watchdog:
         self.probe_timeout_s = probe_timeout_s
         self.silent_limit_s = silent_limit_s
         self._calls: collections.defaultdict[str, set[asyncio.Timeout]] = collections.defaultdict(set)
-        self._why: dict[str, str] = {}
+        self._why: dict[str, tuple[str, dict[str, str]]] = {}  # service -> (message, error metadata)
         self._probed: dict[str, bool] = {}  # a failed health check marked it down (not the budget alone)
 
     async def watch(self, service: str, call: Awaitable[R]) -> R:
@@ -78,7 +78,8 @@ class Watchdog:
             except TimeoutError:
                 if not cut.expired():
                     raise
-                raise UNRESPONSIVE[service](self._why.get(service, f"the {service} hangs")) from None
+                why, meta = self._why.get(service, (f"the {service} hangs", {}))
+                raise UNRESPONSIVE[service](why, metadata=meta) from None
         except Exception as exc:
             err = classify(exc)
             o.ended(service, answered=not err.outage and err.name not in _NOT_ANSWERS)
@@ -136,11 +137,18 @@ class Watchdog:
                 continue
             n = len(calls)
             self._why[service] = (
-                f"the {service} answered none of the job's calls in {down:.0f} s (retry.rollout_timeout_s"
-                f" is {self.silent_limit_s:g} s): what it serves never answers, or needs a longer timeout"
+                (
+                    f"the {service} answered none of the job's calls in {down:.0f} s (retry."
+                    f"rollout_timeout_s is {self.silent_limit_s:g} s): what it serves never answers, or "
+                    "needs a longer timeout",
+                    {FINAL: "1"},  # the job's own limit, not the outage budget: no wait helps
+                )
                 if mute
-                else f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {down:.0f} s"
-                + (", nor a health check" if self._probed.get(service) else "")
+                else (
+                    f"the {service} answered none of {n} call{'s' if n != 1 else ''} for {down:.0f} s"
+                    + (", nor a health check" if self._probed.get(service) else ""),
+                    {},
+                )
             )
             loop = asyncio.get_running_loop()
             for c in list(calls):
