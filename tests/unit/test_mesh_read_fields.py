@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
-from rollmesh.mesh.config import read_fields
+import pytest
+
+from rollmesh.mesh.config import ENV_VARS, read_fields
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.server import build_server
 from rollmesh.verifier.config import SandboxLimits, VerifierConfig
 
 
@@ -37,3 +42,30 @@ def test_verifier_config_reads_every_sandbox_limit() -> None:
     env = {"ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB": "128", "ROLLMESH_VERIFIER_SANDBOX_ISOLATION": " Process "}
     cfg = VerifierConfig.from_env(environ=env)
     assert cfg.sandbox.limits.memory_mb == 128 and cfg.sandbox.isolation == "process"
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("ROLLMESH_VERIFIER_SANDBOX_WALL_S", "nan"),  # a wall limit that never ran out
+        ("ROLLMESH_GRACE_SECONDS", "1e400"),
+        ("ROLLMESH_GATEWAY_SESSION_TTL_S", "-5"),
+        ("ROLLMESH_VERIFIER_MAX_SESSIONS", "-1"),
+        ("ROLLMESH_OPENAI_HTTP_PORT", "70000"),
+    ],
+)
+def test_a_number_variable_that_is_negative_nan_or_infinite_is_a_config_error(name: str, raw: str) -> None:
+    var = ENV_VARS[name]
+    with pytest.raises(ConfigError, match=name):
+        var.parse(name, raw)
+
+
+def test_the_message_limit_is_a_config_error_at_server_start_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ROLLMESH_MAX_MESSAGE_MB=nan was 'cannot convert float NaN to integer' out of `rollmesh serve`."""
+    assert ENV_VARS["ROLLMESH_OPENAI_HTTP_PORT"].parse("p", "-1") == -1  # off
+    for raw in ("nan", "inf", "4096", "0"):
+        monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", raw)
+        with pytest.raises(ConfigError, match="ROLLMESH_MAX_MESSAGE_MB"):
+            asyncio.run(build_server([]))

@@ -51,8 +51,8 @@ def max_message_bytes() -> int:
         mb = float(raw) if raw else DEFAULT_MAX_MESSAGE_MB
     except ValueError:
         raise ValueError(f"{MAX_MESSAGE_ENV}={raw!r} is not a number of MiB") from None
-    if mb <= 0:
-        raise ValueError(f"{MAX_MESSAGE_ENV}={raw!r} must be > 0")
+    if not 0 < mb < 2048:  # NaN too; gRPC's limits are 32-bit: 2 GiB - 1
+        raise ValueError(f"{MAX_MESSAGE_ENV}={raw!r} must be above 0 and below 2048 (gRPC's 2 GiB)")
     return int(mb * 1024 * 1024)
 
 

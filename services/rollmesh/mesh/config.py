@@ -7,6 +7,7 @@ Precedence everywhere: CLI flag > environment variable > default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import typing
 from collections.abc import Callable, Mapping
@@ -36,18 +37,38 @@ def parse_bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean: use 1/0, true/false, yes/no or on/off")
 
 
+# Every number a ROLLMESH_* variable holds is a count, size, port or seconds: 0 or more, and finite (a
+# NaN or negative one was a traceback at start, or a limit that never held).
+
+
 def parse_int(name: str, raw: str) -> int:
     try:
-        return int(raw.strip())
+        value = int(raw.strip())
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} is negative; it must be 0 or more")
+    return value
+
+
+def parse_http_port(name: str, raw: str) -> int:
+    """A port, or -1 for off."""
+    if raw.strip() == "-1":
+        return -1
+    value = parse_int(name, raw)
+    if value >= 65536:
+        raise ConfigError(f"{name}={raw!r} is not a port (0-65535, or -1 for off)")
+    return value
 
 
 def parse_float(name: str, raw: str) -> float:
     try:
-        return float(raw.strip())
+        value = float(raw.strip())
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not 0 <= value < math.inf:  # NaN too
+        raise ConfigError(f"{name}={raw!r} is not a finite number of 0 or more")
+    return value
 
 
 def parse_address(name: str, raw: str) -> str:
@@ -329,8 +350,8 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "ROLLMESH_OPENAI_HTTP_PORT",
             OPENAI_HTTP_PORT,
-            parse_int,
-            "Port of the gateway's OpenAI HTTP facade.",
+            parse_http_port,
+            "Port of the gateway's OpenAI HTTP facade (-1: off).",
         ),
         EnvVar(
             "ROLLMESH_GATEWAY_SESSION_TTL_S", 3600.0, parse_float, "Seconds a gateway session is kept unused."

@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollmesh.mesh import config
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
@@ -103,7 +104,10 @@ async def build_server(
 
     Port 0 picks a free port; the returned MeshServer says which.
     """
-    options = [*SERVER_OPTIONS, *message_limit_options()]  # ROLLMESH_MAX_MESSAGE_MB
+    try:
+        options = [*SERVER_OPTIONS, *message_limit_options()]  # ROLLMESH_MAX_MESSAGE_MB
+    except ValueError as exc:  # the SDK's reader: a configuration error here, one line at start
+        raise ConfigError(str(exc)) from None
     server = grpc.aio.server(interceptors=[MeshInterceptor(api_key)], options=options)
     for b in bindings:
         b.add(b.servicer, server)
