@@ -49,11 +49,18 @@ def test_retry_flags_and_resume_choices_go_into_the_spec() -> None:
 
 
 def test_sink_flags_go_into_the_spec() -> None:
-    spec = build_spec(SpecOptions(benchmark="b", sink_grpc="10.0.0.5:7000", sink_ack_timeout_s=900.0))
-    assert (spec.sink.grpc.address, spec.sink.grpc.ack_timeout_s) == ("10.0.0.5:7000", 900.0)
+    spec = build_spec(
+        SpecOptions(benchmark="b", sink_grpc="10.0.0.5:7000", sink_ack_timeout_s=900.0, sink_window=256)
+    )
+    grpc_sink = spec.sink.grpc
+    assert (grpc_sink.address, grpc_sink.ack_timeout_s, grpc_sink.window) == ("10.0.0.5:7000", 900.0, 256)
     assert not build_spec(SpecOptions(benchmark="b")).HasField("sink")
     with pytest.raises(typer.BadParameter, match="give --sink-grpc too"):
         build_spec(SpecOptions(benchmark="b", sink_ack_timeout_s=900.0))
+    with pytest.raises(typer.BadParameter, match="--sink-window is the --sink-grpc trainer's"):
+        build_spec(SpecOptions(benchmark="b", sink_window=8))
+    with pytest.raises(typer.BadParameter, match="--sink-window must be >= 0, got -1"):
+        build_spec(SpecOptions(sink_grpc="h:1", sink_window=-1))
     with pytest.raises(typer.BadParameter, match="--sink-ack-timeout must be >= 0, got inf"):
         build_spec(SpecOptions(sink_grpc="h:1", sink_ack_timeout_s=float("inf")))
 
@@ -103,7 +110,7 @@ def test_config_never_prints_the_api_key() -> None:
 def test_run_and_submit_take_the_same_job_options() -> None:
     app = build_app()
     shared = ["--seed", "--starting-seed", "--resume", "--job-id", "--max-attempts", "--rollout-timeout"]
-    shared += ["--sink-grpc", "--sink-ack-timeout"]
+    shared += ["--sink-grpc", "--sink-ack-timeout", "--sink-window"]
     for command in (["run", "--help"], ["jobs", "submit", "--help"]):
         text = runner.invoke(app, command, env={"COLUMNS": "200"}).stdout
         assert all(flag in text for flag in shared), (command, text)

@@ -111,6 +111,14 @@ SinkAckTimeout = Annotated[
         "job fails (0: default; `rollmesh config` lists it). Set it above your longest optimizer step.",
     ),
 ]
+SinkWindow = Annotated[
+    int,
+    typer.Option(
+        "--sink-window",
+        help="Rollouts the --sink-grpc trainer may hold unacknowledged (0: default 64); at least its "
+        "batch size.",
+    ),
+]
 AllowedFailures = Annotated[
     str,
     typer.Option(
@@ -140,6 +148,7 @@ class SpecOptions:
     output_dir: str = ""
     sink_grpc: str = ""
     sink_ack_timeout_s: float = 0.0
+    sink_window: int = 0
     max_attempts: int = 0
     rollout_timeout_s: float = 0.0
     unavailable_budget_s: float = 0.0
@@ -171,6 +180,7 @@ _JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
     ("fail_fast_after", FailFastAfter, 0, "fail_fast_after"),
     ("sink_grpc", SinkGrpc, "", "sink_grpc"),
     ("sink_ack_timeout", SinkAckTimeout, 0.0, "sink_ack_timeout_s"),
+    ("sink_window", SinkWindow, 0, "sink_window"),
     ("output_dir", OutputDir, "", "output_dir"),
     ("resume", Resume, False, "resume_latest"),
     ("job_id", JobId, "", "job_id"),
@@ -223,13 +233,15 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         "unavailable_budget_s",
         "fail_fast_after",
         "sink_ack_timeout_s",
+        "sink_window",
     ):
         value = getattr(o, name)
         if not math.isfinite(value) or value < 0:  # typer parses "nan" and "inf" as floats
             flag = "--" + name.removesuffix("_s").replace("_", "-")
             raise typer.BadParameter(f"{flag} must be >= 0, got {value}")
-    if o.sink_ack_timeout_s and not o.sink_grpc:
-        raise typer.BadParameter("--sink-ack-timeout is the --sink-grpc trainer's: give --sink-grpc too")
+    for flag, value in (("--sink-ack-timeout", o.sink_ack_timeout_s), ("--sink-window", o.sink_window)):
+        if value and not o.sink_grpc:
+            raise typer.BadParameter(f"{flag} is the --sink-grpc trainer's: give --sink-grpc too")
     if o.job_id and o.resume_latest:
         raise typer.BadParameter("--resume finds the job to resume, --job-id names it: give one")
     shard = None
@@ -249,7 +261,11 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         agent=pb.AgentSpec(max_steps=o.max_steps),
         retry=to_pb(pb.RetryPolicy, o),
         sampling=sampling if sampling.ByteSize() else None,
-        sink=pb.SinkSpec(grpc=pb.GrpcSinkSpec(address=o.sink_grpc, ack_timeout_s=o.sink_ack_timeout_s))
+        sink=pb.SinkSpec(
+            grpc=pb.GrpcSinkSpec(
+                address=o.sink_grpc, ack_timeout_s=o.sink_ack_timeout_s, window=o.sink_window
+            )
+        )
         if o.sink_grpc
         else None,
         allowed_failures=allowed,
