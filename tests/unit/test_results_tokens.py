@@ -77,6 +77,12 @@ def test_structural_drift_is_reported_with_reasons() -> None:
     gap = TokenRecord(rec.token_ids, rec.loss_mask, rec.logprobs, [rec.turns[0], TurnSpan(5, 5, 6)])
     assert any("prompt_start 5 != previous turn's end 4" in r for r in validate_token_record(gap))
     assert "usage says 9 completion tokens" in validate_token_record(rec, completion_tokens=9)[0]
+    for bound in ("4", None, 1.5, [4]):  # a stored row's: was a TypeError out of `rollmesh validate`
+        odd = TokenRecord(rec.token_ids, rec.loss_mask, rec.logprobs, [TurnSpan(0, bound, 4)])  # type: ignore[arg-type]
+        assert (
+            "turn 1: span [0, " in validate_token_record(odd)[0]
+            and "not three integers" in validate_token_record(odd)[0]
+        )
 
 
 # -- with the shipped tiny tokenizer: decoded spans equal the assistant messages ------------------

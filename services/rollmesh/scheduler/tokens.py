@@ -145,6 +145,10 @@ def validate_token_record(
     for t, span in enumerate(record.turns, start=1):
         if span.prompt_start != prev_end:
             reasons.append(f"turn {t}: prompt_start {span.prompt_start} != previous turn's end {prev_end}")
+        bounds = (span.prompt_start, span.output_start, span.output_end)
+        if not all(type(b) is int for b in bounds):  # a stored row's; compared below, a TypeError
+            reasons.append(f"turn {t}: span {list(bounds)!r:.80} is not three integers")
+            return reasons
         if not (span.prompt_start <= span.output_start <= span.output_end <= n):
             reasons.append(
                 f"turn {t}: span [{span.prompt_start}, {span.output_start}, {span.output_end}) "
