@@ -161,6 +161,18 @@ async def test_bad_request_shapes() -> None:
             grpc.StatusCode.INVALID_ARGUMENT,
             "INVALID_GENERATE_REQUEST",
         ),
+        # ids outside the tokenizer's were INTERNAL (the engine's error); an empty role rendered no turn
+        (
+            GenerateInput(prompt_token_ids=(1, -1)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_GENERATE_REQUEST",
+        ),
+        (
+            GenerateInput(prompt_token_ids=(99_999_999,)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_GENERATE_REQUEST",
+        ),
+        (inp(messages=(Message(" ", "hi"),)), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_GENERATE_REQUEST"),
         (  # was RecursionError out of json.loads: INTERNAL
             inp(tools=(ToolSpec("t", "", "[" * 100_000 + "]" * 100_000),)),
             grpc.StatusCode.INVALID_ARGUMENT,

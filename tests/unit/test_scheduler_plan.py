@@ -106,6 +106,12 @@ def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
     with pytest.raises(RollmeshError) as info:
         build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
     assert "b.jsonl:1: not valid JSON (Unterminated string starting at column 30)" in info.value.message
+    for role in (True, "", {}):  # was sent as the role "True", "" or "{}": a prompt nobody wrote
+        bad.write_text(
+            json.dumps({"responses_create_params": {"input": [{"role": role, "content": "2+3?"}]}})
+        )
+        with pytest.raises(RollmeshError, match="is not a message with a `role`"):
+            build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
     # A lone surrogate passed the plan and failed every rollout as INTERNAL (UnicodeEncodeError).
     bad.write_text('{"responses_create_params": {"input": "2+3? \\ud800"}, "expected_answer": "5"}\n')
     with pytest.raises(RollmeshError) as info:

@@ -535,6 +535,11 @@ class Gateway:
                 "the request has no messages and no prompt_token_ids", metadata={"field": "messages"}
             )
         _validate_tools(inp.tools)
+        empty = next((i for i, msg in enumerate(inp.messages) if not msg.role.strip()), None)
+        if empty is not None:  # a chat template renders no turn for it: the model reads another prompt
+            raise errors.InvalidGenerateRequest(
+                f"messages[{empty}].role is empty", metadata={"field": f"messages[{empty}].role"}
+            )
         backend = m.backend
         card = backend.card
         tokenizer = backend.tokenizer
@@ -563,6 +568,12 @@ class Gateway:
         previous = self.sessions.get(inp.session_id) if inp.session_id else None
         if inp.prompt_token_ids:
             ids = tuple(inp.prompt_token_ids)
+            if not 0 <= min(ids) <= max(ids) < len(tokenizer):  # the engine's error was INTERNAL
+                raise errors.InvalidGenerateRequest(
+                    f"prompt_token_ids must be in [0, {len(tokenizer)}) (the tokenizer's ids), "
+                    f"got {min(ids)}..{max(ids)}",
+                    metadata={"field": "prompt_token_ids"},
+                )
             kept = previous.token_ids if previous is not None else ()
             reused = len(kept) if kept and ids[: len(kept)] == kept else 0
         else:

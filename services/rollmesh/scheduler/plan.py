@@ -186,7 +186,7 @@ def _row_problem(row: Any) -> str:
         return "`responses_create_params.input` must be a non-empty list of messages or a string"
     else:
         for i, m in enumerate(inp):
-            if not isinstance(m, dict) or "role" not in m:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"].strip():
                 return f"`responses_create_params.input[{i}]` is not a message with a `role`"
             try:  # an image or audio part was dropped: the model was asked half the question
                 content_text(m.get("content"), strict=True)

@@ -114,6 +114,8 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
+    def __len__(self) -> int: ...  # ids are 0 to len - 1
+
 
 class ModelBackend(ABC):
     """One served model. Lifecycle: `await start()`, generate/abort many times, `await shutdown()`."""

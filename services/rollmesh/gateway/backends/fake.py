@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import sys
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -96,6 +97,9 @@ class FakeTokenizer:
                 ids.append(CHAR_BASE + ord(text[i]))
                 i += 1
         return ids
+
+    def __len__(self) -> int:
+        return CHAR_BASE + sys.maxunicode + 1
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         out: list[str] = []
