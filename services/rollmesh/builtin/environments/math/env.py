@@ -115,6 +115,9 @@ class MathEnv(Environment):
         expected = task.expected_answer
         if expected is None or not str(expected).strip():
             raise BadTask("task has no expected_answer")
+        # A list, object, true or NaN parsed as some expression no answer equals: 0 for every answer.
+        if isinstance(expected, bool) or not isinstance(expected, str | int | float) or expected != expected:
+            raise BadTask(f"expected_answer must be a string or a number, not {expected!r:.80}")
         if not text.strip():
             return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": "empty response"})
         timeout = self.context.config.math_timeout_s

@@ -29,6 +29,10 @@ async def test_right_wrong_empty_malformed() -> None:
         assert garbage.reward == 0.0
         with pytest.raises(BadTask, match="expected_answer"):  # an error, never a reward of 0
             await check(env, task(None), answer("\\boxed{4}"))
+        for odd in ({"a": 1}, [1], True, float("nan")):  # parsed as an expression no answer equals
+            with pytest.raises(BadTask, match="expected_answer must be a string or a number"):
+                await check(env, task(odd), answer("\\boxed{1}"))
+        assert (await check(env, task(1.5), answer("\\boxed{3/2}"))).reward == 1.0  # a number is one
 
 
 def test_a_slow_comparison_is_judged_not_timed_out_into_a_0(monkeypatch: pytest.MonkeyPatch) -> None:
