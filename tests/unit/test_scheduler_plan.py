@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import tracemalloc
 from pathlib import Path
 
 import grpc
@@ -12,7 +13,7 @@ import pytest
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.plan import build_plan, select_tasks
+from rollmesh.scheduler.plan import build_plan, load_rows, select_tasks
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy, validate
 from tests.fakes import Rows
 
@@ -183,3 +184,19 @@ def test_shard_plan_keys(catalog: Catalog, tmp_path: Path) -> None:
         JobSpec(dataset=str(path), environment="arithmetic", num_repeats=2, shard_index=1, shard_count=3),
     )
     assert [(k.task_index, k.rollout_index) for k in plan.keys()] == [(1, 0), (1, 1), (4, 0), (4, 1)]
+
+
+def test_a_row_over_the_limit_is_refused_without_being_read_whole(tmp_path: Path) -> None:
+    """A file with no newline (a model file named by mistake) was read into memory whole before the
+    size check: one line of GBs in the scheduler."""
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(Rows.arithmetic(1).write(tmp_path / "ok.jsonl").read_bytes() + b"\0" * 8_000_000)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RollmeshError) as info:
+            load_rows(path, max_row_bytes=1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.value.reason == "DATASET_ROW_TOO_LARGE" and info.value.metadata["line"] == "2"
+    assert int(info.value.metadata["size"]) == 8_000_000 and peak < 4_000_000, peak  # the line is 8 MB

@@ -136,7 +136,17 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
     limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
     rows: list[Json] = []
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), start=1):
+            size = len(raw)
+            while size > limit and raw and not raw.endswith(b"\n"):  # count the rest, holding 1 MiB
+                raw = f.readline(1 << 20)  # (a model file named by mistake was read whole: GBs)
+                size += len(raw)
+            if size > limit:
+                raise DatasetRowTooLarge(
+                    f"{path}:{lineno}: the row is {size:,} bytes, over the {limit:,}-byte limit of a "
+                    "request (set ROLLMESH_MAX_MESSAGE_MB to raise it)",
+                    metadata={"path": str(path), "line": str(lineno), "size": str(size), "limit": str(limit)},
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -147,13 +157,6 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
                 ) from None
             if not line.strip():
                 continue
-            size = len(raw)
-            if size > limit:
-                raise DatasetRowTooLarge(
-                    f"{path}:{lineno}: the row is {size:,} bytes, over the {limit:,}-byte limit of a "
-                    "request (set ROLLMESH_MAX_MESSAGE_MB to raise it)",
-                    metadata={"path": str(path), "line": str(lineno), "size": str(size), "limit": str(limit)},
-                )
             try:
                 row = untrusted_json.loads(line)
             except NotJson as exc:
