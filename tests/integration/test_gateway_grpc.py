@@ -17,7 +17,7 @@ from rollmesh.scheduler.agent import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel
 from rollmesh_client import Client, RollmeshClientError
 from rollmesh_client._gateway import sampling_params
-from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.conftest import StartServer
 from tests.fakes import FakeGateway
 
@@ -258,3 +258,20 @@ async def test_a_gateway_without_generate_many_gets_unary_generate(start_server:
     finally:
         await model.close()
     assert fake.generated == 4
+
+
+async def test_generate_many_answers_an_item_with_no_request_instead_of_dropping_it(
+    server_address: str,
+) -> None:
+    """An item with neither `request` nor `cancel` got no answer: its caller waited forever."""
+    hi = gateway_pb2.GenerateRequest(messages=[{"role": "user", "content": "hi"}])
+    items = [
+        gateway_pb2.GenerateManyRequest(id="empty"),
+        gateway_pb2.GenerateManyRequest(id="ok", request=hi),
+    ]
+    async with grpc.aio.insecure_channel(server_address) as channel:
+        call = gateway_pb2_grpc.ModelGatewayStub(channel).GenerateMany(iter(items), timeout=30)
+        answers = {a.id: a async for a in call}
+    assert answers["ok"].HasField("response")
+    assert answers["empty"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "needs a request (or cancel: true)" in answers["empty"].error.message

@@ -8,6 +8,7 @@ from typing import Any
 
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
+from rollmesh.gateway.errors import InvalidGenerateRequest
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.in_process import MultiplexedMethod
 from rollmesh.mesh.multiplex import (
@@ -26,6 +27,12 @@ from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
 # then slows the caller). High: a scheduler sends a whole job's turns over one stream, and its own
 # concurrency bound is the one that should hold (20,000 rollouts in flight is a tested case).
 MANY_CONCURRENCY = 65_536
+
+
+async def _no_request() -> GenerateResult:
+    raise InvalidGenerateRequest(
+        "a GenerateMany item needs a request (or cancel: true)", metadata={"field": "item"}
+    )
 
 
 def _timeout(context: Any) -> float | None:
@@ -82,12 +89,13 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         messages = ItemMessages("generate", pb.GenerateManyResponse, "response", convert.result_to_pb)
         return MultiplexedMethod(self._many_item, messages, MANY_CONCURRENCY)
 
-    def _many_item(self, req: pb.GenerateManyRequest) -> Item[GenerateResult] | None:
+    def _many_item(self, req: pb.GenerateManyRequest) -> Item[GenerateResult]:
         if req.WhichOneof("item") == "request":
             inp = convert.generate_from_pb(req.request)
             timeout = req.timeout_s if req.timeout_s > 0 else None
             return Item(req.id, functools.partial(self._gw.generate, inp, timeout_s=timeout))
-        return Item(req.id) if req.cancel else None
+        # An item with neither was dropped: its caller waited for an answer that never came.
+        return Item(req.id) if req.cancel else Item(req.id, _no_request)
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()
