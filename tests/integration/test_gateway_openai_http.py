@@ -380,3 +380,20 @@ async def test_a_body_nested_too_deeply_or_with_a_lone_surrogate_is_a_400(
             json={"model": "tiny", "input": "hi", "messages": [{"role": "user", "content": "hi"}]},
         )
     assert ok.status_code == 200, ok.text  # the facade stays healthy
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "responses"])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stream", "false"), ("stream_options", [1]), ("tools", {}), ("logprobs", "yes"), ("ignore_eos", 1)],
+)
+async def test_a_field_of_another_json_type_is_a_400_naming_it(
+    http: Http, route: str, field: str, value: object
+) -> None:
+    """`"stream": "false"` streamed (a truthy string), `"stream_options": [1]` was a 500, `"tools": {}`
+    was ignored: each is now refused by name."""
+    body = {"model": "tiny", "input": "hi", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with httpx.AsyncClient(timeout=20) as client:
+        resp = await client.post(f"{http.url}/{route}", json={**body, field: value})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == field and f"{field} must be " in resp.json()["error"]["message"]

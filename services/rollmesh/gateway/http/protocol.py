@@ -139,6 +139,24 @@ _RESPONSES_UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Fields of one JSON type: another value was taken for its truthiness ("stream": "false" streamed) or
+# was a 500 ("stream_options": [1]).
+_TYPED: dict[str, tuple[type, str]] = {
+    "stream": (bool, "a boolean"),
+    "logprobs": (bool, "a boolean"),
+    "ignore_eos": (bool, "a boolean"),
+    "stream_options": (dict, "an object"),
+    "tools": (list, "a list"),
+}
+
+
+def _check_types(body: dict[str, Any]) -> None:
+    for name, (kind, said) in _TYPED.items():
+        value = body.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise bad_request(f"{name} must be {said}, not {json.dumps(value)[:60]}", name)
+
+
 def _refuse_unimplemented(body: dict[str, Any], table: dict[str, tuple[Any, ...]] = _UNIMPLEMENTED) -> None:
     for name, off in table.items():
         value = body.get(name)
@@ -152,6 +170,7 @@ def chat_input(headers: Mapping[str, str], body: dict[str, Any]) -> GenerateInpu
         raise bad_request("messages must be a non-empty list", "messages")
     if (body.get("n") or 1) != 1:
         raise bad_request("n > 1 is not supported; send n requests", "n")
+    _check_types(body)
     _refuse_unimplemented(body)
     return GenerateInput(
         model=str(body.get("model") or ""),
@@ -169,6 +188,7 @@ def responses_input(headers: Mapping[str, str], body: dict[str, Any]) -> Generat
             "previous_response_id is not supported; send the whole input with an X-Session-Id header",
             "previous_response_id",
         )
+    _check_types(body)
     _refuse_unimplemented(body, _RESPONSES_UNIMPLEMENTED)
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
