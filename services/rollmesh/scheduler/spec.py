@@ -30,7 +30,11 @@ class RetryPolicy:
     max_attempts: int = _setting(3, "Attempts per rollout before it is recorded as a failure.")
     initial_backoff_s: float = _setting(0.5, "First wait between attempts (doubles each time, with jitter).")
     max_backoff_s: float = _setting(10.0, "Longest wait between attempts.")
-    rollout_timeout_s: float = _setting(300.0, "Most one attempt may take (the adaptive deadline's ceiling).")
+    rollout_timeout_s: float = _setting(
+        300.0,
+        "Most one attempt may take (the adaptive deadline's ceiling); a gateway that answers none of "
+        "the job's calls this long fails the job.",
+    )
     unavailable_budget_s: float = _setting(
         60.0, "Seconds the gateway or verifier may stay unreachable before the job fails."
     )
