@@ -102,6 +102,9 @@ async def test_job_end_to_end_stream_metrics_and_idempotency(mesh: Mesh) -> None
         assert streamed[0].rollout.key.task_index == rows[5]["task_index"]
         metrics = await job.metrics()
         assert metrics.num_rollouts == 40 and metrics.pass_at_k[1] == 1.0 and metrics.num_tasks == 20
+        stored = mesh.out / job.job_id / "metrics.json"
+        stored.write_text(json.dumps({**json.loads(stored.read_text()), "pass_at_k": "x"}))  # edited, corrupt
+        assert await job.metrics() == metrics  # counted again from the rows (was INTERNAL)
         listed = [j.job_id async for j in c.scheduler.jobs(page_size=1)]
         assert listed == [job.job_id]
         with pytest.raises(FailedPreconditionError) as info:

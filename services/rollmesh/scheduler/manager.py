@@ -575,9 +575,11 @@ class JobManager:
                     log.warning("job_file_corrupt", error=exc.message)
         return jobs
 
-    async def metrics(self, job_id: str) -> Json:
+    async def metrics(self, job_id: str, *, from_file: bool = True) -> Json:
+        """The job's metrics: its metrics.json once it ended (unless not `from_file`), else counted now."""
         rec = await self.get(job_id)
-        if rec.finished and rec.has_file and rec.state != INTERRUPTED:  # an interrupted run wrote none
+        ended = rec.finished and rec.has_file and rec.state != INTERRUPTED  # an interrupted run wrote none
+        if from_file and ended:
             stored = await asyncio.to_thread(store.read_json, rec.directory / store.METRICS)
             if stored is not None:
                 return stored

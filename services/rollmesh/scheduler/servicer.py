@@ -50,7 +50,9 @@ class SchedulerServicer(pb_grpc.RolloutSchedulerServicer):
                 yield pb.StreamRolloutsResponse(offset=offset, failure=convert.failure_to_pb(item))
 
     async def GetJobMetrics(self, request: pb.GetJobMetricsRequest, context: Any) -> pb.JobMetrics:
-        metrics = await self._jobs.metrics(request.job_id)
-        msg = convert.metrics_to_pb(metrics)
+        try:
+            msg = convert.metrics_to_pb(await self._jobs.metrics(request.job_id))
+        except (TypeError, ValueError, AttributeError, OverflowError):  # metrics.json edited or corrupt
+            msg = convert.metrics_to_pb(await self._jobs.metrics(request.job_id, from_file=False))
         msg.job_id = request.job_id
         return msg
