@@ -195,8 +195,9 @@ async def test_a_job_resumed_while_the_trainer_holds_its_rollouts_delivers_each_
 ) -> None:
     """The scheduler dies with rollouts queued on the trainer, not yet consumed: ListCommitted lacks
     them, so the resumed run sends them again. Each key reached the trainer twice (GRPO groups twice
-    their size); now the first copy is delivered and the second acknowledged once it is consumed."""
-    server = await make_server(window=8, group_complete=group_complete, group_size=2).start()
+    their size); now only the first copy to come out of the queue is. (0, 1) waits on a full queue
+    when the first run dies: a key marked held before it was queued was never delivered at all."""
+    server = await make_server(window=1, group_complete=group_complete, group_size=2).start()
     channel = aio_channel(server.address)
     first = GrpcSink(server.address, window=4, channel=channel)
     await first.open("job1", total=4, spec={"num_repeats": 2})
@@ -207,20 +208,16 @@ async def test_a_job_resumed_while_the_trainer_holds_its_rollouts_delivers_each_
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
     await channel.close()  # the scheduler's process dies
-    again = GrpcSink(server.address, window=4)
+    again = GrpcSink(server.address, window=4, drain_timeout_s=10)
     assert await again.open("job1", total=4, spec={"num_repeats": 2}) == set()
     for t, i in [(0, 0), (0, 1), (1, 0), (1, 1)]:
         await again.write(rollout(t, i, reward=0.5))
     consumer = asyncio.create_task(collect(server))
     await again.close(state="succeeded", metrics=None)  # raises if a copy were never acknowledged
     got = await asyncio.wait_for(consumer, timeout=30)
-    assert sorted((r.key, r.reward) for r in got) == [
-        ((0, 0), 0.0),
-        ((0, 1), 1.0),
-        ((1, 0), 0.5),
-        ((1, 1), 0.5),
-    ]
-    assert server.stats.duplicates == 2 and len(server.committed("job1")) == 4
+    assert sorted(r.key for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert next(r.reward for r in got if r.key == (0, 0)) == 0.0  # the copy the trainer had first
+    assert server.stats.duplicates >= 1 and len(server.committed("job1")) == 4
 
 
 async def test_stream_must_start_with_open(make_server: type[SinkServer]) -> None:

@@ -212,9 +212,9 @@ class SinkServer:
         self._api_key = api_key if api_key is not None else os.environ.get("ROLLMESH_API_KEY", "")
         self.stats = SinkStats()
         self._committed: dict[str, set[Key]] = {j: set(ks) for j, ks in (committed or {}).items()}
-        # Keys queued for or handed to the trainer and not yet committed nor dropped, across streams:
-        # a job resumed meanwhile resends them (ListCommitted lacks them), and they must not go twice.
-        self._taken: dict[str, set[Key]] = {}
+        # Keys delivered and not yet committed: a job resumed meanwhile sends them again (ListCommitted
+        # lacks them), and that copy must not be delivered too.
+        self._delivered: dict[str, set[Key]] = {}
         self._streams: dict[str, _Stream] = {}
         self._queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=window)
         self._server: grpc.aio.Server | None = None
@@ -275,7 +275,7 @@ class SinkServer:
             if r.key not in done:
                 done.add(r.key)
                 self.stats.acked += 1
-            self._taken.get(r.job_id, set()).discard(r.key)
+            self._delivered.get(r.job_id, set()).discard(r.key)
             by_job.setdefault(r.job_id, []).append(r.key)
         for job_id, keys in by_job.items():
             st = self._streams.get(job_id)
@@ -297,7 +297,7 @@ class SinkServer:
                 if until_closed:
                     return None
                 continue
-            unit = self._apply_staleness(item)
+            unit = self._deliverable(item)
             if unit:
                 self.stats.delivered += len(unit)
                 return unit
@@ -361,24 +361,25 @@ class SinkServer:
         windows = [s.window for s in self._streams.values() if s.window > 0]
         return min(windows) if windows else self.window
 
-    def _apply_staleness(self, unit: _Unit) -> _Unit:
-        if self.max_staleness is None:
-            return unit
+    def _deliverable(self, unit: _Unit) -> _Unit:
+        """What of `unit` reaches the trainer: neither a key it has had (a copy sent again by a
+        job resumed meanwhile) nor, with on_stale="drop", a stale rollout. The rest is acknowledged
+        (the scheduler moves on) but not committed."""
         kept: _Unit = []
-        dropped: _Unit = []
         for r in unit:
-            r.staleness = None if r.version is None else self.policy_version - r.version
-            r.stale = r.staleness is not None and r.staleness > self.max_staleness
-            if not r.stale:
-                kept.append(r)
-            elif self.on_stale == "flag":
-                self.stats.flagged_stale += 1
-                kept.append(r)
-            else:
+            delivered = self._delivered.setdefault(r.job_id, set())
+            if self.max_staleness is not None:
+                r.staleness = None if r.version is None else self.policy_version - r.version
+                r.stale = r.staleness is not None and r.staleness > self.max_staleness
+            if r.key in delivered or r.key in self._committed.get(r.job_id, ()):
+                self.stats.duplicates += 1
+            elif r.stale and self.on_stale == "drop":
                 self.stats.dropped_stale += 1
-                dropped.append(r)
-        for r in dropped:  # acknowledged (the scheduler moves on) but not committed
-            self._taken.get(r.job_id, set()).discard(r.key)
+            else:
+                self.stats.flagged_stale += r.stale
+                delivered.add(r.key)
+                kept.append(r)
+                continue
             st = self._streams.get(r.job_id)
             if st is not None:
                 st.ack([r.key])
@@ -441,7 +442,6 @@ class SinkServer:
         st.group_size = self.group_size or int(msg.spec.num_repeats) or 1
         self._streams[st.job_id] = st
         self._committed.setdefault(st.job_id, set())
-        self._taken.setdefault(st.job_id, set())
         self.stats.jobs_opened += 1
 
     async def _on_rollout(self, msg: scheduler_pb2.Rollout, st: _Stream) -> None:
@@ -451,21 +451,15 @@ class SinkServer:
             self.stats.duplicates += 1
             st.ack([key])
             return
-        if key in st.held:
+        if key in st.unacked or key in st.held:
             self.stats.duplicates += 1
-            st.ack([key])
-            return
-        if key in st.unacked or key in self._taken[st.job_id]:
-            # The trainer has this key already (maybe from the stream of a run since resumed): this
-            # copy is acknowledged once that one is consumed (ack() answers on the newest stream).
-            self.stats.duplicates += 1
-            self._track(st, key)
+            if key in st.held:
+                st.ack([key])
             return
         r = TrainerRollout.from_pb(msg)
         r.job_id = st.job_id  # the stream's job is authoritative for acks and ListCommitted
         if not self.group_complete:
             self._track(st, key)
-            self._taken[st.job_id].add(key)
             await self._queue.put([r])
             return
         task = key[0]
@@ -508,7 +502,6 @@ class SinkServer:
         st.expected.pop(task, None)
         for r in group:
             st.held.discard(r.key)
-            self._taken[st.job_id].add(r.key)
         await self._queue.put(group)
 
     def _track(self, st: _Stream, key: Key) -> None:
