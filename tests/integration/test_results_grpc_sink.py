@@ -164,6 +164,13 @@ async def test_stale_rollouts_are_dropped_and_not_committed(make_server: type[Si
     assert server.committed("job1") == {(0, 1), (0, 2), (0, 4), (0, 5)}  # a resume regenerates 0 and 3
 
 
+def test_a_negative_staleness_bound_is_refused() -> None:
+    """max_staleness=-1 (read as "no bound") made every rollout stale: all dropped, none delivered."""
+    with pytest.raises(ValueError, match="max_staleness must be >= 0"):
+        SinkServer(max_staleness=-1)
+    assert SinkServer(max_staleness=0).max_staleness == 0  # strictly on-policy stays allowed
+
+
 async def test_flagging_instead_of_dropping(make_server: type[SinkServer]) -> None:
     server = await make_server(max_staleness=0, on_stale="flag", policy_version=2).start()
     sink = GrpcSink(server.address, window=2)

@@ -34,7 +34,8 @@ every RolloutSink call must carry `authorization: Bearer <key>`, as on the mesh'
 scheduler sends the mesh's key); health answers anyone.
 
 `ListCommitted` answers from what the trainer consumed in this process, plus `committed=` given
-at construction (save `sink.committed(job_id)` with your checkpoint to resume across restarts).
+at construction (save `sink.committed(job_id)` with your checkpoint to resume across restarts,
+after `sink.ack(batch)` of the batch just trained on: `batches()` commits its last one later).
 """
 
 from __future__ import annotations
@@ -198,6 +199,8 @@ class SinkServer:
     ) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if max_staleness is not None and max_staleness < 0:  # every rollout stale: none delivered
+            raise ValueError(f"max_staleness must be >= 0 (None: no bound), got {max_staleness}")
         if on_stale not in ("drop", "flag"):
             raise ValueError(f"on_stale must be 'drop' or 'flag', got {on_stale!r}")
         self.host = host
