@@ -397,3 +397,18 @@ async def test_a_field_of_another_json_type_is_a_400_naming_it(
         resp = await client.post(f"{http.url}/{route}", json={**body, field: value})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == field and f"{field} must be " in resp.json()["error"]["message"]
+
+
+async def test_a_body_over_the_message_limit_is_a_413_without_being_read_whole(
+    http: Http, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 150 MB body was read, parsed and tokenized (150 M tokens) before PROMPT_TOO_LONG; gRPC refuses
+    a message over ROLLMESH_MAX_MESSAGE_MB at the transport, and the facade now refuses it the same."""
+    monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", "1")
+    big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 2_000_000}]}
+    async with httpx.AsyncClient(timeout=20) as client:
+        resp = await client.post(f"{http.url}/chat/completions", json=big)
+        assert resp.status_code == 413, resp.text
+        assert resp.json()["error"]["code"] == "MESSAGE_TOO_LARGE" and "1,048,576 bytes" in resp.text
+        small = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+        assert (await client.post(f"{http.url}/chat/completions", json=small)).status_code == 200

@@ -168,6 +168,14 @@ class UpstreamUnreachable(mesh.Unavailable):
     reason = "UPSTREAM_UNREACHABLE"
 
 
+class BodyTooLarge(mesh.ResourceExhausted):
+    """An HTTP request body over the mesh's message limit (ROLLMESH_MAX_MESSAGE_MB, what gRPC refuses
+    too): refused as it arrives, never held whole. 413, no RetryInfo."""
+
+    reason = "MESSAGE_TOO_LARGE"
+    http_status_override = 413
+
+
 class UpstreamBadResponse(mesh.Internal):
     """The upstream answered 200 with something that is not a chat completion (not JSON, no
     choices, no message): never read as an empty answer, which would score as a wrong one. Not

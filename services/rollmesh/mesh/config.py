@@ -136,7 +136,8 @@ ENV_VARS: dict[str, EnvVar] = {
             64.0,
             parse_float,
             "Largest gRPC message (MiB) servers and clients send or take; a bigger request item is refused"
-            " on its own, a bigger dataset row at submit (read by rollmesh_client.max_message_bytes).",
+            " on its own, a bigger dataset row at submit, a bigger OpenAI HTTP body with 413 (read by"
+            " rollmesh_client.max_message_bytes).",
         ),
         EnvVar("ROLLMESH_LOG_LEVEL", "info", parse_str, "debug, info, warning or error."),
         EnvVar(

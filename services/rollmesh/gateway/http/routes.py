@@ -20,6 +20,7 @@ from rollmesh.gateway.http import protocol, streaming
 from rollmesh.gateway.types import GenerateResult, StreamDelta
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.errors import RollmeshError, Unauthenticated
+from rollmesh_client import max_message_bytes
 from rollmesh_client._auth import AUTH_HEADER, authorized
 
 
@@ -30,8 +31,17 @@ def error_response(exc: RollmeshError) -> JSONResponse:
 
 
 async def _body(request: Request) -> dict[str, Any]:
+    limit, chunks, size = max_message_bytes(), [], 0
+    async for chunk in request.stream():  # a 150 MB body was read, parsed and tokenized whole
+        size += len(chunk)
+        if size > limit:
+            raise errors.BodyTooLarge(
+                f"the request body is over {limit:,} bytes (ROLLMESH_MAX_MESSAGE_MB)",
+                metadata={"limit": str(limit)},
+            )
+        chunks.append(chunk)
     try:
-        body = untrusted_json.loads(await request.body())
+        body = untrusted_json.loads(b"".join(chunks))
     except ValueError as exc:  # NotJson, and UnicodeDecodeError for a body that is not UTF-8
         raise protocol.bad_request(f"the body is not JSON ({exc})", "body") from None
     if not isinstance(body, dict):
