@@ -164,6 +164,9 @@ def test_a_drifted_record_fails_with_a_clear_reason(tok: Any) -> None:
     other_args = tool_rollout(tok)
     other_args.messages[0]["tool_calls"][0]["function"]["arguments"] = '{"expr": "12+8"}'
     assert "do not mention tool call(s) ['12+8']" in validate_rollout(other_args, tokenizer=tok)[0]
+    deep = tool_rollout(tok)  # arguments nested too deeply were a RecursionError out of `rollmesh validate`
+    deep.messages[0]["tool_calls"][0]["function"]["arguments"] = "[" * 100_000 + "]" * 100_000
+    assert validate_rollout(deep, tokenizer=tok) == []  # unreadable arguments: only the name is checked
 
 
 def test_validate_cli(tok: Any, tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from rollmesh.mesh import untrusted_json
 from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import Json, Rollout, TokenRecord, TurnSpan
 
@@ -244,8 +245,8 @@ def _tool_call_parts(msg: Json) -> list[str]:
             parts.append(str(fn["name"]))
         args = fn.get("arguments")
         try:
-            parts.extend(_strings(json.loads(args) if isinstance(args, str) else args))
-        except ValueError:
+            parts.extend(_strings(untrusted_json.loads(args) if isinstance(args, str) else args))
+        except (ValueError, RecursionError):  # a stored row's arguments: anything
             continue
     return parts
 
