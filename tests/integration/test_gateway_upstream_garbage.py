@@ -29,6 +29,7 @@ UNARY_BODIES: dict[str, bytes] = {
     "not_json": b"<html>a login page</html>",
     "empty_body": b"",
     "json_list": b"[1, 2, 3]",
+    "nested_too_deeply": b"[" * 100_000 + b"]" * 100_000,  # was RecursionError: INTERNAL
     "no_choices": json.dumps({"id": "x", "model": "m", "usage": USAGE}).encode(),
     "empty_choices": json.dumps({"id": "x", "model": "m", "choices": [], "usage": USAGE}).encode(),
     "no_message": json.dumps({"choices": [{"index": 0, "finish_reason": "stop"}], "usage": USAGE}).encode(),
@@ -57,6 +58,11 @@ MALFORMED: dict[str, dict[str, object]] = {
 CHUNK = b'data: {"choices": [{"index": 0, "delta": {"content": "The answer is 5"}}]}\n\n'
 MALFORMED_STREAMS: dict[str, list[bytes]] = {
     "line_not_json": [CHUNK, b"data: {not json\n\n", b"data: [DONE]\n\n"],
+    "line_nested_too_deeply": [
+        CHUNK,
+        b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n",
+        b"data: [DONE]\n\n",
+    ],
     "delta_a_string": [b'data: {"choices": [{"index": 0, "delta": "x"}]}\n\n', b"data: [DONE]\n\n"],
     "choices_an_object": [b'data: {"choices": {"a": 1}}\n\n', b"data: [DONE]\n\n"],
 }

@@ -60,6 +60,7 @@ from rollmesh.gateway.errors import (
     ConnectTimedOut,
     ReadTimedOut,
 )
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
@@ -323,7 +324,7 @@ class OpenAIBackend(ModelBackend):
         """(payload, its first choice, that choice's message) of a chat completion, or
         UPSTREAM_BAD_RESPONSE naming what is wrong with `body`."""
         try:
-            payload = json.loads(body)
+            payload = untrusted_json.loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
@@ -390,7 +391,7 @@ class OpenAIBackend(ModelBackend):
                     done = True
                     break
                 try:
-                    chunk = json.loads(data_line)
+                    chunk = untrusted_json.loads(data_line)
                     saw_choice = saw_choice or bool(chunk.get("choices"))
                     if chunk.get("usage"):
                         usage = _usage(chunk)
