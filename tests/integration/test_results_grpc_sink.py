@@ -462,6 +462,28 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
     assert sorted(r.key for r in got) == [(t, 0) for t in range(10)]  # each once, none lost
 
 
+async def test_acks_of_keys_never_sent_do_not_hold_off_the_ack_timeout(make_server: type[SinkServer]) -> None:
+    """A trainer that acknowledges only keys the scheduler is not waiting on (a consumer with a key
+    bug) kept the job waiting forever: any ack reset the ack_timeout_s clock."""
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=1, ack_timeout_s=1.0)
+    await sink.open("job1", total=2, spec={})
+    await sink.write(rollout(0, 0))  # never consumed
+
+    async def wrong_acks() -> None:
+        for n in range(1000):
+            server.ack([TrainerRollout.from_pb(convert.rollout_to_pb(rollout(9, n)))])
+            await asyncio.sleep(0.1)
+
+    acker = asyncio.create_task(wrong_acks())
+    try:
+        with pytest.raises(SinkUnavailable, match="acknowledged nothing for"):
+            await asyncio.wait_for(sink.write(rollout(0, 1)), timeout=20)
+    finally:
+        acker.cancel()
+        await sink.close(state="failed", metrics=None)
+
+
 async def test_the_trainer_gets_the_rows_the_jsonl_sink_writes_for_the_same_job(
     make_server: type[SinkServer], tmp_path: Path
 ) -> None:

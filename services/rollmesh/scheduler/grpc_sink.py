@@ -225,13 +225,12 @@ class GrpcSink(Sink):
                     if not self._closed:
                         await self._fail(ConnectionError("the trainer ended the Consume stream"))
                     return
-                keys = [convert.key_from_pb(k) for k in resp.acked]
-                self._last_ack = time.monotonic()
+                keys = {convert.key_from_pb(k) for k in resp.acked} & self._unacked
+                if keys:  # acks of keys not waiting (unknown, repeated) are no sign of progress
+                    self._last_ack = time.monotonic()
                 async with self._cond:
-                    for k in keys:
-                        if k in self._unacked:
-                            self._unacked.discard(k)
-                            self.acked += 1
+                    self._unacked -= keys
+                    self.acked += len(keys)
                     self._cond.notify_all()
         except grpc.aio.AioRpcError as exc:
             await self._fail(exc)
