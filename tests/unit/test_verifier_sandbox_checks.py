@@ -265,7 +265,8 @@ def test_codec_round_trips_plain_values() -> None:
 
 def test_reply_frames_are_strict() -> None:
     assert parse_frame(b'{"id": 3, "value": 1}') == {"id": 3, "value": 1}
-    for bad in (b'{"id": "3"}', b'{"id": 1, "passed": 5}', b"[1]", b'{"id": 1, "value": NaN}', b"\xff"):
+    huge = b'{"id": 1, "value": ' + b"9" * 5000 + b"}"  # past int's digit limit: a ValueError escaped
+    for bad in (b'{"id": "3"}', b'{"id": 1, "passed": 5}', b"[1]", b'{"id": 1, "value": NaN}', b"\xff", huge):
         with pytest.raises(BadValue):
             parse_frame(bad)
 

@@ -76,7 +76,7 @@ def parse_frame(data: bytes) -> dict[str, Any]:
     """One reply frame: a JSON object with only the known keys and an int "id"."""
     try:
         obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, int digit limit
         raise BadValue(f"undecodable reply: {exc}") from None
     if type(obj) is not dict or type(obj.get("id")) is not int or not set(obj) <= REPLY_KEYS:
         raise BadValue("malformed reply")
