@@ -11,7 +11,7 @@ import pytest
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.errors import CorruptJobFile, CorruptSinkFile
-from rollmesh.scheduler.job_convert import job_to_pb
+from rollmesh.scheduler.job_convert import job_to_pb, jobs_to_pb
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.spec import JobSpec
@@ -119,6 +119,9 @@ async def test_a_corrupt_job_json_is_left_out_of_the_listing_and_named_when_aske
         listed = await mgr.list_jobs()
         assert [r.job_id for r in listed] == ["job-good"]
         assert [job_to_pb(r, 0.0).progress.total for r in listed] == [0]
+        # A number the dataclass takes but the proto cannot carry (int32): left out of the listing.
+        _job(tmp_path, "job-wide", replace(spec, num_repeats=2**40), "SUCCEEDED", 2.0)
+        assert [j.job_id for j in jobs_to_pb(await mgr.list_jobs(), 0.0)] == ["job-good"]
         for job_id in corrupt:
             with pytest.raises(CorruptJobFile, match=f"{tmp_path / job_id / store.JOB}: "):
                 await mgr.get(job_id)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from google.protobuf import timestamp_pb2
 
 from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.convert import sampling_from_pb, sampling_to_pb, state_to_pb
 from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy, SinkConfig
 from rollmesh_client.v1 import scheduler_pb2 as pb
+
+log = get_logger("rollmesh.scheduler")
 
 
 def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
@@ -68,3 +73,15 @@ def job_to_pb(rec: JobRecord, now: float) -> pb.Job:
         end_time=None if rec.end_time is None else _ts(rec.end_time),
         output_path=str(rec.directory) if rec.has_file else "",
     )
+
+
+def jobs_to_pb(records: Sequence[JobRecord], now: float) -> list[pb.Job]:
+    """Each record as a Job; one read from a job.json that no longer converts (a count edited past
+    the proto's range) is logged and left out, so one bad file never fails the listing of all."""
+    jobs = []
+    for rec in records:
+        try:
+            jobs.append(job_to_pb(rec, now))
+        except (TypeError, ValueError, OverflowError) as exc:
+            log.warning("job_file_corrupt", job_id=rec.job_id, error=str(exc))
+    return jobs

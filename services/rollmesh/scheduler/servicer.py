@@ -29,7 +29,7 @@ class SchedulerServicer(pb_grpc.RolloutSchedulerServicer):
     async def ListJobs(self, request: pb.ListJobsRequest, context: Any) -> pb.ListJobsResponse:
         items, token = page(await self._jobs.list_jobs(), request.page_size, request.page_token)
         now = self._clock()
-        return pb.ListJobsResponse(jobs=[job_convert.job_to_pb(r, now) for r in items], next_page_token=token)
+        return pb.ListJobsResponse(jobs=job_convert.jobs_to_pb(items, now), next_page_token=token)
 
     async def CancelJob(self, request: pb.CancelJobRequest, context: Any) -> pb.Job:
         return job_convert.job_to_pb(await self._jobs.cancel(request.job_id), self._clock())

@@ -122,7 +122,7 @@ def _known(cls: type[Any], data: object) -> Json:
     kept = {f.name: (data[f.name], f.default) for f in dataclasses.fields(cls) if f.name in data}
     for name, (value, default) in kept.items():
         if isinstance(default, str | int | float) and not _same_kind(value, default):
-            raise ValueError(f"{name} is {value!r:.60}, not a {type(default).__name__}")
+            raise ValueError(f"{name} is {value!r:.60}, expected {type(default).__name__}")
     return {name: value for name, (value, _) in kept.items()}
 
 
