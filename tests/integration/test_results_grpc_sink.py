@@ -141,6 +141,29 @@ async def test_group_complete_delivery_with_a_window_smaller_than_a_group(
         assert abs(float(adv[batch.group_ids == gid].sum())) < 1e-5  # GRPO: zero mean per group
 
 
+async def test_groups_a_close_releases_reach_a_trainer_busier_than_the_close_waits(
+    make_server: type[SinkServer],
+) -> None:
+    """Held rollouts are acknowledged on arrival; the close releases partial groups. With the
+    trainer's queue full (a long training step) the scheduler stopped waiting for the stream's end
+    and cancelled it, losing the groups and the close: the job SUCCEEDED, the trainer never got
+    (1, 0) and (2, 0), and its `until_closed` loop never ended."""
+    server = await make_server(window=1, group_complete=True, group_size=2).start()
+    sink = GrpcSink(server.address, window=4, rpc_timeout_s=1)
+    await sink.open("job1", total=6, spec={"num_repeats": 2})
+    await sink.write(rollout(0, 0))
+    await sink.write_failure(RolloutFailure(RolloutKey(0, 1), "job1", "UNAVAILABLE", "down", 3))
+    await sink.write(rollout(1, 0))  # held: its partner never comes
+    await sink.write(rollout(2, 0))
+    await sink.close(state="succeeded", metrics=None)  # every rollout is acknowledged
+    deadline = asyncio.get_running_loop().time() + 30
+    while "job1" in server._streams:  # the trainer's end of the stream is over too
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    got = await asyncio.wait_for(collect(server), timeout=10)
+    assert [r.key for r in got] == [(0, 0), (1, 0), (2, 0)]
+
+
 async def test_stale_rollouts_are_dropped_and_not_committed(make_server: type[SinkServer]) -> None:
     server = await make_server(window=4, max_staleness=1, policy_version=5).start()
     sink = GrpcSink(server.address, window=2)

@@ -222,6 +222,7 @@ class SinkServer:
         self._queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=window)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
+        self._closing: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -253,6 +254,9 @@ class SinkServer:
         server, self._server = self._server, None
         await self._health.enter_graceful_shutdown()
         await server.stop(grace)
+        for task in self._closing:
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(_Stopped())
 
@@ -434,7 +438,14 @@ class SinkServer:
                 elif kind == "failure":
                     await self._on_failure(req.failure, st)
                 elif kind == "close":
-                    await self._on_close(req.close, st)
+                    # Queued by a task of its own, so the stream ends now: a trainer in a long step
+                    # may take what the close releases (held groups, already acknowledged, and the
+                    # close itself) later than the scheduler waits; cancelled with the stream, they
+                    # were lost while the job ended SUCCEEDED.
+                    task = asyncio.create_task(self._on_close(req.close, st))
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
+                    return
         finally:
             st.done = True
             st.wake.set()
