@@ -378,6 +378,31 @@ async def test_a_rollout_over_grpcs_default_4_mib_reaches_the_trainer(make_serve
     assert got.key == (0, 0) and len(got.raw.messages[-1].content) == 5 * 1024 * 1024
 
 
+async def test_a_trainer_that_reads_nothing_for_a_step_is_backpressure_not_a_broken_stream(
+    make_server: type[SinkServer],
+) -> None:
+    """A trainer in a step with its queue full stops reading the stream; with a job's window over
+    its queue, flow control then held the scheduler's write, and past rpc_timeout_s the stream
+    counted as broken: the job failed after a training step longer than rpc_timeout_s (30 s)."""
+    server = await make_server(window=1).start()
+    sink = GrpcSink(server.address, window=64, rpc_timeout_s=1, ack_timeout_s=60)
+    await sink.open("job1", total=20, spec={})
+    big = [rollout(0, i) for i in range(20)]
+    for r in big:
+        r.messages = [{"role": "assistant", "content": "x" * 1_000_000}]
+
+    async def trainer() -> list[TrainerRollout]:
+        await asyncio.sleep(3)  # a training step: the trainer takes nothing meanwhile
+        return await collect(server)
+
+    consumer = asyncio.create_task(trainer())
+    for r in big:
+        await sink.write(r)
+    await sink.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=60)
+    assert sorted(r.key for r in got) == [(0, i) for i in range(20)]
+
+
 async def test_a_trainer_that_stalls_past_the_drain_timeout_fails_the_close(
     make_server: type[SinkServer],
 ) -> None:

@@ -18,7 +18,8 @@ step, or a hung trainer) is not yet an error: dispatch waits, and `waiting()` sa
 job's progress shows (`waiting_on`, `rollmesh run`'s bar, `rollmesh jobs status`). Past
 `ack_timeout_s` (GrpcSinkSpec.ack_timeout_s, default 300 s: an optimizer step may take minutes) it
 is: `write()` raises `SinkUnavailable` and the job fails (a trainer alive enough to answer
-keepalive pings but stuck, e.g. a deadlocked loop, stalled the job forever); what it never
+keepalive pings but stuck, e.g. a deadlocked loop, stalled the job forever); so does a write
+the trainer has not read for that long (with its queue full it stops reading); what it never
 acknowledged is not committed, so a resumed job sends it again. The clock runs from the later of
 the last acknowledgement and the moment rollouts began waiting for one.
 """
@@ -211,9 +212,16 @@ class GrpcSink(Sink):
             raise SinkUnavailable(f"trainer sink {self.address}: write before open()")
         self._raise_if_broken()
         try:
-            async with self._send_lock, asyncio.timeout(self.rpc_timeout_s):
+            # A trainer in a long step stops reading once its queue is full, and flow control then
+            # holds writes: backpressure like a full window (rpc_timeout_s failed healthy jobs).
+            async with self._send_lock, asyncio.timeout(self.ack_timeout_s):
                 await self._call.write(req)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError) as exc:
+        except TimeoutError:
+            await self._fail(
+                TimeoutError(f"the trainer read nothing for ack_timeout_s {self.ack_timeout_s:g} s")
+            )
+            self._raise_if_broken()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
             await self._fail(exc)
             self._raise_if_broken()
 
