@@ -14,7 +14,7 @@ import pytest
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.plan import build_plan, load_rows, select_tasks
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy, validate
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy, SinkConfig, validate
 from tests.fakes import Rows
 
 
@@ -56,6 +56,11 @@ def _err(exc: pytest.ExceptionInfo[RollmeshError]) -> tuple[grpc.StatusCode, str
             JobSpec(dataset="d", retry=RetryPolicy(rollout_timeout_s=math.inf)),
             "INVALID_JOB_SPEC",
             "retry.rollout_timeout_s is inf",
+        ),
+        (  # gRPC dialled port 34463 (99999 mod 65536): rollouts sent to whatever listens there
+            JobSpec(dataset="d", sink=SinkConfig(kind="grpc", address="10.0.0.5:99999")),
+            "INVALID_JOB_SPEC",
+            "sink.grpc.address '10.0.0.5:99999' is not host:port",
         ),
     ],
 )

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from rollmesh_client import Client, GatewayClient, RegistryClient, SchedulerClient, VerifierClient
+import pytest
+
+from rollmesh_client import (
+    Client,
+    GatewayClient,
+    RegistryClient,
+    SchedulerClient,
+    VerifierClient,
+    aio_channel,
+)
 
 ADDRESSES = {s: f"127.0.0.1:{1 + i}" for i, s in enumerate(("registry", "verifier", "gateway", "scheduler"))}
 
@@ -22,3 +31,12 @@ async def test_each_service_attribute_is_its_typed_client_made_once() -> None:
 
 def test_on_the_class_the_attribute_is_inspectable() -> None:
     assert Client.gateway is not None and "first use" in (type(Client.gateway).__doc__ or "")
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:99999", "http://127.0.0.1:50054", "localhost", ":50054", "h:0"]
+)
+def test_an_address_that_is_not_host_port_is_refused_before_dialling(address: str) -> None:
+    """gRPC took "h:99999" as port 34463 (silently another service) and "http://h:1" as a name."""
+    with pytest.raises(ValueError, match="is not host:port"):
+        aio_channel(address)

@@ -71,8 +71,18 @@ class ConnectConfig:
     timeout_s: float | None = 60.0
 
 
+def check_address(address: str) -> str:
+    """`address` when it is host:port with a port 1-65535, else ValueError saying so: gRPC took
+    "h:99999" as port 34463 (another service, silently) and "http://h:1" as a name to resolve."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host.strip() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not host:port (port 1-65535, no scheme), e.g. 127.0.0.1:50054")
+    return address
+
+
 def aio_channel(address: str, *, api_key: str | None = None) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel to `address` (host:port) with the mesh's options."""
+    """An insecure grpc.aio channel to `address` (host:port, checked) with the mesh's options."""
+    check_address(address)
     interceptors = client_interceptors(api_key) if api_key else None
     options = [*CHANNEL_OPTIONS, *message_limit_options()]
     return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollmesh.scheduler.errors import InvalidJobSpec, InvalidShard
+from rollmesh_client._channel import check_address
 
 Json = dict[str, Any]
 
@@ -196,6 +197,13 @@ def validate(spec: JobSpec) -> None:
         raise InvalidJobSpec(
             "a gRPC sink needs an address (host:port)", metadata={"field": "sink.grpc.address"}
         )
+    if spec.sink.kind == "grpc":
+        try:
+            check_address(spec.sink.address)
+        except ValueError as exc:
+            raise InvalidJobSpec(
+                f"sink.grpc.address {exc}", metadata={"field": "sink.grpc.address"}
+            ) from None
     s = spec.sampling
     if "temperature" in s and not (math.isfinite(s["temperature"]) and s["temperature"] >= 0):
         raise InvalidJobSpec(
