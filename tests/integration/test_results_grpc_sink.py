@@ -378,6 +378,21 @@ async def test_a_rollout_over_grpcs_default_4_mib_reaches_the_trainer(make_serve
     assert got.key == (0, 0) and len(got.raw.messages[-1].content) == 5 * 1024 * 1024
 
 
+async def test_a_rollout_over_the_message_limit_is_named(
+    make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It broke the stream with "INTERNAL: Internal error from Core", which named nothing."""
+    monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", "1")
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=4)
+    await sink.open("job1", total=1, spec={})
+    big = rollout(0, 3)
+    big.messages = [{"role": "assistant", "content": "7" * (2 * 1024 * 1024)}]
+    with pytest.raises(SinkUnavailable, match=r"rollout 0:3 is 2\.0 MiB, over the 1 MiB gRPC message limit"):
+        await sink.write(big)
+    await sink.close(state="failed", metrics=None)
+
+
 async def test_a_trainer_that_reads_nothing_for_a_step_is_backpressure_not_a_broken_stream(
     make_server: type[SinkServer],
 ) -> None:

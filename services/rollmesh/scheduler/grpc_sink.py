@@ -38,7 +38,7 @@ from rollmesh.scheduler import convert
 from rollmesh.scheduler.errors import SinkUnavailable
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
-from rollmesh_client import aio_channel
+from rollmesh_client import aio_channel, max_message_bytes
 from rollmesh_client.v1 import scheduler_pb2, sink_pb2, sink_pb2_grpc
 
 log = get_logger("rollmesh.scheduler.grpc_sink")
@@ -72,6 +72,7 @@ class GrpcSink(Sink):
         self._own_channel = channel is None
         self._channel = channel if channel is not None else aio_channel(address, api_key=api_key)
         self._stub = sink_pb2_grpc.RolloutSinkStub(self._channel)
+        self._max_bytes = max_message_bytes()
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._unacked: set[RolloutKey] = set()
@@ -133,6 +134,13 @@ class GrpcSink(Sink):
         return committed
 
     async def write(self, rollout: Rollout) -> None:
+        msg = sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout))
+        if msg.ByteSize() > self._max_bytes:  # grpc would break the stream with "Internal error from Core"
+            raise SinkUnavailable(
+                f"rollout {rollout.key.as_str()} is {msg.ByteSize() / 2**20:.1f} MiB, over the "
+                f"{self._max_bytes / 2**20:g} MiB gRPC message limit (raise ROLLMESH_MAX_MESSAGE_MB for "
+                "the scheduler and the trainer)"
+            )
         async with self._cond:
             while self._error is None and len(self._unacked) >= self.window:
                 left = self.ack_timeout_s - self._quiet_s()
@@ -153,7 +161,7 @@ class GrpcSink(Sink):
                 self._unacked_since = time.monotonic()
             self._unacked.add(rollout.key)
             self.max_unacked_seen = max(self.max_unacked_seen, len(self._unacked))
-        await self._send(sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout)))
+        await self._send(msg)
 
     async def write_failure(self, failure: RolloutFailure) -> None:
         self._raise_if_broken()
