@@ -390,6 +390,8 @@ async def test_routes_alias_a_model_or_add_a_url_backend() -> None:
         (gw.register_route("x", target_model="nope"), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
         (gw.register_route("bad name", target_model="m"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ROUTE"),
         (gw.register_route("y"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ROUTE"),
+        # was UNAVAILABLE (retryable) once the connection to ftp://x failed
+        (gw.register_route("z", base_url="ftp://x/v1"), grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ROUTE"),
     ]:
         with pytest.raises(RollmeshError) as exc:
             await call

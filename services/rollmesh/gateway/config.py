@@ -39,6 +39,8 @@ class ModelSpec:
                 f"model {self.name!r} uses the openai backend but has no base URL: "
                 "pass --base-url or set ROLLMESH_GATEWAY_BASE_URL (e.g. http://127.0.0.1:8001/v1)"
             )
+        if self.base_url and not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"model {self.name!r}: base URL {self.base_url!r} is not http:// or https://")
         if self.replicas is not None and self.replicas < 1:
             raise ConfigError(f"model {self.name!r}: replicas={self.replicas} must be >= 1")
         if self.max_connections < 0:

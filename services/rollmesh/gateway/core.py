@@ -45,6 +45,7 @@ from rollmesh.gateway.uploads import UploadPiece, WeightUploads
 from rollmesh.gateway.weights import check_checkpoint, next_version, read_manifest
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.gateway")
@@ -447,13 +448,12 @@ class Gateway:
         if not route or route != route.strip() or any(c.isspace() for c in route):
             raise errors.InvalidRoute(f"route name {route!r} must be non-empty without spaces")
         if base_url:
-            spec = ModelSpec(
-                name=route,
-                backend="openai",
-                model=target_model or route,
-                base_url=base_url,
-                api_key_env=api_key_env,
-            )
+            try:  # ftp://x was answered UNAVAILABLE (retryable) after a failed connection
+                spec = ModelSpec(
+                    route, "openai", target_model or route, base_url=base_url, api_key_env=api_key_env
+                )
+            except ConfigError as exc:
+                raise errors.InvalidRoute(str(exc)) from None
             existing = self._models.get(route)
             if existing is not None and existing.spec == spec:
                 return await self._status(route, existing)
