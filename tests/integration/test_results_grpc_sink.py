@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -248,6 +249,29 @@ async def test_a_job_resumed_while_the_trainer_holds_its_rollouts_delivers_each_
     assert sorted(r.key for r in got) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert next(r.reward for r in got if r.key == (0, 0)) == 0.0  # the copy the trainer had first
     assert server.stats.duplicates >= 1 and len(server.committed("job1")) == 4
+
+
+async def test_a_rollout_left_unconsumed_by_a_loop_that_stopped_is_delivered_when_sent_again(
+    make_server: type[SinkServer],
+) -> None:
+    """A loop that breaks leaves its last rollout unacknowledged: not consumed, so the copy a
+    resumed job sends must be delivered, not dropped as a key the trainer has had."""
+    server = await make_server(window=8).start()
+    channel = aio_channel(server.address)
+    first = GrpcSink(server.address, window=4, channel=channel)
+    await first.open("job1", total=1, spec={})
+    await first.write(rollout(0, 0))
+    async with contextlib.aclosing(server.rollouts()) as loop:
+        async for _ in loop:
+            break  # the trainer stops before using it
+    await channel.close()  # the job fails; it is resumed
+    again = GrpcSink(server.address, window=4, drain_timeout_s=10)
+    assert await again.open("job1", total=1, spec={}) == set()
+    consumer = asyncio.create_task(collect(server))
+    await again.write(rollout(0, 0, reward=0.5))
+    await again.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert [(r.key, r.reward) for r in got] == [((0, 0), 0.5)]
 
 
 async def test_stream_must_start_with_open(make_server: type[SinkServer]) -> None:

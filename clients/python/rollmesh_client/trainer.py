@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import json
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
@@ -293,7 +293,8 @@ class SinkServer:
         """Delivery units: one rollout each, or whole groups with `group_complete`. Each unit is
         acknowledged when the loop asks for the next one. `until_closed` ends after a job's close."""
         while (unit := await self._next_unit(until_closed)) is not None:
-            yield unit
+            with self._handed(unit):
+                yield unit
             self.ack(unit)
 
     async def _next_unit(self, until_closed: bool) -> _Unit | None:
@@ -339,12 +340,14 @@ class SinkServer:
             batch.extend(unit)
             if not unit or len(batch) >= min(size, self._min_window()):
                 out, batch = batch, []
-                yield out
+                with self._handed(out):
+                    yield out
                 self.ack(out)
             else:
                 self.ack(unit)
         if batch:
-            yield batch
+            with self._handed(batch):
+                yield batch
             self.ack(batch)
 
     async def consume(
@@ -367,6 +370,17 @@ class SinkServer:
     def _min_window(self) -> int:
         windows = [s.window for s in self._streams.values() if s.window > 0]
         return min(windows) if windows else self.window
+
+    @contextlib.contextmanager
+    def _handed(self, unit: _Unit) -> Iterator[None]:
+        """Around the yield of `unit`: a loop that stops there leaves it unconsumed, so a copy sent
+        again (a resumed job) is delivered, not dropped as one the trainer has had."""
+        try:
+            yield
+        except GeneratorExit:
+            for r in unit:
+                self._delivered.get(r.job_id, set()).discard(r.key)
+            raise
 
     def _deliverable(self, unit: _Unit) -> _Unit:
         """What of `unit` reaches the trainer: neither a key it has had (a copy sent again by a
