@@ -146,6 +146,12 @@ def test_readable_errors(tmp_path: Path) -> None:
     (deep := tmp_path / "deep.jsonl").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     res = runner.invoke(build_app(), ["aggregate", str(deep)])
     assert res.exit_code == 2 and f"{deep}:1: not valid JSON (nested too deeply)" in res.stderr, res.stderr
+    for odd in (True, "1.0"):  # were counted as a reward of 1.0
+        (edited := tmp_path / "edited.jsonl").write_text(
+            json.dumps({**make(0, 0).to_row(), "reward": odd}) + "\n"
+        )
+        res = runner.invoke(build_app(), ["aggregate", str(edited)])
+        assert res.exit_code == 2 and "reward is " in res.stderr and "not a number" in res.stderr, res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "no such file" in res.stderr
     res = runner.invoke(build_app(), ["aggregate", str(tmp_path / "nothing*")])

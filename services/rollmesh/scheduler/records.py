@@ -138,7 +138,10 @@ class Rollout:
 
 def _finite(name: str, value: Any) -> float:
     """A stored reward: a NaN or infinity (never written by the scheduler: BadReward) would poison every
-    mean it enters, so the row is refused as corrupt."""
+    mean it enters, so the row is refused as corrupt; so is one that is not a number (true read as 1.0,
+    "0.9" as 0.9: a row edited or written by something else)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} is {value!r:.40}, not a number")
     number = float(value)
     if not math.isfinite(number):
         raise ValueError(f"{name} is {number}, not a finite number")
