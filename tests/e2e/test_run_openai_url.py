@@ -21,6 +21,18 @@ WEATHER = BUILTIN_ROOT / "environments" / "single_tool_call" / "data" / "example
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
+def _run_with_api_key(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`rollmesh run argv` with an API key on the mesh it starts (off the default path)."""
+    return subprocess.run(
+        [str(ROLLMESH), "run", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "ROLLMESH_API_KEY": "sekrit-for-this-test"},
+    )
+
+
 def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
     faults = FaultConfig(fail_statuses=(503,), fail_every=3, retry_after_s=0.1)
     with openai_server_process(faults) as (url, _):
@@ -80,14 +92,7 @@ def test_a_cut_or_unnamed_end_is_recorded_as_such(
     faults = FaultConfig(answer=CALL, finish_reason=finish_reason)
     with openai_server_process(faults) as (url, _):
         argv = [*argv, "-n", "1", "--base-url", url, "--model", "tiny", "-o", str(tmp_path), "--json"]
-        done = subprocess.run(
-            [str(ROLLMESH), "run", *argv],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            env={**os.environ, "ROLLMESH_API_KEY": "sekrit-for-this-test"},
-        )
+        done = _run_with_api_key(argv)
         calls = json.loads(urllib.request.urlopen(url.removesuffix("/v1") + "/_stats").read())["calls"]
     assert done.returncode in (0, 3), done.stderr
     rows = [json.loads(line) for line in Path(json.loads(done.stdout)["paths"]["rollouts.jsonl"]).open()]
@@ -107,14 +112,7 @@ def test_a_model_server_that_never_answers_fails_the_job_after_one_rollout_timeo
     with openai_server_process(FaultConfig(hang_every=1)) as (url, _):
         argv = ["--benchmark", "arithmetic", "--limit", "2", "-n", "1", "--base-url", url, "--model", "tiny"]
         argv += ["--rollout-timeout", "4", "--unavailable-budget", "2", "-o", str(tmp_path), "--json"]
-        done = subprocess.run(
-            [str(ROLLMESH), "run", *argv],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            env={**os.environ, "ROLLMESH_API_KEY": "sekrit-for-this-test"},
-        )
+        done = _run_with_api_key(argv)
     assert done.returncode == 4, done.stderr
     result = json.loads(done.stdout)
     assert result["state"] == "FAILED" and "answered none of the job's calls" in result["error"], result
