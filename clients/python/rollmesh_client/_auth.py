@@ -6,8 +6,9 @@ interfaces under the first one only, so a single all-in-one object would leave s
 without the token.
 
 Server: `authorized(method, metadata, key)` is the one check every rollmesh server makes (the mesh's
-interceptor and the trainer's sink server): with a key set, a call must carry exactly
-`authorization: Bearer <key>` (constant-time compare), except health and reflection, which answer
+interceptor and the trainer's sink server): with a key set, a call must carry
+`authorization: Bearer <key>` (the scheme in any case, as RFC 7235 says; the key compared in
+constant time), except health and reflection, which answer
 anyone so probes and `grpcurl list` work. `denying(handler)` turns a handler into one that aborts
 with UNAUTHENTICATED (ErrorInfo reason UNAUTHENTICATED) without running the servicer.
 `BearerAuthInterceptor` is that check as a whole server interceptor.
@@ -75,10 +76,12 @@ def authorized(method: str, metadata: Sequence[tuple[str, Any]] | None, api_key:
     """May this call run? Always without a key, and for health/reflection; else only with the token."""
     if not api_key or method.startswith(AUTH_EXEMPT_PREFIXES):
         return True
-    expected = f"Bearer {api_key}".encode()
     for key, value in metadata or ():
         if key == AUTH_HEADER and isinstance(value, str):
-            return hmac.compare_digest(value.encode(), expected)
+            scheme, _, token = value.strip().partition(" ")  # the scheme is case-insensitive (RFC 7235)
+            return scheme.lower() == "bearer" and hmac.compare_digest(
+                token.strip().encode(), api_key.encode()
+            )
     return False
 
 
