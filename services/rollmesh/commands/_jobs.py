@@ -14,9 +14,9 @@ import signal
 import time
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -29,188 +29,121 @@ if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
 
-# Options `rollmesh run` and `rollmesh jobs submit` share, declared once.
-Benchmark = Annotated[str, typer.Option("--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")]
-Dataset = Annotated[str, typer.Option("--dataset", "-d", help="Dataset artifact name or JSONL path.")]
-Environment = Annotated[str, typer.Option("--environment", "-e", help="Environment name.")]
-NumRepeats = Annotated[
-    int,
-    typer.Option("--num-repeats", "-n", help="Rollouts per task (k of pass@k; 0: the benchmark's, else 1)."),
-]
-Limit = Annotated[int, typer.Option("--limit", help="Only the first N tasks (0 = all).")]
-ShardOpt = Annotated[str, typer.Option("--shard", help="i/n: run shard i of n (task_index % n == i).")]
-Concurrency = Annotated[int, typer.Option("--concurrency", "-c", help="Rollouts in flight (0 = auto).")]
-MaxSteps = Annotated[
-    int, typer.Option("--max-steps", help="Model turns per rollout (0: the benchmark's, else 8).")
-]
-Temperature = Annotated[float | None, typer.Option("--temperature", help="Sampling temperature.")]
-TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling.")]
-MaxTokens = Annotated[int | None, typer.Option("--max-tokens", help="Tokens per model turn.")]
-Logprobs = Annotated[
-    bool | None,
-    typer.Option(
-        "--logprobs/--no-logprobs",
-        help="Record the sampler's logprob of each generated token (tokens.logprobs; without it they are 0).",
-    ),
-]
-Seed = Annotated[
-    int, typer.Option("--seed", "--starting-seed", help="Rollout i of a task samples with seed + i.")
-]
-OutputDir = Annotated[
-    str,
-    typer.Option(
-        "--output-dir",
-        "-o",
-        help="Where <job-id>/ folders go (default: the scheduler's results root, runs/).",
-    ),
-]
-Resume = Annotated[
-    bool,
-    typer.Option(
-        "--resume",
-        help="Finish the newest unfinished job with these settings (the scheduler looks in --output-dir); "
-        "start a new one when there is none.",
-    ),
-]
-JobId = Annotated[
-    str,
-    typer.Option(
-        "--job-id",
-        help="Resume exactly this job: its stored settings, only its missing rollouts "
-        "(--concurrency and retry flags given here override).",
-    ),
-]
-MaxAttempts = Annotated[
-    int, typer.Option("--max-attempts", help="Attempts per rollout (0: default; `rollmesh config` lists it).")
-]
-RolloutTimeout = Annotated[
-    float,
-    typer.Option("--rollout-timeout", help="Seconds one attempt may take at most (0: default)."),
-]
-UnavailableBudget = Annotated[
-    float,
-    typer.Option(
-        "--unavailable-budget",
-        help="Seconds the gateway or verifier may stay unreachable before the job fails (0: default).",
-    ),
-]
-FailFastAfter = Annotated[
-    int,
-    typer.Option(
-        "--fail-fast-after",
-        help="Fail the job at once when this many rollouts in a row fail with the same "
-        "non-retryable error (0: default 20).",
-    ),
-]
-SinkGrpc = Annotated[str, typer.Option("--sink-grpc", help="host:port of a trainer's RolloutSink.")]
-SinkAckTimeout = Annotated[
-    float,
-    typer.Option(
-        "--sink-ack-timeout",
-        help="Seconds the --sink-grpc trainer may acknowledge nothing while rollouts wait before the "
-        "job fails (0: default; `rollmesh config` lists it). Set it above your longest optimizer step.",
-    ),
-]
-SinkWindow = Annotated[
-    int,
-    typer.Option(
-        "--sink-window",
-        help="Rollouts the --sink-grpc trainer may hold unacknowledged (0: default 64); at least its "
-        "batch size.",
-    ),
-]
-AllowedFailures = Annotated[
-    str,
-    typer.Option(
-        "--allowed-failures",
-        help="Permanent rollout failures the job may have and still succeed: a count (5) or a "
-        "percentage of its rollouts (1%). Default 0; above it the job ends COMPLETED_WITH_FAILURES (exit 3).",
-    ),
-]
+def _option(default: Any, *decls: str, help: str) -> Any:
+    """A SpecOptions field that `job_command` makes a flag of `run` and `jobs submit`."""
+    return field(default=default, metadata={"option": typer.Option(default, *decls, help=help)})
 
 
 @dataclass(frozen=True)
 class SpecOptions:
-    benchmark: str = ""
-    dataset: str = ""
-    environment: str = ""
+    """The job options `run` and `jobs submit` share, declared once: every field but `model` (each
+    command has its own --model) is a flag of both, in this order; `build_spec` makes the JobSpec."""
+
+    benchmark: str = _option("", "--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")
+    dataset: str = _option("", "--dataset", "-d", help="Dataset artifact name or JSONL path.")
+    environment: str = _option("", "--environment", "-e", help="Environment name.")
+    num_repeats: int = _option(
+        0, "--num-repeats", "-n", help="Rollouts per task (k of pass@k; 0: the benchmark's, else 1)."
+    )
+    limit: int = _option(0, "--limit", help="Only the first N tasks (0 = all).")
+    shard: str = _option("", "--shard", help="i/n: run shard i of n (task_index % n == i).")
+    concurrency: int = _option(0, "--concurrency", "-c", help="Rollouts in flight (0 = auto).")
+    max_steps: int = _option(0, "--max-steps", help="Model turns per rollout (0: the benchmark's, else 8).")
+    temperature: float | None = _option(None, "--temperature", help="Sampling temperature.")
+    top_p: float | None = _option(None, "--top-p", help="Nucleus sampling.")
+    max_tokens: int | None = _option(None, "--max-tokens", help="Tokens per model turn.")
+    logprobs: bool | None = _option(
+        None,
+        "--logprobs/--no-logprobs",
+        help="Record the sampler's logprob of each generated token (tokens.logprobs; without it they are 0).",
+    )
+    starting_seed: int = _option(
+        0, "--seed", "--starting-seed", help="Rollout i of a task samples with seed + i."
+    )
+    allowed_failures: str = _option(
+        "",
+        "--allowed-failures",
+        help="Permanent rollout failures the job may have and still succeed: a count (5) or a "
+        "percentage of its rollouts (1%). Default 0; above it the job ends COMPLETED_WITH_FAILURES (exit 3).",
+    )
+    max_attempts: int = _option(
+        0, "--max-attempts", help="Attempts per rollout (0: default; `rollmesh config` lists it)."
+    )
+    rollout_timeout_s: float = _option(
+        0.0, "--rollout-timeout", help="Seconds one attempt may take at most (0: default)."
+    )
+    unavailable_budget_s: float = _option(
+        0.0,
+        "--unavailable-budget",
+        help="Seconds the gateway or verifier may stay unreachable before the job fails (0: default).",
+    )
+    fail_fast_after: int = _option(
+        0,
+        "--fail-fast-after",
+        help="Fail the job at once when this many rollouts in a row fail with the same "
+        "non-retryable error (0: default 20).",
+    )
+    sink_grpc: str = _option("", "--sink-grpc", help="host:port of a trainer's RolloutSink.")
+    sink_ack_timeout_s: float = _option(
+        0.0,
+        "--sink-ack-timeout",
+        help="Seconds the --sink-grpc trainer may acknowledge nothing while rollouts wait before the "
+        "job fails (0: default; `rollmesh config` lists it). Set it above your longest optimizer step.",
+    )
+    sink_window: int = _option(
+        0,
+        "--sink-window",
+        help="Rollouts the --sink-grpc trainer may hold unacknowledged (0: default 64); at least its "
+        "batch size.",
+    )
+    output_dir: str = _option(
+        "",
+        "--output-dir",
+        "-o",
+        help="Where <job-id>/ folders go (default: the scheduler's results root, runs/).",
+    )
+    resume_latest: bool = _option(
+        False,
+        "--resume",
+        help="Finish the newest unfinished job with these settings (the scheduler looks in --output-dir); "
+        "start a new one when there is none.",
+    )
+    job_id: str = _option(
+        "",
+        "--job-id",
+        help="Resume exactly this job: its stored settings, only its missing rollouts "
+        "(--concurrency and retry flags given here override).",
+    )
     model: str = ""
-    num_repeats: int = 0
-    limit: int = 0
-    shard: str = ""
-    concurrency: int = 0
-    max_steps: int = 0
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    logprobs: bool | None = None
-    starting_seed: int = 0
-    output_dir: str = ""
-    sink_grpc: str = ""
-    sink_ack_timeout_s: float = 0.0
-    sink_window: int = 0
-    max_attempts: int = 0
-    rollout_timeout_s: float = 0.0
-    unavailable_budget_s: float = 0.0
-    fail_fast_after: int = 0
-    job_id: str = ""  # resume exactly this job
-    resume_latest: bool = False  # resume the newest unfinished job with the same settings
-    allowed_failures: str = ""
 
 
-# (parameter, option, default, SpecOptions field): the job options of `run` and `jobs submit`, once.
-_JOB_OPTIONS: tuple[tuple[str, Any, Any, str], ...] = (
-    ("benchmark", Benchmark, "", "benchmark"),
-    ("dataset", Dataset, "", "dataset"),
-    ("environment", Environment, "", "environment"),
-    ("num_repeats", NumRepeats, 0, "num_repeats"),
-    ("limit", Limit, 0, "limit"),
-    ("shard", ShardOpt, "", "shard"),
-    ("concurrency", Concurrency, 0, "concurrency"),
-    ("max_steps", MaxSteps, 0, "max_steps"),
-    ("temperature", Temperature, None, "temperature"),
-    ("top_p", TopP, None, "top_p"),
-    ("max_tokens", MaxTokens, None, "max_tokens"),
-    ("logprobs", Logprobs, None, "logprobs"),
-    ("seed", Seed, 0, "starting_seed"),
-    ("allowed_failures", AllowedFailures, "", "allowed_failures"),
-    ("max_attempts", MaxAttempts, 0, "max_attempts"),
-    ("rollout_timeout", RolloutTimeout, 0.0, "rollout_timeout_s"),
-    ("unavailable_budget", UnavailableBudget, 0.0, "unavailable_budget_s"),
-    ("fail_fast_after", FailFastAfter, 0, "fail_fast_after"),
-    ("sink_grpc", SinkGrpc, "", "sink_grpc"),
-    ("sink_ack_timeout", SinkAckTimeout, 0.0, "sink_ack_timeout_s"),
-    ("sink_window", SinkWindow, 0, "sink_window"),
-    ("output_dir", OutputDir, "", "output_dir"),
-    ("resume", Resume, False, "resume_latest"),
-    ("job_id", JobId, "", "job_id"),
-)
+_JOB_FIELDS = [f for f in fields(SpecOptions) if "option" in f.metadata]
 
 
 def job_flags() -> dict[str, str]:
     """`SpecOptions` field -> the flag of `run` / `jobs submit` that sets it (e.g. "--max-attempts")."""
-    flags = {}
-    for name, option, _, field in _JOB_OPTIONS:
-        decls = [d for d in typing.get_args(option)[1].param_decls if d.startswith("--")]
-        flags[field] = decls[0] if decls else f"--{name.replace('_', '-')}"  # typer's own name
-    return flags
+    return {
+        f.name: next(d for d in f.metadata["option"].param_decls if d.startswith("--")) for f in _JOB_FIELDS
+    }
 
 
 def job_command(func: Callable[..., None]) -> Callable[..., None]:
-    """Give a typer command the job options `run` and `jobs submit` share (declared once, above);
-    the command receives them as `job: SpecOptions`, after its own parameters."""
+    """Give a typer command the job options of `SpecOptions`; the command receives them as
+    `job: SpecOptions`, after its own parameters."""
     own = inspect.signature(func, eval_str=True)
+    types = typing.get_type_hints(SpecOptions)
     shared = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=option)
-        for name, option, default, _ in _JOB_OPTIONS
+        inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=f.metadata["option"], annotation=types[f.name]
+        )
+        for f in _JOB_FIELDS
     ]
     params = shared + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own.parameters.values()]
     params = [p for p in params if p.name != "job"]
 
     @functools.wraps(func)
     def command(**kwargs: Any) -> None:
-        job = SpecOptions(**{field: kwargs.pop(name) for name, _, _, field in _JOB_OPTIONS})
-        func(job=job, **kwargs)
+        func(job=SpecOptions(**{f.name: kwargs.pop(f.name) for f in _JOB_FIELDS}), **kwargs)
 
     command.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
     setattr(command, "__signature__", own.replace(parameters=params))  # noqa: B010 (typer reads it)
@@ -223,6 +156,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
     from rollmesh_client.v1 import common_pb2
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
+    flags = job_flags()
     for name in (
         "num_repeats",
         "limit",
@@ -237,8 +171,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
     ):
         value = getattr(o, name)
         if not math.isfinite(value) or value < 0:  # typer parses "nan" and "inf" as floats
-            flag = "--" + name.removesuffix("_s").replace("_", "-")
-            raise typer.BadParameter(f"{flag} must be >= 0, got {value}")
+            raise typer.BadParameter(f"{flags[name]} must be >= 0, got {value}")
     for flag, value in (("--sink-ack-timeout", o.sink_ack_timeout_s), ("--sink-window", o.sink_window)):
         if value and not o.sink_grpc:
             raise typer.BadParameter(f"{flag} is the --sink-grpc trainer's: give --sink-grpc too")
