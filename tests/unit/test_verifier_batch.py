@@ -1,5 +1,5 @@
-"""VerifierService.verify_batches: bounded concurrency, completion order, per-item errors that do not
-end the stream."""
+"""VerifyBatch's server side (`VerifierServicer.verify_batch`, as the stream handler and the embedded
+mesh run it): bounded concurrency, completion order, per-item errors that do not end the stream."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from typing import ClassVar
 import grpc
 
 from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
 from rollmesh.verifier.loader import Discovery, Loaded
 from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
+from rollmesh_client.v1 import verifier_pb2 as pb
 
 
 class Gate(Environment):
@@ -40,8 +43,17 @@ class Gate(Environment):
 async def verify_many(
     svc: VerifierService, calls: AsyncIterator[tuple[str, VerifyCall]]
 ) -> AsyncIterator[tuple[str, VerifyResult | RollmeshError]]:
-    """`svc.verify_batches`, one result at a time."""
-    async for batch in svc.verify_batches(calls):
+    """The calls as VerifyBatch items run by `verify_batch()`'s method, one result at a time."""
+    method = VerifierServicer(svc).verify_batch()
+
+    async def items() -> AsyncIterator[Item[VerifyResult]]:
+        async for item_id, call in calls:
+            request = pb.VerifyRequest(environment=call.environment, task_json=call.task_json)
+            item = method.item(pb.VerifyBatchRequest(id=item_id, request=request))
+            assert item is not None
+            yield item
+
+    async for batch in run_multiplexed_batches(items(), limit=method.limit, what="verify"):
         for got in batch:
             yield got
 

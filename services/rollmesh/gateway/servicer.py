@@ -11,14 +11,7 @@ from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.errors import InvalidGenerateRequest
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.in_process import MultiplexedMethod
-from rollmesh.mesh.multiplex import (
-    Item,
-    ItemMessages,
-    answer_messages,
-    open_batches,
-    run_multiplexed_batches,
-    stream_items,
-)
+from rollmesh.mesh.multiplex import Item, ItemMessages
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
@@ -72,16 +65,7 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
     async def GenerateMany(
         self, request_iterator: AsyncIterator[pb.GenerateManyRequest], context: Any
     ) -> AsyncIterator[pb.GenerateManyResponse]:
-        batched = await open_batches(context)
-        method = self.generate_many()
-
-        async def items() -> AsyncIterator[Item[GenerateResult]]:
-            async for req in stream_items(request_iterator):
-                if (item := method.item(req)) is not None:
-                    yield item
-
-        outcomes = run_multiplexed_batches(items(), limit=method.limit, what="generate")
-        async for message in answer_messages(outcomes, method.messages, batched=batched):
+        async for message in self.generate_many().serve(request_iterator, context):
             yield message
 
     def generate_many(self) -> MultiplexedMethod[GenerateResult]:

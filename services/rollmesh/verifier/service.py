@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.mesh.errors import Internal, NotJson, RollmeshError
+from rollmesh.mesh.errors import Internal, NotJson
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.environment import (
@@ -262,19 +259,3 @@ class VerifierService:
                 "(ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S)"
             ) from None
         return _check_result(call.environment, result)
-
-    async def verify_batches(
-        self, calls: AsyncIterator[tuple[str, VerifyCall]], *, concurrency: int | None = None
-    ) -> AsyncIterator[list[tuple[str, VerifyResult | RollmeshError]]]:
-        """Verify a stream of (id, call) with at most `concurrency` in flight, in completion order:
-        every result ready at once comes as one list (never empty). A per-item failure comes as its
-        error; only a failing input stream ends the output. A slow reader slows intake: a list's
-        slots free when the next list is asked for."""
-
-        async def items() -> AsyncIterator[Item[VerifyResult]]:
-            async for item_id, call in calls:
-                yield Item(item_id, functools.partial(self.verify, call))
-
-        limit = concurrency or self.config.batch_concurrency
-        async for batch in run_multiplexed_batches(items(), limit=limit, what="verify"):
-            yield batch

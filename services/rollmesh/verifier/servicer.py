@@ -9,11 +9,11 @@ from typing import Any
 from rollmesh.mesh import chat
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.in_process import MultiplexedMethod
-from rollmesh.mesh.multiplex import Item, ItemMessages, answer_messages, open_batches, stream_items
+from rollmesh.mesh.multiplex import Item, ItemMessages
 from rollmesh.mesh.paging import page
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier import convert
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier.service import VerifierService
 from rollmesh_client.v1 import verifier_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc
 
@@ -64,20 +64,13 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
     async def VerifyBatch(
         self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any
     ) -> AsyncIterator[pb.VerifyBatchResponse]:
-        batched = await open_batches(context)
-
-        async def calls() -> AsyncIterator[tuple[str, VerifyCall]]:
-            async for req in stream_items(request_iterator):
-                yield req.id, convert.verify_call_from_pb(req.request)
-
-        messages = self.verify_batch().messages
-        async for message in answer_messages(self._svc.verify_batches(calls()), messages, batched=batched):
+        async for message in self.verify_batch().serve(request_iterator, context):
             yield message
 
     def verify_batch(self) -> MultiplexedMethod[VerifyResult]:
         """VerifyBatch's server side, which the embedded mesh also runs in-process (in_process.py):
-        each item is `verify` of its call (as in `VerifierService.verify_batches`), at most the
-        service's `batch_concurrency` at once."""
+        each item is `verify` of its call, at most the service's `batch_concurrency` at once, in
+        completion order; a per-item failure is that item's answer (mesh/multiplex.py)."""
         messages = ItemMessages("verify", pb.VerifyBatchResponse, "result", convert.result_to_pb)
         return MultiplexedMethod(self._batch_item, messages, self._svc.config.batch_concurrency)
 
