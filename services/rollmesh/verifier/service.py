@@ -10,21 +10,13 @@ from typing import Any
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aio import TaskSet
+from rollmesh.mesh.chat import ToolCall, ToolSpec
 from rollmesh.mesh.errors import Internal, NotJson
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier.config import VerifierConfig
-from rollmesh.verifier.environment import (
-    EnvContext,
-    Environment,
-    Response,
-    Session,
-    Task,
-    ToolCall,
-    ToolOutput,
-    ToolSpec,
-    VerifyResult,
-)
+from rollmesh.verifier.environment import EnvContext, Environment, Response, Session, Task, ToolOutput
 from rollmesh.verifier.errors import (
     BadTask,
     EnvironmentBroken,
