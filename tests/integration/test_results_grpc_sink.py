@@ -274,6 +274,80 @@ async def test_a_rollout_left_unconsumed_by_a_loop_that_stopped_is_delivered_whe
     assert [(r.key, r.reward) for r in got] == [((0, 0), 0.5)]
 
 
+async def test_a_trainer_that_dies_in_its_last_step_leaves_the_job_unfinished_and_resume_resends_it(
+    make_server: type[SinkServer],
+) -> None:
+    """batches() acknowledged each unit as it joined a batch, so the scheduler had every ack before
+    the last (partial) batch even reached the trainer: it sent SinkClose SUCCEEDED, and a trainer
+    that died in that last step lost those rows with the job a success. Now a batch is acknowledged
+    once the loop asks for the next: the job does not succeed, and a resume sends the batch again."""
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=8, drain_timeout_s=30)
+    await sink.open("job1", total=6, spec={})
+    batches: list[list[tuple[int, int]]] = []
+    stepping = asyncio.Event()
+
+    async def trainer() -> None:
+        async for batch in server.batches(4, until_closed=True):
+            batches.append([r.key for r in batch])
+            if len(batches) == 2:
+                stepping.set()
+                await asyncio.Event().wait()  # the last optimizer step, in which the trainer dies
+
+    consumer = asyncio.create_task(trainer())
+    for i in range(6):
+        await sink.write(rollout(0, i))
+    closing = asyncio.create_task(sink.close(state="succeeded", metrics=None))
+    await asyncio.wait_for(stepping.wait(), timeout=30)  # SinkEnd sent the partial batch out
+    assert batches == [[(0, 0), (0, 1), (0, 2), (0, 3)], [(0, 4), (0, 5)]]
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    saved = server.committed("job1")  # what the trainer's checkpoint holds
+    await server.stop(grace=0)  # its process dies
+    with pytest.raises(SinkUnavailable, match="2 rollouts sent were never acknowledged"):
+        await asyncio.wait_for(closing, timeout=30)
+    assert server.stats.closed_states == []  # no SinkClose SUCCEEDED reached the trainer
+    assert saved == {(0, 0), (0, 1), (0, 2), (0, 3)}
+
+    restarted = await make_server(window=8, committed={"job1": saved}).start()
+    again = GrpcSink(restarted.address, window=8, drain_timeout_s=30)
+    assert await again.open("job1", total=6, spec={}) == {RolloutKey(0, i) for i in range(4)}
+    consumer = asyncio.create_task(collect(restarted))
+    for i in (4, 5):
+        await again.write(rollout(0, i))
+    await again.close(state="succeeded", metrics=None)
+    assert [r.key for r in await asyncio.wait_for(consumer, timeout=30)] == [(0, 4), (0, 5)]
+    assert restarted.stats.closed_states == ["JOB_STATE_SUCCEEDED"]
+
+
+async def test_a_scheduler_that_sends_no_sink_end_still_gets_the_last_partial_batch(
+    make_server: type[SinkServer],
+) -> None:
+    """An older scheduler (no SinkOpen.sends_end) sends no SinkEnd and waits for every ack before
+    its close: units are then acknowledged as they join a batch, as before, or the job stalls."""
+    server = await make_server(window=8).start()
+    async with aio_channel(server.address) as channel:
+        call = sink_pb2_grpc.RolloutSinkStub(channel).Consume()
+        await call.write(sink_pb2.ConsumeRequest(open=sink_pb2.SinkOpen(job_id="job1", total=3, window=8)))
+        got: list[list[tuple[int, int]]] = []
+
+        async def trainer() -> None:
+            async for batch in server.batches(4, until_closed=True):
+                got.append([r.key for r in batch])
+
+        consumer = asyncio.create_task(trainer())
+        for i in range(3):
+            await call.write(sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout(0, i))))
+        acked: set[tuple[int, int]] = set()
+        while len(acked) < 3:
+            resp = await asyncio.wait_for(call.read(), timeout=30)
+            acked |= {(k.task_index, k.rollout_index) for k in resp.acked}
+        await call.write(sink_pb2.ConsumeRequest(close=sink_pb2.SinkClose()))
+        await call.done_writing()
+        await asyncio.wait_for(consumer, timeout=30)
+    assert got == [[(0, 0), (0, 1), (0, 2)]]
+
+
 async def test_stream_must_start_with_open(make_server: type[SinkServer]) -> None:
     server = await make_server().start()
     async with aio_channel(server.address) as channel:

@@ -35,7 +35,8 @@ scheduler sends the mesh's key); health answers anyone.
 
 `ListCommitted` answers from what the trainer consumed in this process, plus `committed=` given
 at construction (save `sink.committed(job_id)` with your checkpoint to resume across restarts,
-after `sink.ack(batch)` of the batch just trained on: `batches()` commits its last one later).
+after `sink.ack(batch)` of the batch just trained on: `batches()` commits it when the loop asks for
+the next).
 """
 
 from __future__ import annotations
@@ -150,12 +151,17 @@ class _JobClosed:
     job_id: str
 
 
+@dataclass
+class _RunEnded:  # SinkEnd: no more rollouts come; batches() sends out its partial batch
+    job_id: str
+
+
 class _Stopped:
     pass
 
 
 _Unit = list[TrainerRollout]
-_Item = _Unit | _JobClosed | _Stopped
+_Item = _Unit | _JobClosed | _RunEnded | _Stopped
 
 
 @dataclass
@@ -171,6 +177,8 @@ class _Stream:
     groups: dict[int, list[TrainerRollout]] = field(default_factory=dict)
     expected: dict[int, int] = field(default_factory=dict)
     held: set[Key] = field(default_factory=set)
+    sends_end: bool = False  # the scheduler sends SinkEnd: a batch's acks can wait for its consumption
+    ending: asyncio.Task[None] | None = None
 
     def ack(self, keys: Iterable[Key]) -> None:
         for k in keys:
@@ -297,13 +305,18 @@ class SinkServer:
                 yield unit
             self.ack(unit)
 
-    async def _next_unit(self, until_closed: bool) -> _Unit | None:
-        """The next unit to deliver; None once the server stops (or, `until_closed`, a job closes).
-        Safe to cancel (a timeout): nothing is taken from the queue then."""
+    async def _next_unit(self, until_closed: bool, *, flush: bool = False) -> _Unit | None:
+        """The next unit to deliver; None once the server stops (or, `until_closed`, a job closes);
+        with `flush`, [] when a job's run ended (SinkEnd). Safe to cancel (a timeout): nothing is
+        taken from the queue then."""
         while not isinstance(item := await self._queue.get(), _Stopped):
             if isinstance(item, _JobClosed):
                 if until_closed:
                     return None
+                continue
+            if isinstance(item, _RunEnded):
+                if flush:
+                    return []
                 continue
             unit = self._deliverable(item)
             if unit:
@@ -323,20 +336,25 @@ class SinkServer:
     ) -> AsyncIterator[list[TrainerRollout]]:
         """Lists of about `size` rollouts (groups are never split, so a batch may hold up to one
         group more). A batch goes out early when `max_wait_s` passes without a new rollout, when
-        the job closes, or when waiting longer would exceed the scheduler's window (give the job a
-        window >= size). A unit is acknowledged as it joins a batch, the batch's last one when the
-        loop asks for the next batch (so the job's last rollouts reach the trainer)."""
+        the job has sent its last rollout (SinkEnd), or when waiting longer would exceed the
+        scheduler's window (give the job a window >= size). A batch is acknowledged when the loop
+        asks for the next one, so a trainer that dies in its last step leaves the job unfinished
+        (not SUCCEEDED) and a resume sends that batch again. (A scheduler that sends no SinkEnd, an
+        older one, gets each unit acknowledged as it joins a batch, or its last rows would never
+        come.)"""
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         batch: list[TrainerRollout] = []
         while True:
             try:
                 async with asyncio.timeout(max_wait_s if batch else None):
-                    unit = await self._next_unit(until_closed)
+                    unit = await self._next_unit(until_closed, flush=True)
             except TimeoutError:
                 unit = []  # nothing new for max_wait_s: the batch goes out as it is
             if unit is None:
                 break
+            if not unit and not batch:
+                continue
             batch.extend(unit)
             if not unit or len(batch) >= min(size, self._min_window()):
                 out, batch = batch, []
@@ -344,7 +362,7 @@ class SinkServer:
                     yield out
                 self.ack(out)
             else:
-                self.ack(unit)
+                self.ack([r for r in unit if not self._sends_end(r.job_id)])
         if batch:
             with self._handed(batch):
                 yield batch
@@ -366,6 +384,10 @@ class SinkServer:
             await on_batch(batch)
             n += len(batch)
         return n
+
+    def _sends_end(self, job_id: str) -> bool:
+        st = self._streams.get(job_id)
+        return st is not None and st.sends_end
 
     def _min_window(self) -> int:
         windows = [s.window for s in self._streams.values() if s.window > 0]
@@ -451,6 +473,10 @@ class SinkServer:
                     await self._on_rollout(req.rollout, st)
                 elif kind == "failure":
                     await self._on_failure(req.failure, st)
+                elif kind == "end":  # a task of its own, like the close: the queue may be full
+                    st.ending = asyncio.create_task(self._on_end(st))
+                    self._closing.add(st.ending)
+                    st.ending.add_done_callback(self._closing.discard)
                 elif kind == "close":
                     # Queued by a task of its own, so the stream ends now: a trainer in a long step
                     # may take what the close releases (held groups, already acknowledged, and the
@@ -467,6 +493,7 @@ class SinkServer:
     def _on_open(self, msg: sink_pb2.SinkOpen, st: _Stream) -> None:
         st.job_id = msg.job_id
         st.window = int(msg.window)
+        st.sends_end = msg.sends_end
         st.group_size = self.group_size or int(msg.spec.num_repeats) or 1
         self._streams[st.job_id] = st
         self._committed.setdefault(st.job_id, set())
@@ -517,13 +544,22 @@ class SinkServer:
         if st.groups.get(task) and len(st.groups[task]) >= st.expected[task]:
             await self._release(st, task)
 
+    async def _on_end(self, st: _Stream) -> None:
+        await self._release_all(st)
+        await self._queue.put(_RunEnded(st.job_id))
+
     async def _on_close(self, msg: sink_pb2.SinkClose, st: _Stream) -> None:
-        for task in sorted(st.groups):
-            if st.groups[task]:
-                await self._release(st, task)
+        if st.ending is not None:
+            await st.ending
+        await self._release_all(st)
         self.stats.jobs_closed += 1
         self.stats.closed_states.append(scheduler_pb2.JobState.Name(msg.state))
         await self._queue.put(_JobClosed(st.job_id))
+
+    async def _release_all(self, st: _Stream) -> None:
+        for task in sorted(st.groups):
+            if st.groups[task]:
+                await self._release(st, task)
 
     async def _release(self, st: _Stream, task: int) -> None:
         group = st.groups.pop(task)

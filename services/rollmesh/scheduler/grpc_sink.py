@@ -3,8 +3,10 @@
 `open()` asks `ListCommitted` for the keys the trainer already consumed (a resumed job skips
 them), then opens one `Consume` stream and sends `SinkOpen`. `write()` waits for credit: never
 more than `window` rollouts are sent and not yet acknowledged, so a slow trainer slows dispatch.
-Failures are sent outside the window (the trainer need not ack them). `close()` waits until
-every rollout is acknowledged (up to `drain_timeout_s`), sends `SinkClose` with the metrics and
+Failures are sent outside the window (the trainer need not ack them). `close()` sends `SinkEnd`
+(the trainer releases what it holds: its last partial batch, whose acknowledgements it keeps until
+the trainer is done with it), waits until every rollout is acknowledged (up to `drain_timeout_s`:
+a trainer that dies in its last step never acknowledges it), sends `SinkClose` with the metrics and
 the final state, half-closes and waits for the trainer to end the stream. Rollouts still not
 acknowledged then (the trainer stalled past `drain_timeout_s`, or the stream broke) make the
 SinkClose say FAILED and, when the job would have ended SUCCEEDED or COMPLETED_WITH_FAILURES,
@@ -125,7 +127,9 @@ class GrpcSink(Sink):
         self._reader = asyncio.create_task(self._read_acks(), name=f"grpc-sink-acks-{job_id}")
         await self._send(
             sink_pb2.ConsumeRequest(
-                open=sink_pb2.SinkOpen(job_id=job_id, spec=spec_pb, total=total, window=self.window)
+                open=sink_pb2.SinkOpen(
+                    job_id=job_id, spec=spec_pb, total=total, window=self.window, sends_end=True
+                )
             )
         )
         log.info(
@@ -175,6 +179,8 @@ class GrpcSink(Sink):
             if self._call is None:
                 return
             if self._error is None and not self._stalled:
+                with contextlib.suppress(SinkUnavailable):  # a broken stream: said below
+                    await self._send(sink_pb2.ConsumeRequest(end=sink_pb2.SinkEnd()))
                 try:
                     async with asyncio.timeout(self.drain_timeout_s), self._cond:
                         await self._cond.wait_for(lambda: self._error is not None or not self._unacked)

@@ -28,6 +28,7 @@ class ConsumeRequest(_message.Message):
     ROLLOUT_FIELD_NUMBER: _builtins.int
     FAILURE_FIELD_NUMBER: _builtins.int
     CLOSE_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def open(self) -> Global___SinkOpen: ...
     @_builtins.property
@@ -36,6 +37,8 @@ class ConsumeRequest(_message.Message):
     def failure(self) -> _scheduler_pb2.RolloutFailure: ...
     @_builtins.property
     def close(self) -> Global___SinkClose: ...
+    @_builtins.property
+    def end(self) -> Global___SinkEnd: ...
     def __init__(
         self,
         *,
@@ -43,12 +46,13 @@ class ConsumeRequest(_message.Message):
         rollout: _scheduler_pb2.Rollout | None = ...,
         failure: _scheduler_pb2.RolloutFailure | None = ...,
         close: Global___SinkClose | None = ...,
+        end: Global___SinkEnd | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "failure", b"failure", "item", b"item", "open", b"open", "rollout", b"rollout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "end", b"end", "failure", b"failure", "item", b"item", "open", b"open", "rollout", b"rollout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "failure", b"failure", "item", b"item", "open", b"open", "rollout", b"rollout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "end", b"end", "failure", b"failure", "item", b"item", "open", b"open", "rollout", b"rollout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["open", "rollout", "failure", "close"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["open", "rollout", "failure", "close", "end"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
@@ -62,11 +66,17 @@ class SinkOpen(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
     WINDOW_FIELD_NUMBER: _builtins.int
+    SENDS_END_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     total: _builtins.int
     """Rollouts the job will send in this run."""
     window: _builtins.int
     """The scheduler's window (maximum unacknowledged)."""
+    sends_end: _builtins.bool
+    """This scheduler sends a SinkEnd once the run's last rollout or failure is
+    sent, before it waits for the last acknowledgements: the sink may hold the
+    acknowledgements of a partial batch until the trainer has consumed it.
+    """
     @_builtins.property
     def spec(self) -> _scheduler_pb2.JobSpec: ...
     def __init__(
@@ -76,14 +86,35 @@ class SinkOpen(_message.Message):
         spec: _scheduler_pb2.JobSpec | None = ...,
         total: _builtins.int = ...,
         window: _builtins.int = ...,
+        sends_end: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "spec", b"spec", "total", b"total", "window", b"window"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "sends_end", b"sends_end", "spec", b"spec", "total", b"total", "window", b"window"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SinkOpen: _TypeAlias = SinkOpen  # noqa: Y015
+
+@_typing.final
+class SinkEnd(_message.Message):
+    """No more rollouts or failures come in this run: release what is held (a
+    partial batch, incomplete groups). The SinkClose follows once every rollout
+    is acknowledged; its state is what the job reports.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SinkEnd: _TypeAlias = SinkEnd  # noqa: Y015
 
 @_typing.final
 class SinkClose(_message.Message):

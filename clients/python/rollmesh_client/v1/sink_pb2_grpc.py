@@ -54,8 +54,9 @@ class RolloutSinkServicer:
     """
 
     def Consume(self, request_iterator, context):
-        """The scheduler sends an open, then rollouts and failures, then a close;
-        the sink acknowledges keys once consumed.
+        """The scheduler sends an open, then rollouts and failures, then an end (when
+        SinkOpen.sends_end), then, once every rollout is acknowledged (or the drain
+        timed out), a close; the sink acknowledges keys once consumed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,8 +36,9 @@ class RolloutSinkStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RolloutSinkAsyncStub: ...
     Consume: _grpc.StreamStreamMultiCallable[_sink_pb2.ConsumeRequest, _sink_pb2.ConsumeResponse]
-    """The scheduler sends an open, then rollouts and failures, then a close;
-    the sink acknowledges keys once consumed.
+    """The scheduler sends an open, then rollouts and failures, then an end (when
+    SinkOpen.sends_end), then, once every rollout is acknowledged (or the drain
+    timed out), a close; the sink acknowledges keys once consumed.
     """
     ListCommitted: _grpc.UnaryUnaryMultiCallable[_sink_pb2.ListCommittedRequest, _sink_pb2.ListCommittedResponse]
     """Keys the sink already holds for a job, so a resumed job skips them."""
@@ -50,8 +51,9 @@ class RolloutSinkAsyncStub(RolloutSinkStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Consume: _aio.StreamStreamMultiCallable[_sink_pb2.ConsumeRequest, _sink_pb2.ConsumeResponse]  # type: ignore[assignment]
-    """The scheduler sends an open, then rollouts and failures, then a close;
-    the sink acknowledges keys once consumed.
+    """The scheduler sends an open, then rollouts and failures, then an end (when
+    SinkOpen.sends_end), then, once every rollout is acknowledged (or the drain
+    timed out), a close; the sink acknowledges keys once consumed.
     """
     ListCommitted: _aio.UnaryUnaryMultiCallable[_sink_pb2.ListCommittedRequest, _sink_pb2.ListCommittedResponse]  # type: ignore[assignment]
     """Keys the sink already holds for a job, so a resumed job skips them."""
@@ -67,8 +69,9 @@ class RolloutSinkServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_sink_pb2.ConsumeRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_sink_pb2.ConsumeResponse], _abc.AsyncIterator[_sink_pb2.ConsumeResponse]]:
-        """The scheduler sends an open, then rollouts and failures, then a close;
-        the sink acknowledges keys once consumed.
+        """The scheduler sends an open, then rollouts and failures, then an end (when
+        SinkOpen.sends_end), then, once every rollout is acknowledged (or the drain
+        timed out), a close; the sink acknowledges keys once consumed.
         """
 
     @_abc_1.abstractmethod
