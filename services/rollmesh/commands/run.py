@@ -174,11 +174,11 @@ async def _embedded(
     )
     gateway_cfg = GatewayConfig(models=(model_spec,), default_model=model_spec.name, http_port=-1)
 
-    def phase(text: str) -> None:
-        err.print(f"[dim]{text}[/]")
-
     async with embedded_mesh(
-        gateway_cfg, output_dir=spec.output_dir or "runs", api_key=api_key, on_phase=phase
+        gateway_cfg,
+        output_dir=spec.output_dir or "runs",
+        api_key=api_key,
+        on_phase=lambda text: err.print(f"[dim]{text}[/]"),
     ) as mesh:
         async with await connect(**mesh.addresses, api_key=api_key, timeout_s=120) as c:
             return await _follow(c, spec)

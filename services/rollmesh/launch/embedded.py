@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 
@@ -21,7 +21,7 @@ from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
+from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig, install_sys_path
 from rollmesh.registry.servicer import RegistryServicer
 from rollmesh.scheduler.manager import JobManager
@@ -39,18 +39,17 @@ class EmbeddedMesh:
     """Addresses of the running services (keys: registry, verifier, gateway, scheduler)."""
 
     addresses: dict[str, str] = field(default_factory=dict)
-    servers: list[MeshServer] = field(default_factory=list)
 
 
-async def _start(stack: AsyncExitStack, mesh: EmbeddedMesh, name: str, servicer: object, api_key: str) -> str:
+async def _start(
+    stack: AsyncExitStack, mesh: EmbeddedMesh, name: str, servicer: object, api_key: str
+) -> None:
     server = await build_server([ServiceBinding.of(servicer)], "127.0.0.1:0", api_key=api_key)
     await server.start()
     stack.push_async_callback(server.stop, 1.0)
     await wait_serving(server.address, timeout_s=60)
-    mesh.servers.append(server)
     mesh.addresses[name] = server.address
     log.info("embedded_service_started", service=name, address=server.address)
-    return server.address
 
 
 def backend_phase(gateway_cfg: GatewayConfig) -> str:
@@ -72,35 +71,26 @@ async def embedded_mesh(
     *,
     output_dir: str = "runs",
     api_key: str = "",
-    roots: RootsConfig | None = None,
-    on_phase: Callable[[str], Awaitable[None] | None] | None = None,
+    on_phase: Callable[[str], None] = lambda text: None,
 ) -> AsyncIterator[EmbeddedMesh]:
     """Start registry, gateway (+ backends), verifier and scheduler; stop them all on exit.
 
     The model backends start first, in the background, while the registry comes up; the gateway
     serves once they are up. `on_phase` hears each step as it starts."""
-
-    async def phase(text: str) -> None:
-        if on_phase is not None:
-            maybe = on_phase(text)
-            if maybe is not None:
-                await maybe
-
     mesh = EmbeddedMesh()
-    roots_cfg = roots or RootsConfig.from_env()
-    catalog = Catalog.from_config(roots_cfg)
+    catalog = Catalog.from_config(RootsConfig.from_env())
     install_sys_path(catalog.roots)
     async with AsyncExitStack() as stack:
         # The model backend (Ray, replicas, engine load) takes longest: it starts first.
-        await phase(backend_phase(gateway_cfg))
+        on_phase(backend_phase(gateway_cfg))
         backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
         gateway = Gateway.from_config(gateway_cfg, backends, backend_factory=create_backend)
         stack.push_async_callback(gateway.shutdown)
         backend_up = asyncio.create_task(gateway.start(), name="embedded-gateway-start")
         try:
-            await phase("starting registry")
+            on_phase("starting registry")
             await _start(stack, mesh, "registry", RegistryServicer(catalog), api_key)
-            await phase("waiting for the model backend")
+            on_phase("waiting for the model backend")
             await backend_up
         finally:
             if not backend_up.done():
@@ -109,7 +99,7 @@ async def embedded_mesh(
         gateway_servicer = GatewayServicer(gateway)
         await _start(stack, mesh, "gateway", gateway_servicer, api_key)
 
-        await phase("loading environments")
+        on_phase("loading environments")
         # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key.
         vcfg = VerifierConfig.from_env()
         vcfg = replace(
@@ -121,7 +111,7 @@ async def embedded_mesh(
         verifier_servicer = VerifierServicer(verifier)
         await _start(stack, mesh, "verifier", verifier_servicer, api_key)
 
-        await phase("starting scheduler")
+        on_phase("starting scheduler")
         # The scheduler calls the gateway and verifier of this process in-process (their servicers,
         # without the gRPC hop); their gRPC servers above are for everyone else.
         model = GatewayModel.in_process(gateway_servicer)
@@ -135,5 +125,5 @@ async def embedded_mesh(
         log.info("startup_heap_frozen", objects=freeze_startup_heap())
         stack.callback(gc.set_threshold, *gc.get_threshold())  # the process's own after the mesh
         raise_gc_threshold()
-        await phase("mesh ready")
+        on_phase("mesh ready")
         yield mesh

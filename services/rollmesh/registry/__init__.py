@@ -1,7 +1,6 @@
 """The artifact registry: named artifacts across ordered roots."""
 
 from rollmesh.registry.catalog import Catalog, Kind
-from rollmesh.registry.config import RegistryConfig
 from rollmesh.registry.errors import ArtifactCollision, ArtifactNotFound, BadArtifactName, UnknownKind
 from rollmesh.registry.roots import BUILTIN_ROOT, Root, RootsConfig, install_sys_path, ordered_roots
 
@@ -12,7 +11,6 @@ __all__ = [
     "BadArtifactName",
     "Catalog",
     "Kind",
-    "RegistryConfig",
     "Root",
     "RootsConfig",
     "UnknownKind",

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 
-OPERAND_MIN = 0
-OPERAND_MAX = 99
 HELDOUT_MODULUS = 10
 
 
@@ -22,13 +20,3 @@ def is_heldout(a: int, b: int) -> bool:
     """
     digest = hashlib.sha256(f"{a},{b}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % HELDOUT_MODULUS == 0
-
-
-def question(a: int, b: int) -> str:
-    """The user message of the task for ``(a, b)``."""
-    return f"What is {a} + {b}?"
-
-
-def answer(a: int, b: int) -> str:
-    """The reference answer (``expected_answer``) for ``(a, b)``."""
-    return str(a + b)
