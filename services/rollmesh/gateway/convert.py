@@ -18,12 +18,7 @@ from rollmesh.gateway.uploads import UploadPiece
 from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
 from rollmesh.mesh.errors import ConfigError, InvalidArgument, RollmeshError
 from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb
-
-
-def sampling_from_pb(s: cpb.SamplingParams) -> SamplingInput:
-    return from_pb(SamplingInput, s)
 
 
 def generate_from_pb(r: pb.GenerateRequest) -> GenerateInput:
@@ -32,7 +27,7 @@ def generate_from_pb(r: pb.GenerateRequest) -> GenerateInput:
         r,
         messages=tuple(message_from_pb(m) for m in r.messages),
         tools=tuple(tool_spec_from_pb(t) for t in r.tools),
-        sampling=sampling_from_pb(r.sampling),
+        sampling=from_pb(SamplingInput, r.sampling),
     )
 
 

@@ -227,39 +227,6 @@ class UploadTooLarge(mesh.ResourceExhausted):
     reason = "UPLOAD_TOO_LARGE"
 
 
-__all__ = [
-    "BackendDown",
-    "BackendUnavailable",
-    "CheckpointIncompatible",
-    "DrainTimeout",
-    "DuplicateRequestId",
-    "GenerationDeadlineExceeded",
-    "InvalidGenerateRequest",
-    "InvalidRoute",
-    "InvalidSampling",
-    "ModelNotFound",
-    "PausedDeadlineExceeded",
-    "PromptTooLong",
-    "RouteExists",
-    "TokenIdsUnsupported",
-    "TooManyRoutes",
-    "UploadInvalid",
-    "UploadTooLarge",
-    "UpstreamAuthFailed",
-    "UpstreamBadResponse",
-    "UpstreamHttpError",
-    "UpstreamRateLimited",
-    "UpstreamRejected",
-    "UpstreamStreamDropped",
-    "UpstreamTimeout",
-    "UpstreamUnreachable",
-    "WeightLoadFailed",
-    "WeightUpdatesUnsupported",
-    "http_status",
-    "openai_type",
-]
-
-
 class HttpCallError(Exception):
     """A call that got no complete HTTP answer."""
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rollmesh.gateway.errors import WeightUpdatesUnsupported
+
 
 @dataclass(frozen=True)
 class SamplingInput:
@@ -159,8 +161,6 @@ class ModelBackend(ABC):
         runs, as the weights of `policy_version`; all or none: when a replica fails, the others are
         reloaded from the previous weights and `gateway.errors.WeightLoadFailed` is raised. Returns
         the replica ids updated. Replicas started later must serve these weights too."""
-        from rollmesh.gateway.errors import WeightUpdatesUnsupported
-
         raise WeightUpdatesUnsupported(f"the {self.card.backend} backend cannot update weights")
 
     async def check_health(self) -> bool:

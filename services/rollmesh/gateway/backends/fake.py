@@ -38,7 +38,7 @@ from rollmesh.gateway.backends.base import (
     ModelCard,
     ReplicaStatus,
 )
-from rollmesh.gateway.errors import BackendUnavailable
+from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
 
 Script = Callable[[str, EngineRequest], "str | Sequence[int]"]
 # Called per replica on a weight load: (replica_id, checkpoint); raising fails that replica's load.
@@ -82,20 +82,12 @@ class FakeTokenizer:
         del add_special_tokens
         ids: list[int] = []
         i, n = 0, len(text)
-        while i < n:
-            if text[i] in self._first:
-                for k in range(min(self._longest, n - i), 1, -1):
-                    pid = self._pieces.get(text[i : i + k])
-                    if pid is not None:
-                        ids.append(pid)
-                        i += k
-                        break
-                else:
-                    ids.append(CHAR_BASE + ord(text[i]))
-                    i += 1
-            else:
-                ids.append(CHAR_BASE + ord(text[i]))
-                i += 1
+        while i < n:  # the longest piece starting at i, else the character
+            k = min(self._longest, n - i) if text[i] in self._first else 1
+            while k > 1 and text[i : i + k] not in self._pieces:
+                k -= 1
+            ids.append(self._pieces[text[i : i + k]] if k > 1 else CHAR_BASE + ord(text[i]))
+            i += k
         return ids
 
     def __len__(self) -> int:
@@ -182,7 +174,6 @@ class FakeBackend(ModelBackend):
         script: Script | None = None,
         num_replicas: int = 1,
         max_model_len: int = 4096,
-        first_token_latency_s: float = 0.0,
         token_latency_s: float = 0.0,
         weights_dir: Path | None = None,
         weight_load_hook: WeightLoadHook | None = None,
@@ -191,7 +182,6 @@ class FakeBackend(ModelBackend):
         self._tokenizer = FakeTokenizer()
         self.script: Script = script or echo_last_user
         self.replica_ids = [f"{name}-replica-{i}" for i in range(max(1, num_replicas))]
-        self.first_token_latency_s = first_token_latency_s
         self.token_latency_s = token_latency_s
         self.down = False
         self.retry_after_s = 1.0
@@ -231,15 +221,15 @@ class FakeBackend(ModelBackend):
 
     async def wait_running(self, request_id: str, *, timeout_s: float = 10.0) -> None:
         """Wait until `request_id` is generating (an event, not a sleep)."""
-        async with asyncio.timeout(timeout_s):
-            while request_id not in self._running:
-                self._changed.clear()
-                await self._changed.wait()
+        await self._wait_until(lambda: request_id in self._running, timeout_s)
 
     async def wait_aborted(self, request_id: str, *, timeout_s: float = 10.0) -> None:
         """Wait until `abort(request_id)` has been called."""
+        await self._wait_until(lambda: request_id in self.aborted, timeout_s)
+
+    async def _wait_until(self, done: Callable[[], bool], timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
-            while request_id not in self.aborted:
+            while not done():
                 self._changed.clear()
                 await self._changed.wait()
 
@@ -267,10 +257,9 @@ class FakeBackend(ModelBackend):
         text_so_far = ""
         try:
             for i, tid in enumerate(ids):
-                delay = self.first_token_latency_s if i == 0 else self.token_latency_s
-                if delay > 0:
+                if self.token_latency_s > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(abort.wait(), delay)
+                        await asyncio.wait_for(abort.wait(), self.token_latency_s)
                 if abort.is_set():
                     yield EngineChunk(finish_reason="abort", replica_id=replica)
                     return
@@ -306,8 +295,6 @@ class FakeBackend(ModelBackend):
         return self._weights_dir
 
     async def load_weights(self, checkpoint: Path, *, policy_version: str = "") -> list[str]:
-        from rollmesh.gateway.errors import WeightLoadFailed
-
         if self._weights_dir is None:
             return await super().load_weights(checkpoint, policy_version=policy_version)
         if self._running:
@@ -325,11 +312,11 @@ class FakeBackend(ModelBackend):
         self.weight_loads += 1
         if failures:
             self.loaded_weights = dict.fromkeys(self.replica_ids, self._weights_dir)
+            listed = "; ".join(f"{r}: {e}" for r, e in failures.items())
             raise WeightLoadFailed(
-                f"{len(failures)} of {len(self.replica_ids)} replicas failed to load {checkpoint}: "
-                + "; ".join(f"{r}: {e}" for r, e in failures.items())
-                + f"; every replica serves {self._weights_dir} again",
-                metadata={"replica_errors": "; ".join(f"{r}: {e}" for r, e in failures.items())},
+                f"{len(failures)} of {len(self.replica_ids)} replicas failed to load {checkpoint}: {listed}"
+                f"; every replica serves {self._weights_dir} again",
+                metadata={"replica_errors": listed},
             )
         self._weights_dir = checkpoint
         self._served_version = policy_version

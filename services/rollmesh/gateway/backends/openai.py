@@ -113,7 +113,6 @@ class OpenAIBackend(ModelBackend):
         api_key: str = "",
         max_model_len: int = 0,
         timeout_s: float = 600.0,
-        request_token_ids: bool = True,
         max_connections: int = 0,
     ) -> None:
         self.name = name
@@ -122,7 +121,6 @@ class OpenAIBackend(ModelBackend):
         self._api_key = api_key
         self._max_model_len = max_model_len
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_s)
-        self._request_token_ids = request_token_ids
         self._max_connections = max(0, max_connections)
         self._chat_url = URL(f"{self.base_url}/chat/completions")
         self._session: aiohttp.ClientSession | None = None
@@ -182,20 +180,16 @@ class OpenAIBackend(ModelBackend):
             )
         return self._unary_pool
 
-    async def _get_models(self, timeout_s: float) -> tuple[int, dict[str, Any]]:
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self._http().get(f"{self.base_url}/models", timeout=timeout) as resp:
-            if resp.status != 200:
-                return resp.status, {}
-            return resp.status, json.loads(await resp.read())
-
     async def start(self) -> None:
         """Check the server answers `/models` with the key and lists the model (when it lists any),
         and learn the context length when it says (vLLM does). A wrong key, a model the server does
         not serve, or a base URL missing its `/v1` fail here, once, not on every later call."""
         _lift_open_files_limit()
         try:
-            status, listing = await self._get_models(10.0)
+            timeout = aiohttp.ClientTimeout(total=10.0)
+            async with self._http().get(f"{self.base_url}/models", timeout=timeout) as resp:
+                status = resp.status
+                listing = json.loads(await resp.read()) if status == 200 else {}
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._transport_error(exc) from None
         meta = {"http_status": str(status)}
@@ -234,14 +228,6 @@ class OpenAIBackend(ModelBackend):
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def check_health(self) -> bool:
-        try:
-            status, _ = await self._get_models(5.0)
-            self._healthy = status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            self._healthy = False
-        return self._healthy
-
     def _body(self, request: EngineRequest) -> dict[str, Any]:
         s = request.sampling
         body: dict[str, Any] = {
@@ -266,8 +252,7 @@ class OpenAIBackend(ModelBackend):
             body["top_k"] = s.top_k  # vLLM extension
         if s.ignore_eos:
             body["ignore_eos"] = True  # vLLM extension
-        if self._request_token_ids:
-            body["return_token_ids"] = True  # vLLM extension: prompt_token_ids + per-choice token_ids
+        body["return_token_ids"] = True  # vLLM extension: prompt_token_ids + per-choice token_ids
         if request.session_id:
             body["user"] = request.session_id
         return body

@@ -1,7 +1,6 @@
 """The OpenAI-compatible HTTP facade, split by concern as vLLM's entrypoints are: `protocol` (the
 OpenAI wire format <-> gateway types), `streaming` (SSE), `routes` (FastAPI), `server` (uvicorn)."""
 
-from rollmesh.gateway.http.routes import build_app
 from rollmesh.gateway.http.server import HttpFacade
 
-__all__ = ["HttpFacade", "build_app"]
+__all__ = ["HttpFacade"]
