@@ -106,10 +106,6 @@ class EnvPort(Protocol):
 
     async def close_session(self, session_id: str) -> None: ...
 
-    async def environment_tools(self, environment: str) -> list[Json]:
-        """The environment's tools; raises a NOT_FOUND error for an unknown environment."""
-        ...
-
     async def describe_environment(self, environment: str) -> EnvDescription:
         """Tools and statelessness; raises a NOT_FOUND error for an unknown environment."""
         ...

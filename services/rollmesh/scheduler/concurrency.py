@@ -1,7 +1,7 @@
 """The bound on rollouts in flight: fixed, or adaptive (AIMD on the gateway's latency).
 
 Adaptive: every `window` model turns, compare the window's mean latency to the best window seen.
-Flat (within `tolerance` x best) -> raise the limit; queueing (above it) -> cut it multiplicatively.
+Flat (within TOLERANCE x best) -> raise the limit; queueing (above it) -> cut it by DECREASE.
 Raising doubles the limit until the first cut (slow start, as TCP does: a batching engine such as
 vLLM needs hundreds of requests in flight, which additive steps from 16 reach only after thousands
 of turns), then adds sqrt(limit). Always within [min_limit, max_limit].
@@ -12,9 +12,9 @@ cost per request, so its latency grows with the batch while it completes more. S
 raises the limit too; a slower window that completes no more than the previous one cuts it.
 
 A cut never goes below the knee while throughput holds: the knee is the smallest limit whose window
-completed at least `knee_share` of the best sustained rate (the best rate two consecutive windows
+completed at least KNEE_SHARE of the best sustained rate (the best rate two consecutive windows
 both reached: one noisy window is not a peak). A window that queues but still completes at least
-`hold_share` of that rate is cut no lower than the knee, so the limit settles where the engine's
+HOLD_SHARE of that rate is cut no lower than the knee, so the limit settles where the engine's
 throughput peaked instead of falling back to where latency was lowest. A window slower than that
 (the backend itself got slower) cuts as before.
 
@@ -33,6 +33,11 @@ import math
 import time
 from collections.abc import Callable
 
+TOLERANCE = 1.5
+DECREASE = 0.7
+KNEE_SHARE = 0.9
+HOLD_SHARE = 0.8
+
 
 class Limiter:
     """A semaphore whose limit may change while held. `acquire` waits for room; `release` frees it."""
@@ -42,22 +47,15 @@ class Limiter:
         limit: int,
         *,
         adaptive: bool = False,
-        min_limit: int = 1,
         max_limit: int = 1024,
         floor: int = 0,
-        tolerance: float = 1.5,
-        decrease: float = 0.7,
         rate_gain: float = 1.1,
-        knee_share: float = 0.9,
-        hold_share: float = 0.8,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.adaptive = adaptive
-        self.max_limit = max(1, min_limit, max_limit)
-        self.min_limit = min(max(1, min_limit, floor), self.max_limit)
+        self.max_limit = max(1, max_limit)
+        self.min_limit = min(max(1, floor), self.max_limit)
         self.limit = min(max(limit, self.min_limit), self.max_limit)
-        self.tolerance = tolerance
-        self.decrease = decrease
         self.in_use = 0
         self.peak = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -68,8 +66,6 @@ class Limiter:
         self._window_start = 0.0
         self._last_rate = 0.0  # turns per second of the previous window
         self._slow_start = True  # doubling until the first cut
-        self.knee_share = knee_share
-        self.hold_share = hold_share
         self._windows: collections.deque[tuple[int, float]] = collections.deque(maxlen=32)  # (limit, rate)
 
     async def acquire(self) -> None:
@@ -113,12 +109,12 @@ class Limiter:
         paying = self._last_rate > 0 and rate >= self._last_rate * self.rate_gain
         self._last_rate = rate
         self._windows.append((self.limit, rate))
-        if mean <= self._best * self.tolerance or paying:
+        if mean <= self._best * TOLERANCE or paying:
             step = self.limit if self._slow_start else max(1, int(math.sqrt(self.limit)))
             self.limit = min(self.max_limit, self.limit + step)
         else:
             self._slow_start = False
-            cut = max(self.min_limit, int(self.limit * self.decrease))
+            cut = max(self.min_limit, int(self.limit * DECREASE))
             self.limit = max(cut, min(self.limit, self._knee(rate)))
             # The baseline drifts up slowly so a permanently slower backend is not punished forever.
             self._best *= 1.05
@@ -126,9 +122,9 @@ class Limiter:
 
     def _knee(self, rate: float) -> int:
         """The lowest limit a cut may reach at this window's `rate` (class docstring): the knee
-        while `rate` holds `hold_share` of the best sustained rate, else no floor (0)."""
+        while `rate` holds HOLD_SHARE of the best sustained rate, else no floor (0)."""
         windows = list(self._windows)
         sustained = max((min(a[1], b[1]) for a, b in itertools.pairwise(windows)), default=0.0)
-        if sustained <= 0 or rate < self.hold_share * sustained:
+        if sustained <= 0 or rate < HOLD_SHARE * sustained:
             return 0
-        return min(limit for limit, r in windows if r >= self.knee_share * sustained)
+        return min(limit for limit, r in windows if r >= KNEE_SHARE * sustained)

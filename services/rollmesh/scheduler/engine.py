@@ -188,9 +188,6 @@ class _WatchedEnv:
     async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
         await self._inner.close_session(session_id)
 
-    async def environment_tools(self, environment: str) -> list[Json]:
-        return await self._watch(VERIFIER, self._inner.environment_tools(environment))
-
     async def describe_environment(self, environment: str) -> EnvDescription:
         return await self._watch(VERIFIER, self._inner.describe_environment(environment))
 

@@ -60,6 +60,8 @@ MAX_JOBS = 1000  # jobs kept in memory; the oldest finished ones are forgotten f
 READ_BATCH = 256
 TIME_LIMIT = 62135596800.0  # |seconds| a protobuf Timestamp holds on both sides of 1970
 CAPACITY_TIMEOUT_S = 5.0  # asking the gateway what its engines run at once (automatic concurrency)
+# The Progress fields job.json keeps.
+STORED_PROGRESS = ("total", "done", "succeeded", "failed", "skipped_existing", "mean_reward", "retries")
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
 Item = Rollout | RolloutFailure
@@ -111,26 +113,16 @@ class JobRecord:
     def progress(self) -> Progress:
         if self.run is not None:
             return self.run.progress_now(finished=self.finished)
-        sp = self.stored_progress
+        sp, p = self.stored_progress, Progress()
+        for name in STORED_PROGRESS:
+            if name != "mean_reward":  # a property, of reward_sum
+                setattr(p, name, int(sp.get(name, 0)))
+        p.reward_sum = float(sp.get("mean_reward", 0.0)) * p.succeeded
         if self.on_disk is not None:  # what the files hold is the truth, whatever job.json last said
             d = self.on_disk
-            return Progress(
-                total=int(sp.get("total", 0)),
-                done=d.done,
-                succeeded=d.rollouts,
-                failed=d.failures,
-                reward_sum=d.reward_sum,
-                retries=int(sp.get("retries", 0)),
-            )
-        return Progress(
-            total=int(sp.get("total", 0)),
-            done=int(sp.get("done", 0)),
-            succeeded=int(sp.get("succeeded", 0)),
-            failed=int(sp.get("failed", 0)),
-            skipped_existing=int(sp.get("skipped_existing", 0)),
-            reward_sum=float(sp.get("mean_reward", 0.0)) * int(sp.get("succeeded", 0)),
-            retries=int(sp.get("retries", 0)),
-        )
+            p.done, p.succeeded, p.failed, p.reward_sum = d.done, d.rollouts, d.failures, d.reward_sum
+            p.skipped_existing = 0  # the files' rollouts include them
+        return p
 
     @property
     def resumable(self) -> bool:
@@ -156,15 +148,7 @@ class JobRecord:
             "error": self.error,
             "create_time": self.create_time,
             "end_time": self.end_time,
-            "progress": {
-                "total": p.total,
-                "done": p.done,
-                "succeeded": p.succeeded,
-                "failed": p.failed,
-                "skipped_existing": p.skipped_existing,
-                "mean_reward": p.mean_reward,
-                "retries": p.retries,
-            },
+            "progress": {k: getattr(p, k) for k in STORED_PROGRESS},
             "failure_summary": [f.to_json() for f in self.failure_summary],
         }
 
@@ -231,8 +215,6 @@ class JobManager:
         env: EnvPort,
         output_dir: str = "runs",
         sink_factory: SinkFactory | None = None,
-        hooks_factory: Callable[[], Hooks] | None = None,
-        check_environment: bool = True,
         api_key: str = "",
     ) -> None:
         self.catalog = catalog
@@ -241,8 +223,6 @@ class JobManager:
         self.output_dir = output_dir
         self._cwd = os.getcwd()
         self.sink_factory = sink_factory or functools.partial(default_sink_factory, api_key=api_key)
-        self.hooks_factory = hooks_factory or Hooks
-        self.check_environment = check_environment
         self._jobs: dict[str, JobRecord] = {}
         self._by_request: dict[str, str] = {}
         self._tasks = TaskSet()
@@ -269,9 +249,7 @@ class JobManager:
             plan = await asyncio.to_thread(build_plan, self.catalog, spec)
             if spec.resume_job_id and plan.spec.sink.kind == "jsonl":
                 await _check_same_tasks(job_id, plan)
-            described = (
-                await self._check_environment(plan.spec.environment) if self.check_environment else None
-            )
+            described = await self._check_environment(plan.spec.environment)
             capacity = await self._engine_capacity(plan.spec.model) if not plan.spec.concurrency else 0
             directory = Path(plan.spec.effective_output_dir) / job_id
             sink = self.sink_factory(job_id, plan, directory)
@@ -284,7 +262,7 @@ class JobManager:
                 plan=plan,
                 has_file=plan.spec.sink.kind == "jsonl",
             )
-            hooks = self.hooks_factory()
+            hooks = Hooks()
             hooks.on_rollout = lambda r: self._on_rollout(rec, r)
             hooks.on_failure = lambda f: rec.notify()
             rec.run = JobRun(
@@ -364,9 +342,7 @@ class JobManager:
         try:
             return await self.env.describe_environment(name)
         except Exception as exc:
-            code = getattr(getattr(exc, "code", None), "name", "")
-            if isinstance(exc, RollmeshError):
-                code = exc.code.name
+            code = getattr(getattr(exc, "code", None), "name", "")  # a RollmeshError's or the SDK's
             if code == "NOT_FOUND":
                 raise EnvironmentNotFound(
                     f"environment {name!r} is not loaded in the verifier: {getattr(exc, 'message', exc)}",

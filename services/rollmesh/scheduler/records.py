@@ -148,24 +148,8 @@ def _finite(name: str, value: Any) -> float:
     return number
 
 
-_ADDED_FIELDS = frozenset(
-    {
-        "task_index",
-        "rollout_index",
-        "job_id",
-        "response",
-        "reward",
-        "reward_components",
-        "extracted_answer",
-        "verify_details",
-        "tokens",
-        "usage",
-        "attempts",
-        "latency_s",
-        "policy_version",
-        "seed",
-    }
-)
+# What `to_row` adds to the echoed task (the row of a rollout of an empty task).
+_ADDED_FIELDS = frozenset(Rollout(RolloutKey(0, 0), "", {}, [], 0.0).to_row())
 
 
 @dataclass

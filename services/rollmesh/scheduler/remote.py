@@ -237,9 +237,6 @@ class VerifierEnv(_Port):
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
         await unary_call(self.stub.CloseSession, req, SERVICE_CALL_S)
 
-    async def environment_tools(self, environment: str) -> list[Json]:
-        return (await self.describe_environment(environment)).tools
-
     async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
         resp: verifier_pb2.Environment = await unary_call(self.stub.GetEnvironment, req, SERVICE_CALL_S)

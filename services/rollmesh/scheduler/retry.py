@@ -243,12 +243,11 @@ async def with_retry(
     backoff: Backoff | None = None,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     on_retry: Callable[[ErrorClass, int, float], None] | None = None,
-    per_attempt_deadline: bool = True,
     outages: Outages | None = None,
 ) -> tuple[T, int]:
     """Run `attempt` until it succeeds; returns (result, attempts) or raises RolloutFailed.
 
-    Each attempt runs under `policy.rollout_timeout_s` (when `per_attempt_deadline`). With
+    Each attempt runs under `policy.rollout_timeout_s`. With
     `outages`, an outage error is retried without counting as an attempt until a service has been
     unreachable for the budget (then RolloutFailed with `budget_exhausted`). CancelledError propagates.
     """
@@ -258,10 +257,8 @@ async def with_retry(
     while True:
         n += 1
         try:
-            if per_attempt_deadline:
-                async with asyncio.timeout(policy.rollout_timeout_s):
-                    return await attempt(), n
-            return await attempt(), n
+            async with asyncio.timeout(policy.rollout_timeout_s):
+                return await attempt(), n
         except Exception as exc:
             err = classify(exc)
             if err.outage and outages is not None:

@@ -34,11 +34,6 @@ class Sink(ABC):
     async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
         """Flush everything (fsync) and finish; `state` is the job's final state name."""
 
-    @property
-    def in_flight(self) -> int:
-        """Rollouts handed to the sink and not yet acknowledged (0 for synchronous sinks)."""
-        return 0
-
     def waiting(self) -> str:
         """Why writes have been waiting for a while now, e.g. "trainer sink at ADDR acknowledged
         nothing for 30 s (64 unacknowledged, the window)"; "" when they are not."""

@@ -54,12 +54,10 @@ class Watchdog:
         outages: Outages,
         probes: Mapping[str, Probe | None],
         *,
-        probe_timeout_s: float = PROBE_TIMEOUT_S,
         silent_limit_s: float = float("inf"),
     ) -> None:
         self.outages = outages
         self.probes = probes
-        self.probe_timeout_s = probe_timeout_s
         self.silent_limit_s = silent_limit_s
         self._calls: collections.defaultdict[str, set[asyncio.Timeout]] = collections.defaultdict(set)
         self._why: dict[str, tuple[str, dict[str, str]]] = {}  # service -> (message, error metadata)
@@ -119,7 +117,7 @@ class Watchdog:
                 # says so now, and the outage began when it went quiet.
                 if probe is None and quiet < o.budget_s and not mute:
                     continue
-                if probe is not None and not mute and await probe(self.probe_timeout_s):
+                if probe is not None and not mute and await probe(PROBE_TIMEOUT_S):
                     continue  # it answers its health check: slow, not hung; its calls go on
                 quiet = o.quiet_s(service)
                 if not calls or quiet is None:  # answered while we asked
