@@ -30,9 +30,9 @@ another replica (`avoid_replica`); after a token has been streamed, or when the 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,6 @@ class RayServeBackend(ModelBackend):
         self._tickets: dict[str, Ticket] = {}  # request id -> its place in a micro-batch
         self._batcher = Batcher(self._send_batch)
         self._aborts = TaskSet()
-        self.startup_seconds: dict[str, float] = {}
         self._weights = WeightsRecord.initial(config.model_path)  # what the cluster's record says
 
     @classmethod
@@ -109,7 +108,6 @@ class RayServeBackend(ModelBackend):
         return self._tokenizer  # type: ignore[no-any-return]
 
     async def start(self) -> None:
-        t0 = time.monotonic()
         if self.config.engine == "fake":
             from rollmesh.serving.fake_replica import fake_tokenizer
 
@@ -125,7 +123,6 @@ class RayServeBackend(ModelBackend):
             self._tokenizer, model_len = tokenizer.result()
         self._max_model_len = self.config.max_model_len or model_len
         self._handle = await _routing_on_this_loop(self.config.app_name, self._handle)
-        self.startup_seconds = {"total": round(time.monotonic() - t0, 1), **self.cluster.startup_seconds}
 
     def _require_handle(self) -> Any:
         if self._handle is None:
@@ -133,90 +130,22 @@ class RayServeBackend(ModelBackend):
         return self._handle
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        handle = self._require_handle()
+        self._require_handle()
         if not request.prompt_token_ids:
             raise InvalidArgument("the Ray Serve backend needs prompt_token_ids")
-        if not request.stream and not request.session_id:
-            async for chunk in self._generate_batched(request):
-                yield chunk
-            return
-        avoid = ""
-        for attempt in (1, 2):
-            routed = streamed = completed = False
-            stream = handle.options(stream=True).generate.remote(
-                request_id=request.request_id,
-                prompt_token_ids=list(request.prompt_token_ids),
-                sampling=request.sampling,
-                session_id=request.session_id,
-                avoid_replica=avoid,
-                stream=request.stream,
-            )
-            self._streams[request.request_id] = stream
-            try:
-                async for chunk in stream:
-                    if not routed:
-                        self._where[request.request_id] = chunk.replica_id
-                        routed = True
-                        self._refuse_stale(chunk)
-                    streamed = streamed or bool(chunk.token_ids or chunk.text or chunk.finish_reason)
-                    yield chunk
-                completed = True
-                return
-            except RequestRejected as exc:
-                message = str(exc).strip().splitlines()[-1][:500] if str(exc).strip() else type(exc).__name__
-                raise EngineRejected(f"vLLM rejected request {request.request_id}: {message}") from exc
-            except Exception as exc:
-                if not (_is_replica_failure(exc) or isinstance(exc, StaleReplica)):
-                    raise
-                failed = self._where.get(request.request_id, "")
-                log.warning(
-                    "replica_failed_during_request",
-                    request_id=request.request_id,
-                    replica_id=failed,
-                    attempt=attempt,
-                    streamed=streamed,
-                    error=type(exc).__name__,
-                )
-                if streamed or attempt == 2:
-                    raise BackendUnavailable(
-                        f"replica {failed or '?'} failed while serving {request.request_id} "
-                        f"({'after' if streamed else 'before'} streaming; attempt {attempt}): {exc}",
-                        retry_after_s=2.0,
-                    ) from exc
-                avoid = failed
-            finally:
-                self._streams.pop(request.request_id, None)
-                self._where.pop(request.request_id, None)
-                if not completed:
-                    stream.cancel()  # the replica's generator is cancelled, which aborts the engine request
-
-    def _send_batch(self, items: list[BatchItem], avoid_replica: str) -> AsyncIterator[BatchReport]:
-        handle = self._require_handle()
-        stream: AsyncIterator[BatchReport] = handle.options(stream=True).generate_batch.remote(
-            requests=items, batch_size=len(items), avoid_replica=avoid_replica
-        )
-        return stream
-
-    async def _generate_batched(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        """A whole-output request without a session, sent in a micro-batch (batching.py): the
-        replica's id first (an empty chunk, for abort), then the whole output in one chunk."""
+        one_try = self._in_batch if not request.stream and not request.session_id else self._in_call
         rid = request.request_id
-        item = BatchItem(rid, list(request.prompt_token_ids), request.sampling)
         avoid = ""
         for attempt in (1, 2):
-            ticket = self._batcher.submit(item, avoid_replica=avoid)
-            self._tickets[rid] = ticket
+            streamed = False
             try:
-                replica = await ticket.replica
-                if replica:
-                    self._where[rid] = replica
-                    yield EngineChunk(replica_id=replica)
-                output = await ticket.output
-                self._refuse_stale(output)
-                yield output
+                async with aclosing(one_try(request, avoid)) as chunks:
+                    async for chunk in chunks:
+                        streamed = streamed or bool(chunk.token_ids or chunk.text or chunk.finish_reason)
+                        yield chunk
                 return
             except RequestRejected as exc:
-                raise EngineRejected(f"vLLM rejected request {rid}: {_short(exc)}") from exc
+                raise EngineRejected(f"vLLM rejected request {rid}: {_short(exc, 500)}") from exc
             except BatchItemFailed as exc:
                 raise BackendUnavailable(
                     f"request {rid} failed on its replica: {exc}", retry_after_s=2.0
@@ -230,55 +159,98 @@ class RayServeBackend(ModelBackend):
                     request_id=rid,
                     replica_id=failed,
                     attempt=attempt,
-                    streamed=False,
+                    streamed=streamed,
                     error=type(exc).__name__,
                 )
-                if attempt == 2:
+                if streamed or attempt == 2:
                     raise BackendUnavailable(
-                        f"replica {failed or '?'} failed while serving {rid} (attempt {attempt}): {exc}",
+                        f"replica {failed or '?'} failed while serving {rid} "
+                        f"({'after' if streamed else 'before'} streaming; attempt {attempt}): {exc}",
                         retry_after_s=2.0,
                     ) from exc
                 avoid = failed
             finally:
-                self._tickets.pop(rid, None)
-                replica_id = self._where.pop(rid, "")
-                if not ticket.output.done() and not self._batcher.cancel(ticket) and replica_id:
-                    self._abort_later(rid, replica_id)  # the caller left: stop it on its replica
+                self._where.pop(rid, None)
+
+    async def _in_call(self, request: EngineRequest, avoid: str) -> AsyncGenerator[EngineChunk, None]:
+        """One Serve call of its own for the request; its first chunk says which replica runs it."""
+        rid = request.request_id
+        handle = self._require_handle()
+        stream = handle.options(stream=True).generate.remote(
+            request_id=rid,
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=request.sampling,
+            session_id=request.session_id,
+            avoid_replica=avoid,
+            stream=request.stream,
+        )
+        self._streams[rid] = stream
+        completed = False
+        try:
+            async for chunk in stream:
+                if rid not in self._where:
+                    self._where[rid] = chunk.replica_id
+                    self._refuse_stale(chunk)
+                yield chunk
+            completed = True
+        finally:
+            self._streams.pop(rid, None)
+            if not completed:
+                stream.cancel()  # the replica's generator is cancelled, which aborts the engine request
+
+    def _send_batch(self, items: list[BatchItem], avoid_replica: str) -> AsyncIterator[BatchReport]:
+        handle = self._require_handle()
+        stream: AsyncIterator[BatchReport] = handle.options(stream=True).generate_batch.remote(
+            requests=items, batch_size=len(items), avoid_replica=avoid_replica
+        )
+        return stream
+
+    async def _in_batch(self, request: EngineRequest, avoid: str) -> AsyncGenerator[EngineChunk, None]:
+        """A whole-output request without a session, sent in a micro-batch (batching.py): the
+        replica's id first (an empty chunk, for abort), then the whole output in one chunk."""
+        rid = request.request_id
+        item = BatchItem(rid, list(request.prompt_token_ids), request.sampling)
+        ticket = self._batcher.submit(item, avoid_replica=avoid)
+        self._tickets[rid] = ticket
+        try:
+            if replica := await ticket.replica:
+                self._where[rid] = replica
+                yield EngineChunk(replica_id=replica)
+            output = await ticket.output
+            self._refuse_stale(output)
+            yield output
+        finally:
+            self._tickets.pop(rid, None)
+            replica_id = self._where.get(rid, "")
+            if not ticket.output.done() and not self._batcher.cancel(ticket) and replica_id:
+                self._abort_later(rid, replica_id)  # the caller left: stop it on its replica
 
     def _abort_later(self, request_id: str, replica_id: str) -> None:
         self._aborts.spawn(self._abort_on(request_id, replica_id), name=f"abort-{request_id}")
 
-    async def _abort_on(self, request_id: str, replica_id: str) -> bool:
+    async def _abort_on(self, request_id: str, replica_id: str) -> bool | None:
+        """Whether the replica aborted the request; None when it did not answer."""
         try:
             async with asyncio.timeout(_ABORT_TIMEOUT_S):
                 aborted: bool = await self._handle.abort.remote(request_id=request_id, pin_replica=replica_id)
                 return aborted
         except Exception as exc:
             log.warning("abort_failed", request_id=request_id, replica_id=replica_id, error=repr(exc))
-            return False
+            return None
 
     async def abort(self, request_id: str) -> bool:
-        handle = self._handle
-        replica = self._where.get(request_id)
         ticket = self._tickets.get(request_id)
-        if ticket is not None and handle is not None:
-            if self._batcher.cancel(ticket):
-                return True  # its batch had not left: it ends with finish_reason "abort"
-            return await self._abort_on(request_id, replica) if replica else False
         stream = self._streams.get(request_id)
-        if handle is None or stream is None:
+        if self._handle is None or (ticket is None and stream is None):
             return False
-        if not replica:
-            stream.cancel()  # not routed/streaming yet: cancelling stops it wherever it lands
+        if ticket is not None and self._batcher.cancel(ticket):
+            return True  # its batch had not left: it ends with finish_reason "abort"
+        replica = self._where.get(request_id)
+        aborted = await self._abort_on(request_id, replica) if replica else None
+        if aborted is None and stream is not None:
+            stream.cancel()  # not routed yet, or the abort failed: cancelling stops it wherever it lands
             return True
-        try:
-            async with asyncio.timeout(_ABORT_TIMEOUT_S):
-                aborted: bool = await handle.abort.remote(request_id=request_id, pin_replica=replica)
-        except Exception as exc:
-            log.warning("abort_failed", request_id=request_id, replica_id=replica, error=repr(exc))
-            stream.cancel()
-            return True
-        return aborted
+        return bool(aborted)
 
     def _refuse_stale(self, chunk: EngineChunk) -> None:
         current = self._weights.current.weights_id
@@ -349,17 +321,11 @@ class RayServeBackend(ModelBackend):
             now: bool = await handle.hold.remote(held=held, pin_replica=replica_id)
         return now
 
-    async def replica_stats(self, replica_id: str) -> dict[str, Any] | None:
-        """One replica's own figures (`VLLMReplica.stats`), None when it does not answer."""
-        if self._handle is None:
-            return None
-        return await self._stats(replica_id)
-
     async def replicas(self) -> list[ReplicaStatus]:
         if self._handle is None:
             return []
         ids = await self.cluster.replica_ids()
-        stats = await asyncio.gather(*(self._stats(r) for r in ids))
+        stats = await asyncio.gather(*(self.replica_stats(r) for r in ids))
         return [
             ReplicaStatus(
                 replica_id=rid,
@@ -372,7 +338,9 @@ class RayServeBackend(ModelBackend):
             for rid, s in zip(ids, stats, strict=True)
         ]
 
-    async def _stats(self, replica_id: str) -> dict[str, Any] | None:
+    async def replica_stats(self, replica_id: str) -> dict[str, Any] | None:
+        """One replica's own figures (`VLLMReplica.stats`), None when it does not answer (or the
+        backend is not started)."""
         try:
             async with asyncio.timeout(_STATS_TIMEOUT_S):
                 result: dict[str, Any] = await self._handle.stats.remote(pin_replica=replica_id)
@@ -405,10 +373,10 @@ async def _routing_on_this_loop(app_name: str, handle: Any) -> Any:
     return fresh
 
 
-def _short(exc: BaseException) -> str:
+def _short(exc: BaseException, limit: int = 300) -> str:
     """The last line of a (Ray-wrapped) exception's text: the replica's own error message."""
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
+    return (lines[-1] if lines else type(exc).__name__)[:limit]
 
 
 def _load_tokenizer(model_path: str) -> tuple[Any, int]:

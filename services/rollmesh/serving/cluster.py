@@ -78,15 +78,6 @@ class ServingCluster:
     def __init__(self, config: ServingConfig) -> None:
         self.config = config
         self._uses_ray = False  # counted in _PROCESS_RAY.users
-        self._handle: Any = None
-        self.startup_seconds: dict[str, float] = {}
-
-    @property
-    def handle(self) -> Any:
-        """The `DeploymentHandle` of the replicas (after `start`)."""
-        if self._handle is None:
-            raise RuntimeError("ServingCluster.start() has not completed")
-        return self._handle
 
     @property
     def joined(self) -> bool:
@@ -94,14 +85,14 @@ class ServingCluster:
         return bool(self.config.ray_address) and not _PROCESS_RAY.owned
 
     async def start(self) -> Any:
+        """Start or join Ray, deploy, wait until every replica is healthy; the replicas' handle."""
         t0 = time.monotonic()
         await _RAY_THREAD.run(self._init_ray)
         t1 = time.monotonic()
-        self._handle = await self._deploy()
-        t2 = time.monotonic()
-        self.startup_seconds = {"ray": round(t1 - t0, 1), "replicas": round(t2 - t1, 1)}
-        log.info("serving_started", app=self.config.app_name, joined=self.joined, **self.startup_seconds)
-        return self._handle
+        handle = await self._deploy()
+        seconds = {"ray": round(t1 - t0, 1), "replicas": round(time.monotonic() - t1, 1)}
+        log.info("serving_started", app=self.config.app_name, joined=self.joined, **seconds)
+        return handle
 
     def _init_ray(self) -> None:
         import ray
@@ -237,7 +228,6 @@ class ServingCluster:
         if not self._uses_ray:
             return
         self._uses_ray = False
-        self._handle = None
         try:
             if ray.is_initialized():
                 await asyncio.to_thread(serve.delete, self.config.app_name)
