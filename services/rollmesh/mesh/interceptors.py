@@ -32,13 +32,6 @@ _stdlib_log = logging.getLogger("rollmesh.rpc")  # cached level checks
 Behavior = Callable[..., Any]
 
 
-class _Outcome:
-    __slots__ = ("code",)
-
-    def __init__(self) -> None:
-        self.code = "OK"
-
-
 def status_of(exc: BaseException) -> status_pb2.Status:
     """The status a call that raised `exc` ends with: a domain error's own; INTERNAL with a short
     message for anything else (its traceback goes to the log)."""
@@ -48,21 +41,12 @@ def status_of(exc: BaseException) -> status_pb2.Status:
     return errors.internal_status()
 
 
-async def _fail(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, outcome: _Outcome) -> None:
-    status = status_of(exc)
-    outcome.code = errors.code_name(status.code)
-    await context.abort_with_status(rpc_status.to_status(status))
-
-
-def _finish(
-    method: str, outcome: _Outcome, context: grpc.aio.ServicerContext[Any, Any], start: float
-) -> None:
+def _finish(method: str, code: str, context: grpc.aio.ServicerContext[Any, Any], start: float) -> None:
     """One `rpc` line per call: at info when it did not end OK (always logged), at debug when it did.
 
     Successful calls are the hot path (a scheduler makes ~5 per rollout, thousands a second); each
     service logs its own canonical line per unit of work (e.g. the scheduler's per rollout/job).
     """
-    code = outcome.code
     if code == "OK" and context.cancelled():
         code = "CANCELLED"
     if code == "OK":
@@ -121,18 +105,20 @@ def _decoded(request: Any, request_streaming: bool) -> Any:
 
 @contextlib.asynccontextmanager
 async def _observed(method: str, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
-    """Around one call: logging context, errors mapped to a status (`_fail`), the `rpc` line."""
-    outcome, start = _Outcome(), time.perf_counter()
+    """Around one call: logging context, errors mapped to a status (`status_of`), the `rpc` line."""
+    code, start = "OK", time.perf_counter()
     with structlog.contextvars.bound_contextvars(rpc=method):
         try:
             yield
         except grpc.aio.AbortError:
-            outcome.code = "ABORTED_BY_HANDLER"
+            code = "ABORTED_BY_HANDLER"
             raise
         except Exception as exc:
-            await _fail(context, exc, outcome)
+            status = status_of(exc)
+            code = errors.code_name(status.code)
+            await context.abort_with_status(rpc_status.to_status(status))
         finally:
-            _finish(method, outcome, context, start)
+            _finish(method, code, context, start)
 
 
 def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool) -> Behavior:

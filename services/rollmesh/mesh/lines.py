@@ -85,7 +85,6 @@ class LineWriter:
         *,
         capacity: int = 10_000,
         drop_notice: Callable[[int], str] = lambda n: f"[log] {n} lines dropped: the stream was too slow",
-        name: str = "rollmesh-log-writer",
     ) -> None:
         self.stream = stream
         self._fd: int | None = None
@@ -97,7 +96,7 @@ class LineWriter:
         self._lock = threading.Lock()
         self._queue: queue.Queue[str | None] = queue.Queue(maxsize=capacity)
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="rollmesh-log-writer", daemon=True)
         self._thread.start()
 
     def write(self, line: str) -> None:
@@ -147,9 +146,6 @@ class LineWriter:
         data = memoryview(text.encode("utf-8", errors="replace"))
         while data:
             data = data[os.write(self._fd, data) :]
-
-    def pending(self) -> int:
-        return self._queue.qsize()
 
     def flush(self, timeout_s: float = 2.0) -> None:
         """Wait, at most `timeout_s`, until every queued line has been written."""

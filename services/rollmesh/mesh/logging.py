@@ -44,15 +44,9 @@ def cap_strings(value: Any, max_chars: int) -> Any:
     return value
 
 
-class _CapFields:
+def _cap_fields(max_chars: int) -> Any:
     """A structlog processor: long strings in the event dict are cut before rendering."""
-
-    def __init__(self, max_chars: int) -> None:
-        self.max_chars = max_chars
-
-    def __call__(self, logger: Any, name: str, event_dict: Any) -> Any:
-        del logger, name
-        return cap_strings(event_dict, self.max_chars)
+    return lambda logger, name, event_dict: cap_strings(event_dict, max_chars)
 
 
 class _BoundedJSONRenderer:
@@ -141,7 +135,7 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
         )
         final = [
             structlog.processors.ExceptionRenderer(tracebacks),
-            _CapFields(max_line // 2),
+            _cap_fields(max_line // 2),
             _BoundedJSONRenderer(max_line),
         ]
     else:
@@ -149,7 +143,7 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
             show_locals=show_locals, max_frames=TRACEBACK_MAX_FRAMES
         )
         final = [
-            _CapFields(max_line // 2),
+            _cap_fields(max_line // 2),
             structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=exc_formatter),
         ]
     structlog.configure(

@@ -58,9 +58,6 @@ class ItemMessages(Generic[T, M]):
     def _error(self, item_id: str, exc: RollmeshError) -> M:
         return self._message_class(id=item_id, error=to_status(exc))
 
-    def __call__(self, item_id: str, outcome: T | RollmeshError) -> M:
-        return self.sized(item_id, outcome)[0]
-
     def sized(self, item_id: str, outcome: T | RollmeshError) -> tuple[M, int]:
         """The message and its ByteSize."""
         if isinstance(outcome, RollmeshError):
@@ -112,7 +109,7 @@ async def answer_messages(
                 yield message
         else:
             for item_id, outcome in outcomes:
-                yield messages(item_id, outcome)
+                yield messages.sized(item_id, outcome)[0]
 
 
 async def outcome_of(work: Callable[[], Awaitable[T]], what: str, item_id: str) -> T | RollmeshError:
