@@ -50,9 +50,7 @@ def _cap_fields(max_chars: int) -> Any:
 
 
 class _BoundedJSONRenderer:
-    """JSONRenderer whose line stays within `max_bytes` and stays JSON: an event too big to fit is
-    rendered again smaller (strings cut harder, at most 3 exceptions of a chain with their last
-    3 frames each) and says how many bytes that saved in `truncated_bytes`."""
+    """JSONRenderer whose line stays within `max_bytes` and stays JSON (the module docstring says how)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes

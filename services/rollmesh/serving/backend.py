@@ -313,9 +313,7 @@ class RayServeBackend(ModelBackend):
         return loaded
 
     async def hold_engine(self, replica_id: str, *, held: bool) -> bool:
-        """Freeze or release one vLLM replica's engine scheduler (`VLLMReplica.hold`): its running
-        requests stay in flight without progressing until released or a weight load. For tests and
-        operators; returns whether the engine is held now."""
+        """`VLLMReplica.hold` on one replica (for tests and operators): whether its engine is held now."""
         handle = self._require_handle()
         async with asyncio.timeout(_STATS_TIMEOUT_S):
             now: bool = await handle.hold.remote(held=held, pin_replica=replica_id)

@@ -25,13 +25,13 @@ import asyncio
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rollmesh.mesh.aio import ProcessLifetimeThread
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.deployment import build_app, config_summary
+from rollmesh.serving.deployment import build_app, engine_kwargs
 from rollmesh.serving.errors import ServeAppExists, ServingStartupError
 from rollmesh.serving.join import connect_error, driver_on_node, enable_token_auth, wait_reachable
 from rollmesh.serving.weights_record import WeightsRecord, delete_record, write_record
@@ -146,7 +146,7 @@ class ServingCluster:
         cfg = self.config
         if self.joined:
             await asyncio.to_thread(self._refuse_taken_name)
-        log.info("serving_deploying", **config_summary(cfg))
+        log.info("serving_deploying", **asdict(cfg) | {"device": cfg.device, "engine": engine_kwargs(cfg)})
         # Replicas load the record's weights at start: a fresh application serves its model_path.
         await asyncio.to_thread(write_record, cfg.app_name, WeightsRecord.initial(cfg.model_path))
         app = build_app(cfg)

@@ -27,7 +27,6 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import asdict
 from typing import Any
 
 from ray import serve
@@ -284,8 +283,7 @@ class VLLMReplica(Replica):
         }
 
     async def check_health(self) -> None:
-        """Serve's health probe: raises when the engine is dead or serves weights the application
-        no longer serves (Serve then replaces the replica, see weights_record.py)."""
+        """`Replica.check_health`, and raises when the engine is dead."""
         await self._engine.check_health()
         await super().check_health()
 
@@ -334,8 +332,3 @@ def build_app(config: ServingConfig) -> Application:
     deployment: Any = serve.deployment(replica_class, **options)
     app: Application = deployment.bind(config)
     return app
-
-
-def config_summary(config: ServingConfig) -> dict[str, Any]:
-    """What `build_app` deploys, for logs and benchmarks."""
-    return asdict(config) | {"device": config.device, "engine": engine_kwargs(config)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import aclosing, contextmanager
+from dataclasses import asdict
 from typing import Any
 
 from ray import serve
@@ -19,7 +20,7 @@ from ray import serve
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
 from rollmesh.serving.batching import BatchItem, BatchReport, run_batch
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef, weights_stats
+from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef
 
 
 class Replica(ABC):
@@ -116,7 +117,7 @@ class Replica(ABC):
             "in_flight": len(self._running),
             "served": self._served,
             **await self._engine_stats(),
-            **weights_stats(self._weights.serving),
+            **asdict(self._weights.serving),  # the weights it serves
         }
 
     @abstractmethod

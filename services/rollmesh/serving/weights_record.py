@@ -153,8 +153,3 @@ class ReplicaWeights:
                 f"this replica serves weights {self.serving.weights_id} ({self.serving.weights_path}); "
                 f"the application serves {record.current.weights_id} ({record.current.weights_path})"
             )
-
-
-def weights_stats(ref: WeightsRef) -> dict[str, str]:
-    """What a replica's `stats` say about the weights it serves: the ref's fields."""
-    return asdict(ref)
