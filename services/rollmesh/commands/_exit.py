@@ -46,25 +46,23 @@ def exit_code_for(state: str) -> int:
     return JOB_EXIT_CODES.get(state, EXIT_ERROR)
 
 
-def failure_summary_rows(job: pb.Job) -> list[tuple[str, int, str]]:
-    return [(f.error_class, int(f.count), f.example_message) for f in job.failure_summary]
-
-
 def failure_summary_dicts(job: pb.Job) -> list[dict[str, object]]:
     """For --json output."""
-    return [{"error_class": c, "count": n, "example_message": m} for c, n, m in failure_summary_rows(job)]
+    return [
+        {"error_class": f.error_class, "count": int(f.count), "example_message": f.example_message}
+        for f in job.failure_summary
+    ]
 
 
 def show_failure_summary(job: pb.Job) -> None:
     """The top failure classes, most frequent first, with one example message each (stderr)."""
     from rollmesh.commands._common import err
 
-    rows = failure_summary_rows(job)
-    if not rows:
+    if not job.failure_summary:
         return
-    err.print(f"failures of {job.job_id} by class (top {len(rows)}):", highlight=False)
-    for error_class, count, example in rows:
-        err.print(f"  {count:>7}  {error_class}  e.g. {example}", highlight=False, markup=False)
+    err.print(f"failures of {job.job_id} by class (top {len(job.failure_summary)}):", highlight=False)
+    for f in job.failure_summary:
+        err.print(f"  {f.count:>7}  {f.error_class}  e.g. {f.example_message}", highlight=False, markup=False)
 
 
 def exit_for_job(job: pb.Job) -> None:

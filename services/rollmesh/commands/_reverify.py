@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from rollmesh.commands._common import connect
 from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Json, Rollout
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
 from rollmesh_client.v1 import verifier_pb2
 
@@ -37,8 +37,6 @@ class ReverifyReport:
 
 def verify_request(row: Json, environment: str) -> verifier_pb2.VerifyRequest:
     """The VerifyRequest of a stored row: the echoed task and the response's messages."""
-    from rollmesh.scheduler.records import Rollout
-
     r = Rollout.from_row(row)
     return verifier_pb2.VerifyRequest(
         environment=environment,

@@ -39,12 +39,6 @@ def job_defaults() -> list[dict[str, Any]]:
     ]
 
 
-def shown_value(name: str, *, secret: bool) -> str:
-    """The variable's value in this shell as `rollmesh config` prints it: a secret only as set or not."""
-    value = os.environ.get(name, "")
-    return "(set, hidden)" if secret and value else value
-
-
 def show_config(as_json: JsonOut = False) -> None:
     """List every ROLLMESH_* environment variable (default, value in this shell, meaning), then the
     per-job retry and timeout defaults and the flags that override them."""
@@ -54,7 +48,8 @@ def show_config(as_json: JsonOut = False) -> None:
         {
             "name": v.name,
             "default": "" if v.default is None else str(v.default),
-            "set": shown_value(v.name, secret=v.secret),
+            # the value in this shell; a secret only as set or not
+            "set": "(set, hidden)" if v.secret and os.environ.get(v.name) else os.environ.get(v.name, ""),
             "doc": v.doc,
         }
         for v in sorted(ENV_VARS.values(), key=lambda v: v.name)

@@ -189,19 +189,7 @@ def status(
     addrs = {svc: addr or service_addr(svc) for svc, addr in given.items()}
     statuses = run(mesh_status(addrs, api_key=api_key or None, timeout_s=timeout_s))
     if as_json:
-        print_json(
-            [
-                {
-                    "service": s.service,
-                    "address": s.address,
-                    "health": s.health,
-                    "detail": s.detail,
-                    "ok": s.ok,
-                    "replicas": s.replicas,
-                }
-                for s in statuses
-            ]
-        )
+        print_json([s.to_json() for s in statuses])
     else:
         print_table(
             "rollmesh status",

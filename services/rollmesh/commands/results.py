@@ -52,6 +52,18 @@ def check_rows(verb: str, paths: Sequence[str], rows: int, skipped: Sequence[str
         raise ValueError(f"nothing to {verb}: no rollout rows in {' '.join(paths)}{only}")
 
 
+def rollout_rows(verb: str, path: str) -> list[tuple[Path, int, dict[str, Any]]]:
+    """Every rollout row under `path` (failures files left out) as (file, line number, row), checked
+    by `check_rows` (blocking file I/O)."""
+    from rollmesh.scheduler.store import expand_paths, read_rollout_rows
+
+    files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
+    skipped: list[str] = []
+    rows = [(f, *row) for f in files for row in read_rollout_rows(f, skipped)]
+    check_rows(verb, [path], len(rows), skipped)
+    return rows
+
+
 def aggregate(
     paths: Paths,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write metrics.json here.")] = None,
@@ -149,13 +161,9 @@ def reverify(
 
     from rollmesh.commands import _reverify as rv
     from rollmesh.mesh.config import service_addr
-    from rollmesh.scheduler.store import expand_paths, read_rollout_rows
 
     async def go() -> rv.ReverifyReport:
-        files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
-        skipped: list[str] = []
-        rows = [row for f in files for _, row in await asyncio.to_thread(read_rollout_rows, f, skipped)]
-        check_rows("reverify", [path], len(rows), skipped)
+        rows = [row for _, _, row in await asyncio.to_thread(rollout_rows, "reverify", path)]
         with Progress(
             TextColumn("reverify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
         ) as bar:
@@ -197,7 +205,6 @@ def validate(
     Exit 0 when every record is valid, 1 when one is not, 2 on unreadable input."""
     from rollmesh.commands._common import fail
     from rollmesh.scheduler.records import Rollout
-    from rollmesh.scheduler.store import expand_paths, read_rollout_rows
     from rollmesh.scheduler.tokens import Decoder, validate_rollout
 
     def load_tokenizer() -> Decoder | None:
@@ -216,10 +223,7 @@ def validate(
         return tok  # type: ignore[no-any-return]
 
     async def go() -> list[dict[str, Any]]:
-        files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
-        skipped: list[str] = []
-        rows = [(f, *row) for f in files for row in await asyncio.to_thread(read_rollout_rows, f, skipped)]
-        check_rows("validate", [path], len(rows), skipped)
+        rows = await asyncio.to_thread(rollout_rows, "validate", path)
         tok = await asyncio.to_thread(load_tokenizer)
         results: list[dict[str, Any]] = []
         for f, lineno, row in rows:

@@ -122,6 +122,10 @@ def _error(status: int, message: str, kind: str, code: str = "") -> web.Response
     return web.json_response(body, status=status)
 
 
+def _no_model(name: object, code: str = "") -> web.Response:
+    return _error(404, f"The model `{name}` does not exist.", "NotFoundError", code)
+
+
 class OpenAITestServer:
     """An aiohttp server answering the OpenAI chat API with injectable faults (see the module doc)."""
 
@@ -214,9 +218,7 @@ class OpenAITestServer:
 
     async def _model(self, request: web.Request) -> web.Response:
         if request.match_info["model_id"] != self.model:
-            return _error(
-                404, f"The model `{request.match_info['model_id']}` does not exist.", "NotFoundError"
-            )
+            return _no_model(request.match_info["model_id"])
         return web.json_response(self._card())
 
     # -- chat --------------------------------------------------------------------------------
@@ -249,12 +251,7 @@ class OpenAITestServer:
             drop = self._hit(n, faults.drop_every, faults.drop_rate)
             if body.get("model") not in (None, "", self.model):
                 self.stats.outcomes["model_not_found"] += 1
-                return _error(
-                    404,
-                    f"The model `{body.get('model')}` does not exist.",
-                    "NotFoundError",
-                    "model_not_found",
-                )
+                return _no_model(body.get("model"), "model_not_found")
             if body.get("stream"):
                 return await self._stream(request, body, drop)
             if drop:
@@ -334,17 +331,6 @@ def _drop_connection(request: web.Request) -> None:
         transport.abort()
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m rollmesh.devtools.openai_server", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--port-file", default="", help="write HOST:PORT here once listening")
-    p.add_argument("--model", default="tiny")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--faults-json", default="{}", help="a FaultConfig as JSON, e.g. '{\"latency_s\": 2}'")
-    return p.parse_args(argv)
-
-
 async def _serve(args: argparse.Namespace) -> None:
     server = OpenAITestServer(
         FaultConfig.from_json(json.loads(args.faults_json)),
@@ -410,7 +396,14 @@ def openai_server_process(
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parse_args(argv)
+    p = argparse.ArgumentParser(prog="python -m rollmesh.devtools.openai_server", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port-file", default="", help="write HOST:PORT here once listening")
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--faults-json", default="{}", help="a FaultConfig as JSON, e.g. '{\"latency_s\": 2}'")
+    args = p.parse_args(argv)
     # uvloop when installed: the server should not be the bottleneck. CPython's collector settings,
     # as the benches' raw client loops have: this server is their common reference, not the mesh.
     run_server(_serve(args), gc_tuned=False)

@@ -8,7 +8,7 @@ service that is up but refuses us (UNAUTHENTICATED: no or a wrong --api-key) is 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -31,6 +31,12 @@ class ServiceStatus:
     @property
     def ok(self) -> bool:
         return self.health == "SERVING" and self.readable
+
+    def to_json(self) -> dict[str, object]:
+        """`rollmesh status --json`'s entry: the fields but `readable`, and `ok`."""
+        data = asdict(self) | {"ok": self.ok}
+        del data["readable"]
+        return data
 
 
 async def _health(address: str, api_key: str | None, timeout_s: float) -> str:
