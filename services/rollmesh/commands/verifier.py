@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -17,9 +17,6 @@ from rollmesh.commands._common import (
     print_table,
     run,
 )
-
-if TYPE_CHECKING:
-    from rollmesh_client.v1 import verifier_pb2
 
 envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_args_is_help=True)
 
@@ -37,8 +34,21 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
 
     envs, broken = run(go())
     if as_json:
-        environments = [_env_json(e, [t.name for t in e.tools]) for e in envs]
-        print_json({"environments": environments, "broken": [as_dict(b) for b in broken]})
+        print_json(
+            {
+                "environments": [
+                    {
+                        "name": e.name,
+                        "description": e.description,
+                        "tools": [t.name for t in e.tools],
+                        "source": e.source,
+                        "example_dataset": e.example_dataset,
+                    }
+                    for e in envs
+                ],
+                "broken": [as_dict(b) for b in broken],
+            }
+        )
         return
     rows: list[tuple[Any, ...]] = [
         (e.name, "ok", ", ".join(t.name for t in e.tools) or "-", e.description.split(". ")[0][:80])
@@ -68,7 +78,15 @@ def show_env(
         for t in env.tools
     ]
     if as_json:
-        print_json(_env_json(env, tools))
+        print_json(
+            {
+                "name": env.name,
+                "description": env.description,
+                "source": env.source,
+                "example_dataset": env.example_dataset,
+                "tools": tools,
+            }
+        )
         return
     print_table(
         f"environment {env.name}",
@@ -85,12 +103,6 @@ def show_env(
             ["name", "description", "parameters"],
             [(t["name"], t["description"], json.dumps(t["parameters"])) for t in tools],
         )
-
-
-def _env_json(env: verifier_pb2.Environment, tools: list[Any]) -> dict[str, Any]:
-    """An environment in `--json` output; `tools`: their names (list) or specs (show)."""
-    keys = ("name", "description", "source", "example_dataset")
-    return {key: getattr(env, key) for key in keys} | {"tools": tools}
 
 
 def register(app: typer.Typer) -> None:
