@@ -52,9 +52,6 @@ class TaskSet:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
     async def join(self) -> None:
         """Wait until every task has ended, those spawned meanwhile included."""
         while self._tasks:

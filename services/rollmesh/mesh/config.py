@@ -105,7 +105,6 @@ class EnvVar:
 
 
 OPENAI_HTTP_PORT = 8000
-SERVICES = tuple(DEFAULT_PORTS)
 
 ENV_VARS: dict[str, EnvVar] = {
     v.name: v
@@ -434,11 +433,7 @@ class ServerConfig:
         host: str | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> ServerConfig:
-        addr_port = int(service_addr(service, environ).rpartition(":")[2])
-        return cls(
-            host=host or str(read("ROLLMESH_BIND_HOST", environ)),
-            port=addr_port if port is None else port,
-            api_key=str(read("ROLLMESH_API_KEY", environ)),
-            grace_seconds=float(read("ROLLMESH_GRACE_SECONDS", environ)),
-            event_loop=str(read("ROLLMESH_EVENT_LOOP", environ)),
-        )
+        addr_port = int(service_addr(service, environ).rpartition(":")[2])  # checked even if `port`
+        names = {"host": "ROLLMESH_BIND_HOST", "grace_seconds": "ROLLMESH_GRACE_SECONDS"}
+        port = addr_port if port is None else port
+        return read_fields(cls, "ROLLMESH_", environ, names=names, host=host or None, port=port)

@@ -13,16 +13,6 @@ DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
-def clamp_page_size(page_size: int) -> int:
-    if page_size <= 0:
-        return DEFAULT_PAGE_SIZE
-    return min(page_size, MAX_PAGE_SIZE)
-
-
-def encode_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode()
-
-
 def decode_token(token: str) -> int:
     if not token:
         return 0
@@ -40,6 +30,6 @@ def decode_token(token: str) -> int:
 def page(items: Sequence[T], page_size: int, page_token: str) -> tuple[list[T], str]:
     """One page of `items` and the token of the next page ("" on the last)."""
     start = decode_token(page_token)
-    end = start + clamp_page_size(page_size)
-    token = encode_token(end) if end < len(items) else ""
+    end = start + (min(page_size, MAX_PAGE_SIZE) if page_size > 0 else DEFAULT_PAGE_SIZE)
+    token = base64.urlsafe_b64encode(f"o:{end}".encode()).decode() if end < len(items) else ""
     return list(items[start:end]), token
