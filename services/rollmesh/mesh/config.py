@@ -1,4 +1,4 @@
-"""Every `ROLLMESH_*` environment variable, with its default, parser and doc, in one table.
+"""Every `ROLLMESH_*` environment variable in one table: its default, doc and parser (by default type).
 
 Read once into frozen dataclasses and passed down; nothing else reads `os.environ` for these.
 Precedence everywhere: CLI flag > environment variable > default.
@@ -98,10 +98,23 @@ def parse_str(name: str, raw: str) -> str:
 class EnvVar:
     name: str
     default: Any
-    parse: Callable[[str, str], Any]
     doc: str
     # A secret's value is never printed (`rollmesh config` shows only that it is set).
     secret: bool = False
+    parser: Callable[[str, str], Any] | None = None  # None: the parser of the default's type
+
+    @property
+    def parse(self) -> Callable[[str, str], Any]:
+        """Parses a raw value; a ConfigError names the variable and what is allowed."""
+        return self.parser or _PARSERS[type(self.default)]
+
+
+_PARSERS: dict[type, Callable[[str, str], Any]] = {
+    bool: parse_bool,
+    int: parse_int,
+    float: parse_float,
+    str: parse_str,
+}
 
 
 OPENAI_HTTP_PORT = 8000
@@ -109,23 +122,20 @@ OPENAI_HTTP_PORT = 8000
 ENV_VARS: dict[str, EnvVar] = {
     v.name: v
     for v in [
-        EnvVar("ROLLMESH_ROOT", "", parse_str, "The last artifact root (default: the built-in root)."),
+        EnvVar("ROLLMESH_ROOT", "", "The last artifact root (default: the built-in root)."),
         EnvVar(
             "ROLLMESH_EXTRA_ROOTS",
             "",
-            parse_str,
             "Artifact roots searched after the working directory, os.pathsep-separated, in order.",
         ),
         EnvVar(
             "ROLLMESH_ALLOW_ROOT_OVERRIDE",
             False,
-            parse_bool,
             "A name in two roots resolves to the earliest root instead of an ARTIFACT_COLLISION error.",
         ),
         EnvVar(
             "ROLLMESH_API_KEY",
             "",
-            parse_str,
             "Bearer token every RPC must carry (health and reflection exempt); the SDK, the CLI, the"
             " services' own calls and a trainer's SinkServer use it too.",
             secret=True,
@@ -133,240 +143,174 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "ROLLMESH_MAX_MESSAGE_MB",
             64.0,
-            parse_float,
             "Largest gRPC message (MiB) servers and clients send or take; a bigger request item is refused"
             " on its own, a bigger dataset row at submit, a bigger OpenAI HTTP body with 413 (read by"
             " rollmesh_client.max_message_bytes).",
         ),
-        EnvVar("ROLLMESH_LOG_LEVEL", "info", parse_str, "debug, info, warning or error."),
+        EnvVar("ROLLMESH_LOG_LEVEL", "info", "debug, info, warning or error."),
         EnvVar(
-            "ROLLMESH_LOG_JSON", None, parse_bool, "Force JSON logs on or off (default: JSON unless a TTY)."
+            "ROLLMESH_LOG_JSON",
+            None,
+            "Force JSON logs on or off (default: JSON unless a TTY).",
+            parser=parse_bool,
         ),
         EnvVar(
             "ROLLMESH_LOG_MAX_LINE_BYTES",
             16384,
-            parse_int,
             "Longest log line a service writes; longer ones end in ...[truncated N bytes].",
         ),
-        EnvVar(
-            "ROLLMESH_LOG_LOCALS", False, parse_bool, "Tracebacks in logs show frame locals (off: secrets)."
-        ),
+        EnvVar("ROLLMESH_LOG_LOCALS", False, "Tracebacks in logs show frame locals (off: secrets)."),
         EnvVar(
             "ROLLMESH_RESTART",
             "on-failure",
-            parse_str,
             "`rollmesh up` restart policy for a child that dies: no, on-failure or always.",
         ),
-        EnvVar(
-            "ROLLMESH_RESTART_MAX", 5, parse_int, "`rollmesh up`: restarts of one service allowed per window."
-        ),
+        EnvVar("ROLLMESH_RESTART_MAX", 5, "`rollmesh up`: restarts of one service allowed per window."),
         EnvVar(
             "ROLLMESH_RESTART_WINDOW_S",
             300.0,
-            parse_float,
             "`rollmesh up`: the window (seconds) ROLLMESH_RESTART_MAX counts over; then it gives up.",
         ),
         EnvVar(
             "ROLLMESH_EVENT_LOOP",
             "auto",
-            parse_event_loop,
             "Servers' event loop: auto (uvloop when installed, but asyncio for the verifier and a "
             "ray-serve gateway), uvloop or asyncio.",
+            parser=parse_event_loop,
         ),
-        EnvVar("ROLLMESH_BIND_HOST", "127.0.0.1", parse_str, "Host servers bind; 0.0.0.0 only when asked."),
-        EnvVar("ROLLMESH_GRACE_SECONDS", 10.0, parse_float, "Seconds to drain RPCs on SIGTERM."),
+        EnvVar("ROLLMESH_BIND_HOST", "127.0.0.1", "Host servers bind; 0.0.0.0 only when asked."),
+        EnvVar("ROLLMESH_GRACE_SECONDS", 10.0, "Seconds to drain RPCs on SIGTERM."),
         EnvVar(
             "ROLLMESH_PORT_FILE",
             "",
-            parse_str,
             "When set, a server writes its bound host:port there once SERVING (for --port 0 launches).",
         ),
         # Serving (Ray Serve + vLLM replicas); read by rollmesh.serving.config.ServingConfig.
         EnvVar(
             "ROLLMESH_RAY_ADDRESS",
             "",
-            parse_str,
             "Ray cluster to join (head:6379, auto on a node, or ray://head:10001); empty starts a local Ray.",
         ),
         EnvVar(
             "ROLLMESH_SERVE_APP_NAME",
             "",
-            parse_str,
             "Ray Serve application name (default: unique per gateway, rollmesh-<model>-<host>-<pid>-<id>).",
         ),
-        EnvVar("ROLLMESH_REPLICAS", 1, parse_int, "Data-parallel vLLM replicas (Ray Serve num_replicas)."),
+        EnvVar("ROLLMESH_REPLICAS", 1, "Data-parallel vLLM replicas (Ray Serve num_replicas)."),
         EnvVar(
             "ROLLMESH_REPLICAS_PER_NODE",
             0,
-            parse_int,
             "Most replicas on one Ray node (Serve max_replicas_per_node; 1 spreads one per node; 0: any).",
         ),
         EnvVar(
             "ROLLMESH_SERVE_ENGINE",
             "vllm",
-            parse_str,
             "Replica engine: vllm, or fake (scripted arithmetic answers, no weights; tests, demos).",
         ),
-        EnvVar(
-            "ROLLMESH_FAKE_TOKEN_LATENCY_S", 0.0, parse_float, "fake engine: seconds per generated token."
-        ),
-        EnvVar("ROLLMESH_REPLICA_CPUS", 1.0, parse_float, "Ray CPUs reserved per replica."),
-        EnvVar("ROLLMESH_REPLICA_GPUS", 0.0, parse_float, "Ray GPUs per replica; > 0 serves on CUDA vLLM."),
-        EnvVar("ROLLMESH_TP_SIZE", 1, parse_int, "vLLM tensor-parallel size inside each replica."),
-        EnvVar(
-            "ROLLMESH_VLLM_KVCACHE_GIB", 1, parse_int, "CPU KV cache GiB per replica (VLLM_CPU_KVCACHE_SPACE)"
-        ),
-        EnvVar(
-            "ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION", 0.9, parse_float, "vLLM gpu_memory_utilization on GPU."
-        ),
-        EnvVar("ROLLMESH_VLLM_MAX_MODEL_LEN", 0, parse_int, "vLLM max_model_len (0: the model's own)."),
-        EnvVar(
-            "ROLLMESH_SERVE_STARTUP_TIMEOUT", 900.0, parse_float, "Seconds to wait for every replica healthy."
-        ),
+        EnvVar("ROLLMESH_FAKE_TOKEN_LATENCY_S", 0.0, "fake engine: seconds per generated token."),
+        EnvVar("ROLLMESH_REPLICA_CPUS", 1.0, "Ray CPUs reserved per replica."),
+        EnvVar("ROLLMESH_REPLICA_GPUS", 0.0, "Ray GPUs per replica; > 0 serves on CUDA vLLM."),
+        EnvVar("ROLLMESH_TP_SIZE", 1, "vLLM tensor-parallel size inside each replica."),
+        EnvVar("ROLLMESH_VLLM_KVCACHE_GIB", 1, "CPU KV cache GiB per replica (VLLM_CPU_KVCACHE_SPACE)"),
+        EnvVar("ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION", 0.9, "vLLM gpu_memory_utilization on GPU."),
+        EnvVar("ROLLMESH_VLLM_MAX_MODEL_LEN", 0, "vLLM max_model_len (0: the model's own)."),
+        EnvVar("ROLLMESH_SERVE_STARTUP_TIMEOUT", 900.0, "Seconds to wait for every replica healthy."),
         # The environment verifier (read once into rollmesh.verifier.config.VerifierConfig).
-        EnvVar(
-            "ROLLMESH_VERIFIER_SESSION_TTL_S",
-            600.0,
-            parse_float,
-            "Verifier: idle seconds before a session expires.",
-        ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, parse_int, "Verifier: open sessions allowed at once."
-        ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, parse_float, "Verifier: seconds one Verify may take."
-        ),
-        EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, parse_int, "Verifier: worker processes for CPU-bound checks."),
+        EnvVar("ROLLMESH_VERIFIER_SESSION_TTL_S", 600.0, "Verifier: idle seconds before a session expires."),
+        EnvVar("ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, "Verifier: open sessions allowed at once."),
+        EnvVar("ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, "Verifier: seconds one Verify may take."),
+        EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, "Verifier: worker processes for CPU-bound checks."),
         EnvVar(
             "ROLLMESH_VERIFIER_BATCH_CONCURRENCY",
             1024,
-            parse_int,
             "Verifier: items in flight per VerifyBatch stream (the scheduler sends a job's verifications "
             "over one).",
         ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, parse_float, "Verifier: seconds per math-verify check."
-        ),
+        EnvVar("ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, "Verifier: seconds per math-verify check."),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_JUDGE",
             False,
-            parse_bool,
             "Verifier: ask an LLM judge (via the gateway) when math-verify says no.",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_JUDGE_MODEL",
             "",
-            parse_str,
             "Verifier: gateway model for the math judge (empty: default).",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_ISOLATION",
             "auto",
-            parse_str,
             "Verifier: code sandbox isolation: auto (namespaces; else process when ..._ALLOW_UNSAFE_PROCESS, "
             "else refuse to start), namespaces, or process (only with ..._ALLOW_UNSAFE_PROCESS).",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS",
             False,
-            parse_bool,
             "Verifier: UNSAFE opt-in: run untrusted code under Python-level guards only when "
             "namespaces are unavailable (logged, shown in ListEnvironments and `rollmesh status`).",
         ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY", 4, parse_int, "Verifier: code sandboxes running at once."
-        ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_SANDBOX_WALL_S",
-            10.0,
-            parse_float,
-            "Verifier: wall-clock seconds per sandboxed run.",
-        ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_SANDBOX_CPU_S",
-            5,
-            parse_int,
-            "Verifier: CPU seconds per sandboxed run (RLIMIT_CPU).",
-        ),
+        EnvVar("ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY", 4, "Verifier: code sandboxes running at once."),
+        EnvVar("ROLLMESH_VERIFIER_SANDBOX_WALL_S", 10.0, "Verifier: wall-clock seconds per sandboxed run."),
+        EnvVar("ROLLMESH_VERIFIER_SANDBOX_CPU_S", 5, "Verifier: CPU seconds per sandboxed run (RLIMIT_CPU)."),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB",
             512,
-            parse_int,
             "Verifier: address space per sandboxed run (RLIMIT_AS).",
         ),
-        EnvVar(
-            "ROLLMESH_VERIFIER_SANDBOX_NPROC",
-            32,
-            parse_int,
-            "Verifier: processes per sandbox user (RLIMIT_NPROC).",
-        ),
+        EnvVar("ROLLMESH_VERIFIER_SANDBOX_NPROC", 32, "Verifier: processes per sandbox user (RLIMIT_NPROC)."),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB",
             8,
-            parse_int,
             "Verifier: largest file a sandboxed run may write (RLIMIT_FSIZE); namespaces mode: all of them.",
         ),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_OUTPUT_KB",
             64,
-            parse_int,
             "Verifier: stdout/stderr kept per sandboxed run (the rest is dropped).",
         ),
         *(
             EnvVar(
                 f"ROLLMESH_{svc.upper()}_ADDR",
                 f"127.0.0.1:{port}",
-                parse_address,
                 f"Address of the {svc} service (host:port).",
+                parser=parse_address,
             )
             for svc, port in DEFAULT_PORTS.items()
         ),
         # Gateway (rollmesh/gateway/config.py).
-        EnvVar(
-            "ROLLMESH_GATEWAY_BACKEND", "ray-serve", parse_str, "Gateway backend: ray-serve, openai or fake."
-        ),
+        EnvVar("ROLLMESH_GATEWAY_BACKEND", "ray-serve", "Gateway backend: ray-serve, openai or fake."),
         EnvVar(
             "ROLLMESH_GATEWAY_MODEL",
             "tiny-arith",
-            parse_str,
             "Served model: a path or registry model name (ray-serve), the remote model name (openai).",
         ),
-        EnvVar("ROLLMESH_GATEWAY_MODEL_NAME", "", parse_str, "Name clients use (default: the model's name)."),
-        EnvVar(
-            "ROLLMESH_GATEWAY_BASE_URL", "", parse_str, "OpenAI-compatible base URL for the openai backend."
-        ),
+        EnvVar("ROLLMESH_GATEWAY_MODEL_NAME", "", "Name clients use (default: the model's name)."),
+        EnvVar("ROLLMESH_GATEWAY_BASE_URL", "", "OpenAI-compatible base URL for the openai backend."),
         EnvVar(
             "ROLLMESH_GATEWAY_API_KEY_ENV",
             "OPENAI_API_KEY",
-            parse_str,
             "Name of the variable holding the openai backend's API key (never the key itself).",
         ),
         EnvVar(
             "ROLLMESH_GATEWAY_UPSTREAM_CONNECTIONS",
             0,
-            parse_int,
             "openai backend: cap on upstream connections (0: one per request in flight, no cap).",
         ),
         EnvVar(
             "ROLLMESH_OPENAI_HTTP_PORT",
             OPENAI_HTTP_PORT,
-            parse_http_port,
             "Port of the gateway's OpenAI HTTP facade (-1: off).",
+            parser=parse_http_port,
         ),
-        EnvVar(
-            "ROLLMESH_GATEWAY_SESSION_TTL_S", 3600.0, parse_float, "Seconds a gateway session is kept unused."
-        ),
+        EnvVar("ROLLMESH_GATEWAY_SESSION_TTL_S", 3600.0, "Seconds a gateway session is kept unused."),
         EnvVar(
             "ROLLMESH_WEIGHTS_STAGING_DIR",
             "",
-            parse_str,
             "Where UploadWeights stages streamed checkpoints (replicas load them from there: a shared "
             "mount on a multi-node cluster; default: <tmp>/rollmesh-weights).",
         ),
-        EnvVar(
-            "ROLLMESH_GATEWAY_MAX_SESSIONS", 10_000, parse_int, "Sessions kept (least recently used evicted)."
-        ),
-        EnvVar("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", 256, parse_int, "max_tokens when a request sets none."),
+        EnvVar("ROLLMESH_GATEWAY_MAX_SESSIONS", 10_000, "Sessions kept (least recently used evicted)."),
+        EnvVar("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS", 256, "max_tokens when a request sets none."),
     ]
 }
 
