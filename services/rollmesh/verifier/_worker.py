@@ -1,6 +1,6 @@
 """A worker process of `WorkerPool`: reads one JSON request per line, answers one JSON line.
 
-Run as `python -m rollmesh.verifier._worker [preload-module ...]`. A target is `module:function`
+Run as `python -m rollmesh.verifier._worker`. A target is `module:function`
 or `/path/to/file.py:function`; the function gets the request's args and returns JSON-able data.
 Anything imported libraries print goes to stderr, so stdout carries only answers.
 """
@@ -37,8 +37,6 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    for mod in sys.argv[1:]:
-        importlib.import_module(mod)
     out.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         try:

@@ -6,7 +6,6 @@ import inspect
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +100,6 @@ __all__ = [
     "call",
     "check",
     "load_env",
-    "replace",
     "rows",
     "seeded",
     "task",

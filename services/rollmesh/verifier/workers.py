@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from rollmesh.mesh.logging import get_logger
@@ -20,70 +19,58 @@ from rollmesh.verifier.errors import WorkerError, WorkerTimeout
 log = get_logger("rollmesh.verifier.workers")
 
 _LINE_LIMIT = 32 * 1024 * 1024
+_START_TIMEOUT_S = 120.0
+Process = asyncio.subprocess.Process
 
 
-class _Worker:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.returncode is None
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-        await self.proc.wait()
+async def _kill(proc: Process) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()
 
 
 class WorkerPool:
     """`await pool.call("pkg.mod:fn", *args, timeout_s=5)` runs `fn(*args)` in a worker process."""
 
-    def __init__(
-        self, size: int, *, preload: Sequence[str] = (), start_timeout_s: float = 120.0, name: str = "pool"
-    ) -> None:
+    def __init__(self, size: int, *, name: str = "pool") -> None:
         self.size = size
-        self.preload = tuple(preload)
-        self.start_timeout_s = start_timeout_s
         self.name = name
-        self._slots: asyncio.Queue[_Worker | None] = asyncio.Queue()
+        self._slots: asyncio.Queue[Process | None] = asyncio.Queue()
         for _ in range(size):
             self._slots.put_nowait(None)
-        self._all: set[_Worker] = set()
+        self._all: set[Process] = set()
         self._closed = False
         self.restarts = 0
 
-    async def _spawn(self) -> _Worker:
+    async def _spawn(self) -> Process:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
             "rollmesh.verifier._worker",
-            *self.preload,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=_LINE_LIMIT,
         )
-        worker = _Worker(proc)
-        self._all.add(worker)
+        self._all.add(proc)
         try:
             assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), self.start_timeout_s)
+            line = await asyncio.wait_for(proc.stdout.readline(), _START_TIMEOUT_S)
             if not line:
                 raise WorkerError(f"{self.name} worker exited during start (code {await proc.wait()})")
         except BaseException:
-            await worker.kill()
-            self._all.discard(worker)
+            await _kill(proc)
+            self._all.discard(proc)
             raise
         log.debug("worker_started", pool=self.name, pid=proc.pid)
-        return worker
+        return proc
 
     async def warm(self) -> None:
         """Start every worker now (they otherwise start on first use)."""
         slots = [await self._slots.get() for _ in range(self.size)]
         try:
             for i, s in enumerate(slots):
-                if s is None or not s.alive:
+                if s is None or s.returncode is not None:
                     slots[i] = await self._spawn()
         finally:
             for s in slots:
@@ -95,21 +82,21 @@ class WorkerPool:
         worker = await self._slots.get()
         keep = False
         try:
-            if worker is None or not worker.alive:
+            if worker is None or worker.returncode is not None:
                 if worker is not None:
                     self._all.discard(worker)
                 worker = await self._spawn()
-            assert worker.proc.stdin is not None and worker.proc.stdout is not None
-            worker.proc.stdin.write((json.dumps({"target": target, "args": list(args)}) + "\n").encode())
-            await worker.proc.stdin.drain()
+            assert worker.stdin is not None and worker.stdout is not None
+            worker.stdin.write((json.dumps({"target": target, "args": list(args)}) + "\n").encode())
+            await worker.stdin.drain()
             try:
-                line = await asyncio.wait_for(worker.proc.stdout.readline(), timeout_s)
+                line = await asyncio.wait_for(worker.stdout.readline(), timeout_s)
             except TimeoutError:
                 self.restarts += 1
                 log.warning("worker_timeout_killed", pool=self.name, target=target, timeout_s=timeout_s)
                 raise WorkerTimeout(f"{target} took longer than {timeout_s:g}s; worker killed") from None
             if not line:
-                raise WorkerError(f"{self.name} worker died (exit code {await worker.proc.wait()})")
+                raise WorkerError(f"{self.name} worker died (exit code {await worker.wait()})")
             answer = json.loads(line)
             keep = True
             if "error" in answer:
@@ -117,15 +104,15 @@ class WorkerPool:
             return answer["ok"]
         finally:
             if not keep and worker is not None:
-                await worker.kill()
+                await _kill(worker)
                 self._all.discard(worker)
                 worker = None
             self._slots.put_nowait(worker)
 
     async def aclose(self) -> None:
         self._closed = True
-        for w in list(self._all):
-            if w.proc.stdin is not None:
-                w.proc.stdin.close()
-            await w.kill()
+        for proc in list(self._all):
+            if proc.stdin is not None:
+                proc.stdin.close()
+            await _kill(proc)
         self._all.clear()
