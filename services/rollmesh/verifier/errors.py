@@ -121,15 +121,11 @@ class SandboxUnavailable(Exception):
 
 class SandboxStarved(SandboxUnavailable):
     """The code ran, but the host's other work held the CPUs so long that it did not get its
-    wall-clock time (verifier/sandbox_clock.py): its outcome is unknown, not a timeout of its own."""
+    wall-clock time within `STARVED_AFTER` x the limit (verifier/sandbox_clock.py): its outcome is
+    unknown, not a timeout of its own."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message, timed_out=True)
-
-
-class Starved(Exception):
-    """The run did not get its wall-clock time within `STARVED_AFTER` x the limit: other work held
-    the CPUs. The code's outcome is unknown."""
 
 
 class BadValue(ValueError):

@@ -67,7 +67,6 @@ from rollmesh.verifier.errors import (
     ProbeError,
     SandboxStarved,
     SandboxUnavailable,
-    Starved,
 )
 from rollmesh.verifier.sandbox_checks import Checker, eval_result, normalize_output
 from rollmesh.verifier.sandbox_clock import WallCredit, run_within_wall_time
@@ -391,7 +390,7 @@ class Sandbox:
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
-        except Starved as exc:
+        except SandboxStarved as exc:
             status, error = "starved", str(exc)
         except ChannelBroken as exc:
             status, error = "crashed", str(exc)

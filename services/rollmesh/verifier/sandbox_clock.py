@@ -13,13 +13,13 @@ field). So:
   more CPU than one task could in the time it was not waiting (then they competed with each other:
   the wait is their own doing, and threads or forks earn no extra time).
 - The deadline never goes past `STARVED_AFTER` times `wall_s`: a run still waiting then raises
-  `Starved` (the host, not the code, ran out of time: no verdict). A run that had its whole wall time
-  raises `TimeoutError`, as `asyncio.timeout` would. Either way `aw` is cancelled. The time moved
-  out is left in `credit.waited_s` when a `WallCredit` is given (the run's report says it).
+  `SandboxStarved` (the host, not the code, ran out of time: no verdict). A run that had its whole
+  wall time raises `TimeoutError`, as `asyncio.timeout` would. Either way `aw` is cancelled. The
+  time moved out is left in `credit.waited_s` when a `WallCredit` is given (the run's report says it).
 - A process that left the session (`setsid`) still counts: it stays a descendant of the leader (an
   orphan goes to the run's pid-namespace init or the keeper, both descendants). Not counted, CPU
   hogs the code forked out of its session made its own wait the host's: an infinite loop ran to 4x
-  the limit and was `Starved` (no verdict) instead of a timeout (reward 0), holding the CPUs.
+  the limit and was `SandboxStarved` (no verdict) instead of a timeout (reward 0), holding the CPUs.
 Reading `/proc` is done off the event loop, only at deadlines.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from rollmesh.verifier.errors import Starved
+from rollmesh.verifier.errors import SandboxStarved
 
 T = TypeVar("T")
 
@@ -109,7 +109,7 @@ async def run_within_wall_time(
             if earned <= now + 0.01:
                 raise TimeoutError
             if now >= cap:
-                raise Starved(
+                raise SandboxStarved(
                     f"waited {waited:.1f} s for a CPU in {now - start:.1f} s (used {used:.2f} s): the host"
                     f" did not give the code its {wall_s:g} s of wall-clock time"
                 )
