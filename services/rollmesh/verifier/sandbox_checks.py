@@ -125,11 +125,9 @@ SAFE_FUNCS: dict[str, Any] = {
         bool,
         chr,
         complex,
-        dict,
         divmod,
         enumerate,
         float,
-        frozenset,
         int,
         isinstance,
         len,
@@ -138,8 +136,6 @@ SAFE_FUNCS: dict[str, Any] = {
         min,
         ord,
         repr,
-        round,
-        set,
         sorted,
         str,
         sum,
@@ -997,14 +993,10 @@ def _distinct_hashes(key: Any) -> bool:
 
 
 def _hash_safe(key: Any) -> bool:
-    """A key the tests' own dict can take here at no risk: a str (hashes are salted per process),
-    bool, None, an int whose hash is itself, or a tuple of them. Floats and larger ints can be
-    crafted by the solution to share one hash (quadratic inserts on the event loop)."""
-    if key is None or type(key) in (str, bool):
-        return True
-    if type(key) is int:
-        return abs(key) < _HASH_MODULUS
-    return type(key) is tuple and all(_hash_safe(k) for k in key)
+    """A key the tests' own dict can take here at no risk: one of `_distinct_hashes`, or a tuple of
+    them. Floats and larger ints can be crafted by the solution to share one hash (quadratic
+    inserts on the event loop)."""
+    return _distinct_hashes(key) or (type(key) is tuple and all(_hash_safe(k) for k in key))
 
 
 def _update_in_place(current: Any, value: Any) -> None:
