@@ -242,20 +242,9 @@ def _install_guards(workdir: str) -> None:
 # -- requests ------------------------------------------------------------------------------------------
 
 
-class _CappedOut(io.TextIOWrapper):
-    """sys.stdout for one `main` run: text and `.buffer` writes, the first STDOUT_CAP bytes kept."""
-
-    def __init__(self) -> None:
-        self.raw_sink = _CappedBytes()
-        super().__init__(
-            self.raw_sink,  # type: ignore[arg-type]
-            encoding="utf-8",
-            errors="replace",
-            write_through=True,
-        )
-
-
 class _CappedBytes(io.RawIOBase):
+    """Under sys.stdout for one `main` run (text and `.buffer` writes): the first STDOUT_CAP bytes kept."""
+
     def __init__(self) -> None:
         super().__init__()
         self.data = bytearray()
@@ -319,7 +308,8 @@ class Runner:
         return {"changed": changed} if changed else {}
 
     def main(self, stdin: str) -> dict[str, Any]:
-        out = _CappedOut()
+        sink = _CappedBytes()
+        out = io.TextIOWrapper(sink, encoding="utf-8", errors="replace", write_through=True)  # type: ignore[type-var]
         sys.stdin, sys.stdout = io.StringIO(stdin), out
         code: Any = None
         try:
@@ -329,12 +319,11 @@ class Runner:
         finally:
             sys.stdin, sys.stdout = io.StringIO(""), sys.__stdout__
         out.flush()
-        data = bytes(out.raw_sink.data)
         exit_code = code if code is None or isinstance(code, int) else 1
         return {
-            "stdout": data.decode("utf-8", "replace"),
+            "stdout": sink.data.decode("utf-8", "replace"),
             "exit": exit_code,
-            "truncated": out.raw_sink.truncated,
+            "truncated": sink.truncated,
         }
 
     def reply(self, ident: int, body: dict[str, Any]) -> None:
@@ -425,7 +414,6 @@ def keep() -> None:
     then exit as the runner did. As root we stay root while the runner drops to the run's uid, so the
     code cannot signal us; as non-root it can (that mode promises nothing)."""
     import ctypes
-    import signal
 
     if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
         os._exit(70)
