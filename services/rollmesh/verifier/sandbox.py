@@ -208,8 +208,7 @@ class Sandbox:
         fields: dict[str, Any] = {
             "mode": self.isolation,
             "uids": f"{SANDBOX_UIDS[-1]}-{SANDBOX_UIDS[0]}"
-            if self._drop_to(self.isolation, PROBE_UID) is not None
-            or (self.isolation == "namespaces" and self._drop_privileges)
+            if self._drop_privileges and (self.isolation == "namespaces" or self._process_python)
             else str(os.geteuid()),
             "limits": asdict(self.config.limits),
         }
@@ -534,22 +533,16 @@ async def _check_io(channel: Channel, case: dict[str, Any]) -> None:
         raise CaseFailed(f"wrong output: {stdout[:MAX_ERROR_CHARS]!r}")
 
 
+@dataclass
 class Channel:
     """Requests as JSON lines on the sandbox's stdin; replies as length-prefixed JSON frames on a
     pipe of their own (`reply_fd` there). Implements `sandbox_checks.Child`."""
 
-    def __init__(
-        self,
-        writer: asyncio.StreamWriter,
-        reader: asyncio.StreamReader,
-        transport: asyncio.BaseTransport,
-        max_frame: int,
-    ) -> None:
-        self._writer = writer
-        self._reader = reader
-        self._transport = transport
-        self._max_frame = max_frame
-        self._next_id = 0
+    _writer: asyncio.StreamWriter
+    _reader: asyncio.StreamReader
+    _transport: asyncio.BaseTransport
+    _max_frame: int
+    _next_id: int = 0
 
     @classmethod
     async def open(cls, proc: asyncio.subprocess.Process, reply_fd: int, *, max_frame: int) -> Channel:
