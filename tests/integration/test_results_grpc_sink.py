@@ -7,6 +7,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -621,6 +622,48 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
     finally:
         await mgr.aclose()
     assert sorted(r.key for r in got) == [(t, 0) for t in range(10)]  # each once, none lost
+
+
+async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succeeded(
+    make_server: type[SinkServer], tmp_path: Path
+) -> None:
+    """A rollout the trainer dropped for max_staleness (acknowledged, never consumed nor committed)
+    counted as succeeded in the job's progress, its reward in mean_reward: now it is stale_dropped,
+    in GetJob's progress, job.json and `rollmesh jobs status`."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.job_convert import job_to_pb
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from tests.fakes import LocalEnv, LocalModel, Rows
+
+    server = await make_server(window=64, max_staleness=1, policy_version=2).start()
+    path = Rows.arithmetic(6).write(tmp_path / "d.jsonl")
+    sink = SinkConfig(kind="grpc", address=server.address, window=4)
+    spec = JobSpec(
+        dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink, concurrency=1
+    )
+
+    class Versions(LocalModel):  # tasks 0 and 1 on policy version 0: stale for the trainer at 2
+        async def generate(self, call: Any) -> Any:
+            self._gw.policy_version = "0" if int(call.session_id.split("/")[-2]) < 2 else "1"
+            return await super().generate(call)
+
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=Versions(), env=LocalEnv(), output_dir=str(tmp_path)
+    )
+    try:
+        consumer = asyncio.create_task(collect(server))
+        rec = await mgr.submit(spec)
+        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
+        got = await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    assert done.state == "SUCCEEDED", done.error
+    assert sorted(r.key for r in got) == [(t, 0) for t in range(2, 6)]
+    p = job_to_pb(done, 0.0).progress
+    assert (p.done, p.succeeded, p.stale_dropped, p.failed) == (6, 4, 2, 0)
+    stored = json.loads((tmp_path / rec.job_id / "job.json").read_text())["progress"]
+    assert (stored["succeeded"], stored["stale_dropped"]) == (4, 2)
 
 
 async def test_acks_of_keys_never_sent_do_not_hold_off_the_ack_timeout(make_server: type[SinkServer]) -> None:

@@ -25,8 +25,9 @@ wait like the rest); they become committed only when the whole group is consumed
 
 Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
 weight sync. A rollout's version is the oldest of its turns. Its staleness is
-`sink.policy_version - version`; above `max_staleness` it is dropped (acknowledged, not delivered,
-not committed, so a resumed job regenerates it) or, with `on_stale="flag"`, delivered with
+`sink.policy_version - version`; above `max_staleness` it is dropped (acknowledged as a stale drop,
+which the job counts as stale_dropped; not delivered, not committed, so a resumed job regenerates
+it) or, with `on_stale="flag"`, delivered with
 `stale=True`. A rollout without an integer label is never stale.
 
 Auth: with a key (`api_key=`, by default `ROLLMESH_API_KEY` from the environment; "" for none)
@@ -171,6 +172,7 @@ class _Stream:
     group_size: int = 1
     unacked: set[Key] = field(default_factory=set)
     pending_acks: list[Key] = field(default_factory=list)
+    pending_stale: list[Key] = field(default_factory=list)  # of pending_acks: dropped as stale
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     done: bool = False
     error: str = ""
@@ -180,10 +182,12 @@ class _Stream:
     sends_end: bool = False  # the scheduler sends SinkEnd: a batch's acks can wait for its consumption
     ending: asyncio.Task[None] | None = None
 
-    def ack(self, keys: Iterable[Key]) -> None:
+    def ack(self, keys: Iterable[Key], *, stale: bool = False) -> None:
         for k in keys:
             self.pending_acks.append(k)
             self.unacked.discard(k)
+            if stale:
+                self.pending_stale.append(k)
         self.wake.set()
 
 
@@ -407,16 +411,17 @@ class SinkServer:
     def _deliverable(self, unit: _Unit) -> _Unit:
         """What of `unit` reaches the trainer: neither a key it has had (a copy sent again by a
         job resumed meanwhile) nor, with on_stale="drop", a stale rollout. The rest is acknowledged
-        (the scheduler moves on) but not committed."""
+        (the scheduler moves on; a stale drop is said as one) but not committed."""
         kept: _Unit = []
         for r in unit:
             delivered = self._delivered.setdefault(r.job_id, set())
             if self.max_staleness is not None:
                 r.staleness = None if r.version is None else self.policy_version - r.version
                 r.stale = r.staleness is not None and r.staleness > self.max_staleness
+            dropped = False
             if r.key in delivered or r.key in self._committed.get(r.job_id, ()):
                 self.stats.duplicates += 1
-            elif r.stale and self.on_stale == "drop":
+            elif dropped := (r.stale and self.on_stale == "drop"):
                 self.stats.dropped_stale += 1
             else:
                 self.stats.flagged_stale += r.stale
@@ -424,8 +429,8 @@ class SinkServer:
                 kept.append(r)
                 continue
             st = self._streams.get(r.job_id)
-            if st is not None:
-                st.ack([r.key])
+            if st is not None:  # a stale drop is said as such: the job counts it apart from succeeded
+                st.ack([r.key], stale=dropped)
         return kept
 
     # -- the RPC side (called by _Servicer) ---------------------------------------------------
@@ -440,10 +445,11 @@ class SinkServer:
                 await st.wake.wait()
                 st.wake.clear()
                 if st.pending_acks:
-                    keys, st.pending_acks = st.pending_acks, []
-                    yield sink_pb2.ConsumeResponse(
-                        acked=[common_pb2.RolloutKey(task_index=t, rollout_index=r) for t, r in keys]
+                    (keys, st.pending_acks), (stale, st.pending_stale) = (
+                        (st.pending_acks, []),
+                        (st.pending_stale, []),
                     )
+                    yield sink_pb2.ConsumeResponse(acked=_keys_pb(keys), dropped_stale=_keys_pb(stale))
                 if st.done and not st.pending_acks:
                     if st.error:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, st.error)
@@ -573,10 +579,11 @@ class SinkServer:
         self.stats.max_unacked = max(self.stats.max_unacked, len(st.unacked))
 
     async def _list_committed(self, job_id: str) -> sink_pb2.ListCommittedResponse:
-        keys = sorted(self._committed.get(job_id, set()))
-        return sink_pb2.ListCommittedResponse(
-            keys=[common_pb2.RolloutKey(task_index=t, rollout_index=r) for t, r in keys]
-        )
+        return sink_pb2.ListCommittedResponse(keys=_keys_pb(sorted(self._committed.get(job_id, set()))))
+
+
+def _keys_pb(keys: Iterable[Key]) -> list[common_pb2.RolloutKey]:
+    return [common_pb2.RolloutKey(task_index=t, rollout_index=r) for t, r in keys]
 
 
 class _Servicer(sink_pb2_grpc.RolloutSinkServicer):

@@ -244,13 +244,13 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rps]:.1f} rollouts/s"),
-        TextColumn("reward {task.fields[reward]:.3f}  failed {task.fields[failed]}"),
+        TextColumn("reward {task.fields[reward]:.3f}  failed {task.fields[failed]}{task.fields[stale]}"),
         TimeElapsedColumn(),
         TextColumn("[yellow]{task.fields[waiting]}"),
         console=err,
         transient=False,
     ) as bar:
-        task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0, waiting="")
+        task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0, stale="", waiting="")
         unreachable_since: float | None = None
         said_at = float("-inf")
         while True:
@@ -275,6 +275,7 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
                 reward=p.mean_reward,
                 rps=p.rollouts_per_second,
                 failed=p.failed,
+                stale=f"  stale {p.stale_dropped}" if p.stale_dropped else "",
                 waiting=f"waiting: {p.waiting_on}" if p.waiting_on else "",
             )
             if p.waiting_on and not err.is_terminal and time.monotonic() - said_at >= WAITING_SAID_EVERY_S:
@@ -371,6 +372,11 @@ def metrics_rows(
     found twice as `duplicates`)."""
     rows = [
         ("rollouts", str(m.num_rollouts)),
+        *(
+            [("  dropped as stale by the trainer", str(job.progress.stale_dropped))]
+            if job and job.progress.stale_dropped
+            else []
+        ),
         ("tasks", str(m.num_tasks)),
         ("failures", str(m.num_failures)),
         *[(f"  {name}", str(n)) for name, n in sorted(m.failures_by_class.items(), key=lambda kv: -kv[1])],

@@ -46,6 +46,7 @@ def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
         ("state", state_name(job.state)),
         ("progress", f"{p.done}/{p.total - p.skipped_existing} (+{p.skipped_existing} existing)"),
         ("succeeded / failed", f"{p.succeeded} / {p.failed}"),
+        *([("dropped as stale by the trainer", p.stale_dropped)] if p.stale_dropped else []),
         ("in flight", p.in_flight),
         ("mean reward", f"{p.mean_reward:.4f}"),
         ("rollouts/s", f"{p.rollouts_per_second:.1f}"),

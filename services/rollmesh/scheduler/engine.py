@@ -85,6 +85,7 @@ class Progress:
     completion_tokens: int = 0
     waiting_on: str = ""  # services unreachable, a stalled sink, right now (JobRun.progress_now)
     model_calls_cut: int = 0
+    stale_dropped: int = 0  # written, then dropped by the trainer as stale: out of succeeded
     started: float = 0.0
     ended: float | None = None
 
@@ -218,6 +219,7 @@ class JobRun:
         self.job_id = job_id
         self.plan = plan
         self.sink = sink
+        sink.on_stale_dropped = self._stale_dropped
         self.hooks = hooks or Hooks()
         self.policy = plan.spec.retry.with_defaults()
         conc = plan.spec.concurrency
@@ -284,6 +286,14 @@ class JobRun:
         p.model_calls_cut = self.deadline.timeouts
         return p
 
+    def _stale_dropped(self, reward: float) -> None:
+        p = self.progress
+        p.succeeded, p.stale_dropped, p.reward_sum = (
+            p.succeeded - 1,
+            p.stale_dropped + 1,
+            p.reward_sum - reward,
+        )
+
     def stop(self, result: RunResult) -> None:
         """Stop dispatching and cancel rollouts in flight (what was written stays)."""
         if self._stop_reason is None:
@@ -323,7 +333,7 @@ class JobRun:
         p, spec = self.progress, self.plan.spec
         state, error = final_state(
             total=self.plan.total,
-            succeeded=p.succeeded + p.skipped_existing,
+            succeeded=p.succeeded + p.stale_dropped + p.skipped_existing,
             failed=p.failed,
             allowed_failures=spec.allowed_failures,
             allowed_fraction=spec.allowed_failure_fraction,

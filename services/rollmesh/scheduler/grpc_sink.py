@@ -77,7 +77,7 @@ class GrpcSink(Sink):
         self._max_bytes = max_message_bytes()
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
-        self._unacked: set[RolloutKey] = set()
+        self._unacked: dict[RolloutKey, float] = {}  # sent and not acknowledged: key -> reward
         self._cond = asyncio.Condition()
         self._error: BaseException | None = None
         self._send_lock = asyncio.Lock()
@@ -163,7 +163,7 @@ class GrpcSink(Sink):
             self._raise_if_broken()
             if not self._unacked:
                 self._unacked_since = time.monotonic()
-            self._unacked.add(rollout.key)
+            self._unacked[rollout.key] = rollout.reward
             self.max_unacked_seen = max(self.max_unacked_seen, len(self._unacked))
         await self._send(msg)
 
@@ -247,11 +247,15 @@ class GrpcSink(Sink):
                     if not self._closed:
                         await self._fail(ConnectionError("the trainer ended the Consume stream"))
                     return
-                keys = {convert.key_from_pb(k) for k in resp.acked} & self._unacked
+                keys = {convert.key_from_pb(k) for k in resp.acked} & self._unacked.keys()
                 if keys:  # acks of keys not waiting (unknown, repeated) are no sign of progress
                     self._last_ack = time.monotonic()
+                stale = {convert.key_from_pb(k) for k in resp.dropped_stale} & keys
                 async with self._cond:
-                    self._unacked -= keys
+                    for key in keys:
+                        reward = self._unacked.pop(key)
+                        if key in stale and self.on_stale_dropped is not None:
+                            self.on_stale_dropped(reward)
                     self.acked += len(keys)
                     self._cond.notify_all()
         except grpc.aio.AioRpcError as exc:

@@ -61,7 +61,9 @@ READ_BATCH = 256
 TIME_LIMIT = 62135596800.0  # |seconds| a protobuf Timestamp holds on both sides of 1970
 CAPACITY_TIMEOUT_S = 5.0  # asking the gateway what its engines run at once (automatic concurrency)
 # The Progress fields job.json keeps.
-STORED_PROGRESS = ("total", "done", "succeeded", "failed", "skipped_existing", "mean_reward", "retries")
+STORED_PROGRESS = tuple(
+    "total done succeeded failed skipped_existing stale_dropped mean_reward retries".split()
+)
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
 Item = Rollout | RolloutFailure
@@ -436,6 +438,7 @@ class JobManager:
             done=p.done,
             failed=p.failed,
             skipped=p.skipped_existing,
+            stale_dropped=p.stale_dropped,
             mean_reward=round(p.mean_reward, 4),
         )
         try:

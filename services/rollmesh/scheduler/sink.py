@@ -17,6 +17,9 @@ from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 class Sink(ABC):
     # Called once when the sink can no longer store rows (a full disk): the job fails at once.
     on_error: Callable[[RollmeshError], None] | None = None
+    # Called with the reward of a written rollout the consumer dropped as stale (a trainer's
+    # max_staleness) instead of consuming it: the job counts it as stale_dropped, not succeeded.
+    on_stale_dropped: Callable[[float], None] | None = None
 
     @abstractmethod
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:

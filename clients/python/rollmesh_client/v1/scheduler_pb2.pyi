@@ -375,6 +375,7 @@ class JobProgress(_message.Message):
     RETRIES_FIELD_NUMBER: _builtins.int
     WAITING_ON_FIELD_NUMBER: _builtins.int
     MODEL_CALLS_CUT_FIELD_NUMBER: _builtins.int
+    STALE_DROPPED_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Rollouts in this job (tasks x repeats, after limit and shard)."""
     done: _builtins.int
@@ -402,6 +403,10 @@ class JobProgress(_message.Message):
     """
     model_calls_cut: _builtins.int
     """Model calls cut by the adaptive per-call deadline so far (each one was retried)."""
+    stale_dropped: _builtins.int
+    """Rollouts a trainer's gRPC sink dropped as stale (its max_staleness) instead of consuming them:
+    generated and acknowledged, but not in `succeeded` (nor in mean_reward); a resume regenerates them.
+    """
     def __init__(
         self,
         *,
@@ -417,10 +422,11 @@ class JobProgress(_message.Message):
         retries: _builtins.int = ...,
         waiting_on: _builtins.str = ...,
         model_calls_cut: _builtins.int = ...,
+        stale_dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "in_flight", b"in_flight", "mean_reward", b"mean_reward", "model_calls_cut", b"model_calls_cut", "retries", b"retries", "rollouts_per_second", b"rollouts_per_second", "skipped_existing", b"skipped_existing", "succeeded", b"succeeded", "tokens_per_second", b"tokens_per_second", "total", b"total", "waiting_on", b"waiting_on"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "in_flight", b"in_flight", "mean_reward", b"mean_reward", "model_calls_cut", b"model_calls_cut", "retries", b"retries", "rollouts_per_second", b"rollouts_per_second", "skipped_existing", b"skipped_existing", "stale_dropped", b"stale_dropped", "succeeded", b"succeeded", "tokens_per_second", b"tokens_per_second", "total", b"total", "waiting_on", b"waiting_on"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -144,18 +144,27 @@ class ConsumeResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ACKED_FIELD_NUMBER: _builtins.int
+    DROPPED_STALE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def acked(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RolloutKey]:
         """Keys consumed since the last response."""
+
+    @_builtins.property
+    def dropped_stale(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RolloutKey]:
+        """Those of `acked` the sink dropped as stale (max_staleness) instead of
+        consuming: not committed (a resumed job generates them again), and counted
+        by the job as stale_dropped, not succeeded.
+        """
 
     def __init__(
         self,
         *,
         acked: _abc.Iterable[_common_pb2.RolloutKey] | None = ...,
+        dropped_stale: _abc.Iterable[_common_pb2.RolloutKey] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "dropped_stale", b"dropped_stale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
