@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import (
@@ -159,22 +159,15 @@ def validate_sampling(
 def _validate_tools(tools: Sequence[ToolSpec]) -> None:
     for i, t in enumerate(tools):
         if not t.name:
-            raise errors.InvalidGenerateRequest(
-                f"tools[{i}].name is empty", metadata={"field": f"tools[{i}].name"}
-            )
+            raise errors.bad_request(f"tools[{i}].name is empty", f"tools[{i}].name")
+        where = f"tools[{i}].parameters_json"
         if t.parameters_json:
             try:
                 params = untrusted_json.loads(t.parameters_json)
             except ValueError as exc:
-                raise errors.InvalidGenerateRequest(
-                    f"tools[{i}].parameters_json is not JSON: {exc}",
-                    metadata={"field": f"tools[{i}].parameters_json"},
-                ) from None
+                raise errors.bad_request(f"{where} is not JSON: {exc}", where) from None
             if not isinstance(params, dict):
-                raise errors.InvalidGenerateRequest(
-                    f"tools[{i}].parameters_json must be a JSON Schema object",
-                    metadata={"field": f"tools[{i}].parameters_json"},
-                )
+                raise errors.bad_request(f"{where} must be a JSON Schema object", where)
 
 
 def before_stop_string(text: str, stop: Sequence[str], last_from: int) -> str:
@@ -386,7 +379,7 @@ class Gateway:
         manifest = await asyncio.to_thread(read_manifest, self._weights_reference(m))
         folder = await self.uploads.stage(pieces, limit_bytes=manifest.total_bytes + _UPLOAD_MARGIN_BYTES)
         try:
-            update = await self.update_weights(
+            return await self.update_weights(
                 model,
                 folder,
                 policy_version=policy_version,
@@ -396,7 +389,6 @@ class Gateway:
         except BaseException:
             await self.uploads.discard(folder)
             raise
-        return update
 
     def _weights_reference(self, m: _Model) -> Path:
         """The checkpoint new weights are checked against: the one the model was first served from
@@ -527,70 +519,66 @@ class Gateway:
 
     def _prepare(self, m: _Model, inp: GenerateInput, rid: str, *, stream: bool = True) -> _Prepared:
         if inp.messages and inp.prompt_token_ids:
-            raise errors.InvalidGenerateRequest(
-                "give messages or prompt_token_ids, not both", metadata={"field": "prompt_token_ids"}
-            )
+            raise errors.bad_request("give messages or prompt_token_ids, not both", "prompt_token_ids")
         if not inp.messages and not inp.prompt_token_ids:
-            raise errors.InvalidGenerateRequest(
-                "the request has no messages and no prompt_token_ids", metadata={"field": "messages"}
-            )
+            raise errors.bad_request("the request has no messages and no prompt_token_ids", "messages")
         _validate_tools(inp.tools)
         empty = next((i for i, msg in enumerate(inp.messages) if not msg.role.strip()), None)
         if empty is not None:  # a chat template renders no turn for it: the model reads another prompt
-            raise errors.InvalidGenerateRequest(
-                f"messages[{empty}].role is empty", metadata={"field": f"messages[{empty}].role"}
-            )
-        backend = m.backend
-        card = backend.card
-        tokenizer = backend.tokenizer
-        if not backend.supports_token_ids or tokenizer is None:
+            raise errors.bad_request(f"messages[{empty}].role is empty", f"messages[{empty}].role")
+        card = m.backend.card
+        tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
+        ids: tuple[int, ...] = ()
+        reused = 0
+        messages: tuple[dict[str, Any], ...] = ()
+        tools: tuple[dict[str, Any], ...] = ()
+        if tokenizer is None:
             if inp.prompt_token_ids:
                 raise errors.TokenIdsUnsupported(
                     f"model {m.name!r} ({card.backend} backend) takes chat messages, not prompt_token_ids; "
                     "token-exact generation needs a token-id backend (ray-serve or fake)",
                     metadata={"model": m.name},
                 )
-            sampling = validate_sampling(
-                inp.sampling,
-                max_model_len=card.max_model_len,
-                prompt_len=None,
-                default_max_tokens=self.default_max_tokens,
-            )
-            req = EngineRequest(
-                request_id=rid,
-                sampling=sampling,
-                messages=tuple(x.to_openai() for x in inp.messages),
-                tools=tuple(t.to_openai() for t in inp.tools),
-                session_id=inp.session_id,
-                stream=stream,
-            )
-            return _Prepared(req, (), 0)
-        previous = self.sessions.get(inp.session_id) if inp.session_id else None
-        if inp.prompt_token_ids:
-            ids = tuple(inp.prompt_token_ids)
-            if not 0 <= min(ids) <= max(ids) < len(tokenizer):  # the engine's error was INTERNAL
-                raise errors.InvalidGenerateRequest(
-                    f"prompt_token_ids must be in [0, {len(tokenizer)}) (the tokenizer's ids), "
-                    f"got {min(ids)}..{max(ids)}",
-                    metadata={"field": "prompt_token_ids"},
-                )
-            kept = previous.token_ids if previous is not None else ()
-            reused = len(kept) if kept and ids[: len(kept)] == kept else 0
+            messages = tuple(x.to_openai() for x in inp.messages)
+            tools = tuple(t.to_openai() for t in inp.tools)
         else:
-            prompt = build_prompt(
-                tokenizer, inp.messages, inp.tools, previous, model=m.name, fresh_cache=self._fresh_prompts
-            )
-            ids, reused = prompt.token_ids, prompt.reused_prefix_tokens
-            if previous is not None and prompt.fresh_reason:
-                log.info("session_restarted", session_id=inp.session_id, reason=prompt.fresh_reason)
+            previous = self.sessions.get(inp.session_id) if inp.session_id else None
+            if inp.prompt_token_ids:
+                ids = tuple(inp.prompt_token_ids)
+                if not 0 <= min(ids) <= max(ids) < len(tokenizer):  # the engine's error was INTERNAL
+                    raise errors.bad_request(
+                        f"prompt_token_ids must be in [0, {len(tokenizer)}) (the tokenizer's ids), "
+                        f"got {min(ids)}..{max(ids)}",
+                        "prompt_token_ids",
+                    )
+                kept = previous.token_ids if previous is not None else ()
+                reused = len(kept) if kept and ids[: len(kept)] == kept else 0
+            else:
+                prompt = build_prompt(
+                    tokenizer,
+                    inp.messages,
+                    inp.tools,
+                    previous,
+                    model=m.name,
+                    fresh_cache=self._fresh_prompts,
+                )
+                ids, reused = prompt.token_ids, prompt.reused_prefix_tokens
+                if previous is not None and prompt.fresh_reason:
+                    log.info("session_restarted", session_id=inp.session_id, reason=prompt.fresh_reason)
         sampling = validate_sampling(
             inp.sampling,
             max_model_len=card.max_model_len,
-            prompt_len=len(ids),
+            prompt_len=None if tokenizer is None else len(ids),
             default_max_tokens=self.default_max_tokens,
         )
         req = EngineRequest(
-            request_id=rid, sampling=sampling, prompt_token_ids=ids, session_id=inp.session_id, stream=stream
+            request_id=rid,
+            sampling=sampling,
+            prompt_token_ids=ids,
+            messages=messages,
+            tools=tools,
+            session_id=inp.session_id,
+            stream=stream,
         )
         return _Prepared(req, ids, reused)
 

@@ -67,6 +67,11 @@ class InvalidGenerateRequest(mesh.InvalidArgument):
     reason = "INVALID_GENERATE_REQUEST"
 
 
+def bad_request(message: str, field: str) -> InvalidGenerateRequest:
+    """INVALID_GENERATE_REQUEST naming the request field at fault (`metadata["field"]`)."""
+    return InvalidGenerateRequest(message, metadata={"field": field})
+
+
 class PromptTooLong(mesh.ResourceExhausted):
     """The prompt does not fit the model's context. No RetryInfo: retrying cannot help.
 

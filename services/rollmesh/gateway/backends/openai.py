@@ -284,30 +284,25 @@ class OpenAIBackend(ModelBackend):
         rid = request.request_id
         task = asyncio.current_task()
         self._running[rid] = task
+        data = json.dumps(self._body(request)).encode()
         try:
-            return await self._post_unary(request)
+            answer = await self._unary().post("/chat/completions", data, self._headers(request))
         except asyncio.CancelledError:
             if rid in self._aborted and task is not None and task.cancelling() == 1:
                 task.uncancel()
                 return EngineChunk(finish_reason="abort", replica_id=self.replica_id)
             raise
-        finally:
-            self._running[rid] = None
-
-    async def _post_unary(self, request: EngineRequest) -> EngineChunk:
-        data = json.dumps(self._body(request)).encode()
-        try:
-            answer = await self._unary().post("/chat/completions", data, self._headers(request))
         except Exception as exc:
             raise self._transport_error(exc) from None
+        finally:
+            self._running[rid] = None
         if answer.status != 200:
             self._raise_for_status(answer.status, answer.headers.get("retry-after"), answer.body)
         self._healthy = True
-        return self._unary_chunk(*self._completion(answer.body))
+        return self._unary_chunk(answer.body)
 
-    def _completion(self, body: bytes) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-        """(payload, its first choice, that choice's message) of a chat completion, or
-        UPSTREAM_BAD_RESPONSE naming what is wrong with `body`."""
+    def _unary_chunk(self, body: bytes) -> EngineChunk:
+        """The one chunk of a chat completion, or UPSTREAM_BAD_RESPONSE naming what is wrong with `body`."""
         try:
             payload = untrusted_json.loads(body)
         except ValueError:
@@ -319,16 +314,12 @@ class OpenAIBackend(ModelBackend):
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise errors.UpstreamBadResponse(f"{self.base_url}: the answer has no choices: {body[:200]!r}")
-        message = choices[0].get("message")
+        choice = choices[0]
+        message = choice.get("message")
         if not isinstance(message, dict):
             raise errors.UpstreamBadResponse(
                 f"{self.base_url}: the answer's choice has no message: {body[:200]!r}"
             )
-        return payload, choices[0], message
-
-    def _unary_chunk(
-        self, payload: dict[str, Any], choice: dict[str, Any], message: dict[str, Any]
-    ) -> EngineChunk:
         try:
             calls = {
                 i: {"name": (tc.get("function") or {}).get("name") or "", "arguments": _arguments(tc)}
@@ -366,7 +357,7 @@ class OpenAIBackend(ModelBackend):
         self._running[rid] = resp
         try:
             if resp.status != 200:
-                await self._raise_for(resp)
+                self._raise_for_status(resp.status, resp.headers.get("Retry-After"), await resp.read())
             self._healthy = True
             done = False
             async for data_line in _sse_data(resp):
@@ -477,9 +468,6 @@ class OpenAIBackend(ModelBackend):
         if isinstance(exc, aiohttp.ClientError | ConnectionError | ValueError):
             return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc!r}", retry_after_s=1.0)
         return errors.UpstreamStreamDropped(f"{where}: the call failed: {exc!r}", retry_after_s=1.0)
-
-    async def _raise_for(self, resp: aiohttp.ClientResponse) -> None:
-        self._raise_for_status(resp.status, resp.headers.get("Retry-After"), await resp.read())
 
     def _raise_for_status(self, status: int, retry_after: str | None, answer: bytes) -> None:
         """The gateway error for an HTTP status other than 200 (`retry_after`: the header's value)."""

@@ -18,13 +18,10 @@ from typing import Any
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import SamplingInput
+from rollmesh.gateway.errors import bad_request
 from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus
 from rollmesh.mesh.chat import Message, ToolCall, ToolSpec, content_text
 from rollmesh.mesh.errors import RollmeshError
-
-
-def bad_request(message: str, param: str) -> errors.InvalidGenerateRequest:
-    return errors.InvalidGenerateRequest(message, metadata={"field": param})
 
 
 def error_json(exc: RollmeshError) -> dict[str, Any]:
@@ -111,8 +108,18 @@ def _sampling(body: dict[str, Any], max_key: tuple[str, ...]) -> SamplingInput:
     )
 
 
-def _session(headers: Mapping[str, str], body: dict[str, Any]) -> str:
-    return headers.get("x-session-id") or str(body.get("session_id") or body.get("user") or "")
+def _input(
+    headers: Mapping[str, str], body: dict[str, Any], messages: tuple[Message, ...], max_key: tuple[str, ...]
+) -> GenerateInput:
+    """What both routes share: model, tools, sampling, the session and the request id."""
+    return GenerateInput(
+        model=str(body.get("model") or ""),
+        messages=messages,
+        tools=_tools(body.get("tools")),
+        sampling=_sampling(body, max_key),
+        session_id=headers.get("x-session-id") or str(body.get("session_id") or body.get("user") or ""),
+        request_id=headers.get("x-request-id", ""),
+    )
 
 
 # Chat parameters the gateway does not implement, with the values that mean "off" (what clients send
@@ -172,14 +179,8 @@ def chat_input(headers: Mapping[str, str], body: dict[str, Any]) -> GenerateInpu
         raise bad_request("n > 1 is not supported; send n requests", "n")
     _check_types(body)
     _refuse_unimplemented(body)
-    return GenerateInput(
-        model=str(body.get("model") or ""),
-        messages=tuple(chat_message(m, i) for i, m in enumerate(msgs)),
-        tools=_tools(body.get("tools")),
-        sampling=_sampling(body, ("max_completion_tokens", "max_tokens")),
-        session_id=_session(headers, body),
-        request_id=headers.get("x-request-id", ""),
-    )
+    messages = tuple(chat_message(m, i) for i, m in enumerate(msgs))
+    return _input(headers, body, messages, ("max_completion_tokens", "max_tokens"))
 
 
 def responses_input(headers: Mapping[str, str], body: dict[str, Any]) -> GenerateInput:
@@ -238,14 +239,7 @@ def responses_input(headers: Mapping[str, str], body: dict[str, Any]) -> Generat
         raise bad_request("input must be a string or a list of items", "input")
     if not msgs:
         raise bad_request("input is empty", "input")
-    return GenerateInput(
-        model=str(body.get("model") or ""),
-        messages=tuple(msgs),
-        tools=_tools(body.get("tools")),
-        sampling=_sampling(body, ("max_output_tokens",)),
-        session_id=_session(headers, body),
-        request_id=headers.get("x-request-id", ""),
-    )
+    return _input(headers, body, tuple(msgs), ("max_output_tokens",))
 
 
 # -- domain -> OpenAI JSON ---------------------------------------------------------------------
@@ -331,6 +325,25 @@ def chat_completion(r: GenerateResult, session_id: str) -> dict[str, Any]:
     )
 
 
+def response_shell(rid: str, model: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses object in progress with no output yet: the fields that echo the request."""
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": time.time(),
+        "model": model,
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata") or {},
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+    }
+
+
 def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if r.message.content or not r.message.tool_calls:
@@ -356,19 +369,10 @@ def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) ->
         )
     incomplete = r.finish_reason == "length"
     return {
-        "id": f"resp_{r.request_id}",
-        "object": "response",
-        "created_at": time.time(),
-        "model": r.model,
+        **response_shell(f"resp_{r.request_id}", r.model, body),
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "error": None,
-        "instructions": body.get("instructions"),
-        "metadata": body.get("metadata") or {},
         "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": body.get("tool_choice") or "auto",
-        "tools": body.get("tools") or [],
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
         "max_output_tokens": body.get("max_output_tokens"),

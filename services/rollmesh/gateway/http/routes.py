@@ -43,9 +43,9 @@ async def _body(request: Request) -> dict[str, Any]:
     try:
         body = untrusted_json.loads(b"".join(chunks))
     except ValueError as exc:  # NotJson, and UnicodeDecodeError for a body that is not UTF-8
-        raise protocol.bad_request(f"the body is not JSON ({exc})", "body") from None
+        raise errors.bad_request(f"the body is not JSON ({exc})", "body") from None
     if not isinstance(body, dict):
-        raise protocol.bad_request("the body must be a JSON object", "body")
+        raise errors.bad_request("the body must be a JSON object", "body")
     return body
 
 

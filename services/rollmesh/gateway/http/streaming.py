@@ -23,6 +23,7 @@ from rollmesh.gateway.http.protocol import (
     extension,
     logprobs_json,
     response_object,
+    response_shell,
     usage_json,
 )
 from rollmesh.gateway.toolcalls import ContentStreamFilter
@@ -108,21 +109,7 @@ async def response_events(
         seq += 1
         return _event({"type": kind, "sequence_number": seq - 1, **fields})
 
-    shell = {
-        "id": rid,
-        "object": "response",
-        "created_at": time.time(),
-        "model": model,
-        "status": "in_progress",
-        "output": [],
-        "error": None,
-        "incomplete_details": None,
-        "instructions": body.get("instructions"),
-        "metadata": body.get("metadata") or {},
-        "parallel_tool_calls": True,
-        "tool_choice": body.get("tool_choice") or "auto",
-        "tools": body.get("tools") or [],
-    }
+    shell = response_shell(rid, model, body)
     yield event("response.created", response=shell)
     yield event("response.in_progress", response=shell)
     msg_id = f"msg_{uuid.uuid4().hex}"
