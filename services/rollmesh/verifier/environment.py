@@ -29,6 +29,7 @@ CPU-heavy checks should use `self.context.workers` (processes with a hard timeou
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import types
@@ -335,7 +336,10 @@ class Environment(ABC):
         return [spec for spec, _ in cls._tools().values()]
 
     @classmethod
+    @functools.cache
     def _tools(cls) -> dict[str, tuple[ToolSpec, str]]:
+        """The class's tools by name, with their attributes (a class's tools are fixed once it is
+        loaded: found once per class, not by walking dir(cls) per SeedSession or tool call)."""
         found: dict[str, tuple[ToolSpec, str]] = {}
         for attr in dir(cls):
             fn = getattr(cls, attr, None)

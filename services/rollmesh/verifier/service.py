@@ -96,9 +96,6 @@ class VerifierService:
         )
         self._tasks = TaskSet()
         self._started = False
-        # Tool specs per environment class (a class's tools are fixed once loaded; `tool_specs` walks
-        # dir(cls) each call, which SeedSession would otherwise pay once per rollout).
-        self._specs: dict[type[Environment], list[ToolSpec]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -187,18 +184,12 @@ class VerifierService:
         return EnvironmentInfo(
             name,
             cls.describe(),
-            self._tool_specs(cls),
+            cls.tool_specs(),
             item.source,
             item.example_dataset,
             stateless=is_stateless(cls),
             sandbox=item.env.sandbox_mode(),
         )
-
-    def _tool_specs(self, cls: type[Environment]) -> list[ToolSpec]:
-        specs = self._specs.get(cls)
-        if specs is None:
-            specs = self._specs[cls] = cls.tool_specs()
-        return list(specs)
 
     # -- sessions -------------------------------------------------------------------------------------
 
@@ -212,7 +203,7 @@ class VerifierService:
         state = await item.env.seed_session(task)
         session = Session(id=sid, environment=environment, task=task, state=state)
         self.sessions.add(session)  # re-checks: another seed may have raced in during seed_session
-        return session, self._tool_specs(type(item.env))
+        return session, type(item.env).tool_specs()
 
     async def call_tool(self, session_id: str, call: ToolCall) -> ToolOutput:
         session = self.sessions.get(session_id)
