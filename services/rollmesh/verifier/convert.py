@@ -20,12 +20,10 @@ def broken_to_pb(item: Broken) -> pb.BrokenEnvironment:
     return to_pb(pb.BrokenEnvironment, item)
 
 
-def response_from_pb(resp: pb.ModelResponse) -> Response:
-    return Response(tuple(message_from_pb(m) for m in resp.messages))
-
-
 def verify_call_from_pb(req: pb.VerifyRequest) -> VerifyCall:
-    return from_pb(VerifyCall, req, response=response_from_pb(req.response))
+    return from_pb(
+        VerifyCall, req, response=Response(tuple(message_from_pb(m) for m in req.response.messages))
+    )
 
 
 def tool_output_to_pb(out: ToolOutput) -> pb.CallToolResponse:
