@@ -61,12 +61,6 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
         self._svc.close_session(request.session_id)
         return pb.CloseSessionResponse()
 
-    async def VerifyBatch(
-        self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any
-    ) -> AsyncIterator[pb.VerifyBatchResponse]:
-        async for message in self.verify_batch().serve(request_iterator, context):
-            yield message
-
     def verify_batch(self) -> MultiplexedMethod[VerifyResult]:
         """VerifyBatch's server side, which the embedded mesh also runs in-process (in_process.py):
         each item is `verify` of its call, at most the service's `batch_concurrency` at once, in
@@ -76,3 +70,9 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
 
     def _batch_item(self, req: pb.VerifyBatchRequest) -> Item[VerifyResult]:
         return Item(req.id, functools.partial(self._svc.verify, convert.verify_call_from_pb(req.request)))
+
+    async def VerifyBatch(
+        self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any
+    ) -> AsyncIterator[pb.VerifyBatchResponse]:
+        async for message in self.verify_batch().serve(request_iterator, context):
+            yield message
