@@ -166,9 +166,7 @@ class OpenAITestServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, backlog=4096)
         await site.start()
-        for addr in self._runner.addresses:
-            self.port = int(addr[1])
-            break
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -365,17 +363,8 @@ def openai_server_process(
     running event loop (it polls with blocking sleeps)."""
     with tempfile.TemporaryDirectory() as tmp:
         port_file = Path(tmp) / "addr"
-        args = [
-            sys.executable,
-            "-m",
-            "rollmesh.devtools.openai_server",
-            "--port-file",
-            str(port_file),
-            "--model",
-            model,
-            "--faults-json",
-            json.dumps(asdict(faults or FaultConfig())),
-        ]
+        args = [sys.executable, "-m", "rollmesh.devtools.openai_server", "--port-file", str(port_file)]
+        args += ["--model", model, "--faults-json", json.dumps(asdict(faults or FaultConfig()))]
         proc = subprocess.Popen(args, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + timeout_s

@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,10 +118,6 @@ class Mesh:
         self.env = dict(os.environ)
         self._tmp = tempfile.TemporaryDirectory(prefix="rollmesh-up-")
         self._preexec = _die_with_parent()
-        self._extra_args: dict[str, Sequence[str]] = {
-            "gateway": cfg.gateway_args,
-            "scheduler": cfg.scheduler_args,
-        }
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -138,7 +134,7 @@ class Mesh:
         port_file = Path(self._tmp.name) / f"{service}.addr"
         port_file.unlink(missing_ok=True)
         args = [*_cli(), "serve", service, "--port", str(port), "--host", self.cfg.host]
-        args += list(self._extra_args.get(service, ()))
+        args += {"gateway": self.cfg.gateway_args, "scheduler": self.cfg.scheduler_args}.get(service, ())
         proc = await asyncio.create_subprocess_exec(
             *args,
             stdout=asyncio.subprocess.PIPE,

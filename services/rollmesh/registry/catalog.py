@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -48,15 +48,12 @@ class Listed:
 
 
 @dataclass(frozen=True)
-class Resolved:
-    kind: Kind
-    name: str
-    path: Path
-    root: Path
-    is_dir: bool
-    sha256: str
-    size_bytes: int
-    files: tuple[str, ...] = field(default=())
+class Resolved(Listed):
+    """A located artifact and its digest (a folder's: of its manifest of `files`)."""
+
+    sha256: str = ""
+    size_bytes: int = 0
+    files: tuple[str, ...] = ()
 
 
 def validate_name(name: str) -> str:
@@ -156,7 +153,7 @@ class Catalog:
         found = self.locate(kind, name)
         if not found.is_dir:
             digest, size = file_digest(found.path)
-            return Resolved(kind, name, found.path, found.root, False, digest, size)
+            return Resolved(**vars(found), sha256=digest, size_bytes=size)
         files = list(iter_files(found.path, found.root))
         manifest = hashlib.sha256()
         total = 0
@@ -164,7 +161,7 @@ class Catalog:
             digest, size = file_digest(found.path / rel)
             manifest.update(f"{rel}\0{digest}\n".encode())
             total += size
-        return Resolved(kind, name, found.path, found.root, True, manifest.hexdigest(), total, tuple(files))
+        return Resolved(**vars(found), sha256=manifest.hexdigest(), size_bytes=total, files=tuple(files))
 
     def file_in(self, artifact: Listed, rel: str) -> Path:
         """A file inside a directory artifact, refusing anything that escapes it."""

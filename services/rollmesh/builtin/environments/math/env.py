@@ -160,12 +160,7 @@ class MathEnv(Environment):
         stub = gateway_pb2_grpc.ModelGatewayStub(self._channel)
         req = gateway_pb2.GenerateRequest(
             model=cfg.math_judge_model,
-            messages=[
-                common_pb2.ChatMessage(
-                    role="user",
-                    content=judge_prompt(problem, expected, answer),
-                )
-            ],
+            messages=[common_pb2.ChatMessage(role="user", content=judge_prompt(problem, expected, answer))],
             sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=8),
         )
         try:
