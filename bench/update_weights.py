@@ -70,7 +70,7 @@ async def _pieces(data: bytes) -> AsyncIterator[Any]:
 
 
 async def run(replicas: int, trials: int, work: Path) -> dict[str, Any]:
-    from rollmesh.gateway import Gateway
+    from rollmesh.gateway import Gateway, GatewayConfig
     from rollmesh.serving.backend import RayServeBackend
     from rollmesh.serving.config import ServingConfig
 
@@ -84,7 +84,7 @@ async def run(replicas: int, trials: int, work: Path) -> dict[str, Any]:
         startup_timeout_s=1800,
     )
     backend = RayServeBackend(config)
-    gateway = Gateway([backend], weights_staging_dir=str(work / "staging"))
+    gateway = Gateway([backend], GatewayConfig(weights_staging_dir=str(work / "staging")))
     t0 = time.monotonic()
     await gateway.start()
     startup_s = time.monotonic() - t0

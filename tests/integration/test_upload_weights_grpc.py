@@ -16,7 +16,7 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
-from rollmesh.gateway import Gateway
+from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
@@ -41,7 +41,7 @@ class Mesh:
 @pytest_asyncio.fixture
 async def mesh(start_server: StartServer, tmp_path: Path) -> AsyncIterator[Mesh]:
     backend = FakeBackend("tiny", num_replicas=2, weights_dir=write_checkpoint(tmp_path / "served"))
-    gateway = Gateway([backend], weights_staging_dir=str(tmp_path / "staging"))
+    gateway = Gateway([backend], GatewayConfig(weights_staging_dir=str(tmp_path / "staging")))
     await gateway.start()
     server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
     client = await Client.connect(gateway=server.address, timeout_s=30)

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
+from rollmesh.gateway import Gateway, GatewayConfig, GenerateInput, Message, SamplingInput
 from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.gateway.config import ModelSpec
@@ -57,7 +57,7 @@ async def test_stream_yields_deltas_then_the_result() -> None:
 
 async def test_models_route_by_name_and_default() -> None:
     a, b = FakeBackend("a", script=lambda p, r: "from a"), FakeBackend("b", script=lambda p, r: "from b")
-    gw = await started(a, b, default_model="b")
+    gw = await started(a, b, config=GatewayConfig(default_model="b"))
     assert (await gw.generate(inp())).message.content == "from b"
     assert (await gw.generate(inp(model="a"))).message.content == "from a"
     listed = {m.name: m for m in await gw.list_models()}

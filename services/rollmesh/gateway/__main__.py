@@ -20,9 +20,9 @@ log = get_logger("rollmesh.gateway")
 async def run(cfg: GatewayConfig, backends: Sequence[ModelBackend] | None = None) -> None:
     """Serve until SIGTERM/SIGINT: start the backends, the gRPC server and the HTTP facade; on stop,
     drain gRPC, stop HTTP, then shut the backends down."""
-    gateway = Gateway.from_config(
-        cfg,
+    gateway = Gateway(
         list(backends) if backends is not None else [create_backend(s) for s in cfg.models],
+        cfg,
         backend_factory=create_backend,
     )
     await gateway.start()

@@ -191,20 +191,17 @@ def _leave_replica(m: _Model, replica: str) -> None:
 
 
 class Gateway:
-    """Serve `backends` (by their card's name); `default_model` answers requests naming no model."""
+    """Serve `backends` (by their card's name) with `config`'s limits (its `models` are the caller's to
+    create); its `default_model`, else the first backend's, answers requests naming no model."""
 
     def __init__(
         self,
         backends: Sequence[ModelBackend],
+        config: GatewayConfig | None = None,
         *,
-        default_model: str = "",
-        session_ttl_s: float = 3600.0,
-        max_sessions: int = 10_000,
-        default_max_tokens: int = 256,
-        max_routes: int = 1024,
         backend_factory: BackendFactory | None = None,
-        weights_staging_dir: str = "",
     ) -> None:
+        cfg = config or GatewayConfig()
         if not backends:
             raise ValueError("a gateway needs at least one backend")
         self._models: dict[str, _Model] = {}
@@ -212,38 +209,19 @@ class Gateway:
             if b.card.name in self._models:
                 raise ValueError(f"two backends serve the model name {b.card.name!r}")
             self._models[b.card.name] = _Model(b.card.name, b)
-        self.default_model = default_model or backends[0].card.name
+        self.default_model = cfg.default_model or backends[0].card.name
         if self.default_model not in self._models:
             raise ValueError(f"default model {self.default_model!r} is not served")
         self._aliases: dict[str, str] = {}
         self._route_count = 0
-        self.max_routes = max_routes
-        self.default_max_tokens = default_max_tokens
-        self.sessions = SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
+        self.max_routes = cfg.max_routes
+        self.default_max_tokens = cfg.default_max_tokens
+        self.sessions = SessionStore(ttl_s=cfg.session_ttl_s, max_sessions=cfg.max_sessions)
         self._fresh_prompts = FreshPromptCache()
         self._flights: dict[str, _Flight] = {}
         self._factory = backend_factory
-        staging = Path(weights_staging_dir) if weights_staging_dir else Path(tempfile.gettempdir())
+        staging = Path(cfg.weights_staging_dir or tempfile.gettempdir())
         self.uploads = WeightUploads(staging / "rollmesh-weights")
-
-    @classmethod
-    def from_config(
-        cls,
-        cfg: GatewayConfig,
-        backends: Sequence[ModelBackend],
-        *,
-        backend_factory: BackendFactory | None = None,
-    ) -> Gateway:
-        return cls(
-            backends,
-            default_model=cfg.default_model,
-            session_ttl_s=cfg.session_ttl_s,
-            max_sessions=cfg.max_sessions,
-            default_max_tokens=cfg.default_max_tokens,
-            max_routes=cfg.max_routes,
-            backend_factory=backend_factory,
-            weights_staging_dir=cfg.weights_staging_dir,
-        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ async def embedded_mesh(
         # The model backend (Ray, replicas, engine load) takes longest: it starts first.
         on_phase(backend_phase(gateway_cfg))
         backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
-        gateway = Gateway.from_config(gateway_cfg, backends, backend_factory=create_backend)
+        gateway = Gateway(backends, gateway_cfg, backend_factory=create_backend)
         stack.push_async_callback(gateway.shutdown)
         backend_up = asyncio.create_task(gateway.start(), name="embedded-gateway-start")
         try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.config import ModelSpec
-from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.errors import ConfigError, RollmeshError
 
 
 def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> Path:
@@ -33,8 +33,6 @@ def _fake_weights_dir(model: str, environ: Mapping[str, str] | None) -> Path | N
     names one; a fake model's name is otherwise just a label."""
     if not model:
         return None
-    from rollmesh.mesh.errors import RollmeshError
-
     try:
         return resolve_model_path(model, environ)
     except (ConfigError, RollmeshError):
