@@ -55,9 +55,6 @@ class Turn:
     reused_prefix_tokens: int = 0
     latency_s: float = 0.0
 
-    def to_json(self) -> Json:
-        return dict(self.__dict__)
-
 
 @dataclass
 class ToolResult:
@@ -136,10 +133,6 @@ class AgentOutcome:
     @property
     def completion_tokens(self) -> int:
         return sum(t.completion_tokens for t in self.turns)
-
-
-def session_key(job_id: str, key: RolloutKey) -> str:
-    return f"{job_id}/{key.task_index}/{key.rollout_index}"
 
 
 def input_messages(task: Json, system_prompt: str = "") -> list[Json]:
@@ -226,7 +219,7 @@ async def run_agent(
     the row declares tools of its own (the model may call them, and tool calls need a session):
     Verify then gets no session id (two RPCs fewer per rollout).
     """
-    session_id = session_key(job_id, key)
+    session_id = f"{job_id}/{key.task_index}/{key.rollout_index}"
     model_session = session_id if settings.max_steps > 1 else ""
     seeded = False
     generated = False

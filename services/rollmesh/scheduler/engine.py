@@ -388,7 +388,24 @@ class JobRun:
                     on_retry=self._on_retry,
                     outages=self.outages,
                 )
-                rollout = self._rollout(key, task, seed, outcome, tokens, attempts, self.hooks.clock() - t0)
+                rollout = Rollout(
+                    key=key,
+                    job_id=self.job_id,
+                    task=task,
+                    messages=outcome.messages,
+                    reward=outcome.verdict.reward,
+                    reward_components=dict(outcome.verdict.components),
+                    extracted_answer=outcome.verdict.extracted_answer,
+                    verify_details=dict(outcome.verdict.details),
+                    tokens=tokens,
+                    prompt_tokens=outcome.prompt_tokens,
+                    completion_tokens=outcome.completion_tokens,
+                    attempts=attempts,
+                    latency_s=round(self.hooks.clock() - t0, 6),
+                    policy_version=outcome.turns[-1].policy_version if outcome.turns else "",
+                    seed=seed,
+                    finish_reason=outcome.finish_reason,
+                )
                 if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
                     self._said_no_token_ids = True
                     log.warning(
@@ -432,35 +449,6 @@ class JobRun:
         self.progress.retries += 1
         log.debug(
             "rollout_retry", job_id=self.job_id, error=err.name, attempt=attempt, delay_s=round(delay, 3)
-        )
-
-    def _rollout(
-        self,
-        key: RolloutKey,
-        task: dict[str, Any],
-        seed: int,
-        out: AgentOutcome,
-        tokens: TokenRecord,
-        attempts: int,
-        latency: float,
-    ) -> Rollout:
-        return Rollout(
-            key=key,
-            job_id=self.job_id,
-            task=task,
-            messages=out.messages,
-            reward=out.verdict.reward,
-            reward_components=dict(out.verdict.components),
-            extracted_answer=out.verdict.extracted_answer,
-            verify_details=dict(out.verdict.details),
-            tokens=tokens,
-            prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens,
-            attempts=attempts,
-            latency_s=round(latency, 6),
-            policy_version=out.turns[-1].policy_version if out.turns else "",
-            seed=seed,
-            finish_reason=out.finish_reason,
         )
 
     async def _write(self, rollout: Rollout) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 
@@ -66,14 +66,6 @@ class Scored:
             completion_tokens=r.completion_tokens,
             record_tokens=len(r.tokens.token_ids),
         )
-
-
-class _Voter(Protocol):
-    @property
-    def reward(self) -> float: ...
-
-    @property
-    def extracted_answer(self) -> str: ...
 
 
 def scored(rollouts: Iterable[Rollout | Scored]) -> list[Scored]:
@@ -170,10 +162,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prob_all_wrong
 
 
-def majority_correct(rollouts: Sequence[_Voter], threshold: float = DEFAULT_THRESHOLD) -> float:
+def majority_correct(rollouts: Sequence[Scored], threshold: float = DEFAULT_THRESHOLD) -> float:
     """maj@k of one task over `rollouts` (already the first k, in rollout_index order)."""
     votes: dict[str, int] = {}
-    first: dict[str, _Voter] = {}
+    first: dict[str, Scored] = {}
     for r in rollouts:
         ans = r.extracted_answer.strip()
         if not ans:
@@ -302,11 +294,11 @@ def task_profile(
     return compute(rollouts, threshold=threshold).tasks
 
 
-def _correct(r: _Voter, threshold: float) -> bool:
+def _correct(r: Scored, threshold: float) -> bool:
     return r.reward >= threshold - _EPS
 
 
-def _num_correct(rs: Sequence[_Voter], threshold: float) -> int:
+def _num_correct(rs: Sequence[Scored], threshold: float) -> int:
     return sum(1 for r in rs if _correct(r, threshold))
 
 

@@ -64,10 +64,6 @@ class FailureTally:
         self._counts[error_class] = self._counts.get(error_class, 0) + 1
         self._examples.setdefault(error_class, _short(message))
 
-    @property
-    def total(self) -> int:
-        return sum(self._counts.values())
-
     def summary(self, top: int = TOP_CLASSES) -> list[FailureClassSummary]:
         ranked = sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
         return [FailureClassSummary(c, n, self._examples[c]) for c, n in ranked]

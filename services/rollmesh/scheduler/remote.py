@@ -76,9 +76,7 @@ class _Caller(Protocol):
 
 
 class _Port:
-    """A service's stub and multiplexed method: over a gRPC
-    channel (`connect`), or on the service's servicer in this process (`in_process`: the embedded
-    mesh; same messages, errors, deadlines and cancellation, no gRPC hop: mesh/in_process.py)."""
+    """A service's stub and multiplexed method, over gRPC (`connect`) or in process (`in_process`)."""
 
     def __init__(
         self,

@@ -408,10 +408,6 @@ def expand_paths(patterns: Sequence[str]) -> list[Path]:
     return out
 
 
-def is_failures_file(path: Path) -> bool:
-    return path.name.startswith("failures")
-
-
 def read_rollout_rows(path: Path, skipped: list[str] | None = None) -> list[tuple[int, Json]]:
     """(line number, row) of a rollouts file, each row checked to parse as a Rollout."""
     rows: list[tuple[int, Json]] = []
@@ -429,7 +425,7 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
     seen: dict[RolloutKey, tuple[str, Path, int]] = {}
     for path in paths:
         held = res.keys_by_folder.setdefault(path.parent, set())
-        if is_failures_file(path):
+        if path.name.startswith("failures"):
             for lineno, row in iter_rows(path, res.skipped):
                 failure = _parse(f"{path}:{lineno}", row, RolloutFailure.from_row)
                 res.failures.append(failure)

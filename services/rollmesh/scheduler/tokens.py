@@ -30,30 +30,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rollmesh.mesh import untrusted_json
+from rollmesh.scheduler.agent import Turn
 from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import Json, Rollout, TokenRecord, TurnSpan
-
-
-class TurnLike(Protocol):
-    """Anything with a turn's ids (the agent loop's `Turn`, the gateway's `GenerateResult`)."""
-
-    @property
-    def prompt_token_ids(self) -> Sequence[int]: ...
-    @property
-    def output_token_ids(self) -> Sequence[int]: ...
-    @property
-    def logprobs(self) -> Sequence[float]: ...
-    @property
-    def policy_version(self) -> str: ...
-    @property
-    def replica_id(self) -> str: ...
 
 
 class Decoder(Protocol):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
 
 
-def build_token_record(turns: Sequence[TurnLike], *, logprobs_wanted: bool = False) -> TokenRecord:
+def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) -> TokenRecord:
     """The token record of a rollout from its turns, in order (see the module doc). With
     `logprobs_wanted` (the job's `sampling.logprobs`) every generated id must have its logprob."""
     without_ids = [i + 1 for i, t in enumerate(turns) if not t.prompt_token_ids]
