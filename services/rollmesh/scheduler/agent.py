@@ -210,15 +210,10 @@ async def run_agent(
     model: ModelPort,
     env: EnvPort,
 ) -> AgentOutcome:
-    """One attempt of one rollout. Sessions are always closed, whatever happens.
-
-    With `max_steps` 1 the model call carries no session id, so the gateway opens no session and
-    there is none to close: a gateway session only carries kept token ids and the replica from one
-    turn to the next, and a one-turn rollout has no next turn (one RPC fewer per rollout).
-    Likewise a stateless environment (no tools, no session state) opens no verifier session unless
-    the row declares tools of its own (the model may call them, and tool calls need a session):
-    Verify then gets no session id (two RPCs fewer per rollout).
-    """
+    """One attempt of one rollout; its sessions are always closed. A gateway session only carries
+    kept ids and the replica to the next turn, so a one-turn rollout opens none (one RPC fewer); a
+    verifier session is needed for per-session state or tool calls, so a stateless environment opens
+    none unless the row declares tools of its own (two RPCs fewer)."""
     session_id = f"{job_id}/{key.task_index}/{key.rollout_index}"
     model_session = session_id if settings.max_steps > 1 else ""
     seeded = False

@@ -43,10 +43,6 @@ def message_from_pb(msg: common_pb2.ChatMessage) -> Json:
     return chat.message_from_pb(msg).to_openai()
 
 
-def tokens_from_pb(msg: common_pb2.TokenRecord) -> TokenRecord:
-    return from_pb(TokenRecord, msg, turns=[from_pb(TurnSpan, t) for t in msg.turns])
-
-
 # A sampling dict's fields (SAMPLING_FIELDS but stop) and their types: a row's
 # `responses_create_params` may carry numbers as strings.
 _SAMPLING_TYPES: dict[str, type] = {
@@ -103,7 +99,7 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
         task=json.loads(msg.task_json) if msg.task_json else {},
         messages=[message_from_pb(m) for m in msg.messages],
         verify_details=json.loads(msg.verify_details_json) if msg.verify_details_json else {},
-        tokens=tokens_from_pb(msg.tokens),
+        tokens=from_pb(TokenRecord, msg.tokens, turns=[from_pb(TurnSpan, t) for t in msg.tokens.turns]),
         prompt_tokens=msg.usage.prompt_tokens,
         completion_tokens=msg.usage.completion_tokens,
     )

@@ -261,22 +261,22 @@ class JsonlSink(Sink):
         even that fails, removes a stale metrics.json) and raises nothing more: its error is known."""
         if self._closed:
             return
-        if self._lock_fd is None:  # never opened (or the folder is another writer's): touch nothing
-            self._closed = True
-            await self._tasks.aclose()
-            return
         try:
-            if self.error is None:
+            if self.error is None and self._lock_fd is not None:
                 with contextlib.suppress(SinkWriteFailed):
                     await self.flush()
         finally:
             self._closed = True
             await self._tasks.aclose()
             await asyncio.to_thread(self._close_files)
+        if self._lock_fd is None:  # never opened (or the folder is another writer's): touch nothing
+            return
         try:
             await self._write_metrics(state, metrics)
         finally:
-            self._unlock_folder()
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
         log.info("sink_closed", job_id=self._job_id, state=state, rows=self.rows_written, fsyncs=self.fsyncs)
 
     async def _write_metrics(self, state: str, metrics: dict[str, Any] | None) -> None:
@@ -303,12 +303,6 @@ class JsonlSink(Sink):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = {}
-
-    def _unlock_folder(self) -> None:
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = None
 
     def _check_open(self) -> None:
         if self._closed or not self._fds:

@@ -585,11 +585,9 @@ class JobManager:
         rec = await self.get(job_id)
         path = rec.directory / store.ROLLOUTS
         pos = offset
-        byte_pos, skipped = (0, 0)
-        cursor_line = 0
+        byte_pos, cursor_line = 0, 0
         if rec.has_file:
-            byte_pos, skipped = await asyncio.to_thread(store.skip_lines, path, pos)
-            cursor_line = skipped
+            byte_pos, cursor_line = await asyncio.to_thread(store.skip_lines, path, pos)
         while True:
             changed = rec.changed
             ring_start = rec.next_offset - len(rec.ring)

@@ -30,6 +30,7 @@ Definitions (every one deterministic, independent of arrival order and sharding)
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -137,16 +138,8 @@ class Metrics:
 
 def default_k_values(n: int) -> list[int]:
     """Powers of two up to n, plus n: 1, 2, 4, ..., n."""
-    if n < 1:
-        return []
-    ks: list[int] = []
-    k = 1
-    while k <= n:
-        ks.append(k)
-        k *= 2
-    if ks[-1] != n:
-        ks.append(n)
-    return ks
+    ks = [2**i for i in range(n.bit_length())] if n >= 1 else []
+    return ks if not ks or ks[-1] == n else [*ks, n]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -219,9 +212,7 @@ def compute(
     for f in failures:
         if f.key not in by_key:
             failed.setdefault(f.key, f)
-    failures_by_class: dict[str, int] = {}
-    for f in failed.values():
-        failures_by_class[f.error_class] = failures_by_class.get(f.error_class, 0) + 1
+    failures_by_class = collections.Counter(f.error_class for f in failed.values())
 
     m = Metrics(
         job_id=job_id or next((r.job_id for r in by_key.values()), ""),

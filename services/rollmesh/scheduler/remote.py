@@ -18,6 +18,7 @@ cancellation but no gRPC hop (mesh/in_process.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any, Protocol, Self, TypeVar
@@ -194,10 +195,8 @@ class VerifierEnv(_Port):
             )
         except AlreadyExistsError:
             # Left over from an attempt whose close was lost (or a crashed run): start it afresh.
-            try:
+            with contextlib.suppress(NotFoundError):
                 await self.close_session(session_id)
-            except NotFoundError:
-                pass
             resp = await unary_call(self.stub.SeedSession, req, SERVICE_CALL_S)
         return [tool_from_pb(t) for t in resp.tools]
 

@@ -247,9 +247,9 @@ async def with_retry(
 ) -> tuple[T, int]:
     """Run `attempt` until it succeeds; returns (result, attempts) or raises RolloutFailed.
 
-    Each attempt runs under `policy.rollout_timeout_s`. With
-    `outages`, an outage error is retried without counting as an attempt until a service has been
-    unreachable for the budget (then RolloutFailed with `budget_exhausted`). CancelledError propagates.
+    Each attempt runs under `policy.rollout_timeout_s`. With `outages`, an outage error is retried
+    without counting as an attempt until a service has been unreachable for the budget (then
+    RolloutFailed with `budget_exhausted`). CancelledError propagates.
     """
     backoff = backoff or Backoff(policy)
     n = 0  # attempts that count against max_attempts

@@ -120,11 +120,8 @@ def repair_torn_tail(path: Path) -> int:
 
 
 def iter_rows(path: Path, skipped: list[str] | None = None) -> Iterator[tuple[int, Json]]:
-    """(line number, row) for every non-blank line; a malformed complete line raises CorruptSinkFile.
-
-    A last line without its newline that does not parse is skipped (its `file:line` added to
-    `skipped`): it is a row being appended (a live file) or a torn tail (repaired when a sink next
-    opens the folder)."""
+    """(line number, row) for every non-blank line; a malformed complete line raises CorruptSinkFile,
+    an unparsed last line without its newline (module doc) is skipped, its `file:line` added to `skipped`."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -155,12 +152,15 @@ def _row(raw: bytes) -> Json:
     return row
 
 
+def _rows_if_any(path: Path) -> Iterator[tuple[int, Json]]:
+    """`iter_rows` of a job's file that may not exist yet (then no rows)."""
+    return iter_rows(path) if path.exists() else iter(())
+
+
 def read_keys(path: Path) -> set[RolloutKey]:
     """The keys of every row of a rollouts or failures file (absent file: none)."""
     keys: set[RolloutKey] = set()
-    if not path.exists():
-        return keys
-    for lineno, row in iter_rows(path):
+    for lineno, row in _rows_if_any(path):
         try:
             keys.add(RolloutKey(int(row["task_index"]), int(row["rollout_index"])))
         except (KeyError, TypeError, ValueError, OverflowError):
@@ -174,9 +174,7 @@ def changed_tasks(path: Path, rows: Sequence[Json], limit: int = 5) -> list[int]
     would pair those rollouts with other tasks. Reads the rollouts file; blocking."""
     changed: list[int] = []
     checked: set[int] = set()
-    if not path.exists():
-        return changed
-    for lineno, row in iter_rows(path):
+    for lineno, row in _rows_if_any(path):
         stored = _parse(f"{path}:{lineno}", row, Rollout.from_row)
         index = stored.key.task_index
         if index in checked:
@@ -253,12 +251,11 @@ def count_on_disk(directory: Path) -> OnDisk:
     """Count the rows of a job folder (blocking; call from a thread)."""
     keys: set[RolloutKey] = set()
     reward = 0.0
-    if (directory / ROLLOUTS).exists():
-        for _, row in iter_rows(directory / ROLLOUTS):
-            key = RolloutKey(int(row["task_index"]), int(row["rollout_index"]))
-            if key not in keys:
-                keys.add(key)
-                reward += float(row.get("reward", 0.0) or 0.0)
+    for _, row in _rows_if_any(directory / ROLLOUTS):
+        key = RolloutKey(int(row["task_index"]), int(row["rollout_index"]))
+        if key not in keys:
+            keys.add(key)
+            reward += float(row.get("reward", 0.0) or 0.0)
     failed = read_keys(directory / FAILURES) - keys
     return OnDisk(len(keys), len(failed), reward)
 
@@ -352,17 +349,8 @@ def load_scored(directory: Path) -> tuple[list[Scored], list[RolloutFailure]]:
     """What metrics read of every rollout a job folder holds, and its failures (blocking; call from
     a thread). One row is parsed at a time and only its `Scored` summary kept, so memory follows the
     number of rows (a few hundred bytes each), not the size of rollouts.jsonl (whole conversations)."""
-    rollouts = (
-        [Scored.of(Rollout.from_row(row)) for _, row in iter_rows(directory / ROLLOUTS)]
-        if (directory / ROLLOUTS).exists()
-        else []
-    )
-    failures = (
-        [RolloutFailure.from_row(row) for _, row in iter_rows(directory / FAILURES)]
-        if (directory / FAILURES).exists()
-        else []
-    )
-    return rollouts, failures
+    rollouts = [Scored.of(Rollout.from_row(row)) for _, row in _rows_if_any(directory / ROLLOUTS)]
+    return rollouts, [RolloutFailure.from_row(row) for _, row in _rows_if_any(directory / FAILURES)]
 
 
 @dataclass
