@@ -44,10 +44,6 @@ class InvalidBenchmark(mesh.InvalidArgument):
     reason = "INVALID_BENCHMARK"
 
 
-class EnvironmentNotFound(mesh.NotFound):
-    reason = "ENVIRONMENT_NOT_FOUND"
-
-
 class JobNotFound(mesh.NotFound):
     reason = "JOB_NOT_FOUND"
 

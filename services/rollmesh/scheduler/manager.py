@@ -29,7 +29,6 @@ from rollmesh.scheduler.agent import EnvDescription, EnvPort, ModelPort
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
 from rollmesh.scheduler.errors import (
     CorruptJobFile,
-    EnvironmentNotFound,
     JobFinished,
     JobNotFound,
     JobRunning,
@@ -51,7 +50,7 @@ from rollmesh.scheduler.plan import Plan, build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.spec import JobSpec, validate
-from rollmesh.verifier.errors import EnvironmentBroken
+from rollmesh.verifier.errors import EnvironmentBroken, EnvironmentNotFound
 
 log = get_logger("rollmesh.scheduler.jobs")
 
