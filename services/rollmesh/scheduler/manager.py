@@ -422,12 +422,9 @@ class JobManager:
             p.succeeded, p.failed = run.sink.rows_written, run.sink.failures_written
             p.done, p.reward_sum = p.succeeded + p.failed, run.sink.reward_written
         final = (result.state, result.error, time.time())
-        # job.json gets the final state before GetJob can report it (no await between these
-        # assignments): a client that sees the job ended finds the folder saying the same.
-        shown = rec.state, rec.error, rec.end_time
-        rec.state, rec.error, rec.end_time = final
-        job_json = rec.to_json()
-        rec.state, rec.error, rec.end_time = shown
+        # job.json gets the final state before GetJob can report it: a client that sees the job
+        # ended finds the folder saying the same.
+        job_json = replace(rec, state=final[0], error=final[1], end_time=final[2]).to_json()
         p = run.progress
         log.info(
             "job_finished",
