@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest_asyncio
 
 from rollmesh.mesh.server import wait_serving
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.errors import SinkUnavailable
+from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
 from rollmesh.scheduler.grpc_sink import GrpcSink
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh_client import aio_channel
@@ -480,16 +481,69 @@ async def test_a_rollout_over_grpcs_default_4_mib_reaches_the_trainer(make_serve
 async def test_a_rollout_over_the_message_limit_is_named(
     make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """It broke the stream with "INTERNAL: Internal error from Core", which named nothing."""
+    """It broke the stream with "INTERNAL: Internal error from Core", which named nothing. It is
+    that rollout's error, never sent: the stream goes on."""
     monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", "1")
     server = await make_server(window=8).start()
     sink = GrpcSink(server.address, window=4)
-    await sink.open("job1", total=1, spec={})
+    await sink.open("job1", total=2, spec={})
+    consumer = asyncio.create_task(collect(server))
     big = rollout(0, 3)
     big.messages = [{"role": "assistant", "content": "7" * (2 * 1024 * 1024)}]
-    with pytest.raises(SinkUnavailable, match=r"rollout 0:3 is 2\.0 MiB, over the 1 MiB gRPC message limit"):
+    with pytest.raises(RolloutTooLarge, match=r"rollout 0:3 is 2\.0 MiB, over the 1 MiB gRPC message limit"):
         await sink.write(big)
-    await sink.close(state="failed", metrics=None)
+    await sink.write(rollout(0, 4))
+    await sink.close(state="succeeded", metrics=None)
+    assert [r.key for r in await asyncio.wait_for(consumer, timeout=30)] == [(0, 4)]
+
+
+async def test_a_rollout_over_the_message_limit_fails_alone_and_the_job_goes_on(
+    make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One rollout over ROLLMESH_MAX_MESSAGE_MB stopped the whole job (FAILED, every other rollout
+    cut): now it is that rollout's failure (ROLLOUT_TOO_LARGE, its key, size and the limit), counted
+    and sent to the trainer, and the rest of the job is delivered."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from tests.fakes import LocalEnv, LocalModel, Rows, arithmetic_script
+
+    monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", "1")
+
+    def script(req: Any, turn: int) -> dict[str, Any]:  # task 2's answer is 1.2 MiB long
+        return (
+            {"content": "7" * 1_250_000}
+            if "2 + 3" in req.messages[-1].content
+            else arithmetic_script(req, turn)
+        )
+
+    server = await make_server(window=64).start()
+    path = Rows.arithmetic(5).write(tmp_path / "d.jsonl")
+    sink = SinkConfig(kind="grpc", address=server.address, window=4)
+    spec = JobSpec(
+        dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink, allowed_failures=1
+    )
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]),
+        model=LocalModel(script),
+        env=LocalEnv(),
+        output_dir=str(tmp_path),
+    )
+    try:
+        consumer = asyncio.create_task(collect(server))
+        rec = await mgr.submit(spec)
+        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
+        got = await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    assert done.state == "SUCCEEDED", done.error  # within allowed_failures=1
+    assert sorted(r.key for r in got) == [(0, 0), (1, 0), (3, 0), (4, 0)]
+    assert (done.progress.succeeded, done.progress.failed) == (4, 1) and server.stats.failures == 1
+    (summary,) = done.failure_summary
+    assert (summary.error_class, summary.count) == ("ROLLOUT_TOO_LARGE", 1)
+    assert re.search(
+        r"rollout 2:0 is \d+\.\d MiB, over the 1 MiB gRPC message limit", summary.example_message
+    )
 
 
 async def test_a_trainer_that_reads_nothing_for_a_step_is_backpressure_not_a_broken_stream(

@@ -47,6 +47,7 @@ from rollmesh.scheduler.errors import (
     GatewayUnresponsive,
     ModelCallDeadline,
     RolloutFailed,
+    RolloutTooLarge,
     TokenRecordMismatch,
 )
 from rollmesh.scheduler.metrics import Scored
@@ -422,7 +423,10 @@ class JobRun:
                 message = "token record does not line up: " + "; ".join(problems)
                 await self._fail(key, ErrorClass(TokenRecordMismatch.reason, False, None, message), attempts)
                 return
-            await self._write(rollout)
+            try:
+                await self._write(rollout)
+            except RolloutTooLarge as exc:  # over the gRPC message limit: this rollout fails, the job goes on
+                await self._fail(key, ErrorClass(exc.reason, False, None, exc.message), attempts)
         except Exception as exc:  # the sink could not store a row (or a bug): stop the job, say why
             self._stop_on_error(exc)
         finally:

@@ -180,6 +180,12 @@ class SinkUnavailable(mesh.Unavailable):
     reason = "SINK_UNAVAILABLE"
 
 
+class RolloutTooLarge(mesh.ResourceExhausted):
+    """A rollout over the gRPC message limit, which a gRPC sink cannot send: that rollout fails."""
+
+    reason = "ROLLOUT_TOO_LARGE"
+
+
 class RolloutFailed(Exception):
     """Every attempt failed (or the first failed with a non-retryable error)."""
 

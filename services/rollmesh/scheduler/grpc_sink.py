@@ -37,7 +37,7 @@ import grpc
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.errors import SinkUnavailable
+from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import Sink
 from rollmesh_client import aio_channel, max_message_bytes
@@ -140,7 +140,7 @@ class GrpcSink(Sink):
     async def write(self, rollout: Rollout) -> None:
         msg = sink_pb2.ConsumeRequest(rollout=convert.rollout_to_pb(rollout))
         if msg.ByteSize() > self._max_bytes:  # grpc would break the stream with "Internal error from Core"
-            raise SinkUnavailable(
+            raise RolloutTooLarge(  # that rollout fails (never sent); the stream and the job go on
                 f"rollout {rollout.key.as_str()} is {msg.ByteSize() / 2**20:.1f} MiB, over the "
                 f"{self._max_bytes / 2**20:g} MiB gRPC message limit (raise ROLLMESH_MAX_MESSAGE_MB for "
                 "the scheduler and the trainer)"
