@@ -204,6 +204,26 @@ async def test_streaming_responses(http: Http) -> None:
     assert fc.type == "function_call" and json.loads(fc.arguments) == {"a": 5, "b": 7}
 
 
+async def test_a_turn_whose_upstream_named_no_finish_reason_is_not_called_complete(http: Http) -> None:
+    """The gateway's finish "unknown" (an upstream that named no reason: the answer may be cut) was
+    passed on as chat's finish_reason "unknown", no OpenAI value, and /v1/responses said
+    "completed". Now: chat null, Responses "incomplete" with a null reason (stream: response.incomplete)."""
+    unnamed = http.backend._output_ids
+    http.backend._output_ids = lambda request: (unnamed(request)[0], "unknown")  # type: ignore[method-assign]
+    messages = [{"role": "user", "content": "hello"}]
+    chat = await http.client.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
+    assert chat.choices[0].finish_reason is None and chat.choices[0].message.content == "hello"
+    assert chat.model_extra is not None and chat.model_extra["rollmesh"]["finish_reason"] == "unknown"
+    stream = await http.client.chat.completions.create(model="tiny", messages=messages, stream=True)  # type: ignore[arg-type]
+    finishes = [c.choices[0].finish_reason async for c in stream if c.choices]
+    assert len(finishes) > 2 and set(finishes) == {None}  # the last chunk too
+    r = await http.client.responses.create(model="tiny", input="hello")
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason is None and r.output_text == "hello"
+    events = [e async for e in await http.client.responses.create(model="tiny", input="hello", stream=True)]
+    assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
+
+
 async def test_session_header_gives_token_exact_multi_turn(http: Http) -> None:
     first = [{"role": "user", "content": "what is 5+7?"}]
     r1 = await http.client.chat.completions.create(

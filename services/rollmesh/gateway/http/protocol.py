@@ -7,6 +7,10 @@ Extensions for RL agents that only speak HTTP:
   multi-turn. `X-Request-Id` sets the request id (for Abort).
 - Responses carry `prompt_token_ids` (top level) and `token_ids` (per choice) as vLLM's
   `return_token_ids` does, plus `rollmesh: {replica_id, policy_version, reused_prefix_tokens, ...}`.
+
+A turn whose upstream named no finish reason (the gateway's "unknown": it may be cut) says so in
+OpenAI's own terms: chat `finish_reason` null, a Responses object `status: "incomplete"` with
+`incomplete_details.reason` null (`rollmesh.finish_reason` has the gateway's word).
 """
 
 from __future__ import annotations
@@ -256,7 +260,13 @@ def extension(r: GenerateResult, session_id: str) -> dict[str, Any]:
         "reused_prefix_tokens": r.reused_prefix_tokens,
         "request_id": r.request_id,
         "session_id": session_id,
+        "finish_reason": r.finish_reason,
     }
+
+
+def chat_finish(reason: str) -> str | None:
+    """A chat choice's finish_reason: null for "unknown", which is no OpenAI value."""
+    return None if reason == "unknown" else reason
 
 
 def logprobs_json(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any] | None:
@@ -311,7 +321,7 @@ def chat_completion(r: GenerateResult, session_id: str) -> dict[str, Any]:
     choice = {
         "index": 0,
         "message": message,
-        "finish_reason": r.finish_reason,
+        "finish_reason": chat_finish(r.finish_reason),
         "logprobs": logprobs_json(r.output_token_ids, r.logprobs),
         "token_ids": list(r.output_token_ids),
     }
@@ -367,11 +377,13 @@ def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) ->
                 "status": "completed",
             }
         )
-    incomplete = r.finish_reason == "length"
+    incomplete = r.finish_reason in ("length", "unknown")  # "unknown": the upstream named no reason
     return {
         **response_shell(f"resp_{r.request_id}", r.model, body),
         "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "incomplete_details": (
+            {"reason": "max_output_tokens" if r.finish_reason == "length" else None} if incomplete else None
+        ),
         "output": output,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),

@@ -18,6 +18,7 @@ from typing import Any
 
 from rollmesh.gateway.http.protocol import (
     calls_json,
+    chat_finish,
     completion_object,
     error_json,
     extension,
@@ -74,7 +75,7 @@ async def chat_events(
                 if r.message.tool_calls:
                     calls = [{"index": i, **c} for i, c in enumerate(calls_json(r))]
                     yield chunk({"tool_calls": calls})
-                yield chunk({}, r.finish_reason, answer=r)
+                yield chunk({}, chat_finish(r.finish_reason), answer=r)
                 if include_usage:
                     usage = usage_json(r)
                     yield _sse(completion_object(cid, r.model, [], created=created, chunk=True, usage=usage))
