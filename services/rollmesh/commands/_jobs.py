@@ -304,6 +304,7 @@ class Followed:
     job: pb.Job
     interrupted: bool = False  # Ctrl-C / SIGTERM here: the job was cancelled
     lost: bool = False  # the scheduler stopped answering: the job may have been interrupted
+    metrics: pb.JobMetrics | None = None  # `rollmesh run` asks for them when the job ended here
 
 
 async def submit_and_follow(

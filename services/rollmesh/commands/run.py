@@ -96,10 +96,10 @@ def _run(
     # (e.g. Ray's raylet messages at shutdown) goes to stderr with the progress.
     with contextlib.redirect_stdout(sys.stderr):
         if scheduler:
-            outcome = run(_remote(scheduler, spec, api_key))
+            followed = run(_remote(scheduler, spec, api_key))
         else:
-            outcome = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
-    _report(outcome, as_json, scheduler)
+            followed = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
+    _report(followed, as_json, scheduler)
 
 
 def _refuse_ignored_flags(
@@ -127,20 +127,14 @@ def _refuse_ignored_flags(
         fail("--replicas counts the embedded vLLM replicas: a --base-url model is served by that server")
 
 
-class Outcome:
-    def __init__(self, followed: Followed, metrics: pb.JobMetrics | None) -> None:
-        self.followed, self.metrics = followed, metrics
-
-
-async def _follow(client: Client, spec: pb.JobSpec, scheduler: str = "") -> Outcome:
+async def _follow(client: Client, spec: pb.JobSpec, scheduler: str = "") -> Followed:
     followed = await submit_and_follow(client, spec, scheduler=scheduler)
-    metrics = None
     if not (followed.interrupted or followed.lost):
-        metrics = await client.scheduler.metrics(followed.job.job_id)
-    return Outcome(followed, metrics)
+        followed.metrics = await client.scheduler.metrics(followed.job.job_id)
+    return followed
 
 
-async def _remote(address: str, spec: pb.JobSpec, api_key: str) -> Outcome:
+async def _remote(address: str, spec: pb.JobSpec, api_key: str) -> Followed:
     async with await connect(scheduler=address, api_key=api_key, timeout_s=120) as c:
         return await _follow(c, spec, address)
 
@@ -153,7 +147,7 @@ async def _embedded(
     backend: str,
     replicas: int,
     api_key: str,
-) -> Outcome:
+) -> Followed:
     from rollmesh.gateway.config import GatewayConfig, ModelSpec, model_name_for
     from rollmesh.launch import embedded_mesh
     from rollmesh.mesh.config import read
@@ -184,14 +178,11 @@ async def _embedded(
             return await _follow(c, spec)
 
 
-def _report(outcome: Outcome, as_json: bool, scheduler: str) -> None:
-    job = outcome.followed.job
-    out_dir = Path(job.output_path) if job.output_path else None
-    paths: dict[str, Any] = {}
-    if out_dir is not None:
-        from rollmesh.scheduler.store import OUTPUT_FILES
+def _report(followed: Followed, as_json: bool, scheduler: str) -> None:
+    from rollmesh.scheduler.store import OUTPUT_FILES
 
-        paths = {name: str(out_dir / name) for name in OUTPUT_FILES}
+    job = followed.job
+    paths = {name: str(Path(job.output_path) / name) for name in OUTPUT_FILES} if job.output_path else {}
     if as_json:
         from rollmesh_client._scheduler import state_name
 
@@ -202,15 +193,15 @@ def _report(outcome: Outcome, as_json: bool, scheduler: str) -> None:
             "failure_summary": failure_summary_dicts(job),
             "paths": paths,
         }
-        if outcome.metrics is not None:
-            data["metrics"] = metrics_dict(outcome.metrics)
+        if followed.metrics is not None:
+            data["metrics"] = metrics_dict(followed.metrics)
         print_json(data)
     else:
-        if outcome.metrics is not None:
-            show_metrics(outcome.metrics, job)
+        if followed.metrics is not None:
+            show_metrics(followed.metrics, job)
         for name, p in paths.items():
             err.print(f"{name:>16}: {p}")
-    exit_for_followed(outcome.followed, scheduler)
+    exit_for_followed(followed, scheduler)
 
 
 def register(app: typer.Typer) -> None:
