@@ -223,8 +223,6 @@ class Gateway:
         staging = Path(cfg.weights_staging_dir or tempfile.gettempdir())
         self.uploads = WeightUploads(staging / "rollmesh-weights")
 
-    # -- lifecycle ---------------------------------------------------------------------------
-
     async def start(self) -> None:
         await asyncio.gather(*(m.backend.start() for m in self._models.values()))
 
@@ -236,8 +234,6 @@ class Gateway:
             if isinstance(r, Exception):
                 log.warning("backend_shutdown_failed", model=m.name, error=str(r))
         await self.uploads.close()
-
-    # -- lookups -----------------------------------------------------------------------------
 
     def _resolve(self, name: str) -> _Model:
         key = name or self.default_model
@@ -252,8 +248,6 @@ class Gateway:
 
     def _targets(self, name: str) -> list[_Model]:
         return list(self._models.values()) if not name else [self._resolve(name)]
-
-    # -- admin -------------------------------------------------------------------------------
 
     def set_policy_version(self, model: str, version: str) -> str:
         """Label later responses with `version`; returns the previous label (of the default model
@@ -462,8 +456,6 @@ class Gateway:
                 f"{self._route_count} routes registered; the limit is {self.max_routes}"
             )
 
-    # -- listing -----------------------------------------------------------------------------
-
     async def _status(self, name: str, m: _Model) -> ModelStatus:
         try:
             reported = await m.backend.replicas()
@@ -492,8 +484,6 @@ class Gateway:
         out = [await self._status(name, m) for name, m in self._models.items()]
         out += [await self._status(alias, self._models[target]) for alias, target in self._aliases.items()]
         return out
-
-    # -- generation --------------------------------------------------------------------------
 
     def _prepare(self, m: _Model, inp: GenerateInput, rid: str, *, stream: bool = True) -> _Prepared:
         if inp.messages and inp.prompt_token_ids:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator
 from typing import Any
@@ -54,13 +55,11 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         self, request: pb.GenerateRequest, context: Any
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
         stream = self._gw.generate_stream(convert.generate_from_pb(request), timeout_s=_timeout(context))
-        try:
+        async with contextlib.aclosing(stream):
             async for item in stream:
                 yield convert.stream_item_to_pb(item)
                 if isinstance(item, GenerateResult):
                     return
-        finally:
-            await stream.aclose()
 
     async def GenerateMany(
         self, request_iterator: AsyncIterator[pb.GenerateManyRequest], context: Any

@@ -104,6 +104,4 @@ class ContentStreamFilter:
     def finish(self, content: str) -> str:
         """The content not yet streamed, given the final parsed `content`."""
         streamed = "".join(self._raw)[: self._emitted]
-        if content.startswith(streamed):
-            return content[len(streamed) :]
-        return ""
+        return content[len(streamed) :] if content.startswith(streamed) else ""

@@ -53,13 +53,6 @@ from rollmesh.gateway.backends.base import (
     ModelCard,
     ReplicaStatus,
 )
-from rollmesh.gateway.errors import (
-    AnswerTooLarge,
-    ConnectFailed,
-    ConnectionBroke,
-    ConnectTimedOut,
-    ReadTimedOut,
-)
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import RollmeshError
@@ -133,17 +126,11 @@ class OpenAIBackend(ModelBackend):
 
     @property
     def card(self) -> ModelCard:
-        return ModelCard(
-            name=self.name,
-            backend="openai",
-            max_model_len=self._max_model_len,
-            extra={"base_url": self.base_url, "remote_model": self.remote_model},
-        )
+        return ModelCard(name=self.name, backend="openai", max_model_len=self._max_model_len)
 
     def _auth_headers(self) -> dict[str, str]:
-        if self._api_key:
-            return {"Content-Type": "application/json", "Authorization": f"Bearer {self._api_key}"}
-        return {"Content-Type": "application/json"}
+        auth = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        return {"Content-Type": "application/json", **auth}
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -236,6 +223,7 @@ class OpenAIBackend(ModelBackend):
             "temperature": s.temperature,
             "top_p": s.top_p,
             "max_tokens": s.max_tokens,
+            "return_token_ids": True,  # vLLM extension: prompt_token_ids + per-choice token_ids
         }
         if request.stream:
             body["stream"] = True
@@ -252,7 +240,6 @@ class OpenAIBackend(ModelBackend):
             body["top_k"] = s.top_k  # vLLM extension
         if s.ignore_eos:
             body["ignore_eos"] = True  # vLLM extension
-        body["return_token_ids"] = True  # vLLM extension: prompt_token_ids + per-choice token_ids
         if request.session_id:
             body["user"] = request.session_id
         return body
@@ -438,29 +425,27 @@ class OpenAIBackend(ModelBackend):
             out.append(EngineChunk(replica_id=self.replica_id, prompt_token_ids=prompt_ids))
         return out
 
-    # -- errors ------------------------------------------------------------------------------
-
     def _transport_error(self, exc: BaseException) -> RollmeshError:
         """The gateway error for a failure below HTTP (the connection, or the wait for bytes)."""
         where = self.base_url
-        if isinstance(exc, ConnectFailed):
+        if isinstance(exc, errors.ConnectFailed):
             self._healthy = False
             return errors.UpstreamUnreachable(f"{where}: {exc}", retry_after_s=1.0)
-        if isinstance(exc, ConnectTimedOut | aiohttp.ConnectionTimeoutError):
+        if isinstance(exc, errors.ConnectTimedOut | aiohttp.ConnectionTimeoutError):
             # aiohttp's is a TimeoutError too, but no answer was due
             return errors.UpstreamUnreachable(
                 f"{where}: no connection within {self._timeout.sock_connect:g} s (the server, or this "
                 "host, is overloaded or the address is unreachable)",
                 retry_after_s=1.0,
             )
-        if isinstance(exc, ReadTimedOut | TimeoutError):  # aiohttp's read timeouts too
+        if isinstance(exc, errors.ReadTimedOut | TimeoutError):  # aiohttp's read timeouts too
             return errors.UpstreamTimeout(
                 f"{where}: no answer within the read timeout ({self._timeout.sock_read:g} s)",
                 retry_after_s=1.0,
             )
-        if isinstance(exc, AnswerTooLarge):
+        if isinstance(exc, errors.AnswerTooLarge):
             return errors.UpstreamBadResponse(f"{where}: {exc}")
-        if isinstance(exc, ConnectionBroke):
+        if isinstance(exc, errors.ConnectionBroke):
             return errors.UpstreamStreamDropped(f"{where}: the connection broke: {exc}", retry_after_s=1.0)
         if isinstance(exc, aiohttp.ClientConnectorError):
             self._healthy = False
@@ -500,8 +485,6 @@ class OpenAIBackend(ModelBackend):
         raise errors.UpstreamRejected(
             f"{where} rejected the request (HTTP {status}): {message}", metadata=meta
         )
-
-    # -- control -----------------------------------------------------------------------------
 
     async def abort(self, request_id: str) -> bool:
         if request_id not in self._running:

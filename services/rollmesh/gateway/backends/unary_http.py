@@ -105,9 +105,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ConnectionBroke(f"the answer is not HTTP/1.1: {exc}"))
 
-    def eof_received(self) -> bool | None:
-        return None  # close the transport: connection_lost follows
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.reusable = False
         self.transport = None

@@ -10,6 +10,7 @@ closes the gateway's generation (which aborts the engine request).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -103,12 +104,10 @@ async def response_events(
     """The Responses API stream: created, in_progress, the message item's text deltas, then each
     function call item, then `response.completed` carrying the same object a unary call returns."""
     rid = f"resp_{uuid.uuid4().hex}"
-    seq = 0
+    seq = itertools.count()
 
     def event(kind: str, **fields: Any) -> bytes:
-        nonlocal seq
-        seq += 1
-        return _event({"type": kind, "sequence_number": seq - 1, **fields})
+        return _event({"type": kind, "sequence_number": next(seq), **fields})
 
     shell = response_shell(rid, model, body)
     yield event("response.created", response=shell)
@@ -118,6 +117,11 @@ async def response_events(
     opened = False
 
     def open_message() -> list[bytes]:
+        """The message item's opening events, the first time only."""
+        nonlocal opened
+        if opened:
+            return []
+        opened = True
         item = {"type": "message", "id": msg_id, "role": "assistant", "status": "in_progress", "content": []}
         part = {"type": "output_text", "text": "", "annotations": []}
         return [
@@ -133,11 +137,9 @@ async def response_events(
                 final = response_object(item, body, session_id)
                 final["id"] = rid
                 rest_text = filt.finish(item.message.content)
-                has_message = any(o["type"] == "message" for o in final["output"])
-                if has_message and not opened:
+                if any(o["type"] == "message" for o in final["output"]):
                     for b in open_message():
                         yield b
-                    opened = True
                 if rest_text and opened:
                     yield event("response.output_text.delta", **where, delta=rest_text, logprobs=[])
                 for index, out in enumerate(final["output"]):
@@ -169,10 +171,8 @@ async def response_events(
                 break
             text = filt.feed(item.text)
             if text:
-                if not opened:
-                    for b in open_message():
-                        yield b
-                    opened = True
+                for b in open_message():
+                    yield b
                 yield event("response.output_text.delta", **where, delta=text, logprobs=[])
             item = await anext(rest, None)
     except RollmeshError as exc:
