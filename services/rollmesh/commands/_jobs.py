@@ -1,7 +1,8 @@
 """What `rollmesh jobs submit` and `rollmesh run` share: one set of job options, the JobSpec built
 from them, and one submit-and-follow path (`submit_and_follow`: submit, say whether a job was
-resumed, a live progress bar; Ctrl-C/SIGTERM cancels the job; a scheduler that goes away is
-reported with the job id and the exact command that resumes it), and the final metrics table."""
+resumed, a live progress bar; Ctrl-C/SIGTERM cancels the job, what was written stays; a scheduler
+that goes away is reported with the job id and the exact command that resumes it), and the final
+metrics table."""
 
 from __future__ import annotations
 
@@ -310,9 +311,8 @@ class Followed:
 async def submit_and_follow(
     client: Client, spec: pb.JobSpec, *, request_id: str = "", scheduler: str = ""
 ) -> Followed:
-    """Submit, follow with a progress bar until the job ends. Ctrl-C/SIGTERM cancels the job (what
-    was written stays); a scheduler that stops answering ends the wait with the resume command.
-    `scheduler`: the address given on the command line (it goes into the resume command)."""
+    """Submit and follow (the module's contract); `scheduler`: the address given on the command
+    line (it goes into the resume command)."""
     handle = await client.scheduler.submit(spec, request_id=request_id)
     job = handle.last
     if spec.resume_latest:

@@ -81,7 +81,6 @@ async def embedded_mesh(
     catalog = Catalog.from_config(RootsConfig.from_env())
     install_sys_path(catalog.roots)
     async with AsyncExitStack() as stack:
-        # The model backend (Ray, replicas, engine load) takes longest: it starts first.
         on_phase(backend_phase(gateway_cfg))
         backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
         gateway = Gateway(backends, gateway_cfg, backend_factory=create_backend)
@@ -112,8 +111,6 @@ async def embedded_mesh(
         await _start(stack, mesh, "verifier", verifier_servicer, api_key)
 
         on_phase("starting scheduler")
-        # The scheduler calls the gateway and verifier of this process in-process (their servicers,
-        # without the gRPC hop); their gRPC servers above are for everyone else.
         model = GatewayModel.in_process(gateway_servicer)
         stack.push_async_callback(model.close)
         env = VerifierEnv.in_process(verifier_servicer)

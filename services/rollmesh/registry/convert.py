@@ -12,9 +12,7 @@ _KIND_TO_PB = {k: pb.ArtifactKind.Value(f"ARTIFACT_KIND_{k.name}") for k in Kind
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
 
 
-def kind_from_pb(value: int, *, allow_unspecified: bool = False) -> Kind | None:
-    if value == pb.ARTIFACT_KIND_UNSPECIFIED and allow_unspecified:
-        return None
+def kind_from_pb(value: int) -> Kind:
     try:
         return _PB_TO_KIND[pb.ArtifactKind.ValueType(value)]
     except KeyError:

@@ -28,7 +28,8 @@ class RegistryServicer(pb_grpc.ArtifactRegistryServicer):
         )
 
     async def ListArtifacts(self, request: pb.ListArtifactsRequest, context: Any) -> pb.ListArtifactsResponse:
-        kind = convert.kind_from_pb(request.kind, allow_unspecified=True)
+        unspecified = request.kind == pb.ARTIFACT_KIND_UNSPECIFIED
+        kind = None if unspecified else convert.kind_from_pb(request.kind)
         rows = await asyncio.to_thread(self._catalog.list_artifacts, kind)
         items, token = page(rows, request.page_size, request.page_token)
         return pb.ListArtifactsResponse(
@@ -39,7 +40,6 @@ class RegistryServicer(pb_grpc.ArtifactRegistryServicer):
         self, request: pb.ResolveArtifactRequest, context: Any
     ) -> pb.ResolveArtifactResponse:
         kind = convert.kind_from_pb(request.kind)
-        assert kind is not None
         resolved = await asyncio.to_thread(self._catalog.resolve, kind, request.name)
         return pb.ResolveArtifactResponse(artifact=convert.resolved_to_pb(resolved))
 
@@ -47,12 +47,10 @@ class RegistryServicer(pb_grpc.ArtifactRegistryServicer):
         self, request: pb.ReadArtifactRequest, context: Any
     ) -> AsyncIterator[pb.ReadArtifactResponse]:
         kind = convert.kind_from_pb(request.kind)
-        assert kind is not None
         chunk = min(max(request.chunk_size or DEFAULT_CHUNK, MIN_CHUNK), MAX_CHUNK)
         resolved = await asyncio.to_thread(self._catalog.resolve, kind, request.name)
         if request.file:
-            located = self._catalog.locate(kind, request.name)
-            path = await asyncio.to_thread(self._catalog.file_in, located, request.file)
+            path = await asyncio.to_thread(self._catalog.file_in, resolved, request.file)
             files: list[tuple[str, Path]] = [(request.file, path)]
         elif resolved.is_dir:
             files = [(rel, resolved.path / rel) for rel in resolved.files]
