@@ -81,9 +81,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except RollmeshClientError as exc:
-        hint = ""
-        if exc.code.name == "UNAVAILABLE":
-            hint = " (is the service running? `rollmesh status` shows the mesh)"
+        unavailable = exc.code.name == "UNAVAILABLE"
+        hint = " (is the service running? `rollmesh status` shows the mesh)" if unavailable else ""
         fail(f"{exc}{hint}", code=EXIT_USAGE if exc.code.name in _USER_CODES else EXIT_ERROR)
     except RollmeshError as exc:
         fail(
