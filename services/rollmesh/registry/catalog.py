@@ -184,13 +184,9 @@ def iter_files(folder: Path, root: Path) -> Iterator[str]:
 
 
 def file_digest(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
+    """sha256 (hex) and size of the bytes read, in one pass."""
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+        return hashlib.file_digest(f, "sha256").hexdigest(), f.tell()
 
 
 def read_chunks(path: Path, chunk_size: int) -> Iterator[tuple[int, bytes]]:
