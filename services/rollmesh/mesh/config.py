@@ -216,16 +216,16 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("ROLLMESH_VLLM_MAX_MODEL_LEN", 0, "vLLM max_model_len (0: the model's own)."),
         EnvVar("ROLLMESH_SERVE_STARTUP_TIMEOUT", 900.0, "Seconds to wait for every replica healthy."),
         # The environment verifier (read once into rollmesh.verifier.config.VerifierConfig).
-        EnvVar("ROLLMESH_VERIFIER_SESSION_TTL_S", 600.0, "Verifier: idle seconds before a session expires."),
-        EnvVar("ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, "Verifier: open sessions allowed at once."),
-        EnvVar("ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, "Verifier: seconds one Verify may take."),
-        EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, "Verifier: worker processes for CPU-bound checks."),
         EnvVar(
             "ROLLMESH_VERIFIER_BATCH_CONCURRENCY",
             1024,
             "Verifier: items in flight per VerifyBatch stream (the scheduler sends a job's verifications "
             "over one).",
         ),
+        EnvVar("ROLLMESH_VERIFIER_SESSION_TTL_S", 600.0, "Verifier: idle seconds before a session expires."),
+        EnvVar("ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, "Verifier: open sessions allowed at once."),
+        EnvVar("ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, "Verifier: seconds one Verify may take."),
+        EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, "Verifier: worker processes for CPU-bound checks."),
         EnvVar("ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, "Verifier: seconds per math-verify check."),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_JUDGE",
