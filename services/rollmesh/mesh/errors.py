@@ -8,6 +8,7 @@ client gets a short message.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
@@ -17,10 +18,16 @@ DOMAIN = "rollmesh.dev"
 
 
 class RollmeshError(Exception):
-    """Base of every error a service reports to its callers."""
+    """Base of every error a service reports to its callers. A subclass given `code=` (the classes
+    below, one per status code) reports that code, with the code's name as its reason."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
+
+    def __init_subclass__(cls, code: grpc.StatusCode | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code, cls.reason = code, code.name
 
     def __init__(
         self,
@@ -38,40 +45,31 @@ class RollmeshError(Exception):
             self.reason = reason
 
 
-class InvalidArgument(RollmeshError):
-    code, reason = grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"
+class InvalidArgument(RollmeshError, code=grpc.StatusCode.INVALID_ARGUMENT): ...
 
 
-class NotFound(RollmeshError):
-    code, reason = grpc.StatusCode.NOT_FOUND, "NOT_FOUND"
+class NotFound(RollmeshError, code=grpc.StatusCode.NOT_FOUND): ...
 
 
-class AlreadyExists(RollmeshError):
-    code, reason = grpc.StatusCode.ALREADY_EXISTS, "ALREADY_EXISTS"
+class AlreadyExists(RollmeshError, code=grpc.StatusCode.ALREADY_EXISTS): ...
 
 
-class FailedPrecondition(RollmeshError):
-    code, reason = grpc.StatusCode.FAILED_PRECONDITION, "FAILED_PRECONDITION"
+class FailedPrecondition(RollmeshError, code=grpc.StatusCode.FAILED_PRECONDITION): ...
 
 
-class ResourceExhausted(RollmeshError):
-    code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, "RESOURCE_EXHAUSTED"
+class ResourceExhausted(RollmeshError, code=grpc.StatusCode.RESOURCE_EXHAUSTED): ...
 
 
-class Unavailable(RollmeshError):
-    code, reason = grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE"
+class Unavailable(RollmeshError, code=grpc.StatusCode.UNAVAILABLE): ...
 
 
-class DeadlineExceeded(RollmeshError):
-    code, reason = grpc.StatusCode.DEADLINE_EXCEEDED, "DEADLINE_EXCEEDED"
+class DeadlineExceeded(RollmeshError, code=grpc.StatusCode.DEADLINE_EXCEEDED): ...
 
 
-class Unauthenticated(RollmeshError):
-    code, reason = grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"
+class Unauthenticated(RollmeshError, code=grpc.StatusCode.UNAUTHENTICATED): ...
 
 
-class Internal(RollmeshError):
-    code, reason = grpc.StatusCode.INTERNAL, "INTERNAL"
+class Internal(RollmeshError, code=grpc.StatusCode.INTERNAL): ...
 
 
 def to_status(exc: RollmeshError) -> status_pb2.Status:
