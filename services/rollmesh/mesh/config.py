@@ -216,14 +216,14 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar("ROLLMESH_VLLM_MAX_MODEL_LEN", 0, "vLLM max_model_len (0: the model's own)."),
         EnvVar("ROLLMESH_SERVE_STARTUP_TIMEOUT", 900.0, "Seconds to wait for every replica healthy."),
         # The environment verifier (read once into rollmesh.verifier.config.VerifierConfig).
+        EnvVar("ROLLMESH_VERIFIER_SESSION_TTL_S", 600.0, "Verifier: idle seconds before a session expires."),
+        EnvVar("ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, "Verifier: open sessions allowed at once."),
         EnvVar(
             "ROLLMESH_VERIFIER_BATCH_CONCURRENCY",
             1024,
             "Verifier: items in flight per VerifyBatch stream (the scheduler sends a job's verifications "
             "over one).",
         ),
-        EnvVar("ROLLMESH_VERIFIER_SESSION_TTL_S", 600.0, "Verifier: idle seconds before a session expires."),
-        EnvVar("ROLLMESH_VERIFIER_MAX_SESSIONS", 10000, "Verifier: open sessions allowed at once."),
         EnvVar("ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, "Verifier: seconds one Verify may take."),
         EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, "Verifier: worker processes for CPU-bound checks."),
         EnvVar("ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, "Verifier: seconds per math-verify check."),
@@ -251,12 +251,12 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY", 4, "Verifier: code sandboxes running at once."),
         EnvVar("ROLLMESH_VERIFIER_SANDBOX_WALL_S", 10.0, "Verifier: wall-clock seconds per sandboxed run."),
-        EnvVar("ROLLMESH_VERIFIER_SANDBOX_CPU_S", 5, "Verifier: CPU seconds per sandboxed run (RLIMIT_CPU)."),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB",
             512,
             "Verifier: address space per sandboxed run (RLIMIT_AS).",
         ),
+        EnvVar("ROLLMESH_VERIFIER_SANDBOX_CPU_S", 5, "Verifier: CPU seconds per sandboxed run (RLIMIT_CPU)."),
         EnvVar("ROLLMESH_VERIFIER_SANDBOX_NPROC", 32, "Verifier: processes per sandbox user (RLIMIT_NPROC)."),
         EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB",
