@@ -92,10 +92,8 @@ class Task:
     @property
     def prompt(self) -> str:
         """The text of the last user message ("" when none)."""
-        for msg in reversed(self.input_messages):
-            if msg.get("role") == "user":
-                return content_text(msg.get("content"))
-        return ""
+        users = (m for m in reversed(self.input_messages) if m.get("role") == "user")
+        return next((content_text(m.get("content")) for m in users), "")
 
 
 @dataclass(frozen=True)
@@ -111,20 +109,16 @@ class Response:
     @property
     def final_text(self) -> str:
         """The content of the last assistant message ("" when none)."""
-        for msg in reversed(self.messages):
-            if msg.role == "assistant":
-                return msg.content
-        return ""
+        return next((m.content for m in reversed(self.messages) if m.role == "assistant"), "")
 
     @property
     def tool_calls(self) -> list[ToolCall]:
         return [c for m in self.messages if m.role == "assistant" for c in m.tool_calls]
 
     def tool_output(self, call_id: str) -> str | None:
-        for m in self.messages:
-            if m.role == "tool" and m.tool_call_id == call_id:
-                return m.content
-        return None
+        return next(
+            (m.content for m in self.messages if m.role == "tool" and m.tool_call_id == call_id), None
+        )
 
 
 @dataclass
