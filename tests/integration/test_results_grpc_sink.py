@@ -144,27 +144,62 @@ async def test_group_complete_delivery_with_a_window_smaller_than_a_group(
         assert abs(float(adv[batch.group_ids == gid].sum())) < 1e-5  # GRPO: zero mean per group
 
 
-async def test_groups_a_close_releases_reach_a_trainer_busier_than_the_close_waits(
+async def test_groups_the_end_releases_reach_a_trainer_busier_than_the_close_waits(
     make_server: type[SinkServer],
 ) -> None:
-    """Held rollouts are acknowledged on arrival; the close releases partial groups. With the
-    trainer's queue full (a long training step) the scheduler stopped waiting for the stream's end
-    and cancelled it, losing the groups and the close: the job SUCCEEDED, the trainer never got
-    (1, 0) and (2, 0), and its `until_closed` loop never ended."""
+    """Held rollouts wait for their group; the end releases partial groups. With the trainer's queue
+    full (a long training step) the scheduler stopped waiting for the stream's end and cancelled it,
+    losing the groups and the close: the job SUCCEEDED, the trainer never got (1, 0) and (2, 0), and
+    its `until_closed` loop never ended. Held is not consumed: the close now waits for them."""
     server = await make_server(window=1, group_complete=True, group_size=2).start()
-    sink = GrpcSink(server.address, window=4, rpc_timeout_s=1)
+    sink = GrpcSink(server.address, window=4, rpc_timeout_s=1, drain_timeout_s=30)
     await sink.open("job1", total=6, spec={"num_repeats": 2})
     await sink.write(rollout(0, 0))
     await sink.write_failure(RolloutFailure(RolloutKey(0, 1), "job1", "UNAVAILABLE", "down", 3))
     await sink.write(rollout(1, 0))  # held: its partner never comes
     await sink.write(rollout(2, 0))
-    await sink.close(state="succeeded", metrics=None)  # every rollout is acknowledged
-    deadline = asyncio.get_running_loop().time() + 30
-    while "job1" in server._streams:  # the trainer's end of the stream is over too
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
-    got = await asyncio.wait_for(collect(server), timeout=10)
+    closing = asyncio.create_task(sink.close(state="succeeded", metrics=None))
+    await asyncio.wait({closing}, timeout=2 * sink.rpc_timeout_s)  # the trainer is busy meanwhile
+    assert not closing.done()  # (1, 0) and (2, 0) are owed
+    got = await asyncio.wait_for(collect(server), timeout=30)
+    await asyncio.wait_for(closing, timeout=30)
     assert [r.key for r in got] == [(0, 0), (1, 0), (2, 0)]
+    assert server.stats.closed_states == ["JOB_STATE_SUCCEEDED"]
+
+
+async def test_a_trainer_that_dies_before_consuming_a_held_group_leaves_the_job_unfinished(
+    make_server: type[SinkServer],
+) -> None:
+    """Held rollouts were acknowledged on arrival for good: a last group completed by a failure was
+    all acknowledged before the trainer had it, the close said SUCCEEDED, and a trainer that died in
+    that step lost it. Now a held rollout is acknowledged once its group is consumed."""
+    server = await make_server(window=8, group_complete=True, group_size=2).start()
+    sink = GrpcSink(server.address, window=4, drain_timeout_s=30)
+    await sink.open("job1", total=4, spec={"num_repeats": 2})
+    batches: list[list[tuple[int, int]]] = []
+    stepping = asyncio.Event()
+
+    async def trainer() -> None:
+        async for batch in server.batches(2, until_closed=True):
+            batches.append([r.key for r in batch])
+            if len(batches) == 2:
+                stepping.set()
+                await asyncio.Event().wait()  # the last optimizer step, in which the trainer dies
+
+    consumer = asyncio.create_task(trainer())
+    for i in range(2):
+        await sink.write(rollout(0, i))
+    await sink.write(rollout(1, 0))
+    await sink.write_failure(RolloutFailure(RolloutKey(1, 1), "job1", "UNAVAILABLE", "down", 3))
+    closing = asyncio.create_task(sink.close(state="succeeded", metrics=None))
+    await asyncio.wait_for(stepping.wait(), timeout=30)
+    assert batches == [[(0, 0), (0, 1)], [(1, 0)]]
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    await server.stop(grace=0)
+    with pytest.raises(SinkUnavailable, match="1 rollouts sent were never acknowledged"):
+        await asyncio.wait_for(closing, timeout=30)
+    assert server.stats.closed_states == []
 
 
 async def test_stale_rollouts_are_dropped_and_not_committed(make_server: type[SinkServer]) -> None:

@@ -18,10 +18,12 @@ bound. Breaking out of a loop leaves the last item unacknowledged (call `ack()` 
 
 Group-complete delivery (`group_complete=True`): all repeats of a task arrive together (the
 group size is `group_size`, else the job's `num_repeats` from SinkOpen; repeats the trainer had
-already consumed, failed repeats and stale drops shrink a group; on SinkClose partial groups are
-delivered). So that groups filled out of order cannot deadlock against the window, rollouts
-waiting in an incomplete group are acknowledged on arrival (up to `max_held`; beyond that they
-wait like the rest); they become committed only when the whole group is consumed.
+already consumed, failed repeats and stale drops shrink a group; on SinkEnd or SinkClose partial
+groups are delivered). So that groups filled out of order cannot deadlock against the window,
+rollouts waiting in an incomplete group are reported `held` on arrival (up to `max_held`; beyond
+that they wait like the rest): out of the scheduler's window, but still owed an acknowledgement,
+sent, and committed, only when the whole group is consumed (a scheduler that sends no SinkEnd, an
+older one, gets them acknowledged on arrival).
 
 Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
 weight sync. A rollout's version is the oldest of its turns. Its staleness is
@@ -171,8 +173,11 @@ class _Stream:
     window: int = 0
     group_size: int = 1
     unacked: set[Key] = field(default_factory=set)
-    pending_acks: list[Key] = field(default_factory=list)
-    pending_stale: list[Key] = field(default_factory=list)  # of pending_acks: dropped as stale
+    # The next ConsumeResponse's keys by field: acked (dropped_stale: those of them dropped as stale),
+    # held (waiting for their group: out of the window, owed an ack; to a scheduler that sends_end).
+    pending: dict[str, list[Key]] = field(
+        default_factory=lambda: {"acked": [], "dropped_stale": [], "held": []}
+    )
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     done: bool = False
     error: str = ""
@@ -182,12 +187,12 @@ class _Stream:
     sends_end: bool = False  # the scheduler sends SinkEnd: a batch's acks can wait for its consumption
     ending: asyncio.Task[None] | None = None
 
-    def ack(self, keys: Iterable[Key], *, stale: bool = False) -> None:
+    def ack(self, keys: Iterable[Key], *, stale: bool = False, held: bool = False) -> None:
         for k in keys:
-            self.pending_acks.append(k)
+            self.pending["held" if held else "acked"].append(k)
             self.unacked.discard(k)
             if stale:
-                self.pending_stale.append(k)
+                self.pending["dropped_stale"].append(k)
         self.wake.set()
 
 
@@ -444,13 +449,10 @@ class SinkServer:
             while True:
                 await st.wake.wait()
                 st.wake.clear()
-                if st.pending_acks:
-                    (keys, st.pending_acks), (stale, st.pending_stale) = (
-                        (st.pending_acks, []),
-                        (st.pending_stale, []),
-                    )
-                    yield sink_pb2.ConsumeResponse(acked=_keys_pb(keys), dropped_stale=_keys_pb(stale))
-                if st.done and not st.pending_acks:
+                if any(st.pending.values()):
+                    out, st.pending = st.pending, {name: [] for name in st.pending}
+                    yield sink_pb2.ConsumeResponse(**{name: _keys_pb(keys) for name, keys in out.items()})
+                if st.done and not any(st.pending.values()):
                     if st.error:
                         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, st.error)
                     return
@@ -533,8 +535,8 @@ class SinkServer:
             self._track(st, key)
             await self._release(st, task)
         elif len(st.held) < self.max_held:
-            st.held.add(key)  # waits for its group: acknowledged now so the window keeps moving
-            st.ack([key])
+            st.held.add(key)  # waits for its group: out of the window now so it keeps moving
+            st.ack([key], held=st.sends_end)  # an older scheduler knows no `held`: acknowledged
         else:
             self._track(st, key)
 

@@ -78,6 +78,7 @@ class GrpcSink(Sink):
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._unacked: dict[RolloutKey, float] = {}  # sent and not acknowledged: key -> reward
+        self._held: dict[RolloutKey, float] = {}  # held by the trainer for their group: out of the window
         self._cond = asyncio.Condition()
         self._error: BaseException | None = None
         self._send_lock = asyncio.Lock()
@@ -183,12 +184,12 @@ class GrpcSink(Sink):
                     await self._send(sink_pb2.ConsumeRequest(end=sink_pb2.SinkEnd()))
                 try:
                     async with asyncio.timeout(self.drain_timeout_s), self._cond:
-                        await self._cond.wait_for(lambda: self._error is not None or not self._unacked)
+                        await self._cond.wait_for(lambda: self._error is not None or not self._owed())
                 except TimeoutError:
-                    log.warning("sink_drain_timeout", job_id=self._job_id, unacked=len(self._unacked))
+                    log.warning("sink_drain_timeout", job_id=self._job_id, unacked=self._owed())
             if self._error is None:
                 # Rollouts still unacked (the trainer stalled past drain_timeout_s): not delivered.
-                close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if self._unacked else state))
+                close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if self._owed() else state))
                 if metrics is not None:
                     close.metrics.CopyFrom(convert.metrics_to_pb(metrics))
                 await self._send(sink_pb2.ConsumeRequest(close=close))
@@ -202,7 +203,7 @@ class GrpcSink(Sink):
                 job_id=self._job_id,
                 state=state,
                 acked=self.acked,
-                unacked=len(self._unacked),
+                unacked=self._owed(),
                 max_unacked=self.max_unacked_seen,
             )
         finally:
@@ -213,13 +214,17 @@ class GrpcSink(Sink):
                 self._call.cancel()
             if self._own_channel:
                 await self._channel.close()
-        if self._unacked and convert.state_to_pb(state) in _SUCCESS:
+        if self._owed() and convert.state_to_pb(state) in _SUCCESS:
             cause = _describe(self._error) if self._error is not None else "no ack within drain_timeout_s"
             raise SinkUnavailable(
-                f"trainer sink {self.address}: {len(self._unacked)} rollouts sent were never acknowledged "
+                f"trainer sink {self.address}: {self._owed()} rollouts sent were never acknowledged "
                 f"({cause}); they are not committed, and a resume sends them again",
-                metadata={"unacked": str(len(self._unacked))},
+                metadata={"unacked": str(self._owed())},
             )
+
+    def _owed(self) -> int:
+        """Rollouts sent that the trainer has not consumed: in the window, or held for their group."""
+        return len(self._unacked) + len(self._held)
 
     async def _send(self, req: sink_pb2.ConsumeRequest) -> None:
         if self._call is None:
@@ -247,13 +252,18 @@ class GrpcSink(Sink):
                     if not self._closed:
                         await self._fail(ConnectionError("the trainer ended the Consume stream"))
                     return
-                keys = {convert.key_from_pb(k) for k in resp.acked} & self._unacked.keys()
-                if keys:  # acks of keys not waiting (unknown, repeated) are no sign of progress
+                held = {convert.key_from_pb(k) for k in resp.held} & self._unacked.keys()
+                keys = {convert.key_from_pb(k) for k in resp.acked} & (
+                    self._unacked.keys() | self._held.keys()
+                )
+                if keys or held:  # acks of keys not waiting (unknown, repeated) are no sign of progress
                     self._last_ack = time.monotonic()
                 stale = {convert.key_from_pb(k) for k in resp.dropped_stale} & keys
                 async with self._cond:
+                    for key in held:  # out of the window, still owed an ack
+                        self._held[key] = self._unacked.pop(key)
                     for key in keys:
-                        reward = self._unacked.pop(key)
+                        reward = self._unacked.pop(key) if key in self._unacked else self._held.pop(key)
                         if key in stale and self.on_stale_dropped is not None:
                             self.on_stale_dropped(reward)
                     self.acked += len(keys)
@@ -271,7 +281,7 @@ class GrpcSink(Sink):
     def _raise_if_broken(self) -> None:
         if self._error is not None:
             raise SinkUnavailable(
-                f"trainer sink {self.address} stream broke with {len(self._unacked)} rollouts "
+                f"trainer sink {self.address} stream broke with {self._owed()} rollouts "
                 f"unacknowledged: {_describe(self._error)}"
             )
 

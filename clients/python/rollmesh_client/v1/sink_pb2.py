@@ -26,7 +26,7 @@ from rollmesh_client.v1 import scheduler_pb2 as rollmesh_dot_v1_dot_scheduler__p
 from rollmesh_client.v1 import common_pb2 as rollmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rollmesh/v1/sink.proto\x12\x0brollmesh.v1\x1a\x1brollmesh/v1/scheduler.proto\x1a\x18rollmesh/v1/common.proto\"\xe6\x01\n\x0e\x43onsumeRequest\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.rollmesh.v1.SinkOpenH\x00\x12\'\n\x07rollout\x18\x02 \x01(\x0b\x32\x14.rollmesh.v1.RolloutH\x00\x12.\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1b.rollmesh.v1.RolloutFailureH\x00\x12\'\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x16.rollmesh.v1.SinkCloseH\x00\x12#\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x14.rollmesh.v1.SinkEndH\x00\x42\x06\n\x04item\"p\n\x08SinkOpen\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.rollmesh.v1.JobSpec\x12\r\n\x05total\x18\x03 \x01(\x03\x12\x0e\n\x06window\x18\x04 \x01(\x05\x12\x11\n\tsends_end\x18\x05 \x01(\x08\"\t\n\x07SinkEnd\"[\n\tSinkClose\x12(\n\x07metrics\x18\x01 \x01(\x0b\x32\x17.rollmesh.v1.JobMetrics\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.rollmesh.v1.JobState\"i\n\x0f\x43onsumeResponse\x12&\n\x05\x61\x63ked\x18\x01 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey\x12.\n\rdropped_stale\x18\x02 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey\"&\n\x14ListCommittedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x15ListCommittedResponse\x12%\n\x04keys\x18\x01 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey2\xaf\x01\n\x0bRolloutSink\x12H\n\x07\x43onsume\x12\x1b.rollmesh.v1.ConsumeRequest\x1a\x1c.rollmesh.v1.ConsumeResponse(\x01\x30\x01\x12V\n\rListCommitted\x12!.rollmesh.v1.ListCommittedRequest\x1a\".rollmesh.v1.ListCommittedResponseB\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rollmesh/v1/sink.proto\x12\x0brollmesh.v1\x1a\x1brollmesh/v1/scheduler.proto\x1a\x18rollmesh/v1/common.proto\"\xe6\x01\n\x0e\x43onsumeRequest\x12%\n\x04open\x18\x01 \x01(\x0b\x32\x15.rollmesh.v1.SinkOpenH\x00\x12\'\n\x07rollout\x18\x02 \x01(\x0b\x32\x14.rollmesh.v1.RolloutH\x00\x12.\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x1b.rollmesh.v1.RolloutFailureH\x00\x12\'\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x16.rollmesh.v1.SinkCloseH\x00\x12#\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x14.rollmesh.v1.SinkEndH\x00\x42\x06\n\x04item\"p\n\x08SinkOpen\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\"\n\x04spec\x18\x02 \x01(\x0b\x32\x14.rollmesh.v1.JobSpec\x12\r\n\x05total\x18\x03 \x01(\x03\x12\x0e\n\x06window\x18\x04 \x01(\x05\x12\x11\n\tsends_end\x18\x05 \x01(\x08\"\t\n\x07SinkEnd\"[\n\tSinkClose\x12(\n\x07metrics\x18\x01 \x01(\x0b\x32\x17.rollmesh.v1.JobMetrics\x12$\n\x05state\x18\x02 \x01(\x0e\x32\x15.rollmesh.v1.JobState\"\x90\x01\n\x0f\x43onsumeResponse\x12&\n\x05\x61\x63ked\x18\x01 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey\x12.\n\rdropped_stale\x18\x02 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey\x12%\n\x04held\x18\x03 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey\"&\n\x14ListCommittedRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x15ListCommittedResponse\x12%\n\x04keys\x18\x01 \x03(\x0b\x32\x17.rollmesh.v1.RolloutKey2\xaf\x01\n\x0bRolloutSink\x12H\n\x07\x43onsume\x12\x1b.rollmesh.v1.ConsumeRequest\x1a\x1c.rollmesh.v1.ConsumeResponse(\x01\x30\x01\x12V\n\rListCommitted\x12!.rollmesh.v1.ListCommittedRequest\x1a\".rollmesh.v1.ListCommittedResponseB\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,12 +42,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SINKEND']._serialized_end=450
   _globals['_SINKCLOSE']._serialized_start=452
   _globals['_SINKCLOSE']._serialized_end=543
-  _globals['_CONSUMERESPONSE']._serialized_start=545
-  _globals['_CONSUMERESPONSE']._serialized_end=650
-  _globals['_LISTCOMMITTEDREQUEST']._serialized_start=652
-  _globals['_LISTCOMMITTEDREQUEST']._serialized_end=690
-  _globals['_LISTCOMMITTEDRESPONSE']._serialized_start=692
-  _globals['_LISTCOMMITTEDRESPONSE']._serialized_end=754
-  _globals['_ROLLOUTSINK']._serialized_start=757
-  _globals['_ROLLOUTSINK']._serialized_end=932
+  _globals['_CONSUMERESPONSE']._serialized_start=546
+  _globals['_CONSUMERESPONSE']._serialized_end=690
+  _globals['_LISTCOMMITTEDREQUEST']._serialized_start=692
+  _globals['_LISTCOMMITTEDREQUEST']._serialized_end=730
+  _globals['_LISTCOMMITTEDRESPONSE']._serialized_start=732
+  _globals['_LISTCOMMITTEDRESPONSE']._serialized_end=794
+  _globals['_ROLLOUTSINK']._serialized_start=797
+  _globals['_ROLLOUTSINK']._serialized_end=972
 # @@protoc_insertion_point(module_scope)

@@ -74,8 +74,9 @@ class SinkOpen(_message.Message):
     """The scheduler's window (maximum unacknowledged)."""
     sends_end: _builtins.bool
     """This scheduler sends a SinkEnd once the run's last rollout or failure is
-    sent, before it waits for the last acknowledgements: the sink may hold the
-    acknowledgements of a partial batch until the trainer has consumed it.
+    sent, before it waits for the last acknowledgements, and reads
+    ConsumeResponse.held: the sink may hold the acknowledgements of a partial
+    batch or a held group until the trainer has consumed it.
     """
     @_builtins.property
     def spec(self) -> _scheduler_pb2.JobSpec: ...
@@ -145,6 +146,7 @@ class ConsumeResponse(_message.Message):
 
     ACKED_FIELD_NUMBER: _builtins.int
     DROPPED_STALE_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def acked(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RolloutKey]:
         """Keys consumed since the last response."""
@@ -156,15 +158,23 @@ class ConsumeResponse(_message.Message):
         by the job as stale_dropped, not succeeded.
         """
 
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RolloutKey]:
+        """Keys received and held (a group waiting for its other repeats): out of the
+        window, so it keeps moving, but not consumed: each is acknowledged in
+        `acked` later. Sent only to a scheduler whose SinkOpen says sends_end.
+        """
+
     def __init__(
         self,
         *,
         acked: _abc.Iterable[_common_pb2.RolloutKey] | None = ...,
         dropped_stale: _abc.Iterable[_common_pb2.RolloutKey] | None = ...,
+        held: _abc.Iterable[_common_pb2.RolloutKey] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "dropped_stale", b"dropped_stale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked", b"acked", "dropped_stale", b"dropped_stale", "held", b"held"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
