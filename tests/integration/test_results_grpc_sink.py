@@ -714,11 +714,12 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
 
 
 async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succeeded(
-    make_server: type[SinkServer], tmp_path: Path
+    make_server: type[SinkServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A rollout the trainer dropped for max_staleness (acknowledged, never consumed nor committed)
     counted as succeeded in the job's progress, its reward in mean_reward: now it is stale_dropped,
     in GetJob's progress, job.json and `rollmesh jobs status`."""
+    from rollmesh.commands.jobs import _show
     from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
     from rollmesh.scheduler.job_convert import job_to_pb
     from rollmesh.scheduler.manager import JobManager
@@ -749,8 +750,13 @@ async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succee
         await mgr.aclose()
     assert done.state == "SUCCEEDED", done.error
     assert sorted(r.key for r in got) == [(t, 0) for t in range(2, 6)]
-    p = job_to_pb(done, 0.0).progress
+    job = job_to_pb(done, 0.0)
+    p = job.progress
     assert (p.done, p.succeeded, p.stale_dropped, p.failed) == (6, 4, 2, 0)
+    _show(job, as_json=False)  # rollmesh jobs status
+    assert re.search(
+        r"succeeded / failed +│ 4 / 0 .*\n.*dropped as stale by the trainer +│ 2 ", capsys.readouterr().out
+    )
     stored = json.loads((tmp_path / rec.job_id / "job.json").read_text())["progress"]
     assert (stored["succeeded"], stored["stale_dropped"]) == (4, 2)
 
