@@ -16,8 +16,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rollmesh_client import Client, RollmeshClientError
 from rollmesh_client._channel import aio_channel
 
-SERVICES = ("registry", "verifier", "gateway", "scheduler")
-
 
 @dataclass
 class ServiceStatus:
@@ -96,7 +94,8 @@ async def _detail(c: Client, st: ServiceStatus) -> None:
 async def mesh_status(
     addresses: dict[str, str], *, api_key: str | None = None, timeout_s: float = 3.0
 ) -> list[ServiceStatus]:
-    """Health and summary of each service, in parallel; never raises for a down service."""
+    """Health and summary of each service in `addresses` (service -> address), in parallel; never
+    raises for a down service."""
     async with await Client.connect(**addresses, api_key=api_key, timeout_s=timeout_s) as c:
 
         async def one(service: str) -> ServiceStatus:
@@ -111,4 +110,4 @@ async def mesh_status(
                     st.detail = f"cannot read it: {exc}"
             return st
 
-        return list(await asyncio.gather(*(one(s) for s in SERVICES)))
+        return list(await asyncio.gather(*(one(s) for s in addresses)))
