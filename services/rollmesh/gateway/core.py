@@ -374,7 +374,7 @@ class Gateway:
             )
         return m.reference
 
-    async def _abort_for_retry(self, m: _Model, retried: set[str]) -> bool:
+    async def _abort_for_retry(self, m: _Model, retried: set[str]) -> None:
         """Abort every generation of `m` on the engine, marked to run again, until none runs."""
         while m.generating:
             for rid in list(m.generating):
@@ -389,7 +389,6 @@ class Gateway:
                 flight = self._flights.get(rid)
                 if flight is not None and flight.retry:
                     await m.backend.abort(rid)
-        return True
 
     def close_session(self, session_id: str) -> bool:
         return self.sessions.close(session_id)
@@ -632,11 +631,7 @@ class Gateway:
                         f"model {m.name!r} ended generation {rid} without a finish reason", retry_after_s=1.0
                     )
                 attempt.finish = "abort"
-            usage = Usage(
-                prompt_tokens=len(attempt.prompt_ids) or attempt.reported_usage[0],
-                completion_tokens=len(attempt.out_ids) or attempt.reported_usage[1],
-            )
-            yield self._finish(m, inp, prepared, rid, attempt, usage)
+            yield self._finish(m, inp, prepared, rid, attempt)
         finally:
             del self._flights[rid]
 
@@ -700,7 +695,6 @@ class Gateway:
         prepared: _Prepared,
         rid: str,
         attempt: _Attempt,
-        usage: Usage,
     ) -> GenerateResult:
         finish = attempt.finish or "abort"
         out_ids = attempt.out_ids
@@ -736,7 +730,10 @@ class Gateway:
             output_token_ids=tuple(out_ids),
             logprobs=tuple(attempt.logprobs) if prepared.request.sampling.logprobs else (),
             finish_reason=finish,
-            usage=usage,
+            usage=Usage(  # the backend's counts when it reported no ids (message-only backends)
+                prompt_tokens=len(attempt.prompt_ids) or attempt.reported_usage[0],
+                completion_tokens=len(out_ids) or attempt.reported_usage[1],
+            ),
             replica_id=attempt.replica,
             policy_version=attempt.version,
             model=m.name,

@@ -118,17 +118,13 @@ class FakeTokenizer:
             if first_is_system:
                 parts.append(str(msgs[0].get("content") or "") + "\n\n")
             parts.append("You can call these tools:\n")
-            for t in tools:
-                parts.append(json.dumps(t.get("function", t)) + "\n")
+            parts.extend(json.dumps(t.get("function", t)) + "\n" for t in tools)
             parts.append('To call a tool, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>.')
             parts.append("<|end|>\n")
         for i, m in enumerate(msgs):
             role, content = m.get("role"), str(m.get("content") or "")
-            if role == "system":
-                if not (tools and i == 0):
-                    parts.append(f"<|system|>\n{content}<|end|>\n")
-            elif role == "user":
-                parts.append(f"<|user|>\n{content}<|end|>\n")
+            if role in ("user", "tool") or (role == "system" and not (tools and i == 0)):
+                parts.append(f"<|{role}|>\n{content}<|end|>\n")
             elif role == "assistant":
                 parts.append(f"<|assistant|>\n{content}")
                 for call in m.get("tool_calls") or ():
@@ -138,8 +134,6 @@ class FakeTokenizer:
                         "</tool_call>"
                     )
                 parts.append("<|end|>\n")
-            elif role == "tool":
-                parts.append(f"<|tool|>\n{content}<|end|>\n")
         if add_generation_prompt:
             parts.append("<|assistant|>\n")
         text = "".join(parts)
