@@ -110,11 +110,6 @@ class LineWriter:
                 self._dropped += 1
                 self.dropped_total += 1
 
-    def _take_dropped(self) -> int:
-        with self._lock:
-            n, self._dropped = self._dropped, 0
-        return n
-
     def _run(self) -> None:
         while True:
             first = self._queue.get()
@@ -126,7 +121,9 @@ class LineWriter:
                     break
             done = None in batch
             lines = [line for line in batch if line is not None]
-            if dropped := self._take_dropped():
+            with self._lock:
+                dropped, self._dropped = self._dropped, 0
+            if dropped:
                 lines.insert(0, self.drop_notice(dropped))
             if lines:
                 with contextlib.suppress(Exception):  # a closed or broken stream loses lines, nothing else

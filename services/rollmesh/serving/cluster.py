@@ -103,10 +103,9 @@ class ServingCluster:
             if cfg.ray_address:
                 _connect(cfg.ray_address)
             else:
-                need = cfg.replicas * cfg.replica_cpus
-                num_cpus = cfg.ray_num_cpus or max(float(os.cpu_count() or 1), need)
+                num_cpus = max(float(os.cpu_count() or 1), cfg.replicas * cfg.replica_cpus)
                 kwargs: dict[str, Any] = {
-                    "num_cpus": int(num_cpus + 0.999),
+                    "num_cpus": int(num_cpus + 0.999),  # what the replicas need, or the machine's count
                     "include_dashboard": False,
                     "object_store_memory": cfg.object_store_mb * 1024 * 1024,
                     "log_to_driver": False,

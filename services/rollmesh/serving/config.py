@@ -59,9 +59,7 @@ class ServingConfig:
     dtype: str = "auto"
     seed: int = 0
     startup_timeout_s: float = 900.0
-    # Local Ray only: logical CPUs (0: max(cpu_count, what the replicas need)) and object store size.
-    ray_num_cpus: float = 0.0
-    object_store_mb: int = 128
+    object_store_mb: int = 128  # a local Ray's object store
 
     def __post_init__(self) -> None:
         if not self.model_path:
