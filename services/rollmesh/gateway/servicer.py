@@ -11,8 +11,7 @@ from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.errors import InvalidGenerateRequest
 from rollmesh.gateway.types import GenerateResult
-from rollmesh.mesh.in_process import MultiplexedMethod
-from rollmesh.mesh.multiplex import Item, ItemMessages
+from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc

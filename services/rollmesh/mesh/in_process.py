@@ -25,22 +25,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import grpc
 
 from rollmesh.mesh.interceptors import status_of
-from rollmesh.mesh.multiplex import (
-    Item,
-    ItemMessages,
-    answer_messages,
-    open_batches,
-    outcome_of,
-    run_multiplexed_batches,
-    stream_items,
-)
+from rollmesh.mesh.multiplex import MultiplexedMethod, outcome_of
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, max_item_bytes
 from rollmesh_client._errors import from_status
 from rollmesh_client._streams import Multiplexed, too_large
@@ -94,25 +85,6 @@ class InProcessStub:
                     "Deadline Exceeded", code=grpc.StatusCode.DEADLINE_EXCEEDED
                 ) from None
             raise from_status(status_of(exc)) from None
-
-
-@dataclass(frozen=True)
-class MultiplexedMethod(Generic[T]):
-    """The server side of one multiplexed RPC (GenerateMany, VerifyBatch): the work one incoming
-    item runs, how its outcome is answered, and how many items one stream runs at once."""
-
-    item: Callable[[Any], Item[T] | None]  # None: a message that carries no item
-    messages: ItemMessages[T, Any]
-    limit: int
-
-    async def serve(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        """The RPC's stream handler: each incoming item (batches unpacked) run, at most `limit` at
-        once, its answer sent as it finishes (batched when the caller asks: mesh/multiplex.py)."""
-        batched = await open_batches(context)
-        items = (item async for req in stream_items(requests) if (item := self.item(req)) is not None)
-        outcomes = run_multiplexed_batches(items, limit=self.limit, what=self.messages.what)
-        async for message in answer_messages(outcomes, self.messages, batched=batched):
-            yield message
 
 
 class InProcessMux(Generic[T, Out]):

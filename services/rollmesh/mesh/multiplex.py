@@ -7,11 +7,14 @@ completion order with that id. A per-item failure is that item's result (the str
 `ItemMessages` keeps it so for answers too: one larger than the message limit would break the write
 and so the whole stream; it becomes that item's RESOURCE_EXHAUSTED (reason MESSAGE_TOO_LARGE).
 
-Batches (the SDK's contract, rollmesh_client/_streams.py): `open_batches` tells the caller in the
-initial metadata that this server reads batch messages (`stream_items` unpacks them) and says whether
-the caller wants its answers batched; `answer_messages` then writes every result ready at once
-(`run_multiplexed_batches`, after one turn of the event loop so that items finishing in the same
-turn join them) as few messages as the limit allows, instead of one message per item.
+`MultiplexedMethod` is one such RPC (its item, answer message and bound); its `serve` is the stream
+handler, which the embedded mesh's in-process calls share (in_process.py).
+
+Batches (the SDK's contract, rollmesh_client/_streams.py): `serve` tells the caller in the initial
+metadata that this server reads batch messages (and unpacks them); when the caller wants its answers
+batched, every result ready at once (`run_multiplexed_batches`, after one turn of the event loop so
+that items finishing in the same turn join them) goes as few messages as the limit allows, instead
+of one message per item.
 """
 
 from __future__ import annotations
@@ -80,36 +83,6 @@ class ItemMessages(Generic[T, M]):
         """The outcomes as few batch messages as the message limit allows."""
         sized = [self.sized(item_id, outcome) for item_id, outcome in outcomes]
         return batch_messages([m for m, _ in sized], [n for _, n in sized], self.limit)
-
-
-async def open_batches(context: Any) -> bool:
-    """At the start of a multiplexed stream: tell the caller this server reads batch messages (initial
-    metadata), and return whether the caller asked for batched answers."""
-    await context.send_initial_metadata((BATCH_METADATA,))
-    return says_batches(context.invocation_metadata())
-
-
-async def stream_items(messages: AsyncIterator[M]) -> AsyncIterator[M]:
-    """Each item of the incoming stream, batch messages unpacked (`items_of`)."""
-    async for message in messages:
-        for item in items_of(message):
-            yield item
-
-
-async def answer_messages(
-    batches: AsyncIterator[Sequence[tuple[str, T | RollmeshError]]],
-    messages: ItemMessages[T, M],
-    *,
-    batched: bool,
-) -> AsyncIterator[M]:
-    """The stream's answers: per batch of ready outcomes, batch messages (`batched`) or one each."""
-    async for outcomes in batches:
-        if batched:
-            for message in messages.batched(outcomes):
-                yield message
-        else:
-            for item_id, outcome in outcomes:
-                yield messages.sized(item_id, outcome)[0]
 
 
 async def outcome_of(work: Callable[[], Awaitable[T]], what: str, item_id: str) -> T | RollmeshError:
@@ -187,3 +160,32 @@ async def run_multiplexed_batches(
         for task in tasks:
             task.cancel()
         await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class MultiplexedMethod(Generic[T]):
+    """The server side of one multiplexed RPC (GenerateMany, VerifyBatch): the work one incoming
+    item runs, how its outcome is answered, and how many items one stream runs at once."""
+
+    item: Callable[[Any], Item[T] | None]  # None: a message that carries no item
+    messages: ItemMessages[T, Any]
+    limit: int
+
+    async def serve(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """The RPC's stream handler: each incoming item (batch messages unpacked) run, at most `limit`
+        at once, its answer sent as it finishes (see the module docstring for batches)."""
+        await context.send_initial_metadata((BATCH_METADATA,))  # this server reads batch messages
+        batched = says_batches(context.invocation_metadata())
+        items = (
+            item
+            async for message in requests
+            for req in items_of(message)
+            if (item := self.item(req)) is not None
+        )
+        async for outcomes in run_multiplexed_batches(items, limit=self.limit, what=self.messages.what):
+            if batched:
+                answers = self.messages.batched(outcomes)
+            else:
+                answers = [self.messages.sized(item_id, outcome)[0] for item_id, outcome in outcomes]
+            for answer in answers:
+                yield answer

@@ -27,7 +27,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.mesh.in_process import InProcessMux, InProcessStub, MultiplexedMethod
+from rollmesh.mesh.in_process import InProcessMux, InProcessStub
+from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb

@@ -8,8 +8,7 @@ from typing import Any
 
 from rollmesh.mesh import chat
 from rollmesh.mesh.errors import InvalidArgument
-from rollmesh.mesh.in_process import MultiplexedMethod
-from rollmesh.mesh.multiplex import Item, ItemMessages
+from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
 from rollmesh.mesh.paging import page
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier import convert
