@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from rollmesh.mesh.errors import RollmeshError
 from rollmesh.scheduler.errors import RolloutFailed
 from rollmesh.scheduler.spec import RetryPolicy
 
@@ -84,24 +83,16 @@ def _class_name(code_name: str, reason: str, metadata: Mapping[str, str]) -> str
 
 def classify(exc: BaseException) -> ErrorClass:
     """The class of a rollout error. SDK errors and domain errors carry a code; timeouts are deadlines."""
-    code_name: str | None = None
-    retry_after: float | None = None
-    reason = ""
-    metadata: Mapping[str, str] = {}
     code = getattr(exc, "code", None)
-    if isinstance(exc, RollmeshError):
-        code_name, retry_after, reason = exc.code.name, exc.retry_after_s, exc.reason
-        metadata = exc.metadata
-    elif code is not None and hasattr(code, "name") and not callable(code):
-        # rollmesh_client.RollmeshClientError (no import: the SDK is optional for domain code)
-        code_name = str(code.name)
-        retry_after = getattr(exc, "retry_after_s", None)
-        reason = str(getattr(exc, "reason", ""))
-        metadata = getattr(exc, "metadata", None) or {}
-    elif isinstance(exc, TimeoutError):
-        return ErrorClass(DEADLINE_EXCEEDED, True, None, "the rollout attempt timed out")
-    if code_name is None:
+    # A code comes on a RollmeshError or the SDK's RollmeshClientError (not imported: the SDK is optional).
+    if code is None or not hasattr(code, "name") or callable(code):
+        if isinstance(exc, TimeoutError):
+            return ErrorClass(DEADLINE_EXCEEDED, True, None, "the rollout attempt timed out")
         return ErrorClass("INTERNAL", False, None, f"{type(exc).__name__}: {exc}")
+    code_name = str(code.name)
+    retry_after: float | None = getattr(exc, "retry_after_s", None)
+    reason = str(getattr(exc, "reason", ""))
+    metadata: Mapping[str, str] = getattr(exc, "metadata", None) or {}
     message = str(getattr(exc, "message", "") or exc)
     name = _class_name(code_name, reason, metadata)
     if reason in UPSTREAM_PERMANENT:
