@@ -52,8 +52,6 @@ class Turn:
     completion_tokens: int = 0
     replica_id: str = ""
     policy_version: str = ""
-    reused_prefix_tokens: int = 0
-    latency_s: float = 0.0
 
 
 @dataclass

@@ -428,15 +428,12 @@ class JobRun:
             except RolloutTooLarge as exc:  # over the gRPC message limit: this rollout fails, the job goes on
                 await self._fail(key, ErrorClass(exc.reason, False, None, exc.message), attempts)
         except Exception as exc:  # the sink could not store a row (or a bug): stop the job, say why
-            self._stop_on_error(exc)
+            message = exc.message if isinstance(exc, RollmeshError) else f"{type(exc).__name__}: {exc}"
+            if self._stop_reason is None:
+                log.error("job_stopped_on_error", job_id=self.job_id, error=message)
+            self.stop(RunResult("FAILED", message))
         finally:
             self.limiter.release()
-
-    def _stop_on_error(self, exc: Exception) -> None:
-        message = exc.message if isinstance(exc, RollmeshError) else f"{type(exc).__name__}: {exc}"
-        if self._stop_reason is None:
-            log.error("job_stopped_on_error", job_id=self.job_id, error=message)
-        self.stop(RunResult("FAILED", message))
 
     def _check_tokens(self, rollout: Rollout) -> list[str]:
         """Validate the token record of every rollout with `validate_all` (debug), else of a fixed

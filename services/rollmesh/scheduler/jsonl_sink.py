@@ -187,7 +187,7 @@ class JsonlSink(Sink):
                 await asyncio.to_thread(self._write_batch, rows, failure_rows)
             except OSError as exc:
                 self._break(exc, rows, failure_rows)
-                raise self._fail() from None
+            self._check_healthy()  # raises once _break latched the error
             self.fsyncs += 1
             self.rows_written += len(rows)
             self.failures_written += len(failure_rows)
@@ -240,13 +240,9 @@ class JsonlSink(Sink):
         if self.on_error is not None:
             self.on_error(self.error)
 
-    def _fail(self) -> SinkWriteFailed:
-        assert self.error is not None
-        return SinkWriteFailed(self.error.message, metadata=dict(self.error.metadata))
-
     def _check_healthy(self) -> None:
         if self.error is not None:
-            raise self._fail()
+            raise SinkWriteFailed(self.error.message, metadata=dict(self.error.metadata))
 
     async def _flush_periodically(self) -> None:
         while not self._closed and self.error is None:

@@ -135,6 +135,12 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
     since the requests made from it could not be sent."""
     limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
     rows: list[Json] = []
+
+    def malformed(problem: str) -> MalformedDatasetRow:
+        return MalformedDatasetRow(
+            f"{path}:{lineno}: {problem}", metadata={"path": str(path), "line": str(lineno)}
+        )
+
     with path.open("rb") as f:
         for lineno, raw in enumerate(iter(lambda: f.readline(limit + 1), b""), start=1):
             size = len(raw)
@@ -150,25 +156,17 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise MalformedDatasetRow(
-                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-                    "a dataset is JSONL",
-                    metadata={"path": str(path), "line": str(lineno)},
-                ) from None
+                byte = f"byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+                raise malformed(f"not UTF-8 text ({byte}); a dataset is JSONL") from None
             if not line.strip():
                 continue
             try:
                 row = untrusted_json.loads(line)
             except NotJson as exc:
-                raise MalformedDatasetRow(
-                    f"{path}:{lineno}: not valid JSON ({exc})",
-                    metadata={"path": str(path), "line": str(lineno)},
-                ) from None
+                raise malformed(f"not valid JSON ({exc})") from None
             problem = _row_problem(row)
             if problem:
-                raise MalformedDatasetRow(
-                    f"{path}:{lineno}: {problem}", metadata={"path": str(path), "line": str(lineno)}
-                )
+                raise malformed(problem)
             rows.append(row)
     if not rows:
         raise MalformedDatasetRow(f"{path}: the dataset has no rows", metadata={"path": str(path)})
