@@ -147,9 +147,7 @@ class _WatchedModel:
         except GatewayUnresponsive:
             raise
         except ModelCallDeadline as exc:
-            # Not one call answered since this one started, while others were in flight (or the
-            # gateway is already down): the gateway hangs, not this call. Alone, a cut call may just
-            # be long: it stays a MODEL_CALL_DEADLINE.
+            # The gateway hangs, not this call (errors.GatewayUnresponsive); alone, it may just be long.
             hung = self._in_flight > 1 or GATEWAY in self._outages.down
             if hung and not self._outages.answered_since(GATEWAY, t0):
                 self._outages.failed(GATEWAY, since=t0)

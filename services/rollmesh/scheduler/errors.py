@@ -161,17 +161,14 @@ class ModelCallDeadline(mesh.DeadlineExceeded):
 class GatewayUnresponsive(ModelCallDeadline):
     """A model call cut by the adaptive deadline while other calls were in flight (or the gateway
     was already down) and the gateway answered none since this one started: the gateway hangs
-    (stopped, wedged), the call is not at fault. An outage: the rollout waits within
-    `unavailable_budget_s` instead of using up its attempts (a 15 s gateway stall failed rollouts
-    permanently before)."""
+    (stopped, wedged), not the call. An outage: the rollout waits within `unavailable_budget_s`."""
 
     reason = "GATEWAY_UNRESPONSIVE"
 
 
 class VerifierUnresponsive(mesh.DeadlineExceeded):
     """Verifier calls cut because the verifier answered none of them, nor a health check, for
-    `unavailable_budget_s` (stopped, wedged: watchdog.py). An outage that spent the budget: the job
-    fails naming the verifier (it waited for keepalive, 60 + 20 s, before the budget even began)."""
+    `unavailable_budget_s` (watchdog.py): an outage that spent the budget; the job fails naming it."""
 
     reason = "VERIFIER_UNRESPONSIVE"
 

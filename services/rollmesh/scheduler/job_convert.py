@@ -17,14 +17,9 @@ log = get_logger("rollmesh.scheduler")
 
 
 def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
+    # One of the two is set (the oneof `kind`); the other reads as all defaults.
     kind = msg.sink.WhichOneof("kind") or "jsonl"
-    sink = SinkConfig(
-        kind=kind,
-        fsync_every=msg.sink.jsonl.fsync_every if kind == "jsonl" else 0,
-        address=msg.sink.grpc.address if kind == "grpc" else "",
-        window=msg.sink.grpc.window if kind == "grpc" else 0,
-        ack_timeout_s=msg.sink.grpc.ack_timeout_s if kind == "grpc" else 0.0,
-    )
+    sink = from_pb(SinkConfig, msg.sink.grpc, kind=kind, fsync_every=msg.sink.jsonl.fsync_every)
     return from_pb(
         JobSpec,
         msg,

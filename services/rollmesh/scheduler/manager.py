@@ -571,11 +571,9 @@ class JobManager:
     async def stream(
         self, job_id: str, *, offset: int = 0, follow: bool = False, include_failures: bool = False
     ) -> AsyncIterator[tuple[int, Item]]:
-        """The job's rollouts in written order from `offset`; with `follow`, until the job ends.
-
-        Offsets count rollouts (rollouts.jsonl lines). With `include_failures`, the failures follow
-        once the job has ended, numbered after the last rollout.
-        """
+        """The job's rollouts in written order from `offset` (offsets count rollouts.jsonl lines); with
+        `follow`, until the job ends. With `include_failures`, the failures follow once the job has
+        ended, numbered after the last rollout."""
         if offset < 0:
             raise InvalidArgument(f"offset must be 0 or more, got {offset}")
         rec = await self.get(job_id)

@@ -236,12 +236,9 @@ async def with_retry(
     on_retry: Callable[[ErrorClass, int, float], None] | None = None,
     outages: Outages | None = None,
 ) -> tuple[T, int]:
-    """Run `attempt` until it succeeds; returns (result, attempts) or raises RolloutFailed.
-
-    Each attempt runs under `policy.rollout_timeout_s`. With `outages`, an outage error is retried
-    without counting as an attempt until a service has been unreachable for the budget (then
-    RolloutFailed with `budget_exhausted`). CancelledError propagates.
-    """
+    """Run `attempt` until it succeeds, each attempt under `policy.rollout_timeout_s`; returns
+    (result, attempts) or raises RolloutFailed. With `outages`, outage errors wait as the module doc
+    says (without: they count as attempts). CancelledError propagates."""
     backoff = backoff or Backoff(policy)
     n = 0  # attempts that count against max_attempts
     waits = 0  # retries while a service was unreachable
