@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 DOMAIN = "rollmesh.dev"
 
@@ -82,14 +82,6 @@ def to_status(exc: RollmeshError) -> status_pb2.Status:
         delay.FromNanoseconds(int(exc.retry_after_s * 1e9))
         status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
     return status
-
-
-def internal_status(message: str = "internal error; see the server log") -> status_pb2.Status:
-    return to_status(Internal(message))
-
-
-def code_name(code: int) -> str:
-    return str(code_pb2.Code.Name(code))
 
 
 class ConfigError(ValueError):

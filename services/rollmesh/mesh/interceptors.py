@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 import structlog
-from google.rpc import status_pb2
+from google.rpc import code_pb2, status_pb2
 from grpc_status import rpc_status
 
 from rollmesh.mesh import errors
@@ -38,7 +38,7 @@ def status_of(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, errors.RollmeshError):
         return errors.to_status(exc)
     log.error("rpc_internal_error", exc_info=exc)
-    return errors.internal_status()
+    return errors.to_status(errors.Internal("internal error; see the server log"))
 
 
 def _finish(method: str, code: str, context: grpc.aio.ServicerContext[Any, Any], start: float) -> None:
@@ -115,7 +115,7 @@ async def _observed(method: str, context: grpc.aio.ServicerContext[Any, Any]) ->
             raise
         except Exception as exc:
             status = status_of(exc)
-            code = errors.code_name(status.code)
+            code = code_pb2.Code.Name(status.code)
             await context.abort_with_status(rpc_status.to_status(status))
         finally:
             _finish(method, code, context, start)
