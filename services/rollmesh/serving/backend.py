@@ -108,19 +108,13 @@ class RayServeBackend(ModelBackend):
         return self._tokenizer  # type: ignore[no-any-return]
 
     async def start(self) -> None:
-        if self.config.engine == "fake":
-            from rollmesh.serving.fake_replica import fake_tokenizer
-
-            self._tokenizer, model_len = fake_tokenizer()
+        # The tokenizer loads while Ray starts and the replicas load their engines.
+        tokenizer = asyncio.create_task(asyncio.to_thread(_load_tokenizer, self.config))
+        try:
             self._handle = await self.cluster.start()
-        else:
-            # The tokenizer loads while Ray starts and the replicas load their engines.
-            tokenizer = asyncio.create_task(asyncio.to_thread(_load_tokenizer, self.config.model_path))
-            try:
-                self._handle = await self.cluster.start()
-            finally:
-                await asyncio.wait([tokenizer])
-            self._tokenizer, model_len = tokenizer.result()
+        finally:
+            await asyncio.wait([tokenizer])
+        self._tokenizer, model_len = tokenizer.result()
         self._max_model_len = self.config.max_model_len or model_len
         self._handle = await _routing_on_this_loop(self.config.app_name, self._handle)
 
@@ -377,14 +371,19 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return (lines[-1] if lines else type(exc).__name__)[:limit]
 
 
-def _load_tokenizer(model_path: str) -> tuple[Any, int]:
+def _load_tokenizer(config: ServingConfig) -> tuple[Any, int]:
+    """The gateway-side tokenizer and the model's context length (0: unknown)."""
+    if config.engine == "fake":
+        from rollmesh.serving.fake_replica import fake_tokenizer
+
+        return fake_tokenizer()
     import json
 
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_path)
     max_len = 0
-    cfg = Path(model_path) / "config.json"
+    cfg = Path(config.model_path) / "config.json"
     if cfg.is_file():
         max_len = int(json.loads(cfg.read_text()).get("max_position_embeddings", 0))
     return tokenizer, max_len
