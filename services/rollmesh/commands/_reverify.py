@@ -56,8 +56,6 @@ async def reverify(
     on_progress: Callable[[int], None] | None = None,
 ) -> ReverifyReport:
     """Re-score `rows` (JSONL rollout rows) with `environment` on the verifier at `verifier`."""
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
     out = [dict(r) for r in rows]
     report = ReverifyReport(rows=out)
     if not out:

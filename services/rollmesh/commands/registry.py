@@ -70,8 +70,7 @@ def resolve(
 
     async def go() -> dict[str, object]:
         async with await connect(registry=registry, api_key=api_key) as c:
-            art = await c.registry.resolve(kind, name)
-            return as_dict(art)
+            return as_dict(await c.registry.resolve(kind, name))
 
     data = run(go())
     if as_json:
