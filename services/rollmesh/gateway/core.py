@@ -109,13 +109,6 @@ class _Attempt:
     streamed: bool = False  # deltas reached the caller
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    request: EngineRequest
-    prompt_ids: tuple[int, ...]
-    reused: int
-
-
 def validate_sampling(
     s: SamplingInput, *, max_model_len: int, prompt_len: int | None, default_max_tokens: int
 ) -> Sampling:
@@ -484,7 +477,10 @@ class Gateway:
         out += [await self._status(alias, self._models[target]) for alias, target in self._aliases.items()]
         return out
 
-    def _prepare(self, m: _Model, inp: GenerateInput, rid: str, *, stream: bool = True) -> _Prepared:
+    def _prepare(
+        self, m: _Model, inp: GenerateInput, rid: str, *, stream: bool = True
+    ) -> tuple[EngineRequest, int]:
+        """The engine request for `inp`, and how many of its prompt ids a kept session gave."""
         if inp.messages and inp.prompt_token_ids:
             raise errors.bad_request("give messages or prompt_token_ids, not both", "prompt_token_ids")
         if not inp.messages and not inp.prompt_token_ids:
@@ -547,7 +543,7 @@ class Gateway:
             session_id=inp.session_id,
             stream=stream,
         )
-        return _Prepared(req, ids, reused)
+        return req, reused
 
     async def _wait_running(self, m: _Model, flight: _Flight, deadline: float | None) -> None:
         if m.running.is_set():
@@ -592,7 +588,7 @@ class Gateway:
             raise errors.DuplicateRequestId(
                 f"request_id {rid!r} is already running", metadata={"request_id": rid}
             )
-        prepared = self._prepare(m, inp, rid, stream=deltas)
+        request, reused = self._prepare(m, inp, rid, stream=deltas)
         flight = _Flight(m)
         self._flights[rid] = flight
         try:
@@ -601,9 +597,9 @@ class Gateway:
                 m.enter(rid)
                 try:
                     flight.retry = False
-                    attempt = _Attempt(version=m.policy_version, prompt_ids=prepared.prompt_ids)
+                    attempt = _Attempt(version=m.policy_version, prompt_ids=request.prompt_token_ids)
                     if not flight.aborted.is_set():
-                        engine = self._run_engine(m, prepared, attempt, deadline)
+                        engine = self._run_engine(m, request, attempt, deadline)
                         try:
                             async with contextlib.aclosing(engine):
                                 async for delta in engine:
@@ -631,16 +627,16 @@ class Gateway:
                         f"model {m.name!r} ended generation {rid} without a finish reason", retry_after_s=1.0
                     )
                 attempt.finish = "abort"
-            yield self._finish(m, inp, prepared, rid, attempt)
+            yield self._finish(m, inp, request, reused, attempt)
         finally:
             del self._flights[rid]
 
     async def _run_engine(
-        self, m: _Model, prepared: _Prepared, attempt: _Attempt, deadline: float | None
+        self, m: _Model, request: EngineRequest, attempt: _Attempt, deadline: float | None
     ) -> AsyncGenerator[StreamDelta, None]:
         """One engine request: deltas out, the outcome recorded in `attempt`."""
-        rid = prepared.request.request_id
-        agen = m.backend.generate(prepared.request)
+        rid = request.request_id
+        agen = m.backend.generate(request)
         try:
             while True:
                 try:
@@ -692,10 +688,11 @@ class Gateway:
         self,
         m: _Model,
         inp: GenerateInput,
-        prepared: _Prepared,
-        rid: str,
+        request: EngineRequest,
+        reused: int,
         attempt: _Attempt,
     ) -> GenerateResult:
+        rid = request.request_id
         finish = attempt.finish or "abort"
         out_ids = attempt.out_ids
         tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
@@ -704,9 +701,9 @@ class Gateway:
             eos = getattr(tokenizer, "eos_token_id", None)
             body = out_ids[:-1] if out_ids[-1] == eos else out_ids
             raw = tokenizer.decode(body, skip_special_tokens=False)
-            if finish == "stop" and body is out_ids and prepared.request.sampling.stop:
+            if finish == "stop" and body is out_ids and request.sampling.stop:
                 last_from = len(tokenizer.decode(body[:-1], skip_special_tokens=False))
-                raw = before_stop_string(raw, prepared.request.sampling.stop, last_from)
+                raw = before_stop_string(raw, request.sampling.stop, last_from)
         else:
             raw = "".join(attempt.texts)
         parsed = parse_tool_calls(raw, id_prefix=f"call_{rid[:8]}_")
@@ -728,7 +725,7 @@ class Gateway:
             message=message,
             prompt_token_ids=tuple(attempt.prompt_ids),
             output_token_ids=tuple(out_ids),
-            logprobs=tuple(attempt.logprobs) if prepared.request.sampling.logprobs else (),
+            logprobs=tuple(attempt.logprobs) if request.sampling.logprobs else (),
             finish_reason=finish,
             usage=Usage(  # the backend's counts when it reported no ids (message-only backends)
                 prompt_tokens=len(attempt.prompt_ids) or attempt.reported_usage[0],
@@ -738,5 +735,5 @@ class Gateway:
             policy_version=attempt.version,
             model=m.name,
             request_id=rid,
-            reused_prefix_tokens=prepared.reused,
+            reused_prefix_tokens=reused,
         )

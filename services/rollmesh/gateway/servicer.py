@@ -9,7 +9,7 @@ from typing import Any
 
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
-from rollmesh.gateway.errors import InvalidGenerateRequest
+from rollmesh.gateway.errors import bad_request
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
 from rollmesh.mesh.paging import page
@@ -23,9 +23,7 @@ MANY_CONCURRENCY = 65_536
 
 
 async def _no_request() -> GenerateResult:
-    raise InvalidGenerateRequest(
-        "a GenerateMany item needs a request (or cancel: true)", metadata={"field": "item"}
-    )
+    raise bad_request("a GenerateMany item needs a request (or cancel: true)", "item")
 
 
 def _timeout(context: Any) -> float | None:

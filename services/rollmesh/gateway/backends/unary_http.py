@@ -156,7 +156,6 @@ class _Connection(asyncio.Protocol):
         return "content-length" in self._headers or "chunked" in self._headers.get("transfer-encoding", "")
 
     def _fail(self, exc: HttpCallError) -> None:
-        self.reusable = False
         if self._answer is not None and not self._answer.done():
             self._answer.set_exception(exc)
         self.close()
