@@ -384,16 +384,12 @@ class OpenAIBackend(ModelBackend):
             resp.close()
         if rid in self._aborted:
             yield EngineChunk(finish_reason="abort", replica_id=self.replica_id)
-        elif finish is not None:
-            yield dataclasses.replace(finish, prompt_tokens=usage[0], completion_tokens=usage[1])
-        else:
-            yield EngineChunk(
-                text=_render_calls(calls),
-                finish_reason="unknown",  # [DONE] came, but no chunk said why the answer ended
-                replica_id=self.replica_id,
-                prompt_tokens=usage[0],
-                completion_tokens=usage[1],
+            return
+        if finish is None:  # [DONE] came, but no chunk said why the answer ended
+            finish = EngineChunk(
+                text=_render_calls(calls), finish_reason="unknown", replica_id=self.replica_id
             )
+        yield dataclasses.replace(finish, prompt_tokens=usage[0], completion_tokens=usage[1])
 
     def _chunks(self, chunk: dict[str, Any], calls: dict[int, dict[str, str]]) -> list[EngineChunk]:
         out: list[EngineChunk] = []
