@@ -261,9 +261,8 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
             except RollmeshClientError as exc:
                 if exc.code.name != "UNAVAILABLE":
                     raise
-                now = time.monotonic()
                 unreachable_since = unreachable_since or asked
-                if now - unreachable_since >= SCHEDULER_LOST_AFTER_S:
+                if time.monotonic() - unreachable_since >= SCHEDULER_LOST_AFTER_S:
                     raise SchedulerLost(handle.last, exc) from None
                 await asyncio.sleep(poll_s)
                 continue

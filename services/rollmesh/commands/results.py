@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, JsonOut, VerifierAddr, err, print_json, print_table, run
+from rollmesh.commands._common import ApiKey, JsonOut, VerifierAddr, err, fail, print_json, print_table, run
 
 Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink folders (shards of one job).")]
 OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
@@ -203,7 +203,6 @@ def validate(
     """Check every rollout's token record (lengths, spans, loss mask, and with a tokenizer the text).
 
     Exit 0 when every record is valid, 1 when one is not, 2 on unreadable input."""
-    from rollmesh.commands._common import fail
     from rollmesh.scheduler.records import Rollout
     from rollmesh.scheduler.tokens import Decoder, validate_rollout
 
