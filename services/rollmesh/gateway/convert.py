@@ -7,13 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from rollmesh.gateway.backends.base import SamplingInput
-from rollmesh.gateway.types import (
-    GenerateInput,
-    GenerateResult,
-    ModelStatus,
-    StreamDelta,
-    WeightUpdate,
-)
+from rollmesh.gateway.types import GenerateInput, GenerateResult, StreamDelta
 from rollmesh.gateway.uploads import UploadPiece
 from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
 from rollmesh.mesh.errors import ConfigError, InvalidArgument, RollmeshError
@@ -39,10 +33,6 @@ def stream_item_to_pb(item: StreamDelta | GenerateResult) -> pb.GenerateStreamRe
     if isinstance(item, GenerateResult):
         return pb.GenerateStreamResponse(final=result_to_pb(item))
     return pb.GenerateStreamResponse(text_delta=item.text, token_ids=item.token_ids, logprobs=item.logprobs)
-
-
-def model_to_pb(m: ModelStatus) -> pb.ModelInfo:
-    return to_pb(pb.ModelInfo, m)
 
 
 def checkpoint_path(checkpoint: str) -> Path:
@@ -85,7 +75,3 @@ async def upload_pieces(requests: AsyncIterator[pb.UploadWeightsRequest]) -> Asy
                 "only UploadWeights' first message carries `update`", metadata={"field": "update"}
             )
         yield UploadPiece(file_name=r.file_name, data=r.data, sha256=r.sha256)
-
-
-def weight_update_to_pb(u: WeightUpdate) -> pb.UpdateWeightsResponse:
-    return to_pb(pb.UpdateWeightsResponse, u)

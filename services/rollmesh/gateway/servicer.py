@@ -11,6 +11,7 @@ from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.errors import bad_request
 from rollmesh.gateway.types import GenerateResult
+from rollmesh.mesh.fields import to_pb
 from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
@@ -80,7 +81,7 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
     async def ListModels(self, request: pb.ListModelsRequest, context: Any) -> pb.ListModelsResponse:
         models = await self._gw.list_models()
         items, token = page(models, request.page_size, request.page_token)
-        return pb.ListModelsResponse(models=[convert.model_to_pb(m) for m in items], next_page_token=token)
+        return pb.ListModelsResponse(models=[to_pb(pb.ModelInfo, m) for m in items], next_page_token=token)
 
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
         return pb.AbortResponse(aborted=await self._gw.abort(request.request_id))
@@ -115,13 +116,13 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
             base_url=request.base_url,
             api_key_env=request.api_key_env,
         )
-        return pb.RegisterRouteResponse(model=convert.model_to_pb(status))
+        return pb.RegisterRouteResponse(model=to_pb(pb.ModelInfo, status))
 
     async def UpdateWeights(self, request: pb.UpdateWeightsRequest, context: Any) -> pb.UpdateWeightsResponse:
         update = await self._gw.update_weights(
             request.model, convert.checkpoint_path(request.checkpoint), **_update_options(request)
         )
-        return convert.weight_update_to_pb(update)
+        return to_pb(pb.UpdateWeightsResponse, update)
 
     async def UploadWeights(
         self, request_iterator: AsyncIterator[pb.UploadWeightsRequest], context: Any
@@ -132,4 +133,4 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         update = await self._gw.upload_weights(
             head.model, convert.upload_pieces(requests), **_update_options(head)
         )
-        return convert.weight_update_to_pb(update)
+        return to_pb(pb.UpdateWeightsResponse, update)
