@@ -330,24 +330,20 @@ def _drop_connection(request: web.Request) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    server = OpenAITestServer(
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with OpenAITestServer(
         FaultConfig.from_json(json.loads(args.faults_json)),
         model=args.model,
         max_model_len=args.max_model_len,
         host=args.host,
         port=args.port,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await server.start()
-    if args.port_file:
-        write_port_file(args.port_file, f"{args.host}:{server.port}")
-    try:
+    ) as server:
+        if args.port_file:
+            write_port_file(args.port_file, f"{args.host}:{server.port}")
         await stop.wait()
-    finally:
-        await server.stop()
 
 
 @contextlib.contextmanager

@@ -92,8 +92,7 @@ async def embedded_mesh(
             on_phase("waiting for the model backend")
             await backend_up
         finally:
-            if not backend_up.done():
-                backend_up.cancel()
+            backend_up.cancel()  # (a no-op once it is done)
             await asyncio.wait([backend_up])
         gateway_servicer = GatewayServicer(gateway)
         await _start(stack, mesh, "gateway", gateway_servicer, api_key)
