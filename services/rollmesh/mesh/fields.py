@@ -38,8 +38,7 @@ FieldDescriptor = Any
 
 def to_pb(message_class: type[M], obj: object, /, **given: Any) -> M:
     """A `message_class` from `obj`'s same-named attributes, overridden by `given` (module docstring)."""
-    values = _pb_values(message_class.DESCRIPTOR, obj, given)
-    return message_class(**values)
+    return message_class(**_pb_values(message_class.DESCRIPTOR, obj, given))
 
 
 def from_pb(dataclass_type: type[D], msg: Message, /, **given: Any) -> D:

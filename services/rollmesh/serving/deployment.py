@@ -119,12 +119,8 @@ def _engine_prompt(prompt_token_ids: list[int]) -> Any:
     event loop. A raw `TokensPrompt` instead goes through the renderer's thread pool, one thread
     hand-off each way per request (~0.1 ms of the replica's CPU per short request, for a prompt
     that is token ids already)."""
-    try:
-        from vllm.inputs.engine import tokens_input
-    except ImportError:  # a vLLM without rendered inputs
-        from vllm.inputs import TokensPrompt
+    from vllm.inputs.engine import tokens_input  # vLLM 0.32 (requirements.lock), CPU and GPU alike
 
-        return TokensPrompt(prompt_token_ids=prompt_token_ids)
     return tokens_input(prompt_token_ids)
 
 
