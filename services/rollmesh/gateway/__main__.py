@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from rollmesh.gateway import Gateway, GatewayConfig
-from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
@@ -17,14 +15,10 @@ from rollmesh.mesh.server import MeshServer, ServiceBinding, serve
 log = get_logger("rollmesh.gateway")
 
 
-async def run(cfg: GatewayConfig, backends: Sequence[ModelBackend] | None = None) -> None:
+async def run(cfg: GatewayConfig) -> None:
     """Serve until SIGTERM/SIGINT: start the backends, the gRPC server and the HTTP facade; on stop,
     drain gRPC, stop HTTP, then shut the backends down."""
-    gateway = Gateway(
-        list(backends) if backends is not None else [create_backend(s) for s in cfg.models],
-        cfg,
-        backend_factory=create_backend,
-    )
+    gateway = Gateway([create_backend(s) for s in cfg.models], cfg, backend_factory=create_backend)
     await gateway.start()
     http = HttpFacade(gateway, host=cfg.http_host, port=cfg.http_port, api_key=cfg.server.api_key)
 

@@ -135,7 +135,7 @@ class OpenAIBackend(ModelBackend):
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=0, keepalive_timeout=4.0
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=unary_http.KEEPALIVE_S
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,

@@ -12,7 +12,7 @@ Contract:
   The answer's body is whole: chunked transfer decoded, gzip/deflate content decoded (none is asked
   for), a body delimited by the connection's end accepted at that end.
 - Connections are reused while both sides keep them alive; an idle one is closed after
-  `keepalive_s`. `max_connections` (0: no cap) bounds the connections open at once: a call past it
+  `KEEPALIVE_S`. `max_connections` (0: no cap) bounds the connections open at once: a call past it
   waits for one. A POST is not idempotent, so one case only is retried, once, on a new connection: a
   reused keep-alive connection that ended before any byte of the answer came (the server closed it
   while idle, as uvicorn does after 5 s, in the instant the call went out).
@@ -53,6 +53,7 @@ from rollmesh.gateway.errors import (
 )
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the mesh's gRPC message limit: no larger answer could be passed on
+KEEPALIVE_S = 4.0  # below the 5 s after which uvicorn (vLLM's server) closes idle connections
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,6 @@ class UnaryHttpPool:
         read_timeout_s: float,
         max_connections: int = 0,
         max_body_bytes: int = MAX_BODY_BYTES,
-        keepalive_s: float = 4.0,  # below the 5 s after which uvicorn (vLLM's server) closes idle ones
     ) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
@@ -254,7 +254,6 @@ class UnaryHttpPool:
         self._common = _header_bytes(common)
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
-        self._keepalive_s = keepalive_s
         self._max_body_bytes = max_body_bytes
         self._slots = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._idle: list[_Connection] = []  # oldest first
@@ -302,7 +301,7 @@ class UnaryHttpPool:
 
     async def _take(self) -> _Connection:
         now = time.monotonic()
-        while self._idle and now - self._idle[0].idle_since > self._keepalive_s:
+        while self._idle and now - self._idle[0].idle_since > KEEPALIVE_S:
             self._idle.pop(0).close()
         while self._idle:
             conn = self._idle.pop()

@@ -94,10 +94,6 @@ async def chat_events(
     yield b"data: [DONE]\n\n"
 
 
-def _event(obj: dict[str, Any]) -> bytes:
-    return f"event: {obj['type']}\ndata: {json.dumps(obj)}\n\n".encode()
-
-
 async def response_events(
     first: StreamDelta | GenerateResult, rest: Items, *, body: dict[str, Any], model: str, session_id: str
 ) -> AsyncIterator[bytes]:
@@ -107,7 +103,8 @@ async def response_events(
     seq = itertools.count()
 
     def event(kind: str, **fields: Any) -> bytes:
-        return _event({"type": kind, "sequence_number": next(seq), **fields})
+        obj = {"type": kind, "sequence_number": next(seq), **fields}
+        return f"event: {kind}\ndata: {json.dumps(obj)}\n\n".encode()
 
     shell = response_shell(rid, model, body)
     yield event("response.created", response=shell)
