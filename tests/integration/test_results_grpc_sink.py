@@ -622,6 +622,31 @@ async def test_a_trainer_that_stalls_past_the_drain_timeout_fails_the_close(
     assert info.value.metadata["unacked"] == "2"
 
 
+async def test_a_trainer_acknowledging_each_batch_within_ack_timeout_is_drained_past_it(
+    make_server: type[SinkServer],
+) -> None:
+    """With a window of two batches (what docs/training.md advises for overlap), the end finds two
+    batches to train, each step under ack_timeout_s but both together over it: the drain was bounded
+    as a whole, so a healthy trainer's job failed. Now, like the run, it fails only on a quiet spell."""
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=4, ack_timeout_s=1.5)
+    await sink.open("job1", total=4, spec={})
+    steps: list[list[tuple[int, int]]] = []
+
+    async def trainer() -> None:
+        async for batch in server.batches(2, until_closed=True):
+            steps.append([r.key for r in batch])
+            await asyncio.sleep(1.0)  # an optimizer step, under ack_timeout_s
+
+    consumer = asyncio.create_task(trainer())
+    for i in range(4):
+        await sink.write(rollout(0, i))
+    await sink.close(state="succeeded", metrics=None)
+    await asyncio.wait_for(consumer, timeout=30)
+    assert steps == [[(0, 0), (0, 1)], [(0, 2), (0, 3)]]
+    assert server.stats.closed_states == ["JOB_STATE_SUCCEEDED"]
+
+
 async def test_a_trainer_gone_before_acking_fails_the_close(make_server: type[SinkServer]) -> None:
     server = await make_server(window=4).start()
     sink = GrpcSink(server.address, window=4, rpc_timeout_s=5, drain_timeout_s=30)

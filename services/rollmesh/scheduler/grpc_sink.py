@@ -5,12 +5,13 @@ them), then opens one `Consume` stream and sends `SinkOpen`. `write()` waits for
 more than `window` rollouts are sent and not yet acknowledged, so a slow trainer slows dispatch.
 Failures are sent outside the window (the trainer need not ack them). `close()` sends `SinkEnd`
 (the trainer releases what it holds: its last partial batch, whose acknowledgements it keeps until
-the trainer is done with it), waits until every rollout is acknowledged (up to `drain_timeout_s`:
-a trainer that dies in its last step never acknowledges it), sends `SinkClose` with the metrics and
-the final state, half-closes and waits for the trainer to end the stream. Rollouts still not
-acknowledged then (the trainer stalled past `drain_timeout_s`, or the stream broke) make the
-SinkClose say FAILED and, when the job would have ended SUCCEEDED or COMPLETED_WITH_FAILURES,
-`close()` raise `SinkUnavailable`: the job fails, never a success with rows the trainer lacks.
+the trainer is done with it), waits until every rollout is acknowledged (while acks keep coming,
+none `drain_timeout_s` apart: a trainer that dies in its last step never acknowledges it), sends
+`SinkClose` with the metrics and the final state, half-closes and waits for the trainer to end the
+stream. Rollouts still not acknowledged then (the trainer stalled past `drain_timeout_s`, or the
+stream broke) make the SinkClose say FAILED and, when the job would have ended SUCCEEDED or
+COMPLETED_WITH_FAILURES, `close()` raise `SinkUnavailable`: the job fails, never a success with
+rows the trainer lacks.
 
 If the stream breaks, `write()` raises `SinkUnavailable` (UNAVAILABLE); rollouts sent but not
 acknowledged are not committed on the trainer, so a resumed job sends them again.
@@ -63,7 +64,7 @@ class GrpcSink(Sink):
         channel: grpc.aio.Channel | None = None,
     ) -> None:
         """`ack_timeout_s` (None: ACK_TIMEOUT_S): no acknowledgement for this long with the window
-        full fails the job; `drain_timeout_s` (None: `ack_timeout_s`): the wait for the last ones."""
+        full fails the job; `drain_timeout_s` (None: `ack_timeout_s`): the same for the last ones."""
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.address = address
@@ -182,11 +183,17 @@ class GrpcSink(Sink):
             if self._error is None and not self._stalled:
                 with contextlib.suppress(SinkUnavailable):  # a broken stream: said below
                     await self._send(sink_pb2.ConsumeRequest(end=sink_pb2.SinkEnd()))
-                try:
-                    async with asyncio.timeout(self.drain_timeout_s), self._cond:
-                        await self._cond.wait_for(lambda: self._error is not None or not self._owed())
-                except TimeoutError:
-                    log.warning("sink_drain_timeout", job_id=self._job_id, unacked=self._owed())
+                # Bounded like the run: no ack for drain_timeout_s since the end (or the last ack). A
+                # bound on the whole drain failed a healthy trainer with a batch or two still to train.
+                self._unacked_since = time.monotonic()
+                async with self._cond:
+                    while self._error is None and self._owed():
+                        if (left := self.drain_timeout_s - self._quiet_s()) <= 0:
+                            log.warning("sink_drain_timeout", job_id=self._job_id, unacked=self._owed())
+                            break
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(left):
+                                await self._cond.wait()
             if self._error is None:
                 # Rollouts still unacked (the trainer stalled past drain_timeout_s): not delivered.
                 close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if self._owed() else state))
