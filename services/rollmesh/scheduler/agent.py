@@ -274,11 +274,7 @@ async def run_agent(
 
 async def _close(env: EnvPort | None, model: ModelPort | None, session_id: str) -> None:
     """Best effort, bounded: a failed close is logged, never turns a rollout into a failure."""
-    closers = []
-    if env is not None:
-        closers.append(env.close_session(session_id))
-    if model is not None:
-        closers.append(model.close_session(session_id))
+    closers = [port.close_session(session_id) for port in (env, model) if port is not None]
     if not closers:
         return
     try:

@@ -80,13 +80,7 @@ class _Caller(Protocol):
 class _Port:
     """A service's stub and multiplexed method, over gRPC (`connect`) or in process (`in_process`)."""
 
-    def __init__(
-        self,
-        stub: Any,
-        many: _Caller,
-        *,
-        channel: grpc.aio.Channel | None = None,
-    ) -> None:
+    def __init__(self, stub: Any, many: _Caller, *, channel: grpc.aio.Channel | None = None) -> None:
         self.stub = stub
         self._many = many
         self.channel = channel

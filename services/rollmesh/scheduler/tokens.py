@@ -108,14 +108,12 @@ def validate_token_record(
 
     Checks: the three arrays have one length; spans are contiguous, in order and in range; the
     loss mask is 1 exactly on the generated spans; logprobs are 0 off them, and finite and <= 0 on
-    them (a logit or a NaN is no logprob); `completion_tokens`
-    (when given and > 0) equals the generated count. With `messages` and a `tokenizer`: one
-    assistant message per turn, and decoding each generated span gives that message's content
-    (for a message with tool calls, the content, each tool's name and every string in its arguments
-    must appear in the decoded text, since the parser moved the call out of the content; a trailing
-    stop string is tolerated after a turn that did not end with the tokenizer's eos, which is the
-    only way it can be there).
-    """
+    them (a logit or a NaN is no logprob); `completion_tokens` (when given and > 0) equals the
+    generated count. With `messages` and a `tokenizer`: one assistant message per turn, and decoding
+    each generated span gives that message's content (for a message with tool calls, the content,
+    each tool's name and every string in its arguments must appear in the decoded text, since the
+    parser moved the call out of the content; a trailing stop string is tolerated after a turn that
+    did not end with the tokenizer's eos, which is the only way it can be there)."""
     reasons: list[str] = []
     n = len(record.token_ids)
     if len(record.loss_mask) != n or len(record.logprobs) != n:

@@ -50,11 +50,7 @@ class Watchdog:
     """The calls waiting on each service, and the check that cuts them when the service hangs."""
 
     def __init__(
-        self,
-        outages: Outages,
-        probes: Mapping[str, Probe | None],
-        *,
-        silent_limit_s: float = float("inf"),
+        self, outages: Outages, probes: Mapping[str, Probe | None], *, silent_limit_s: float = float("inf")
     ) -> None:
         self.outages = outages
         self.probes = probes
