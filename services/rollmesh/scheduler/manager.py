@@ -38,7 +38,7 @@ from rollmesh.scheduler.errors import (
     ResumeMismatch,
 )
 from rollmesh.scheduler.jsonl_sink import JsonlSink
-from rollmesh.scheduler.metrics import compute, scored
+from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.outcome import (
     COMPLETED_WITH_FAILURES,
     FINAL_STATES,
@@ -560,9 +560,8 @@ class JobManager:
                 return stored
         if rec.has_file:
             rollouts, failures = await asyncio.to_thread(store.load_scored, rec.directory)
-            ring = scored(rec.ring)
             k_values = list(rec.plan.k_values) if rec.plan else None
-            return compute([*rollouts, *ring], failures, k_values=k_values, job_id=job_id).to_json()
+            return compute([*rollouts, *rec.ring], failures, k_values=k_values, job_id=job_id).to_json()
         run = rec.run
         if run is None:
             return compute([], [], job_id=job_id).to_json()

@@ -69,10 +69,6 @@ class Scored:
         )
 
 
-def scored(rollouts: Iterable[Rollout | Scored]) -> list[Scored]:
-    return [r if isinstance(r, Scored) else Scored.of(r) for r in rollouts]
-
-
 @dataclass(frozen=True)
 class TaskProfile:
     task_index: int
@@ -186,7 +182,8 @@ def dedupe(rollouts: Iterable[Rollout | Scored]) -> tuple[dict[RolloutKey, Score
     """Rollouts by key, the first occurrence winning; and how many duplicates were dropped."""
     by_key: dict[RolloutKey, Scored] = {}
     dups = 0
-    for r in scored(rollouts):
+    for item in rollouts:
+        r = item if isinstance(item, Scored) else Scored.of(item)
         if r.key in by_key:
             dups += 1
         else:
