@@ -49,10 +49,6 @@ class FailureClassSummary:
         )
 
 
-def _short(message: str) -> str:
-    return message if len(message) <= EXAMPLE_CHARS else message[: EXAMPLE_CHARS - 1] + "…"
-
-
 class FailureTally:
     """Failures per class, with the first message of each class as its example."""
 
@@ -62,16 +58,12 @@ class FailureTally:
 
     def add(self, error_class: str, message: str) -> None:
         self._counts[error_class] = self._counts.get(error_class, 0) + 1
-        self._examples.setdefault(error_class, _short(message))
+        short = message if len(message) <= EXAMPLE_CHARS else message[: EXAMPLE_CHARS - 1] + "…"
+        self._examples.setdefault(error_class, short)
 
     def summary(self, top: int = TOP_CLASSES) -> list[FailureClassSummary]:
         ranked = sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
         return [FailureClassSummary(c, n, self._examples[c]) for c, n in ranked]
-
-
-def describe(summary: list[FailureClassSummary]) -> str:
-    """One line naming the classes: `UNAUTHENTICATED x40 (e.g. "bad token"), ...`."""
-    return "; ".join(f'{s.error_class} x{s.count} (e.g. "{s.example_message}")' for s in summary)
 
 
 def failure_bound(total: int, allowed_failures: int, allowed_fraction: float) -> int:
@@ -93,7 +85,8 @@ def final_state(
     bound = failure_bound(total, allowed_failures, allowed_fraction)
     if failed <= bound:
         return SUCCEEDED, ""
-    why = describe(tally.summary())
+    # One line naming the classes: `UNAUTHENTICATED x40 (e.g. "bad token"); ...`.
+    why = "; ".join(f'{s.error_class} x{s.count} (e.g. "{s.example_message}")' for s in tally.summary())
     if succeeded == 0:
         return FAILED, f"every rollout failed ({failed} of {total}): {why}"
     return (
