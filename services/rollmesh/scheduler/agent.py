@@ -194,10 +194,6 @@ def merge_tools(first: list[Json], second: list[Json]) -> list[Json]:
     return [*first, *(t for t in second if t["name"] not in seen)]
 
 
-def tool_call_name(call: Json) -> str:
-    return str(call.get("function", {}).get("name", call.get("name", "")))
-
-
 async def run_agent(
     *,
     job_id: str,
@@ -262,7 +258,7 @@ async def run_agent(
                     {
                         "role": "tool",
                         "tool_call_id": str(tc.get("id", "")),
-                        "name": tool_call_name(tc),
+                        "name": str(tc.get("function", {}).get("name", tc.get("name", ""))),
                         "content": result.output,
                     }
                 )
