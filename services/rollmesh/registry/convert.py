@@ -20,10 +20,6 @@ def kind_from_pb(value: int) -> Kind:
         raise UnknownKind(f"artifact kind {value} is not one of {names}") from None
 
 
-def kind_to_pb(kind: Kind) -> pb.ArtifactKind.ValueType:
-    return _KIND_TO_PB[kind]
-
-
 def root_to_pb(root: Root) -> pb.Root:
     return pb.Root(path=str(root.path), order=root.order, source=root.source)
 
@@ -32,7 +28,7 @@ def listed_to_pb(item: Listed) -> pb.ListedArtifact:
     return to_pb(
         pb.ListedArtifact,
         item,
-        kind=kind_to_pb(item.kind),
+        kind=_KIND_TO_PB[item.kind],
         path=str(item.path),
         root=str(item.root),
         collides_with=[str(p) for p in item.collides_with],
@@ -40,4 +36,4 @@ def listed_to_pb(item: Listed) -> pb.ListedArtifact:
 
 
 def resolved_to_pb(item: Resolved) -> pb.Artifact:
-    return to_pb(pb.Artifact, item, kind=kind_to_pb(item.kind), path=str(item.path), root=str(item.root))
+    return to_pb(pb.Artifact, item, kind=_KIND_TO_PB[item.kind], path=str(item.path), root=str(item.root))
