@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rollmesh.mesh import config
@@ -20,17 +19,12 @@ class SchedulerConfig:
 
     @classmethod
     def from_env(
-        cls,
-        *,
-        port: int | None = None,
-        host: str | None = None,
-        output_dir: str | None = None,
-        environ: Mapping[str, str] | None = None,
+        cls, *, port: int | None = None, host: str | None = None, output_dir: str | None = None
     ) -> SchedulerConfig:
         return cls(
-            server=ServerConfig.from_env("scheduler", port=port, host=host, environ=environ),
-            roots=RootsConfig.from_env(environ),
-            gateway_addr=config.service_addr("gateway", environ),
-            verifier_addr=config.service_addr("verifier", environ),
+            server=ServerConfig.from_env("scheduler", port=port, host=host),
+            roots=RootsConfig.from_env(),
+            gateway_addr=config.service_addr("gateway"),
+            verifier_addr=config.service_addr("verifier"),
             output_dir=output_dir or "runs",
         )
