@@ -30,7 +30,6 @@ from rollmesh.gateway.backends.base import (
     SamplingInput,
 )
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
-from rollmesh.gateway.errors import DrainTimeout, WeightUpdatesUnsupported
 from rollmesh.gateway.sessions import FreshPromptCache, SessionState, SessionStore, build_prompt, tools_key
 from rollmesh.gateway.toolcalls import parse_tool_calls
 from rollmesh.gateway.types import (
@@ -295,7 +294,7 @@ class Gateway:
                 try:
                     await asyncio.wait_for(drained, drain_timeout_s)
                 except TimeoutError:
-                    raise DrainTimeout(
+                    raise errors.DrainTimeout(
                         f"{len(m.generating)} generations on {m.name!r} still running after "
                         f"{drain_timeout_s:g} s; the weights were not changed",
                         metadata={"model": m.name, "running": str(len(m.generating))},
@@ -361,7 +360,7 @@ class Gateway:
         if m.reference is None:
             m.reference = m.backend.weights_path
         if m.reference is None:
-            raise WeightUpdatesUnsupported(
+            raise errors.WeightUpdatesUnsupported(
                 f"model {m.name!r} ({m.backend.card.backend} backend) cannot update its weights",
                 metadata={"model": m.name},
             )

@@ -73,11 +73,8 @@ def bad_request(message: str, field: str) -> InvalidGenerateRequest:
 
 
 class PromptTooLong(mesh.ResourceExhausted):
-    """The prompt does not fit the model's context. No RetryInfo: retrying cannot help.
-
-    Over HTTP this is 400 (OpenAI's `context_length_exceeded`), so OpenAI clients do not retry it
-    the way they retry a 429.
-    """
+    """The prompt does not fit the model's context. No RetryInfo: retrying cannot help. Over HTTP
+    this is 400 (OpenAI's `context_length_exceeded`), so OpenAI clients do not retry it like a 429."""
 
     reason = "PROMPT_TOO_LONG"
     http_status_override = 400

@@ -68,13 +68,10 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call_") -> Parsed:
 
 
 class ContentStreamFilter:
-    """Turns raw text deltas into content deltas that never show tool-call markup.
-
-    Text is passed through until something that may start `<tool_call>` appears; from there on it
-    is held back until `finish`, which returns the rest of the parsed content. Because the parser
-    keeps text before the first block verbatim, what was streamed is always a prefix of the final
-    content.
-    """
+    """Turns raw text deltas into content deltas that never show tool-call markup: text passes
+    through until something that may start `<tool_call>` appears, then is held back until `finish`,
+    which returns the rest of the parsed content. The parser keeps text before the first block
+    verbatim, so what was streamed is always a prefix of the final content."""
 
     def __init__(self) -> None:
         self._raw: list[str] = []
