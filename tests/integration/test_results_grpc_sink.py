@@ -288,6 +288,77 @@ async def test_a_job_resumed_while_the_trainer_holds_its_rollouts_delivers_each_
     assert server.stats.duplicates >= 1 and len(server.committed("job1")) == 4
 
 
+async def test_a_copy_resent_while_its_key_waits_in_a_batch_is_acknowledged_once_that_is_consumed(
+    make_server: type[SinkServer],
+) -> None:
+    """A resumed job resends a key the run before left in the trainer's batch, not consumed yet: the
+    copy was acknowledged at once as a duplicate, so the resumed job ended SUCCEEDED while the trainer
+    still had that batch to train, and a trainer dying in that step lost the row. Now the copy is
+    acknowledged when the key is consumed."""
+    server = await make_server(window=8).start()
+    channel = aio_channel(server.address)
+    first = GrpcSink(server.address, window=4, channel=channel)
+    await first.open("job1", total=1, spec={})
+    stepping = asyncio.Event()
+
+    async def trainer() -> None:
+        async for _ in server.batches(4, until_closed=True):
+            stepping.set()
+            await asyncio.Event().wait()  # the optimizer step, in which the trainer dies
+
+    consumer = asyncio.create_task(trainer())
+    await first.write(rollout(0, 0))
+    deadline = asyncio.get_running_loop().time() + 30
+    while server.stats.delivered < 1:  # (0, 0) waits in the trainer's partial batch
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    await channel.close()  # the scheduler's process dies; the job is resumed
+    again = GrpcSink(server.address, window=4, drain_timeout_s=30)
+    assert await again.open("job1", total=1, spec={}) == set()
+    await again.write(rollout(0, 0))
+    closing = asyncio.create_task(again.close(state="succeeded", metrics=None))
+    await asyncio.wait_for(stepping.wait(), timeout=30)  # SinkEnd sent the batch out
+    consumer.cancel()
+    await asyncio.gather(consumer, return_exceptions=True)
+    await server.stop(grace=0)
+    with pytest.raises(SinkUnavailable, match="1 rollouts sent were never acknowledged"):
+        await asyncio.wait_for(closing, timeout=30)
+    assert server.stats.closed_states == [] and server.stats.duplicates == 1
+
+
+async def test_rows_of_a_batch_a_cancelled_loop_was_filling_are_delivered_when_sent_again(
+    make_server: type[SinkServer],
+) -> None:
+    """A loop cancelled while its batch filled (a trainer stopped, a timeout around its wait) kept
+    those rows as handed out: the copy a resumed job sends was dropped as one the trainer had, and
+    the job ended SUCCEEDED with the row never trained on."""
+    server = await make_server(window=8).start()
+    channel = aio_channel(server.address)
+    first = GrpcSink(server.address, window=4, channel=channel)
+    await first.open("job1", total=1, spec={})
+
+    async def trainer() -> None:
+        async for _ in server.batches(4):
+            pass
+
+    filling = asyncio.create_task(trainer())
+    await first.write(rollout(0, 0))
+    deadline = asyncio.get_running_loop().time() + 30
+    while server.stats.delivered < 1:  # (0, 0) is in the batch being filled
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    filling.cancel()
+    await asyncio.gather(filling, return_exceptions=True)
+    await channel.close()  # the job fails; it is resumed
+    again = GrpcSink(server.address, window=4, drain_timeout_s=5)
+    assert await again.open("job1", total=1, spec={}) == set()
+    consumer = asyncio.create_task(collect(server))
+    await again.write(rollout(0, 0, reward=0.5))
+    await again.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert [(r.key, r.reward) for r in got] == [((0, 0), 0.5)]
+
+
 async def test_a_rollout_left_unconsumed_by_a_loop_that_stopped_is_delivered_when_sent_again(
     make_server: type[SinkServer],
 ) -> None:

@@ -354,24 +354,26 @@ class SinkServer:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         batch: list[TrainerRollout] = []
-        while True:
-            try:
-                async with asyncio.timeout(max_wait_s if batch else None):
-                    unit = await self._next_unit(until_closed, flush=True)
-            except TimeoutError:
-                unit = []  # nothing new for max_wait_s: the batch goes out as it is
-            if unit is None:
-                break
-            if not unit and not batch:
-                continue
-            batch.extend(unit)
-            if not unit or len(batch) >= min(size, self._min_window()):
-                out, batch = batch, []
-                with self._handed(out):
-                    yield out
-                self.ack(out)
-            else:
-                self.ack([r for r in unit if not self._sends_end(r.job_id)])
+        with self._handed(batch):  # a loop cancelled while a batch fills never had its rows
+            while True:
+                try:
+                    async with asyncio.timeout(max_wait_s if batch else None):
+                        unit = await self._next_unit(until_closed, flush=True)
+                except TimeoutError:
+                    unit = []  # nothing new for max_wait_s: the batch goes out as it is
+                if unit is None:
+                    break
+                if not unit and not batch:
+                    continue
+                batch.extend(unit)
+                if not unit or len(batch) >= min(size, self._min_window()):
+                    out = batch.copy()
+                    batch.clear()
+                    with self._handed(out):
+                        yield out
+                    self.ack(out)
+                else:
+                    self.ack([r for r in unit if not self._sends_end(r.job_id)])
         if batch:
             with self._handed(batch):
                 yield batch
@@ -408,7 +410,7 @@ class SinkServer:
         again (a resumed job) is delivered, not dropped as one the trainer has had."""
         try:
             yield
-        except GeneratorExit:
+        except BaseException:  # GeneratorExit, or a loop cancelled while a batch fills
             for r in unit:
                 self._delivered.get(r.job_id, set()).discard(r.key)
             raise
@@ -416,7 +418,8 @@ class SinkServer:
     def _deliverable(self, unit: _Unit) -> _Unit:
         """What of `unit` reaches the trainer: neither a key it has had (a copy sent again by a
         job resumed meanwhile) nor, with on_stale="drop", a stale rollout. The rest is acknowledged
-        (the scheduler moves on; a stale drop is said as one) but not committed."""
+        (the scheduler moves on; a stale drop is said as one) but not committed; a copy of a key
+        handed out and not consumed yet, only once that is (or a trainer dying with it lost it)."""
         kept: _Unit = []
         for r in unit:
             delivered = self._delivered.setdefault(r.job_id, set())
@@ -424,7 +427,10 @@ class SinkServer:
                 r.staleness = None if r.version is None else self.policy_version - r.version
                 r.stale = r.staleness is not None and r.staleness > self.max_staleness
             dropped = False
-            if r.key in delivered or r.key in self._committed.get(r.job_id, ()):
+            if r.key in delivered:  # the trainer has it, not consumed yet: acked with it (ack())
+                self.stats.duplicates += 1
+                continue
+            if r.key in self._committed.get(r.job_id, ()):
                 self.stats.duplicates += 1
             elif dropped := (r.stale and self.on_stale == "drop"):
                 self.stats.dropped_stale += 1
