@@ -320,20 +320,18 @@ async def submit_and_follow(
         else:
             err.print("nothing to resume for these settings; starting a new job")
     err.print(f"job {job.job_id}: output in {job.output_path or '(the gRPC sink)'}")
+    from rollmesh.mesh.aio import first_of
+
     loop = asyncio.get_running_loop()
-    follower = asyncio.ensure_future(follow_job(handle))
     interrupted = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, interrupted.set)
-    waiter = asyncio.ensure_future(interrupted.wait())
     try:
-        await asyncio.wait({follower, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        follower, _ = await first_of(follow_job(handle), interrupted.wait())
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        waiter.cancel()
-    if interrupted.is_set() and not follower.done():
-        follower.cancel()
+    if follower.cancelled():
         err.print(
             "interrupted: cancelling the job (everything written stays; rerun with --resume, or: "
             f"{resume_command(job, scheduler)})"

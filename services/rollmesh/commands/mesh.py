@@ -92,6 +92,7 @@ def up(
     SIGTERM stops them all (a second one kills at once). Exits 1 when a service cannot be kept up."""
     from rollmesh.launch.processes import Mesh, UpConfig
     from rollmesh.launch.restart import RestartPolicy
+    from rollmesh.mesh.aio import first_of
     from rollmesh.mesh.config import DEFAULT_PORTS
     from rollmesh.mesh.errors import ConfigError
     from rollmesh.mesh.lines import LineWriter
@@ -138,11 +139,9 @@ def up(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        starter = asyncio.ensure_future(mesh.start())
-        stopper = asyncio.ensure_future(stop.wait())
         try:
-            await asyncio.wait({starter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if not starter.done():
+            starter, _ = await first_of(mesh.start(), stop.wait())
+            if starter.cancelled():
                 return 0
             if exc := starter.exception():
                 write(f"[up] failed to start: {exc}")
@@ -158,9 +157,6 @@ def up(
                 write("[up] a service could not be kept up; stopping the mesh (exit 1)")
             return code
         finally:
-            starter.cancel()
-            stopper.cancel()
-            await asyncio.gather(starter, stopper, return_exceptions=True)
             write("[up] stopping")
             await mesh.stop(cfg.grace_s, force)
             write("[up] stopped")

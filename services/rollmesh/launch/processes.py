@@ -32,6 +32,7 @@ from typing import Any
 
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh import config
+from rollmesh.mesh.aio import first_of
 from rollmesh.mesh.config import DEFAULT_PORTS
 from rollmesh.mesh.lines import LineAssembler
 from rollmesh.mesh.server import wait_serving
@@ -166,16 +167,8 @@ class Mesh:
         bound = (await asyncio.to_thread(port_file.read_text)).strip()
         host, _, port = bound.rpartition(":")
         child.address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-        serving = asyncio.ensure_future(
-            wait_serving(child.address, timeout_s=max(deadline - loop.time(), 1.0))
-        )
-        died = asyncio.ensure_future(child.proc.wait())
-        try:
-            await asyncio.wait([serving, died], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (serving, died):
-                task.cancel()
-            await asyncio.gather(serving, died, return_exceptions=True)
+        timeout_s = max(deadline - loop.time(), 1.0)
+        serving, _ = await first_of(wait_serving(child.address, timeout_s=timeout_s), child.proc.wait())
         if serving.cancelled():  # it died first
             raise RuntimeError(f"{child.service} {describe_exit(await child.proc.wait())} before serving")
         serving.result()
@@ -185,14 +178,8 @@ class Mesh:
     async def supervise(self, stop: asyncio.Event) -> int:
         """Keep every child running until `stop` is set (returns 0) or one is given up on (returns 1)."""
         keepers = [asyncio.create_task(self._keep(c), name=f"keep-{c.service}") for c in self.children]
-        stopper = asyncio.create_task(stop.wait())
-        try:
-            done, _ = await asyncio.wait({*keepers, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in [*keepers, stopper]:
-                task.cancel()
-            await asyncio.gather(*keepers, stopper, return_exceptions=True)
-        return 0 if stopper in done else 1
+        stopper, *_ = await first_of(stop.wait(), *keepers)
+        return 1 if stopper.cancelled() else 0
 
     async def _keep(self, child: Child) -> None:
         """Restart `child` whenever it dies; returns only when the policy gives up on it."""

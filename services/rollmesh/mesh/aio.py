@@ -1,13 +1,13 @@
 """Small asyncio helpers every service uses: the event loop a server process runs on (`run_server`), a set
-of kept background tasks, and a thread that lives as long as the process for blocking calls whose side
-effects belong to the calling thread."""
+of kept background tasks, a race of awaitables (`first_of`), and a thread that lives as long as the
+process for blocking calls whose side effects belong to the calling thread."""
 
 from __future__ import annotations
 
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -62,6 +62,19 @@ class TaskSet:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_of(*aws: Awaitable[Any]) -> list[asyncio.Future[Any]]:
+    """Run `aws` until one ends, then cancel the others and wait for them (all of them when this is
+    cancelled). Returns their tasks in order: a loser reads `cancelled()`, the winner its outcome."""
+    tasks: list[asyncio.Future[Any]] = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return tasks
 
 
 class ProcessLifetimeThread:
