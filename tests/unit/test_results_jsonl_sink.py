@@ -176,6 +176,27 @@ def test_readers_skip_a_partial_last_line(tmp_path: Path) -> None:
     assert [r.key for r in rollouts] == [RolloutKey(0, 0)] and failures == []
 
 
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        (ROLLOUTS, {"task_index": 0}),
+        (ROLLOUTS, [1, 2]),
+        (ROLLOUTS, {"task_index": 0, "rollout_index": 0, "reward": {}}),
+        ("failures.jsonl", {"task_index": 0}),
+        ("failures.jsonl", "a string"),
+    ],
+)
+def test_metrics_name_a_stored_row_that_is_not_a_rollmesh_row(tmp_path: Path, name: str, bad: object) -> None:
+    # GetJobMetrics counts a running job from its files: a hand-edited row answered INTERNAL (KeyError)
+    good = json.dumps(rollout(0, 0).to_row())
+    (tmp_path / name).write_text(
+        f"{good}\n{json.dumps(bad)}\n" if name == ROLLOUTS else f"{json.dumps(bad)}\n"
+    )
+    with pytest.raises(CorruptSinkFile) as info:
+        load_scored(tmp_path)
+    assert f"{tmp_path / name}:{2 if name == ROLLOUTS else 1}" in str(info.value)
+
+
 async def test_close_recomputes_metrics_without_holding_the_rows(tmp_path: Path) -> None:
     """metrics.json of a file-sink job is recomputed from the folder at close (earlier runs' rows
     count): only a small summary per row may stay in memory, never the conversations (a 100k-row job

@@ -348,9 +348,17 @@ def find_resumable(output_dir: Path, spec: JobSpec) -> str | None:
 def load_scored(directory: Path) -> tuple[list[Scored], list[RolloutFailure]]:
     """What metrics read of every rollout a job folder holds, and its failures (blocking; call from
     a thread). One row is parsed at a time and only its `Scored` summary kept, so memory follows the
-    number of rows (a few hundred bytes each), not the size of rollouts.jsonl (whole conversations)."""
-    rollouts = [Scored.of(Rollout.from_row(row)) for _, row in _rows_if_any(directory / ROLLOUTS)]
-    return rollouts, [RolloutFailure.from_row(row) for _, row in _rows_if_any(directory / FAILURES)]
+    number of rows (a few hundred bytes each), not the size of rollouts.jsonl (whole conversations).
+    A row that is not a rollmesh row raises CorruptSinkFile naming its file and line."""
+    rollouts = [
+        Scored.of(_parse(f"{directory / ROLLOUTS}:{n}", row, Rollout.from_row))
+        for n, row in _rows_if_any(directory / ROLLOUTS)
+    ]
+    failures = [
+        _parse(f"{directory / FAILURES}:{n}", row, RolloutFailure.from_row)
+        for n, row in _rows_if_any(directory / FAILURES)
+    ]
+    return rollouts, failures
 
 
 @dataclass
