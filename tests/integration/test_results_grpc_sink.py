@@ -809,6 +809,73 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
     assert sorted(r.key for r in got) == [(t, 0) for t in range(10)]  # each once, none lost
 
 
+async def test_a_job_whose_trainer_died_counts_as_succeeded_only_what_the_trainer_consumed(
+    make_server: type[SinkServer], tmp_path: Path
+) -> None:
+    """The trainer dies in a step: the job FAILED, but its progress (GetJob, job.json, `jobs
+    status`) said every rollout sent had succeeded, the unconsumed ones too (16 / 0 of 16 with 4
+    consumed). A rollout counts as succeeded once the trainer acknowledges it; so the counts add up
+    across the resume."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.job_convert import job_to_pb
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from tests.fakes import LocalEnv, LocalModel, Rows
+
+    server = await make_server(window=8).start()
+    path = Rows.arithmetic(16).write(tmp_path / "d.jsonl")
+    sink = SinkConfig(kind="grpc", address=server.address, window=8)
+    spec = JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink)
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
+    )
+    stepping = asyncio.Event()
+
+    async def trainer() -> None:
+        async for _ in server.batches(4, until_closed=True):
+            if len(server.committed(rec.job_id)) == 4:  # the second step, in which the trainer dies
+                stepping.set()
+                await asyncio.Event().wait()
+
+    try:
+        rec = await mgr.submit(spec)
+        consumer = asyncio.create_task(trainer())
+        await asyncio.wait_for(stepping.wait(), timeout=30)
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+        saved = server.committed(rec.job_id)
+        await server.stop(grace=0)
+        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
+        assert done.state == "FAILED", done.error
+        p = job_to_pb(done, 0.0).progress
+        assert (p.done, p.succeeded, p.failed) == (4, 4, 0) and p.mean_reward == 1.0
+        stored = json.loads((tmp_path / rec.job_id / "job.json").read_text())["progress"]
+        assert (stored["done"], stored["succeeded"]) == (4, 4)
+
+        restarted = await make_server(window=8, committed={rec.job_id: saved}).start()
+        consumer = asyncio.create_task(collect(restarted))
+        sink = SinkConfig(kind="grpc", address=restarted.address, window=8)
+        again = await mgr.submit(
+            JobSpec(
+                dataset=str(path),
+                environment="arithmetic",
+                output_dir=str(tmp_path),
+                sink=sink,
+                resume_job_id=rec.job_id,
+            )
+        )
+        final = await asyncio.wait_for(mgr.wait(again.job_id), timeout=60)
+        got = await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    assert final.state == "SUCCEEDED", final.error
+    assert sorted(saved | {r.key for r in got}) == [(t, 0) for t in range(16)] and not saved & {
+        r.key for r in got
+    }
+    p = job_to_pb(final, 0.0).progress
+    assert (p.succeeded, p.skipped_existing, p.total) == (12, 4, 16)
+
+
 async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succeeded(
     make_server: type[SinkServer], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -218,7 +218,7 @@ class JobRun:
         self.job_id = job_id
         self.plan = plan
         self.sink = sink
-        sink.on_stale_dropped = self._stale_dropped
+        sink.on_unconsumed = self._unconsumed
         self.hooks = hooks or Hooks()
         self.policy = plan.spec.retry.with_defaults()
         conc = plan.spec.concurrency
@@ -285,13 +285,13 @@ class JobRun:
         p.model_calls_cut = self.deadline.timeouts
         return p
 
-    def _stale_dropped(self, reward: float) -> None:
+    def _unconsumed(self, reward: float, stale: bool) -> None:
         p = self.progress
-        p.succeeded, p.stale_dropped, p.reward_sum = (
-            p.succeeded - 1,
-            p.stale_dropped + 1,
-            p.reward_sum - reward,
-        )
+        p.succeeded, p.reward_sum = p.succeeded - 1, p.reward_sum - reward
+        if stale:
+            p.stale_dropped += 1
+        else:
+            p.done -= 1
 
     def stop(self, result: RunResult) -> None:
         """Stop dispatching and cancel rollouts in flight (what was written stays)."""

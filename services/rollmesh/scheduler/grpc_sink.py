@@ -167,7 +167,11 @@ class GrpcSink(Sink):
                 self._unacked_since = time.monotonic()
             self._unacked[rollout.key] = rollout.reward
             self.max_unacked_seen = max(self.max_unacked_seen, len(self._unacked))
-        await self._send(msg)
+        try:
+            await self._send(msg)
+        except BaseException:  # not written: the job does not count it
+            self._unacked.pop(rollout.key, None)
+            raise
 
     async def write_failure(self, failure: RolloutFailure) -> None:
         self._raise_if_broken()
@@ -221,6 +225,9 @@ class GrpcSink(Sink):
                 self._call.cancel()
             if self._own_channel:
                 await self._channel.close()
+        if self.on_unconsumed is not None:  # what the trainer never took has not succeeded
+            for reward in [*self._unacked.values(), *self._held.values()]:
+                self.on_unconsumed(reward, False)
         if self._owed() and convert.state_to_pb(state) in _SUCCESS:
             cause = _describe(self._error) if self._error is not None else "no ack within drain_timeout_s"
             raise SinkUnavailable(
@@ -271,8 +278,8 @@ class GrpcSink(Sink):
                         self._held[key] = self._unacked.pop(key)
                     for key in keys:
                         reward = self._unacked.pop(key) if key in self._unacked else self._held.pop(key)
-                        if key in stale and self.on_stale_dropped is not None:
-                            self.on_stale_dropped(reward)
+                        if key in stale and self.on_unconsumed is not None:
+                            self.on_unconsumed(reward, True)
                     self.acked += len(keys)
                     self._cond.notify_all()
         except grpc.aio.AioRpcError as exc:

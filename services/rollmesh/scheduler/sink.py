@@ -17,9 +17,10 @@ from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 class Sink(ABC):
     # Called once when the sink can no longer store rows (a full disk): the job fails at once.
     on_error: Callable[[RollmeshError], None] | None = None
-    # Called with the reward of a written rollout the consumer dropped as stale (a trainer's
-    # max_staleness) instead of consuming it: the job counts it as stale_dropped, not succeeded.
-    on_stale_dropped: Callable[[float], None] | None = None
+    # Called with the reward of a written rollout the consumer did not consume: dropped as stale (a
+    # trainer's max_staleness; True: the job counts it as stale_dropped) or never acknowledged by the
+    # close (False: not done). Either way it is not succeeded.
+    on_unconsumed: Callable[[float, bool], None] | None = None
 
     @abstractmethod
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
