@@ -157,9 +157,7 @@ class LineWriter:
         self._closed = True
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(None, timeout=0.05)
                 break
-            except queue.Full:
-                continue
         self._thread.join(max(0.0, deadline - time.monotonic()))
