@@ -31,26 +31,18 @@ class ServeAppExists(mesh.AlreadyExists):
 
 
 class RayUnreachable(mesh.Unavailable):
-    """The Ray cluster's address does not answer (or `ray.init` failed for another reason)."""
-
     reason = "RAY_CLUSTER_UNREACHABLE"
 
 
 class RayAuthFailed(mesh.Unauthenticated):
-    """The cluster runs token auth and this process has no token, or the wrong one."""
-
     reason = "RAY_AUTH_FAILED"
 
 
 class RayVersionMismatch(mesh.FailedPrecondition):
-    """Ray or Python here differ from the cluster's."""
-
     reason = "RAY_VERSION_MISMATCH"
 
 
 class RayNotANode(mesh.FailedPrecondition):
-    """A `host:port` address needs a Ray node on this host (a driver uses its local raylet)."""
-
     reason = "RAY_NOT_A_NODE"
 
 
