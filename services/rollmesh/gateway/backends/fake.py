@@ -291,10 +291,8 @@ class FakeBackend(ModelBackend):
     async def load_weights(self, checkpoint: Path, *, policy_version: str = "") -> list[str]:
         if self._weights_dir is None:
             return await super().load_weights(checkpoint, policy_version=policy_version)
-        if self._running:
-            raise AssertionError(
-                f"weights loaded while {len(self._running)} requests run"
-            )  # the gateway drains
+        if self._running:  # the gateway drains them first
+            raise AssertionError(f"weights loaded while {len(self._running)} requests run")
         failures: dict[str, str] = {}
         for replica in self.replica_ids:
             try:
