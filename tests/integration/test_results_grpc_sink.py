@@ -144,6 +144,27 @@ async def test_group_complete_delivery_with_a_window_smaller_than_a_group(
         assert abs(float(adv[batch.group_ids == gid].sum())) < 1e-5  # GRPO: zero mean per group
 
 
+async def test_more_incomplete_groups_than_max_held_and_the_window_still_flow(
+    make_server: type[SinkServer],
+) -> None:
+    """Rows of incomplete groups past max_held were left in the window; with more groups in flight
+    (a job's concurrency over max_held + window, repeats finishing in any order) the window filled
+    with rows waiting for rows the scheduler could no longer send: the job stalled and failed on its
+    ack timeout with a trainer waiting. A scheduler that sends SinkEnd still owes them, so they are
+    held past max_held: its concurrency bounds them (each incomplete group has a repeat in flight)."""
+    server = await make_server(window=1, group_complete=True, group_size=4).start()  # max_held 4
+    sink = GrpcSink(server.address, window=2, ack_timeout_s=2)
+    await sink.open("job1", total=32, spec={"num_repeats": 4})
+    consumer = asyncio.create_task(collect(server))
+    for i in range(4):  # repeat-major: every group completes only in the last round
+        for t in range(8):
+            await sink.write(rollout(t, i))
+    await sink.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    assert sorted(r.key for r in got) == [(t, i) for t in range(8) for i in range(4)]
+    assert server.stats.closed_states == ["JOB_STATE_SUCCEEDED"] and sink.max_unacked_seen <= 2
+
+
 async def test_groups_the_end_releases_reach_a_trainer_busier_than_the_close_waits(
     make_server: type[SinkServer],
 ) -> None:

@@ -20,10 +20,12 @@ Group-complete delivery (`group_complete=True`): all repeats of a task arrive to
 group size is `group_size`, else the job's `num_repeats` from SinkOpen; repeats the trainer had
 already consumed, failed repeats and stale drops shrink a group; on SinkEnd or SinkClose partial
 groups are delivered). So that groups filled out of order cannot deadlock against the window,
-rollouts waiting in an incomplete group are reported `held` on arrival (up to `max_held`; beyond
-that they wait like the rest): out of the scheduler's window, but still owed an acknowledgement,
-sent, and committed, only when the whole group is consumed (a scheduler that sends no SinkEnd, an
-older one, gets them acknowledged on arrival).
+rollouts waiting in an incomplete group are reported `held` on arrival: out of the scheduler's
+window, but still owed an acknowledgement, sent, and committed, only when the whole group is
+consumed. The job's concurrency bounds them (each incomplete group has a repeat in flight); left in
+the window past a bound, they could fill it with rows waiting for rows it no longer lets through. (A
+scheduler that sends no SinkEnd, an older one, gets up to `max_held` acknowledged on arrival, the
+rest waiting like any rollout.)
 
 Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
 weight sync. A rollout's version is the oldest of its turns. Its staleness is
@@ -540,7 +542,7 @@ class SinkServer:
         if len(group) >= st.expected[task]:
             self._track(st, key)
             await self._release(st, task)
-        elif len(st.held) < self.max_held:
+        elif st.sends_end or len(st.held) < self.max_held:  # (left in the window, it could fill it)
             st.held.add(key)  # waits for its group: out of the window now so it keeps moving
             st.ack([key], held=st.sends_end)  # an older scheduler knows no `held`: acknowledged
         else:
