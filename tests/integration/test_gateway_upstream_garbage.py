@@ -96,7 +96,16 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+MODEL_LISTS: dict[str, bytes] = {  # a /models answer that is 200 but no model list
+    "models_not_json": b"<html>a login page</html>",
+    "models_a_list": b"[1, 2]",
+    "models_data_a_number": b'{"object": "list", "data": 5}',
+}
+
+
 async def _models(request: web.Request) -> web.Response:
+    if (mode := request.match_info["mode"]) in MODEL_LISTS:
+        return web.Response(body=MODEL_LISTS[mode], content_type="application/json")
     return web.json_response({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]})
 
 
@@ -131,6 +140,32 @@ async def test_a_200_that_is_not_a_chat_completion_is_a_bad_response(bad_upstrea
         await _generate(bad_upstream, mode, stream=False)
     assert (info.value.code, info.value.reason) == (grpc.StatusCode.INTERNAL, "UPSTREAM_BAD_RESPONSE")
     assert bad_upstream in info.value.message
+
+
+@pytest.mark.parametrize("mode", sorted(MODEL_LISTS))
+async def test_a_model_list_that_is_not_one_fails_the_start_with_the_class(
+    bad_upstream: str, mode: str
+) -> None:
+    """It was an uncaught ValueError/TypeError/AttributeError: a traceback instead of a reason."""
+    backend = OpenAIBackend("m", base_url=f"{bad_upstream}/{mode}/v1", model="m")
+    try:
+        with pytest.raises(RollmeshError) as info:
+            await backend.start()
+    finally:
+        await backend.shutdown()
+    assert info.value.reason == "UPSTREAM_BAD_RESPONSE" and "not a model list" in info.value.message
+
+
+async def test_rollmesh_run_against_a_bad_model_list_says_so_in_one_line(
+    bad_upstream: str, tmp_path: Path
+) -> None:
+    argv = [str(ROLLMESH), "run", "--benchmark", "arithmetic", "--limit", "2", "-n", "1"]
+    argv += ["--base-url", f"{bad_upstream}/models_a_list/v1", "--model", "m", "--output-dir", str(tmp_path)]
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "not a model list" in done.stderr
 
 
 async def test_a_stream_with_no_choice_is_a_bad_response(bad_upstream: str) -> None:

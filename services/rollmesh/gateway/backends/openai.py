@@ -176,9 +176,17 @@ class OpenAIBackend(ModelBackend):
             timeout = aiohttp.ClientTimeout(total=10.0)
             async with self._http().get(f"{self.base_url}/models", timeout=timeout) as resp:
                 status = resp.status
-                listing = json.loads(await resp.read()) if status == 200 else {}
+                body = await resp.read() if status == 200 else b"{}"
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._transport_error(exc) from None
+        try:
+            listing = untrusted_json.loads(body)
+        except ValueError:
+            listing = None
+        if not isinstance(listing, dict) or not isinstance(listing.get("data", []), list):
+            raise errors.UpstreamBadResponse(
+                f"{self.base_url}/models answered 200 with something that is not a model list: {body[:200]!r}"
+            )
         meta = {"http_status": str(status)}
         if status in (401, 403):
             raise errors.UpstreamAuthFailed(f"{self.base_url} {self._refused(status)}", metadata=meta)
