@@ -260,7 +260,7 @@ async def test_flagging_instead_of_dropping(make_server: type[SinkServer]) -> No
     consumer = asyncio.create_task(collect(server))
     await sink.write(rollout(0, 0, version="1"))
     await sink.write(rollout(0, 1, version="2"))
-    await sink.close(state="cancelled", metrics=None)  # waits until the trainer acked both
+    await sink.close(state="cancelled", metrics=None)  # at once: both were sent before it
     got = await asyncio.wait_for(consumer, timeout=30)
     assert [(r.rollout_index, r.stale) for r in got] == [(0, True), (1, False)]
     assert server.stats.closed_states == ["JOB_STATE_CANCELLED"]
@@ -895,6 +895,51 @@ async def test_a_job_whose_trainer_died_counts_as_succeeded_only_what_the_traine
     }
     p = job_to_pb(final, 0.0).progress
     assert (p.succeeded, p.skipped_existing, p.total) == (12, 4, 16)
+
+
+async def test_a_cancel_does_not_wait_for_the_trainer_to_train_what_it_holds(
+    make_server: type[SinkServer], tmp_path: Path
+) -> None:
+    """CancelJob while the trainer steps on a batch waited until it had trained that batch and the
+    partial one the end sends out (up to ack_timeout_s of silence each): minutes, past CancelJob's
+    deadline. Now the close says CANCELLED at once, and what the trainer has not acknowledged is not
+    counted as done."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.job_convert import job_to_pb
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from tests.fakes import LocalEnv, LocalModel, Rows
+
+    server = await make_server(window=8).start()
+    path = Rows.arithmetic(40).write(tmp_path / "d.jsonl")
+    sink = SinkConfig(kind="grpc", address=server.address, window=4, ack_timeout_s=60)
+    spec = JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink)
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
+    )
+    stepping, step_done = asyncio.Event(), asyncio.Event()
+    got: list[tuple[int, int]] = []
+
+    async def trainer() -> None:
+        async for batch in server.batches(4, until_closed=True):
+            got.extend(r.key for r in batch)
+            stepping.set()
+            await step_done.wait()  # a long optimizer step
+
+    try:
+        rec = await mgr.submit(spec)
+        consumer = asyncio.create_task(trainer())
+        await asyncio.wait_for(stepping.wait(), timeout=30)
+        done = await asyncio.wait_for(mgr.cancel(rec.job_id), timeout=20)  # the step goes on
+        assert done.state == "CANCELLED", done.error
+        p = job_to_pb(done, 0.0).progress
+        assert (p.done, p.succeeded) == (0, 0)  # the batch in the trainer's hand is not acknowledged yet
+        step_done.set()
+        await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    assert server.stats.closed_states == ["JOB_STATE_CANCELLED"]
+    assert len(got) == 4 and server.committed(rec.job_id) == set(got)  # a resume skips it
 
 
 async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succeeded(

@@ -181,6 +181,9 @@ class GrpcSink(Sink):
         if self._closed:
             return
         self._closed = True
+        # A cancel does not wait for the trainer to train what it holds (steps of minutes outlasted
+        # CancelJob's deadline): the close says CANCELLED, and what is unacknowledged is not counted.
+        cancelled = convert.state_to_pb(state) == scheduler_pb2.JOB_STATE_CANCELLED
         try:
             if self._call is None:
                 return
@@ -191,7 +194,7 @@ class GrpcSink(Sink):
                 # bound on the whole drain failed a healthy trainer with a batch or two still to train.
                 self._unacked_since = time.monotonic()
                 async with self._cond:
-                    while self._error is None and self._owed():
+                    while not cancelled and self._error is None and self._owed():
                         if (left := self.drain_timeout_s - self._quiet_s()) <= 0:
                             log.warning("sink_drain_timeout", job_id=self._job_id, unacked=self._owed())
                             break
@@ -200,7 +203,8 @@ class GrpcSink(Sink):
                                 await self._cond.wait()
             if self._error is None:
                 # Rollouts still unacked (the trainer stalled past drain_timeout_s): not delivered.
-                close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if self._owed() else state))
+                failed = self._owed() and not cancelled
+                close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if failed else state))
                 if metrics is not None:
                     close.metrics.CopyFrom(convert.metrics_to_pb(metrics))
                 await self._send(sink_pb2.ConsumeRequest(close=close))
