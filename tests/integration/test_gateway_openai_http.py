@@ -204,22 +204,27 @@ async def test_streaming_responses(http: Http) -> None:
     assert fc.type == "function_call" and json.loads(fc.arguments) == {"a": 5, "b": 7}
 
 
-async def test_a_turn_whose_upstream_named_no_finish_reason_is_not_called_complete(http: Http) -> None:
+@pytest.mark.parametrize("finish", ["unknown", "abort", "error", "repetition"])
+async def test_a_finish_reason_openai_has_no_word_for_is_not_called_complete(http: Http, finish: str) -> None:
     """The gateway's finish "unknown" (an upstream that named no reason: the answer may be cut) was
     passed on as chat's finish_reason "unknown", no OpenAI value, and /v1/responses said
-    "completed". Now: chat null, Responses "incomplete" with a null reason (stream: response.incomplete)."""
+    "completed"; so were "abort" (an Abort, a weight update mid-stream) and vLLM's "error" and
+    "repetition". Now: chat null, Responses "incomplete" with a null reason (stream:
+    response.incomplete), and rollmesh.finish_reason says which."""
     unnamed = http.backend._output_ids
-    http.backend._output_ids = lambda request: (unnamed(request)[0], "unknown")  # type: ignore[method-assign]
+    http.backend._output_ids = lambda request: (unnamed(request)[0], finish)  # type: ignore[method-assign]
     messages = [{"role": "user", "content": "hello"}]
     chat = await http.client.chat.completions.create(model="tiny", messages=messages)  # type: ignore[arg-type]
     assert chat.choices[0].finish_reason is None and chat.choices[0].message.content == "hello"
-    assert chat.model_extra is not None and chat.model_extra["rollmesh"]["finish_reason"] == "unknown"
+    assert chat.model_extra is not None and chat.model_extra["rollmesh"]["finish_reason"] == finish
     stream = await http.client.chat.completions.create(model="tiny", messages=messages, stream=True)  # type: ignore[arg-type]
-    finishes = [c.choices[0].finish_reason async for c in stream if c.choices]
-    assert len(finishes) > 2 and set(finishes) == {None}  # the last chunk too
+    chunks = [c async for c in stream if c.choices]
+    assert len(chunks) > 2 and {c.choices[0].finish_reason for c in chunks} == {None}  # the last chunk too
+    assert (chunks[-1].model_extra or {})["rollmesh"]["finish_reason"] == finish
     r = await http.client.responses.create(model="tiny", input="hello")
     assert r.status == "incomplete" and r.incomplete_details is not None
     assert r.incomplete_details.reason is None and r.output_text == "hello"
+    assert (r.model_extra or {})["rollmesh"]["finish_reason"] == finish
     events = [e async for e in await http.client.responses.create(model="tiny", input="hello", stream=True)]
     assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
 

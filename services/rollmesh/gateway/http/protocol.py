@@ -8,8 +8,9 @@ Extensions for RL agents that only speak HTTP:
 - Responses carry `prompt_token_ids` (top level) and `token_ids` (per choice) as vLLM's
   `return_token_ids` does, plus `rollmesh: {replica_id, policy_version, reused_prefix_tokens, ...}`.
 
-A turn whose upstream named no finish reason (the gateway's "unknown": it may be cut) says so in
-OpenAI's own terms: chat `finish_reason` null, a Responses object `status: "incomplete"` with
+Finish reasons are OpenAI's: one OpenAI has no word for (the gateway's "unknown": the upstream
+named none, it may be cut; "abort": an Abort or a weight update cut it; vLLM's "error",
+"repetition") is chat `finish_reason` null and a Responses object `status: "incomplete"` with
 `incomplete_details.reason` null (`rollmesh.finish_reason` has the gateway's word).
 """
 
@@ -264,9 +265,12 @@ def extension(r: GenerateResult, session_id: str) -> dict[str, Any]:
     }
 
 
+CHAT_FINISHES = frozenset({"stop", "length", "tool_calls", "content_filter"})  # OpenAI's own words
+
+
 def chat_finish(reason: str) -> str | None:
-    """A chat choice's finish_reason: null for "unknown", which is no OpenAI value."""
-    return None if reason == "unknown" else reason
+    """A chat choice's finish_reason: the gateway's when OpenAI has it, else null."""
+    return reason if reason in CHAT_FINISHES else None
 
 
 def logprobs_json(token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any] | None:
@@ -377,13 +381,12 @@ def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) ->
                 "status": "completed",
             }
         )
-    incomplete = r.finish_reason in ("length", "unknown")  # "unknown": the upstream named no reason
+    incomplete = r.finish_reason not in ("stop", "tool_calls")
+    reason = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(r.finish_reason)
     return {
         **response_shell(f"resp_{r.request_id}", r.model, body),
         "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": (
-            {"reason": "max_output_tokens" if r.finish_reason == "length" else None} if incomplete else None
-        ),
+        "incomplete_details": {"reason": reason} if incomplete else None,
         "output": output,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
