@@ -788,6 +788,31 @@ async def test_a_trainer_that_stops_acknowledging_shows_as_waiting(
     assert sorted(r.key for r in got) == [(0, i) for i in range(4)]
 
 
+async def test_a_drain_waiting_on_the_trainer_shows_as_waiting(
+    make_server: type[SinkServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its last rollout a job waits for the trainer to train what it holds (a step or two);
+    with the window not full, nothing said so: the job sat at 100% RUNNING for minutes."""
+    from rollmesh.scheduler import grpc_sink
+
+    monkeypatch.setattr(grpc_sink, "WAIT_SHOWN_AFTER_S", 0.2)
+    server = await make_server(window=8).start()
+    sink = GrpcSink(server.address, window=4)
+    await sink.open("job1", total=2, spec={})
+    await sink.write(rollout(0, 0))
+    await sink.write(rollout(0, 1))  # nobody consumes yet
+    closing = asyncio.create_task(sink.close(state="succeeded", metrics=None))
+    deadline = asyncio.get_running_loop().time() + 30
+    while not sink.waiting():
+        assert asyncio.get_running_loop().time() < deadline, "the wait never showed"
+        await asyncio.sleep(0.05)
+    assert sink.waiting().endswith("(2 unacknowledged, the job's last)"), sink.waiting()
+    assert not closing.done()
+    consumer = asyncio.create_task(collect(server))
+    await asyncio.wait_for(closing, timeout=30)
+    assert len(await asyncio.wait_for(consumer, timeout=30)) == 2 and sink.waiting() == ""
+
+
 async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_job_then_resume_completes(
     make_server: type[SinkServer], tmp_path: Path
 ) -> None:

@@ -90,6 +90,7 @@ class GrpcSink(Sink):
         self._last_ack = time.monotonic()  # when the trainer last acknowledged (or the sink opened)
         self._unacked_since = time.monotonic()  # when the unacknowledged set last became non-empty
         self._stalled = False  # the trainer acknowledged nothing for ack_timeout_s: no drain wait
+        self._draining = False  # close() waits for the last acknowledgements
 
     @property
     def in_flight(self) -> int:
@@ -100,13 +101,12 @@ class GrpcSink(Sink):
         return time.monotonic() - max(self._last_ack, self._unacked_since)
 
     def waiting(self) -> str:
-        quiet = self._quiet_s()
-        if len(self._unacked) < self.window or quiet < WAIT_SHOWN_AFTER_S:
+        quiet, draining = self._quiet_s(), self._draining and self._owed() > 0  # the job's last ones
+        if not (draining or len(self._unacked) >= self.window) or quiet < WAIT_SHOWN_AFTER_S:
             return ""
-        return (
-            f"trainer sink at {self.address} acknowledged nothing for {quiet:.0f} s "
-            f"({len(self._unacked)} unacknowledged, the window)"
-        )
+        n, what = (self._owed(), "the job's last") if draining else (len(self._unacked), "the window")
+        said = f"trainer sink at {self.address} acknowledged nothing for {quiet:.0f} s"
+        return f"{said} ({n} unacknowledged, {what})"
 
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
         self._job_id = job_id
@@ -192,7 +192,7 @@ class GrpcSink(Sink):
                     await self._send(sink_pb2.ConsumeRequest(end=sink_pb2.SinkEnd()))
                 # Bounded like the run: no ack for drain_timeout_s since the end (or the last ack). A
                 # bound on the whole drain failed a healthy trainer with a batch or two still to train.
-                self._unacked_since = time.monotonic()
+                self._unacked_since, self._draining = time.monotonic(), True
                 async with self._cond:
                     while not cancelled and self._error is None and self._owed():
                         if (left := self.drain_timeout_s - self._quiet_s()) <= 0:
