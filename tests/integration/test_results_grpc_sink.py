@@ -21,7 +21,7 @@ from rollmesh.scheduler.grpc_sink import GrpcSink
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh_client import aio_channel
 from rollmesh_client.trainer import SinkServer, TrainerRollout, collate
-from rollmesh_client.v1 import sink_pb2, sink_pb2_grpc
+from rollmesh_client.v1 import common_pb2, sink_pb2, sink_pb2_grpc
 
 
 def rollout(t: int, i: int, *, version: str = "0", reward: float | None = None, job: str = "job1") -> Rollout:
@@ -899,7 +899,7 @@ async def test_a_job_whose_trainer_died_counts_as_succeeded_only_what_the_traine
         assert (stored["done"], stored["succeeded"]) == (4, 4)
 
         restarted = await make_server(window=8, committed={rec.job_id: saved}).start()
-        consumer = asyncio.create_task(collect(restarted))
+        resumed = asyncio.create_task(collect(restarted))
         sink = SinkConfig(kind="grpc", address=restarted.address, window=8)
         again = await mgr.submit(
             JobSpec(
@@ -911,13 +911,11 @@ async def test_a_job_whose_trainer_died_counts_as_succeeded_only_what_the_traine
             )
         )
         final = await asyncio.wait_for(mgr.wait(again.job_id), timeout=60)
-        got = await asyncio.wait_for(consumer, timeout=30)
+        got = {r.key for r in await asyncio.wait_for(resumed, timeout=30)}
     finally:
         await mgr.aclose()
     assert final.state == "SUCCEEDED", final.error
-    assert sorted(saved | {r.key for r in got}) == [(t, 0) for t in range(16)] and not saved & {
-        r.key for r in got
-    }
+    assert sorted(saved | got) == [(t, 0) for t in range(16)] and not saved & got  # each key once
     p = job_to_pb(final, 0.0).progress
     assert (p.succeeded, p.skipped_existing, p.total) == (12, 4, 16)
 
@@ -1035,6 +1033,43 @@ async def test_acks_of_keys_never_sent_do_not_hold_off_the_ack_timeout(make_serv
     finally:
         acker.cancel()
         await sink.close(state="failed", metrics=None)
+
+
+async def test_a_trainer_that_acks_twice_or_keys_never_sent_cannot_miscount_the_job() -> None:
+    """A buggy or hostile trainer: every key acknowledged twice and said stale twice, `held` after
+    its ack, and `held`, `acked` and `dropped_stale` for keys never sent. Each rollout counts once
+    (here as a stale drop), nothing is left owed, and the close is not held up."""
+    key = common_pb2.RolloutKey
+
+    class Hostile(sink_pb2_grpc.RolloutSinkServicer):
+        async def ListCommitted(self, request: Any, context: Any) -> Any:
+            return sink_pb2.ListCommittedResponse()
+
+        async def Consume(self, requests: Any, context: Any) -> AsyncIterator[sink_pb2.ConsumeResponse]:
+            async for req in requests:
+                if req.WhichOneof("item") == "rollout":
+                    k = req.rollout.key
+                    yield sink_pb2.ConsumeResponse(
+                        held=[key(task_index=99)], dropped_stale=[key(task_index=98)]
+                    )
+                    yield sink_pb2.ConsumeResponse(acked=[k, k, key(task_index=97)], dropped_stale=[k, k])
+                    yield sink_pb2.ConsumeResponse(acked=[k], dropped_stale=[k], held=[k])
+
+    server = grpc.aio.server()
+    sink_pb2_grpc.add_RolloutSinkServicer_to_server(Hostile(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        sink = GrpcSink(f"127.0.0.1:{port}", window=2, drain_timeout_s=30)
+        unconsumed: list[tuple[float, bool]] = []
+        sink.on_unconsumed = lambda reward, stale: unconsumed.append((reward, stale))
+        await sink.open("job1", total=3, spec={})
+        for i in range(3):
+            await sink.write(rollout(0, i, reward=1.0))
+        await asyncio.wait_for(sink.close(state="succeeded", metrics=None), timeout=30)
+    finally:
+        await server.stop(0)
+    assert unconsumed == [(1.0, True)] * 3 and sink.acked == 3 and sink.in_flight == 0
 
 
 async def test_the_trainer_gets_the_rows_the_jsonl_sink_writes_for_the_same_job(
