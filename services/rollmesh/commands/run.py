@@ -6,6 +6,7 @@ everything stops. Ctrl-C cancels cleanly; the same command with --resume finishe
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -25,10 +26,13 @@ from rollmesh.commands._jobs import (
     show_metrics,
     submit_and_follow,
 )
-from rollmesh.mesh.config import ENV_VARS
 
-# The gateway's default model (ROLLMESH_GATEWAY_MODEL's default): what --model is when not given.
-DEFAULT_MODEL = str(ENV_VARS["ROLLMESH_GATEWAY_MODEL"].default)
+# Gateway variables that cannot apply to the embedded mesh's gateway: each set one is named in a warning.
+NOT_EMBEDDED = {
+    "ROLLMESH_GATEWAY_ADDR": "the embedded gateway listens on a free loopback port (--scheduler HOST:PORT"
+    " submits to a running mesh)",
+    "ROLLMESH_OPENAI_HTTP_PORT": "the embedded gateway serves no OpenAI HTTP facade (`rollmesh up` does)",
+}
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -44,9 +48,12 @@ def _run(
     model: Annotated[
         str,
         typer.Option(
-            "--model", "-m", help="Embedded: model artifact or folder; with --base-url: remote name."
+            "--model",
+            "-m",
+            help="Embedded: model artifact or folder; with --base-url: remote name (default:"
+            " ROLLMESH_GATEWAY_MODEL, else tiny-arith).",
         ),
-    ] = DEFAULT_MODEL,
+    ] = "",
     base_url: BaseUrl = "",
     api_key_env: Annotated[
         str,
@@ -89,7 +96,7 @@ def _run(
         output_dir = str(Path(output_dir or DEFAULT_OUTPUT_DIR).resolve())
     # The job names the model when it is not the embedded gateway's own default: a --base-url
     # model, or with --scheduler any --model given (the running gateway's model or route).
-    named = base_url or (scheduler and model != DEFAULT_MODEL)
+    named = base_url or (scheduler and model)
     spec = build_spec(replace(job, dataset=dataset, output_dir=output_dir, model=model if named else ""))
 
     # Stdout carries only the result: anything Ray, vLLM or a library prints while the mesh runs
@@ -148,25 +155,29 @@ async def _embedded(
     replicas: int,
     api_key: str,
 ) -> Followed:
-    from rollmesh.gateway.config import GatewayConfig, ModelSpec, model_name_for
+    from rollmesh.gateway.config import GatewayConfig
     from rollmesh.launch import embedded_mesh
-    from rollmesh.mesh.config import read
+    from rollmesh.mesh.config import ServerConfig
     from rollmesh.mesh.logging import configure
 
     configure(level="warning")
-    chosen = backend or ("openai" if base_url else "ray-serve")
     if replicas < 1:
         fail(f"--replicas must be >= 1, got {replicas}")
-    model_spec = ModelSpec(
-        name=model_name_for(model),
-        backend=chosen,
-        model=model,
+    for var, why in NOT_EMBEDDED.items():
+        if os.environ.get(var):
+            err.print(f"[yellow]warning:[/] {var} is ignored: {why}")
+    # As `serve gateway` does: the ROLLMESH_GATEWAY_* variables, this command's flags winning.
+    gateway_cfg = GatewayConfig.from_env(
+        server=ServerConfig(),
+        http_port=-1,
+        backend=backend or ("openai" if base_url else None),
+        model=model or None,
+        base_url=base_url or None,
         replicas=replicas,
-        base_url=base_url,
-        # As `rollmesh up` / `serve gateway` do: the upstream's key is in OPENAI_API_KEY unless told.
-        api_key_env=api_key_env or str(read("ROLLMESH_GATEWAY_API_KEY_ENV")),
+        api_key_env=api_key_env or None,
     )
-    gateway_cfg = GatewayConfig(models=(model_spec,), default_model=model_spec.name, http_port=-1)
+    if spec.model:  # by the name the embedded gateway serves it under
+        spec.model = gateway_cfg.default_model
 
     async with embedded_mesh(
         gateway_cfg,

@@ -106,9 +106,13 @@ class GatewayConfig:
         model_name: str | None = None,
         replicas: int | None = None,
         base_url: str | None = None,
+        api_key_env: str | None = None,
+        server: ServerConfig | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> GatewayConfig:
-        server = ServerConfig.from_env("gateway", port=port, host=host, environ=environ)
+        """Flags (None: not given) over ROLLMESH_GATEWAY_* variables over defaults; `server` given
+        (the embedded mesh's gateway, which binds no address of its own) skips reading one."""
+        server = server or ServerConfig.from_env("gateway", port=port, host=host, environ=environ)
         model_ref = model or str(read("ROLLMESH_GATEWAY_MODEL", environ))
         name = model_name or str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
         spec = ModelSpec(
@@ -117,7 +121,7 @@ class GatewayConfig:
             model=model_ref,
             replicas=replicas,
             base_url=base_url or str(read("ROLLMESH_GATEWAY_BASE_URL", environ)),
-            api_key_env=str(read("ROLLMESH_GATEWAY_API_KEY_ENV", environ)),
+            api_key_env=api_key_env or str(read("ROLLMESH_GATEWAY_API_KEY_ENV", environ)),
             max_connections=int(read("ROLLMESH_GATEWAY_UPSTREAM_CONNECTIONS", environ)),
         )
         return read_fields(
