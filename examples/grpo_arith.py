@@ -108,6 +108,7 @@ class Policy:
         ids = torch.tensor(batch.input_ids, dtype=torch.long)
         attn = torch.tensor(batch.attention_mask, dtype=torch.long)
         mask = torch.tensor(batch.loss_mask[:, 1:], dtype=torch.float32)
+        assert batch.logprobs is not None  # collate(require_logprobs=True): the job records them
         old = torch.tensor(batch.logprobs[:, 1:], dtype=torch.float32)
         logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
         new = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -288,7 +289,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 async for rollouts in sink.batches(batch_size, until_closed=True):
                     wait_s = time.monotonic() - waited
-                    batch = collate(rollouts, pad_id=0)
+                    batch = collate(rollouts, pad_id=0, require_logprobs=True)
                     versions = [int(v) for v in batch.policy_versions if v.isdigit()]
                     t0 = time.monotonic()
                     stats = await asyncio.to_thread(policy.step, batch)

@@ -70,7 +70,8 @@ def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
     assert len(rows) == 12 and max(r["attempts"] for r in rows) >= 2  # some calls were retried
     # A plain OpenAI server returns no token ids (nor, here, logprobs): the rows say they have no
     # token record, rather than spans of zero length or zeros passed off as logprobs.
-    assert all(r["tokens"] == {"token_ids": [], "loss_mask": [], "logprobs": [], "turns": []} for r in rows)
+    empty = {"token_ids": [], "loss_mask": [], "logprobs": [], "logprobs_recorded": False, "turns": []}
+    assert all(r["tokens"] == empty for r in rows)
     assert "returned no token ids" in done.stderr
 
 

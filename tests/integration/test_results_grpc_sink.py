@@ -1159,3 +1159,51 @@ def without_call_ids(messages: list[dict[str, object]]) -> str:
     import re
 
     return re.sub(r'"(id|tool_call_id)": "[^"]*"', "", json.dumps(messages, sort_keys=True))
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+async def test_a_job_without_logprobs_gives_the_trainer_none_not_zeros(
+    make_server: type[SinkServer], tmp_path: Path, logprobs: bool
+) -> None:
+    """A job that did not ask for logprobs sent zeros that `collate` handed a trainer as the old
+    policy's logprobs (a PPO/GRPO ratio against 0, without a word): now its rollouts carry none and
+    the batch's logprobs are None, or an error naming the flag when required. With them, unchanged."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from tests.fakes import LocalEnv, LocalModel, Rows
+
+    server = await make_server(window=64).start()
+    path = Rows.arithmetic(3).write(tmp_path / "d.jsonl")
+    spec = JobSpec(
+        dataset=str(path),
+        environment="arithmetic",
+        num_repeats=2,
+        sampling={"logprobs": True} if logprobs else {},
+        output_dir=str(tmp_path),
+        sink=SinkConfig(kind="grpc", address=server.address, window=8),
+    )
+    mgr = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
+    )
+    try:
+        consumer = asyncio.create_task(collect(server))
+        rec = await mgr.submit(spec)
+        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
+        got = await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    assert done.state == "SUCCEEDED", done.error and len(got) == 6
+    batch = collate(got)
+    if logprobs:
+        assert all(r.logprobs is not None and min(r.logprobs) == -0.5 for r in got)
+        assert batch.logprobs is not None and batch.logprobs[batch.loss_mask == 1].tolist() == [-0.5] * int(
+            batch.loss_mask.sum()
+        )
+        assert collate(got, require_logprobs=True).logprobs is not None
+    else:
+        assert [r.logprobs for r in got] == [None] * 6 and batch.logprobs is None
+        with pytest.raises(
+            ValueError, match=r"has no logprobs: .*sampling\.logprobs=true \(rollmesh run --logprobs\)"
+        ):
+            collate(got, require_logprobs=True)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from rollmesh.scheduler import convert
+from rollmesh.scheduler.agent import Turn
 from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.tokens import build_token_record
 from rollmesh_client.trainer import TrainerRollout, collate, grpo_advantages, parse_version, verl_view
 
 
@@ -77,3 +79,52 @@ def test_collate_refuses_a_rollout_without_token_ids() -> None:
     rs = [tr(0, 0, 1.0, [1, 2, 3], [0, 1, 1], 1), tr(0, 1, 0.0, [], [], 0)]
     with pytest.raises(ValueError, match="rollout j/0/1 has no token record"):
         collate(rs)
+
+
+def unrecorded(
+    t: int, i: int, reward: float, ids: list[int], mask: list[int], prompt_len: int
+) -> TrainerRollout:
+    """A rollout of a job that did not ask for logprobs, as the scheduler builds and sends it."""
+    rec = build_token_record([Turn({}, ids[:prompt_len], ids[prompt_len:], policy_version="3")])
+    assert rec.loss_mask == mask and rec.logprobs == [0.0] * len(ids)  # zeros on the wire, as before
+    return TrainerRollout.from_pb(
+        convert.rollout_to_pb(Rollout(RolloutKey(t, i), "j", {}, [], reward, tokens=rec))
+    )
+
+
+def test_logprobs_a_job_did_not_record_never_reach_a_trainer_as_values() -> None:
+    # They were zeros: a PPO/GRPO ratio exp(new - 0) trained on garbage without a word.
+    rs = [
+        unrecorded(0, 0, 1.0, [1, 2, 3, 4], [0, 0, 1, 1], 2),
+        unrecorded(0, 1, 0.0, [1, 2, 5], [0, 0, 1], 2),
+    ]
+    assert [r.logprobs for r in rs] == [None, None]
+    batch = collate(rs)
+    assert batch.logprobs is None and batch.loss_mask[0].tolist() == [0, 0, 1, 1]
+    assert "old_log_probs" not in verl_view(batch) and verl_view(batch)["responses"].shape == (2, 2)
+    with pytest.raises(
+        ValueError, match=r"^rollout j/0/0 has no logprobs: submit its job with sampling\.logprobs=true"
+    ):
+        collate(rs, require_logprobs=True)
+    # One such row makes the whole batch's logprobs None (the array would hold its zeros).
+    mixed = [tr(0, 0, 1.0, [1, 2, 3, 4], [0, 0, 1, 1], 2), rs[1]]
+    assert collate(mixed).logprobs is None
+    with pytest.raises(ValueError, match="rollout j/0/1 has no logprobs"):
+        collate(mixed, require_logprobs=True)
+
+
+def test_recorded_logprobs_are_unchanged_and_pass_require_logprobs() -> None:
+    rs = [tr(0, 0, 1.0, [1, 2, 3, 4], [0, 0, 1, 1], 2), tr(0, 1, 0.0, [1, 2, 5], [0, 0, 1], 2)]
+    assert rs[0].raw.tokens.logprobs_recorded and rs[0].logprobs == [0, 0, -0.5, -0.5]
+    batch = collate(rs, require_logprobs=True)
+    assert batch.logprobs is not None and batch.logprobs.tolist() == [[0, 0, -0.5, -0.5], [0, 0, -0.5, 0]]
+    assert verl_view(batch)["old_log_probs"].tolist() == [[-0.5, -0.5], [-0.5, 0]]
+
+
+def test_a_record_from_a_scheduler_before_the_flag_counts_as_recorded_only_with_a_non_zero_logprob() -> None:
+    for lps, recorded in (([0.0, 0.0, -0.5, 0.0], True), ([0.0] * 4, False)):
+        msg = convert.rollout_to_pb(
+            Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=TokenRecord([1, 2, 3, 4], [0, 0, 1, 1], lps))
+        )
+        msg.tokens.ClearField("logprobs_recorded")  # what an older scheduler sends
+        assert (TrainerRollout.from_pb(msg).logprobs is not None) is recorded

@@ -227,3 +227,20 @@ def test_values_on_generated_ids_that_are_no_logprobs_are_reported() -> None:
         "logprobs of 2 generated ids are not log-probabilities (> 0, infinite or NaN; first at 2: 1.25)"
     ]
     assert validate_token_record(build_token_record([TurnOutput([1], [2], [0.0])])) == []  # p = 1
+
+
+def test_a_record_says_whether_it_holds_logprobs_and_old_rows_still_load() -> None:
+    without = build_token_record([TurnOutput([1], [2, 3])])
+    with_them = build_token_record([TurnOutput([1], [2, 3], [-0.1, 0.0])])
+    assert (without.logprobs_recorded, with_them.logprobs_recorded) == (False, True)
+    for rec in (without, with_them):
+        row = Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=rec).to_row()
+        assert row["tokens"]["logprobs_recorded"] is rec.logprobs_recorded
+        assert Rollout.from_row(row).tokens == rec
+        # A row written before the field: recorded when a generated id has a non-zero logprob.
+        del row["tokens"]["logprobs_recorded"]
+        assert Rollout.from_row(row).tokens == rec
+    # Turns of which only some brought logprobs: the zeros of the others are not the policy's.
+    assert not build_token_record(
+        [TurnOutput([1], [2], [-0.1]), TurnOutput([1, 2, 3], [4])]
+    ).logprobs_recorded

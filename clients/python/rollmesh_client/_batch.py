@@ -27,15 +27,16 @@ class RolloutBatch:
 
     input_ids [B, T] int64 (pad_id after the end), attention_mask [B, T] int64 (1 on real ids),
     loss_mask [B, T] int64 (1 on generated ids), logprobs [B, T] float32 (the behaviour policy's,
-    0 off generated ids), rewards [B] float32, group_ids [B] int64 (one id per (job, task): the
-    GRPO group), prompt_lengths [B] int64 (ids before the first generated one), lengths [B] int64,
-    truncated [B] bool, policy_versions / keys: per-row lists.
+    0 off generated ids; None when a row's job did not record them: see `collate`), rewards [B]
+    float32, group_ids [B] int64 (one id per (job, task): the GRPO group), prompt_lengths [B] int64
+    (ids before the first generated one), lengths [B] int64, truncated [B] bool, policy_versions /
+    keys: per-row lists.
     """
 
     input_ids: IntArray
     attention_mask: IntArray
     loss_mask: IntArray
-    logprobs: FloatArray
+    logprobs: FloatArray | None
     rewards: FloatArray
     group_ids: IntArray
     prompt_lengths: IntArray
@@ -58,9 +59,12 @@ def collate(
     pad_id: int = 0,
     max_len: int | None = None,
     pad_to_multiple_of: int | None = None,
+    require_logprobs: bool = False,
 ) -> RolloutBatch:
     """Pad `rollouts` into one `RolloutBatch`. Sequences longer than `max_len` are cut at the
-    end (their `truncated` flag is set; the reward still applies to the kept ids)."""
+    end (their `truncated` flag is set; the reward still applies to the kept ids). When a row has
+    no logprobs (its job ran without `sampling.logprobs`), the batch's `logprobs` is None, or with
+    `require_logprobs` (a trainer that uses them, as old-policy logprobs) a `ValueError`."""
     if not rollouts:
         raise ValueError("collate needs at least one rollout")
     empty = next((r for r in rollouts if not r.token_ids), None)
@@ -69,6 +73,13 @@ def collate(
             f"rollout {empty.job_id}/{empty.task_index}/{empty.rollout_index} has no token record (its "
             "model server returned no token ids, e.g. an OpenAI URL that is not vLLM): it cannot be "
             "trained on"
+        )
+    unrecorded = next((r for r in rollouts if r.logprobs is None), None)
+    if unrecorded is not None and require_logprobs:  # zeros would train as the old policy's logprobs
+        u = unrecorded
+        raise ValueError(
+            f"rollout {u.job_id}/{u.task_index}/{u.rollout_index} has no logprobs: "
+            "submit its job with sampling.logprobs=true (rollmesh run --logprobs)"
         )
     lengths = [len(r.token_ids) for r in rollouts]
     longest = max(lengths)
@@ -88,13 +99,14 @@ def collate(
         ids[i, :n] = r.token_ids[:n]
         attn[i, :n] = 1
         mask[i, :n] = r.loss_mask[:n]
-        lps[i, :n] = r.logprobs[:n]
+        if r.logprobs is not None:
+            lps[i, :n] = r.logprobs[:n]
         group_ids[i] = groups.setdefault((r.job_id, r.task_index), len(groups))
     return RolloutBatch(
         input_ids=ids,
         attention_mask=attn,
         loss_mask=mask,
-        logprobs=lps,
+        logprobs=None if unrecorded is not None else lps,
         rewards=np.asarray([r.reward for r in rollouts], dtype=np.float32),
         group_ids=group_ids,
         prompt_lengths=np.asarray([min(r.prompt_length, keep) for r in rollouts], dtype=np.int64),
@@ -126,7 +138,8 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
     """verl's layout: `prompts` [B, P] left-padded, `responses` [B, R] right-padded (everything
     after the first turn's prompt, tool results included), `response_mask` [B, R] (1 only on
     generated ids), `input_ids` = prompts ++ responses, `attention_mask`, `position_ids`,
-    `old_log_probs` [B, R], `token_level_scores` [B, R] (the reward on the last generated id)."""
+    `old_log_probs` [B, R] (left out when `batch.logprobs` is None), `token_level_scores` [B, R]
+    (the reward on the last generated id)."""
     b = len(batch)
     p_len = int(batch.prompt_lengths.max()) if b else 0
     r_len = max(int((batch.lengths - batch.prompt_lengths).max()), 1) if b else 1
@@ -145,13 +158,14 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
         responses[i, :resp] = batch.input_ids[i, p:n]
         resp_attn[i, :resp] = 1
         resp_mask[i, :resp] = batch.loss_mask[i, p:n]
-        old_lps[i, :resp] = batch.logprobs[i, p:n]
+        if batch.logprobs is not None:
+            old_lps[i, :resp] = batch.logprobs[i, p:n]
         gen = np.nonzero(resp_mask[i])[0]
         if gen.size:
             scores[i, gen[-1]] = batch.rewards[i]
     attention = np.concatenate([prompt_attn, resp_attn], axis=1)
     positions = np.clip(np.cumsum(attention, axis=1) - 1, 0, None)
-    return {
+    view = {
         "prompts": prompts,
         "responses": responses,
         "response_mask": resp_mask,
@@ -161,3 +175,6 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
         "old_log_probs": old_lps,
         "token_level_scores": scores,
     }
+    if batch.logprobs is None:
+        del view["old_log_probs"]
+    return view

@@ -87,7 +87,8 @@ def parse_version(label: str) -> int | None:
 
 @dataclass
 class TrainerRollout:
-    """One rollout as the trainer sees it. `raw` is the full `rollmesh.v1.Rollout`."""
+    """One rollout as the trainer sees it. `raw` is the full `rollmesh.v1.Rollout`. `logprobs` is
+    None when the job did not record them (`sampling.logprobs` off: the record holds zeros)."""
 
     job_id: str
     task_index: int
@@ -95,7 +96,7 @@ class TrainerRollout:
     reward: float
     token_ids: list[int]
     loss_mask: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None
     prompt_length: int
     policy_version: str
     version: int | None
@@ -126,7 +127,7 @@ class TrainerRollout:
             reward=float(msg.reward),
             token_ids=list(tokens.token_ids),
             loss_mask=list(tokens.loss_mask),
-            logprobs=list(tokens.logprobs),
+            logprobs=list(tokens.logprobs) if _logprobs_recorded(tokens) else None,
             prompt_length=int(tokens.turns[0].output_start) if tokens.turns else len(tokens.token_ids),
             policy_version=msg.policy_version,
             version=version,
@@ -134,6 +135,13 @@ class TrainerRollout:
             finish_reason=msg.finish_reason,
             raw=msg,
         )
+
+
+def _logprobs_recorded(tokens: common_pb2.TokenRecord) -> bool:
+    """The record's flag; unset (a scheduler from before it): whether a generated id has a non-zero one."""
+    if tokens.HasField("logprobs_recorded"):
+        return tokens.logprobs_recorded
+    return any(lp != 0.0 for lp, m in zip(tokens.logprobs, tokens.loss_mask, strict=False) if m)
 
 
 @dataclass

@@ -35,28 +35,42 @@ class TurnSpan:
 
 @dataclass
 class TokenRecord:
-    """Every token of a multi-turn rollout, with a loss mask and aligned logprobs (all one length)."""
+    """Every token of a multi-turn rollout, with a loss mask and aligned logprobs (all one length).
+
+    `logprobs_recorded` False: the job did not ask for logprobs and they are all 0, not the policy's.
+    Not given (None: a row or message from before the field), it becomes whether any generated id
+    has a non-zero logprob: an old job that asked has them, one that did not wrote zeros only."""
 
     token_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[TurnSpan] = field(default_factory=list)
+    logprobs_recorded: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs_recorded is None:
+            self.logprobs_recorded = any(
+                lp != 0.0 for lp, m in zip(self.logprobs, self.loss_mask, strict=False) if m
+            )
 
     def to_json(self) -> Json:
         return {
             "token_ids": self.token_ids,
             "loss_mask": self.loss_mask,
             "logprobs": self.logprobs,
+            "logprobs_recorded": self.logprobs_recorded,
             "turns": [t.__dict__ for t in self.turns],
         }
 
     @classmethod
     def from_json(cls, data: Json) -> TokenRecord:
+        recorded = data.get("logprobs_recorded")
         return cls(
             token_ids=list(data.get("token_ids", [])),
             loss_mask=list(data.get("loss_mask", [])),
             logprobs=[float(x) for x in data.get("logprobs", [])],
             turns=[TurnSpan(**t) for t in data.get("turns", [])],
+            logprobs_recorded=None if recorded is None else recorded is True,
         )
 
 

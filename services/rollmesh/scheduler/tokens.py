@@ -8,7 +8,8 @@ scheduler calls `build_token_record(turns)`. The record is:
     token_ids = turn-1 prompt ids, turn-1 generated ids, the ids turn 2's prompt adds (tool
                 results, the chat template's glue), turn-2 generated ids, ...
     loss_mask = 1 on generated ids, 0 elsewhere
-    logprobs  = the policy's logprob of each generated id, 0.0 elsewhere
+    logprobs  = the policy's logprob of each generated id, 0.0 elsewhere (and where a turn brought
+                none: the record's `logprobs_recorded` is then False, e.g. the job did not ask)
     turns     = one TurnSpan per turn: [prompt_start, output_start) are the ids that turn's prompt
                 added, [output_start, output_end) the ids the policy generated
 
@@ -94,7 +95,8 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
                 replica_id=turn.replica_id,
             )
         )
-    return TokenRecord(token_ids=ids, loss_mask=mask, logprobs=lps, turns=spans)
+    recorded = all(t.logprobs for t in turns if t.output_token_ids)
+    return TokenRecord(token_ids=ids, loss_mask=mask, logprobs=lps, turns=spans, logprobs_recorded=recorded)
 
 
 def validate_token_record(

@@ -308,6 +308,12 @@ class TokenRecord(_message.Message):
     LOSS_MASK_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     TURNS_FIELD_NUMBER: _builtins.int
+    LOGPROBS_RECORDED_FIELD_NUMBER: _builtins.int
+    logprobs_recorded: _builtins.bool
+    """Whether logprobs holds the policy's logprobs (the job set SamplingParams.logprobs). False:
+    they were not recorded and every entry is 0, never to be trained on. Unset (a scheduler from
+    before this field): recorded when any generated token's logprob is non-zero.
+    """
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Every token the policy saw or produced, across all turns, in order."""
@@ -318,7 +324,9 @@ class TokenRecord(_message.Message):
 
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """Same length as token_ids: the policy's logprob of each generated token, 0 elsewhere."""
+        """Same length as token_ids: the policy's logprob of each generated token, 0 elsewhere.
+        Zeros on the generated tokens too when logprobs_recorded is false.
+        """
 
     @_builtins.property
     def turns(self) -> _containers.RepeatedCompositeFieldContainer[Global___TurnSpan]:
@@ -331,11 +339,14 @@ class TokenRecord(_message.Message):
         loss_mask: _abc.Iterable[_builtins.int] | None = ...,
         logprobs: _abc.Iterable[_builtins.float] | None = ...,
         turns: _abc.Iterable[Global___TurnSpan] | None = ...,
+        logprobs_recorded: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_logprobs_recorded", b"_logprobs_recorded", "logprobs_recorded", b"logprobs_recorded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "loss_mask", b"loss_mask", "token_ids", b"token_ids", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_logprobs_recorded", b"_logprobs_recorded", "logprobs", b"logprobs", "logprobs_recorded", b"logprobs_recorded", "loss_mask", b"loss_mask", "token_ids", b"token_ids", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__logprobs_recorded: _TypeAlias = _typing.Literal["logprobs_recorded"]  # noqa: Y015
+    _WhichOneofArgType__logprobs_recorded: _TypeAlias = _typing.Literal["_logprobs_recorded", b"_logprobs_recorded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__logprobs_recorded) -> _WhichOneofReturnType__logprobs_recorded | None: ...
 
 Global___TokenRecord: _TypeAlias = TokenRecord  # noqa: Y015
