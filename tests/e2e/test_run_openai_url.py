@@ -118,3 +118,24 @@ def test_a_model_server_that_never_answers_fails_the_job_after_one_rollout_timeo
     result = json.loads(done.stdout)
     assert result["state"] == "FAILED" and "answered none of the job's calls" in result["error"], result
     assert [f["error_class"] for f in result["failure_summary"]] == ["GATEWAY_UNRESPONSIVE"]
+
+
+def test_a_remote_model_whose_name_has_a_slash(tmp_path: Path) -> None:
+    """`--model org/name` (a Hugging Face id, as a vLLM server lists it): the job asked for
+    "org/name" and the embedded gateway served it as "name": every rollout failed MODEL_NOT_FOUND."""
+    with openai_server_process(model="org/tiny") as (url, _):
+        argv = [
+            "--benchmark",
+            "arithmetic",
+            "--limit",
+            "2",
+            "-n",
+            "1",
+            "--base-url",
+            url,
+            "--model",
+            "org/tiny",
+        ]
+        done = _run_with_api_key([*argv, "-o", str(tmp_path), "--json"])
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["metrics"]["mean_reward"] == 1.0
