@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -179,19 +180,28 @@ NEIGHBOUR = (
 )
 
 
+@pytest.mark.parametrize("verifiers", [1, 2])
 @pytest.mark.parametrize(
     ("mode", "hostile", "holding"), [("process", KILL_ALL, 1), ("namespaces", HOLD_NPROC, 12)]
 )
-async def test_a_run_cannot_score_its_neighbour_zero(mode: str, hostile: str, holding: int) -> None:
+async def test_a_run_cannot_score_its_neighbour_zero(
+    mode: str, hostile: str, holding: int, verifiers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Runs as root had one uid: in `process` mode a run's kill -1 killed the concurrent run's runner
     (a correct answer scored 0), and a run holding its RLIMIT_NPROC kept the other from forking or
-    from starting at all (its code did not load: 0). Each concurrent run now has a uid of its own."""
+    from starting at all (its code did not load: 0). Each concurrent run now has a uid of its own,
+    also when the two runs are two verifiers' (on one host, both starting at the same place in the
+    block: they drew the same uid before uids were leased host-wide)."""
     if os.geteuid() != 0:
         pytest.skip("runs get a uid of their own only as root (without root they run as the service's user)")
+    monkeypatch.setattr(random, "randrange", lambda n: 0)
     limits = replace(LIMITS, wall_s=30.0, cpu_s=20)
-    sandbox = Sandbox(SandboxConfig(isolation=mode, concurrency=2, limits=limits, allow_unsafe_process=True))
+    config = SandboxConfig(isolation=mode, concurrency=2, limits=limits, allow_unsafe_process=True)
+    sandbox = Sandbox(config)
     if await sandbox.start() != mode:
         pytest.skip(f"the {mode} sandbox is not available here")
+    other = sandbox if verifiers == 1 else Sandbox(config)
+    await other.start()
     before = set(_sandbox_processes())
     hostile_run = asyncio.create_task(sandbox.run(hostile, TestSpec("asserts", ["True"]), guards=False))
     deadline = asyncio.get_running_loop().time() + 60
@@ -199,7 +209,7 @@ async def test_a_run_cannot_score_its_neighbour_zero(mode: str, hostile: str, ho
         assert not hostile_run.done(), hostile_run.result()
         assert asyncio.get_running_loop().time() < deadline, "the hostile run never started"
         await asyncio.sleep(0.05)
-    neighbour = await sandbox.run(NEIGHBOUR, TestSpec("asserts", [*ADD_TESTS, "assert forked"]), guards=False)
+    neighbour = await other.run(NEIGHBOUR, TestSpec("asserts", [*ADD_TESTS, "assert forked"]), guards=False)
     assert not hostile_run.done()  # the neighbour ran while the hostile run was at it
     await hostile_run
     assert neighbour.status == "ok" and neighbour.passed == 2, neighbour

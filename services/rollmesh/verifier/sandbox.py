@@ -32,7 +32,8 @@ unknown. The wall-clock limit counts the time the code could run (verifier/sandb
 
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
-semaphore bounding concurrent runs. As root, each concurrent run has a uid of its own: runs share
+semaphore bounding concurrent runs. As root, each concurrent run has a uid of its own, leased
+host-wide so that other verifiers' runs do not share it (verifier/sandbox_uids.py): runs share
 no RLIMIT_NPROC budget (a fork bomb in one cannot keep another from starting or forking) and, in
 `process` mode, cannot signal each other (a run that killed its neighbour's runner scored that
 neighbour's answer 0). Spawning uses asyncio subprocesses; nothing blocks the loop.
@@ -41,11 +42,9 @@ neighbour's answer 0). Spawning uses asyncio subprocesses; nothing blocks the lo
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
 import sys
@@ -70,15 +69,12 @@ from rollmesh.verifier.errors import (
 )
 from rollmesh.verifier.sandbox_checks import Checker, eval_result, normalize_output
 from rollmesh.verifier.sandbox_clock import WallCredit, run_within_wall_time
+from rollmesh.verifier.sandbox_uids import PROBE_UID, SANDBOX_UIDS, UidPool
 from rollmesh.verifier.sandbox_values import decode_value, parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
-# The uids runs drop to as root, one per concurrent run (more runs than uids share them): Debian's
-# reserved block 65000-65533, which no account is given. The isolation probe runs as nobody.
-SANDBOX_UIDS = range(65533, 64999, -1)
-PROBE_UID = 65534
 UNSAFE_OPT_IN = "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS"
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 MAX_CASES_REPORTED = 50
@@ -174,12 +170,7 @@ class Sandbox:
         self.config = config
         self.isolation = ""
         self._slots = asyncio.Semaphore(config.concurrency)
-        # Free uids, the longest free first (a run's last processes are reaped before its uid is
-        # reused); from a random place in the block, so two verifiers on one host rarely share one.
-        first = random.randrange(len(SANDBOX_UIDS))
-        self._uids = collections.deque(
-            SANDBOX_UIDS[(first + i) % len(SANDBOX_UIDS)] for i in range(config.concurrency)
-        )
+        self._uids = UidPool()
         self._drop_privileges = os.geteuid() == 0
         self._process_python = _world_usable_python() if self._drop_privileges else None
 
@@ -191,6 +182,8 @@ class Sandbox:
         (`allow_unsafe_process`). Idempotent."""
         if self.isolation:
             return self.isolation
+        if self._drop_privileges:
+            await asyncio.to_thread(self._uids.use_leases)
         why = ""
         if self.config.isolation != "process":
             ok, why = await self.probe()
@@ -264,13 +257,13 @@ class Sandbox:
         Raises `SandboxUnavailable` when the sandbox never came up (the code did not run)."""
         mode = await self.start()
         async with self._slots:
-            uid = self._uids.popleft()
+            uid = await self._uids.lease()
             try:
                 return await self._run_once(
                     code, tests, limits or self.config.limits, mode, uid, guards=guards
                 )
             finally:
-                self._uids.append(uid)
+                self._uids.release(uid)
 
     def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits, uid: int) -> list[str]:
         py = _service_python()

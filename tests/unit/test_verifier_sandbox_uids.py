@@ -1,0 +1,140 @@
+"""Sandbox uids are leased host-wide: two verifiers (two pools, or two processes) that start at the
+same place in the block never hand out one uid at the same time; a lease ends with its run or its
+process; a run never waits for a uid."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from rollmesh.verifier.sandbox_uids import SANDBOX_UIDS, UidPool
+
+
+@pytest.fixture(autouse=True)
+def same_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every pool starts at the block's first uid: the worst case for independent verifiers."""
+    monkeypatch.setattr(random, "randrange", lambda n: 0)
+
+
+def leased_pool(directory: Path) -> UidPool:
+    pool = UidPool()
+    pool.use_leases(directory)
+    return pool
+
+
+async def test_two_verifiers_never_hand_out_one_uid_at_once(tmp_path: Path) -> None:
+    a, b = leased_pool(tmp_path), leased_pool(tmp_path)
+    for _ in range(3):  # uids go back and come out again
+        held_a = await asyncio.gather(*(a.lease() for _ in range(8)))
+        held_b = await asyncio.gather(*(b.lease() for _ in range(8)))
+        for uid in held_a[:4]:
+            a.release(uid)
+        held_b += await asyncio.gather(*(b.lease() for _ in range(4)))
+        in_use = [*held_a[4:], *held_b]
+        assert len(set(in_use)) == len(in_use), (held_a, held_b)
+        for uid in in_use:
+            (a if uid in held_a else b).release(uid)
+    assert (tmp_path / f"{SANDBOX_UIDS[0]}.lock").exists()
+
+
+HOLDER = textwrap.dedent(
+    """
+    import asyncio, random, sys
+    from pathlib import Path
+    random.randrange = lambda n: 0
+    from rollmesh.verifier.sandbox_uids import UidPool
+    async def main():
+        pool = UidPool()
+        pool.use_leases(Path(sys.argv[1]))
+        print(*[await pool.lease() for _ in range(3)], flush=True)
+        sys.stdin.read()
+    asyncio.run(main())
+    """
+)
+
+
+async def test_another_process_holds_its_uids_until_it_dies(tmp_path: Path) -> None:
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOLDER,
+        str(tmp_path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert holder.stdout is not None
+        async with asyncio.timeout(60):
+            theirs = {int(uid) for uid in (await holder.stdout.readline()).split()}
+        assert theirs == set(SANDBOX_UIDS[:3])
+        pool = leased_pool(tmp_path)
+        ours = [await pool.lease() for _ in range(3)]
+        assert not theirs & set(ours), ours
+    finally:
+        holder.kill()
+        await holder.wait()
+    # flock's lease died with its process: the longest-free uid is ours now
+    assert await pool.lease() == SANDBOX_UIDS[0]
+
+
+async def test_when_every_uid_is_leased_a_run_shares_one_at_once(tmp_path: Path) -> None:
+    other = leased_pool(tmp_path)
+    for _ in SANDBOX_UIDS:
+        await other.lease()
+    pool = leased_pool(tmp_path)
+    async with asyncio.timeout(5):
+        shared = [await pool.lease() for _ in range(3)]
+    assert shared == list(SANDBOX_UIDS[:3])  # the longest free of its own, as when its pool ran out
+    for uid in shared:
+        pool.release(uid)
+    # one verifier with more runs than uids: they share, the fewest runs per uid first
+    alone = UidPool()
+    uids = [await alone.lease() for _ in range(len(SANDBOX_UIDS) + 2)]
+    assert len(set(uids)) == len(SANDBOX_UIDS) and uids[-2:] == uids[:2]
+
+
+async def test_a_uid_whose_lease_was_cancelled_goes_back(tmp_path: Path) -> None:
+    pool = leased_pool(tmp_path)
+    given_back = asyncio.Event()
+    release = pool.release
+
+    def released(uid: int) -> None:
+        release(uid)
+        given_back.set()
+
+    pool.release = released  # type: ignore[method-assign]
+    task = asyncio.ensure_future(pool.lease())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(10):  # the thread finishes its lease, then the uid goes back
+        await given_back.wait()
+    assert pool._free[-1] == SANDBOX_UIDS[0] and not pool._runs
+    assert await leased_pool(tmp_path).lease() == SANDBOX_UIDS[0]
+
+
+@pytest.mark.parametrize("why", ["a file in the way", "writable by others"])
+async def test_without_a_lease_directory_uids_are_unique_in_the_verifier_and_one_line_says_so(
+    tmp_path: Path, why: str
+) -> None:
+    directory = tmp_path / "uids"
+    if why == "a file in the way":
+        directory.write_text("")
+    else:
+        directory.mkdir(mode=0o777)
+        directory.chmod(0o777)
+    with capture_logs() as logs:
+        pool = leased_pool(directory)
+    assert [line["event"] for line in logs] == ["sandbox_uid_leases_unavailable"]
+    assert "unique within this verifier only" in logs[0]["effect"]
+    held = await asyncio.gather(*(pool.lease() for _ in range(8)))
+    assert held == list(SANDBOX_UIDS[:8])
