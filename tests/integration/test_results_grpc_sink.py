@@ -477,6 +477,24 @@ async def test_a_scheduler_that_sends_no_sink_end_still_gets_the_last_partial_ba
     assert got == [[(0, 0), (0, 1), (0, 2)]]
 
 
+async def test_a_loop_ends_once_the_server_stopped_with_its_queue_full(make_server: type[SinkServer]) -> None:
+    """stop() drops its end-of-stream marker when the queue is full (a trainer busy in a step): the
+    loop then took what was queued and waited forever for more."""
+    server = await make_server(window=1).start()
+    sink = GrpcSink(server.address, window=4)
+    await sink.open("job1", total=2, spec={})
+    await sink.write(rollout(0, 0))
+    await sink.write(rollout(0, 1))  # waits for room in the trainer's queue
+    deadline = asyncio.get_running_loop().time() + 30
+    while server.stats.received < 2:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    await server.stop(grace=0)
+    got = await asyncio.wait_for(collect(server), timeout=30)
+    assert [r.key for r in got] == [(0, 0)]  # what was queued, then the end
+    await sink.close(state="failed", metrics=None)
+
+
 async def test_stream_must_start_with_open(make_server: type[SinkServer]) -> None:
     server = await make_server().start()
     async with aio_channel(server.address) as channel:

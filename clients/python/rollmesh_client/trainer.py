@@ -250,6 +250,7 @@ class SinkServer:
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._closing: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -272,7 +273,7 @@ class SinkServer:
         await server.start()
         for name in ("", "rollmesh.v1.RolloutSink"):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self._server = server
+        self._server, self._stopped = server, False
         return self
 
     async def stop(self, grace: float | None = 1.0) -> None:
@@ -284,6 +285,7 @@ class SinkServer:
         for task in self._closing:
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
+        self._stopped = True
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(_Stopped())
 
@@ -328,7 +330,10 @@ class SinkServer:
         """The next unit to deliver; None once the server stops (or, `until_closed`, a job closes);
         with `flush`, [] when a job's run ended (SinkEnd). Safe to cancel (a timeout): nothing is
         taken from the queue then."""
-        while not isinstance(item := await self._queue.get(), _Stopped):
+        # Once stopped, what is queued still comes out; the stop marker may not have fit in a full queue.
+        while not (self._stopped and self._queue.empty()) and not isinstance(
+            item := await self._queue.get(), _Stopped
+        ):
             if isinstance(item, _JobClosed):
                 if until_closed:
                     return None
