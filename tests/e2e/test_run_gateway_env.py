@@ -48,3 +48,13 @@ async def test_the_embedded_gateway_reads_the_gateway_variables(tmp_path: Path) 
     # The flag wins over a variable (an openai backend with no URL could not start).
     row = await run("--backend", "fake", ROLLMESH_GATEWAY_BACKEND="openai")
     assert row["usage"] == {"prompt_tokens": 19, "completion_tokens": 3, "total_tokens": 22}
+
+
+async def test_run_reads_the_replica_count_from_rollmesh_replicas(tmp_path: Path) -> None:
+    """ROLLMESH_REPLICAS is read as `rollmesh up` and `serve gateway` read it (`--replicas` winning):
+    `run` ignored it and served one replica. A bad value is refused before Ray starts."""
+    argv = ("run", "--benchmark", "arithmetic", "--limit", "1", "-n", "1", "-o", str(tmp_path))
+    code, _, err = await run_cli(*argv, env={"ROLLMESH_REPLICAS": "0"}, timeout_s=300)
+    assert code == 2 and "ROLLMESH_REPLICAS=0 must be >= 1" in err, err
+    code, _, err = await run_cli(*argv, "--replicas", "0", env={"ROLLMESH_REPLICAS": "2"}, timeout_s=300)
+    assert code == 2 and "--replicas must be >= 1, got 0" in err, err

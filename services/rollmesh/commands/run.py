@@ -66,7 +66,12 @@ def _run(
     backend: Annotated[
         str, typer.Option("--backend", help="Embedded backend: ray-serve (default), openai, fake.")
     ] = "",
-    replicas: Annotated[int, typer.Option("--replicas", help="Data-parallel vLLM replicas (embedded).")] = 1,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas", help="Data-parallel vLLM replicas (embedded; default ROLLMESH_REPLICAS, else 1)."
+        ),
+    ] = None,
     scheduler: Annotated[
         str,
         typer.Option("--scheduler", help="Submit to a running mesh at host:port instead of embedding one."),
@@ -110,7 +115,7 @@ def _run(
 
 
 def _refuse_ignored_flags(
-    *, scheduler: str, base_url: str, backend: str, replicas: int, api_key_env: str
+    *, scheduler: str, base_url: str, backend: str, replicas: int | None, api_key_env: str
 ) -> None:
     """Flags that configure the embedded mesh's gateway mean nothing to a running mesh, and a
     --base-url nothing to a backend other than openai: refused in one line, never ignored (a job
@@ -118,7 +123,7 @@ def _refuse_ignored_flags(
     embedded_only = {
         "--base-url": bool(base_url),
         "--backend": bool(backend),
-        "--replicas": replicas != 1,
+        "--replicas": replicas is not None,
         "--api-key-env": bool(api_key_env),
     }
     given = [flag for flag, set_here in embedded_only.items() if set_here]
@@ -130,7 +135,7 @@ def _refuse_ignored_flags(
         )
     if base_url and backend not in ("", "openai"):
         fail(f"--base-url is the openai backend's URL: --backend {backend} does not use it")
-    if base_url and replicas != 1:
+    if base_url and replicas is not None:
         fail("--replicas counts the embedded vLLM replicas: a --base-url model is served by that server")
 
 
@@ -152,7 +157,7 @@ async def _embedded(
     base_url: str,
     api_key_env: str,
     backend: str,
-    replicas: int,
+    replicas: int | None,
     api_key: str,
 ) -> Followed:
     from rollmesh.gateway.config import GatewayConfig
@@ -161,7 +166,7 @@ async def _embedded(
     from rollmesh.mesh.logging import configure
 
     configure(level="warning")
-    if replicas < 1:
+    if replicas is not None and replicas < 1:
         fail(f"--replicas must be >= 1, got {replicas}")
     for var, why in NOT_EMBEDDED.items():
         if os.environ.get(var):
