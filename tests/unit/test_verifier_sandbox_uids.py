@@ -81,8 +81,8 @@ async def test_another_process_holds_its_uids_until_it_dies(tmp_path: Path) -> N
     finally:
         holder.kill()
         await holder.wait()
-    # flock's lease died with its process: the longest-free uid is ours now
-    assert await pool.lease() == SANDBOX_UIDS[0]
+    # flock's lease died with its process: a verifier starting there gets that uid now
+    assert await leased_pool(tmp_path).lease() == SANDBOX_UIDS[0]
 
 
 async def test_when_every_uid_is_leased_a_run_shares_one_at_once(tmp_path: Path) -> None:
@@ -138,3 +138,14 @@ async def test_without_a_lease_directory_uids_are_unique_in_the_verifier_and_one
     assert "unique within this verifier only" in logs[0]["effect"]
     held = await asyncio.gather(*(pool.lease() for _ in range(8)))
     assert held == list(SANDBOX_UIDS[:8])
+
+
+async def test_a_uid_another_verifier_held_is_not_the_next_one_taken(tmp_path: Path) -> None:
+    """When another verifier lets a uid go, its run's processes may still be dying: a uid seen held
+    elsewhere goes to the tail of the free ones, as if just used."""
+    a, b = leased_pool(tmp_path), leased_pool(tmp_path)
+    theirs = await a.lease()
+    ours = await b.lease()
+    a.release(theirs)
+    assert await b.lease() not in (theirs, ours)
+    assert b._free[-1] == theirs

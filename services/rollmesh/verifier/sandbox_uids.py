@@ -95,21 +95,35 @@ class UidPool:
     def _take(self, directory: Path | None) -> int:
         with self._mutex:
             candidates: list[int] = list(self._free) if directory else []
+        busy: list[int] = []
         for uid in candidates:
             fd = _try_lock(f"{directory}/{uid}.lock")
             if fd < 0:
+                busy.append(uid)
                 continue
             with self._mutex:
                 if uid in self._free:  # not taken unleased by a run of ours meanwhile
+                    self._to_tail(busy)
                     self._free.remove(uid)
                     self._leases[uid] = fd
                     self._runs[uid] += 1
                     return uid
             os.close(fd)
         with self._mutex:
+            self._to_tail(busy)
             uid = self._free.popleft() if self._free else min(self._runs.items(), key=lambda u: u[1])[0]
             self._runs[uid] += 1
             return uid
+
+    def _to_tail(self, busy: list[int]) -> None:
+        """Uids another process holds count as just used: when it lets one go, the processes of its
+        run may still be dying (a pid namespace is torn down after its unshare is reaped), so the
+        uids free longer come first."""
+        if busy:
+            free, moved = set(self._free), set(busy)
+            self._free = collections.deque(
+                [*(u for u in self._free if u not in moved), *(u for u in busy if u in free)]
+            )
 
 
 def _try_lock(path: str) -> int:
