@@ -165,6 +165,29 @@ async def test_more_incomplete_groups_than_max_held_and_the_window_still_flow(
     assert server.stats.closed_states == ["JOB_STATE_SUCCEEDED"] and sink.max_unacked_seen <= 2
 
 
+async def test_a_group_size_over_the_jobs_repeats_still_delivers_whole_groups_as_they_complete(
+    make_server: type[SinkServer],
+) -> None:
+    """group_size=8 for a job of 4 repeats: no group could ever complete, so every rollout was held
+    until the job's end (all of them in the trainer's memory, none trained on meanwhile). A task has
+    no more rollouts than the job's repeats: that bounds its group."""
+    server = await make_server(window=8, group_complete=True, group_size=8).start()
+    sink = GrpcSink(server.address, window=4)
+    await sink.open("job1", total=8, spec={"num_repeats": 4})
+    groups = server.groups(until_closed=True)
+    for i in range(4):
+        await sink.write(rollout(0, i))
+    first = await asyncio.wait_for(anext(groups), timeout=30)  # before the end
+    assert sorted(r.key for r in first) == [(0, i) for i in range(4)]
+    for i in range(4):
+        await sink.write(rollout(1, i))
+    assert len(await asyncio.wait_for(anext(groups), timeout=30)) == 4
+    closing = asyncio.create_task(sink.close(state="succeeded", metrics=None))
+    assert [u async for u in groups] == []
+    await asyncio.wait_for(closing, timeout=30)
+    assert server.stats.closed_states == ["JOB_STATE_SUCCEEDED"]
+
+
 async def test_groups_the_end_releases_reach_a_trainer_busier_than_the_close_waits(
     make_server: type[SinkServer],
 ) -> None:

@@ -16,16 +16,16 @@ i.e. when the loop asks for the next item (or on `ack()`); the scheduler never h
 window unacknowledged, so a slow trainer slows rollout generation, and nothing queues without
 bound. Breaking out of a loop leaves the last item unacknowledged (call `ack()` if you used it).
 
-Group-complete delivery (`group_complete=True`): all repeats of a task arrive together (the
-group size is `group_size`, else the job's `num_repeats` from SinkOpen; repeats the trainer had
-already consumed, failed repeats and stale drops shrink a group; on SinkEnd or SinkClose partial
-groups are delivered). So that groups filled out of order cannot deadlock against the window,
-rollouts waiting in an incomplete group are reported `held` on arrival: out of the scheduler's
-window, but still owed an acknowledgement, sent, and committed, only when the whole group is
-consumed. The job's concurrency bounds them (each incomplete group has a repeat in flight); left in
-the window past a bound, they could fill it with rows waiting for rows it no longer lets through. (A
-scheduler that sends no SinkEnd, an older one, gets up to `max_held` acknowledged on arrival, the
-rest waiting like any rollout.)
+Group-complete delivery (`group_complete=True`): all repeats of a task arrive together (the group
+size is `group_size` (at most the job's `num_repeats` from SinkOpen), else `num_repeats`; repeats
+the trainer had already consumed, failed repeats and stale drops shrink a group; on SinkEnd or
+SinkClose partial groups are delivered). So that groups filled out of order cannot deadlock against
+the window, rollouts waiting in an incomplete group are reported `held` on arrival: out of the
+scheduler's window, but still owed an acknowledgement, sent, and committed, only when the whole
+group is consumed. The job's concurrency bounds them (each incomplete group has a repeat in
+flight); left in the window past a bound, they could fill it with rows waiting for rows it no
+longer lets through. (A scheduler that sends no SinkEnd, an older one, gets up to `max_held`
+acknowledged on arrival, the rest waiting like any rollout.)
 
 Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
 weight sync. A rollout's version is the oldest of its turns. Its staleness is
@@ -523,7 +523,8 @@ class SinkServer:
         st.job_id = msg.job_id
         st.window = int(msg.window)
         st.sends_end = msg.sends_end
-        st.group_size = self.group_size or int(msg.spec.num_repeats) or 1
+        repeats, size = int(msg.spec.num_repeats), self.group_size or int(msg.spec.num_repeats) or 1
+        st.group_size = min(size, repeats) if repeats else size  # a larger group never completes
         self._streams[st.job_id] = st
         self._committed.setdefault(st.job_id, set())
         self.stats.jobs_opened += 1
