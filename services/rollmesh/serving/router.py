@@ -16,6 +16,12 @@ fewest sessions homed there (a session brings more turns), then the replica's la
 length (which sees other callers' load), then at random. Each choice is its own rank, so when a
 replica rejects (at `max_ongoing_requests`) Serve falls through to the next.
 The session table is an LRU bounded by `max_sessions`.
+
+Serve may report a request completed before it reports it routed: it registers the completion
+callback before it awaits the replica's acceptance, and both reach this loop as callbacks, so a short
+call (stats, a few tokens) can finish first. Such a completion is remembered (per request and
+replica, bounded) and the routing that follows is not counted: counted, it would never be released
+and would keep new work off that replica for good.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ class SessionAffinityRouter(RequestRouter):  # type: ignore[misc]
         self._session_count: dict[str, int] = {}  # replica unique id -> sessions homed there
         self._tentative_ids: OrderedDict[str, str] = OrderedDict()  # request id -> chosen, unconfirmed
         self._tentative_count: dict[str, int] = {}
+        # (request id, replica unique id) whose completion came first; also every rejected attempt
+        # (a retry the same replica then accepts goes uncounted, for as long as it runs)
+        self._completed_early: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def _load(self, uid: str) -> int:
         return self._in_flight.get(uid, 0) + self._tentative_count.get(uid, 0)
@@ -105,18 +114,26 @@ class SessionAffinityRouter(RequestRouter):  # type: ignore[misc]
         uid = replica_id.unique_id
         request_id = pending_request.metadata.internal_request_id
         self._tentative(request_id, None)
-        weight = max(1, int(pending_request.kwargs.get("batch_size") or 1))
-        self._in_flight[uid] = self._in_flight.get(uid, 0) + weight
-        self._request_replica[request_id] = (uid, weight)
+        if (request_id, uid) in self._completed_early:
+            del self._completed_early[request_id, uid]  # it has finished already: nothing to count
+        else:
+            weight = max(1, int(pending_request.kwargs.get("batch_size") or 1))
+            self._in_flight[uid] = self._in_flight.get(uid, 0) + weight
+            self._request_replica[request_id] = (uid, weight)
         session = str(pending_request.kwargs.get("session_id") or "")
         if session and not pending_request.kwargs.get("pin_replica"):
             self._home(session, uid)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        routed = self._request_replica.pop(internal_request_id, None)
-        if routed is not None:
-            uid, weight = routed
-            self._in_flight[uid] = max(0, self._in_flight.get(uid, 0) - weight)
+        uid = replica_id.unique_id
+        routed = self._request_replica.get(internal_request_id)
+        if routed is None or routed[0] != uid:  # not routed yet, or an attempt another replica rejected
+            self._completed_early[(internal_request_id, uid)] = None
+            while len(self._completed_early) > _MAX_TENTATIVE:
+                self._completed_early.popitem(last=False)
+            return
+        del self._request_replica[internal_request_id]
+        self._in_flight[uid] = max(0, self._in_flight.get(uid, 0) - routed[1])
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
