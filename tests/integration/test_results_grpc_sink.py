@@ -47,6 +47,24 @@ async def collect(server: SinkServer) -> list[TrainerRollout]:
     return [r async for r in server.rollouts(until_closed=True)]
 
 
+def trainer_dying_in_step(
+    server: SinkServer, size: int, step: int
+) -> tuple[asyncio.Task[None], list[list[tuple[int, int]]], asyncio.Event]:
+    """A trainer looping over `server.batches(size)` that records each batch's keys and, given its
+    `step`-th batch, sets the event and never finishes that optimizer step (it dies in it)."""
+    batches: list[list[tuple[int, int]]] = []
+    stepping = asyncio.Event()
+
+    async def trainer() -> None:
+        async for batch in server.batches(size, until_closed=True):
+            batches.append([r.key for r in batch])
+            if len(batches) == step:
+                stepping.set()
+                await asyncio.Event().wait()
+
+    return asyncio.create_task(trainer()), batches, stepping
+
+
 @pytest_asyncio.fixture
 async def make_server() -> AsyncIterator[type[SinkServer]]:
     started: list[SinkServer] = []
@@ -220,17 +238,7 @@ async def test_a_trainer_that_dies_before_consuming_a_held_group_leaves_the_job_
     server = await make_server(window=8, group_complete=True, group_size=2).start()
     sink = GrpcSink(server.address, window=4, drain_timeout_s=30)
     await sink.open("job1", total=4, spec={"num_repeats": 2})
-    batches: list[list[tuple[int, int]]] = []
-    stepping = asyncio.Event()
-
-    async def trainer() -> None:
-        async for batch in server.batches(2, until_closed=True):
-            batches.append([r.key for r in batch])
-            if len(batches) == 2:
-                stepping.set()
-                await asyncio.Event().wait()  # the last optimizer step, in which the trainer dies
-
-    consumer = asyncio.create_task(trainer())
+    consumer, batches, stepping = trainer_dying_in_step(server, 2, step=2)  # the last step
     for i in range(2):
         await sink.write(rollout(0, i))
     await sink.write(rollout(1, 0))
@@ -343,14 +351,7 @@ async def test_a_copy_resent_while_its_key_waits_in_a_batch_is_acknowledged_once
     channel = aio_channel(server.address)
     first = GrpcSink(server.address, window=4, channel=channel)
     await first.open("job1", total=1, spec={})
-    stepping = asyncio.Event()
-
-    async def trainer() -> None:
-        async for _ in server.batches(4, until_closed=True):
-            stepping.set()
-            await asyncio.Event().wait()  # the optimizer step, in which the trainer dies
-
-    consumer = asyncio.create_task(trainer())
+    consumer, _, stepping = trainer_dying_in_step(server, 4, step=1)
     await first.write(rollout(0, 0))
     deadline = asyncio.get_running_loop().time() + 30
     while server.stats.delivered < 1:  # (0, 0) waits in the trainer's partial batch
@@ -436,17 +437,7 @@ async def test_a_trainer_that_dies_in_its_last_step_leaves_the_job_unfinished_an
     server = await make_server(window=8).start()
     sink = GrpcSink(server.address, window=8, drain_timeout_s=30)
     await sink.open("job1", total=6, spec={})
-    batches: list[list[tuple[int, int]]] = []
-    stepping = asyncio.Event()
-
-    async def trainer() -> None:
-        async for batch in server.batches(4, until_closed=True):
-            batches.append([r.key for r in batch])
-            if len(batches) == 2:
-                stepping.set()
-                await asyncio.Event().wait()  # the last optimizer step, in which the trainer dies
-
-    consumer = asyncio.create_task(trainer())
+    consumer, batches, stepping = trainer_dying_in_step(server, 4, step=2)  # the last step
     for i in range(6):
         await sink.write(rollout(0, i))
     closing = asyncio.create_task(sink.close(state="succeeded", metrics=None))
