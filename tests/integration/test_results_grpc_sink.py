@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,26 @@ def rollout(t: int, i: int, *, version: str = "0", reward: float | None = None, 
 
 async def collect(server: SinkServer) -> list[TrainerRollout]:
     return [r async for r in server.rollouts(until_closed=True)]
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    """Poll `condition` until it holds; fail after `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def resent_after_resume(server: SinkServer, drain_timeout_s: float) -> list[tuple[Any, Any]]:
+    """The job is resumed: a new run sends (0, 0) again, reward 0.5. (key, reward) of what the
+    trainer then gets."""
+    again = GrpcSink(server.address, window=4, drain_timeout_s=drain_timeout_s)
+    assert await again.open("job1", total=1, spec={}) == set()
+    consumer = asyncio.create_task(collect(server))
+    await again.write(rollout(0, 0, reward=0.5))
+    await again.close(state="succeeded", metrics=None)
+    got = await asyncio.wait_for(consumer, timeout=30)
+    return [(r.key, r.reward) for r in got]
 
 
 def trainer_dying_in_step(
@@ -323,10 +343,7 @@ async def test_a_job_resumed_while_the_trainer_holds_its_rollouts_delivers_each_
     await first.open("job1", total=4, spec={"num_repeats": 2})
     await first.write(rollout(0, 0))
     await first.write(rollout(0, 1))
-    deadline = asyncio.get_running_loop().time() + 30
-    while server.stats.received < 2:  # both reached the trainer
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await until(lambda: server.stats.received >= 2)  # both reached the trainer
     await channel.close()  # the scheduler's process dies
     again = GrpcSink(server.address, window=4, drain_timeout_s=10)
     assert await again.open("job1", total=4, spec={"num_repeats": 2}) == set()
@@ -353,10 +370,7 @@ async def test_a_copy_resent_while_its_key_waits_in_a_batch_is_acknowledged_once
     await first.open("job1", total=1, spec={})
     consumer, _, stepping = trainer_dying_in_step(server, 4, step=1)
     await first.write(rollout(0, 0))
-    deadline = asyncio.get_running_loop().time() + 30
-    while server.stats.delivered < 1:  # (0, 0) waits in the trainer's partial batch
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await until(lambda: server.stats.delivered >= 1)  # (0, 0) waits in the trainer's partial batch
     await channel.close()  # the scheduler's process dies; the job is resumed
     again = GrpcSink(server.address, window=4, drain_timeout_s=30)
     assert await again.open("job1", total=1, spec={}) == set()
@@ -388,20 +402,11 @@ async def test_rows_of_a_batch_a_cancelled_loop_was_filling_are_delivered_when_s
 
     filling = asyncio.create_task(trainer())
     await first.write(rollout(0, 0))
-    deadline = asyncio.get_running_loop().time() + 30
-    while server.stats.delivered < 1:  # (0, 0) is in the batch being filled
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await until(lambda: server.stats.delivered >= 1)  # (0, 0) is in the batch being filled
     filling.cancel()
     await asyncio.gather(filling, return_exceptions=True)
     await channel.close()  # the job fails; it is resumed
-    again = GrpcSink(server.address, window=4, drain_timeout_s=5)
-    assert await again.open("job1", total=1, spec={}) == set()
-    consumer = asyncio.create_task(collect(server))
-    await again.write(rollout(0, 0, reward=0.5))
-    await again.close(state="succeeded", metrics=None)
-    got = await asyncio.wait_for(consumer, timeout=30)
-    assert [(r.key, r.reward) for r in got] == [((0, 0), 0.5)]
+    assert await resent_after_resume(server, drain_timeout_s=5) == [((0, 0), 0.5)]
 
 
 async def test_a_rollout_left_unconsumed_by_a_loop_that_stopped_is_delivered_when_sent_again(
@@ -418,13 +423,7 @@ async def test_a_rollout_left_unconsumed_by_a_loop_that_stopped_is_delivered_whe
         async for _ in loop:
             break  # the trainer stops before using it
     await channel.close()  # the job fails; it is resumed
-    again = GrpcSink(server.address, window=4, drain_timeout_s=10)
-    assert await again.open("job1", total=1, spec={}) == set()
-    consumer = asyncio.create_task(collect(server))
-    await again.write(rollout(0, 0, reward=0.5))
-    await again.close(state="succeeded", metrics=None)
-    got = await asyncio.wait_for(consumer, timeout=30)
-    assert [(r.key, r.reward) for r in got] == [((0, 0), 0.5)]
+    assert await resent_after_resume(server, drain_timeout_s=10) == [((0, 0), 0.5)]
 
 
 async def test_a_trainer_that_dies_in_its_last_step_leaves_the_job_unfinished_and_resume_resends_it(
@@ -499,10 +498,7 @@ async def test_a_loop_ends_once_the_server_stopped_with_its_queue_full(make_serv
     await sink.open("job1", total=2, spec={})
     await sink.write(rollout(0, 0))
     await sink.write(rollout(0, 1))  # waits for room in the trainer's queue
-    deadline = asyncio.get_running_loop().time() + 30
-    while server.stats.received < 2:
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
+    await until(lambda: server.stats.received >= 2)
     await server.stop(grace=0)
     got = await asyncio.wait_for(collect(server), timeout=30)
     assert [r.key for r in got] == [(0, 0)]  # what was queued, then the end
