@@ -67,6 +67,27 @@ async def resent_after_resume(server: SinkServer, drain_timeout_s: float) -> lis
     return [(r.key, r.reward) for r in got]
 
 
+async def job_into(
+    server: SinkServer, spec: Any, tmp_path: Path, model: Any = None
+) -> tuple[Any, list[TrainerRollout]]:
+    """Run `spec` on a JobManager with the local fakes while a trainer collects from `server`:
+    (the ended job, what the trainer got)."""
+    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.scheduler.manager import JobManager
+    from tests.fakes import LocalEnv, LocalModel
+
+    catalog = Catalog([Root(BUILTIN_ROOT, 0, "root")])
+    mgr = JobManager(catalog, model=model or LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
+    try:
+        consumer = asyncio.create_task(collect(server))
+        rec = await mgr.submit(spec)
+        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
+        got = await asyncio.wait_for(consumer, timeout=30)
+    finally:
+        await mgr.aclose()
+    return done, got
+
+
 def trainer_dying_in_step(
     server: SinkServer, size: int, step: int
 ) -> tuple[asyncio.Task[None], list[list[tuple[int, int]]], asyncio.Event]:
@@ -658,10 +679,8 @@ async def test_a_rollout_over_the_message_limit_fails_alone_and_the_job_goes_on(
     """One rollout over ROLLMESH_MAX_MESSAGE_MB stopped the whole job (FAILED, every other rollout
     cut): now it is that rollout's failure (ROLLOUT_TOO_LARGE, its key, size and the limit), counted
     and sent to the trainer, and the rest of the job is delivered."""
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-    from rollmesh.scheduler.manager import JobManager
     from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalEnv, LocalModel, Rows, arithmetic_script
+    from tests.fakes import LocalModel, Rows, arithmetic_script
 
     monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", "1")
 
@@ -678,19 +697,7 @@ async def test_a_rollout_over_the_message_limit_fails_alone_and_the_job_goes_on(
     spec = JobSpec(
         dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink, allowed_failures=1
     )
-    mgr = JobManager(
-        Catalog([Root(BUILTIN_ROOT, 0, "root")]),
-        model=LocalModel(script),
-        env=LocalEnv(),
-        output_dir=str(tmp_path),
-    )
-    try:
-        consumer = asyncio.create_task(collect(server))
-        rec = await mgr.submit(spec)
-        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
-        got = await asyncio.wait_for(consumer, timeout=30)
-    finally:
-        await mgr.aclose()
+    done, got = await job_into(server, spec, tmp_path, LocalModel(script))
     assert done.state == "SUCCEEDED", done.error  # within allowed_failures=1
     assert sorted(r.key for r in got) == [(0, 0), (1, 0), (3, 0), (4, 0)]
     assert (done.progress.succeeded, done.progress.failed) == (4, 1) and server.stats.failures == 1
@@ -1000,11 +1007,9 @@ async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succee
     counted as succeeded in the job's progress, its reward in mean_reward: now it is stale_dropped,
     in GetJob's progress, job.json and `rollmesh jobs status`."""
     from rollmesh.commands.jobs import _show
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
     from rollmesh.scheduler.job_convert import job_to_pb
-    from rollmesh.scheduler.manager import JobManager
     from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalEnv, LocalModel, Rows
+    from tests.fakes import LocalModel, Rows
 
     server = await make_server(window=64, max_staleness=1, policy_version=2).start()
     path = Rows.arithmetic(6).write(tmp_path / "d.jsonl")
@@ -1018,16 +1023,7 @@ async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succee
             self._gw.policy_version = "0" if int(call.session_id.split("/")[-2]) < 2 else "1"
             return await super().generate(call)
 
-    mgr = JobManager(
-        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=Versions(), env=LocalEnv(), output_dir=str(tmp_path)
-    )
-    try:
-        consumer = asyncio.create_task(collect(server))
-        rec = await mgr.submit(spec)
-        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
-        got = await asyncio.wait_for(consumer, timeout=30)
-    finally:
-        await mgr.aclose()
+    done, got = await job_into(server, spec, tmp_path, Versions())
     assert done.state == "SUCCEEDED", done.error
     assert sorted(r.key for r in got) == [(t, 0) for t in range(2, 6)]
     job = job_to_pb(done, 0.0)
@@ -1037,7 +1033,7 @@ async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succee
     assert re.search(
         r"succeeded / failed +│ 4 / 0 .*\n.*dropped as stale by the trainer +│ 2 ", capsys.readouterr().out
     )
-    stored = json.loads((tmp_path / rec.job_id / "job.json").read_text())["progress"]
+    stored = json.loads((tmp_path / done.job_id / "job.json").read_text())["progress"]
     assert (stored["succeeded"], stored["stale_dropped"]) == (4, 2)
 
 
@@ -1196,10 +1192,8 @@ async def test_a_job_without_logprobs_gives_the_trainer_none_not_zeros(
     """A job that did not ask for logprobs sent zeros that `collate` handed a trainer as the old
     policy's logprobs (a PPO/GRPO ratio against 0, without a word): now its rollouts carry none and
     the batch's logprobs are None, or an error naming the flag when required. With them, unchanged."""
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-    from rollmesh.scheduler.manager import JobManager
     from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalEnv, LocalModel, Rows
+    from tests.fakes import Rows
 
     server = await make_server(window=64).start()
     path = Rows.arithmetic(3).write(tmp_path / "d.jsonl")
@@ -1211,17 +1205,9 @@ async def test_a_job_without_logprobs_gives_the_trainer_none_not_zeros(
         output_dir=str(tmp_path),
         sink=SinkConfig(kind="grpc", address=server.address, window=8),
     )
-    mgr = JobManager(
-        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
-    )
-    try:
-        consumer = asyncio.create_task(collect(server))
-        rec = await mgr.submit(spec)
-        done = await asyncio.wait_for(mgr.wait(rec.job_id), timeout=60)
-        got = await asyncio.wait_for(consumer, timeout=30)
-    finally:
-        await mgr.aclose()
-    assert done.state == "SUCCEEDED", done.error and len(got) == 6
+    done, got = await job_into(server, spec, tmp_path)
+    assert done.state == "SUCCEEDED", done.error
+    assert len(got) == 6
     batch = collate(got)
     if logprobs:
         assert all(r.logprobs is not None and min(r.logprobs) == -0.5 for r in got)
