@@ -67,17 +67,22 @@ async def resent_after_resume(server: SinkServer, drain_timeout_s: float) -> lis
     return [(r.key, r.reward) for r in got]
 
 
-async def job_into(
-    server: SinkServer, spec: Any, tmp_path: Path, model: Any = None
-) -> tuple[Any, list[TrainerRollout]]:
-    """Run `spec` on a JobManager with the local fakes while a trainer collects from `server`:
-    (the ended job, what the trainer got)."""
+def local_manager(tmp_path: Path, model: Any = None) -> Any:
+    """A JobManager over the built-in environments with the local fakes (model, verifier)."""
     from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
     from rollmesh.scheduler.manager import JobManager
     from tests.fakes import LocalEnv, LocalModel
 
     catalog = Catalog([Root(BUILTIN_ROOT, 0, "root")])
-    mgr = JobManager(catalog, model=model or LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
+    return JobManager(catalog, model=model or LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
+
+
+async def job_into(
+    server: SinkServer, spec: Any, tmp_path: Path, model: Any = None
+) -> tuple[Any, list[TrainerRollout]]:
+    """Run `spec` on a JobManager with the local fakes while a trainer collects from `server`:
+    (the ended job, what the trainer got)."""
+    mgr = local_manager(tmp_path, model)
     try:
         consumer = asyncio.create_task(collect(server))
         rec = await mgr.submit(spec)
@@ -854,18 +859,14 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
     """A trainer alive but stuck (keepalive answered, nothing consumed) stalled the job forever: now
     the job fails after GrpcSinkSpec.ack_timeout_s naming the sink, and a resume against a trainer
     that consumes delivers every key exactly once."""
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-    from rollmesh.scheduler.manager import JobManager
     from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalEnv, LocalModel, Rows
+    from tests.fakes import Rows
 
     server = await make_server(window=64).start()
     path = Rows.arithmetic(10).write(tmp_path / "d.jsonl")
     sink = SinkConfig(kind="grpc", address=server.address, window=2, ack_timeout_s=1.0)
     spec = JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink)
-    mgr = JobManager(
-        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
-    )
+    mgr = local_manager(tmp_path)
     try:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -897,19 +898,15 @@ async def test_a_job_whose_trainer_died_counts_as_succeeded_only_what_the_traine
     status`) said every rollout sent had succeeded, the unconsumed ones too (16 / 0 of 16 with 4
     consumed). A rollout counts as succeeded once the trainer acknowledges it; so the counts add up
     across the resume."""
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
     from rollmesh.scheduler.job_convert import job_to_pb
-    from rollmesh.scheduler.manager import JobManager
     from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalEnv, LocalModel, Rows
+    from tests.fakes import Rows
 
     server = await make_server(window=8).start()
     path = Rows.arithmetic(16).write(tmp_path / "d.jsonl")
     sink = SinkConfig(kind="grpc", address=server.address, window=8)
     spec = JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink)
-    mgr = JobManager(
-        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
-    )
+    mgr = local_manager(tmp_path)
     stepping = asyncio.Event()
 
     async def trainer() -> None:
@@ -962,19 +959,15 @@ async def test_a_cancel_does_not_wait_for_the_trainer_to_train_what_it_holds(
     partial one the end sends out (up to ack_timeout_s of silence each): minutes, past CancelJob's
     deadline. Now the close says CANCELLED at once, and what the trainer has not acknowledged is not
     counted as done."""
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
     from rollmesh.scheduler.job_convert import job_to_pb
-    from rollmesh.scheduler.manager import JobManager
     from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalEnv, LocalModel, Rows
+    from tests.fakes import Rows
 
     server = await make_server(window=8).start()
     path = Rows.arithmetic(40).write(tmp_path / "d.jsonl")
     sink = SinkConfig(kind="grpc", address=server.address, window=4, ack_timeout_s=60)
     spec = JobSpec(dataset=str(path), environment="arithmetic", output_dir=str(tmp_path), sink=sink)
-    mgr = JobManager(
-        Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path)
-    )
+    mgr = local_manager(tmp_path)
     stepping, step_done = asyncio.Event(), asyncio.Event()
     got: list[tuple[int, int]] = []
 
