@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 
+import pytest
 import pytest_asyncio
 
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
@@ -28,3 +32,23 @@ async def start_server() -> AsyncIterator[StartServer]:
     finally:
         for s in started:
             await s.stop(grace=0)
+
+
+def _load_script(name: str) -> ModuleType:
+    """A module of scripts/ (not a package), loaded by path."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"rollmesh_scripts_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+nemo_gym_assets = _load_script("nemo_gym")
+
+
+@pytest.fixture(scope="session")
+def nemo_gym_servers() -> Path:
+    """NeMo Gym 0.4.0's `resources_servers/` folder (each server's app.py, configs, data/example.jsonl
+    and data/example_rollouts.jsonl), fetched from PyPI once and cached (scripts/nemo_gym.py data)."""
+    return Path(nemo_gym_assets.data("0.4.0")) / "resources_servers"

@@ -1,0 +1,32 @@
+"""scripts/nemo_gym.py data: NeMo Gym's own example rows and recorded rollouts, fetched from PyPI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import nemo_gym_assets
+
+
+def test_servers_carry_their_rows_and_recorded_rewards(nemo_gym_servers: Path) -> None:
+    rollouts = nemo_gym_servers / "example_single_tool_call" / "data" / "example_rollouts.jsonl"
+    rows = [json.loads(line) for line in rollouts.read_text().splitlines() if line.strip()]
+    assert len(rows) == 5
+    assert all(isinstance(r["reward"], (int, float)) and "response" in r for r in rows)
+    assert (nemo_gym_servers / "example_single_tool_call" / "app.py").is_file()
+    assert len(list(nemo_gym_servers.glob("*/data/example_rollouts.jsonl"))) >= 90
+
+
+def test_a_second_call_uses_the_cache(nemo_gym_servers: Path) -> None:
+    stamp = nemo_gym_servers.parent / ".unpacked"
+    before = stamp.stat().st_mtime_ns
+    assert Path(nemo_gym_assets.data("0.4.0")) == nemo_gym_servers.parent
+    assert stamp.stat().st_mtime_ns == before
+
+
+def test_a_version_pip_cannot_find_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLMESH_CACHE_DIR", str(tmp_path))
+    with pytest.raises(nemo_gym_assets.NemoGymAssetError, match=r"nemo-gym==0\.0\.0"):
+        nemo_gym_assets.data("0.0.0")
