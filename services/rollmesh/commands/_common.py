@@ -98,12 +98,43 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def as_dict(message: Any, *, unset_too: bool = False) -> dict[str, Any]:
     """A proto message as JSON data under its .proto field names (`unset_too`: scalars left at
-    their default are listed too)."""
+    their default are listed too). 64-bit integers are JSON numbers: proto3's JSON mapping writes
+    them as strings (`"num_failures": "5"`), which made `jq '.num_failures > 0'` compare a string."""
     from google.protobuf import json_format
 
     data: dict[str, Any] = json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=unset_too
     )
+    return _int64_as_numbers(message.DESCRIPTOR, data)
+
+
+def _int64_as_numbers(descriptor: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` (MessageToDict's shape of a `descriptor` message) with every 64-bit integer field,
+    in nested messages, lists and map values too, back to an int."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    wide = {F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64, F.TYPE_FIXED64, F.TYPE_SFIXED64}
+
+    def value(field: Any, v: Any) -> Any:
+        if field.type in wide:
+            return int(v)
+        if field.type == F.TYPE_MESSAGE and isinstance(v, dict):
+            if field.message_type.full_name.startswith("google.protobuf."):
+                return v  # well-known types have a JSON form of their own (Struct, Timestamp, ...)
+            return _int64_as_numbers(field.message_type, v)
+        return v
+
+    for field in descriptor.fields:
+        if field.name not in data:
+            continue
+        v = data[field.name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            entry_value = field.message_type.fields_by_name["value"]
+            data[field.name] = {k: value(entry_value, x) for k, x in v.items()}
+        elif isinstance(v, list):
+            data[field.name] = [value(field, x) for x in v]
+        else:
+            data[field.name] = value(field, v)
     return data
 
 
