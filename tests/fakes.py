@@ -29,7 +29,7 @@ from rollmesh.mesh.errors import RollmeshError, to_status
 from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.sink import MetricsOf, Sink
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 Json = dict[str, Any]
@@ -453,9 +453,9 @@ class MemorySink(Sink):
     async def write_failure(self, failure: RolloutFailure) -> None:
         self.failures.append(failure)
 
-    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
+    async def close(self, *, state: str, metrics: MetricsOf | None) -> None:
         self.closed_state = state
-        self.metrics = metrics
+        self.metrics = metrics() if metrics is not None else None
 
 
 class SlowSink(MemorySink):
@@ -494,7 +494,7 @@ class SlowSink(MemorySink):
         await self._unacked.put(rollout)
         self.peak_unacked = max(self.peak_unacked, self._unacked.qsize())
 
-    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
+    async def close(self, *, state: str, metrics: MetricsOf | None) -> None:
         if self._acker is not None:
             if state == "SUCCEEDED":
                 await self._unacked.join()

@@ -150,7 +150,7 @@ async def test_slow_trainer_keeps_unacked_within_window_and_loses_nothing(
         for i in range(4):
             await sink.write(rollout(t, i))
             assert sink.in_flight <= window
-    await sink.close(state="succeeded", metrics={"num_rollouts": n, "pass_at_k": {"1": 0.5}})
+    await sink.close(state="succeeded", metrics=lambda: {"num_rollouts": n, "pass_at_k": {"1": 0.5}})
     await asyncio.wait_for(consumer, timeout=30)
 
     assert sorted(r.key for r in got) == [(t, i) for t in range(10) for i in range(4)]

@@ -79,7 +79,7 @@ async def test_flush_interval_flushes_a_lone_row(tmp_path: Path) -> None:
     await asyncio.wait_for(sink.flushed.wait(), timeout=5)  # no further write: the timer flushed it
     assert sink.fsyncs == 1
     assert len(lines(tmp_path / ROLLOUTS)) == 1
-    await sink.close(state="succeeded", metrics={"given": True})
+    await sink.close(state="succeeded", metrics=lambda: {"given": True})
     assert json.loads((tmp_path / METRICS).read_text()) == {"given": True, "job_state": "succeeded"}
 
 
@@ -117,7 +117,7 @@ async def test_torn_tail_is_repaired_on_open(tmp_path: Path) -> None:
     await sink.open("job1", total=3, spec={})
     for i in range(3):
         await sink.write(rollout(0, i))
-    await sink.close(state="running", metrics={})
+    await sink.close(state="running", metrics=lambda: {})
     intact = (tmp_path / ROLLOUTS).read_bytes()
     torn = json.dumps(rollout(0, 3).to_row()).encode()[:57]  # a crash mid-append
     with (tmp_path / ROLLOUTS).open("ab") as f:

@@ -15,6 +15,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,9 @@ from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.manager import JobManager, JobRecord
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutKey
-from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import JobSpec, SinkConfig
 from tests.exactly_once import check_exactly_once, expected_keys
-from tests.fakes import LocalEnv, LocalModel, Rows
+from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 
@@ -178,6 +179,67 @@ async def test_disk_full_fails_the_job_at_once_and_resume_completes_exactly_once
     assert resumed.state == "SUCCEEDED", resumed.error
     assert resumed.progress.skipped_existing == rec.progress.succeeded
     _check(resumed, expected, complete=True)
+
+
+async def test_metrics_count_what_the_sink_stored_when_the_disk_fills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk that filled mid-job: job.json said the rows on disk, but GetJobMetrics (and so
+    `rollmesh run --json`) counted the rows handed to the sink too (1,663 vs 1,600 on disk), the
+    ones its failed batch never stored. metrics.json cannot be written either (the disk is full)."""
+    real = store.write_json_atomic
+
+    def full_for_metrics(path: Path, data: Any) -> None:
+        if path.name == store.METRICS:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(path, data)
+
+    monkeypatch.setattr(store, "write_json_atomic", full_for_metrics)
+    data = Rows.arithmetic(60).write(tmp_path / "d.jsonl")
+    spec = JobSpec(
+        dataset=str(data), environment="arithmetic", num_repeats=4, concurrency=8, output_dir=str(tmp_path)
+    )
+    mgr, _ = await _manager(tmp_path, DiskWithRoom(room=20_000))
+    try:
+        rec = await mgr.wait((await mgr.submit(spec)).job_id)
+        on_disk = len(rows_in(rec.directory / store.ROLLOUTS))
+        assert rec.state == "FAILED" and 0 < on_disk < 240 and not (rec.directory / store.METRICS).exists()
+        assert rec.progress.succeeded == on_disk
+        for from_file in (True, False):  # GetJobMetrics, and its recount of a corrupt metrics.json
+            got = await mgr.metrics(rec.job_id, from_file=from_file)
+            assert got["num_rollouts"] == on_disk, (from_file, got["num_rollouts"], on_disk)
+    finally:
+        await mgr.aclose()
+
+
+class PartlyAcknowledged(MemorySink):
+    """A consumer that acknowledges its first `acks` rollouts and never the rest."""
+
+    def __init__(self, acks: int) -> None:
+        super().__init__()
+        self.acks = acks
+
+    def not_stored(self) -> frozenset[RolloutKey]:
+        return frozenset(r.key for r in self.rollouts[self.acks :])
+
+
+async def test_metrics_of_a_sink_without_a_file_count_what_it_acknowledged(tmp_path: Path) -> None:
+    """The metrics a trainer gets in SinkClose and GetJobMetrics cover acknowledged rollouts only."""
+    data = Rows.arithmetic(10).write(tmp_path / "d.jsonl")
+    sink = PartlyAcknowledged(acks=15)
+    mgr = JobManager(
+        CATALOG, model=LocalModel(), env=LocalEnv(), output_dir=str(tmp_path), sink_factory=lambda *a: sink
+    )
+    spec = JobSpec(dataset=str(data), environment="arithmetic", num_repeats=4, output_dir=str(tmp_path))
+    try:
+        rec = await mgr.wait(
+            (await mgr.submit(replace(spec, sink=SinkConfig(kind="grpc", address="127.0.0.1:9")))).job_id
+        )
+        assert len(sink.rollouts) == 40 and sink.metrics is not None
+        assert sink.metrics["num_rollouts"] == 15
+        assert (await mgr.metrics(rec.job_id))["num_rollouts"] == 15
+    finally:
+        await mgr.aclose()
 
 
 # ---- a real full filesystem --------------------------------------------------------------------

@@ -40,7 +40,7 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.sink import MetricsOf, Sink
 from rollmesh_client import aio_channel, max_message_bytes
 from rollmesh_client.v1 import scheduler_pb2, sink_pb2, sink_pb2_grpc
 
@@ -177,7 +177,10 @@ class GrpcSink(Sink):
         self._raise_if_broken()
         await self._send(sink_pb2.ConsumeRequest(failure=convert.failure_to_pb(failure)))
 
-    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
+    def not_stored(self) -> frozenset[RolloutKey]:
+        return frozenset(self._unacked.keys() | self._held.keys())
+
+    async def close(self, *, state: str, metrics: MetricsOf | None) -> None:
         if self._closed:
             return
         self._closed = True
@@ -205,8 +208,8 @@ class GrpcSink(Sink):
                 # Rollouts still unacked (the trainer stalled past drain_timeout_s): not delivered.
                 failed = self._owed() and not cancelled
                 close = sink_pb2.SinkClose(state=convert.state_to_pb("FAILED" if failed else state))
-                if metrics is not None:
-                    close.metrics.CopyFrom(convert.metrics_to_pb(metrics))
+                if metrics is not None:  # after the drain: over what the trainer acknowledged
+                    close.metrics.CopyFrom(convert.metrics_to_pb(metrics()))
                 await self._send(sink_pb2.ConsumeRequest(close=close))
                 with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     await self._call.done_writing()

@@ -44,7 +44,7 @@ from rollmesh.scheduler import store
 from rollmesh.scheduler.errors import DuplicateRollout, JobFolderInUse, SinkClosed, SinkWriteFailed
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.sink import MetricsOf, Sink
 
 log = get_logger("rollmesh.scheduler.jsonl_sink")
 
@@ -92,6 +92,7 @@ class JsonlSink(Sink):
         self.rows_written = 0  # rollouts of this run on disk
         self.failures_written = 0  # failures of this run on disk
         self.reward_written = 0.0  # sum of the rewards of rows_written
+        self._lost: set[RolloutKey] = set()  # rollouts of this run a failed write never stored
 
     @property
     def keys(self) -> frozenset[RolloutKey]:
@@ -220,6 +221,7 @@ class JsonlSink(Sink):
         """Latch the first write error; the failed batch's keys (and anything still buffered) were
         never written, so they are forgotten."""
         lost = rows + failure_rows + self._rows + self._failure_rows
+        self._lost |= {r.key for r in rows + self._rows}
         self._rows, self._failure_rows, self._oldest = [], [], None
         for r in lost:
             self._keys.discard(r.key)
@@ -251,8 +253,11 @@ class JsonlSink(Sink):
                 with contextlib.suppress(SinkWriteFailed):  # latched; reported through on_error
                     await self.flush()
 
-    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
-        """Flush and fsync, then write metrics.json: `metrics` when given, else recomputed from the
+    def not_stored(self) -> frozenset[RolloutKey]:
+        return frozenset(self._lost | {r.key for r in self._rows})
+
+    async def close(self, *, state: str, metrics: MetricsOf | None) -> None:
+        """Flush and fsync, then write metrics.json: `metrics()` when given, else recomputed from the
         whole folder (rows of earlier runs included). A broken sink writes what is on disk (or, when
         even that fails, removes a stale metrics.json) and raises nothing more: its error is known."""
         if self._closed:
@@ -275,10 +280,12 @@ class JsonlSink(Sink):
             self._lock_fd = None
         log.info("sink_closed", job_id=self._job_id, state=state, rows=self.rows_written, fsyncs=self.fsyncs)
 
-    async def _write_metrics(self, state: str, metrics: dict[str, Any] | None) -> None:
+    async def _write_metrics(self, state: str, metrics: MetricsOf | None) -> None:
         if metrics is None or self.error is not None:
-            metrics = await asyncio.to_thread(self.recompute_metrics)
-        data = {**metrics, "job_state": state}
+            computed = await asyncio.to_thread(self.recompute_metrics)
+        else:
+            computed = metrics()
+        data = {**computed, "job_state": state}
         try:
             await asyncio.to_thread(store.write_json_atomic, self.directory / store.METRICS, data)
         except OSError as exc:

@@ -200,6 +200,14 @@ def _stored_number(data: Json, name: str, limit: float) -> float | None:
     return value
 
 
+def stored_metrics(run: JobRun, job_id: str) -> Json:
+    """A job's metrics over the rollouts its sink holds: those it buffers, lost or was never
+    acknowledged (`Sink.not_stored`) are left out (a disk that filled mid-job counted them)."""
+    unstored = run.sink.not_stored()
+    scored = [s for s in run.scored if s.key not in unstored] if unstored else run.scored
+    return compute(scored, run.failures, k_values=list(run.plan.k_values), job_id=job_id).to_json()
+
+
 def resume_hint(job_id: str, output_dir: str | Path) -> str:
     """How a user resumes a job, in CLI flags (the API field is JobSpec.resume_job_id)."""
     return f"resume it with `rollmesh run --job-id {job_id} --output-dir {output_dir}`"
@@ -403,11 +411,8 @@ class JobManager:
     async def _finish(self, rec: JobRecord, result: RunResult) -> None:
         run = rec.run
         assert run is not None
-        metrics = None
-        if not rec.has_file:
-            metrics = compute(
-                run.scored, run.failures, k_values=list(run.plan.k_values), job_id=rec.job_id
-            ).to_json()
+        # A JSONL sink counts its own folder; any other sink is asked once it knows what it stored.
+        metrics = None if rec.has_file else lambda: stored_metrics(run, rec.job_id)
         try:
             await run.sink.close(state=result.state, metrics=metrics)
         except Exception as exc:
@@ -558,14 +563,14 @@ class JobManager:
             stored = await asyncio.to_thread(store.read_json, rec.directory / store.METRICS)
             if stored is not None:
                 return stored
-        if rec.has_file:
+        if rec.has_file:  # what is on disk: never the ring, which holds rows handed to the sink
             rollouts, failures = await asyncio.to_thread(store.load_scored, rec.directory)
             k_values = list(rec.plan.k_values) if rec.plan else None
-            return compute([*rollouts, *rec.ring], failures, k_values=k_values, job_id=job_id).to_json()
+            return compute(rollouts, failures, k_values=k_values, job_id=job_id).to_json()
         run = rec.run
         if run is None:
             return compute([], [], job_id=job_id).to_json()
-        return compute(run.scored, run.failures, k_values=list(run.plan.k_values), job_id=job_id).to_json()
+        return stored_metrics(run, job_id)
 
     async def stream(
         self, job_id: str, *, offset: int = 0, follow: bool = False, include_failures: bool = False

@@ -2,6 +2,10 @@
 RolloutSink client implement it. `write` may wait: that wait is the backpressure that slows
 dispatch, so a slow sink never grows an unbounded queue. A sink that cannot store a row raises
 from `write` (never acknowledges it) and calls `on_error` so the job fails at once.
+
+A returned `write` is not a stored row (the JSONL sink buffers a batch, the gRPC sink waits for the
+trainer's acknowledgement): `not_stored()` names the rollouts written this run that the sink does
+not hold, and a job's metrics leave them out (its truth is what its sink stored).
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+
+# The job's metrics, computed when called: a sink calls it once it knows what it stored.
+MetricsOf = Callable[[], Json]
 
 
 class Sink(ABC):
@@ -35,8 +42,14 @@ class Sink(ABC):
         """Record a rollout that failed after every retry."""
 
     @abstractmethod
-    async def close(self, *, state: str, metrics: dict[str, Any] | None) -> None:
-        """Flush everything (fsync) and finish; `state` is the job's final state name."""
+    async def close(self, *, state: str, metrics: MetricsOf | None) -> None:
+        """Flush everything (fsync) and finish; `state` is the job's final state name. `metrics`
+        (when given) is called after the last row was stored or given up on, never before."""
+
+    def not_stored(self) -> frozenset[RolloutKey]:
+        """Rollouts `write` accepted in this run that the sink does not hold (still buffered, lost
+        to a failed write, sent and not acknowledged). A sink that stores on `write` holds them all."""
+        return frozenset()
 
     def waiting(self) -> str:
         """Why writes have been waiting for a while now, e.g. "trainer sink at ADDR acknowledged
