@@ -5,6 +5,9 @@ conversion is written).
 - Content is text. OpenAI / Responses content parts (`[{"type": "input_text", "text": ...}]`) become
   their texts joined (`content_text`); `strict=True` refuses non-text parts instead of dropping them.
 - A tool call's arguments stay JSON text, so a malformed call reaches the environment unchanged.
+- An assistant turn's reasoning is `reasoning`: None when the turn had none, "" for a reasoning step
+  without text (hidden or encrypted). As an OpenAI dict it is `reasoning_content` (vLLM's name; its
+  newer `reasoning` is read too).
 - A tool's parameters are a JSON Schema, kept as JSON text (`parameters_json`, as on the wire);
   `parameters` is the parsed object (`{"type": "object"}` when none was given).
 """
@@ -76,6 +79,14 @@ class ToolCall:
         return cls(str(raw.get("id") or ""), str(fn.get("name") or ""), _arguments(fn.get("arguments")))
 
 
+def _reasoning(raw: Mapping[str, Any]) -> str | None:
+    for key in ("reasoning_content", "reasoning"):
+        value = raw.get(key)
+        if value is not None:
+            return content_text(value)
+    return None
+
+
 @dataclass(frozen=True)
 class Message:
     role: str
@@ -83,6 +94,7 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     name: str = ""
+    reasoning: str | None = None
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI-style dict a chat template (and an OpenAI server) expects."""
@@ -93,6 +105,8 @@ class Message:
             out["tool_call_id"] = self.tool_call_id
         if self.name:
             out["name"] = self.name
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning
         return out
 
     @classmethod
@@ -106,6 +120,7 @@ class Message:
             ),
             tool_call_id=str(raw.get("tool_call_id") or ""),
             name=str(raw.get("name") or ""),
+            reasoning=_reasoning(raw),
         )
 
     def same_turn(self, other: Message) -> bool:
@@ -158,6 +173,7 @@ def message_from_pb(m: common_pb2.ChatMessage) -> Message:
         tool_calls=tuple(tool_call_from_pb(c) for c in m.tool_calls),
         tool_call_id=m.tool_call_id,
         name=m.name,
+        reasoning=m.reasoning if m.HasField("reasoning") else None,
     )
 
 
@@ -170,6 +186,7 @@ def message_to_pb(m: Message) -> common_pb2.ChatMessage:
         ],
         tool_call_id=m.tool_call_id,
         name=m.name,
+        reasoning=m.reasoning,
     )
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rollmesh/v1/common.proto\x12\x0brollmesh.v1\"{\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12)\n\ntool_calls\x18\x03 \x03(\x0b\x32\x15.rollmesh.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"F\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\x94\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x15\n\x08logprobs\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x05H\x05\x88\x01\x01\x12\x17\n\nignore_eos\x18\x08 \x01(\x08H\x06\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x0b\n\t_logprobsB\x08\n\x06_top_kB\r\n\x0b_ignore_eos\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\"7\n\nRolloutKey\x12\x12\n\ntask_index\x18\x01 \x01(\x03\x12\x15\n\rrollout_index\x18\x02 \x01(\x05\"v\n\x08TurnSpan\x12\x14\n\x0cprompt_start\x18\x01 \x01(\x05\x12\x14\n\x0coutput_start\x18\x02 \x01(\x05\x12\x12\n\noutput_end\x18\x03 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x04 \x01(\t\x12\x12\n\nreplica_id\x18\x05 \x01(\t\"\xa1\x01\n\x0bTokenRecord\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x11\n\tloss_mask\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12$\n\x05turns\x18\x04 \x03(\x0b\x32\x15.rollmesh.v1.TurnSpan\x12\x1e\n\x11logprobs_recorded\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_logprobs_recordedB\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rollmesh/v1/common.proto\x12\x0brollmesh.v1\"\xa1\x01\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12)\n\ntool_calls\x18\x03 \x03(\x0b\x32\x15.rollmesh.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\x12\x16\n\treasoning\x18\x06 \x01(\tH\x00\x88\x01\x01\x42\x0c\n\n_reasoning\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"F\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"\x94\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x04 \x03(\t\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x15\n\x08logprobs\x18\x06 \x01(\x08H\x04\x88\x01\x01\x12\x12\n\x05top_k\x18\x07 \x01(\x05H\x05\x88\x01\x01\x12\x17\n\nignore_eos\x18\x08 \x01(\x08H\x06\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x0b\n\t_logprobsB\x08\n\x06_top_kB\r\n\x0b_ignore_eos\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\"7\n\nRolloutKey\x12\x12\n\ntask_index\x18\x01 \x01(\x03\x12\x15\n\rrollout_index\x18\x02 \x01(\x05\"v\n\x08TurnSpan\x12\x14\n\x0cprompt_start\x18\x01 \x01(\x05\x12\x14\n\x0coutput_start\x18\x02 \x01(\x05\x12\x12\n\noutput_end\x18\x03 \x01(\x05\x12\x16\n\x0epolicy_version\x18\x04 \x01(\t\x12\x12\n\nreplica_id\x18\x05 \x01(\t\"\xa1\x01\n\x0bTokenRecord\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x11\n\tloss_mask\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12$\n\x05turns\x18\x04 \x03(\x0b\x32\x15.rollmesh.v1.TurnSpan\x12\x1e\n\x11logprobs_recorded\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x14\n\x12_logprobs_recordedB\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,20 +32,20 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rollmesh_client.v1.common_p
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'P\001'
-  _globals['_CHATMESSAGE']._serialized_start=41
-  _globals['_CHATMESSAGE']._serialized_end=164
-  _globals['_TOOLCALL']._serialized_start=166
-  _globals['_TOOLCALL']._serialized_end=226
-  _globals['_TOOLSPEC']._serialized_start=228
-  _globals['_TOOLSPEC']._serialized_end=298
-  _globals['_SAMPLINGPARAMS']._serialized_start=301
-  _globals['_SAMPLINGPARAMS']._serialized_end=577
-  _globals['_USAGE']._serialized_start=579
-  _globals['_USAGE']._serialized_end=658
-  _globals['_ROLLOUTKEY']._serialized_start=660
-  _globals['_ROLLOUTKEY']._serialized_end=715
-  _globals['_TURNSPAN']._serialized_start=717
-  _globals['_TURNSPAN']._serialized_end=835
-  _globals['_TOKENRECORD']._serialized_start=838
-  _globals['_TOKENRECORD']._serialized_end=999
+  _globals['_CHATMESSAGE']._serialized_start=42
+  _globals['_CHATMESSAGE']._serialized_end=203
+  _globals['_TOOLCALL']._serialized_start=205
+  _globals['_TOOLCALL']._serialized_end=265
+  _globals['_TOOLSPEC']._serialized_start=267
+  _globals['_TOOLSPEC']._serialized_end=337
+  _globals['_SAMPLINGPARAMS']._serialized_start=340
+  _globals['_SAMPLINGPARAMS']._serialized_end=616
+  _globals['_USAGE']._serialized_start=618
+  _globals['_USAGE']._serialized_end=697
+  _globals['_ROLLOUTKEY']._serialized_start=699
+  _globals['_ROLLOUTKEY']._serialized_end=754
+  _globals['_TURNSPAN']._serialized_start=756
+  _globals['_TURNSPAN']._serialized_end=874
+  _globals['_TOKENRECORD']._serialized_start=877
+  _globals['_TOKENRECORD']._serialized_end=1038
 # @@protoc_insertion_point(module_scope)

@@ -31,6 +31,7 @@ class ChatMessage(_message.Message):
     TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    REASONING_FIELD_NUMBER: _builtins.int
     role: _builtins.str
     """"system", "user", "assistant" or "tool"."""
     content: _builtins.str
@@ -39,6 +40,11 @@ class ChatMessage(_message.Message):
     """For role "tool": the id of the ToolCall this message answers."""
     name: _builtins.str
     """Optional author name (for role "tool": the tool's name)."""
+    reasoning: _builtins.str
+    """For role "assistant": the model's reasoning for this turn (vLLM's reasoning_content, a Responses
+    "reasoning" item's summary). Unset: the turn had no reasoning; set and empty: a reasoning item
+    without text (hidden or encrypted reasoning).
+    """
     @_builtins.property
     def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
         """Tool calls the assistant made in this message."""
@@ -51,12 +57,15 @@ class ChatMessage(_message.Message):
         tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
         tool_call_id: _builtins.str = ...,
         name: _builtins.str = ...,
+        reasoning: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_reasoning", b"_reasoning", "reasoning", b"reasoning"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_reasoning", b"_reasoning", "content", b"content", "name", b"name", "reasoning", b"reasoning", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__reasoning: _TypeAlias = _typing.Literal["reasoning"]  # noqa: Y015
+    _WhichOneofArgType__reasoning: _TypeAlias = _typing.Literal["_reasoning", b"_reasoning"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__reasoning) -> _WhichOneofReturnType__reasoning | None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
 

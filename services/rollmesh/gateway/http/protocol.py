@@ -25,7 +25,8 @@ from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.errors import bad_request
 from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus
-from rollmesh.mesh.chat import Message, ToolCall, ToolSpec, content_text
+from rollmesh.mesh import responses_items
+from rollmesh.mesh.chat import Message, ToolSpec, content_text
 from rollmesh.mesh.errors import RollmeshError
 
 
@@ -200,48 +201,12 @@ def responses_input(headers: Mapping[str, str], body: dict[str, Any]) -> Generat
     fmt = text.get("format") if isinstance(text, dict) else None
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad_request(f"text.format={json.dumps(fmt)} is not supported by this gateway", "text.format")
-    msgs: list[Message] = []
-    if body.get("instructions"):
-        msgs.append(Message(role="system", content=str(body["instructions"])))
-    raw = body.get("input")
-    if isinstance(raw, str):
-        msgs.append(Message(role="user", content=raw))
-    elif isinstance(raw, list):
-        for i, item in enumerate(raw):
-            if not isinstance(item, dict):
-                raise bad_request(f"input[{i}] must be an object", f"input[{i}]")
-            kind = item.get("type", "message")
-            if kind == "message":
-                msgs.append(
-                    Message(
-                        role=str(item.get("role", "user")), content=_text(item.get("content"), f"input[{i}]")
-                    )
-                )
-            elif kind == "function_call":
-                call = ToolCall.from_openai(
-                    {
-                        "id": item.get("call_id"),
-                        "name": item.get("name"),
-                        "arguments": item.get("arguments", "{}"),
-                    }
-                )
-                if msgs and msgs[-1].role == "assistant":
-                    last = msgs.pop()
-                    msgs.append(Message("assistant", last.content, (*last.tool_calls, call)))
-                else:
-                    msgs.append(Message("assistant", "", (call,)))
-            elif kind == "function_call_output":
-                msgs.append(
-                    Message(
-                        role="tool",
-                        content=_text(item.get("output"), f"input[{i}].output"),
-                        tool_call_id=str(item.get("call_id", "")),
-                    )
-                )
-            else:
-                raise bad_request(f"input[{i}]: item type {kind!r} is not supported", f"input[{i}].type")
-    else:
-        raise bad_request("input must be a string or a list of items", "input")
+    try:
+        msgs = responses_items.messages_from_input(body.get("input"), body.get("instructions"))
+    except responses_items.NotResponsesItem as exc:
+        raise bad_request(f"input{exc}", f"input{exc.where}") from None
+    except ValueError:
+        raise bad_request("input must be a string or a list of items", "input") from None
     if not msgs:
         raise bad_request("input is empty", "input")
     return _input(headers, body, tuple(msgs), ("max_output_tokens",))
@@ -359,34 +324,12 @@ def response_shell(rid: str, model: str, body: dict[str, Any]) -> dict[str, Any]
 
 
 def response_object(r: GenerateResult, body: dict[str, Any], session_id: str) -> dict[str, Any]:
-    output: list[dict[str, Any]] = []
-    if r.message.content or not r.message.tool_calls:
-        output.append(
-            {
-                "type": "message",
-                "id": f"msg_{r.request_id}",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": r.message.content, "annotations": []}],
-            }
-        )
-    for c in r.message.tool_calls:
-        output.append(
-            {
-                "type": "function_call",
-                "id": f"fc_{c.id}",
-                "call_id": c.id,
-                "name": c.name,
-                "arguments": c.arguments_json,
-                "status": "completed",
-            }
-        )
-    incomplete = r.finish_reason not in ("stop", "tool_calls")
-    reason = {"length": "max_output_tokens", "content_filter": "content_filter"}.get(r.finish_reason)
+    output = responses_items.assistant_items(r.message, r.request_id)
+    status, incomplete = responses_items.response_status(r.finish_reason)
     return {
         **response_shell(f"resp_{r.request_id}", r.model, body),
-        "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": {"reason": reason} if incomplete else None,
+        "status": status,
+        "incomplete_details": incomplete,
         "output": output,
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
