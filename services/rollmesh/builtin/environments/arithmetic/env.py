@@ -1,55 +1,90 @@
-"""`arithmetic`: integer addition ("What is {a} + {b}?"); the last number of the answer is checked.
+r"""`arithmetic`: integer addition ("What is {a} + {b}?"); the last number of the answer is checked.
 
 Contract: the answer is the last *number* written in the last assistant message, read whole: with
 its decimal part, exponent, thousands separators, a `/` denominator or a power after it. It scores
 1.0 only when that number's exact value is the expected integer, so no wrong answer matches by a
 fragment of itself (`12.5`, `5e3`, `1/5`, `10^5`, `5²` never match 5; `5,000` never matches 0).
-`5.0` and `10/2` are 5, `1,2,3` is its last item; a Unicode minus (U+2212, U+FE63, U+FF0D) is
-a minus. An exponent or power the check cannot evaluate cheaply is not an integer.
+`5.0` and `10/2` are 5; `5,000`, `5 000`, `5\,000` and `5{,}000` are 5000 (groups of three, one
+separator throughout); a Unicode minus (U+2212, U+FE63, U+FF0D) is a minus. What cannot be read
+without guessing is refused (0 with a reason, never a value): a comma that is not a thousands
+separator (`1,5`: a decimal comma, or a list?), a factorial (`5!`), a root (`√25`, `\sqrt{25}`).
+An exponent or power the check cannot evaluate cheaply is not an integer.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation, localcontext
 
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 
-# Possessive quantifiers only: one pass over the text, whatever it holds (a nested, backtracking
-# pattern took minutes on '1,000,000,...' and this check runs on the event loop).
-_MAG = r"\d++(?:[,.]\d++)*+(?:[eE][-+]?\d++)?+"
+# Thousands separators: a comma (`{,}` in LaTeX) or a space (a plain, no-break, thin or narrow
+# no-break space; LaTeX `\,` or `\ `). Possessive quantifiers only: one pass over the text,
+# whatever it holds (a nested, backtracking pattern took minutes on '1,000,000,...' and this check
+# runs on the event loop).
+_SPACE = r"[ \u00a0\u2009\u202f]|\\[, ]"
+_SEP = rf"[,.]|\{{,\}}|{_SPACE}"
+_MAG = rf"\d++(?:(?:{_SEP})\d++)*+(?:[eE][-+]?\d++)?+"
 _NUMBER = re.compile(
     rf"(?:(?<![\w)])(?P<sign>[-+\u2212\ufe63\uff0d\uff0b]))?(?<![\d.])(?P<num>{_MAG})"
     rf"(?:\s*+/\s*+(?P<den>{_MAG}))?+(?P<power>\s*+(?:\^|\*\*)\s*+[-+(]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹⁻])?"
+    r"(?P<factorial>!(?!=))?"
 )
-_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})++(?:\.\d++)?+(?:[eE][-+]?\d++)?+")
-_INT_LIST = re.compile(r"\d++(?:,\d++)++")
+_SPACES = re.compile(_SPACE)
+_GROUPED = re.compile(r"\d{1,3}+(?:,\d{3}+)++(?![\d,])(?:\.\d++)?+(?:[eE][-+]?\d++)?+")
+_ROOT_BEFORE = re.compile(r"(?:[√∛∜]|\\sqrt(?:\[[^\]]{0,8}\])?|\bsqrt)\s*+[{(\[]?\s*+$")
 _MAX_DIGITS = 4000  # |value| below 10**_MAX_DIGITS is evaluated; anything larger is not an answer
+NOT_INTEGER = "the last number is not an integer"
 
 
-def last_number(text: str) -> tuple[str, int | None] | None:
-    """The last number in `text`: (its text, its value when that is an integer, else None); None
-    when there is no number."""
+class _Refused(ValueError):
+    """A number that cannot be read without guessing; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The last number of a text: as written, its value when that is an integer (else None), and
+    why it has none ("" when it has one)."""
+
+    text: str
+    value: int | None
+    reason: str = ""
+
+
+def last_number(text: str) -> Reading | None:
+    """The last number in `text`, read (None when there is no number)."""
     found = None
     for match in _NUMBER.finditer(text):
         found = match
     if found is None:
         return None
-    return found.group(0).strip(), None if found.group("power") else _integer_value(found)
+    written = found.group(0).strip()
+    if found.group("factorial"):
+        return Reading(written, None, "the last number is a factorial (`5!`): not read as a number")
+    if _ROOT_BEFORE.search(text, max(0, found.start() - 24), found.start()):
+        return Reading(written, None, "the last number is under a root (`√25`): not read as a number")
+    if found.group("power"):
+        return Reading(written, None, NOT_INTEGER)
+    try:
+        value = _integer_value(found)
+    except _Refused as exc:
+        return Reading(written, None, str(exc))
+    return Reading(written, value, "" if value is not None else NOT_INTEGER)
 
 
 def last_integer(text: str) -> str | None:
     """The last number in `text` as an integer string (sign kept, '+' dropped), or None when there
     is no number or the last one is not an integer."""
     last = last_number(text)
-    return None if last is None or last[1] is None else str(last[1])
+    return None if last is None or last.value is None else str(last.value)
 
 
 def _integer_value(match: re.Match[str]) -> int | None:
     with localcontext() as ctx:
         ctx.prec = _MAX_DIGITS + 10
         try:
-            value, listed = _decimal(match.group("num"))
+            value, separate = _decimal(match.group("num"))
             if match.group("den") is not None:
                 den = _decimal(match.group("den"))[0]
                 if den == 0 or value % den != 0:
@@ -59,20 +94,34 @@ def _integer_value(match: re.Match[str]) -> int | None:
                 return None
         except InvalidOperation:  # not a number (`1.2.3`), or too many digits to be exact
             return None
-    negative = not listed and match.group("sign") not in (None, "+", "\uff0b")
+    negative = not separate and match.group("sign") not in (None, "+", "\uff0b")
     return -int(value) if negative else int(value)
 
 
 def _decimal(text: str) -> tuple[Decimal, bool]:
-    """The value of one number's text, and whether it was a comma-separated list of integers
-    (`1,2,3`: its last item; `5,000` is five thousand; `1.234,5` is no number)."""
-    listed = "," in text and not _THOUSANDS.fullmatch(text)
-    if listed and not _INT_LIST.fullmatch(text):
-        raise InvalidOperation
-    value = Decimal(text.rsplit(",", 1)[1] if listed else text.replace(",", ""))
+    """The value of one number's text, and whether it was read as the last of numbers written
+    apart (`12 34`: 34, its own number, no sign). Thousands separators are one kind throughout, in
+    groups of three after a first group of one to three digits; a comma otherwise is refused."""
+    parts = _SPACES.split(text)
+    if len(parts) > 1:
+        if any("," in part for part in parts):
+            raise _Refused(f"the last number mixes separators ({text[:24]!r}): not read as a number")
+        joined = ",".join(parts)
+        if not _GROUPED.fullmatch(joined):
+            return _decimal(parts[-1])[0], True  # numbers written apart: the last one
+        text = joined
+    text = text.replace("{,}", ",")
+    if "," in text:
+        if not _GROUPED.fullmatch(text):
+            raise _Refused(
+                f"the last number's comma is not a thousands separator ({text[:24]!r}: a decimal "
+                "comma, or a list?): not read as a number"
+            )
+        text = text.replace(",", "")
+    value = Decimal(text)
     if value.adjusted() >= _MAX_DIGITS:
         raise InvalidOperation
-    return value, listed
+    return value, False
 
 
 class Arithmetic(Environment):
@@ -89,19 +138,19 @@ class Arithmetic(Environment):
         except ValueError:
             raise BadTask(f"task has no integer expected_answer (got {task.expected_answer!r:.80})") from None
         last = last_number(text)
-        if last is None or last[1] is None:
+        if last is None or last.value is None:
             if last is not None:
-                reason = "the last number is not an integer"
+                reason = last.reason
             else:
                 reason = "empty response" if not text.strip() else "no integer in the response"
-            extracted = "" if last is None else last[0][:80]
+            extracted = "" if last is None else last.text[:80]
             return VerifyResult(
                 0.0, {"correct": 0.0}, extracted, {"reason": reason, "expected": str(expected)}
             )
-        ok = last[1] == expected
+        ok = last.value == expected
         return VerifyResult(
             1.0 if ok else 0.0,
             {"correct": 1.0 if ok else 0.0},
-            str(last[1]),
+            str(last.value),
             {"expected": str(expected), "reason": "match" if ok else "wrong answer"},
         )

@@ -79,6 +79,11 @@ async def test_hostile_answers_are_read_in_one_pass() -> None:
         "12/" * 7000,
         "-" * 20000 + "5",
         ("9" * 100 + "/") * 200,
+        "1 " * 10000,
+        "1\\," + "000\\," * 5000 + "0",
+        "1{,}" * 7000,
+        "√" * 10000 + "5",
+        "5" + "!" * 20000,
     ]
     async with load_env(HERE) as env:
         for text in hostile:
