@@ -375,6 +375,16 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
             raise AssertionError("unreachable")
         return verifier_pb2.CallToolResponse(tool_call_id=request.call.id, output=out)
 
+    async def Step(self, request: verifier_pb2.StepRequest, context: Any) -> verifier_pb2.StepResponse:
+        await self.faults.check("Step", context)
+        await _abort(
+            context,
+            code_pb2.FAILED_PRECONDITION,
+            "ENVIRONMENT_TAKES_NO_TURNS",
+            "no environment here takes turns",
+        )
+        raise AssertionError("unreachable")
+
     async def Verify(self, request: verifier_pb2.VerifyRequest, context: Any) -> verifier_pb2.VerifyResponse:
         await self.faults.check("Verify", context)
         return verifier_pb2.VerifyResponse(result=self._verdict(request))
@@ -626,11 +636,18 @@ class LocalEnv:
     def _tool(t: common_pb2.ToolSpec) -> Json:
         return {"name": t.name, "description": t.description, "parameters": json.loads(t.parameters_json)}
 
-    async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
+    async def seed_session(self, environment: str, task: Json, session_id: str) -> Any:
+        from rollmesh.scheduler.agent import SessionOpened
+
         tools = await self.environment_tools(environment)
         assert session_id not in self.sessions, f"session {session_id} seeded twice"
         self.sessions[session_id] = {"count": 0}
-        return tools
+        return SessionOpened(tools=tools)
+
+    async def step(self, session_id: str, messages: list[Json]) -> Any:
+        from rollmesh.mesh.errors import FailedPrecondition
+
+        raise FailedPrecondition("no environment here takes turns")
 
     async def call_tool(self, session_id: str, call: Json) -> Any:
         from rollmesh.scheduler.agent import ToolResult

@@ -176,7 +176,7 @@ async def test_same_session_round_trip(ports: Ports) -> None:
     seen = {}
     for kind, env in ports.env.items():
         session = "sess"  # the same id on each port, one after the other
-        tools = await env.seed_session("session_state", task, session)
+        tools = (await env.seed_session("session_state", task, session)).tools
         added = await env.call_tool(
             session, {"id": "c1", "function": {"name": "increment_counter", "arguments": {"count": 2}}}
         )

@@ -1,4 +1,4 @@
-"""The scheduler's ports give model, tool and verify calls no deadline of their own: the job bounds
+"""The scheduler's ports give model, tool, step and verify calls no deadline of their own: the job bounds
 them (`rollout_timeout_s`, the adaptive model-call deadline). A fixed cap here cut every model call at
 300 s and every verification at 120 s whatever the job's `rollout_timeout_s` said."""
 
@@ -21,6 +21,7 @@ class _Recorder:
         answers = {
             "Generate": gateway_pb2.GenerateResponse(message=common_pb2.ChatMessage(role="assistant")),
             "CallTool": verifier_pb2.CallToolResponse(output="ok"),
+            "Step": verifier_pb2.StepResponse(done=True),
             "SeedSession": verifier_pb2.SeedSessionResponse(),
             "CloseSession": verifier_pb2.CloseSessionResponse(),
         }
@@ -49,6 +50,7 @@ async def test_model_tool_and_verify_calls_carry_no_deadline_of_their_own() -> N
     model._unary_only = True  # a gateway without GenerateMany: unary Generate, no deadline either
     await model.generate(call)
     await env.call_tool("s", {"id": "1", "function": {"name": "add", "arguments": "{}"}})
+    await env.step("s", [{"role": "assistant", "content": "2"}])
     await env.verify("arithmetic", {"expected_answer": "2"}, [{"role": "assistant", "content": "2"}], "s")
     await env.seed_session("arithmetic", {}, "s")
     await env.close_session("s")
@@ -56,6 +58,7 @@ async def test_model_tool_and_verify_calls_carry_no_deadline_of_their_own() -> N
         "GenerateRequest": None,
         "Generate": None,
         "CallTool": None,
+        "Step": None,
         "VerifyRequest": None,
         "SeedSession": SERVICE_CALL_S,
         "CloseSession": SERVICE_CALL_S,

@@ -31,7 +31,7 @@ class CountingEnv(LocalEnv):
         tools = await self.environment_tools(environment)
         return EnvDescription(tools=tools, stateless=environment in self.stateless)
 
-    async def seed_session(self, environment: str, task: Any, session_id: str) -> list[Any]:
+    async def seed_session(self, environment: str, task: Any, session_id: str) -> Any:
         self.seeded.append(session_id)
         return await super().seed_session(environment, task, session_id)
 

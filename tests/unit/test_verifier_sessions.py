@@ -99,8 +99,8 @@ def _counter_task(start: int, expected: int) -> str:
 
 async def test_two_sessions_never_share_state(service: tuple[VerifierService, FakeClock]) -> None:
     svc, _ = service
-    a, _ = await svc.seed_session("session_state", _counter_task(0, 2))
-    b, _ = await svc.seed_session("session_state", _counter_task(0, 2))
+    a = (await svc.seed_session("session_state", _counter_task(0, 2))).session
+    b = (await svc.seed_session("session_state", _counter_task(0, 2))).session
     assert a.id != b.id
     for _ in range(2):
         await svc.call_tool(a.id, ToolCall("c", "increment_counter", '{"count": 1}'))
@@ -113,7 +113,7 @@ async def test_two_sessions_never_share_state(service: tuple[VerifierService, Fa
 
 async def test_service_ttl_and_cap(service: tuple[VerifierService, FakeClock]) -> None:
     svc, clock = service
-    s, _ = await svc.seed_session("session_state", _counter_task(0, 1), "mine")
+    s = (await svc.seed_session("session_state", _counter_task(0, 1), "mine")).session
     with pytest.raises(SessionExists):
         await svc.seed_session("session_state", _counter_task(0, 1), "mine")
     await svc.seed_session("arithmetic", "{}")
@@ -132,8 +132,9 @@ async def test_tool_errors_are_outputs_unknown_tool_is_not_found(
     service: tuple[VerifierService, FakeClock],
 ) -> None:
     svc, _ = service
-    s, tools = await svc.seed_session("single_tool_call", "{}")
-    assert [t.name for t in tools] == ["get_weather"]
+    seeded = await svc.seed_session("single_tool_call", "{}")
+    s, tools = seeded.session, seeded.tools
+    assert [t.name for t in tools] == ["get_weather"] and not seeded.takes_turns
     for args in ["{bad json", "[1, 2]", '{"city": 5}', "{}", '{"city": "Atlantis"}']:
         out = await svc.call_tool(s.id, ToolCall("c1", "get_weather", args))
         assert out.is_error and out.call_id == "c1" and out.output.startswith("error:"), args

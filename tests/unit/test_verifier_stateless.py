@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
+from rollmesh.verifier import Environment, EnvTurn, Response, Session, Task, VerifyResult, tool
 from rollmesh.verifier.service import is_stateless
 
 
@@ -29,6 +29,13 @@ class _InheritsSeed(_Seeds):
     """Overrides nothing itself, but its parent overrides seed_session."""
 
 
+class _Steps(_Verifies):
+    """Takes turns: its sessions are stepped, so it needs one."""
+
+    async def step(self, session: Session, turn: Response) -> EnvTurn:
+        return EnvTurn(done=True)
+
+
 class _SubclassOfStateless(_Verifies):
     description = "still stateless"
 
@@ -38,3 +45,4 @@ def test_is_stateless() -> None:
     assert not is_stateless(_Seeds)
     assert not is_stateless(_HasTool)
     assert not is_stateless(_InheritsSeed)
+    assert not is_stateless(_Steps)

@@ -102,6 +102,14 @@ class VerifierClient(ServiceClient):
         resp: pb.CallToolResponse = await self._unary(self.stub.CallTool, req)
         return resp
 
+    async def step(self, session_id: str, turn: ResponseLike) -> pb.StepResponse:
+        """Show a session's environment one assistant turn (its message, then the results of its
+        calls to the environment's tools); the answer has the messages to append, the step's
+        reward and `done`. Only for a session seeded with `takes_turns`."""
+        req = pb.StepRequest(session_id=session_id, messages=_messages(turn).messages)
+        resp: pb.StepResponse = await self._unary(self.stub.Step, req)
+        return resp
+
     async def verify(
         self, environment: str, task: Task, response: ResponseLike, *, session_id: str = ""
     ) -> pb.VerifyResult:

@@ -5,6 +5,13 @@ seed session -> generate -> run tool calls on the verifier -> append results -> 
 a cut answer is never scored); the verifier and gateway sessions are closed in `finally`
 (a one-turn rollout opens no gateway session; a stateless environment with a row that declares no
 tools opens no verifier session: generate -> verify).
+
+Environment turns: a session seeded with `takes_turns` starts with the messages seeding gave (after
+the row's input) and is stepped after every assistant turn (`EnvPort.step`, with the assistant
+message and the results of its calls to the environment's own tools; calls to other tools are the
+environment's to answer in its step): the step's messages are appended as prompt, and the loop
+ends when a step says `done` (or at `max_steps`), whatever the turn's finish reason. The outcome's
+reward is the steps' rewards plus verify's (`AgentOutcome.reward`).
 The ports are Protocols: `remote.py` implements them over gRPC, tests with in-process fakes.
 Messages are OpenAI chat-style dicts; tool calls are
 `{"id", "type": "function", "function": {"name", "arguments"}}`.
@@ -60,6 +67,31 @@ class ToolResult:
     is_error: bool = False
 
 
+@dataclass
+class SessionOpened:
+    """A seeded environment session: its tools ({"name","description","parameters"}), the messages
+    the episode starts with, and whether the environment answers turns (`EnvPort.step`)."""
+
+    tools: list[Json] = field(default_factory=list)
+    messages: list[Json] = field(default_factory=list)
+    takes_turns: bool = False
+
+
+@dataclass
+class EnvStep:
+    """The environment's answer to one assistant turn: messages to append (prompt), the step's
+    reward, whether the episode is over, and what else it reported (`info`, kept in the row)."""
+
+    messages: list[Json] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    info: Json = field(default_factory=dict)
+
+    def record(self) -> Json:
+        """The row's record of this step (`Rollout.env_steps`): its messages are in the row's output."""
+        return {"reward": self.reward, "done": self.done, "info": self.info}
+
+
 @dataclass(frozen=True)
 class EnvDescription:
     """What the scheduler needs to know of an environment, fetched once per job."""
@@ -89,11 +121,16 @@ class Responsive(Protocol):
 
 
 class EnvPort(Protocol):
-    async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
-        """Open a session for the task; returns the tools offered ({"name","description","parameters"})."""
+    async def seed_session(self, environment: str, task: Json, session_id: str) -> SessionOpened:
+        """Open a session for the task: its tools, first messages and whether it takes turns."""
         ...
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult: ...
+
+    async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
+        """The environment's answer to one assistant turn (`messages`: the assistant message, then
+        the results of its tool calls); only for a session opened with `takes_turns`."""
+        ...
 
     async def verify(
         self, environment: str, task: Json, messages: list[Json], session_id: str
@@ -123,6 +160,13 @@ class AgentOutcome:
     verdict: VerifyResult
     turns: list[Turn]
     finish_reason: str
+    #: The environment's answers to the turns, in order (empty when it takes no turns).
+    steps: list[EnvStep] = field(default_factory=list)
+
+    @property
+    def reward(self) -> float:
+        """The rollout's reward: its steps' rewards plus verify's."""
+        return sum((s.reward for s in self.steps), 0.0) + self.verdict.reward
 
     @property
     def prompt_tokens(self) -> int:
@@ -215,17 +259,17 @@ async def run_agent(
     try:
         own_tools = row_tools(task)
         env_session = not settings.stateless or bool(own_tools)
+        opened = SessionOpened()
         if env_session:
-            env_tools = await env.seed_session(settings.environment, task, session_id)
+            opened = await env.seed_session(settings.environment, task, session_id)
             seeded = True
-            tools = merge_tools(env_tools, own_tools)
-        else:
-            tools = own_tools
+        tools = merge_tools(opened.tools, own_tools)
         sampling = row_sampling(task, settings.sampling)
         sampling["seed"] = seed
         prompt = input_messages(task, settings.system_prompt)
-        new: list[Json] = []
+        new: list[Json] = list(opened.messages)
         turns: list[Turn] = []
+        steps: list[EnvStep] = []
         finish = "max_steps"
         for step in range(max(settings.max_steps, 1)):
             call = GenerateCall(
@@ -245,27 +289,43 @@ async def run_agent(
                     metadata={"request_id": call.request_id},
                 )
             turns.append(turn)
+            start = len(new)
             new.append(turn.message)
             calls = turn.message.get("tool_calls") or []
-            if not calls or turn.finish_reason != "tool_calls":
+            if calls and turn.finish_reason == "tool_calls":
+                await _run_calls(env, session_id, calls, opened, new)
+            elif not opened.takes_turns:
                 # A turn cut by length (or that ended for an unknown reason) ends the rollout with
                 # that reason and runs none of its calls: the model did not finish its turn.
                 finish = turn.finish_reason or "stop"
                 break
-            for tc in calls:
-                result = await env.call_tool(session_id, tc)
-                new.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": str(tc.get("id", "")),
-                        "name": str(tc.get("function", {}).get("name", tc.get("name", ""))),
-                        "content": result.output,
-                    }
-                )
+            if opened.takes_turns:
+                answer = await env.step(session_id, new[start:])
+                steps.append(answer)
+                new.extend(answer.messages)
+                if answer.done:
+                    finish = turn.finish_reason or "stop"
+                    break
         verdict = await env.verify(settings.environment, task, new, session_id if env_session else "")
-        return AgentOutcome(messages=new, verdict=verdict, turns=turns, finish_reason=finish)
+        return AgentOutcome(messages=new, verdict=verdict, turns=turns, finish_reason=finish, steps=steps)
     finally:
         await _close(env if seeded else None, model if generated else None, session_id)
+
+
+async def _run_calls(
+    env: EnvPort, session_id: str, calls: list[Json], opened: SessionOpened, new: list[Json]
+) -> None:
+    """Run a finished turn's tool calls on the verifier, appending their results to `new`. With
+    environment turns, only calls to the environment's own tools: the rest are its step's to answer."""
+    own = {t["name"] for t in opened.tools}
+    for tc in calls:
+        name = str(tc.get("function", {}).get("name", tc.get("name", "")))
+        if opened.takes_turns and name not in own:
+            continue
+        result = await env.call_tool(session_id, tc)
+        new.append(
+            {"role": "tool", "tool_call_id": str(tc.get("id", "")), "name": name, "content": result.output}
+        )
 
 
 async def _close(env: EnvPort | None, model: ModelPort | None, session_id: str) -> None:

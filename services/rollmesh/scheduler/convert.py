@@ -83,6 +83,14 @@ def rollout_to_pb(r: Rollout) -> scheduler_pb2.Rollout:
         task_json=json.dumps(r.task, ensure_ascii=False),
         messages=[message_to_pb(m) for m in r.messages],
         verify_details_json=json.dumps(r.verify_details, ensure_ascii=False) if r.verify_details else "",
+        env_steps=[
+            scheduler_pb2.EnvStepRecord(
+                reward=float(s.get("reward", 0.0)),
+                done=bool(s.get("done", False)),
+                info_json=json.dumps(s["info"], ensure_ascii=False) if s.get("info") else "",
+            )
+            for s in r.env_steps
+        ],
         usage=common_pb2.Usage(
             prompt_tokens=r.prompt_tokens,
             completion_tokens=r.completion_tokens,
@@ -100,6 +108,10 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
         messages=[message_from_pb(m) for m in msg.messages],
         verify_details=json.loads(msg.verify_details_json) if msg.verify_details_json else {},
         tokens=from_pb(TokenRecord, msg.tokens, turns=[from_pb(TurnSpan, t) for t in msg.tokens.turns]),
+        env_steps=[
+            {"reward": s.reward, "done": s.done, "info": json.loads(s.info_json) if s.info_json else {}}
+            for s in msg.env_steps
+        ],
         prompt_tokens=msg.usage.prompt_tokens,
         completion_tokens=msg.usage.completion_tokens,
     )

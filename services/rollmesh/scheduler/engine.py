@@ -33,10 +33,12 @@ from rollmesh.scheduler.agent import (
     AgentSettings,
     EnvDescription,
     EnvPort,
+    EnvStep,
     GenerateCall,
     Json,
     ModelPort,
     Responsive,
+    SessionOpened,
     ToolResult,
     Turn,
     run_agent,
@@ -174,11 +176,14 @@ class _WatchedEnv:
     def __init__(self, inner: EnvPort, watchdog: Watchdog) -> None:
         self._inner, self._watch = inner, watchdog.watch
 
-    async def seed_session(self, environment: str, task: dict[str, Any], session_id: str) -> list[Json]:
+    async def seed_session(self, environment: str, task: dict[str, Any], session_id: str) -> SessionOpened:
         return await self._watch(VERIFIER, self._inner.seed_session(environment, task, session_id))
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
         return await self._watch(VERIFIER, self._inner.call_tool(session_id, call))
+
+    async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
+        return await self._watch(VERIFIER, self._inner.step(session_id, messages))
 
     async def verify(
         self, environment: str, task: Json, messages: list[Json], session_id: str
@@ -392,7 +397,7 @@ class JobRun:
                     job_id=self.job_id,
                     task=task,
                     messages=outcome.messages,
-                    reward=outcome.verdict.reward,
+                    reward=outcome.reward,
                     reward_components=dict(outcome.verdict.components),
                     extracted_answer=outcome.verdict.extracted_answer,
                     verify_details=dict(outcome.verdict.details),
@@ -404,6 +409,7 @@ class JobRun:
                     policy_version=outcome.turns[-1].policy_version if outcome.turns else "",
                     seed=seed,
                     finish_reason=outcome.finish_reason,
+                    env_steps=[step.record() for step in outcome.steps],
                 )
                 if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
                     self._said_no_token_ids = True

@@ -94,9 +94,13 @@ class Rollout:
     policy_version: str = ""
     seed: int = 0
     finish_reason: str = ""
+    #: An environment that takes turns: each step's {"reward", "done", "info"}, in order (`reward`
+    #: is their rewards plus verify's). Empty, and absent from the row, otherwise.
+    env_steps: list[Json] = field(default_factory=list)
 
     def to_row(self) -> Json:
-        """The JSONL output row: the input echoed, then what rollmesh adds."""
+        """The JSONL output row: the input echoed, then what rollmesh adds (`env_steps` only when
+        the environment took turns)."""
         row = dict(self.task)
         row.update(
             {
@@ -120,6 +124,8 @@ class Rollout:
                 "seed": self.seed,
             }
         )
+        if self.env_steps:
+            row["env_steps"] = self.env_steps
         return row
 
     @classmethod
@@ -147,6 +153,7 @@ class Rollout:
             policy_version=str(row.get("policy_version", "")),
             seed=int(row.get("seed", 0)),
             finish_reason=str(response.get("finish_reason", "")),
+            env_steps=[dict(s) for s in row.get("env_steps", [])],
         )
 
 
@@ -162,8 +169,8 @@ def _finite(name: str, value: Any) -> float:
     return number
 
 
-# What `to_row` adds to the echoed task (the row of a rollout of an empty task).
-_ADDED_FIELDS = frozenset(Rollout(RolloutKey(0, 0), "", {}, [], 0.0).to_row())
+# What `to_row` adds to the echoed task (the row of a rollout of an empty task, `env_steps` included).
+_ADDED_FIELDS = frozenset(Rollout(RolloutKey(0, 0), "", {}, [], 0.0, env_steps=[{}]).to_row())
 
 
 @dataclass

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Callable
 from typing import Any, Protocol, Self, TypeVar
 
@@ -30,7 +31,15 @@ from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.mesh.in_process import InProcessMux, InProcessStub
 from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.scheduler.agent import EnvDescription, GenerateCall, Json, ToolResult, Turn
+from rollmesh.scheduler.agent import (
+    EnvDescription,
+    EnvStep,
+    GenerateCall,
+    Json,
+    SessionOpened,
+    ToolResult,
+    Turn,
+)
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
 from rollmesh.scheduler.errors import BadReward
 from rollmesh_client import (
@@ -180,7 +189,7 @@ class VerifierEnv(_Port):
     _mux = staticmethod(verify_mux)
     _stream_method = "verify_batch"
 
-    async def seed_session(self, environment: str, task: Json, session_id: str) -> list[Json]:
+    async def seed_session(self, environment: str, task: Json, session_id: str) -> SessionOpened:
         req = verifier_pb2.SeedSessionRequest(
             environment=environment, task_json=json.dumps(task, ensure_ascii=False), session_id=session_id
         )
@@ -193,7 +202,11 @@ class VerifierEnv(_Port):
             with contextlib.suppress(NotFoundError):
                 await self.close_session(session_id)
             resp = await unary_call(self.stub.SeedSession, req, SERVICE_CALL_S)
-        return [tool_from_pb(t) for t in resp.tools]
+        return SessionOpened(
+            tools=[tool_from_pb(t) for t in resp.tools],
+            messages=[message_from_pb(m) for m in resp.messages],
+            takes_turns=resp.takes_turns,
+        )
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
         fn = call.get("function") if isinstance(call.get("function"), dict) else call
@@ -209,6 +222,18 @@ class VerifierEnv(_Port):
         )
         resp: verifier_pb2.CallToolResponse = await unary_call(self.stub.CallTool, req, None)
         return ToolResult(output=resp.output, is_error=resp.is_error)
+
+    async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
+        req = verifier_pb2.StepRequest(session_id=session_id, messages=[message_to_pb(m) for m in messages])
+        resp: verifier_pb2.StepResponse = await unary_call(self.stub.Step, req, None)
+        if not math.isfinite(resp.reward):
+            raise BadReward(f"the verifier answered step reward = {resp.reward}, not a finite number")
+        return EnvStep(
+            messages=[message_from_pb(m) for m in resp.messages],
+            reward=resp.reward,
+            done=resp.done,
+            info=json.loads(resp.info_json) if resp.info_json else {},
+        )
 
     async def verify(
         self, environment: str, task: Json, messages: list[Json], session_id: str

@@ -4,6 +4,9 @@ Plugins import the public API from here::
 
     from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool
 
+An environment that answers assistant turns (a game, a user simulator) overrides `step` and returns
+`EnvTurn`s; `seed_session` may return `Seeded` to start the episode with messages (environment.py).
+
 A row that cannot be scored (no usable `expected_answer`) raises `BadTask` from `verify`: the rollout
 fails with class BAD_TASK instead of recording a reward of 0 for an answer nobody could judge. A
 checker that overruns its time raises `CheckTimeout` (CHECK_TIMEOUT), one that breaks `CheckFailed`
@@ -17,8 +20,10 @@ from rollmesh.verifier.config import SandboxConfig, SandboxLimits, VerifierConfi
 from rollmesh.verifier.environment import (
     EnvContext,
     Environment,
+    EnvTurn,
     Message,
     Response,
+    Seeded,
     Session,
     Task,
     ToolCall,
@@ -37,11 +42,13 @@ __all__ = [
     "CheckFailed",
     "CheckTimeout",
     "EnvContext",
+    "EnvTurn",
     "Environment",
     "Message",
     "Response",
     "SandboxConfig",
     "SandboxLimits",
+    "Seeded",
     "Session",
     "SessionRequired",
     "SessionState",

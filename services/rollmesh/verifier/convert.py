@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
-from rollmesh.mesh.chat import message_from_pb, tool_spec_to_pb
+from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_to_pb
 from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.verifier.environment import Response, ToolOutput, VerifyResult
+from rollmesh.verifier.environment import EnvTurn, Response, ToolOutput, VerifyResult
 from rollmesh.verifier.loader import Broken
-from rollmesh.verifier.service import EnvironmentInfo, VerifyCall
+from rollmesh.verifier.service import EnvironmentInfo, SeededSession, VerifyCall
+from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
 
 
@@ -20,9 +22,30 @@ def broken_to_pb(item: Broken) -> pb.BrokenEnvironment:
     return to_pb(pb.BrokenEnvironment, item)
 
 
+def response_from_pb(messages: Iterable[common_pb2.ChatMessage]) -> Response:
+    return Response(tuple(message_from_pb(m) for m in messages))
+
+
 def verify_call_from_pb(req: pb.VerifyRequest) -> VerifyCall:
-    return from_pb(
-        VerifyCall, req, response=Response(tuple(message_from_pb(m) for m in req.response.messages))
+    return from_pb(VerifyCall, req, response=response_from_pb(req.response.messages))
+
+
+def seeded_to_pb(seeded: SeededSession, ttl_s: float) -> pb.SeedSessionResponse:
+    return pb.SeedSessionResponse(
+        session_id=seeded.session.id,
+        tools=[tool_spec_to_pb(t) for t in seeded.tools],
+        ttl_seconds=ttl_s,
+        messages=[message_to_pb(m) for m in seeded.messages],
+        takes_turns=seeded.takes_turns,
+    )
+
+
+def env_turn_to_pb(turn: EnvTurn) -> pb.StepResponse:
+    return pb.StepResponse(
+        messages=[message_to_pb(m) for m in turn.messages],
+        reward=turn.reward,
+        done=turn.done,
+        info_json=json.dumps(dict(turn.info)) if turn.info else "",
     )
 
 

@@ -25,6 +25,36 @@ and puts it in `environments/<name>/env.py` of an artifact root, or registers th
 then JSON-schema'd keyword arguments; the schema is inferred from the type hints unless given.
 `verify` may be `async def` (do your own offloading) or a plain `def` (run in a worker thread).
 CPU-heavy checks should use `self.context.workers` (processes with a hard timeout) instead.
+
+Environment turns (a game, a user simulator, NeMo Gym's gymnasium servers' `/reset` + `/step`): an
+environment that overrides `step` sees every assistant turn of a rollout and answers it::
+
+    class Guess(Environment):
+        async def seed_session(self, task: Task) -> Seeded:
+            # The first observation: appended to the prompt before the first model turn.
+            return Seeded(state={"tries": 0}, messages=(Message("user", "Guess 1..100."),))
+
+        async def step(self, session: Session, turn: Response) -> EnvTurn:
+            guess, target = turn.final_text.strip(), int(session.task.expected_answer)
+            if guess == str(target):
+                return EnvTurn(reward=1.0, done=True)
+            hint = "higher" if guess.isdigit() and int(guess) < target else "lower"
+            return EnvTurn(messages=(Message("user", hint),), reward=-0.1)
+
+        def verify(self, task, response, session=None) -> VerifyResult:
+            return VerifyResult(reward=0.0)  # the steps carry the reward
+
+The agent loop (scheduler/agent.py) runs: seed (its messages join the prompt) -> generate -> run the
+turn's calls to the environment's own tools (as without turns) -> `step(session, turn)` with the
+assistant message and those tool results -> append the `EnvTurn`'s messages (an observation as a
+"user" message; an answer to a call the environment handles itself as a "tool" message with its
+`tool_call_id`) -> ... until `done` or `max_steps` model turns; then `verify` as always. The
+rollout's reward is the sum of the step rewards plus verify's reward (NeMo Gym's gymnasium agent
+sums the step rewards; its servers have no verify, so a bridge's verify gives 0). The row records
+each step's reward, `done` and `info`. The environment's messages are prompt: the token record never
+trains on them. A turn that has no tool calls and is not done goes back to the model as it is (NeMo
+Gym's gymnasium agent does the same). `takes_turns()` says whether `step` is called at all (default:
+whether the class overrides it); the five built-ins take no turns.
 """
 
 from __future__ import annotations
@@ -36,7 +66,7 @@ import types
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
@@ -119,6 +149,33 @@ class Response:
         return next(
             (m.content for m in self.messages if m.role == "tool" and m.tool_call_id == call_id), None
         )
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """What `seed_session` may return instead of the bare state: the state (`session.state`) and the
+    messages the episode starts with (the first observation: appended to the prompt, after the
+    row's input, before the first model turn; NeMo Gym's gymnasium `reset` observation)."""
+
+    state: Any = None
+    messages: tuple[Message, ...] = ()
+
+
+@dataclass(frozen=True)
+class EnvTurn:
+    """The environment's answer to one assistant turn (`Environment.step`).
+
+    `messages` are appended to the conversation as prompt (never trained on): "user" messages (an
+    observation, a simulated user's reply) and "tool" messages answering calls of the turn that the
+    environment handles itself (`tool_call_id` set); an "assistant" message is refused, since the
+    policy did not write it. `reward` is this step's (summed with the other steps' and verify's into
+    the rollout's reward), `done` ends the episode, and `info` (a JSON object) is recorded in the row.
+    """
+
+    messages: tuple[Message, ...] = ()
+    reward: float = 0.0
+    done: bool = False
+    info: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -313,9 +370,23 @@ class Environment(ABC):
         return ""
 
     async def seed_session(self, task: Task) -> Any:
-        """Create the per-session state for `task` (available as `session.state`). Default: None."""
+        """Create the per-session state for `task` (available as `session.state`). Default: None.
+
+        Return a `Seeded` to also give the messages the episode starts with (a first observation)."""
         del task
         return None
+
+    def takes_turns(self) -> bool:
+        """Whether the agent loop calls `step` after each assistant turn. Default: whether the class
+        overrides `step` (an environment whose kind is known only once loaded, a bridge, overrides
+        this instead)."""
+        return type(self).step is not Environment.step
+
+    async def step(self, session: Session, turn: Response) -> EnvTurn:
+        """Answer one assistant turn: `turn` holds the assistant message and the results of its
+        calls to this environment's tools, in order. Default: none (no environment turns)."""
+        del session, turn
+        return EnvTurn(done=True)
 
     @abstractmethod
     def verify(

@@ -134,3 +134,17 @@ class BadValue(ValueError):
 
 class ToolError(Exception):
     """Raise from a tool to send the message back to the model as an error output."""
+
+
+class TakesNoTurns(mesh.FailedPrecondition):
+    """Step on a session of an environment that answers no assistant turns (`takes_turns` false)."""
+
+    reason = "ENVIRONMENT_TAKES_NO_TURNS"
+
+
+class BadEnvTurn(mesh.Internal):
+    """An environment's `step` or `seed_session` answered something the loop cannot use: not an
+    `EnvTurn`, a reward that is not a finite number, an assistant message (the policy did not write
+    it), `info` that is not a JSON object. The step fails, visibly, instead of a guessed answer."""
+
+    reason = "BAD_ENV_TURN"

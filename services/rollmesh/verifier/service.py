@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +20,23 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier.config import VerifierConfig
-from rollmesh.verifier.environment import EnvContext, Environment, Response, Session, Task, ToolOutput
+from rollmesh.verifier.environment import (
+    EnvContext,
+    Environment,
+    EnvTurn,
+    Message,
+    Response,
+    Seeded,
+    Session,
+    Task,
+    ToolOutput,
+)
 from rollmesh.verifier.errors import (
+    BadEnvTurn,
     BadTask,
     EnvironmentBroken,
     EnvironmentNotFound,
+    TakesNoTurns,
     ToolNotFound,
     VerifyTimeout,
 )
@@ -42,6 +58,19 @@ class EnvironmentInfo:
     stateless: bool = False
     #: How it isolates the untrusted code it runs (`Environment.sandbox_mode`); "" when it runs none.
     sandbox: str = ""
+    #: It answers assistant turns (`Environment.takes_turns`): its sessions are stepped.
+    takes_turns: bool = False
+
+
+@dataclass(frozen=True)
+class SeededSession:
+    """What SeedSession answers: the session, its tools, the messages the episode starts with, and
+    whether the environment takes turns."""
+
+    session: Session
+    tools: list[ToolSpec]
+    messages: tuple[Message, ...] = ()
+    takes_turns: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,12 +92,52 @@ def parse_task(task_json: str) -> Task:
 
 
 def is_stateless(cls: type[Environment]) -> bool:
-    """True when `cls` offers no tools and keeps the base `seed_session` (which returns None).
+    """True when `cls` offers no tools, keeps the base `seed_session` (which returns None) and the base
+    `step` (it takes no turns; `describe` also asks the loaded instance's `takes_turns`).
 
     A session of such an environment carries nothing `verify` could use beyond the task it is given
     anyway, so callers may skip SeedSession/CloseSession and call Verify without a session_id.
     """
-    return not cls.tool_specs() and getattr(cls, "seed_session", None) is Environment.seed_session
+    return (
+        not cls.tool_specs()
+        and getattr(cls, "seed_session", None) is Environment.seed_session
+        and getattr(cls, "step", None) is Environment.step
+    )
+
+
+_TURN_ROLES = ("user", "tool", "system")
+
+
+def _check_messages(name: str, what: str, messages: Any) -> tuple[Message, ...]:
+    """An environment's messages for the conversation, or BadEnvTurn: they must be `Message`s the
+    policy did not write (never "assistant": the token record would count it as the policy's turn)."""
+    if not isinstance(messages, tuple | list) or not all(isinstance(m, Message) for m in messages):
+        raise BadEnvTurn(f"environment {name!r} {what} messages must be a sequence of Message")
+    bad = [m.role for m in messages if m.role not in _TURN_ROLES]
+    if bad:
+        raise BadEnvTurn(
+            f"environment {name!r} {what} returned a message with role {bad[0]!r}; "
+            f"allowed: {', '.join(_TURN_ROLES)}"
+        )
+    return tuple(messages)
+
+
+def _check_turn(name: str, turn: Any) -> EnvTurn:
+    """The environment's step answer, or BadEnvTurn (see `_check_messages`; the reward must be a
+    finite number and `info` a JSON object)."""
+    if not isinstance(turn, EnvTurn):
+        raise BadEnvTurn(f"environment {name!r} step returned {type(turn).__name__}, not EnvTurn")
+    messages = _check_messages(name, "step", turn.messages)
+    reward = turn.reward
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+        raise BadEnvTurn(f"environment {name!r} step returned reward = {reward!r:.80}, not a finite number")
+    if not isinstance(turn.info, Mapping):
+        raise BadEnvTurn(f"environment {name!r} step returned info of type {type(turn.info).__name__}")
+    try:
+        info = json.loads(json.dumps(dict(turn.info), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise BadEnvTurn(f"environment {name!r} step returned info that is not JSON: {exc}") from None
+    return EnvTurn(messages=messages, reward=float(reward), done=bool(turn.done), info=info)
 
 
 def _check_result(name: str, result: Any) -> VerifyResult:
@@ -187,23 +256,26 @@ class VerifierService:
             cls.tool_specs(),
             item.source,
             item.example_dataset,
-            stateless=is_stateless(cls),
+            stateless=is_stateless(cls) and not item.env.takes_turns(),
             sandbox=item.env.sandbox_mode(),
+            takes_turns=item.env.takes_turns(),
         )
 
     # -- sessions -------------------------------------------------------------------------------------
 
-    async def seed_session(
-        self, environment: str, task_json: str, session_id: str = ""
-    ) -> tuple[Session, list[ToolSpec]]:
+    async def seed_session(self, environment: str, task_json: str, session_id: str = "") -> SeededSession:
         item = self._env(environment)
         task = parse_task(task_json)
         sid = self.sessions.new_id(session_id)
         self.sessions.reserve(sid)
         state = await item.env.seed_session(task)
+        messages: tuple[Message, ...] = ()
+        if isinstance(state, Seeded):
+            messages = _check_messages(environment, "seed_session", state.messages)
+            state = state.state
         session = Session(id=sid, environment=environment, task=task, state=state)
         self.sessions.add(session)  # re-checks: another seed may have raced in during seed_session
-        return session, type(item.env).tool_specs()
+        return SeededSession(session, type(item.env).tool_specs(), messages, item.env.takes_turns())
 
     async def call_tool(self, session_id: str, call: ToolCall) -> ToolOutput:
         session = self.sessions.get(session_id)
@@ -217,6 +289,20 @@ class VerifierService:
                     f"environment {session.environment!r} has no tool {call.name!r}; tools: {names}",
                     metadata={"environment": session.environment, "tool": call.name},
                 ) from None
+
+    async def step(self, session_id: str, turn: Response) -> EnvTurn:
+        """The environment's answer to one assistant turn of the session (under the session's lock,
+        as tool calls are), checked (`_check_turn`)."""
+        session = self.sessions.get(session_id)
+        env = self._env(session.environment).env
+        if not env.takes_turns():
+            raise TakesNoTurns(
+                f"environment {session.environment!r} takes no turns: its sessions are not stepped",
+                metadata={"environment": session.environment},
+            )
+        async with self.sessions.lock(session_id):
+            answer = await env.step(session, turn)
+        return _check_turn(session.environment, answer)
 
     def close_session(self, session_id: str) -> None:
         self.sessions.close(session_id)

@@ -37,20 +37,18 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
         return convert.environment_to_pb(self._svc.describe(request.name))
 
     async def SeedSession(self, request: pb.SeedSessionRequest, context: Any) -> pb.SeedSessionResponse:
-        session, tools = await self._svc.seed_session(
-            request.environment, request.task_json, request.session_id
-        )
-        return pb.SeedSessionResponse(
-            session_id=session.id,
-            tools=[chat.tool_spec_to_pb(t) for t in tools],
-            ttl_seconds=self._svc.sessions.ttl_s,
-        )
+        seeded = await self._svc.seed_session(request.environment, request.task_json, request.session_id)
+        return convert.seeded_to_pb(seeded, self._svc.sessions.ttl_s)
 
     async def CallTool(self, request: pb.CallToolRequest, context: Any) -> pb.CallToolResponse:
         if not request.HasField("call") or not request.call.name:
             raise InvalidArgument("CallToolRequest.call.name is required")
         out = await self._svc.call_tool(request.session_id, chat.tool_call_from_pb(request.call))
         return convert.tool_output_to_pb(out)
+
+    async def Step(self, request: pb.StepRequest, context: Any) -> pb.StepResponse:
+        turn = await self._svc.step(request.session_id, convert.response_from_pb(request.messages))
+        return convert.env_turn_to_pb(turn)
 
     async def Verify(self, request: pb.VerifyRequest, context: Any) -> pb.VerifyResponse:
         result = await self._svc.verify(convert.verify_call_from_pb(request))

@@ -730,6 +730,7 @@ class Rollout(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
+    ENV_STEPS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_json: _builtins.str
     """The input row, serialized JSON (echoed in the output)."""
@@ -758,6 +759,12 @@ class Rollout(_message.Message):
     def tokens(self) -> _common_pb2.TokenRecord: ...
     @_builtins.property
     def usage(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def env_steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnvStepRecord]:
+        """An environment that takes turns (EnvironmentVerifier.Step): each step, in order; `reward` is their
+        rewards plus Verify's. Empty otherwise.
+        """
+
     def __init__(
         self,
         *,
@@ -776,14 +783,44 @@ class Rollout(_message.Message):
         policy_version: _builtins.str = ...,
         seed: _builtins.int = ...,
         finish_reason: _builtins.str = ...,
+        env_steps: _abc.Iterable[Global___EnvStepRecord] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Rollout: _TypeAlias = Rollout  # noqa: Y015
+
+@_typing.final
+class EnvStepRecord(_message.Message):
+    """One environment step of a rollout: its reward, whether it ended the episode, and what else the
+    environment reported (a serialized JSON object). Its messages are in the rollout's `messages`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REWARD_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    INFO_JSON_FIELD_NUMBER: _builtins.int
+    reward: _builtins.float
+    done: _builtins.bool
+    info_json: _builtins.str
+    def __init__(
+        self,
+        *,
+        reward: _builtins.float = ...,
+        done: _builtins.bool = ...,
+        info_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "info_json", b"info_json", "reward", b"reward"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvStepRecord: _TypeAlias = EnvStepRecord  # noqa: Y015
 
 @_typing.final
 class RolloutFailure(_message.Message):

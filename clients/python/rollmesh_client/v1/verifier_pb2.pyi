@@ -33,6 +33,7 @@ class Environment(_message.Message):
     EXAMPLE_DATASET_FIELD_NUMBER: _builtins.int
     STATELESS_FIELD_NUMBER: _builtins.int
     SANDBOX_FIELD_NUMBER: _builtins.int
+    TAKES_TURNS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name, e.g. "arithmetic"."""
     description: _builtins.str
@@ -51,6 +52,10 @@ class Environment(_message.Message):
     opt-in ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1: Python-level guards only), or empty
     when it runs no untrusted code.
     """
+    takes_turns: _builtins.bool
+    """True when the environment answers assistant turns (Step): a session of it is stepped after each
+    assistant turn until it says done. Such an environment is never stateless.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools every session of this environment offers."""
@@ -65,10 +70,11 @@ class Environment(_message.Message):
         example_dataset: _builtins.str = ...,
         stateless: _builtins.bool = ...,
         sandbox: _builtins.str = ...,
+        takes_turns: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "source", b"source", "stateless", b"stateless", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -210,12 +216,22 @@ class SeedSessionResponse(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    TAKES_TURNS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     ttl_seconds: _builtins.float
     """Seconds of inactivity after which the session expires."""
+    takes_turns: _builtins.bool
+    """True when the environment answers each assistant turn of this session (Step)."""
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools offered in this session."""
+
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
+        """The messages the episode starts with (a first observation), appended to the prompt after the
+        task's input, before the first model turn. Empty for most environments.
+        """
 
     def __init__(
         self,
@@ -223,10 +239,12 @@ class SeedSessionResponse(_message.Message):
         session_id: _builtins.str = ...,
         tools: _abc.Iterable[_common_pb2.ToolSpec] | None = ...,
         ttl_seconds: _builtins.float = ...,
+        messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        takes_turns: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id", "tools", b"tools", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "session_id", b"session_id", "takes_turns", b"takes_turns", "tools", b"tools", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -282,6 +300,67 @@ class CallToolResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CallToolResponse: _TypeAlias = CallToolResponse  # noqa: Y015
+
+@_typing.final
+class StepRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
+        """The assistant turn (its message first) and the results of its calls to the environment's tools."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
+
+@_typing.final
+class StepResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    INFO_JSON_FIELD_NUMBER: _builtins.int
+    reward: _builtins.float
+    """This step's reward; a rollout's reward is its steps' rewards plus Verify's."""
+    done: _builtins.bool
+    """The episode is over: the agent loop goes to Verify."""
+    info_json: _builtins.str
+    """What else the environment reports of this step, a serialized JSON object (recorded in the row)."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
+        """Appended to the conversation as prompt: "user" (an observation) and "tool" (an answer to a call of
+        the turn, tool_call_id set) messages; never "assistant".
+        """
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        reward: _builtins.float = ...,
+        done: _builtins.bool = ...,
+        info_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "info_json", b"info_json", "messages", b"messages", "reward", b"reward"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepResponse: _TypeAlias = StepResponse  # noqa: Y015
 
 @_typing.final
 class ModelResponse(_message.Message):

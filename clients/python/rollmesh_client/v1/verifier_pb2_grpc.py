@@ -60,6 +60,11 @@ class EnvironmentVerifierStub:
                 request_serializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.Step = channel.unary_unary(
+                '/rollmesh.v1.EnvironmentVerifier/Step',
+                request_serializer=rollmesh_dot_v1_dot_verifier__pb2.StepRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_verifier__pb2.StepResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/rollmesh.v1.EnvironmentVerifier/CloseSession',
                 request_serializer=rollmesh_dot_v1_dot_verifier__pb2.CloseSessionRequest.SerializeToString,
@@ -113,6 +118,16 @@ class EnvironmentVerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Step(self, request, context):
+        """Show the environment one assistant turn of a session (its message and the results of its calls to
+        the environment's tools); the environment answers with messages to append (an observation, a
+        simulated user, answers to calls it handles itself), a step reward and whether the episode is done.
+        Only for a session whose SeedSessionResponse said `takes_turns` (else FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseSession(self, request, context):
         """Drop a session's state. Closing an unknown session is NOT_FOUND.
         """
@@ -155,6 +170,11 @@ def add_EnvironmentVerifierServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyRequest.FromString,
                     response_serializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyResponse.SerializeToString,
+            ),
+            'Step': grpc.unary_unary_rpc_method_handler(
+                    servicer.Step,
+                    request_deserializer=rollmesh_dot_v1_dot_verifier__pb2.StepRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_verifier__pb2.StepResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -303,6 +323,33 @@ class EnvironmentVerifier:
             '/rollmesh.v1.EnvironmentVerifier/Verify',
             rollmesh_dot_v1_dot_verifier__pb2.VerifyRequest.SerializeToString,
             rollmesh_dot_v1_dot_verifier__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Step(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmesh.v1.EnvironmentVerifier/Step',
+            rollmesh_dot_v1_dot_verifier__pb2.StepRequest.SerializeToString,
+            rollmesh_dot_v1_dot_verifier__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,

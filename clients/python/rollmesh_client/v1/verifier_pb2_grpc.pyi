@@ -46,6 +46,12 @@ class EnvironmentVerifierStub:
     """
     Verify: _grpc.UnaryUnaryMultiCallable[_verifier_pb2.VerifyRequest, _verifier_pb2.VerifyResponse]
     """Score a response for a task (and its session, if any)."""
+    Step: _grpc.UnaryUnaryMultiCallable[_verifier_pb2.StepRequest, _verifier_pb2.StepResponse]
+    """Show the environment one assistant turn of a session (its message and the results of its calls to
+    the environment's tools); the environment answers with messages to append (an observation, a
+    simulated user, answers to calls it handles itself), a step reward and whether the episode is done.
+    Only for a session whose SeedSessionResponse said `takes_turns` (else FAILED_PRECONDITION).
+    """
     CloseSession: _grpc.UnaryUnaryMultiCallable[_verifier_pb2.CloseSessionRequest, _verifier_pb2.CloseSessionResponse]
     """Drop a session's state. Closing an unknown session is NOT_FOUND."""
     VerifyBatch: _grpc.StreamStreamMultiCallable[_verifier_pb2.VerifyBatchRequest, _verifier_pb2.VerifyBatchResponse]
@@ -71,6 +77,12 @@ class EnvironmentVerifierAsyncStub(EnvironmentVerifierStub):
     """
     Verify: _aio.UnaryUnaryMultiCallable[_verifier_pb2.VerifyRequest, _verifier_pb2.VerifyResponse]  # type: ignore[assignment]
     """Score a response for a task (and its session, if any)."""
+    Step: _aio.UnaryUnaryMultiCallable[_verifier_pb2.StepRequest, _verifier_pb2.StepResponse]  # type: ignore[assignment]
+    """Show the environment one assistant turn of a session (its message and the results of its calls to
+    the environment's tools); the environment answers with messages to append (an observation, a
+    simulated user, answers to calls it handles itself), a step reward and whether the episode is done.
+    Only for a session whose SeedSessionResponse said `takes_turns` (else FAILED_PRECONDITION).
+    """
     CloseSession: _aio.UnaryUnaryMultiCallable[_verifier_pb2.CloseSessionRequest, _verifier_pb2.CloseSessionResponse]  # type: ignore[assignment]
     """Drop a session's state. Closing an unknown session is NOT_FOUND."""
     VerifyBatch: _aio.StreamStreamMultiCallable[_verifier_pb2.VerifyBatchRequest, _verifier_pb2.VerifyBatchResponse]  # type: ignore[assignment]
@@ -123,6 +135,18 @@ class EnvironmentVerifierServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_verifier_pb2.VerifyResponse, _abc.Awaitable[_verifier_pb2.VerifyResponse]]:
         """Score a response for a task (and its session, if any)."""
+
+    @_abc_1.abstractmethod
+    def Step(
+        self,
+        request: _verifier_pb2.StepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_verifier_pb2.StepResponse, _abc.Awaitable[_verifier_pb2.StepResponse]]:
+        """Show the environment one assistant turn of a session (its message and the results of its calls to
+        the environment's tools); the environment answers with messages to append (an observation, a
+        simulated user, answers to calls it handles itself), a step reward and whether the episode is done.
+        Only for a session whose SeedSessionResponse said `takes_turns` (else FAILED_PRECONDITION).
+        """
 
     @_abc_1.abstractmethod
     def CloseSession(
