@@ -4,6 +4,7 @@ gateway/verifier server role, RSS sampling and the environment block of the JSON
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -89,6 +90,86 @@ async def spawn(
                 except TimeoutError:
                     proc.kill()
                     await proc.wait()
+
+
+SERVICES = ("registry", "verifier", "gateway", "scheduler")
+
+
+def children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "children").read_text().split()
+        except OSError:  # the thread ended since the listing
+            continue
+        out += [int(x) for x in text]
+    return out
+
+
+def service_pids(up_pid: int) -> dict[str, int]:
+    """Each service's pid among `rollmesh up`'s children (by their `serve <service>` command line)."""
+    found: dict[str, int] = {}
+    for child in children_of(up_pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for service in SERVICES:
+            if service.encode() in argv and b"serve" in argv:
+                found[service] = child
+    return found
+
+
+@asynccontextmanager
+async def mesh_up(
+    output_dir: Path, *backend_args: str, env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[dict[str, str], dict[str, int]]]:
+    """`rollmesh up --ephemeral --json BACKEND_ARGS...` (every service its own process); yields
+    (addresses, pids by service)."""
+    exe = Path(sys.executable).parent / "rollmesh"
+    args = [
+        str(exe),
+        "up",
+        "--ephemeral",
+        "--json",
+        *backend_args,
+        "--http-port",
+        "-1",
+        "--output-dir",
+        str(output_dir),
+    ]
+    env = {**os.environ, "ROLLMESH_LOG_LEVEL": "warning", **(env or {})}
+    log_path = output_dir / "up.log"
+    with log_path.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, start_new_session=True
+        )
+    try:
+        assert proc.stdout is not None
+        text = ""
+        async with asyncio.timeout(300):
+            while True:  # the addresses, as one (maybe indented) JSON object
+                line = await proc.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"rollmesh up exited:\n{log_path.read_text()[-3000:]}")
+                text += line.decode()
+                try:
+                    addresses = json.loads(text)
+                    break
+                except ValueError:
+                    continue
+        pids = service_pids(proc.pid)
+        log(f"mesh up: {addresses} pids {pids}")
+        yield addresses, pids
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(30):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
 
 
 def fakes_args(latency_s: float) -> list[str]:

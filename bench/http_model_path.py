@@ -27,14 +27,12 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import cpu_seconds, env_info, log, rss_mb
-
-SERVICES = ("registry", "verifier", "gateway", "scheduler")
+from bench._scheduler_common import cpu_seconds, env_info, log, mesh_up, rss_mb
 
 
 def write_dataset(path: Path, rows: int, seed: int = 0) -> None:
@@ -93,85 +91,6 @@ async def raw_loop(base_url: str, dataset: Path, concurrency: int) -> tuple[floa
 # -- the mesh ------------------------------------------------------------------------------------
 
 
-def children_of(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            text = (task / "children").read_text().split()
-        except OSError:  # the thread ended since the listing
-            continue
-        out += [int(x) for x in text]
-    return out
-
-
-def service_pids(up_pid: int) -> dict[str, int]:
-    """Each service's pid among `rollmesh up`'s children (by their `serve <service>` command line)."""
-    found: dict[str, int] = {}
-    for child in children_of(up_pid):
-        try:
-            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for service in SERVICES:
-            if service.encode() in argv and b"serve" in argv:
-                found[service] = child
-    return found
-
-
-@asynccontextmanager
-async def mesh_up(base_url: str, output_dir: Path) -> Any:
-    """`rollmesh up --ephemeral --json --backend openai`; yields (addresses, pids by service)."""
-    exe = Path(sys.executable).parent / "rollmesh"
-    args = [
-        str(exe),
-        "up",
-        "--ephemeral",
-        "--json",
-        "--backend",
-        "openai",
-        "--base-url",
-        base_url,
-        "--model",
-        "tiny",
-        "--http-port",
-        "-1",
-        "--output-dir",
-        str(output_dir),
-    ]
-    env = {**os.environ, "ROLLMESH_LOG_LEVEL": "warning"}
-    log_path = output_dir / "up.log"
-    with log_path.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=err, env=env, start_new_session=True
-        )
-    try:
-        assert proc.stdout is not None
-        text = ""
-        async with asyncio.timeout(300):
-            while True:  # the addresses, as one (maybe indented) JSON object
-                line = await proc.stdout.readline()
-                if not line:
-                    raise RuntimeError(f"rollmesh up exited:\n{log_path.read_text()[-3000:]}")
-                text += line.decode()
-                try:
-                    addresses = json.loads(text)
-                    break
-                except ValueError:
-                    continue
-        pids = service_pids(proc.pid)
-        log(f"mesh up: {addresses} pids {pids}")
-        yield addresses, pids
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(30):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
 async def mesh_trial(
     scheduler: str, pids: dict[str, int], dataset: Path, concurrency: int, out: Path
 ) -> tuple[float, dict[str, float], dict[str, Any]]:
@@ -228,7 +147,9 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         write_dataset(dataset, a.rollouts)
         with openai_server_process() as (base_url, server):
             async with AsyncExitStack() as stack:
-                addresses, pids = await stack.enter_async_context(mesh_up(base_url, tmp))
+                addresses, pids = await stack.enter_async_context(
+                    mesh_up(tmp, "--backend", "openai", "--base-url", base_url, "--model", "tiny")
+                )
                 raw_rates: list[float] = []
                 raw_cpu_ms: list[float] = []
                 mesh_rates: list[float] = []

@@ -428,3 +428,17 @@ async def test_a_stop_string_ends_the_message_the_ids_keep_what_the_engine_produ
     rollout = Rollout(RolloutKey(0, 0), "j", {}, [r1.message.to_openai(), r2.message.to_openai()], 0.0)
     rollout.tokens = build_token_record([r1, r2])  # a GenerateResult carries a turn's ids
     assert validate_rollout(rollout, tokenizer=tok) == []
+
+
+async def test_a_slow_fake_model_waits_before_its_first_token_and_is_abortable() -> None:
+    from rollmesh.gateway.backends.factory import create_backend
+
+    fb = create_backend(ModelSpec("m", backend="fake"), environ={"ROLLMESH_FAKE_LATENCY_S": "60"})
+    assert isinstance(fb, FakeBackend) and fb.first_token_latency_s == 60.0
+    gw = await started(fb)
+    call = asyncio.create_task(gw.generate(inp(request_id="slow")))
+    await fb.wait_running("slow")
+    assert not call.done()  # waiting for its first token
+    assert await fb.abort("slow")
+    result = await asyncio.wait_for(call, 10)
+    assert result.finish_reason == "abort" and not result.output_token_ids

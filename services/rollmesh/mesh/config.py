@@ -208,6 +208,11 @@ ENV_VARS: dict[str, EnvVar] = {
             "Replica engine: vllm, or fake (scripted arithmetic answers, no weights; tests, demos).",
         ),
         EnvVar("ROLLMESH_FAKE_TOKEN_LATENCY_S", 0.0, "fake engine: seconds per generated token."),
+        EnvVar(
+            "ROLLMESH_FAKE_LATENCY_S",
+            0.0,
+            "gateway fake backend: seconds before each generation's first token (a slow model; benches).",
+        ),
         EnvVar("ROLLMESH_REPLICA_CPUS", 1.0, "Ray CPUs reserved per replica."),
         EnvVar("ROLLMESH_REPLICA_GPUS", 0.0, "Ray GPUs per replica; > 0 serves on CUDA vLLM."),
         EnvVar("ROLLMESH_TP_SIZE", 1, "vLLM tensor-parallel size inside each replica."),

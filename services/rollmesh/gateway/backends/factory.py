@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.config import ModelSpec
+from rollmesh.mesh.config import read
 from rollmesh.mesh.errors import ConfigError, RollmeshError
 
 
@@ -49,6 +50,7 @@ def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None)
             num_replicas=spec.replicas or 1,
             max_model_len=spec.max_model_len or 4096,
             weights_dir=_fake_weights_dir(spec.model, environ),
+            first_token_latency_s=float(read("ROLLMESH_FAKE_LATENCY_S", env)),
         )
     if spec.backend == "openai":
         from rollmesh.gateway.backends.openai import OpenAIBackend

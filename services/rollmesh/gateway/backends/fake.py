@@ -151,7 +151,8 @@ def echo_last_user(prompt_text: str, request: EngineRequest) -> str:
 
 
 class FakeBackend(ModelBackend):
-    """Scripted engine with `num_replicas` pretend replicas, configurable latency, and hooks tests
+    """Scripted engine with `num_replicas` pretend replicas, configurable latency (`token_latency_s`
+    per token, `first_token_latency_s` before the first: ROLLMESH_FAKE_LATENCY_S), and hooks tests
     use: `requests` (last 1000 EngineRequests), `aborted` (request ids passed to abort),
     `down` (generate raises BackendUnavailable), `wait_running(request_id)`, `wait_aborted(request_id)`.
 
@@ -169,6 +170,7 @@ class FakeBackend(ModelBackend):
         num_replicas: int = 1,
         max_model_len: int = 4096,
         token_latency_s: float = 0.0,
+        first_token_latency_s: float = 0.0,
         weights_dir: Path | None = None,
         weight_load_hook: WeightLoadHook | None = None,
     ) -> None:
@@ -177,6 +179,7 @@ class FakeBackend(ModelBackend):
         self.script: Script = script or echo_last_user
         self.replica_ids = [f"{name}-replica-{i}" for i in range(max(1, num_replicas))]
         self.token_latency_s = token_latency_s
+        self.first_token_latency_s = first_token_latency_s
         self.down = False
         self.retry_after_s = 1.0
         self.requests: deque[EngineRequest] = deque(maxlen=1000)
@@ -250,6 +253,9 @@ class FakeBackend(ModelBackend):
         self._changed.set()
         text_so_far = ""
         try:
+            if self.first_token_latency_s > 0:  # a slow model: one timer per request, abortable
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(abort.wait(), self.first_token_latency_s)
             for i, tid in enumerate(ids):
                 if self.token_latency_s > 0:
                     with contextlib.suppress(TimeoutError):
