@@ -53,6 +53,15 @@ Host = Annotated[
     str | None,
     typer.Option("--host", help="Host to bind (default 127.0.0.1; 0.0.0.0 to listen on all interfaces)."),
 ]
+MetricsPort = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; -1: off; default:"
+        " ROLLMESH_METRICS_PORT, else off).",
+        show_default=False,
+    ),
+]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 BaseUrl = Annotated[str, typer.Option("--base-url", help="OpenAI-compatible model URL (the openai backend).")]
 

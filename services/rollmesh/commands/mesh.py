@@ -85,6 +85,14 @@ def up(
         float,
         typer.Option("--grace", min=0.0, help="Seconds services get to stop on SIGTERM before SIGKILL."),
     ] = 15.0,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics",
+            help="Each service serves Prometheus metrics at /metrics: ports 9461-9464 (registry, verifier,"
+            ' gateway, scheduler), free ones with --ephemeral; listed when up (--json: under "metrics").',
+        ),
+    ] = False,
     as_json: JsonOut = False,
 ) -> None:
     """Start registry, verifier, gateway (with Ray Serve replicas) and scheduler as separate processes,
@@ -93,7 +101,7 @@ def up(
     from rollmesh.launch.processes import Mesh, UpConfig
     from rollmesh.launch.restart import RestartPolicy
     from rollmesh.mesh.aio import first_of
-    from rollmesh.mesh.config import DEFAULT_PORTS
+    from rollmesh.mesh.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS
     from rollmesh.mesh.errors import ConfigError
     from rollmesh.mesh.lines import LineWriter
 
@@ -120,6 +128,9 @@ def up(
         scheduler_args=("--output-dir", output_dir),
         grace_s=grace,
         restart=policy,
+        metrics_ports=(
+            {s: 0 if ephemeral else p for s, p in DEFAULT_METRICS_PORTS.items()} if metrics else None
+        ),
     )
 
     # Children's lines reach stderr through a queue and a thread: a slow terminal or a full pipe
@@ -146,8 +157,12 @@ def up(
             if exc := starter.exception():
                 write(f"[up] failed to start: {exc}")
                 return 1
+            scrape = mesh.metrics_addresses
             if as_json:
-                print_json(mesh.addresses)
+                print_json({**mesh.addresses, "metrics": scrape} if metrics else mesh.addresses)
+            elif metrics:
+                rows = [(s, a, f"http://{scrape[s]}/metrics") for s, a in mesh.addresses.items()]
+                print_table("rollmesh is up (Ctrl-C stops)", ["service", "address", "metrics"], rows)
             else:
                 print_table(
                     "rollmesh is up (Ctrl-C stops)", ["service", "address"], list(mesh.addresses.items())

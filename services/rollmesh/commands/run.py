@@ -162,6 +162,7 @@ async def _embedded(
 ) -> Followed:
     from rollmesh.gateway.config import GatewayConfig
     from rollmesh.launch import embedded_mesh
+    from rollmesh.mesh import config
     from rollmesh.mesh.config import ServerConfig
     from rollmesh.mesh.logging import configure
 
@@ -188,6 +189,7 @@ async def _embedded(
         gateway_cfg,
         output_dir=spec.output_dir or "runs",
         api_key=api_key,
+        metrics_port=int(config.read("ROLLMESH_METRICS_PORT")),  # one endpoint for the whole mesh
         on_phase=lambda text: err.print(f"[dim]{text}[/]"),
     ) as mesh:
         async with await connect(**mesh.addresses, api_key=api_key, timeout_s=120) as c:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import Host, Port, fail
+from rollmesh.commands._common import Host, MetricsPort, Port, fail
 
 serve_app = typer.Typer(
     help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
@@ -30,21 +30,22 @@ def serve_service(service: str, **flags: Any) -> None:
 
 
 @serve_app.command("registry")
-def serve_registry(port: Port = None, host: Host = None) -> None:
+def serve_registry(port: Port = None, host: Host = None, metrics_port: MetricsPort = None) -> None:
     """Run the ArtifactRegistry service."""
-    serve_service("registry", port=port, host=host)
+    serve_service("registry", port=port, host=host, metrics_port=metrics_port)
 
 
 @serve_app.command("verifier")
-def serve_verifier(port: Port = None, host: Host = None) -> None:
+def serve_verifier(port: Port = None, host: Host = None, metrics_port: MetricsPort = None) -> None:
     """Run the EnvironmentVerifier service."""
-    serve_service("verifier", port=port, host=host)
+    serve_service("verifier", port=port, host=host, metrics_port=metrics_port)
 
 
 @serve_app.command("gateway")
 def serve_gateway(
     port: Port = None,
     host: Host = None,
+    metrics_port: MetricsPort = None,
     http_port: Annotated[
         int | None,
         typer.Option(
@@ -76,6 +77,7 @@ def serve_gateway(
         port=port,
         host=host,
         http_port=http_port,
+        metrics_port=metrics_port,
         backend=backend,
         model=model,
         replicas=replicas,
@@ -87,12 +89,13 @@ def serve_gateway(
 def serve_scheduler(
     port: Port = None,
     host: Host = None,
+    metrics_port: MetricsPort = None,
     output_dir: Annotated[
         str, typer.Option("--output-dir", help="Where JSONL sinks write <job_id>/.")
     ] = "runs",
 ) -> None:
     """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
-    serve_service("scheduler", port=port, host=host, output_dir=output_dir)
+    serve_service("scheduler", port=port, host=host, output_dir=output_dir, metrics_port=metrics_port)
 
 
 def register(app: typer.Typer) -> None:

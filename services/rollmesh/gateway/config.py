@@ -101,6 +101,7 @@ class GatewayConfig:
         port: int | None = None,
         host: str | None = None,
         http_port: int | None = None,
+        metrics_port: int | None = None,
         backend: str | None = None,
         model: str | None = None,
         model_name: str | None = None,
@@ -112,7 +113,9 @@ class GatewayConfig:
     ) -> GatewayConfig:
         """Flags (None: not given) over ROLLMESH_GATEWAY_* variables over defaults; `server` given
         (the embedded mesh's gateway, which binds no address of its own) skips reading one."""
-        server = server or ServerConfig.from_env("gateway", port=port, host=host, environ=environ)
+        server = server or ServerConfig.from_env(
+            "gateway", port=port, host=host, metrics_port=metrics_port, environ=environ
+        )
         model_ref = model or str(read("ROLLMESH_GATEWAY_MODEL", environ))
         name = model_name or str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
         spec = ModelSpec(

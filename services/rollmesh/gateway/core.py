@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from rollmesh.gateway import errors
+from rollmesh.gateway import errors, telemetry
 from rollmesh.gateway.backends.base import (
     EngineRequest,
     ModelBackend,
@@ -106,6 +106,7 @@ class _Attempt:
     finish: str | None = None
     reported_usage: tuple[int, int] = (0, 0)  # token counts the backend reported (message-only backends)
     streamed: bool = False  # deltas reached the caller
+    arrived: float = 0.0  # time.perf_counter() when the generation arrived (time to first token)
 
 
 def validate_sampling(
@@ -214,6 +215,11 @@ class Gateway:
         self._factory = backend_factory
         staging = Path(cfg.weights_staging_dir or tempfile.gettempdir())
         self.uploads = WeightUploads(staging / "rollmesh-weights")
+        telemetry.LIVE.watch(self)  # in flight, held, policy version: read at scrape time
+
+    def live_models(self) -> list[_Model]:
+        """The models and routes served now (a copy: the metrics endpoint's thread reads it)."""
+        return list(self._models.values())
 
     async def start(self) -> None:
         await asyncio.gather(*(m.backend.start() for m in self._models.values()))
@@ -280,6 +286,25 @@ class Gateway:
         time per model; later ones wait."""
         m = self._resolve(model)
         reference = self._weights_reference(m)
+        try:
+            update = await self._update_weights(
+                m, reference, checkpoint, policy_version, in_flight, drain_timeout_s
+            )
+        except BaseException:
+            telemetry.WEIGHT_UPDATES.labels(m.name, "failed").inc()
+            raise
+        telemetry.WEIGHT_UPDATES.labels(m.name, "ok").inc()
+        return update
+
+    async def _update_weights(
+        self,
+        m: _Model,
+        reference: Path,
+        checkpoint: Path,
+        policy_version: str,
+        in_flight: InFlight,
+        drain_timeout_s: float,
+    ) -> WeightUpdate:
         async with m.updating:
             version = policy_version or next_version(m.policy_version)
             manifest = await asyncio.to_thread(check_checkpoint, checkpoint, reference)
@@ -580,6 +605,7 @@ class Gateway:
         generation then runs again from its prompt on the new weights (new policy version), unless it
         already streamed deltas to its caller (then it ends with finish_reason "abort")."""
         loop = asyncio.get_running_loop()
+        arrived = time.perf_counter()
         deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
         m = self._resolve(inp.model)
         rid = inp.request_id or uuid.uuid4().hex
@@ -596,7 +622,9 @@ class Gateway:
                 m.enter(rid)
                 try:
                     flight.retry = False
-                    attempt = _Attempt(version=m.policy_version, prompt_ids=request.prompt_token_ids)
+                    attempt = _Attempt(
+                        version=m.policy_version, prompt_ids=request.prompt_token_ids, arrived=arrived
+                    )
                     if not flight.aborted.is_set():
                         engine = self._run_engine(m, request, attempt, deadline)
                         try:
@@ -626,7 +654,15 @@ class Gateway:
                         f"model {m.name!r} ended generation {rid} without a finish reason", retry_after_s=1.0
                     )
                 attempt.finish = "abort"
-            yield self._finish(m, inp, request, reused, attempt)
+            result = self._finish(m, inp, request, reused, attempt)
+            telemetry.finished(
+                m.name,
+                result.finish_reason,
+                result.usage.prompt_tokens,
+                result.usage.completion_tokens,
+                time.perf_counter() - arrived,
+            )
+            yield result
         finally:
             del self._flights[rid]
 
@@ -667,6 +703,10 @@ class Gateway:
                 if chunk.prompt_tokens or chunk.completion_tokens:
                     attempt.reported_usage = (chunk.prompt_tokens, chunk.completion_tokens)
                 if chunk.token_ids or chunk.text:
+                    if not attempt.out_ids and not attempt.texts:
+                        telemetry.FIRST_TOKEN_SECONDS.labels(m.name).observe(
+                            time.perf_counter() - attempt.arrived
+                        )
                     attempt.out_ids.extend(chunk.token_ids)
                     attempt.logprobs.extend(chunk.logprobs)
                     attempt.texts.append(chunk.text)

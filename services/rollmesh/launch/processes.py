@@ -10,6 +10,9 @@
   Before a restart the child's process group is killed (no orphaned grandchildren). When the
   policy says no restart, or the restart budget is spent, the mesh stops and `supervise`
   returns 1.
+- Metrics: with `UpConfig.metrics_ports`, each child serves Prometheus metrics on its port (0: a free
+  one, which it reports next to its port file: mesh/metrics.py `metrics_file`); a restarted child
+  gets the port it had, so scrape targets stay valid.
 - Stop: SIGTERM to every running child at once; any still running after `grace_s` (or at once
   when `force` is set, e.g. by a second Ctrl-C) is SIGKILLed with its whole process group.
 - `up` itself killed (SIGKILL, OOM): on Linux every child gets SIGTERM from the kernel
@@ -35,6 +38,7 @@ from rollmesh.mesh import config
 from rollmesh.mesh.aio import first_of
 from rollmesh.mesh.config import DEFAULT_PORTS
 from rollmesh.mesh.lines import LineAssembler
+from rollmesh.mesh.metrics import metrics_file
 from rollmesh.mesh.server import wait_serving
 
 ORDER = ("registry", "verifier", "gateway", "scheduler")
@@ -46,6 +50,7 @@ class UpConfig:
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
     gateway_args: tuple[str, ...] = ()
     scheduler_args: tuple[str, ...] = ()
+    metrics_ports: dict[str, int] | None = None  # None: no metrics endpoints
     start_timeout_s: float = 600.0
     grace_s: float = 15.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
@@ -58,6 +63,7 @@ class Child:
     proc: asyncio.subprocess.Process
     budget: RestartBudget
     address: str = ""
+    metrics_address: str = ""
     pump: asyncio.Task[None] | None = None
 
 
@@ -103,6 +109,12 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def _reachable(bound: str) -> str:
+    """A bound host:port as an address to call (0.0.0.0 is reached on loopback)."""
+    host, _, port = bound.strip().rpartition(":")
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     """SIGKILL the child's process group (it leads its own session): the child and what it started."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -124,6 +136,11 @@ class Mesh:
     def addresses(self) -> dict[str, str]:
         return {c.service: c.address for c in self.children}
 
+    @property
+    def metrics_addresses(self) -> dict[str, str]:
+        """Each service's metrics endpoint host:port (empty without UpConfig.metrics_ports)."""
+        return {c.service: c.metrics_address for c in self.children if c.metrics_address}
+
     async def start(self) -> None:
         """Start every service in ORDER, each once the previous is SERVING."""
         deadline = asyncio.get_running_loop().time() + self.cfg.start_timeout_s
@@ -134,8 +151,15 @@ class Mesh:
     async def _spawn(self, service: str, port: int, child: Child | None) -> Child:
         port_file = Path(self._tmp.name) / f"{service}.addr"
         port_file.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(metrics_file(str(port_file)))
         args = [*_cli(), "serve", service, "--port", str(port), "--host", self.cfg.host]
         args += {"gateway": self.cfg.gateway_args, "scheduler": self.cfg.scheduler_args}.get(service, ())
+        if self.cfg.metrics_ports is not None:
+            metrics_port = self.cfg.metrics_ports[service]
+            if child is not None and child.metrics_address:  # a restart: the port it had
+                metrics_port = int(child.metrics_address.rpartition(":")[2])
+            args += ["--metrics-port", str(metrics_port)]
         proc = await asyncio.create_subprocess_exec(
             *args,
             stdout=asyncio.subprocess.PIPE,
@@ -164,16 +188,18 @@ class Mesh:
             if loop.time() > deadline:
                 raise TimeoutError(f"{child.service} did not start in time")
             await asyncio.sleep(0.1)
-        bound = (await asyncio.to_thread(port_file.read_text)).strip()
-        host, _, port = bound.rpartition(":")
-        child.address = f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
+        child.address = _reachable(await asyncio.to_thread(port_file.read_text))
+        if self.cfg.metrics_ports is not None:
+            metrics_path = Path(metrics_file(str(port_file)))
+            child.metrics_address = _reachable(await asyncio.to_thread(metrics_path.read_text))
         timeout_s = max(deadline - loop.time(), 1.0)
         serving, _ = await first_of(wait_serving(child.address, timeout_s=timeout_s), child.proc.wait())
         if serving.cancelled():  # it died first
             raise RuntimeError(f"{child.service} {describe_exit(await child.proc.wait())} before serving")
         serving.result()
         self.env[f"ROLLMESH_{child.service.upper()}_ADDR"] = child.address
-        self.write(f"[up] {child.service} serving on {child.address} (pid {child.proc.pid})")
+        metrics = f", metrics http://{child.metrics_address}/metrics" if child.metrics_address else ""
+        self.write(f"[up] {child.service} serving on {child.address} (pid {child.proc.pid}{metrics})")
 
     async def supervise(self, stop: asyncio.Event) -> int:
         """Keep every child running until `stop` is set (returns 0) or one is given up on (returns 1)."""

@@ -118,6 +118,8 @@ _PARSERS: dict[type, Callable[[str, str], Any]] = {
 
 
 OPENAI_HTTP_PORT = 8000
+# `rollmesh up --metrics`: each service's Prometheus endpoint (docs/observability.md).
+DEFAULT_METRICS_PORTS = {"registry": 9461, "verifier": 9462, "gateway": 9463, "scheduler": 9464}
 
 ENV_VARS: dict[str, EnvVar] = {
     v.name: v
@@ -183,7 +185,15 @@ ENV_VARS: dict[str, EnvVar] = {
         EnvVar(
             "ROLLMESH_PORT_FILE",
             "",
-            "When set, a server writes its bound host:port there once SERVING (for --port 0 launches).",
+            "When set, a server writes its bound host:port there once SERVING (for --port 0 launches), and"
+            " its metrics endpoint's host:port to <that path>.metrics first when it serves one.",
+        ),
+        EnvVar(
+            "ROLLMESH_METRICS_PORT",
+            -1,
+            "Port of the process's Prometheus /metrics endpoint, on the host its gRPC server binds (-1: off;"
+            " 0: a free port). `rollmesh up --metrics` gives each service its own.",
+            parser=parse_http_port,
         ),
         # Serving (Ray Serve + vLLM replicas); read by rollmesh.serving.config.ServingConfig.
         EnvVar(
@@ -368,6 +378,7 @@ class ServerConfig:
     api_key: str = ""
     grace_seconds: float = 10.0
     event_loop: str = "auto"  # ROLLMESH_EVENT_LOOP: what `mesh.aio.run_server` runs the process on
+    metrics_port: int = -1  # ROLLMESH_METRICS_PORT: the Prometheus endpoint (-1: off)
 
     @property
     def address(self) -> str:
@@ -380,9 +391,12 @@ class ServerConfig:
         *,
         port: int | None = None,
         host: str | None = None,
+        metrics_port: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> ServerConfig:
         addr_port = int(service_addr(service, environ).rpartition(":")[2])  # checked even if `port`
         names = {"host": "ROLLMESH_BIND_HOST", "grace_seconds": "ROLLMESH_GRACE_SECONDS"}
         port = addr_port if port is None else port
-        return read_fields(cls, "ROLLMESH_", environ, names=names, host=host or None, port=port)
+        return read_fields(
+            cls, "ROLLMESH_", environ, names=names, host=host or None, port=port, metrics_port=metrics_port
+        )

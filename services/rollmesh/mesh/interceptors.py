@@ -1,5 +1,6 @@
 """The one server interceptor every service runs: bearer auth, error mapping, one log line per RPC
-(at debug for calls that end OK, at info otherwise), and INVALID_ARGUMENT (reason
+(at debug for calls that end OK, at info otherwise), the RPC's Prometheus metrics (by method and
+status code, with its latency: mesh/metrics.py), and INVALID_ARGUMENT (reason
 UNDECODABLE_REQUEST) for a request, or a streamed request message, that does not decode.
 
 Domain errors (`RollmeshError`) become `google.rpc.Status` with an ErrorInfo; any other exception
@@ -24,6 +25,7 @@ from grpc_status import rpc_status
 
 from rollmesh.mesh import errors
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.metrics import RpcRecorder, rpc_type
 from rollmesh_client._auth import BearerAuthInterceptor, rebuild
 
 log = get_logger("rollmesh.rpc")
@@ -41,14 +43,18 @@ def status_of(exc: BaseException) -> status_pb2.Status:
     return errors.to_status(errors.Internal("internal error; see the server log"))
 
 
-def _finish(method: str, code: str, context: grpc.aio.ServicerContext[Any, Any], start: float) -> None:
-    """One `rpc` line per call: at info when it did not end OK (always logged), at debug when it did.
+def _finish(
+    method: str, code: str, context: grpc.aio.ServicerContext[Any, Any], start: float, recorder: RpcRecorder
+) -> None:
+    """One `rpc` line per call: at info when it did not end OK (always logged), at debug when it did;
+    and the call in the metrics.
 
     Successful calls are the hot path (a scheduler makes ~5 per rollout, thousands a second); each
     service logs its own canonical line per unit of work (e.g. the scheduler's per rollout/job).
     """
     if code == "OK" and context.cancelled():
         code = "CANCELLED"
+    recorder.record(code, time.perf_counter() - start)
     if code == "OK":
         if _stdlib_log.isEnabledFor(logging.DEBUG):
             log.debug("rpc", method=method, code=code, duration_ms=_ms_since(start))
@@ -104,37 +110,49 @@ def _decoded(request: Any, request_streaming: bool) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def _observed(method: str, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
-    """Around one call: logging context, errors mapped to a status (`status_of`), the `rpc` line."""
+async def _observed(
+    method: str, context: grpc.aio.ServicerContext[Any, Any], recorder: RpcRecorder
+) -> AsyncIterator[None]:
+    """Around one call: logging context, errors mapped to a status (`status_of`), the `rpc` line and
+    the metrics."""
     code, start = "OK", time.perf_counter()
     with structlog.contextvars.bound_contextvars(rpc=method):
         try:
             yield
         except grpc.aio.AbortError:
-            code = "ABORTED_BY_HANDLER"
+            code = _aborted_code(context)
             raise
         except Exception as exc:
             status = status_of(exc)
             code = code_pb2.Code.Name(status.code)
             await context.abort_with_status(rpc_status.to_status(status))
         finally:
-            _finish(method, code, context, start)
+            _finish(method, code, context, start, recorder)
 
 
-def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool) -> Behavior:
+def _aborted_code(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The code a handler's own `context.abort(...)` set (ABORTED_BY_HANDLER if it cannot be read)."""
+    try:
+        code = context.code()
+    except (AttributeError, NotImplementedError):  # (a context without code(): older grpc, a fake)
+        return "ABORTED_BY_HANDLER"
+    return code.name if isinstance(code, grpc.StatusCode) else "ABORTED_BY_HANDLER"
+
+
+def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool, recorder: RpcRecorder) -> Behavior:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        async with _observed(method, context):
+        async with _observed(method, context, recorder):
             return await behavior(_decoded(request, request_streaming), context)
 
     return wrapped
 
 
-def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool) -> Behavior:
+def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool, recorder: RpcRecorder) -> Behavior:
     if not inspect.isasyncgenfunction(behavior):
-        return _wrap_unary(method, behavior, request_streaming)
+        return _wrap_unary(method, behavior, request_streaming, recorder)
 
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-        async with _observed(method, context):
+        async with _observed(method, context, recorder):
             # aclosing: when the client cancels, grpc.aio closes *this* generator (GeneratorExit
             # at the yield); the handler's own generator must close now too, so its `finally`
             # (abort the engine request, release a session) runs at once, not at GC.
@@ -147,13 +165,26 @@ def _wrap_stream(method: str, behavior: Behavior, request_streaming: bool) -> Be
 
 
 class MeshInterceptor(BearerAuthInterceptor):
-    """Auth (when an API key is set), decoding, error mapping and per-RPC logging for every method."""
+    """Auth (when an API key is set), decoding, error mapping, per-RPC logging and metrics for every
+    method."""
+
+    def __init__(self, api_key: str) -> None:
+        super().__init__(api_key)
+        self._recorders: dict[tuple[str, str], RpcRecorder] = {}  # one per method served: bounded
+
+    def _recorder(self, method: str, kind: str) -> RpcRecorder:
+        recorder = self._recorders.get((method, kind))
+        if recorder is None:
+            recorder = self._recorders[(method, kind)] = RpcRecorder(method, kind)
+        return recorder
 
     def admit(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         request_streaming = bool(handler.request_streaming)
+        recorder = self._recorder(method, rpc_type(request_streaming, bool(handler.response_streaming)))
 
         def wrap(behavior: Behavior, response_streaming: bool) -> Behavior:
-            return (_wrap_stream if response_streaming else _wrap_unary)(method, behavior, request_streaming)
+            wrapper = _wrap_stream if response_streaming else _wrap_unary
+            return wrapper(method, behavior, request_streaming, recorder)
 
         return rebuild(handler, wrap, request_deserializer=_lenient(handler.request_deserializer))
 

@@ -20,6 +20,7 @@ of one message per item.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -28,6 +29,7 @@ from google.protobuf.message import Message
 
 from rollmesh.mesh.errors import Internal, ResourceExhausted, RollmeshError, to_status
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.metrics import record_item
 from rollmesh_client import BATCH_METADATA, batch_messages, items_of, max_message_bytes, says_batches
 
 T = TypeVar("T")
@@ -87,14 +89,22 @@ class ItemMessages(Generic[T, M]):
 
 async def outcome_of(work: Callable[[], Awaitable[T]], what: str, item_id: str) -> T | RollmeshError:
     """One item's outcome: its result, its domain error, or INTERNAL for any other failure (logged
-    with the traceback; the caller gets only the exception's type)."""
+    with the traceback; the caller gets only the exception's type). Counted in the metrics by its
+    code (a cancelled item as CANCELLED)."""
+    start, code = time.perf_counter(), "CANCELLED"
     try:
-        return await work()
+        result = await work()
+        code = "OK"
+        return result
     except RollmeshError as exc:
+        code = exc.code.name
         return exc
     except Exception as exc:
         log.error(f"{what}_failed", id=item_id, exc_info=exc)
+        code = "INTERNAL"
         return Internal(f"{what} failed: {type(exc).__name__}")
+    finally:
+        record_item(what, code, start)
 
 
 async def run_multiplexed_batches(

@@ -1,8 +1,10 @@
 """Build, run and stop a grpc.aio server the same way for every service.
 
 Health (`grpc.health.v1`) and reflection are always on, so `grpcurl -plaintext HOST:PORT list`
-and `describe` work. On SIGTERM/SIGINT: every service NOT_SERVING, drain for the grace period,
-then the caller's `on_stop` closes backends.
+and `describe` work. With `ServerConfig.metrics_port` >= 0 (ROLLMESH_METRICS_PORT, `--metrics-port`),
+`serve` also serves Prometheus metrics at http://HOST:PORT/metrics (mesh/metrics.py) on the same host.
+On SIGTERM/SIGINT: every service NOT_SERVING, drain for the grace period, then the caller's `on_stop`
+closes backends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.metrics import MetricsEndpoint, metrics_file, start_endpoint
 from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
 
 log = get_logger("rollmesh.server")
@@ -131,12 +134,37 @@ async def serve(
 ) -> None:
     """Run until SIGTERM or SIGINT, then drain for `server.grace_seconds` and stop (the shape of
     every `__main__`)."""
-    grace = server.grace_seconds
     mesh_server = await build_server(bindings, server.address, api_key=server.api_key)
+    endpoint: MetricsEndpoint | None = None
+    if server.metrics_port >= 0:
+        endpoint = await asyncio.to_thread(start_endpoint, server.host, server.metrics_port)
+    try:
+        await _serve_started(mesh_server, server, endpoint, on_started=on_started, on_stop=on_stop)
+    finally:
+        if endpoint is not None:
+            await asyncio.to_thread(endpoint.stop)
+
+
+async def _serve_started(
+    mesh_server: MeshServer,
+    server: config.ServerConfig,
+    endpoint: MetricsEndpoint | None,
+    *,
+    on_started: Callable[[MeshServer], Awaitable[None] | None] | None,
+    on_stop: Callable[[], Awaitable[None]] | None,
+) -> None:
+    grace = server.grace_seconds
     await mesh_server.start()
-    log.info("server_started", address=mesh_server.address, services=mesh_server.services)
+    log.info(
+        "server_started",
+        address=mesh_server.address,
+        services=mesh_server.services,
+        metrics=endpoint.url if endpoint is not None else "off",
+    )
     port_file = str(config.read("ROLLMESH_PORT_FILE"))
     if port_file:
+        if endpoint is not None:  # first: a parent that sees the port file can read this one
+            write_port_file(metrics_file(port_file), endpoint.address)
         write_port_file(port_file, mesh_server.address)
     if on_started is not None:
         maybe = on_started(mesh_server)

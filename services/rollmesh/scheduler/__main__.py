@@ -38,9 +38,14 @@ async def _serve(cfg: SchedulerConfig) -> None:
     await serve([ServiceBinding.of(SchedulerServicer(manager))], cfg.server, on_stop=stop)
 
 
-def main(port: int | None = None, host: str | None = None, output_dir: str | None = None) -> None:
+def main(
+    port: int | None = None,
+    host: str | None = None,
+    output_dir: str | None = None,
+    metrics_port: int | None = None,
+) -> None:
     configure()
-    cfg = SchedulerConfig.from_env(port=port, host=host, output_dir=output_dir)
+    cfg = SchedulerConfig.from_env(port=port, host=host, output_dir=output_dir, metrics_port=metrics_port)
     run_server(_serve(cfg), event_loop=cfg.server.event_loop)
 
 

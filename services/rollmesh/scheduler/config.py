@@ -19,10 +19,15 @@ class SchedulerConfig:
 
     @classmethod
     def from_env(
-        cls, *, port: int | None = None, host: str | None = None, output_dir: str | None = None
+        cls,
+        *,
+        port: int | None = None,
+        host: str | None = None,
+        output_dir: str | None = None,
+        metrics_port: int | None = None,
     ) -> SchedulerConfig:
         return cls(
-            server=ServerConfig.from_env("scheduler", port=port, host=host),
+            server=ServerConfig.from_env("scheduler", port=port, host=host, metrics_port=metrics_port),
             roots=RootsConfig.from_env(),
             gateway_addr=config.service_addr("gateway"),
             verifier_addr=config.service_addr("verifier"),

@@ -28,6 +28,7 @@ from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.scheduler import telemetry
 from rollmesh.scheduler.agent import (
     AgentOutcome,
     AgentSettings,
@@ -275,6 +276,9 @@ class JobRun:
         wanted = bool(plan.spec.sampling.get("logprobs"))
         self._tokens = self.hooks.token_builder or partial(build_token_record, logprobs_wanted=wanted)
         self.keep_scored = True  # the manager turns this off when the sink keeps a file to read back
+        self._sink_kind = telemetry.sink_kind(sink)
+        self._sink_rows = telemetry.SINK_WRITES.labels(self._sink_kind, "rollout")
+        self._sink_seconds = telemetry.SINK_WRITE_SECONDS.labels(self._sink_kind)
 
     @property
     def in_flight(self) -> int:
@@ -452,13 +456,18 @@ class JobRun:
 
     def _on_retry(self, err: ErrorClass, attempt: int, delay: float) -> None:
         self.progress.retries += 1
+        telemetry.RETRIES.inc()
         log.debug(
             "rollout_retry", job_id=self.job_id, error=err.name, attempt=attempt, delay_s=round(delay, 3)
         )
 
     async def _write(self, rollout: Rollout) -> None:
         async with self._write_lock:
+            start = time.perf_counter()
             await self.sink.write(rollout)
+            self._sink_seconds.observe(time.perf_counter() - start)
+            self._sink_rows.inc()
+            telemetry.rollout_succeeded()
             p = self.progress
             p.done += 1
             p.succeeded += 1
@@ -475,6 +484,8 @@ class JobRun:
         log.info("rollout_failed", job_id=self.job_id, key=key.as_str(), error=err.name, attempts=attempts)
         async with self._write_lock:
             await self.sink.write_failure(failure)
+            telemetry.SINK_WRITES.labels(self._sink_kind, "failure").inc()
+            telemetry.rollout_failed(err.name)
             self.progress.done += 1
             self.progress.failed += 1
             self.failures.append(failure)

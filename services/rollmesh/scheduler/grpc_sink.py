@@ -37,7 +37,7 @@ from typing import Any
 import grpc
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler import convert
+from rollmesh.scheduler import convert, telemetry
 from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import MetricsOf, Sink
@@ -288,6 +288,8 @@ class GrpcSink(Sink):
                         if key in stale and self.on_unconsumed is not None:
                             self.on_unconsumed(reward, True)
                     self.acked += len(keys)
+                    telemetry.SINK_ACKS.labels("consumed").inc(len(keys - stale))
+                    telemetry.SINK_ACKS.labels("stale").inc(len(stale))
                     self._cond.notify_all()
         except grpc.aio.AioRpcError as exc:
             await self._fail(exc)

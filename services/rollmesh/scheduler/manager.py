@@ -24,7 +24,7 @@ from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import InvalidArgument, RollmeshError, Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
-from rollmesh.scheduler import store
+from rollmesh.scheduler import store, telemetry
 from rollmesh.scheduler.agent import EnvDescription, EnvPort, ModelPort
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
 from rollmesh.scheduler.errors import (
@@ -237,6 +237,11 @@ class JobManager:
         self._tasks = TaskSet()
         self._submit_lock = asyncio.Lock()
         self._disk_counts: dict[Path, tuple[tuple[int, ...], store.OnDisk]] = {}
+        telemetry.LIVE.watch(self)  # jobs by state, in flight, concurrency: read at scrape time
+
+    def live_jobs(self) -> list[JobRecord]:
+        """The jobs held in memory now (a copy: the metrics endpoint's thread reads it)."""
+        return list(self._jobs.values())
 
     # ---- submit -------------------------------------------------------------------------------
 

@@ -25,9 +25,9 @@ async def _run(cfg: VerifierConfig) -> None:
         await service.aclose()
 
 
-def main(port: int | None = None, host: str | None = None) -> None:
+def main(port: int | None = None, host: str | None = None, metrics_port: int | None = None) -> None:
     configure()
-    cfg = VerifierConfig.from_env(port=port, host=host)
+    cfg = VerifierConfig.from_env(port=port, host=host, metrics_port=metrics_port)
     # Always asyncio: the code sandbox's supervision relies on asyncio's subprocess pipes (uvloop
     # raises on a write to a pipe the child closed, and owns the reply pipe's fd differently).
     run_server(_run(cfg), event_loop="asyncio")

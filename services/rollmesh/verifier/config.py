@@ -79,14 +79,21 @@ class VerifierConfig:
 
     @classmethod
     def from_env(
-        cls, *, port: int | None = None, host: str | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        *,
+        port: int | None = None,
+        host: str | None = None,
+        metrics_port: int | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> VerifierConfig:
         sandbox = "ROLLMESH_VERIFIER_SANDBOX_"
         return read_fields(
             cls,
             "ROLLMESH_VERIFIER_",
             environ,
-            server=ServerConfig.from_env("verifier", port=port, host=host, environ=environ),
+            server=ServerConfig.from_env(
+                "verifier", port=port, host=host, metrics_port=metrics_port, environ=environ
+            ),
             roots=RootsConfig.from_env(environ),
             gateway_addr=service_addr("gateway", environ),
             sandbox=read_fields(

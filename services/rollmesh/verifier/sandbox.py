@@ -57,6 +57,7 @@ from typing import Any
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
+from rollmesh.verifier import telemetry
 from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
 from rollmesh.verifier.errors import (
@@ -258,12 +259,16 @@ class Sandbox:
         mode = await self.start()
         async with self._slots:
             uid = await self._uids.lease()
+            result = "unavailable"
             try:
-                return await self._run_once(
+                run = await self._run_once(
                     code, tests, limits or self.config.limits, mode, uid, guards=guards
                 )
+                result = run.status
+                return run
             finally:
                 self._uids.release(uid)
+                telemetry.SANDBOX_RUNS.labels(result).inc()
 
     def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits, uid: int) -> list[str]:
         py = _service_python()

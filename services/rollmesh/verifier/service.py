@@ -7,6 +7,7 @@ import inspect
 import json
 import math
 import numbers
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from rollmesh.mesh.errors import Internal, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry.catalog import Catalog
+from rollmesh.verifier import telemetry
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.environment import (
     EnvContext,
@@ -165,6 +167,7 @@ class VerifierService:
         )
         self._tasks = TaskSet()
         self._started = False
+        telemetry.LIVE.watch(self)  # sessions open: read at scrape time
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -279,8 +282,18 @@ class VerifierService:
 
     async def call_tool(self, session_id: str, call: ToolCall) -> ToolOutput:
         session = self.sessions.get(session_id)
+        failure: BaseException | None = None
+        try:
+            return await self._call_tool(session, call)
+        except Exception as exc:
+            failure = exc
+            raise
+        finally:
+            telemetry.TOOL_CALLS.labels(session.environment, telemetry.outcome(failure)).inc()
+
+    async def _call_tool(self, session: Session, call: ToolCall) -> ToolOutput:
         env = self._env(session.environment).env
-        async with self.sessions.lock(session_id):
+        async with self.sessions.lock(session.id):
             try:
                 return await env.call_tool(session, call)
             except KeyError:
@@ -310,6 +323,18 @@ class VerifierService:
     # -- verification ---------------------------------------------------------------------------------
 
     async def verify(self, call: VerifyCall) -> VerifyResult:
+        start, failure = time.perf_counter(), None
+        try:
+            return await self._verify(call)
+        except Exception as exc:
+            failure = exc
+            raise
+        finally:
+            if call.environment in self._loaded:  # (an unknown name is no label: it is unbounded)
+                telemetry.VERIFIES.labels(call.environment, telemetry.outcome(failure)).inc()
+                telemetry.VERIFY_SECONDS.labels(call.environment).observe(time.perf_counter() - start)
+
+    async def _verify(self, call: VerifyCall) -> VerifyResult:
         item = self._env(call.environment)
         task = parse_task(call.task_json)
         session = self.sessions.get(call.session_id, call.environment) if call.session_id else None

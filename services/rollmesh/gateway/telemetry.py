@@ -1,0 +1,90 @@
+"""The gateway's Prometheus metrics (mesh/metrics.py serves them): generations by model and finish
+reason, their time and time to first token, tokens in and out, weight updates; read at scrape time
+off the live gateways: generations in flight per model and per replica, held (paused) or not, and the
+policy version each model serves.
+
+Labels are bounded: a served model or route (at most `max_routes` of them), a finish reason (an
+unknown word counted as `other`), a replica id. Never a request or session id.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Histogram
+
+from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
+
+if TYPE_CHECKING:
+    from rollmesh.gateway.core import Gateway
+
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "abort", "error", "repetition", "unknown"})
+
+GENERATIONS = Counter(
+    "rollmesh_gateway_generations",
+    "Generations finished, by model and finish reason (a reason outside the known ones: other).",
+    ["model", "finish_reason"],
+)
+GENERATION_SECONDS = Histogram(
+    "rollmesh_gateway_generation_seconds",
+    "Time from a generation's arrival to its result (waits while paused for a weight update included).",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+FIRST_TOKEN_SECONDS = Histogram(
+    "rollmesh_gateway_time_to_first_token_seconds",
+    "Time from a generation's arrival to the engine's first output.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+TOKENS = Counter(
+    "rollmesh_gateway_tokens",
+    "Tokens of finished generations: prompt (in) and completion (out).",
+    ["model", "kind"],
+)
+WEIGHT_UPDATES = Counter(
+    "rollmesh_gateway_weight_updates",
+    "UpdateWeights / UploadWeights loads, by model and outcome (ok, failed).",
+    ["model", "outcome"],
+)
+
+
+def finished(
+    model: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, seconds: float
+) -> None:
+    reason = finish_reason if finish_reason in FINISH_REASONS else "other"
+    GENERATIONS.labels(model, reason).inc()
+    GENERATION_SECONDS.labels(model).observe(seconds)
+    TOKENS.labels(model, "prompt").inc(prompt_tokens)
+    TOKENS.labels(model, "completion").inc(completion_tokens)
+
+
+def _version(label: str) -> float:
+    """The policy version as a number (UpdateWeights counts up from an integer); NaN when a caller
+    named a version that is not one."""
+    try:
+        return float(int(label))
+    except ValueError:
+        return math.nan
+
+
+_LIVE_DOCS = {
+    "rollmesh_gateway_generations_in_flight": "Generations past the pause gate now, by model.",
+    "rollmesh_gateway_replica_generations_in_flight": "Generations on each replica now.",
+    "rollmesh_gateway_generations_held": "Models holding new generations now (paused, or a weight update).",
+    "rollmesh_gateway_policy_version": "The policy version each model serves (NaN: a non-integer label).",
+}
+
+
+def _read(gateway: Gateway) -> Iterator[tuple[str, dict[str, str], float]]:
+    for m in gateway.live_models():
+        yield "rollmesh_gateway_generations_in_flight", {"model": m.name}, float(len(m.generating))
+        for replica, n in list(m.in_flight.items()):
+            yield "rollmesh_gateway_replica_generations_in_flight", {"model": m.name, "replica": replica}, n
+        yield "rollmesh_gateway_generations_held", {"model": m.name}, 0.0 if m.running.is_set() else 1.0
+        yield "rollmesh_gateway_policy_version", {"model": m.name}, _version(m.policy_version)
+
+
+LIVE = LiveCollector(_read, _LIVE_DOCS)

@@ -1,0 +1,180 @@
+"""Prometheus metrics, once for every service: the `/metrics` HTTP endpoint, the per-RPC metrics the
+server interceptor records, the per-item metrics of multiplexed streams, and `LiveCollector` for what
+a service reads off its own state at scrape time.
+
+Every metric lives in prometheus_client's process-wide default registry (so the embedded mesh, all
+services in one process, serves them all from one endpoint, next to the client's process_* and
+python_* metrics). A service defines its own metrics at module level, named `rollmesh_<service>_...`
+with the unit in the name (`_seconds`, `_tokens_total`), and labels from bounded sets only (a method,
+a status code, an environment, a model, an outcome): never a job id, rollout key or session id.
+
+Recording costs a dict lookup and a lock per sample, whether or not the endpoint is on; the endpoint
+itself is off unless asked for (ROLLMESH_METRICS_PORT, `rollmesh serve ... --metrics-port`, `rollmesh up
+--metrics`). It serves from a thread, on the host the gRPC server binds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.logging import get_logger
+
+log = get_logger("rollmesh.metrics")
+
+# No `<counter>_created` series: they double the series count and no dashboard here reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Seconds: from a health check (sub-millisecond) to a long generation or a sandboxed run (minutes).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+# The names of grpc-ecosystem's go-grpc-prometheus, which ready-made dashboards read.
+RPC_HANDLED = Counter(
+    "grpc_server_handled",
+    "RPCs completed on the server, by method and status code.",
+    ["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
+)
+RPC_SECONDS = Histogram(
+    "grpc_server_handling_seconds",
+    "Time from an RPC's start to its end on the server (a stream: its whole life).",
+    ["grpc_type", "grpc_service", "grpc_method"],
+    buckets=LATENCY_BUCKETS,
+)
+ITEMS = Counter(
+    "rollmesh_stream_items",
+    "Items served over a multiplexed stream (GenerateMany, VerifyBatch) or in-process, by outcome code.",
+    ["item", "code"],
+)
+ITEM_SECONDS = Histogram(
+    "rollmesh_stream_item_seconds",
+    "Time one multiplexed item took, from its start to its outcome.",
+    ["item"],
+    buckets=LATENCY_BUCKETS,
+)
+
+
+def rpc_type(request_streaming: bool, response_streaming: bool) -> str:
+    """go-grpc-prometheus's grpc_type label."""
+    if request_streaming:
+        return "bidi_stream" if response_streaming else "client_stream"
+    return "server_stream" if response_streaming else "unary"
+
+
+class RpcRecorder:
+    """The metrics of one method (`/pkg.Service/Method`): the label children made once, so a call
+    costs one counter and one histogram update."""
+
+    __slots__ = ("_handled", "_labels", "_seconds")
+
+    def __init__(self, method: str, kind: str) -> None:
+        service, _, name = method.lstrip("/").rpartition("/")
+        self._labels = (kind, service, name)
+        self._seconds = RPC_SECONDS.labels(*self._labels)
+        self._handled: dict[str, Any] = {}
+
+    def record(self, code: str, seconds: float) -> None:
+        counter = self._handled.get(code)
+        if counter is None:
+            counter = self._handled[code] = RPC_HANDLED.labels(*self._labels, code)
+        counter.inc()
+        self._seconds.observe(seconds)
+
+
+def record_item(item: str, code: str, start: float) -> None:
+    """One multiplexed item of kind `item` ended with `code` (a google.rpc code name); `start` is its
+    time.perf_counter() at start."""
+    ITEMS.labels(item, code).inc()
+    ITEM_SECONDS.labels(item).observe(time.perf_counter() - start)
+
+
+S = TypeVar("S")
+
+
+class LiveCollector(Collector, Generic[S]):
+    """Gauges read off live objects at scrape time (jobs by state, the concurrency in use): one
+    collector per metric family set, registered once; the objects it reads are held weakly, so a
+    scheduler or gateway made in a test and dropped stops being read. `read(obj)` runs on the
+    endpoint's thread: it may only read attributes (never await, never mutate)."""
+
+    def __init__(
+        self, read: Callable[[S], Iterable[tuple[str, dict[str, str], float]]], docs: dict[str, str]
+    ):
+        self._read = read
+        self._docs = docs
+        self._objects: weakref.WeakSet[Any] = weakref.WeakSet()
+        REGISTRY.register(self)
+
+    def watch(self, obj: S) -> None:
+        self._objects.add(obj)
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(name, doc) for name, doc in self._docs.items()]
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, GaugeMetricFamily] = {}
+        values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for obj in list(self._objects):
+            for name, labelled, value in self._read(obj):
+                key = (name, tuple(sorted(labelled.items())))
+                values[key] = values.get(key, 0.0) + value  # several objects: their sum
+        for (name, labels), value in values.items():
+            family = families.get(name)
+            if family is None:
+                family = families[name] = GaugeMetricFamily(
+                    name, self._docs[name], labels=[k for k, _ in labels]
+                )
+            family.add_metric([v for _, v in labels], value)
+        yield from families.values()
+
+
+@dataclass
+class MetricsEndpoint:
+    """A running `/metrics` HTTP server; `stop()` shuts it down."""
+
+    host: str
+    port: int
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_endpoint(host: str, port: int) -> MetricsEndpoint:
+    """Serve the registry at http://host:port/metrics (port 0: a free one) from a daemon thread; a port
+    that cannot be bound is a ConfigError naming it."""
+    try:
+        server, thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(
+            f"could not bind the metrics endpoint {host}:{port} ({exc.strerror or exc}): is the port in use?"
+        ) from None
+    bound = int(server.server_port)
+    log.info("metrics_endpoint_started", url=f"http://{host}:{bound}/metrics")
+    return MetricsEndpoint(host, bound, server, thread)
+
+
+def metrics_file(port_file: str) -> str:
+    """Where a server started with ROLLMESH_PORT_FILE=`port_file` writes its metrics endpoint's
+    host:port (before the port file itself, so a parent that saw the port file can read it)."""
+    return f"{port_file}.metrics"

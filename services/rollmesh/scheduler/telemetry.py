@@ -1,0 +1,90 @@
+"""The scheduler's Prometheus metrics (mesh/metrics.py serves them): rollouts done by outcome and
+failed by error class, retries, sink writes (and how long a write waited: the sink's backpressure)
+and a trainer's acknowledgements; read at scrape time off the live JobManagers: jobs by state,
+rollouts in flight, the concurrency limit, and what running jobs wait on.
+
+Labels are bounded: an outcome, an error class (a status reason), a sink kind, a job state, a
+service. Never a job id or a rollout key (a job's own numbers are in its metrics.json).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import Counter, Histogram
+
+from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
+
+if TYPE_CHECKING:
+    from rollmesh.scheduler.manager import JobManager
+
+ROLLOUTS_DONE = Counter(
+    "rollmesh_scheduler_rollouts_done",
+    "Rollouts finished: succeeded (written to the sink) or failed (after every retry).",
+    ["outcome"],
+)
+ROLLOUTS_FAILED = Counter(
+    "rollmesh_scheduler_rollouts_failed",
+    "Rollouts failed after every retry, by error class (the failures sidecar's `error`).",
+    ["error_class"],
+)
+RETRIES = Counter("rollmesh_scheduler_rollout_retries", "Rollout attempts retried.")
+SINK_WRITES = Counter(
+    "rollmesh_scheduler_sink_writes",
+    "Rows written to a job's sink, by sink kind and row kind.",
+    ["sink", "row"],
+)
+SINK_WRITE_SECONDS = Histogram(
+    "rollmesh_scheduler_sink_write_seconds",
+    "Time one rollout's sink write took, waits for a full window included (the sink's backpressure).",
+    ["sink"],
+    buckets=LATENCY_BUCKETS,
+)
+SINK_ACKS = Counter(
+    "rollmesh_scheduler_sink_acks",
+    "Rollouts a trainer's RolloutSink acknowledged: consumed, or dropped as stale.",
+    ["result"],
+)
+
+_SUCCEEDED, _FAILED = ROLLOUTS_DONE.labels("succeeded"), ROLLOUTS_DONE.labels("failed")
+
+
+def rollout_succeeded() -> None:
+    _SUCCEEDED.inc()
+
+
+def rollout_failed(error_class: str) -> None:
+    _FAILED.inc()
+    ROLLOUTS_FAILED.labels(error_class).inc()
+
+
+def sink_kind(sink: object) -> str:
+    """`jsonl`, `grpc` or the class name of another sink (a bounded set: the sink classes)."""
+    name = type(sink).__name__
+    return {"JsonlSink": "jsonl", "GrpcSink": "grpc"}.get(name, name)
+
+
+_LIVE_DOCS = {
+    "rollmesh_scheduler_jobs": "Jobs this scheduler holds in memory, by state.",
+    "rollmesh_scheduler_rollouts_in_flight": "Rollouts running now, over every job.",
+    "rollmesh_scheduler_concurrency_limit": "Rollouts allowed in flight now, summed over running jobs.",
+    "rollmesh_scheduler_jobs_waiting": "Running jobs waiting on a service counted down, or on their sink.",
+}
+
+
+def _read(manager: JobManager) -> Iterator[tuple[str, dict[str, str], float]]:
+    for rec in manager.live_jobs():
+        yield "rollmesh_scheduler_jobs", {"state": rec.state}, 1.0
+        run = rec.run
+        if run is None or rec.finished:
+            continue
+        yield "rollmesh_scheduler_rollouts_in_flight", {}, float(run.in_flight)
+        yield "rollmesh_scheduler_concurrency_limit", {}, float(run.limiter.limit)
+        for service in run.outages.down:
+            yield "rollmesh_scheduler_jobs_waiting", {"on": service}, 1.0
+        if run.sink.waiting():
+            yield "rollmesh_scheduler_jobs_waiting", {"on": "sink"}, 1.0
+
+
+LIVE = LiveCollector(_read, _LIVE_DOCS)
