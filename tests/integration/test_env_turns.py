@@ -1,0 +1,156 @@
+"""Environment turns end to end: a turn-taking environment (tests/games.py's number-guessing game) in
+the real verifier, the real gateway with the fake model playing it (a binary search over the hints),
+and the scheduler's job manager, over gRPC and over the embedded mesh's in-process ports. Every
+episode ends on the environment's `done`; the rows hold each step's reward and `done`, a reward equal
+to the steps' rewards plus verify's, the messages in the order the model saw them (the opening from
+seeding, then each guess and its hint), and a token record that trains on the guesses only (the
+environment's messages are prompt, loss mask 0, and each turn's prompt extends the ids before it)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rollmesh.gateway import Gateway
+from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler import store
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.records import Rollout, TokenRecord
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.tokens import validate_rollout
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.loader import Discovery, Loaded
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
+from rollmesh.verifier.workers import WorkerPool
+from tests.conftest import StartServer
+from tests.games import RIGHT, WON_BONUS, WRONG, Guess, guess_row, guesses_to_find, play_guess, score
+
+SECRETS = (50, 37, 88, 1, 100)
+
+
+@dataclass
+class Mesh:
+    """The gateway and verifier servicers, and their addresses (one gRPC server each)."""
+
+    gateway: GatewayServicer
+    verifier: VerifierServicer
+    gateway_addr: str
+    verifier_addr: str
+
+
+@pytest_asyncio.fixture
+async def mesh(start_server: StartServer) -> AsyncIterator[Mesh]:
+    gateway = Gateway([FakeBackend("tiny", script=play_guess, max_model_len=4096)])
+    await gateway.start()
+    cfg = VerifierConfig()
+    env = Guess(EnvContext("guess", None, cfg, WorkerPool(1)))
+    verifier = VerifierService(cfg, Discovery({"guess": Loaded("guess", env, "tests/games.py")}, {}))
+    await verifier.start()
+    gw, ver = GatewayServicer(gateway), VerifierServicer(verifier)
+    gw_server = await start_server([ServiceBinding.of(gw)])
+    ver_server = await start_server([ServiceBinding.of(ver)])
+    try:
+        yield Mesh(gw, ver, gw_server.address, ver_server.address)
+    finally:
+        await verifier.aclose()
+        await gateway.shutdown()
+
+
+async def _run_job(mesh: Mesh, kind: str, tmp_path: Path, *, max_steps: int) -> list[Rollout]:
+    """Run the guessing job through the scheduler's job manager on `kind` ports; its rows."""
+    if kind == "grpc":
+        model, env = GatewayModel.connect(mesh.gateway_addr), VerifierEnv.connect(mesh.verifier_addr)
+    else:
+        model, env = GatewayModel.in_process(mesh.gateway), VerifierEnv.in_process(mesh.verifier)
+    data = tmp_path / "guess.jsonl"
+    data.write_text("".join(json.dumps(guess_row(s)) + "\n" for s in SECRETS))
+    manager = JobManager(Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env)
+    spec = JobSpec(
+        dataset=str(data),
+        environment="guess",
+        max_steps=max_steps,
+        sampling={"temperature": 0.0, "max_tokens": 16, "logprobs": True},
+        concurrency=3,
+        output_dir=str(tmp_path / kind),
+        validate_all=True,
+    )
+    try:
+        rec = await manager.wait((await manager.submit(spec)).job_id)
+        assert rec.state == "SUCCEEDED", rec.to_json()
+        lines = (rec.directory / store.ROLLOUTS).read_text().splitlines()
+    finally:
+        await manager.aclose()
+        await model.close()
+        await env.close()
+    rows = sorted((Rollout.from_row(json.loads(line)) for line in lines), key=lambda r: r.key)
+    assert [r.key.task_index for r in rows] == list(range(len(SECRETS)))
+    return rows
+
+
+def _texts(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in messages]
+
+
+@pytest.mark.parametrize("kind", ["grpc", "in_process"])
+async def test_episodes_end_on_done_with_step_rewards_and_exact_tokens(
+    mesh: Mesh, kind: str, tmp_path: Path
+) -> None:
+    rows = await _run_job(mesh, kind, tmp_path, max_steps=10)
+    for secret, row in zip(SECRETS, rows, strict=True):
+        guesses = guesses_to_find(secret)
+        expected = [("user", "I picked a number between 1 and 100. Guess it.")]
+        for g in guesses[:-1]:
+            expected += [("assistant", str(g)), ("user", f"{g} is too {'low' if g < secret else 'high'}")]
+        expected.append(("assistant", str(secret)))
+        assert _texts(row.messages) == expected, secret
+        assert row.env_steps == [
+            *({"reward": WRONG, "done": False, "info": {}} for _ in guesses[:-1]),
+            {"reward": RIGHT, "done": True, "info": {"guesses": len(guesses)}},
+        ]
+        assert row.reward == score(secret) and row.reward_components == {"won": 1.0}
+        assert row.reward == sum(s["reward"] for s in row.env_steps) + WON_BONUS
+        assert row.finish_reason == "stop"
+        # The token record: one span per guess, trained on the guesses only; the hints and the
+        # opening are prompt (loss mask 0) and decode inside the spans' prompts, in order.
+        assert validate_rollout(row, tokenizer=FakeTokenizer()) == []
+        tokens: TokenRecord = row.tokens
+        assert len(tokens.turns) == len(guesses)
+        tok = FakeTokenizer()
+        for i, span in enumerate(tokens.turns):
+            prompt_part = tok.decode(tokens.token_ids[span.prompt_start : span.output_start])
+            assert not any(tokens.loss_mask[span.prompt_start : span.output_start])
+            assert all(tokens.loss_mask[span.output_start : span.output_end])
+            told = expected[2 * i][1]  # the opening, then each hint
+            assert f"<|user|>\n{told}<|end|>" in prompt_part, (i, prompt_part)
+
+
+async def test_the_same_rows_over_grpc_and_in_process(mesh: Mesh, tmp_path: Path) -> None:
+    def view(r: Rollout) -> tuple[Any, ...]:
+        return (r.key, r.messages, r.reward, r.env_steps, r.tokens.token_ids, r.tokens.loss_mask)
+
+    over_grpc = [view(r) for r in await _run_job(mesh, "grpc", tmp_path, max_steps=10)]
+    in_process = [view(r) for r in await _run_job(mesh, "in_process", tmp_path, max_steps=10)]
+    assert over_grpc == in_process
+
+
+async def test_an_episode_not_done_at_max_steps_ends_there(mesh: Mesh, tmp_path: Path) -> None:
+    rows = await _run_job(mesh, "grpc", tmp_path, max_steps=2)
+    for secret, row in zip(SECRETS, rows, strict=True):
+        if secret == 50:  # the first guess: done at once
+            assert [s["done"] for s in row.env_steps] == [True] and row.finish_reason == "stop"
+            continue
+        assert row.finish_reason == "max_steps" and [s["done"] for s in row.env_steps] == [False, False]
+        assert row.reward == 2 * WRONG and row.reward_components == {"won": 0.0}
+        assert [m["role"] for m in row.messages] == ["user", "assistant", "user", "assistant", "user"]
