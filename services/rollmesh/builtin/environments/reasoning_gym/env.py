@@ -1,0 +1,62 @@
+"""`reasoning_gym`: reasoning-gym's procedural tasks, each scored by its generator's own scorer in
+a worker process (rollmesh.procedural.scoring)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rollmesh.mesh.logging import get_logger
+from rollmesh.procedural.rows import SOURCE_FIELD
+from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier.errors import CheckFailed, CheckTimeout, WorkerError, WorkerTimeout
+
+log = get_logger("rollmesh.env.reasoning_gym")
+_SCORE = "rollmesh.procedural.scoring:score"
+_ROW_FIELDS = ("question", "answer", "metadata", SOURCE_FIELD)
+
+
+class ReasoningGym(Environment):
+    """reasoning-gym tasks (NeMo Gym's reasoning_gym row shape: `question`, `answer`, `metadata`
+    with `source_dataset`). The answer is the last <answer>...</answer> of the assistant's text,
+    else its first \\boxed{}, else the whole text; the generator's scorer gives the reward (0 when
+    it raises). A row naming no known generator raises BadTask; a scorer that overruns its time
+    CheckTimeout."""
+
+    _warm: asyncio.Task[Any] | None = None
+
+    async def start(self) -> None:
+        self._warm = asyncio.create_task(self._warmup(), name="reasoning-gym-warmup")
+
+    async def _warmup(self) -> None:
+        try:
+            await self.context.workers.call("rollmesh.procedural.scoring:warmup", timeout_s=120.0)
+        except Exception as exc:
+            log.warning("reasoning_gym_warmup_failed", error=str(exc))
+
+    async def aclose(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
+            await asyncio.gather(self._warm, return_exceptions=True)
+
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        del session
+        text = "".join(m.content for m in response.messages if m.role == "assistant")
+        if not text.strip():
+            return VerifyResult(0.0, {}, "", {"reason": "empty response"})
+        row = {k: task.row[k] for k in _ROW_FIELDS if k in task.row}
+        timeout = self.context.config.math_timeout_s
+        try:
+            out = await self.context.workers.call(_SCORE, row, text, timeout_s=timeout)
+        except WorkerTimeout:
+            raise CheckTimeout(
+                f"the reasoning-gym scorer took longer than {timeout:g}s; worker killed"
+            ) from None
+        except WorkerError as exc:
+            raise CheckFailed(f"reasoning-gym scoring failed: {exc}") from None
+        if "bad_task" in out:
+            raise BadTask(str(out["bad_task"]))
+        reward = float(out["score"])
+        generator = str(task.row.get("metadata", {}).get("source_dataset", ""))
+        details = {"reason": str(out["reason"]), "generator": generator}
+        return VerifyResult(reward, {"score": reward}, str(out["extracted"]), details)

@@ -1,0 +1,145 @@
+"""reasoning-gym entries as NeMo Gym-format rows, and entries rebuilt from where they came from.
+
+A row is what NeMo Gym's reasoning_gym create_dataset.py writes and its resources server reads::
+
+    {"responses_create_params": {"input": [{"role": "user", "content": QUESTION}]},
+     "question": QUESTION, "answer": ANSWER, "metadata": {"source_dataset": NAME, ...},
+     "agent_ref": {...}, "task_id": "NAME/INDEX",
+     "reasoning_gym_entry": {"generator": NAME, "config": {...}, "index": INDEX}}
+
+`reasoning_gym_entry` (ours; NeMo Gym ignores it) says how to make the entry again: the
+generator, its full config (size and seed included) and the index. Most generators keep tuples
+somewhere in `metadata` (JSON turns them into lists), but only two have scorers that then misjudge:
+arc_agi and rearc compare the answer's grid with a tuple grid, so their gold answer scores 0.05
+after JSON (tests/unit/test_reasoning_gym_generators.py measures this for every generator). Their
+rows also say `"rebuild": true`, and the scorer works from the entry made again, never from the
+stored metadata.
+
+Everything here imports reasoning-gym: call it off the event loop (generation is CPU work).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rollmesh.procedural.errors import EntryMismatch, InvalidGeneratorSpec, UnknownGenerator
+from rollmesh.procedural.spec import ProceduralSpec
+
+if TYPE_CHECKING:
+    from reasoning_gym.dataset import ProceduralDataset
+
+Json = dict[str, Any]
+
+SOURCE_FIELD = "reasoning_gym_entry"
+#: NeMo Gym's agent for these rows (its create_dataset.py writes the same).
+AGENT_REF: Json = {"type": "responses_api_agents", "name": "reasoning_gym_simple_agent"}
+#: Generators whose scorers misjudge after JSON (tuples in metadata become lists): a row of theirs
+#: is scored from its entry made again; one without `reasoning_gym_entry` (another tool wrote it) is
+#: refused.
+NOT_JSON_SAFE = frozenset({"arc_agi", "rearc"})
+
+
+def known_generators() -> list[str]:
+    """Every generator name reasoning-gym registers (its `composite` is a spec's job, not a name)."""
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(n for n in DATASETS if n != "composite")
+
+
+def check_names(names: tuple[str, ...]) -> None:
+    known = known_generators()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3)
+            hint = (
+                f"; did you mean {', '.join(close)}?"
+                if close
+                else " (rollmesh datasets generators lists them)"
+            )
+            raise UnknownGenerator(
+                f"reasoning-gym has no generator {name!r}{hint}", metadata={"generator": name}
+            )
+
+
+def sub_configs(spec: ProceduralSpec) -> dict[str, Json]:
+    """Each generator's full config as the dataset that makes its rows gets it: one generator gets
+    the spec's size and seed; in a mixture, reasoning-gym's composite gives generator i the size
+    and `seed + i + 1` unless its config sets them."""
+    if len(spec.generators) == 1:
+        g = spec.generators[0]
+        return {g.name: {**g.config, "size": spec.size, "seed": spec.seed}}
+    return {
+        g.name: {"size": spec.size, "seed": spec.seed + i + 1, **g.config}
+        for i, g in enumerate(spec.generators)
+    }
+
+
+def open_dataset(spec: ProceduralSpec) -> ProceduralDataset:
+    """The reasoning-gym dataset a spec names (its composite for several generators)."""
+    import reasoning_gym
+    from reasoning_gym.composite import DatasetSpec
+
+    check_names(spec.names)
+    try:
+        if len(spec.generators) == 1:
+            g = spec.generators[0]
+            return reasoning_gym.create_dataset(g.name, **sub_configs(spec)[g.name])
+        specs = [DatasetSpec(name=g.name, weight=g.weight, config=dict(g.config)) for g in spec.generators]
+        return reasoning_gym.create_dataset("composite", size=spec.size, seed=spec.seed, datasets=specs)
+    except (TypeError, ValueError, AssertionError, KeyError) as exc:
+        raise InvalidGeneratorSpec(f"reasoning-gym refused the spec: {type(exc).__name__}: {exc}") from None
+
+
+def to_row(entry: Mapping[str, Any], source: Json) -> Json:
+    """One entry as a NeMo Gym row (see the module docstring)."""
+    question = str(entry["question"])
+    metadata = entry.get("metadata", {})
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": question}]},
+        "question": question,
+        "answer": entry.get("answer"),
+        "metadata": json.loads(json.dumps(metadata, default=repr)),
+        "agent_ref": dict(AGENT_REF),
+        "task_id": f"{source['generator']}/{source['index']}",
+        SOURCE_FIELD: source,
+    }
+
+
+def generate_rows(spec: ProceduralSpec) -> Iterator[Json]:
+    """The spec's rows, in index order; the same spec always gives the same rows."""
+    dataset = open_dataset(spec)
+    configs = sub_configs(spec)
+    for index in range(spec.size):
+        entry = dataset[index]
+        name = str(entry.get("metadata", {}).get("source_dataset", spec.names[0]))
+        source: Json = {"generator": name, "config": configs[name], "index": index}
+        if name in NOT_JSON_SAFE:
+            source["rebuild"] = True
+        yield to_row(entry, source)
+
+
+@functools.lru_cache(maxsize=32)
+def _dataset(name: str, config_json: str) -> ProceduralDataset:
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, **json.loads(config_json))
+
+
+def rebuild_entry(source: Mapping[str, Any]) -> Json:
+    """The entry `source` ({generator, config, index}) names, made again (datasets are cached)."""
+    name, config, index = source.get("generator"), source.get("config"), source.get("index")
+    if not isinstance(name, str) or not isinstance(config, Mapping) or not isinstance(index, int):
+        raise EntryMismatch(
+            f"{SOURCE_FIELD} must hold generator, config and index, not {dict(source)!r:.200}"
+        )
+    check_names((name,))
+    try:
+        dataset = _dataset(name, json.dumps(config, sort_keys=True))
+        entry: Json = dataset[index]
+    except (TypeError, ValueError, AssertionError, KeyError, IndexError) as exc:
+        raise EntryMismatch(f"{name} cannot make entry {index} of config {config!r:.200}: {exc}") from None
+    return entry

@@ -1,0 +1,109 @@
+"""Scoring an answer with the generator's own scorer (runs in a verifier worker process).
+
+Extraction follows reasoning-gym's convention and NeMo Gym's reasoning_gym server: the last
+`<answer>…</answer>` (reasoning_gym.utils.extract_answer), else the first `\\boxed{…}`, else the whole
+text. The entry handed to the scorer is the row's question, answer and metadata, or, when the row
+says its metadata does not survive JSON (`reasoning_gym_entry.rebuild`), the entry made again
+from its generator, config and index (and checked to ask the row's question).
+
+A scorer that raises is a wrong answer: score 0 with the exception as the reason, never an error.
+What cannot be scored at all (no generator named, an unknown one, an entry that cannot be trusted)
+comes back as `{"bad_task": why}`, which the environment raises as BadTask.
+
+One generator's scorer is wrong and is replaced: game_of_life_halting compares `bool(answer)` with
+`bool(gold)`, and the gold is the string "True" or "False", so any non-empty answer scores 1.0;
+here its answer must say the gold word (case and surrounding space ignored).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.procedural.rows import NOT_JSON_SAFE, SOURCE_FIELD, check_names, rebuild_entry
+
+Json = dict[str, Any]
+_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
+
+
+def extract(text: str) -> str:
+    """The answer in a completion: `<answer>` tags, else `\\boxed{}`, else the stripped text."""
+    from reasoning_gym.utils import extract_answer
+
+    tagged = extract_answer(text, tag_name="answer")
+    if tagged is not None:
+        return str(tagged)
+    boxed = _BOXED.search(text)
+    if boxed:
+        return boxed.group(1).strip()
+    return text.strip()
+
+
+def warmup() -> bool:
+    import reasoning_gym  # noqa: F401  (every generator module: ~2 s the first time)
+
+    return True
+
+
+def entry_of(row: Mapping[str, Any]) -> tuple[str, Json]:
+    """(generator, the entry its scorer gets) for a row; raises a RollmeshError when it cannot."""
+    from rollmesh.procedural.errors import EntryMismatch
+
+    metadata = row.get("metadata")
+    source = row.get(SOURCE_FIELD)
+    name = metadata.get("source_dataset") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str) and isinstance(source, Mapping):
+        name = source.get("generator")
+    if not isinstance(name, str) or not name:
+        raise EntryMismatch("the row names no generator (metadata.source_dataset)")
+    check_names((name,))
+    entry: Json = {"question": row.get("question"), "answer": row.get("answer"), "metadata": metadata or {}}
+    if isinstance(source, Mapping) and source.get("rebuild"):
+        made = rebuild_entry(source)
+        if made.get("question") != row.get("question"):
+            raise EntryMismatch(
+                f"{name} entry {source.get('index')} asks another question today than the row does "
+                "(written by another reasoning-gym version?); regenerate the dataset"
+            )
+        entry = made
+    elif name in NOT_JSON_SAFE:
+        raise EntryMismatch(
+            f"a {name} row keeps tuples in metadata that JSON turned into lists, so its scorer would "
+            f"misjudge even the gold answer, and it has no {SOURCE_FIELD} to make the entry again; "
+            "write it with `rollmesh datasets generate`"
+        )
+    return name, entry
+
+
+def _scorer(name: str) -> Any:
+    import reasoning_gym
+
+    if name == "game_of_life_halting":
+        return _halting_score
+    return reasoning_gym.get_score_answer_fn(name)
+
+
+def _halting_score(answer: str | None, entry: Mapping[str, Any]) -> float:
+    gold = str(entry.get("answer", "")).strip().lower()
+    return 1.0 if answer is not None and answer.strip().lower() == gold else 0.0
+
+
+def score(row: Json, text: str) -> Json:
+    """{score, extracted, reason} for `text` as the answer to `row`, or {bad_task: why}."""
+    try:
+        name, entry = entry_of(row)
+    except RollmeshError as exc:
+        return {"bad_task": exc.message}
+    extracted = extract(text)
+    if not extracted:
+        return {"score": 0.0, "extracted": "", "reason": "no answer"}
+    try:
+        value = float(_scorer(name)(answer=extracted, entry=entry))
+    except Exception as exc:  # the generator's scorer refused the answer: a wrong answer
+        return {"score": 0.0, "extracted": extracted, "reason": f"scorer raised {type(exc).__name__}: {exc}"}
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        return {"bad_task": f"the {name} scorer gave {value!r}, not a score in [0, 1]"}
+    return {"score": value, "extracted": extracted, "reason": "scored by " + name}

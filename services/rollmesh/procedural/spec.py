@@ -1,0 +1,130 @@
+"""A generator spec: which reasoning-gym generators, with what weights and configs, how many rows
+from which seed. Plain data, no reasoning-gym import; `rows.py` checks the names and configs.
+
+As JSON (a dataset file a job names instead of a JSONL, or `rollmesh datasets generate --spec`)::
+
+    {"reasoning_gym": {"size": 200, "seed": 1,
+                       "generators": [{"name": "basic_arithmetic", "weight": 2, "config": {"max_terms": 2}},
+                                      "chain_sum"]}}
+
+A generator given as a bare string has weight 1 and its default config. One generator gives
+reasoning-gym's own dataset (`create_dataset(name, size=, seed=, **config)`); several give its
+composite dataset (weighted sampling per index, sub-dataset i seeded `seed + i + 1` unless its
+config sets a seed), so the rows are the ones reasoning-gym and NeMo Gym's create_dataset.py make.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollmesh.procedural.errors import InvalidGeneratorSpec
+
+#: The top-level key of a spec file.
+SPEC_KEY = "reasoning_gym"
+MAX_SIZE = 10_000_000
+_SPEC_KEYS = frozenset({"generators", "size", "seed"})
+_GENERATOR_KEYS = frozenset({"name", "weight", "config"})
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    name: str
+    weight: float = 1.0
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "weight": self.weight, "config": dict(self.config)}
+
+
+@dataclass(frozen=True)
+class ProceduralSpec:
+    generators: tuple[GeneratorSpec, ...]
+    size: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.generators:
+            raise InvalidGeneratorSpec("a generator spec names no generator")
+        names = [g.name for g in self.generators]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise InvalidGeneratorSpec(f"generator {dupes[0]!r} is named twice; give it one weight")
+        if not 0 < self.size <= MAX_SIZE:
+            raise InvalidGeneratorSpec(f"size must be 1..{MAX_SIZE:,}, not {self.size}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.generators)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            SPEC_KEY: {
+                "generators": [g.to_json() for g in self.generators],
+                "size": self.size,
+                "seed": self.seed,
+            }
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = "the spec") -> ProceduralSpec:
+        """Read `{"reasoning_gym": {...}}` (or the inner object); every problem is one
+        InvalidGeneratorSpec naming `where`."""
+        if isinstance(data, Mapping) and SPEC_KEY in data:
+            data = data[SPEC_KEY]
+        if not isinstance(data, Mapping):
+            raise InvalidGeneratorSpec(f"{where}: must be a JSON object with {SPEC_KEY!r}")
+        unknown = sorted(set(data) - _SPEC_KEYS)
+        if unknown:
+            raise InvalidGeneratorSpec(f"{where}: unknown key {unknown[0]!r} (known: {sorted(_SPEC_KEYS)})")
+        raw = data.get("generators")
+        if not isinstance(raw, list) or not raw:
+            raise InvalidGeneratorSpec(f"{where}: `generators` must be a non-empty list")
+        size = _integer(data.get("size"), f"{where}: `size`")
+        seed = _integer(data.get("seed", 0), f"{where}: `seed`")
+        return cls(tuple(_generator(g, f"{where}: generators[{i}]") for i, g in enumerate(raw)), size, seed)
+
+
+def _integer(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidGeneratorSpec(f"{what} must be an integer, not {value!r}")
+    return value
+
+
+def _generator(raw: Any, where: str) -> GeneratorSpec:
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, Mapping):
+        raise InvalidGeneratorSpec(f"{where}: a generator is a name or an object with `name`")
+    unknown = sorted(set(raw) - _GENERATOR_KEYS)
+    if unknown:
+        raise InvalidGeneratorSpec(f"{where}: unknown key {unknown[0]!r} (known: {sorted(_GENERATOR_KEYS)})")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidGeneratorSpec(f"{where}: `name` must be a generator name")
+    weight = raw.get("weight", 1.0)
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        or not math.isfinite(weight)
+        or weight <= 0
+    ):
+        raise InvalidGeneratorSpec(f"{where}: `weight` must be a positive number, not {weight!r}")
+    config = raw.get("config", {})
+    if not isinstance(config, Mapping):
+        raise InvalidGeneratorSpec(f"{where}: `config` must be an object")
+    return GeneratorSpec(name.strip(), float(weight), dict(config))
+
+
+def parse_generator_arg(arg: str) -> GeneratorSpec:
+    """`name` or `name:weight` (the CLI's --generator)."""
+    name, _, weight = arg.partition(":")
+    if not weight:
+        return _generator({"name": name}, f"--generator {arg!r}")
+    try:
+        value = float(weight)
+    except ValueError:
+        raise InvalidGeneratorSpec(f"--generator {arg!r}: the weight after ':' must be a number") from None
+    return _generator({"name": name, "weight": value}, f"--generator {arg!r}")
