@@ -143,6 +143,6 @@ async def test_tool_errors_are_outputs_unknown_tool_is_not_found(
     with pytest.raises(ToolNotFound) as err:
         await svc.call_tool(s.id, ToolCall("c3", "launch_rockets", "{}"))
     assert err.value.code == grpc.StatusCode.NOT_FOUND and "get_weather" in err.value.message
-    svc.close_session(s.id)
+    await svc.close_session(s.id)
     with pytest.raises(SessionNotFound):
         await svc.call_tool(s.id, ToolCall("c4", "get_weather", '{"city": "Tokyo"}'))

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollmesh.launch.children import die_with_parent, kill_group
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh import config
 from rollmesh.mesh.aio import first_of
@@ -84,41 +85,10 @@ async def pump_lines(
         write(f"{prefix}{line}")
 
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` (runs in the child between fork and exec) asking the kernel to SIGTERM the
-    child when this process dies; None where prctl is unavailable. The libc lookup happens here, in
-    the parent: the child only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the call: the kernel will not tell us
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 def _reachable(bound: str) -> str:
     """A bound host:port as an address to call (0.0.0.0 is reached on loopback)."""
     host, _, port = bound.strip().rpartition(":")
     return f"{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{port}"
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the child's process group (it leads its own session): the child and what it started."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 class Mesh:
@@ -130,7 +100,7 @@ class Mesh:
         self.children: list[Child] = []
         self.env = dict(os.environ)
         self._tmp = tempfile.TemporaryDirectory(prefix="rollmesh-up-")
-        self._preexec = _die_with_parent()
+        self._preexec = die_with_parent()
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -214,7 +184,7 @@ class Mesh:
         while True:
             pid = child.proc.pid
             code = await child.proc.wait()
-            _kill_group(child.proc)
+            kill_group(child.proc)
             if child.pump is not None:
                 await asyncio.gather(child.pump, return_exceptions=True)
             self.write(f"[up] {child.service} (pid {pid}) {describe_exit(code)}")
@@ -240,7 +210,7 @@ class Mesh:
             except (RuntimeError, TimeoutError, OSError) as exc:
                 self.write(f"[up] {child.service} failed to come back: {exc}")
                 if child.proc.returncode is None:
-                    _kill_group(child.proc)
+                    kill_group(child.proc)
 
     async def stop(self, grace_s: float, force: asyncio.Event | None = None) -> None:
         """SIGTERM every child at once; SIGKILL (whole group) what still runs after `grace_s` or `force`."""
@@ -257,7 +227,7 @@ class Mesh:
         for child in running:  # (a child that died earlier had its group killed then)
             if child.proc.returncode is None:
                 self.write(f"[up] {child.service} (pid {child.proc.pid}) still running; killing it")
-            _kill_group(child.proc)  # also ends anything the child left behind in its group
+            kill_group(child.proc)  # also ends anything the child left behind in its group
         await asyncio.gather(*(c.proc.wait() for c in self.children), return_exceptions=True)
         waits.cancel()
         await asyncio.gather(waits, return_exceptions=True)

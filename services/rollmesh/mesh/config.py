@@ -241,6 +241,17 @@ ENV_VARS: dict[str, EnvVar] = {
         ),
         EnvVar("ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S", 60.0, "Verifier: seconds one Verify may take."),
         EnvVar("ROLLMESH_VERIFIER_WORKERS", 2, "Verifier: worker processes for CPU-bound checks."),
+        EnvVar(
+            "ROLLMESH_NEMO_GYM_PYTHON",
+            "",
+            "Verifier: the interpreter of a NeMo Gym installation, for managed NeMo Gym environments "
+            "whose nemo_gym.toml names none (docs/nemo-gym-migration.md).",
+        ),
+        EnvVar(
+            "ROLLMESH_SIDECAR_LOG_DIR",
+            "",
+            "Verifier: folder of the logs of the servers it starts (default: <tmp>/rollmesh-sidecars).",
+        ),
         EnvVar("ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, "Verifier: seconds per math-verify check."),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_JUDGE",

@@ -74,7 +74,9 @@ def messages_from_items(items: Iterable[Any], *, default_role: str = "assistant"
             text = _text(item.get("content"), i, ".content")
             if role != "assistant":
                 if role not in _INPUT_ROLES:
-                    raise NotResponsesItem(i, ".role", f"role {role!r} is not user, system, developer or assistant")
+                    raise NotResponsesItem(
+                        i, ".role", f"role {role!r} is not user, system, developer or assistant"
+                    )
                 flush()
                 out.append(Message(role, text))
                 continue
@@ -84,7 +86,11 @@ def messages_from_items(items: Iterable[Any], *, default_role: str = "assistant"
             turn, stage = Message("assistant", text, reasoning=base.reasoning), 2
         elif kind == "function_call":
             call = ToolCall.from_openai(
-                {"id": _str(item, "call_id", i), "name": _str(item, "name", i), "arguments": item.get("arguments")}
+                {
+                    "id": _str(item, "call_id", i),
+                    "name": _str(item, "name", i),
+                    "arguments": item.get("arguments"),
+                }
             )
             base = turn or Message("assistant")
             turn = Message("assistant", base.content, (*base.tool_calls, call), reasoning=base.reasoning)
@@ -92,7 +98,9 @@ def messages_from_items(items: Iterable[Any], *, default_role: str = "assistant"
         elif kind == "function_call_output":
             flush()
             out.append(
-                Message("tool", _text(item.get("output"), i, ".output"), tool_call_id=_str(item, "call_id", i))
+                Message(
+                    "tool", _text(item.get("output"), i, ".output"), tool_call_id=_str(item, "call_id", i)
+                )
             )
         else:
             raise NotResponsesItem(i, ".type", f"item type {kind!r} is not supported")
@@ -197,9 +205,15 @@ def output_text(items: Sequence[Mapping[str, Any]]) -> str:
     texts: list[str] = []
     for item in items:
         content = item.get("content")
-        if item.get("type", "message") == "message" and item.get("role") == "assistant" and isinstance(content, list):
+        if (
+            item.get("type", "message") == "message"
+            and item.get("role") == "assistant"
+            and isinstance(content, list)
+        ):
             texts.extend(
-                str(p.get("text") or "") for p in content if isinstance(p, Mapping) and p.get("type") == "output_text"
+                str(p.get("text") or "")
+                for p in content
+                if isinstance(p, Mapping) and p.get("type") == "output_text"
             )
     return "".join(texts)
 

@@ -388,6 +388,27 @@ class Environment(ABC):
         del session, turn
         return EnvTurn(done=True)
 
+    async def close_session(self, session: Session) -> None:
+        """Release what `seed_session` made outside this process (a bridged server's session).
+        Called when the rollout closes its session; a failure is logged, never the rollout's.
+        Default: nothing."""
+        del session
+        return
+
+    def problem(self) -> str:
+        """Why it cannot serve right now ("" when it can): a bridged server that is down. While it
+        is non-empty ListEnvironments lists the environment as broken, with this text."""
+        return ""
+
+    def listed_tools(self) -> list[ToolSpec]:
+        """The tools `rollmesh envs show` lists. Default: the `@tool` methods (a bridge: its
+        server's tool routes)."""
+        return self.tool_specs()
+
+    def summary(self) -> str:
+        """One line for humans. Default: `describe()` (the description or the class docstring)."""
+        return self.describe()
+
     @abstractmethod
     def verify(
         self, task: Task, response: Response, session: Session | None = None

@@ -148,3 +148,43 @@ class BadEnvTurn(mesh.Internal):
     it), `info` that is not a JSON object. The step fails, visibly, instead of a guessed answer."""
 
     reason = "BAD_ENV_TURN"
+
+
+class EnvServerUnreachable(mesh.Unavailable):
+    """A bridged environment's server refused or dropped the connection (it is down)."""
+
+    reason = "ENV_SERVER_UNREACHABLE"
+
+
+class EnvServerTimeout(mesh.DeadlineExceeded):
+    """A bridged environment's server did not answer within its timeout (it hangs)."""
+
+    reason = "ENV_SERVER_TIMEOUT"
+
+
+class EnvServerError(mesh.Unavailable):
+    """A bridged environment's server answered a seed or a verify with an error status (5xx): no
+    verdict, so the call fails (retryable) instead of scoring 0."""
+
+    reason = "ENV_SERVER_ERROR"
+
+
+class EnvServerBadReply(mesh.Unavailable):
+    """A bridged environment's server answered with something the protocol does not allow (not JSON,
+    not an object, no numeric `reward`): no verdict, never a guessed one."""
+
+    reason = "ENV_SERVER_BAD_REPLY"
+
+
+class EnvSessionLost(mesh.Unavailable):
+    """The bridged server restarted after this rollout's session was seeded: the state its tools
+    built is gone, so the rollout is retried from its seed instead of being scored on empty state."""
+
+    reason = "ENV_SESSION_LOST"
+
+
+class ReverifyUnsupported(mesh.FailedPrecondition):
+    """The bridged server says (GET /reverify_mode) that its verdicts cannot be recomputed from a
+    stored rollout."""
+
+    reason = "REVERIFY_UNSUPPORTED"

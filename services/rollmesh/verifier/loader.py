@@ -1,5 +1,6 @@
-"""Finding environment plugins: `environments/<name>/env.py` in every artifact root, then the
-`rollmesh.environments` entry-point group.
+"""Finding environment plugins: `environments/<name>/env.py` in every artifact root (or, in a folder
+with no env.py, `nemo_gym.toml`: a NeMo Gym resources server behind the bridge, verifier/nemo_gym.py),
+then the `rollmesh.environments` entry-point group.
 
 Collision rule (the registry's): a name found in two roots, or in a root and an entry point, is
 not loaded; it is listed as broken with the registry's ARTIFACT_COLLISION message, and every use
@@ -32,6 +33,8 @@ from rollmesh.verifier.environment import EnvContext, Environment
 log = get_logger("rollmesh.verifier.loader")
 
 ENTRY_POINT_GROUP = "rollmesh.environments"
+#: A folder holding this and no env.py is a NeMo Gym resources server behind the bridge (nemo_gym.py).
+BRIDGE_CONFIG = "nemo_gym.toml"
 ContextFactory = Callable[[str, Path | None], EnvContext]
 
 
@@ -125,11 +128,18 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
             log.warning("environment_collision", name=name, error=exc.message)
             continue
         env_file = item.path / "env.py"
-        source = str(env_file)
+        bridge_file = item.path / BRIDGE_CONFIG
+        bridged = not env_file.is_file() and bridge_file.is_file()
+        source = str(bridge_file if bridged else env_file)
         try:
-            if not env_file.is_file():
-                raise FileNotFoundError(f"{item.path} has no env.py")
-            cls = environment_class(import_file(env_file))
+            if bridged:
+                from rollmesh.verifier.nemo_gym import NemoGymEnvironment
+
+                cls: type[Environment] = NemoGymEnvironment
+            elif not env_file.is_file():
+                raise FileNotFoundError(f"{item.path} has no env.py (nor {BRIDGE_CONFIG})")
+            else:
+                cls = environment_class(import_file(env_file))
             env = _build(cls, name, item.path, make_context)
         except Exception as exc:
             broken[name] = Broken(name, source, _one_line(exc))

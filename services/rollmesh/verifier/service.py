@@ -247,16 +247,20 @@ class VerifierService:
         return self._env(name).env
 
     def list_environments(self) -> tuple[list[EnvironmentInfo], list[Broken]]:
-        infos = [self.describe(n) for n in sorted(self._loaded)]
-        return infos, [self._broken[n] for n in sorted(self._broken)]
+        """Loaded environments, and broken ones: those that failed to load and those that cannot
+        serve right now (`Environment.problem`: a bridged server that is down)."""
+        down = {n: item for n, item in self._loaded.items() if item.env.problem()}
+        infos = [self.describe(n) for n in sorted(self._loaded) if n not in down]
+        broken = {**self._broken, **{n: Broken(n, i.source, i.env.problem()) for n, i in down.items()}}
+        return infos, [broken[n] for n in sorted(broken)]
 
     def describe(self, name: str) -> EnvironmentInfo:
         item = self._env(name)
         cls = type(item.env)
         return EnvironmentInfo(
             name,
-            cls.describe(),
-            cls.tool_specs(),
+            item.env.summary(),
+            item.env.listed_tools(),
             item.source,
             item.example_dataset,
             stateless=is_stateless(cls) and not item.env.takes_turns(),
@@ -317,8 +321,15 @@ class VerifierService:
             answer = await env.step(session, turn)
         return _check_turn(session.environment, answer)
 
-    def close_session(self, session_id: str) -> None:
-        self.sessions.close(session_id)
+    async def close_session(self, session_id: str) -> None:
+        session = self.sessions.close(session_id)
+        item = self._loaded.get(session.environment)
+        if item is None:
+            return
+        try:
+            await item.env.close_session(session)
+        except Exception as exc:  # the rollout is done: a failed release is logged, not its failure
+            log.warning("session_release_failed", session_id=session_id, error=f"{type(exc).__name__}: {exc}")
 
     # -- verification ---------------------------------------------------------------------------------
 

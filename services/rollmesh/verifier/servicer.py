@@ -55,7 +55,7 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
         return pb.VerifyResponse(result=convert.result_to_pb(result))
 
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
-        self._svc.close_session(request.session_id)
+        await self._svc.close_session(request.session_id)
         return pb.CloseSessionResponse()
 
     def verify_batch(self) -> MultiplexedMethod[VerifyResult]:

@@ -1,0 +1,228 @@
+"""A sidecar: a server process in another interpreter or virtualenv that a service starts, watches
+and stops (a NeMo Gym resources server for the verifier; any foreign library's server later).
+
+Contract:
+- Start: `argv` runs with `env` + ROLLMESH_SIDECAR_PORT (0 the first time: the child binds an
+  ephemeral loopback port) and ROLLMESH_PORT_FILE; the child writes `host:port` there once it
+  listens. Ready = that file exists and `probe(address)` answers True. A child that exits, or is
+  not ready within `start_timeout_s`, fails `start()` with `SidecarStartFailed`: one line naming
+  the sidecar, its interpreter (argv[0]), how it ended, the last line of its log and the log's path.
+- Logs: the child's stdout and stderr are appended to `log_path` (never to our stderr).
+- Supervision: a child that dies is logged and restarted per the RestartPolicy (launch/restart.py:
+  backoff, a budget within a window) on the port it had, so its address stays valid; the group is
+  killed first (no orphaned grandchildren). While it is down the sidecar is BROKEN (`state`,
+  `problem`); once the budget is spent it stays BROKEN. `ready(timeout_s)` waits for it to serve.
+- Stop: SIGTERM, SIGKILL of the whole group after `grace_s`; the child also gets SIGTERM from the
+  kernel when this process dies (launch/children.py), so no sidecar outlives its service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollmesh.launch.children import die_with_parent, kill_group
+from rollmesh.launch.errors import SidecarStartFailed
+from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
+from rollmesh.mesh.aio import TaskSet
+from rollmesh.mesh.logging import get_logger
+
+log = get_logger("rollmesh.launch.sidecar")
+
+Probe = Callable[[str], Awaitable[bool]]
+LOG_TAIL_BYTES = 4096
+
+
+class State(enum.Enum):
+    STARTING = "STARTING"
+    SERVING = "SERVING"
+    BROKEN = "BROKEN"
+    STOPPED = "STOPPED"
+
+
+@dataclass(frozen=True)
+class SidecarSpec:
+    name: str
+    argv: tuple[str, ...]
+    log_path: Path
+    port_file: Path
+    probe: Probe
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    start_timeout_s: float = 120.0
+    grace_s: float = 5.0
+    #: Run before argv (an isolating wrapper such as the sandbox's namespaces); part of the command.
+    prefix: Sequence[str] = ()
+
+
+def log_tail(path: Path) -> str:
+    """The last non-empty line of a log ("" when none), for one-line errors."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - LOG_TAIL_BYTES, 0))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()]
+    except OSError:
+        return ""
+    return next((ln for ln in reversed(lines) if ln), "")[:300]
+
+
+class Sidecar:
+    """One supervised server process: `await start()`, then use `address`; always `await stop()`."""
+
+    def __init__(self, spec: SidecarSpec) -> None:
+        self.spec = spec
+        self.state = State.STOPPED
+        self.problem = ""
+        self.address = ""
+        self.restarts = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._port = 0
+        self._budget = RestartBudget(spec.restart)
+        self._serving = asyncio.Event()
+        self._tasks = TaskSet()
+        self._stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def describe(self) -> str:
+        return f"{self.spec.name} (interpreter {self.spec.argv[0]})"
+
+    async def start(self) -> None:
+        """Start the child and wait until it serves; raises SidecarStartFailed (the child killed)."""
+        self.state = State.STARTING
+        try:
+            await self._spawn_ready()
+        except SidecarStartFailed as exc:
+            self.state, self.problem = State.BROKEN, exc.message
+            raise
+        self._tasks.spawn(self._keep(), name=f"sidecar-{self.spec.name}")
+
+    async def _spawn_ready(self) -> None:
+        spec = self.spec
+        spec.port_file.unlink(missing_ok=True)
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {
+            **spec.env,
+            "ROLLMESH_SIDECAR_PORT": str(self._port),
+            "ROLLMESH_PORT_FILE": str(spec.port_file),
+        }
+        with spec.log_path.open("ab") as logf:
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *spec.prefix,
+                    *spec.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=env,
+                    cwd=spec.cwd,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
+            except OSError as exc:
+                raise self._failed(f"could not be started: {exc}") from None
+        proc = self._proc
+        try:
+            async with asyncio.timeout(spec.start_timeout_s):
+                while not await asyncio.to_thread(spec.port_file.exists):
+                    if proc.returncode is not None:
+                        raise self._failed(f"{describe_exit(proc.returncode)} before serving")
+                    await asyncio.sleep(0.05)
+                bound = (await asyncio.to_thread(spec.port_file.read_text)).strip()
+                host, _, port = bound.rpartition(":")
+                self._port = int(port)
+                self.address = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
+                while not await spec.probe(self.address):
+                    if proc.returncode is not None:
+                        raise self._failed(f"{describe_exit(proc.returncode)} before serving")
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            kill_group(proc)
+            await proc.wait()
+            raise self._failed(f"did not serve within {spec.start_timeout_s:g}s") from None
+        except BaseException:
+            kill_group(proc)
+            raise
+        self.state, self.problem = State.SERVING, ""
+        self._serving.set()
+        log.info("sidecar_serving", name=spec.name, address=self.address, pid=proc.pid)
+
+    def _failed(self, how: str) -> SidecarStartFailed:
+        tail = log_tail(self.spec.log_path)
+        last = f"; last log line: {tail}" if tail else ""
+        return SidecarStartFailed(
+            f"{self.describe()} {how}{last}; log: {self.spec.log_path}",
+            metadata={"sidecar": self.spec.name, "log": str(self.spec.log_path)},
+        )
+
+    async def _keep(self) -> None:
+        """Restart the child whenever it dies, until stopped or the policy gives up (then BROKEN)."""
+        loop = asyncio.get_running_loop()
+        policy = self.spec.restart
+        while True:
+            proc = self._proc
+            assert proc is not None
+            code = await proc.wait()
+            kill_group(proc)
+            if self._stopping:
+                return
+            self._serving.clear()
+            self.state = State.BROKEN
+            self.problem = (
+                f"{self.describe()} (pid {proc.pid}) {describe_exit(code)}; log: {self.spec.log_path}"
+            )
+            log.warning("sidecar_died", name=self.spec.name, pid=proc.pid, exit=describe_exit(code))
+            delay = self._budget.next_delay(loop.time()) if policy.wants_restart(code) else None
+            if delay is None:
+                self.problem += (
+                    f"; not restarted (restart policy {policy.mode!r}, {self._budget.used} restarts)"
+                )
+                log.error("sidecar_given_up", name=self.spec.name, problem=self.problem)
+                return
+            await asyncio.sleep(delay)
+            try:
+                await self._spawn_ready()
+                self.restarts += 1
+            except SidecarStartFailed as exc:
+                self.problem = exc.message
+                log.warning("sidecar_restart_failed", name=self.spec.name, error=exc.message)
+                if self._proc is not None and self._proc.returncode is None:
+                    kill_group(self._proc)
+
+    async def ready(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the sidecar to serve; True when it does."""
+        if self._serving.is_set():
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._serving.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """SIGTERM; SIGKILL the group after `grace_s`. Safe to call more than once."""
+        self._stopping = True
+        self._serving.clear()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.spec.grace_s):
+                    await proc.wait()
+        if proc is not None:
+            kill_group(proc)
+            await proc.wait()
+        await self._tasks.aclose()
+        self.state = State.STOPPED

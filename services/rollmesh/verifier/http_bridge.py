@@ -1,0 +1,156 @@
+"""The HTTP half of a bridged environment: JSON over POST/GET to an environment server, with one
+cookie set per rollout session, and every way the server can fail as a named error.
+
+- Cookies are kept by hand per session (`Cookies`), never in aiohttp's jar: the default jar drops
+  cookies set by an IP host (127.0.0.1), which silently resets a server's session (a correct episode
+  would then score 0). Every call sends the session's cookies; every answer's Set-Cookie updates them.
+- `post`/`get` return the status and body text whatever the status (a tool's 4xx/5xx body is still
+  its result); the caller decides what a status means. What never reaches an answer is raised:
+  no connection (EnvServerUnreachable), no answer within `timeout_s` (EnvServerTimeout).
+- `json_object` reads an answer as a JSON object or raises EnvServerBadReply (never a guess).
+- `down`: why the last call reached no server ("" once one answers).
+- `wait_ready`, when given (a managed sidecar's `ready`), is awaited once after a refused connection
+  before the call is tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from rollmesh.mesh import untrusted_json
+from rollmesh.mesh.errors import NotJson
+from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable
+
+Json = dict[str, Any]
+MAX_BODY_BYTES = 64 << 20
+
+
+@dataclass
+class Cookies:
+    """One rollout session's cookies, as the server last set them."""
+
+    values: dict[str, str] = field(default_factory=dict)
+
+    def header(self) -> dict[str, str]:
+        if not self.values:
+            return {}
+        return {"Cookie": "; ".join(f"{k}={v}" for k, v in self.values.items())}
+
+    def update(self, response: aiohttp.ClientResponse) -> None:
+        for name, morsel in response.cookies.items():
+            self.values[name] = morsel.value
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+class HttpBridge:
+    """JSON calls to one environment server; `open()` before use, `aclose()` after."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: Callable[[], str],
+        *,
+        timeout_s: float,
+        wait_ready: Callable[[float], Awaitable[bool]] | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        self.name = name
+        self._base_url = base_url
+        self.timeout_s = timeout_s
+        self._wait_ready = wait_ready
+        self._ready_timeout_s = ready_timeout_s
+        self._http: aiohttp.ClientSession | None = None
+        #: Why the last call found no server ("" once one answers): the environment is listed broken.
+        self.down = ""
+
+    async def open(self) -> None:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(),
+                connector=aiohttp.TCPConnector(limit=0, force_close=False),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            )
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def url(self, path: str) -> str:
+        return f"{self._base_url().rstrip('/')}/{path.lstrip('/')}"
+
+    async def post(self, path: str, body: Any, cookies: Cookies | None = None) -> Reply:
+        data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
+        return await self._call("POST", path, data, cookies)
+
+    async def get(self, path: str, cookies: Cookies | None = None) -> Reply:
+        return await self._call("GET", path, None, cookies)
+
+    async def _call(self, method: str, path: str, data: bytes | None, cookies: Cookies | None) -> Reply:
+        try:
+            return await self._once(method, path, data, cookies)
+        except EnvServerUnreachable:
+            if self._wait_ready is None or not await self._wait_ready(self._ready_timeout_s):
+                raise
+            return await self._once(method, path, data, cookies)
+
+    async def _once(self, method: str, path: str, data: bytes | None, cookies: Cookies | None) -> Reply:
+        assert self._http is not None, "HttpBridge.open() was not called"
+        url = self.url(path)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers |= cookies.header() if cookies is not None else {}
+        try:
+            async with self._http.request(method, url, data=data, headers=headers) as resp:
+                raw = await resp.content.read(MAX_BODY_BYTES + 1)
+                if len(raw) > MAX_BODY_BYTES:
+                    raise EnvServerBadReply(
+                        f"{self.name}: {method} {path} answered more than {MAX_BODY_BYTES >> 20} MiB"
+                    )
+                if cookies is not None:
+                    cookies.update(resp)
+                self.down = ""
+                return Reply(resp.status, raw.decode("utf-8", "replace"))
+        except TimeoutError:
+            raise EnvServerTimeout(
+                f"{self.name}: {method} {url} got no answer within {self.timeout_s:g}s",
+                metadata={"url": url},
+            ) from None
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            self.down = f"{self.name}: {method} {url} failed: {type(exc).__name__}: {exc}"
+            raise EnvServerUnreachable(self.down, metadata={"url": url}) from None
+        except aiohttp.ClientError as exc:
+            raise EnvServerBadReply(
+                f"{self.name}: {method} {url} failed: {type(exc).__name__}: {exc}", metadata={"url": url}
+            ) from None
+        except asyncio.CancelledError:
+            raise
+
+    def json_object(self, reply: Reply, what: str) -> Json:
+        """The answer as a JSON object, or EnvServerBadReply naming `what` and the first bytes."""
+        try:
+            value = untrusted_json.loads(reply.text)
+        except NotJson as exc:
+            raise EnvServerBadReply(
+                f"{self.name}: {what} answered {reply.status} with a body that is not JSON ({exc}): "
+                f"{reply.text[:200]!r}"
+            ) from None
+        if not isinstance(value, dict):
+            raise EnvServerBadReply(
+                f"{self.name}: {what} answered {reply.status} with JSON {type(value).__name__}, not an object"
+            )
+        return value

@@ -1,0 +1,472 @@
+"""A NeMo Gym environment: an `Environment` whose session, tools and verdict are served by a real
+NeMo Gym resources server over its own HTTP protocol (the bridge; no port to env.py needed).
+
+Declared as `environments/<name>/nemo_gym.toml` in any artifact root (no env.py):
+
+    server = "example_session_state_mgmt"   # the resources server (resources_servers/<server>)
+    url = "http://127.0.0.1:8000"           # attach: a server the user runs (any NeMo Gym version)
+    # or managed (no url): the verifier starts it from a NeMo Gym installation and supervises it
+    python = "/opt/gym-venv/bin/python"     # its interpreter (or venv = "/opt/gym-venv"; default
+                                            # ROLLMESH_NEMO_GYM_PYTHON)
+    server_dir = ""                         # a server folder of the user's own instead of the
+                                            # installation's resources_servers/<server>
+    config = ""                             # its NeMo Gym YAML (default configs/<server>.yaml)
+    instance = ""                           # that YAML's top-level key (default: the first)
+    timeout_s = 30                          # per HTTP call
+    [overrides]                             # server config fields over the YAML's
+    should_use_judge = false
+
+The protocol (what NeMo Gym's simple_agent does, plus 0.7.0's additions):
+- SeedSession: POST /seed_session with the whole row (null fields of `responses_create_params`
+  dropped: the servers' strict request models refuse them with 422). The server's signed session
+  cookie is kept for the rollout's session and sent on every later call (http_bridge.py).
+- CallTool: POST /<tool name> with the call's JSON arguments; the body text is the tool result
+  whatever the status (an error status marks it an error). Arguments that are not a JSON object,
+  and names that are not a plain route segment or name one of the protocol's own routes, are
+  answered as error results without a call, as simple_agent answers bad arguments.
+- Verify: POST /verify with the row plus `response`, an OpenAI Responses object built from the
+  rollout (mesh/responses_items.py). The reply's `reward` is the reward, `reward_components` the
+  components, `extracted_answer` the extracted answer; every other field it adds (`mask_sample`,
+  `failure_kind`, `failure_reason`, metrics) goes to `details`.
+- CloseSession: POST /close_session (NeMo Gym >= 0.7) when the server's OpenAPI lists it.
+- A Verify without a session (`rollmesh reverify`) replays the rollout on a fresh session: seed,
+  every tool call the rollout executed (those with a recorded output), verify, close. A server
+  answering GET /reverify_mode "stateless" is verified without the replay, "unsupported" refuses
+  (ReverifyUnsupported).
+- Failures are named, never a reward: 5xx on seed/verify EnvServerError, not JSON or no numeric
+  reward EnvServerBadReply, 422 BadTask (the row does not fit the server), no answer
+  EnvServerTimeout, no connection EnvServerUnreachable; a managed server that restarted under a
+  seeded session EnvSessionLost (its state is gone: the rollout is retried from its seed).
+
+Attach modes and isolation: a URL-attached server is whatever the user runs (its isolation is
+theirs). A managed server is a sidecar (launch/sidecar.py) running verifier/_nemo_gym_server.py in
+the named interpreter on loopback: BROKEN in ListEnvironments while it is down, restarted with
+backoff, stopped with the verifier; it runs as the verifier's user, with the verifier's network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+import tomllib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.mesh import config as mesh_config
+from rollmesh.mesh import untrusted_json
+from rollmesh.mesh.chat import ToolSpec
+from rollmesh.mesh.errors import ConfigError, NotJson
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.responses_items import response_object
+from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.environment import (
+    EnvContext,
+    Environment,
+    Response,
+    Session,
+    Task,
+    ToolCall,
+    ToolOutput,
+)
+from rollmesh.verifier.errors import (
+    BadTask,
+    EnvServerBadReply,
+    EnvServerError,
+    EnvServerUnreachable,
+    EnvSessionLost,
+    ReverifyUnsupported,
+)
+from rollmesh.verifier.http_bridge import Cookies, HttpBridge, Json, Reply
+from rollmesh.verifier.loader import BRIDGE_CONFIG
+
+log = get_logger("rollmesh.verifier.nemo_gym")
+
+CONFIG_FILE = BRIDGE_CONFIG
+LAUNCHER = Path(__file__).with_name("_nemo_gym_server.py")
+#: The protocol's own routes: never called as a tool.
+PROTOCOL_ROUTES = frozenset(
+    {"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode", "openapi.json", "docs"}
+)
+_ROUTE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_RESULT_FIELDS = frozenset({"reward", "reward_components", "extracted_answer"})
+
+
+@dataclass(frozen=True)
+class NemoGymConfig:
+    """An environment's nemo_gym.toml (paths resolved against its folder)."""
+
+    server: str
+    description: str = ""
+    url: str = ""
+    python: str = ""
+    server_dir: str = ""
+    config: str = ""
+    instance: str = ""
+    timeout_s: float = 30.0
+    start_timeout_s: float = 180.0
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: Path) -> NemoGymConfig:
+        path = folder / CONFIG_FILE
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        known = set(cls.__dataclass_fields__) | {"venv"}
+        if unknown := sorted(set(raw) - known):
+            raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if not isinstance(raw.get("server"), str) or not raw["server"]:
+            raise ConfigError(f"{path}: `server` (the resources server's name) is required")
+        venv = raw.pop("venv", "")
+        if venv and not raw.get("python"):
+            raw["python"] = str(Path(venv) / "bin" / "python")
+        for key in ("python", "server_dir", "config"):
+            value = raw.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute() and key != "config":
+                raw[key] = str((folder / value).resolve())
+        try:
+            return cls(**raw)
+        except TypeError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    @property
+    def managed(self) -> bool:
+        return not self.url
+
+    def interpreter(self) -> str:
+        python = self.python or str(mesh_config.read("ROLLMESH_NEMO_GYM_PYTHON"))
+        if not python:
+            raise ConfigError(
+                f"NeMo Gym server {self.server!r} is managed (no `url`) but names no interpreter: set "
+                "`python` or `venv` in nemo_gym.toml, or ROLLMESH_NEMO_GYM_PYTHON"
+            )
+        return python
+
+
+@dataclass
+class BridgeState:
+    """A rollout session on the server: its cookies, and the server incarnation that seeded it."""
+
+    cookies: Cookies
+    incarnation: int
+
+
+def drop_nulls(value: Any) -> Any:
+    """`value` without null object fields, recursively (tool parameter schemas kept as they are)."""
+    if isinstance(value, dict):
+        return {
+            k: (v if k in ("tools", "parameters") else drop_nulls(v))
+            for k, v in value.items()
+            if v is not None
+        }
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
+
+
+def row_body(row: Mapping[str, Any]) -> Json:
+    """The row as NeMo Gym's servers take it: `responses_create_params` without null fields."""
+    body = dict(row)
+    params = body.get("responses_create_params")
+    if isinstance(params, dict):
+        body["responses_create_params"] = drop_nulls(params)
+    return body
+
+
+def responses_object(row: Mapping[str, Any], response: Response) -> Json:
+    """The rollout as the OpenAI Responses object NeMo Gym's verify reads (mesh/responses_items.py),
+    with the row's tools and tool choice."""
+    params = row.get("responses_create_params")
+    params = params if isinstance(params, Mapping) else {}
+    obj = response_object(
+        response.messages,
+        response_id=f"resp_{uuid.uuid4().hex}",
+        model=str(params.get("model") or "rollmesh"),
+        finish_reason="stop",
+        created_at=time.time(),
+    )
+    obj["parallel_tool_calls"] = bool(params.get("parallel_tool_calls", True))
+    obj["tool_choice"] = params.get("tool_choice") or "auto"
+    obj["tools"] = list(params.get("tools") or [])
+    return obj
+
+
+def verify_result(reply: Json, sent: Mapping[str, Any], where: str) -> VerifyResult:
+    """A verify reply as a VerifyResult; EnvServerBadReply when it has no numeric `reward`."""
+    reward = reply.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise EnvServerBadReply(
+            f"{where}: /verify answered without a numeric reward (reward = {reward!r:.80})"
+        )
+    raw = reply.get("reward_components")
+    components = (
+        {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if isinstance(raw, dict)
+        else {}
+    )
+    answer = reply.get("extracted_answer")
+    extracted = (
+        ""
+        if answer is None
+        else answer
+        if isinstance(answer, str)
+        else json.dumps(answer, ensure_ascii=False)
+    )
+    details = {k: v for k, v in reply.items() if k not in sent and k not in _RESULT_FIELDS}
+    return VerifyResult(float(reward), components, extracted, details)
+
+
+def openapi_tools(spec: Json) -> list[ToolSpec]:
+    """The tool routes an OpenAPI document lists (POST, one plain path segment, not the protocol's)."""
+    components = (
+        spec.get("components", {}).get("schemas", {}) if isinstance(spec.get("components"), dict) else {}
+    )
+
+    def resolve(schema: Any, depth: int = 0) -> Any:
+        if isinstance(schema, dict):
+            ref = schema.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/components/schemas/") and depth < 20:
+                return resolve(components.get(ref.rsplit("/", 1)[1], {}), depth + 1)
+            return {k: resolve(v, depth + 1) for k, v in schema.items()}
+        if isinstance(schema, list):
+            return [resolve(v, depth + 1) for v in schema]
+        return schema
+
+    tools: list[ToolSpec] = []
+    paths = spec.get("paths")
+    for path, ops in (paths if isinstance(paths, dict) else {}).items():
+        name = str(path).strip("/")
+        post = ops.get("post") if isinstance(ops, dict) else None
+        if not isinstance(post, dict) or not _ROUTE.fullmatch(name) or name in PROTOCOL_ROUTES:
+            continue
+        body = post.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+        params = resolve(body) if isinstance(body, dict) else {"type": "object", "properties": {}}
+        if isinstance(params, dict):
+            params.pop("title", None)
+        tools.append(ToolSpec.of(name, str(post.get("description") or post.get("summary") or ""), params))
+    return sorted(tools, key=lambda t: t.name)
+
+
+class NemoGymEnvironment(Environment):
+    """A NeMo Gym resources server behind the Environment API (see the module docstring)."""
+
+    def __init__(self, context: EnvContext) -> None:
+        super().__init__(context)
+        if context.path is None:
+            raise ConfigError("a NeMo Gym environment needs its folder (holding nemo_gym.toml)")
+        self.cfg = NemoGymConfig.load(context.path)
+        self.sidecar: Sidecar | None = None
+        if self.cfg.managed:
+            self.sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
+        self.http = HttpBridge(
+            f"NeMo Gym server {self.cfg.server!r}",
+            self._base_url,
+            timeout_s=self.cfg.timeout_s,
+            wait_ready=self.sidecar.ready if self.sidecar is not None else None,
+        )
+        self._route_tools: list[ToolSpec] = []
+        self._routes: set[str] = set()
+        self._reverify_mode = "unknown"
+        self._discovered = False
+
+    def _sidecar_spec(self, python: str) -> SidecarSpec:
+        logs = Path(
+            str(mesh_config.read("ROLLMESH_SIDECAR_LOG_DIR"))
+            or Path(tempfile.gettempdir()) / "rollmesh-sidecars"
+        )
+        tag = f"nemo-gym-{self.context.name}-{uuid.uuid4().hex[:8]}"
+        job = {k: getattr(self.cfg, k) for k in ("server", "server_dir", "config", "instance", "overrides")}
+        return SidecarSpec(
+            name=f"NeMo Gym server {self.cfg.server!r} (environment {self.context.name!r})",
+            argv=(python, str(LAUNCHER)),
+            log_path=logs / f"{tag}.log",
+            port_file=logs / f"{tag}.addr",
+            probe=self._probe,
+            env={**os.environ, "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
+            restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
+            start_timeout_s=self.cfg.start_timeout_s,
+        )
+
+    def _base_url(self) -> str:
+        if self.sidecar is not None:
+            return f"http://{self.sidecar.address}"
+        return self.cfg.url
+
+    async def _probe(self, address: str) -> bool:
+        del address
+        try:
+            return (await self.http._once("GET", "/", None, None)).ok
+        except Exception:
+            return False
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.http.open()
+        if self.sidecar is not None:
+            await self.sidecar.start()
+        try:
+            await self._discover()
+        except EnvServerUnreachable as exc:  # attached by URL and not up yet: listed broken until it is
+            log.warning("nemo_gym_server_unreachable", environment=self.context.name, error=exc.message)
+
+    async def _discover(self) -> None:
+        """Read the server's routes (OpenAPI): its tools, /close_session, /reverify_mode."""
+        reply = await self.http.get("/openapi.json")
+        self._discovered = True
+        spec: Any = {}
+        if reply.ok:
+            try:
+                spec = untrusted_json.loads(reply.text)
+            except NotJson:
+                spec = {}
+        if isinstance(spec, dict):
+            self._route_tools = openapi_tools(spec)
+            paths = spec.get("paths")
+            self._routes = {str(p).strip("/") for p in paths} if isinstance(paths, dict) else set()
+        if "reverify_mode" in self._routes:
+            mode = await self.http.get("/reverify_mode")
+            try:
+                value = untrusted_json.loads(mode.text) if mode.ok else ""
+            except NotJson:
+                value = ""
+            self._reverify_mode = value if isinstance(value, str) and value else "unknown"
+        log.info(
+            "nemo_gym_environment_ready",
+            environment=self.context.name,
+            server=self.cfg.server,
+            url=self._base_url(),
+            tools=len(self._route_tools),
+            reverify_mode=self._reverify_mode,
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        if self.sidecar is not None:
+            await self.sidecar.stop()
+
+    def problem(self) -> str:
+        if self.sidecar is not None and self.sidecar.state is not State.SERVING:
+            return self.sidecar.problem or f"{self.sidecar.describe()} is {self.sidecar.state.value}"
+        return self.http.down
+
+    def listed_tools(self) -> list[ToolSpec]:
+        return list(self._route_tools)
+
+    def summary(self) -> str:
+        mode = f"managed by the verifier ({self.cfg.interpreter()})" if self.cfg.managed else self.cfg.url
+        return self.cfg.description or f"NeMo Gym resources server {self.cfg.server!r}, {mode}"
+
+    def _incarnation(self) -> int:
+        return self.sidecar.restarts if self.sidecar is not None else 0
+
+    def _state(self, session: Session) -> BridgeState:
+        state = session.state
+        assert isinstance(state, BridgeState)
+        if state.incarnation != self._incarnation():
+            raise EnvSessionLost(
+                f"NeMo Gym server {self.cfg.server!r} restarted after session {session.id!r} was seeded: "
+                "its state is gone, the rollout is retried"
+            )
+        return state
+
+    # -- the protocol ---------------------------------------------------------------------------------
+
+    def _expect_ok(self, reply: Reply, what: str) -> None:
+        if reply.ok:
+            return
+        text = " ".join(reply.text.split())[:300]
+        if reply.status == 422:
+            raise BadTask(f"NeMo Gym server {self.cfg.server!r} refused the row at {what} (422): {text}")
+        raise EnvServerError(
+            f"NeMo Gym server {self.cfg.server!r}: {what} answered {reply.status}: {text}",
+            metadata={"http_status": str(reply.status)},
+        )
+
+    async def seed_session(self, task: Task) -> BridgeState:
+        if not self._discovered:
+            await self._discover()
+        incarnation = self._incarnation()
+        cookies = Cookies()
+        self._expect_ok(await self.http.post("/seed_session", row_body(task.row), cookies), "/seed_session")
+        return BridgeState(cookies, incarnation)
+
+    async def call_tool(self, session: Session, call: ToolCall) -> ToolOutput:
+        state = self._state(session)
+        if not _ROUTE.fullmatch(call.name) or call.name in PROTOCOL_ROUTES:
+            return ToolOutput(call.id, json.dumps({"error": f"no tool named {call.name[:64]!r}"}), True)
+        try:
+            args = untrusted_json.loads(call.arguments_json) if call.arguments_json.strip() else {}
+        except NotJson as exc:
+            return ToolOutput(call.id, json.dumps({"error": f"Invalid tool call arguments: {exc}"}), True)
+        reply = await self.http.post(f"/{call.name}", args, state.cookies)
+        self._state(session)  # the server may have restarted under this very call
+        return ToolOutput(call.id, reply.text, not reply.ok)
+
+    async def close_session(self, session: Session) -> None:
+        state = session.state
+        if "close_session" not in self._routes or not isinstance(state, BridgeState):
+            return
+        rid = re.sub(r"[^A-Za-z0-9._-]", "-", session.id).strip("-.") or "rollout"
+        body = {"resources_session_id": rid, "episode_id": {"rollout_id": rid, "attempt": 0}}
+        reply = await self.http.post("/close_session", body, state.cookies)
+        if not reply.ok:
+            log.debug(
+                "nemo_gym_close_failed", session_id=session.id, status=reply.status, body=reply.text[:200]
+            )
+
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        if session is not None:
+            return await self._verify(task, response, self._state(session).cookies)
+        return await self._reverify(task, response)
+
+    async def _verify(self, task: Task, response: Response, cookies: Cookies) -> VerifyResult:
+        body = row_body(task.row)
+        body["response"] = responses_object(task.row, response)
+        reply = await self.http.post("/verify", body, cookies)
+        self._expect_ok(reply, "/verify")
+        where = f"NeMo Gym server {self.cfg.server!r}"
+        return verify_result(self.http.json_object(reply, f"{where} /verify"), body, where)
+
+    async def _reverify(self, task: Task, response: Response) -> VerifyResult:
+        """A stored rollout, verified on a fresh session: its executed tool calls replayed first."""
+        if self._reverify_mode == "unsupported":
+            raise ReverifyUnsupported(
+                f"NeMo Gym server {self.cfg.server!r} says its verdicts cannot be recomputed "
+                "(GET /reverify_mode)"
+            )
+        cookies = Cookies()
+        if self._reverify_mode != "stateless":
+            state = await self.seed_session(task)
+            cookies = state.cookies
+            for call in response.tool_calls:
+                if response.tool_output(call.id) is None:
+                    continue  # never executed (the rollout ended at the call): not replayed
+                try:
+                    args = untrusted_json.loads(call.arguments_json) if call.arguments_json.strip() else {}
+                except NotJson:
+                    continue  # the agent answered it with an error without calling the server
+                if _ROUTE.fullmatch(call.name) and call.name not in PROTOCOL_ROUTES:
+                    await self.http.post(f"/{call.name}", args, cookies)
+            if state.incarnation != self._incarnation():
+                raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
+        try:
+            return await self._verify(task, response, cookies)
+        finally:
+            if "close_session" in self._routes and cookies.values:
+                session = Session(
+                    f"reverify-{uuid.uuid4().hex}",
+                    self.context.name,
+                    task,
+                    BridgeState(cookies, self._incarnation()),
+                )
+                await self.close_session(session)

@@ -1,0 +1,102 @@
+"""The sidecar supervisor (launch/sidecar.py) on a real child process: ready through its port file
+and health, BROKEN while down after a SIGKILL, restarted on the same address, a start failure in
+one line naming the interpreter and the log, and nothing left running after stop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from rollmesh.launch.errors import SidecarStartFailed
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+
+SERVER = textwrap.dedent(
+    """
+    import http.server, os, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(str(os.getpid()).encode())
+        def log_message(self, *a): pass
+    srv = http.server.HTTPServer(("127.0.0.1", int(os.environ["ROLLMESH_SIDECAR_PORT"])), H)
+    print("serving", flush=True)
+    with open(os.environ["ROLLMESH_PORT_FILE"], "w") as f:
+        f.write(f"127.0.0.1:{srv.server_port}")
+    srv.serve_forever()
+    """
+)
+
+
+async def http_ok(address: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"http://{address}/") as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+def spec(tmp_path: Path, source: str, start_timeout_s: float = 60) -> SidecarSpec:
+    script = tmp_path / "server.py"
+    script.write_text(source)
+    return SidecarSpec(
+        name="test server",
+        argv=(sys.executable, str(script)),
+        log_path=tmp_path / "server.log",
+        port_file=tmp_path / "server.addr",
+        probe=http_ok,
+        env=dict(os.environ),
+        restart=RestartPolicy(mode="always", max_restarts=3, window_s=60, backoff_s=0.05),
+        start_timeout_s=start_timeout_s,
+    )
+
+
+async def test_a_killed_sidecar_is_broken_then_back_on_its_address(tmp_path: Path) -> None:
+    car = Sidecar(spec(tmp_path, SERVER))
+    await car.start()
+    try:
+        address, pid = car.address, car.pid
+        assert car.state is State.SERVING and await http_ok(address)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        async with asyncio.timeout(60):
+            while car.state is State.SERVING:  # noqa: ASYNC110 (the supervisor task sets it)
+                await asyncio.sleep(0.01)
+        assert car.state is State.BROKEN and "was killed by signal SIGKILL" in car.problem
+        assert await car.ready(60)
+        assert car.address == address and car.pid != pid and car.restarts == 1 and car.problem == ""
+        assert await http_ok(address)
+    finally:
+        await car.stop()
+    assert car.state is State.STOPPED and not await http_ok(address)
+    assert (tmp_path / "server.log").read_text().count("serving") == 2
+
+
+async def test_a_sidecar_that_cannot_start_fails_in_one_line(tmp_path: Path) -> None:
+    car = Sidecar(spec(tmp_path, "import no_such_module_anywhere\n"))
+    with pytest.raises(SidecarStartFailed) as err:
+        await car.start()
+    msg = err.value.message
+    assert "\n" not in msg and sys.executable in msg and "test server" in msg
+    assert "exited with code 1" in msg and "No module named 'no_such_module_anywhere'" in msg
+    assert str(tmp_path / "server.log") in msg
+    assert car.state is State.BROKEN
+    await car.stop()
+
+
+async def test_a_sidecar_that_never_serves_is_killed_at_its_timeout(tmp_path: Path) -> None:
+    car = Sidecar(spec(tmp_path, "import time\nprint('thinking', flush=True)\ntime.sleep(600)\n", 1.0))
+    with pytest.raises(SidecarStartFailed) as err:
+        await car.start()
+    assert "did not serve within 1s" in err.value.message and "last log line: thinking" in err.value.message
+    pid = car.pid
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    await car.stop()
