@@ -29,8 +29,9 @@ class RolloutBatch:
     loss_mask [B, T] int64 (1 on generated ids), logprobs [B, T] float32 (the behaviour policy's,
     0 off generated ids; None when a row's job did not record them: see `collate`), rewards [B]
     float32, group_ids [B] int64 (one id per (job, task): the GRPO group), prompt_lengths [B] int64
-    (ids before the first generated one), lengths [B] int64, truncated [B] bool, policy_versions /
-    keys: per-row lists.
+    (ids before the first generated one), lengths [B] int64, truncated [B] bool, masked [B] bool
+    (the verifier could not judge the row: its loss_mask is all 0 and its advantage 0, and it does
+    not move its group's mean), policy_versions / keys: per-row lists.
     """
 
     input_ids: IntArray
@@ -44,13 +45,16 @@ class RolloutBatch:
     truncated: npt.NDArray[np.bool_]
     keys: list[tuple[str, int, int]] = field(default_factory=list)
     policy_versions: list[str] = field(default_factory=list)
+    masked: npt.NDArray[np.bool_] | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def advantages(self, *, normalize_std: bool = True, eps: float = 1e-6) -> FloatArray:
         """GRPO advantages of the rows: see `grpo_advantages`."""
-        return grpo_advantages(self.rewards, self.group_ids, normalize_std=normalize_std, eps=eps)
+        return grpo_advantages(
+            self.rewards, self.group_ids, normalize_std=normalize_std, eps=eps, masked=self.masked
+        )
 
 
 def collate(
@@ -98,7 +102,8 @@ def collate(
         n = min(len(r.token_ids), keep)
         ids[i, :n] = r.token_ids[:n]
         attn[i, :n] = 1
-        mask[i, :n] = r.loss_mask[:n]
+        if not r.masked:  # a masked verdict is no measurement: nothing of the row is trained on
+            mask[i, :n] = r.loss_mask[:n]
         if r.logprobs is not None:
             lps[i, :n] = r.logprobs[:n]
         group_ids[i] = groups.setdefault((r.job_id, r.task_index), len(groups))
@@ -114,19 +119,27 @@ def collate(
         truncated=np.asarray([n > keep for n in lengths], dtype=np.bool_),
         keys=[(r.job_id, r.task_index, r.rollout_index) for r in rollouts],
         policy_versions=[r.policy_version for r in rollouts],
+        masked=np.asarray([r.masked for r in rollouts], dtype=np.bool_),
     )
 
 
 def grpo_advantages(
-    rewards: npt.ArrayLike, group_ids: npt.ArrayLike, *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: npt.ArrayLike,
+    group_ids: npt.ArrayLike,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    masked: npt.ArrayLike | None = None,
 ) -> FloatArray:
     """(reward - group mean) / (group std + eps), per group (std: population; a group of one -> 0).
-    With `normalize_std=False`, only the mean is subtracted (Dr. GRPO)."""
+    With `normalize_std=False`, only the mean is subtracted (Dr. GRPO). Rows `masked` (a verdict
+    the verifier could not give) get 0 and are left out of their group's mean and std."""
     r = np.asarray(rewards, dtype=np.float64)
     g = np.asarray(group_ids, dtype=np.int64)
+    measured = np.ones(r.shape, dtype=np.bool_) if masked is None else ~np.asarray(masked, dtype=np.bool_)
     adv = np.zeros_like(r)
     for gid in np.unique(g):
-        sel = g == gid
+        sel = (g == gid) & measured
         if sel.sum() < 2:
             continue
         centered = r[sel] - r[sel].mean()

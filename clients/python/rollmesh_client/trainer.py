@@ -88,7 +88,9 @@ def parse_version(label: str) -> int | None:
 @dataclass
 class TrainerRollout:
     """One rollout as the trainer sees it. `raw` is the full `rollmesh.v1.Rollout`. `logprobs` is
-    None when the job did not record them (`sampling.logprobs` off: the record holds zeros)."""
+    None when the job did not record them (`sampling.logprobs` off: the record holds zeros).
+    `masked`: the verifier could not judge it (NeMo Gym's `mask_sample`): `reward` is no
+    measurement; `collate` gives it no loss and no weight in its group's advantages."""
 
     job_id: str
     task_index: int
@@ -105,6 +107,7 @@ class TrainerRollout:
     raw: scheduler_pb2.Rollout
     staleness: int | None = None
     stale: bool = False
+    masked: bool = False
 
     @property
     def key(self) -> Key:
@@ -134,6 +137,7 @@ class TrainerRollout:
             extracted_answer=msg.extracted_answer,
             finish_reason=msg.finish_reason,
             raw=msg,
+            masked=msg.masked,
         )
 
 

@@ -370,6 +370,7 @@ def metrics_rows(
     found twice as `duplicates`)."""
     rows = [
         ("rollouts", str(m.num_rollouts)),
+        *([("  masked (left out of rewards)", str(m.num_masked))] if m.num_masked else []),
         *(
             [("  dropped as stale by the trainer", str(job.progress.stale_dropped))]
             if job and job.progress.stale_dropped

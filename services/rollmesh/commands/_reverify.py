@@ -5,8 +5,9 @@ Requests are sent over one bidi stream with at most `window` unanswered; answers
 completion order and are matched by id (the row's position). A verifier that is unreachable or
 whose stream breaks fails the whole run (VERIFIER_UNAVAILABLE), as does no answer for
 `idle_timeout_s` (REVERIFY_TIMEOUT); a refusal (UNAUTHENTICATED ...) is raised as the SDK error.
-Each row gets the new `reward`, `reward_components`, `extracted_answer` and `verify_details`; the
-old reward is kept in `previous_reward`. An item the verifier could not score keeps its row and gets
+Each row gets the new `reward`, `reward_components`, `extracted_answer` and `verify_details` (and
+`mask_sample` when the verdict is masked or the row had one); the old reward is kept in
+`previous_reward`. An item the verifier could not score keeps its row and gets
 `reverify_error` ("CODE: message"); the stream goes on.
 """
 
@@ -103,6 +104,8 @@ def _apply(
     row["reward_components"] = dict(res.components)
     row["extracted_answer"] = res.extracted_answer
     row["verify_details"] = json.loads(res.details_json) if res.details_json else {}
+    if res.masked or "mask_sample" in row:
+        row["mask_sample"] = res.masked
     row.pop("reverify_error", None)
     report.scored += 1
     if res.reward != old:

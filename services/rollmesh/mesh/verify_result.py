@@ -18,6 +18,10 @@ class VerifyResult:
     components: dict[str, float] = field(default_factory=dict)
     extracted_answer: str = ""
     details: dict[str, Any] = field(default_factory=dict)
+    # The environment could not judge the response (NeMo Gym's `mask_sample`: a judge that failed,
+    # a sandbox that broke): `reward` is no measurement. The rollout is recorded with it, left out
+    # of reward metrics and flagged to trainers, never counted as a 0. `details` says why.
+    masked: bool = False
 
     def not_finite(self) -> str | None:
         """What in it is not a finite number (`reward = nan`), else None. Both sides refuse such a

@@ -414,6 +414,7 @@ class JobRun:
                     seed=seed,
                     finish_reason=outcome.finish_reason,
                     env_steps=[step.record() for step in outcome.steps],
+                    masked=outcome.verdict.masked,
                 )
                 if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
                     self._said_no_token_ids = True

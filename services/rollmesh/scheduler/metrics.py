@@ -23,6 +23,10 @@ Definitions (every one deterministic, independent of arrival order and sharding)
   `pass_at_1_avg_of_k[k]` does the same over each task's first k rollouts only.
 - mean / std / stderr of reward over every rollout: std is the sample std (n-1; 0 when n < 2),
   stderr = std / sqrt(n). The per-task profile uses the same std.
+- Masked rollouts (the verifier could not judge them: `Rollout.masked`, NeMo Gym's `mask_sample`)
+  count in num_rollouts, num_tasks and the token figures and in `num_masked`, and in no reward
+  figure: mean/std/stderr, pass@k, maj@k, pass@1 and the per-task profile are over the measured
+  rollouts only (a task whose rollouts are all masked is in none of them). Their reward is not a 0.
 - Failures: a failure whose key also has a rollout (a resumed job retried it) is not counted.
 - Default k values: powers of two up to n, plus n, where n = `num_repeats` when given, else the
   largest number of rollouts any task has.
@@ -54,6 +58,7 @@ class Scored:
     prompt_tokens: int
     completion_tokens: int
     record_tokens: int  # len(tokens.token_ids)
+    masked: bool = False
 
     @classmethod
     def of(cls, r: Rollout) -> Scored:
@@ -66,6 +71,7 @@ class Scored:
             prompt_tokens=r.prompt_tokens,
             completion_tokens=r.completion_tokens,
             record_tokens=len(r.tokens.token_ids),
+            masked=r.masked,
         )
 
 
@@ -109,6 +115,7 @@ class Metrics:
     mean_record_tokens: float = 0.0
     failures_by_class: dict[str, int] = field(default_factory=dict)
     tasks: list[TaskProfile] = field(default_factory=list)
+    num_masked: int = 0
 
     def to_json(self) -> Json:
         """JSON-ready: int map keys become strings ("1", "2", ...)."""
@@ -201,9 +208,10 @@ def compute(
     job_id: str = "",
 ) -> Metrics:
     by_key, dups = dedupe(rollouts)
-    by_task: dict[int, list[Scored]] = {}
+    by_task: dict[int, list[Scored]] = {}  # the measured rollouts (masked ones left out)
     for key in sorted(by_key):
-        by_task.setdefault(key.task_index, []).append(by_key[key])
+        if not by_key[key].masked:
+            by_task.setdefault(key.task_index, []).append(by_key[key])
 
     failed: dict[RolloutKey, RolloutFailure] = {}
     for f in failures:
@@ -214,13 +222,17 @@ def compute(
     m = Metrics(
         job_id=job_id or next((r.job_id for r in by_key.values()), ""),
         num_rollouts=len(by_key),
-        num_tasks=len(by_task),
+        num_tasks=len({k.task_index for k in by_key}),
         num_failures=len(failed),
+        num_masked=sum(r.masked for r in by_key.values()),
         num_duplicates=dups,
         threshold=threshold,
         failures_by_class=dict(sorted(failures_by_class.items())),
     )
     if not by_key:
+        return m
+    _token_figures(m, list(by_key.values()))
+    if not by_task:
         return m
 
     n_max = num_repeats or max(len(v) for v in by_task.values())
@@ -240,17 +252,19 @@ def compute(
         m.maj_at_k[k] = _avg(majority_correct(t[:k], threshold) for t in eligible)
         m.pass_at_1_avg_of_k[k] = _avg(_num_correct(t[:k], threshold) / k for t in eligible)
     m.pass_at_1_avg = _avg(_num_correct(t, threshold) / len(t) for t in by_task.values())
+    m.tasks = profile(by_task, threshold)
+    return m
 
-    prompt = [r.prompt_tokens for r in by_key.values()]
-    completion = [r.completion_tokens for r in by_key.values()]
+
+def _token_figures(m: Metrics, rollouts: Sequence[Scored]) -> None:
+    prompt = [r.prompt_tokens for r in rollouts]
+    completion = [r.completion_tokens for r in rollouts]
     m.total_prompt_tokens = sum(prompt)
     m.total_completion_tokens = sum(completion)
     m.mean_prompt_tokens = m.total_prompt_tokens / len(prompt)
     m.mean_completion_tokens = m.total_completion_tokens / len(completion)
     m.max_completion_tokens = max(completion)
-    m.mean_record_tokens = _avg(float(r.record_tokens) for r in by_key.values())
-    m.tasks = profile(by_task, threshold)
-    return m
+    m.mean_record_tokens = _avg(float(r.record_tokens) for r in rollouts)
 
 
 def profile(by_task: dict[int, list[Scored]], threshold: float = DEFAULT_THRESHOLD) -> list[TaskProfile]:

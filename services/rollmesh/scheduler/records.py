@@ -97,6 +97,7 @@ class Rollout:
     #: An environment that takes turns: each step's {"reward", "done", "info"}, in order (`reward`
     #: is their rewards plus verify's). Empty, and absent from the row, otherwise.
     env_steps: list[Json] = field(default_factory=list)
+    masked: bool = False  # the verifier masked the verdict: `reward` is no measurement
 
     def to_row(self) -> Json:
         """The JSONL output row: the input echoed, then what rollmesh adds (`env_steps` only when
@@ -122,6 +123,7 @@ class Rollout:
                 "latency_s": self.latency_s,
                 "policy_version": self.policy_version,
                 "seed": self.seed,
+                "mask_sample": self.masked,
             }
         )
         if self.env_steps:
@@ -154,6 +156,7 @@ class Rollout:
             seed=int(row.get("seed", 0)),
             finish_reason=str(response.get("finish_reason", "")),
             env_steps=[dict(s) for s in row.get("env_steps", [])],
+            masked=row.get("mask_sample") is True,
         )
 
 

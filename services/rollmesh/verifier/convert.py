@@ -59,4 +59,5 @@ def result_to_pb(result: VerifyResult) -> pb.VerifyResult:
         components={k: float(v) for k, v in result.components.items()},
         extracted_answer=result.extracted_answer,
         details_json=json.dumps(result.details, default=repr),
+        masked=result.masked,
     )

@@ -731,6 +731,7 @@ class Rollout(_message.Message):
     SEED_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     ENV_STEPS_FIELD_NUMBER: _builtins.int
+    MASKED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_json: _builtins.str
     """The input row, serialized JSON (echoed in the output)."""
@@ -746,6 +747,10 @@ class Rollout(_message.Message):
     finish_reason: _builtins.str
     """Why the rollout ended: "stop"; "length" (its last turn was cut by max_tokens: a tool call in it
     was not run); "max_steps"; "unknown" (the model server named no reason: the turn may be cut).
+    """
+    masked: _builtins.bool
+    """The verifier masked the verdict (VerifyResult.masked): `reward` is no measurement; left out of
+    reward metrics; a trainer should not train on it (the SDK's collate gives it no loss).
     """
     @_builtins.property
     def key(self) -> _common_pb2.RolloutKey: ...
@@ -784,10 +789,11 @@ class Rollout(_message.Message):
         seed: _builtins.int = ...,
         finish_reason: _builtins.str = ...,
         env_steps: _abc.Iterable[Global___EnvStepRecord] | None = ...,
+        masked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "masked", b"masked", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -954,6 +960,7 @@ class JobMetrics(_message.Message):
     MEAN_PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
     MEAN_COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     FAILURES_BY_CLASS_FIELD_NUMBER: _builtins.int
+    NUM_MASKED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     num_rollouts: _builtins.int
     """Rollouts and tasks the metrics cover."""
@@ -966,6 +973,8 @@ class JobMetrics(_message.Message):
     """Mean success rate per rollout, averaged over tasks."""
     mean_prompt_tokens: _builtins.float
     mean_completion_tokens: _builtins.float
+    num_masked: _builtins.int
+    """Rollouts whose verdict was masked (counted in num_rollouts, left out of every reward metric)."""
     @_builtins.property
     def pass_at_k(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
         """Unbiased pass@k per k."""
@@ -997,10 +1006,11 @@ class JobMetrics(_message.Message):
         mean_prompt_tokens: _builtins.float = ...,
         mean_completion_tokens: _builtins.float = ...,
         failures_by_class: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        num_masked: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failures_by_class", b"failures_by_class", "job_id", b"job_id", "maj_at_k", b"maj_at_k", "mean_completion_tokens", b"mean_completion_tokens", "mean_prompt_tokens", b"mean_prompt_tokens", "mean_reward", b"mean_reward", "num_failures", b"num_failures", "num_rollouts", b"num_rollouts", "num_tasks", b"num_tasks", "pass_at_1_avg", b"pass_at_1_avg", "pass_at_k", b"pass_at_k", "std_reward", b"std_reward", "stderr_reward", b"stderr_reward", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failures_by_class", b"failures_by_class", "job_id", b"job_id", "maj_at_k", b"maj_at_k", "mean_completion_tokens", b"mean_completion_tokens", "mean_prompt_tokens", b"mean_prompt_tokens", "mean_reward", b"mean_reward", "num_failures", b"num_failures", "num_masked", b"num_masked", "num_rollouts", b"num_rollouts", "num_tasks", b"num_tasks", "pass_at_1_avg", b"pass_at_1_avg", "pass_at_k", b"pass_at_k", "std_reward", b"std_reward", "stderr_reward", b"stderr_reward", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

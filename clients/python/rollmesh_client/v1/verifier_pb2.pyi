@@ -447,12 +447,18 @@ class VerifyResult(_message.Message):
     COMPONENTS_FIELD_NUMBER: _builtins.int
     EXTRACTED_ANSWER_FIELD_NUMBER: _builtins.int
     DETAILS_JSON_FIELD_NUMBER: _builtins.int
+    MASKED_FIELD_NUMBER: _builtins.int
     reward: _builtins.float
     """The reward, usually in [0, 1]."""
     extracted_answer: _builtins.str
     """The answer extracted from the response ("" when none), used for maj@k."""
     details_json: _builtins.str
     """Environment-specific details, serialized JSON object."""
+    masked: _builtins.bool
+    """The reward is no measurement of the response (the environment could not judge it: NeMo Gym's
+    mask_sample, e.g. a judge that failed): the rollout is kept and recorded, left out of reward
+    metrics, and a trainer does not train on it. `details_json` says why.
+    """
     @_builtins.property
     def components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Named parts of the reward."""
@@ -464,10 +470,11 @@ class VerifyResult(_message.Message):
         components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         extracted_answer: _builtins.str = ...,
         details_json: _builtins.str = ...,
+        masked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["components", b"components", "details_json", b"details_json", "extracted_answer", b"extracted_answer", "reward", b"reward"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["components", b"components", "details_json", b"details_json", "extracted_answer", b"extracted_answer", "masked", b"masked", "reward", b"reward"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
