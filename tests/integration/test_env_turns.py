@@ -34,6 +34,7 @@ from rollmesh.verifier.loader import Discovery, Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
+from rollmesh_client import Client
 from tests.conftest import StartServer
 from tests.games import RIGHT, WON_BONUS, WRONG, Guess, guess_row, guesses_to_find, play_guess, score
 
@@ -154,3 +155,26 @@ async def test_an_episode_not_done_at_max_steps_ends_there(mesh: Mesh, tmp_path:
         assert row.finish_reason == "max_steps" and [s["done"] for s in row.env_steps] == [False, False]
         assert row.reward == 2 * WRONG and row.reward_components == {"won": 0.0}
         assert [m["role"] for m in row.messages] == ["user", "assistant", "user", "assistant", "user"]
+
+
+async def test_the_sdk_drives_an_episode_over_the_verifiers_grpc_api(mesh: Mesh) -> None:
+    async with await Client.connect(verifier=mesh.verifier_addr) as c:
+        described = await c.verifier.get("guess")
+        assert described.takes_turns and not described.stateless
+        seeded = await c.verifier.seed_session("guess", guess_row(37), session_id="ep-1")
+        assert seeded.takes_turns and [(m.role, m.content) for m in seeded.messages] == [
+            ("user", "I picked a number between 1 and 100. Guess it.")
+        ]
+        high = await c.verifier.step("ep-1", "50")
+        assert [(m.role, m.content) for m in high.messages] == [("user", "50 is too high")]
+        assert (high.reward, high.done, high.info_json) == (WRONG, False, "")
+        won = await c.verifier.step("ep-1", "37")
+        assert (list(won.messages), won.reward, won.done, json.loads(won.info_json)) == (
+            [],
+            RIGHT,
+            True,
+            {"guesses": 2},
+        )
+        verdict = await c.verifier.verify("guess", guess_row(37), "37", session_id="ep-1")
+        assert verdict.reward == WON_BONUS
+        await c.verifier.close_session("ep-1")

@@ -33,6 +33,7 @@ from rollmesh.verifier.environment import EnvContext
 from rollmesh.verifier.errors import BadEnvTurn, TakesNoTurns
 from rollmesh.verifier.loader import Discovery, Loaded
 from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.testing import opening, seeded, task
 from rollmesh.verifier.workers import WorkerPool
 from tests.fakes import LocalModel
 from tests.games import Guess, guess_row
@@ -88,6 +89,14 @@ async def test_seeding_gives_the_first_messages_and_steps_answer_turns() -> None
     assert (called.reward, called.done, dict(called.info)) == (0.0, False, {"calls": 1})
     won = await svc.step("g", Response((Message("assistant", "30"),)))
     assert (won.messages, won.reward, won.done, dict(won.info)) == ((), 1.0, True, {"guesses": 2})
+
+
+async def test_the_testing_helpers_unwrap_seeded() -> None:
+    env = Guess(EnvContext("guess", None, VerifierConfig(), WorkerPool(1)))
+    t = task(prompt="Play.", verifier_metadata={"secret": 3})
+    assert (await seeded(env, t)).state == {"guesses": [], "won": False}
+    assert [m.role for m in await opening(env, t)] == ["user"]
+    assert await opening(_Plain(EnvContext("p", None, VerifierConfig(), WorkerPool(1))), t) == ()
 
 
 async def test_stepping_an_environment_that_takes_no_turns_is_a_failed_precondition() -> None:

@@ -43,6 +43,7 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
                         "tools": [t.name for t in e.tools],
                         "source": e.source,
                         "example_dataset": e.example_dataset,
+                        "takes_turns": e.takes_turns,
                     }
                     for e in envs
                 ],
@@ -84,6 +85,7 @@ def show_env(
                 "description": env.description,
                 "source": env.source,
                 "example_dataset": env.example_dataset,
+                "takes_turns": env.takes_turns,
                 "tools": tools,
             }
         )
@@ -95,6 +97,7 @@ def show_env(
             ("description", env.description),
             ("source", env.source),
             ("example_dataset", env.example_dataset or "-"),
+            ("takes_turns", "yes (answers each assistant turn)" if env.takes_turns else "no"),
         ],
     )
     if tools:

@@ -16,6 +16,7 @@ from rollmesh.verifier import (
     Response,
     SandboxConfig,
     SandboxLimits,
+    Seeded,
     Session,
     Task,
     ToolCall,
@@ -85,7 +86,16 @@ def with_tool_turn(call_: ToolCall, output: str, final: str) -> Response:
 
 
 async def seeded(env: Environment, t: Task, session_id: str = "s") -> Session:
-    return Session(session_id, type(env).__name__, t, await env.seed_session(t))
+    """A session as the service seeds it: a `Seeded` answer's state becomes `session.state` (its
+    messages are `opening(env, t)`'s)."""
+    state = await env.seed_session(t)
+    return Session(session_id, type(env).__name__, t, state.state if isinstance(state, Seeded) else state)
+
+
+async def opening(env: Environment, t: Task) -> tuple[Message, ...]:
+    """The messages a session of `env` for `t` starts with (none unless `seed_session` returns `Seeded`)."""
+    state = await env.seed_session(t)
+    return state.messages if isinstance(state, Seeded) else ()
 
 
 def rows(folder: Path | str) -> list[dict[str, Any]]:
@@ -100,6 +110,7 @@ __all__ = [
     "call",
     "check",
     "load_env",
+    "opening",
     "rows",
     "seeded",
     "task",
