@@ -7,9 +7,10 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,11 @@ from tests.procs import ROLLMESH
 
 
 @contextmanager
-def rollmesh_up(work: Path, env: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
-    """`rollmesh up --ephemeral --backend fake` in `work` (with `env` added); yields the addresses
-    once every service is up, and checks it stops cleanly on SIGINT."""
+def rollmesh_up(
+    work: Path, env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+) -> Iterator[dict[str, Any]]:
+    """`rollmesh up --ephemeral --backend fake [args]` in `work` (with `env` added); yields what it
+    prints (the addresses) once every service is up, and checks it stops cleanly on SIGINT."""
     out, log = work / "up.json", work / "up.log"
     with out.open("w") as o, log.open("w") as e:
         proc = subprocess.Popen(
@@ -32,6 +35,7 @@ def rollmesh_up(work: Path, env: Mapping[str, str] | None = None) -> Iterator[di
                 "--json",
                 "--output-dir",
                 str(work / "runs"),
+                *args,
             ],
             stdout=o,
             stderr=e,

@@ -1,0 +1,173 @@
+"""A real Prometheus server (Debian's `prometheus` package) scrapes `rollmesh up --metrics` every
+second while a job runs, and is asked over its HTTP API what it saw: the scheduler's rollouts done
+equal the job's count, every service answered gRPC calls by method, and no label of any rollmesh
+series has unbounded values (checked on the full series list)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import rollmesh_up
+from tests.procs import ROLLMESH
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="Debian's prometheus server is not installed (apt-get install prometheus; .ci/run installs it)",
+)
+
+SERVICES = {
+    "registry": "rollmesh.v1.ArtifactRegistry",
+    "verifier": "rollmesh.v1.EnvironmentVerifier",
+    "gateway": "rollmesh.v1.ModelGateway",
+    "scheduler": "rollmesh.v1.RolloutScheduler",
+}
+# Labels that would grow with the work done, never allowed on a rollmesh series.
+UNBOUNDED_NAMES = {"job_id", "key", "rollout", "rollout_key", "session_id", "request_id", "task_index"}
+MAX_VALUES_PER_LABEL = 40  # the largest bounded set here: histogram buckets (18) and methods per service
+
+
+def _listening_port(pid: int) -> int | None:
+    """The TCP port `pid` listens on (Prometheus binds port 0 and does not say which it got)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN, owned by pid
+            return int(fields[1].rpartition(":")[2], 16)
+    return None
+
+
+def _get(base: str, path: str, **params: str) -> Any:
+    url = f"{base}{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        body = json.loads(resp.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def _query(base: str, promql: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = _get(base, "/api/v1/query", query=promql)["result"]
+    return result
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`rollmesh up --metrics` and a Prometheus scraping its four endpoints every second; yields
+    (Prometheus's base URL, up's addresses)."""
+    assert PROMETHEUS is not None
+    with rollmesh_up(tmp_path, args=["--metrics"]) as up:
+        targets = [f'"{up["metrics"][s]}"' for s in SERVICES]
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: rollmesh\n    static_configs: [{{targets: [{', '.join(targets)}]}}]\n"
+        )
+        log = tmp_path / "prometheus.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    "--web.listen-address=127.0.0.1:0",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            deadline = time.monotonic() + 60
+            base = ""
+            while not base:
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, f"prometheus did not listen:\n{log.read_text()}"
+                port = _listening_port(proc.pid)
+                if port:
+                    base = f"http://127.0.0.1:{port}"
+                else:
+                    time.sleep(0.2)
+            while len(_query(base, 'up{job="rollmesh"} == 1')) < len(SERVICES):  # every target scraped
+                assert time.monotonic() < deadline, f"targets not up:\n{log.read_text()}"
+                time.sleep(0.5)
+            yield base, up
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _cli(*args: str, up: dict[str, Any]) -> str:
+    env = {**os.environ, **{f"ROLLMESH_{s.upper()}_ADDR": up[s] for s in SERVICES}}
+    done = subprocess.run([str(ROLLMESH), *args], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_prometheus_sees_the_job_and_every_service(prometheus: tuple[str, dict[str, Any]]) -> None:
+    base, up = prometheus
+    _cli("artifacts", "list", "--kind", "dataset", "--json", up=up)
+    out = _cli(
+        "jobs", "submit", "--benchmark", "arithmetic", "--limit", "25", "--num-repeats", "4", "--wait",
+        "--json", up=up,
+    )  # fmt: skip
+    job = json.loads(out)
+    assert job["state"] == "JOB_STATE_SUCCEEDED"
+    total = int(job["progress"]["total"])
+
+    deadline = time.monotonic() + 60
+    done = 0.0
+    while done != total:  # the last scrape after the job's end
+        assert done < total and time.monotonic() < deadline, f"Prometheus saw {done} rollouts done of {total}"
+        time.sleep(0.5)
+        result = _query(base, 'sum(rollmesh_scheduler_rollouts_done_total{job="rollmesh"})')
+        done = float(result[0]["value"][1]) if result else 0.0
+    failed = _query(base, 'sum(rollmesh_scheduler_rollouts_done_total{outcome="failed"})')
+    assert not failed or float(failed[0]["value"][1]) == 0
+
+    by_method = _query(base, "sum by (grpc_service, grpc_method) (grpc_server_handled_total)")
+    calls: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in by_method:
+        calls[r["metric"]["grpc_service"]][r["metric"]["grpc_method"]] = float(r["value"][1])
+    for service, name in SERVICES.items():
+        assert any(v > 0 for v in calls[name].values()), (service, dict(calls))
+    assert calls["rollmesh.v1.RolloutScheduler"]["SubmitJob"] == 1
+    assert calls["rollmesh.v1.ModelGateway"]["GenerateMany"] >= 1
+    assert calls["rollmesh.v1.EnvironmentVerifier"]["VerifyBatch"] >= 1
+    assert calls["rollmesh.v1.ArtifactRegistry"]["ListArtifacts"] >= 1
+    items = _query(base, 'sum by (item) (rollmesh_stream_items_total{code="OK"})')
+    assert {r["metric"]["item"]: float(r["value"][1]) for r in items}["verify"] == total
+
+    series = _get(base, "/api/v1/series", **{"match[]": '{job="rollmesh"}'})
+    values: dict[str, set[str]] = defaultdict(set)
+    for labels in series:
+        for name, value in labels.items():
+            if name not in ("__name__", "job"):
+                values[name].add(value)
+    assert not UNBOUNDED_NAMES & set(values), sorted(values)
+    too_many = {name: len(v) for name, v in values.items() if len(v) > MAX_VALUES_PER_LABEL}
+    assert not too_many, too_many
+    assert not any(job["job_id"] in v for vs in values.values() for v in vs)
+    assert len(values["instance"]) == len(SERVICES)
