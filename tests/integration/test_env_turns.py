@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from rollmesh.commands._reverify import reverify
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.gateway.servicer import GatewayServicer
@@ -47,6 +48,7 @@ class Mesh:
 
     gateway: GatewayServicer
     verifier: VerifierServicer
+    service: VerifierService
     gateway_addr: str
     verifier_addr: str
 
@@ -63,7 +65,7 @@ async def mesh(start_server: StartServer) -> AsyncIterator[Mesh]:
     gw_server = await start_server([ServiceBinding.of(gw)])
     ver_server = await start_server([ServiceBinding.of(ver)])
     try:
-        yield Mesh(gw, ver, gw_server.address, ver_server.address)
+        yield Mesh(gw, ver, verifier, gw_server.address, ver_server.address)
     finally:
         await verifier.aclose()
         await gateway.shutdown()
@@ -178,3 +180,29 @@ async def test_the_sdk_drives_an_episode_over_the_verifiers_grpc_api(mesh: Mesh)
         verdict = await c.verifier.verify("guess", guess_row(37), "37", session_id="ep-1")
         assert verdict.reward == WON_BONUS
         await c.verifier.close_session("ep-1")
+
+
+async def test_reverify_replays_each_episode_in_a_new_session(mesh: Mesh, tmp_path: Path) -> None:
+    """A turn-taking environment's rows are re-scored by playing their recorded turns again (the
+    steps need the episode): the same rewards and steps; a row whose last guess is edited scores
+    what the edited episode earns; a row with no assistant turn is a per-row error."""
+    rows = [r.to_row() for r in await _run_job(mesh, "grpc", tmp_path, max_steps=10)]
+    report = await reverify(rows, environment="guess", verifier=mesh.verifier_addr, window=2)
+    assert (report.scored, report.errors, report.changed) == (len(SECRETS), 0, 0)
+    for old, new in zip(rows, report.rows, strict=True):
+        assert (new["reward"], new["env_steps"]) == (old["reward"], old["env_steps"])
+        assert new["previous_reward"] == old["reward"]
+
+    edited = json.loads(json.dumps(rows[1]))  # secret 37: 50, 25, 37
+    edited["response"]["output"][-1]["content"] = "36"
+    empty = json.loads(json.dumps(rows[2]))
+    empty["response"]["output"] = []
+    again = await reverify([edited, empty], environment="guess", verifier=mesh.verifier_addr)
+    assert (again.scored, again.errors, again.changed) == (1, 1, 1)
+    assert (
+        again.rows[0]["reward"] == 3 * WRONG
+        and [s["done"] for s in again.rows[0]["env_steps"]] == [False] * 3
+    )
+    assert again.rows[1]["reverify_error"].startswith("INVALID_ARGUMENT: the rollout has no assistant turn")
+    assert again.rows[1]["reward"] == rows[2]["reward"]  # the row keeps its reward
+    assert len(mesh.service.sessions) == 0  # every replayed session was closed

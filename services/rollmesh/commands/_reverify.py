@@ -9,18 +9,31 @@ Each row gets the new `reward`, `reward_components`, `extracted_answer` and `ver
 `mask_sample` when the verdict is masked or the row had one); the old reward is kept in
 `previous_reward`. An item the verifier could not score keeps its row and gets
 `reverify_error` ("CODE: message"); the stream goes on.
+
+An environment that takes turns (GetEnvironment's `takes_turns`) is re-scored by replaying each
+rollout through the agent loop in a new session (scheduler/replay.py), at most `window` at once:
+its reward is the replayed steps' rewards plus verify's, and the row also gets the replayed
+`env_steps`. A verify of the final messages alone would score without the episode.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollmesh.commands._common import connect
 from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import convert
+from rollmesh.scheduler.agent import AgentOutcome
 from rollmesh.scheduler.records import Json, Rollout
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh.scheduler.replay import replay
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
 from rollmesh_client.v1 import verifier_pb2
 
@@ -63,6 +76,13 @@ async def reverify(
         return report
     requests = ((str(i), verify_request(row, environment)) for i, row in enumerate(out))
     async with await connect(verifier=verifier, api_key=api_key or "", timeout_s=idle_timeout_s) as c:
+        if await _takes_turns(c.verifier, environment, verifier):
+            port = VerifierEnv.connect(verifier, api_key=api_key or None)
+            try:
+                await _replay_all(out, environment, port, window, idle_timeout_s, report, on_progress)
+            finally:
+                await port.close()
+            return _means(out, report)
         try:
             async for item_id, answer in c.verifier.verify_many(
                 requests, window=window, timeout_s=idle_timeout_s
@@ -80,33 +100,116 @@ async def reverify(
                 f"VerifyBatch to {verifier} failed after {report.scored + report.errors}/{len(out)} "
                 f"answers: {exc}"
             ) from None
-    olds = [float(r.get("previous_reward", r.get("reward", 0.0))) for r in out]
+    return _means(out, report)
+
+
+def _means(out: list[Json], report: ReverifyReport) -> ReverifyReport:
+    olds = [float(r["previous_reward"] if "previous_reward" in r else r.get("reward", 0.0)) for r in out]
     news = [float(r.get("reward", 0.0)) for r in out]
     report.old_mean = sum(olds) / len(olds)
     report.new_mean = sum(news) / len(news)
     return report
 
 
+async def _takes_turns(client: Any, environment: str, verifier: str) -> bool:
+    """Whether `environment` takes turns; False when the verifier cannot say (an unknown name, an
+    older verifier): each Verify then answers for itself, as before."""
+    try:
+        env: verifier_pb2.Environment = await client.get(environment)
+    except UnavailableError as exc:
+        raise VerifierUnavailable(f"GetEnvironment to {verifier} failed: {exc}") from None
+    except RollmeshClientError:
+        return False
+    return env.takes_turns
+
+
+async def _replay_all(
+    out: list[Json],
+    environment: str,
+    port: VerifierEnv,
+    window: int,
+    idle_timeout_s: float,
+    report: ReverifyReport,
+    on_progress: Callable[[int], None] | None,
+) -> None:
+    """Replay every row (at most `window` at once), each in its own session; a row that cannot be
+    replayed gets `reverify_error`, an unreachable verifier fails the run."""
+    prefix = f"reverify-{uuid.uuid4().hex[:12]}"
+    todo: Iterator[int] = iter(range(len(out)))
+
+    async def worker() -> None:
+        for i in todo:
+            row = out[i]
+            try:
+                async with asyncio.timeout(idle_timeout_s):
+                    outcome = await replay(
+                        Rollout.from_row(row), environment=environment, env=port, session_prefix=prefix
+                    )
+            except TimeoutError:
+                raise ReverifyTimeout(
+                    f"replaying row {i} on the verifier took longer than {idle_timeout_s:.0f}s"
+                ) from None
+            except UnavailableError as exc:
+                raise VerifierUnavailable(f"replaying row {i} on the verifier failed: {exc}") from None
+            except (RollmeshClientError, RollmeshError) as exc:
+                _failed(row, f"{exc.code.name}: {exc.message}", report)
+            except (KeyError, TypeError, ValueError) as exc:  # a stored row without what the loop needs
+                _failed(row, f"MALFORMED_ROW: {type(exc).__name__}: {exc}", report)
+            else:
+                _replayed(row, outcome, report)
+            if on_progress is not None:
+                on_progress(1)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(max(1, min(window, len(out)))):
+                tg.create_task(worker())
+    except ExceptionGroup as group:  # the first worker's error (the others were cancelled by it)
+        raise group.exceptions[0] from None
+
+
+def _replayed(row: Json, outcome: AgentOutcome, report: ReverifyReport) -> None:
+    v: VerifyResult = outcome.verdict
+    _scored(row, outcome.reward, v.components, v.extracted_answer, v.details, v.masked, report)
+    row["env_steps"] = [s.record() for s in outcome.steps]
+
+
 def _apply(
     row: Json, answer: verifier_pb2.VerifyResult | RollmeshClientError, report: ReverifyReport
 ) -> None:
     if isinstance(answer, RollmeshClientError):
-        msg = f"{answer.code.name}: {answer.message}"
-        row["reverify_error"] = msg
-        report.errors += 1
-        if len(report.error_samples) < 5:
-            report.error_samples.append(f"{row.get('task_index')}:{row.get('rollout_index')}: {msg}")
+        _failed(row, f"{answer.code.name}: {answer.message}", report)
         return
     res = answer
+    details = json.loads(res.details_json) if res.details_json else {}
+    _scored(row, res.reward, res.components, res.extracted_answer, details, res.masked, report)
+
+
+def _failed(row: Json, msg: str, report: ReverifyReport) -> None:
+    row["reverify_error"] = msg
+    report.errors += 1
+    if len(report.error_samples) < 5:
+        report.error_samples.append(f"{row.get('task_index')}:{row.get('rollout_index')}: {msg}")
+
+
+def _scored(
+    row: Json,
+    reward: float,
+    components: Any,
+    extracted_answer: str,
+    details: Json,
+    masked: bool,
+    report: ReverifyReport,
+) -> None:
     old = float(row.get("reward", 0.0))
     row["previous_reward"] = old
-    row["reward"] = res.reward
-    row["reward_components"] = dict(res.components)
-    row["extracted_answer"] = res.extracted_answer
-    row["verify_details"] = json.loads(res.details_json) if res.details_json else {}
-    if res.masked or "mask_sample" in row:
-        row["mask_sample"] = res.masked
+    row["reward"] = reward
+    row["reward_components"] = dict(components)
+    row["extracted_answer"] = extracted_answer
+    row["verify_details"] = details
+    if masked or "mask_sample" in row:
+        row["mask_sample"] = masked
     row.pop("reverify_error", None)
     report.scored += 1
-    if res.reward != old:
+    if reward != old:
         report.changed += 1

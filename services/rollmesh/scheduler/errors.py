@@ -190,3 +190,10 @@ class RolloutFailed(Exception):
         super().__init__(f"{error.name}: {error.message}")
         self.error = error
         self.attempts = attempts
+
+
+class NothingToReplay(mesh.InvalidArgument):
+    """A stored rollout replayed through the agent loop (`replay.py`) ran out of recorded assistant
+    turns before the loop did, or had none."""
+
+    reason = "NOTHING_TO_REPLAY"

@@ -1,0 +1,69 @@
+"""Replaying a stored rollout through the agent loop, its recorded assistant turns standing in for
+the model: how `rollmesh reverify` re-scores a rollout of an environment that takes turns.
+
+Such a rollout's reward is its steps' rewards plus verify's, and the steps need the episode's
+session, which is gone once the rollout ended: verifying the final messages alone would score
+another thing (a game's verify, without its session, sees no game). So the rollout is played again
+in a new session: `run_agent` (the one loop) with `RecordedModel` as its model, so seeding, the
+calls to the environment's own tools, each step and verify run exactly as they did live, in order,
+and the outcome carries the replayed steps and reward. Each recorded assistant message is one model
+turn; a turn with tool calls counts as finished with "tool_calls", any other as "stop" (a row keeps
+no per-turn finish reason). The replay ends where the loop ends: a step that says `done`, or the
+last recorded turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from rollmesh.scheduler.agent import AgentOutcome, AgentSettings, EnvPort, GenerateCall, Json, Turn, run_agent
+from rollmesh.scheduler.errors import NothingToReplay
+from rollmesh.scheduler.records import Rollout
+
+
+class RecordedModel:
+    """A ModelPort that answers each call with the next recorded assistant message."""
+
+    def __init__(self, messages: list[Json]) -> None:
+        self._turns = [m for m in messages if m.get("role") == "assistant"]
+        self._next = 0
+
+    @property
+    def turns(self) -> int:
+        return len(self._turns)
+
+    async def generate(self, call: GenerateCall) -> Turn:
+        if self._next >= len(self._turns):
+            raise NothingToReplay(
+                f"the loop asked for turn {self._next + 1}; the rollout recorded {self.turns}"
+            )
+        message = self._turns[self._next]
+        self._next += 1
+        return Turn(message=message, finish_reason="tool_calls" if message.get("tool_calls") else "stop")
+
+    async def close_session(self, session_id: str) -> None:
+        return None
+
+    async def engine_capacity(self, model: str) -> int:
+        return 0
+
+
+async def replay(rollout: Rollout, *, environment: str, env: EnvPort, session_prefix: str) -> AgentOutcome:
+    """Play `rollout` again against `environment` on `env`, in the session
+    `{session_prefix}/{task_index}/{rollout_index}` (closed afterwards)."""
+    model = RecordedModel(rollout.messages)
+    if not model.turns:
+        raise NothingToReplay("the rollout has no assistant turn to replay")
+    settings = AgentSettings(environment=environment, max_steps=model.turns)
+    task: dict[str, Any] = dict(rollout.task)
+    outcome = await run_agent(
+        job_id=session_prefix,
+        key=rollout.key,
+        task=task,
+        seed=rollout.seed,
+        settings=settings,
+        model=model,
+        env=env,
+    )
+    return replace(outcome, turns=[])  # the recorded turns carry no token ids: nothing to build
