@@ -25,6 +25,8 @@ def test_a_spec_reads_back_from_its_json_and_bad_ones_say_what_is_wrong() -> Non
     short = ProceduralSpec.from_json({"reasoning_gym": {"generators": ["leg_counting"], "size": 3}})
     assert short == ProceduralSpec((GeneratorSpec("leg_counting"),), 3, 0)
     assert parse_generator_arg("chain_sum:0.5") == GeneratorSpec("chain_sum", 0.5)
+    prompted = ProceduralSpec(MIX.generators, 2, 5, system_prompt="direct")
+    assert ProceduralSpec.from_json(prompted.to_json()) == prompted
     bad: list[tuple[Any, str]] = [
         ([], "must be a JSON object"),
         ({"generators": [], "size": 1}, "non-empty list"),
@@ -34,6 +36,7 @@ def test_a_spec_reads_back_from_its_json_and_bad_ones_say_what_is_wrong() -> Non
         ({"generators": [{"name": "a", "weight": -1}], "size": 1}, "positive number"),
         ({"generators": [{"name": "a", "config": []}], "size": 1}, "`config` must be an object"),
         ({"generators": ["a", "a"], "size": 1}, "named twice"),
+        ({"generators": ["a"], "size": 1, "system_prompt": 3}, "must be a string"),
     ]
     for data, message in bad:
         with pytest.raises(InvalidGeneratorSpec, match=message):
@@ -55,6 +58,15 @@ def test_rows_are_nemo_gym_rows_the_same_for_the_same_seed_and_rebuild_from_thei
         assert row["task_id"] == f"{row['metadata']['source_dataset']}/{i}"
     arith = next(r for r in rows if r["metadata"]["source_dataset"] == "basic_arithmetic")
     assert arith[SOURCE_FIELD]["config"] == {"size": 12, "seed": 6, "max_terms": 2}  # composite: seed + 1
+    direct = next(generate_rows(ProceduralSpec(MIX.generators, 1, 5, system_prompt="direct")))
+    system, user = direct["responses_create_params"]["input"]
+    assert (
+        system["role"] == "system"
+        and "<answer>" in system["content"]
+        and user["content"] == rows[0]["question"]
+    )
+    own = next(generate_rows(ProceduralSpec(MIX.generators, 1, 5, system_prompt="Be brief.")))
+    assert own["responses_create_params"]["input"][0] == {"role": "system", "content": "Be brief."}
     with pytest.raises(UnknownGenerator, match="did you mean chain_sum"):
         list(generate_rows(ProceduralSpec((GeneratorSpec("chain_sums"),), 1)))
     with pytest.raises(InvalidGeneratorSpec, match="unexpected keyword argument 'bogus'"):

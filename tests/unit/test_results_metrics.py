@@ -11,6 +11,8 @@ from rollmesh.scheduler.metrics import (
     Metrics,
     compute,
     default_k_values,
+    group_of,
+    group_profile,
     majority_correct,
     pass_at_k,
     task_profile,
@@ -151,3 +153,26 @@ def test_scored_records_give_the_same_metrics_as_whole_rollouts() -> None:
     assert expected["mean_record_tokens"] == pytest.approx(8.0)
     assert compute([Scored.of(r) for r in whole], failures, k_values=[1, 2, 4]).to_json() == expected
     assert [p.task_id for p in task_profile([Scored.of(r) for r in whole])] == ["0", "q1", "q2"]
+
+
+def test_group_profile_gives_each_generator_its_own_pass_at_k() -> None:
+    """reasoning-gym rows are GENERATOR/INDEX: a mixture's metrics per generator, by hand."""
+    rollouts = [
+        ro(0, 0, 1.0, task_id="chain_sum/0"),
+        ro(0, 1, 0.0, task_id="chain_sum/0"),
+        ro(1, 0, 0.12, task_id="chain_sum/1"),
+        ro(1, 1, 0.12, task_id="chain_sum/1"),
+        ro(2, 0, 1.0, task_id="gcd/2"),
+        ro(2, 1, 1.0, task_id="gcd/2"),
+        ro(2, 1, 0.0, task_id="gcd/2"),  # a duplicate key counts once
+        ro(3, 0, 0.0, task_id="plain"),
+    ]
+    groups = {g.group: g for g in group_profile(rollouts)}
+    assert sorted(groups) == ["chain_sum", "gcd", "plain"]
+    chain = groups["chain_sum"]
+    assert (chain.num_tasks, chain.num_rollouts, chain.num_correct) == (2, 4, 1)
+    assert chain.pass_at_k == {1: 0.25, 2: 0.5} and chain.pass_at_1_avg == 0.25
+    assert math.isclose(chain.mean_reward, (1.0 + 0.0 + 0.12 + 0.12) / 4)
+    assert groups["gcd"].pass_at_k == {1: 1.0, 2: 1.0} and groups["gcd"].num_rollouts == 2
+    assert groups["plain"].to_json()["pass_at_k"] == {"1": 0.0}
+    assert (group_of("a/b/7"), group_of("solo")) == ("a/b", "solo")

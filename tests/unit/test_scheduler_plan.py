@@ -205,3 +205,33 @@ def test_a_row_over_the_limit_is_refused_without_being_read_whole(tmp_path: Path
         tracemalloc.stop()
     assert info.value.reason == "DATASET_ROW_TOO_LARGE" and info.value.metadata["line"] == "2"
     assert int(info.value.metadata["size"]) == 8_000_000 and peak < 4_000_000, peak  # the line is 8 MB
+
+
+def test_a_generator_spec_is_a_dataset_generated_the_same_each_time(catalog: Catalog, tmp_path: Path) -> None:
+    """A job names a reasoning-gym spec (a .json file, or a dataset folder holding reasoning_gym.json)
+    instead of a JSONL: its rows are generated at plan time, the same for the same spec, so a
+    resumed job finds the same task at each index."""
+    bench = build_plan(catalog, JobSpec(benchmark="reasoning_gym_arith", limit=5))
+    assert bench.spec.environment == "reasoning_gym" and bench.dataset_path.name == "reasoning_gym.json"
+    assert len(bench.rows) == 200 and bench.task_indices == [0, 1, 2, 3, 4] and bench.num_repeats == 8
+    assert bench.rows == build_plan(catalog, JobSpec(benchmark="reasoning_gym_arith")).rows
+    assert {r["metadata"]["source_dataset"] for r in bench.rows} == {"basic_arithmetic", "chain_sum"}
+    spec = tmp_path / "mix.json"
+    spec.write_text(
+        json.dumps({"reasoning_gym": {"generators": ["leg_counting", "gcd"], "size": 6, "seed": 2}})
+    )
+    plan = build_plan(catalog, JobSpec(dataset=str(spec), environment="reasoning_gym"))
+    assert [r["task_id"].split("/")[1] for r in plan.rows] == [str(i) for i in range(6)]
+    for body, reason in [
+        ({"reasoning_gym": {"generators": ["leg_counting"], "size": -1}}, "INVALID_GENERATOR_SPEC"),
+        ({"reasoning_gym": {"generators": ["leg_countin"], "size": 1}}, "UNKNOWN_GENERATOR"),
+        ({"generators": "leg_counting"}, "INVALID_GENERATOR_SPEC"),
+    ]:
+        spec.write_text(json.dumps(body))
+        with pytest.raises(RollmeshError) as info:
+            build_plan(catalog, JobSpec(dataset=str(spec), environment="reasoning_gym"))
+        assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+    spec.write_text("{not json")
+    with pytest.raises(RollmeshError) as info:
+        build_plan(catalog, JobSpec(dataset=str(spec), environment="reasoning_gym"))
+    assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_DATASET_ROW")

@@ -21,10 +21,15 @@ datasets_app = typer.Typer(
 
 
 def build_spec(
-    generators: list[str], configs: list[str], spec_file: str | None, size: int | None, seed: int | None
+    generators: list[str],
+    configs: list[str],
+    spec_file: str | None,
+    size: int | None,
+    seed: int | None,
+    system_prompt: str | None = None,
 ) -> ProceduralSpec:
-    """The spec from --spec (a file) or from --generator/--config/--size/--seed (which override a
-    file's size and seed)."""
+    """The spec from --spec (a file) or from --generator/--config/--size/--seed/--system-prompt
+    (which override a file's size, seed and system prompt)."""
     from dataclasses import replace
 
     from rollmesh.mesh import untrusted_json
@@ -58,7 +63,9 @@ def build_spec(
     if unknown:
         raise InvalidGeneratorSpec(f"--config names {unknown[0]!r}, which no --generator names")
     gens = [GeneratorSpec(g.name, g.weight, by_name.get(g.name, {})) for g in gens]
-    return ProceduralSpec(tuple(gens), 100 if size is None else size, 0 if seed is None else seed)
+    return ProceduralSpec(
+        tuple(gens), 100 if size is None else size, 0 if seed is None else seed, system_prompt or ""
+    )
 
 
 def _write(spec: ProceduralSpec, out: str | None, spec_only: bool) -> int:
@@ -97,6 +104,14 @@ def generate(
     seed: Annotated[
         int | None, typer.Option("--seed", help="Seed (default 0): same seed, same rows.")
     ] = None,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--system-prompt",
+            help="A system message before each question: a reasoning-gym SYSTEM_PROMPTS name "
+            "(default, simple, direct, ...) or the text (default: none, as NeMo Gym's rows).",
+        ),
+    ] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write here (default stdout).")] = None,
     spec_only: Annotated[
         bool, typer.Option("--spec-only", help="Write the spec file a job can name as its dataset, not rows.")
@@ -105,7 +120,7 @@ def generate(
     """Write NeMo Gym-format rows (question, answer, metadata) for one or several generators."""
 
     async def go() -> int:
-        built = build_spec(generator or [], config or [], spec, size, seed)
+        built = build_spec(generator or [], config or [], spec, size, seed, system_prompt)
         return await asyncio.to_thread(_write, built, out, spec_only)
 
     count = run(go())

@@ -121,22 +121,32 @@ def profile(
         str | None, typer.Option("--out", "-o", help="Write the JSONL profile here (default stdout).")
     ] = None,
     threshold: Threshold = 1.0,
+    groups: Annotated[
+        bool,
+        typer.Option(
+            "--groups",
+            help="One line per group of tasks (task_id up to its last '/': a reasoning-gym generator) "
+            "with its pass@k, instead of one per task.",
+        ),
+    ] = False,
 ) -> None:
     """Per-task reward profile (mean, std, min, max, correct count per task) as JSONL."""
-    from rollmesh.scheduler.metrics import task_profile
+    from rollmesh.scheduler.metrics import group_profile, task_profile
     from rollmesh.scheduler.store import expand_paths, load_files
 
     async def go() -> list[dict[str, Any]]:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
         loaded = await asyncio.to_thread(load_files, files)
         check_rows("profile", [path], len(loaded.rollouts), loaded.skipped)
+        if groups:
+            return [g.to_json() for g in group_profile(loaded.rollouts, threshold)]
         return [t.to_json() for t in task_profile(loaded.rollouts, threshold)]
 
     rows = run(go())
     text = "".join(json.dumps(r) + "\n" for r in rows)
     if out:
         write_out(out, text)
-        err.print(f"wrote {len(rows)} tasks to {out}")
+        err.print(f"wrote {len(rows)} {'groups' if groups else 'tasks'} to {out}")
     else:
         typer.echo(text, nl=False)
 

@@ -94,12 +94,20 @@ def open_dataset(spec: ProceduralSpec) -> ProceduralDataset:
         raise InvalidGeneratorSpec(f"reasoning-gym refused the spec: {type(exc).__name__}: {exc}") from None
 
 
-def to_row(entry: Mapping[str, Any], source: Json) -> Json:
-    """One entry as a NeMo Gym row (see the module docstring)."""
+def system_text(prompt: str) -> str:
+    """reasoning-gym's system prompt of that name, or `prompt` itself."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    return str(SYSTEM_PROMPTS.get(prompt, prompt))
+
+
+def to_row(entry: Mapping[str, Any], source: Json, system: str = "") -> Json:
+    """One entry as a NeMo Gym row (see the module docstring), after a system message if given."""
     question = str(entry["question"])
     metadata = entry.get("metadata", {})
+    messages = [{"role": "system", "content": system}] if system else []
     return {
-        "responses_create_params": {"input": [{"role": "user", "content": question}]},
+        "responses_create_params": {"input": [*messages, {"role": "user", "content": question}]},
         "question": question,
         "answer": entry.get("answer"),
         "metadata": json.loads(json.dumps(metadata, default=repr)),
@@ -113,13 +121,14 @@ def generate_rows(spec: ProceduralSpec) -> Iterator[Json]:
     """The spec's rows, in index order; the same spec always gives the same rows."""
     dataset = open_dataset(spec)
     configs = sub_configs(spec)
+    system = system_text(spec.system_prompt) if spec.system_prompt else ""
     for index in range(spec.size):
         entry = dataset[index]
         name = str(entry.get("metadata", {}).get("source_dataset", spec.names[0]))
         source: Json = {"generator": name, "config": configs[name], "index": index}
         if name in NOT_JSON_SAFE:
             source["rebuild"] = True
-        yield to_row(entry, source)
+        yield to_row(entry, source, system)
 
 
 @functools.lru_cache(maxsize=32)

@@ -3,7 +3,7 @@ from which seed. Plain data, no reasoning-gym import; `rows.py` checks the names
 
 As JSON (a dataset file a job names instead of a JSONL, or `rollmesh datasets generate --spec`)::
 
-    {"reasoning_gym": {"size": 200, "seed": 1,
+    {"reasoning_gym": {"size": 200, "seed": 1, "system_prompt": "default",
                        "generators": [{"name": "basic_arithmetic", "weight": 2, "config": {"max_terms": 2}},
                                       "chain_sum"]}}
 
@@ -25,7 +25,7 @@ from rollmesh.procedural.errors import InvalidGeneratorSpec
 #: The top-level key of a spec file.
 SPEC_KEY = "reasoning_gym"
 MAX_SIZE = 10_000_000
-_SPEC_KEYS = frozenset({"generators", "size", "seed"})
+_SPEC_KEYS = frozenset({"generators", "size", "seed", "system_prompt"})
 _GENERATOR_KEYS = frozenset({"name", "weight", "config"})
 
 
@@ -44,6 +44,9 @@ class ProceduralSpec:
     generators: tuple[GeneratorSpec, ...]
     size: int
     seed: int = 0
+    #: A system message before each question: one of reasoning-gym's SYSTEM_PROMPTS by name
+    #: ("default", "simple", "direct", ...) or the text itself; "" for none (NeMo Gym's rows).
+    system_prompt: str = ""
 
     def __post_init__(self) -> None:
         if not self.generators:
@@ -60,13 +63,14 @@ class ProceduralSpec:
         return tuple(g.name for g in self.generators)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            SPEC_KEY: {
-                "generators": [g.to_json() for g in self.generators],
-                "size": self.size,
-                "seed": self.seed,
-            }
+        body: dict[str, Any] = {
+            "generators": [g.to_json() for g in self.generators],
+            "size": self.size,
+            "seed": self.seed,
         }
+        if self.system_prompt:
+            body["system_prompt"] = self.system_prompt
+        return {SPEC_KEY: body}
 
     @classmethod
     def from_json(cls, data: Any, *, where: str = "the spec") -> ProceduralSpec:
@@ -84,7 +88,11 @@ class ProceduralSpec:
             raise InvalidGeneratorSpec(f"{where}: `generators` must be a non-empty list")
         size = _integer(data.get("size"), f"{where}: `size`")
         seed = _integer(data.get("seed", 0), f"{where}: `seed`")
-        return cls(tuple(_generator(g, f"{where}: generators[{i}]") for i, g in enumerate(raw)), size, seed)
+        system = data.get("system_prompt", "")
+        if not isinstance(system, str):
+            raise InvalidGeneratorSpec(f"{where}: `system_prompt` must be a string")
+        gens = tuple(_generator(g, f"{where}: generators[{i}]") for i, g in enumerate(raw))
+        return cls(gens, size, seed, system)
 
 
 def _integer(value: Any, what: str) -> int:

@@ -90,6 +90,22 @@ class TaskProfile:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class GroupProfile:
+    """The metrics of one group of tasks (`group_of` their task_id: a reasoning-gym generator)."""
+
+    group: str
+    num_tasks: int
+    num_rollouts: int
+    num_correct: int
+    mean_reward: float
+    pass_at_1_avg: float
+    pass_at_k: dict[int, float]
+
+    def to_json(self) -> Json:
+        return {**self.__dict__, "pass_at_k": {str(k): v for k, v in self.pass_at_k.items()}}
+
+
 @dataclass
 class Metrics:
     job_id: str = ""
@@ -294,6 +310,40 @@ def task_profile(
 ) -> list[TaskProfile]:
     """The per-task reward profile of `compute`'s metrics (`Metrics.tasks`)."""
     return compute(rollouts, threshold=threshold).tasks
+
+
+def group_of(task_id: str) -> str:
+    """A task's group: its task_id up to the last '/' (reasoning-gym rows are GENERATOR/INDEX), or
+    the whole task_id when it has none."""
+    return task_id.rpartition("/")[0] or task_id
+
+
+def group_profile(
+    rollouts: Iterable[Rollout | Scored],
+    threshold: float = DEFAULT_THRESHOLD,
+    k_values: Sequence[int] | None = None,
+) -> list[GroupProfile]:
+    """`compute`'s metrics per group of tasks (`group_of`), ordered by group name; pass@k over the
+    k values every group's tasks reach unless `k_values` is given."""
+    by_key, _ = dedupe(rollouts)
+    groups: dict[str, list[Scored]] = {}
+    for r in by_key.values():
+        groups.setdefault(group_of(r.task_id), []).append(r)
+    out: list[GroupProfile] = []
+    for name in sorted(groups):
+        m = compute(groups[name], k_values=k_values, threshold=threshold)
+        out.append(
+            GroupProfile(
+                group=name,
+                num_tasks=m.num_tasks,
+                num_rollouts=m.num_rollouts,
+                num_correct=sum(t.num_correct for t in m.tasks),
+                mean_reward=m.mean_reward,
+                pass_at_1_avg=m.pass_at_1_avg,
+                pass_at_k=dict(m.pass_at_k),
+            )
+        )
+    return out
 
 
 def _correct(r: Scored, threshold: float) -> bool:

@@ -1,5 +1,9 @@
 """From a JobSpec to a Plan: benchmark defaults applied, dataset resolved and parsed, tasks
 selected (limit, then shard), keys enumerated lazily. Blocking file I/O: call off the event loop.
+
+A dataset is a JSONL file, or a generator spec (a `.json` file holding `{"reasoning_gym": ...}`,
+rollmesh.procedural.spec): its rows are generated here, the same rows for the same spec, so a
+resumed job finds its tasks at the same indices as any file's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from rollmesh.scheduler.spec import DEFAULT_MAX_STEPS, SAMPLING_FIELDS, JobSpec
 from rollmesh_client import max_item_bytes
 
 Json = dict[str, Any]
+#: A dataset folder's generator spec, used when the folder holds no .jsonl.
+SPEC_FILE = "reasoning_gym.json"
 
 
 @dataclass(frozen=True)
@@ -99,11 +105,12 @@ def apply_benchmark(spec: JobSpec, bench: Json) -> JobSpec:
 
 
 def _looks_like_path(ref: str) -> bool:
-    return "/" in ref or "\\" in ref or ref.endswith(".jsonl") or ref.startswith(".")
+    return "/" in ref or "\\" in ref or ref.endswith((".jsonl", ".json")) or ref.startswith(".")
 
 
 def resolve_dataset(catalog: Catalog, ref: str) -> Path:
-    """A JSONL path, or a dataset artifact: a file, or a folder's test.jsonl / its single .jsonl."""
+    """A JSONL (or generator spec) path, or a dataset artifact: a file, or a folder's test.jsonl,
+    its single .jsonl, or its reasoning_gym.json."""
     if _looks_like_path(ref):
         path = Path(ref).expanduser()
         if not path.is_file():
@@ -121,6 +128,9 @@ def resolve_dataset(catalog: Catalog, ref: str) -> Path:
     files = sorted(p for p in found.path.glob("*.jsonl") if p.is_file())
     if len(files) == 1:
         return files[0]
+    spec = found.path / SPEC_FILE
+    if not files and spec.is_file():
+        return spec
     names = ", ".join(p.name for p in files) or "none"
     raise DatasetNotFound(
         f"dataset {ref!r} is a folder without test.jsonl and with {len(files)} .jsonl files ({names}); "
@@ -134,6 +144,8 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
     than `max_row_bytes` (default: what a stream item may carry, from ROLLMESH_MAX_MESSAGE_MB),
     since the requests made from it could not be sent."""
     limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
+    if path.suffix == ".json":
+        return generated_rows(path)
     rows: list[Json] = []
 
     def malformed(problem: str) -> MalformedDatasetRow:
@@ -170,6 +182,23 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
             rows.append(row)
     if not rows:
         raise MalformedDatasetRow(f"{path}: the dataset has no rows", metadata={"path": str(path)})
+    return rows
+
+
+def generated_rows(path: Path) -> list[Json]:
+    """The rows of the generator spec in `path` (reasoning-gym makes them: CPU work)."""
+    from rollmesh.procedural import ProceduralSpec
+    from rollmesh.procedural.rows import generate_rows
+
+    try:
+        data = untrusted_json.loads(path.read_text(encoding="utf-8"))
+    except (NotJson, UnicodeDecodeError) as exc:
+        raise MalformedDatasetRow(f"{path}: a generator spec must be JSON ({exc})") from None
+    rows = list(generate_rows(ProceduralSpec.from_json(data, where=str(path))))
+    for index, row in enumerate(rows):
+        problem = _row_problem(row)
+        if problem:
+            raise MalformedDatasetRow(f"{path}: generated row {index}: {problem}")
     return rows
 
 
