@@ -2,11 +2,11 @@
 
 `Guess` is a number-guessing game: seeding starts the episode with a user message naming the range;
 each assistant turn is a guess, which the environment answers with "N is too low" / "N is too high"
-(a user message, step reward -0.125) until the guess is right (step reward 1.0, done). A `peek`
-call (a tool the row declares and the environment answers in its step, as NeMo Gym's gymnasium
-servers answer calls through `info.tool_outputs`) is answered with a "tool" message saying the
-parity of the secret; `hint`, the environment's own tool, runs through CallTool. `verify` adds 0.5
-to a won episode. So a game won on the k-th guess scores 1.0 - 0.125 * (k - 1) + 0.5.
+(a user message, step reward -0.125) until the guess is right (step reward 1.0, done). `peek`, a
+tool the session offers from seeding (`Seeded.tools`) and the environment answers in its step (as
+NeMo Gym's gymnasium servers answer calls through `info.tool_outputs`), is answered with a "tool"
+message saying the parity of the secret; `hint`, the environment's own tool, runs through CallTool.
+`verify` adds 0.5 to a won episode. So a game won on the k-th guess scores 1.0 - 0.125 * (k - 1) + 0.5.
 
 `play_guess` is a FakeBackend script (prompt text -> reply): a binary search over the range the
 prompt names, narrowed by every "too low" / "too high" in it.
@@ -26,11 +26,13 @@ from rollmesh.verifier import (
     Seeded,
     Session,
     Task,
+    ToolSpec,
     VerifyResult,
     tool,
 )
 
 LOW, HIGH = 1, 100
+PEEK = ToolSpec.of("peek", "Whether the secret is even or odd.", {"type": "object", "properties": {}})
 WRONG, RIGHT, WON_BONUS = -0.125, 1.0, 0.5
 _NUMBER = re.compile(r"-?\d+")
 _RANGE = re.compile(r"between (\d+) and (\d+)")
@@ -66,7 +68,7 @@ class Guess(Environment):
 
     async def seed_session(self, task: Task) -> Seeded:
         opening = Message("user", f"I picked a number between {LOW} and {HIGH}. Guess it.")
-        return Seeded(state={"guesses": [], "won": False}, messages=(opening,))
+        return Seeded(state={"guesses": [], "won": False}, messages=(opening,), tools=(PEEK,))
 
     @tool
     async def hint(self, session: Session) -> str:

@@ -9,6 +9,7 @@ environment's messages are prompt, loss mask 0, and each turn's prompt extends t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest_asyncio
 
 from rollmesh.commands._reverify import reverify
 from rollmesh.gateway import Gateway
+from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
@@ -29,7 +31,7 @@ from rollmesh.scheduler.records import Rollout, TokenRecord
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.scheduler.spec import JobSpec
 from rollmesh.scheduler.tokens import validate_rollout
-from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
 from rollmesh.verifier.environment import EnvContext
 from rollmesh.verifier.loader import Discovery, Loaded
 from rollmesh.verifier.service import VerifierService
@@ -55,11 +57,14 @@ class Mesh:
 
 @pytest_asyncio.fixture
 async def mesh(start_server: StartServer) -> AsyncIterator[Mesh]:
-    gateway = Gateway([FakeBackend("tiny", script=play_guess, max_model_len=4096)])
+    gateway = Gateway([FakeBackend("tiny", script=_plays, max_model_len=4096)])
     await gateway.start()
     cfg = VerifierConfig()
-    env = Guess(EnvContext("guess", None, cfg, WorkerPool(1)))
-    verifier = VerifierService(cfg, Discovery({"guess": Loaded("guess", env, "tests/games.py")}, {}))
+    envs = {
+        "guess": Guess(EnvContext("guess", None, cfg, WorkerPool(1))),
+        "calls": CallsAreTheAnswer(EnvContext("calls", None, cfg, WorkerPool(1))),
+    }
+    verifier = VerifierService(cfg, Discovery({n: Loaded(n, e, "tests") for n, e in envs.items()}, {}))
     await verifier.start()
     gw, ver = GatewayServicer(gateway), VerifierServicer(verifier)
     gw_server = await start_server([ServiceBinding.of(gw)])
@@ -71,20 +76,60 @@ async def mesh(start_server: StartServer) -> AsyncIterator[Mesh]:
         await gateway.shutdown()
 
 
-async def _run_job(mesh: Mesh, kind: str, tmp_path: Path, *, max_steps: int) -> list[Rollout]:
-    """Run the guessing job through the scheduler's job manager on `kind` ports; its rows."""
+class CallsAreTheAnswer(Environment):
+    """The model's tool call is its answer (NeMo Gym's non_executing_simple_agent, xlam_fc): 1.0 when
+    it called get_weather for the row's city, and nothing ran it."""
+
+    def tool_calls_are_answer(self) -> bool:
+        return True
+
+    def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        calls = [(c.name, json.loads(c.arguments_json)) for c in response.tool_calls]
+        unanswered = all(response.tool_output(c.id) is None for c in response.tool_calls)
+        ok = calls == [("get_weather", {"city": task.expected_answer})] and unanswered
+        return VerifyResult(reward=1.0 if ok else 0.0)
+
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def _plays(prompt_text: str, request: EngineRequest) -> str:
+    """The guessing game (play_guess), or a get_weather call when asked about the weather."""
+    found = re.search(r"weather in (\w+)", prompt_text)
+    if found:
+        return (
+            f'<tool_call>{{"name": "get_weather", "arguments": {{"city": "{found.group(1)}"}}}}</tool_call>'
+        )
+    return play_guess(prompt_text, request)
+
+
+async def _run_job(
+    mesh: Mesh,
+    kind: str,
+    tmp_path: Path,
+    *,
+    max_steps: int,
+    environment: str = "guess",
+    rows: list[dict[str, Any]] | None = None,
+) -> list[Rollout]:
+    """Run a job (the guessing game's rows by default) through the scheduler's job manager on `kind`
+    ports; its rows, by key."""
     if kind == "grpc":
         model, env = GatewayModel.connect(mesh.gateway_addr), VerifierEnv.connect(mesh.verifier_addr)
     else:
         model, env = GatewayModel.in_process(mesh.gateway), VerifierEnv.in_process(mesh.verifier)
-    data = tmp_path / "guess.jsonl"
-    data.write_text("".join(json.dumps(guess_row(s)) + "\n" for s in SECRETS))
+    rows = rows if rows is not None else [guess_row(s) for s in SECRETS]
+    data = tmp_path / f"{environment}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     manager = JobManager(Catalog([Root(BUILTIN_ROOT, 0, "root")]), model=model, env=env)
     spec = JobSpec(
         dataset=str(data),
-        environment="guess",
+        environment=environment,
         max_steps=max_steps,
-        sampling={"temperature": 0.0, "max_tokens": 16, "logprobs": True},
+        sampling={"temperature": 0.0, "max_tokens": 64, "logprobs": True},
         concurrency=3,
         output_dir=str(tmp_path / kind),
         validate_all=True,
@@ -97,9 +142,9 @@ async def _run_job(mesh: Mesh, kind: str, tmp_path: Path, *, max_steps: int) -> 
         await manager.aclose()
         await model.close()
         await env.close()
-    rows = sorted((Rollout.from_row(json.loads(line)) for line in lines), key=lambda r: r.key)
-    assert [r.key.task_index for r in rows] == list(range(len(SECRETS)))
-    return rows
+    out = sorted((Rollout.from_row(json.loads(line)) for line in lines), key=lambda r: r.key)
+    assert [r.key.task_index for r in out] == list(range(len(rows)))
+    return out
 
 
 def _texts(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -164,6 +209,9 @@ async def test_the_sdk_drives_an_episode_over_the_verifiers_grpc_api(mesh: Mesh)
         described = await c.verifier.get("guess")
         assert described.takes_turns and not described.stateless
         seeded = await c.verifier.seed_session("guess", guess_row(37), session_id="ep-1")
+        assert [t.name for t in seeded.session_tools] == ["peek"] and [t.name for t in seeded.tools] == [
+            "hint"
+        ]
         assert seeded.takes_turns and [(m.role, m.content) for m in seeded.messages] == [
             ("user", "I picked a number between 1 and 100. Guess it.")
         ]
@@ -206,3 +254,21 @@ async def test_reverify_replays_each_episode_in_a_new_session(mesh: Mesh, tmp_pa
     assert again.rows[1]["reverify_error"].startswith("INVALID_ARGUMENT: the rollout has no assistant turn")
     assert again.rows[1]["reward"] == rows[2]["reward"]  # the row keeps its reward
     assert len(mesh.service.sessions) == 0  # every replayed session was closed
+
+
+async def test_when_tool_calls_are_the_answer_the_first_call_ends_the_rollout_unexecuted(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    described = await VerifierEnv.in_process(mesh.verifier).describe_environment("calls")
+    assert described.tool_calls_are_answer
+    rows = [
+        {
+            "responses_create_params": {"input": f"What is the weather in {city}?", "tools": [WEATHER]},
+            "expected_answer": city,
+        }
+        for city in ("Paris", "Lima")
+    ]
+    for row in await _run_job(mesh, "grpc", tmp_path, max_steps=4, environment="calls", rows=rows):
+        assert row.reward == 1.0 and row.finish_reason == "tool_calls" and len(row.tokens.turns) == 1
+        assert [m["role"] for m in row.messages] == ["assistant"]
+    assert len(mesh.service.sessions) == 0

@@ -27,15 +27,18 @@ from rollmesh.verifier import (
     Session,
     Task,
     ToolCall,
+    ToolOutput,
+    ToolSpec,
     VerifierConfig,
+    tool,
 )
 from rollmesh.verifier.environment import EnvContext
-from rollmesh.verifier.errors import BadEnvTurn, TakesNoTurns
+from rollmesh.verifier.errors import BadEnvTurn, TakesNoTurns, ToolNotFound
 from rollmesh.verifier.loader import Discovery, Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.testing import opening, seeded, task
 from rollmesh.verifier.workers import WorkerPool
-from tests.fakes import LocalModel
+from tests.fakes import LocalEnv, LocalModel, counter_tool_script
 from tests.games import Guess, guess_row
 
 Json = dict[str, Any]
@@ -79,7 +82,8 @@ async def test_seeding_gives_the_first_messages_and_steps_answer_turns() -> None
     seeded = await svc.seed_session("guess", json.dumps(guess_row(30)), "g")
     assert seeded.takes_turns and [m.role for m in seeded.messages] == ["user"]
     assert "between 1 and 100" in seeded.messages[0].content
-    assert [t.name for t in seeded.tools] == ["hint"]
+    assert [t.name for t in seeded.tools] == ["hint"] and [t.name for t in seeded.session_tools] == ["peek"]
+    assert seeded.session.tools == seeded.session_tools
 
     low = await svc.step("g", Response((Message("assistant", "25"),)))
     assert (low.messages, low.reward, low.done) == ((Message("user", "25 is too low"),), -0.125, False)
@@ -130,6 +134,64 @@ async def test_a_step_answer_the_loop_cannot_use_is_bad_env_turn(answer: Any, wh
     assert why in err.value.message and err.value.code == grpc.StatusCode.INTERNAL
 
 
+class _Lister(_Plain):
+    """Lists a tool per session (named in the row) and answers it itself: no turns."""
+
+    tools_of: Any = None
+
+    async def seed_session(self, task: Task) -> Seeded:
+        default = (ToolSpec.of(str(task.row["tool"]), "", {"type": "object"}),)
+        return Seeded(state={}, tools=default if self.tools_of is None else self.tools_of)
+
+    async def call_tool(self, session: Session, call: ToolCall) -> ToolOutput:
+        if call.name not in {t.name for t in session.tools}:
+            raise KeyError(call.name)
+        return ToolOutput(call.id, f"{call.name} ran")
+
+
+async def test_tools_given_at_seed_time_are_the_sessions_own() -> None:
+    svc = _service(lister=_Lister)
+    a = await svc.seed_session("lister", json.dumps({"tool": "alpha"}), "a")
+    b = await svc.seed_session("lister", json.dumps({"tool": "beta"}), "b")
+    assert [t.name for t in a.session_tools] == ["alpha"] and [t.name for t in b.session_tools] == ["beta"]
+    assert a.tools == [] and not a.takes_turns
+    assert (await svc.call_tool("a", ToolCall("c", "alpha", "{}"))).output == "alpha ran"
+    with pytest.raises(ToolNotFound) as err:
+        await svc.call_tool("a", ToolCall("c", "beta", "{}"))
+    assert "tools: alpha" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("tools", "why"),
+    [
+        (("alpha",), "sequence of ToolSpec"),
+        ((ToolSpec.of("x", "", {}), ToolSpec.of("x", "", {})), "'x' is offered twice"),
+        ((ToolSpec.of("", "", {}),), "has no name"),
+    ],
+)
+async def test_seed_time_tools_the_model_cannot_be_offered_are_bad_env_turn(tools: Any, why: str) -> None:
+    svc = _service(lister=_Lister)
+    _Lister.tools_of = tools
+    try:
+        with pytest.raises(BadEnvTurn) as err:
+            await svc.seed_session("lister", json.dumps({"tool": "alpha"}), "a")
+    finally:
+        _Lister.tools_of = None
+    assert why in err.value.message and len(svc.sessions) == 0
+
+
+async def test_a_session_tool_named_like_an_environment_tool_is_bad_env_turn() -> None:
+    class Both(_Lister):
+        @tool
+        async def alpha(self, session: Session) -> str:
+            """Alpha."""
+            return "own"
+
+    svc = _service(both=Both)
+    with pytest.raises(BadEnvTurn, match="'alpha' is offered twice"):
+        await svc.seed_session("both", json.dumps({"tool": "alpha"}), "a")
+
+
 async def test_seeding_with_an_assistant_message_is_bad_env_turn() -> None:
     svc = _service(answers=_Answers)
     _Answers.opening = (Message("assistant", "I already answered"),)
@@ -159,7 +221,8 @@ class TurnsEnv:
 
     async def seed_session(self, environment: str, task: Json, session_id: str) -> SessionOpened:
         tools = [{"name": "hint", "description": "", "parameters": {"type": "object"}}]
-        return SessionOpened(tools=tools, messages=list(self.opening), takes_turns=True)
+        peek = {"name": "peek", "description": "", "parameters": {"type": "object"}}
+        return SessionOpened(tools=tools, messages=list(self.opening), takes_turns=True, session_tools=[peek])
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
         self.tool_calls.append(call["function"]["name"])
@@ -250,6 +313,7 @@ async def test_calls_to_its_own_tools_run_the_rest_are_answered_by_its_step() ->
     peeked = {"role": "tool", "tool_call_id": "call_0_1", "name": "peek", "content": "odd"}
     env = TurnsEnv([EnvStep([peeked]), EnvStep([], reward=1.0, done=True)])
     out = await _run(model, env)
+    assert [t["name"] for t in model.calls[0].tools] == ["hint", "peek"]  # the session's tool offered too
     assert env.tool_calls == ["hint"]
     hinted = {"role": "tool", "tool_call_id": "call_0_0", "name": "hint", "content": "a hint"}
     # the step saw the assistant turn and the result of the call to the environment's own tool
@@ -272,3 +336,18 @@ async def test_a_turn_cut_by_length_is_still_stepped() -> None:
     model.generate = cut_first  # type: ignore[method-assign]
     out = await _run(model, env)
     assert len(env.stepped) == 2 and out.finish_reason == "stop" and out.reward == 1.25
+
+
+async def test_when_tool_calls_are_the_answer_none_runs_and_the_first_turn_with_calls_ends() -> None:
+    model, env = LocalModel(counter_tool_script), LocalEnv()
+    task = {
+        "responses_create_params": {"input": [_user("Add 4 and 5")]},
+        "expected_answer": "9",
+    }
+    settings = AgentSettings(environment="session_state", max_steps=8, tool_calls_are_answer=True)
+    out = await run_agent(
+        job_id="j", key=RolloutKey(0, 0), task=task, seed=1, settings=settings, model=model, env=env
+    )
+    assert env.tool_calls == [] and len(out.turns) == 1 and out.finish_reason == "tool_calls"
+    assert [m["role"] for m in out.messages] == ["assistant"]
+    assert out.messages[0]["tool_calls"][0]["function"]["name"] == "increment"

@@ -44,6 +44,7 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
                         "source": e.source,
                         "example_dataset": e.example_dataset,
                         "takes_turns": e.takes_turns,
+                        "tool_calls_are_answer": e.tool_calls_are_answer,
                     }
                     for e in envs
                 ],
@@ -86,6 +87,7 @@ def show_env(
                 "source": env.source,
                 "example_dataset": env.example_dataset,
                 "takes_turns": env.takes_turns,
+                "tool_calls_are_answer": env.tool_calls_are_answer,
                 "tools": tools,
             }
         )
@@ -98,6 +100,7 @@ def show_env(
             ("source", env.source),
             ("example_dataset", env.example_dataset or "-"),
             ("takes_turns", "yes (answers each assistant turn)" if env.takes_turns else "no"),
+            ("tool_calls_are_answer", "yes (no call is run)" if env.tool_calls_are_answer else "no"),
         ],
     )
     if tools:

@@ -4,7 +4,9 @@ seed session -> generate -> run tool calls on the verifier -> append results -> 
 `max_steps` model turns) -> verify (a turn that comes back aborted raises GenerationAborted, retryable:
 a cut answer is never scored); the verifier and gateway sessions are closed in `finally`
 (a one-turn rollout opens no gateway session; a stateless environment with a row that declares no
-tools opens no verifier session: generate -> verify).
+tools opens no verifier session: generate -> verify). An environment whose tool calls are the answer
+(`AgentSettings.tool_calls_are_answer`) has none of them run: the first turn with calls ends the
+rollout (finish reason "tool_calls") and is verified as it is.
 
 Environment turns: a session seeded with `takes_turns` starts with the messages seeding gave (after
 the row's input) and is stepped after every assistant turn (`EnvPort.step`, with the assistant
@@ -75,6 +77,9 @@ class SessionOpened:
     tools: list[Json] = field(default_factory=list)
     messages: list[Json] = field(default_factory=list)
     takes_turns: bool = False
+    #: Tools this session offers besides `tools` (the environment's own, which CallTool answers): with
+    #: `takes_turns` the step answers calls to them, else CallTool does.
+    session_tools: list[Json] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +104,8 @@ class EnvDescription:
     tools: list[Json] = field(default_factory=list)
     #: No tools and no per-session state: Verify needs no session (the verifier's `stateless`).
     stateless: bool = False
+    #: A turn's tool calls are its answer: none is run (the verifier's `tool_calls_are_answer`).
+    tool_calls_are_answer: bool = False
 
 
 class ModelPort(Protocol):
@@ -152,6 +159,9 @@ class AgentSettings:
     sampling: Json = field(default_factory=dict)
     #: The environment is stateless (EnvDescription.stateless): rows without tools skip the session.
     stateless: bool = False
+    #: A turn's tool calls are the answer (EnvDescription.tool_calls_are_answer): the loop runs none
+    #: and ends at the first turn with calls.
+    tool_calls_are_answer: bool = False
 
 
 @dataclass
@@ -263,7 +273,7 @@ async def run_agent(
         if env_session:
             opened = await env.seed_session(settings.environment, task, session_id)
             seeded = True
-        tools = merge_tools(opened.tools, own_tools)
+        tools = merge_tools(merge_tools(opened.tools, opened.session_tools), own_tools)
         sampling = row_sampling(task, settings.sampling)
         sampling["seed"] = seed
         prompt = input_messages(task, settings.system_prompt)
@@ -292,7 +302,7 @@ async def run_agent(
             start = len(new)
             new.append(turn.message)
             calls = turn.message.get("tool_calls") or []
-            if calls and turn.finish_reason == "tool_calls":
+            if calls and turn.finish_reason == "tool_calls" and not settings.tool_calls_are_answer:
                 await _run_calls(env, session_id, calls, opened, new)
             elif not opened.takes_turns:
                 # A turn cut by length (or that ended for an unknown reason) ends the rollout with

@@ -261,6 +261,7 @@ class JobRun:
             system_prompt=plan.spec.system_prompt,
             sampling=dict(plan.spec.sampling),
             stateless=environment is not None and environment.stateless,
+            tool_calls_are_answer=environment is not None and environment.tool_calls_are_answer,
         )
         self.progress = Progress(total=plan.total)
         # What final metrics need of each rollout, kept only when the sink cannot be read back.

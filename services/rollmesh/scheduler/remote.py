@@ -206,6 +206,7 @@ class VerifierEnv(_Port):
             tools=[tool_from_pb(t) for t in resp.tools],
             messages=[message_from_pb(m) for m in resp.messages],
             takes_turns=resp.takes_turns,
+            session_tools=[tool_from_pb(t) for t in resp.session_tools],
         )
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
@@ -257,4 +258,8 @@ class VerifierEnv(_Port):
     async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
         resp: verifier_pb2.Environment = await unary_call(self.stub.GetEnvironment, req, SERVICE_CALL_S)
-        return EnvDescription(tools=[tool_from_pb(t) for t in resp.tools], stateless=resp.stateless)
+        return EnvDescription(
+            tools=[tool_from_pb(t) for t in resp.tools],
+            stateless=resp.stateless,
+            tool_calls_are_answer=resp.tool_calls_are_answer,
+        )

@@ -37,6 +37,7 @@ def seeded_to_pb(seeded: SeededSession, ttl_s: float) -> pb.SeedSessionResponse:
         ttl_seconds=ttl_s,
         messages=[message_to_pb(m) for m in seeded.messages],
         takes_turns=seeded.takes_turns,
+        session_tools=[tool_spec_to_pb(t) for t in seeded.session_tools],
     )
 
 

@@ -54,7 +54,12 @@ sums the step rewards; its servers have no verify, so a bridge's verify gives 0)
 each step's reward, `done` and `info`. The environment's messages are prompt: the token record never
 trains on them. A turn that has no tool calls and is not done goes back to the model as it is (NeMo
 Gym's gymnasium agent does the same). `takes_turns()` says whether `step` is called at all (default:
-whether the class overrides it); the five built-ins take no turns.
+whether the class overrides it); no built-in takes turns.
+
+Tools given at seed time: `Seeded(tools=...)` offers a session tools of its own besides the class's
+`@tool`s (a server that lists its tools per session); see `Seeded.tools` for who answers them.
+Tool calls as the answer: `tool_calls_are_answer()` True makes the loop run no call and end at the
+first turn with calls, which verify then scores (NeMo Gym's non_executing_simple_agent).
 """
 
 from __future__ import annotations
@@ -159,6 +164,11 @@ class Seeded:
 
     state: Any = None
     messages: tuple[Message, ...] = ()
+    #: Tools this session offers besides the class's `@tool`s (a server that lists its tools per
+    #: session): the model is offered them with the others. Calls to them are answered by `step` when
+    #: the environment takes turns, else through `call_tool`, which an environment offering them
+    #: overrides (the default knows only its `@tool`s). Available as `session.tools`.
+    tools: tuple[ToolSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,6 +196,8 @@ class Session:
     environment: str
     task: Task
     state: Any = None
+    #: The tools this session offers besides the class's `@tool`s (`Seeded.tools`).
+    tools: tuple[ToolSpec, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -375,6 +387,13 @@ class Environment(ABC):
         Return a `Seeded` to also give the messages the episode starts with (a first observation)."""
         del task
         return None
+
+    def tool_calls_are_answer(self) -> bool:
+        """Whether a turn's tool calls are the model's answer rather than requests to run (NeMo Gym's
+        non_executing_simple_agent: xlam_fc, structured-output rows): the agent loop then runs none
+        of them, ends the rollout at the first turn with calls (finish reason "tool_calls") and
+        verifies it, calls included. Default: False (calls are run and the model goes on)."""
+        return False
 
     def takes_turns(self) -> bool:
         """Whether the agent loop calls `step` after each assistant turn. Default: whether the class

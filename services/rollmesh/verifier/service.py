@@ -62,6 +62,8 @@ class EnvironmentInfo:
     sandbox: str = ""
     #: It answers assistant turns (`Environment.takes_turns`): its sessions are stepped.
     takes_turns: bool = False
+    #: A turn's tool calls are its answer (`Environment.tool_calls_are_answer`): none is run.
+    tool_calls_are_answer: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class SeededSession:
     tools: list[ToolSpec]
     messages: tuple[Message, ...] = ()
     takes_turns: bool = False
+    #: Tools this session offers besides `tools` (the environment's own): `Seeded.tools`.
+    session_tools: tuple[ToolSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,20 @@ def _check_messages(name: str, what: str, messages: Any) -> tuple[Message, ...]:
             f"allowed: {', '.join(_TURN_ROLES)}"
         )
     return tuple(messages)
+
+
+def _check_tools(name: str, tools: Any, own: list[ToolSpec]) -> tuple[ToolSpec, ...]:
+    """A session's own tools (`Seeded.tools`), or BadEnvTurn: `ToolSpec`s whose names are unique and
+    none of the environment's `@tool`s (the model would be offered one name twice)."""
+    if not isinstance(tools, tuple | list) or not all(isinstance(t, ToolSpec) for t in tools):
+        raise BadEnvTurn(f"environment {name!r} seed_session tools must be a sequence of ToolSpec")
+    seen = {t.name for t in own}
+    for t in tools:
+        if not t.name or t.name in seen:
+            why = "has no name" if not t.name else f"{t.name!r} is offered twice"
+            raise BadEnvTurn(f"environment {name!r} seed_session returned a tool that {why}")
+        seen.add(t.name)
+    return tuple(tools)
 
 
 def _check_turn(name: str, turn: Any) -> EnvTurn:
@@ -266,6 +284,7 @@ class VerifierService:
             stateless=is_stateless(cls) and not item.env.takes_turns(),
             sandbox=item.env.sandbox_mode(),
             takes_turns=item.env.takes_turns(),
+            tool_calls_are_answer=item.env.tool_calls_are_answer(),
         )
 
     # -- sessions -------------------------------------------------------------------------------------
@@ -277,12 +296,15 @@ class VerifierService:
         self.sessions.reserve(sid)
         state = await item.env.seed_session(task)
         messages: tuple[Message, ...] = ()
+        own = type(item.env).tool_specs()
+        extra: tuple[ToolSpec, ...] = ()
         if isinstance(state, Seeded):
             messages = _check_messages(environment, "seed_session", state.messages)
+            extra = _check_tools(environment, state.tools, own)
             state = state.state
-        session = Session(id=sid, environment=environment, task=task, state=state)
+        session = Session(id=sid, environment=environment, task=task, state=state, tools=extra)
         self.sessions.add(session)  # re-checks: another seed may have raced in during seed_session
-        return SeededSession(session, type(item.env).tool_specs(), messages, item.env.takes_turns())
+        return SeededSession(session, own, messages, item.env.takes_turns(), extra)
 
     async def call_tool(self, session_id: str, call: ToolCall) -> ToolOutput:
         session = self.sessions.get(session_id)
@@ -301,7 +323,7 @@ class VerifierService:
             try:
                 return await env.call_tool(session, call)
             except KeyError:
-                names = ", ".join(s.name for s in type(env).tool_specs()) or "(none)"
+                names = ", ".join(s.name for s in (*type(env).tool_specs(), *session.tools)) or "(none)"
                 raise ToolNotFound(
                     f"environment {session.environment!r} has no tool {call.name!r}; tools: {names}",
                     metadata={"environment": session.environment, "tool": call.name},

@@ -34,6 +34,7 @@ class Environment(_message.Message):
     STATELESS_FIELD_NUMBER: _builtins.int
     SANDBOX_FIELD_NUMBER: _builtins.int
     TAKES_TURNS_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_ARE_ANSWER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name, e.g. "arithmetic"."""
     description: _builtins.str
@@ -56,6 +57,10 @@ class Environment(_message.Message):
     """True when the environment answers assistant turns (Step): a session of it is stepped after each
     assistant turn until it says done. Such an environment is never stateless.
     """
+    tool_calls_are_answer: _builtins.bool
+    """True when a turn's tool calls are the model's answer (NeMo Gym's non_executing_simple_agent): the
+    agent loop runs none of them and ends the rollout at the first turn with calls, then verifies it.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools every session of this environment offers."""
@@ -71,10 +76,11 @@ class Environment(_message.Message):
         stateless: _builtins.bool = ...,
         sandbox: _builtins.str = ...,
         takes_turns: _builtins.bool = ...,
+        tool_calls_are_answer: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tool_calls_are_answer", b"tool_calls_are_answer", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -218,6 +224,7 @@ class SeedSessionResponse(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     TAKES_TURNS_FIELD_NUMBER: _builtins.int
+    SESSION_TOOLS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     ttl_seconds: _builtins.float
     """Seconds of inactivity after which the session expires."""
@@ -233,6 +240,13 @@ class SeedSessionResponse(_message.Message):
         task's input, before the first model turn. Empty for most environments.
         """
 
+    @_builtins.property
+    def session_tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
+        """Tools this session offers besides `tools` (the environment's own, answered by CallTool): a
+        server that lists its tools per session. With `takes_turns` its Step answers calls to them;
+        otherwise CallTool does.
+        """
+
     def __init__(
         self,
         *,
@@ -241,10 +255,11 @@ class SeedSessionResponse(_message.Message):
         ttl_seconds: _builtins.float = ...,
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
         takes_turns: _builtins.bool = ...,
+        session_tools: _abc.Iterable[_common_pb2.ToolSpec] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "session_id", b"session_id", "takes_turns", b"takes_turns", "tools", b"tools", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "session_id", b"session_id", "session_tools", b"session_tools", "takes_turns", b"takes_turns", "tools", b"tools", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
