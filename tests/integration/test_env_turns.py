@@ -29,10 +29,11 @@ from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout, TokenRecord
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from rollmesh.scheduler.tokens import validate_rollout
 from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
 from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.errors import CheckFailed
 from rollmesh.verifier.loader import Discovery, Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
@@ -106,6 +107,24 @@ def _plays(prompt_text: str, request: EngineRequest) -> str:
     return play_guess(prompt_text, request)
 
 
+class StepFailsOnce(VerifierEnv):
+    """The in-process verifier port, whose step fails once (retryably) in the third turn of `key`'s
+    first attempt: the attempt is retried from a new session."""
+
+    def __init__(self, servicer: VerifierServicer, key: str) -> None:
+        port = VerifierEnv.in_process(servicer)
+        super().__init__(port.stub, port._many)
+        self.key, self.steps, self.failed = key, 0, False
+
+    async def step(self, session_id: str, messages: list[dict[str, Any]]) -> Any:
+        if session_id.endswith(self.key) and not self.failed:
+            self.steps += 1
+            if self.steps == 3:
+                self.failed = True
+                raise CheckFailed("injected: the step's checker broke")
+        return await super().step(session_id, messages)
+
+
 async def _run_job(
     mesh: Mesh,
     kind: str,
@@ -114,13 +133,15 @@ async def _run_job(
     max_steps: int,
     environment: str = "guess",
     rows: list[dict[str, Any]] | None = None,
+    env_port: VerifierEnv | None = None,
 ) -> list[Rollout]:
     """Run a job (the guessing game's rows by default) through the scheduler's job manager on `kind`
-    ports; its rows, by key."""
+    ports (or `env_port` for the verifier's); its rows, by key."""
     if kind == "grpc":
         model, env = GatewayModel.connect(mesh.gateway_addr), VerifierEnv.connect(mesh.verifier_addr)
     else:
         model, env = GatewayModel.in_process(mesh.gateway), VerifierEnv.in_process(mesh.verifier)
+    env = env_port or env
     rows = rows if rows is not None else [guess_row(s) for s in SECRETS]
     data = tmp_path / f"{environment}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -133,6 +154,7 @@ async def _run_job(
         concurrency=3,
         output_dir=str(tmp_path / kind),
         validate_all=True,
+        retry=RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05),
     )
     try:
         rec = await manager.wait((await manager.submit(spec)).job_id)
@@ -271,4 +293,19 @@ async def test_when_tool_calls_are_the_answer_the_first_call_ends_the_rollout_un
     for row in await _run_job(mesh, "grpc", tmp_path, max_steps=4, environment="calls", rows=rows):
         assert row.reward == 1.0 and row.finish_reason == "tool_calls" and len(row.tokens.turns) == 1
         assert [m["role"] for m in row.messages] == ["assistant"]
+    assert len(mesh.service.sessions) == 0
+
+
+async def test_an_episode_retried_after_a_failed_step_is_played_again_from_a_new_session(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    """Retries are those of any rollout: the attempt whose step failed is dropped whole, the next
+    one seeds a new session and plays the episode from the start; each key is written once."""
+    port = StepFailsOnce(mesh.verifier, "/1/0")  # secret 37: three guesses, the third step fails once
+    rows = await _run_job(mesh, "in_process", tmp_path, max_steps=10, env_port=port)
+    assert port.failed and [r.attempts for r in rows] == [1, 2, 1, 1, 1]
+    retried = rows[1]
+    assert retried.reward == score(37) and len(retried.env_steps) == len(guesses_to_find(37))
+    assert [m["role"] for m in retried.messages].count("assistant") == len(guesses_to_find(37))
+    assert validate_rollout(retried, tokenizer=FakeTokenizer()) == []
     assert len(mesh.service.sessions) == 0
