@@ -746,7 +746,9 @@ class Rollout(_message.Message):
     seed: _builtins.int
     finish_reason: _builtins.str
     """Why the rollout ended: "stop"; "length" (its last turn was cut by max_tokens: a tool call in it
-    was not run); "max_steps"; "unknown" (the model server named no reason: the turn may be cut).
+    was not run); "max_steps"; "unknown" (the model server named no reason: the turn may be cut);
+    "tool_calls" (an environment whose tool calls are the answer: the turn with calls, not run). With
+    an environment that takes turns, the finish reason of the turn its step said done on.
     """
     masked: _builtins.bool
     """The verifier masked the verdict (VerifyResult.masked): `reward` is no measurement; left out of
