@@ -107,6 +107,7 @@ class _Attempt:
     reported_usage: tuple[int, int] = (0, 0)  # token counts the backend reported (message-only backends)
     streamed: bool = False  # deltas reached the caller
     arrived: float = 0.0  # time.perf_counter() when the generation arrived (time to first token)
+    first_token_s: float = 0.0  # seconds from arrival to the engine's first output (0: none yet)
 
 
 def validate_sampling(
@@ -704,9 +705,8 @@ class Gateway:
                     attempt.reported_usage = (chunk.prompt_tokens, chunk.completion_tokens)
                 if chunk.token_ids or chunk.text:
                     if not attempt.out_ids and not attempt.texts:
-                        telemetry.FIRST_TOKEN_SECONDS.labels(m.name).observe(
-                            time.perf_counter() - attempt.arrived
-                        )
+                        attempt.first_token_s = time.perf_counter() - attempt.arrived
+                        telemetry.FIRST_TOKEN_SECONDS.labels(m.name).observe(attempt.first_token_s)
                     attempt.out_ids.extend(chunk.token_ids)
                     attempt.logprobs.extend(chunk.logprobs)
                     attempt.texts.append(chunk.text)
@@ -775,4 +775,5 @@ class Gateway:
             model=m.name,
             request_id=rid,
             reused_prefix_tokens=reused,
+            first_token_s=round(attempt.first_token_s, 6),
         )

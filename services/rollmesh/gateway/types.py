@@ -47,6 +47,7 @@ class GenerateResult:
     model: str
     request_id: str
     reused_prefix_tokens: int = 0
+    first_token_s: float = 0.0  # from arrival to the engine's first output (0: none)
 
 
 @dataclass(frozen=True)

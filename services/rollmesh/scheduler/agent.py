@@ -61,6 +61,7 @@ class Turn:
     completion_tokens: int = 0
     replica_id: str = ""
     policy_version: str = ""
+    first_token_s: float = 0.0  # the gateway's time to first output (0: not reported)
 
 
 @dataclass

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import RollmeshError
@@ -59,10 +59,14 @@ from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, with_retry
 from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.timing import CURRENT as CURRENT_TIMING
+from rollmesh.scheduler.timing import Reservoir, RolloutTiming
+from rollmesh.scheduler.timing import current as current_timing
 from rollmesh.scheduler.tokens import build_token_record, validate_rollout
 from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Probe, Watchdog
 
 log = get_logger("rollmesh.scheduler.engine")
+T = TypeVar("T")
 
 AUTO_START, AUTO_MAX = 16, 1024
 # Automatic concurrency starts at this many times the engines' batch capacity: a rollout spends part
@@ -160,8 +164,13 @@ class _WatchedModel:
             raise
         finally:
             self._in_flight -= 1
+        took = self._clock() - t0
         if self._limiter is not None:
-            self._limiter.observe(self._clock() - t0)
+            self._limiter.observe(took)
+        if (timing := current_timing()) is not None:
+            timing.model_s.append(took)
+            if turn.first_token_s > 0:
+                timing.first_token_s.append(turn.first_token_s)
         return turn
 
     async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
@@ -172,24 +181,32 @@ class _WatchedModel:
 
 
 class _WatchedEnv:
-    """The verifier port under the watchdog: reachable or not, cut when it hangs."""
+    """The verifier port under the watchdog: reachable or not, cut when it hangs; each call's time in
+    the rollout's phases (timing.py)."""
 
-    def __init__(self, inner: EnvPort, watchdog: Watchdog) -> None:
-        self._inner, self._watch = inner, watchdog.watch
+    def __init__(self, inner: EnvPort, watchdog: Watchdog, clock: Callable[[], float]) -> None:
+        self._inner, self._watch, self._clock = inner, watchdog.watch, clock
+
+    async def _timed(self, phase: str, call: Awaitable[T]) -> T:
+        t0 = self._clock()
+        result = await self._watch(VERIFIER, call)
+        if (timing := current_timing()) is not None:
+            timing.add(phase, self._clock() - t0)
+        return result
 
     async def seed_session(self, environment: str, task: dict[str, Any], session_id: str) -> SessionOpened:
-        return await self._watch(VERIFIER, self._inner.seed_session(environment, task, session_id))
+        return await self._timed("seed_s", self._inner.seed_session(environment, task, session_id))
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
-        return await self._watch(VERIFIER, self._inner.call_tool(session_id, call))
+        return await self._timed("tool_s", self._inner.call_tool(session_id, call))
 
     async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
-        return await self._watch(VERIFIER, self._inner.step(session_id, messages))
+        return await self._timed("env_step_s", self._inner.step(session_id, messages))
 
     async def verify(
         self, environment: str, task: Json, messages: list[Json], session_id: str
     ) -> VerifyResult:
-        return await self._watch(VERIFIER, self._inner.verify(environment, task, messages, session_id))
+        return await self._timed("verify_s", self._inner.verify(environment, task, messages, session_id))
 
     async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
         await self._inner.close_session(session_id)
@@ -252,7 +269,7 @@ class JobRun:
         self.model: ModelPort = _WatchedModel(
             model, self.watchdog, self.deadline, self.limiter if conc == 0 else None, self.hooks.clock
         )
-        self.env: EnvPort = _WatchedEnv(env, self.watchdog)
+        self.env: EnvPort = _WatchedEnv(env, self.watchdog, self.hooks.clock)
         self.backoff = Backoff(self.policy, rand=self.hooks.rand)
         self.settings = AgentSettings(
             environment=plan.spec.environment,
@@ -277,6 +294,7 @@ class JobRun:
         wanted = bool(plan.spec.sampling.get("logprobs"))
         self._tokens = self.hooks.token_builder or partial(build_token_record, logprobs_wanted=wanted)
         self.keep_scored = True  # the manager turns this off when the sink keeps a file to read back
+        sink.write_times = Reservoir()  # the run's sink write times (metrics.json's timing)
         self._sink_kind = telemetry.sink_kind(sink)
         self._sink_rows = telemetry.SINK_WRITES.labels(self._sink_kind, "rollout")
         self._sink_seconds = telemetry.SINK_WRITE_SECONDS.labels(self._sink_kind)
@@ -355,13 +373,16 @@ class JobRun:
             for key in self.plan.keys():
                 if key in existing:
                     continue
+                waited = self.hooks.clock()
                 await self.limiter.acquire()
-                self._tasks.spawn(self._one(key))
+                self._tasks.spawn(self._one(key, queued_s=self.hooks.clock() - waited))
             await self._tasks.join()
         finally:
             await self._tasks.aclose()
 
-    async def _one(self, key: RolloutKey) -> None:
+    async def _one(self, key: RolloutKey, queued_s: float = 0.0) -> None:
+        timing = RolloutTiming(queued_s=queued_s)
+        CURRENT_TIMING.set(timing)  # this task's: the watched ports record the phases into it
         try:
             t0 = self.hooks.clock()
             task = self.plan.rows[key.task_index]
@@ -369,8 +390,12 @@ class JobRun:
 
             cuts = 0  # model calls of this rollout cut by the adaptive deadline: each doubles the next
 
+            tried = False  # an attempt ran before this one: its time and the backoff are `retried_s`
+
             async def attempt() -> tuple[AgentOutcome, TokenRecord]:
-                nonlocal cuts
+                nonlocal cuts, tried
+                timing.new_attempt(retried_s=self.hooks.clock() - t0 if tried else 0.0)
+                tried = True
                 try:
                     with self.deadline.scaled(2.0**cuts):
                         out = await run_agent(
@@ -416,6 +441,7 @@ class JobRun:
                     finish_reason=outcome.finish_reason,
                     env_steps=[step.record() for step in outcome.steps],
                     masked=outcome.verdict.masked,
+                    timing=timing,
                 )
                 if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
                     self._said_no_token_ids = True
@@ -467,7 +493,10 @@ class JobRun:
         async with self._write_lock:
             start = time.perf_counter()
             await self.sink.write(rollout)
-            self._sink_seconds.observe(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            self._sink_seconds.observe(took)
+            if self.sink.write_times is not None:
+                self.sink.write_times.add(took)
             self._sink_rows.inc()
             telemetry.rollout_succeeded()
             p = self.progress

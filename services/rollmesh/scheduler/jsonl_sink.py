@@ -298,7 +298,12 @@ class JsonlSink(Sink):
     def recompute_metrics(self) -> Json:
         rollouts, failures = store.load_scored(self.directory)
         return compute(
-            rollouts, failures, k_values=self.k_values, num_repeats=self._num_repeats, job_id=self._job_id
+            rollouts,
+            failures,
+            k_values=self.k_values,
+            num_repeats=self._num_repeats,
+            job_id=self._job_id,
+            sink_writes=self.write_times,
         ).to_json()
 
     def _close_files(self) -> None:

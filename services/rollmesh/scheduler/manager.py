@@ -205,7 +205,13 @@ def stored_metrics(run: JobRun, job_id: str) -> Json:
     acknowledged (`Sink.not_stored`) are left out (a disk that filled mid-job counted them)."""
     unstored = run.sink.not_stored()
     scored = [s for s in run.scored if s.key not in unstored] if unstored else run.scored
-    return compute(scored, run.failures, k_values=list(run.plan.k_values), job_id=job_id).to_json()
+    return compute(
+        scored,
+        run.failures,
+        k_values=list(run.plan.k_values),
+        job_id=job_id,
+        sink_writes=run.sink.write_times,
+    ).to_json()
 
 
 def resume_hint(job_id: str, output_dir: str | Path) -> str:

@@ -28,6 +28,9 @@ Definitions (every one deterministic, independent of arrival order and sharding)
   figure: mean/std/stderr, pass@k, maj@k, pass@1 and the per-task profile are over the measured
   rollouts only (a task whose rollouts are all masked is in none of them). Their reward is not a 0.
 - Failures: a failure whose key also has a rollout (a resumed job retried it) is not counted.
+- timing: per phase of the rollouts (timing.py: queued, retried, seed, each model turn and its time
+  to first token, each tool call and environment step, verify, the run's sink writes, the whole
+  rollout), n / mean / p50 / p95 / p99 / max seconds over the rows that recorded them.
 - Default k values: powers of two up to n, plus n, where n = `num_repeats` when given, else the
   largest number of rollouts any task has.
 """
@@ -41,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.timing import Reservoir, RolloutTiming, percentiles
 
 DEFAULT_THRESHOLD = 1.0
 _EPS = 1e-9
@@ -59,6 +63,8 @@ class Scored:
     completion_tokens: int
     record_tokens: int  # len(tokens.token_ids)
     masked: bool = False
+    latency_s: float = 0.0
+    timing: RolloutTiming | None = None
 
     @classmethod
     def of(cls, r: Rollout) -> Scored:
@@ -72,6 +78,8 @@ class Scored:
             completion_tokens=r.completion_tokens,
             record_tokens=len(r.tokens.token_ids),
             masked=r.masked,
+            latency_s=r.latency_s,
+            timing=r.timing,
         )
 
 
@@ -132,6 +140,8 @@ class Metrics:
     failures_by_class: dict[str, int] = field(default_factory=dict)
     tasks: list[TaskProfile] = field(default_factory=list)
     num_masked: int = 0
+    #: Per phase of the rollouts (timing.py): n, mean, p50, p95, p99, max in seconds.
+    timing: dict[str, Json] = field(default_factory=dict)
 
     def to_json(self) -> Json:
         """JSON-ready: int map keys become strings ("1", "2", ...)."""
@@ -222,7 +232,9 @@ def compute(
     num_repeats: int | None = None,
     threshold: float = DEFAULT_THRESHOLD,
     job_id: str = "",
+    sink_writes: Reservoir | None = None,
 ) -> Metrics:
+    """`sink_writes`: the sink write times of the run (timing.py), for the timing figures."""
     by_key, dups = dedupe(rollouts)
     by_task: dict[int, list[Scored]] = {}  # the measured rollouts (masked ones left out)
     for key in sorted(by_key):
@@ -245,6 +257,7 @@ def compute(
         threshold=threshold,
         failures_by_class=dict(sorted(failures_by_class.items())),
     )
+    m.timing = percentiles(((r.timing, r.latency_s) for r in by_key.values() if r.timing), sink_writes)
     if not by_key:
         return m
     _token_figures(m, list(by_key.values()))

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollmesh.scheduler.timing import RolloutTiming
+
 Json = dict[str, Any]
 
 
@@ -98,6 +100,8 @@ class Rollout:
     #: is their rewards plus verify's). Empty, and absent from the row, otherwise.
     env_steps: list[Json] = field(default_factory=list)
     masked: bool = False  # the verifier masked the verdict: `reward` is no measurement
+    #: Where the rollout's time went (timing.py); None for rows written before rollmesh recorded it.
+    timing: RolloutTiming | None = None
 
     def to_row(self) -> Json:
         """The JSONL output row: the input echoed, then what rollmesh adds (`env_steps` only when
@@ -128,6 +132,8 @@ class Rollout:
         )
         if self.env_steps:
             row["env_steps"] = self.env_steps
+        if self.timing is not None:
+            row["timing"] = self.timing.to_json()
         return row
 
     @classmethod
@@ -157,6 +163,7 @@ class Rollout:
             finish_reason=str(response.get("finish_reason", "")),
             env_steps=[dict(s) for s in row.get("env_steps", [])],
             masked=row.get("mask_sample") is True,
+            timing=RolloutTiming.from_json(row["timing"]) if isinstance(row.get("timing"), dict) else None,
         )
 
 
@@ -173,7 +180,9 @@ def _finite(name: str, value: Any) -> float:
 
 
 # What `to_row` adds to the echoed task (the row of a rollout of an empty task, `env_steps` included).
-_ADDED_FIELDS = frozenset(Rollout(RolloutKey(0, 0), "", {}, [], 0.0, env_steps=[{}]).to_row())
+_ADDED_FIELDS = frozenset(
+    Rollout(RolloutKey(0, 0), "", {}, [], 0.0, env_steps=[{}], timing=RolloutTiming()).to_row()
+)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.timing import Reservoir
 
 # The job's metrics, computed when called: a sink calls it once it knows what it stored.
 MetricsOf = Callable[[], Json]
@@ -28,6 +29,8 @@ class Sink(ABC):
     # trainer's max_staleness; True: the job counts it as stale_dropped) or never acknowledged by the
     # close (False: not done). Either way it is not succeeded.
     on_unconsumed: Callable[[float, bool], None] | None = None
+    # Set by the job's run: how long each `write` took (timing.py; metrics.json's sink_write_s).
+    write_times: Reservoir | None = None
 
     @abstractmethod
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:

@@ -116,6 +116,7 @@ class GenerateResponse(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REUSED_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
+    FIRST_TOKEN_S_FIELD_NUMBER: _builtins.int
     finish_reason: _builtins.str
     """"stop", "length", "tool_calls" (only for a turn that ended by itself: one cut by length keeps
     "length"), "abort", or "unknown" (an OpenAI-compatible server named none: it may be cut).
@@ -129,6 +130,10 @@ class GenerateResponse(_message.Message):
     request_id: _builtins.str
     reused_prefix_tokens: _builtins.int
     """How many leading prompt ids were kept from earlier turns of the session."""
+    first_token_s: _builtins.float
+    """Seconds from the generation's arrival at the gateway to the engine's first output (for a
+    whole-output request, to the whole output); 0 when nothing was generated.
+    """
     @_builtins.property
     def message(self) -> _common_pb2.ChatMessage:
         """The assistant message: content and parsed tool calls."""
@@ -161,10 +166,11 @@ class GenerateResponse(_message.Message):
         model: _builtins.str = ...,
         request_id: _builtins.str = ...,
         reused_prefix_tokens: _builtins.int = ...,
+        first_token_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "message", b"message", "model", b"model", "output_token_ids", b"output_token_ids", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "replica_id", b"replica_id", "request_id", b"request_id", "reused_prefix_tokens", b"reused_prefix_tokens", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_s", b"first_token_s", "logprobs", b"logprobs", "message", b"message", "model", b"model", "output_token_ids", b"output_token_ids", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "replica_id", b"replica_id", "request_id", b"request_id", "reused_prefix_tokens", b"reused_prefix_tokens", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

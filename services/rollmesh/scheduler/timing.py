@@ -1,0 +1,174 @@
+"""Where each rollout's time went: its phases, recorded in its row, and their percentiles over a job.
+
+A row's `timing` (seconds):
+
+- `queued_s`: waiting for a concurrency slot before the rollout started;
+- `retried_s`: attempts that failed and the backoff after them, before the attempt the row is from;
+- `seed_s`: opening the environment session (0 when none was opened);
+- `model_s`, `first_token_s`: each model turn, from the call to its answer, and from the call's
+  arrival at the gateway to the engine's first output (for a whole-output request, that is the
+  whole output);
+- `tool_s`: each tool call the verifier ran; `env_step_s`: each environment turn;
+- `verify_s`: the verify call.
+
+The phases of the attempt a row comes from are recorded (earlier attempts are `retried_s`). The
+ports the agent loop calls through (engine.py's watched ports) record them into the rollout's
+`RolloutTiming`, found through a context variable the engine sets per rollout, so the loop itself
+carries no timing code. A sink write cannot be in the row it writes: its time is measured by the
+engine (`Sink.write_times`) and reported only in the job's percentiles.
+
+`percentiles` gives, per phase, n / mean / p50 / p95 / p99 / max (nearest rank: a value some sample
+had), over rollouts (`rollout_s` is the row's `latency_s`), turns, tool calls or steps as the phase
+counts them: what metrics.json's `timing` holds and `rollmesh timing` shows.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Json = dict[str, Any]
+
+# The phases of the job's percentiles, in the order a rollout goes through them.
+PHASES = (
+    "queued_s",
+    "retried_s",
+    "seed_s",
+    "model_s",
+    "first_token_s",
+    "tool_s",
+    "env_step_s",
+    "verify_s",
+    "sink_write_s",
+    "rollout_s",
+)
+_LISTS = ("model_s", "first_token_s", "tool_s", "env_step_s")
+_SCALARS = ("queued_s", "retried_s", "seed_s", "verify_s")
+
+
+def _r(seconds: float) -> float:
+    return round(seconds, 6)
+
+
+@dataclass
+class RolloutTiming:
+    """One rollout's phases (seconds), as the row's `timing` holds them."""
+
+    queued_s: float = 0.0
+    retried_s: float = 0.0
+    seed_s: float = 0.0
+    model_s: list[float] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)
+    tool_s: list[float] = field(default_factory=list)
+    env_step_s: list[float] = field(default_factory=list)
+    verify_s: float = 0.0
+
+    def new_attempt(self, retried_s: float) -> None:
+        """An attempt starts: what earlier ones recorded is dropped, their time is `retried_s`."""
+        self.retried_s = retried_s
+        self.seed_s = self.verify_s = 0.0
+        for name in _LISTS:
+            getattr(self, name).clear()
+
+    def add(self, phase: str, seconds: float) -> None:
+        """Record one call of `phase` (seed_s, tool_s, env_step_s or verify_s)."""
+        if phase in _LISTS:
+            getattr(self, phase).append(seconds)
+        else:
+            setattr(self, phase, getattr(self, phase) + seconds)
+
+    def to_json(self) -> Json:
+        data: Json = {name: _r(getattr(self, name)) for name in _SCALARS}
+        data.update({name: [_r(v) for v in getattr(self, name)] for name in _LISTS})
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RolloutTiming:
+        """The row's `timing` (fields missing or of another type are left at 0 / empty)."""
+        t = cls()
+        for name in _SCALARS:
+            value = data.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                setattr(t, name, float(value))
+        for name in _LISTS:
+            values = data.get(name)
+            if isinstance(values, list):
+                getattr(t, name).extend(
+                    float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)
+                )
+        return t
+
+
+# The rollout whose phases the watched ports record now (set by the engine for each rollout's task).
+CURRENT: contextvars.ContextVar[RolloutTiming | None] = contextvars.ContextVar(
+    "rollmesh_rollout_timing", default=None
+)
+
+
+def current() -> RolloutTiming | None:
+    return CURRENT.get()
+
+
+class Reservoir:
+    """At most `size` samples of a stream of values, uniformly chosen (all of them while fewer), with
+    a seeded generator: bounded memory for a job of any length, the same sample for the same stream."""
+
+    def __init__(self, size: int = 100_000, seed: int = 0) -> None:
+        self.size = size
+        self.seen = 0
+        self.values: list[float] = []
+        self._rand = random.Random(seed)
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+            return
+        slot = self._rand.randrange(self.seen)
+        if slot < self.size:
+            self.values[slot] = value
+
+
+def summary(values: Sequence[float], n: int | None = None) -> Json:
+    """n, mean, p50, p95, p99 and max of `values` (nearest rank); `n` the count when `values` is a
+    sample of more."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"n": 0}
+
+    def rank(q: float) -> float:
+        return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
+
+    return {
+        "n": len(ordered) if n is None else n,
+        "mean": _r(sum(ordered) / len(ordered)),
+        "p50": _r(rank(0.50)),
+        "p95": _r(rank(0.95)),
+        "p99": _r(rank(0.99)),
+        "max": _r(ordered[-1]),
+    }
+
+
+def percentiles(timings: Iterable[tuple[RolloutTiming, float]], sink_writes: Reservoir | None = None) -> Json:
+    """Per phase, `summary` over every (timing, latency_s) given (rows without a timing give none:
+    rows written before rollmesh recorded phases); `sink_write_s` from `sink_writes` (this run's
+    writes) when given. Phases no rollout went through are left out."""
+    samples: dict[str, list[float]] = {name: [] for name in PHASES}
+    for t, latency_s in timings:
+        for name in _SCALARS:
+            samples[name].append(getattr(t, name))
+        for name in _LISTS:
+            samples[name].extend(getattr(t, name))
+        samples["rollout_s"].append(latency_s)
+    out: Json = {}
+    for name in PHASES:
+        if name == "sink_write_s":
+            if sink_writes is not None and sink_writes.values:
+                out[name] = summary(sink_writes.values, n=sink_writes.seen)
+        elif samples[name] and (name not in ("seed_s", "retried_s") or any(samples[name])):
+            out[name] = summary(samples[name])
+    return out
