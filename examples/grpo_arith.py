@@ -29,8 +29,16 @@ and the last two checkpoints. The training split is written there too: every `Wh
 a, b in 0..99 outside the benchmark's held-out pairs (same rule as the built-in split), so no
 benchmark task is ever trained on.
 
+With `--reasoning-gym SPEC` (a reasoning-gym generator spec file, or the name of a built-in one:
+`reasoning_gym_arith`, `reasoning_gym_mix10`; docs/reasoning-gym.md) it trains and evaluates on
+reasoning-gym tasks instead, scored by the `reasoning_gym` environment: the held-out evaluation is
+the spec's own rows (`--eval-limit` of them x 8 samples at T = 1.0), the training split
+`--rg-train-size` rows of the same generators and configs under another seed, less every question
+the evaluation asks.
+
 The training loop uses only `rollmesh_client`; `--embedded` additionally imports the services to
-start the mesh in this process (registry, verifier, gateway with `--backend`, scheduler).
+start the mesh in this process (registry, verifier, gateway with `--backend`, scheduler), and
+`--reasoning-gym` imports `rollmesh.procedural` to write its training split.
 """
 
 from __future__ import annotations
@@ -58,7 +66,8 @@ from rollmesh_client import Client
 from rollmesh_client.trainer import RolloutBatch, SinkServer, collate
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
 
-SHIPPED = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
+BUILTIN = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin"
+SHIPPED = BUILTIN / "models" / "tiny-arith"
 CLIP = 0.2
 
 
@@ -84,6 +93,36 @@ def write_train_split(path: Path, seed: int) -> int:
             }
             f.write(json.dumps(row) + "\n")
     return len(pairs)
+
+
+def reasoning_gym_spec(ref: str) -> Path:
+    """A spec file, or a built-in dataset folder's reasoning_gym.json by name."""
+    path = Path(ref)
+    if path.suffix == ".json" or "/" in ref:
+        return path.resolve()
+    return BUILTIN / "datasets" / ref / "reasoning_gym.json"
+
+
+def write_reasoning_gym_split(path: Path, spec_path: Path, seed: int, size: int) -> int:
+    """`size` rows of the spec's generators and configs under another seed, less every question
+    of the spec's own rows (the held-out evaluation); returns how many were written."""
+    from dataclasses import replace
+
+    from rollmesh.procedural import ProceduralSpec
+    from rollmesh.procedural.rows import generate_rows
+
+    spec = ProceduralSpec.from_json(json.loads(spec_path.read_text()), where=str(spec_path))
+    held_out = {row["question"] for row in generate_rows(spec)}
+    # reasoning-gym draws entry i from Random(seed + i): a seed next to the spec's would give its
+    # rows again, one index over. A million away, the two ranges of per-entry seeds never meet.
+    train = replace(spec, size=size, seed=spec.seed + 1_000_000 * (1 + seed))
+    written = 0
+    with path.open("w") as f:
+        for row in generate_rows(train):
+            if row["question"] not in held_out:
+                f.write(json.dumps(row) + "\n")
+                written += 1
+    return written
 
 
 @dataclass
@@ -185,6 +224,13 @@ async def evaluate(client: Client, args: argparse.Namespace) -> tuple[float, flo
         starting_seed=args.seed,
         concurrency=args.eval_concurrency,
     )
+    if args.reasoning_gym:  # the spec's own rows, as the arithmetic benchmark samples them
+        spec.benchmark = ""
+        spec.dataset = str(reasoning_gym_spec(args.reasoning_gym))
+        spec.environment = "reasoning_gym"
+        spec.num_repeats = 8
+        spec.agent.max_steps = 1
+        spec.sampling.CopyFrom(common_pb2.SamplingParams(temperature=1.0, max_tokens=16))
     job = await client.scheduler.submit(spec)
     await job.result(timeout_s=args.eval_timeout_s)
     metrics = await job.metrics()
@@ -240,7 +286,12 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(max(1, args.torch_threads))
     args.out.mkdir(parents=True, exist_ok=True)
     train_path = args.out / "train.jsonl"
-    tasks = write_train_split(train_path, args.seed)
+    if args.reasoning_gym:
+        spec_path = reasoning_gym_spec(args.reasoning_gym)
+        tasks = write_reasoning_gym_split(train_path, spec_path, args.seed, args.rg_train_size)
+    else:
+        tasks = write_train_split(train_path, args.seed)
+    environment = "reasoning_gym" if args.reasoning_gym else "arithmetic"
     policy = Policy.load(args.model, args.lr)
     metrics = Metrics()
     batch_size = args.groups * args.group_size
@@ -268,7 +319,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         async with sink:
             spec = scheduler_pb2.JobSpec(
                 dataset=str(train_path),
-                environment="arithmetic",
+                environment=environment,
                 num_repeats=args.group_size,
                 limit=tasks,  # the whole split; the run ends it (cancel) after its last step
                 starting_seed=args.seed,
@@ -395,6 +446,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-timeout-s", type=float, default=600.0)
     p.add_argument(
         "--target", type=float, default=0.70, help="Held-out pass@1 whose first crossing is reported."
+    )
+    p.add_argument(
+        "--reasoning-gym",
+        default="",
+        metavar="SPEC",
+        help="Train and evaluate on a reasoning-gym generator spec (a .json file, or a built-in "
+        "one's name: reasoning_gym_arith, reasoning_gym_mix10) instead of `What is a + b?`.",
+    )
+    p.add_argument(
+        "--rg-train-size", type=int, default=5000, help="--reasoning-gym: rows generated to train on."
     )
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)

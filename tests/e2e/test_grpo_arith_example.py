@@ -63,3 +63,36 @@ def test_training_split_never_holds_a_benchmark_task(tmp_path: Path) -> None:
     train, benchmark = questions(tmp_path / "t.jsonl"), questions(BENCHMARK_ROWS)
     assert len(train) == int(done.stdout.strip()) > 8000 and len(benchmark) == 200
     assert not train & benchmark
+
+
+def test_grpo_example_trains_on_a_reasoning_gym_mixture(tmp_path: Path) -> None:
+    """--reasoning-gym: the same loop on a mixture of ten reasoning-gym generators, scored by the
+    reasoning_gym environment; its training split holds none of the held-out spec's questions."""
+    out = tmp_path / "grpo"
+    args = ["--embedded", "--backend", "fake", "--steps", "2", "--groups", "2", "--group-size", "4"]
+    args += ["--eval-every", "2", "--eval-limit", "3", "--out", str(out)]
+    args += ["--reasoning-gym", "reasoning_gym_mix10", "--rg-train-size", "60"]
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=900, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (summary["steps"], summary["policy_version"]) == (2, 2)
+    assert summary["pass_at_1_first"] is not None and summary["pass_at_1_last"] is not None
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [r["step"] for r in rows] == ["0", "1", "2"] and all(r["reward"] != "" for r in rows[1:])
+    train = [json.loads(line) for line in (out / "train.jsonl").open()]
+    spec = (
+        ROOT / "services" / "rollmesh" / "builtin" / "datasets" / "reasoning_gym_mix10" / "reasoning_gym.json"
+    )
+    held_out = subprocess.run(
+        [sys.executable, "-m", "rollmesh.cli", "datasets", "generate", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert held_out.returncode == 0, held_out.stderr[-3000:]
+    asked = {json.loads(line)["question"] for line in held_out.stdout.splitlines()}
+    assert 0 < len(train) <= 60 and len(asked) > 50
+    assert not {r["question"] for r in train} & asked
+    assert len({r["metadata"]["source_dataset"] for r in train}) == 10
