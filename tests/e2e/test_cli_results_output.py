@@ -34,5 +34,6 @@ async def test_a_stored_reward_that_is_not_a_number_is_refused_naming_its_line(t
     path.write_text(_row(0) + "\n" + _row(1).replace('"reward": 1.0', '"reward": NaN') + "\n")
     code, out, err = await run_cli("aggregate", str(path), "--json")
     assert code == 2 and out == "", (out, err)
-    assert f"{path}:2: not a rollmesh row (ValueError: reward is nan, not a finite number)" in err
+    said = "not a rollout row of rollmesh or NeMo Gym (ValueError: reward is nan, not a finite number)"
+    assert f"{path}:2: {said}" in err
     assert "Traceback" not in err

@@ -41,7 +41,11 @@ async def test_the_embedded_gateway_reads_the_gateway_variables(tmp_path: Path) 
         return _the_row(json.loads(out)["paths"]["rollouts.jsonl"])
 
     row = await run("--backend", "fake")
-    assert row["response"] == {"output": [{"role": "assistant", "content": "Wha"}], "finish_reason": "length"}
+    assert (
+        row["chat_messages"] == [{"role": "assistant", "content": "Wha"}] and row["finish_reason"] == "length"
+    )
+    assert row["response"]["output"][0]["content"][0]["text"] == "Wha"
+    assert row["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert row["tokens"]["turns"][0]["replica_id"] == "mine-replica-0"
     row = await run(ROLLMESH_GATEWAY_BACKEND="fake")  # it was Ray Serve + vLLM
     assert row["usage"] == {"prompt_tokens": 19, "completion_tokens": 3, "total_tokens": 22}

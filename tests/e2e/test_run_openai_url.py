@@ -98,10 +98,10 @@ def test_a_cut_or_unnamed_end_is_recorded_as_such(
     assert done.returncode in (0, 3), done.stderr
     rows = [json.loads(line) for line in Path(json.loads(done.stdout)["paths"]["rollouts.jsonl"]).open()]
     assert len(rows) == 2 and calls == 2  # one model call each: no tool result, no second turn
-    assert {r["response"]["finish_reason"] for r in rows} == {finish_reason or "unknown"}
+    assert {r["finish_reason"] for r in rows} == {finish_reason or "unknown"}
     if finish_reason == "length":
-        assert all([m["role"] for m in r["response"]["output"]] == ["assistant"] for r in rows)
-        assert all(r["response"]["output"][0]["tool_calls"] for r in rows)  # kept as generated
+        assert all([m["role"] for m in r["chat_messages"]] == ["assistant"] for r in rows)
+        assert all(r["chat_messages"][0]["tool_calls"] for r in rows)  # kept as generated
     else:
         assert all(r["reward"] == 1.0 for r in rows)  # still scored: "unknown" is a label, not a failure
 

@@ -38,7 +38,7 @@ def test_run_with_the_tiny_model_on_ray_serve_vllm(tmp_path: Path) -> None:
     for row in rows:
         tokens = row["tokens"]
         assert tokens["token_ids"] and sum(tokens["loss_mask"]) == row["usage"]["completion_tokens"]
-        assert row["response"]["output"][0]["role"] == "assistant"
+        assert row["chat_messages"][0]["role"] == "assistant"
 
     model_dir = BUILTIN_ROOT / "models" / "tiny-arith"
     check = subprocess.run(

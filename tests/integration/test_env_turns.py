@@ -264,9 +264,9 @@ async def test_reverify_replays_each_episode_in_a_new_session(mesh: Mesh, tmp_pa
         assert new["previous_reward"] == old["reward"]
 
     edited = json.loads(json.dumps(rows[1]))  # secret 37: 50, 25, 37
-    edited["response"]["output"][-1]["content"] = "36"
+    edited["chat_messages"][-1]["content"] = "36"
     empty = json.loads(json.dumps(rows[2]))
-    empty["response"]["output"] = []
+    empty["chat_messages"] = []
     again = await reverify([edited, empty], environment="guess", verifier=mesh.verifier_addr)
     assert (again.scored, again.errors, again.changed) == (1, 1, 1)
     assert (

@@ -136,7 +136,7 @@ def test_readable_errors(tmp_path: Path) -> None:
     no_key = tmp_path / "nokey.jsonl"
     no_key.write_text('{"reward": 1}\n')
     res = runner.invoke(build_app(), ["profile", str(no_key)])
-    assert res.exit_code == 2 and f"{no_key}:1: not a rollmesh row" in res.stderr
+    assert res.exit_code == 2 and f"{no_key}:1: not a rollout row of rollmesh or NeMo Gym" in res.stderr
     # A BOM-like start made json guess UTF-16 and fail with a codec error naming no file or line.
     (utf16 := tmp_path / "utf16.jsonl").write_bytes(
         b"\xff\xfe\n" + json.dumps(make(0, 0).to_row()).encode() + b"\n"

@@ -250,7 +250,7 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
         capture_output=True,
         text=True,
         check=False,
@@ -274,7 +274,7 @@ async def test_a_real_full_tmpfs_fails_the_job_then_resume_completes(
     expected = expected_keys(100, 4)
     ballast = small_tmpfs / "ballast"
     free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
-    ballast.write_bytes(b"\0" * (free - 96 * 1024))  # ~96 KiB left: a fraction of the job's rows
+    ballast.write_bytes(b"\0" * (free - 160 * 1024))  # ~160 KiB left: ~1.5 sink batches of 64 rows of ~1.7 KB
 
     mgr = JobManager(CATALOG, model=LocalModel(latency_s=0.002), env=LocalEnv(), output_dir=str(runs))
     with UnretrievedTaskErrors() as unretrieved:

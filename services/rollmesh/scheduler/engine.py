@@ -442,6 +442,7 @@ class JobRun:
                     env_steps=[step.record() for step in outcome.steps],
                     masked=outcome.verdict.masked,
                     timing=timing,
+                    model=self.plan.spec.model,
                 )
                 if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
                     self._said_no_token_ids = True

@@ -1,18 +1,35 @@
 """The domain records a job produces: rollouts, failures, token records. No grpc here.
 
-A rollout's JSONL row is NeMo Gym-compatible: the input row's fields echoed, plus `response`,
-`reward`, the rollout key and the token record (see `Rollout.to_row`).
+A rollout's JSONL row is NeMo Gym's rollout row plus rollmesh's own fields (`Rollout.to_row`):
+the input row's fields echoed; `response`, an OpenAI Responses object whose `output` holds the
+episode's items (what NeMo Gym's tools and NeMo RL read); `_ng_task_index` / `_ng_rollout_index`,
+the rollout's own key (whatever the input row carried); `reward` and `mask_sample`; and beside
+them rollmesh's `task_index` / `rollout_index`, the chat view of the same turns (`chat_messages`,
+OpenAI-style messages), `finish_reason` and the token record.
+
+`Rollout.from_row` reads those rows, rows written before them (`response` was `{"output": [chat
+messages], "finish_reason"}`) and NeMo Gym's own rollout rows (`ng_collect_rollouts` output: the
+key in `_ng_*`, no token record, usage inside `response`): the one place either format is known.
+A NeMo Gym row without a key (older recordings) is given one by `RowKeys` as it is read.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollmesh.mesh import responses_items
+from rollmesh.mesh.chat import Message
 from rollmesh.scheduler.timing import RolloutTiming
 
 Json = dict[str, Any]
+
+# NeMo Gym's names for a rollout's key in its rows (nemo_gym/global_config.py).
+NG_TASK_INDEX = "_ng_task_index"
+NG_ROLLOUT_INDEX = "_ng_rollout_index"
 
 
 @dataclass(frozen=True, order=True)
@@ -102,6 +119,7 @@ class Rollout:
     masked: bool = False  # the verifier masked the verdict: `reward` is no measurement
     #: Where the rollout's time went (timing.py); None for rows written before rollmesh recorded it.
     timing: RolloutTiming | None = None
+    model: str = ""  # the model the job asked for (the Responses object's `model`)
 
     def to_row(self) -> Json:
         """The JSONL output row: the input echoed, then what rollmesh adds (`env_steps` only when
@@ -111,8 +129,12 @@ class Rollout:
             {
                 "task_index": self.key.task_index,
                 "rollout_index": self.key.rollout_index,
+                NG_TASK_INDEX: self.key.task_index,
+                NG_ROLLOUT_INDEX: self.key.rollout_index,
                 "job_id": self.job_id,
-                "response": {"output": self.messages, "finish_reason": self.finish_reason},
+                "response": self.response_object(),
+                "chat_messages": self.messages,
+                "finish_reason": self.finish_reason,
                 "reward": self.reward,
                 "reward_components": self.reward_components,
                 "extracted_answer": self.extracted_answer,
@@ -136,23 +158,41 @@ class Rollout:
             row["timing"] = self.timing.to_json()
         return row
 
+    def response_object(self) -> Json:
+        """The episode's turns as an OpenAI Responses object (`response` in the row)."""
+        k = self.key
+        return responses_items.response_object(
+            (Message.from_openai(m) for m in self.messages),
+            response_id=f"resp_{self.job_id}_{k.task_index}_{k.rollout_index}",
+            model=self.model,
+            finish_reason=self.finish_reason,
+            input_tokens=self.prompt_tokens,
+            output_tokens=self.completion_tokens,
+        )
+
     @classmethod
     def from_row(cls, row: Json) -> Rollout:
-        """Inverse of to_row (the task is every field rollmesh did not add)."""
+        """Inverse of to_row (the task is every field rollmesh did not add); also reads rows written
+        before `response` was a Responses object, and NeMo Gym's rollout rows (module docstring).
+        ValueError (KeyError for a row with no key at all) when the row is none of them."""
         task = {k: v for k, v in row.items() if k not in _ADDED_FIELDS}
-        usage = row.get("usage", {})
-        response = row.get("response", {})
+        response = row.get("response")
+        legacy = isinstance(response, Mapping) and "finish_reason" in response and "object" not in response
+        usage = row.get("usage") or _usage_of(response)
+        if "reward" not in row and "task_index" not in row:  # a NeMo Gym row that is an input row
+            raise ValueError("the row has no reward")
         return cls(
-            key=RolloutKey(int(row["task_index"]), int(row["rollout_index"])),
+            key=_key_of(row),
             job_id=str(row.get("job_id", "")),
             task=task,
-            messages=list(response.get("output", [])),
+            messages=_messages_of(row, response, legacy),
             reward=_finite("reward", row.get("reward", 0.0)),
             reward_components={
-                k: _finite(f"reward_components.{k}", v) for k, v in row.get("reward_components", {}).items()
+                k: _finite(f"reward_components.{k}", v)
+                for k, v in (row.get("reward_components") or {}).items()
             },
-            extracted_answer=str(row.get("extracted_answer", "")),
-            verify_details=dict(row.get("verify_details", {})),
+            extracted_answer=_text(row.get("extracted_answer")),
+            verify_details=dict(row.get("verify_details") or {}),
             tokens=TokenRecord.from_json(row.get("tokens", {})),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             completion_tokens=int(usage.get("completion_tokens", 0)),
@@ -160,11 +200,85 @@ class Rollout:
             latency_s=float(row.get("latency_s", 0.0)),
             policy_version=str(row.get("policy_version", "")),
             seed=int(row.get("seed", 0)),
-            finish_reason=str(response.get("finish_reason", "")),
+            finish_reason=_finish_of(row, response, legacy),
             env_steps=[dict(s) for s in row.get("env_steps", [])],
             masked=row.get("mask_sample") is True,
             timing=RolloutTiming.from_json(row["timing"]) if isinstance(row.get("timing"), dict) else None,
+            model="" if legacy or not isinstance(response, Mapping) else _text(response.get("model")),
         )
+
+
+def _key_of(row: Json) -> RolloutKey:
+    """rollmesh's key, else NeMo Gym's (a row of ng_collect_rollouts); KeyError when neither."""
+    for task, rollout in (("task_index", "rollout_index"), (NG_TASK_INDEX, NG_ROLLOUT_INDEX)):
+        if task in row and rollout in row:
+            return RolloutKey(int(row[task]), int(row[rollout]))
+    raise KeyError(f"no task_index/rollout_index (nor NeMo Gym's {NG_TASK_INDEX}/{NG_ROLLOUT_INDEX})")
+
+
+def _messages_of(row: Json, response: Any, legacy: bool) -> list[Json]:
+    if "chat_messages" in row:
+        return list(row["chat_messages"])
+    if legacy:
+        return list(response.get("output", []))
+    if response is None:  # NeMo Gym records a rollout whose agent failed with no response
+        return []
+    if not isinstance(response, Mapping):
+        raise ValueError(f"response is {type(response).__name__}, not a Responses object")
+    return [m.to_openai() for m in responses_items.response_messages(response)]
+
+
+def _finish_of(row: Json, response: Any, legacy: bool) -> str:
+    """rollmesh's finish reason; for a NeMo Gym row, the Responses status's: completed "stop",
+    cut at max_output_tokens "length", anything else "unknown"."""
+    if "finish_reason" in row:
+        return str(row["finish_reason"])
+    if legacy:
+        return str(response.get("finish_reason", ""))
+    if not isinstance(response, Mapping):
+        return "unknown"
+    if response.get("status") == "completed":
+        return "stop"
+    details = response.get("incomplete_details")
+    cut = isinstance(details, Mapping) and details.get("reason") == "max_output_tokens"
+    return "length" if cut else "unknown"
+
+
+def _usage_of(response: Any) -> Json:
+    """A Responses object's usage in rollmesh's names (none: zeros)."""
+    usage = response.get("usage") if isinstance(response, Mapping) else None
+    if not isinstance(usage, Mapping):
+        return {}
+    return {
+        "prompt_tokens": usage.get("input_tokens") or 0,
+        "completion_tokens": usage.get("output_tokens") or 0,
+    }
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+class RowKeys:
+    """Keys for the rows of one file that carry none (NeMo Gym's recordings from before
+    `_ng_task_index`): rows with the same `responses_create_params` are one task, numbered in the
+    order tasks first appear, and its rollouts in file order. Rows with a key pass unchanged."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, int] = {}
+        self._rollouts: dict[int, int] = {}
+
+    def fill(self, row: Json) -> Json:
+        keyed = ("task_index" in row and "rollout_index" in row) or (
+            NG_TASK_INDEX in row and NG_ROLLOUT_INDEX in row
+        )
+        if keyed or not isinstance(row.get("responses_create_params"), Mapping) or "response" not in row:
+            return row  # keyed, or not a NeMo Gym rollout row: from_row says what it lacks
+        identity = json.dumps(row.get("responses_create_params"), sort_keys=True, default=str)
+        task = self._tasks.setdefault(identity, len(self._tasks))
+        rollout = self._rollouts.get(task, 0)
+        self._rollouts[task] = rollout + 1
+        return {**row, NG_TASK_INDEX: task, NG_ROLLOUT_INDEX: rollout}
 
 
 def _finite(name: str, value: Any) -> float:

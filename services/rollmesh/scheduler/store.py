@@ -34,7 +34,7 @@ from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
 from rollmesh.scheduler.metrics import Scored
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, RowKeys
 from rollmesh.scheduler.spec import JobSpec
 
 log = get_logger("rollmesh.scheduler.store")
@@ -349,7 +349,7 @@ def load_scored(directory: Path) -> tuple[list[Scored], list[RolloutFailure]]:
     """What metrics read of every rollout a job folder holds, and its failures (blocking; call from
     a thread). One row is parsed at a time and only its `Scored` summary kept, so memory follows the
     number of rows (a few hundred bytes each), not the size of rollouts.jsonl (whole conversations).
-    A row that is not a rollmesh row raises CorruptSinkFile naming its file and line."""
+    A row that is not a rollout row raises CorruptSinkFile naming its file and line."""
     rollouts = [
         Scored.of(_parse(f"{directory / ROLLOUTS}:{n}", row, Rollout.from_row))
         for n, row in _rows_if_any(directory / ROLLOUTS)
@@ -405,9 +405,12 @@ def expand_paths(patterns: Sequence[str]) -> list[Path]:
 
 
 def read_rollout_rows(path: Path, skipped: list[str] | None = None) -> list[tuple[int, Json]]:
-    """(line number, row) of a rollouts file, each row checked to parse as a Rollout."""
+    """(line number, row) of a rollouts file (rollmesh's or NeMo Gym's), each row checked to parse as
+    a Rollout; a NeMo Gym row without a key gets one (`RowKeys`: `_ng_task_index`/`_ng_rollout_index`)."""
     rows: list[tuple[int, Json]] = []
+    keys = RowKeys()
     for lineno, row in iter_rows(path, skipped):
+        row = keys.fill(row)
         _parse(f"{path}:{lineno}", row, Rollout.from_row)
         rows.append((lineno, row))
     return rows
@@ -427,8 +430,9 @@ def load_files(paths: Sequence[Path]) -> LoadedResults:
                 res.failures.append(failure)
                 held.add(failure.key)
             continue
+        keys = RowKeys()
         for lineno, row in iter_rows(path, res.skipped):
-            r = _parse(f"{path}:{lineno}", row, Rollout.from_row)
+            r = _parse(f"{path}:{lineno}", keys.fill(row), Rollout.from_row)
             held.add(r.key)
             first = seen.get(r.key)
             if first is None:
@@ -488,4 +492,6 @@ def _parse(where: str, row: Json, parse: Callable[[Json], T]) -> T:
     try:
         return parse(row)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise CorruptSinkFile(f"{where}: not a rollmesh row ({type(exc).__name__}: {exc})") from None
+        raise CorruptSinkFile(
+            f"{where}: not a rollout row of rollmesh or NeMo Gym ({type(exc).__name__}: {exc})"
+        ) from None
