@@ -1,237 +1,21 @@
-"""The trusted checker and value decoder: what is computed in the verifier, what is asked of the
-sandbox (recorded by a child that evaluates in-process, standing in for the runner), and what is
-refused. The real sandbox is exercised in tests/integration/test_code_forgery.py."""
+"""The verifier's side of a verdict: the strict value decoder, what may cross between the clean
+interpreter and the solution's process (`sandbox_checks`), and how the clean interpreter counts
+asserts. The processes themselves run in tests/integration/test_code_forgery.py and
+test_code_clean_interpreter.py."""
 
 from __future__ import annotations
 
+import ast
 import json
-import time
-from collections.abc import Collection
 from typing import Any
 
 import pytest
 
-from rollmesh.verifier._sandbox_runner import Runner, encode
-from rollmesh.verifier.errors import BadValue, CaseFailed, ProbeError
-from rollmesh.verifier.sandbox_checks import Checker, eval_result
-from rollmesh.verifier.sandbox_values import decode_value, parse_frame
-
-
-class RecordingChild:
-    """Runs what the checker sends in a plain namespace, as the runner would, and records it."""
-
-    def __init__(self, solution: str) -> None:
-        self.runner = Runner()
-        self.globals = self.runner.globals
-        exec(solution, self.globals)
-        self.sent: list[tuple[str, str, dict[str, Any]]] = []
-
-    async def exec(self, src: str, bind: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
-        self.sent.append(("exec", src, bind))
-        reply = self.runner.handle({"op": "exec", "src": src, "bind": bind, "keep": list(keep)})
-        return {k: decode_value(v) for k, v in reply.get("changed", {}).items()}
-
-    async def eval(self, src: str, bind: dict[str, Any]) -> Any:
-        self.sent.append(("eval", src, bind))
-        try:
-            reply = self.runner.handle({"op": "eval", "src": src, "bind": bind})
-        except (TypeError, ValueError) as exc:
-            reply = {"error": str(exc)}
-        return eval_result(src, reply)
-
-
-SOLUTION = """
-def add(a, b):
-    return a + b
-def pairs(n):
-    return [(i, i * i) for i in range(n)]
-def gen(n):
-    yield from range(n)
-class Stack:
-    def __init__(self): self.items = []
-    def push(self, x): self.items.append(x)
-    def pop(self): return self.items.pop()
-"""
-
-
-async def passes(child: RecordingChild, case: str) -> bool:
-    try:
-        await Checker(child).check(case)
-    except (CaseFailed, ProbeError):
-        return False
-    return True
-
-
-@pytest.mark.parametrize(
-    ("case", "ok"),
-    [
-        ("assert add(1, 2) == 3", True),
-        ("assert add(1, 2) == 4", False),
-        ("assert add(1, 2) != 4 and not add(0, 0)", True),
-        ("assert pairs(3) == [(0, 0), (1, 1), (2, 4)]", True),
-        ("assert pairs(2) == [[0, 0], [1, 1]]", False),  # tuples are not lists, as in Python
-        ("assert list(gen(3)) == [0, 1, 2] and sorted(gen(3), reverse=True) == [2, 1, 0]", True),
-        ("assert all(add(x, y) == x + y for x in range(3) for y in range(3) if x != y)", True),
-        ("assert any(add(x, 1) == 10 for x in range(5))", False),
-        ("for a, b in [(1, 2), (3, 4)]:\n    assert add(a, b) == a + b", True),
-        ("import math\nassert math.isclose(add(0.1, 0.2), 0.3)", True),
-        ("assert math.isclose(add(0.1, 0.2), 0.3) and math.floor(add(1.5, 1)) == 2", True),
-        ("from math import isclose\nassert isclose(add(0.1, 0.2), 0.3)", True),
-        ("assert abs(add(0.1, 0.2) - 0.3) < 1e-9", True),
-        ("s = Stack()\ns.push(5)\ns.push(6)\nassert s.pop() == 6\nassert s.pop() == 5", True),
-        ("expected = 55\nassert add(50, 5) == expected", True),
-        ("assert add('a', 'b') == 'ab' and add(b'a', b'b') == b'ab'", True),
-        ("assert add({1}, set()) == {1}", False),  # TypeError in the sandbox: a failed test
-        ("assert add(True, 0) == 1 and isinstance(add(1, 1), int)", True),
-        ("raise ValueError('x')", False),
-        ("assert 1 / add(0, 0) > 0", False),  # ZeroDivisionError here: a failed test, not a crash
-        ("assert sorted([add(1, 1), 'x']) == []", False),
-        (
-            "assert {x % 3: x for x in range(6)} == {0: 3, 1: 4, 2: 5} and round(add(0.5, 0.25), 1) == 0.8",
-            True,
-        ),
-    ],
-)
-async def test_verdicts(case: str, ok: bool) -> None:
-    assert await passes(RecordingChild(SOLUTION), case) is ok
-
-
-async def test_expected_values_never_reach_the_child() -> None:
-    child = RecordingChild(SOLUTION)
-    case = (
-        "expected = [123456, 654321]\n"
-        "for x, want in [(1, 777001), (2, 777002)]:\n    assert add(x, 0) == want"
-    )
-    assert not await passes(child, case)
-    sent = repr(child.sent)
-    assert "777001" not in sent and "777002" not in sent and "123456" not in sent
-    assert [op for op, _, _ in child.sent] == ["eval"]  # the loop stopped at the first failure
-    assert child.sent[0][1:] == ("add(x, 0)", {"x": 1})
-
-
-async def test_builtins_rebound_by_the_solution_are_not_used() -> None:
-    child = RecordingChild(
-        "import math\nmath.isclose = lambda *a, **k: True\n"
-        "def add(a, b): return 0\nall = lambda it: True\nabs = lambda x: 0\n"
-    )
-    assert not await passes(child, "assert all(add(x, 1) == x + 1 for x in range(3))")
-    assert not await passes(child, "assert abs(add(0.1, 0.2) - 0.3) < 1e-9")
-    assert not await passes(child, "assert math.isclose(add(0.1, 0.2), 0.3)")
-
-
-async def test_asserts_that_would_run_in_the_sandbox_are_refused() -> None:
-    child = RecordingChild(SOLUTION)
-    for case in (
-        "def check(*fs):\n    assert fs[0](1, 2) == 3\ncheck(add)",
-        "i = 0\nwhile i < 2:\n    assert add(i, 0) == i\n    i += 1",
-        "try:\n    assert add(1, 1) == 2\nexcept AssertionError:\n    pass",
-    ):
-        with pytest.raises(CaseFailed, match="unverifiable"):
-            await Checker(child).check(case)
-    assert child.sent == []
-
-
-HUMANEVAL_STYLE = """
-METADATA = {'author': 'jt', 'dataset': 'test'}
-
-
-def check(candidate):
-    assert candidate(1, 2) == 3
-    assert abs(candidate(0.1, 0.2) - 0.3) < 1e-9
-    for x in range(3):
-        assert candidate(x, x) == 2 * x
-    inner(candidate, 5)
-
-
-def inner(f, n):
-    assert f(n, -n) == 0
-    return n
-
-check(add)
-"""
-
-
-async def test_helpers_the_tests_define_run_here() -> None:
-    """HumanEval's `def check(candidate): assert ...` then `check(entry_point)`: the helper is
-    interpreted in the verifier; the sandbox only sees `add(...)` probes."""
-    child = RecordingChild(SOLUTION)
-    assert await passes(child, HUMANEVAL_STYLE)
-    assert {op for op, _, _ in child.sent} == {"eval"}
-    assert all(src.startswith("add(") for _, src, _ in child.sent), child.sent
-    assert ("eval", "add(x, x)", {"x": 2}) in child.sent
-    liar = RecordingChild("class Yes:\n    def __eq__(self, o): return True\ndef add(a, b): return Yes()\n")
-    assert not await passes(liar, HUMANEVAL_STYLE)
-    wrong = RecordingChild("def add(a, b): return a - b\n")
-    assert not await passes(wrong, HUMANEVAL_STYLE)
-
-
-async def test_helpers_without_asserts_run_here_when_simple() -> None:
-    """A helper the tests call for their cases or a verdict is interpreted here (the sandbox also
-    gets its def, for probes); `+=` on a value that lives here stays here. A helper too complex to
-    interpret (recursion, while) still runs in the sandbox, so honest code keeps passing."""
-    cases = (
-        "def cases():\n    return [(1, 2, 3), (2, 2, 4)]\n"
-        "for a, b, want in cases():\n    assert add(a, b) == want\n"
-    )
-    child = RecordingChild(SOLUTION)
-    assert await passes(child, cases)
-    assert [(op, src) for op, src, _ in child.sent] == [
-        ("exec", "def cases():\n    return [(1, 2, 3), (2, 2, 4)]"),
-        ("eval", "add(a, b)"),
-        ("eval", "add(a, b)"),
-    ]
-    counting = (
-        "def agrees(f, n):\n    total = 0\n    for i in range(n):\n        total += f(i, i)\n"
-        "    return total == n * (n - 1)\nassert agrees(add, 4)\n"
-    )
-    child = RecordingChild(SOLUTION)
-    assert await passes(child, counting)
-    assert [src for op, src, _ in child.sent if op == "eval"] == ["add(i, i)"] * 4
-    assert not await passes(RecordingChild("def add(a, b): return 0\n"), counting)
-    top_level = "n = 1\nn += add(1, 1)\nassert n == 3\n"
-    assert await passes(RecordingChild(SOLUTION), top_level)
-    recursive = (
-        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\nassert add(fib(20), 0) == 6765\n"
-    )
-    looping = (
-        "def tri(n):\n    t = 0\n    while n:\n        t += n\n        n -= 1\n    return t\n"
-        "assert add(tri(4), 0) == 10\n"
-    )
-    for case in (recursive, looping):
-        child = RecordingChild(SOLUTION)
-        assert await passes(child, case), case
-        assert child.sent[0][0] == "exec"
-
-
-async def test_a_helper_that_builds_its_cases_by_mutation_is_not_interpreted_into_none() -> None:
-    """`out.append(...)` run as a probe would change a copy in the sandbox: interpreted here, the
-    helper would return no cases and every solution would pass. It runs in the sandbox instead."""
-    building = (
-        "def cases():\n    out = []\n    for i in range(3):\n        out.append((i, i, 2 * i))\n"
-        "    return out\n"
-        "for a, b, want in cases():\n    assert add(a, b) == want\n"
-    )
-    assert await passes(RecordingChild(SOLUTION), building)
-    assert not await passes(RecordingChild("def add(a, b): return 0\n"), building)
-
-
-async def test_sizes_are_bounded_on_the_trusted_side() -> None:
-    child = RecordingChild("def big(): return 10**6\n")
-    with pytest.raises(CaseFailed, match="too large"):
-        await Checker(child).check("assert 10 ** big() > 0")
-    with pytest.raises(CaseFailed, match="too large"):
-        await Checker(child).check("assert len('x' * big() * big()) > 0")
-    with pytest.raises(CaseFailed, match="digits"):
-        await Checker(child).check("assert round(5, -big()) == 0")
-
-
-async def test_keys_crafted_to_share_a_hash_are_refused() -> None:
-    """ints congruent mod 2**61 - 1 share a hash: a set of many costs quadratic time to build."""
-    child = RecordingChild("def keys(): return [i * (2**61 - 1) for i in range(1, 5000)]\n")
-    with pytest.raises(CaseFailed, match="share one hash"):
-        await Checker(child).check("assert set(keys()) == set()")  # decoded list is fine; set() is not
-    with pytest.raises(BadValue, match="share one hash"):
-        decode_value(encode(set(range(1, 40)) | {i * (2**61 - 1) for i in range(1, 40)}))
+from rollmesh.verifier._clean_runner import _instrument, _pytest_style
+from rollmesh.verifier._sandbox_runner import encode
+from rollmesh.verifier.errors import BadValue, ChannelBroken
+from rollmesh.verifier.sandbox_checks import plain_names, replain, unverifiable_case
+from rollmesh.verifier.sandbox_values import Ref, decode_value, parse_frame
 
 
 @pytest.mark.parametrize(
@@ -271,21 +55,6 @@ def test_reply_frames_are_strict() -> None:
             parse_frame(bad)
 
 
-async def test_inserts_take_only_keys_that_cannot_share_a_hash() -> None:
-    """`s.add(f(n))` into the tests' set runs here: 5000 ints congruent mod 2**61 - 1 (one hash)
-    would cost 5000**2 probes of the table; the first is refused. 5000 distinct small ints that
-    share their low 40 bits still have distinct hashes and are taken."""
-    case = "s = set()\nfor n in range(5000):\n    s.add(key(n))\nassert len(s) == 5000"
-    colliding = RecordingChild("def key(n):\n    return (n + 1) * ((1 << 61) - 1)\n")
-    with pytest.raises(CaseFailed, match=r"int key added by \.add"):
-        await Checker(colliding).check(case)
-    assert len(colliding.sent) == 1
-    tuples = RecordingChild("def key(n):\n    return (n, -n)\n")
-    with pytest.raises(CaseFailed, match="tuple key"):
-        await Checker(tuples).check(case)
-    assert await passes(RecordingChild("def key(n):\n    return n << 40\n"), case)
-
-
 def test_exact_number_types_decode_strictly() -> None:
     """Fraction, Decimal and deque answers come back as the real types, bounded so that reducing
     or comparing them stays cheap; a malformed or oversized one is a BadValue (a failed case)."""
@@ -309,17 +78,67 @@ def test_exact_number_types_decode_strictly() -> None:
             decode_value(bad)
 
 
-async def test_unions_into_the_tests_set_cannot_pile_up_one_hash() -> None:
-    """`s |= chunk(n)`: each answer may hold 16 keys of one hash, and 2000 rounds of them built a
-    set of 32,000 keys of one hash here (6.9 s on the event loop, n**2 beyond). The merge is
-    refused once more than 16 share a hash; honest chunks (tuples too) still merge."""
-    case = "s = set()\nfor n in range(2000):\n    s |= chunk(n)\nassert len(s) == 32000"
-    colliding = RecordingChild(
-        "M = (1 << 61) - 1\ndef chunk(n):\n    return {(16 * n + k + 1) * M for k in range(16)}\n"
+def test_references_cross_only_where_allowed() -> None:
+    """An object of the solution's own comes back as a bare reference, only in a call's answer;
+    a value is always written again by the verifier (a subclass or a NaN token never crosses)."""
+    assert decode_value(["list", [["ref", 3], 1]], refs=True) == [Ref(3), 1]
+    with pytest.raises(BadValue):
+        decode_value(["ref", 3])
+    for bad in (["ref", -1], ["ref", "3"], ["ref", 1 << 40]):
+        with pytest.raises(BadValue):
+            decode_value(bad, refs=True)
+    assert replain(["dict", [["a", ["ref", 0]]]]) == ["dict", [["a", ["ref", 0]]]]
+    assert replain(["float", "nan"]) == ["float", "nan"]
+
+
+def test_names_of_the_solution_are_checked() -> None:
+    names = [
+        ["add", "own", None],
+        ["np", "module", "numpy"],
+        ["Counter", "imported", ["collections", "Counter"]],
+    ]
+    assert plain_names(names) == names
+    # the clean interpreter's hooks (and every dunder) are never bound to the solution's claims
+    assert plain_names([["__rm_pass__", "own", None], ["__builtins__", "own", None]]) == []
+    for bad in (
+        [["1x", "own", None]],
+        [["class", "own", None]],
+        [["x", "weird", None]],
+        [["x", "module", 3]],
+        [["x", "imported", ["a"]]],
+        "add",
+        [["x"] * 4],
+    ):
+        with pytest.raises(ChannelBroken):
+            plain_names(bad)
+
+
+def test_only_a_test_that_does_not_parse_is_refused_before_running() -> None:
+    assert unverifiable_case("assert add(1, 2) == 3 +")
+    for fine in (
+        "i = 0\nwhile i < 2:\n    assert add(i, 0) == i\n    i += 1",
+        "try:\n    assert f()\nexcept E:\n    pass",
+    ):
+        assert unverifiable_case(fine) is None
+
+
+def test_asserts_are_counted_and_statement_calls_marked() -> None:
+    """Every assert counts when it starts and when it passes (a failure the test catches still
+    fails the case); a call made as a statement is marked, so what the solution changes in place
+    comes back; a top-level import is forwarded to the solution's process."""
+    src = "import math\nrev(xs)\ndef check(f):\n    import os\n    assert f(1) == 2, 'msg'\n"
+    out = ast.unparse(_instrument(ast.parse(src)))
+    assert "__rm_import__('import math')" in out and "__rm_import__('import os')" not in out
+    assert "__rm_effect__(rev, xs)" in out
+    assert "__rm_begin__()" in out and "assert __rm_pass__(f(1) == 2), 'msg'" in out
+
+
+def test_pytest_style_functions_are_collected_unless_the_case_calls_them() -> None:
+    src = (
+        "def test_a():\n    pass\ndef test_b():\n    pass\ndef test_c(x):\n    pass\ntest_b()\n"
+        "class TestX:\n    def test_m(self):\n        pass\n"
     )
-    started = time.monotonic()
-    assert not await passes(colliding, case)
-    assert time.monotonic() - started < 1
-    assert len(colliding.sent) == 2
-    honest = RecordingChild("def chunk(n):\n    return {(n, k) for k in range(16)}\n")
-    assert await passes(honest, case)
+    scope: dict[str, Any] = {}
+    exec(src, scope)
+    runs = _pytest_style(ast.parse(src), scope)
+    assert [getattr(r, "__name__", "") for r in runs] == ["test_a", "test_m"]

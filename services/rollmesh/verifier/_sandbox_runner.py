@@ -1,28 +1,31 @@
-"""The untrusted side of a sandboxed run. Copied into the run's temp dir and started as
-`python -I -S -B runner.py [--keeper]` with an empty environment; the service imports it only for
-`encode`. `--keeper` (`process` mode): see `keep`.
+"""The sandboxed side of a run. Copied into the run's temp dir and started as
+`python -I -S -B runner.py [--clean] [--keeper]` with an empty environment; the service imports it
+only for `encode`. `--keeper` (`process` mode): see `keep`. `--clean`: this process is the clean
+interpreter (`_clean_runner.py`, copied next to it as clean.py), which never sees the solution.
 
-Contract: this process never holds an expected value or a comparison. It answers requests, one
-JSON object per line on stdin, with exactly one frame each on the reply fd (4-byte big-endian
-length, then a JSON object with the request's "id"):
+Contract of the solution's process (without `--clean`): it never holds a test, an expected value
+or a comparison. It answers requests, one JSON object per line on stdin, with frames on the reply
+fd (4-byte big-endian length, then a JSON object whose "id" is the latest request's):
 
-    hello {reply_fd, limits, guards,  -> {}              uid dropped (`process` mode as root), rlimits
-           drop_to}                                      (soft = hard) and guards set
-    load  {code, mode}                -> {}              "asserts": run the code once as `solution`;
-                                                         "io": only compile it
-    exec  {src, bind, keep}           -> {"changed"?: {}} a test's own statement, in the solution's globals;
-                                                         the values of `bind` it changed in place
-    eval  {src, bind}                 -> {"value": v}    an expression's value as plain data (`encode`);
-                                                         {"error", "opaque": true} when it is not
-    main  {stdin}                     -> {"stdout", "exit", "truncated"}  one run as __main__
+    hello {reply_fd, limits, guards, drop_to} -> {}     uid dropped (`process` mode as root),
+                                                         rlimits (soft = hard) and guards set
+    load  {code, mode}          -> {"names": [...]}      "asserts": run the code once as module
+                                                         `solution`, list its globals; "io": compile
+    call  {fn, args, kwargs}    -> {"value": v, "changed"?: [[arg, v]...]} | {"raised", "error"}
+                                   a function of the solution's (or an `OPS` question about an
+                                   object of its own) called with plain-data arguments; a value
+                                   that is not plain data goes back as ["ref", n]
+                                -> {"callback": {fn, args, kwargs}}  the solution called a function
+                                   of the tests'; the answer comes as a request `returned`
+                                   {value} | {raised, error}
+    main  {stdin}               -> {"stdout", "exit", "truncated"}  one run as __main__
 
 A failure answers {"error": "..."}. Everything sent back is a claim that the verifier decodes
-strictly and compares itself; the solution can rewrite this file's functions, but then all it can
-do is claim other values. Before the solution runs, fd 0 becomes /dev/null; stdout and stderr are
-the service's diagnostics only, never read for a verdict. The guards (no sockets, no new processes, no
-files outside the cwd) are a second line of defence; the kernel (namespaces, chroot, uid,
-rlimits) is the first.
-"""
+strictly; the solution can rewrite this file's functions, but then all it can do is claim other
+values. Before the solution runs, fd 0 becomes /dev/null; stdout and stderr are the service's
+diagnostics only, never read for a verdict. The guards (no sockets, no new processes, no files
+outside the cwd) are a second line of defence; the kernel (namespaces, chroot, uid, rlimits) is
+the first."""
 
 from __future__ import annotations
 
@@ -33,14 +36,17 @@ import fractions
 import io
 import json
 import math
+import operator
 import os
 import resource
 import signal
 import struct
 import sys
+import types
 from typing import Any
 
 MAX_ERROR_CHARS = 300
+SPECIAL_TAGS = frozenset({"ref", "name", "fn", "builtin"})
 MAX_DEPTH = 64
 MAX_ITEMS = 100_000
 STDOUT_CAP = 1024 * 1024
@@ -49,9 +55,10 @@ STDOUT_CAP = 1024 * 1024
 # -- values as plain data ------------------------------------------------------------------------------
 
 
-def encode(value: Any, depth: int = 0) -> Any:
+def encode(value: Any, depth: int = 0, other: Any = None) -> Any:
     """A value as JSON-able plain data: null, bool, int (as a JSON number while exact), finite float,
-    str; everything else a [tag, payload] pair. Iterators, ranges and dict views become lists."""
+    str; everything else a [tag, payload] pair. Iterators, ranges and dict views become lists.
+    `other(value)`, when given, encodes what is not plain data (a reference), else TypeError."""
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     if value is None or isinstance(value, bool):
@@ -73,16 +80,21 @@ def encode(value: Any, depth: int = 0) -> Any:
     if isinstance(value, decimal.Decimal):
         return ["decimal", decimal.Decimal.__str__(value)]
     if isinstance(value, collections.deque):
-        return ["deque", [encode(v, depth + 1) for v in _bounded(value)]]
+        return ["deque", [encode(v, depth + 1, other) for v in _bounded(value)]]
     if isinstance(value, dict):
-        return ["dict", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in _bounded(value.items())]]
+        return [
+            "dict",
+            [[encode(k, depth + 1), encode(v, depth + 1, other)] for k, v in _bounded(value.items())],
+        ]
     for kind in (list, tuple, set, frozenset):
         if isinstance(value, kind):
-            return [kind.__name__, [encode(v, depth + 1) for v in _bounded(value)]]
+            return [kind.__name__, [encode(v, depth + 1, other) for v in _bounded(value)]]
     if isinstance(value, range) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
-        return ["list", [encode(v, depth + 1) for v in _bounded(value)]]
+        return ["list", [encode(v, depth + 1, other) for v in _bounded(value)]]
     if type(value).__name__ in ("dict_keys", "dict_values", "dict_items"):
-        return ["list", [encode(v, depth + 1) for v in _bounded(value)]]
+        return ["list", [encode(v, depth + 1, other) for v in _bounded(value)]]
+    if other is not None:
+        return other(value)
     raise TypeError(f"a {type(value).__name__} is not plain data (compare ints, floats, str, containers)")
 
 
@@ -95,15 +107,18 @@ def _bounded(items: Any) -> list[Any]:
     return out
 
 
-def decode_loose(obj: Any) -> Any:
-    """The inverse of `encode`, for the bindings the verifier sends (trusted, so not strict)."""
+def decode_loose(obj: Any, special: Any = None) -> Any:
+    """The inverse of `encode`, for values the verifier sends (trusted, so not strict). `special(tag,
+    body)` decodes the tags `encode`'s `other` wrote (references)."""
     if not isinstance(obj, list):
         return obj
     tag, body = obj
+    if special is not None and tag in SPECIAL_TAGS:
+        return special(tag, body)
     if tag == "int":
         return int(body, 16)
-    if tag == "float":
-        return float(body)
+    if tag == "float":  # one NaN object, as `math.nan`: `[f()] == [math.nan]` compares identity first
+        return math.nan if body == "nan" else float(body)
     if tag == "complex":
         return complex(decode_loose(body[0]), decode_loose(body[1]))
     if tag in ("bytes", "bytearray"):
@@ -113,7 +128,7 @@ def decode_loose(obj: Any) -> Any:
     if tag == "decimal":
         return decimal.Decimal(body)
     if tag == "dict":
-        return {decode_loose(k): decode_loose(v) for k, v in body}
+        return {decode_loose(k, special): decode_loose(v, special) for k, v in body}
     kinds: dict[str, Any] = {
         "list": list,
         "tuple": tuple,
@@ -121,7 +136,7 @@ def decode_loose(obj: Any) -> Any:
         "frozenset": frozenset,
         "deque": collections.deque,
     }
-    return kinds[tag](decode_loose(v) for v in body)
+    return kinds[tag](decode_loose(v, special) for v in body)
 
 
 # -- limits and guards ---------------------------------------------------------------------------------
@@ -266,11 +281,89 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
 
 
+class Channel:
+    """This side of the verifier's channel: requests as JSON lines on `requests`, replies as frames
+    on `reply_fd`. Strict alternation: every frame answers the latest request read (`last_id`),
+    so a side may ask the verifier something (and read its answer) before it replies."""
+
+    def __init__(self, requests: Any, reply_fd: int) -> None:
+        self.requests = requests
+        self.reply_fd = reply_fd
+        self.last_id = -1
+
+    def read(self) -> dict[str, Any] | None:
+        os.set_blocking(self.requests.fileno(), True)  # the code may have made it non-blocking
+        line = self.requests.readline()
+        if not line:
+            return None
+        req: dict[str, Any] = json.loads(line)
+        self.last_id = int(req["id"])
+        return req
+
+    def reply(self, body: dict[str, Any]) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        data = json.dumps({"id": self.last_id, **body}).encode()
+        frame = struct.pack(">I", len(data)) + data
+        while frame:
+            frame = frame[os.write(self.reply_fd, frame) :]
+
+
+OPS: dict[str, Any] = {
+    "get": lambda x: x,
+    "getattr": getattr,
+    "setattr": setattr,
+    "delattr": delattr,
+    "len": len,
+    "str": str,
+    "repr": repr,
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "index": operator.index,
+    "iter": iter,
+    "next": next,
+    "contains": operator.contains,
+    "getitem": operator.getitem,
+    "setitem": operator.setitem,
+    "delitem": operator.delitem,
+    "isinstance": isinstance,
+    "issubclass": issubclass,
+    "abs": abs,
+    "neg": operator.neg,
+    "pos": operator.pos,
+    "invert": operator.invert,
+    "round": round,
+    "format": format,
+} | {
+    name: getattr(operator, name)
+    for name in "add sub mul matmul truediv floordiv mod pow lshift rshift and_ or_ xor".split()
+}
+"""What the verifier may ask about an object of the solution's own (`len(s)`, `s[0]`, `s + t`):
+answered by the object's own methods. Comparisons are not here: they are the verdict's."""
+
+
+def _call_error(exc: BaseException) -> dict[str, Any]:
+    return {"raised": type(exc).__name__[:60], "error": _short(exc)}
+
+
 class Runner:
-    def __init__(self) -> None:
-        self.globals: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
+    """The solution's side: it loads the code as module `solution` and answers calls into it. Every
+    argument arrives as plain data or a reference (`ref`: an object of the solution's it sent
+    before; `name`: a global of the solution; `fn`: a function of the tests', called back through
+    the verifier); every answer goes back as plain data, or as a reference when it is not."""
+
+    def __init__(self, channel: Channel) -> None:
+        module = types.ModuleType("solution")
+        module.__dict__["__builtins__"] = builtins
+        sys.modules["solution"] = module
+        self.globals: dict[str, Any] = module.__dict__
         self.code: Any = None
-        self.reply_fd = -1
+        self.channel = channel
+        self.refs: list[Any] = []
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req["op"]
@@ -278,34 +371,108 @@ class Runner:
             self.code = compile(req["code"], "solution.py", "exec")
             if req["mode"] == "asserts":
                 exec(self.code, self.globals)
+                return {"names": self.names()}
             return {}
-        if op in ("exec", "eval"):
-            scope = dict(self.globals)
-            scope.update({k: decode_loose(v) for k, v in req.get("bind", {}).items()})
-            if op == "exec":
-                return self.exec_statement(req["src"], req.get("bind", {}), set(req.get("keep", ())), scope)
-            value = eval(compile(req["src"], "test", "eval"), scope)
-            try:
-                return {"value": encode(value)}
-            except TypeError as exc:  # an object of the code's own: the verifier may ask len(), str()...
-                return {"error": _short(exc), "opaque": True}
+        if op == "call":
+            return self.call(req["fn"], req.get("args", []), req.get("kwargs", {}))
         if op == "main":
             return self.main(str(req["stdin"]))
         raise ValueError(f"unknown request {op!r}")
 
-    def exec_statement(
-        self, src: str, bind: dict[str, Any], keep: set[str], scope: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Run a test's statement. The names it binds stay in the solution's globals (those in
-        `keep` too: bound by the statement although the verifier sent their old value); a value
-        the verifier sent that the statement changed in place (`rev(x)`) comes back as "changed"."""
-        exec(compile(src, "test", "exec"), scope)
-        self.globals.update({k: v for k, v in scope.items() if k not in bind or k in keep})
-        changed = {}
-        for name, sent in bind.items():
-            if name not in keep and json.dumps(now := encode(scope[name])) != json.dumps(sent):
-                changed[name] = now
-        return {"changed": changed} if changed else {}
+    def names(self) -> list[list[Any]]:
+        """The solution's globals as the tests may name them: a module (by its name), an object
+        another module defines (by module and qualified name), or the solution's own."""
+        out: list[list[Any]] = []
+        for name, value in list(self.globals.items())[:4096]:
+            if name.startswith("__") or not isinstance(name, str):
+                continue
+            try:
+                if isinstance(value, types.ModuleType):
+                    out.append([name, "module", str(value.__name__)])
+                    continue
+                module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+                if type(module) is str and type(qualname) is str and module not in ("solution", "__main__"):
+                    out.append([name, "imported", [module, qualname]])
+                    continue
+            except BaseException:
+                pass
+            out.append([name, "own", None])
+        return out
+
+    def resolve(self, tag: str, body: Any) -> Any:
+        if tag == "ref":
+            return self.refs[int(body)]
+        if tag == "name":
+            return self.globals[str(body)]
+        if tag == "builtin":
+            return getattr(builtins, str(body))
+        return self.callback(int(body))
+
+    def callback(self, fn: int) -> Any:
+        """A function of the tests' (in the clean interpreter): calling it asks the verifier, which
+        has the clean interpreter call it; meanwhile this side answers what it is asked."""
+        runner = self
+
+        def call_back(*args: Any, **kwargs: Any) -> Any:
+            sent = {"fn": fn, "args": [runner.encode(a) for a in args]}
+            runner.channel.reply(
+                {"callback": {**sent, "kwargs": {k: runner.encode(v) for k, v in kwargs.items()}}}
+            )
+            while (req := runner.channel.read()) is not None:
+                if req["op"] == "returned":
+                    if "raised" in req:
+                        raise CallbackError(f"{req['raised']}: {req.get('error', '')}")
+                    return decode_loose(req["value"], runner.resolve)
+                runner.channel.reply(runner.handle_safely(req))
+            os._exit(0)
+
+        return call_back
+
+    def handle_safely(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.handle(req)
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: all the code's errors
+            return {"error": _short(exc)}
+
+    def encode(self, value: Any) -> Any:
+        def ref(obj: Any) -> Any:
+            self.refs.append(obj)
+            return ["ref", len(self.refs) - 1]
+
+        return encode(value, 0, ref)
+
+    def call(self, fn: Any, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Call `fn` (a reference, or ["op", name] of `OPS`) with the arguments; the answer, and
+        the new value of each list, dict, set or bytearray argument the call changed in place."""
+        try:
+            given = [decode_loose(a, self.resolve) for a in args]
+            named = {k: decode_loose(v, self.resolve) for k, v in kwargs.items()}
+            if fn == ["op", "import"]:  # a test's import, for code that relied on it (shared globals)
+                exec(compile(str(given[0]), "test", "exec"), self.globals)
+                return {"value": None}
+            target = OPS[fn[1]] if fn[0] == "op" else self.resolve(fn[0], fn[1])
+            value = target(*given, **named)
+        except BaseException as exc:  # the solution's error, or SystemExit: all the code's
+            return _call_error(exc)
+        changed = []
+        for key, sent, now in [
+            *zip(range(len(args)), args, given, strict=True),
+            *((k, kwargs[k], named[k]) for k in named),
+        ]:
+            if isinstance(now, (list, dict, set, bytearray)):
+                try:
+                    after = self.encode(now)
+                except BaseException as exc:
+                    return _call_error(exc)
+                if json.dumps(after) != json.dumps(sent):
+                    changed.append([key, after])
+        try:
+            body: dict[str, Any] = {"value": self.encode(value)}
+        except BaseException as exc:
+            return _call_error(exc)
+        if changed:
+            body["changed"] = changed
+        return body
 
     def main(self, stdin: str) -> dict[str, Any]:
         sink = _CappedBytes()
@@ -326,18 +493,16 @@ class Runner:
             "truncated": sink.truncated,
         }
 
-    def reply(self, ident: int, body: dict[str, Any]) -> None:
-        data = json.dumps({"id": ident, **body}).encode()
-        frame = struct.pack(">I", len(data)) + data
-        while frame:
-            frame = frame[os.write(self.reply_fd, frame) :]
+
+class CallbackError(Exception):
+    """A function of the tests' that the solution called raised (in the clean interpreter)."""
 
 
 def main() -> None:
     requests = os.fdopen(os.dup(0), "rb", buffering=0)
     hello = json.loads(requests.readline())
-    runner = Runner()
-    runner.reply_fd = os.dup(int(hello["reply_fd"]))
+    channel = Channel(requests, os.dup(int(hello["reply_fd"])))
+    channel.last_id = int(hello["id"])
     os.close(int(hello["reply_fd"]))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -349,27 +514,27 @@ def main() -> None:
         os.setuid(uid)
     _no_new_privileges()
     _apply_limits(hello["limits"])
+    runner: Any = _clean_runner(channel) if "--clean" in sys.argv[1:] else Runner(channel)
     if hello.get("guards", True):
         _install_guards(os.getcwd())
-    runner.reply(int(hello["id"]), {})
+    channel.reply({})
     del hello
-    while True:
-        os.set_blocking(requests.fileno(), True)  # the code may have made it non-blocking
-        line = requests.readline()
-        if not line:
-            break
-        req = json.loads(line)
-        try:
-            body = runner.handle(req)
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt: all the code's errors
-            body = {"error": _short(exc)}
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except BaseException:
-                pass
-        runner.reply(int(req["id"]), body)
+    while (req := channel.read()) is not None:
+        channel.reply(runner.handle_safely(req))
     os._exit(0)
+
+
+def _clean_runner(channel: Channel) -> Any:
+    """The clean interpreter (`clean.py`, next to this file in the sandbox; it uses this module,
+    which runs as `__main__`)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clean.py")
+    spec = importlib.util.spec_from_file_location("clean", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CleanRunner(channel)
 
 
 class _Stop(Exception):

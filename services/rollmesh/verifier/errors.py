@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-
 from rollmesh.mesh import errors as mesh
 
 
@@ -86,20 +84,8 @@ class ChannelBroken(Exception):
     out-of-order reply. The whole run fails."""
 
 
-class ProbeError(Exception):
-    """The sandbox answered a probe with an error, or with a value that does not decode."""
-
-
-class NotPlain(ProbeError):
-    """The probed expression's value is an object of the code's own (`s = Stack()`; `s`), not
-    plain data: a call of a pure builtin on it (`len(s)`), its truth or `s is None` is then asked
-    of the sandbox as a whole (see `Checker._opaque`). `node`: the expression probed."""
-
-    node: ast.expr | None = None
-
-
 class CaseFailed(Exception):
-    """The case does not pass; the message says why."""
+    """A stdin/stdout case does not pass; the message says why."""
 
 
 class WorkerTimeout(TimeoutError):

@@ -50,7 +50,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,22 +60,16 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier import telemetry
 from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
-from rollmesh.verifier.errors import (
-    BadValue,
-    CaseFailed,
-    ChannelBroken,
-    ProbeError,
-    SandboxStarved,
-    SandboxUnavailable,
-)
-from rollmesh.verifier.sandbox_checks import Checker, eval_result, normalize_output
+from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, SandboxStarved, SandboxUnavailable
+from rollmesh.verifier.sandbox_checks import Relay, normalize_output
 from rollmesh.verifier.sandbox_clock import WallCredit, run_within_wall_time
 from rollmesh.verifier.sandbox_uids import PROBE_UID, SANDBOX_UIDS, UidPool
-from rollmesh.verifier.sandbox_values import decode_value, parse_frame
+from rollmesh.verifier.sandbox_values import parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
+CLEAN = Path(__file__).with_name("_clean_runner.py")
 UNSAFE_OPT_IN = "ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS"
 MAX_REPLY_BYTES = 4 * 1024 * 1024
 MAX_CASES_REPORTED = 50
@@ -85,7 +79,7 @@ _CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME"
 # Runs as root inside the new namespaces; builds the chroot and drops privileges.
 _NS_SCRIPT = r"""
 set -e
-R=$1; W=$2; PFX=$3; PY=$4; RUN_UID=$5; DISK_MB=$6
+R=$1; W=$2; PFX=$3; PY=$4; RUN_UID=$5; DISK_MB=$6; ROLE=$7
 mount -t tmpfs -o size=4m,mode=755 sbxroot "$R"
 for d in usr bin sbin lib lib32 lib64; do
   if [ -L "/$d" ]; then ln -s "$(readlink "/$d")" "$R/$d"
@@ -101,14 +95,14 @@ case "$PFX" in
 esac
 mkdir -p "$R/sandbox" "$R/dev"
 mount -t tmpfs -o "size=${DISK_MB}m,mode=700,nosuid,nodev" sbxwork "$R/sandbox"
-cp "$W/runner.py" "$R/sandbox/runner.py"
+cp "$W"/*.py "$R/sandbox/"
 if [ -n "$RUN_UID" ]; then chown -R "$RUN_UID:$RUN_UID" "$R/sandbox"; fi
 for n in null zero urandom random; do
   touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"
 done
-RUN='cd /sandbox && exec "$0" -I -S -B runner.py'
-if [ -n "$RUN_UID" ]; then exec chroot --userspec="$RUN_UID:$RUN_UID" "$R" /bin/sh -c "$RUN" "$PY"; fi
-exec chroot "$R" /bin/sh -c "$RUN" "$PY"
+RUN='cd /sandbox && exec "$0" -I -S -B runner.py "$1"'
+if [ -n "$RUN_UID" ]; then exec chroot --userspec="$RUN_UID:$RUN_UID" "$R" /bin/sh -c "$RUN" "$PY" "$ROLE"; fi
+exec chroot "$R" /bin/sh -c "$RUN" "$PY" "$ROLE"
 """
 
 
@@ -135,6 +129,8 @@ class TestSpec:
 class RunResult:
     status: str  # "ok" (every case has a verdict), "timeout", "crashed" (the channel broke)
     passed: int = 0
+    # Why a case can give no verdict whatever the solution does ("" when every case could).
+    unverifiable: str = ""
     total: int = 0
     cases: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
@@ -241,7 +237,8 @@ class Sandbox:
             checks[f"the code does not run as uid {PROBE_UID}"] = f"assert os.getuid() == {PROBE_UID}"
         tests = TestSpec("asserts", list(checks.values()))
         try:
-            res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces", PROBE_UID)
+            uids = [PROBE_UID, PROBE_UID]  # the solution's process and the clean interpreter
+            res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces", uids)
         except (OSError, SandboxUnavailable) as exc:
             return False, str(exc)[-300:]
         if res.status != "ok":
@@ -258,19 +255,21 @@ class Sandbox:
         Raises `SandboxUnavailable` when the sandbox never came up (the code did not run)."""
         mode = await self.start()
         async with self._slots:
-            uid = await self._uids.lease()
+            uids = [await self._uids.lease() for _ in range(2 if tests.kind == "asserts" else 1)]
             result = "unavailable"
             try:
                 run = await self._run_once(
-                    code, tests, limits or self.config.limits, mode, uid, guards=guards
+                    code, tests, limits or self.config.limits, mode, uids, guards=guards
                 )
                 result = run.status
                 return run
             finally:
-                self._uids.release(uid)
+                for uid in uids:
+                    self._uids.release(uid)
                 telemetry.SANDBOX_RUNS.labels(result).inc()
 
     def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits, uid: int) -> list[str]:
+        """The command line of a sandboxed process; its role (`--solution`, `--clean`) is appended."""
         py = _service_python()
         if mode == "process":
             return [self._process_python or py, "-I", "-S", "-B", "runner.py", "--keeper"]
@@ -292,13 +291,38 @@ class Sandbox:
             prefix,
             py,
             drop,
-            str(limits.fsize_mb + 1),  # what the run may write in all; +1 for runner.py
+            str(limits.fsize_mb + 1),  # what the run may write in all; +1 for the runner's files
         ]
 
     async def _run_once(
-        self, code: str, tests: TestSpec, limits: SandboxLimits, mode: str, uid: int, *, guards: bool = True
+        self,
+        code: str,
+        tests: TestSpec,
+        limits: SandboxLimits,
+        mode: str,
+        uids: list[int],
+        *,
+        guards: bool = True,
     ) -> RunResult:
+        """One run: the solution's process, and for assert tests the clean interpreter, each a
+        sandbox of its own (its own temp dir, namespaces and uid), started together."""
         start = time.monotonic()
+        async with contextlib.AsyncExitStack() as stack:
+            roles = ["--solution", "--clean"][: len(uids)]
+            procs = await asyncio.gather(
+                *(
+                    stack.enter_async_context(self._process(mode, limits, uid, role))
+                    for uid, role in zip(uids, roles, strict=True)
+                )
+            )
+            result = await self._supervise(procs, mode, code, tests, limits, guards)
+        result.isolation = mode
+        result.duration_s = round(time.monotonic() - start, 4)
+        return result
+
+    @contextlib.asynccontextmanager
+    async def _process(self, mode: str, limits: SandboxLimits, uid: int, role: str) -> AsyncIterator[_Proc]:
+        """A started sandboxed process (its temp dir removed when it is left)."""
         base = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="rollmesh-sbx-"))
         reply_r, reply_w = os.pipe()
         try:
@@ -306,6 +330,7 @@ class Sandbox:
             await asyncio.to_thread(self._prepare, base, work, root, uid)
             proc = await asyncio.create_subprocess_exec(
                 *self._command(mode, root, work, limits, uid),
+                role,
                 cwd=str(work),
                 env=dict(_CLEAN_ENV),
                 stdin=asyncio.subprocess.PIPE,
@@ -317,13 +342,7 @@ class Sandbox:
             child_fd, reply_w = reply_w, -1
             os.close(child_fd)
             read_fd, reply_r = reply_r, -1  # the channel's transport owns it from here
-            drop_to = self._drop_to(mode, uid)
-            result = await self._supervise(
-                proc, (read_fd, child_fd), mode, drop_to, code, tests, limits, guards
-            )
-            result.isolation = mode
-            result.duration_s = round(time.monotonic() - start, 4)
-            return result
+            yield _Proc(proc, read_fd, child_fd, self._drop_to(mode, uid))
         finally:
             for fd in (reply_r, reply_w):
                 if fd >= 0:
@@ -331,10 +350,11 @@ class Sandbox:
             await asyncio.to_thread(shutil.rmtree, base, True)
 
     def _prepare(self, base: Path, work: Path, root: Path, uid: int) -> None:
-        """The run's directory holds only the runner: code, inputs and probes arrive over stdin."""
+        """The run's directory holds only the runners: code, inputs and tests arrive over stdin."""
         work.mkdir()
         root.mkdir()
         shutil.copyfile(RUNNER, work / "runner.py")
+        shutil.copyfile(CLEAN, work / "clean.py")
         if self._drop_privileges:
             os.chown(work, uid, uid)
             os.chmod(work, 0o700)
@@ -352,38 +372,39 @@ class Sandbox:
 
     async def _supervise(
         self,
-        proc: asyncio.subprocess.Process,
-        reply_fds: tuple[int, int],
+        procs: list[_Proc],
         mode: str,
-        drop_to: int | None,
         code: str,
         tests: TestSpec,
         limits: SandboxLimits,
         guards: bool,
     ) -> RunResult:
         cap = limits.output_kb * 1024
-        readers = asyncio.gather(_drain(proc.stdout, cap), _drain(proc.stderr, cap))
-        reply_fd, child_fd = reply_fds  # ours to read; its number in the sandbox
-        channel = await Channel.open(proc, reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
+        readers = [asyncio.gather(_drain(p.proc.stdout, cap), _drain(p.proc.stderr, cap)) for p in procs]
+        channels = [
+            await Channel.open(p.proc, p.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES)) for p in procs
+        ]
         verdicts: list[dict[str, Any]] = []
         status, error = "ok", ""
-        greeting: asyncio.Future[Any] | None = None
+        greetings: list[asyncio.Future[Any]] = []
         credit = WallCredit()
+        unverifiable: list[str] = []
 
         async def talk() -> str:
-            nonlocal greeting
-            hello = await channel.send(
-                "hello", reply_fd=child_fd, limits=asdict(limits), guards=guards, drop_to=drop_to
-            )
-            # The runner answers hello before it reads the code: its reply, awaited while the code
-            # is still being written (pipelined), says the sandbox came up.
-            greeting = asyncio.ensure_future(channel.receive(hello))
-            load = await channel.send("load", code=code, mode=tests.kind)
-            await greeting
-            return await _judge(channel, await channel.receive(load), tests, verdicts)
+            for p, channel in zip(procs, channels, strict=True):
+                hello = await channel.send(
+                    "hello", reply_fd=p.child_fd, limits=asdict(limits), guards=guards, drop_to=p.drop_to
+                )
+                # A runner answers hello before it reads anything else: its reply, awaited while the
+                # code is still being written (pipelined), says the sandbox came up.
+                greetings.append(asyncio.ensure_future(channel.receive(hello)))
+            load = await channels[0].send("load", code=code, mode=tests.kind)
+            await asyncio.gather(*greetings)
+            return await _judge(channels, await channels[0].receive(load), tests, verdicts, unverifiable)
 
+        sessions = tuple(p.proc.pid for p in procs)
         try:
-            error = await run_within_wall_time(talk(), proc.pid, limits.wall_s, credit)
+            error = await run_within_wall_time(talk(), sessions, limits.wall_s, credit)
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
@@ -391,42 +412,52 @@ class Sandbox:
             status, error = "starved", str(exc)
         except ChannelBroken as exc:
             status, error = "crashed", str(exc)
-            with contextlib.suppress(TimeoutError):  # let it exit on its own: its status says why
+            with contextlib.suppress(TimeoutError):  # let them exit on their own: the status says why
                 async with asyncio.timeout(1.0):
-                    await proc.wait()
-            if proc.returncode == CPU_LIMIT_EXIT:
+                    await asyncio.gather(*(p.proc.wait() for p in procs))
+            if any(p.proc.returncode == CPU_LIMIT_EXIT for p in procs):
                 status = "timeout"
                 error = f"CPU-time limit of {limits.cpu_s}s exceeded; process group killed"
         finally:
-            greeted = greeting is not None and _succeeded(greeting)
-            channel.close()
-            await self._stop(proc, keeper=mode == "process")
-        try:
-            async with asyncio.timeout(2.0):
-                (out_head, out_trunc), (err_head, err_trunc) = await readers
-        except TimeoutError:  # an escaped descendant still holds a pipe: give up on its output
-            readers.cancel()
-            out_head = err_head = b""
-            out_trunc = err_trunc = True
+            greeted = len(greetings) == len(procs) and all([_succeeded(g) for g in greetings])
+            for channel in channels:
+                channel.close()
+            await asyncio.gather(*(self._stop(p.proc, keeper=mode == "process") for p in procs))
+        heads: list[tuple[bytes, bool, bytes, bool]] = []
+        for reader in readers:
+            try:
+                async with asyncio.timeout(2.0):
+                    (out_head, out_trunc), (err_head, err_trunc) = await reader
+            except TimeoutError:  # an escaped descendant still holds a pipe: give up on its output
+                reader.cancel()
+                out_head, out_trunc, err_head, err_trunc = b"", True, b"", True
+            heads.append((out_head, out_trunc, err_head, err_trunc))
+        out_head, out_trunc, err_head, err_trunc = heads[0]
+        main = procs[0].proc
         if not greeted:
-            why = (err_head.decode(errors="replace").strip() or f"exit code {proc.returncode}")[-300:]
+            why = " / ".join(
+                (h[2].decode(errors="replace").strip() or f"exit code {p.proc.returncode}")[-300:]
+                for p, h in zip(procs, heads, strict=True)
+            )
             raise SandboxUnavailable(
                 f"the sandbox did not start ({error}): {why}", timed_out=status in ("timeout", "starved")
             )
         if status == "starved":
             raise SandboxStarved(error)
         if status == "crashed":
-            rc = proc.returncode or 0
+            broken = next((p.proc for p in procs if p.proc.returncode not in (None, 0)), main)
+            rc = broken.returncode or 0
             why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
             error = f"{error} ({why})"
         verdicts += [{"ok": False, "error": f"not checked: {status}"}] * (len(tests.cases) - len(verdicts))
         return RunResult(
             status=status,
             passed=sum(1 for v in verdicts if v["ok"]) if status == "ok" else 0,
+            unverifiable=unverifiable[0] if unverifiable and status == "ok" else "",
             total=len(tests.cases),
             cases=verdicts[:MAX_CASES_REPORTED],
             error=error,
-            exit_code=proc.returncode,
+            exit_code=main.returncode,
             stdout=out_head.decode(errors="replace"),
             stderr=err_head.decode(errors="replace"),
             output_truncated=out_trunc or err_trunc,
@@ -492,22 +523,35 @@ def _world_usable_python() -> str | None:
 
 
 async def _judge(
-    channel: Channel, load: dict[str, Any], tests: TestSpec, verdicts: list[dict[str, Any]]
+    channels: list[Channel],
+    load: dict[str, Any],
+    tests: TestSpec,
+    verdicts: list[dict[str, Any]],
+    unverifiable: list[str],
 ) -> str:
-    """Given the reply to "load", check every case here; returns the load error ("" when it loaded)."""
+    """Given the solution's reply to "load", judge every case; returns the load error ("" when it
+    loaded). Assert cases are run by the clean interpreter (`channels[1]`), through a `Relay`."""
     if "error" in load:
         failed = {"ok": False, "error": f"the code did not load: {str(load['error'])[:MAX_ERROR_CHARS]}"}
         verdicts += [failed] * len(tests.cases)
         return str(load["error"])[:MAX_ERROR_CHARS]
-    checker = Checker(channel)
+    if tests.kind == "asserts":
+        relay = Relay(channels[1], channels[0])
+        await relay.setup(load.get("names"))
+        for case in tests.cases:
+            verdict = await relay.case(str(case))
+            if verdict["unverifiable"]:
+                unverifiable.append(verdict["unverifiable"][:MAX_ERROR_CHARS])
+            if verdict["ok"]:
+                verdicts.append({"ok": True})
+            else:
+                verdicts.append({"ok": False, "error": verdict["error"][:MAX_ERROR_CHARS]})
+        return ""
     for case in tests.cases:
         try:
-            if tests.kind == "asserts":
-                await checker.check(str(case))
-            else:
-                await _check_io(channel, case)
+            await _check_io(channels[0], case)
             verdicts.append({"ok": True})
-        except (CaseFailed, ProbeError) as exc:
+        except CaseFailed as exc:
             verdicts.append({"ok": False, "error": str(exc)[:MAX_ERROR_CHARS]})
     return ""
 
@@ -584,17 +628,13 @@ class Channel:
             raise ChannelBroken(f"reply {frame['id']} out of order (expected {ident})")
         return frame
 
-    async def exec(self, src: str, bind: dict[str, Any], keep: Collection[str] = ()) -> dict[str, Any]:
-        reply = await self.request("exec", src=src, bind=bind, keep=sorted(keep))
-        if "error" in reply:
-            raise ProbeError(str(reply["error"]))
-        changed = reply.get("changed", {})
-        if type(changed) is not dict or not set(changed) <= set(bind) - set(keep):
-            raise ChannelBroken("malformed reply to exec")
-        try:
-            return {name: decode_value(value) for name, value in changed.items()}
-        except BadValue as exc:
-            raise ProbeError(f"{src[:80]}: {exc}") from None
 
-    async def eval(self, src: str, bind: dict[str, Any]) -> Any:
-        return eval_result(src, await self.request("eval", src=src, bind=bind))
+@dataclass(frozen=True)
+class _Proc:
+    """A started sandboxed process: its reply pipe (ours to read; its number there) and the uid its
+    runner drops to (`process` mode as root)."""
+
+    proc: asyncio.subprocess.Process
+    reply_fd: int
+    child_fd: int
+    drop_to: int | None

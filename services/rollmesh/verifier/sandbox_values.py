@@ -16,6 +16,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
@@ -36,7 +37,17 @@ _SEQUENCES: dict[str, type] = {
     "frozenset": frozenset,
     "deque": deque,
 }
-REPLY_KEYS = frozenset({"id", "error", "opaque", "value", "changed", "stdout", "exit", "truncated"})
+REPLY_KEYS = frozenset(
+    {"id", "error", "value", "changed", "stdout", "exit", "truncated", "names", "raised", "callback"}
+    | {"call", "verdict"}
+)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An object of the solution's own, as its process named it (["ref", n]): never compared here."""
+
+    index: int
 
 
 MAX_SAME_HASH = 16
@@ -83,12 +94,13 @@ def parse_frame(data: bytes) -> dict[str, Any]:
     return obj
 
 
-def decode_value(obj: Any) -> Any:
+def decode_value(obj: Any, *, refs: bool = False) -> Any:
+    """`refs`: ["ref", n] (an object of the solution's own) decodes to `Ref(n)`; else BadValue."""
     counter = [0]
-    return _decode(obj, 0, counter)
+    return _decode(obj, 0, counter, refs)
 
 
-def _decode(obj: Any, depth: int, counter: list[int]) -> Any:
+def _decode(obj: Any, depth: int, counter: list[int], refs: bool = False) -> Any:
     counter[0] += 1
     if depth > MAX_DEPTH or counter[0] > MAX_ITEMS:
         raise BadValue("value too deep or too large")
@@ -102,15 +114,19 @@ def _decode(obj: Any, depth: int, counter: list[int]) -> Any:
     if kind is not list or len(obj) != 2 or type(obj[0]) is not str:
         raise BadValue(f"not a plain value: {type(obj).__name__}")
     tag, body = obj
+    if refs and tag == "ref":
+        if type(body) is not int or not 0 <= body < 1 << 31:
+            raise BadValue("bad ref")
+        return Ref(body)
     try:
-        return _decode_tagged(tag, body, depth, counter)
+        return _decode_tagged(tag, body, depth, counter, refs)
     except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, BadValue):
             raise
         raise BadValue(f"bad {tag!r} value: {exc}") from None
 
 
-def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int]) -> Any:
+def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int], refs: bool) -> Any:
     if tag == "int":
         if type(body) is not str or not body or body.lstrip("-") == "" or len(body) > MAX_INT_HEX:
             raise BadValue("bad int")
@@ -149,13 +165,14 @@ def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int]) -> Any:
         for pair in body:
             if type(pair) is not list or len(pair) != 2:
                 raise BadValue("bad dict item")
-            pairs.append((_decode(pair[0], depth + 1, counter), _decode(pair[1], depth + 1, counter)))
+            key, value = (_decode(p, depth + 1, counter, refs) for p in pair)
+            pairs.append((key, value))
         check_hashes(k for k, _ in pairs)
         return dict(pairs)
     kind = _SEQUENCES.get(tag)
     if kind is None:
         raise BadValue(f"unknown tag {tag!r}")
-    items = [_decode(v, depth + 1, counter) for v in body]
+    items = [_decode(v, depth + 1, counter, refs) for v in body]
     if kind in (set, frozenset):
         check_hashes(items)
     return kind(items)

@@ -82,6 +82,8 @@ class CodeEnv(Environment):
             run = await self.sandbox.run(code, spec)
         except SandboxUnavailable as exc:  # never ran, or starved of CPU: no verdict, not a 0
             raise (CheckTimeout if exc.timed_out else CheckFailed)(str(exc)) from None
+        if run.unverifiable:  # a case no answer could pass or fail: an error (BAD_TASK), never a 0
+            raise BadTask(f"verifier_metadata.tests: unverifiable test, {run.unverifiable}")
         total = run.total or len(spec.cases)
         rate = run.passed / total if total else 0.0
         all_passed = run.status == "ok" and total > 0 and run.passed == total

@@ -1,0 +1,553 @@
+"""The clean interpreter: the one process where a test's verdict is computed. Copied into its own
+sandbox as clean.py and started as `runner.py --clean` (the same limits, guards and isolation as
+the solution's process), it never loads the solution and hears from it only plain data, decoded
+strictly by the verifier on the way (`sandbox_checks.Relay`).
+
+It runs each test case, whole, as Python: expected values, inputs, loop sources, helpers, library
+calls and every expression form are computed here, by this interpreter's own builtins and
+modules. A name the tests use but never bind is the solution's (as when the tests ran after the
+solution in one module), except a builtin or a standard-library module name: those are always
+this interpreter's own, whatever the solution bound (it cannot replace `bin`, `math` or `sorted`
+on this side). A global of the solution's is an `Opaque` here: calling it, or asking its
+attributes or what Python would ask of an object (`len`, `str`, `s[0]`, `s + t`, its truth), is
+a request to the solution's process with plain-data arguments, answered by plain data or by a
+reference to an object of the solution's own. A comparison of such an object is refused (it is
+the verdict). A function of the tests' the solution is given is called back here.
+
+Requests (one JSON line each), answered with frames as `runner.Channel` says:
+
+    setup    {names}                 -> {}                     bind the solution's globals (`load`)
+    case     {src}                   -> {"verdict": {ok, asserts, calls, error, unverifiable}}
+    callback {fn, args, kwargs}      -> {"value"} | {"raised", "error"}   the solution called a
+                                        function of the tests'
+    (while a case or callback runs)  -> {"call": {fn, args, kwargs}}, answered by a request
+                                        `answer` {value, changed?} | {raised, error} | {abort}
+
+A case passes when it ends without an exception, at least one `assert` ran, and every assert that
+started passed (one whose failure the test caught still fails the case). A case in which no assert
+ran and the solution was never called is `unverifiable`: nothing the solution does can change its
+outcome. pytest-style `test_*` functions and `Test*` classes (unittest.TestCase included) that the
+case defines and never names are called after it, as pytest would.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import operator
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+try:
+    from rollmesh.verifier import _sandbox_runner as base
+except ImportError:  # in the sandbox (python -I -S: the standard library only): runner.py is __main__
+    base = sys.modules["__main__"]  # type: ignore[assignment]
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+_EFFECT, _BEGIN, _PASS, _IMPORT = "__rm_effect__", "__rm_begin__", "__rm_pass__", "__rm_import__"
+
+
+class Refused(BaseException):
+    """A comparison of an object of the solution's own: its answer would be the solution's claim."""
+
+
+class Unverifiable(BaseException):
+    """The test needs something that cannot cross to the solution's process as plain data."""
+
+
+class Aborted(BaseException):
+    """The verifier ended the case (too many calls, an undecodable answer): it fails."""
+
+
+class SolutionError(Exception):
+    """The solution raised an exception that is not one of the builtin ones."""
+
+
+def _exception(name: str, message: str) -> BaseException:
+    cls = getattr(builtins, name, None)
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, Exception)
+        and not issubclass(cls, (StopIteration, StopAsyncIteration))
+    ):
+        return cls(message)
+    return SolutionError(f"{name}: {message}")
+
+
+class _Case:
+    def __init__(self) -> None:
+        self.started = 0
+        self.passed = 0
+        self.calls = 0
+        self.failed = ""  # a refused comparison or an aborted call, caught or not
+        self.unverifiable = ""
+
+
+class CleanRunner:
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self.solution = types.ModuleType("solution")
+        self.solution.__getattr__ = lambda name: Opaque(self, ["name", name])  # type: ignore[method-assign]
+        sys.modules["solution"] = self.solution
+        self.globals: dict[str, Any] = {
+            "__name__": "__main__",
+            "__builtins__": builtins,
+            _EFFECT: self.effect,
+            _BEGIN: self.begin,
+            _PASS: self.pass_,
+            _IMPORT: self.forward_import,
+        }
+        self.fns: list[Callable[..., Any]] = []
+        self.case = _Case()
+        _ACTIVE.append(self)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def handle_safely(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.handle(req)
+        except BaseException as exc:
+            return {"error": base._short(exc)}
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req["op"]
+        if op == "setup":
+            for name, kind, detail in req["names"]:
+                self.bind(str(name), str(kind), detail)
+            return {}
+        if op == "case":
+            return {"verdict": self.run_case(str(req["src"]))}
+        if op == "callback":
+            try:
+                args = [self.decode(a) for a in req["args"]]
+                kwargs = {k: self.decode(v) for k, v in req["kwargs"].items()}
+                return {"value": self.encode(self.fns[int(req["fn"])](*args, **kwargs))}
+            except Exception as exc:
+                return {"raised": type(exc).__name__, "error": base._short(exc)}
+        raise ValueError(f"unknown request {op!r}")
+
+    def bind(self, name: str, kind: str, detail: Any) -> None:
+        """A global of the solution's, as the tests see it (module docstring)."""
+        if name in _BUILTIN_NAMES or not name.isidentifier() or name.startswith("__"):
+            return
+        value: Any = Opaque(self, ["name", name])
+        try:
+            if name in _STDLIB:
+                value = importlib.import_module(name)
+            elif kind == "module":
+                value = importlib.import_module(str(detail))
+            elif kind == "imported":
+                module, qualname = str(detail[0]), str(detail[1])
+                found: Any = importlib.import_module(module)
+                for part in qualname.split("."):
+                    found = getattr(found, part)
+                value = found
+        except Exception:
+            if name in _STDLIB or kind == "module":
+                return
+        self.globals[name] = value
+        setattr(self.solution, name, value)
+
+    # -- a case -------------------------------------------------------------------------------------
+
+    def run_case(self, src: str) -> dict[str, Any]:
+        self.case = case = _Case()
+        error = ""
+        try:
+            tree = ast.parse(src, "test", "exec")
+            exec(compile(_instrument(tree), "test", "exec"), self.globals)
+            for run in _pytest_style(tree, self.globals):
+                run()
+        except SystemExit as exc:
+            if exc.code not in (None, 0, False):
+                error = f"SystemExit: {exc.code}"
+        except BaseException as exc:  # the test's own error, a refused comparison, an abort
+            error = base._short(exc)
+        ok = not error and not case.failed and not case.unverifiable
+        ok = ok and case.started == case.passed > 0
+        unverifiable = case.unverifiable
+        if not (error or case.failed or unverifiable) and case.started == 0 and case.calls == 0:
+            unverifiable = "no assertion ran and the solution was never called"
+        if not ok and not error:
+            if case.failed or unverifiable:
+                error = case.failed or unverifiable
+            elif case.started == 0:
+                error = "no assertion ran"
+            else:
+                error = f"{case.started - case.passed} assertion(s) failed (caught by the test)"
+        return {
+            "ok": ok,
+            "asserts": case.passed,
+            "calls": case.calls,
+            "error": error,
+            "unverifiable": unverifiable,
+        }
+
+    def begin(self) -> None:
+        self.case.started += 1
+
+    def pass_(self, value: Any) -> bool:
+        ok = bool(value)
+        if ok:
+            self.case.passed += 1
+        return ok
+
+    def effect(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """A call made as a statement (`rev(xs)`): what a call of the solution's changes in place in
+        a list, dict, set or bytearray of the tests' changes here too."""
+        if isinstance(fn, Opaque):
+            return self.ask(fn._rm_target, list(args), kwargs, effect=True)
+        return fn(*args, **kwargs)
+
+    def forward_import(self, src: str) -> None:
+        """A test's top-level import also runs in the solution's process (the tests' imports ran in
+        its globals when both shared one module); its outcome there is ignored."""
+        self.ask(["op", "import"], [src], {}, count=False, quiet=True)
+
+    # -- the solution's process ---------------------------------------------------------------------
+
+    def ask(
+        self,
+        fn: Any,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        *,
+        effect: bool = False,
+        count: bool = True,
+        quiet: bool = False,
+    ) -> Any:
+        """Call into the solution's process through the verifier; meanwhile answer its callbacks."""
+        if count:
+            self.case.calls += 1
+        call = {
+            "fn": fn,
+            "args": [self.encode(a) for a in args],
+            "kwargs": {str(k): self.encode(v) for k, v in kwargs.items()},
+        }
+        self.channel.reply({"call": call})
+        while (msg := self.channel.read()) is not None:
+            if msg["op"] == "answer":
+                break
+            self.channel.reply(self.handle_safely(msg))
+        else:
+            os._exit(0)
+        if "abort" in msg:
+            self.case.failed = f"not checked: {msg['abort']}"
+            raise Aborted(self.case.failed)
+        if "raised" in msg:
+            if quiet:
+                return None
+            raise _exception(str(msg["raised"]), str(msg.get("error", "")))
+        value = self.decode(msg["value"])
+        if value is None or effect:
+            for key, new in msg.get("changed", ()):
+                _update_in_place(args[key] if type(key) is int else kwargs[key], self.decode(new))
+        return value
+
+    def decode(self, obj: Any) -> Any:
+        return base.decode_loose(obj, lambda tag, body: Opaque(self, ["ref", int(body)]))
+
+    def encode(self, value: Any) -> Any:
+        def other(obj: Any) -> Any:
+            if isinstance(obj, Opaque):
+                return obj._rm_target
+            name = getattr(obj, "__name__", None)
+            if type(name) is str and getattr(builtins, name, None) is obj:
+                return ["builtin", name]  # `int`, `len`: the solution's process has its own
+            if callable(obj):
+                self.fns.append(obj)
+                return ["fn", len(self.fns) - 1]
+            self.case.unverifiable = (
+                f"unverifiable test: a {type(obj).__name__} cannot be passed to the solution"
+            )
+            raise Unverifiable(self.case.unverifiable)
+
+        return base.encode(value, 0, other)
+
+    def refuse(self, what: str) -> Refused:
+        self.case.failed = f"{what} of an object of the solution's own is not checked (compare plain data)"
+        return Refused(self.case.failed)
+
+
+def _update_in_place(current: Any, value: Any) -> None:
+    if type(current) is not type(value):
+        return
+    if isinstance(current, (list, bytearray)):
+        current[:] = value
+    elif isinstance(current, (dict, set)):
+        current.clear()
+        current.update(value)
+
+
+class _Instrument(ast.NodeTransformer):
+    """Counts asserts (`__rm_begin__()` before, `__rm_pass__(test)` inside), marks calls made as
+    statements (`f(x)` -> `__rm_effect__(f, x)`), forwards top-level imports to the solution."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def visit_Assert(self, node: ast.Assert) -> list[ast.stmt]:
+        self.generic_visit(node)
+        begin = ast.Expr(ast.Call(ast.Name(_BEGIN, ast.Load()), [], []))
+        test = ast.Call(ast.Name(_PASS, ast.Load()), [node.test], [])
+        return [begin, ast.Assert(test, node.msg)]
+
+    def visit_Expr(self, node: ast.Expr) -> ast.Expr:
+        self.generic_visit(node)
+        call = node.value
+        if isinstance(call, ast.Call):
+            node.value = ast.Call(ast.Name(_EFFECT, ast.Load()), [call.func, *call.args], call.keywords)
+        return node
+
+    def _scoped(self, node: ast.AST) -> ast.AST:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped  # type: ignore[assignment]
+
+    def _import(self, node: ast.Import | ast.ImportFrom) -> Any:
+        modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if self.depth or any(m.split(".")[0] == "solution" for m in modules):
+            return node
+        forward = ast.Call(ast.Name(_IMPORT, ast.Load()), [ast.Constant(ast.unparse(node))], [])
+        return [node, ast.Expr(forward)]
+
+    visit_Import = visit_ImportFrom = _import
+
+
+def _instrument(tree: ast.Module) -> ast.Module:
+    out = _Instrument().visit(tree)
+    assert isinstance(out, ast.Module)
+    return ast.fix_missing_locations(out)
+
+
+def _pytest_style(tree: ast.Module, scope: dict[str, Any]) -> list[Callable[[], Any]]:
+    """What pytest would run of the case: its top-level `test*` functions and `Test*` classes'
+    `test*` methods, unless the case itself names them (then it calls them)."""
+    named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    runs: list[Callable[[], Any]] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.FunctionDef) and stmt.name.startswith("test") and stmt.name not in named:
+            fn = scope.get(stmt.name)
+            if callable(fn) and not stmt.args.args and not stmt.args.posonlyargs:
+                runs.append(fn)
+        elif isinstance(stmt, ast.ClassDef) and stmt.name.startswith("Test") and stmt.name not in named:
+            cls = scope.get(stmt.name)
+            if isinstance(cls, type):
+                runs += _test_methods(cls)
+    return runs
+
+
+def _test_methods(cls: type) -> list[Callable[[], Any]]:
+    unittest = sys.modules.get("unittest")
+    testcase = getattr(unittest, "TestCase", None) if unittest else None
+    names = [n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n))]
+    if testcase is not None and issubclass(cls, testcase):
+        _count_unittest_asserts(testcase)
+
+        def method(name: str) -> Callable[[], Any]:
+            def run() -> None:
+                case = cls(name)
+                case.setUp()
+                try:
+                    getattr(case, name)()
+                finally:
+                    case.tearDown()
+
+            return run
+
+        return [method(n) for n in names]
+    return [getattr(cls(), n) for n in names]
+
+
+def _count_unittest_asserts(testcase: type) -> None:
+    """`self.assertEqual(...)` counts as an assert, as the statement does."""
+    if getattr(testcase, "_rm_counted", False):
+        return
+    for name in dir(testcase):
+        if name.startswith("assert") and not name.startswith("assert_") and callable(getattr(testcase, name)):
+            setattr(testcase, name, _counted(getattr(testcase, name)))
+    testcase._rm_counted = True  # type: ignore[attr-defined]
+
+
+_ACTIVE: list[CleanRunner] = []
+
+
+def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
+    def assert_method(*args: Any, **kwargs: Any) -> Any:
+        runner = _ACTIVE[-1] if _ACTIVE else None
+        if runner is not None:
+            runner.begin()
+        result = method(*args, **kwargs)
+        if runner is not None:
+            runner.pass_(True)
+        return result
+
+    return assert_method
+
+
+class Opaque:
+    """A global of the solution's (`["name", n]`) or an object of its own (`["ref", n]`), living in
+    the solution's process. What Python would ask of it is asked there; a global that turns out to
+    be plain data (`MOD = 10**9 + 7`) is fetched and used as data here."""
+
+    __slots__ = ("_rm_runner", "_rm_target")
+    _rm_runner: CleanRunner
+    _rm_target: list[Any]
+
+    def __init__(self, runner: CleanRunner, target: list[Any]) -> None:
+        object.__setattr__(self, "_rm_runner", runner)
+        object.__setattr__(self, "_rm_target", target)
+
+    def _rm_value(self) -> Any:
+        """Itself, or the plain value a global of the solution's holds."""
+        if self._rm_target[0] != "name":
+            return self
+        return self._rm_runner.ask(["op", "get"], [self], {})
+
+    def _rm_op(self, name: str, local: Callable[..., Any], *args: Any) -> Any:
+        value = self._rm_value()
+        if not isinstance(value, Opaque):
+            return local(value, *args)
+        return self._rm_runner.ask(["op", name], [value, *args], {})
+
+    def _rm_rop(self, name: str, local: Callable[..., Any], other: Any) -> Any:
+        value = self._rm_value()
+        if not isinstance(value, Opaque):
+            return local(other, value)
+        return self._rm_runner.ask(["op", name], [other, value], {})
+
+    def _rm_typed(self, name: str, local: Callable[..., Any], kind: type, *args: Any) -> Any:
+        value = self._rm_op(name, local, *args)
+        if type(value) is not kind:
+            raise TypeError(f"{name}() of an object of the solution's returned a {type(value).__name__}")
+        return value
+
+    def _rm_compare(self, op: Callable[[Any, Any], Any], other: Any) -> Any:
+        value = self._rm_value()
+        if isinstance(other, Opaque):
+            other = other._rm_value()
+        if isinstance(value, Opaque) or isinstance(other, Opaque):
+            raise self._rm_runner.refuse("a comparison")
+        return op(value, other)
+
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        return self._rm_runner.ask(self._rm_target, list(args), kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._rm_runner.ask(["op", "getattr"], [self, name], {})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._rm_runner.ask(["op", "setattr"], [self, name, value], {})
+
+    def __delattr__(self, name: str) -> None:
+        self._rm_runner.ask(["op", "delattr"], [self, name], {})
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> Any:
+        return self._rm_compare(operator.eq, other)
+
+    def __ne__(self, other: object) -> Any:
+        return self._rm_compare(operator.ne, other)
+
+    def __lt__(self, other: Any) -> Any:
+        return self._rm_compare(operator.lt, other)
+
+    def __le__(self, other: Any) -> Any:
+        return self._rm_compare(operator.le, other)
+
+    def __gt__(self, other: Any) -> Any:
+        return self._rm_compare(operator.gt, other)
+
+    def __ge__(self, other: Any) -> Any:
+        return self._rm_compare(operator.ge, other)
+
+    def __bool__(self) -> bool:
+        return bool(self._rm_typed("bool", bool, bool))
+
+    def __len__(self) -> int:
+        return int(self._rm_typed("len", len, int))
+
+    def __str__(self) -> str:
+        return str(self._rm_typed("str", str, str))
+
+    def __repr__(self) -> str:
+        return str(self._rm_typed("repr", repr, str))
+
+    def __format__(self, spec: str) -> str:
+        return str(self._rm_typed("format", format, str, spec))
+
+    def __int__(self) -> int:
+        return int(self._rm_typed("int", int, int))
+
+    def __float__(self) -> float:
+        return float(self._rm_typed("float", float, float))
+
+    def __index__(self) -> int:
+        return int(self._rm_typed("index", operator.index, int))
+
+    def __iter__(self) -> Any:
+        return iter(self._rm_op("iter", lambda v: list(v)))
+
+    def __contains__(self, item: Any) -> bool:
+        return bool(self._rm_typed("contains", operator.contains, bool, item))
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._rm_op("getitem", operator.getitem, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._rm_op("setitem", operator.setitem, key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._rm_op("delitem", operator.delitem, key)
+
+    def __instancecheck__(self, obj: Any) -> bool:
+        return bool(self._rm_rop("isinstance", isinstance, obj) is True)
+
+    def __subclasscheck__(self, cls: Any) -> bool:
+        return bool(self._rm_rop("issubclass", issubclass, cls) is True)
+
+    def __abs__(self) -> Any:
+        return self._rm_op("abs", abs)
+
+    def __neg__(self) -> Any:
+        return self._rm_op("neg", operator.neg)
+
+    def __pos__(self) -> Any:
+        return self._rm_op("pos", operator.pos)
+
+    def __invert__(self) -> Any:
+        return self._rm_op("invert", operator.invert)
+
+    def __round__(self, *nd: Any) -> Any:
+        return self._rm_op("round", round, *nd)
+
+
+def _binary(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    local = getattr(operator, name)
+
+    def forward(self: Opaque, other: Any) -> Any:
+        return self._rm_op(name, local, other)
+
+    def reflected(self: Opaque, other: Any) -> Any:
+        return self._rm_rop(name, local, other)
+
+    return forward, reflected
+
+
+for _op in "add sub mul matmul truediv floordiv mod pow lshift rshift and_ or_ xor".split():
+    _dunder = _op.rstrip("_")
+    _fwd, _ref = _binary(_op)
+    setattr(Opaque, f"__{_dunder}__", _fwd)
+    setattr(Opaque, f"__r{_dunder}__", _ref)
