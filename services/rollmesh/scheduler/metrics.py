@@ -31,6 +31,9 @@ Definitions (every one deterministic, independent of arrival order and sharding)
 - timing: per phase of the rollouts (timing.py: queued, retried, seed, each model turn and its time
   to first token, each tool call and environment step, verify, the run's sink writes, the whole
   rollout), n / mean / p50 / p95 / p99 / max seconds over the rows that recorded them.
+- health: deterministic findings about each rollout's conversation, apart from its reward (health.py:
+  empty turns, cut at max tokens, unanswered tool calls, repeated output, unparsed tool-call text;
+  near the context limit is not checked here), counted, as a share of the rollouts, and by key.
 - Default k values: powers of two up to n, plus n, where n = `num_repeats` when given, else the
   largest number of rollouts any task has.
 """
@@ -43,6 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollmesh.scheduler import health
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.timing import Reservoir, RolloutTiming, percentiles
 
@@ -65,6 +69,7 @@ class Scored:
     masked: bool = False
     latency_s: float = 0.0
     timing: RolloutTiming | None = None
+    health: dict[str, int] = field(default_factory=dict)  # health.py's findings (context length unknown)
 
     @classmethod
     def of(cls, r: Rollout) -> Scored:
@@ -80,6 +85,7 @@ class Scored:
             masked=r.masked,
             latency_s=r.latency_s,
             timing=r.timing,
+            health=health.findings(r.messages, r.finish_reason, [t.output_end for t in r.tokens.turns]),
         )
 
 
@@ -142,6 +148,8 @@ class Metrics:
     num_masked: int = 0
     #: Per phase of the rollouts (timing.py): n, mean, p50, p95, p99, max in seconds.
     timing: dict[str, Json] = field(default_factory=dict)
+    #: Rollout health findings (health.py): counts, shares, keys, what was not checked.
+    health: Json = field(default_factory=dict)
 
     def to_json(self) -> Json:
         """JSON-ready: int map keys become strings ("1", "2", ...)."""
@@ -258,6 +266,7 @@ def compute(
         failures_by_class=dict(sorted(failures_by_class.items())),
     )
     m.timing = percentiles(((r.timing, r.latency_s) for r in by_key.values() if r.timing), sink_writes)
+    m.health = health.report((k.as_str(), r.health) for k, r in sorted(by_key.items())).to_json()
     if not by_key:
         return m
     _token_figures(m, list(by_key.values()))
