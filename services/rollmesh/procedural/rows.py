@@ -85,9 +85,9 @@ def open_dataset(spec: ProceduralSpec) -> ProceduralDataset:
 
     check_names(spec.names)
     try:
-        if len(spec.generators) == 1:
+        if len(spec.generators) == 1:  # the dataset rebuild_entry finds again in this process
             g = spec.generators[0]
-            return reasoning_gym.create_dataset(g.name, **sub_configs(spec)[g.name])
+            return _dataset(g.name, json.dumps(sub_configs(spec)[g.name], sort_keys=True))
         specs = [DatasetSpec(name=g.name, weight=g.weight, config=dict(g.config)) for g in spec.generators]
         return reasoning_gym.create_dataset("composite", size=spec.size, seed=spec.seed, datasets=specs)
     except (TypeError, ValueError, AssertionError, KeyError) as exc:

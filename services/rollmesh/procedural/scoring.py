@@ -60,7 +60,9 @@ def entry_of(row: Mapping[str, Any]) -> tuple[str, Json]:
     if not isinstance(name, str) or not name:
         raise EntryMismatch("the row names no generator (metadata.source_dataset)")
     check_names((name,))
-    entry: Json = {"question": row.get("question"), "answer": row.get("answer"), "metadata": metadata or {}}
+    if not isinstance(metadata, Mapping):
+        raise EntryMismatch(f"the row's metadata must be an object, not {type(metadata).__name__}")
+    entry: Json = {"question": row.get("question"), "answer": row.get("answer"), "metadata": metadata}
     if isinstance(source, Mapping) and source.get("rebuild"):
         made = rebuild_entry(source)
         if made.get("question") != row.get("question"):
@@ -92,18 +94,19 @@ def _halting_score(answer: str | None, entry: Mapping[str, Any]) -> float:
 
 
 def score(row: Json, text: str) -> Json:
-    """{score, extracted, reason} for `text` as the answer to `row`, or {bad_task: why}."""
+    """{score, extracted, reason, generator} for `text` as the answer to `row`, or {bad_task: why}."""
     try:
         name, entry = entry_of(row)
     except RollmeshError as exc:
         return {"bad_task": exc.message}
     extracted = extract(text)
     if not extracted:
-        return {"score": 0.0, "extracted": "", "reason": "no answer"}
+        return {"score": 0.0, "extracted": "", "reason": "no answer", "generator": name}
     try:
         value = float(_scorer(name)(answer=extracted, entry=entry))
     except Exception as exc:  # the generator's scorer refused the answer: a wrong answer
-        return {"score": 0.0, "extracted": extracted, "reason": f"scorer raised {type(exc).__name__}: {exc}"}
+        why = f"scorer raised {type(exc).__name__}: {exc}"
+        return {"score": 0.0, "extracted": extracted, "reason": why, "generator": name}
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
         return {"bad_task": f"the {name} scorer gave {value!r}, not a score in [0, 1]"}
-    return {"score": value, "extracted": extracted, "reason": "scored by " + name}
+    return {"score": value, "extracted": extracted, "reason": "scored by " + name, "generator": name}

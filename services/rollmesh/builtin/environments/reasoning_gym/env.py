@@ -57,6 +57,5 @@ class ReasoningGym(Environment):
         if "bad_task" in out:
             raise BadTask(str(out["bad_task"]))
         reward = float(out["score"])
-        generator = str(task.row.get("metadata", {}).get("source_dataset", ""))
-        details = {"reason": str(out["reason"]), "generator": generator}
+        details = {"reason": str(out["reason"]), "generator": str(out["generator"])}
         return VerifyResult(reward, {"score": reward}, str(out["extracted"]), details)

@@ -52,6 +52,11 @@ async def test_rows_that_cannot_be_scored_are_bad_tasks_never_a_0() -> None:
     async with load_env(HERE) as env:
         with pytest.raises(BadTask, match="names no generator"):
             await check(env, Task({"question": "q", "answer": "1"}), answer("<answer>1</answer>"))
+        with pytest.raises(BadTask, match="names no generator"):  # metadata not an object
+            await check(env, Task({"question": "q", "metadata": ["chain_sum"]}), answer("<answer>1</answer>"))
+        with pytest.raises(BadTask, match="metadata must be an object"):
+            row = {"question": "q", "metadata": "x", "reasoning_gym_entry": {"generator": "chain_sum"}}
+            await check(env, Task(row), answer("<answer>1</answer>"))
         with pytest.raises(BadTask, match="has no generator 'no_such_task'"):
             row = {"question": "q", "answer": "1", "metadata": {"source_dataset": "no_such_task"}}
             await check(env, Task(row), answer("<answer>1</answer>"))
