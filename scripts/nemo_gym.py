@@ -12,12 +12,25 @@ skipped when what it makes is there (a stamp file marks a finished unpack), runs
 concurrent callers wait for one download, and unpacks into a temporary folder renamed into place, so
 an interrupted run leaves nothing half-made. Exit status: 0 ready (the path on stdout), 1 a step failed
 (one line on stderr says which).
+
+    python scripts/nemo_gym.py venv [--version 0.4.0] [--server NAME ...]   # prints its interpreter
+
+`venv` builds a virtualenv for running NeMo Gym's resources servers themselves (the bridge's managed
+mode, verifier/nemo_gym.py): the interpreter NeMo Gym needs (pyenv's 3.12 for 0.2-0.4; see
+`find_python`), nemo-gym from the cached wheel and each named server's own requirements.txt (the
+tested servers by default). nemo-gym pins its own openai, ray and mlflow, so it never shares
+rollmesh's virtualenv. The venv is `<cache>/<version>/venv/`: a stamp lists what is installed, a
+server whose requirements are missing is added, and the lock makes concurrent callers wait for one
+build (an interrupted build is found without its stamp and made again). Exit status 3: no interpreter
+of the version NeMo Gym needs on this machine (the tests skip, naming it).
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
+import json
 import os
 import shutil
 import subprocess
@@ -108,14 +121,145 @@ def data(version: str = DEFAULT_VERSION) -> Path:
     return out
 
 
+# The servers the bridge's tests run (their requirements go into the venv by default).
+TESTED_SERVERS = (
+    "example_single_tool_call",
+    "example_session_state_mgmt",
+    "example_tool_call_multireward",
+    "example_multi_step",
+    "workplace_assistant",
+    "math_advanced_calculations",
+    "xlam_fc",
+    "structured_outputs",
+    "math_with_judge",
+    "mcqa",
+    "reasoning_gym",
+    "example_multi_turn_gymnasium",
+    "blackjack",
+    "equivalence_rule",
+    "format_verification",
+    "arc_agi",
+    "circle_count",
+    "mrcr",
+    "hotpotqa_qa",
+    "bunsenbench_chemistry_mcq",
+)
+_PIP_TIMEOUT_S = 1800
+
+
+class NoInterpreter(NemoGymAssetError):
+    """No Python of the version this NeMo Gym needs exists on this machine."""
+
+
+def find_python(version: str = DEFAULT_VERSION) -> Path:
+    """An interpreter of the minor version nemo-gym `version` needs: `python3.X` on PATH, else
+    pyenv's newest 3.X (`$PYENV_ROOT`, default ~/.pyenv). NoInterpreter when there is none."""
+    want = target_python(version)
+    minor = ".".join(want.split(".")[:2])
+    found = shutil.which(f"python{minor}")
+    candidates = [Path(found)] if found else []
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates += [
+        Path(p) for p in sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")))[::-1]
+    ]
+    for path in candidates:
+        done = subprocess.run(
+            [str(path), "-c", "import sys; print(sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0 and done.stdout.startswith(f"({minor.replace('.', ', ')}, "):
+            got = tuple(int(x) for x in done.stdout.strip("()\n").split(", "))
+            if got >= tuple(int(x) for x in want.split(".")):
+                return path
+    raise NoInterpreter(
+        f"nemo-gym=={version} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions"
+    )
+
+
+def server_requirements(version: str, server: str) -> list[str]:
+    """A server's own requirements.txt lines (nemo-gym itself and comments left out)."""
+    path = data(version) / _SERVERS / server / "requirements.txt"
+    if not path.is_file():
+        raise NemoGymAssetError(f"nemo-gym=={version} has no resources server {server!r} ({path} missing)")
+    lines = [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines()]
+    return [
+        ln for ln in lines if ln and not ln.startswith("-") and "nemo-gym" not in ln and "nemo_gym" not in ln
+    ]
+
+
+def _pip(python: Path, args: list[str], what: str) -> None:
+    cmd = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=_PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise NemoGymAssetError(f"pip install of {what} took over {_PIP_TIMEOUT_S}s") from None
+    if done.returncode != 0:
+        errors = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith("WARNING")]
+        raise NemoGymAssetError(f"pip could not install {what}: {(errors or ['no output'])[-1]}")
+
+
+def venv(version: str = DEFAULT_VERSION, servers: tuple[str, ...] = TESTED_SERVERS) -> Path:
+    """The interpreter of a virtualenv with nemo-gym `version` and `servers`' requirements (made,
+    or completed, once; see the module docstring)."""
+    root = cache_root() / version
+    folder = root / "venv"
+    python = folder / "bin" / "python"
+    stamp = folder / ".rollmesh-installed.json"
+
+    def installed() -> set[str]:
+        try:
+            return set(json.loads(stamp.read_text())["servers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    if stamp.exists() and set(servers) <= installed():
+        return python
+    base = find_python(version)
+    with locked(root / ".venv.lock"):
+        have = installed()
+        if stamp.exists() and set(servers) <= have:
+            return python
+        if not stamp.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            done = subprocess.run(
+                [str(base), "-m", "venv", str(folder)], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise NemoGymAssetError(f"{base} -m venv {folder} failed: {done.stderr.strip()[-300:]}")
+            _pip(python, [str(wheel(version))], f"nemo-gym=={version}")
+        missing = sorted(set(servers) - have)
+        reqs = sorted({r for s in missing for r in server_requirements(version, s)})
+        if reqs:
+            _pip(python, reqs, f"the requirements of {', '.join(missing)}")
+        tmp = stamp.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"nemo_gym": version, "python": str(base), "servers": sorted(have | set(servers))})
+        )
+        tmp.rename(stamp)
+    return python
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_data = sub.add_parser("data", help="fetch and unpack NeMo Gym's resources_servers/ tree")
     p_data.add_argument("--version", default=DEFAULT_VERSION)
+    p_venv = sub.add_parser("venv", help="build (once) a virtualenv that runs NeMo Gym's resources servers")
+    p_venv.add_argument("--version", default=DEFAULT_VERSION)
+    p_venv.add_argument(
+        "--server", action="append", help="a server whose requirements to install (repeatable)"
+    )
     args = parser.parse_args(argv)
     try:
-        print(data(args.version))
+        if args.command == "venv":
+            print(venv(args.version, tuple(args.server or TESTED_SERVERS)))
+        else:
+            print(data(args.version))
+    except NoInterpreter as exc:
+        print(f"nemo_gym: {exc}", file=sys.stderr)
+        return 3
     except NemoGymAssetError as exc:
         print(f"nemo_gym: {exc}", file=sys.stderr)
         return 1

@@ -52,3 +52,14 @@ def nemo_gym_servers() -> Path:
     """NeMo Gym 0.4.0's `resources_servers/` folder (each server's app.py, configs, data/example.jsonl
     and data/example_rollouts.jsonl), fetched from PyPI once and cached (scripts/nemo_gym.py data)."""
     return Path(nemo_gym_assets.data("0.4.0")) / "resources_servers"
+
+
+@pytest.fixture(scope="session")
+def nemo_gym_python() -> Path:
+    """The interpreter of a virtualenv running NeMo Gym 0.4.0's resources servers (nemo-gym and the
+    tested servers' requirements; scripts/nemo_gym.py venv: built once, cached). Skipped only where
+    no Python 3.12 exists to build it with."""
+    try:
+        return Path(nemo_gym_assets.venv("0.4.0"))
+    except nemo_gym_assets.NoInterpreter as exc:
+        pytest.skip(f"no interpreter for NeMo Gym's servers: {exc}")

@@ -44,21 +44,27 @@ def _server_dir(job: dict[str, Any]) -> Path:
 
 
 def _instance(job: dict[str, Any], folder: Path) -> tuple[str, dict[str, Any]]:
+    """The server's instance name and config: from `config` when given, else configs/<server>.yaml,
+    else the first YAML of configs/ that configures it (several name one server: structured_outputs)."""
     from omegaconf import OmegaConf  # type: ignore[import-not-found]
 
-    path = Path(job.get("config") or f"configs/{job['server']}.yaml")
-    path = path if path.is_absolute() else folder / path
-    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    assert isinstance(raw, dict)
-    for name, value in raw.items():
-        servers = value.get("resources_servers") if isinstance(value, dict) else None
-        if not isinstance(servers, dict) or (job.get("instance") and name != job["instance"]):
-            continue
-        for cfg in servers.values():
-            return str(name), dict(cfg) | dict(job.get("overrides") or {})
-    raise SystemExit(
-        f"{path} names no resources server" + (f" {job['instance']!r}" if job.get("instance") else "")
-    )
+    if job.get("config"):
+        given = Path(job["config"])
+        paths = [given if given.is_absolute() else folder / given]
+    else:
+        default = folder / "configs" / f"{job['server']}.yaml"
+        paths = [default] if default.is_file() else sorted((folder / "configs").glob("*.yaml"))
+    for path in paths:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        for name, value in raw.items() if isinstance(raw, dict) else ():
+            servers = value.get("resources_servers") if isinstance(value, dict) else None
+            if not isinstance(servers, dict) or (job.get("instance") and name != job["instance"]):
+                continue
+            for server_name, cfg in servers.items():
+                if server_name == job["server"] or job.get("server_dir"):
+                    return str(name), dict(cfg) | dict(job.get("overrides") or {})
+    where = ", ".join(str(p) for p in paths) or f"{folder / 'configs'} (no YAML)"
+    raise SystemExit(f"no config of resources server {job['server']!r} in {where}")
 
 
 def _server_class(module: Any) -> Any:

@@ -33,6 +33,13 @@ The protocol (what NeMo Gym's simple_agent does, plus 0.7.0's additions):
   every tool call the rollout executed (those with a recorded output), verify, close. A server
   answering GET /reverify_mode "stateless" is verified without the replay, "unsupported" refuses
   (ReverifyUnsupported).
+- Gymnasium-style servers (routes /reset and /step, NeMo Gym's gymnasium_agent) take environment
+  turns: SeedSession is POST /reset with the row (its observation is the episode's first user
+  message); each assistant turn is POST /step with the row and that turn as a Responses object; the
+  step's reward, `terminated or truncated` as done, `info.tool_outputs` as tool results and the
+  observation as the next user message go back to the loop. Such a server has no /verify: the
+  rollout's reward is its steps' sum (verify adds 0 and records how the episode ended), as the
+  gymnasium agent computes it; a session-less verify replays reset and a step per assistant turn.
 - Failures are named, never a reward: 5xx on seed/verify EnvServerError, not JSON or no numeric
   reward EnvServerBadReply, 422 BadTask (the row does not fit the server), no answer
   EnvServerTimeout, no connection EnvServerUnreachable; a managed server that restarted under a
@@ -62,7 +69,7 @@ from rollmesh.launch.restart import RestartPolicy
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
 from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh import untrusted_json
-from rollmesh.mesh.chat import ToolSpec
+from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.responses_items import response_object
@@ -70,7 +77,9 @@ from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.environment import (
     EnvContext,
     Environment,
+    EnvTurn,
     Response,
+    Seeded,
     Session,
     Task,
     ToolCall,
@@ -93,10 +102,21 @@ CONFIG_FILE = BRIDGE_CONFIG
 LAUNCHER = Path(__file__).with_name("_nemo_gym_server.py")
 #: The protocol's own routes: never called as a tool.
 PROTOCOL_ROUTES = frozenset(
-    {"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode", "openapi.json", "docs"}
+    {
+        "seed_session",
+        "verify",
+        "close_session",
+        "aggregate_metrics",
+        "reverify_mode",
+        "reset",
+        "step",
+        "openapi.json",
+        "docs",
+    }
 )
 _ROUTE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _RESULT_FIELDS = frozenset({"reward", "reward_components", "extracted_answer"})
+_VERDICT_FIELDS = frozenset({"reward", "mask_sample", "failure_kind", "failure_reason", "response"})
 
 
 @dataclass(frozen=True)
@@ -158,6 +178,8 @@ class BridgeState:
 
     cookies: Cookies
     incarnation: int
+    #: A gymnasium episode's last step answer (how it ended), recorded by verify.
+    last_step: Json = field(default_factory=dict)
 
 
 def drop_nulls(value: Any) -> Any:
@@ -174,8 +196,10 @@ def drop_nulls(value: Any) -> Any:
 
 
 def row_body(row: Mapping[str, Any]) -> Json:
-    """The row as NeMo Gym's servers take it: `responses_create_params` without null fields."""
-    body = dict(row)
+    """The row as NeMo Gym's servers take it: `responses_create_params` without null fields, and
+    without a verdict a stored rollout carries (`reward`, `mask_sample`, `failure_*`): servers
+    that echo their request into their reply (`Reply(**body.model_dump(), reward=...)`) fail on it."""
+    body = {k: v for k, v in row.items() if k not in _VERDICT_FIELDS}
     params = body.get("responses_create_params")
     if isinstance(params, dict):
         body["responses_create_params"] = drop_nulls(params)
@@ -223,6 +247,18 @@ def verify_result(reply: Json, sent: Mapping[str, Any], where: str) -> VerifyRes
     )
     details = {k: v for k, v in reply.items() if k not in sent and k not in _RESULT_FIELDS}
     return VerifyResult(float(reward), components, extracted, details)
+
+
+def _foreign_env() -> dict[str, str]:
+    """This process's environment without rollmesh's own variables (its API key among them) and
+    without the interpreter settings of rollmesh's virtualenv: what a foreign server starts with."""
+    drop = ("ROLLMESH_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def _ending(step: Json) -> Json:
+    """How a gymnasium episode ended, for the verdict's details."""
+    return {k: step[k] for k in ("terminated", "truncated") if k in step}
 
 
 def openapi_tools(spec: Json) -> list[ToolSpec]:
@@ -277,6 +313,7 @@ class NemoGymEnvironment(Environment):
         self._routes: set[str] = set()
         self._reverify_mode = "unknown"
         self._discovered = False
+        self._gymnasium = False
 
     def _sidecar_spec(self, python: str) -> SidecarSpec:
         logs = Path(
@@ -291,7 +328,7 @@ class NemoGymEnvironment(Environment):
             log_path=logs / f"{tag}.log",
             port_file=logs / f"{tag}.addr",
             probe=self._probe,
-            env={**os.environ, "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
+            env={**_foreign_env(), "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
             restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
         )
@@ -333,6 +370,7 @@ class NemoGymEnvironment(Environment):
             self._route_tools = openapi_tools(spec)
             paths = spec.get("paths")
             self._routes = {str(p).strip("/") for p in paths} if isinstance(paths, dict) else set()
+        self._gymnasium = {"reset", "step"} <= self._routes
         if "reverify_mode" in self._routes:
             mode = await self.http.get("/reverify_mode")
             try:
@@ -347,6 +385,7 @@ class NemoGymEnvironment(Environment):
             url=self._base_url(),
             tools=len(self._route_tools),
             reverify_mode=self._reverify_mode,
+            gymnasium=self._gymnasium,
         )
 
     async def aclose(self) -> None:
@@ -365,6 +404,9 @@ class NemoGymEnvironment(Environment):
     def summary(self) -> str:
         mode = f"managed by the verifier ({self.cfg.interpreter()})" if self.cfg.managed else self.cfg.url
         return self.cfg.description or f"NeMo Gym resources server {self.cfg.server!r}, {mode}"
+
+    def takes_turns(self) -> bool:
+        return self._gymnasium
 
     def _incarnation(self) -> int:
         return self.sidecar.restarts if self.sidecar is not None else 0
@@ -392,13 +434,60 @@ class NemoGymEnvironment(Environment):
             metadata={"http_status": str(reply.status)},
         )
 
-    async def seed_session(self, task: Task) -> BridgeState:
+    async def seed_session(self, task: Task) -> BridgeState | Seeded:
+        state, first = await self._open(task)
+        return Seeded(state, first) if self._gymnasium else state
+
+    async def _open(self, task: Task) -> tuple[BridgeState, tuple[Message, ...]]:
+        """A new session on the server (/seed_session, or /reset: its first observation too)."""
         if not self._discovered:
             await self._discover()
-        incarnation = self._incarnation()
-        cookies = Cookies()
-        self._expect_ok(await self.http.post("/seed_session", row_body(task.row), cookies), "/seed_session")
-        return BridgeState(cookies, incarnation)
+        state = BridgeState(Cookies(), self._incarnation())
+        if not self._gymnasium:
+            reply = await self.http.post("/seed_session", row_body(task.row), state.cookies)
+            self._expect_ok(reply, "/seed_session")
+            return state, ()
+        reply = await self.http.post("/reset", row_body(task.row), state.cookies)
+        self._expect_ok(reply, "/reset")
+        observation = self.http.json_object(reply, f"NeMo Gym server {self.cfg.server!r} /reset").get(
+            "observation"
+        )
+        return state, ((Message("user", str(observation)),) if observation else ())
+
+    async def step(self, session: Session, turn: Response) -> EnvTurn:
+        state = self._state(session)
+        answer = await self._step(session.task, turn, state)
+        state.last_step = answer
+        self._state(session)
+        done = bool(answer.get("terminated")) or bool(answer.get("truncated"))
+        messages: list[Message] = []
+        info = answer.get("info") if isinstance(answer.get("info"), dict) else {}
+        if not done:
+            outputs = info.get("tool_outputs") if isinstance(info, dict) else None
+            for out in outputs if isinstance(outputs, list) else []:
+                if isinstance(out, dict):
+                    messages.append(
+                        Message("tool", str(out.get("output", "")), tool_call_id=str(out.get("call_id", "")))
+                    )
+            if answer.get("observation"):
+                messages.append(Message("user", str(answer["observation"])))
+        return EnvTurn(tuple(messages), float(answer["reward"]), done, dict(info or {}))
+
+    async def _step(self, task: Task, turn: Response, state: BridgeState) -> Json:
+        """POST /step with the row and the turn's assistant output; the answer, checked."""
+        body = row_body(task.row)
+        body["response"] = responses_object(
+            task.row, Response(tuple(m for m in turn.messages if m.role == "assistant"))
+        )
+        reply = await self.http.post("/step", body, state.cookies)
+        self._expect_ok(reply, "/step")
+        answer = self.http.json_object(reply, f"NeMo Gym server {self.cfg.server!r} /step")
+        reward = answer.get("reward", 0.0)
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise EnvServerBadReply(
+                f"NeMo Gym server {self.cfg.server!r}: /step answered reward = {reward!r:.80}"
+            )
+        return answer | {"reward": float(reward)}
 
     async def call_tool(self, session: Session, call: ToolCall) -> ToolOutput:
         state = self._state(session)
@@ -425,9 +514,30 @@ class NemoGymEnvironment(Environment):
             )
 
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        if self._gymnasium:
+            if session is None:
+                return await self._replay_episode(task, response)
+            last = self._state(session).last_step
+            return VerifyResult(0.0, details=_ending(last))
         if session is not None:
             return await self._verify(task, response, self._state(session).cookies)
         return await self._reverify(task, response)
+
+    async def _replay_episode(self, task: Task, response: Response) -> VerifyResult:
+        """A stored gymnasium episode: reset, then a step per assistant turn until done; the steps' sum."""
+        state, _ = await self._open(task)
+        total = 0.0
+        for message in response.messages:
+            if message.role != "assistant":
+                continue
+            answer = await self._step(task, Response((message,)), state)
+            total += answer["reward"]
+            state.last_step = answer
+            if answer.get("terminated") or answer.get("truncated"):
+                break
+        if state.incarnation != self._incarnation():
+            raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
+        return VerifyResult(total, details=_ending(state.last_step))
 
     async def _verify(self, task: Task, response: Response, cookies: Cookies) -> VerifyResult:
         body = row_body(task.row)
@@ -446,7 +556,7 @@ class NemoGymEnvironment(Environment):
             )
         cookies = Cookies()
         if self._reverify_mode != "stateless":
-            state = await self.seed_session(task)
+            state, _ = await self._open(task)
             cookies = state.cookies
             for call in response.tool_calls:
                 if response.tool_output(call.id) is None:

@@ -16,7 +16,7 @@ from typing import Any
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.chat import ToolCall, ToolSpec
-from rollmesh.mesh.errors import Internal, NotJson
+from rollmesh.mesh.errors import Internal, NotJson, RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry.catalog import Catalog
@@ -214,15 +214,23 @@ class VerifierService:
         if self._started:
             return
         self._started = True
-        for name, item in list(self._loaded.items()):
-            try:
-                await item.env.start()
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                log.warning("environment_start_failed", name=name, error=error)
-                self._broken[name] = Broken(name, item.source, error)
-                del self._loaded[name]
+        # At once: an environment that starts a server (a managed NeMo Gym sidecar) takes seconds.
+        await asyncio.gather(*(self._start_one(item) for item in list(self._loaded.values())))
         self._tasks.spawn(self._sweep(), name="verifier-session-sweeper")
+
+    async def _start_one(self, item: Loaded) -> None:
+        """Start one environment; one that fails is listed broken with its one-line error."""
+        try:
+            await item.env.start()
+        except Exception as exc:
+            error = exc.message if isinstance(exc, RollmeshError) else f"{type(exc).__name__}: {exc}"
+            log.warning("environment_start_failed", name=item.name, error=error)
+            self._broken[item.name] = Broken(item.name, item.source, error)
+            del self._loaded[item.name]
+            try:
+                await item.env.aclose()
+            except Exception as close_exc:
+                log.warning("environment_close_failed", name=item.name, error=str(close_exc))
 
     async def _sweep(self) -> None:
         interval = min(max(self.config.session_ttl_s / 4, 0.5), 60.0)
