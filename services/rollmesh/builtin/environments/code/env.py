@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rollmesh.builtin.environments.code.unit_tests import unit_tests_spec
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
 from rollmesh.verifier.sandbox import Sandbox, TestSpec
@@ -30,7 +31,10 @@ def extract_code(text: str) -> str:
 def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
     """The task's tests, or why they are unusable (missing, malformed, a case that does not parse
     or whose asserts would have to run in the sandbox). Accepts a list of assert statements, a
-    list of {"input", "output"} pairs, or {"inputs": [...], "outputs": [...]}."""
+    list of {"input", "output"} pairs, or {"inputs": [...], "outputs": [...]}; or, with no `tests`,
+    NeMo Gym's `unit_tests` (unit_tests.py)."""
+    if "tests" not in meta and "unit_tests" in meta:
+        return unit_tests_spec(meta["unit_tests"])
     tests = meta.get("tests")
     if isinstance(tests, Mapping) and isinstance(tests.get("inputs"), list):
         ins, outs = tests["inputs"], tests.get("outputs")

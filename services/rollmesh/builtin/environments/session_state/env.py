@@ -28,17 +28,21 @@ class Counter:
 
 
 class CounterEnv(Environment):
-    """A per-session counter seeded from `verifier_metadata.initial_value`. Tools:
+    """A per-session counter seeded from `verifier_metadata.initial_value` (or, as NeMo Gym's
+    example_session_state_mgmt rows say it, the row's `initial_count`). Tools:
     `increment_counter(count)` and `get_counter_value()`. Reward 1.0 when the session's counter
-    equals `expected_answer` at verification time. A row whose `initial_value` or `expected_answer`
-    is not an integer raises BadTask; a verify without the rollout's session SessionRequired."""
+    equals `expected_answer` (or the row's `expected_count`) at verification time. A row whose
+    initial or expected value is not an integer raises BadTask; a verify without the rollout's
+    session SessionRequired."""
 
     async def seed_session(self, task: Task) -> Counter:
-        raw = task.metadata.get("initial_value", 0)
+        where, raw = "verifier_metadata.initial_value", task.metadata.get("initial_value")
+        if raw is None and "initial_count" in task.row:
+            where, raw = "initial_count", task.row["initial_count"]
         try:
-            return Counter(int(raw))
+            return Counter(int(raw or 0))
         except (TypeError, ValueError):  # seeding 0 instead would score every rollout of the row wrongly
-            raise BadTask(f"verifier_metadata.initial_value is not an integer (got {raw!r:.80})") from None
+            raise BadTask(f"{where} is not an integer (got {raw!r:.80})") from None
 
     @tool
     async def increment_counter(self, session: Session, count: int) -> str:
@@ -62,10 +66,15 @@ class CounterEnv(Environment):
                 "session_state verifies the counter of the rollout's session; the call carried none "
                 "(a stored rollout cannot be re-verified: its session is gone)"
             )
+        raw = task.expected_answer
+        if raw is None and "expected_count" in task.row:
+            raw = task.row["expected_count"]
         try:
-            expected = int(task.expected_answer)
+            expected = int(raw)
         except (TypeError, ValueError):
-            raise BadTask(f"task has no integer expected_answer (got {task.expected_answer!r:.80})") from None
+            raise BadTask(
+                f"task has no integer expected_answer nor expected_count (got {raw!r:.80})"
+            ) from None
         ok = session.state.value == expected
         return VerifyResult(
             1.0 if ok else 0.0,
