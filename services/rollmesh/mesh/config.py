@@ -252,7 +252,11 @@ ENV_VARS: dict[str, EnvVar] = {
             "",
             "Verifier: folder of the logs of the servers it starts (default: <tmp>/rollmesh-sidecars).",
         ),
-        EnvVar("ROLLMESH_VERIFIER_MATH_TIMEOUT_S", 10.0, "Verifier: seconds per math-verify check."),
+        EnvVar(
+            "ROLLMESH_VERIFIER_MATH_TIMEOUT_S",
+            10.0,
+            "Verifier: seconds per math-verify check (an overrun is tried once more, then scores 0).",
+        ),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_JUDGE",
             False,

@@ -13,7 +13,7 @@ import grpc
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout, JudgeFailed, WorkerError, WorkerTimeout
+from rollmesh.verifier.errors import CheckFailed, JudgeFailed, WorkerError, WorkerTimeout
 
 log = get_logger("rollmesh.env.math")
 _HERE = str(Path(__file__).resolve())
@@ -27,6 +27,7 @@ JUDGE_PROMPT = (
     "{fence}\n{answer}\n{fence}\n"
 )
 _WORDS = re.compile(r"[A-Z]+")
+TOO_LARGE = "the answer is too large to check (a value of more than 10000 digits is not evaluated)"
 
 
 def judge_prompt(problem: str, expected: str, answer: str) -> str:
@@ -58,23 +59,38 @@ def warmup() -> bool:
 
 
 def check(expected: str, response: str) -> dict[str, Any]:
-    """math-verify's verdict and the extracted answer (runs in a worker: may be slow or hang).
+    """math-verify's verdict, within the rules of grading.py, and the extracted answer (runs in a
+    worker: may be slow or hang).
 
     math-verify's own signal-based timeouts are off: when one fires, math-verify answers "no
     answer found" or "not equivalent", a silent 0 for an answer nobody finished judging (a
-    correct answer on a loaded host). The worker's hard timeout bounds the whole check instead,
-    and its overrun is CHECK_TIMEOUT."""
+    correct answer on a loaded host). The worker's hard timeout bounds the whole check instead."""
     from math_verify import parse, verify
 
+    from rollmesh.builtin.environments.math import grading
+
+    letter = grading.choice_letter(expected)
+    if letter is not None:
+        said = grading.answered_letter(response)
+        if said is None:
+            return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
+        ok = said == letter
+        return {"correct": ok, "extracted": said, "reason": "equivalent" if ok else "not equivalent"}
+    grading.install_guards()
+    expected, response = grading.normalize(expected), grading.normalize(response)
     gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
     gold = parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
     pred = parse(response, parsing_timeout=None)  # type: ignore[arg-type]
     extracted = str(pred[1]) if len(pred) > 1 else (str(pred[0]) if pred else "")
     if not gold:
         return {"correct": False, "extracted": extracted, "reason": "could not parse expected_answer"}
+    if any(grading.too_large(g) for g in gold if not isinstance(g, str)):
+        return {"correct": False, "extracted": extracted, "reason": "expected_answer too large to check"}
     if not pred:
         return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
-    ok = bool(verify(gold, pred, timeout_seconds=None))
+    if any(grading.too_large(p) for p in pred if not isinstance(p, str)):
+        return {"correct": False, "extracted": extracted[:200], "reason": TOO_LARGE}
+    ok = bool(verify(gold, pred, timeout_seconds=None, allow_set_relation_comp=True))
     return {"correct": ok, "extracted": extracted, "reason": "equivalent" if ok else "not equivalent"}
 
 
@@ -85,9 +101,12 @@ class MathEnv(Environment):
     """Math word problems with a reference answer, checked symbolically by math-verify (\\boxed{}
     or the last expression). When ROLLMESH_VERIFIER_MATH_JUDGE=1 (or the task's
     `verifier_metadata.use_judge`), an LLM judge served by the gateway gets a second opinion on
-    answers the symbolic check rejects. A row without a usable expected_answer raises BadTask, a
-    checker that overruns its timeout CheckTimeout, one that raises or dies CheckFailed, and a judge
-    that gives no verdict JudgeFailed: none of them is scored 0 (nobody judged the answer)."""
+    answers the symbolic check rejects (grading.py: what is added around math-verify). A row
+    without a usable expected_answer raises BadTask, a checker that raises or dies CheckFailed, and
+    a judge that gives no verdict JudgeFailed: none of them is scored 0 (nobody judged the answer).
+    An answer too large to evaluate, or whose check overruns the timeout on two workers in a row,
+    scores 0 with that reason (`details.timed_out` for the latter): an answer built to outlast the
+    check is not a dropped sample."""
 
     _channel: grpc.aio.Channel | None = None
     _warm: asyncio.Task[Any] | None = None
@@ -121,14 +140,18 @@ class MathEnv(Environment):
         if not text.strip():
             return VerifyResult(0.0, {"symbolic": 0.0}, "", {"reason": "empty response"})
         timeout = self.context.config.math_timeout_s
-        try:
-            out = await self.context.workers.call(f"{_HERE}:check", str(expected), text, timeout_s=timeout)
-        except WorkerTimeout:
-            raise CheckTimeout(f"math-verify took longer than {timeout:g}s; worker killed") from None
-        except WorkerError as exc:
-            raise CheckFailed(f"math-verify failed: {exc}") from None
-        if out["reason"] == "could not parse expected_answer":
-            raise BadTask(f"math-verify could not parse expected_answer {str(expected)[:80]!r}")
+        out = await self._check(str(expected), text, timeout)
+        if out is None:  # twice over the timeout: an answer built to outlast the check scores 0
+            reason = f"the check took longer than {timeout:g}s twice (worker killed): scored 0"
+            timed_out = {
+                "reason": reason,
+                "expected": str(expected),
+                "symbolic_correct": False,
+                "timed_out": True,
+            }
+            return VerifyResult(0.0, {"symbolic": 0.0}, "", timed_out)
+        if out["reason"] in ("could not parse expected_answer", "expected_answer too large to check"):
+            raise BadTask(f"math-verify: {out['reason']}: {str(expected)[:80]!r}")
         correct = bool(out["correct"])
         details: dict[str, Any] = {
             "reason": out["reason"],
@@ -148,6 +171,21 @@ class MathEnv(Environment):
                 reward = 1.0
                 details["reason"] = "judge: equivalent"
         return VerifyResult(reward, components, str(out["extracted"]), details)
+
+    async def _check(self, expected: str, text: str, limit_s: float) -> dict[str, Any] | None:
+        """The worker's verdict; None when the check overran `limit_s` twice. A first overrun is
+        tried again on a fresh worker (a loaded host's correct answer gets its second chance)."""
+        for _attempt in range(2):
+            try:
+                out: dict[str, Any] = await self.context.workers.call(
+                    f"{_HERE}:check", expected, text, timeout_s=limit_s
+                )
+                return out
+            except WorkerTimeout:
+                log.warning("math_check_timeout", timeout_s=limit_s, attempt=_attempt + 1)
+            except WorkerError as exc:
+                raise CheckFailed(f"math-verify failed: {exc}") from None
+        return None
 
     async def _judge(self, problem: str, expected: str, answer: str) -> tuple[bool | None, str]:
         """(equivalent?, what happened). Never raises: a failure is (None, reason)."""

@@ -1,0 +1,211 @@
+r"""math, adversarially (issue 27): per class, answers a policy that read the checker would try
+score 0, and right answers in common forms score 1.0. Each class is one test over its payloads, run
+through the worker pool as the verifier runs them; a failure lists every payload that broke.
+
+Classes: numbers compared relatively, intervals never equal to finite sets, equation references
+answered by equations, false equations as answers, multiple choice, forms math-verify missed
+(digit groups, Unicode symbols, repeating decimals, set vs inequality), unbounded answers."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from rollmesh.verifier import Environment
+from rollmesh.verifier.testing import answer, check, load_env, task
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+HERE = Path(__file__).resolve().parent.parent
+Case = tuple[str, str]  # (expected_answer, response)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env() -> AsyncIterator[Environment]:
+    async with load_env(HERE) as loaded:
+        await loaded.context.workers.warm()
+        yield loaded
+
+
+async def scores(env: Environment, cases: list[Case]) -> dict[Case, Any]:
+    out = {}
+    for expected, response in cases:
+        r = await check(env, task(expected), answer(response))
+        out[(expected, response)] = (r.reward, r.details.get("reason"))
+    return out
+
+
+async def assert_all(env: Environment, cases: list[Case], reward: float) -> None:
+    got = await scores(env, cases)
+    wrong = {case: r for case, r in got.items() if r[0] != reward}
+    assert not wrong, f"should score {reward}: {wrong}"
+
+
+NUMBERS_WRONG = [
+    ("6.626\\times10^{-34}", "\\boxed{10^{-40}}"),
+    ("6.626\\times10^{-34}", "\\boxed{0}"),
+    ("6.626\\times10^{-34}", "\\boxed{6.7\\times10^{-34}}"),
+    ("1.6\\times10^{-19}", "\\boxed{0.0}"),
+    ("0.0000001", "\\boxed{0}"),
+    ("2\\times10^{-8}", "\\boxed{10^{-8}}"),
+    ("3\\times10^{-7}", "\\boxed{0.0000001}"),
+    ("5\\times10^{-7}", "\\boxed{0.000001}"),
+    ("(1, 10^{-9})", "\\boxed{(1, 0)}"),
+    ("10^{-12}", "\\boxed{-10^{-12}}"),
+]
+NUMBERS_RIGHT = [
+    ("6.626\\times10^{-34}", "\\boxed{6.626 \\times 10^{-34}}"),
+    ("6.626\\times10^{-34}", "\\boxed{6.6260\\times10^{-34}}"),
+    ("\\frac{1}{3}", "\\boxed{0.333333}"),
+    ("\\frac{1}{81}", "\\boxed{0.012346}"),
+    ("0.5", "\\boxed{\\frac12}"),
+    ("10^{-40}", "\\boxed{1\\times10^{-40}}"),
+    ("0", "\\boxed{0.0}"),
+    ("1234567", "\\boxed{1234567}"),
+    ("9\\%", "\\boxed{9\\%}"),
+]
+
+
+async def test_numbers_are_compared_relatively(env: Environment) -> None:
+    await assert_all(env, NUMBERS_WRONG, 0.0)
+    await assert_all(env, NUMBERS_RIGHT, 1.0)
+
+
+INTERVALS_WRONG = [
+    ("(0,1)", "\\boxed{\\{0,1\\}}"),
+    ("(0,1)", "\\boxed{0, 1}"),
+    ("(0,1)", "\\boxed{0.5}"),
+    ("(1,2)", "The answer is 1 and 2"),
+    ("(1,2)", "\\boxed{1 \\text{ and } 2}"),
+    ("x>3", "\\boxed{3, \\infty}"),
+    ("x>3", "\\boxed{\\{3, \\infty\\}}"),
+    ("[2,5]", "\\boxed{\\{2,5\\}}"),
+    ("(-\\infty, 3)", "\\boxed{\\{-\\infty, 3\\}}"),
+    ("\\{0,1\\}", "\\boxed{(0,1)}"),
+    ("\\{0,1\\}", "\\boxed{[0,1]}"),
+    ("0<x<1", "\\boxed{0, 1}"),
+]
+INTERVALS_RIGHT = [
+    ("(0,1)", "\\boxed{(0,1)}"),
+    ("(0,1)", "\\boxed{0<x<1}"),
+    ("[2,5]", "\\boxed{2\\le x\\le 5}"),
+    ("[2,5]", "\\boxed{2 \\leq x \\leq 5}"),
+    ("(-\\infty,3)", "\\boxed{x<3}"),
+    ("x<3", "\\boxed{(-\\infty,3)}"),
+    ("x \\ge 2", "\\boxed{[2, \\infty)}"),
+    ("[2, \\infty)", "\\boxed{x \\ge 2}"),
+    ("\\{0,1\\}", "\\boxed{\\{1,0\\}}"),
+    ("[2,5]", "\\boxed{2≤x≤5}"),
+]
+
+
+async def test_intervals_never_equal_finite_sets(env: Environment) -> None:
+    await assert_all(env, INTERVALS_WRONG, 0.0)
+    await assert_all(env, INTERVALS_RIGHT, 1.0)
+
+
+EQUATIONS_WRONG = [
+    ("x+y+z=1", "\\boxed{1}"),
+    ("x^2+y^2=25", "\\boxed{25}"),
+    ("2x+3y=6", "\\boxed{6}"),
+    ("x+y=1", "\\boxed{x = 1}"),
+    ("3", "\\boxed{4 = 3}"),
+    ("3", "\\boxed{1+1 = 3}"),
+    ("3", "\\boxed{x = 4 = 3}"),
+    ("3", "\\boxed{0 = 3}"),
+    ("\\frac12", "\\boxed{1 = \\frac{1}{2}}"),
+]
+EQUATIONS_RIGHT = [
+    ("x+y+z=1", "\\boxed{x+y+z=1}"),
+    ("x+y+z=1", "\\boxed{1 = x+y+z}"),
+    ("x=2", "\\boxed{2}"),
+    ("y=2x+1", "\\boxed{y = 1 + 2x}"),
+    ("3", "\\boxed{x = 3}"),
+    ("3", "\\boxed{1+2 = 3}"),
+    ("3", "\\boxed{x = 1 + 2 = 3}"),
+]
+
+
+async def test_equations_are_compared_as_equations(env: Environment) -> None:
+    await assert_all(env, EQUATIONS_WRONG, 0.0)
+    await assert_all(env, EQUATIONS_RIGHT, 1.0)
+
+
+CHOICE_WRONG = [
+    ("C", "**Answer: B**"),
+    ("C", "\\boxed{A}"),
+    ("C", "The answer could be C or D. Answer: D"),
+    ("C", "\\boxed{C} ... on reflection, Answer: D"),
+    ("C", "Answer: A, B, C or D"),
+    ("C", "\\boxed{C \\text{ or } D}"),
+    ("C", "I am not sure."),
+    ("(B)", "Answer: Because of the symmetry"),
+]
+CHOICE_RIGHT = [
+    ("C", "**Answer: C**"),
+    ("C", "\\boxed{C}"),
+    ("C", "So the answer is (C)."),
+    ("C", "Answer: $\\text{C}$"),
+    ("(C)", "Final answer: **C**"),
+    ("C", "C"),
+    ("\\text{C}", "\\boxed{\\text{(C)}}"),
+    ("B", "It is not A. Answer: B"),
+]
+
+
+async def test_multiple_choice_reads_the_last_letter_given(env: Environment) -> None:
+    await assert_all(env, CHOICE_WRONG, 0.0)
+    await assert_all(env, CHOICE_RIGHT, 1.0)
+
+
+FORMS_RIGHT = [
+    ("1000", "\\boxed{1\\,000}"),
+    ("10000000", "\\boxed{10\\,000\\,000}"),
+    ("1000", "\\boxed{1{,}000}"),
+    ("\\sqrt{2}", "\\boxed{√2}"),
+    ("2\\sqrt{2}", "\\boxed{2√2}"),
+    ("\\sqrt{x+1}", "\\boxed{√(x+1)}"),
+    ("\\infty", "\\boxed{∞}"),
+    ("-\\infty", "\\boxed{-∞}"),
+    ("\\frac{1}{3}", "\\boxed{0.\\overline{3}}"),
+    ("\\frac{1}{6}", "\\boxed{0.1\\overline{6}}"),
+    ("\\frac{8}{7}", "\\boxed{1.\\overline{142857}}"),
+    ("\\pi", "\\boxed{π}"),
+    ("-5", "\\boxed{\u22125}"),
+]
+FORMS_WRONG = [
+    ("1000", "\\boxed{1\\,001}"),
+    ("100", "\\boxed{1\\,000}"),
+    ("\\sqrt{3}", "\\boxed{√2}"),
+    ("\\frac{1}{3}", "\\boxed{0.\\overline{4}}"),
+    ("\\infty", "\\boxed{-∞}"),
+]
+
+
+async def test_common_forms_are_read(env: Environment) -> None:
+    await assert_all(env, FORMS_RIGHT, 1.0)
+    await assert_all(env, FORMS_WRONG, 0.0)
+
+
+UNBOUNDED = [
+    "\\boxed{10^{10^{10}}}",
+    "\\boxed{9^{9^{9}}}",
+    "\\boxed{2^{2^{2^{2^{2^{2}}}}}}",
+    "\\boxed{10^{1000000}}",
+    "\\boxed{100000000!}",
+    "\\boxed{(10^{10})!}",
+    "\\boxed{\\binom{10^{12}}{10^{11}}}",
+    "\\boxed{\\prod_{k=1}^{10^{9}} k}",
+]
+
+
+async def test_an_unbounded_answer_is_a_0_with_a_reason_not_a_timeout(env: Environment) -> None:
+    """`\\boxed{10^{10^{10}}}` made math-verify compute for minutes: CHECK_TIMEOUT, retried, so a
+    policy traded a 0 for a dropped sample. It is refused before evaluation: 0, and why."""
+    got = await scores(env, [("5", text) for text in UNBOUNDED])
+    bad = {case: r for case, r in got.items() if r[0] != 0.0 or "too large" not in str(r[1])}
+    assert not bad, bad
+    assert (
+        await check(env, task("2^{100}"), answer("\\boxed{2^{100}}"))
+    ).reward == 1.0  # large, not unbounded
