@@ -140,6 +140,10 @@ FORMS = Klass(
         "every_call_answers_true": hijack("lambda req: True") + "def merge(a, b):\n    return 0\n",
         "every_call_echoes_its_first_argument": hijack("lambda req: (req.get('args') or [None])[0]"),
         "every_call_answers_the_empty_value": hijack("lambda req: ['dict', []]"),
+        # every request but the load, in any protocol (the old checker's probes were `eval`s)
+        "every_request_answers_true": hijack("lambda req: True").replace(
+            "if req.get('op') == 'call'", "if req.get('op') != 'load'"
+        ),
         "forged_verdict_frames": (
             "import json, os, struct\n"
             "def _frame(ident, **body):\n"
@@ -387,6 +391,7 @@ async def test_functions_objects_and_errors_cross_as_python_would(env: Environme
         "try:\n    apply_all(None, [1])\n    assert False\nexcept TypeError:\n    assert True",
         "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]",
         "xs = [2, 1]\nassert sort_in_place(xs) is None and xs == [1, 2]",
+        "assert apply_all.__name__ == 'apply_all' and Stack.__name__ == 'Stack'",
     ]
     honest = (
         "def apply_all(f, xs):\n    return [f(x) for x in xs]\n"
@@ -406,5 +411,5 @@ async def test_functions_objects_and_errors_cross_as_python_would(env: Environme
         "def apply_all(f, xs):\n    return []\n"
         "def sort_in_place(xs):\n    return None\n"
     )
-    got, details = await reward(env, [*tests, "assert Stack() == [4]"], liar)
+    got, details = await reward(env, [*tests[:-1], "assert Stack() == [4]"], liar)
     assert got == 0.0, details

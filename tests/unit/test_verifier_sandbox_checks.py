@@ -14,7 +14,7 @@ import pytest
 from rollmesh.verifier._clean_runner import _instrument, _pytest_style
 from rollmesh.verifier._sandbox_runner import encode
 from rollmesh.verifier.errors import BadValue, ChannelBroken
-from rollmesh.verifier.sandbox_checks import plain_names, replain, unverifiable_case
+from rollmesh.verifier.sandbox_checks import names_used, plain_names, replain, unverifiable_case
 from rollmesh.verifier.sandbox_values import Ref, decode_value, parse_frame
 
 
@@ -111,6 +111,17 @@ def test_names_of_the_solution_are_checked() -> None:
     ):
         with pytest.raises(ChannelBroken):
             plain_names(bad)
+
+
+def test_only_names_the_tests_mention_are_bound() -> None:
+    """A claim about a global the tests never mention imports and binds nothing in the clean
+    interpreter."""
+    assert names_used(["assert f(x) == math.pi", "assert (", "from solution import g\ng()"]) == {
+        "f",
+        "x",
+        "math",
+        "g",
+    }
 
 
 def test_only_a_test_that_does_not_parse_is_refused_before_running() -> None:

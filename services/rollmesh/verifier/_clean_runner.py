@@ -49,6 +49,7 @@ except ImportError:  # in the sandbox (python -I -S: the standard library only):
 
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+_DATA_DUNDERS = frozenset({"__name__", "__qualname__", "__doc__"})  # asked of the solution's process
 _EFFECT, _BEGIN, _PASS, _IMPORT = "__rm_effect__", "__rm_begin__", "__rm_pass__", "__rm_import__"
 
 
@@ -442,7 +443,7 @@ class Opaque:
         return self._rm_runner.ask(self._rm_target, list(args), kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
+        if name.startswith("__") and name.endswith("__") and name not in _DATA_DUNDERS:
             raise AttributeError(name)
         return self._rm_runner.ask(["op", "getattr"], [self, name], {})
 

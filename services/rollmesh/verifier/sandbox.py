@@ -61,7 +61,7 @@ from rollmesh.verifier import telemetry
 from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
 from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, SandboxStarved, SandboxUnavailable
-from rollmesh.verifier.sandbox_checks import Relay, normalize_output
+from rollmesh.verifier.sandbox_checks import Relay, names_used, normalize_output
 from rollmesh.verifier.sandbox_clock import WallCredit, run_within_wall_time
 from rollmesh.verifier.sandbox_uids import PROBE_UID, SANDBOX_UIDS, UidPool
 from rollmesh.verifier.sandbox_values import parse_frame
@@ -537,7 +537,7 @@ async def _judge(
         return str(load["error"])[:MAX_ERROR_CHARS]
     if tests.kind == "asserts":
         relay = Relay(channels[1], channels[0])
-        await relay.setup(load.get("names"))
+        await relay.setup(load.get("names"), names_used(tests.cases))
         for case in tests.cases:
             verdict = await relay.case(str(case))
             if verdict["unverifiable"]:

@@ -85,6 +85,21 @@ def plain_names(names: Any) -> list[list[Any]]:
     return out
 
 
+def names_used(cases: Collection[Any]) -> set[str]:
+    """Every name the tests' source mentions: only those of the solution's globals are bound in the
+    clean interpreter (a claim about any other name changes nothing there, and nothing is imported
+    for it)."""
+    used: set[str] = set()
+    for case in cases:
+        try:
+            used.update(
+                n.id for n in ast.walk(ast.parse(str(case), "test", "exec")) if isinstance(n, ast.Name)
+            )
+        except SyntaxError:
+            continue
+    return used
+
+
 def _short_str(value: Any) -> bool:
     return type(value) is str and 0 < len(value) <= 200
 
@@ -108,8 +123,10 @@ class Relay:
     calls: int = 0
     aborted: str = ""
 
-    async def setup(self, names: Any) -> None:
-        reply = await self.clean.receive(await self.clean.send("setup", names=plain_names(names)))
+    async def setup(self, names: Any, used: Collection[str]) -> None:
+        """Bind the solution's globals that the tests mention (`names_used`) in the clean interpreter."""
+        bound = [item for item in plain_names(names) if item[0] in used]
+        reply = await self.clean.receive(await self.clean.send("setup", names=bound))
         if "error" in reply:
             raise ChannelBroken(f"the clean interpreter refused the names: {reply['error']}")
 
@@ -211,4 +228,4 @@ class Relay:
         return [key, replain(value)]
 
 
-__all__ = ["Ref", "Relay", "normalize_output", "plain_names", "unverifiable_case"]
+__all__ = ["Ref", "Relay", "names_used", "normalize_output", "plain_names", "unverifiable_case"]
