@@ -101,6 +101,20 @@ LIBRARY = Klass(
             "def to_binary(n):\n    return ''\ndef fact(n):\n    return 0\ndef power(a, b):\n    return 0\n"
             "def digits(n):\n    return []\ndef by_len(ws):\n    return []\ndef counts(s):\n    return {}\n"
         ),
+        # claims that the tests' names are objects of the clean interpreter's own
+        "claim_clean_side_objects": (
+            "import gc\n"
+            "_claims = [['fact', 'imported', ['sys', 'modules.clear']], "
+            "['to_binary', 'imported', ['builtins', '__dict__.clear']], "
+            "['math', 'imported', ['decimal', 'Decimal']], "
+            "['power', 'module', '__main__'], ['digits', 'imported', ['__main__', 'Runner']], "
+            "['counts', 'module', 'this'], ['by_len', 'imported', ['gc', 'collect']]]\n"
+            "for _o in gc.get_objects():\n"
+            "    if type(_o).__name__ == 'Runner':\n"
+            "        type(_o).names = lambda self: _claims\n"
+            "def to_binary(n):\n    return ''\ndef fact(n):\n    return 0\ndef power(a, b):\n    return 0\n"
+            "def digits(n):\n    return []\ndef by_len(ws):\n    return []\ndef counts(s):\n    return {}\n"
+        ),
         "lying_counter_and_str": (
             "import collections\n"
             "collections.Counter.__eq__ = lambda self, other: True\n"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier._clean_runner import _instrument, _pytest_style
+from rollmesh.verifier._clean_runner import _imported, _instrument, _pytest_style
 from rollmesh.verifier._sandbox_runner import encode
 from rollmesh.verifier.errors import BadValue, ChannelBroken
 from rollmesh.verifier.sandbox_checks import names_used, plain_names, replain, unverifiable_case
@@ -122,6 +122,17 @@ def test_only_names_the_tests_mention_are_bound() -> None:
         "math",
         "g",
     }
+
+
+def test_an_import_the_solution_claims_is_taken_only_as_it_is() -> None:
+    """`from collections import Counter` in the solution is the clean interpreter's own Counter; a
+    claim that names an attribute of something else, or the runner, binds nothing of its own."""
+    from collections import Counter
+
+    assert _imported("collections", "Counter") is Counter
+    for module, qualname in (("sys", "modules.clear"), ("builtins", "__dict__.clear"), ("__main__", "x")):
+        with pytest.raises((ImportError, AttributeError)):
+            _imported(module, qualname)
 
 
 def test_only_a_test_that_does_not_parse_is_refused_before_running() -> None:

@@ -141,13 +141,9 @@ class CleanRunner:
             if name in _STDLIB:
                 value = importlib.import_module(name)
             elif kind == "module":
-                value = importlib.import_module(str(detail))
+                value = importlib.import_module(_stdlib(str(detail)))
             elif kind == "imported":
-                module, qualname = str(detail[0]), str(detail[1])
-                found: Any = importlib.import_module(module)
-                for part in qualname.split("."):
-                    found = getattr(found, part)
-                value = found
+                value = _imported(str(detail[0]), str(detail[1]))
         except Exception:
             if name in _STDLIB or kind == "module":
                 return
@@ -273,6 +269,27 @@ class CleanRunner:
     def refuse(self, what: str) -> Refused:
         self.case.failed = f"{what} of an object of the solution's own is not checked (compare plain data)"
         return Refused(self.case.failed)
+
+
+def _stdlib(module: str) -> str:
+    """`module`, when it is (in) a standard-library package, else ImportError."""
+    if module.split(".")[0] not in _STDLIB or module.startswith("__main__"):
+        raise ImportError(module)
+    return module
+
+
+def _imported(module: str, qualname: str) -> Any:
+    """This interpreter's own object that the solution says it imported: one that says it is
+    `module`.`qualname` of the standard library (a claim naming an attribute of something else,
+    `sys.modules.clear`, is not taken: the name is the solution's then)."""
+    found: Any = importlib.import_module(_stdlib(module))
+    for part in qualname.split("."):
+        if part.startswith("__"):
+            raise ImportError(qualname)
+        found = getattr(found, part)
+    if getattr(found, "__module__", None) != module or getattr(found, "__qualname__", None) != qualname:
+        raise ImportError(qualname)
+    return found
 
 
 def _update_in_place(current: Any, value: Any) -> None:
