@@ -4,7 +4,6 @@ a worker process (rollmesh.procedural.scoring)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.procedural.rows import SOURCE_FIELD
@@ -23,21 +22,27 @@ class ReasoningGym(Environment):
     it raises). A row naming no known generator raises BadTask; a scorer that overruns its time
     CheckTimeout."""
 
-    _warm: asyncio.Task[Any] | None = None
+    _warming: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        self._warm = asyncio.create_task(self._warmup(), name="reasoning-gym-warmup")
+    def _warm_workers(self) -> asyncio.Task[None]:
+        """Import reasoning-gym (~2 s, every generator module) in each worker of this environment's
+        pool, once, on the first verify: outside a scoring call's timeout, and never at start (a
+        verifier that scores no reasoning-gym task pays nothing)."""
+        if self._warming is None:
+            self._warming = asyncio.create_task(self._warmup(), name="reasoning-gym-warmup")
+        return self._warming
 
     async def _warmup(self) -> None:
-        try:
-            await self.context.workers.call("rollmesh.procedural.scoring:warmup", timeout_s=120.0)
-        except Exception as exc:
-            log.warning("reasoning_gym_warmup_failed", error=str(exc))
+        pool = self.context.workers
+        calls = [pool.call("rollmesh.procedural.scoring:warmup", timeout_s=120.0) for _ in range(pool.size)]
+        for failed in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(failed, Exception):
+                log.warning("reasoning_gym_warmup_failed", error=str(failed))
 
     async def aclose(self) -> None:
-        if self._warm is not None:
-            self._warm.cancel()
-            await asyncio.gather(self._warm, return_exceptions=True)
+        if self._warming is not None:
+            self._warming.cancel()
+            await asyncio.gather(self._warming, return_exceptions=True)
 
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
         del session
@@ -45,6 +50,7 @@ class ReasoningGym(Environment):
         if not text.strip():
             return VerifyResult(0.0, {}, "", {"reason": "empty response"})
         row = {k: task.row[k] for k in _ROW_FIELDS if k in task.row}
+        await asyncio.shield(self._warm_workers())  # one verify cancelled leaves it to the others
         timeout = self.context.config.math_timeout_s
         try:
             out = await self.context.workers.call(_SCORE, row, text, timeout_s=timeout)
