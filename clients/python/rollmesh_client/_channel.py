@@ -4,6 +4,7 @@ token on every call type (unary and streaming; see _auth.py)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,9 +81,12 @@ def check_address(address: str) -> str:
     return address
 
 
-def aio_channel(address: str, *, api_key: str | None = None) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel to `address` (host:port, checked) with the mesh's options."""
+def aio_channel(
+    address: str, *, api_key: str | None = None, interceptors: Sequence[grpc.aio.ClientInterceptor] = ()
+) -> grpc.aio.Channel:
+    """An insecure grpc.aio channel to `address` (host:port, checked) with the mesh's options; the
+    bearer token's interceptors, then `interceptors` (e.g. the services' trace context)."""
     check_address(address)
-    interceptors = client_interceptors(api_key) if api_key else None
+    chain = [*(client_interceptors(api_key) if api_key else ()), *interceptors] or None
     options = [*CHANNEL_OPTIONS, *message_limit_options()]
-    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=chain)

@@ -42,7 +42,7 @@ from rollmesh.gateway.types import (
 )
 from rollmesh.gateway.uploads import UploadPiece, WeightUploads
 from rollmesh.gateway.weights import check_checkpoint, next_version, read_manifest
-from rollmesh.mesh import untrusted_json
+from rollmesh.mesh import tracing, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
@@ -673,6 +673,9 @@ class Gateway:
         """One engine request: deltas out, the outcome recorded in `attempt`."""
         rid = request.request_id
         agen = m.backend.generate(request)
+        # The replica call's span: not made current, since this generator yields.
+        engine_span = tracing.start("gateway.replica", {"rollmesh.model": m.name})
+        error: BaseException | None = None
         try:
             while True:
                 try:
@@ -714,7 +717,15 @@ class Gateway:
                 if chunk.finish_reason:
                     attempt.finish = chunk.finish_reason
                     break
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            tracing.end(
+                engine_span,
+                {"rollmesh.replica_id": attempt.replica, "rollmesh.finish_reason": attempt.finish or ""},
+                error if isinstance(error, Exception) else None,
+            )
             if attempt.replica:
                 _leave_replica(m, attempt.replica)
             if attempt.finish is None:

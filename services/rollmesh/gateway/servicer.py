@@ -11,6 +11,7 @@ from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.errors import bad_request
 from rollmesh.gateway.types import GenerateResult
+from rollmesh.mesh import tracing
 from rollmesh.mesh.fields import to_pb
 from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
 from rollmesh.mesh.paging import page
@@ -74,7 +75,8 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         if req.WhichOneof("item") == "request":
             inp = convert.generate_from_pb(req.request)
             timeout = req.timeout_s if req.timeout_s > 0 else None
-            return Item(req.id, functools.partial(self._gw.generate, inp, timeout_s=timeout))
+            work = functools.partial(self._gw.generate, inp, timeout_s=timeout)
+            return Item(req.id, tracing.within("gateway.generate", req.request.trace_context, work))
         # An item with neither was dropped: its caller waited for an answer that never came.
         return Item(req.id) if req.cancel else Item(req.id, _no_request)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh import tracing
 from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.metrics import start_endpoint
@@ -85,6 +86,8 @@ async def embedded_mesh(
     catalog = Catalog.from_config(RootsConfig.from_env())
     install_sys_path(catalog.roots)
     async with AsyncExitStack() as stack:
+        if tracing.configure("mesh"):  # when the OTEL_* variables ask (mesh/tracing.py)
+            stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
         if metrics_port >= 0:
             endpoint = await asyncio.to_thread(start_endpoint, "127.0.0.1", metrics_port)
             stack.push_async_callback(asyncio.to_thread, endpoint.stop)

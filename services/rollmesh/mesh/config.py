@@ -394,6 +394,7 @@ class ServerConfig:
     grace_seconds: float = 10.0
     event_loop: str = "auto"  # ROLLMESH_EVENT_LOOP: what `mesh.aio.run_server` runs the process on
     metrics_port: int = -1  # ROLLMESH_METRICS_PORT: the Prometheus endpoint (-1: off)
+    service: str = ""  # registry, verifier, gateway or scheduler (tracing's service.name)
 
     @property
     def address(self) -> str:
@@ -413,5 +414,12 @@ class ServerConfig:
         names = {"host": "ROLLMESH_BIND_HOST", "grace_seconds": "ROLLMESH_GRACE_SECONDS"}
         port = addr_port if port is None else port
         return read_fields(
-            cls, "ROLLMESH_", environ, names=names, host=host or None, port=port, metrics_port=metrics_port
+            cls,
+            "ROLLMESH_",
+            environ,
+            names=names,
+            host=host or None,
+            port=port,
+            metrics_port=metrics_port,
+            service=service,
         )

@@ -1,6 +1,7 @@
 """The one server interceptor every service runs: bearer auth, error mapping, one log line per RPC
 (at debug for calls that end OK, at info otherwise), the RPC's Prometheus metrics (by method and
-status code, with its latency: mesh/metrics.py), and INVALID_ARGUMENT (reason
+status code, with its latency: mesh/metrics.py), a server span for each unary call when tracing is on
+(child of the caller's, from the W3C context in the metadata: mesh/tracing.py), and INVALID_ARGUMENT (reason
 UNDECODABLE_REQUEST) for a request, or a streamed request message, that does not decode.
 
 Domain errors (`RollmeshError`) become `google.rpc.Status` with an ErrorInfo; any other exception
@@ -23,7 +24,7 @@ import structlog
 from google.rpc import code_pb2, status_pb2
 from grpc_status import rpc_status
 
-from rollmesh.mesh import errors
+from rollmesh.mesh import errors, tracing
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.metrics import RpcRecorder, rpc_type
 from rollmesh_client._auth import BearerAuthInterceptor, rebuild
@@ -141,6 +142,11 @@ def _aborted_code(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool, recorder: RpcRecorder) -> Behavior:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if not request_streaming and tracing.enabled():  # a server span, child of the caller's
+            parent = tracing.metadata_carrier(context.invocation_metadata())
+            with tracing.span(method.lstrip("/"), parent=parent, kind="server"):
+                async with _observed(method, context, recorder):
+                    return await behavior(_decoded(request, request_streaming), context)
         async with _observed(method, context, recorder):
             return await behavior(_decoded(request, request_streaming), context)
 

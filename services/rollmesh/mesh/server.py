@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from rollmesh.mesh import config
+from rollmesh.mesh import config, tracing
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.interceptors import MeshInterceptor
@@ -135,6 +135,7 @@ async def serve(
     """Run until SIGTERM or SIGINT, then drain for `server.grace_seconds` and stop (the shape of
     every `__main__`)."""
     mesh_server = await build_server(bindings, server.address, api_key=server.api_key)
+    tracing.configure(server.service or "service")  # when the OTEL_* variables ask (mesh/tracing.py)
     endpoint: MetricsEndpoint | None = None
     if server.metrics_port >= 0:
         endpoint = await asyncio.to_thread(start_endpoint, server.host, server.metrics_port)
@@ -143,6 +144,7 @@ async def serve(
     finally:
         if endpoint is not None:
             await asyncio.to_thread(endpoint.stop)
+        await asyncio.to_thread(tracing.shutdown)  # sends the spans still buffered
 
 
 async def _serve_started(

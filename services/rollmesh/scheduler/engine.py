@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
@@ -146,6 +147,10 @@ class _WatchedModel:
         self._in_flight = 0
 
     async def generate(self, call: GenerateCall) -> Turn:
+        with tracing.span("model_turn", {"rollmesh.request_id": call.request_id}, kind="client"):
+            return await self._generate(call)
+
+    async def _generate(self, call: GenerateCall) -> Turn:
         t0 = self._clock()
         self._in_flight += 1
         try:
@@ -180,6 +185,9 @@ class _WatchedModel:
         return await self._inner.engine_capacity(model)
 
 
+_SPANS = {"seed_s": "seed_session", "tool_s": "tool_call", "env_step_s": "env_step", "verify_s": "verify"}
+
+
 class _WatchedEnv:
     """The verifier port under the watchdog: reachable or not, cut when it hangs; each call's time in
     the rollout's phases (timing.py)."""
@@ -189,7 +197,8 @@ class _WatchedEnv:
 
     async def _timed(self, phase: str, call: Awaitable[T]) -> T:
         t0 = self._clock()
-        result = await self._watch(VERIFIER, call)
+        with tracing.span(_SPANS[phase], kind="client"):
+            result = await self._watch(VERIFIER, call)
         if (timing := current_timing()) is not None:
             timing.add(phase, self._clock() - t0)
         return result
@@ -381,6 +390,18 @@ class JobRun:
             await self._tasks.aclose()
 
     async def _one(self, key: RolloutKey, queued_s: float = 0.0) -> None:
+        """One rollout, under its root span when tracing is on (mesh/tracing.py): the model turns,
+        tool calls and verify are its children, and the services' spans theirs."""
+        attributes = {
+            "rollmesh.job_id": self.job_id,
+            "rollmesh.rollout_key": key.as_str(),
+            "rollmesh.task_index": key.task_index,
+            "rollmesh.rollout_index": key.rollout_index,
+        }
+        with tracing.span("rollout", attributes):
+            await self._rollout(key, queued_s)
+
+    async def _rollout(self, key: RolloutKey, queued_s: float) -> None:
         timing = RolloutTiming(queued_s=queued_s)
         CURRENT_TIMING.set(timing)  # this task's: the watched ports record the phases into it
         try:
@@ -495,6 +516,14 @@ class JobRun:
             start = time.perf_counter()
             await self.sink.write(rollout)
             took = time.perf_counter() - start
+            tracing.annotate(
+                **{
+                    "rollmesh.outcome": "succeeded",
+                    "rollmesh.reward": rollout.reward,
+                    "rollmesh.policy_version": rollout.policy_version,
+                    "rollmesh.attempts": rollout.attempts,
+                }
+            )
             self._sink_seconds.observe(took)
             if self.sink.write_times is not None:
                 self.sink.write_times.add(took)
@@ -518,6 +547,7 @@ class JobRun:
             await self.sink.write_failure(failure)
             telemetry.SINK_WRITES.labels(self._sink_kind, "failure").inc()
             telemetry.rollout_failed(err.name)
+            tracing.annotate(**{"rollmesh.outcome": "failed", "rollmesh.error_class": err.name})
             self.progress.done += 1
             self.progress.failed += 1
             self.failures.append(failure)

@@ -11,6 +11,8 @@ Generate and Verify calls go over one long-lived stream each, the SDK's multiple
 fraction of a unary RPC. A gateway without GenerateMany (UNIMPLEMENTED) is called with unary
 `Generate` instead.
 
+With tracing on (mesh/tracing.py), each call carries the current span's W3C context: a unary call in
+its metadata (the channel's interceptor), a Generate or Verify item in its `trace_context`.
 `connect(address)` makes a port over gRPC; `in_process(servicer)` one on the service's servicer in
 this process (the embedded mesh, launch/embedded.py), with the same messages, errors, deadlines and
 cancellation but no gRPC hop (mesh/in_process.py).
@@ -27,6 +29,7 @@ from typing import Any, Protocol, Self, TypeVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rollmesh.mesh import tracing
 from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.mesh.in_process import InProcessMux, InProcessStub
 from rollmesh.mesh.multiplex import MultiplexedMethod
@@ -102,7 +105,7 @@ class _Port:
 
     @classmethod
     def connect(cls, address: str, *, api_key: str | None = None) -> Self:
-        channel = aio_channel(address, api_key=api_key)
+        channel = aio_channel(address, api_key=api_key, interceptors=tracing.client_interceptors())
         stub = cls._stub_class(channel)
         return cls(stub, cls._mux(stub), channel=channel)
 
@@ -147,6 +150,7 @@ class GatewayModel(_Port):
             messages=[message_to_pb(m) for m in call.messages],
             tools=[tool_to_pb(t) for t in call.tools],
             sampling=sampling_to_pb(call.sampling),
+            trace_context=tracing.inject(),  # the model turn's span (mesh/tracing.py)
         )
         resp = await self._generate(req)
         return from_pb(
@@ -244,6 +248,7 @@ class VerifierEnv(_Port):
             task_json=json.dumps(task, ensure_ascii=False),
             response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in messages]),
             session_id=session_id,
+            trace_context=tracing.inject(),  # the verify span's (mesh/tracing.py)
         )
         r = await self._many.call(req, None)
         result = from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})

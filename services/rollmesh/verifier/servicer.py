@@ -6,7 +6,7 @@ import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rollmesh.mesh import chat
+from rollmesh.mesh import chat, tracing
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
 from rollmesh.mesh.paging import page
@@ -66,7 +66,9 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
         return MultiplexedMethod(self._batch_item, messages, self._svc.config.batch_concurrency)
 
     def _batch_item(self, req: pb.VerifyBatchRequest) -> Item[VerifyResult]:
-        return Item(req.id, functools.partial(self._svc.verify, convert.verify_call_from_pb(req.request)))
+        work = functools.partial(self._svc.verify, convert.verify_call_from_pb(req.request))
+        attributes = {"rollmesh.environment": req.request.environment}
+        return Item(req.id, tracing.within("verifier.verify", req.request.trace_context, work, attributes))
 
     async def VerifyBatch(
         self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any

@@ -405,10 +405,31 @@ Global___ModelResponse: _TypeAlias = ModelResponse  # noqa: Y015
 class VerifyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     TASK_JSON_FIELD_NUMBER: _builtins.int
     RESPONSE_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
     task_json: _builtins.str
     """The task row, serialized JSON."""
@@ -416,6 +437,12 @@ class VerifyRequest(_message.Message):
     """The session whose state verification may read; empty when none."""
     @_builtins.property
     def response(self) -> Global___ModelResponse: ...
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context of the caller's span (`traceparent`, `tracestate`): a VerifyBatch item has no
+        metadata of its own. Empty when the caller does not trace.
+        """
+
     def __init__(
         self,
         *,
@@ -423,10 +450,11 @@ class VerifyRequest(_message.Message):
         task_json: _builtins.str = ...,
         response: Global___ModelResponse | None = ...,
         session_id: _builtins.str = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "response", b"response", "session_id", b"session_id", "task_json", b"task_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "response", b"response", "session_id", b"session_id", "task_json", b"task_json", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,217 @@
+"""OpenTelemetry tracing, once for every service: set-up from the standard OTEL_* variables, spans,
+and W3C trace context carried between services.
+
+Off unless configured: `configure(service)` turns it on only when an OTLP endpoint is set
+(`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) or `OTEL_TRACES_EXPORTER=otlp`,
+and never with `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`. Off, nothing of the SDK is
+imported and every helper here is a check of one flag (`span` yields None, `inject` gives {}).
+On, the SDK reads its own variables: the exporter's endpoint, headers and timeout, the sampler
+(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.01`: one rollout in a
+hundred traced, and every span of a traced one), `OTEL_SERVICE_NAME` (default `rollmesh-<service>`);
+`OTEL_EXPORTER_OTLP_PROTOCOL` picks grpc (default) or http/protobuf. Spans leave in batches from a
+thread (the SDK's BatchSpanProcessor): nothing waits on the collector.
+
+Context travels as W3C `traceparent`/`tracestate`: in gRPC metadata for unary calls (the client
+interceptor `client_interceptors()` injects it, the server interceptor extracts it), and in the
+`trace_context` field of each multiplexed item (GenerateRequest, VerifyRequest), since one stream
+carries many calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from rollmesh.mesh.logging import get_logger
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+log = get_logger("rollmesh.tracing")
+T = TypeVar("T")
+
+
+class _State:
+    tracer: Tracer | None = None
+    provider: Any = None
+    propagator: Any = None
+
+
+_state = _State()
+
+
+def wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """Do the OTEL_* variables ask for traces?"""
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return bool(endpoint) or exporter == "otlp"
+
+
+def enabled() -> bool:
+    return _state.tracer is not None
+
+
+def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Turn tracing on for this process when the OTEL_* variables ask for it (once: later calls keep
+    the first set-up); returns whether it is on."""
+    if _state.tracer is not None or not wanted(environ):
+        return _state.tracer is not None
+    env = os.environ if environ is None else environ
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    if protocol.strip().lower().startswith("http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        exporter: Any = HttpExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        exporter = GrpcExporter()
+    name = env.get("OTEL_SERVICE_NAME") or f"rollmesh-{service}"
+    provider = TracerProvider(resource=Resource.create({"service.name": name}), shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    _state.provider, _state.propagator = provider, TraceContextTextMapPropagator()
+    _state.tracer = provider.get_tracer("rollmesh")
+    log.info(
+        "tracing_on", service_name=name, protocol=protocol, sampler=str(provider.sampler.get_description())
+    )
+    return True
+
+
+def shutdown() -> None:
+    """Send what is buffered and turn tracing off (a server's stop; tests)."""
+    provider = _state.provider
+    _state.tracer = _state.provider = _state.propagator = None
+    if provider is not None:
+        provider.shutdown()
+
+
+def _context(carrier: Mapping[str, str] | None) -> Any:
+    return _state.propagator.extract(carrier) if carrier else None
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    parent: Mapping[str, str] | None = None,
+    kind: str = "internal",
+) -> Iterator[Span | None]:
+    """A span named `name`, current inside the block, child of the current span (or of the W3C
+    context in `parent`, a carrier from another service); None when tracing is off. An exception
+    leaving the block is recorded on it and sets its status to error."""
+    tracer = _state.tracer
+    if tracer is None:
+        yield None
+        return
+    from opentelemetry.trace import SpanKind
+
+    with tracer.start_as_current_span(
+        name,
+        context=_context(parent),
+        kind=getattr(SpanKind, kind.upper()),
+        attributes=dict(attributes or {}),
+    ) as s:
+        yield s
+
+
+def inject() -> dict[str, str]:
+    """The current span's W3C context as a carrier ({} when tracing is off or no span is current)."""
+    if _state.propagator is None:
+        return {}
+    carrier: dict[str, str] = {}
+    _state.propagator.inject(carrier)
+    return carrier
+
+
+def metadata_carrier(metadata: Any) -> dict[str, str]:
+    """The W3C keys of gRPC invocation metadata."""
+    return {k: v for k, v in (metadata or ()) if k in ("traceparent", "tracestate") and isinstance(v, str)}
+
+
+class _UnaryTraceContext(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Adds the current span's W3C context to a unary call's metadata."""
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        carrier = inject()
+        if carrier:
+            md = grpc.aio.Metadata(*(details.metadata or ()), *carrier.items())
+            details = grpc.aio.ClientCallDetails(
+                details.method, details.timeout, md, details.credentials, details.wait_for_ready
+            )
+        return await continuation(details, request)
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """Channel interceptors that put the current span's context in each unary call's metadata ([]
+    when tracing is off: no per-call cost). Multiplexed items carry theirs in `trace_context`."""
+    return [] if _state.tracer is None else [_UnaryTraceContext()]
+
+
+def within(
+    name: str,
+    carrier: Mapping[str, str],
+    work: Callable[[], Awaitable[T]],
+    attributes: Mapping[str, Any] | None = None,
+) -> Callable[[], Awaitable[T]]:
+    """`work` run inside a server span `name` whose parent is the W3C context in `carrier` (a
+    multiplexed item's `trace_context`); `work` itself when tracing is off."""
+    if _state.tracer is None:
+        return work
+
+    async def traced() -> T:
+        with span(name, attributes, parent=dict(carrier), kind="server"):
+            return await work()
+
+    return traced
+
+
+def start(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = "client") -> Span | None:
+    """A span child of the current one that is not made current (for code that yields, where a
+    current span could not be reset in the right context): the caller ends it (`end`). None when
+    tracing is off."""
+    tracer = _state.tracer
+    if tracer is None:
+        return None
+    from opentelemetry.trace import SpanKind
+
+    return tracer.start_span(name, kind=getattr(SpanKind, kind.upper()), attributes=dict(attributes or {}))
+
+
+def end(
+    s: Span | None, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None
+) -> None:
+    """End a span from `start` (None: nothing), with `attributes` and the error it ended on."""
+    if s is None:
+        return
+    if attributes:
+        s.set_attributes(dict(attributes))
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        s.record_exception(error)
+        s.set_status(Status(StatusCode.ERROR, str(error)[:200]))
+    s.end()
+
+
+def annotate(**attributes: Any) -> None:
+    """Set attributes on the current span (nothing when tracing is off)."""
+    if _state.tracer is None:
+        return
+    from opentelemetry import trace
+
+    trace.get_current_span().set_attributes(attributes)

@@ -1,0 +1,154 @@
+"""One OpenTelemetry trace per rollout (mesh/tracing.py), exported over OTLP/gRPC to a receiver in
+the test: a scheduler calls a real gateway and verifier over gRPC, every rollout is traced
+(always_on), and a two-turn tool rollout yields one trace whose spans cover scheduler -> gateway ->
+replica and scheduler -> verifier (seed, tool call, verify), with the rollout key, job id, policy
+version and outcome on the root span. Tracing unconfigured is off."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from rollmesh.gateway import Gateway
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh import tracing
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
+from tests.conftest import StartServer
+
+CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
+
+
+class _Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP trace receiver: keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.arrived = asyncio.Event()
+
+    async def Export(self, request: Any, context: Any) -> Any:
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                self.spans.extend(scope_spans.spans)
+        self.arrived.set()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest_asyncio.fixture
+async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Receiver]:
+    got = _Receiver()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(got, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    for name, value in {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert tracing.configure("test")
+    try:
+        yield got
+    finally:
+        await asyncio.to_thread(tracing.shutdown)
+        await server.stop(grace=0)
+
+
+def _tool_then_answer(prompt: str, request: Any) -> str:
+    if "<|tool|>" in prompt:  # the tool answered: say the value
+        return "3"
+    return '<tool_call>{"name": "increment_counter", "arguments": {"count": 3}}</tool_call>'
+
+
+def _attrs(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in span.attributes:
+        v = kv.value
+        out[kv.key] = getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+    return out
+
+
+async def test_a_tool_rollout_is_one_trace_across_the_services(
+    receiver: _Receiver, start_server: StartServer, tmp_path: Path
+) -> None:
+    gateway = Gateway([FakeBackend("fake", script=_tool_then_answer)])
+    await gateway.start()
+    verifier = VerifierService.from_catalog(VerifierConfig(), CATALOG)
+    await verifier.start()
+    gw = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
+    vf = await start_server([ServiceBinding.of(VerifierServicer(verifier))])
+    model, env = GatewayModel.connect(gw.address), VerifierEnv.connect(vf.address)
+    mgr = JobManager(CATALOG, model=model, env=env, output_dir=str(tmp_path))
+    try:
+        example = BUILTIN_ROOT / "environments" / "session_state" / "data" / "example.jsonl"
+        dataset = tmp_path / "one.jsonl"
+        dataset.write_text(example.read_text().splitlines()[0] + "\n")  # starts at 0, add 3
+        spec = JobSpec(dataset=str(dataset), environment="session_state", output_dir=str(tmp_path))
+        rec = await mgr.wait((await mgr.submit(spec)).job_id)
+        assert rec.state == "SUCCEEDED", rec.error
+    finally:
+        await mgr.aclose()
+        await model.close()
+        await env.close()
+        await verifier.aclose()
+        await gateway.shutdown()
+    await asyncio.to_thread(tracing.shutdown)  # flushes every span to the receiver
+
+    (root,) = [s for s in receiver.spans if s.name == "rollout"]
+    trace = [s for s in receiver.spans if s.trace_id == root.trace_id]
+    assert not root.parent_span_id
+    attrs = _attrs(root)
+    assert attrs["rollmesh.rollout_key"] == "0:0" and attrs["rollmesh.job_id"] == rec.job_id
+    assert attrs["rollmesh.outcome"] == "succeeded" and attrs["rollmesh.reward"] == 1.0
+    assert attrs["rollmesh.policy_version"] == "0"
+
+    by_id = {s.span_id: s for s in trace}
+
+    def chain(span: Any) -> list[str]:
+        names = [span.name]
+        while span.parent_span_id:
+            span = by_id[span.parent_span_id]
+            names.append(span.name)
+        return names
+
+    names = [s.name for s in trace]
+    assert names.count("model_turn") == 2 and names.count("gateway.replica") == 2
+    replica = [s for s in trace if s.name == "gateway.replica"]
+    assert all(chain(s) == ["gateway.replica", "gateway.generate", "model_turn", "rollout"] for s in replica)
+    assert _attrs(replica[0])["rollmesh.replica_id"]
+    (verify,) = [s for s in trace if s.name == "verifier.verify"]
+    assert chain(verify) == ["verifier.verify", "verify", "rollout"]
+    (tool,) = [s for s in trace if s.name == "rollmesh.v1.EnvironmentVerifier/CallTool"]
+    assert chain(tool) == ["rollmesh.v1.EnvironmentVerifier/CallTool", "tool_call", "rollout"]
+    (seed,) = [s for s in trace if s.name == "rollmesh.v1.EnvironmentVerifier/SeedSession"]
+    assert chain(seed)[1:] == ["seed_session", "rollout"]
+    assert {s.trace_id for s in receiver.spans if s.name in ("model_turn", "tool_call")} == {root.trace_id}
+
+
+def test_tracing_is_off_unless_the_otel_variables_ask() -> None:
+    assert not tracing.wanted({})
+    assert tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"})
+    assert tracing.wanted({"OTEL_TRACES_EXPORTER": "otlp"})
+    assert not tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_SDK_DISABLED": "true"})
+    assert not tracing.wanted(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_TRACES_EXPORTER": "none"}
+    )
+    assert not tracing.enabled() and tracing.inject() == {}
+    with tracing.span("nothing") as s:
+        assert s is None
