@@ -118,6 +118,9 @@ class FakeGym:
             {"openapi": "3.1.0", "paths": paths, "components": {"schemas": {"Inc": count}}}
         )
 
+    async def alive(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
     async def mode(self, request: web.Request) -> web.Response:
         return web.json_response(self.reverify_mode)
 
@@ -126,7 +129,7 @@ class FakeGym:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/", lambda r: web.json_response({"status": "ok"}))
+        app.router.add_get("/", self.alive)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/reverify_mode", self.mode)
         app.router.add_post("/seed_session", self.seed)

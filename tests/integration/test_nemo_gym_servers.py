@@ -1,11 +1,13 @@
 """NeMo Gym's own resources servers, served as they are (managed: each started by the verifier from
-the NeMo Gym 0.4.0 virtualenv, scripts/nemo_gym.py venv), reproduce the rewards NeMo Gym recorded.
+the NeMo Gym 0.4.0 virtualenv, scripts/nemo_gym.py venv), reproduce the rewards NeMo Gym recorded
+when `rollmesh reverify` re-scores their recorded rollouts through a real verifier (gRPC, with an
+API key).
 
 Each server's `data/example_rollouts.jsonl` holds rollouts NeMo Gym ran and the reward its own
 agent got; they are in completion order and lack row fields verify needs (`expected_count`, ...), so
-each is joined back to its `data/example.jsonl` row by the input messages. A session-less verify
-through the bridge replays the rollout on the real server (seed, the executed tool calls, verify;
-a gymnasium server: reset and a step per assistant turn) and must give the recorded reward exactly.
+`--tasks data/example.jsonl` joins each back to its row by the input messages. Through the bridge
+a rollout replays on the real server (seed, the executed tool calls, verify; a gymnasium server:
+reset and a step per assistant turn) and must give the recorded reward exactly.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from typer.testing import CliRunner
 
-from rollmesh.mesh.responses_items import messages_from_input, response_messages
+from rollmesh.cli import build_app
+from rollmesh.mesh.responses_items import response_messages
+from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.errors import BadTask
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
 
+API_KEY = "nemo-gym-bridge-test-key"
 SERVERS = (
     "example_single_tool_call",
     "example_session_state_mgmt",
@@ -56,68 +62,65 @@ OVERRIDES: dict[str, str] = {
 }
 
 
-def input_key(row: dict[str, Any]) -> str:
-    params = row["responses_create_params"]
-    msgs = messages_from_input(params.get("input"), params.get("instructions"))
-    return json.dumps([(m.role, m.content) for m in msgs])
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def joined_rollouts(folder: Path) -> list[dict[str, Any]]:
-    """Each recorded rollout as its example row (matched by the input messages) with the recorded
-    `response` and `reward`: the recorded row itself lacks fields verify needs and holds the
-    recorded verdict's fields, which servers that echo their request refuse to see twice."""
-    examples: dict[str, dict[str, Any]] = {}
-    for row in read_jsonl(folder / "data" / "example.jsonl"):
-        key = input_key(row)
-        assert examples.get(key, row) == row, f"{folder.name}: two example rows share an input"
-        examples[key] = row
-    out = []
-    for rec in read_jsonl(folder / "data" / "example_rollouts.jsonl"):
-        example = examples.get(input_key(rec))
-        assert example is not None, f"{folder.name}: a recorded rollout matches no example row"
-        out.append({**example, "response": rec["response"], "reward": rec["reward"]})
-    return out
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gym_verifier(
-    tmp_path_factory: pytest.TempPathFactory, nemo_gym_python: Path, nemo_gym_servers: Path
-) -> AsyncIterator[VerifierService]:
+async def gym_verifier(tmp_path_factory: pytest.TempPathFactory, nemo_gym_python: Path) -> AsyncIterator[str]:
+    """A verifier (gRPC, API key) hosting every server below as `ng_<server>`; its address."""
     root = tmp_path_factory.mktemp("gym-root")
-    for server in (*SERVERS, *UNJOINABLE):
-        folder = root / "environments" / f"ng_{server}"  # (a built-in reasoning_gym exists)
+    for name in (*SERVERS, *UNJOINABLE):
+        folder = root / "environments" / f"ng_{name}"  # (a built-in reasoning_gym exists)
         folder.mkdir(parents=True)
-        toml = f'server = "{server}"\npython = "{nemo_gym_python}"\n' + OVERRIDES.get(server, "")
+        toml = f'server = "{name}"\npython = "{nemo_gym_python}"\n' + OVERRIDES.get(name, "")
         (folder / "nemo_gym.toml").write_text(toml)
     roots = RootsConfig(Path("/nonexistent"), (root,), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
     await svc.start()
+    server = await build_server([ServiceBinding.of(VerifierServicer(svc))], api_key=API_KEY)
+    await server.start()
     try:
         _, broken = svc.list_environments()
         assert not broken, "; ".join(f"{b.name}: {b.error}" for b in broken)
-        yield svc
+        await wait_serving(server.address, timeout_s=30)
+        yield server.address
     finally:
+        await server.stop(grace=0)
         await svc.aclose()
+
+
+async def reverify(address: str, server: str, folder: Path, out: Path) -> tuple[list[dict[str, Any]], str]:
+    """`rollmesh reverify` of the server's recorded rollouts, joined to its example rows."""
+    data = folder / "data"
+    args = ["reverify", str(data / "example_rollouts.jsonl"), "-e", f"ng_{server}"]
+    args += [
+        "--tasks",
+        str(data / "example.jsonl"),
+        "--verifier",
+        address,
+        "--api-key",
+        API_KEY,
+        "-o",
+        str(out),
+    ]
+    res = await asyncio.to_thread(CliRunner().invoke, build_app(), args)
+    assert res.exit_code == 0, res.output
+    return read_jsonl(out), res.stderr
 
 
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("server", SERVERS)
-async def test_the_bridge_reproduces_nemo_gyms_recorded_rewards(
-    gym_verifier: VerifierService, nemo_gym_servers: Path, nemo_gym_python: Path, server: str
+async def test_rollmesh_reverify_reproduces_nemo_gyms_recorded_rewards(
+    gym_verifier: str, nemo_gym_servers: Path, nemo_gym_python: Path, tmp_path: Path, server: str
 ) -> None:
-    rows = joined_rollouts(nemo_gym_servers / server)
-    assert len(rows) == 5
+    rows, stderr = await reverify(gym_verifier, server, nemo_gym_servers / server, tmp_path / "out.jsonl")
+    assert len(rows) == 5 and "match no row" not in stderr and "reverified 5 rows (0 errors" in stderr
     for row in rows:
-        response = Response(tuple(response_messages(row["response"])))
-        result = await gym_verifier.verify(VerifyCall(f"ng_{server}", json.dumps(row), response))
-        if result.reward != row["reward"] and server == "math_with_judge":
-            await assert_math_verify_timed_out(nemo_gym_python, row, result.extracted_answer)
+        if row["reward"] != row["previous_reward"] and server == "math_with_judge":
+            await assert_math_verify_timed_out(nemo_gym_python, row)
             continue
-        assert result.reward == row["reward"], f"{server}: {result} for a row NeMo Gym scored {row['reward']}"
+        assert row["reward"] == row["previous_reward"], f"{server}: {row}"
 
 
 # math_with_judge's check is math-verify's `verify`, which gives up (False) after 5 s of sympy:
@@ -137,28 +140,24 @@ print(json.dumps([limited, verify(g, p, timeout_seconds=600), time.monotonic() -
 """
 
 
-async def assert_math_verify_timed_out(python: Path, row: dict[str, Any], extracted: str) -> None:
+async def assert_math_verify_timed_out(python: Path, row: dict[str, Any]) -> None:
     answer = response_messages(row["response"])[-1].content
     proc = await asyncio.create_subprocess_exec(
         str(python), "-c", MATH_VERIFY, stdin=PIPE, stdout=PIPE, stderr=DEVNULL
     )
     out, _ = await proc.communicate(json.dumps([row["expected_answer"], answer]).encode())
     limited, unlimited, seconds = json.loads(out.decode().strip().splitlines()[-1])
-    assert row["reward"] == 1.0 and extracted, row
+    assert row["previous_reward"] == 1.0 and row["reward"] == 0.0 and row["extracted_answer"], row
     assert (limited, unlimited) == (False, True) and seconds > 5, (limited, unlimited, seconds)
 
 
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("server", UNJOINABLE)
 async def test_rollouts_without_their_rows_are_refused_not_scored(
-    gym_verifier: VerifierService, nemo_gym_servers: Path, server: str
+    gym_verifier: str, nemo_gym_servers: Path, tmp_path: Path, server: str
 ) -> None:
-    folder = nemo_gym_servers / server / "data"
-    recorded = [
-        json.loads(ln) for ln in (folder / "example_rollouts.jsonl").read_text().splitlines() if ln.strip()
-    ]
-    for row in recorded:
-        response = Response(tuple(response_messages(row["response"])))
-        with pytest.raises(BadTask) as err:
-            await gym_verifier.verify(VerifyCall(f"ng_{server}", json.dumps(row), response))
-        assert "(422)" in err.value.message and '"missing"' in err.value.message
+    rows, stderr = await reverify(gym_verifier, server, nemo_gym_servers / server, tmp_path / "out.jsonl")
+    assert "5 of 5 rollouts match no row" in stderr and "reverified 0 rows (5 errors" in stderr
+    for row in rows:
+        assert row["reverify_error"].startswith("INVALID_ARGUMENT: ") and "(422)" in row["reverify_error"]
+        assert '"missing"' in row["reverify_error"] and "previous_reward" not in row

@@ -75,9 +75,22 @@ async def test_an_episode_keeps_its_session_cookie_on_every_call(tmp_path: Path)
         await svc.close_session(session.id)
     assert result.reward == 1.0 and result.components == {"count_ok": 1.0} and result.extracted_answer == "6"
     assert result.details == {"mask_sample": False, "failure_kind": None, "judge_calls": 0}
+    assert not result.masked
     # the seed set the cookie; each later call carried it back (127.0.0.1 included)
     assert gym.calls[0] == ("/seed_session", False) and all(ok for _, ok in gym.calls[1:])
     assert gym.closed == ["job-0-0"]
+
+
+async def test_a_verdict_the_server_masks_is_masked_not_a_zero(tmp_path: Path) -> None:
+    gym = FakeGym(
+        verify_extra={"mask_sample": True, "failure_kind": "judge_failed", "failure_reason": "judge 503"}
+    )
+    async with fake_gym(gym) as url, bridged(tmp_path, url) as svc:
+        row = json.dumps(counter_row(0, 5))
+        session = (await svc.seed_session("counter", row)).session
+        result = await svc.verify(VerifyCall("counter", row, Response.from_text("5"), session.id))
+    assert result.masked and result.details["failure_kind"] == "judge_failed"
+    assert result.details["failure_reason"] == "judge 503"
 
 
 async def test_envs_show_lists_the_servers_tool_routes(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ whose stream breaks fails the whole run (VERIFIER_UNAVAILABLE), as does no answe
 Each row gets the new `reward`, `reward_components`, `extracted_answer` and `verify_details` (and
 `mask_sample` when the verdict is masked or the row had one); the old reward is kept in
 `previous_reward`. An item the verifier could not score keeps its row and gets
-`reverify_error` ("CODE: message"); the stream goes on.
+`reverify_error` ("CODE: message"); the stream goes on. With `--tasks`, each row is first joined
+to its dataset row by the input messages (`join_tasks`: NeMo Gym's recorded rollouts).
 
 An environment that takes turns (GetEnvironment's `takes_turns`) is re-scored by replaying each
 rollout through the agent loop in a new session (scheduler/replay.py), at most `window` at once:
@@ -28,10 +29,11 @@ from typing import Any
 from rollmesh.commands._common import connect
 from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
 from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.responses_items import messages_from_input
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.agent import AgentOutcome
-from rollmesh.scheduler.records import Json, Rollout
+from rollmesh.scheduler.records import ADDED_FIELDS, Json, Rollout
 from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.replay import replay
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
@@ -47,6 +49,44 @@ class ReverifyReport:
     old_mean: float = 0.0
     new_mean: float = 0.0
     error_samples: list[str] = field(default_factory=list)
+
+
+def input_key(row: Json) -> str:
+    """A row's input messages (role and text of each) as one comparable string ("" when none)."""
+    params = row.get("responses_create_params")
+    if not isinstance(params, dict):
+        return ""
+    try:
+        msgs = messages_from_input(params.get("input"), params.get("instructions"))
+    except ValueError:
+        return ""
+    return json.dumps([(m.role, m.content) for m in msgs], ensure_ascii=False)
+
+
+def join_tasks(rows: Sequence[Json], tasks: Sequence[Json]) -> tuple[list[Json], int]:
+    """Each stored rollout scored as the row of `tasks` with the same input messages: that row's
+    fields, plus what the rollout added (response, reward, its key, ...). NeMo Gym's recorded
+    rollouts need it: they lack row fields verify reads (`expected_count`) and carry the recorded
+    verdict's own (`library_reward`), which a server echoing its request refuses to get twice.
+    A rollout no task matches is kept as stored; returns the rows and how many matched none.
+    Tasks sharing an input must be the same row (else which one is meant is unknown: ValueError)."""
+    by_input: dict[str, Json] = {}
+    for task in tasks:
+        key = input_key(task)
+        if key in by_input and by_input[key] != task:
+            raise ValueError(f"two rows of the tasks share the input {key[:120]}")
+        by_input[key] = task
+    out: list[Json] = []
+    unmatched = 0
+    for row in rows:
+        match = by_input.get(input_key(row))
+        if match is None:
+            unmatched += 1
+            out.append(dict(row))
+            continue
+        added = {k: v for k, v in row.items() if k in ADDED_FIELDS or k.startswith("_ng_")}
+        out.append({**match, **added})
+    return out, unmatched
 
 
 def verify_request(row: Json, environment: str) -> verifier_pb2.VerifyRequest:

@@ -165,6 +165,14 @@ def reverify(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds without an answer before giving up.")
     ] = 300.0,
+    tasks: Annotated[
+        str | None,
+        typer.Option(
+            "--tasks",
+            help="Score each rollout as the row of this JSONL with the same input messages (NeMo Gym's "
+            "example_rollouts.jsonl lack the row fields verify needs: join them to data/example.jsonl).",
+        ),
+    ] = None,
 ) -> None:
     """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -174,6 +182,18 @@ def reverify(
 
     async def go() -> rv.ReverifyReport:
         rows = [row for _, _, row in await asyncio.to_thread(rollout_rows, "reverify", path)]
+        if tasks:
+            from rollmesh.mesh.errors import RollmeshError
+            from rollmesh.scheduler.plan import load_rows
+
+            try:
+                rows, unmatched = rv.join_tasks(rows, await asyncio.to_thread(load_rows, Path(tasks)))
+            except (OSError, ValueError, RollmeshError) as exc:
+                fail(f"reverify: --tasks {tasks}: {exc}", code=2)
+            if unmatched:
+                err.print(
+                    f"reverify: {unmatched} of {len(rows)} rollouts match no row of {tasks}; scored as stored"
+                )
         with Progress(
             TextColumn("reverify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
         ) as bar:

@@ -294,7 +294,8 @@ def _finite(name: str, value: Any) -> float:
 
 
 # What `to_row` adds to the echoed task (the row of a rollout of an empty task, `env_steps` included).
-_ADDED_FIELDS = frozenset(
+#: The fields a rollout row adds to its task (every other field of a row is the task's).
+ADDED_FIELDS = _ADDED_FIELDS = frozenset(
     Rollout(RolloutKey(0, 0), "", {}, [], 0.0, env_steps=[{}], timing=RolloutTiming()).to_row()
 )
 

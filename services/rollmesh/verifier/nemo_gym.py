@@ -26,7 +26,8 @@ The protocol (what NeMo Gym's simple_agent does, plus 0.7.0's additions):
   answered as error results without a call, as simple_agent answers bad arguments.
 - Verify: POST /verify with the row plus `response`, an OpenAI Responses object built from the
   rollout (mesh/responses_items.py). The reply's `reward` is the reward, `reward_components` the
-  components, `extracted_answer` the extracted answer; every other field it adds (`mask_sample`,
+  components, `extracted_answer` the extracted answer, `mask_sample` (NeMo Gym >= 0.7: the server
+  could not judge, a failed judge) marks the verdict masked; every other field it adds (`mask_sample`,
   `failure_kind`, `failure_reason`, metrics) goes to `details`.
 - CloseSession: POST /close_session (NeMo Gym >= 0.7) when the server's OpenAPI lists it.
 - A Verify without a session (`rollmesh reverify`) replays the rollout on a fresh session: seed,
@@ -246,7 +247,9 @@ def verify_result(reply: Json, sent: Mapping[str, Any], where: str) -> VerifyRes
         else json.dumps(answer, ensure_ascii=False)
     )
     details = {k: v for k, v in reply.items() if k not in sent and k not in _RESULT_FIELDS}
-    return VerifyResult(float(reward), components, extracted, details)
+    return VerifyResult(
+        float(reward), components, extracted, details, masked=reply.get("mask_sample") is True
+    )
 
 
 def _foreign_env() -> dict[str, str]:
