@@ -186,4 +186,4 @@ def test_run_interrupted_then_resumed_has_every_key_once(tmp_path: Path) -> None
     keys = _keys(rollouts[0])
     assert set(keys) == {(t, i) for t in range(200) for i in range(8)}
     assert max(keys.values()) == 1
-    assert result["metrics"]["num_rollouts"] == "1600" or result["metrics"]["num_rollouts"] == 1600
+    assert result["metrics"]["num_rollouts"] == 1600

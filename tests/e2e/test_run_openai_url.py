@@ -64,7 +64,7 @@ def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result["state"] == "SUCCEEDED" and result["failure_summary"] == []
     metrics = result["metrics"]
-    assert metrics["num_rollouts"] == "12" and metrics["mean_reward"] == 1.0
+    assert metrics["num_rollouts"] == 12 and metrics["mean_reward"] == 1.0
     assert metrics["mean_completion_tokens"] == 4.0  # "The answer is N.", as the upstream counted it
     rows = [json.loads(line) for line in Path(result["paths"]["rollouts.jsonl"]).open()]
     assert len(rows) == 12 and max(r["attempts"] for r in rows) >= 2  # some calls were retried
