@@ -231,27 +231,25 @@ WAITING_SAID_EVERY_S = 30.0
 
 
 async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
-    """A live progress bar on stderr (done/total, rollouts/s, mean reward, failures) until the job
-    ends; when stderr is not a terminal (no live bar), what the job waits on is a line every
-    WAITING_SAID_EVERY_S. Raises SchedulerLost when the scheduler is unreachable for
+    """A live progress line on stderr (done/total, rollouts/s, mean reward, failures: _progress.py)
+    until the job ends; when stderr is not a terminal (no live line), what the job waits on is a
+    line every WAITING_SAID_EVERY_S. Raises SchedulerLost when the scheduler is unreachable for
     SCHEDULER_LOST_AFTER_S."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    import sys
 
+    from rich.live import Live
+
+    from rollmesh.commands._progress import JobProgressLine
     from rollmesh_client import RollmeshClientError
     from rollmesh_client._scheduler import FINAL_STATES
 
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rps]:.1f} rollouts/s"),
-        TextColumn("reward {task.fields[reward]:.3f}  failed {task.fields[failed]}{task.fields[stale]}"),
-        TimeElapsedColumn(),
-        TextColumn("[yellow]{task.fields[waiting]}"),
-        console=err,
-        transient=False,
-    ) as bar:
-        task = bar.add_task(handle.job_id, total=None, reward=0.0, rps=0.0, failed=0, stale="", waiting="")
+    line = JobProgressLine(handle.job_id)
+    # While the services' output is captured (_quiet.py), sys.stdout and sys.stderr are their log:
+    # Live must not copy what is written there onto the terminal.
+    own_terminal = err.file is sys.stderr
+    with Live(
+        line, console=err, refresh_per_second=4, redirect_stdout=own_terminal, redirect_stderr=own_terminal
+    ) as live:
         unreachable_since: float | None = None
         said_at = float("-inf")
         while True:
@@ -268,20 +266,16 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
                 continue
             unreachable_since = None
             p = job.progress
-            bar.update(
-                task,
-                total=max(p.total - p.skipped_existing, 0),
-                completed=p.done,
-                reward=p.mean_reward,
-                rps=p.rollouts_per_second,
-                failed=p.failed,
-                stale=f"  stale {p.stale_dropped}" if p.stale_dropped else "",
-                waiting=f"waiting: {p.waiting_on}" if p.waiting_on else "",
-            )
+            line.total = max(p.total - p.skipped_existing, 0)
+            line.done, line.failed, line.stale = p.done, p.failed, p.stale_dropped
+            line.mean_reward, line.rollouts_per_second = p.mean_reward, p.rollouts_per_second
+            line.waiting = p.waiting_on
             if p.waiting_on and not err.is_terminal and time.monotonic() - said_at >= WAITING_SAID_EVERY_S:
                 said_at = time.monotonic()
                 err.print(f"{handle.job_id} waiting: {p.waiting_on}", markup=False, highlight=False)
             if job.state in FINAL_STATES:
+                line.ended = time.monotonic()
+                live.refresh()
                 return job
             await asyncio.sleep(poll_s)
 
@@ -308,12 +302,18 @@ class Followed:
 
 
 async def submit_and_follow(
-    client: Client, spec: pb.JobSpec, *, request_id: str = "", scheduler: str = ""
+    client: Client,
+    spec: pb.JobSpec,
+    *,
+    request_id: str = "",
+    scheduler: str = "",
+    on_submitted: Callable[[pb.Job], None] = lambda job: None,
 ) -> Followed:
     """Submit and follow (the module's contract); `scheduler`: the address given on the command
-    line (it goes into the resume command)."""
+    line (it goes into the resume command); `on_submitted` hears the job once it exists."""
     handle = await client.scheduler.submit(spec, request_id=request_id)
     job = handle.last
+    on_submitted(job)
     if spec.resume_latest:
         if job.spec.resume_job_id == job.job_id:
             err.print(f"resuming {job.job_id}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -78,6 +79,15 @@ def _run(
     ] = "",
     api_key: ApiKey = "",
     as_json: JsonOut = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Embedded: print what Ray, Serve and vLLM print (by default it goes to services.log in"
+            " the job folder).",
+        ),
+    ] = False,
 ) -> None:
     """Run a job of rollouts and print its metrics (embedded mesh by default)."""
     _refuse_ignored_flags(
@@ -104,14 +114,19 @@ def _run(
     named = base_url or (scheduler and model)
     spec = build_spec(replace(job, dataset=dataset, output_dir=output_dir, model=model if named else ""))
 
-    # Stdout carries only the result: anything Ray, vLLM or a library prints while the mesh runs
-    # (e.g. Ray's raylet messages at shutdown) goes to stderr with the progress.
-    with contextlib.redirect_stdout(sys.stderr):
-        if scheduler:
-            followed = run(_remote(scheduler, spec, api_key))
-        else:
-            followed = run(_embedded(spec, model, base_url, api_key_env, backend, replicas, api_key))
-    _report(followed, as_json, scheduler)
+    if scheduler:
+        _report(run(_remote(scheduler, spec, api_key)), as_json, scheduler)
+        return
+    from rollmesh.commands._quiet import services_output
+
+    # What Ray, Serve, vLLM and the raylet print goes to the job's services.log (unless --verbose);
+    # with --verbose, Python-level prints go to stderr with the progress: stdout carries only the result.
+    with services_output(Path(output_dir), verbose=verbose) as log, contextlib.redirect_stdout(sys.stderr):
+        on_submitted = (lambda job: log.into_job_folder(job.output_path)) if log else (lambda job: None)
+        followed = run(
+            _embedded(spec, model, base_url, api_key_env, backend, replicas, api_key, on_submitted)
+        )
+    _report(followed, as_json, scheduler, services_log=str(log.path) if log else "")
 
 
 def _refuse_ignored_flags(
@@ -139,8 +154,13 @@ def _refuse_ignored_flags(
         fail("--replicas counts the embedded vLLM replicas: a --base-url model is served by that server")
 
 
-async def _follow(client: Client, spec: pb.JobSpec, scheduler: str = "") -> Followed:
-    followed = await submit_and_follow(client, spec, scheduler=scheduler)
+async def _follow(
+    client: Client,
+    spec: pb.JobSpec,
+    scheduler: str = "",
+    on_submitted: Callable[[pb.Job], None] = lambda job: None,
+) -> Followed:
+    followed = await submit_and_follow(client, spec, scheduler=scheduler, on_submitted=on_submitted)
     if not (followed.interrupted or followed.lost):
         followed.metrics = await client.scheduler.metrics(followed.job.job_id)
     return followed
@@ -159,14 +179,13 @@ async def _embedded(
     backend: str,
     replicas: int | None,
     api_key: str,
+    on_submitted: Callable[[pb.Job], None],
 ) -> Followed:
     from rollmesh.gateway.config import GatewayConfig
     from rollmesh.launch import embedded_mesh
     from rollmesh.mesh import config
     from rollmesh.mesh.config import ServerConfig
-    from rollmesh.mesh.logging import configure
 
-    configure(level="warning")
     if replicas is not None and replicas < 1:
         fail(f"--replicas must be >= 1, got {replicas}")
     for var, why in NOT_EMBEDDED.items():
@@ -193,14 +212,16 @@ async def _embedded(
         on_phase=lambda text: err.print(f"[dim]{text}[/]"),
     ) as mesh:
         async with await connect(**mesh.addresses, api_key=api_key, timeout_s=120) as c:
-            return await _follow(c, spec)
+            return await _follow(c, spec, on_submitted=on_submitted)
 
 
-def _report(followed: Followed, as_json: bool, scheduler: str) -> None:
-    from rollmesh.scheduler.store import OUTPUT_FILES
+def _report(followed: Followed, as_json: bool, scheduler: str, services_log: str = "") -> None:
+    from rollmesh.scheduler.store import OUTPUT_FILES, SERVICES_LOG
 
     job = followed.job
     paths = {name: str(Path(job.output_path) / name) for name in OUTPUT_FILES} if job.output_path else {}
+    if services_log:
+        paths[SERVICES_LOG] = services_log
     if as_json:
         from rollmesh_client._scheduler import state_name
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -113,21 +113,57 @@ def _render_drop(formatter: logging.Formatter, dropped: int) -> str:
     return formatter.format(record)
 
 
-def configure(level: str | None = None, *, json: bool | None = None) -> None:
-    """Configure structlog and the stdlib root logger to write one shape of line to stderr.
+def configure(
+    level: str | None = None,
+    *,
+    json: bool | None = None,
+    stream: TextIO | None = None,
+    others: TextIO | None = None,
+) -> None:
+    """Configure structlog and the stdlib root logger to write one shape of line to `stream`
+    (default: stderr); `others`, when given, takes the lines of loggers outside `rollmesh`
+    (Ray's, vLLM's, ...), so a command can show its own lines and file the libraries' elsewhere.
 
     `level` defaults to ROLLMESH_LOG_LEVEL (info); `json` to ROLLMESH_LOG_JSON (JSON unless a TTY).
     Calls below the level are dropped before any processor runs (`filter_by_level`), so a debug
     line on a hot path costs a level check, not a timestamp and a render.
     """
+    stream = stream or sys.stderr
     level = level or str(config.read("ROLLMESH_LOG_LEVEL"))
     if json is None:
         json = config.read("ROLLMESH_LOG_JSON")
     max_line = max(256, int(config.read("ROLLMESH_LOG_MAX_LINE_BYTES")))
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_SHARED,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    handlers = [_handler(stream, json, max_line)]
+    if others is not None:
+        own = logging.Filter("rollmesh")
+        handlers[0].addFilter(own)
+        handlers.append(_handler(others, json, max_line))
+        handlers[1].addFilter(lambda record: not own.filter(record))
+    root = logging.getLogger()
+    for old in root.handlers:
+        if isinstance(old, QueuedHandler):
+            old.close()
+    root.handlers[:] = handlers
+    root.setLevel(level.upper())
+    for noisy in ("grpc", "ray", "vllm", "httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def _handler(stream: TextIO, json: bool | None, max_line: int) -> QueuedHandler:
+    """A handler writing `stream` in its shape: JSON unless `stream` is a TTY (or as `json` says)."""
     show_locals = bool(config.read("ROLLMESH_LOG_LOCALS"))
-    use_json = (not sys.stderr.isatty()) if json is None else json
     final: list[Any]
-    if use_json:
+    if (not stream.isatty()) if json is None else json:
         tracebacks = structlog.tracebacks.ExceptionDictTransformer(
             show_locals=show_locals, max_frames=TRACEBACK_MAX_FRAMES
         )
@@ -142,33 +178,15 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
         )
         final = [
             _cap_fields(max_line // 2),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=exc_formatter),
+            structlog.dev.ConsoleRenderer(colors=stream.isatty(), exception_formatter=exc_formatter),
         ]
-    structlog.configure(
-        processors=[
-            structlog.stdlib.filter_by_level,
-            *_SHARED,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=False,
-    )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_SHARED,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *final],
     )
-    writer = LineWriter(sys.stderr, drop_notice=lambda n: _render_drop(formatter, n))
-    handler = QueuedHandler(writer, max_line)
+    handler = QueuedHandler(LineWriter(stream, drop_notice=lambda n: _render_drop(formatter, n)), max_line)
     handler.setFormatter(formatter)
-    root = logging.getLogger()
-    for old in root.handlers:
-        if isinstance(old, QueuedHandler):
-            old.close()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for noisy in ("grpc", "ray", "vllm", "httpx", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    return handler
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

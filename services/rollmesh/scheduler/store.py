@@ -7,6 +7,8 @@
       failures.retried.jsonl  history: failures a later run of the job retried (moved at open)
       metrics.json            written when the job ends (`rollmesh aggregate` recomputes it)
       writer.lock             flocked while a run writes the folder (holder: "pid N on HOST")
+      services.log            `rollmesh run`'s embedded mesh: what Ray, Serve and vLLM printed
+                              (commands/_quiet.py; services.2.log, ... for later runs of the job)
 
 This module spells those names, reads a growing JSONL file (complete lines only: a last line
 without its newline is a row being appended, or a torn tail that `repair_torn_tail` removes),
@@ -47,6 +49,7 @@ FAILURES_RETRIED = "failures.retried.jsonl"
 METRICS = "metrics.json"
 WRITER_LOCK = "writer.lock"  # flocked by the job's one writer (jsonl_sink.py)
 OUTPUT_FILES = (ROLLOUTS, FAILURES, METRICS)  # what a finished job hands its user
+SERVICES_LOG = "services.log"
 
 
 def job_dir(output_dir: str | os.PathLike[str], job_id: str) -> Path:
