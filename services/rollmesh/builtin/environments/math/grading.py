@@ -71,12 +71,13 @@ def _repeating_fraction(m: re.Match[str]) -> str:
 
 
 _CHOICE_GOLD = re.compile(r"\s*(?:\\text\{\s*)?\(?\s*([A-J])\s*\)?\s*\}?\s*")
+# Possessive quantifiers: one pass over a response, however long its runs of spaces.
 _CHOICE_ANSWER = [
-    re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{\s*)?\(?\s*([A-J])\s*\)?\s*\}?\s*\}"),
+    re.compile(r"\\boxed\{\s*+(?:\\text(?:bf)?\{\s*+)?\(?\s*+([A-J])\s*+\)?\s*+\}?\s*+\}"),
     re.compile(
-        r"(?i:answer)(?:\s+(?i:is))?\s*[:：]?\s*[*_]*\s*(?:\$?\\text(?:bf)?\{\s*)?\(?\s*([A-J])(?![\w])"
+        r"(?i:answer)(?:\s++(?i:is))?+\s*+[:：]?\s*+[*_]*+\s*+(?:\$?\\text(?:bf)?\{\s*+)?\(?\s*+([A-J])(?!\w)"
     ),
-    re.compile(r"^\s*[*_]*\(?\s*([A-J])\s*\)?[*_.]*\s*$"),
+    re.compile(r"^\s*+[*_]*+\(?\s*+([A-J])\s*+\)?[*_.]*+\s*+$"),
 ]
 
 

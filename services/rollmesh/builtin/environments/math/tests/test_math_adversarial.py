@@ -6,6 +6,7 @@ Classes: numbers compared relatively, intervals never equal to finite sets, equa
 answered by equations, false equations as answers, multiple choice, forms math-verify missed
 (digit groups, Unicode symbols, repeating decimals, set vs inequality), unbounded answers."""
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,27 @@ async def test_an_unbounded_answer_is_a_0_with_a_reason_not_a_timeout(env: Envir
     assert (
         await check(env, task("2^{100}"), answer("\\boxed{2^{100}}"))
     ).reward == 1.0  # large, not unbounded
+
+
+HOSTILE_TEXT = [
+    " " * 200_000,
+    "answer" + " " * 200_000,
+    "\\boxed{" + " " * 200_000,
+    ("the answer is " + " " * 50) * 4000,
+    "\\boxed{\\text{" + " " * 100_000,
+    "1\\," * 50_000,
+    "√(" * 50_000,
+    "0.\\overline{" * 30_000,
+]
+
+
+async def test_the_rules_read_a_hostile_text_in_one_pass(env: Environment) -> None:
+    """The added text rules (choice letters, digit groups, roots, repeating decimals) use bounded
+    or possessive patterns: a response built to make them backtrack is read in milliseconds (it
+    would cost two worker timeouts, then a 0)."""
+    for expected in ("C", "5"):
+        for text in HOSTILE_TEXT:
+            started = time.monotonic()
+            r = await check(env, task(expected), answer(text))
+            assert r.reward == 0.0 and not r.details.get("timed_out"), (expected, text[:30], r.details)
+            assert time.monotonic() - started < 8.0, (expected, text[:30])  # generous: a loaded host
