@@ -294,6 +294,12 @@ class FakeGateway(gateway_pb2_grpc.ModelGatewayServicer):
     async def UploadWeights(self, request_iterator: Any, context: Any) -> Any:
         await _unimplemented(context)
 
+    async def OpenCapture(self, request: Any, context: Any) -> Any:
+        await _unimplemented(context)
+
+    async def CloseCapture(self, request: Any, context: Any) -> Any:
+        await _unimplemented(context)
+
 
 # ---- verifier ----------------------------------------------------------------------------------
 

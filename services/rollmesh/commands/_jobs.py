@@ -10,6 +10,7 @@ import asyncio
 import functools
 import inspect
 import math
+import os
 import shlex
 import signal
 import time
@@ -50,6 +51,12 @@ class SpecOptions:
     shard: str = _option("", "--shard", help="i/n: run shard i of n (task_index % n == i).")
     concurrency: int = _option(0, "--concurrency", "-c", help="Rollouts in flight (0 = auto).")
     max_steps: int = _option(0, "--max-steps", help="Model turns per rollout (0: the benchmark's, else 8).")
+    agent_program: str = _option(
+        "",
+        "--agent-program",
+        help="An external agent program (a command line) run once per rollout instead of the built-in "
+        "loop, through a recorded OpenAI URL (docs/external-agents.md).",
+    )
     temperature: float | None = _option(None, "--temperature", help="Sampling temperature.")
     top_p: float | None = _option(None, "--top-p", help="Nucleus sampling.")
     max_tokens: int | None = _option(None, "--max-tokens", help="Tokens per model turn.")
@@ -192,7 +199,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         o,
         resume_job_id=o.job_id,
         shard=shard,
-        agent=pb.AgentSpec(max_steps=o.max_steps),
+        agent=pb.AgentSpec(max_steps=o.max_steps, program=_argv(o.agent_program)),
         retry=to_pb(pb.RetryPolicy, o),
         sampling=sampling if sampling.ByteSize() else None,
         sink=pb.SinkSpec(
@@ -205,6 +212,16 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         allowed_failures=allowed,
         allowed_failure_fraction=allowed_fraction,
     )
+
+
+def _argv(command: str) -> list[str]:
+    """--agent-program's argv, each argument naming an existing file here made absolute (the program
+    runs in a folder of its own)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--agent-program {command!r} is not a command line: {exc}") from None
+    return [os.path.abspath(a) if not a.startswith("-") and Path(a).is_file() else a for a in argv]
 
 
 def parse_allowed_failures(text: str) -> tuple[int, float]:

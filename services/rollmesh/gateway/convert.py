@@ -7,12 +7,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from rollmesh.gateway.backends.base import SamplingInput
+from rollmesh.gateway.captures import CapturedCall
 from rollmesh.gateway.types import GenerateInput, GenerateResult, StreamDelta
 from rollmesh.gateway.uploads import UploadPiece
-from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb
+from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb, tool_spec_to_pb
 from rollmesh.mesh.errors import ConfigError, InvalidArgument, RollmeshError
 from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import gateway_pb2 as pb
+
+
+def sampling_from_pb(s: common_pb2.SamplingParams) -> SamplingInput:
+    return from_pb(SamplingInput, s)
 
 
 def generate_from_pb(r: pb.GenerateRequest) -> GenerateInput:
@@ -21,7 +27,16 @@ def generate_from_pb(r: pb.GenerateRequest) -> GenerateInput:
         r,
         messages=tuple(message_from_pb(m) for m in r.messages),
         tools=tuple(tool_spec_from_pb(t) for t in r.tools),
-        sampling=from_pb(SamplingInput, r.sampling),
+        sampling=sampling_from_pb(r.sampling),
+    )
+
+
+def captured_call_to_pb(c: CapturedCall) -> pb.CapturedCall:
+    return pb.CapturedCall(
+        api=c.api,
+        messages=[message_to_pb(m) for m in c.input.messages],
+        tools=[tool_spec_to_pb(t) for t in c.input.tools],
+        response=result_to_pb(c.result),
     )
 
 

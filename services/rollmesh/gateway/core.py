@@ -1,8 +1,9 @@
 """`Gateway`: the domain object behind both doors (the gRPC servicer and the OpenAI HTTP facade).
 
 It holds the backends by model name, named routes, per-model policy version and pause state, the
-session store (token-exact multi-turn), the in-flight requests (for Abort and per-replica
-accounting), and runs one generation as a stream of `StreamDelta`s ending with a `GenerateResult`.
+session store (token-exact multi-turn), the open captures (captures.py), the in-flight requests
+(for Abort and per-replica accounting), and runs one generation as a stream of `StreamDelta`s
+ending with a `GenerateResult`.
 No grpc and no HTTP here.
 """
 
@@ -29,6 +30,7 @@ from rollmesh.gateway.backends.base import (
     Sampling,
     SamplingInput,
 )
+from rollmesh.gateway.captures import CaptureStore
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.gateway.sessions import FreshPromptCache, SessionState, SessionStore, build_prompt, tools_key
 from rollmesh.gateway.toolcalls import parse_tool_calls
@@ -211,6 +213,7 @@ class Gateway:
         self.max_routes = cfg.max_routes
         self.default_max_tokens = cfg.default_max_tokens
         self.sessions = SessionStore(ttl_s=cfg.session_ttl_s, max_sessions=cfg.max_sessions)
+        self.captures = CaptureStore()  # external agent programs' URLs (captures.py; the facade serves them)
         self._fresh_prompts = FreshPromptCache()
         self._flights: dict[str, _Flight] = {}
         self._factory = backend_factory

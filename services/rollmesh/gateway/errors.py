@@ -251,3 +251,32 @@ class ConnectionBroke(HttpCallError):
 
 class AnswerTooLarge(HttpCallError):
     pass
+
+
+# -- captures (an external agent program's per-rollout URL: captures.py) --
+
+
+class CaptureExists(mesh.AlreadyExists):
+    reason = "CAPTURE_EXISTS"
+
+
+class CaptureNotFound(mesh.NotFound):
+    """No open capture by that id (never opened, or closed: its rollout is over)."""
+
+    reason = "CAPTURE_NOT_FOUND"
+
+
+class CaptureTokenWrong(mesh.Unauthenticated):
+    reason = "CAPTURE_TOKEN_WRONG"
+
+
+class CaptureCallsExhausted(mesh.ResourceExhausted):
+    """The capture answered its `max_calls`; no RetryInfo: a later call is refused as well."""
+
+    reason = "CAPTURE_CALLS_EXHAUSTED"
+
+
+class CaptureUnavailable(mesh.FailedPrecondition):
+    """The gateway serves no HTTP facade, so a capture has no URL."""
+
+    reason = "CAPTURE_NO_HTTP"

@@ -136,3 +136,22 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
             head.model, convert.upload_pieces(requests), **_update_options(head)
         )
         return to_pb(pb.UpdateWeightsResponse, update)
+
+    async def OpenCapture(self, request: pb.OpenCaptureRequest, context: Any) -> pb.OpenCaptureResponse:
+        captures = self._gw.captures
+        capture = captures.open(
+            request.capture_id,
+            model=request.model,
+            sampling=convert.sampling_from_pb(request.sampling),
+            session_id=request.session_id,
+            max_calls=request.max_calls,
+        )
+        return pb.OpenCaptureResponse(
+            base_url=captures.base_url(capture), path=capture.path, token=capture.token
+        )
+
+    async def CloseCapture(self, request: pb.CloseCaptureRequest, context: Any) -> pb.CloseCaptureResponse:
+        capture = self._gw.captures.close(request.capture_id)
+        return pb.CloseCaptureResponse(
+            calls=[convert.captured_call_to_pb(c) for c in capture.calls], refused_calls=capture.refused
+        )

@@ -4,6 +4,8 @@ tiny model by default). The scheduler calls the gateway and verifier in-process 
 through the same ports as over gRPC: scheduler/remote.py `in_process`, mesh/in_process.py); every
 other caller (the CLI, the SDK, grpcurl, the math judge) goes over gRPC. With `metrics_port` >= 0 the
 process serves one Prometheus endpoint for all four (mesh/metrics.py; `EmbeddedMesh.metrics_url`).
+The gateway's OpenAI facade serves on an ephemeral loopback port (`EmbeddedMesh.openai_url`): the
+captures of external agent programs (gateway/captures.py) are URLs under it.
 
     async with embedded_mesh(gateway_cfg, output_dir="runs") as mesh:
         client = await Client.connect(**mesh.addresses)
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway.backends.factory import create_backend
+from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh import tracing
 from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
@@ -43,6 +46,7 @@ class EmbeddedMesh:
 
     addresses: dict[str, str] = field(default_factory=dict)
     metrics_url: str = ""  # the Prometheus endpoint, when one was asked for
+    openai_url: str = ""  # the gateway's OpenAI facade (captures of external agent programs)
 
 
 async def _start(
@@ -108,6 +112,11 @@ async def embedded_mesh(
             await asyncio.wait([backend_up])
         gateway_servicer = GatewayServicer(gateway)
         await _start(stack, mesh, "gateway", gateway_servicer, api_key)
+        # The OpenAI facade on an ephemeral loopback port: external agent programs' captures live there.
+        http = HttpFacade(gateway, host="127.0.0.1", port=0, api_key=api_key)
+        await http.start()
+        stack.push_async_callback(http.stop)
+        mesh.openai_url = http.base_url
 
         on_phase("loading environments")
         # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key.

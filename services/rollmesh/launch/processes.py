@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.launch.children import die_with_parent, kill_group
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh import config
 from rollmesh.mesh.aio import first_of
+from rollmesh.mesh.children import die_with_parent, kill_group
 from rollmesh.mesh.config import DEFAULT_PORTS
 from rollmesh.mesh.lines import LineAssembler
 from rollmesh.mesh.metrics import metrics_file

@@ -13,7 +13,7 @@ Contract:
   killed first (no orphaned grandchildren). While it is down the sidecar is BROKEN (`state`,
   `problem`); once the budget is spent it stays BROKEN. `ready(timeout_s)` waits for it to serve.
 - Stop: SIGTERM, SIGKILL of the whole group after `grace_s`; the child also gets SIGTERM from the
-  kernel when this process dies (launch/children.py), so no sidecar outlives its service.
+  kernel when this process dies (mesh/children.py), so no sidecar outlives its service.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollmesh.launch.children import die_with_parent, kill_group
 from rollmesh.launch.errors import SidecarStartFailed
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh.aio import TaskSet
+from rollmesh.mesh.children import die_with_parent, kill_group
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.launch.sidecar")

@@ -110,3 +110,16 @@ class ProcessLifetimeThread:
         fut: Future[T] = Future()
         self._jobs.put((lambda: fn(*args, **kwargs), fut))
         return await asyncio.wrap_future(fut)
+
+
+async def read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
+    """Read a child's pipe to EOF keeping the first `cap` bytes (diagnostics only; the rest is
+    dropped, so a chatty child never grows memory): the bytes kept and whether any were dropped."""
+    head, total = bytearray(), 0
+    if stream is None:
+        return b"", False
+    while chunk := await stream.read(1 << 16):
+        total += len(chunk)
+        if len(head) < cap:
+            head += chunk[: cap - len(head)]
+    return bytes(head), total > cap

@@ -223,6 +223,12 @@ ENV_VARS: dict[str, EnvVar] = {
             0.0,
             "gateway fake backend: seconds before each generation's first token (a slow model; benches).",
         ),
+        EnvVar(
+            "ROLLMESH_FAKE_SCRIPT",
+            "",
+            "gateway fake backend: what it answers, as module:function (a FakeBackend script); empty: "
+            "it repeats the last user message.",
+        ),
         EnvVar("ROLLMESH_REPLICA_CPUS", 1.0, "Ray CPUs reserved per replica."),
         EnvVar("ROLLMESH_REPLICA_GPUS", 0.0, "Ray GPUs per replica; > 0 serves on CUDA vLLM."),
         EnvVar("ROLLMESH_TP_SIZE", 1, "vLLM tensor-parallel size inside each replica."),

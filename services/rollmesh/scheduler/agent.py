@@ -62,6 +62,9 @@ class Turn:
     replica_id: str = ""
     policy_version: str = ""
     first_token_s: float = 0.0  # the gateway's time to first output (0: not reported)
+    #: The turn's prompt does not extend the ids before it (only an external program's turns: a
+    #: compacted history, a sub-agent): it starts a new segment of the token record (tokens.py).
+    new_segment: bool = False
 
 
 @dataclass
@@ -173,6 +176,8 @@ class AgentOutcome:
     finish_reason: str
     #: The environment's answers to the turns, in order (empty when it takes no turns).
     steps: list[EnvStep] = field(default_factory=list)
+    #: An external agent program's run (program.py), kept in the row; empty for this loop.
+    program: Json = field(default_factory=dict)
 
     @property
     def reward(self) -> float:
@@ -320,7 +325,7 @@ async def run_agent(
         verdict = await env.verify(settings.environment, task, new, session_id if env_session else "")
         return AgentOutcome(messages=new, verdict=verdict, turns=turns, finish_reason=finish, steps=steps)
     finally:
-        await _close(env if seeded else None, model if generated else None, session_id)
+        await close_sessions(env if seeded else None, model if generated else None, session_id)
 
 
 async def _run_calls(
@@ -339,7 +344,7 @@ async def _run_calls(
         )
 
 
-async def _close(env: EnvPort | None, model: ModelPort | None, session_id: str) -> None:
+async def close_sessions(env: EnvPort | None, model: ModelPort | None, session_id: str) -> None:
     """Best effort, bounded: a failed close is logged, never turns a rollout into a failure."""
     closers = [port.close_session(session_id) for port in (env, model) if port is not None]
     if not closers:

@@ -83,6 +83,7 @@ def rollout_to_pb(r: Rollout) -> scheduler_pb2.Rollout:
         task_json=json.dumps(r.task, ensure_ascii=False),
         messages=[message_to_pb(m) for m in r.messages],
         verify_details_json=json.dumps(r.verify_details, ensure_ascii=False) if r.verify_details else "",
+        agent_program_json=json.dumps(r.agent_program, ensure_ascii=False) if r.agent_program else "",
         env_steps=[
             scheduler_pb2.EnvStepRecord(
                 reward=float(s.get("reward", 0.0)),
@@ -107,6 +108,7 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
         task=json.loads(msg.task_json) if msg.task_json else {},
         messages=[message_from_pb(m) for m in msg.messages],
         verify_details=json.loads(msg.verify_details_json) if msg.verify_details_json else {},
+        agent_program=json.loads(msg.agent_program_json) if msg.agent_program_json else {},
         tokens=from_pb(TokenRecord, msg.tokens, turns=[from_pb(TurnSpan, t) for t in msg.tokens.turns]),
         env_steps=[
             {"reward": s.reward, "done": s.done, "info": json.loads(s.info_json) if s.info_json else {}}

@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import TaskSet
@@ -57,6 +57,7 @@ from rollmesh.scheduler.errors import (
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
+from rollmesh.scheduler.program import CaptureOpened, CaptureRecord, ProgramModel, ProgramSpec, run_program
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, with_retry
 from rollmesh.scheduler.sink import Sink
@@ -64,6 +65,7 @@ from rollmesh.scheduler.timing import CURRENT as CURRENT_TIMING
 from rollmesh.scheduler.timing import Reservoir, RolloutTiming
 from rollmesh.scheduler.timing import current as current_timing
 from rollmesh.scheduler.tokens import build_token_record, validate_rollout
+from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Probe, Watchdog
 
 log = get_logger("rollmesh.scheduler.engine")
@@ -75,6 +77,8 @@ AUTO_START, AUTO_MAX = 16, 1024
 # filling every batch slot takes more rollouts in flight than slots; vLLM queues the rest at no cost
 # (short answers, 1 replica of 256 slots: 378 rollouts/s starting at 256, 693/s at 512, one run).
 CAPACITY_HEADROOM = 2
+# An external agent program's share of an attempt's `rollout_timeout_s` (the rest: closing, verify).
+PROGRAM_SHARE_OF_ATTEMPT = 0.9
 # Token records checked by default: one rollout in VALIDATE_EVERY (all with JobSpec.validate_all).
 VALIDATE_EVERY = 16
 
@@ -184,6 +188,24 @@ class _WatchedModel:
     async def engine_capacity(self, model: str) -> int:
         return await self._inner.engine_capacity(model)
 
+    async def open_capture(
+        self, capture_id: str, *, model: str, sampling: Json, session_id: str
+    ) -> CaptureOpened:
+        port = cast(ProgramModel, self._inner)
+        return await self._watchdog.watch(
+            GATEWAY, port.open_capture(capture_id, model=model, sampling=sampling, session_id=session_id)
+        )
+
+    async def close_capture(self, capture_id: str) -> CaptureRecord:
+        record = await self._watchdog.watch(
+            GATEWAY, cast(ProgramModel, self._inner).close_capture(capture_id)
+        )
+        if (timing := current_timing()) is not None:
+            timing.first_token_s.extend(
+                c.turn.first_token_s for c in record.calls if c.turn.first_token_s > 0
+            )
+        return record
+
 
 _SPANS = {"seed_s": "seed_session", "tool_s": "tool_call", "env_step_s": "env_step", "verify_s": "verify"}
 
@@ -275,7 +297,7 @@ class JobRun:
         self.watchdog = Watchdog(
             self.outages, {GATEWAY: _probe(model), VERIFIER: _probe(env)}, silent_limit_s=p.rollout_timeout_s
         )
-        self.model: ModelPort = _WatchedModel(
+        self.model = _WatchedModel(
             model, self.watchdog, self.deadline, self.limiter if conc == 0 else None, self.hooks.clock
         )
         self.env: EnvPort = _WatchedEnv(env, self.watchdog, self.hooks.clock)
@@ -290,6 +312,17 @@ class JobRun:
             tool_calls_are_answer=environment is not None and environment.tool_calls_are_answer,
         )
         self.progress = Progress(total=plan.total)
+        # An external agent program instead of the built-in loop (program.py), its tools on one endpoint.
+        self.program = (
+            ProgramSpec(
+                argv=tuple(plan.spec.agent_program),
+                env=dict(plan.spec.agent_program_env),
+                timeout_s=self.policy.rollout_timeout_s * PROGRAM_SHARE_OF_ATTEMPT,
+            )
+            if plan.spec.agent_program
+            else None
+        )
+        self.tool_endpoint = ToolEndpoint()
         # What final metrics need of each rollout, kept only when the sink cannot be read back.
         self.scored: list[Scored] = []
         self.failures: list[RolloutFailure] = []
@@ -361,6 +394,7 @@ class JobRun:
         finally:
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)
+            await self.tool_endpoint.stop()
             self.progress.ended = self.hooks.clock()
             self.progress.in_flight = 0
         return self._stop_reason or self._outcome()
@@ -419,15 +453,28 @@ class JobRun:
                 tried = True
                 try:
                     with self.deadline.scaled(2.0**cuts):
-                        out = await run_agent(
-                            job_id=self.job_id,
-                            key=key,
-                            task=task,
-                            seed=seed,
-                            settings=self.settings,
-                            model=self.model,
-                            env=self.env,
-                        )
+                        if self.program is not None:
+                            out = await run_program(
+                                job_id=self.job_id,
+                                key=key,
+                                task=task,
+                                seed=seed,
+                                settings=self.settings,
+                                program=self.program,
+                                model=self.model,
+                                env=self.env,
+                                tools=self.tool_endpoint,
+                            )
+                        else:
+                            out = await run_agent(
+                                job_id=self.job_id,
+                                key=key,
+                                task=task,
+                                seed=seed,
+                                settings=self.settings,
+                                model=self.model,
+                                env=self.env,
+                            )
                 except ModelCallDeadline:
                     cuts += 1
                     raise
@@ -464,6 +511,7 @@ class JobRun:
                     masked=outcome.verdict.masked,
                     timing=timing,
                     model=self.plan.spec.model,
+                    agent_program=outcome.program,
                 )
                 if outcome.turns and not tokens.token_ids and not self._said_no_token_ids:
                     self._said_no_token_ids = True

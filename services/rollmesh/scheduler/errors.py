@@ -197,3 +197,36 @@ class NothingToReplay(mesh.InvalidArgument):
     turns before the loop did, or had none."""
 
     reason = "NOTHING_TO_REPLAY"
+
+
+# -- external agent programs (program.py) --
+
+
+class AgentProgramExited(mesh.FailedPrecondition):
+    """The agent program exited non-zero (or was killed by a signal): nothing is verified."""
+
+    reason = "AGENT_PROGRAM_EXITED"
+
+
+class AgentProgramNoModelCall(mesh.FailedPrecondition):
+    """The agent program exited without one answered model call through its URL: no rollout."""
+
+    reason = "AGENT_PROGRAM_NO_MODEL_CALL"
+
+
+class AgentProgramTimedOut(mesh.DeadlineExceeded):
+    """The agent program ran past the rollout's deadline and was killed (retryable)."""
+
+    reason = "AGENT_PROGRAM_TIMEOUT"
+
+
+class AgentProgramUnstartable(mesh.FailedPrecondition):
+    """The agent program could not be started (no such file, not executable)."""
+
+    reason = "AGENT_PROGRAM_UNSTARTABLE"
+
+
+class AgentProgramUnsupported(mesh.FailedPrecondition):
+    """The job's environment needs what an external program cannot give (it takes turns)."""
+
+    reason = "AGENT_PROGRAM_UNSUPPORTED"

@@ -25,6 +25,8 @@ def spec_from_pb(msg: pb.JobSpec) -> JobSpec:
         msg,
         max_steps=msg.agent.max_steps,
         system_prompt=msg.agent.system_prompt,
+        agent_program=tuple(msg.agent.program),
+        agent_program_env=dict(msg.agent.program_env),
         sampling=sampling_from_pb(msg.sampling),
         shard_index=msg.shard.index,
         shard_count=msg.shard.count,
@@ -38,7 +40,12 @@ def spec_to_pb(spec: JobSpec) -> pb.JobSpec:
     return to_pb(
         pb.JobSpec,
         spec,
-        agent=pb.AgentSpec(max_steps=spec.max_steps, system_prompt=spec.system_prompt),
+        agent=pb.AgentSpec(
+            max_steps=spec.max_steps,
+            system_prompt=spec.system_prompt,
+            program=spec.agent_program,
+            program_env=spec.agent_program_env,
+        ),
         sampling=sampling_to_pb(spec.sampling),
         shard=pb.Shard(index=spec.shard_index, count=spec.shard_count),
         sink=pb.SinkSpec(

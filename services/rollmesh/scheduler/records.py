@@ -30,6 +30,9 @@ Json = dict[str, Any]
 # NeMo Gym's names for a rollout's key in its rows (nemo_gym/global_config.py).
 NG_TASK_INDEX = "_ng_task_index"
 NG_ROLLOUT_INDEX = "_ng_rollout_index"
+#: The key marking the message that opens a later segment in a row's messages (an external agent
+#: program that rewrote its history: program.py; tokens.py checks each segment's text on its own).
+SEGMENT_KEY = "rollmesh_segment"
 
 
 @dataclass(frozen=True, order=True)
@@ -50,6 +53,10 @@ class TurnSpan:
     output_end: int
     policy_version: str = ""
     replica_id: str = ""
+    #: The segment the turn belongs to: a turn whose prompt does not extend the ids before it (an
+    #: external agent compacted its history, or ran a sub-agent) starts the next one, its prompt
+    #: whole. Each segment is a sequence of its own; the built-in loop makes one.
+    segment: int = 0
 
 
 @dataclass
@@ -120,6 +127,9 @@ class Rollout:
     #: Where the rollout's time went (timing.py); None for rows written before rollmesh recorded it.
     timing: RolloutTiming | None = None
     model: str = ""  # the model the job asked for (the Responses object's `model`)
+    #: An external agent program's run (scheduler/program.py: exit code, output tails, calls); empty,
+    #: and absent from the row, for the built-in loop.
+    agent_program: Json = field(default_factory=dict)
 
     def to_row(self) -> Json:
         """The JSONL output row: the input echoed, then what rollmesh adds (`env_steps` only when
@@ -156,6 +166,8 @@ class Rollout:
             row["env_steps"] = self.env_steps
         if self.timing is not None:
             row["timing"] = self.timing.to_json()
+        if self.agent_program:
+            row["agent_program"] = self.agent_program
         return row
 
     def response_object(self) -> Json:
@@ -205,6 +217,7 @@ class Rollout:
             masked=row.get("mask_sample") is True,
             timing=RolloutTiming.from_json(row["timing"]) if isinstance(row.get("timing"), dict) else None,
             model="" if legacy or not isinstance(response, Mapping) else _text(response.get("model")),
+            agent_program=dict(row["agent_program"]) if isinstance(row.get("agent_program"), dict) else {},
         )
 
 
@@ -296,7 +309,9 @@ def _finite(name: str, value: Any) -> float:
 # What `to_row` adds to the echoed task (the row of a rollout of an empty task, `env_steps` included).
 #: The fields a rollout row adds to its task (every other field of a row is the task's).
 ADDED_FIELDS = _ADDED_FIELDS = frozenset(
-    Rollout(RolloutKey(0, 0), "", {}, [], 0.0, env_steps=[{}], timing=RolloutTiming()).to_row()
+    Rollout(
+        RolloutKey(0, 0), "", {}, [], 0.0, env_steps=[{}], timing=RolloutTiming(), agent_program={"": 0}
+    ).to_row()
 )
 
 

@@ -45,6 +45,7 @@ from rollmesh.scheduler.agent import (
 )
 from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
 from rollmesh.scheduler.errors import BadReward
+from rollmesh.scheduler.program import CapturedTurn, CaptureOpened, CaptureRecord
 from rollmesh_client import (
     AlreadyExistsError,
     Multiplexed,
@@ -152,14 +153,7 @@ class GatewayModel(_Port):
             sampling=sampling_to_pb(call.sampling),
             trace_context=tracing.inject(),  # the model turn's span (mesh/tracing.py)
         )
-        resp = await self._generate(req)
-        return from_pb(
-            Turn,
-            resp,
-            message=message_from_pb(resp.message),
-            prompt_tokens=resp.usage.prompt_tokens,
-            completion_tokens=resp.usage.completion_tokens,
-        )
+        return _turn(await self._generate(req))
 
     async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
         if not self._unary_only:
@@ -184,6 +178,34 @@ class GatewayModel(_Port):
             if m.name == model or (not model and m.is_default):
                 return sum(r.max_batch for r in m.replicas if r.healthy)
         return 0
+
+    async def open_capture(
+        self, capture_id: str, *, model: str, sampling: Json, session_id: str
+    ) -> CaptureOpened:
+        req = gateway_pb2.OpenCaptureRequest(
+            capture_id=capture_id, model=model, sampling=sampling_to_pb(sampling), session_id=session_id
+        )
+        resp: gateway_pb2.OpenCaptureResponse = await unary_call(self.stub.OpenCapture, req, SERVICE_CALL_S)
+        return CaptureOpened(base_url=resp.base_url, token=resp.token)
+
+    async def close_capture(self, capture_id: str) -> CaptureRecord:
+        req = gateway_pb2.CloseCaptureRequest(capture_id=capture_id)
+        resp: gateway_pb2.CloseCaptureResponse = await unary_call(self.stub.CloseCapture, req, SERVICE_CALL_S)
+        calls = [
+            CapturedTurn(api=c.api, messages=[message_from_pb(m) for m in c.messages], turn=_turn(c.response))
+            for c in resp.calls
+        ]
+        return CaptureRecord(calls=calls, refused=resp.refused_calls)
+
+
+def _turn(resp: gateway_pb2.GenerateResponse) -> Turn:
+    return from_pb(
+        Turn,
+        resp,
+        message=message_from_pb(resp.message),
+        prompt_tokens=resp.usage.prompt_tokens,
+        completion_tokens=resp.usage.completion_tokens,
+    )
 
 
 class VerifierEnv(_Port):

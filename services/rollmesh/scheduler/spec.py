@@ -74,6 +74,9 @@ class JobSpec:
     environment: str = ""
     max_steps: int = 0
     system_prompt: str = ""
+    # An external agent program run per rollout instead of the built-in loop (argv; program.py).
+    agent_program: tuple[str, ...] = ()
+    agent_program_env: dict[str, str] = field(default_factory=dict)
     model: str = ""
     # Only the sampling fields that were set (SAMPLING_FIELDS), so unset ones keep the model's defaults.
     sampling: Json = field(default_factory=dict)
@@ -98,6 +101,7 @@ class JobSpec:
     def to_json(self) -> Json:
         data = dataclasses.asdict(self)
         data["k_values"] = list(self.k_values)
+        data["agent_program"] = list(self.agent_program)
         return data
 
     @classmethod
@@ -108,6 +112,8 @@ class JobSpec:
         kw["retry"] = RetryPolicy(**_known(RetryPolicy, data.get("retry", {})))
         kw["sampling"] = dict(data.get("sampling", {}))
         kw["k_values"] = tuple(int(k) for k in data.get("k_values", ()))
+        kw["agent_program"] = tuple(str(a) for a in data.get("agent_program", ()))
+        kw["agent_program_env"] = {str(k): str(v) for k, v in dict(data.get("agent_program_env", {})).items()}
         return cls(**kw)
 
     @property

@@ -16,7 +16,14 @@ scheduler calls `build_token_record(turns)`. The record is:
 Each turn's prompt must start with every id so far (the gateway keeps the ids it generated, so a
 re-rendered template never changes them); if it does not, the record would train on tokens the
 policy never saw, so `build_token_record` raises `TokenRecordMismatch` (the rollout fails with
-error class TOKEN_RECORD_MISMATCH). So it does when the job asked for logprobs and a turn came back
+error class TOKEN_RECORD_MISMATCH).
+
+Segments: an external agent program (program.py) may rewrite its history (compact it, run a
+sub-agent): such a turn (`Turn.new_segment`) starts the next segment, whose first prompt addition is
+the turn's whole prompt, and later turns must extend that segment's ids. The record stays one array
+(spans contiguous, the mask 1 on generated ids only); `TurnSpan.segment` numbers each turn's segment
+(0, 1, ...), and a trainer reads each segment as a sequence of its own. The built-in loop never
+starts one. So it does when the job asked for logprobs and a turn came back
 with generated ids but none (zeros would pass for the policy's logprobs), and when some turns carry
 ids and others none. A model server that returns no ids at all (an OpenAI URL that is not vLLM)
 gives an empty record (no ids, no turns): the row still has its messages and reward, and says it
@@ -33,7 +40,7 @@ from typing import Any, Protocol
 from rollmesh.mesh import untrusted_json
 from rollmesh.scheduler.agent import Turn
 from rollmesh.scheduler.errors import TokenRecordMismatch
-from rollmesh.scheduler.records import Json, Rollout, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import SEGMENT_KEY, Json, Rollout, TokenRecord, TurnSpan
 
 
 class Decoder(Protocol):
@@ -55,10 +62,14 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
     mask: list[int] = []
     lps: list[float] = []
     spans: list[TurnSpan] = []
+    segment, segment_start = 0, 0
     for i, turn in enumerate(turns):
         prompt = list(turn.prompt_token_ids)
-        n = len(ids)
-        if len(prompt) < n or prompt[:n] != ids:
+        if getattr(turn, "new_segment", False) and i > 0:
+            segment, segment_start = segment + 1, len(ids)
+        seen = ids[segment_start:]  # the ids of this segment so far
+        n = len(seen)
+        if len(prompt) < n or prompt[:n] != seen:
             at = _first_difference(prompt, ids)
             raise TokenRecordMismatch(
                 f"turn {i + 1}'s prompt ({len(prompt)} ids) does not start with the {n} ids of the "
@@ -66,7 +77,7 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
                 metadata={"turn": str(i + 1), "position": str(at)},
             )
         added = prompt[n:]
-        prompt_start = n
+        prompt_start = len(ids)
         ids.extend(added)
         mask.extend([0] * len(added))
         lps.extend([0.0] * len(added))
@@ -93,6 +104,7 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
                 output_end=len(ids),
                 policy_version=turn.policy_version,
                 replica_id=turn.replica_id,
+                segment=segment,
             )
         )
     recorded = all(t.logprobs for t in turns if t.output_token_ids)
@@ -145,6 +157,9 @@ def validate_token_record(
         for i in range(span.output_start, span.output_end):
             expected[i] = 1
         prev_end = span.output_end
+        before = record.turns[t - 2].segment if t > 1 else 0
+        if type(span.segment) is not int or span.segment not in (before, before + 1):
+            reasons.append(f"turn {t}: segment {span.segment!r:.20} does not follow segment {before}")
     if record.turns and prev_end != n:
         reasons.append(f"{n - prev_end} ids after the last turn's output (position {prev_end} onwards)")
     for t, span in enumerate(record.turns, start=1):
@@ -188,33 +203,55 @@ def validate_rollout(rollout: Rollout, *, tokenizer: Decoder | None = None) -> l
 
 
 def _check_text(record: TokenRecord, messages: Sequence[Json], tokenizer: Decoder) -> list[str]:
+    """Each turn's generated ids against its assistant message. One segment: the messages' assistant
+    messages are the turns', one each. Several (an external program's row: each later segment's
+    messages open with one marked `SEGMENT_KEY`): a segment's turns are the last assistant messages
+    of its part of the messages (what comes before them is history the program wrote itself)."""
+    parts: list[list[Json]] = [[]]
+    for m in messages:
+        if m.get(SEGMENT_KEY) and parts[-1]:
+            parts.append([])
+        parts[-1].append(m)
+    segments = max((s.segment for s in record.turns), default=0) + 1
+    if len(parts) != segments:
+        return [f"{segments} token record segments but the messages hold {len(parts)}"]
     reasons: list[str] = []
-    assistant = [m for m in messages if m.get("role") == "assistant"]
-    if len(assistant) != len(record.turns):
-        return [f"{len(record.turns)} turns but {len(assistant)} assistant messages"]
-    for t, (span, msg) in enumerate(zip(record.turns, assistant, strict=True), start=1):
-        generated = record.token_ids[span.output_start : span.output_end]
-        decoded = tokenizer.decode(generated, skip_special_tokens=True).strip()
-        ended_on_eos = bool(generated) and generated[-1] == getattr(tokenizer, "eos_token_id", None)
-        content = str(msg.get("content") or "").strip()
-        calls = _tool_call_parts(msg)
-        if calls:
-            missing = [c for c in calls if c not in decoded and json.dumps(c)[1:-1] not in decoded]
-            if content and content not in decoded:
-                reasons.append(
-                    f"turn {t}: decoded ids {_show(decoded)} do not contain the content {_show(content)}"
-                )
-            if missing:
-                reasons.append(
-                    f"turn {t}: decoded ids {_show(decoded)} do not mention tool call(s) {missing}"
-                )
-        elif decoded != content and (ended_on_eos or not decoded.startswith(content)):
-            # Only a turn cut by a stop string may decode to more than its content (the stop string).
-            at = _first_difference(list(decoded), list(content))
+    for k, part in enumerate(parts):
+        spans = [s for s in record.turns if s.segment == k]
+        assistant = [m for m in part if m.get("role") == "assistant"]
+        where = "" if segments == 1 else f"segment {k}: "
+        if len(assistant) != len(spans) and (segments == 1 or len(assistant) < len(spans)):
+            return [f"{where}{len(spans)} turns but {len(assistant)} assistant messages"]
+        first = record.turns.index(spans[0]) + 1 if spans else 1
+        for t, (span, msg) in enumerate(
+            zip(spans, assistant[len(assistant) - len(spans) :], strict=True), first
+        ):
+            reasons.extend(_check_turn(t, record, span, msg, tokenizer))
+    return reasons
+
+
+def _check_turn(t: int, record: TokenRecord, span: TurnSpan, msg: Json, tokenizer: Decoder) -> list[str]:
+    reasons: list[str] = []
+    generated = record.token_ids[span.output_start : span.output_end]
+    decoded = tokenizer.decode(generated, skip_special_tokens=True).strip()
+    ended_on_eos = bool(generated) and generated[-1] == getattr(tokenizer, "eos_token_id", None)
+    content = str(msg.get("content") or "").strip()
+    calls = _tool_call_parts(msg)
+    if calls:
+        missing = [c for c in calls if c not in decoded and json.dumps(c)[1:-1] not in decoded]
+        if content and content not in decoded:
             reasons.append(
-                f"turn {t}: decoded ids {_show(decoded)} differ from the assistant content {_show(content)} "
-                f"at character {at}"
+                f"turn {t}: decoded ids {_show(decoded)} do not contain the content {_show(content)}"
             )
+        if missing:
+            reasons.append(f"turn {t}: decoded ids {_show(decoded)} do not mention tool call(s) {missing}")
+    elif decoded != content and (ended_on_eos or not decoded.startswith(content)):
+        # Only a turn cut by a stop string may decode to more than its content (the stop string).
+        at = _first_difference(list(decoded), list(content))
+        reasons.append(
+            f"turn {t}: decoded ids {_show(decoded)} differ from the assistant content {_show(content)} "
+            f"at character {at}"
+        )
     return reasons
 
 

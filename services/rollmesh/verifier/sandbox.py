@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier import telemetry
@@ -148,18 +149,6 @@ class RunResult:
         out["stdout"] = self.stdout[:max_chars]
         out["stderr"] = self.stderr[-max_chars:]
         return out
-
-
-async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
-    """Read to EOF keeping the first `cap` bytes (diagnostics only); the rest is dropped."""
-    head, total = bytearray(), 0
-    if stream is None:
-        return b"", False
-    while chunk := await stream.read(1 << 16):
-        total += len(chunk)
-        if len(head) < cap:
-            head += chunk[: cap - len(head)]
-    return bytes(head), total > cap
 
 
 class Sandbox:
@@ -380,7 +369,9 @@ class Sandbox:
         guards: bool,
     ) -> RunResult:
         cap = limits.output_kb * 1024
-        readers = [asyncio.gather(_drain(p.proc.stdout, cap), _drain(p.proc.stderr, cap)) for p in procs]
+        readers = [
+            asyncio.gather(read_capped(p.proc.stdout, cap), read_capped(p.proc.stderr, cap)) for p in procs
+        ]
         channels = [
             await Channel.open(p.proc, p.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES)) for p in procs
         ]

@@ -278,6 +278,7 @@ class TurnSpan(_message.Message):
     OUTPUT_END_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
+    SEGMENT_FIELD_NUMBER: _builtins.int
     prompt_start: _builtins.int
     """Offset in TokenRecord.token_ids where this turn's prompt additions start."""
     output_start: _builtins.int
@@ -288,6 +289,11 @@ class TurnSpan(_message.Message):
     """The policy version that generated this turn."""
     replica_id: _builtins.str
     """The replica that served this turn."""
+    segment: _builtins.int
+    """The segment the turn belongs to (0, 1, ...): a turn whose prompt does not extend the ids before
+    it (an external agent compacted its history, or ran a sub-agent) starts a new segment, and its
+    prompt additions are its whole prompt. A trainer reads each segment as its own sequence.
+    """
     def __init__(
         self,
         *,
@@ -296,10 +302,11 @@ class TurnSpan(_message.Message):
         output_end: _builtins.int = ...,
         policy_version: _builtins.str = ...,
         replica_id: _builtins.str = ...,
+        segment: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_end", b"output_end", "output_start", b"output_start", "policy_version", b"policy_version", "prompt_start", b"prompt_start", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_end", b"output_end", "output_start", b"output_start", "policy_version", b"policy_version", "prompt_start", b"prompt_start", "replica_id", b"replica_id", "segment", b"segment"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -813,3 +813,152 @@ class UpdateWeightsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdateWeightsResponse: _TypeAlias = UpdateWeightsResponse  # noqa: Y015
+
+@_typing.final
+class OpenCaptureRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPTURE_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    MAX_CALLS_FIELD_NUMBER: _builtins.int
+    capture_id: _builtins.str
+    """Unique among open captures (the scheduler uses the rollout's session id); ALREADY_EXISTS if open."""
+    model: _builtins.str
+    """The model (or route) every call runs on, whatever the call's `model` says; empty: the default."""
+    session_id: _builtins.str
+    """The gateway session of the capture's calls (token-exact multi-turn)."""
+    max_calls: _builtins.int
+    """Calls the capture answers at most (0: 256); later ones are 429."""
+    @_builtins.property
+    def sampling(self) -> _common_pb2.SamplingParams:
+        """Defaults for what a call does not set (a call's own temperature, max_tokens ... win; `seed`
+        and `logprobs` are always these when set here).
+        """
+
+    def __init__(
+        self,
+        *,
+        capture_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        sampling: _common_pb2.SamplingParams | None = ...,
+        session_id: _builtins.str = ...,
+        max_calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capture_id", b"capture_id", "max_calls", b"max_calls", "model", b"model", "sampling", b"sampling", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenCaptureRequest: _TypeAlias = OpenCaptureRequest  # noqa: Y015
+
+@_typing.final
+class OpenCaptureResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_URL_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    base_url: _builtins.str
+    """The OpenAI base URL of the capture: http://<facade host:port><path>."""
+    path: _builtins.str
+    """The path prefix alone: /capture/<key>/v1 (a random key, not the capture id)."""
+    token: _builtins.str
+    """The bearer token the capture's URL takes (never the mesh's API key)."""
+    def __init__(
+        self,
+        *,
+        base_url: _builtins.str = ...,
+        path: _builtins.str = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_url", b"base_url", "path", b"path", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenCaptureResponse: _TypeAlias = OpenCaptureResponse  # noqa: Y015
+
+@_typing.final
+class CloseCaptureRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPTURE_ID_FIELD_NUMBER: _builtins.int
+    capture_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        capture_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capture_id", b"capture_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseCaptureRequest: _TypeAlias = CloseCaptureRequest  # noqa: Y015
+
+@_typing.final
+class CapturedCall(_message.Message):
+    """One model call recorded by a capture."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    API_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    api: _builtins.str
+    """"chat.completions" or "responses"."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
+        """The call's conversation and tools as the gateway read them."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]: ...
+    @_builtins.property
+    def response(self) -> Global___GenerateResponse:
+        """What the gateway answered (message, token ids, logprobs, replica, policy version)."""
+
+    def __init__(
+        self,
+        *,
+        api: _builtins.str = ...,
+        messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        tools: _abc.Iterable[_common_pb2.ToolSpec] | None = ...,
+        response: Global___GenerateResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api", b"api", "messages", b"messages", "response", b"response", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CapturedCall: _TypeAlias = CapturedCall  # noqa: Y015
+
+@_typing.final
+class CloseCaptureResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    REFUSED_CALLS_FIELD_NUMBER: _builtins.int
+    refused_calls: _builtins.int
+    """Calls refused (bad request, over max_calls, a generation that failed): not in `calls`."""
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___CapturedCall]: ...
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___CapturedCall] | None = ...,
+        refused_calls: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "refused_calls", b"refused_calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseCaptureResponse: _TypeAlias = CloseCaptureResponse  # noqa: Y015

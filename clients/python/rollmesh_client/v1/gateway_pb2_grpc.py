@@ -97,6 +97,16 @@ class ModelGatewayStub:
                 request_serializer=rollmesh_dot_v1_dot_gateway__pb2.UploadWeightsRequest.SerializeToString,
                 response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
                 _registered_method=True)
+        self.OpenCapture = channel.unary_unary(
+                '/rollmesh.v1.ModelGateway/OpenCapture',
+                request_serializer=rollmesh_dot_v1_dot_gateway__pb2.OpenCaptureRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.OpenCaptureResponse.FromString,
+                _registered_method=True)
+        self.CloseCapture = channel.unary_unary(
+                '/rollmesh.v1.ModelGateway/CloseCapture',
+                request_serializer=rollmesh_dot_v1_dot_gateway__pb2.CloseCaptureRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_gateway__pb2.CloseCaptureResponse.FromString,
+                _registered_method=True)
 
 
 class ModelGatewayServicer:
@@ -196,6 +206,24 @@ class ModelGatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenCapture(self, request, context):
+        """Open a capture for one rollout of an external agent program: a URL path under the gateway's
+        OpenAI HTTP facade (`<path>/chat/completions`, `<path>/responses`, `<path>/models`) with a
+        bearer token of its own. Every call through it runs on the capture's model, with its sampling
+        as defaults and its session (token-exact across calls that extend the previous one), and is
+        recorded. FAILED_PRECONDITION when the gateway serves no HTTP facade.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseCapture(self, request, context):
+        """Close a capture and return the calls it recorded, in order; its URL answers 404 from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelGatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +286,16 @@ def add_ModelGatewayServicer_to_server(servicer, server):
                     servicer.UploadWeights,
                     request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.UploadWeightsRequest.FromString,
                     response_serializer=rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.SerializeToString,
+            ),
+            'OpenCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenCapture,
+                    request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.OpenCaptureRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_gateway__pb2.OpenCaptureResponse.SerializeToString,
+            ),
+            'CloseCapture': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseCapture,
+                    request_deserializer=rollmesh_dot_v1_dot_gateway__pb2.CloseCaptureRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_gateway__pb2.CloseCaptureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -587,6 +625,60 @@ class ModelGateway:
             '/rollmesh.v1.ModelGateway/UploadWeights',
             rollmesh_dot_v1_dot_gateway__pb2.UploadWeightsRequest.SerializeToString,
             rollmesh_dot_v1_dot_gateway__pb2.UpdateWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmesh.v1.ModelGateway/OpenCapture',
+            rollmesh_dot_v1_dot_gateway__pb2.OpenCaptureRequest.SerializeToString,
+            rollmesh_dot_v1_dot_gateway__pb2.OpenCaptureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseCapture(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmesh.v1.ModelGateway/CloseCapture',
+            rollmesh_dot_v1_dot_gateway__pb2.CloseCaptureRequest.SerializeToString,
+            rollmesh_dot_v1_dot_gateway__pb2.CloseCaptureResponse.FromString,
             options,
             channel_credentials,
             insecure,

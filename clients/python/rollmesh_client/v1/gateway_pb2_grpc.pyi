@@ -70,6 +70,15 @@ class ModelGatewayStub:
     size, each checked against its sha256), then updates from that folder, and deletes it once
     other weights replace it (or the update fails).
     """
+    OpenCapture: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.OpenCaptureRequest, _gateway_pb2.OpenCaptureResponse]
+    """Open a capture for one rollout of an external agent program: a URL path under the gateway's
+    OpenAI HTTP facade (`<path>/chat/completions`, `<path>/responses`, `<path>/models`) with a
+    bearer token of its own. Every call through it runs on the capture's model, with its sampling
+    as defaults and its session (token-exact across calls that extend the previous one), and is
+    recorded. FAILED_PRECONDITION when the gateway serves no HTTP facade.
+    """
+    CloseCapture: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CloseCaptureRequest, _gateway_pb2.CloseCaptureResponse]
+    """Close a capture and return the calls it recorded, in order; its URL answers 404 from then on."""
 
 @_typing.type_check_only
 class ModelGatewayAsyncStub(ModelGatewayStub):
@@ -113,6 +122,15 @@ class ModelGatewayAsyncStub(ModelGatewayStub):
     size, each checked against its sha256), then updates from that folder, and deletes it once
     other weights replace it (or the update fails).
     """
+    OpenCapture: _aio.UnaryUnaryMultiCallable[_gateway_pb2.OpenCaptureRequest, _gateway_pb2.OpenCaptureResponse]  # type: ignore[assignment]
+    """Open a capture for one rollout of an external agent program: a URL path under the gateway's
+    OpenAI HTTP facade (`<path>/chat/completions`, `<path>/responses`, `<path>/models`) with a
+    bearer token of its own. Every call through it runs on the capture's model, with its sampling
+    as defaults and its session (token-exact across calls that extend the previous one), and is
+    recorded. FAILED_PRECONDITION when the gateway serves no HTTP facade.
+    """
+    CloseCapture: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CloseCaptureRequest, _gateway_pb2.CloseCaptureResponse]  # type: ignore[assignment]
+    """Close a capture and return the calls it recorded, in order; its URL answers 404 from then on."""
 
 class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
     """Generates with a policy model served by Ray Serve vLLM replicas or any
@@ -225,5 +243,26 @@ class ModelGatewayServicer(metaclass=_abc_1.ABCMeta):
         size, each checked against its sha256), then updates from that folder, and deletes it once
         other weights replace it (or the update fails).
         """
+
+    @_abc_1.abstractmethod
+    def OpenCapture(
+        self,
+        request: _gateway_pb2.OpenCaptureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.OpenCaptureResponse, _abc.Awaitable[_gateway_pb2.OpenCaptureResponse]]:
+        """Open a capture for one rollout of an external agent program: a URL path under the gateway's
+        OpenAI HTTP facade (`<path>/chat/completions`, `<path>/responses`, `<path>/models`) with a
+        bearer token of its own. Every call through it runs on the capture's model, with its sampling
+        as defaults and its session (token-exact across calls that extend the previous one), and is
+        recorded. FAILED_PRECONDITION when the gateway serves no HTTP facade.
+        """
+
+    @_abc_1.abstractmethod
+    def CloseCapture(
+        self,
+        request: _gateway_pb2.CloseCaptureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_gateway_pb2.CloseCaptureResponse, _abc.Awaitable[_gateway_pb2.CloseCaptureResponse]]:
+        """Close a capture and return the calls it recorded, in order; its URL answers 404 from then on."""
 
 def add_ModelGatewayServicer_to_server(servicer: ModelGatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

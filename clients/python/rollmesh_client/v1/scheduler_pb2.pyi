@@ -171,21 +171,57 @@ Global___JobSpec: _TypeAlias = JobSpec  # noqa: Y015
 class AgentSpec(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class ProgramEnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     SYSTEM_PROMPT_FIELD_NUMBER: _builtins.int
+    PROGRAM_FIELD_NUMBER: _builtins.int
+    PROGRAM_ENV_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Model turns at most per rollout (each turn may call tools). 0: the benchmark's, else 8."""
     system_prompt: _builtins.str
     """Prepended as a system message when the row has none."""
+    @_builtins.property
+    def program(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """An external agent program run once per rollout instead of the built-in loop (argv; empty: the
+        built-in loop). It gets OPENAI_BASE_URL / OPENAI_API_KEY (a capture of the gateway: every call
+        recorded), the task as a file (ROLLMESH_TASK_FILE) and on stdin, ROLLMESH_TOOLS_URL (the
+        environment's tools) and ROLLMESH_ANSWER_FILE; docs/external-agents.md.
+        """
+
+    @_builtins.property
+    def program_env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Extra environment variables of the program."""
+
     def __init__(
         self,
         *,
         max_steps: _builtins.int = ...,
         system_prompt: _builtins.str = ...,
+        program: _abc.Iterable[_builtins.str] | None = ...,
+        program_env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "system_prompt", b"system_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "program", b"program", "program_env", b"program_env", "system_prompt", b"system_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,6 +768,7 @@ class Rollout(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     ENV_STEPS_FIELD_NUMBER: _builtins.int
     MASKED_FIELD_NUMBER: _builtins.int
+    AGENT_PROGRAM_JSON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_json: _builtins.str
     """The input row, serialized JSON (echoed in the output)."""
@@ -753,6 +790,10 @@ class Rollout(_message.Message):
     masked: _builtins.bool
     """The verifier masked the verdict (VerifyResult.masked): `reward` is no measurement; left out of
     reward metrics; a trainer should not train on it (the SDK's collate gives it no loss).
+    """
+    agent_program_json: _builtins.str
+    """An external agent program's run (JSON: exit_code, stdout and stderr tails, calls, refused_calls);
+    empty for the built-in loop.
     """
     @_builtins.property
     def key(self) -> _common_pb2.RolloutKey: ...
@@ -792,10 +833,11 @@ class Rollout(_message.Message):
         finish_reason: _builtins.str = ...,
         env_steps: _abc.Iterable[Global___EnvStepRecord] | None = ...,
         masked: _builtins.bool = ...,
+        agent_program_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "masked", b"masked", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_program_json", b"agent_program_json", "attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "masked", b"masked", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

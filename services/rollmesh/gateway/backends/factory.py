@@ -6,9 +6,11 @@ vLLM unless it serves with them; nothing else in the gateway branches on the bac
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.config import ModelSpec
@@ -40,6 +42,22 @@ def _fake_weights_dir(model: str, environ: Mapping[str, str] | None) -> Path | N
         return None
 
 
+def _fake_script(name: str) -> Any:
+    """ROLLMESH_FAKE_SCRIPT's `module:function`, imported (None: the fake's default script)."""
+    if not name:
+        return None
+    module, _, function = name.partition(":")
+    try:
+        script = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(
+            f"ROLLMESH_FAKE_SCRIPT={name!r} is not an importable module:function ({exc})"
+        ) from None
+    if not callable(script):
+        raise ConfigError(f"ROLLMESH_FAKE_SCRIPT={name!r} is not callable")
+    return script
+
+
 def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None) -> ModelBackend:
     env = os.environ if environ is None else environ
     if spec.backend == "fake":
@@ -51,6 +69,7 @@ def create_backend(spec: ModelSpec, *, environ: Mapping[str, str] | None = None)
             max_model_len=spec.max_model_len or 4096,
             weights_dir=_fake_weights_dir(spec.model, environ),
             first_token_latency_s=float(read("ROLLMESH_FAKE_LATENCY_S", env)),
+            script=_fake_script(str(read("ROLLMESH_FAKE_SCRIPT", env))),
         )
     if spec.backend == "openai":
         from rollmesh.gateway.backends.openai import OpenAIBackend

@@ -4,24 +4,34 @@
 `RollmeshError`s, answered with the HTTP status from `errors.http_status` (and `Retry-After` when the
 error carries RetryInfo). With an API key, every `/v1/` route needs `Authorization: Bearer <key>`,
 checked by the SDK's `authorized` (the same check every gRPC server makes).
+
+Captures (gateway/captures.py) answer under `/capture/<key>/v1/` (`chat/completions`, `responses`,
+`models`) with the capture's own bearer token instead of the API key: the same handlers, with the
+capture's settings applied to each call and each answered call recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import contextlib
+import functools
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rollmesh.gateway import errors
+from rollmesh.gateway.captures import PATH_PREFIX, Capture
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.http import protocol, streaming
-from rollmesh.gateway.types import GenerateResult, StreamDelta
+from rollmesh.gateway.types import GenerateInput, GenerateResult, StreamDelta
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.errors import RollmeshError, Unauthenticated
 from rollmesh_client import max_message_bytes
 from rollmesh_client._auth import AUTH_HEADER, authorized
+
+Record = Callable[[GenerateResult], None]
+Answer = Callable[[dict[str, Any], GenerateInput, Record], Awaitable[Response]]
 
 
 def error_response(exc: RollmeshError) -> JSONResponse:
@@ -60,6 +70,17 @@ async def _first(
         raise
 
 
+async def _recorded(
+    stream: AsyncGenerator[StreamDelta | GenerateResult, None], record: Record | None
+) -> AsyncGenerator[StreamDelta | GenerateResult, None]:
+    """`stream` as it is, handing its result to `record` (a capture's) as it passes."""
+    async with contextlib.aclosing(stream):
+        async for item in stream:
+            if record is not None and isinstance(item, GenerateResult):
+                record(item)
+            yield item
+
+
 def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
     app = FastAPI(title="rollmesh gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
 
@@ -88,13 +109,13 @@ def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
                 return protocol.model_json(m)
         raise errors.ModelNotFound(f"no model or route named {model_id!r}", metadata={"model": model_id})
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        body = await _body(request)
-        inp = protocol.chat_input(request.headers, body)
+    async def chat(body: dict[str, Any], inp: GenerateInput, record: Record | None = None) -> Response:
         if not body.get("stream"):
-            return JSONResponse(protocol.chat_completion(await gateway.generate(inp), inp.session_id))
-        stream = gateway.generate_stream(inp)
+            result = await gateway.generate(inp)
+            if record is not None:
+                record(result)
+            return JSONResponse(protocol.chat_completion(result, inp.session_id))
+        stream = _recorded(gateway.generate_stream(inp), record)
         first = await _first(stream)
         sse = streaming.chat_events(
             first,
@@ -105,17 +126,65 @@ def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
         )
         return StreamingResponse(sse, media_type="text/event-stream")
 
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        body = await _body(request)
-        inp = protocol.responses_input(request.headers, body)
+    async def responses(body: dict[str, Any], inp: GenerateInput, record: Record | None = None) -> Response:
         if not body.get("stream"):
-            return JSONResponse(protocol.response_object(await gateway.generate(inp), body, inp.session_id))
-        stream = gateway.generate_stream(inp)
+            result = await gateway.generate(inp)
+            if record is not None:
+                record(result)
+            return JSONResponse(protocol.response_object(result, body, inp.session_id))
+        stream = _recorded(gateway.generate_stream(inp), record)
         first = await _first(stream)
         sse = streaming.response_events(
             first, stream, body=body, model=inp.model or gateway.default_model, session_id=inp.session_id
         )
         return StreamingResponse(sse, media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat_route(request: Request) -> Response:
+        body = await _body(request)
+        return await chat(body, protocol.chat_input(request.headers, body))
+
+    @app.post("/v1/responses")
+    async def responses_route(request: Request) -> Response:
+        body = await _body(request)
+        return await responses(body, protocol.responses_input(request.headers, body))
+
+    # -- captures (gateway/captures.py): an external agent program's per-rollout URL --
+
+    def capture_of(request: Request, key: str) -> Capture:
+        scheme, _, token = request.headers.get(AUTH_HEADER, "").strip().partition(" ")
+        return gateway.captures.get(key, token.strip() if scheme.lower() == "bearer" else "")
+
+    async def captured(
+        request: Request, key: str, api: str, parse: Callable[..., GenerateInput], answer: Answer
+    ) -> Response:
+        capture = capture_of(request, key)
+        try:
+            body = await _body(request)
+            inp = capture.apply(parse(request.headers, body))
+        except RollmeshError:
+            capture.refused += 1
+            raise
+        try:
+            return await answer(body, inp, functools.partial(capture.record, api, inp))
+        except BaseException:
+            capture.refused += 1
+            raise
+
+    @app.get(f"{PATH_PREFIX}/{{key}}/v1/models")
+    async def capture_models(request: Request, key: str) -> dict[str, Any]:
+        capture = capture_of(request, key)
+        served = [
+            m for m in await gateway.list_models() if m.name == (capture.model or gateway.default_model)
+        ]
+        return {"object": "list", "data": [protocol.model_json(m) for m in served]}
+
+    @app.post(f"{PATH_PREFIX}/{{key}}/v1/chat/completions")
+    async def capture_chat(request: Request, key: str) -> Response:
+        return await captured(request, key, "chat.completions", protocol.chat_input, chat)
+
+    @app.post(f"{PATH_PREFIX}/{{key}}/v1/responses")
+    async def capture_responses(request: Request, key: str) -> Response:
+        return await captured(request, key, "responses", protocol.responses_input, responses)
 
     return app

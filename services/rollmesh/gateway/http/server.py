@@ -31,6 +31,7 @@ class HttpFacade:
             timeout_graceful_shutdown=5,
         )
         self._server = uvicorn.Server(config)
+        self._gateway = gateway
         self._task: asyncio.Task[None] | None = None
         self.host = host
         self.port = port
@@ -51,12 +52,16 @@ class HttpFacade:
             raise OSError(f"could not bind the OpenAI HTTP facade to {self.host}:{self.port}") from None
         self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
         self._task = asyncio.create_task(self._server.main_loop(), name="openai-http")
+        # A capture's URL is for programs on this host: a wildcard bind is reached on loopback.
+        reach = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
+        self._gateway.captures.http_root = f"http://{reach}:{self.port}"
         log.info("openai_http_started", url=self.base_url)
         return self.port
 
     async def stop(self) -> None:
         if self._task is None:
             return
+        self._gateway.captures.http_root = ""
         self._server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await self._task

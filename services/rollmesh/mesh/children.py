@@ -1,6 +1,6 @@
-"""What every supervised child process shares, for `rollmesh up` (processes.py) and the verifier's
-sidecars (sidecar.py): the child leads its own session, dies with its parent on Linux, and is
-killed as a whole process group.
+"""What every supervised child process shares, for `rollmesh up` (launch/processes.py), the
+verifier's sidecars (launch/sidecar.py) and external agent programs (scheduler/program.py): the
+child leads its own session, dies with its parent on Linux, and is killed as a whole process group.
 
 - `die_with_parent()`: a `preexec_fn` asking the kernel to SIGTERM the child when this process
   dies (PR_SET_PDEATHSIG, set between fork and exec); None where prctl is unavailable.

@@ -1,0 +1,41 @@
+"""Scripts for the fake backend (`ROLLMESH_FAKE_SCRIPT=rollmesh.devtools.fake_scripts:counter_agent`):
+a deterministic policy that plays a multi-turn tool environment, for tests and the docs' commands.
+
+`counter_agent` plays the built-in `session_state` environment ("The counter starts at S. Use the
+tools to add N to it, then tell me its value."): its first turn calls `increment_counter(N)`, the
+next `get_counter_value()`, the next answers "The counter is V." with the value the last tool
+returned. A conversation whose last user message carries "Progress:" (an agent that compacted its
+history into that message) is answered at once from the last number in it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from rollmesh.gateway.backends.base import EngineRequest
+
+_ADD = re.compile(r"add (-?\d+)")
+_NUMBER = re.compile(r"-?\d+")
+
+
+def _call(name: str, arguments: dict[str, int]) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def counter_agent(prompt_text: str, request: EngineRequest) -> str:
+    del request
+    at = prompt_text.rfind("<|user|>\n")
+    tail = prompt_text[at:] if at >= 0 else prompt_text
+    user = tail[len("<|user|>\n") :].split("<|end|>", 1)[0] if at >= 0 else ""
+    if "Progress:" in user:
+        numbers = _NUMBER.findall(user.split("Progress:", 1)[1])
+        return f"The counter is {numbers[-1] if numbers else '?'}."
+    results = tail.split("<|tool|>\n")[1:]
+    if not results:
+        add = _ADD.search(user)
+        return _call("increment_counter", {"count": int(add.group(1)) if add else 1})
+    if len(results) == 1:
+        return _call("get_counter_value", {})
+    value = results[-1].split("<|end|>", 1)[0].strip()
+    return f"The counter is {value}."

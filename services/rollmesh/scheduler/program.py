@@ -1,0 +1,392 @@
+"""External agent programs: the second driver of a rollout, next to the built-in loop (agent.py).
+
+A job that names a program (`AgentSpec.program`, argv) runs it once per rollout attempt instead of
+`run_agent`, and produces the same `AgentOutcome`:
+
+1. seed the environment session (as the built-in loop does; an environment that takes turns is
+   AGENT_PROGRAM_UNSUPPORTED: a program has no way to hand it turns);
+2. open a capture on the gateway (gateway/captures.py): an OpenAI base URL and token of the rollout's
+   own, on the job's model with the job's sampling (the rollout's seed included) and the rollout's
+   session id; open the environment's tools on the job's tool endpoint (tool_endpoint.py);
+3. run the program (`ProgramSpec`) in a fresh folder with only these variables (plus PATH, LANG and
+   the job's `program_env`; never ROLLMESH_API_KEY):
+       OPENAI_BASE_URL, OPENAI_API_KEY   the capture (every call through it is recorded)
+       ROLLMESH_TASK_FILE                the task (also on stdin): {"messages", "tools", "task",
+                                         "max_steps", "tools_url", "answer_file"}
+       ROLLMESH_TOOLS_URL                the environment's tools (GET lists, POST <url>/call runs one)
+       ROLLMESH_ANSWER_FILE              where the program may write its answer
+       ROLLMESH_MODEL                    the job's model name (the capture uses it whatever is sent)
+   It runs as a session leader under rlimits (`_program_limits.py`: address space, file size, open
+   files, core dumps) and is killed with its process group at `timeout_s` (AGENT_PROGRAM_TIMEOUT,
+   retryable) or when the attempt is cancelled. Its stdout and stderr are kept up to
+   `output_limit` bytes each. This is the `limits` sandbox mode: no namespaces, no network
+   isolation and no uid of its own (docs/external-agents.md says what that means);
+4. close the capture: its calls, in order, are the rollout's turns. A call whose prompt ids do not
+   extend the previous call's prompt + output starts a new segment of the token record (tokens.py);
+5. exit non-zero: AGENT_PROGRAM_EXITED; no answered model call: AGENT_PROGRAM_NO_MODEL_CALL; a call
+   aborted: GENERATION_ABORTED (retryable, as in the built-in loop); else verify the final
+   transcript (the last call's conversation and its answer, after the row's input), with the answer
+   file's text appended as an assistant message when the program wrote one.
+
+The row's messages are each segment's transcript in order, a later segment's first message marked
+`records.SEGMENT_KEY`; `AgentOutcome.program` (the row's `agent_program`) keeps the exit code, the
+output, the counts of calls, refused calls, tool calls and segments, and whether an answer file
+was used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from rollmesh.mesh.aio import read_capped
+from rollmesh.mesh.children import die_with_parent, kill_group
+from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler.agent import (
+    AgentOutcome,
+    AgentSettings,
+    EnvPort,
+    Json,
+    ModelPort,
+    SessionOpened,
+    ToolResult,
+    Turn,
+    close_sessions,
+    input_messages,
+    merge_tools,
+    row_sampling,
+    row_tools,
+)
+from rollmesh.scheduler.errors import (
+    AgentProgramExited,
+    AgentProgramNoModelCall,
+    AgentProgramTimedOut,
+    AgentProgramUnstartable,
+    AgentProgramUnsupported,
+    GenerationAborted,
+)
+from rollmesh.scheduler.records import SEGMENT_KEY, RolloutKey
+from rollmesh.scheduler.tool_endpoint import ToolEndpoint
+
+log = get_logger("rollmesh.scheduler.program")
+
+LIMITS = Path(__file__).with_name("_program_limits.py")
+SANDBOX_MODE = "limits"
+DEFAULT_OUTPUT_LIMIT = 64 * 1024
+# The rlimits a program runs under (a coding agent's toolchain needs room; these stop runaways).
+DEFAULT_RLIMITS = {
+    "RLIMIT_AS": 8 << 30,
+    "RLIMIT_FSIZE": 1 << 30,
+    "RLIMIT_NOFILE": 4096,
+    "RLIMIT_CORE": 0,
+}
+_PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT")
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 300.0
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    rlimits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_RLIMITS))
+
+
+@dataclass(frozen=True)
+class CaptureOpened:
+    base_url: str
+    token: str
+
+
+@dataclass
+class CapturedTurn:
+    """One recorded call: the conversation the program sent and the gateway's answer."""
+
+    api: str
+    messages: list[Json]
+    turn: Turn
+
+
+@dataclass
+class CaptureRecord:
+    calls: list[CapturedTurn] = field(default_factory=list)
+    refused: int = 0
+
+
+class CapturePort(Protocol):
+    """The gateway's captures (remote.py: OpenCapture / CloseCapture)."""
+
+    async def open_capture(
+        self, capture_id: str, *, model: str, sampling: Json, session_id: str
+    ) -> CaptureOpened: ...
+
+    async def close_capture(self, capture_id: str) -> CaptureRecord: ...
+
+
+class ProgramModel(ModelPort, CapturePort, Protocol):
+    """A model port that can also open captures."""
+
+
+@dataclass
+class _Run:
+    exit_code: int | None = None
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_cut: bool = False
+    stderr_cut: bool = False
+    seconds: float = 0.0
+    timed_out: bool = False
+
+
+async def run_program(
+    *,
+    job_id: str,
+    key: RolloutKey,
+    task: Json,
+    seed: int,
+    settings: AgentSettings,
+    program: ProgramSpec,
+    model: ProgramModel,
+    env: EnvPort,
+    tools: ToolEndpoint,
+) -> AgentOutcome:
+    """One attempt of one rollout driven by `program`; its sessions, capture, tool URL and folder
+    are always closed (module doc)."""
+    session_id = f"{job_id}/{key.task_index}/{key.rollout_index}"
+    own_tools = row_tools(task)
+    env_session = not settings.stateless or bool(own_tools)
+    seeded = captured = False
+    tools_key = ""
+    record = CaptureRecord()
+    work = Path(tempfile.mkdtemp(prefix="rollmesh-agent-"))
+    try:
+        opened = SessionOpened()
+        if env_session:
+            opened = await env.seed_session(settings.environment, task, session_id)
+            seeded = True
+        if opened.takes_turns:
+            raise AgentProgramUnsupported(
+                f"environment {settings.environment!r} takes turns (Step): an external agent program "
+                "cannot hand it assistant turns; use the built-in loop"
+            )
+        offered = merge_tools(merge_tools(opened.tools, opened.session_tools), own_tools)
+        sampling = row_sampling(task, settings.sampling)
+        sampling["seed"] = seed
+        prompt = input_messages(task, settings.system_prompt)
+        capture = await model.open_capture(
+            session_id, model=settings.model, sampling=sampling, session_id=session_id
+        )
+        captured = True
+        tools_url = ""
+        if env_session:
+            # The endpoint's server runs its handlers in its own context: each call runs in this
+            # rollout's (its timing, timing.py, records the call).
+            rollout_context = contextvars.copy_context()
+
+            async def call_tool(call: Json) -> ToolResult:
+                return await asyncio.create_task(env.call_tool(session_id, call), context=rollout_context)
+
+            tools_url, tools_key = await tools.open(offered, call_tool)
+        answer_file = work / "answer.txt"
+        task_doc = {
+            "messages": [*prompt, *opened.messages],
+            "tools": [{"type": "function", "function": t} for t in offered],
+            "task": task,
+            "max_steps": settings.max_steps,
+            "tools_url": tools_url,
+            "answer_file": str(answer_file),
+        }
+        task_file = work / "task.json"
+        task_bytes = json.dumps(task_doc, ensure_ascii=False).encode()
+        await asyncio.to_thread(task_file.write_bytes, task_bytes)
+        variables = {
+            "OPENAI_BASE_URL": capture.base_url,
+            "OPENAI_API_KEY": capture.token,
+            "ROLLMESH_TASK_FILE": str(task_file),
+            "ROLLMESH_TOOLS_URL": tools_url,
+            "ROLLMESH_ANSWER_FILE": str(answer_file),
+            "ROLLMESH_MODEL": settings.model,
+        }
+        run = await _run(program, work, variables, task_bytes)
+        tool_calls = tools.close(tools_key) if tools_key else 0
+        tools_key = ""
+        record = await model.close_capture(session_id)
+        captured = False
+        answer = await asyncio.to_thread(_read_answer, answer_file)
+        outcome = await _outcome(
+            run, record, prompt, settings, task, env, session_id if env_session else "", answer
+        )
+        outcome.program = {
+            "sandbox": SANDBOX_MODE,
+            "exit_code": run.exit_code,
+            "seconds": round(run.seconds, 3),
+            "stdout": run.stdout.decode(errors="replace"),
+            "stderr": run.stderr.decode(errors="replace"),
+            "stdout_truncated": run.stdout_cut,
+            "stderr_truncated": run.stderr_cut,
+            "calls": len(record.calls),
+            "refused_calls": record.refused,
+            "tool_calls": tool_calls,
+            "segments": sum(t.new_segment for t in outcome.turns) + 1,
+            "answer_file": answer is not None,
+        }
+        return outcome
+    finally:
+        if tools_key:
+            tools.close(tools_key)
+        if captured:
+            with contextlib.suppress(Exception):
+                await model.close_capture(session_id)
+        await close_sessions(env if seeded else None, model, session_id)
+        await asyncio.to_thread(shutil.rmtree, work, True)
+
+
+def _environment(program: ProgramSpec, work: Path, variables: Mapping[str, str]) -> dict[str, str]:
+    base = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
+    return {**base, "HOME": str(work), "TMPDIR": str(work), **program.env, **variables}
+
+
+async def _run(program: ProgramSpec, work: Path, variables: Mapping[str, str], stdin: bytes) -> _Run:
+    t0 = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(LIMITS),
+            json.dumps(dict(program.rlimits)),
+            "--",
+            *program.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=work,
+            env=_environment(program, work, variables),
+            start_new_session=True,
+            preexec_fn=die_with_parent(),
+        )
+    except OSError as exc:
+        raise AgentProgramUnstartable(f"cannot start the agent program {program.argv[0]!r}: {exc}") from None
+    run = _Run()
+    try:
+        async with asyncio.timeout(program.timeout_s):
+            readers = asyncio.gather(
+                read_capped(proc.stdout, program.output_limit), read_capped(proc.stderr, program.output_limit)
+            )
+            assert proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            proc.stdin.close()
+            (run.stdout, run.stdout_cut), (run.stderr, run.stderr_cut) = await readers
+            run.exit_code = await proc.wait()
+    except TimeoutError:
+        run.timed_out = True
+    finally:
+        kill_group(proc)  # what it started dies with it, whatever happened
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        await proc.wait()
+        run.seconds = time.monotonic() - t0
+    if run.timed_out:
+        raise AgentProgramTimedOut(
+            f"the agent program ran past {program.timeout_s:g} s and was killed",
+            metadata={"argv0": program.argv[0]},
+        )
+    if run.exit_code == 127 and run.stderr.startswith(b"cannot run "):
+        raise AgentProgramUnstartable(run.stderr.decode(errors="replace").strip()[:300])
+    return run
+
+
+def _read_answer(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def _extends(before: CapturedTurn, call: CapturedTurn) -> bool:
+    """Does `call` continue `before`'s conversation? By token ids when both carry them (the prompt
+    starts with the previous prompt + output), else by its messages starting with the previous ones."""
+    prev, now = before.turn, call.turn
+    if prev.prompt_token_ids and now.prompt_token_ids:
+        kept = [*prev.prompt_token_ids, *prev.output_token_ids]
+        return list(now.prompt_token_ids[: len(kept)]) == kept
+    return _starts_with(call.messages, before.messages)
+
+
+def _same(a: Json, b: Json) -> bool:
+    return a.get("role") == b.get("role") and (a.get("content") or "") == (b.get("content") or "")
+
+
+def _starts_with(messages: list[Json], prefix: list[Json]) -> bool:
+    return len(messages) >= len(prefix) and all(_same(m, p) for m, p in zip(messages, prefix, strict=False))
+
+
+async def _outcome(
+    run: _Run,
+    record: CaptureRecord,
+    prompt: list[Json],
+    settings: AgentSettings,
+    task: Json,
+    env: EnvPort,
+    session_id: str,
+    answer: str | None,
+) -> AgentOutcome:
+    if run.exit_code != 0:
+        tail = run.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise AgentProgramExited(
+            f"the agent program exited with {run.exit_code} after {len(record.calls)} model calls"
+            + (f": {tail[0][:300]}" if tail[0] else ""),
+            metadata={"exit_code": str(run.exit_code)},
+        )
+    if not record.calls:
+        raise AgentProgramNoModelCall(
+            "the agent program exited 0 without an answered model call through OPENAI_BASE_URL "
+            f"({record.refused} refused)"
+        )
+    for n, call in enumerate(record.calls):
+        if call.turn.finish_reason == "abort":
+            raise GenerationAborted(
+                f"model call {n + 1} of the agent program was aborted after "
+                f"{len(call.turn.output_token_ids)} tokens: a cut answer is not scored"
+            )
+    # Each segment's last call holds its whole transcript (the calls before it in the segment extend it).
+    segments: list[CapturedTurn] = []
+    for n, call in enumerate(record.calls):
+        call.turn.new_segment = n > 0 and not _extends(record.calls[n - 1], call)
+        if call.turn.new_segment or not segments:
+            segments.append(call)
+        else:
+            segments[-1] = call
+    messages: list[Json] = []
+    for k, last in enumerate(segments):
+        transcript = [*last.messages, last.turn.message]
+        if _starts_with(transcript, prompt):
+            transcript = transcript[len(prompt) :]
+        if k > 0 and transcript:
+            transcript[0] = {**transcript[0], SEGMENT_KEY: k}
+        messages.extend(transcript)
+    final = [{k: v for k, v in m.items() if k != SEGMENT_KEY} for m in _last_segment(messages)]
+    if answer is not None:
+        final.append({"role": "assistant", "content": answer})
+    verdict = await env.verify(settings.environment, task, final, session_id)
+    turns = [c.turn for c in record.calls]
+    return AgentOutcome(
+        messages=messages, verdict=verdict, turns=turns, finish_reason=turns[-1].finish_reason or "stop"
+    )
+
+
+def _last_segment(messages: list[Json]) -> list[Json]:
+    starts = [i for i, m in enumerate(messages) if m.get(SEGMENT_KEY)]
+    return messages[starts[-1] :] if starts else messages
