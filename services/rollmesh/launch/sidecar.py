@@ -11,7 +11,8 @@ Contract:
 - Supervision: a child that dies is logged and restarted per the RestartPolicy (launch/restart.py:
   backoff, a budget within a window) on the port it had, so its address stays valid; the group is
   killed first (no orphaned grandchildren). While it is down the sidecar is BROKEN (`state`,
-  `problem`); once the budget is spent it stays BROKEN. `ready(timeout_s)` waits for it to serve.
+  `problem`); once the budget is spent it stays BROKEN. `ready(timeout_s)` waits until it serves and
+  answers its probe; `restarts` counts its incarnations after the first.
 - Stop: SIGTERM, SIGKILL of the whole group after `grace_s`; the child also gets SIGTERM from the
   kernel when this process dies (mesh/children.py), so no sidecar outlives its service.
 """
@@ -200,15 +201,21 @@ class Sidecar:
                     kill_group(self._proc)
 
     async def ready(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for the sidecar to serve; True when it does."""
-        if self._serving.is_set():
-            return True
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._serving.wait()
-        except TimeoutError:
-            return False
-        return True
+        """Wait up to `timeout_s` for the sidecar to serve and answer its probe; True when it does.
+        (A caller that found it unreachable may ask before the supervisor has seen it die: the probe,
+        not the state alone, says it is back.)"""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if self.state is State.SERVING and await self.spec.probe(self.address):
+                return True
+            left = deadline - loop.time()
+            if left <= 0 or self._stopping:
+                return False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left, 0.2)):
+                    await self._serving.wait()
+                    await asyncio.sleep(0.05)  # served, but its probe failed: not too eager
 
     async def stop(self) -> None:
         """SIGTERM; SIGKILL the group after `grace_s`. Safe to call more than once."""
