@@ -17,7 +17,7 @@ intervals, relations):
 - an interval (or an inequality, which is a set of numbers) never equals a finite set or tuple:
   `(0,1)` is not `\{0,1\}`, `x>3` is not `3, \infty`;
 - a reference equation whose left side is not one variable (`x+y+z=1`) is matched only by an
-  equation, never by its right side alone; a one-variable assignment (`x=1`) still matches `1`;
+  equation, never by its right side alone; an assignment (`x=1`, `f(x)=x^2`) still matches `1`;
 - an answer equation is read as its right side only when it is not a false statement about numbers:
   `4 = 3` is nothing, `x = 3` and `2+2 = 4` are 3 and 4.
 
@@ -130,7 +130,7 @@ def too_large(expr: Any, budget: int = 5000) -> bool:
                 power = abs(float(e.exp)) if e.exp.is_number else 10.0**exp
             except (TypeError, ValueError):
                 power = 10.0**exp
-            return (max(base, 1.0)) * max(power, 1.0)
+            return max(base, 0.302) * max(power, 1.0)  # a symbol's base counts as 2
         if isinstance(e, sympy.Product | sympy.Sum):  # a product of 10**4 factors or more
             count = max(log10_bound(bound) for limit in e.limits for bound in limit[1:])
             term = log10_bound(e.function)
@@ -164,6 +164,7 @@ def install_guards() -> None:
     import sympy
     from math_verify import grader
     from sympy import Eq, Interval, Tuple, Union
+    from sympy.core.function import UndefinedFunction
     from sympy.sets.sets import FiniteSet
 
     numeric_eq, compare_sets, expr_eq = (
@@ -204,8 +205,10 @@ def install_guards() -> None:
         return bool(compare_sets(gold, pred, *rest))
 
     def one_variable_lhs(rel: Any) -> bool:
+        """`x = ...` or `f(x) = ...`: an assignment, which a bare right side answers."""
         first = rel._unsorted_args[0] if isinstance(rel, sympy.And) else rel
-        return isinstance(first, Eq) and isinstance(first.lhs, sympy.Symbol)
+        lhs = first.lhs if isinstance(first, Eq) else None
+        return isinstance(lhs, sympy.Symbol) or isinstance(getattr(lhs, "func", None), UndefinedFunction)
 
     def false_about_numbers(rel: Any) -> bool:
         links = rel._unsorted_args if isinstance(rel, sympy.And) else [rel]

@@ -125,6 +125,9 @@ EQUATIONS_RIGHT = [
     ("3", "\\boxed{x = 3}"),
     ("3", "\\boxed{1+2 = 3}"),
     ("3", "\\boxed{x = 1 + 2 = 3}"),
+    ("f(x) = x^2", "\\boxed{x^2}"),
+    ("a_n = 2n", "\\boxed{2n}"),
+    ("x+y+z=1", "\\boxed{x+y+z-1=0}"),
 ]
 
 
@@ -207,9 +210,8 @@ async def test_an_unbounded_answer_is_a_0_with_a_reason_not_a_timeout(env: Envir
     got = await scores(env, [("5", text) for text in UNBOUNDED])
     bad = {case: r for case, r in got.items() if r[0] != 0.0 or "too large" not in str(r[1])}
     assert not bad, bad
-    assert (
-        await check(env, task("2^{100}"), answer("\\boxed{2^{100}}"))
-    ).reward == 1.0  # large, not unbounded
+    for large in ("2^{100}", "2^{30000}", "x^{100}", "20!"):  # large, not unbounded
+        assert (await check(env, task(large), answer(f"\\boxed{{{large}}}"))).reward == 1.0, large
 
 
 HOSTILE_TEXT = [
