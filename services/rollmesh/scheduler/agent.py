@@ -26,6 +26,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from rollmesh.mesh import responses_items
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
@@ -193,18 +194,36 @@ class AgentOutcome:
         return sum(t.completion_tokens for t in self.turns)
 
 
+def responses_input(raw: Any) -> bool:
+    """Whether a row's `input` list holds Responses items other than messages (`function_call`,
+    `function_call_output`, `reasoning`: a NeMo Gym row that continues an episode); such a list is
+    read as Responses items (mesh/responses_items.py), any other as chat messages."""
+    return isinstance(raw, list) and any(
+        isinstance(m, dict) and m.get("type", "message") != "message" for m in raw
+    )
+
+
 def input_messages(task: Json, system_prompt: str = "") -> list[Json]:
-    """The row's `responses_create_params.input` as chat messages (a system prompt prepended if none)."""
-    raw = task["responses_create_params"]["input"]
-    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+    """The row's `responses_create_params` `instructions` (a system message) and `input` as chat
+    messages (a system prompt prepended if none); "developer" is "system"."""
+    params = task["responses_create_params"]
+    raw = params["input"]
     msgs: list[Json] = []
-    for m in items:
-        role = "system" if m["role"] == "developer" else str(m["role"])
-        msg: Json = {"role": role, "content": content_text(m.get("content"))}
+    if params.get("instructions"):
+        msgs.append({"role": "system", "content": str(params["instructions"])})
+    chat: list[Json] = raw if isinstance(raw, list) else [{"role": "user", "content": raw}]
+    if responses_input(raw):
+        msgs += [m.to_openai() for m in responses_items.messages_from_items(raw, default_role="user")]
+        chat = []
+    for m in chat:
+        msg: Json = {"role": str(m["role"]), "content": content_text(m.get("content"))}
         for extra in ("tool_calls", "tool_call_id", "name"):
             if m.get(extra):
                 msg[extra] = m[extra]
         msgs.append(msg)
+    for m in msgs:
+        if m["role"] == "developer":
+            m["role"] = "system"
     if system_prompt and not any(m["role"] == "system" for m in msgs):
         msgs.insert(0, {"role": "system", "content": system_prompt})
     return msgs

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rollmesh.mesh import untrusted_json
+from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import NotJson
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
-from rollmesh.scheduler.agent import ROW_SAMPLING
+from rollmesh.scheduler.agent import ROW_SAMPLING, responses_input
 from rollmesh.scheduler.convert import sampling_to_pb
 from rollmesh.scheduler.errors import (
     BenchmarkNotFound,
@@ -214,6 +214,11 @@ def _row_problem(row: Any) -> str:
             return "`responses_create_params.input` is empty"
     elif not isinstance(inp, list) or not inp:
         return "`responses_create_params.input` must be a non-empty list of messages or a string"
+    elif responses_input(inp):
+        try:
+            responses_items.messages_from_items(inp, default_role="user")
+        except responses_items.NotResponsesItem as exc:
+            return f"`responses_create_params.input{exc.where}`: {str(exc).split(': ', 1)[1]}"
     else:
         for i, m in enumerate(inp):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"].strip():
@@ -222,6 +227,8 @@ def _row_problem(row: Any) -> str:
                 content_text(m.get("content"), strict=True)
             except ValueError as exc:
                 return f"`responses_create_params.input[{i}].content`: {exc} (rollmesh sends text only)"
+    if not isinstance(params.get("instructions") or "", str):
+        return "`responses_create_params.instructions` must be a string"
     tools = params.get("tools", [])
     if not isinstance(tools, list):
         return "`responses_create_params.tools` must be a list"
