@@ -7,6 +7,7 @@ version and outcome on the root span. Tracing unconfigured is off."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,12 @@ class _Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 @pytest_asyncio.fixture
-async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Receiver]:
+async def receiver(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> AsyncIterator[_Receiver]:
+    """An OTLP receiver, and tracing configured to send to it with the sampler `request.param`
+    (default: always_on)."""
+    sampler, ratio = getattr(request, "param", ("always_on", "1"))
     got = _Receiver()
     server = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(got, server)
@@ -58,7 +64,8 @@ async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[_Receiver]:
     for name, value in {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_TRACES_SAMPLER": sampler,
+        "OTEL_TRACES_SAMPLER_ARG": ratio,
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }.items():
         monkeypatch.setenv(name, value)
@@ -84,9 +91,9 @@ def _attrs(span: Any) -> dict[str, Any]:
     return out
 
 
-async def test_a_tool_rollout_is_one_trace_across_the_services(
-    receiver: _Receiver, start_server: StartServer, tmp_path: Path
-) -> None:
+async def _tool_job(start_server: StartServer, tmp_path: Path, repeats: int) -> str:
+    """A job of `repeats` two-turn tool rollouts through a real gateway and verifier over gRPC;
+    returns its id once it succeeded and every span was sent."""
     gateway = Gateway([FakeBackend("fake", script=_tool_then_answer)])
     await gateway.start()
     verifier = VerifierService.from_catalog(VerifierConfig(), CATALOG)
@@ -99,7 +106,9 @@ async def test_a_tool_rollout_is_one_trace_across_the_services(
         example = BUILTIN_ROOT / "environments" / "session_state" / "data" / "example.jsonl"
         dataset = tmp_path / "one.jsonl"
         dataset.write_text(example.read_text().splitlines()[0] + "\n")  # starts at 0, add 3
-        spec = JobSpec(dataset=str(dataset), environment="session_state", output_dir=str(tmp_path))
+        spec = JobSpec(
+            dataset=str(dataset), environment="session_state", num_repeats=repeats, output_dir=str(tmp_path)
+        )
         rec = await mgr.wait((await mgr.submit(spec)).job_id)
         assert rec.state == "SUCCEEDED", rec.error
     finally:
@@ -109,12 +118,19 @@ async def test_a_tool_rollout_is_one_trace_across_the_services(
         await verifier.aclose()
         await gateway.shutdown()
     await asyncio.to_thread(tracing.shutdown)  # flushes every span to the receiver
+    return rec.job_id
+
+
+async def test_a_tool_rollout_is_one_trace_across_the_services(
+    receiver: _Receiver, start_server: StartServer, tmp_path: Path
+) -> None:
+    job_id = await _tool_job(start_server, tmp_path, repeats=1)
 
     (root,) = [s for s in receiver.spans if s.name == "rollout"]
     trace = [s for s in receiver.spans if s.trace_id == root.trace_id]
     assert not root.parent_span_id
     attrs = _attrs(root)
-    assert attrs["rollmesh.rollout_key"] == "0:0" and attrs["rollmesh.job_id"] == rec.job_id
+    assert attrs["rollmesh.rollout_key"] == "0:0" and attrs["rollmesh.job_id"] == job_id
     assert attrs["rollmesh.outcome"] == "succeeded" and attrs["rollmesh.reward"] == 1.0
     assert attrs["rollmesh.policy_version"] == "0"
 
@@ -139,6 +155,18 @@ async def test_a_tool_rollout_is_one_trace_across_the_services(
     (seed,) = [s for s in trace if s.name == "rollmesh.v1.EnvironmentVerifier/SeedSession"]
     assert chain(seed)[1:] == ["seed_session", "rollout"]
     assert {s.trace_id for s in receiver.spans if s.name in ("model_turn", "tool_call")} == {root.trace_id}
+
+
+@pytest.mark.parametrize("receiver", [("parentbased_traceidratio", "0.5")], indirect=True)
+async def test_sampling_keeps_whole_rollout_traces_and_makes_no_others(
+    receiver: _Receiver, start_server: StartServer, tmp_path: Path
+) -> None:
+    await _tool_job(start_server, tmp_path, repeats=24)
+    roots = {s.trace_id for s in receiver.spans if s.name == "rollout"}
+    assert 0 < len(roots) < 24  # about half the rollouts (all or none: 2 in 2**24)
+    assert {s.trace_id for s in receiver.spans} == roots  # no span outside a sampled rollout's trace
+    per_trace = collections.Counter(s.trace_id for s in receiver.spans)
+    assert len(set(per_trace.values())) == 1  # every sampled rollout's trace whole, the same spans
 
 
 def test_tracing_is_off_unless_the_otel_variables_ask() -> None:

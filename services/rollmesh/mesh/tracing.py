@@ -99,8 +99,22 @@ def shutdown() -> None:
         provider.shutdown()
 
 
-def _context(carrier: Mapping[str, str] | None) -> Any:
-    return _state.propagator.extract(carrier) if carrier else None
+def sampled(carrier: Mapping[str, str]) -> bool:
+    """Does the W3C context in `carrier` belong to a sampled trace?"""
+    parts = carrier.get("traceparent", "").split("-")
+    return (
+        len(parts) == 4
+        and len(parts[3]) == 2
+        and all(c in "0123456789abcdef" for c in parts[3])
+        and (int(parts[3], 16) & 1 == 1)
+    )
+
+
+def _in_sampled_trace() -> bool:
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    return bool(context.is_valid and context.trace_flags.sampled)
 
 
 @contextlib.contextmanager
@@ -110,21 +124,23 @@ def span(
     *,
     parent: Mapping[str, str] | None = None,
     kind: str = "internal",
+    root: bool = False,
 ) -> Iterator[Span | None]:
-    """A span named `name`, current inside the block, child of the current span (or of the W3C
-    context in `parent`, a carrier from another service); None when tracing is off. An exception
-    leaving the block is recorded on it and sets its status to error."""
+    """A span named `name`, current inside the block: with `root`, the first of a new trace (the
+    sampler decides whether it is recorded: OTEL_TRACES_SAMPLER); else a child of the W3C context in
+    `parent` (a carrier from another service) or of the current span, made only when that trace is
+    sampled, so a rollout left out by the sampler costs nothing more. None when no span was made.
+    An exception leaving the block is recorded on the span and sets its status to error."""
     tracer = _state.tracer
-    if tracer is None:
+    if tracer is None or not (root or (sampled(parent) if parent else _in_sampled_trace())):
         yield None
         return
+    from opentelemetry.context import Context
     from opentelemetry.trace import SpanKind
 
+    context = Context() if root else _state.propagator.extract(parent) if parent else None
     with tracer.start_as_current_span(
-        name,
-        context=_context(parent),
-        kind=getattr(SpanKind, kind.upper()),
-        attributes=dict(attributes or {}),
+        name, context=context, kind=getattr(SpanKind, kind.upper()), attributes=dict(attributes or {})
     ) as s:
         yield s
 
@@ -169,8 +185,9 @@ def within(
     attributes: Mapping[str, Any] | None = None,
 ) -> Callable[[], Awaitable[T]]:
     """`work` run inside a server span `name` whose parent is the W3C context in `carrier` (a
-    multiplexed item's `trace_context`); `work` itself when tracing is off."""
-    if _state.tracer is None:
+    multiplexed item's `trace_context`); `work` itself when tracing is off or that trace is not
+    sampled."""
+    if _state.tracer is None or not sampled(carrier):
         return work
 
     async def traced() -> T:
@@ -183,9 +200,9 @@ def within(
 def start(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = "client") -> Span | None:
     """A span child of the current one that is not made current (for code that yields, where a
     current span could not be reset in the right context): the caller ends it (`end`). None when
-    tracing is off."""
+    tracing is off or the current trace is not sampled."""
     tracer = _state.tracer
-    if tracer is None:
+    if tracer is None or not _in_sampled_trace():
         return None
     from opentelemetry.trace import SpanKind
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import ServiceBinding, serve
@@ -20,6 +21,7 @@ from rollmesh.scheduler.servicer import SchedulerServicer
 
 
 async def _serve(cfg: SchedulerConfig) -> None:
+    tracing.configure("scheduler")  # before the ports' channels: their calls carry the trace context
     model = GatewayModel.connect(cfg.gateway_addr, api_key=cfg.server.api_key or None)
     env = VerifierEnv.connect(cfg.verifier_addr, api_key=cfg.server.api_key or None)
     manager = JobManager(

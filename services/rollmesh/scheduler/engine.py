@@ -426,13 +426,16 @@ class JobRun:
     async def _one(self, key: RolloutKey, queued_s: float = 0.0) -> None:
         """One rollout, under its root span when tracing is on (mesh/tracing.py): the model turns,
         tool calls and verify are its children, and the services' spans theirs."""
+        if not tracing.enabled():
+            await self._rollout(key, queued_s)
+            return
         attributes = {
             "rollmesh.job_id": self.job_id,
             "rollmesh.rollout_key": key.as_str(),
             "rollmesh.task_index": key.task_index,
             "rollmesh.rollout_index": key.rollout_index,
         }
-        with tracing.span("rollout", attributes):
+        with tracing.span("rollout", attributes, root=True):  # a trace of its own, sampled or not
             await self._rollout(key, queued_s)
 
     async def _rollout(self, key: RolloutKey, queued_s: float) -> None:
