@@ -752,6 +752,7 @@ async def test_a_trainer_that_stalls_past_the_drain_timeout_fails_the_close(
         await sink.close(state="succeeded", metrics=None)
     assert "2 rollouts sent were never acknowledged" in info.value.message, info.value.message
     assert info.value.metadata["unacked"] == "2"
+    assert sink.not_stored() == {RolloutKey(0, 0), RolloutKey(0, 1)}  # the job's metrics leave them out
 
 
 async def test_a_trainer_acknowledging_each_batch_within_ack_timeout_is_drained_past_it(

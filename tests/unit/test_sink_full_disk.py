@@ -84,6 +84,7 @@ async def test_a_failed_batch_is_cut_back_not_counted_and_breaks_the_sink(tmp_pa
         (0, 1),
     ]
     assert sink.rows_written == 2 and sink.keys == {RolloutKey(0, 0), RolloutKey(0, 1)}
+    assert sink.not_stored() == {RolloutKey(1, 0), RolloutKey(1, 1)}  # metrics leave them out
     with pytest.raises(SinkWriteFailed):  # broken for good: nothing more is accepted
         await sink.write(rollout(2, 0))
     await sink.close(state="FAILED", metrics=None)  # the error is known: close reports what is on disk

@@ -157,7 +157,8 @@ _installed = False
 
 def install_guards() -> None:
     """Wrap math-verify's numeric, set and expression comparisons with the rules above (once per
-    process; math-verify's own functions decide everything else)."""
+    process; math-verify's own functions decide everything else). It runs in the math
+    environment's worker processes, which serve no other environment (one pool per environment)."""
     global _installed
     if _installed:
         return
