@@ -68,3 +68,13 @@ def test_the_shipped_benchmark_runs_with_the_tiny_model(tmp_path: Path) -> None:
     assert set(groups) == {"basic_arithmetic", "chain_sum"}
     assert sum(g["num_rollouts"] for g in groups.values()) == 40 * 8
     assert all(set(g["pass_at_k"]) == {"1", "2", "4", "8"} for g in groups.values())
+
+
+def test_the_curriculum_commands_run_as_written(tmp_path: Path) -> None:
+    done = run_block(bash_block("## Curricula", DOC), {}, tmp_path, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json_lines(done.stdout)
+    assert len(rows) == 6
+    easy, hard = rows[:3], rows[3:]
+    assert all(r["metadata"]["num_terms"] == 2 for r in easy)
+    assert hard[0]["reasoning_gym_entry"]["config"]["max_terms"] > 2

@@ -37,6 +37,7 @@ def test_a_spec_reads_back_from_its_json_and_bad_ones_say_what_is_wrong() -> Non
         ({"generators": [{"name": "a", "config": []}], "size": 1}, "`config` must be an object"),
         ({"generators": ["a", "a"], "size": 1}, "named twice"),
         ({"generators": ["a"], "size": 1, "system_prompt": 3}, "must be a string"),
+        ({"generators": [{"name": "a", "level": -1}], "size": 1}, "`level` must be an integer >= 0"),
     ]
     for data, message in bad:
         with pytest.raises(InvalidGeneratorSpec, match=message):
@@ -97,3 +98,28 @@ def test_datasets_generate_writes_rows_or_the_spec(tmp_path: Path) -> None:
     assert [json.loads(line) for line in again.stdout.splitlines()] == list(generate_rows(three))
     refused = runner.invoke(build_app(), ["datasets", "generate", "-g", "nope_not_one"])
     assert refused.exit_code == 2 and "UNKNOWN_GENERATOR" in refused.output
+
+
+def test_a_curriculum_level_is_a_config_recorded_whole_and_rising_levels_are_harder() -> None:
+    """`level` resolves through reasoning-gym's curriculum into the config the rows record, so an
+    entry is made again from its record alone; a higher level widens the curriculum's ranges."""
+    easy = ProceduralSpec((GeneratorSpec("chain_sum", 1.0, {"allow_negation": False}, 0),), 20, 3)
+    assert ProceduralSpec.from_json(easy.to_json()) == easy and easy.at_level(4).generators[0].level == 4
+    terms = {}
+    for level in (0, 4):
+        rows = list(generate_rows(easy.at_level(level)))
+        config = rows[0][SOURCE_FIELD]["config"]
+        assert config["allow_negation"] is False and (config["size"], config["seed"]) == (20, 3)
+        for row in rows[:3]:
+            assert rebuild_entry(row[SOURCE_FIELD])["question"] == row["question"]
+        terms[level] = (config["max_terms"], max(r["metadata"]["num_terms"] for r in rows))
+    assert terms[0] == (2, 2) and terms[4][0] > 2 and terms[4][1] > 2
+    with pytest.raises(InvalidGeneratorSpec, match="has no curriculum"):
+        list(generate_rows(ProceduralSpec((GeneratorSpec("acre", level=1),), 1)))
+    leveled = CliRunner().invoke(
+        build_app(), ["datasets", "generate", "-g", "chain_sum", "--level", "4", "-n", "2"]
+    )
+    assert (
+        leveled.exit_code == 0
+        and json.loads(leveled.stdout.splitlines()[0])[SOURCE_FIELD]["config"]["max_terms"] == terms[4][0]
+    )

@@ -27,6 +27,20 @@ def build_spec(
     size: int | None,
     seed: int | None,
     system_prompt: str | None = None,
+    level: int | None = None,
+) -> ProceduralSpec:
+    """The spec the flags name, every generator at curriculum `level` when given."""
+    spec = _spec_of(generators, configs, spec_file, size, seed, system_prompt)
+    return spec if level is None else spec.at_level(level)
+
+
+def _spec_of(
+    generators: list[str],
+    configs: list[str],
+    spec_file: str | None,
+    size: int | None,
+    seed: int | None,
+    system_prompt: str | None,
 ) -> ProceduralSpec:
     """The spec from --spec (a file) or from --generator/--config/--size/--seed/--system-prompt
     (which override a file's size, seed and system prompt)."""
@@ -112,6 +126,14 @@ def generate(
             "(default, simple, direct, ...) or the text (default: none, as NeMo Gym's rows).",
         ),
     ] = None,
+    level: Annotated[
+        int | None,
+        typer.Option(
+            "--level",
+            min=0,
+            help="Every generator at this level of its reasoning-gym curriculum (0: easiest).",
+        ),
+    ] = None,
     out: Annotated[str | None, typer.Option("--out", "-o", help="Write here (default stdout).")] = None,
     spec_only: Annotated[
         bool, typer.Option("--spec-only", help="Write the spec file a job can name as its dataset, not rows.")
@@ -120,7 +142,7 @@ def generate(
     """Write NeMo Gym-format rows (question, answer, metadata) for one or several generators."""
 
     async def go() -> int:
-        built = build_spec(generator or [], config or [], spec, size, seed, system_prompt)
+        built = build_spec(generator or [], config or [], spec, size, seed, system_prompt, level)
         return await asyncio.to_thread(_write, built, out, spec_only)
 
     count = run(go())

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rollmesh.procedural.errors import EntryMismatch, InvalidGeneratorSpec, UnknownGenerator
-from rollmesh.procedural.spec import ProceduralSpec
+from rollmesh.procedural.spec import GeneratorSpec, ProceduralSpec
 
 if TYPE_CHECKING:
     from reasoning_gym.dataset import ProceduralDataset
@@ -65,15 +65,40 @@ def check_names(names: tuple[str, ...]) -> None:
             )
 
 
+def level_config(g: GeneratorSpec) -> Json:
+    """`g.config` with reasoning-gym's curriculum for `g` at `g.level` applied (its attributes'
+    fields win), as plain JSON data; `g.config` itself when `g` has no level."""
+    if g.level is None:
+        return dict(g.config)
+    from reasoning_gym.factory import create_curriculum, has_curriculum
+
+    if not has_curriculum(g.name):
+        raise InvalidGeneratorSpec(f"generator {g.name!r} has no curriculum; drop its `level`")
+    curriculum = create_curriculum(g.name)
+    curriculum.set_global_level(g.level)
+    try:
+        made = curriculum.generate_configuration(dict(g.config))
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise InvalidGeneratorSpec(f"{g.name} at level {g.level}: {type(exc).__name__}: {exc}") from None
+    fields = set(g.config)
+    for attr in curriculum.attributes.values():
+        for kind in ("lower_field_name", "upper_field_name", "field_name"):
+            name = getattr(attr, kind, None)
+            if isinstance(name, str):
+                fields.add(name)
+    config: Json = json.loads(json.dumps({f: getattr(made, f) for f in sorted(fields)}))
+    return config
+
+
 def sub_configs(spec: ProceduralSpec) -> dict[str, Json]:
     """Each generator's full config as the dataset that makes its rows gets it: one generator gets
     the spec's size and seed; in a mixture, reasoning-gym's composite gives generator i the size
-    and `seed + i + 1` unless its config sets them."""
+    and `seed + i + 1` unless its config sets them. A generator's curriculum level is resolved."""
     if len(spec.generators) == 1:
         g = spec.generators[0]
-        return {g.name: {**g.config, "size": spec.size, "seed": spec.seed}}
+        return {g.name: {**level_config(g), "size": spec.size, "seed": spec.seed}}
     return {
-        g.name: {"size": spec.size, "seed": spec.seed + i + 1, **g.config}
+        g.name: {"size": spec.size, "seed": spec.seed + i + 1, **level_config(g)}
         for i, g in enumerate(spec.generators)
     }
 
@@ -88,7 +113,8 @@ def open_dataset(spec: ProceduralSpec) -> ProceduralDataset:
         if len(spec.generators) == 1:  # the dataset rebuild_entry finds again in this process
             g = spec.generators[0]
             return _dataset(g.name, json.dumps(sub_configs(spec)[g.name], sort_keys=True))
-        specs = [DatasetSpec(name=g.name, weight=g.weight, config=dict(g.config)) for g in spec.generators]
+        configs = {g.name: level_config(g) for g in spec.generators}
+        specs = [DatasetSpec(name=g.name, weight=g.weight, config=configs[g.name]) for g in spec.generators]
         return reasoning_gym.create_dataset("composite", size=spec.size, seed=spec.seed, datasets=specs)
     except (TypeError, ValueError, AssertionError, KeyError) as exc:
         raise InvalidGeneratorSpec(f"reasoning-gym refused the spec: {type(exc).__name__}: {exc}") from None

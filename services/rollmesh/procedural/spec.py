@@ -5,9 +5,10 @@ As JSON (a dataset file a job names instead of a JSONL, or `rollmesh datasets ge
 
     {"reasoning_gym": {"size": 200, "seed": 1, "system_prompt": "default",
                        "generators": [{"name": "basic_arithmetic", "weight": 2, "config": {"max_terms": 2}},
-                                      "chain_sum"]}}
+                                      {"name": "chain_sum", "level": 2}, "leg_counting"]}}
 
-A generator given as a bare string has weight 1 and its default config. One generator gives
+A generator given as a bare string has weight 1 and its default config. `level` puts a generator
+at that level of reasoning-gym's curriculum for it (rows.py resolves it into a config). One generator gives
 reasoning-gym's own dataset (`create_dataset(name, size=, seed=, **config)`); several give its
 composite dataset (weighted sampling per index, sub-dataset i seeded `seed + i + 1` unless its
 config sets a seed), so the rows are the ones reasoning-gym and NeMo Gym's create_dataset.py make.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollmesh.procedural.errors import InvalidGeneratorSpec
@@ -26,7 +27,7 @@ from rollmesh.procedural.errors import InvalidGeneratorSpec
 SPEC_KEY = "reasoning_gym"
 MAX_SIZE = 10_000_000
 _SPEC_KEYS = frozenset({"generators", "size", "seed", "system_prompt"})
-_GENERATOR_KEYS = frozenset({"name", "weight", "config"})
+_GENERATOR_KEYS = frozenset({"name", "weight", "config", "level"})
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,16 @@ class GeneratorSpec:
     name: str
     weight: float = 1.0
     config: Mapping[str, Any] = field(default_factory=dict)
+    #: reasoning-gym's curriculum level (0 the easiest) for every attribute its curriculum defines
+    #: (an attribute with fewer levels takes its hardest); its values win over `config`'s. None: no
+    #: curriculum, the generator's defaults and `config`.
+    level: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "weight": self.weight, "config": dict(self.config)}
+        out: dict[str, Any] = {"name": self.name, "weight": self.weight, "config": dict(self.config)}
+        if self.level is not None:
+            out["level"] = self.level
+        return out
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,11 @@ class ProceduralSpec:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.generators)
+
+    def at_level(self, level: int) -> ProceduralSpec:
+        """The same spec with every generator at curriculum `level` (a trainer raising difficulty
+        as its reward rises submits the next level's spec)."""
+        return replace(self, generators=tuple(replace(g, level=level) for g in self.generators))
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -123,7 +136,10 @@ def _generator(raw: Any, where: str) -> GeneratorSpec:
     config = raw.get("config", {})
     if not isinstance(config, Mapping):
         raise InvalidGeneratorSpec(f"{where}: `config` must be an object")
-    return GeneratorSpec(name.strip(), float(weight), dict(config))
+    level = raw.get("level")
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int) or level < 0):
+        raise InvalidGeneratorSpec(f"{where}: `level` must be an integer >= 0, not {level!r}")
+    return GeneratorSpec(name.strip(), float(weight), dict(config), level)
 
 
 def parse_generator_arg(arg: str) -> GeneratorSpec:
