@@ -7,7 +7,8 @@ fragment of itself (`12.5`, `5e3`, `1/5`, `10^5`, `5²` never match 5; `5,000` n
 `5.0` and `10/2` are 5; `5,000`, `5 000`, `5\,000` and `5{,}000` are 5000 (groups of three, one
 separator throughout); a Unicode minus (U+2212, U+FE63, U+FF0D) is a minus. What cannot be read
 without guessing is refused (0 with a reason, never a value): a comma that is not a thousands
-separator (`1,5`: a decimal comma, or a list?), a factorial (`5!`), a root (`√25`, `\sqrt{25}`).
+separator (`1,5`: a decimal comma, or a list?), a factorial (`5!`), a root (`√25`, `\sqrt{25}`),
+a power in words (`5 squared`).
 An exponent or power the check cannot evaluate cheaply is not an integer.
 """
 
@@ -33,7 +34,8 @@ _NUMBER = re.compile(
 )
 _SPACES = re.compile(_SPACE)
 _GROUPED = re.compile(r"\d{1,3}+(?:,\d{3}+)++(?![\d,])(?:\.\d++)?+(?:[eE][-+]?\d++)?+")
-_ROOT_BEFORE = re.compile(r"(?:[√∛∜]|\\sqrt(?:\[[^\]]{0,8}\])?|\bsqrt)\s*+[{(\[]?\s*+$")
+_ROOT_BEFORE = re.compile(r"(?:[√∛∜]|\\sqrt(?:\[[^\]]{0,8}\])?|sqrt|cbrt|(?i:root\s++of))\s*+[{(\[]?\s*+$")
+_POWER_AFTER = re.compile(r"\s*+(?i:squared|cubed)\b")
 _MAX_DIGITS = 4000  # |value| below 10**_MAX_DIGITS is evaluated; anything larger is not an answer
 NOT_INTEGER = "the last number is not an integer"
 
@@ -64,6 +66,10 @@ def last_number(text: str) -> Reading | None:
         return Reading(written, None, "the last number is a factorial (`5!`): not read as a number")
     if _ROOT_BEFORE.search(text, max(0, found.start() - 24), found.start()):
         return Reading(written, None, "the last number is under a root (`√25`): not read as a number")
+    if _POWER_AFTER.match(text, found.end()):
+        return Reading(
+            written, None, "the last number is raised to a power (`5 squared`): not read as a number"
+        )
     if found.group("power"):
         return Reading(written, None, NOT_INTEGER)
     try:

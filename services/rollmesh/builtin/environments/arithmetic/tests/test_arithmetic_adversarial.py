@@ -38,6 +38,10 @@ WRONG = [
     ("root", "sqrt(16)", "16"),
     ("root", "∛ 8", "8"),
     ("root", "\\boxed{\\sqrt{ 9 }}", "9"),
+    ("root", "math.isqrt(25)", "25"),
+    ("root", "the square root of 25", "25"),
+    ("power", "5 squared", "5"),
+    ("power", "3 Cubed.", "3"),
     # a comma that is not a thousands separator: a decimal comma or a list, never guessed
     ("comma", "1,5", "5"),
     ("comma", "1,5", "15"),
@@ -68,6 +72,8 @@ RIGHT = [
     ("\\sqrt{25} = 5", "5"),
     ("1, 2, 3", "3"),  # separate numbers, written apart
     ("x != 4, so x = 7", "7"),
+    ("5 squared is 25", "25"),
+    ("the square root of 25 is 5", "5"),
 ]
 
 
