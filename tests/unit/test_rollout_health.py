@@ -109,3 +109,35 @@ def test_a_bad_models_job_names_each_problem_its_count_and_keys(tmp_path: Path) 
     table = CliRunner().invoke(build_app(), ["health", str(rec.directory)], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "repeated_output" in table.stdout and "25.0%" in table.stdout
     assert "not checked: near_context_limit" in table.stderr
+
+
+def test_a_rows_findings_come_from_its_turns_in_each_row_format() -> None:
+    """`rollmesh health` reads rows as every results command does: a row rollmesh writes (turns in
+    `chat_messages`, the finish reason beside them), one written before (both inside `response`) and
+    NeMo Gym's (the turns as Responses items, the finish reason from `status`) give the same findings."""
+    from rollmesh.mesh.chat import Message
+    from rollmesh.mesh.responses_items import items_from_messages
+    from rollmesh.scheduler.health import of_row
+    from rollmesh.scheduler.records import Rollout, RolloutKey
+
+    turns = [_assistant("", [_call("c1")]), _assistant("")]  # a call never answered, an empty turn
+    want = {"empty_turn": 2, "unanswered_tool_call": 1, "cut_at_max_tokens": 2}
+    ours = Rollout(RolloutKey(0, 0), "j", {}, turns, 0.0, finish_reason="length").to_row()
+    older = {
+        "task_index": 0,
+        "rollout_index": 0,
+        "reward": 0.0,
+        "response": {"output": turns, "finish_reason": "length"},
+    }
+    output = items_from_messages(Message.from_openai(m) for m in turns)
+    nemo_gym = {
+        "_ng_task_index": 0,
+        "_ng_rollout_index": 0,
+        "reward": 0.0,
+        "response": {
+            "output": output,
+            "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+        },
+    }
+    assert of_row(ours) == of_row(older) == of_row(nemo_gym) == want

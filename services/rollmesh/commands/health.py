@@ -31,9 +31,11 @@ def health(
     from rollmesh.scheduler import health as checks
 
     def report_of() -> dict[str, Any]:  # blocking file I/O: run in a thread
+        from rollmesh.scheduler.records import Rollout
+
         rows = rollout_rows("check", path)
         found = [
-            (f"{row['task_index']}:{row['rollout_index']}", checks.of_row(row, context_length=context_length))
+            (Rollout.from_row(row).key.as_str(), checks.of_row(row, context_length=context_length))
             for _, _, row in rows
         ]
         summary = checks.report(found, context_length=context_length).to_json()

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollmesh.scheduler.records import Rollout
+
 Json = dict[str, Any]
 
 FINDINGS = (
@@ -117,16 +119,11 @@ def findings(
 
 
 def of_row(row: Mapping[str, Any], *, context_length: int | None = None) -> dict[str, int]:
-    """`findings` of a rollouts.jsonl row."""
-    response = row.get("response") or {}
-    turns = (row.get("tokens") or {}).get("turns") or []
-    ends = [int(t["output_end"]) for t in turns if isinstance(t, dict) and "output_end" in t]
-    return findings(
-        list(response.get("output") or []),
-        str(response.get("finish_reason", "")),
-        ends,
-        context_length=context_length,
-    )
+    """`findings` of a rollouts.jsonl row (rollmesh's, an older one's or NeMo Gym's: records.py
+    reads the turns and the finish reason of each)."""
+    r = Rollout.from_row(dict(row))
+    ends = [t.output_end for t in r.tokens.turns]
+    return findings(r.messages, r.finish_reason, ends, context_length=context_length)
 
 
 @dataclass
