@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-if TYPE_CHECKING:
-    from rollmesh_client.trainer import TrainerRollout
+from rollmesh_client._rollout import TrainerRollout
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float32]

@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -61,6 +60,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rollmesh_client._auth import BearerAuthInterceptor
 from rollmesh_client._batch import RolloutBatch, collate, grpo_advantages, verl_view
 from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
+from rollmesh_client._rollout import Key, TrainerRollout, parse_version
 from rollmesh_client.v1 import common_pb2, scheduler_pb2, sink_pb2, sink_pb2_grpc
 
 __all__ = [
@@ -73,79 +73,6 @@ __all__ = [
     "parse_version",
     "verl_view",
 ]
-
-Key = tuple[int, int]
-
-
-def parse_version(label: str) -> int | None:
-    """A policy version label as an int ("7" -> 7); None when empty or not an integer."""
-    try:
-        return int(label.strip())
-    except (ValueError, AttributeError):
-        return None
-
-
-@dataclass
-class TrainerRollout:
-    """One rollout as the trainer sees it. `raw` is the full `rollmesh.v1.Rollout`. `logprobs` is
-    None when the job did not record them (`sampling.logprobs` off: the record holds zeros).
-    `masked`: the verifier could not judge it (NeMo Gym's `mask_sample`): `reward` is no
-    measurement; `collate` gives it no loss and no weight in its group's advantages."""
-
-    job_id: str
-    task_index: int
-    rollout_index: int
-    reward: float
-    token_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float] | None
-    prompt_length: int
-    policy_version: str
-    version: int | None
-    extracted_answer: str
-    finish_reason: str
-    raw: scheduler_pb2.Rollout
-    staleness: int | None = None
-    stale: bool = False
-    masked: bool = False
-
-    @property
-    def key(self) -> Key:
-        return (self.task_index, self.rollout_index)
-
-    @property
-    def task(self) -> dict[str, Any]:
-        data = json.loads(self.raw.task_json) if self.raw.task_json else {}
-        return data if isinstance(data, dict) else {}
-
-    @classmethod
-    def from_pb(cls, msg: scheduler_pb2.Rollout) -> TrainerRollout:
-        tokens = msg.tokens
-        versions = [v for v in (parse_version(t.policy_version) for t in tokens.turns) if v is not None]
-        version = min(versions) if versions else parse_version(msg.policy_version)
-        return cls(
-            job_id=msg.job_id,
-            task_index=int(msg.key.task_index),
-            rollout_index=int(msg.key.rollout_index),
-            reward=float(msg.reward),
-            token_ids=list(tokens.token_ids),
-            loss_mask=list(tokens.loss_mask),
-            logprobs=list(tokens.logprobs) if _logprobs_recorded(tokens) else None,
-            prompt_length=int(tokens.turns[0].output_start) if tokens.turns else len(tokens.token_ids),
-            policy_version=msg.policy_version,
-            version=version,
-            extracted_answer=msg.extracted_answer,
-            finish_reason=msg.finish_reason,
-            raw=msg,
-            masked=msg.masked,
-        )
-
-
-def _logprobs_recorded(tokens: common_pb2.TokenRecord) -> bool:
-    """The record's flag; unset (a scheduler from before it): whether a generated id has a non-zero one."""
-    if tokens.HasField("logprobs_recorded"):
-        return tokens.logprobs_recorded
-    return any(lp != 0.0 for lp, m in zip(tokens.logprobs, tokens.loss_mask, strict=False) if m)
 
 
 @dataclass

@@ -10,15 +10,13 @@
     6    the job was INTERRUPTED (its scheduler stopped while it ran): resumable with --resume
     130  interrupted here (Ctrl-C / SIGTERM): the job was cancelled; rerun with --resume
 
-`exit_for_job` prints the outcome (state, reason, the top failure classes with counts and one
-example message each) to stderr and exits with the job's code; it returns for SUCCEEDED.
+Only the codes and what they mean live here (nothing printed: _jobs.py's `exit_for_job` prints a
+job's outcome and exits with its code).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-import typer
 
 if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb
@@ -52,32 +50,3 @@ def failure_summary_dicts(job: pb.Job) -> list[dict[str, object]]:
         {"error_class": f.error_class, "count": int(f.count), "example_message": f.example_message}
         for f in job.failure_summary
     ]
-
-
-def show_failure_summary(job: pb.Job) -> None:
-    """The top failure classes, most frequent first, with one example message each (stderr)."""
-    from rollmesh.commands._common import err
-
-    if not job.failure_summary:
-        return
-    err.print(f"failures of {job.job_id} by class (top {len(job.failure_summary)}):", highlight=False)
-    for f in job.failure_summary:
-        err.print(f"  {f.count:>7}  {f.error_class}  e.g. {f.example_message}", highlight=False, markup=False)
-
-
-def exit_for_job(job: pb.Job) -> None:
-    """Print the job's outcome and exit with its code; return when it SUCCEEDED."""
-    from rollmesh.commands._common import err
-    from rollmesh_client._scheduler import state_name
-
-    state = state_name(job.state)
-    code = exit_code_for(state)
-    if state == "SUCCEEDED":
-        if job.failure_summary:  # within --allowed-failures: say so, still success
-            show_failure_summary(job)
-        return
-    err.print(f"[bold red]job {job.job_id} {state.lower()}[/]", highlight=False)
-    if job.error:
-        err.print(job.error, highlight=False, markup=False)
-    show_failure_summary(job)
-    raise typer.Exit(code)

@@ -1,8 +1,9 @@
 """What `rollmesh jobs submit` and `rollmesh run` share: one set of job options, the JobSpec built
 from them, and one submit-and-follow path (`submit_and_follow`: submit, say whether a job was
 resumed, a live progress bar; Ctrl-C/SIGTERM cancels the job, what was written stays; a scheduler
-that goes away is reported with the job id and the exact command that resumes it), and the final
-metrics table."""
+that goes away is reported with the job id and the exact command that resumes it), how it ended
+(`exit_for_job`: the state, its reason and the top failure classes on stderr, and the exit code of
+_exit.py), and the final metrics table."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import typer
 
 from rollmesh.commands._common import as_dict, err, print_table
 from rollmesh.commands._errors import SchedulerLost
+from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED, exit_code_for
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -369,8 +371,6 @@ async def submit_and_follow(
 def exit_for_followed(followed: Followed, scheduler: str = "") -> None:
     """Exit with the code for how following ended (130 interrupted here, 1 scheduler lost, else the
     job's state); a job that did not succeed and can be resumed gets the resume command."""
-    from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED, exit_for_job
-
     if followed.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if followed.lost:
@@ -378,6 +378,32 @@ def exit_for_followed(followed: Followed, scheduler: str = "") -> None:
     if followed.job.resumable:
         err.print(f"resume with: {resume_command(followed.job, scheduler)}", highlight=False)
     exit_for_job(followed.job)
+
+
+def show_failure_summary(job: pb.Job) -> None:
+    """The top failure classes, most frequent first, with one example message each (stderr)."""
+    if not job.failure_summary:
+        return
+    err.print(f"failures of {job.job_id} by class (top {len(job.failure_summary)}):", highlight=False)
+    for f in job.failure_summary:
+        err.print(f"  {f.count:>7}  {f.error_class}  e.g. {f.example_message}", highlight=False, markup=False)
+
+
+def exit_for_job(job: pb.Job) -> None:
+    """Print the job's outcome and exit with its code; return when it SUCCEEDED."""
+    from rollmesh_client._scheduler import state_name
+
+    state = state_name(job.state)
+    code = exit_code_for(state)
+    if state == "SUCCEEDED":
+        if job.failure_summary:  # within --allowed-failures: say so, still success
+            show_failure_summary(job)
+        return
+    err.print(f"[bold red]job {job.job_id} {state.lower()}[/]", highlight=False)
+    if job.error:
+        err.print(job.error, highlight=False, markup=False)
+    show_failure_summary(job)
+    raise typer.Exit(code)
 
 
 def metrics_rows(

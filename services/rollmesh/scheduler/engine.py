@@ -48,6 +48,7 @@ from rollmesh.scheduler.agent import (
 from rollmesh.scheduler.concurrency import Limiter
 from rollmesh.scheduler.deadline import AdaptiveDeadline
 from rollmesh.scheduler.errors import (
+    ErrorClass,
     GatewayUnresponsive,
     ModelCallDeadline,
     RolloutFailed,
@@ -59,7 +60,7 @@ from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.program import CaptureOpened, CaptureRecord, ProgramModel, ProgramSpec, run_program
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
-from rollmesh.scheduler.retry import Backoff, ErrorClass, Outages, with_retry
+from rollmesh.scheduler.retry import Backoff, Outages, with_retry
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.timing import CURRENT as CURRENT_TIMING
 from rollmesh.scheduler.timing import Reservoir, RolloutTiming

@@ -1,13 +1,11 @@
-"""Scheduler errors, each with its status code and ErrorInfo reason."""
+"""Scheduler errors, each with its status code and ErrorInfo reason; `ErrorClass`, what a rollout
+error means for the retry loop (retry.py's `classify` makes it), which `RolloutFailed` carries."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from rollmesh.mesh import errors as mesh
-
-if TYPE_CHECKING:
-    from rollmesh.scheduler.retry import ErrorClass
 
 
 class InvalidJobSpec(mesh.InvalidArgument):
@@ -181,6 +179,18 @@ class RolloutTooLarge(mesh.ResourceExhausted):
     """A rollout over the gRPC message limit, which a gRPC sink cannot send: that rollout fails."""
 
     reason = "ROLLOUT_TOO_LARGE"
+
+
+@dataclass(frozen=True)
+class ErrorClass:
+    """What an exception means for the retry loop (retry.py)."""
+
+    name: str  # the failure class: ErrorInfo reason (or status code name)[:http_status]
+    retryable: bool
+    retry_after_s: float | None = None
+    message: str = ""
+    outage: bool = False  # the service is unreachable: wait within the budget, attempts untouched
+    budget_exhausted: bool = False  # set when an outage outlasted unavailable_budget_s
 
 
 class RolloutFailed(Exception):

@@ -28,10 +28,10 @@ import asyncio
 import collections
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
-from rollmesh.scheduler.errors import RolloutFailed
+from rollmesh.scheduler.errors import ErrorClass, RolloutFailed
 from rollmesh.scheduler.spec import RetryPolicy
 
 T = TypeVar("T")
@@ -61,18 +61,6 @@ FINAL = "rollmesh-final"
 GATEWAY_UNRESPONSIVE = "GATEWAY_UNRESPONSIVE"  # errors.GatewayUnresponsive's reason: an outage
 # A hung service (errors.GatewayUnresponsive, errors.VerifierUnresponsive; watchdog.py): an outage.
 UNRESPONSIVE = frozenset({GATEWAY_UNRESPONSIVE, "VERIFIER_UNRESPONSIVE"})
-
-
-@dataclass(frozen=True)
-class ErrorClass:
-    """What an exception means for the retry loop."""
-
-    name: str  # the failure class: ErrorInfo reason (or status code name)[:http_status]
-    retryable: bool
-    retry_after_s: float | None = None
-    message: str = ""
-    outage: bool = False  # the service is unreachable: wait within the budget, attempts untouched
-    budget_exhausted: bool = False  # set when an outage outlasted unavailable_budget_s
 
 
 def _class_name(code_name: str, reason: str, metadata: Mapping[str, str]) -> str:
