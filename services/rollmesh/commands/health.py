@@ -59,5 +59,28 @@ def health(
         print_table("rollouts with findings", ["key", "findings"], rows)
 
 
+def stored_health(metrics_path: str) -> dict[str, Any] | None:
+    """metrics.json's `health` (None when the file cannot be read here: a remote scheduler's)."""
+    import json
+    from pathlib import Path
+
+    try:
+        health = json.loads(Path(metrics_path).read_text()).get("health")
+    except (OSError, ValueError):
+        return None
+    return health if isinstance(health, dict) else None
+
+
+def health_line(health: dict[str, Any], folder: str) -> str:
+    """One line naming each finding's share ("health: 25.0% empty_turn (4 of 16), ...")."""
+    checked = int(health.get("checked", 0))
+    found = [
+        f"{health['share'][k]:.1%} {k} ({n} of {checked})" for k, n in health.get("findings", {}).items() if n
+    ]
+    if not found:
+        return f"health: no finding in {checked} rollouts"
+    return f"health: {', '.join(found)}; `rollmesh health {folder}` lists them"
+
+
 def register(app: typer.Typer) -> None:
     app.command("health")(health)

@@ -27,6 +27,7 @@ from rollmesh.commands._jobs import (
     show_metrics,
     submit_and_follow,
 )
+from rollmesh.commands.health import health_line, stored_health
 
 # Gateway variables that cannot apply to the embedded mesh's gateway: each set one is named in a warning.
 NOT_EMBEDDED = {
@@ -234,10 +235,14 @@ def _report(followed: Followed, as_json: bool, scheduler: str, services_log: str
         }
         if followed.metrics is not None:
             data["metrics"] = metrics_dict(followed.metrics)
+        if (health := stored_health(paths.get("metrics.json", ""))) is not None:
+            data["health"] = health  # (commands/health.py)
         print_json(data)
     else:
         if followed.metrics is not None:
             show_metrics(followed.metrics, job)
+        if (health := stored_health(paths.get("metrics.json", ""))) is not None:
+            err.print(health_line(health, job.output_path), highlight=False)
         for name, p in paths.items():
             err.print(f"{name:>16}: {p}")
     exit_for_followed(followed, scheduler)

@@ -20,7 +20,9 @@ carries many calls.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+import random
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -39,9 +41,13 @@ class _State:
     tracer: Tracer | None = None
     provider: Any = None
     propagator: Any = None
+    roots: Any = None  # the OTEL_TRACES_SAMPLER sampler: whether a new trace is recorded
 
 
 _state = _State()
+# Inside a span of a sampled trace (set by `span` and `within`): what every child span, `start` and
+# `inject` check first, so work outside sampled traces costs a context-variable read.
+_SAMPLED: contextvars.ContextVar[bool] = contextvars.ContextVar("rollmesh_trace_sampled", default=False)
 
 
 def wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -67,7 +73,7 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
         return _state.tracer is not None
     env = os.environ if environ is None else environ
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider, sampling
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -81,20 +87,26 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
 
         exporter = GrpcExporter()
     name = env.get("OTEL_SERVICE_NAME") or f"rollmesh-{service}"
-    provider = TracerProvider(resource=Resource.create({"service.name": name}), shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    _state.provider, _state.propagator = provider, TraceContextTextMapPropagator()
-    _state.tracer = provider.get_tracer("rollmesh")
-    log.info(
-        "tracing_on", service_name=name, protocol=protocol, sampler=str(provider.sampler.get_description())
+    # The variables' sampler decides each new trace here (`span(root=True)`), before any span exists:
+    # a trace left out costs one decision. The provider records what it is given: the roots let in
+    # and the children of sampled traces.
+    roots = sampling._get_from_env_or_default()
+    provider = TracerProvider(
+        sampler=sampling.ParentBased(sampling.ALWAYS_ON),
+        resource=Resource.create({"service.name": name}),
+        shutdown_on_exit=False,
     )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    _state.provider, _state.propagator, _state.roots = provider, TraceContextTextMapPropagator(), roots
+    _state.tracer = provider.get_tracer("rollmesh")
+    log.info("tracing_on", service_name=name, protocol=protocol, sampler=str(roots.get_description()))
     return True
 
 
 def shutdown() -> None:
     """Send what is buffered and turn tracing off (a server's stop; tests)."""
     provider = _state.provider
-    _state.tracer = _state.provider = _state.propagator = None
+    _state.tracer = _state.provider = _state.propagator = _state.roots = None
     if provider is not None:
         provider.shutdown()
 
@@ -110,11 +122,13 @@ def sampled(carrier: Mapping[str, str]) -> bool:
     )
 
 
-def _in_sampled_trace() -> bool:
-    from opentelemetry import trace
+def _new_trace_sampled(name: str) -> bool:
+    """The variables' sampler's decision for a new trace (no parent: whatever is current)."""
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.sampling import Decision
 
-    context = trace.get_current_span().get_span_context()
-    return bool(context.is_valid and context.trace_flags.sampled)
+    result = _state.roots.should_sample(Context(), random.getrandbits(128), name)
+    return bool(result.decision == Decision.RECORD_AND_SAMPLE)
 
 
 @contextlib.contextmanager
@@ -132,22 +146,34 @@ def span(
     sampled, so a rollout left out by the sampler costs nothing more. None when no span was made.
     An exception leaving the block is recorded on the span and sets its status to error."""
     tracer = _state.tracer
-    if tracer is None or not (root or (sampled(parent) if parent else _in_sampled_trace())):
+    if tracer is None:
+        yield None
+        return
+    if root:
+        wanted = _new_trace_sampled(name)
+    else:
+        wanted = sampled(parent) if parent else _SAMPLED.get()
+    if not wanted:
         yield None
         return
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanKind
 
     context = Context() if root else _state.propagator.extract(parent) if parent else None
-    with tracer.start_as_current_span(
-        name, context=context, kind=getattr(SpanKind, kind.upper()), attributes=dict(attributes or {})
-    ) as s:
-        yield s
+    token = _SAMPLED.set(True)
+    try:
+        with tracer.start_as_current_span(
+            name, context=context, kind=getattr(SpanKind, kind.upper()), attributes=dict(attributes or {})
+        ) as s:
+            yield s
+    finally:
+        _SAMPLED.reset(token)
 
 
 def inject() -> dict[str, str]:
-    """The current span's W3C context as a carrier ({} when tracing is off or no span is current)."""
-    if _state.propagator is None:
+    """The current span's W3C context as a carrier ({} when tracing is off or no sampled span is
+    current: the callee then makes no span either)."""
+    if _state.propagator is None or not _SAMPLED.get():
         return {}
     carrier: dict[str, str] = {}
     _state.propagator.inject(carrier)
@@ -202,7 +228,7 @@ def start(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str =
     current span could not be reset in the right context): the caller ends it (`end`). None when
     tracing is off or the current trace is not sampled."""
     tracer = _state.tracer
-    if tracer is None or not _in_sampled_trace():
+    if tracer is None or not _SAMPLED.get():
         return None
     from opentelemetry.trace import SpanKind
 
@@ -226,8 +252,8 @@ def end(
 
 
 def annotate(**attributes: Any) -> None:
-    """Set attributes on the current span (nothing when tracing is off)."""
-    if _state.tracer is None:
+    """Set attributes on the current span (nothing when tracing is off or the trace is not sampled)."""
+    if _state.tracer is None or not _SAMPLED.get():
         return
     from opentelemetry import trace
 
