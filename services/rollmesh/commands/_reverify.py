@@ -229,7 +229,7 @@ def _failed(row: Json, msg: str, report: ReverifyReport) -> None:
     row["reverify_error"] = msg
     report.errors += 1
     if len(report.error_samples) < 5:
-        report.error_samples.append(f"{row.get('task_index')}:{row.get('rollout_index')}: {msg}")
+        report.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {msg}")
 
 
 def _scored(
