@@ -161,7 +161,7 @@ class MathEnv(Environment):
         components = {"symbolic": 1.0 if correct else 0.0}
         reward = 1.0 if correct else 0.0
         use_judge = bool(task.metadata.get("use_judge", self.context.config.math_judge))
-        if not correct and use_judge:
+        if not correct and use_judge and out["reason"] != TOO_LARGE:  # refused, not judged
             verdict, why = await self._judge(task.prompt, str(expected), text)
             if verdict is None:  # the symbolic check said no, the judge said nothing: unknown
                 raise JudgeFailed(f"math judge: {why}")

@@ -84,3 +84,13 @@ async def test_example_rows() -> None:
         for row in data:
             r = await check(env, task(row["expected_answer"]), answer(f"\\boxed{{{row['expected_answer']}}}"))
             assert r.reward == 1.0, row
+
+
+async def test_an_answer_too_large_to_check_is_not_sent_to_the_judge() -> None:
+    """The judge is a second opinion on answers the symbolic check rejected; one refused before
+    evaluation (too large) scores 0 with its reason, and no judge is asked (a gateway is not needed)."""
+    async with load_env(HERE) as env:
+        r = await check(
+            env, task("5", verifier_metadata={"use_judge": True}), answer("\\boxed{10^{10^{10}}}")
+        )
+        assert r.reward == 0.0 and "too large" in r.details["reason"] and "judge" not in r.components
