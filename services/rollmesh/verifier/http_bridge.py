@@ -9,8 +9,10 @@ cookie set per rollout session, and every way the server can fail as a named err
   no connection (EnvServerUnreachable), no answer within `timeout_s` (EnvServerTimeout).
 - `json_object` reads an answer as a JSON object or raises EnvServerBadReply (never a guess).
 - `down`: why the last call reached no server ("" once one answers).
-- `wait_ready`, when given (a managed sidecar's `ready`), is awaited once after a refused connection
-  before the call is tried again.
+- A call whose connection fails (refused, dropped or reset before an answer: a loaded uvicorn drops
+  keep-alive connections) is tried again, up to CONNECT_RETRIES times, as NeMo Gym's own client
+  does; before each, `wait_ready` (a managed sidecar's `ready`: it may be restarting) is awaited,
+  or a short backoff taken.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvSer
 
 Json = dict[str, Any]
 MAX_BODY_BYTES = 64 << 20
+#: Calls whose connection failed (refused, dropped before an answer) are tried this many more times,
+#: as NeMo Gym's own client does: a loaded uvicorn drops keep-alive connections it is handed.
+CONNECT_RETRIES = 3
 
 
 @dataclass
@@ -102,12 +107,17 @@ class HttpBridge:
         return await self._call("GET", path, None, cookies)
 
     async def _call(self, method: str, path: str, data: bytes | None, cookies: Cookies | None) -> Reply:
-        try:
-            return await self._once(method, path, data, cookies)
-        except EnvServerUnreachable:
-            if self._wait_ready is None or not await self._wait_ready(self._ready_timeout_s):
-                raise
-            return await self._once(method, path, data, cookies)
+        for attempt in range(CONNECT_RETRIES + 1):
+            try:
+                return await self._once(method, path, data, cookies)
+            except EnvServerUnreachable:
+                if attempt == CONNECT_RETRIES:
+                    raise
+                if self._wait_ready is None:
+                    await asyncio.sleep(0.05 * 2**attempt)
+                elif not await self._wait_ready(self._ready_timeout_s):
+                    raise
+        raise AssertionError("unreachable")
 
     async def _once(self, method: str, path: str, data: bytes | None, cookies: Cookies | None) -> Reply:
         assert self._http is not None, "HttpBridge.open() was not called"
@@ -130,7 +140,7 @@ class HttpBridge:
                 f"{self.name}: {method} {url} got no answer within {self.timeout_s:g}s",
                 metadata={"url": url},
             ) from None
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+        except aiohttp.ClientConnectionError as exc:  # refused, dropped, reset (ClientOSError too)
             self.down = f"{self.name}: {method} {url} failed: {type(exc).__name__}: {exc}"
             raise EnvServerUnreachable(self.down, metadata={"url": url}) from None
         except aiohttp.ClientError as exc:

@@ -54,6 +54,7 @@ backoff, stopped with the verifier; it runs as the verifier's user, with the ver
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -361,14 +362,23 @@ class NemoGymEnvironment(Environment):
 
     async def _discover(self) -> None:
         """Read the server's routes (OpenAPI): its tools, /close_session, /reverify_mode."""
-        reply = await self.http.get("/openapi.json")
-        self._discovered = True
         spec: Any = {}
-        if reply.ok:
+        for attempt in range(3):  # a server can answer its first /openapi.json badly while it warms up
+            reply = await self.http.get("/openapi.json")
             try:
-                spec = untrusted_json.loads(reply.text)
+                spec = untrusted_json.loads(reply.text) if reply.ok else None
             except NotJson:
-                spec = {}
+                spec = None
+            if isinstance(spec, dict):
+                break
+            log.warning(
+                "nemo_gym_openapi_unreadable",
+                environment=self.context.name,
+                status=reply.status,
+                attempt=attempt,
+            )
+            await asyncio.sleep(0.5)
+        self._discovered = True
         if isinstance(spec, dict):
             self._route_tools = openapi_tools(spec)
             paths = spec.get("paths")
