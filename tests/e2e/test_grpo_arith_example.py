@@ -96,3 +96,25 @@ def test_grpo_example_trains_on_a_reasoning_gym_mixture(tmp_path: Path) -> None:
     assert 0 < len(train) <= 60 and len(asked) > 50
     assert not {r["question"] for r in train} & asked
     assert len({r["metadata"]["source_dataset"] for r in train}) == 10
+
+
+def test_grpo_example_raises_the_curriculum_level_as_the_reward_reaches_the_bar(tmp_path: Path) -> None:
+    """--rg-curriculum: training starts at curriculum level 0 and moves to a job one level up each
+    time the last 5 steps' mean reward reaches the bar (0 here: every 5 steps), with a split per level."""
+    out = tmp_path / "grpo"
+    args = ["--embedded", "--backend", "fake", "--steps", "11", "--groups", "1", "--group-size", "2"]
+    args += ["--eval-every", "0", "--out", str(out), "--reasoning-gym", "reasoning_gym_arith"]
+    args += ["--rg-train-size", "40", "--rg-curriculum", "0"]
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=900, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [r["level"] for r in rows[1:]] == ["0"] * 5 + ["1"] * 5 + ["2"]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["policy_version"] == 11
+    max_terms = []
+    for level in (0, 1, 2):
+        split = [json.loads(line) for line in (out / f"train-level-{level}.jsonl").open()]
+        configs = {r["reasoning_gym_entry"]["generator"]: r["reasoning_gym_entry"]["config"] for r in split}
+        max_terms.append(configs["chain_sum"]["max_terms"])
+    assert max_terms == sorted(max_terms) and max_terms[0] < max_terms[2]
