@@ -13,6 +13,7 @@ import inspect
 import math
 import os
 import shlex
+import shutil
 import signal
 import time
 import typing
@@ -217,12 +218,15 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
 
 
 def _argv(command: str) -> list[str]:
-    """--agent-program's argv, each argument naming an existing file here made absolute (the program
-    runs in a folder of its own)."""
+    """--agent-program's argv as it means here: the command found on this PATH, and each argument
+    naming an existing file made absolute (the scheduler runs the program in a folder of its own,
+    with its own PATH)."""
     try:
         argv = shlex.split(command)
     except ValueError as exc:
         raise typer.BadParameter(f"--agent-program {command!r} is not a command line: {exc}") from None
+    if argv and os.sep not in argv[0]:
+        argv[0] = shutil.which(argv[0]) or argv[0]
     return [os.path.abspath(a) if not a.startswith("-") and Path(a).is_file() else a for a in argv]
 
 
