@@ -1,6 +1,7 @@
 """What every supervised child process shares, for `rollmesh up` (launch/processes.py), the
-verifier's sidecars (launch/sidecar.py) and external agent programs (scheduler/program.py): the
-child leads its own session, dies with its parent on Linux, and is killed as a whole process group.
+verifier's sidecars (launch/sidecar.py) and external agent programs (scheduler/program.py, which
+asks for the parent's death signal in its own wrapper): the child leads its own session, dies with
+its parent on Linux, and is killed as a whole process group.
 
 - `die_with_parent()`: a `preexec_fn` asking the kernel to SIGTERM the child when this process
   dies (PR_SET_PDEATHSIG, set between fork and exec); None where prctl is unavailable.

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rollmesh.mesh.aio import read_capped
-from rollmesh.mesh.children import die_with_parent, kill_group
+from rollmesh.mesh.children import kill_group
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.agent import (
     AgentOutcome,
@@ -263,7 +263,7 @@ async def _run(program: ProgramSpec, work: Path, variables: Mapping[str, str], s
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(LIMITS),
-            json.dumps(dict(program.rlimits)),
+            json.dumps({"parent": os.getpid(), "rlimits": dict(program.rlimits)}),
             "--",
             *program.argv,
             stdin=asyncio.subprocess.PIPE,
@@ -271,8 +271,7 @@ async def _run(program: ProgramSpec, work: Path, variables: Mapping[str, str], s
             stderr=asyncio.subprocess.PIPE,
             cwd=work,
             env=_environment(program, work, variables),
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
+            start_new_session=True,  # no preexec_fn: see _program_limits.py
         )
     except OSError as exc:
         raise AgentProgramUnstartable(f"cannot start the agent program {program.argv[0]!r}: {exc}") from None
