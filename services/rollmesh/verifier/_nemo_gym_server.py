@@ -128,10 +128,23 @@ def main() -> None:
         head_server_config=BaseServerConfig(**head), global_config_dict=OmegaConf.create(global_config)
     )
     server = cls(config=config, server_client=client)
+    # The steps of NeMo Gym's own run_webserver, those a version has (0.7 added telemetry, MCP
+    # exposure and cancellation): the server behaves as under ng_run.
+    if hasattr(server, "setup_telemetry"):
+        server.setup_telemetry()
     app = server.setup_webserver()
+    if getattr(config, "expose_tools_over_mcp", False):
+        from nemo_gym.mcp_auto_exposure import maybe_auto_expose  # type: ignore[import-not-found]
+
+        maybe_auto_expose(server, app)
     server.setup_liveness(app)
-    if hasattr(server, "setup_exception_middleware"):
-        server.setup_exception_middleware(app)
+    for step in (
+        "setup_exception_middleware",
+        "setup_cancellation_middleware",
+        "instrument_app_for_telemetry",
+    ):
+        if hasattr(server, step):
+            getattr(server, step)(app)
 
     port_file = Path(os.environ["ROLLMESH_PORT_FILE"])
     tmp = port_file.with_suffix(".tmp")
