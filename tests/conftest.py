@@ -54,6 +54,13 @@ def nemo_gym_servers() -> Path:
     return Path(nemo_gym_assets.data("0.4.0")) / "resources_servers"
 
 
+@pytest.fixture(scope="session", params=["0.4.0", "0.7.0"])
+def nemo_gym_servers_each(request: pytest.FixtureRequest) -> Path:
+    """`resources_servers/` of NeMo Gym 0.4.0, then 0.7.0 (a test using it runs once for each):
+    their recorded rows differ (0.7.0 adds servers, items' `namespace` and `phase`, `mask_sample`)."""
+    return Path(nemo_gym_assets.data(request.param)) / "resources_servers"
+
+
 @pytest.fixture(scope="session")
 def nemo_gym_python() -> Path:
     """The interpreter of a virtualenv running NeMo Gym 0.4.0's resources servers (nemo-gym and the

@@ -15,14 +15,19 @@ from typer.testing import CliRunner
 from rollmesh.cli import build_app
 from rollmesh.commands._reverify import verify_request
 from rollmesh.mesh import responses_items
+from rollmesh.scheduler.errors import CorruptSinkFile
+from rollmesh.scheduler.metrics import compute, task_profile
 from rollmesh.scheduler.records import Rollout, RolloutKey, RowKeys, TokenRecord
-from rollmesh.scheduler.store import read_rollout_rows
+from rollmesh.scheduler.store import load_files, read_rollout_rows
 
 runner = CliRunner()
 
-# Files 0.4.0 ships under the name that hold no rollout rows: git-lfs placeholders ("<PLACEHOLDER
-# ROW>") and copies of the input rows (no response, no reward).
+# Files NeMo Gym ships under the name that hold no rollout rows: git-lfs placeholders ("<PLACEHOLDER
+# ROW>"), copies of the input rows (no response, no reward), rows of failed rollouts (an `error`,
+# no reward: 0.7.0's deepsearchqa) and rows of another shape (0.7.0's bbq: no input, no key).
 NOT_ROLLOUTS = {
+    "bbq": "no task_index/rollout_index",
+    "deepsearchqa": "the row has no reward",
     "browsecomp_advanced_harness": "not valid JSON",
     "jailbreak_detection": "not valid JSON",
     "over_refusal_detection": "not valid JSON",
@@ -36,32 +41,50 @@ def recorded(servers: Path) -> list[Path]:
     return sorted(servers.glob("*/data/example_rollouts.jsonl"))
 
 
-def test_aggregate_and_profile_read_every_rollout_file_nemo_gym_recorded(nemo_gym_servers: Path) -> None:
-    files = recorded(nemo_gym_servers)
+def test_every_rollout_file_nemo_gym_recorded_reads_as_results(nemo_gym_servers_each: Path) -> None:
+    """What `aggregate` and `profile` load and compute, file by file: NeMo Gym's rollouts as NeMo Gym
+    keyed them (a key recorded twice counts once), or one task per prompt where it recorded no key."""
+    files = recorded(nemo_gym_servers_each)
     assert len(files) > 80
-    app = build_app()
     for path in files:
         server = path.parts[-3]
-        res = runner.invoke(app, ["aggregate", str(path), "--json"])
         if server in NOT_ROLLOUTS:
-            assert res.exit_code == 2 and NOT_ROLLOUTS[server] in res.stderr, (server, res.stderr)
+            with pytest.raises(CorruptSinkFile, match=NOT_ROLLOUTS[server]):
+                load_files([path])
             continue
-        assert res.exit_code == 0, (server, res.stderr)
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        # rollouts as NeMo Gym keyed them (a key recorded twice counts once), or one task per prompt
+        loaded = load_files([path])
         keys = RowKeys()
         firsts: dict[tuple[Any, ...], dict[str, Any]] = {}
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         for row in map(keys.fill, rows):
             firsts.setdefault((row["_ng_task_index"], row["_ng_rollout_index"]), row)
         measured = [r["reward"] for r in firsts.values() if not r.get("mask_sample")]
-        got = json.loads(res.stdout)
-        assert got["num_rollouts"] == len(firsts) and got["num_duplicates"] == len(rows) - len(firsts), server
-        assert got["num_masked"] == len(firsts) - len(measured), server
-        assert got["mean_reward"] == pytest.approx(sum(measured) / len(measured) if measured else 0.0), server
-        prof = runner.invoke(app, ["profile", str(path)])
-        assert prof.exit_code == 0, (server, prof.stderr)
-        tasks = [json.loads(line) for line in prof.stdout.splitlines()]
-        assert sum(t["num_rollouts"] for t in tasks) == len(measured), server
+        m = compute(loaded.rollouts)
+        assert (m.num_rollouts, loaded.duplicates, m.num_masked) == (
+            len(firsts),
+            len(rows) - len(firsts),
+            len(firsts) - len(measured),
+        ), server
+        assert m.mean_reward == pytest.approx(sum(measured) / len(measured) if measured else 0.0), server
+        assert sum(t.num_rollouts for t in task_profile(loaded.rollouts)) == len(measured), server
+
+
+@pytest.mark.parametrize(
+    "server", ["code_gen", "example_tool_call_multireward", "graphwalks", "multichallenge"]
+)  # no key recorded; keys; a key recorded twice; input rows, not rollouts
+def test_aggregate_and_profile_commands_read_nemo_gyms_files(nemo_gym_servers: Path, server: str) -> None:
+    path = nemo_gym_servers / server / "data" / "example_rollouts.jsonl"
+    res = runner.invoke(build_app(), ["aggregate", str(path), "--json"])
+    prof = runner.invoke(build_app(), ["profile", str(path)])
+    if server in NOT_ROLLOUTS:
+        assert res.exit_code == prof.exit_code == 2 and NOT_ROLLOUTS[server] in res.stderr, res.stderr
+        return
+    assert res.exit_code == prof.exit_code == 0, (res.stderr, prof.stderr)
+    loaded = load_files([path])
+    assert json.loads(res.stdout)["mean_reward"] == pytest.approx(compute(loaded.rollouts).mean_reward)
+    assert [json.loads(line) for line in prof.stdout.splitlines()] == [
+        t.to_json() for t in task_profile(loaded.rollouts)
+    ]
 
 
 def test_a_row_without_a_key_is_keyed_by_its_task_and_the_order_of_its_rollouts() -> None:

@@ -77,9 +77,9 @@ def recorded_responses(servers: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_every_nemo_gym_recorded_response_survives_response_to_messages_to_response(
-    nemo_gym_servers: Path,
+    nemo_gym_servers_each: Path,
 ) -> None:
-    recorded = recorded_responses(nemo_gym_servers)
+    recorded = recorded_responses(nemo_gym_servers_each)
     assert len(recorded) > 300  # 0.4.0 records ~80 servers x 5 rollouts
     kinds: set[str] = set()
     for where, response in recorded:
