@@ -143,17 +143,21 @@ async def test_a_tool_rollout_is_one_trace_across_the_services(
             names.append(span.name)
         return names
 
-    names = [s.name for s in trace]
-    assert names.count("model_turn") == 2 and names.count("gateway.replica") == 2
-    replica = [s for s in trace if s.name == "gateway.replica"]
-    assert all(chain(s) == ["gateway.replica", "gateway.generate", "model_turn", "rollout"] for s in replica)
-    assert _attrs(replica[0])["rollmesh.replica_id"]
-    (verify,) = [s for s in trace if s.name == "verifier.verify"]
-    assert chain(verify) == ["verifier.verify", "verify", "rollout"]
-    (tool,) = [s for s in trace if s.name == "rollmesh.v1.EnvironmentVerifier/CallTool"]
-    assert chain(tool) == ["rollmesh.v1.EnvironmentVerifier/CallTool", "tool_call", "rollout"]
-    (seed,) = [s for s in trace if s.name == "rollmesh.v1.EnvironmentVerifier/SeedSession"]
-    assert chain(seed)[1:] == ["seed_session", "rollout"]
+    def named(name: str) -> list[Any]:  # (at least once: a loaded machine may retry an attempt)
+        found = [s for s in trace if s.name == name]
+        assert found, (name, [s.name for s in trace])
+        return found
+
+    assert len(named("model_turn")) >= 2 and len(named("gateway.replica")) >= 2
+    for s in named("gateway.replica"):
+        assert chain(s) == ["gateway.replica", "gateway.generate", "model_turn", "rollout"]
+        assert _attrs(s)["rollmesh.replica_id"]
+    for s in named("verifier.verify"):
+        assert chain(s) == ["verifier.verify", "verify", "rollout"]
+    for s in named("rollmesh.v1.EnvironmentVerifier/CallTool"):
+        assert chain(s) == ["rollmesh.v1.EnvironmentVerifier/CallTool", "tool_call", "rollout"]
+    for s in named("rollmesh.v1.EnvironmentVerifier/SeedSession"):
+        assert chain(s)[1:] == ["seed_session", "rollout"]
     assert {s.trace_id for s in receiver.spans if s.name in ("model_turn", "tool_call")} == {root.trace_id}
 
 
@@ -165,8 +169,12 @@ async def test_sampling_keeps_whole_rollout_traces_and_makes_no_others(
     roots = {s.trace_id for s in receiver.spans if s.name == "rollout"}
     assert 0 < len(roots) < 24  # about half the rollouts (all or none: 2 in 2**24)
     assert {s.trace_id for s in receiver.spans} == roots  # no span outside a sampled rollout's trace
-    per_trace = collections.Counter(s.trace_id for s in receiver.spans)
-    assert len(set(per_trace.values())) == 1  # every sampled rollout's trace whole, the same spans
+    names_of: dict[bytes, list[str]] = collections.defaultdict(list)
+    for s in receiver.spans:
+        names_of[s.trace_id].append(s.name)
+    whole = {"rollout", "model_turn", "gateway.generate", "gateway.replica", "tool_call", "verify"}
+    for names in names_of.values():  # every sampled rollout's trace whole, with one root
+        assert names.count("rollout") == 1 and whole <= set(names) and "verifier.verify" in names
 
 
 def test_tracing_is_off_unless_the_otel_variables_ask() -> None:

@@ -122,6 +122,11 @@ def sampled(carrier: Mapping[str, str]) -> bool:
     )
 
 
+def in_sampled_trace() -> bool:
+    """Is the current work inside a sampled trace (False when tracing is off)?"""
+    return _SAMPLED.get()
+
+
 def _new_trace_sampled(name: str) -> bool:
     """The variables' sampler's decision for a new trace (no parent: whatever is current)."""
     from opentelemetry.context import Context
