@@ -243,3 +243,24 @@ async def test_the_program_gets_the_task_the_urls_and_never_the_mesh_key(
     assert not await asyncio.to_thread(
         os.path.exists, got["env"]["ROLLMESH_TASK_FILE"]
     )  # the program's folder is removed
+
+
+# -- the trainer SDK -----------------------------------------------------------------------------
+
+
+def test_a_trainer_sees_segments_and_collate_never_joins_them() -> None:
+    from rollmesh.scheduler import convert
+    from rollmesh_client.trainer import TrainerRollout, collate
+
+    def trainer_rollout(turns: list[Turn]) -> TrainerRollout:
+        record = build_token_record(turns, logprobs_wanted=True)
+        return TrainerRollout.from_pb(
+            convert.rollout_to_pb(Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=record))
+        )
+
+    one = trainer_rollout([_turn([1, 2], [3]), _turn([1, 2, 3, 4], [5])])
+    two = trainer_rollout([_turn([1, 2], [3]), _turn([9, 8], [7], new_segment=True)])
+    assert one.segments == [(0, 5)] and two.segments == [(0, 3), (3, 6)]
+    assert len(collate([one])) == 1
+    with pytest.raises(ValueError, match="rollout j/0/0 has 2 token record segments"):
+        collate([one, two])

@@ -66,7 +66,8 @@ def collate(
     """Pad `rollouts` into one `RolloutBatch`. Sequences longer than `max_len` are cut at the
     end (their `truncated` flag is set; the reward still applies to the kept ids). When a row has
     no logprobs (its job ran without `sampling.logprobs`), the batch's `logprobs` is None, or with
-    `require_logprobs` (a trainer that uses them, as old-policy logprobs) a `ValueError`."""
+    `require_logprobs` (a trainer that uses them, as old-policy logprobs) a `ValueError`; so is a
+    rollout whose token record has several segments (`TrainerRollout.segments`)."""
     if not rollouts:
         raise ValueError("collate needs at least one rollout")
     empty = next((r for r in rollouts if not r.token_ids), None)
@@ -75,6 +76,14 @@ def collate(
             f"rollout {empty.job_id}/{empty.task_index}/{empty.rollout_index} has no token record (its "
             "model server returned no token ids, e.g. an OpenAI URL that is not vLLM): it cannot be "
             "trained on"
+        )
+    segmented = next((r for r in rollouts if len(r.segments) > 1), None)
+    if segmented is not None:  # one row would let the later segments attend to what they never saw
+        s = segmented
+        raise ValueError(
+            f"rollout {s.job_id}/{s.task_index}/{s.rollout_index} has {len(s.segments)} token record "
+            "segments (an external agent program rewrote its history): each is a sequence of its own "
+            "(TrainerRollout.segments), which collate does not split"
         )
     unrecorded = next((r for r in rollouts if r.logprobs is None), None)
     if unrecorded is not None and require_logprobs:  # zeros would train as the old policy's logprobs

@@ -49,6 +49,16 @@ class TrainerRollout:
         return (self.task_index, self.rollout_index)
 
     @property
+    def segments(self) -> list[tuple[int, int]]:
+        """[start, end) of each segment of the token record: one for the built-in loop; an external
+        agent program that rewrote its history (compacted it, ran a sub-agent) has several, each a
+        sequence of its own (its first ids are its whole prompt), never to be read as one."""
+        turns = self.raw.tokens.turns
+        starts = [t.prompt_start for i, t in enumerate(turns) if i == 0 or t.segment != turns[i - 1].segment]
+        ends = [*starts[1:], len(self.token_ids)]
+        return list(zip(starts, ends, strict=True)) if starts else [(0, len(self.token_ids))]
+
+    @property
     def task(self) -> dict[str, Any]:
         data = json.loads(self.raw.task_json) if self.raw.task_json else {}
         return data if isinstance(data, dict) else {}
