@@ -24,8 +24,8 @@ MIX10 = {
     "prime_factorization",
     "letter_counting",
     "spell_backward",
-    "number_sorting",
-    "knights_knaves",
+    "count_bits",
+    "simple_equations",
 }
 
 
