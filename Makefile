@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: setup run train-demo test test-containers lint typecheck protos protos-check bench clean
+.PHONY: nemo-gym-venv setup run train-demo test test-containers lint typecheck protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -39,8 +39,14 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy services clients/python/rollmesh_client scripts bench
 
-test: setup protos-check lint typecheck
+test: setup protos-check lint typecheck nemo-gym-venv
 	$(BIN)/python -m pytest -q -ra
+
+# The NeMo Gym 0.4.0 virtualenv the bridge's tests run NeMo Gym's own servers in (scripts/nemo_gym.py:
+# built once and cached under ~/.cache/rollmesh, seconds when warm). Exit 3 is "no Python 3.12 on this
+# machine": the tests that need it then skip, naming that.
+nemo-gym-venv: setup
+	$(BIN)/python scripts/nemo_gym.py venv >/dev/null || [ $$? = 3 ]
 
 # The container stack for real (README "Run the stack in containers"): deploy/local-docker.sh makes
 # Docker usable where there is none (daemon, compose, base image; cached), then

@@ -30,3 +30,27 @@ def test_a_version_pip_cannot_find_is_one_line(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("ROLLMESH_CACHE_DIR", str(tmp_path))
     with pytest.raises(nemo_gym_assets.NemoGymAssetError, match=r"nemo-gym==0\.0\.0"):
         nemo_gym_assets.data("0.0.0")
+
+
+def test_no_interpreter_for_nemo_gym_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    with pytest.raises(nemo_gym_assets.NoInterpreter, match=r"nemo-gym==0\.4\.0 needs Python >= 3\.12"):
+        nemo_gym_assets.find_python("0.4.0")
+
+
+def test_a_built_venv_is_reused_and_runs_nemo_gym(nemo_gym_python: Path) -> None:
+    import subprocess
+    import time
+
+    t0 = time.monotonic()
+    assert Path(nemo_gym_assets.venv("0.4.0")) == nemo_gym_python
+    assert time.monotonic() - t0 < 5  # warm: the stamp says everything is there
+    done = subprocess.run(
+        [str(nemo_gym_python), "-c", "import nemo_gym, xmltodict, math_verify; print(nemo_gym.__file__)"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "site-packages/nemo_gym" in done.stdout, done.stderr
