@@ -427,3 +427,22 @@ async def test_functions_objects_and_errors_cross_as_python_would(env: Environme
     )
     got, details = await reward(env, [*tests[:-1], "assert Stack() == [4]"], liar)
     assert got == 0.0, details
+
+
+async def test_no_run_sees_what_an_earlier_run_left(env: Environment) -> None:
+    """The clean interpreter is pre-started and forks a child per run: a run's module state,
+    globals and files are gone for the next run, and one whose child died is replaced."""
+    first = ["import math\nmath.pi = 3\nopen('mark', 'w').write('x')\nleak = 1\nassert add(1, 1) == 2"]
+    later = [
+        "import math, os\nassert math.pi != 3 and not os.path.exists('mark') and 'leak' not in globals()\n"
+        "assert add(1, 1) == 2"
+    ]
+    for _ in range(3):
+        got, details = await reward(env, first, FALSE_ZERO_HONEST)
+        assert got == 1.0, details
+        got, details = await reward(env, later, FALSE_ZERO_HONEST)
+        assert got == 1.0, details
+    got, details = await reward(env, ["import os\nos._exit(3)"], FALSE_ZERO_HONEST)
+    assert got == 0.0 and details["status"] == "crashed", details
+    got, details = await reward(env, later, FALSE_ZERO_HONEST)
+    assert got == 1.0, details

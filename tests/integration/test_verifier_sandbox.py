@@ -212,4 +212,5 @@ async def test_a_run_cannot_score_its_neighbour_zero(
     neighbour = await other.run(NEIGHBOUR, TestSpec("asserts", [*ADD_TESTS, "assert forked"]), guards=False)
     assert not hostile_run.done()  # the neighbour ran while the hostile run was at it
     await hostile_run
+    await asyncio.gather(sandbox.aclose(), other.aclose())  # their pre-started clean interpreters
     assert neighbour.status == "ok" and neighbour.passed == 2, neighbour

@@ -1,7 +1,8 @@
 """The clean interpreter: the one process where a test's verdict is computed. Copied into its own
-sandbox as clean.py and started as `runner.py --clean` (the same limits, guards and isolation as
-the solution's process), it never loads the solution and hears from it only plain data, decoded
-strictly by the verifier on the way (`sandbox_checks.Relay`).
+sandbox as clean.py next to runner.py, it is loaded once by `runner.py --clean` (a pre-started
+process: `_sandbox_runner.fork_server`) and run in a child forked per verify, under the same
+limits and guards as the solution's process. It never loads the solution and hears from it only
+plain data, decoded strictly by the verifier on the way (`sandbox_checks.Relay`).
 
 It runs each test case, whole, as Python: expected values, inputs, loop sources, helpers, library
 calls and every expression form are computed here, by this interpreter's own builtins and

@@ -513,8 +513,10 @@ def main() -> None:
         os.setgid(uid)
         os.setuid(uid)
     _no_new_privileges()
+    if "--clean" in sys.argv[1:]:
+        fork_server(channel)
     _apply_limits(hello["limits"])
-    runner: Any = _clean_runner(channel) if "--clean" in sys.argv[1:] else Runner(channel)
+    runner = Runner(channel)
     if hello.get("guards", True):
         _install_guards(os.getcwd())
     channel.reply({})
@@ -524,17 +526,102 @@ def main() -> None:
     os._exit(0)
 
 
-def _clean_runner(channel: Channel) -> Any:
-    """The clean interpreter (`clean.py`, next to this file in the sandbox; it uses this module,
-    which runs as `__main__`)."""
+def fork_server(channel: Channel) -> None:
+    """The clean interpreter, pre-started: a process that only ever runs this file and clean.py,
+    with the modules tests use already imported, forks one child per run ("fork" {limits,
+    guards} -> {} from the child, which then serves the run until "exit" -> {}). Runs are one at a
+    time; after each, every process the child left is killed and the directory emptied, so no run
+    sees another's state. A child that ended any other way (a limit, a crash) ends this process
+    too, with the child's status: the verifier starts a new one."""
+    clean = _load_clean()
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: what a run's child leaves comes back to us
+    _prctl(4, 0)  # PR_SET_DUMPABLE 0: a child (same uid) cannot ptrace us or write our memory
+    channel.reply({})
+    keep = {"runner.py", "clean.py"}
+    while (req := channel.read()) is not None:
+        if req["op"] != "fork":
+            channel.reply({"error": f"unknown request {req['op']!r}"})
+            continue
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(done_r)
+            _apply_limits(req["limits"])
+            runner = clean.CleanRunner(channel)
+            if req.get("guards", True):
+                _install_guards(os.getcwd())
+            channel.reply({})
+            while (r := channel.read()) is not None:
+                if r["op"] == "exit":
+                    os.write(done_w, b"x")
+                    channel.reply({})
+                    break
+                channel.reply(runner.handle_safely(r))
+            os._exit(0)
+        os.close(done_w)
+        _, status = os.waitpid(pid, 0)
+        finished = os.read(done_r, 1) == b"x"
+        os.close(done_r)
+        _kill_all_but_me()
+        for name in os.listdir("."):
+            if name not in keep:
+                _remove(name)
+        if not finished:
+            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) and os.WEXITSTATUS(status) else 1)
+    os._exit(0)
+
+
+def _load_clean() -> Any:
+    """clean.py (next to this file; it uses this module, which runs as `__main__`), with the
+    modules tests use most imported once, before any fork."""
     import importlib.util
 
+    for name in ("ast", "collections", "functools", "itertools", "math", "random", "re", "string"):
+        __import__(name)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clean.py")
     spec = importlib.util.spec_from_file_location("clean", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.CleanRunner(channel)
+    return module
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill_all_but_me() -> None:
+    """Every process a run left: as pid 1 of the run's namespace, all others in it; else (`process`
+    mode, a subreaper) every descendant."""
+    if os.getpid() == 1:
+        try:
+            os.kill(-1, 9)
+        except OSError:
+            pass
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+    else:
+        _kill_descendants()
+
+
+def _remove(name: str) -> None:
+    import shutil
+
+    try:
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            os.unlink(name)
+    except OSError:
+        pass
 
 
 class _Stop(Exception):

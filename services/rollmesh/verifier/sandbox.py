@@ -20,6 +20,13 @@ unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
   no such guarantee: the code can kill the keeper, read the service's environment through /proc,
   and signal it. No network isolation in either case.
 
+A run of assert tests has a second sandboxed process, the clean interpreter where the verdict is
+computed (verifier/sandbox_checks.py): a child forked, per run, by a pre-started clean interpreter
+(`_Zygote`, one per concurrent run, in a sandbox and under a uid of its own for its life, that only
+ever runs the runner's own code and forks one run at a time; after each it kills what the child
+left and empties its directory). One whose run did not end as the protocol says is stopped and
+replaced. `aclose` stops them.
+
 A run whose sandbox never came up (the runner did not answer its "hello", which it does before
 any of the code is read: unshare/mount/chroot failed, or the host was too loaded to start it within
 the wall-clock limit) raises `SandboxUnavailable`: nobody ran the code, so there is no verdict, and
@@ -50,6 +57,7 @@ import signal
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -157,6 +165,10 @@ class Sandbox:
         self.isolation = ""
         self._slots = asyncio.Semaphore(config.concurrency)
         self._uids = UidPool()
+        self._idle: list[_Zygote] = []  # pre-started clean interpreters, one run at a time each
+        self._zygote_groups: set[int] = set()  # their process groups, killed when this is collected
+        self._closed = False
+        weakref.finalize(self, _kill_groups, self._zygote_groups)
         self._drop_privileges = os.geteuid() == 0
         self._process_python = _world_usable_python() if self._drop_privileges else None
 
@@ -226,8 +238,8 @@ class Sandbox:
             checks[f"the code does not run as uid {PROBE_UID}"] = f"assert os.getuid() == {PROBE_UID}"
         tests = TestSpec("asserts", list(checks.values()))
         try:
-            uids = [PROBE_UID, PROBE_UID]  # the solution's process and the clean interpreter
-            res = await self._run_once("import os, sys\nx = 1", tests, limits, "namespaces", uids)
+            code = "import os, sys\nx = 1"
+            res = await self._run_once(code, tests, limits, "namespaces", PROBE_UID, clean_uid=PROBE_UID)
         except (OSError, SandboxUnavailable) as exc:
             return False, str(exc)[-300:]
         if res.status != "ok":
@@ -244,18 +256,69 @@ class Sandbox:
         Raises `SandboxUnavailable` when the sandbox never came up (the code did not run)."""
         mode = await self.start()
         async with self._slots:
-            uids = [await self._uids.lease() for _ in range(2 if tests.kind == "asserts" else 1)]
+            uid = await self._uids.lease()
             result = "unavailable"
             try:
                 run = await self._run_once(
-                    code, tests, limits or self.config.limits, mode, uids, guards=guards
+                    code, tests, limits or self.config.limits, mode, uid, guards=guards
                 )
                 result = run.status
                 return run
             finally:
-                for uid in uids:
-                    self._uids.release(uid)
+                self._uids.release(uid)
                 telemetry.SANDBOX_RUNS.labels(result).inc()
+
+    async def aclose(self) -> None:
+        """Stop the pre-started clean interpreters (a run in progress stops its own when it ends)."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(self._release_clean(z, reuse=False) for z in idle))
+
+    async def _clean_interpreter(self, mode: str, limits: SandboxLimits, uid: int | None) -> _Zygote:
+        """An idle pre-started clean interpreter, else a new one (greeted by the run that gets it).
+        With `uid` (the probe's), always a new one, never kept."""
+        loop = asyncio.get_running_loop()
+        while uid is None and self._idle:
+            zygote = self._idle.pop()
+            if zygote.loop is not loop:  # its pipes belong to another event loop: unusable here
+                _kill_groups({zygote.proc.proc.pid})
+                self._zygote_groups.discard(zygote.proc.proc.pid)
+                if zygote.uid is not None:
+                    self._uids.release(zygote.uid)
+                continue
+            if zygote.proc.proc.returncode is None:
+                return zygote
+            await self._release_clean(zygote, reuse=False)
+        leased = uid is None
+        run_uid = await self._uids.lease() if uid is None else uid
+        stack = contextlib.AsyncExitStack()
+        try:
+            proc = await stack.enter_async_context(self._process(mode, limits, run_uid, "--clean"))
+            channel = await Channel.open(proc.proc, proc.reply_fd, max_frame=MAX_REPLY_BYTES)
+        except BaseException:
+            await stack.aclose()
+            if leased:
+                self._uids.release(run_uid)
+            raise
+        drain = asyncio.gather(read_capped(proc.proc.stdout, 0), read_capped(proc.proc.stderr, 0))
+        drain.add_done_callback(_retrieved)
+        self._zygote_groups.add(proc.proc.pid)
+        return _Zygote(proc, channel, stack, run_uid if leased else None, drain, mode, loop)
+
+    async def _release_clean(self, zygote: _Zygote, *, reuse: bool) -> None:
+        """Keep a clean interpreter whose run ended as the protocol says; stop any other."""
+        if reuse and not self._closed and zygote.uid is not None and zygote.proc.proc.returncode is None:
+            self._idle.append(zygote)
+            return
+        zygote.channel.close()
+        await self._stop(zygote.proc.proc, keeper=zygote.mode == "process")
+        self._zygote_groups.discard(zygote.proc.proc.pid)
+        zygote.drain.cancel()
+        with contextlib.suppress(BaseException):
+            await zygote.drain
+        await zygote.stack.aclose()
+        if zygote.uid is not None:
+            self._uids.release(zygote.uid)
 
     def _command(self, mode: str, root: Path, work: Path, limits: SandboxLimits, uid: int) -> list[str]:
         """The command line of a sandboxed process; its role (`--solution`, `--clean`) is appended."""
@@ -289,22 +352,24 @@ class Sandbox:
         tests: TestSpec,
         limits: SandboxLimits,
         mode: str,
-        uids: list[int],
+        uid: int,
         *,
+        clean_uid: int | None = None,
         guards: bool = True,
     ) -> RunResult:
-        """One run: the solution's process, and for assert tests the clean interpreter, each a
-        sandbox of its own (its own temp dir, namespaces and uid), started together."""
+        """One run: the solution's process, a sandbox of its own, and for assert tests a child of a
+        pre-started clean interpreter (`_Zygote`), in a sandbox and under a uid of its own."""
         start = time.monotonic()
-        async with contextlib.AsyncExitStack() as stack:
-            roles = ["--solution", "--clean"][: len(uids)]
-            procs = await asyncio.gather(
-                *(
-                    stack.enter_async_context(self._process(mode, limits, uid, role))
-                    for uid, role in zip(uids, roles, strict=True)
-                )
-            )
-            result = await self._supervise(procs, mode, code, tests, limits, guards)
+        clean: _Zygote | None = None
+        healthy = False
+        try:
+            async with self._process(mode, limits, uid, "--solution") as proc:
+                if tests.kind == "asserts":
+                    clean = await self._clean_interpreter(mode, limits, clean_uid)
+                result, healthy = await self._supervise(proc, clean, mode, code, tests, limits, guards)
+        finally:
+            if clean is not None:
+                await self._release_clean(clean, reuse=healthy)
         result.isolation = mode
         result.duration_s = round(time.monotonic() - start, 4)
         return result
@@ -361,41 +426,49 @@ class Sandbox:
 
     async def _supervise(
         self,
-        procs: list[_Proc],
+        main: _Proc,
+        clean: _Zygote | None,
         mode: str,
         code: str,
         tests: TestSpec,
         limits: SandboxLimits,
         guards: bool,
-    ) -> RunResult:
+    ) -> tuple[RunResult, bool]:
+        """The run's result, and whether its clean interpreter ended as the protocol says."""
         cap = limits.output_kb * 1024
-        readers = [
-            asyncio.gather(read_capped(p.proc.stdout, cap), read_capped(p.proc.stderr, cap)) for p in procs
-        ]
-        channels = [
-            await Channel.open(p.proc, p.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES)) for p in procs
-        ]
+        readers = asyncio.gather(read_capped(main.proc.stdout, cap), read_capped(main.proc.stderr, cap))
+        channel = await Channel.open(main.proc, main.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
+        channels = [channel] if clean is None else [channel, clean.channel]
+        procs = [main.proc] if clean is None else [main.proc, clean.proc.proc]
         verdicts: list[dict[str, Any]] = []
         status, error = "ok", ""
         greetings: list[asyncio.Future[Any]] = []
         credit = WallCredit()
         unverifiable: list[str] = []
+        healthy = False
 
         async def talk() -> str:
-            for p, channel in zip(procs, channels, strict=True):
-                hello = await channel.send(
-                    "hello", reply_fd=p.child_fd, limits=asdict(limits), guards=guards, drop_to=p.drop_to
-                )
-                # A runner answers hello before it reads anything else: its reply, awaited while the
-                # code is still being written (pipelined), says the sandbox came up.
-                greetings.append(asyncio.ensure_future(channel.receive(hello)))
-            load = await channels[0].send("load", code=code, mode=tests.kind)
+            nonlocal healthy
+            hello = await channel.send(
+                "hello", reply_fd=main.child_fd, limits=asdict(limits), guards=guards, drop_to=main.drop_to
+            )
+            # The runner answers hello before it reads the code: its reply, awaited while the code
+            # is still being written (pipelined), says the sandbox came up.
+            greetings.append(asyncio.ensure_future(channel.receive(hello)))
+            if clean is not None:
+                greetings.append(asyncio.ensure_future(clean.fork(limits, guards)))
+            load = await channel.send("load", code=code, mode=tests.kind)
             await asyncio.gather(*greetings)
-            return await _judge(channels, await channels[0].receive(load), tests, verdicts, unverifiable)
+            error = await _judge(channels, await channel.receive(load), tests, verdicts, unverifiable)
+            if clean is not None:
+                await clean.channel.receive(await clean.channel.send("exit"))
+                healthy = True
+            return error
 
-        sessions = tuple(p.proc.pid for p in procs)
         try:
-            error = await run_within_wall_time(talk(), sessions, limits.wall_s, credit)
+            # The time the solution's process waited for a CPU is credited (sandbox_clock.py); the
+            # clean interpreter's session holds its pre-started parent too, whose CPU is not the run's
+            error = await run_within_wall_time(talk(), main.proc.pid, limits.wall_s, credit)
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
@@ -405,55 +478,48 @@ class Sandbox:
             status, error = "crashed", str(exc)
             with contextlib.suppress(TimeoutError):  # let them exit on their own: the status says why
                 async with asyncio.timeout(1.0):
-                    await asyncio.gather(*(p.proc.wait() for p in procs))
-            if any(p.proc.returncode == CPU_LIMIT_EXIT for p in procs):
+                    await asyncio.gather(*(p.wait() for p in procs))
+            if any(p.returncode == CPU_LIMIT_EXIT for p in procs):
                 status = "timeout"
                 error = f"CPU-time limit of {limits.cpu_s}s exceeded; process group killed"
         finally:
             greeted = len(greetings) == len(procs) and all([_succeeded(g) for g in greetings])
-            for channel in channels:
-                channel.close()
-            await asyncio.gather(*(self._stop(p.proc, keeper=mode == "process") for p in procs))
-        heads: list[tuple[bytes, bool, bytes, bool]] = []
-        for reader in readers:
-            try:
-                async with asyncio.timeout(2.0):
-                    (out_head, out_trunc), (err_head, err_trunc) = await reader
-            except TimeoutError:  # an escaped descendant still holds a pipe: give up on its output
-                reader.cancel()
-                out_head, out_trunc, err_head, err_trunc = b"", True, b"", True
-            heads.append((out_head, out_trunc, err_head, err_trunc))
-        out_head, out_trunc, err_head, err_trunc = heads[0]
-        main = procs[0].proc
+            channel.close()
+            await self._stop(main.proc, keeper=mode == "process")
+        try:
+            async with asyncio.timeout(2.0):
+                (out_head, out_trunc), (err_head, err_trunc) = await readers
+        except TimeoutError:  # an escaped descendant still holds a pipe: give up on its output
+            readers.cancel()
+            out_head = err_head = b""
+            out_trunc = err_trunc = True
         if not greeted:
-            why = " / ".join(
-                (h[2].decode(errors="replace").strip() or f"exit code {p.proc.returncode}")[-300:]
-                for p, h in zip(procs, heads, strict=True)
-            )
+            why = (err_head.decode(errors="replace").strip() or f"exit code {main.proc.returncode}")[-300:]
             raise SandboxUnavailable(
                 f"the sandbox did not start ({error}): {why}", timed_out=status in ("timeout", "starved")
             )
         if status == "starved":
             raise SandboxStarved(error)
         if status == "crashed":
-            broken = next((p.proc for p in procs if p.proc.returncode not in (None, 0)), main)
+            broken = next((p for p in procs if p.returncode not in (None, 0)), main.proc)
             rc = broken.returncode or 0
             why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
             error = f"{error} ({why})"
         verdicts += [{"ok": False, "error": f"not checked: {status}"}] * (len(tests.cases) - len(verdicts))
-        return RunResult(
+        result = RunResult(
             status=status,
             passed=sum(1 for v in verdicts if v["ok"]) if status == "ok" else 0,
             unverifiable=unverifiable[0] if unverifiable and status == "ok" else "",
             total=len(tests.cases),
             cases=verdicts[:MAX_CASES_REPORTED],
             error=error,
-            exit_code=main.returncode,
+            exit_code=main.proc.returncode,
             stdout=out_head.decode(errors="replace"),
             stderr=err_head.decode(errors="replace"),
             output_truncated=out_trunc or err_trunc,
             cpu_wait_credit_s=credit.waited_s,
         )
+        return result, healthy
 
     @staticmethod
     async def _stop(proc: asyncio.subprocess.Process, *, keeper: bool) -> None:
@@ -620,6 +686,17 @@ class Channel:
         return frame
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _kill_groups(groups: set[int]) -> None:
+    for group in list(groups):
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+
+
 @dataclass(frozen=True)
 class _Proc:
     """A started sandboxed process: its reply pipe (ours to read; its number there) and the uid its
@@ -629,3 +706,37 @@ class _Proc:
     reply_fd: int
     child_fd: int
     drop_to: int | None
+
+
+@dataclass
+class _Zygote:
+    """A pre-started clean interpreter (`_sandbox_runner.fork_server`): a sandbox of its own, with a
+    uid of its own for its life, that forks one child per run. `uid` is None when it is not leased
+    (the probe's): it is then never kept."""
+
+    proc: _Proc
+    channel: Channel
+    stack: contextlib.AsyncExitStack
+    uid: int | None
+    drain: asyncio.Future[Any]
+    mode: str
+    loop: asyncio.AbstractEventLoop
+    greeted: bool = False
+
+    async def fork(self, limits: SandboxLimits, guards: bool) -> None:
+        """Greet it the first time, then fork the run's child (its reply says the child is up)."""
+        if not self.greeted:
+            hello = await self.channel.send(
+                "hello",
+                reply_fd=self.proc.child_fd,
+                limits=asdict(limits),
+                guards=guards,
+                drop_to=self.proc.drop_to,
+            )
+            await self.channel.receive(hello)
+            self.greeted = True
+        reply = await self.channel.receive(
+            await self.channel.send("fork", limits=asdict(limits), guards=guards)
+        )
+        if "error" in reply:
+            raise ChannelBroken(f"the clean interpreter did not fork: {reply['error']}")

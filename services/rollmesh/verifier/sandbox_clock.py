@@ -47,7 +47,7 @@ class WallCredit:
     waited_s: float = 0.0
 
 
-def session_cpu(session: int | tuple[int, ...]) -> tuple[float, float]:
+def session_cpu(session: int) -> tuple[float, float]:
     """(CPU seconds used by the run's processes, the longest any one of them waited for a CPU in
     seconds), read from /proc; (0, 0) where /proc does not say. The run's processes: those of
     `session` and every descendant of its leader, whatever session it moved to (`setsid`)."""
@@ -63,8 +63,7 @@ def session_cpu(session: int | tuple[int, ...]) -> tuple[float, float]:
                 stats[int(entry)] = (int(fields[1]), int(fields[3]), cpu)
             except (OSError, ValueError, IndexError):
                 continue  # gone meanwhile
-    sessions = (session,) if isinstance(session, int) else session
-    members = {pid for pid, (_, sid, _) in stats.items() if sid in sessions}
+    members = {pid for pid, (_, sid, _) in stats.items() if sid == session}
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
@@ -86,10 +85,9 @@ def session_cpu(session: int | tuple[int, ...]) -> tuple[float, float]:
 
 
 async def run_within_wall_time(
-    aw: Awaitable[T], session: int | tuple[int, ...], wall_s: float, credit: WallCredit | None = None
+    aw: Awaitable[T], session: int, wall_s: float, credit: WallCredit | None = None
 ) -> T:
-    """Await `aw` under the wall-clock limit `wall_s` of the run whose processes form `session` (or
-    each of several sessions: a run of two sandboxed processes)
+    """Await `aw` under the wall-clock limit `wall_s` of the run whose processes form `session`
     (module docstring); `credit`, when given, holds how far the deadline was moved out."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(aw)

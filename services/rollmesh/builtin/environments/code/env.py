@@ -70,6 +70,9 @@ class CodeEnv(Environment):
         unless the operator opted in to the unsafe process mode."""
         await self.sandbox.start()
 
+    async def aclose(self) -> None:
+        await self.sandbox.aclose()  # its pre-started clean interpreters
+
     def sandbox_mode(self) -> str:
         return self.sandbox.label
 
