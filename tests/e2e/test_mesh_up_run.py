@@ -36,9 +36,11 @@ async def test_status_shows_every_service_serving(mesh: tuple[dict[str, str], Pa
     rows = {r["service"]: r for r in json.loads(out)}
     assert set(rows) == set(SERVICE_NAMES)
     assert all(r["health"] == "SERVING" for r in rows.values())
+    builtin = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments"
+    n = sum(1 for p in builtin.iterdir() if (p / "env.py").is_file())  # each built-in environment
     assert rows["verifier"]["detail"] in (
-        "5 environments; code sandbox: namespaces",
-        "5 environments; code sandbox: unsafe-process (UNSAFE opt-in)",
+        f"{n} environments; code sandbox: namespaces",
+        f"{n} environments; code sandbox: unsafe-process (UNSAFE opt-in)",
     )
     assert rows["gateway"]["replicas"] and rows["gateway"]["replicas"][0]["healthy"] is True
 
