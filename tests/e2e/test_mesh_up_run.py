@@ -25,6 +25,12 @@ SERVICE_NAMES = {
 }
 
 
+def builtin_environments() -> int:
+    """How many built-in environments there are (each a folder with an env.py)."""
+    builtin = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments"
+    return sum(1 for p in builtin.iterdir() if (p / "env.py").is_file())
+
+
 def _addr_env(addrs: dict[str, str]) -> dict[str, str]:
     return {f"ROLLMESH_{k.upper()}_ADDR": v for k, v in addrs.items()}
 
@@ -36,8 +42,7 @@ async def test_status_shows_every_service_serving(mesh: tuple[dict[str, str], Pa
     rows = {r["service"]: r for r in json.loads(out)}
     assert set(rows) == set(SERVICE_NAMES)
     assert all(r["health"] == "SERVING" for r in rows.values())
-    builtin = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments"
-    n = sum(1 for p in builtin.iterdir() if (p / "env.py").is_file())  # each built-in environment
+    n = builtin_environments()
     assert rows["verifier"]["detail"] in (
         f"{n} environments; code sandbox: namespaces",
         f"{n} environments; code sandbox: unsafe-process (UNSAFE opt-in)",
