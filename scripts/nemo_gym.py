@@ -152,9 +152,13 @@ class NoInterpreter(NemoGymAssetError):
 
 
 def find_python(version: str = DEFAULT_VERSION) -> Path:
-    """An interpreter of the minor version nemo-gym `version` needs: `python3.X` on PATH, else
-    pyenv's newest 3.X (`$PYENV_ROOT`, default ~/.pyenv). NoInterpreter when there is none."""
-    want = target_python(version)
+    """An interpreter of the minor version nemo-gym `version` needs (`find_interpreter`)."""
+    return find_interpreter(target_python(version), f"nemo-gym=={version}")
+
+
+def find_interpreter(want: str, who: str) -> Path:
+    """A Python >= `want` of its minor version: `python3.X` on PATH, else pyenv's newest 3.X
+    (`$PYENV_ROOT`, default ~/.pyenv). NoInterpreter (naming `who` needs it) when there is none."""
     minor = ".".join(want.split(".")[:2])
     found = shutil.which(f"python{minor}")
     candidates = [Path(found)] if found else []
@@ -173,9 +177,7 @@ def find_python(version: str = DEFAULT_VERSION) -> Path:
             got = tuple(int(x) for x in done.stdout.strip("()\n").split(", "))
             if got >= tuple(int(x) for x in want.split(".")):
                 return path
-    raise NoInterpreter(
-        f"nemo-gym=={version} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions"
-    )
+    raise NoInterpreter(f"{who} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions")
 
 
 def server_requirements(version: str, server: str) -> list[str]:

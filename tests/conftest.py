@@ -70,3 +70,16 @@ def nemo_gym_python() -> Path:
         return Path(nemo_gym_assets.venv("0.4.0"))
     except nemo_gym_assets.NoInterpreter as exc:
         pytest.skip(f"no interpreter for NeMo Gym's servers: {exc}")
+
+
+verifiers_venv = _load_script("verifiers_venv")
+
+
+@pytest.fixture(scope="session")
+def verifiers_python() -> Path:
+    """The interpreter of a virtualenv with verifiers 0.3.1 (scripts/verifiers_venv.py: built once,
+    cached). Skipped only where no Python 3.11 exists to build it with."""
+    try:
+        return Path(verifiers_venv.venv("0.3.1"))
+    except verifiers_venv.NoInterpreter as exc:
+        pytest.skip(f"no interpreter for verifiers: {exc}")

@@ -254,6 +254,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "whose nemo_gym.toml names none (docs/nemo-gym-migration.md).",
         ),
         EnvVar(
+            "ROLLMESH_VERIFIERS_PYTHON",
+            "",
+            "Verifier: the interpreter of a virtualenv with verifiers, for verifiers environments whose "
+            "verifiers.toml names none (docs/verifiers.md).",
+        ),
+        EnvVar(
             "ROLLMESH_SIDECAR_LOG_DIR",
             "",
             "Verifier: folder of the logs of the servers it starts (default: <tmp>/rollmesh-sidecars).",

@@ -174,3 +174,10 @@ class ReverifyUnsupported(mesh.FailedPrecondition):
     stored rollout."""
 
     reason = "REVERIFY_UNSUPPORTED"
+
+
+class GroupRubricUnsupported(mesh.FailedPrecondition):
+    """A verifiers environment whose rubric has group reward functions (`score_group`): its reward
+    depends on the other rollouts of the task, which a per-rollout verify does not see."""
+
+    reason = "GROUP_RUBRIC_UNSUPPORTED"

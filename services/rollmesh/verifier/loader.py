@@ -35,6 +35,8 @@ log = get_logger("rollmesh.verifier.loader")
 ENTRY_POINT_GROUP = "rollmesh.environments"
 #: A folder holding this and no env.py is a NeMo Gym resources server behind the bridge (nemo_gym.py).
 BRIDGE_CONFIG = "nemo_gym.toml"
+#: A folder holding this and no env.py is a verifiers environment behind its bridge (verifiers_env.py).
+VERIFIERS_CONFIG = "verifiers.toml"
 ContextFactory = Callable[[str, Path | None], EnvContext]
 
 
@@ -129,15 +131,23 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
             continue
         env_file = item.path / "env.py"
         bridge_file = item.path / BRIDGE_CONFIG
+        vf_file = item.path / VERIFIERS_CONFIG
         bridged = not env_file.is_file() and bridge_file.is_file()
-        source = str(bridge_file if bridged else env_file)
+        vf_bridged = not env_file.is_file() and not bridged and vf_file.is_file()
+        source = str(bridge_file if bridged else vf_file if vf_bridged else env_file)
         try:
             if bridged:
                 from rollmesh.verifier.nemo_gym import NemoGymEnvironment
 
                 cls: type[Environment] = NemoGymEnvironment
+            elif vf_bridged:
+                from rollmesh.verifier.verifiers_env import VerifiersEnvironment
+
+                cls = VerifiersEnvironment
             elif not env_file.is_file():
-                raise FileNotFoundError(f"{item.path} has no env.py (nor {BRIDGE_CONFIG})")
+                raise FileNotFoundError(
+                    f"{item.path} has no env.py (nor {BRIDGE_CONFIG} or {VERIFIERS_CONFIG})"
+                )
             else:
                 cls = environment_class(import_file(env_file))
             env = _build(cls, name, item.path, make_context)

@@ -253,7 +253,7 @@ def verify_result(reply: Json, sent: Mapping[str, Any], where: str) -> VerifyRes
     )
 
 
-def _foreign_env() -> dict[str, str]:
+def foreign_env() -> dict[str, str]:
     """This process's environment without rollmesh's own variables (its API key among them) and
     without the interpreter settings of rollmesh's virtualenv: what a foreign server starts with."""
     drop = ("ROLLMESH_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
@@ -332,7 +332,7 @@ class NemoGymEnvironment(Environment):
             log_path=logs / f"{tag}.log",
             port_file=logs / f"{tag}.addr",
             probe=self._probe,
-            env={**_foreign_env(), "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
+            env={**foreign_env(), "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
             restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
         )

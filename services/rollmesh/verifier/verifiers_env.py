@@ -1,0 +1,310 @@
+"""A verifiers environment (PrimeIntellect's `verifiers`, 0.3.x API): an `Environment` whose turns,
+tools and reward are served by the environment's own code in its own virtualenv (the bridge; no
+port needed), while rollmesh's scheduler keeps the loop.
+
+Declared as `environments/<name>/verifiers.toml` in any artifact root (no env.py):
+
+    env_id = "vf_calc"                   # what `verifiers.load_environment(env_id, ...)` loads: an
+                                         # installed environment package (vf-install), or a module
+    python = "/opt/vf-venv/bin/python"   # its interpreter (or venv = "/opt/vf-venv"; default
+                                         # ROLLMESH_VERIFIERS_PYTHON)
+    paths = ["."]                        # folders put on the server's sys.path (a module not installed)
+    timeout_s = 60                       # per HTTP call
+    [args]                               # load_environment's keyword arguments
+    max_turns = 4
+
+The verifier runs verifier/_verifiers_server.py in that interpreter as a sidecar (launch/sidecar.py:
+loopback port, health, restart with backoff, BROKEN while down, its log, stopped with the verifier)
+and speaks its small JSON protocol (see that file). Every verifiers environment takes turns here:
+- SeedSession: POST /seed with the row: verifiers' `init_state` + `setup_state`; the state's tool
+  definitions (ToolEnv, StatefulToolEnv: with their per-session arguments hidden, as verifiers
+  shows them to the model) are the session's tools (`Seeded.tools`), offered to the model.
+- Step: each assistant turn goes to POST /step: verifiers' stop conditions say `done`, else
+  `env_response` answers it (the tools run there, StatefulToolEnv's `update_tool_args` injecting the
+  session's arguments; a MultiTurnEnv's reply). A SingleTurnEnv is done after its one turn.
+- Verify: POST /score with the rollout's messages after the prompt as the completion:
+  `rubric.score_rollout` on the session's state gives the reward; each reward and metric function's
+  value is a reward component. A session-less verify (`rollmesh reverify`) replays the row's
+  episode on a fresh state (seed, then each assistant turn through /step) and scores that.
+- A rubric with group reward functions is refused (409: GroupRubricUnsupported), never scored alone.
+Failures are named, as the NeMo Gym bridge names them (EnvServerError, EnvServerBadReply,
+EnvServerUnreachable, EnvSessionLost when the server restarted under a seeded session).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import tomllib
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.mesh import config as mesh_config
+from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.environment import (
+    EnvContext,
+    Environment,
+    EnvTurn,
+    Response,
+    Seeded,
+    Session,
+    Task,
+)
+from rollmesh.verifier.errors import (
+    BadTask,
+    EnvServerBadReply,
+    EnvServerError,
+    EnvSessionLost,
+    GroupRubricUnsupported,
+)
+from rollmesh.verifier.http_bridge import HttpBridge, Json, Reply
+from rollmesh.verifier.loader import VERIFIERS_CONFIG
+from rollmesh.verifier.nemo_gym import foreign_env
+
+log = get_logger("rollmesh.verifier.verifiers_env")
+
+LAUNCHER = Path(__file__).with_name("_verifiers_server.py")
+
+
+@dataclass(frozen=True)
+class VerifiersConfig:
+    """An environment's verifiers.toml (paths resolved against its folder)."""
+
+    env_id: str
+    description: str = ""
+    python: str = ""
+    paths: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+    start_timeout_s: float = 180.0
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: Path) -> VerifiersConfig:
+        path = folder / VERIFIERS_CONFIG
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        known = set(cls.__dataclass_fields__) | {"venv"}
+        if unknown := sorted(set(raw) - known):
+            raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if not isinstance(raw.get("env_id"), str) or not raw["env_id"]:
+            raise ConfigError(f"{path}: `env_id` (what verifiers.load_environment loads) is required")
+        venv = raw.pop("venv", "")
+        if venv and not raw.get("python"):
+            raw["python"] = str(Path(venv) / "bin" / "python")
+        if raw.get("python") and not Path(raw["python"]).is_absolute():
+            raw["python"] = str((folder / raw["python"]).resolve())
+        paths = raw.get("paths", [])
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ConfigError(f"{path}: `paths` must be a list of folders")
+        raw["paths"] = tuple(str((folder / p).resolve()) for p in paths)
+        if not isinstance(raw.get("args", {}), dict):
+            raise ConfigError(f"{path}: [args] must be a table of load_environment's keyword arguments")
+        try:
+            return cls(**raw)
+        except TypeError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    def interpreter(self) -> str:
+        python = self.python or str(mesh_config.read("ROLLMESH_VERIFIERS_PYTHON"))
+        if not python:
+            raise ConfigError(
+                f"verifiers environment {self.env_id!r} names no interpreter: set `python` or `venv` "
+                "in verifiers.toml, or ROLLMESH_VERIFIERS_PYTHON"
+            )
+        return python
+
+    def job(self) -> Json:
+        """What the server process is told to load (ROLLMESH_VERIFIERS_ENV)."""
+        return {"env_id": self.env_id, "args": self.args, "paths": list(self.paths)}
+
+
+@dataclass
+class VfSession:
+    """A rollout session on the server: its id there, and the server incarnation that seeded it."""
+
+    id: str
+    incarnation: int
+
+
+def completion(task: Task, response: Response) -> list[Json]:
+    """The rollout after the prompt as OpenAI chat messages (verifiers' `completion`). The episode's
+    first observation is not there: a verifiers environment starts with its prompt alone."""
+    del task
+    return [m.to_openai() for m in response.messages]
+
+
+def score_result(reply: Json, where: str) -> VerifyResult:
+    """A /score answer as a VerifyResult; EnvServerBadReply when it has no numeric reward."""
+    reward = reply.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise EnvServerBadReply(
+            f"{where}: /score answered without a numeric reward (reward = {reward!r:.80})"
+        )
+    raw = reply.get("metrics")
+    metrics = (
+        {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if isinstance(raw, dict)
+        else {}
+    )
+    return VerifyResult(float(reward), metrics)
+
+
+class VerifiersEnvironment(Environment):
+    """A verifiers 0.3.x environment behind the Environment API (see the module docstring)."""
+
+    def __init__(self, context: EnvContext) -> None:
+        super().__init__(context)
+        if context.path is None:
+            raise ConfigError("a verifiers environment needs its folder (holding verifiers.toml)")
+        self.cfg = VerifiersConfig.load(context.path)
+        self.where = f"verifiers environment {self.cfg.env_id!r}"
+        self.sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
+        self.http = HttpBridge(
+            self.where,
+            lambda: f"http://{self.sidecar.address}",
+            timeout_s=self.cfg.timeout_s,
+            wait_ready=self.sidecar.ready,
+        )
+        self.kind = ""
+
+    def _sidecar_spec(self, python: str) -> SidecarSpec:
+        logs = Path(
+            str(mesh_config.read("ROLLMESH_SIDECAR_LOG_DIR"))
+            or Path(tempfile.gettempdir()) / "rollmesh-sidecars"
+        )
+        tag = f"verifiers-{self.context.name}-{uuid.uuid4().hex[:8]}"
+        return SidecarSpec(
+            name=f"{self.where} (environment {self.context.name!r})",
+            argv=(python, str(LAUNCHER)),
+            log_path=logs / f"{tag}.log",
+            port_file=logs / f"{tag}.addr",
+            probe=self._probe,
+            env={
+                **foreign_env(),
+                "ROLLMESH_VERIFIERS_ENV": json.dumps(self.cfg.job()),
+                "PYTHONUNBUFFERED": "1",
+            },
+            restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
+            start_timeout_s=self.cfg.start_timeout_s,
+        )
+
+    async def _probe(self, address: str) -> bool:
+        del address
+        try:
+            reply = await self.http._once("GET", "/", None, None)
+        except Exception:
+            return False
+        if reply.ok and not self.kind:
+            kind = self.http.json_object(reply, "GET /").get("kind")
+            self.kind = kind if isinstance(kind, str) else ""
+        return reply.ok
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.http.open()
+        await self.sidecar.start()
+        log.info("verifiers_environment_ready", environment=self.context.name, kind=self.kind)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        await self.sidecar.stop()
+
+    def problem(self) -> str:
+        if self.sidecar.state is not State.SERVING:
+            return self.sidecar.problem or f"{self.sidecar.describe()} is {self.sidecar.state.value}"
+        return self.http.down
+
+    def summary(self) -> str:
+        kind = f" ({self.kind})" if self.kind else ""
+        return self.cfg.description or f"verifiers environment {self.cfg.env_id!r}{kind}"
+
+    def takes_turns(self) -> bool:
+        return True
+
+    def _state(self, session: Session) -> VfSession:
+        state = session.state
+        assert isinstance(state, VfSession)
+        if state.incarnation != self.sidecar.restarts:
+            raise EnvSessionLost(
+                f"{self.where}'s server restarted after session {session.id!r} was seeded: "
+                "its state is gone, the rollout is retried"
+            )
+        return state
+
+    # -- the protocol ---------------------------------------------------------------------------------
+
+    async def _call(self, path: str, body: Json) -> Json:
+        reply = await self.http.post(path, body)
+        self._expect_ok(reply, path)
+        return self.http.json_object(reply, f"{self.where} {path}")
+
+    def _expect_ok(self, reply: Reply, what: str) -> None:
+        if reply.ok:
+            return
+        try:
+            text = str(json.loads(reply.text).get("error", reply.text))
+        except (ValueError, AttributeError):
+            text = reply.text
+        text = " ".join(text.split())[:300]
+        if reply.status == 409:
+            raise GroupRubricUnsupported(f"{self.where}: {text}")
+        if reply.status == 400:
+            raise BadTask(f"{self.where} refused the row at {what}: {text}")
+        raise EnvServerError(
+            f"{self.where}: {what} answered {reply.status}: {text}",
+            metadata={"http_status": str(reply.status)},
+        )
+
+    async def seed_session(self, task: Task) -> Seeded:
+        state = VfSession(uuid.uuid4().hex, self.sidecar.restarts)
+        answer = await self._call("/seed", {"session": state.id, "row": dict(task.row)})
+        tools = answer.get("tools")
+        specs = tuple(
+            ToolSpec.of(
+                str(t["function"].get("name", "")),
+                str(t["function"].get("description", "")),
+                t["function"].get("parameters") or {"type": "object", "properties": {}},
+            )
+            for t in (tools if isinstance(tools, list) else [])
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        )
+        return Seeded(state=state, tools=specs)
+
+    async def step(self, session: Session, turn: Response) -> EnvTurn:
+        state = self._state(session)
+        body = {"session": state.id, "messages": [m.to_openai() for m in turn.messages]}
+        answer = await self._call("/step", body)
+        self._state(session)
+        raw = answer.get("messages")
+        messages = tuple(
+            Message.from_openai(m) for m in (raw if isinstance(raw, list) else []) if isinstance(m, dict)
+        )
+        if any(m.role == "assistant" for m in messages):
+            raise EnvServerBadReply(f"{self.where}: /step answered an assistant message")
+        return EnvTurn(messages=messages, done=answer.get("done") is True)
+
+    async def close_session(self, session: Session) -> None:
+        state = session.state
+        if isinstance(state, VfSession):
+            reply = await self.http.post("/close", {"session": state.id})
+            if not reply.ok:
+                log.debug("verifiers_close_failed", session_id=session.id, status=reply.status)
+
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        body: Json = {"row": dict(task.row), "completion": completion(task, response)}
+        if session is not None:
+            body["session"] = self._state(session).id
+        answer = await self._call("/score", body)
+        if session is not None:
+            self._state(session)
+        return score_result(answer, self.where)

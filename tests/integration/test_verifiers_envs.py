@@ -1,0 +1,251 @@
+"""verifiers (0.3.x) environments behind the bridge, end to end: environments written here in
+verifiers' own API (tests/verifiers_envs/: a ToolEnv with two tools, a SingleTurnEnv with a rubric of
+three weighted functions) run by the scheduler's job manager against a verifier (gRPC, API key)
+managing each in the verifiers virtualenv, the fake model playing them through the real gateway.
+The rows are the environments' own datasets (`_verifiers_server.py rows`); the tools run in
+verifiers' `env_response`; the reward is verifiers' `rubric.score_rollout`. Then `rollmesh reverify`
+of the stored rows, and verifiers scoring the same stored completions in its own process (a script
+in the venv that never imports the bridge), both give exactly the rewards the job stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from typer.testing import CliRunner
+
+from rollmesh.cli import build_app
+from rollmesh.gateway import Gateway
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
+from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+from rollmesh.scheduler import store
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.servicer import VerifierServicer
+from rollmesh.verifier.verifiers_env import LAUNCHER
+
+ENVS = Path(__file__).resolve().parent.parent / "verifiers_envs"
+API_KEY = "verifiers-bridge-test-key"
+_LAST_USER = re.compile(r"<\|user\|>\n(.*?)<\|end\|>", re.S)
+_TOOL_OUT = re.compile(r"<\|tool\|>\n(.*?)<\|end\|>", re.S)
+
+
+def plays(prompt_text: str, request: EngineRequest) -> str:
+    """The fake model. "Compute (A + B) * C.": calls add(A, B), then multiply(sum, C), then says the
+    product (one more than it when C is 3: a wrong answer). "What is A + B?": "The answer is A+B."
+    (when A is 7: "I think A+B+1", wrong)."""
+    del request
+    users = _LAST_USER.findall(prompt_text)
+    asked = users[-1] if users else ""
+    if m := re.search(r"Compute \((\d+) \+ (\d+)\) \* (\d+)", asked):
+        a, b, c = (int(x) for x in m.groups())
+        outs = _TOOL_OUT.findall(prompt_text)
+        if not outs:
+            return f"<tool_call>{json.dumps({'name': 'add', 'arguments': {'a': a, 'b': b}})}</tool_call>"
+        if len(outs) == 1:
+            call = {"name": "multiply", "arguments": {"a": int(outs[0].strip()), "b": c}}
+            return f"<tool_call>{json.dumps(call)}</tool_call>"
+        product = int(outs[-1].strip())
+        return f"The result is {product + 1 if c == 3 else product}."
+    if m := re.search(r"What is (\d+) \+ (\d+)\?", asked):
+        a, b = int(m.group(1)), int(m.group(2))
+        return f"I think {a + b + 1}" if a == 7 else f"The answer is {a + b}."
+    return "?"
+
+
+@dataclass
+class Mesh:
+    address: str
+    gateway: GatewayServicer
+    verifier: VerifierServicer
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def mesh(tmp_path_factory: pytest.TempPathFactory, verifiers_python: Path) -> AsyncIterator[Mesh]:
+    root = tmp_path_factory.mktemp("vf-root")
+    for env_id in ("vf_calc", "vf_rubric"):
+        folder = root / "environments" / env_id
+        folder.mkdir(parents=True)
+        toml = f'env_id = "{env_id}"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
+        (folder / "verifiers.toml").write_text(toml)
+    roots = RootsConfig(Path("/nonexistent"), (root,), BUILTIN_ROOT, False)
+    svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
+    await svc.start()
+    gateway = Gateway([FakeBackend("tiny", script=plays, max_model_len=8192)])
+    await gateway.start()
+    verifier = VerifierServicer(svc)
+    server = await build_server([ServiceBinding.of(verifier)], api_key=API_KEY)
+    await server.start()
+    try:
+        _, broken = svc.list_environments()
+        assert not broken, "; ".join(f"{b.name}: {b.error}" for b in broken)
+        await wait_serving(server.address, timeout_s=30)
+        yield Mesh(server.address, GatewayServicer(gateway), verifier)
+    finally:
+        await server.stop(grace=0)
+        await svc.aclose()
+        await gateway.shutdown()
+
+
+def vf_rows(python: Path, env_id: str) -> list[dict[str, Any]]:
+    """The environment's dataset as rollmesh rows, the command docs/verifiers.md gives."""
+    argv = [str(python), str(LAUNCHER), "rows", "--env-id", env_id, "--path", str(ENVS)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True)
+    return [json.loads(ln) for ln in done.stdout.splitlines() if ln.strip()]
+
+
+# verifiers' own scoring of stored completions, in the verifiers venv (imports nothing of rollmesh):
+# a state made by the environment's init_state from the row, the completion and one trajectory step
+# per assistant turn, scored by the environment's rubric.
+OWN_SCORING = r"""
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[2])
+import verifiers as vf
+from verifiers.types import ClientConfig
+from verifiers.utils.message_utils import normalize_messages
+
+async def main():
+    env = vf.load_environment(sys.argv[1])
+    out = []
+    for item in json.loads(sys.stdin.read()):
+        client = ClientConfig(api_base_url="http://127.0.0.1:9/v1", api_key_var="UNUSED")
+        state = await env.init_state(item["input"], client, "m")
+        completion = normalize_messages(item["completion"], field_name="completion")
+        state["completion"] = completion
+        state["trajectory"] = [
+            {"prompt": [], "completion": [m], "response": None, "tokens": None, "reward": None,
+             "advantage": None, "is_truncated": False, "trajectory_id": "t", "extras": {}}
+            for m in completion if m.role == "assistant"
+        ]
+        await env.rubric.score_rollout(state)
+        out.append({"reward": state["reward"], "metrics": state["metrics"]})
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+def own_scores(python: Path, env_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    items = [
+        {
+            "input": {
+                "prompt": r["responses_create_params"]["input"],
+                "answer": r["expected_answer"],
+                "example_id": r["verifier_metadata"]["verifiers"]["example_id"],
+            },
+            "completion": r["chat_messages"],
+        }
+        for r in rows
+    ]
+    done = subprocess.run(
+        [str(python), "-c", OWN_SCORING, env_id, str(ENVS)],
+        input=json.dumps(items),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "VIRTUAL_ENV"))},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    scores: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return scores
+
+
+async def run_job(
+    mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path
+) -> list[dict[str, Any]]:
+    data = out / "rows.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    manager = JobManager(
+        Catalog([Root(BUILTIN_ROOT, 0, "root")]),
+        model=GatewayModel.in_process(mesh.gateway),
+        env=VerifierEnv.in_process(mesh.verifier),
+    )
+    spec = JobSpec(
+        dataset=str(data),
+        environment=environment,
+        max_steps=8,
+        sampling={"temperature": 0.0, "max_tokens": 128},
+        concurrency=4,
+        output_dir=str(out),
+        retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2),
+    )
+    rec = await manager.wait((await manager.submit(spec)).job_id)
+    assert rec.state == "SUCCEEDED", rec
+    path = out / rec.job_id / "rollouts.jsonl"
+    assert len(store.load_files([path]).rollouts) == len(rows)
+    got = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return sorted(got, key=lambda r: r["task_index"])
+
+
+async def reverify(mesh: Mesh, rollouts: Path, environment: str, out: Path) -> list[dict[str, Any]]:
+    args = ["reverify", str(rollouts), "-e", environment, "--verifier", mesh.address]
+    args += ["--api-key", API_KEY, "-o", str(out)]
+    res = await asyncio.to_thread(CliRunner().invoke, build_app(), args)
+    assert res.exit_code == 0, res.output
+    text = await asyncio.to_thread(out.read_text)
+    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+
+async def check_reverify_and_own_scoring(
+    mesh: Mesh, python: Path, env_id: str, got: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    stored = tmp_path / "stored.jsonl"
+    stored.write_text("".join(json.dumps(r) + "\n" for r in got))
+    again = await reverify(mesh, stored, env_id, tmp_path / "reverified.jsonl")
+    assert [r.get("reverify_error") for r in again] == [None] * len(got)
+    assert [r["reward"] for r in again] == [r["reward"] for r in got]
+    own = await asyncio.to_thread(own_scores, python, env_id, got)
+    assert [o["reward"] for o in own] == [r["reward"] for r in got]
+    for o, r in zip(own, got, strict=True):
+        assert {k: float(v) for k, v in o["metrics"].items()} == r["reward_components"]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_tool_env_runs_its_own_tools_and_rubric(
+    mesh: Mesh, verifiers_python: Path, tmp_path: Path
+) -> None:
+    rows = vf_rows(verifiers_python, "vf_calc")
+    assert len(rows) == 4 and rows[0]["responses_create_params"]["input"][0]["role"] == "system"
+    got = await run_job(mesh, rows, "vf_calc", tmp_path / "runs")
+    for row in got:
+        calls = [c["function"]["name"] for m in row["chat_messages"] for c in m.get("tool_calls") or []]
+        tools = [m["content"] for m in row["chat_messages"] if m["role"] == "tool"]
+        assert calls == ["add", "multiply"]
+        assert tools[-1] == row["expected_answer"]  # verifiers' own tools answered (A + B) * C
+        wrong = row["responses_create_params"]["input"][-1]["content"].endswith("* 3.")
+        # correct (weight 1.0) + both tools used (1.0, weight 0.5)
+        assert row["reward"] == (0.5 if wrong else 1.5), row
+        assert row["reward_components"]["add_calls"] == 1.0 and row["reward_components"]["num_turns"] == 3.0
+    await check_reverify_and_own_scoring(mesh, verifiers_python, "vf_calc", got, tmp_path)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_single_turn_env_scores_with_its_weighted_rubric(
+    mesh: Mesh, verifiers_python: Path, tmp_path: Path
+) -> None:
+    rows = vf_rows(verifiers_python, "vf_rubric")
+    got = await run_job(mesh, rows, "vf_rubric", tmp_path / "runs")
+    for row in got:
+        assert [m["role"] for m in row["chat_messages"]] == ["assistant"]
+        words = len(row["chat_messages"][0]["content"].split())
+        right = not row["chat_messages"][0]["content"].startswith("I think")
+        assert row["reward"] == pytest.approx((1.0 if right else 0.0) + 0.5 + 0.25 / (1 + words)), row
+    assert sorted(r["reward"] for r in got)[0] < 1.0 < sorted(r["reward"] for r in got)[-1]
+    await check_reverify_and_own_scoring(mesh, verifiers_python, "vf_rubric", got, tmp_path)
