@@ -239,7 +239,7 @@ async def test_the_program_gets_the_task_the_urls_and_never_the_mesh_key(
     assert model.opened == [("job/0/1", {"temperature": 0.0, "seed": 11})]  # the rollout's seed
     assert outcome.messages == [{"role": "assistant", "content": "3"}]
     assert outcome.program["exit_code"] == 0 and outcome.program["answer_file"] is True
-    assert outcome.program["sandbox"] == "limits" and outcome.program["calls"] == 1
+    assert outcome.program["calls"] == 1
     assert not await asyncio.to_thread(
         os.path.exists, got["env"]["ROLLMESH_TASK_FILE"]
     )  # the program's folder is removed
@@ -264,3 +264,31 @@ def test_a_trainer_sees_segments_and_collate_never_joins_them() -> None:
     assert len(collate([one])) == 1
     with pytest.raises(ValueError, match="rollout j/0/0 has 2 token record segments"):
         collate([one, two])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a network namespace needs CAP_SYS_ADMIN (root)")
+async def test_the_program_reaches_its_tools_and_capture_ports_and_nothing_else() -> None:
+    """In the `network` mode the program's loopback holds only its capture's and tools' ports,
+    relayed to the scheduler: a server on another loopback port of the host is out of its reach."""
+    other = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    other_port = other.sockets[0].getsockname()[1]
+    script = (
+        "import json, os, socket, urllib.request\n"
+        "tools = json.load(urllib.request.urlopen(os.environ['ROLLMESH_TOOLS_URL'], timeout=10))\n"
+        "print(sorted(t['function']['name'] for t in tools['tools']))\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {other_port}), timeout=5)\n"
+        "    print('reached')\n"
+        "except OSError:\n"
+        "    print('unreachable')\n"
+    )
+    turn = _turn([1], [2], finish_reason="stop")
+    record = CaptureRecord(
+        calls=[CapturedTurn("chat.completions", [{"role": "user", "content": "add 3"}], turn)]
+    )
+    try:
+        outcome = await _run([sys.executable, "-c", script], CaptureModel(record))
+    finally:
+        other.close()
+    assert outcome.program["sandbox"] == "network"
+    assert outcome.program["stdout"].splitlines() == ["['get_count', 'increment']", "unreachable"]

@@ -19,8 +19,10 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
    It runs as a session leader under rlimits (`_program_limits.py`: address space, file size, open
    files, core dumps) and is killed with its process group at `timeout_s` (AGENT_PROGRAM_TIMEOUT,
    retryable) or when the attempt is cancelled. Its stdout and stderr are kept up to
-   `output_limit` bytes each. This is the `limits` sandbox mode: no namespaces, no network
-   isolation and no uid of its own (docs/external-agents.md says what that means);
+   `output_limit` bytes each. Sandbox modes (the row says which held): `network` when the kernel
+   lets it have a network namespace whose loopback serves only its capture's and tools' ports
+   (relayed to Unix sockets here: `_loopback_relays`), else `limits` (no network isolation). No
+   mount or pid namespace and no uid of its own in either (docs/external-agents.md);
 4. close the capture: its calls, in order, are the rollout's turns. A call whose prompt ids do not
    extend the previous call's prompt + output starts a new segment of the token record (tokens.py);
 5. exit non-zero: AGENT_PROGRAM_EXITED; no answered model call: AGENT_PROGRAM_NO_MODEL_CALL; a call
@@ -39,16 +41,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.children import kill_group
@@ -82,7 +86,7 @@ from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 log = get_logger("rollmesh.scheduler.program")
 
 LIMITS = Path(__file__).with_name("_program_limits.py")
-SANDBOX_MODE = "limits"
+LIMITS_MODE, NETWORK_MODE = "limits", "network"  # what `agent_program.sandbox` says held
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 # The rlimits a program runs under (a coding agent's toolchain needs room; these stop runaways).
 DEFAULT_RLIMITS = {
@@ -147,6 +151,7 @@ class _Run:
     stderr_cut: bool = False
     seconds: float = 0.0
     timed_out: bool = False
+    sandbox: str = LIMITS_MODE
 
 
 async def run_program(
@@ -218,7 +223,8 @@ async def run_program(
             "ROLLMESH_ANSWER_FILE": str(answer_file),
             "ROLLMESH_MODEL": settings.model,
         }
-        run = await _run(program, work, variables, task_bytes)
+        async with _loopback_relays(work, [capture.base_url, tools_url]) as forward:
+            run = await _run(program, work, variables, task_bytes, forward)
         tool_calls = tools.close(tools_key) if tools_key else 0
         tools_key = ""
         record = await model.close_capture(session_id)
@@ -228,7 +234,7 @@ async def run_program(
             run, record, prompt, settings, task, env, session_id if env_session else "", answer
         )
         outcome.program = {
-            "sandbox": SANDBOX_MODE,
+            "sandbox": run.sandbox,
             "exit_code": run.exit_code,
             "seconds": round(run.seconds, 3),
             "stdout": run.stdout.decode(errors="replace"),
@@ -257,13 +263,72 @@ def _environment(program: ProgramSpec, work: Path, variables: Mapping[str, str])
     return {**base, "HOME": str(work), "TMPDIR": str(work), **program.env, **variables}
 
 
-async def _run(program: ProgramSpec, work: Path, variables: Mapping[str, str], stdin: bytes) -> _Run:
+@contextlib.asynccontextmanager
+async def _loopback_relays(work: Path, urls: list[str]) -> AsyncIterator[list[list[Any]] | None]:
+    """The scheduler's end of the program's network: for each loopback port of `urls` (the capture's,
+    the tools'), a Unix socket in `work` relayed to it, which the program's namespace serves on that
+    port (`_program_limits.py`). None (no network isolation) when a URL is not on loopback: a
+    namespace with only loopback could not reach it."""
+    ports: set[int] = set()
+    for url in filter(None, urls):
+        parts = urlsplit(url)
+        if parts.hostname not in ("127.0.0.1", "localhost") or parts.port is None:
+            yield None
+            return
+        ports.add(parts.port)
+    servers: list[asyncio.Server] = []
+    try:
+        forward: list[list[Any]] = []
+        for port in sorted(ports):
+            path = work / f"{port}.sock"
+            servers.append(await asyncio.start_unix_server(functools.partial(_relay, port), path=str(path)))
+            forward.append([port, str(path)])
+        yield forward
+    finally:
+        for server in servers:
+            server.close()
+
+
+async def _relay(port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        writer.close()
+        return
+    await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await reader.read(1 << 16):
+            writer.write(chunk)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except OSError:
+        pass
+    finally:
+        if reader.at_eof():
+            writer.close()
+
+
+async def _run(
+    program: ProgramSpec,
+    work: Path,
+    variables: Mapping[str, str],
+    stdin: bytes,
+    forward: list[list[Any]] | None = None,
+) -> _Run:
     t0 = time.monotonic()
+    mode_file = work / ".sandbox"
+    settings: dict[str, Any] = {"parent": os.getpid(), "rlimits": dict(program.rlimits)}
+    if forward is not None:
+        settings["network"] = {"forward": forward, "mode_file": str(mode_file)}
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             str(LIMITS),
-            json.dumps({"parent": os.getpid(), "rlimits": dict(program.rlimits)}),
+            json.dumps(settings),
             "--",
             *program.argv,
             stdin=asyncio.subprocess.PIPE,
@@ -297,6 +362,8 @@ async def _run(program: ProgramSpec, work: Path, variables: Mapping[str, str], s
                 proc.kill()
         await proc.wait()
         run.seconds = time.monotonic() - t0
+    if forward is not None:
+        run.sandbox = await asyncio.to_thread(_read_mode, mode_file)
     if run.timed_out:
         raise AgentProgramTimedOut(
             f"the agent program ran past {program.timeout_s:g} s and was killed",
@@ -305,6 +372,13 @@ async def _run(program: ProgramSpec, work: Path, variables: Mapping[str, str], s
     if run.exit_code == 127 and run.stderr.startswith(b"cannot run "):
         raise AgentProgramUnstartable(run.stderr.decode(errors="replace").strip()[:300])
     return run
+
+
+def _read_mode(path: Path) -> str:
+    try:
+        return NETWORK_MODE if path.read_text().strip() == NETWORK_MODE else LIMITS_MODE
+    except FileNotFoundError:  # the wrapper never got that far
+        return LIMITS_MODE
 
 
 def _read_answer(path: Path) -> str | None:
