@@ -37,6 +37,9 @@ from tests.exactly_once import check_exactly_once, expected_keys
 
 COUNTER = "ng_example_session_state_mgmt"
 MULTI_TURN = "ng_example_multi_turn_gymnasium"
+XLAM = "ng_xlam_fc"
+#: What the fake model answers an xlam_fc row with, by a prefix of its user message (set per test).
+XLAM_ANSWERS: dict[str, list[dict[str, Any]]] = {}
 
 
 def plays(prompt_text: str, request: EngineRequest) -> str:
@@ -46,6 +49,9 @@ def plays(prompt_text: str, request: EngineRequest) -> str:
     del request
     user = re.search(r"<\|user\|>\n(.*?)<\|end\|>", prompt_text, re.S)
     asked = user.group(1) if user else ""
+    for prefix, calls in XLAM_ANSWERS.items():
+        if asked.startswith(prefix):
+            return "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)
     if "then get the count" in asked:
         numbers = [int(n) for n in re.findall(r"\d+", asked)]
         done = prompt_text.count("<|tool|>")
@@ -70,13 +76,15 @@ class Mesh:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def mesh(tmp_path_factory: pytest.TempPathFactory, nemo_gym_python: Path) -> AsyncIterator[Mesh]:
     root = tmp_path_factory.mktemp("jobs-root")
-    for name, server in (
-        (COUNTER, "example_session_state_mgmt"),
-        (MULTI_TURN, "example_multi_turn_gymnasium"),
-    ):
+    servers = (
+        (COUNTER, "example_session_state_mgmt", ""),
+        (MULTI_TURN, "example_multi_turn_gymnasium", ""),
+        (XLAM, "xlam_fc", "tool_calls_are_answer = true\n"),
+    )
+    for name, server, extra in servers:
         folder = root / "environments" / name
         folder.mkdir(parents=True)
-        (folder / "nemo_gym.toml").write_text(f'server = "{server}"\npython = "{nemo_gym_python}"\n')
+        (folder / "nemo_gym.toml").write_text(f'server = "{server}"\npython = "{nemo_gym_python}"\n{extra}')
     roots = RootsConfig(Path("/nonexistent"), (root,), BUILTIN_ROOT, False)
     service = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
     await service.start()
@@ -105,7 +113,7 @@ async def run_job(
         environment=environment,
         num_repeats=repeats,
         max_steps=8,
-        sampling={"temperature": 0.0, "max_tokens": 128},
+        sampling={"temperature": 0.0, "max_tokens": 1024},
         concurrency=4,
         output_dir=str(out),
         retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2),
@@ -148,6 +156,27 @@ async def test_a_gymnasium_episode_ends_on_the_servers_done(
         assert len(rollout.env_steps) == len(row["follow_ups"]) + 1 and rollout.env_steps[-1]["done"]
         want = 1.0 if row["expected_answer"].lower() in rollout.messages[-1]["content"].lower() else 0.0
         assert rollout.reward == want
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_tool_calls_that_are_the_answer_are_verified_not_run(
+    mesh: Mesh, nemo_gym_servers: Path, tmp_path: Path
+) -> None:
+    rows = example_rows(nemo_gym_servers, "xlam_fc")
+    for i, row in enumerate(rows):  # the right calls for even rows, none of them for odd ones
+        params = row["responses_create_params"]
+        user = next(m["content"] for m in reversed(params["input"]) if m["role"] == "user")
+        right = row["expected_answers"]
+        XLAM_ANSWERS[user[:60]] = right if i % 2 == 0 else [{"name": "nothing", "arguments": {}}]
+    try:
+        rec, out = await run_job(mesh, rows, XLAM, tmp_path)
+    finally:
+        XLAM_ANSWERS.clear()
+    assert rec.state == "SUCCEEDED" and len(out) == len(rows)
+    for i, rollout in enumerate(out):
+        assert [m["role"] for m in rollout.messages] == ["assistant"]  # one turn; no call was run
+        assert rollout.finish_reason == "tool_calls"
+        assert rollout.reward == (1.0 if i % 2 == 0 else 0.0), (i, rollout.verify_details)
 
 
 @pytest.mark.asyncio(loop_scope="module")

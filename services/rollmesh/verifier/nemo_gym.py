@@ -13,6 +13,8 @@ Declared as `environments/<name>/nemo_gym.toml` in any artifact root (no env.py)
     config = ""                             # its NeMo Gym YAML (default configs/<server>.yaml)
     instance = ""                           # that YAML's top-level key (default: the first)
     timeout_s = 30                          # per HTTP call
+    tool_calls_are_answer = false           # true: calls are the answer, never run (NeMo Gym's
+                                            # non_executing_simple_agent: xlam_fc)
     [overrides]                             # server config fields over the YAML's
     should_use_judge = false
 
@@ -134,6 +136,9 @@ class NemoGymConfig:
     instance: str = ""
     timeout_s: float = 30.0
     start_timeout_s: float = 180.0
+    #: The model's tool calls are its answer, never run (rows NeMo Gym serves with its
+    #: non_executing_simple_agent: xlam_fc, structured_outputs v4).
+    tool_calls_are_answer: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -420,6 +425,9 @@ class NemoGymEnvironment(Environment):
 
     def takes_turns(self) -> bool:
         return self._gymnasium
+
+    def tool_calls_are_answer(self) -> bool:
+        return self.cfg.tool_calls_are_answer
 
     def _incarnation(self) -> int:
         return self.sidecar.restarts if self.sidecar is not None else 0
