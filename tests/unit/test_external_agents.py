@@ -292,3 +292,16 @@ async def test_the_program_reaches_its_tools_and_capture_ports_and_nothing_else(
         other.close()
     assert outcome.program["sandbox"] == "network"
     assert outcome.program["stdout"].splitlines() == ["['get_count', 'increment']", "unreachable"]
+
+
+def test_a_program_rollout_keeps_its_run_and_segments_over_the_wire_and_in_its_row() -> None:
+    from rollmesh.scheduler import convert
+
+    record = build_token_record([_turn([1], [2]), _turn([5], [6], new_segment=True)])
+    run = {"sandbox": "network", "exit_code": 0, "segments": 2}
+    rollout = Rollout(RolloutKey(0, 0), "j", {"q": 1}, [], 1.0, tokens=record, agent_program=run)
+    back = convert.rollout_from_pb(convert.rollout_to_pb(rollout))
+    assert back.agent_program == run and [t.segment for t in back.tokens.turns] == [0, 1]
+    row = Rollout.from_row(rollout.to_row())
+    assert row.agent_program == run and row.task == {"q": 1}  # not taken for a task field
+    assert "agent_program" not in Rollout(RolloutKey(0, 0), "j", {}, [], 1.0).to_row()
