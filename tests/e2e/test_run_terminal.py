@@ -36,6 +36,7 @@ OWN_LINES = [
     PROGRESS.pattern,
     r"metrics job-[0-9a-f]+",
     r"[┏┃┡│└].*[┓┃┩│┘]",  # the metrics table
+    r"health: (?:no finding in \d+ rollouts|.+; `rollmesh health /\S+` lists them)",
     r" *(?:rollouts\.jsonl|failures\.jsonl|metrics\.json|services\.log): /\S+",
     r"\[exit \d+\]",
 ]
