@@ -39,6 +39,8 @@ OWN_LINES = [
     r"health: (?:no finding in \d+ rollouts|.+; `rollmesh health /\S+` lists them)",
     r" *(?:rollouts\.jsonl|failures\.jsonl|metrics\.json|services\.log): /\S+",
     r"\[exit \d+\]",
+    # rollmesh's own log line for a real problem (e.g. a local Ray that did not start in time, retried)
+    r"\S+ \[(?:warning|error) *\] \w+ +\[rollmesh\.[\w.]+\].*",
 ]
 THIRD_PARTY = ("(raylet)", "nanobind", "INFO", "WARNING", "Traceback", "serve ", "worker.py", "leaked")
 

@@ -297,12 +297,12 @@ def _start_local_ray(kwargs: dict[str, Any]) -> None:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             stopped = _stop_own_ray_processes()
-            log.warning("ray_start_failed_attempt_cleaned", attempt=attempt, stopped_processes=stopped)
             if attempt == LOCAL_RAY_ATTEMPTS:
                 raise ServingStartupError(
                     f"could not start a local Ray node ({LOCAL_RAY_ATTEMPTS} attempts): {exc}"
                 ) from exc
-            log.warning("ray_start_retry", attempt=attempt, error=str(exc)[:300])
+            # One line per failed attempt (it is the user's terminal under `rollmesh run`).
+            log.warning("ray_start_retry", attempt=attempt, stopped_processes=stopped, error=str(exc)[:300])
 
 
 def _stop_own_ray_processes() -> int:
