@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: nemo-gym-venv setup run train-demo test test-containers lint typecheck protos protos-check bench clean
+.PHONY: nemo-gym-venv setup run train-demo test test-containers lint typecheck docs protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -39,7 +39,11 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy services clients/python/rollmesh_client scripts bench
 
-test: setup protos-check lint typecheck nemo-gym-venv
+# The documentation site (mkdocs.yml, docs/): a broken link or anchor between pages fails it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
+test: setup protos-check lint typecheck docs nemo-gym-venv
 	$(BIN)/python -m pytest -q -ra
 
 # The NeMo Gym 0.4.0 virtualenv the bridge's tests run NeMo Gym's own servers in (scripts/nemo_gym.py:
@@ -48,7 +52,7 @@ test: setup protos-check lint typecheck nemo-gym-venv
 nemo-gym-venv: setup
 	$(BIN)/python scripts/nemo_gym.py venv >/dev/null || [ $$? = 3 ]
 
-# The container stack for real (README "Run the stack in containers"): deploy/local-docker.sh makes
+# The container stack for real (docs/containers.md): deploy/local-docker.sh makes
 # Docker usable where there is none (daemon, compose, base image; cached), then
 # tests/e2e/test_deploy_stack.py builds, starts, uses and tears down the stack, within
 # STACK_TEST_TIMEOUT seconds in all; no test stack is left running (deploy/test-containers.sh).
@@ -60,4 +64,4 @@ bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

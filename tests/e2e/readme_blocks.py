@@ -17,6 +17,11 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 DOCS = README.parent / "docs"
 
 
+def pages() -> list[Path]:
+    """The README and every page of the docs site (docs/*.md)."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
 def bash_block(after: str, doc: Path = README) -> str:
     """The first ```bash block of `doc` (README.md) after the text `after`."""
     section = doc.read_text().split(after, 1)[1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import rollmesh_up
-from tests.e2e.readme_blocks import bash_block, run_block
+from tests.e2e.readme_blocks import DOCS, bash_block, run_block
 from tests.procs import ROLLMESH, grpcurl, run_cli
 
 KEY = "e2e-s3cret"
@@ -72,7 +72,7 @@ def test_grpcurl_with_the_bearer_header(keyed_mesh: dict[str, str]) -> None:
 
 
 def test_the_readme_keyed_grpcurl_block_runs_as_written(keyed_mesh: dict[str, str], tmp_path: Path) -> None:
-    script = bash_block("With `ROLLMESH_API_KEY` set on the servers")
+    script = bash_block("With `ROLLMESH_API_KEY` set on the servers", DOCS / "grpcurl.md")
     assert "$ROLLMESH_API_KEY" in script
     done = run_block(script, keyed_mesh, tmp_path, env={"ROLLMESH_API_KEY": KEY})
     assert done.returncode == 0, done.stderr[-4000:]
