@@ -12,8 +12,11 @@ import numpy as np
 from rollmesh.mesh.fields import from_pb
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler import store
 from rollmesh.scheduler.convert import metrics_to_pb, rollout_to_pb
-from rollmesh.scheduler.engine import Hooks, JobRun
+from rollmesh.scheduler.engine import Hooks, JobRun, Progress
+from rollmesh.scheduler.jsonl_sink import JsonlSink
+from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutKey
@@ -64,6 +67,42 @@ async def test_a_masked_verdict_is_recorded_and_left_out_of_every_reward_metric(
     assert (m.mean_reward, m.pass_at_1_avg, m.pass_at_k[2]) == (1.0, 1.0, 1.0)
     assert [t.task_index for t in m.tasks] == [0, 2]
     assert metrics_to_pb(m).num_masked == 2 and metrics_to_pb(m.to_json()).num_masked == 2
+    # the live figures (the progress bar, GetJob) agree: counted as 0s the running mean was 4/6
+    assert (run.progress.mean_reward, run.progress.masked, run.progress.succeeded) == (1.0, 2, 6)
+
+
+async def test_the_progress_of_a_jsonl_job_leaves_masked_verdicts_out_on_disk_and_read_back(
+    tmp_path: Path,
+) -> None:
+    rows = Rows.arithmetic(3)
+    env = MaskingEnv()
+    env.masked_prompt = rows.rows[1]["responses_create_params"]["input"][0]["content"]
+    spec = JobSpec(dataset=str(rows.write(tmp_path / "d.jsonl")), environment="arithmetic", num_repeats=2)
+    sink = JsonlSink(tmp_path / "job", flush_interval_s=0)
+    plan = build_plan(Catalog([Root(BUILTIN_ROOT, 0, "root")]), spec)
+    run = JobRun("job-m", plan, sink, model=LocalModel(), env=env, hooks=Hooks(sleep=_no_sleep))
+    assert (await run.run(await run.open())).state == "SUCCEEDED"
+    await sink.close(state="SUCCEEDED", metrics=None)
+
+    assert (sink.rows_written, sink.masked_written, sink.reward_written) == (6, 2, 4.0)
+    on_disk = store.count_on_disk(tmp_path / "job")
+    assert (on_disk.rollouts, on_disk.masked, on_disk.reward_sum) == (6, 2, 4.0)
+    # a job read back from its folder, and one read back from job.json's progress alone
+    from_disk = JobRecord("job-m", "", spec, tmp_path / "job", 0.0, state="SUCCEEDED", on_disk=on_disk)
+    stored = {"succeeded": 6, "masked": 2, "mean_reward": 1.0}
+    from_json = JobRecord("job-m", "", spec, tmp_path / "job", 0.0, state="SUCCEEDED", stored_progress=stored)
+    assert from_disk.progress.mean_reward == from_json.progress.mean_reward == 1.0
+    assert JobRecord("j", "", spec, tmp_path, 0.0).to_json()["progress"]["masked"] == 0
+
+
+def test_a_masked_rollout_the_trainer_never_consumed_leaves_the_progress_as_it_was() -> None:
+    p = Progress(succeeded=3)
+    for reward in (1.0, 0.0, None):  # None: metrics.measured_reward of a masked rollout
+        p.add_reward(reward)
+    assert (p.mean_reward, p.masked) == (0.5, 1)
+    p.succeeded -= 1
+    p.add_reward(None, -1)  # what JobRun does when the gRPC sink reports it unconsumed
+    assert (p.mean_reward, p.masked) == (0.5, 0)
 
 
 def test_every_rollout_masked_gives_no_reward_figure_and_counts_its_tokens() -> None:

@@ -55,7 +55,7 @@ from rollmesh.scheduler.errors import (
     RolloutTooLarge,
     TokenRecordMismatch,
 )
-from rollmesh.scheduler.metrics import Scored
+from rollmesh.scheduler.metrics import Scored, measured_reward
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.program import CaptureOpened, CaptureRecord, ProgramModel, ProgramSpec, run_program
@@ -94,7 +94,8 @@ class Progress:
     failed: int = 0
     in_flight: int = 0
     skipped_existing: int = 0
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # over the measured succeeded rollouts (metrics.measured_reward)
+    masked: int = 0  # succeeded rollouts whose verdict was masked: in no reward figure
     retries: int = 0
     completion_tokens: int = 0
     waiting_on: str = ""  # services unreachable, a stalled sink, right now (JobRun.progress_now)
@@ -105,7 +106,16 @@ class Progress:
 
     @property
     def mean_reward(self) -> float:
-        return self.reward_sum / self.succeeded if self.succeeded else 0.0
+        """Over the measured rollouts, as metrics.json's mean_reward (masked ones left out)."""
+        measured = self.succeeded - self.masked
+        return self.reward_sum / measured if measured > 0 else 0.0
+
+    def add_reward(self, reward: float | None, sign: int = 1) -> None:
+        """Count a succeeded rollout's `metrics.measured_reward` in (sign 1) or out (sign -1)."""
+        if reward is None:
+            self.masked += sign
+        else:
+            self.reward_sum += sign * reward
 
     def elapsed(self, now: float) -> float:
         return max((self.ended or now) - self.started, 1e-9) if self.started else 0.0
@@ -361,9 +371,10 @@ class JobRun:
         p.model_calls_cut = self.deadline.timeouts
         return p
 
-    def _unconsumed(self, reward: float, stale: bool) -> None:
+    def _unconsumed(self, reward: float | None, stale: bool) -> None:
         p = self.progress
-        p.succeeded, p.reward_sum = p.succeeded - 1, p.reward_sum - reward
+        p.succeeded -= 1
+        p.add_reward(reward, -1)
         if stale:
             p.stale_dropped += 1
         else:
@@ -589,7 +600,7 @@ class JobRun:
             p = self.progress
             p.done += 1
             p.succeeded += 1
-            p.reward_sum += rollout.reward
+            p.add_reward(measured_reward(rollout))
             p.completion_tokens += rollout.completion_tokens
             self._fail_fast.success()
             if self.keep_scored:

@@ -39,6 +39,7 @@ import grpc
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import convert, telemetry
 from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
+from rollmesh.scheduler.metrics import measured_reward
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import MetricsOf, Sink
 from rollmesh_client import aio_channel, max_message_bytes
@@ -78,8 +79,10 @@ class GrpcSink(Sink):
         self._max_bytes = max_message_bytes()
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
-        self._unacked: dict[RolloutKey, float] = {}  # sent and not acknowledged: key -> reward
-        self._held: dict[RolloutKey, float] = {}  # held by the trainer for their group: out of the window
+        self._unacked: dict[RolloutKey, float | None] = {}  # sent, not acknowledged: key -> measured_reward
+        self._held: dict[
+            RolloutKey, float | None
+        ] = {}  # held by the trainer for their group: out of the window
         self._cond = asyncio.Condition()
         self._error: BaseException | None = None
         self._send_lock = asyncio.Lock()
@@ -165,7 +168,7 @@ class GrpcSink(Sink):
             self._raise_if_broken()
             if not self._unacked:
                 self._unacked_since = time.monotonic()
-            self._unacked[rollout.key] = rollout.reward
+            self._unacked[rollout.key] = measured_reward(rollout)
             self.max_unacked_seen = max(self.max_unacked_seen, len(self._unacked))
         try:
             await self._send(msg)

@@ -10,7 +10,8 @@ A write that fails (ENOSPC, EIO) is all or nothing: the files are cut back to wh
 began, its keys are forgotten (never counted as written), and the sink is broken from then on:
 every later call raises `SinkWriteFailed` with the first reason, `on_error` is called once (the
 job manager fails the job at once), and `close()` keeps what was on disk before the batch.
-`rows_written` / `failures_written` / `reward_written` count only rows that reached the disk.
+`rows_written` / `failures_written` / `reward_written` / `masked_written` count only rows that
+reached the disk.
 
 One writer: `open()` first takes an exclusive lock on the folder's `writer.lock` (flock, released
 when the sink closes or its process dies, so a crashed job resumes at once). While another process
@@ -42,7 +43,7 @@ from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import store
 from rollmesh.scheduler.errors import DuplicateRollout, JobFolderInUse, SinkClosed, SinkWriteFailed
-from rollmesh.scheduler.metrics import compute
+from rollmesh.scheduler.metrics import compute, measured_reward
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import MetricsOf, Sink
 
@@ -53,7 +54,7 @@ log = get_logger("rollmesh.scheduler.jsonl_sink")
 class _Row:
     key: RolloutKey
     data: bytes
-    reward: float = 0.0
+    reward: float | None = None  # metrics.measured_reward (None: masked)
 
 
 class JsonlSink(Sink):
@@ -91,7 +92,8 @@ class JsonlSink(Sink):
         self.flushed = asyncio.Event()  # set after every batch is written and fsynced
         self.rows_written = 0  # rollouts of this run on disk
         self.failures_written = 0  # failures of this run on disk
-        self.reward_written = 0.0  # sum of the rewards of rows_written
+        self.reward_written = 0.0  # sum of the measured rewards of rows_written (masked ones left out)
+        self.masked_written = 0  # rows_written whose verdict was masked
         self._lost: set[RolloutKey] = set()  # rollouts of this run a failed write never stored
 
     @property
@@ -155,7 +157,7 @@ class JsonlSink(Sink):
                 metadata={"key": rollout.key.as_str()},
             )
         self._keys.add(rollout.key)
-        self._rows.append(_Row(rollout.key, _dumps(rollout.to_row()), rollout.reward))
+        self._rows.append(_Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout)))
         await self._after_append()
 
     async def write_failure(self, failure: RolloutFailure) -> None:
@@ -192,7 +194,8 @@ class JsonlSink(Sink):
             self.fsyncs += 1
             self.rows_written += len(rows)
             self.failures_written += len(failure_rows)
-            self.reward_written += sum(r.reward for r in rows)
+            self.reward_written += sum(r.reward for r in rows if r.reward is not None)
+            self.masked_written += sum(r.reward is None for r in rows)
             self.flushed.set()
 
     def _write_batch(self, rows: list[_Row], failure_rows: list[_Row]) -> None:

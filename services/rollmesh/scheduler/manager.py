@@ -61,7 +61,7 @@ TIME_LIMIT = 62135596800.0  # |seconds| a protobuf Timestamp holds on both sides
 CAPACITY_TIMEOUT_S = 5.0  # asking the gateway what its engines run at once (automatic concurrency)
 # The Progress fields job.json keeps.
 STORED_PROGRESS = tuple(
-    "total done succeeded failed skipped_existing stale_dropped mean_reward retries".split()
+    "total done succeeded failed skipped_existing stale_dropped masked mean_reward retries".split()
 )
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
@@ -118,10 +118,11 @@ class JobRecord:
         for name in STORED_PROGRESS:
             if name != "mean_reward":  # a property, of reward_sum
                 setattr(p, name, int(sp.get(name, 0)))
-        p.reward_sum = float(sp.get("mean_reward", 0.0)) * p.succeeded
+        p.reward_sum = float(sp.get("mean_reward", 0.0)) * max(p.succeeded - p.masked, 0)
         if self.on_disk is not None:  # what the files hold is the truth, whatever job.json last said
             d = self.on_disk
             p.done, p.succeeded, p.failed, p.reward_sum = d.done, d.rollouts, d.failures, d.reward_sum
+            p.masked = d.masked
             p.skipped_existing = 0  # the files' rollouts include them
         return p
 
@@ -437,6 +438,7 @@ class JobManager:
             p = run.progress
             p.succeeded, p.failed = run.sink.rows_written, run.sink.failures_written
             p.done, p.reward_sum = p.succeeded + p.failed, run.sink.reward_written
+            p.masked = run.sink.masked_written
         final = (result.state, result.error, time.time())
         # job.json gets the final state before GetJob can report it: a client that sees the job
         # ended finds the folder saying the same.

@@ -27,6 +27,8 @@ Definitions (every one deterministic, independent of arrival order and sharding)
   count in num_rollouts, num_tasks and the token figures and in `num_masked`, and in no reward
   figure: mean/std/stderr, pass@k, maj@k, pass@1 and the per-task profile are over the measured
   rollouts only (a task whose rollouts are all masked is in none of them). Their reward is not a 0.
+  `measured_reward` is that rule, one place: the live progress (engine.Progress, the sinks' counts,
+  store.count_on_disk) uses it too, so the running mean reward agrees with metrics.json's.
 - Failures: a failure whose key also has a rollout (a resumed job retried it) is not counted.
 - timing: per phase of the rollouts (timing.py: queued, retried, seed, each model turn and its time
   to first token, each tool call and environment step, verify, the run's sink writes, the whole
@@ -87,6 +89,12 @@ class Scored:
             timing=r.timing,
             health=health.findings(r.messages, r.finish_reason, [t.output_end for t in r.tokens.turns]),
         )
+
+
+def measured_reward(r: Rollout | Scored) -> float | None:
+    """The reward of `r` as a measurement, or None when its verdict is masked (no reward figure
+    counts it: not a 0)."""
+    return None if r.masked else r.reward
 
 
 @dataclass(frozen=True)
@@ -246,7 +254,7 @@ def compute(
     by_key, dups = dedupe(rollouts)
     by_task: dict[int, list[Scored]] = {}  # the measured rollouts (masked ones left out)
     for key in sorted(by_key):
-        if not by_key[key].masked:
+        if measured_reward(by_key[key]) is not None:
             by_task.setdefault(key.task_index, []).append(by_key[key])
 
     failed: dict[RolloutKey, RolloutFailure] = {}

@@ -214,11 +214,16 @@ class Rollout:
             seed=int(row.get("seed", 0)),
             finish_reason=_finish_of(row, response, legacy),
             env_steps=[dict(s) for s in row.get("env_steps", [])],
-            masked=row.get("mask_sample") is True,
+            masked=row_masked(row),
             timing=RolloutTiming.from_json(row["timing"]) if isinstance(row.get("timing"), dict) else None,
             model="" if legacy or not isinstance(response, Mapping) else _text(response.get("model")),
             agent_program=dict(row["agent_program"]) if isinstance(row.get("agent_program"), dict) else {},
         )
+
+
+def row_masked(row: Json) -> bool:
+    """A rollout row's `mask_sample`: the verifier masked its verdict (only a JSON true counts)."""
+    return row.get("mask_sample") is True
 
 
 def _key_of(row: Json) -> RolloutKey:

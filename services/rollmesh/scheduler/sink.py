@@ -25,10 +25,11 @@ MetricsOf = Callable[[], Json]
 class Sink(ABC):
     # Called once when the sink can no longer store rows (a full disk): the job fails at once.
     on_error: Callable[[RollmeshError], None] | None = None
-    # Called with the reward of a written rollout the consumer did not consume: dropped as stale (a
-    # trainer's max_staleness; True: the job counts it as stale_dropped) or never acknowledged by the
-    # close (False: not done). Either way it is not succeeded.
-    on_unconsumed: Callable[[float, bool], None] | None = None
+    # Called with the reward (metrics.measured_reward: None when masked) of a written rollout the
+    # consumer did not consume: dropped as stale (a trainer's max_staleness; True: the job counts it
+    # as stale_dropped) or never acknowledged by the close (False: not done). Either way it is not
+    # succeeded.
+    on_unconsumed: Callable[[float | None, bool], None] | None = None
     # Set by the job's run: how long each `write` took (timing.py; metrics.json's sink_write_s).
     write_times: Reservoir | None = None
 

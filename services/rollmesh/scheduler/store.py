@@ -36,7 +36,7 @@ from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
 from rollmesh.scheduler.metrics import Scored
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, RowKeys
+from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, RowKeys, row_masked
 from rollmesh.scheduler.spec import JobSpec
 
 log = get_logger("rollmesh.scheduler.store")
@@ -243,7 +243,8 @@ class OnDisk:
 
     rollouts: int = 0
     failures: int = 0
-    reward_sum: float = 0.0
+    reward_sum: float = 0.0  # over the measured rollouts (metrics.measured_reward)
+    masked: int = 0  # rollouts whose verdict was masked: in `rollouts`, not in `reward_sum`
 
     @property
     def done(self) -> int:
@@ -253,14 +254,17 @@ class OnDisk:
 def count_on_disk(directory: Path) -> OnDisk:
     """Count the rows of a job folder (blocking; call from a thread)."""
     keys: set[RolloutKey] = set()
-    reward = 0.0
+    reward, masked = 0.0, 0
     for _, row in _rows_if_any(directory / ROLLOUTS):
         key = RolloutKey(int(row["task_index"]), int(row["rollout_index"]))
         if key not in keys:
             keys.add(key)
-            reward += float(row.get("reward", 0.0) or 0.0)
+            if row_masked(row):  # as metrics.measured_reward: in no reward figure
+                masked += 1
+            else:
+                reward += float(row.get("reward", 0.0) or 0.0)
     failed = read_keys(directory / FAILURES) - keys
-    return OnDisk(len(keys), len(failed), reward)
+    return OnDisk(len(keys), len(failed), reward, masked)
 
 
 def files_stamp(directory: Path) -> tuple[int, ...]:
