@@ -62,6 +62,22 @@ def plays(prompt_text: str, request: EngineRequest) -> str:
             return f"<tool_call>{json.dumps(call)}</tool_call>"
         product = int(outs[-1].strip())
         return f"The result is {product + 1 if c == 3 else product}."
+    if m := re.search(r"counter starts at (\d+)\. Add (\d+)", asked):
+        outs = _TOOL_OUT.findall(prompt_text)
+        if not outs:
+            call = {"name": "increment", "arguments": {"by": int(m.group(2))}}
+            return f"<tool_call>{json.dumps(call)}</tool_call>"
+        if len(outs) == 1:
+            return '<tool_call>{"name": "read", "arguments": {}}</tool_call>'
+        return f"The counter is {outs[-1].strip()}."
+    if "Guess my number" in prompt_text:
+        lo, hi = 1, 8
+        guesses = [int(g) for g in re.findall(r"<\|assistant\|>\n(\d+)", prompt_text)]
+        for guess, hint in zip(
+            guesses, re.findall(r"<\|user\|>\n(higher|lower)<", prompt_text), strict=False
+        ):
+            lo, hi = (guess + 1, hi) if hint == "higher" else (lo, guess - 1)
+        return str((lo + hi) // 2)
     if m := re.search(r"What is (\d+) \+ (\d+)\?", asked):
         a, b = int(m.group(1)), int(m.group(2))
         return f"I think {a + b + 1}" if a == 7 else f"The answer is {a + b}."
@@ -78,7 +94,7 @@ class Mesh:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def mesh(tmp_path_factory: pytest.TempPathFactory, verifiers_python: Path) -> AsyncIterator[Mesh]:
     root = tmp_path_factory.mktemp("vf-root")
-    for env_id in ("vf_calc", "vf_rubric"):
+    for env_id in ("vf_calc", "vf_rubric", "vf_counter", "vf_guess"):
         folder = root / "environments" / env_id
         folder.mkdir(parents=True)
         toml = f'env_id = "{env_id}"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
@@ -109,31 +125,35 @@ def vf_rows(python: Path, env_id: str) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in done.stdout.splitlines() if ln.strip()]
 
 
-# verifiers' own scoring of stored completions, in the verifiers venv (imports nothing of rollmesh):
-# a state made by the environment's init_state from the row, the completion and one trajectory step
-# per assistant turn, scored by the environment's rubric.
+# verifiers' own loop and scoring of stored rollouts, in the verifiers venv (imports nothing of
+# rollmesh): the environment's `rollout` (its init_state, setup_state, stop conditions, env_response,
+# tools and render_completion) with the model's turns replayed from the stored row, then its
+# rubric's score_rollout. It prints each rollout's completion as verifiers rendered it and its score.
 OWN_SCORING = r"""
-import asyncio, json, sys
+import asyncio, json, sys, time
 sys.path.insert(0, sys.argv[2])
 import verifiers as vf
-from verifiers.types import ClientConfig
+from verifiers.types import ClientConfig, Response, ResponseMessage
 from verifiers.utils.message_utils import normalize_messages
 
 async def main():
     env = vf.load_environment(sys.argv[1])
     out = []
     for item in json.loads(sys.stdin.read()):
+        turns = [m for m in normalize_messages(item["completion"], field_name="c") if m.role == "assistant"]
+
+        async def replay(state, prompt, **kwargs):
+            m = turns.pop(0)
+            msg = ResponseMessage(content=m.content, tool_calls=m.tool_calls, finish_reason="stop",
+                                  is_truncated=False)
+            return Response(id="r", created=int(time.time()), model="m", message=msg)
+
+        env.get_model_response = replay
         client = ClientConfig(api_base_url="http://127.0.0.1:9/v1", api_key_var="UNUSED")
-        state = await env.init_state(item["input"], client, "m")
-        completion = normalize_messages(item["completion"], field_name="completion")
-        state["completion"] = completion
-        state["trajectory"] = [
-            {"prompt": [], "completion": [m], "response": None, "tokens": None, "reward": None,
-             "advantage": None, "is_truncated": False, "trajectory_id": "t", "extras": {}}
-            for m in completion if m.role == "assistant"
-        ]
+        state = await env.rollout(item["input"], client, "m")
         await env.rubric.score_rollout(state)
-        out.append({"reward": state["reward"], "metrics": state["metrics"]})
+        completion = [m.model_dump(exclude_none=True) for m in state["completion"]]
+        out.append({"reward": state["reward"], "metrics": state["metrics"], "completion": completion})
     print(json.dumps(out))
 
 asyncio.run(main())
@@ -143,11 +163,7 @@ asyncio.run(main())
 def own_scores(python: Path, env_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     items = [
         {
-            "input": {
-                "prompt": r["responses_create_params"]["input"],
-                "answer": r["expected_answer"],
-                "example_id": r["verifier_metadata"]["verifiers"]["example_id"],
-            },
+            "input": {"prompt": r["responses_create_params"]["input"], **r["verifier_metadata"]["verifiers"]},
             "completion": r["chat_messages"],
         }
         for r in rows
@@ -215,6 +231,10 @@ async def check_reverify_and_own_scoring(
     assert [o["reward"] for o in own] == [r["reward"] for r in got]
     for o, r in zip(own, got, strict=True):
         assert {k: float(v) for k, v in o["metrics"].items()} == r["reward_components"]
+        # verifiers' own loop made the same conversation from the same model turns
+        assert [(m["role"], str(m.get("content") or "")) for m in o["completion"]] == [
+            (m["role"], m["content"]) for m in r["chat_messages"]
+        ]
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -249,3 +269,37 @@ async def test_single_turn_env_scores_with_its_weighted_rubric(
         assert row["reward"] == pytest.approx((1.0 if right else 0.0) + 0.5 + 0.25 / (1 + words)), row
     assert sorted(r["reward"] for r in got)[0] < 1.0 < sorted(r["reward"] for r in got)[-1]
     await check_reverify_and_own_scoring(mesh, verifiers_python, "vf_rubric", got, tmp_path)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_stateful_tool_env_injects_the_sessions_arguments(
+    mesh: Mesh, verifiers_python: Path, tmp_path: Path
+) -> None:
+    rows = vf_rows(verifiers_python, "vf_counter")
+    got = await run_job(mesh, rows, "vf_counter", tmp_path / "runs")
+    for row in got:
+        start = row["verifier_metadata"]["verifiers"]["info"]["start"]
+        tools = [m["content"] for m in row["chat_messages"] if m["role"] == "tool"]
+        # the counter lived in verifiers' state for the session: increment from the row's start, read it
+        assert tools == [row["expected_answer"]] * 2 and int(row["expected_answer"]) > start
+        assert row["reward"] == 1.0, row
+    await check_reverify_and_own_scoring(mesh, verifiers_python, "vf_counter", got, tmp_path)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_multi_turn_game_ends_on_its_final_env_response(
+    mesh: Mesh, verifiers_python: Path, tmp_path: Path
+) -> None:
+    rows = vf_rows(verifiers_python, "vf_guess")
+    got = await run_job(mesh, rows, "vf_guess", tmp_path / "runs")
+    turns = {3: 3, 6: 2, 8: 4}  # binary search over 1..8: 4 -> 2 -> 3, 4 -> 6, 4 -> 6 -> 7 -> 8
+    for row in got:
+        target = int(row["expected_answer"])
+        said = [m["content"] for m in row["chat_messages"] if m["role"] == "assistant"]
+        assert len(said) == turns[target] and said[-1] == str(target), said
+        assert (
+            row["chat_messages"][-1] == {"role": "user", "content": "Correct!"}
+            or row["env_steps"][-1]["done"]
+        )
+        assert row["reward"] == pytest.approx(1.0 + 0.5 / turns[target]), row
+    await check_reverify_and_own_scoring(mesh, verifiers_python, "vf_guess", got, tmp_path)
