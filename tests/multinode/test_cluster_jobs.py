@@ -112,6 +112,7 @@ def _aggregate(*files: Path) -> dict[str, Any]:
     )
     data: dict[str, Any] = json.loads(result.stdout)
     data.pop("job_id", None)
+    data.pop("timing", None)  # where each run's time went: measured per run, not a result of the rollouts
     return data
 
 
