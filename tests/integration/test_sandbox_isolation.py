@@ -182,7 +182,7 @@ async def test_local_ports_are_reachable_exactly_as_the_mode_claims(
     client: Client, verifier: tuple[ServerProc, str]
 ) -> None:
     """namespaces: no connection to any local port. unsafe-process claims no network isolation
-    (README: Security model, Sandbox), and the test holds it to that claim, not to more."""
+    (docs/security.md, "Sandbox"), and the test holds it to that claim, not to more."""
     isolated = verifier[1] == "namespaces"
     accepted: list[int] = []
 
