@@ -76,8 +76,12 @@ def check(expected: str, response: str) -> dict[str, Any]:
             return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
         ok = said == letter
         return {"correct": ok, "extracted": said, "reason": "equivalent" if ok else "not equivalent"}
+    hedged = grading.hedge(response)
+    if hedged is not None:
+        reason = f"the answer hedges between {hedged[0]!r} and {hedged[1]!r} (no \\boxed{{}}): scored 0"
+        return {"correct": False, "extracted": "", "reason": reason}
     grading.install_guards()
-    expected, response = grading.normalize(expected), grading.normalize(response)
+    expected, response = grading.normalize(expected), grading.normalize(grading.delimit_roots(response))
     gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
     gold = parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
     pred = parse(response, parsing_timeout=None)  # type: ignore[arg-type]

@@ -4,7 +4,9 @@ and `too_large` need sympy and run only in the worker process.
 
 Text, before math-verify parses it (answer and reference alike):
 - digit groups `1\,000` and `1{,}000` are `1000`; `√`, `∛`, `∞`, `π`, `≤`, `≥`, `≠`, `×`, `·` and
-  the Unicode minus are their LaTeX; a repeating decimal `0.\overline{3}` is the fraction `\frac{1}{3}`.
+  the Unicode minus are their LaTeX; a repeating decimal `0.\overline{3}` is the fraction `\frac{1}{3}`;
+  in an answer with no math delimiters, a run holding a root (`√2`, `3√2/2`) is put between `$...$`
+  (`The answer is √2.` reads as `\boxed{√2}` does, not as 2).
 
 Multiple choice: a reference that is one letter A-J (`C`, `(C)`, `\text{C}`) is compared with the
 letter the answer gives last: `\boxed{C}`, `Answer: C`, `**Answer: (C)**`, `the answer is C`, or an
@@ -20,6 +22,13 @@ intervals, relations):
   equation, never by its right side alone; an assignment (`x=1`, `f(x)=x^2`) still matches `1`;
 - an answer equation is read as its right side only when it is not a false statement about numbers:
   `4 = 3` is nothing, `x = 3` and `2+2 = 4` are 3 and 4.
+
+Hedges: an answer with no `\boxed{}` that offers two or more different candidates joined by `or`,
+`and/or`, `either ... or` (`The answer is 5 or 6.`, `x = 5 or x = 6`) or `/` between delimited
+candidates (`$5$ / $6$`, `x = 5 / x = 6`) is no answer: it scores 0 with the reason (math-verify read
+the first or the last candidate, so a hedge scored 1.0 for either gold). Only the answer's part of
+the text is read: from the last word "answer" on, else the last line. (`\boxed{3 \text{ or } 4}`
+and several different boxed answers are already 0.)
 
 Unbounded answers: an expression whose value needs more than MAX_DIGITS digits (`10^{10^{10}}`,
 `100000000!`) is refused before math-verify evaluates it (sympy would compute it for minutes).
@@ -63,6 +72,23 @@ def normalize(text: str) -> str:
     return _REPEATING.sub(_repeating_fraction, text)
 
 
+_ROOT_RUN = re.compile(r"[^\s$√∛∜]{0,200}+[√∛∜][^\s$]{0,200}+")
+_MATH_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
+
+
+def delimit_roots(response: str) -> str:
+    """In a response with no math delimiters, each run holding a Unicode root (`√2`, `3√2/2`) in
+    `$...$`: math-verify reads LaTeX only between delimiters, so `The answer is √2.` was read as 2."""
+    if any(d in response for d in _MATH_DELIMITERS):
+        return response
+    return _ROOT_RUN.sub(lambda m: _delimit(m.group(0)), response)
+
+
+def _delimit(run: str) -> str:
+    core = run.rstrip(".,;:!?")
+    return f"${core}${run[len(core) :]}"
+
+
 def _repeating_fraction(m: re.Match[str]) -> str:
     whole, fixed, period = m.group(1) or "0", m.group(2), m.group(3)
     value = Fraction(int(whole)) + Fraction(int(fixed or "0"), 10 ** len(fixed))
@@ -95,6 +121,51 @@ def answered_letter(response: str) -> str | None:
             if found is None or m.start() >= found[0]:
                 found = (m.start(), m.group(1))
     return found[1] if found else None
+
+
+_NUM = r"-?+\d++(?:\.\d++)?+(?:/\d++(?:\.\d++)?+)?+"
+_DELIMITED = r"(?:\$[^$\n]{1,200}+\$|[A-Za-z]\s*+=\s*+" + _NUM + ")"
+_CANDIDATE = f"(?:{_DELIMITED}|{_NUM})"
+_FILLER = r"(?:\s++(?:maybe|possibly|perhaps|else))?+"
+_HEDGES = [
+    re.compile(rf"({_CANDIDATE})\s*+,?+\s*+\(?+\s*+(?i:or|and/or){_FILLER}\s++({_CANDIDATE})(?![\w/])"),
+    re.compile(rf"({_DELIMITED})\s*+/\s*+({_DELIMITED})"),
+]
+_ANSWER_WORD = re.compile(r"(?i)\banswer")
+_REGION_CHARS = 2000  # of the answer's part of the text, the last characters read for hedges
+
+
+def hedge(response: str) -> tuple[str, str] | None:
+    """Two different candidate answers an unboxed response offers (see the module docstring), or
+    None: a response with a `\boxed{}` is read by its boxes."""
+    if "\\boxed" in response:
+        return None
+    marks = list(_ANSWER_WORD.finditer(response[-100_000:]))
+    if marks:
+        region = response[-100_000:][marks[-1].start() :]
+    else:
+        lines = [line for line in response.splitlines() if line.strip()]
+        region = lines[-1] if lines else ""
+    region = region[-_REGION_CHARS:]
+    for pattern in _HEDGES:
+        for m in pattern.finditer(region):
+            a, b = m.group(1), m.group(2)
+            if not _same_candidate(a, b):
+                return a, b
+    return None
+
+
+def _same_candidate(a: str, b: str) -> bool:
+    """`5` and `x = 5.0` are one candidate; different text is two."""
+
+    def core(c: str) -> str:
+        return re.sub(r"^[A-Za-z]\s*=", "", c.strip("$").replace(" ", ""))
+
+    x, y = core(a), core(b)
+    try:
+        return Fraction(x) == Fraction(y)
+    except (ValueError, ZeroDivisionError):
+        return x == y
 
 
 # ---- sympy (worker only) -----------------------------------------------------------------------

@@ -4,7 +4,8 @@ through the worker pool as the verifier runs them; a failure lists every payload
 
 Classes: numbers compared relatively, intervals never equal to finite sets, equation references
 answered by equations, false equations as answers, multiple choice, forms math-verify missed
-(digit groups, Unicode symbols, repeating decimals, set vs inequality), unbounded answers."""
+(digit groups, Unicode symbols, repeating decimals, set vs inequality), hedged answers, unbounded
+answers."""
 
 import time
 from collections.abc import AsyncIterator
@@ -190,6 +191,54 @@ FORMS_WRONG = [
 async def test_common_forms_are_read(env: Environment) -> None:
     await assert_all(env, FORMS_RIGHT, 1.0)
     await assert_all(env, FORMS_WRONG, 0.0)
+
+
+HEDGED = [  # two candidates, no box: 0 whichever one the gold is (math-verify read the first or last)
+    ("5", "The answer is 5 or 6."),
+    ("6", "The answer is 5 or 6."),
+    ("5", "It is either 5 or 6."),
+    ("6", "either 5 or 6"),
+    ("5", "5 and/or 6"),
+    ("6", "5 and/or 6"),
+    ("5", "x = 5 or x = 6"),
+    ("6", "x = 5 / x = 6"),
+    ("5", "$5$ / $6$"),
+    ("5", "The answer is 5, or possibly 6."),
+    ("5", "The answer is 5 (or 6)."),
+    ("\\frac{1}{2}", "Answer: 1/2 or 1/3"),
+]
+ONE_ANSWER = [  # one answer in a sentence is no hedge
+    ("5", "The answer is 5."),
+    ("5", "so x = 5, which is odd"),
+    ("5", "The answer is 5 or 5."),
+    ("\\frac{5}{6}", "The answer is 5/6"),
+    ("5", "There are 3 or 4 cases to check.\nSo the total is 5."),
+]
+SEVERAL_BOXES = [("4", "\\boxed{3} is wrong, \\boxed{4}"), ("3", "\\boxed{3} is wrong, \\boxed{4}")]
+UNBOXED_ROOTS_RIGHT = [
+    ("\\sqrt{2}", "The answer is √2."),
+    ("\\frac{\\sqrt{2}}{2}", "The answer is √2/2."),
+    ("3\\sqrt{2}", "so x = 3√2"),
+    ("\\sqrt{x+1}", "The answer is √(x+1)."),
+]
+UNBOXED_ROOTS_WRONG = [
+    ("2", "The answer is √2."),
+    ("\\sqrt{3}", "The answer is √2."),
+    ("\\sqrt{2}", "√2 or √3"),
+]
+
+
+async def test_a_hedged_answer_scores_0_with_the_reason(env: Environment) -> None:
+    got = await scores(env, HEDGED)
+    bad = {case: r for case, r in got.items() if r[0] != 0.0 or "hedges" not in str(r[1])}
+    assert not bad, bad
+    await assert_all(env, ONE_ANSWER, 1.0)
+    await assert_all(env, SEVERAL_BOXES, 0.0)  # several different boxed answers fail closed
+
+
+async def test_an_unboxed_root_reads_as_the_boxed_one(env: Environment) -> None:
+    await assert_all(env, UNBOXED_ROOTS_RIGHT, 1.0)
+    await assert_all(env, UNBOXED_ROOTS_WRONG, 0.0)  # `√2` was read as 2
 
 
 UNBOUNDED = [
