@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: nemo-gym-venv setup run train-demo test test-containers lint typecheck docs protos protos-check bench clean
+.PHONY: sysdeps nemo-gym-venv setup run train-demo test test-containers lint typecheck docs protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -43,12 +43,25 @@ typecheck: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: setup protos-check lint typecheck docs nemo-gym-venv
+test: setup sysdeps protos-check lint typecheck docs nemo-gym-venv
 	$(BIN)/python -m pytest -q -ra
 
 # The NeMo Gym 0.4.0 virtualenv the bridge's tests run NeMo Gym's own servers in (scripts/nemo_gym.py:
 # built once and cached under ~/.cache/rollmesh, seconds when warm). Exit 3 is "no Python 3.12 on this
 # machine": the tests that need it then skip, naming that.
+# Debian packages tests use: Prometheus (tests/e2e/test_prometheus_scrape.py scrapes the mesh with it)
+# and tmux (tests/e2e/test_run_terminal.py reads `make run`'s screen in a real terminal); installed with
+# apt-get when missing (as root, else through sudo), so `make test` needs nothing installed by hand.
+SYSDEPS := prometheus tmux
+sysdeps:
+	@missing=$$(for tool in $(SYSDEPS); do command -v $$tool >/dev/null || echo $$tool; done); \
+	if [ -n "$$missing" ]; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "sysdeps: installing $$missing (apt-get)"; \
+	  $$sudo apt-get update -q >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
+	fi
+
 nemo-gym-venv: setup
 	$(BIN)/python scripts/nemo_gym.py venv >/dev/null || [ $$? = 3 ]
 
