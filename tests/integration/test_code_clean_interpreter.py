@@ -315,12 +315,104 @@ NO_ASSERT = Klass(
     },
 )
 
+# 6. Exceptions cross as the nearest builtin class they derive from, never by name: a class renamed
+# 'ValueError', an unrelated builtin, or raising everywhere does not pass for the right exception.
+EXCEPTIONS = Klass(
+    tests=[
+        "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False\nassert root(4) == 2",
+        "try:\n    parse('x')\n    assert False, 'no error'\nexcept ValueError:\n    pass\n"
+        "assert parse('7') == 7",
+        "ok = False\ntry:\n    parse('y')\nexcept ValueError:\n    ok = True\n"
+        "assert ok and parse('12') == 12",
+        "try:\n    pick([], 0)\nexcept IndexError:\n    pass\nelse:\n    raise AssertionError('no error')\n"
+        "assert pick([5], 0) == 5",
+    ],
+    honest=(
+        "class BadNumber(ValueError):\n    pass\n"
+        "def root(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x ** 0.5\n"
+        "def parse(s):\n    if not s.isdigit():\n        raise BadNumber(s)\n    return int(s)\n"
+        "def pick(xs, i):\n    return xs[i]\n"
+    ),
+    wrong="def root(x):\n    return 0\ndef parse(s):\n    return 0\ndef pick(xs, i):\n    return None\n",
+    forgeries={
+        "renamed_exception_class": (
+            "class E(Exception):\n    pass\nE.__name__ = E.__qualname__ = 'ValueError'\n"
+            "class I(Exception):\n    pass\nI.__name__ = I.__qualname__ = 'IndexError'\n"
+            "def root(x):\n    raise E()\ndef parse(s):\n    raise E()\ndef pick(xs, i):\n    raise I()\n"
+        ),
+        "unrelated_builtin": (
+            "def root(x):\n    raise KeyError(x)\ndef parse(s):\n    raise TypeError(s)\n"
+            "def pick(xs, i):\n    raise KeyError(i)\n"
+        ),
+        "raise_everywhere": (
+            "def root(x):\n    raise ValueError(x)\ndef parse(s):\n    raise ValueError(s)\n"
+            "def pick(xs, i):\n    raise IndexError(i)\n"
+        ),
+        "replaced_builtins_in_its_process": (
+            "import builtins\nclass E(Exception):\n    pass\nE.__name__ = 'ValueError'\n"
+            "builtins.ValueError = E\nbuiltins.IndexError = E\n"
+            "def root(x):\n    raise E()\ndef parse(s):\n    raise E()\ndef pick(xs, i):\n    raise E()\n"
+        ),
+    },
+)
+
+# 7. An object of the solution's own returned where the test expects a value: its dunders would
+# answer whatever the test asks (`abs(f(2) - 1.4142)`, `len`, `in`, `str`, `[0]`, truth, `int`).
+_FORGED_DUNDERS = (
+    "    def __sub__(self, o):\n        return 0\n    __rsub__ = __sub__\n"
+    "    def __len__(self):\n        return 3\n    def __contains__(self, x):\n        return True\n"
+    "    def __str__(self):\n        return '6'\n    __repr__ = __str__\n"
+    "    def __format__(self, spec):\n        return '1'\n"
+    "    def __getitem__(self, i):\n        return 2\n    def __bool__(self):\n        return False\n"
+    "    def __int__(self):\n        return 4\n    def __iter__(self):\n        return iter([1, 1, 1])\n"
+    "    def __neg__(self):\n        return -3.0\n    def __abs__(self):\n        return 0\n"
+)
+_DUNDER_FNS = (
+    "def root(x):\n    return F()\ndef triple(x):\n    return F()\ndef total(xs):\n    return F()\n"
+    "def is_even(n):\n    return F()\nclass Solution:\n    def root(self, x):\n        return F()\n"
+)
+DUNDERS = Klass(
+    tests=[
+        "assert abs(root(2) - 1.4142) < 1e-3",
+        "assert len(triple(3)) == 3",
+        "assert 5 in triple(5)",
+        "assert str(total([1, 2, 3])) == '6'",
+        "assert triple(2)[0] == 2",
+        "assert not is_even(3)",
+        "assert int(total([2, 2])) == 4",
+        "assert sum(triple(1)) == 3",
+        "assert -root(9) == -3.0",
+        "assert f'{total([1])}' == '1'",
+        "assert abs(Solution().root(2) - 1.4142) < 1e-3",
+    ],
+    honest=(
+        "def root(x):\n    return x ** 0.5\ndef triple(x):\n    return [x] * 3\n"
+        "def total(xs):\n    return sum(xs)\ndef is_even(n):\n    return n % 2 == 0\n"
+        "class Solution:\n    def root(self, x):\n        return x ** 0.5\n"
+    ),
+    wrong=(
+        "def root(x):\n    return 1.0\ndef triple(x):\n    return []\ndef total(xs):\n    return 0\n"
+        "def is_even(n):\n    return True\nclass Solution:\n    def root(self, x):\n        return 1.0\n"
+    ),
+    forgeries={
+        "object_with_dunders": "class F:\n" + _FORGED_DUNDERS + _DUNDER_FNS,
+        "capwords_class_the_test_never_built": (
+            "class Answer:\n" + _FORGED_DUNDERS + _DUNDER_FNS.replace("F()", "Answer()")
+        ),
+        "class_with_a_forging_metaclass": "class M(type):\n"
+        + _FORGED_DUNDERS
+        + ("class F(metaclass=M):\n    pass\n" + _DUNDER_FNS.replace("F()", "F")),
+    },
+)
+
 CLASSES = {
     "library": LIBRARY,
     "expression_forms": FORMS,
     "statements": STATEMENTS,
     "inputs": INPUTS,
     "no_assert": NO_ASSERT,
+    "exceptions": EXCEPTIONS,
+    "dunders_of_returned_objects": DUNDERS,
 }
 
 
@@ -364,10 +456,29 @@ FALSE_ZEROS = {
     "import_solution": "import solution\nassert solution.add(1, 2) == 3",
     "nan_in_a_list": "import math\nassert nans() == [math.nan]",
     "float_nan_in_a_list": "import math\nassert nans(1) == [math.nan]",
+    "raises_else_assert_false": "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
+    "raises_then_assert_false": "try:\n    root(-1)\n    assert False\nexcept ValueError:\n    pass",
+    "subclass_caught_as_its_builtin_base": (
+        "try:\n    parse('x')\nexcept ValueError as e:\n    assert 'x' in str(e)\nelse:\n    assert False"
+    ),
+    "subclass_in_a_helper": (
+        "def raises(exc, fn, *args):\n    try:\n        fn(*args)\n    except exc:\n        return\n"
+        "    raise AssertionError('no error')\n"
+        "raises(ValueError, parse, 'y')\nraises(LookupError, pick, [], 1)"
+    ),
+    "raises_else_fail": (
+        "import unittest\nclass TestRaises(unittest.TestCase):\n    def test_it(self):\n        try:\n"
+        "            root(-2)\n        except ValueError:\n            pass\n        else:\n"
+        "            self.fail('no error')\n"
+    ),
+    "assert_raises": (
+        "import unittest\nclass TestRaises(unittest.TestCase):\n    def test_it(self):\n"
+        "        with self.assertRaises(ValueError):\n            parse('z')\n"
+    ),
 }
 FALSE_ZERO_HONEST = (
     "import math\ndef add(a, b):\n    return a + b\n"
-    "def nans(fresh=0):\n    return [float('nan')] if fresh else [math.nan]\n"
+    "def nans(fresh=0):\n    return [float('nan')] if fresh else [math.nan]\n" + EXCEPTIONS.honest
 )
 
 
@@ -375,6 +486,67 @@ FALSE_ZERO_HONEST = (
 async def test_right_answers_in_common_shapes_score_one(env: Environment, shape: str) -> None:
     got, details = await reward(env, [FALSE_ZEROS[shape]], FALSE_ZERO_HONEST, partial=False)
     assert got == 1.0, details
+
+
+async def test_an_expected_exception_a_wrong_solution_does_not_raise_fails(env: Environment) -> None:
+    """The shapes above are decided by the exception: returning, raising an unrelated exception, or
+    one only renamed after the expected one scores 0 on each; an assert that started and raised
+    still fails the case."""
+    shapes = [FALSE_ZEROS[k] for k in FALSE_ZEROS if k.startswith(("raises", "subclass", "assert_r"))]
+    codes = [v for k, v in EXCEPTIONS.forgeries.items() if k != "raise_everywhere"]
+    for code in [EXCEPTIONS.wrong, *codes]:
+        for shape in shapes:
+            got, details = await reward(env, [shape], code)
+            assert got == 0.0, (shape, code, details)
+    tests = ["try:\n    assert root(-1) == 0\nexcept ValueError:\n    pass"]
+    got, details = await reward(env, tests, EXCEPTIONS.honest)
+    assert got == 0.0, details
+
+
+async def test_objects_the_test_builds_answer_what_python_asks(env: Environment) -> None:
+    """Design-problem classes, LeetCode's `Solution().method(...)`, linked lists the test builds
+    and objects a function returns (used by attribute, or printed) keep working."""
+    tests = [
+        "s = MinStack()\ns.push(3)\ns.push(1)\nassert s.getMin() == 1\ns.pop()\nassert s.getMin() == 3",
+        "assert Solution().twoSum([2, 7, 11], 9) == [0, 1]",
+        "head = ListNode(1, ListNode(2, ListNode(3)))\nr = Solution().reverseList(head)\nout = []\n"
+        "while r:\n    out.append(r.val)\n    r = r.next\nassert out == [3, 2, 1]",
+        "v = Vec(1, 2) + Vec(3, 4)\n"
+        "assert (v.x, v.y) == (4, 6) and len(v) == 2 and str(v) == 'Vec(4, 6)' and abs(Vec(3, 4)) == 5",
+        "q = build([1, 2])\nassert q.val == 1 and q.next.val == 2 and q.next.next is None",
+        "print(build([5]))\nassert build([5]).val == 5",
+        "lst = LinkedList()\nlst.append(1)\nlst.append(2)\n"
+        "assert list(lst) == [1, 2] and 2 in lst and len(lst) == 2",
+    ]
+    honest = (
+        "class MinStack:\n    def __init__(self):\n        self.a = []\n"
+        "    def push(self, x):\n        self.a.append(x)\n    def pop(self):\n        self.a.pop()\n"
+        "    def getMin(self):\n        return min(self.a)\n"
+        "class ListNode:\n    def __init__(self, val=0, next=None):\n"
+        "        self.val, self.next = val, next\n"
+        "class Solution:\n    def twoSum(self, xs, t):\n        seen = {}\n"
+        "        for i, x in enumerate(xs):\n            if t - x in seen:\n"
+        "                return [seen[t - x], i]\n"
+        "            seen[x] = i\n"
+        "    def reverseList(self, head):\n        prev = None\n        while head:\n"
+        "            head.next, prev, head = prev, head, head.next\n        return prev\n"
+        "class Vec:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+        "    def __add__(self, o):\n        return Vec(self.x + o.x, self.y + o.y)\n"
+        "    def __len__(self):\n        return 2\n"
+        "    def __str__(self):\n        return f'Vec({self.x}, {self.y})'\n"
+        "    def __abs__(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n"
+        "def build(xs):\n    head = None\n    for x in reversed(xs):\n"
+        "        head = ListNode(x, head)\n    return head\n"
+        "class LinkedList:\n    def __init__(self):\n        self.items = []\n"
+        "    def append(self, x):\n        self.items.append(x)\n"
+        "    def __iter__(self):\n        return iter(self.items)\n"
+        "    def __contains__(self, x):\n        return x in self.items\n"
+        "    def __len__(self):\n        return len(self.items)\n"
+    )
+    got, details = await reward(env, tests, honest, partial=False)
+    assert got == 1.0, details
+    got, details = await reward(env, ["assert len(build([1, 2, 3])) == 3"], honest)
+    assert got == 0.0 and "where a value was expected" in details["cases"][0]["error"], details
 
 
 async def test_a_case_no_solution_can_decide_is_a_bad_task(env: Environment) -> None:

@@ -13,7 +13,8 @@ on this side). A global of the solution's is an `Opaque` here: calling it, or as
 attributes or what Python would ask of an object (`len`, `str`, `s[0]`, `s + t`, its truth), is
 a request to the solution's process with plain-data arguments, answered by plain data or by a
 reference to an object of the solution's own. A comparison of such an object is refused (it is
-the verdict). A function of the tests' the solution is given is called back here.
+the verdict); its dunders are asked only when the test built it (`Opaque._rm_builds`). A
+function of the tests' the solution is given is called back here.
 
 Requests (one JSON line each), answered with frames as `runner.Channel` says:
 
@@ -24,11 +25,13 @@ Requests (one JSON line each), answered with frames as `runner.Channel` says:
     (while a case or callback runs)  -> {"call": {fn, args, kwargs}}, answered by a request
                                         `answer` {value, changed?} | {raised, error} | {abort}
 
-A case passes when it ends without an exception, at least one `assert` ran, and every assert that
-started passed (one whose failure the test caught still fails the case). A case in which no assert
-ran and the solution was never called is `unverifiable`: nothing the solution does can change its
-outcome. pytest-style `test_*` functions and `Test*` classes (unittest.TestCase included) that the
-case defines and never names are called after it, as pytest would.
+A case passes when it ends without an exception, at least one `assert` ran (or an exception a call
+into the solution raised was caught where the test expected one: `_Instrument.visit_Try`), and
+every assert that started passed (one whose failure the test caught still fails the case). A case
+in which no assert ran and the solution was never called is `unverifiable`: nothing the solution
+does can change its outcome. pytest-style `test_*` functions and `Test*` classes
+(unittest.TestCase included) that the case defines and never names are called after it, as pytest
+would.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 _DATA_DUNDERS = frozenset({"__name__", "__qualname__", "__doc__"})  # asked of the solution's process
 _EFFECT, _BEGIN, _PASS, _IMPORT = "__rm_effect__", "__rm_begin__", "__rm_pass__", "__rm_import__"
+_CAUGHT, _CAUGHT_AS = "__rm_caught__", "__rm_exc__"
+_WRAPPER = "Solution"  # LeetCode's wrapper class: what its methods return is a value, not an object to build
+_VALUE_OPS = frozenset({"isinstance", "issubclass"})  # asked of a class, not of a returned value
 
 
 class Refused(BaseException):
@@ -88,6 +94,9 @@ class _Case:
         self.calls = 0
         self.failed = ""  # a refused comparison or an aborted call, caught or not
         self.unverifiable = ""
+        self.raised: list[BaseException] = []  # what calls into the solution raised here
+        self.decided = 0  # such exceptions a test's except clause caught where it expected them
+        self.note = ""  # an object of the solution's own was shown as a placeholder
 
 
 class CleanRunner:
@@ -103,6 +112,7 @@ class CleanRunner:
             _BEGIN: self.begin,
             _PASS: self.pass_,
             _IMPORT: self.forward_import,
+            _CAUGHT: self.caught,
         }
         self.fns: list[Callable[..., Any]] = []
         self.case = _Case()
@@ -167,7 +177,7 @@ class CleanRunner:
         except BaseException as exc:  # the test's own error, a refused comparison, an abort
             error = base._short(exc)
         ok = not error and not case.failed and not case.unverifiable
-        ok = ok and case.started == case.passed > 0
+        ok = ok and case.started == case.passed and (case.passed > 0 or case.decided > 0)
         unverifiable = case.unverifiable
         if not (error or case.failed or unverifiable) and case.started == 0 and case.calls == 0:
             unverifiable = "no assertion ran and the solution was never called"
@@ -178,6 +188,8 @@ class CleanRunner:
                 error = "no assertion ran"
             else:
                 error = f"{case.started - case.passed} assertion(s) failed (caught by the test)"
+        if not ok and case.note:
+            error = f"{error} ({case.note})"
         return {
             "ok": ok,
             "asserts": case.passed,
@@ -195,11 +207,18 @@ class CleanRunner:
             self.case.passed += 1
         return ok
 
+    def caught(self, exc: BaseException) -> None:
+        """A test's except clause caught `exc` where the test fails unless something raises (an
+        assert or a raise follows the call in the `try`, or sits in its `else`): when a call into
+        the solution raised it, the case is decided as an assert would decide it."""
+        if any(exc is raised for raised in self.case.raised):
+            self.case.decided += 1
+
     def effect(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         """A call made as a statement (`rev(xs)`): what a call of the solution's changes in place in
         a list, dict, set or bytearray of the tests' changes here too."""
         if isinstance(fn, Opaque):
-            return self.ask(fn._rm_target, list(args), kwargs, effect=True)
+            return self.ask(fn._rm_target, list(args), kwargs, effect=True, built=fn._rm_builds())
         return fn(*args, **kwargs)
 
     def forward_import(self, src: str) -> None:
@@ -218,8 +237,10 @@ class CleanRunner:
         effect: bool = False,
         count: bool = True,
         quiet: bool = False,
+        built: bool = False,
     ) -> Any:
-        """Call into the solution's process through the verifier; meanwhile answer its callbacks."""
+        """Call into the solution's process through the verifier; meanwhile answer its callbacks.
+        An object of the solution's own in the answer is `built` when the test built it (`Opaque`)."""
         if count:
             self.case.calls += 1
         call = {
@@ -240,15 +261,17 @@ class CleanRunner:
         if "raised" in msg:
             if quiet:
                 return None
-            raise _exception(str(msg["raised"]), str(msg.get("error", "")))
-        value = self.decode(msg["value"])
+            exc = _exception(str(msg["raised"]), str(msg.get("error", "")))
+            self.case.raised.append(exc)
+            raise exc
+        value = self.decode(msg["value"], built=built)
         if value is None or effect:
             for key, new in msg.get("changed", ()):
                 _update_in_place(args[key] if type(key) is int else kwargs[key], self.decode(new))
         return value
 
-    def decode(self, obj: Any) -> Any:
-        return base.decode_loose(obj, lambda tag, body: Opaque(self, ["ref", int(body)]))
+    def decode(self, obj: Any, *, built: bool = False) -> Any:
+        return base.decode_loose(obj, lambda tag, body: Opaque(self, ["ref", int(body)], built))
 
     def encode(self, value: Any) -> Any:
         def other(obj: Any) -> Any:
@@ -266,6 +289,13 @@ class CleanRunner:
             raise Unverifiable(self.case.unverifiable)
 
         return base.encode(value, 0, other)
+
+    def placeholder(self, what: str, ref: Opaque) -> str:
+        """What `str`/`repr`/`format` show of an object of the solution's own the test did not
+        build: never the solution's answer (`str(f(3)) == '6'` is not its claim), but a `print`
+        of it still runs."""
+        self.case.note = f"the solution returned an object of its own where a value was expected ({what})"
+        return f"<an object of the solution's own #{ref._rm_target[1]}>"
 
     def refuse(self, what: str) -> Refused:
         self.case.failed = f"{what} of an object of the solution's own is not checked (compare plain data)"
@@ -331,6 +361,20 @@ class _Instrument(ast.NodeTransformer):
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scoped  # type: ignore[assignment]
 
+    def visit_Try(self, node: ast.Try) -> ast.Try:
+        """`try: f(); assert False / except E: ...`, `try: f() / except E: ... / else: assert
+        False` and `try: f() / except E: return / raise AssertionError` expect `f` to raise: each
+        handler that says so tells the runner what it caught (`caught`)."""
+        handlers = node.handlers
+        if not any(_expects_raise(stmt) for stmt in [*node.body, *node.orelse]):
+            handlers = [h for h in handlers if getattr(h, _LEAVES, False)]
+        self.generic_visit(node)
+        for handler in handlers:
+            handler.name = handler.name or _CAUGHT_AS
+            tell = ast.Call(ast.Name(_CAUGHT, ast.Load()), [ast.Name(handler.name, ast.Load())], [])
+            handler.body.insert(0, ast.Expr(tell))
+        return node
+
     def _import(self, node: ast.Import | ast.ImportFrom) -> Any:
         modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
         if self.depth or any(m.split(".")[0] == "solution" for m in modules):
@@ -341,7 +385,50 @@ class _Instrument(ast.NodeTransformer):
     visit_Import = visit_ImportFrom = _import
 
 
+_LEAVES = "_rm_leaves_to_skip_a_failure"
+
+
+def _mark_leaving_handlers(tree: ast.Module) -> None:
+    """Marks each handler that leaves its block (`return`, `continue`, `break`) past a statement
+    that always fails (`raise ...`, `assert False`, `self.fail(...)`) later in that block."""
+    for node in ast.walk(tree):
+        for _, block in ast.iter_fields(node):
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                if isinstance(stmt, ast.Try) and any(_always_fails(s) for s in block[i + 1 :]):
+                    for handler in stmt.handlers:
+                        if handler.body and isinstance(
+                            handler.body[-1], (ast.Return, ast.Continue, ast.Break)
+                        ):
+                            setattr(handler, _LEAVES, True)
+
+
+def _always_fails(stmt: Any) -> bool:
+    if isinstance(stmt, ast.Raise):
+        return True
+    if isinstance(stmt, ast.Assert):
+        return isinstance(stmt.test, ast.Constant) and not stmt.test.value
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "fail"
+
+
+def _expects_raise(stmt: ast.stmt) -> bool:
+    """An assert or a raise (`self.fail(...)`, `pytest.fail(...)`) outside nested definitions."""
+    todo: list[ast.AST] = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Assert, ast.Raise)):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fail":
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
 def _instrument(tree: ast.Module) -> ast.Module:
+    _mark_leaving_handlers(tree)
     out = _Instrument().visit(tree)
     assert isinstance(out, ast.Module)
     return ast.fix_missing_locations(out)
@@ -417,13 +504,36 @@ class Opaque:
     the solution's process. What Python would ask of it is asked there; a global that turns out to
     be plain data (`MOD = 10**9 + 7`) is fetched and used as data here."""
 
-    __slots__ = ("_rm_runner", "_rm_target")
+    __slots__ = ("_rm_built", "_rm_runner", "_rm_target")
     _rm_runner: CleanRunner
     _rm_target: list[Any]
+    _rm_built: bool
 
-    def __init__(self, runner: CleanRunner, target: list[Any]) -> None:
+    def __init__(self, runner: CleanRunner, target: list[Any], built: bool = False) -> None:
         object.__setattr__(self, "_rm_runner", runner)
         object.__setattr__(self, "_rm_target", target)
+        object.__setattr__(self, "_rm_built", built)
+
+    def _rm_builds(self) -> bool:
+        """Whether what calling this returns is an object the test built: calling a class of the
+        solution's (a global named in CapWords, as PEP 8 names classes; not LeetCode's `Solution`
+        wrapper), or a method of an object the test built."""
+        kind, name = self._rm_target
+        if kind == "name":
+            return type(name) is str and name[:1].isupper() and name != _WRAPPER
+        return self._rm_built
+
+    def _rm_valued(self, name: str, value: Any) -> Any:
+        """`value`, unless it is an object of the solution's own the test did not build: then a
+        dunder's answer would be the solution's claim where the test expects a value."""
+        if isinstance(value, Opaque) and not value._rm_built and name not in _VALUE_OPS:
+            raise value._rm_refuse(name)
+        return value
+
+    def _rm_refuse(self, name: str) -> Refused:
+        case = self._rm_runner.case
+        case.failed = f"the solution returned an object of its own where a value was expected ({name})"
+        return Refused(case.failed)
 
     def _rm_value(self) -> Any:
         """Itself, or the plain value a global of the solution's holds."""
@@ -432,16 +542,22 @@ class Opaque:
         return self._rm_runner.ask(["op", "get"], [self], {})
 
     def _rm_op(self, name: str, local: Callable[..., Any], *args: Any) -> Any:
-        value = self._rm_value()
+        value = self._rm_valued(name, self._rm_value())
         if not isinstance(value, Opaque):
             return local(value, *args)
-        return self._rm_runner.ask(["op", name], [value, *args], {})
+        return self._rm_runner.ask(["op", name], [value, *args], {}, built=value._rm_built)
 
     def _rm_rop(self, name: str, local: Callable[..., Any], other: Any) -> Any:
-        value = self._rm_value()
+        value = self._rm_valued(name, self._rm_value())
         if not isinstance(value, Opaque):
             return local(other, value)
-        return self._rm_runner.ask(["op", name], [other, value], {})
+        return self._rm_runner.ask(["op", name], [other, value], {}, built=value._rm_built)
+
+    def _rm_shown(self, name: str, local: Callable[..., Any], *args: Any) -> str:
+        value = self._rm_value()
+        if isinstance(value, Opaque) and not value._rm_built:
+            return self._rm_runner.placeholder(name, value)
+        return str(self._rm_typed(name, local, str, *args))
 
     def _rm_typed(self, name: str, local: Callable[..., Any], kind: type, *args: Any) -> Any:
         value = self._rm_op(name, local, *args)
@@ -458,12 +574,12 @@ class Opaque:
         return op(value, other)
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        return self._rm_runner.ask(self._rm_target, list(args), kwargs)
+        return self._rm_runner.ask(self._rm_target, list(args), kwargs, built=self._rm_builds())
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__") and name not in _DATA_DUNDERS:
             raise AttributeError(name)
-        return self._rm_runner.ask(["op", "getattr"], [self, name], {})
+        return self._rm_runner.ask(["op", "getattr"], [self, name], {}, built=self._rm_built)
 
     def __setattr__(self, name: str, value: Any) -> None:
         self._rm_runner.ask(["op", "setattr"], [self, name, value], {})
@@ -493,19 +609,26 @@ class Opaque:
         return self._rm_compare(operator.ge, other)
 
     def __bool__(self) -> bool:
-        return bool(self._rm_typed("bool", bool, bool))
+        value = self._rm_value()
+        if not isinstance(value, Opaque) or value._rm_built:
+            return bool(self._rm_typed("bool", bool, bool))
+        # Not built by the test: true, as any object is by default (`while node:`); one that says
+        # it is false would be the solution's claim (`assert not is_prime(8)`).
+        if self._rm_runner.ask(["op", "bool"], [value], {}) is not True:
+            raise value._rm_refuse("bool")
+        return True
 
     def __len__(self) -> int:
         return int(self._rm_typed("len", len, int))
 
     def __str__(self) -> str:
-        return str(self._rm_typed("str", str, str))
+        return self._rm_shown("str", str)
 
     def __repr__(self) -> str:
-        return str(self._rm_typed("repr", repr, str))
+        return self._rm_shown("repr", repr)
 
     def __format__(self, spec: str) -> str:
-        return str(self._rm_typed("format", format, str, spec))
+        return self._rm_shown("format", format, spec)
 
     def __int__(self) -> int:
         return int(self._rm_typed("int", int, int))

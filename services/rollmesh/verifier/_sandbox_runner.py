@@ -346,8 +346,21 @@ OPS: dict[str, Any] = {
 answered by the object's own methods. Comparisons are not here: they are the verdict's."""
 
 
+_BUILTIN_EXCEPTIONS: dict[str, type] = {
+    name: cls
+    for name, cls in vars(builtins).items()
+    if isinstance(cls, type) and issubclass(cls, BaseException)
+}  # taken before any solution is loaded
+
+
 def _call_error(exc: BaseException) -> dict[str, Any]:
-    return {"raised": type(exc).__name__[:60], "error": _short(exc)}
+    """The exception as the nearest builtin class it derives from (`class E(ValueError)` crosses
+    as ValueError, so `except ValueError` catches it as Python would); its message keeps its name."""
+    raised = next(
+        (c.__name__ for c in type(exc).__mro__ if _BUILTIN_EXCEPTIONS.get(c.__name__) is c),
+        "BaseException",
+    )
+    return {"raised": raised, "error": _short(exc)}
 
 
 class Runner:
