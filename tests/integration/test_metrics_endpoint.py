@@ -6,6 +6,7 @@ generations and tokens, verifies, the job's state; counters only grow by what th
 from __future__ import annotations
 
 import asyncio
+import gc
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ def test_a_metrics_port_in_use_is_one_config_error() -> None:
 async def test_the_embedded_mesh_serves_every_service_metrics(tmp_path: Path) -> None:
     spec = ModelSpec(name="fake", backend="fake", model="fake")
     cfg = GatewayConfig(models=(spec,), default_model="fake", http_port=-1)
+    gc.collect()  # earlier tests' dropped gateways: the live gauges read every one still in memory
     async with embedded_mesh(cfg, output_dir=str(tmp_path / "runs"), metrics_port=0) as mesh:
         assert mesh.metrics_url.startswith("http://127.0.0.1:")
         before = await asyncio.to_thread(_scrape, mesh.metrics_url)

@@ -87,4 +87,4 @@ def _read(gateway: Gateway) -> Iterator[tuple[str, dict[str, str], float]]:
         yield "rollmesh_gateway_policy_version", {"model": m.name}, _version(m.policy_version)
 
 
-LIVE = LiveCollector(_read, _LIVE_DOCS)
+LIVE = LiveCollector(_read, _LIVE_DOCS, newest=frozenset({"rollmesh_gateway_policy_version"}))

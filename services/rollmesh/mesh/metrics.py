@@ -15,6 +15,7 @@ itself is off unless asked for (ROLLMESH_METRICS_PORT, `rollmesh serve ... --met
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -107,15 +108,29 @@ class LiveCollector(Collector, Generic[S]):
     endpoint's thread: it may only read attributes (never await, never mutate)."""
 
     def __init__(
-        self, read: Callable[[S], Iterable[tuple[str, dict[str, str], float]]], docs: dict[str, str]
+        self,
+        read: Callable[[S], Iterable[tuple[str, dict[str, str], float]]],
+        docs: dict[str, str],
+        *,
+        newest: frozenset[str] = frozenset(),
     ):
         self._read = read
         self._docs = docs
+        self._newest = newest  # families that are not amounts (a version): the largest, not the sum
         self._objects: weakref.WeakSet[Any] = weakref.WeakSet()
         REGISTRY.register(self)
 
     def watch(self, obj: S) -> None:
         self._objects.add(obj)
+
+    def _combine(self, name: str, seen: float | None, value: float) -> float:
+        """Several objects with the same labels (a process that made more than one): the sum of
+        amounts; for a `newest` family the largest number, a NaN only when no object has one."""
+        if seen is None:
+            return value
+        if name not in self._newest:
+            return seen + value
+        return value if math.isnan(seen) else seen if math.isnan(value) else max(seen, value)
 
     def describe(self) -> list[Metric]:
         return [GaugeMetricFamily(name, doc) for name, doc in self._docs.items()]
@@ -126,7 +141,7 @@ class LiveCollector(Collector, Generic[S]):
         for obj in list(self._objects):
             for name, labelled, value in self._read(obj):
                 key = (name, tuple(sorted(labelled.items())))
-                values[key] = values.get(key, 0.0) + value  # several objects: their sum
+                values[key] = self._combine(name, values.get(key), value)
         for (name, labels), value in values.items():
             family = families.get(name)
             if family is None:
