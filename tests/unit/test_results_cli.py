@@ -223,3 +223,27 @@ async def test_a_job_json_with_an_unreadable_total_is_not_checked(tmp_path: Path
         )
         res = await invoke("aggregate", str(tmp_path / "full"), "--json")
         assert res.exit_code == 0 and json.loads(res.stdout)["num_rollouts"] == 23, (total, res.output)
+
+
+def test_every_reading_command_answers_a_hostile_file_in_one_line(tmp_path: Path) -> None:
+    """health, timing, aggregate and profile on what a results file should not hold: one `error:`
+    line naming the file (and the line, when there is one), exit 2, never a traceback."""
+    good = json.dumps(make(0, 0).to_row()).encode() + b"\n"
+    files = {
+        "huge.jsonl": (b'{"a": "' + b"x" * 50_000_000 + b'"}\n', ":1: not a rollout row of rollmesh"),
+        "latin1.jsonl": (good + b'{"task_index": 1, "x": "\xff\xfe"}\n', ":2: not valid JSON (not UTF-8"),
+        "string.jsonl": (good + b'"a string"\n', ":2: not a JSON object"),
+        "empty.jsonl": (b"", "no rollout rows in "),
+    }
+    for name, (data, _) in files.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / "folder").mkdir()
+    cases = [(tmp_path / name, needle) for name, (_, needle) in files.items()]
+    cases += [(tmp_path / "missing.jsonl", ": no such file"), (tmp_path / "folder", "no rollout files in ")]
+    for command in ("health", "timing", "aggregate", "profile"):
+        for path, needle in cases:
+            res = runner.invoke(build_app(), [command, str(path)])
+            said = " ".join(res.stderr.split())
+            assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (command, path, res.output)
+            assert said.count("error:") == 1 and str(path) in said and needle in said, (command, said)
+            assert "Traceback" not in res.output, (command, path)
