@@ -94,7 +94,7 @@ class Mesh:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def mesh(tmp_path_factory: pytest.TempPathFactory, verifiers_python: Path) -> AsyncIterator[Mesh]:
     root = tmp_path_factory.mktemp("vf-root")
-    for env_id in ("vf_calc", "vf_rubric", "vf_counter", "vf_guess"):
+    for env_id in ("vf_calc", "vf_rubric", "vf_counter", "vf_guess", "vf_group"):
         folder = root / "environments" / env_id
         folder.mkdir(parents=True)
         toml = f'env_id = "{env_id}"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
@@ -182,9 +182,7 @@ def own_scores(python: Path, env_id: str, rows: list[dict[str, Any]]) -> list[di
     return scores
 
 
-async def run_job(
-    mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path
-) -> list[dict[str, Any]]:
+async def submit(mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path) -> Any:
     data = out / "rows.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -202,7 +200,13 @@ async def run_job(
         output_dir=str(out),
         retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2),
     )
-    rec = await manager.wait((await manager.submit(spec)).job_id)
+    return await manager.wait((await manager.submit(spec)).job_id)
+
+
+async def run_job(
+    mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path
+) -> list[dict[str, Any]]:
+    rec = await submit(mesh, rows, environment, out)
     assert rec.state == "SUCCEEDED", rec
     path = out / rec.job_id / "rollouts.jsonl"
     assert len(store.load_files([path]).rollouts) == len(rows)
@@ -301,3 +305,17 @@ async def test_multi_turn_game_ends_on_its_final_env_response(
         assert (last["role"], last["content"]) == ("user", "Correct!") and row["env_steps"][-1]["done"]
         assert row["reward"] == pytest.approx(1.0 + 0.5 / turns[target]), row
     await check_reverify_and_own_scoring(mesh, verifiers_python, "vf_guess", got, tmp_path)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_group_rubric_is_refused_by_name_never_scored_alone(
+    mesh: Mesh, verifiers_python: Path, tmp_path: Path
+) -> None:
+    rows = vf_rows(verifiers_python, "vf_group")
+    rec = await submit(mesh, rows, "vf_group", tmp_path / "runs")
+    assert rec.state == "FAILED", rec
+    assert "GROUP_RUBRIC_UNSUPPORTED" in rec.error and "group reward functions (score_group)" in rec.error
+    assert (
+        not (tmp_path / "runs" / rec.job_id / "rollouts.jsonl").is_file()
+        or not (tmp_path / "runs" / rec.job_id / "rollouts.jsonl").read_text().strip()
+    )
