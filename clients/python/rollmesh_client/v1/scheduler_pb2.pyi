@@ -423,7 +423,7 @@ class JobProgress(_message.Message):
     skipped_existing: _builtins.int
     """Rollouts already in the sink before this run (resume)."""
     mean_reward: _builtins.float
-    """Mean reward over succeeded rollouts so far."""
+    """Mean reward over succeeded rollouts so far, masked verdicts left out (as JobMetrics.mean_reward)."""
     rollouts_per_second: _builtins.float
     """Rollouts per second over this run."""
     tokens_per_second: _builtins.float
