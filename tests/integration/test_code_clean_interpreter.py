@@ -384,6 +384,7 @@ DUNDERS = Klass(
         "assert -root(9) == -3.0",
         "assert f'{total([1])}' == '1'",
         "assert abs(Solution().root(2) - 1.4142) < 1e-3",
+        "import pytest\nassert root(2) == pytest.approx(1.41421356)",
     ],
     honest=(
         "def root(x):\n    return x ** 0.5\ndef triple(x):\n    return [x] * 3\n"
@@ -470,6 +471,14 @@ FALSE_ZEROS = {
         "import unittest\nclass TestRaises(unittest.TestCase):\n    def test_it(self):\n        try:\n"
         "            root(-2)\n        except ValueError:\n            pass\n        else:\n"
         "            self.fail('no error')\n"
+    ),
+    "raises_pytest": "import pytest\nwith pytest.raises(ValueError, match='x'):\n    parse('x')",
+    "raises_in_a_loop_that_skips_a_failure": (
+        "for bad in [-1, -2]:\n    try:\n        root(bad)\n    except ValueError:\n        continue\n"
+        "    assert False"
+    ),
+    "pytest_approx": (
+        "import pytest\nassert root(2) == pytest.approx(1.41421356)\nassert [root(4)] == pytest.approx([2])"
     ),
     "assert_raises": (
         "import unittest\nclass TestRaises(unittest.TestCase):\n    def test_it(self):\n"

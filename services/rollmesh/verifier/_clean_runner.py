@@ -39,8 +39,10 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import math
 import operator
 import os
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -105,6 +107,7 @@ class CleanRunner:
         self.solution = types.ModuleType("solution")
         self.solution.__getattr__ = lambda name: Opaque(self, ["name", name])  # type: ignore[method-assign]
         sys.modules["solution"] = self.solution
+        sys.modules.setdefault("pytest", _pytest(self))
         self.globals: dict[str, Any] = {
             "__name__": "__main__",
             "__builtins__": builtins,
@@ -300,6 +303,60 @@ class CleanRunner:
     def refuse(self, what: str) -> Refused:
         self.case.failed = f"{what} of an object of the solution's own is not checked (compare plain data)"
         return Refused(self.case.failed)
+
+
+def _pytest(runner: CleanRunner) -> types.ModuleType:
+    """What tests use of pytest, when it is not installed here: `raises` (an assert that the block
+    raises) and `approx` (numbers, and lists or tuples of them, within a tolerance)."""
+    module = types.ModuleType("pytest")
+
+    class Raises:
+        def __init__(self, expected: Any, *, match: str | None = None) -> None:
+            self.expected, self.match = expected, match
+
+        def __enter__(self) -> Raises:
+            runner.begin()
+            return self
+
+        def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+            if exc is None:
+                raise AssertionError(f"DID NOT RAISE {self.expected}")
+            if not isinstance(exc, self.expected) or isinstance(exc, (Refused, Aborted, Unverifiable)):
+                return False
+            if self.match is not None and not re.search(self.match, str(exc)):
+                return False
+            return runner.pass_(True)
+
+    class Approx:
+        def __init__(self, expected: Any, rel: float | None = None, abs: float | None = None) -> None:
+            self.expected, self.rel, self.abs = expected, 1e-6 if rel is None else rel, abs or 1e-12
+
+        def close(self, want: Any, got: Any) -> bool:
+            if isinstance(want, (list, tuple)):
+                return type(got) is type(want) and len(got) == len(want) and all(map(self.close, want, got))
+            numbers = (int, float)
+            if type(got) not in numbers or type(want) not in numbers:
+                return bool(type(got) is type(want) and got == want)
+            return math.isclose(got, want, rel_tol=self.rel, abs_tol=self.abs)
+
+        def __eq__(self, other: object) -> bool:
+            return self.close(self.expected, other)
+
+        def __ne__(self, other: object) -> bool:
+            return not self.close(self.expected, other)
+
+        __hash__ = None  # type: ignore[assignment]
+
+        def __repr__(self) -> str:
+            return f"approx({self.expected!r})"
+
+    def fail(reason: str = "", pytrace: bool = True) -> None:
+        raise AssertionError(reason)
+
+    module.raises = Raises  # type: ignore[attr-defined]
+    module.approx = Approx  # type: ignore[attr-defined]
+    module.fail = fail  # type: ignore[attr-defined]
+    return module
 
 
 def _stdlib(module: str) -> str:
