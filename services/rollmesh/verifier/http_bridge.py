@@ -9,6 +9,8 @@ cookie set per rollout session, and every way the server can fail as a named err
   no connection (EnvServerUnreachable), no answer within `timeout_s` (EnvServerTimeout).
 - `json_object` reads an answer as a JSON object or raises EnvServerBadReply (never a guess).
 - `down`: why the last call reached no server ("" once one answers).
+- `bridge_config` reads a bridged environment's TOML declaration (nemo_gym.toml, verifiers.toml):
+  unknown keys, a missing required key and `venv` (its bin/python) are handled once for every kind.
 - A call whose connection fails (refused, dropped or reset before an answer: a loaded uvicorn drops
   keep-alive connections) is tried again, up to CONNECT_RETRIES times, as NeMo Gym's own client
   does; before each, `wait_ready` (a managed sidecar's `ready`: it may be restarting) is awaited,
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import tomllib
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from rollmesh.mesh import untrusted_json
-from rollmesh.mesh.errors import NotJson
+from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable
 
 Json = dict[str, Any]
@@ -34,6 +38,25 @@ MAX_BODY_BYTES = 64 << 20
 #: Calls whose connection failed (refused, dropped before an answer) are tried this many more times,
 #: as NeMo Gym's own client does: a loaded uvicorn drops keep-alive connections it is handed.
 CONNECT_RETRIES = 3
+
+
+def bridge_config(path: Path, fields: Collection[str], required: str, what: str) -> dict[str, Any]:
+    """The keys of a bridged environment's TOML file, checked: every key one of `fields` (or `venv`,
+    which becomes `python` = venv/bin/python unless `python` is given), `required` a non-empty string
+    (`what` says what it names). Any problem is a ConfigError naming the file."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    known = set(fields) | {"venv"}
+    if unknown := sorted(set(raw) - known):
+        raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if not isinstance(raw.get(required), str) or not raw[required]:
+        raise ConfigError(f"{path}: `{required}` ({what}) is required")
+    venv = raw.pop("venv", "")
+    if venv and not raw.get("python"):
+        raw["python"] = str(Path(venv) / "bin" / "python")
+    return raw
 
 
 @dataclass

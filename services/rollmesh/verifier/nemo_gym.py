@@ -62,7 +62,6 @@ import os
 import re
 import tempfile
 import time
-import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -97,7 +96,7 @@ from rollmesh.verifier.errors import (
     EnvSessionLost,
     ReverifyUnsupported,
 )
-from rollmesh.verifier.http_bridge import Cookies, HttpBridge, Json, Reply
+from rollmesh.verifier.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.loader import BRIDGE_CONFIG
 
 log = get_logger("rollmesh.verifier.nemo_gym")
@@ -144,18 +143,7 @@ class NemoGymConfig:
     @classmethod
     def load(cls, folder: Path) -> NemoGymConfig:
         path = folder / CONFIG_FILE
-        try:
-            raw = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        known = set(cls.__dataclass_fields__) | {"venv"}
-        if unknown := sorted(set(raw) - known):
-            raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if not isinstance(raw.get("server"), str) or not raw["server"]:
-            raise ConfigError(f"{path}: `server` (the resources server's name) is required")
-        venv = raw.pop("venv", "")
-        if venv and not raw.get("python"):
-            raw["python"] = str(Path(venv) / "bin" / "python")
+        raw = bridge_config(path, cls.__dataclass_fields__, "server", "the resources server's name")
         for key in ("python", "server_dir", "config"):
             value = raw.get(key)
             if isinstance(value, str) and value and not Path(value).is_absolute() and key != "config":

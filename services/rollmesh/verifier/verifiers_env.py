@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import tomllib
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +63,7 @@ from rollmesh.verifier.errors import (
     EnvSessionLost,
     GroupRubricUnsupported,
 )
-from rollmesh.verifier.http_bridge import HttpBridge, Json, Reply
+from rollmesh.verifier.http_bridge import HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.loader import VERIFIERS_CONFIG
 from rollmesh.verifier.nemo_gym import foreign_env
 
@@ -88,18 +87,7 @@ class VerifiersConfig:
     @classmethod
     def load(cls, folder: Path) -> VerifiersConfig:
         path = folder / VERIFIERS_CONFIG
-        try:
-            raw = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-        known = set(cls.__dataclass_fields__) | {"venv"}
-        if unknown := sorted(set(raw) - known):
-            raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        if not isinstance(raw.get("env_id"), str) or not raw["env_id"]:
-            raise ConfigError(f"{path}: `env_id` (what verifiers.load_environment loads) is required")
-        venv = raw.pop("venv", "")
-        if venv and not raw.get("python"):
-            raw["python"] = str(Path(venv) / "bin" / "python")
+        raw = bridge_config(path, cls.__dataclass_fields__, "env_id", "what verifiers.load_environment loads")
         if raw.get("python") and not Path(raw["python"]).is_absolute():
             raw["python"] = str((folder / raw["python"]).resolve())
         paths = raw.get("paths", [])
