@@ -217,7 +217,7 @@ ENV_VARS: dict[str, EnvVar] = {
             "vllm",
             "Replica engine: vllm, or fake (scripted arithmetic answers, no weights; tests, demos).",
         ),
-        EnvVar("ROLLMESH_FAKE_TOKEN_LATENCY_S", 0.0, "fake engine: seconds per generated token."),
+        EnvVar("ROLLMESH_FAKE_TOKEN_LATENCY_S", 0.0, "fake engine: seconds between generated tokens."),
         EnvVar(
             "ROLLMESH_FAKE_LATENCY_S",
             0.0,

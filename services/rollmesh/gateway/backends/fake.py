@@ -152,7 +152,7 @@ def echo_last_user(prompt_text: str, request: EngineRequest) -> str:
 
 class FakeBackend(ModelBackend):
     """Scripted engine with `num_replicas` pretend replicas, configurable latency (`token_latency_s`
-    per token, `first_token_latency_s` before the first: ROLLMESH_FAKE_LATENCY_S), and hooks tests
+    between tokens, `first_token_latency_s` before the first: ROLLMESH_FAKE_LATENCY_S), and hooks tests
     use: `requests` (last 1000 EngineRequests), `aborted` (request ids passed to abort),
     `down` (generate raises BackendUnavailable), `wait_running(request_id)`, `wait_aborted(request_id)`.
 
@@ -257,7 +257,9 @@ class FakeBackend(ModelBackend):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(abort.wait(), self.first_token_latency_s)
             for i, tid in enumerate(ids):
-                if self.token_latency_s > 0:
+                # Between tokens: the first token's wait is first_token_latency_s (above), so a
+                # test can hold a stream open after its first delta.
+                if i > 0 and self.token_latency_s > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(abort.wait(), self.token_latency_s)
                 if abort.is_set():
