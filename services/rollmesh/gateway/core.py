@@ -69,6 +69,7 @@ class _Model:
     in_flight: Counter[str] = field(default_factory=Counter)
     spec: ModelSpec | None = None  # set for routes the gateway created (and must shut down)
     generating: set[str] = field(default_factory=set)  # request ids past the pause gate
+    waiting: int = 0  # generations held at the pause gate now
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while `generating` is empty
     updating: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight update at a time
     reference: Path | None = None  # the checkpoint first served: what new weights are checked against
@@ -93,6 +94,7 @@ class _Flight:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     # Set by an ABORT_AND_RETRY weight update: the engine request was aborted to run again.
     retry: bool = False
+    queued_s: float | None = None  # arrival to the first pass of the pause gate
 
 
 @dataclass
@@ -577,6 +579,7 @@ class Gateway:
         if m.running.is_set():
             return
         waits = [asyncio.ensure_future(m.running.wait()), asyncio.ensure_future(flight.aborted.wait())]
+        m.waiting += 1
         try:
             async with asyncio.timeout_at(deadline):
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -586,6 +589,7 @@ class Gateway:
                 metadata={"model": m.name},
             ) from None
         finally:
+            m.waiting -= 1
             for w in waits:
                 w.cancel()
 
@@ -623,6 +627,9 @@ class Gateway:
         try:
             while True:
                 await self._wait_running(m, flight, deadline)
+                if flight.queued_s is None:  # the first pass of the gate (a retry waits again)
+                    flight.queued_s = time.perf_counter() - arrived
+                    telemetry.QUEUE_SECONDS.labels(m.name).observe(flight.queued_s)
                 m.enter(rid)
                 try:
                     flight.retry = False

@@ -1,7 +1,8 @@
 """The gateway's Prometheus metrics (mesh/metrics.py serves them): generations by model and finish
-reason, their time and time to first token, tokens in and out, weight updates; read at scrape time
-off the live gateways: generations in flight per model and per replica, held (paused) or not, and the
-policy version each model serves.
+reason, their time, time to first token and time held at the pause gate (queueing), tokens in and
+out, weight updates; read at scrape time off the live gateways: generations in flight per model and
+per replica, waiting at the pause gate, held (paused) or not, and the policy version each model
+serves.
 
 Labels are bounded: a served model or route (at most `max_routes` of them), a finish reason (an
 unknown word counted as `other`), a replica id. Never a request or session id.
@@ -36,6 +37,13 @@ GENERATION_SECONDS = Histogram(
 FIRST_TOKEN_SECONDS = Histogram(
     "rollmesh_gateway_time_to_first_token_seconds",
     "Time from a generation's arrival to the engine's first output.",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+QUEUE_SECONDS = Histogram(
+    "rollmesh_gateway_queue_seconds",
+    "Time from a generation's arrival until it passed the pause gate to the engine (held while paused"
+    " for a weight update; about 0 otherwise).",
     ["model"],
     buckets=LATENCY_BUCKETS,
 )
@@ -74,6 +82,7 @@ _LIVE_DOCS = {
     "rollmesh_gateway_generations_in_flight": "Generations past the pause gate now, by model.",
     "rollmesh_gateway_replica_generations_in_flight": "Generations on each replica now.",
     "rollmesh_gateway_generations_held": "Models holding new generations now (paused, or a weight update).",
+    "rollmesh_gateway_generations_waiting": "Generations held at the pause gate now, by model.",
     "rollmesh_gateway_policy_version": "The policy version each model serves (NaN: a non-integer label).",
 }
 
@@ -84,6 +93,7 @@ def _read(gateway: Gateway) -> Iterator[tuple[str, dict[str, str], float]]:
         for replica, n in list(m.in_flight.items()):
             yield "rollmesh_gateway_replica_generations_in_flight", {"model": m.name, "replica": replica}, n
         yield "rollmesh_gateway_generations_held", {"model": m.name}, 0.0 if m.running.is_set() else 1.0
+        yield "rollmesh_gateway_generations_waiting", {"model": m.name}, float(m.waiting)
         yield "rollmesh_gateway_policy_version", {"model": m.name}, _version(m.policy_version)
 
 

@@ -419,6 +419,11 @@ class Environment(ABC):
         is non-empty ListEnvironments lists the environment as broken, with this text."""
         return ""
 
+    def server_restarts(self) -> int:
+        """How many times the server this environment bridges to was restarted since the verifier
+        started it (a managed server; metrics). Default: 0 (nothing out of process)."""
+        return 0
+
     def listed_tools(self) -> list[ToolSpec]:
         """The tools `rollmesh envs show` lists. Default: the `@tool` methods (a bridge: its
         server's tool routes)."""

@@ -407,6 +407,9 @@ class NemoGymEnvironment(Environment):
     def listed_tools(self) -> list[ToolSpec]:
         return list(self._route_tools)
 
+    def server_restarts(self) -> int:
+        return self._incarnation()
+
     def summary(self) -> str:
         mode = f"managed by the verifier ({self.cfg.interpreter()})" if self.cfg.managed else self.cfg.url
         return self.cfg.description or f"NeMo Gym resources server {self.cfg.server!r}, {mode}"

@@ -269,6 +269,11 @@ class VerifierService:
             f"no environment named {name!r}; loaded: {known}", metadata={"environment": name}
         )
 
+    def live_environments(self) -> tuple[list[Loaded], list[str]]:
+        """The loaded environments and the names of those that failed to load (copies: the metrics
+        endpoint's thread reads them)."""
+        return list(self._loaded.values()), list(self._broken)
+
     def environment(self, name: str) -> Environment:
         return self._env(name).env
 

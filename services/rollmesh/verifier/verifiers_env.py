@@ -212,6 +212,9 @@ class VerifiersEnvironment(Environment):
             return self.sidecar.problem or f"{self.sidecar.describe()} is {self.sidecar.state.value}"
         return self.http.down
 
+    def server_restarts(self) -> int:
+        return self.sidecar.restarts
+
     def summary(self) -> str:
         kind = f" ({self.kind})" if self.kind else ""
         return self.cfg.description or f"verifiers environment {self.cfg.env_id!r}{kind}"

@@ -42,6 +42,8 @@ class WorkerPool:
         self._all: set[Process] = set()
         self._closed = False
         self.restarts = 0
+        self.waiting = 0  # calls waiting for a free worker now (the queue depth)
+        self.busy = 0  # calls a worker is running now
 
     async def _spawn(self) -> Process:
         proc = await asyncio.create_subprocess_exec(
@@ -79,7 +81,12 @@ class WorkerPool:
     async def call(self, target: str, *args: Any, timeout_s: float) -> Any:
         if self._closed:
             raise WorkerError(f"{self.name} is closed")
-        worker = await self._slots.get()
+        self.waiting += 1
+        try:
+            worker = await self._slots.get()
+        finally:
+            self.waiting -= 1
+        self.busy += 1
         keep = False
         try:
             if worker is None or worker.returncode is not None:
@@ -103,6 +110,7 @@ class WorkerPool:
                 raise WorkerError(str(answer["error"]))
             return answer["ok"]
         finally:
+            self.busy -= 1
             if not keep and worker is not None:
                 await _kill(worker)
                 self._all.discard(worker)

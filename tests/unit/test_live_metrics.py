@@ -1,0 +1,110 @@
+"""What the gateway and the verifier read off their live state at scrape time: generations waiting
+at the pause gate and their queueing time; per environment whether it can serve, its bridged
+server's restarts and its worker queue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from prometheus_client import REGISTRY
+
+from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway import telemetry as gateway_telemetry
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
+from rollmesh.verifier import telemetry as verifier_telemetry
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.loader import Broken, Discovery, Loaded
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.workers import WorkerPool
+
+
+async def until(done: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not done():
+            await asyncio.sleep(0.01)
+
+
+def queued_count(model: str) -> float:
+    labels = {"model": model}
+    return REGISTRY.get_sample_value("rollmesh_gateway_queue_seconds_count", labels) or 0.0
+
+
+async def test_a_paused_gateway_counts_waiting_generations_and_their_queueing_time() -> None:
+    gw = Gateway([FakeBackend("queued-m")])
+    await gw.start()
+    before = queued_count("queued-m")
+    gw.pause("queued-m")
+    waiting = {n: v for n, labels, v in gateway_telemetry._read(gw) if n.endswith("_waiting")}
+    assert waiting == {"rollmesh_gateway_generations_waiting": 0.0}
+    job = asyncio.ensure_future(gw.generate(GenerateInput(messages=(Message("user", "hi"),))))
+
+    def waiting_now() -> float:
+        (m,) = [v for n, _, v in gateway_telemetry._read(gw) if n == "rollmesh_gateway_generations_waiting"]
+        return m
+
+    await until(lambda: waiting_now() == 1.0)
+    assert queued_count("queued-m") == before  # observed when it passes the gate, not before
+    gw.resume("queued-m")
+    await job
+    assert waiting_now() == 0.0
+    assert queued_count("queued-m") == before + 1
+    await gw.shutdown()
+
+
+class Slow(Environment):
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        await self.context.workers.call("time:sleep", float(task.row["s"]), timeout_s=60)
+        return VerifyResult(1.0)
+
+
+class Down(Slow):
+    def problem(self) -> str:
+        return "its server is down"
+
+    def server_restarts(self) -> int:
+        return 3
+
+
+def live(svc: VerifierService) -> dict[tuple[str, str], float]:
+    return {(n, labels.get("environment", "")): v for n, labels, v in verifier_telemetry._read(svc)}
+
+
+async def test_the_verifier_reports_each_environment_up_its_restarts_and_its_worker_queue(
+    tmp_path: Path,
+) -> None:
+    cfg = replace(VerifierConfig(), verify_timeout_s=60.0)
+    pool = WorkerPool(1, name="slow-workers")
+    slow = Slow(EnvContext("slow", tmp_path, cfg, pool))
+    down = Down(EnvContext("down", tmp_path, cfg, WorkerPool(1)))
+    svc = VerifierService(
+        cfg,
+        Discovery(
+            {"slow": Loaded("slow", slow, "test"), "down": Loaded("down", down, "test")},
+            {"gone": Broken("gone", "test", "failed to import")},
+        ),
+    )
+    first = live(svc)
+    assert first[("rollmesh_verifier_environment_up", "slow")] == 1.0
+    assert first[("rollmesh_verifier_environment_up", "down")] == 0.0
+    assert first[("rollmesh_verifier_environment_up", "gone")] == 0.0
+    assert first[("rollmesh_verifier_environment_server_restarts", "down")] == 3.0
+    assert first[("rollmesh_verifier_environment_server_restarts", "slow")] == 0.0
+    # One worker, three checks: one runs, two wait for it.
+    calls = [asyncio.ensure_future(pool.call("time:sleep", 1.0, timeout_s=60)) for _ in range(3)]
+    try:
+        await until(
+            lambda: (
+                live(svc)[("rollmesh_verifier_worker_calls_running", "slow")] == 1.0
+                and live(svc)[("rollmesh_verifier_worker_calls_waiting", "slow")] == 2.0
+            )
+        )
+        await asyncio.gather(*calls)
+        now = live(svc)
+        assert now[("rollmesh_verifier_worker_calls_running", "slow")] == 0.0
+        assert now[("rollmesh_verifier_worker_calls_waiting", "slow")] == 0.0
+    finally:
+        await pool.aclose()
