@@ -54,7 +54,8 @@ _LIVE_DOCS = {
     " load, or the server it bridges to is down: ListEnvironments lists it broken).",
     "rollmesh_verifier_environment_server_restarts": "Restarts of the server an environment bridges to"
     " (a managed NeMo Gym or verifiers server) since the verifier started it.",
-    "rollmesh_verifier_worker_calls_waiting": "Checks waiting for a free worker process now (the queue depth).",
+    "rollmesh_verifier_worker_calls_waiting": "Checks waiting for a free worker process now (the queue"
+    " depth).",
     "rollmesh_verifier_worker_calls_running": "Checks running in a worker process now.",
 }
 
