@@ -1171,6 +1171,9 @@ async def test_the_trainer_gets_the_rows_the_jsonl_sink_writes_for_the_same_job(
         assert [getattr(sent, f) for f in same] == [getattr(stored, f) for f in same]
         # Tool-call ids name the job (call_<job id>_...): the one field that differs between the jobs.
         assert without_call_ids(sent.messages) == without_call_ids(stored.messages)
+        # Where its time went reaches the trainer too: one model time per turn, the tool call.
+        assert len(r.timing["model_s"]) == 2 and len(r.timing["tool_s"]) == 1
+        assert sent.timing is not None and sent.timing.to_json() == r.timing
 
 
 def without_call_ids(messages: list[dict[str, object]]) -> str:

@@ -63,6 +63,13 @@ class TrainerRollout:
         data = json.loads(self.raw.task_json) if self.raw.task_json else {}
         return data if isinstance(data, dict) else {}
 
+    @property
+    def timing(self) -> dict[str, Any]:
+        """Where the rollout's time went (seconds per phase, as a row's `timing`); {} when the
+        scheduler did not record it."""
+        data = json.loads(self.raw.timing_json) if self.raw.timing_json else {}
+        return data if isinstance(data, dict) else {}
+
     @classmethod
     def from_pb(cls, msg: scheduler_pb2.Rollout) -> TrainerRollout:
         tokens = msg.tokens

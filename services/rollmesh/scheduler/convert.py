@@ -15,6 +15,7 @@ from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.scheduler.metrics import Metrics
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh.scheduler.spec import SAMPLING_FIELDS
+from rollmesh.scheduler.timing import RolloutTiming
 from rollmesh_client.v1 import common_pb2, scheduler_pb2
 
 _STATES = {
@@ -84,6 +85,7 @@ def rollout_to_pb(r: Rollout) -> scheduler_pb2.Rollout:
         messages=[message_to_pb(m) for m in r.messages],
         verify_details_json=json.dumps(r.verify_details, ensure_ascii=False) if r.verify_details else "",
         agent_program_json=json.dumps(r.agent_program, ensure_ascii=False) if r.agent_program else "",
+        timing_json=json.dumps(r.timing.to_json()) if r.timing is not None else "",
         env_steps=[
             scheduler_pb2.EnvStepRecord(
                 reward=float(s.get("reward", 0.0)),
@@ -109,6 +111,7 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
         messages=[message_from_pb(m) for m in msg.messages],
         verify_details=json.loads(msg.verify_details_json) if msg.verify_details_json else {},
         agent_program=json.loads(msg.agent_program_json) if msg.agent_program_json else {},
+        timing=RolloutTiming.from_json(json.loads(msg.timing_json)) if msg.timing_json else None,
         tokens=from_pb(TokenRecord, msg.tokens, turns=[from_pb(TurnSpan, t) for t in msg.tokens.turns]),
         env_steps=[
             {"reward": s.reward, "done": s.done, "info": json.loads(s.info_json) if s.info_json else {}}

@@ -769,6 +769,7 @@ class Rollout(_message.Message):
     ENV_STEPS_FIELD_NUMBER: _builtins.int
     MASKED_FIELD_NUMBER: _builtins.int
     AGENT_PROGRAM_JSON_FIELD_NUMBER: _builtins.int
+    TIMING_JSON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_json: _builtins.str
     """The input row, serialized JSON (echoed in the output)."""
@@ -794,6 +795,10 @@ class Rollout(_message.Message):
     agent_program_json: _builtins.str
     """An external agent program's run (JSON: exit_code, stdout and stderr tails, calls, refused_calls);
     empty for the built-in loop.
+    """
+    timing_json: _builtins.str
+    """Where the rollout's time went (JSON, the row's `timing`: queued_s, retried_s, seed_s, model_s,
+    first_token_s, tool_s, env_step_s, verify_s; seconds); empty when it was not recorded.
     """
     @_builtins.property
     def key(self) -> _common_pb2.RolloutKey: ...
@@ -834,10 +839,11 @@ class Rollout(_message.Message):
         env_steps: _abc.Iterable[Global___EnvStepRecord] | None = ...,
         masked: _builtins.bool = ...,
         agent_program_json: _builtins.str = ...,
+        timing_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "tokens", b"tokens", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_program_json", b"agent_program_json", "attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "masked", b"masked", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_program_json", b"agent_program_json", "attempts", b"attempts", "env_steps", b"env_steps", "extracted_answer", b"extracted_answer", "finish_reason", b"finish_reason", "job_id", b"job_id", "key", b"key", "latency_s", b"latency_s", "masked", b"masked", "messages", b"messages", "policy_version", b"policy_version", "reward", b"reward", "reward_components", b"reward_components", "seed", b"seed", "task_json", b"task_json", "timing_json", b"timing_json", "tokens", b"tokens", "usage", b"usage", "verify_details_json", b"verify_details_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
