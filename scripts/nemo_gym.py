@@ -16,13 +16,14 @@ an interrupted run leaves nothing half-made. Exit status: 0 ready (the path on s
     python scripts/nemo_gym.py venv [--version 0.4.0] [--server NAME ...]   # prints its interpreter
 
 `venv` builds a virtualenv for running NeMo Gym's resources servers themselves (the bridge's managed
-mode, verifier/nemo_gym.py): the interpreter NeMo Gym needs (pyenv's 3.12 for 0.2-0.4; see
-`find_python`), nemo-gym from the cached wheel and each named server's own requirements.txt (the
-tested servers by default). nemo-gym pins its own openai, ray and mlflow, so it never shares
-rollmesh's virtualenv. The venv is `<cache>/<version>/venv/`: a stamp lists what is installed, a
-server whose requirements are missing is added, and the lock makes concurrent callers wait for one
-build (an interrupted build is found without its stamp and made again). Exit status 3: no interpreter
-of the version NeMo Gym needs on this machine (the tests skip, naming it).
+mode, verifier/nemo_gym.py, and the compose stack's `nemo-gym` image, deploy/Dockerfile.nemo-gym):
+the interpreter NeMo Gym needs (pyenv's 3.12 for 0.2-0.4; see `find_python`), nemo-gym from the
+cached wheel and each named server's own requirements.txt (the tested servers by default). nemo-gym
+pins its own openai, ray and mlflow, so it never shares rollmesh's virtualenv. The venv is
+`<cache>/<version>/venv/`: a stamp lists what is installed, a server whose requirements are missing
+is added, and the lock makes concurrent callers wait for one build (an interrupted build is found
+without its stamp and made again). Exit status 3: no interpreter of the version NeMo Gym needs on
+this machine (the tests skip, naming it).
 """
 
 from __future__ import annotations
@@ -157,27 +158,29 @@ def find_python(version: str = DEFAULT_VERSION) -> Path:
 
 
 def find_interpreter(want: str, who: str) -> Path:
-    """A Python >= `want` of its minor version: `python3.X` on PATH, else pyenv's newest 3.X
-    (`$PYENV_ROOT`, default ~/.pyenv). NoInterpreter (naming `who` needs it) when there is none."""
+    """A Python >= `want`: `python3.X` on PATH (X: `want`'s minor), else pyenv's newest 3.X
+    (`$PYENV_ROOT`, default ~/.pyenv), else `python3` on PATH when it is a later one (Debian trixie's
+    3.13 in the `nemo-gym` container image, deploy/Dockerfile.nemo-gym). NoInterpreter (naming `who`
+    needs it) when there is none."""
     minor = ".".join(want.split(".")[:2])
-    found = shutil.which(f"python{minor}")
-    candidates = [Path(found)] if found else []
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
-    candidates += [
-        Path(p) for p in sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")))[::-1]
-    ]
-    for path in candidates:
+    candidates = [shutil.which(f"python{minor}")]
+    candidates += sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")))[::-1]
+    candidates.append(shutil.which("python3"))
+    for path in (Path(c) for c in candidates if c):
         done = subprocess.run(
-            [str(path), "-c", "import sys; print(sys.version_info[:3])"],
+            [str(path), "-c", "import sys; print(*sys.version_info[:3])"],
             capture_output=True,
             text=True,
             check=False,
         )
-        if done.returncode == 0 and done.stdout.startswith(f"({minor.replace('.', ', ')}, "):
-            got = tuple(int(x) for x in done.stdout.strip("()\n").split(", "))
-            if got >= tuple(int(x) for x in want.split(".")):
-                return path
-    raise NoInterpreter(f"{who} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions")
+        got = tuple(int(x) for x in done.stdout.split()) if done.returncode == 0 else ()
+        if got[:1] == (3,) and got >= tuple(int(x) for x in want.split(".")):
+            return path
+    raise NoInterpreter(
+        f"{who} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions, "
+        "and no later python3 on PATH"
+    )
 
 
 def server_requirements(version: str, server: str) -> list[str]:

@@ -9,11 +9,12 @@ from aiohttp import web
 
 
 @asynccontextmanager
-async def serve_app(app: web.Application) -> AsyncIterator[str]:
-    """Serve `app` until the block ends; yields its origin, `http://127.0.0.1:PORT`."""
+async def serve_app(app: web.Application, port: int = 0) -> AsyncIterator[str]:
+    """Serve `app` on `port` (0: a free one) until the block ends; yields its origin,
+    `http://127.0.0.1:PORT`."""
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     try:
         yield f"http://127.0.0.1:{runner.addresses[0][1]}"

@@ -142,8 +142,8 @@ class FakeGym:
 
 
 @asynccontextmanager
-async def fake_gym(gym: FakeGym) -> AsyncIterator[str]:
-    async with serve_app(gym.app()) as origin:
+async def fake_gym(gym: FakeGym, port: int = 0) -> AsyncIterator[str]:
+    async with serve_app(gym.app(), port) as origin:
         try:
             yield origin
         finally:

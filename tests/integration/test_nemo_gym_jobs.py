@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from rollmesh.devtools.fake_scripts import nemo_gym_counter_agent
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
@@ -46,22 +47,13 @@ def plays(prompt_text: str, request: EngineRequest) -> str:
     """The fake model: on a counter row ("add 1 then add 2 then get the count") it calls
     increment_counter once per number, then get_counter_value, then says the count; on a multi-turn
     row it answers each user message with its last word and then `Eiffel`."""
-    del request
     user = re.search(r"<\|user\|>\n(.*?)<\|end\|>", prompt_text, re.S)
     asked = user.group(1) if user else ""
     for prefix, calls in XLAM_ANSWERS.items():
         if asked.startswith(prefix):
             return "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)
     if "then get the count" in asked:
-        numbers = [int(n) for n in re.findall(r"\d+", asked)]
-        done = prompt_text.count("<|tool|>")
-        if done < len(numbers):
-            call = {"name": "increment_counter", "arguments": {"count": numbers[done]}}
-            return f"<tool_call>{json.dumps(call)}</tool_call>"
-        if done == len(numbers):
-            return '<tool_call>{"name": "get_counter_value", "arguments": {}}</tool_call>'
-        count = re.findall(r'"count": ?(\d+)', prompt_text)
-        return f"The count is {count[-1] if count else '?'}."
+        return nemo_gym_counter_agent(prompt_text, request)
     return f"The Eiffel tower; {prompt_text.rsplit(' ', 1)[-1][:20]}"
 
 

@@ -5,6 +5,7 @@ each server fault as a named error, never a reward."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -151,6 +152,29 @@ async def test_a_server_that_is_down_is_listed_broken_until_it_answers(tmp_path:
         _, broken = svc.list_environments()
         assert [b.name for b in broken] == ["counter"] and "Cannot connect" in broken[0].error
     assert err.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_server_that_comes_up_after_the_verifier_leaves_broken_with_its_tools(
+    tmp_path: Path,
+) -> None:
+    """A compose stack starts the server and the verifier at once: the server is probed until it
+    answers, then listed with its tool routes, before any session."""
+    gym = FakeGym()
+    async with fake_gym(gym) as url:
+        pass  # its port, free again
+    port = int(url.rsplit(":", 1)[1])
+    async with bridged(tmp_path, url) as svc:
+        _, broken = svc.list_environments()
+        assert [b.name for b in broken] == ["counter"]
+        async with fake_gym(gym, port):
+            deadline = asyncio.get_running_loop().time() + 30
+            while svc.list_environments()[1]:
+                assert asyncio.get_running_loop().time() < deadline, "still broken 30 s after it came up"
+                await asyncio.sleep(0.05)
+            infos, _ = svc.list_environments()
+    (counter,) = [i for i in infos if i.name == "counter"]
+    assert {t.name for t in counter.tools} == {"increment_counter", "get_counter_value"}
+    assert not [path for path, _ in gym.calls if path == "/seed_session"], "listed without a session"
 
 
 async def test_a_verify_without_a_session_replays_the_executed_calls(tmp_path: Path) -> None:

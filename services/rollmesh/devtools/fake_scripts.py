@@ -1,11 +1,16 @@
 """Scripts for the fake backend (`ROLLMESH_FAKE_SCRIPT=rollmesh.devtools.fake_scripts:counter_agent`):
-a deterministic policy that plays a multi-turn tool environment, for tests and the docs' commands.
+deterministic policies that play a multi-turn tool environment, for tests and the docs' commands.
 
 `counter_agent` plays the built-in `session_state` environment ("The counter starts at S. Use the
 tools to add N to it, then tell me its value."): its first turn calls `increment_counter(N)`, the
 next `get_counter_value()`, the next answers "The counter is V." with the value the last tool
 returned. A conversation whose last user message carries "Progress:" (an agent that compacted its
 history into that message) is answered at once from the last number in it.
+
+`nemo_gym_counter_agent` plays NeMo Gym's own example_session_state_mgmt rows ("add 1 then add 2 then
+get the count", through the NeMo Gym bridge): one `increment_counter(n)` per number, in order, then
+`get_counter_value()`, then "The count is V." with the count the server returned. A conversation of
+another kind is answered "I cannot play this." (no tool call).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from rollmesh.gateway.backends.base import EngineRequest
 
 _ADD = re.compile(r"add (-?\d+)")
 _NUMBER = re.compile(r"-?\d+")
+_FIRST_USER = re.compile(r"<\|user\|>\n(.*?)<\|end\|>", re.S)
+_COUNT = re.compile(r'"count": ?(-?\d+)')
 
 
 def _call(name: str, arguments: dict[str, int]) -> str:
@@ -39,3 +46,19 @@ def counter_agent(prompt_text: str, request: EngineRequest) -> str:
         return _call("get_counter_value", {})
     value = results[-1].split("<|end|>", 1)[0].strip()
     return f"The counter is {value}."
+
+
+def nemo_gym_counter_agent(prompt_text: str, request: EngineRequest) -> str:
+    del request
+    first = _FIRST_USER.search(prompt_text)
+    asked = first.group(1) if first else ""
+    if "then get the count" not in asked:
+        return "I cannot play this."
+    numbers = [int(n) for n in _NUMBER.findall(asked)]
+    done = prompt_text.count("<|tool|>")
+    if done < len(numbers):
+        return _call("increment_counter", {"count": numbers[done]})
+    if done == len(numbers):
+        return _call("get_counter_value", {})
+    count = _COUNT.findall(prompt_text)
+    return f"The count is {count[-1] if count else '?'}."

@@ -11,10 +11,11 @@ the server needs. The job comes in ROLLMESH_NEMO_GYM_SERVER (JSON):
                                                # holding resources_servers.<server>)
      "overrides": {}}                          # fields set over the YAML's server config
 
-It binds 127.0.0.1:$ROLLMESH_SIDECAR_PORT (0: any free port), writes `127.0.0.1:<port>` to
-$ROLLMESH_PORT_FILE, builds the server class the way NeMo Gym's `run_webserver` does (its config
-validated from the YAML, the session middleware, liveness at GET /, the exception middleware) and
-serves it with uvicorn on that socket. The server's own folder, and the root its
+It binds 127.0.0.1:$ROLLMESH_SIDECAR_PORT (0: any free port; $ROLLMESH_NEMO_GYM_HOST instead of
+127.0.0.1 where the server is a container of its own: the compose stack's `nemo-gym` service), writes
+`<host>:<port>` to $ROLLMESH_PORT_FILE when set, builds the server class the way NeMo Gym's
+`run_webserver` does (its config validated from the YAML, the session middleware, liveness at GET /,
+the exception middleware) and serves it with uvicorn on that socket. The server's own folder, and the root its
 `resources_servers.<server>` imports need, are importable. Errors go to stderr (the sidecar's log)
 and exit 1.
 """
@@ -98,10 +99,11 @@ def main() -> None:
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", int(os.environ.get("ROLLMESH_SIDECAR_PORT") or 0)))
+    host = os.environ.get("ROLLMESH_NEMO_GYM_HOST") or "127.0.0.1"
+    sock.bind((host, int(os.environ.get("ROLLMESH_SIDECAR_PORT") or 0)))
     sock.listen(2048)
     port = sock.getsockname()[1]
-    cfg |= {"host": "127.0.0.1", "port": port, "name": name, "entrypoint": entry}
+    cfg |= {"host": host, "port": port, "name": name, "entrypoint": entry}
     head = {"host": "127.0.0.1", "port": 0}
     global_config = {name: {"resources_servers": {job["server"]: cfg}}, "head_server": head, "dry_run": False}
     os.environ["NEMO_GYM_CONFIG_DICT"] = json.dumps(global_config)
@@ -146,10 +148,11 @@ def main() -> None:
         if hasattr(server, step):
             getattr(server, step)(app)
 
-    port_file = Path(os.environ["ROLLMESH_PORT_FILE"])
-    tmp = port_file.with_suffix(".tmp")
-    tmp.write_text(f"127.0.0.1:{port}\n")
-    tmp.rename(port_file)
+    if os.environ.get("ROLLMESH_PORT_FILE"):
+        port_file = Path(os.environ["ROLLMESH_PORT_FILE"])
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(f"{host}:{port}\n")
+        tmp.rename(port_file)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)).run(sockets=[sock])
 
 

@@ -49,9 +49,11 @@ The protocol (what NeMo Gym's simple_agent does, plus 0.7.0's additions):
   seeded session EnvSessionLost (its state is gone: the rollout is retried from its seed).
 
 Attach modes and isolation: a URL-attached server is whatever the user runs (its isolation is
-theirs). A managed server is a sidecar (launch/sidecar.py) running verifier/_nemo_gym_server.py in
-the named interpreter on loopback: BROKEN in ListEnvironments while it is down, restarted with
-backoff, stopped with the verifier; it runs as the verifier's user, with the verifier's network.
+theirs); one that is down when the verifier starts is BROKEN and probed with backoff until it
+answers (then its tools are listed). A managed server is a sidecar (launch/sidecar.py) running
+verifier/_nemo_gym_server.py in the named interpreter on loopback: BROKEN in ListEnvironments while
+it is down, restarted with backoff, stopped with the verifier; it runs as the verifier's user, with
+the verifier's network.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ from rollmesh.verifier.errors import (
     BadTask,
     EnvServerBadReply,
     EnvServerError,
+    EnvServerTimeout,
     EnvServerUnreachable,
     EnvSessionLost,
     ReverifyUnsupported,
@@ -310,6 +313,7 @@ class NemoGymEnvironment(Environment):
         self._routes: set[str] = set()
         self._reverify_mode = "unknown"
         self._discovered = False
+        self._discovery: asyncio.Task[None] | None = None
         self._gymnasium = False
 
     def _sidecar_spec(self, python: str) -> SidecarSpec:
@@ -352,6 +356,20 @@ class NemoGymEnvironment(Environment):
             await self._discover()
         except EnvServerUnreachable as exc:  # attached by URL and not up yet: listed broken until it is
             log.warning("nemo_gym_server_unreachable", environment=self.context.name, error=exc.message)
+            self._discovery = asyncio.create_task(self._discover_when_up())
+
+    async def _discover_when_up(self) -> None:
+        """A URL-attached server that was down at start (a compose stack starts it with the verifier)
+        is probed until it answers: then it leaves BROKEN and lists its tools without waiting for a
+        first session. Backoff 0.5 s doubling to 10 s; ends with the environment (aclose)."""
+        delay = 0.5
+        while not self._discovered:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            try:
+                await self._discover()
+            except (EnvServerUnreachable, EnvServerTimeout):
+                continue
 
     async def _discover(self) -> None:
         """Read the server's routes (OpenAPI): its tools, /close_session, /reverify_mode."""
@@ -395,6 +413,9 @@ class NemoGymEnvironment(Environment):
         )
 
     async def aclose(self) -> None:
+        if self._discovery is not None:
+            self._discovery.cancel()
+            await asyncio.gather(self._discovery, return_exceptions=True)
         await self.http.aclose()
         if self.sidecar is not None:
             await self.sidecar.stop()
