@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,7 +21,7 @@ from rollmesh.mesh.server import ServiceBinding
 from rollmesh_client import Client, RollmeshClientError
 from tests.conftest import StartServer
 from tests.procs import run_cli
-from tests.unit.test_gateway_update_weights import write_checkpoint
+from tests.unit.test_gateway_update_weights import new_weights_upper, write_checkpoint
 
 USER = [{"role": "user", "content": "what is 5+7?"}]
 
@@ -134,3 +135,43 @@ async def test_cli_models_list_shows_each_replicas_weights(mesh: Mesh) -> None:
     assert code == 0, err
     replicas = json.loads(out)[0]["replicas"]
     assert [(r["weights_id"], r["policy_version"]) for r in replicas] == [("step7", "7")] * 2
+
+
+class StallsAfterTwo(FakeBackend):
+    """Produces two ids, then waits 60 s per id (until a weight load makes it fast again)."""
+
+    async def generate(self, request: Any) -> Any:
+        n = 0
+        async for chunk in super().generate(request):
+            n += len(chunk.token_ids)
+            if n == 2 and not self.weight_loads:
+                self.token_latency_s = 60
+            yield chunk
+
+
+async def test_sdk_continue_answers_one_generation_of_two_versions(
+    start_server: StartServer, tmp_path: Path
+) -> None:
+    backend = StallsAfterTwo("tiny", weights_dir=write_checkpoint(tmp_path / "served"))
+    backend.script = new_weights_upper(backend)
+    gateway = Gateway([backend])
+    await gateway.start()
+    server = await start_server([ServiceBinding.of(GatewayServicer(gateway))])
+    async with await Client.connect(gateway=server.address, timeout_s=30) as client:
+        running = asyncio.create_task(client.gateway.generate(USER, request_id="p", timeout_s=60))
+        await backend.wait_running("p")
+
+        def fast(replica: str, checkpoint: Path) -> None:
+            backend.token_latency_s = 0.0
+
+        backend.weight_load_hook = fast
+        for _ in range(3000):  # the two old ids are out (bounded: 30 s)
+            if backend.token_latency_s == 60:
+                break
+            await asyncio.sleep(0.01)
+        resp = await client.gateway.update_weights(tmp_path / "served", in_flight="continue")
+        assert (resp.policy_version, resp.retried_requests) == ("1", 1)
+        r = await running
+    await gateway.shutdown()
+    assert (r.message.content, r.finish_reason, r.policy_version) == ("abCDEF", "stop", "0")
+    assert [(v.start, v.end, v.policy_version) for v in r.versions] == [(0, 2, "0"), (2, 7, "1")]

@@ -4,6 +4,7 @@ FINISH_IN_FLIGHT vs ABORT_AND_RETRY, all-or-nothing across replicas, policy vers
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import struct
@@ -15,9 +16,12 @@ import torch
 from safetensors.torch import save_file
 
 from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.types import GenerateResult
 from rollmesh.gateway.weights import check_checkpoint, next_version
 from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.versions import VersionSpan
 
 USER = (Message("user", "what is 5+7?"),)
 TENSORS = {"embed.weight": (16, 4), "layer.0.weight": (4, 4), "norm.weight": (4,)}
@@ -341,3 +345,157 @@ async def test_a_rollout_straddling_the_first_update_is_as_old_as_its_first_turn
     assert [t.policy_version for t in rec.turns] == ["0", "1"]
     rollout = Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=rec, policy_version="1")
     assert TrainerRollout.from_pb(convert.rollout_to_pb(rollout)).version == 0
+
+
+def new_weights_upper(backend: FakeBackend, target: str = "abcdef") -> Any:
+    """A script that writes the rest of `target` after what the assistant already wrote in the
+    prompt: lowercase on the served weights, uppercase once new weights are loaded (so the output
+    shows which weights produced which characters)."""
+
+    def script(prompt: str, request: Any) -> str:
+        so_far = prompt.rsplit("<|assistant|>\n", 1)[-1]
+        rest = target[len(so_far) :]
+        return rest.upper() if backend.weight_loads else rest
+
+    return script
+
+
+async def test_continue_goes_on_from_the_streamed_ids_on_the_new_weights(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = FakeBackend("m", weights_dir=served)
+    backend.script = new_weights_upper(backend)
+    gw = await started(backend)
+    backend.token_latency_s = 0.01
+    stream = gw.generate_stream(inp(request_id="p1", sampling=SamplingInput(max_tokens=50, logprobs=True)))
+    assert [getattr(await anext(stream), "text", "") for _ in range(2)] == ["a", "b"]
+    backend.token_latency_s = 60  # the next id waits for the update
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        backend.token_latency_s = 0.0
+
+    backend.weight_load_hook = fast
+    update = asyncio.create_task(
+        gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="continue")
+    )
+    rest = [x async for x in stream]
+    result = rest[-1]
+    assert isinstance(result, GenerateResult)
+    k = result.versions[0].end  # ids produced on the old weights: the two read, maybe one more
+    assert 2 <= k <= 3
+    assert result.versions == (VersionSpan(0, k, "0"), VersionSpan(k, 7, "1"))
+    assert (result.finish_reason, result.policy_version) == ("stop", "0")
+    assert result.message.content == "abcdef"[:k] + "ABCDEF"[k:]
+    assert "".join(getattr(x, "text", "") for x in rest[:-1]) == result.message.content[2:]
+    assert len(result.logprobs) == len(result.output_token_ids) == 7
+    first, second = [r for r in backend.requests if r.request_id == "p1"]
+    assert second.prompt_token_ids == (*first.prompt_token_ids, *result.output_token_ids[:k])
+    assert second.sampling.max_tokens == first.sampling.max_tokens - k == 50 - k
+    assert result.prompt_token_ids == first.prompt_token_ids  # the caller's prompt, not the resubmitted one
+    assert (await update).retried_requests == 1
+
+
+async def test_continue_before_any_id_runs_the_whole_generation_on_the_new_version(
+    served: Path, tmp_path: Path
+) -> None:
+    backend = FakeBackend("m", weights_dir=served)
+    backend.script = new_weights_upper(backend)
+    gw = await started(backend)
+    backend.first_token_latency_s = 60
+    running = asyncio.create_task(gw.generate(inp(request_id="p2")))
+    await backend.wait_running("p2")
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        backend.first_token_latency_s = 0.0
+
+    backend.weight_load_hook = fast
+    await gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="continue")
+    r = await asyncio.wait_for(running, 30)
+    assert (r.message.content, r.policy_version, r.versions) == ("ABCDEF", "1", ())
+    first, second = [q for q in backend.requests if q.request_id == "p2"]
+    assert second.prompt_token_ids == first.prompt_token_ids
+
+
+async def test_continue_after_the_last_allowed_id_ends_with_length(served: Path, tmp_path: Path) -> None:
+    """An abort that arrives once max_tokens ids are out leaves nothing to continue: "length"."""
+
+    class LateAbort(FakeBackend):
+        async def generate(self, request: Any) -> Any:
+            async for chunk in super().generate(request):
+                if chunk.finish_reason == "length":
+                    await self.wait_aborted(request.request_id)
+                    yield dataclasses.replace(chunk, finish_reason="abort")
+                    return
+                yield chunk
+
+    backend = LateAbort("m", weights_dir=served, script=lambda p, r: "abcdef")
+    gw = await started(backend)
+    running = asyncio.create_task(gw.generate(inp(request_id="p3", sampling=SamplingInput(max_tokens=3))))
+    await backend.wait_running("p3")
+    await gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="continue")
+    r = await asyncio.wait_for(running, 30)
+    assert (r.message.content, r.finish_reason, r.versions) == ("abc", "length", ())
+    assert [q.request_id for q in backend.requests].count("p3") == 1
+
+
+async def test_a_continued_turn_keeps_its_versions_through_record_row_proto_and_collate(
+    served: Path, tmp_path: Path
+) -> None:
+    """A turn split by a CONTINUE update, then a turn on the new weights: the token record says
+    which version made which ids (validated), through the JSONL row and the proto; the trainer's
+    version (the staleness bound's) is the oldest, and `collate` gives each generated id its own."""
+    from rollmesh.scheduler import convert
+    from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord
+    from rollmesh.scheduler.tokens import build_token_record, validate_token_record
+    from rollmesh_client.trainer import TrainerRollout, collate
+
+    backend = FakeBackend("m", weights_dir=served)
+    backend.script = new_weights_upper(backend)
+    gw = await started(backend)
+    backend.token_latency_s = 0.01
+    stream = gw.generate_stream(inp(session_id="s", sampling=SamplingInput(logprobs=True)))
+    await anext(stream)
+    backend.token_latency_s = 60
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        backend.token_latency_s = 0.0
+
+    backend.weight_load_hook = fast
+    update = asyncio.create_task(
+        gw.update_weights("m", write_checkpoint(tmp_path / "v1"), in_flight="continue")
+    )
+    first = [x async for x in stream][-1]
+    assert isinstance(first, GenerateResult) and len(first.versions) == 2
+    await update
+    follow_up = (*USER, first.message, Message("user", "again"))
+    second = await gw.generate(inp(messages=follow_up, session_id="s", sampling=SamplingInput(logprobs=True)))
+    assert (second.policy_version, second.versions) == ("1", ())
+
+    rec = build_token_record([first, second], logprobs_wanted=True)
+    t1, t2 = rec.turns
+    k = first.versions[0].end
+    assert t1.versions == (
+        VersionSpan(t1.output_start, t1.output_start + k, "0"),
+        VersionSpan(t1.output_start + k, t1.output_end, "1"),
+    )
+    assert (t1.policy_version, t2.versions) == ("0", ())
+    assert validate_token_record(rec) == []
+    assert TokenRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    broken = dataclasses.replace(t1, versions=(t1.versions[0],))
+    assert validate_token_record(dataclasses.replace(rec, turns=[broken, t2])) == [
+        f"turn 1: version spans end at {t1.output_start + k}, its output at {t1.output_end}"
+    ]
+
+    rollout = Rollout(RolloutKey(0, 0), "j", {}, [], 1.0, tokens=rec, policy_version="1")
+    pb = convert.rollout_to_pb(rollout)
+    assert convert.rollout_from_pb(pb).tokens.turns == rec.turns
+    trainer = TrainerRollout.from_pb(pb)
+    assert trainer.version == 0
+    batch = collate([trainer])
+    assert batch.token_versions is not None
+    row = batch.token_versions[0].tolist()
+    expected = [-1] * len(rec.token_ids)
+    expected[t1.output_start : t1.output_start + k] = [0] * k
+    expected[t1.output_start + k : t1.output_end] = [1] * (t1.output_end - t1.output_start - k)
+    expected[t2.output_start : t2.output_end] = [1] * (t2.output_end - t2.output_start)
+    assert row == expected

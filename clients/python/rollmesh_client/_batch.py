@@ -29,7 +29,9 @@ class RolloutBatch:
     float32, group_ids [B] int64 (one id per (job, task): the GRPO group), prompt_lengths [B] int64
     (ids before the first generated one), lengths [B] int64, truncated [B] bool, masked [B] bool
     (the verifier could not judge the row: its loss_mask is all 0 and its advantage 0, and it does
-    not move its group's mean), policy_versions / keys: per-row lists.
+    not move its group's mean), token_versions [B, T] int64 (the policy version that generated
+    each id, -1 off generated ids and where the label is not an integer: a turn a CONTINUE weight
+    update split has two), policy_versions (each row's oldest label) / keys: per-row lists.
     """
 
     input_ids: IntArray
@@ -44,6 +46,7 @@ class RolloutBatch:
     keys: list[tuple[str, int, int]] = field(default_factory=list)
     policy_versions: list[str] = field(default_factory=list)
     masked: npt.NDArray[np.bool_] | None = None
+    token_versions: IntArray | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -103,6 +106,7 @@ def collate(
     attn = np.zeros((b, width), dtype=np.int64)
     mask = np.zeros((b, width), dtype=np.int64)
     lps = np.zeros((b, width), dtype=np.float32)
+    versions = np.full((b, width), -1, dtype=np.int64)
     groups: dict[tuple[str, int], int] = {}
     group_ids = np.zeros(b, dtype=np.int64)
     for i, r in enumerate(rollouts):
@@ -113,6 +117,7 @@ def collate(
             mask[i, :n] = r.loss_mask[:n]
         if r.logprobs is not None:
             lps[i, :n] = r.logprobs[:n]
+        versions[i, :n] = [-1 if v is None else v for v in r.token_versions[:n]]
         group_ids[i] = groups.setdefault((r.job_id, r.task_index), len(groups))
     return RolloutBatch(
         input_ids=ids,
@@ -127,6 +132,7 @@ def collate(
         keys=[(r.job_id, r.task_index, r.rollout_index) for r in rollouts],
         policy_versions=[r.policy_version for r in rollouts],
         masked=np.asarray([r.masked for r in rollouts], dtype=np.bool_),
+        token_versions=versions,
     )
 
 

@@ -23,15 +23,16 @@ from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc
 
 MessageLike = cpb.ChatMessage | Mapping[str, Any]
+#: What a weight update does to running generations (UpdateWeightsRequest.in_flight).
+InFlight = Literal["finish", "abort_and_retry", "continue"]
 ToolLike = cpb.ToolSpec | Mapping[str, Any]
 
 
 def _update_head(
     *, model: str, checkpoint: str, policy_version: str, in_flight: str, drain_timeout_s: float
 ) -> pb.UpdateWeightsRequest:
-    mode = (
-        pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY if in_flight == "abort_and_retry" else pb.IN_FLIGHT_POLICY_FINISH
-    )
+    modes = {"abort_and_retry": pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY, "continue": pb.IN_FLIGHT_POLICY_CONTINUE}
+    mode = modes.get(in_flight, pb.IN_FLIGHT_POLICY_FINISH)
     return pb.UpdateWeightsRequest(
         model=model,
         checkpoint=checkpoint,
@@ -238,14 +239,16 @@ class GatewayClient(ServiceClient):
         *,
         model: str = "",
         policy_version: str = "",
-        in_flight: Literal["finish", "abort_and_retry"] = "finish",
+        in_flight: InFlight = "finish",
         drain_timeout_s: float = 0.0,
         timeout_s: float | None = 600.0,
     ) -> pb.UpdateWeightsResponse:
         """Load `checkpoint` (a safetensors folder the gateway and its replicas can read, or a registry
         model name) into every replica of `model` and bump its policy version (`policy_version`, or
         the previous integer + 1), all replicas or none. `in_flight`: running generations "finish" on
-        the old weights, or are aborted and run again on the new ones ("abort_and_retry").
+        the old weights, or are aborted and run again on the new ones ("abort_and_retry"), or stop and
+        go on on the new weights from the ids they produced ("continue": partial rollouts; each
+        response's `versions` says which version produced which ids).
         Raises CHECKPOINT_INCOMPATIBLE (nothing touched), WEIGHT_LOAD_FAILED (rolled back),
         WEIGHT_UPDATE_DRAIN_TIMEOUT (nothing changed)."""
         resp: pb.UpdateWeightsResponse = await self._unary(
@@ -267,7 +270,7 @@ class GatewayClient(ServiceClient):
         *,
         model: str = "",
         policy_version: str = "",
-        in_flight: Literal["finish", "abort_and_retry"] = "finish",
+        in_flight: InFlight = "finish",
         drain_timeout_s: float = 0.0,
         chunk_bytes: int = CHUNK_BYTES,
         timeout_s: float | None = 600.0,

@@ -59,6 +59,21 @@ class TrainerRollout:
         return list(zip(starts, ends, strict=True)) if starts else [(0, len(self.token_ids))]
 
     @property
+    def token_versions(self) -> list[int | None]:
+        """Per id of `token_ids`: the policy version (integer label) that generated it; None on ids
+        the policy did not generate and where the label is not an integer. A turn a CONTINUE weight
+        update split (partial rollouts) has ids of two versions; a staleness bound counts the oldest."""
+        out: list[int | None] = [None] * len(self.token_ids)
+        for t in self.raw.tokens.turns:
+            spans = [(s.start, s.end, s.policy_version) for s in t.versions] or [
+                (t.output_start, t.output_end, t.policy_version)
+            ]
+            for start, end, label in spans:
+                version = parse_version(label)
+                out[start:end] = [version] * (end - start)
+        return out
+
+    @property
     def task(self) -> dict[str, Any]:
         data = json.loads(self.raw.task_json) if self.raw.task_json else {}
         return data if isinstance(data, dict) else {}
@@ -73,7 +88,10 @@ class TrainerRollout:
     @classmethod
     def from_pb(cls, msg: scheduler_pb2.Rollout) -> TrainerRollout:
         tokens = msg.tokens
-        versions = [v for v in (parse_version(t.policy_version) for t in tokens.turns) if v is not None]
+        labels = [t.policy_version for t in tokens.turns] + [
+            s.policy_version for t in tokens.turns for s in t.versions
+        ]
+        versions = [v for v in (parse_version(label) for label in labels) if v is not None]
         version = min(versions) if versions else parse_version(msg.policy_version)
         return cls(
             job_id=msg.job_id,

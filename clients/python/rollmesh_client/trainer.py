@@ -28,7 +28,9 @@ longer lets through. (A scheduler that sends no SinkEnd, an older one, gets up t
 acknowledged on arrival, the rest waiting like any rollout.)
 
 Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
-weight sync. A rollout's version is the oldest of its turns. Its staleness is
+weight sync. A rollout's version is the oldest of its turns (and of the parts of a turn a CONTINUE
+weight update split: partial rollouts; `TrainerRollout.token_versions` and `collate`'s
+`token_versions` give the version of each generated id). Its staleness is
 `sink.policy_version - version`; above `max_staleness` it is dropped (acknowledged as a stale drop,
 which the job counts as stale_dropped; not delivered, not committed, so a resumed job regenerates
 it) or, with `on_stale="flag"`, delivered with

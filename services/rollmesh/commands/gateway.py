@@ -84,6 +84,13 @@ def update_weights(
             "--abort-in-flight", help="Abort running generations and run them again on the new weights."
         ),
     ] = False,
+    continue_in_flight: Annotated[
+        bool,
+        typer.Option(
+            "--continue-in-flight",
+            help="Stop running generations and continue them on the new weights from their tokens so far.",
+        ),
+    ] = False,
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", min=0, help="Seconds running generations may take (0: 300).")
     ] = 0.0,
@@ -108,10 +115,12 @@ def update_weights(
 
     if upload and not path.is_dir():
         raise typer.BadParameter(f"{checkpoint} is not a folder to upload", param_hint="CHECKPOINT")
+    if abort_in_flight and continue_in_flight:
+        raise typer.BadParameter("give --abort-in-flight or --continue-in-flight, not both")
     options: dict[str, Any] = {
         "model": model,
         "policy_version": version,
-        "in_flight": "abort_and_retry" if abort_in_flight else "finish",
+        "in_flight": "abort_and_retry" if abort_in_flight else "continue" if continue_in_flight else "finish",
         "drain_timeout_s": drain_timeout,
     }
 

@@ -48,15 +48,16 @@ from rollmesh.mesh import tracing, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.versions import spans_of_starts
 
 log = get_logger("rollmesh.gateway")
 
 BackendFactory = Callable[[ModelSpec], ModelBackend]
-InFlight = Literal["finish", "abort_and_retry"]
+InFlight = Literal["finish", "abort_and_retry", "continue"]
 DEFAULT_DRAIN_TIMEOUT_S = 300.0
 # UploadWeights: bytes allowed beyond the served safetensors (config, tokenizer, generation config).
 _UPLOAD_MARGIN_BYTES = 64 * 1024 * 1024
-# ABORT_AND_RETRY: how often aborts are re-sent to generations that reached the engine meanwhile.
+# ABORT_AND_RETRY / CONTINUE: how often aborts are re-sent to generations that reached the engine meanwhile.
 _REABORT_PERIOD_S = 0.5
 
 
@@ -92,9 +93,11 @@ class _Model:
 class _Flight:
     model: _Model
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
-    # Set by an ABORT_AND_RETRY weight update: the engine request was aborted to run again.
+    # Set by an ABORT_AND_RETRY or CONTINUE weight update: the engine request was aborted to run again.
     retry: bool = False
     queued_s: float | None = None  # arrival to the first pass of the pause gate
+    # CONTINUE: it runs again from the ids it produced (partial rollout), not from its prompt.
+    keep: bool = False
 
 
 @dataclass
@@ -103,6 +106,9 @@ class _Attempt:
 
     version: str
     prompt_ids: tuple[int, ...]
+    # (policy version, offset of the first output id it produced): one entry unless a CONTINUE
+    # weight update let the generation go on on new weights.
+    starts: list[tuple[str, int]] = field(default_factory=list)
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
@@ -112,6 +118,15 @@ class _Attempt:
     streamed: bool = False  # deltas reached the caller
     arrived: float = 0.0  # time.perf_counter() when the generation arrived (time to first token)
     first_token_s: float = 0.0  # seconds from arrival to the engine's first output (0: none yet)
+
+    def resume_on(self, version: str) -> None:
+        """The ids from here on come from `version` (a version that produced nothing is forgotten)."""
+        at = len(self.out_ids)
+        if self.starts and self.starts[-1][1] == at:
+            self.starts.pop()
+        if not self.starts or self.starts[-1][0] != version:
+            self.starts.append((version, at))
+        self.version = self.starts[0][0]
 
 
 def validate_sampling(
@@ -286,7 +301,8 @@ class Gateway:
 
         Order: validate the checkpoint against the served weights (nothing touched yet); hold new
         generations; "finish": wait for running ones to end (`DrainTimeout` past `drain_timeout_s`,
-        nothing changed) / "abort_and_retry": abort them, they run again after the load; load into
+        nothing changed) / "abort_and_retry": abort them, they run again after the load /
+        "continue": stop them, they go on after the load from the ids they produced; load into
         every replica (the backend rolls back and raises `WeightLoadFailed` when one fails); set the
         version; release held generations (unless the model was paused before). One update runs at a
         time per model; later ones wait."""
@@ -320,7 +336,9 @@ class Gateway:
             retried: set[str] = set()
             try:
                 drained = (
-                    self._abort_for_retry(m, retried) if in_flight == "abort_and_retry" else m.idle.wait()
+                    m.idle.wait()
+                    if in_flight == "finish"
+                    else self._abort_for_retry(m, retried, keep=in_flight == "continue")
                 )
                 try:
                     await asyncio.wait_for(drained, drain_timeout_s)
@@ -397,13 +415,14 @@ class Gateway:
             )
         return m.reference
 
-    async def _abort_for_retry(self, m: _Model, retried: set[str]) -> None:
-        """Abort every generation of `m` on the engine, marked to run again, until none runs."""
+    async def _abort_for_retry(self, m: _Model, retried: set[str], *, keep: bool = False) -> None:
+        """Abort every generation of `m` on the engine, marked to run again (`keep`: from the ids it
+        produced), until none runs."""
         while m.generating:
             for rid in list(m.generating):
                 flight = self._flights.get(rid)
                 if flight is not None and not flight.retry:
-                    flight.retry = True
+                    flight.retry, flight.keep = True, keep
                     retried.add(rid)
                     await m.backend.abort(rid)
             with contextlib.suppress(TimeoutError):
@@ -611,7 +630,10 @@ class Gateway:
 
         A weight update in ABORT_AND_RETRY mode aborts the engine request with `retry` set: the
         generation then runs again from its prompt on the new weights (new policy version), unless it
-        already streamed deltas to its caller (then it ends with finish_reason "abort")."""
+        already streamed deltas to its caller (then it ends with finish_reason "abort"). In CONTINUE
+        mode (`keep` set too) it goes on on the new weights from the ids it produced: the engine gets
+        the prompt plus those ids with the max_tokens left, the caller one output whose `versions`
+        say which version produced which ids (a stream's deltas simply continue)."""
         loop = asyncio.get_running_loop()
         arrived = time.perf_counter()
         deadline = None if timeout_s is None else loop.time() + max(timeout_s, 0.0)
@@ -624,6 +646,7 @@ class Gateway:
         request, reused = self._prepare(m, inp, rid, stream=deltas)
         flight = _Flight(m)
         self._flights[rid] = flight
+        attempt: _Attempt | None = None
         try:
             while True:
                 await self._wait_running(m, flight, deadline)
@@ -632,32 +655,49 @@ class Gateway:
                     telemetry.QUEUE_SECONDS.labels(m.name).observe(flight.queued_s)
                 m.enter(rid)
                 try:
-                    flight.retry = False
-                    attempt = _Attempt(
-                        version=m.policy_version, prompt_ids=request.prompt_token_ids, arrived=arrived
-                    )
+                    if attempt is None or not flight.keep:
+                        attempt = _Attempt(
+                            version=m.policy_version, prompt_ids=request.prompt_token_ids, arrived=arrived
+                        )
+                    flight.retry = flight.keep = False
+                    attempt.resume_on(m.policy_version)
                     if not flight.aborted.is_set():
-                        engine = self._run_engine(m, request, attempt, deadline)
+                        engine = self._run_engine(m, self._continued(request, attempt), attempt, deadline)
                         try:
                             async with contextlib.aclosing(engine):
                                 async for delta in engine:
-                                    if flight.retry and not attempt.streamed:
+                                    if flight.retry and not flight.keep and not attempt.streamed:
                                         continue  # this attempt runs again: its output is thrown away
                                     attempt.streamed = deltas
                                     yield delta
                         except Exception:
                             # Aborted for a weight update before the engine had it (a backend may
                             # cancel such a request with an error): it runs again like the others.
-                            if not (flight.retry and not attempt.streamed and not flight.aborted.is_set()):
+                            if not (
+                                flight.retry
+                                and (flight.keep or not attempt.streamed)
+                                and not flight.aborted.is_set()
+                            ):
                                 raise
                             attempt.finish = None
                 finally:
                     m.leave(rid)
                 if attempt.finish in (None, "abort") and flight.retry and not flight.aborted.is_set():
-                    if not attempt.streamed:
+                    if flight.keep:
+                        if len(attempt.out_ids) < request.sampling.max_tokens:
+                            log.info(
+                                "generation_continued_after_weight_update",
+                                request_id=rid,
+                                kept_tokens=len(attempt.out_ids),
+                            )
+                            attempt.finish = None
+                            continue
+                        attempt.finish = "length"  # the abort came after the last id it may produce
+                    elif not attempt.streamed:
                         log.info("generation_retried_after_weight_update", request_id=rid)
                         continue
-                    attempt.finish = "abort"
+                    else:
+                        attempt.finish = "abort"
                 break
             if attempt.finish is None:
                 if not flight.aborted.is_set():
@@ -676,6 +716,18 @@ class Gateway:
             yield result
         finally:
             del self._flights[rid]
+
+    @staticmethod
+    def _continued(request: EngineRequest, attempt: _Attempt) -> EngineRequest:
+        """`request` as it goes on from `attempt`'s output ids (CONTINUE): they join the prompt,
+        and max_tokens is what is left."""
+        if not attempt.out_ids:
+            return request
+        sampling = dataclasses.replace(
+            request.sampling, max_tokens=request.sampling.max_tokens - len(attempt.out_ids)
+        )
+        prompt = (*request.prompt_token_ids, *attempt.out_ids)
+        return dataclasses.replace(request, prompt_token_ids=prompt, sampling=sampling)
 
     async def _run_engine(
         self, m: _Model, request: EngineRequest, attempt: _Attempt, deadline: float | None
@@ -793,6 +845,7 @@ class Gateway:
             ),
             replica_id=attempt.replica,
             policy_version=attempt.version,
+            versions=spans_of_starts(attempt.starts, len(out_ids)),
             model=m.name,
             request_id=rid,
             reused_prefix_tokens=reused,

@@ -35,9 +35,11 @@ def _timeout(context: Any) -> float | None:
 
 def _update_options(request: pb.UpdateWeightsRequest) -> dict[str, Any]:
     """UpdateWeights' keyword options for `Gateway.update_weights` / `upload_weights`."""
-    mode: InFlight = (
-        "abort_and_retry" if request.in_flight == pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY else "finish"
-    )
+    modes: dict[int, InFlight] = {
+        pb.IN_FLIGHT_POLICY_ABORT_AND_RETRY: "abort_and_retry",
+        pb.IN_FLIGHT_POLICY_CONTINUE: "continue",
+    }
+    mode = modes.get(request.in_flight, "finish")
     drain = request.drain_timeout_s if request.drain_timeout_s > 0 else DEFAULT_DRAIN_TIMEOUT_S
     return {"policy_version": request.policy_version, "in_flight": mode, "drain_timeout_s": drain}
 

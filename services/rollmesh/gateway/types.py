@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from rollmesh.gateway.backends.base import ReplicaStatus, SamplingInput
 from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.mesh.versions import VersionSpan
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class GenerateResult:
     request_id: str
     reused_prefix_tokens: int = 0
     first_token_s: float = 0.0  # from arrival to the engine's first output (0: none)
+    #: Which policy version produced which output ids, when more than one did (a CONTINUE weight
+    #: update during the generation); `policy_version` is then the first (oldest).
+    versions: tuple[VersionSpan, ...] = ()
 
 
 @dataclass(frozen=True)

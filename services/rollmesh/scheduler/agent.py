@@ -30,6 +30,7 @@ from rollmesh.mesh import responses_items
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.mesh.versions import VersionSpan
 from rollmesh.scheduler.errors import GenerationAborted
 from rollmesh.scheduler.records import RolloutKey
 
@@ -63,6 +64,9 @@ class Turn:
     replica_id: str = ""
     policy_version: str = ""
     first_token_s: float = 0.0  # the gateway's time to first output (0: not reported)
+    #: Which policy version produced which output ids (offsets in `output_token_ids`), when more
+    #: than one did (a CONTINUE weight update during the turn); `policy_version` is the first.
+    versions: tuple[VersionSpan, ...] = ()
     #: The turn's prompt does not extend the ids before it (only an external program's turns: a
     #: compacted history, a sub-agent): it starts a new segment of the token record (tokens.py).
     new_segment: bool = False

@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from rollmesh.mesh import chat
 from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.mesh.versions import spans_from
 from rollmesh.scheduler.metrics import Metrics
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh.scheduler.spec import SAMPLING_FIELDS
@@ -112,7 +113,11 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
         verify_details=json.loads(msg.verify_details_json) if msg.verify_details_json else {},
         agent_program=json.loads(msg.agent_program_json) if msg.agent_program_json else {},
         timing=RolloutTiming.from_json(json.loads(msg.timing_json)) if msg.timing_json else None,
-        tokens=from_pb(TokenRecord, msg.tokens, turns=[from_pb(TurnSpan, t) for t in msg.tokens.turns]),
+        tokens=from_pb(
+            TokenRecord,
+            msg.tokens,
+            turns=[from_pb(TurnSpan, t, versions=spans_from(t.versions)) for t in msg.tokens.turns],
+        ),
         env_steps=[
             {"reward": s.reward, "done": s.done, "info": json.loads(s.info_json) if s.info_json else {}}
             for s in msg.env_steps

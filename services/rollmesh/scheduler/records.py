@@ -23,6 +23,7 @@ from typing import Any
 
 from rollmesh.mesh import responses_items
 from rollmesh.mesh.chat import Message
+from rollmesh.mesh.versions import VersionSpan
 from rollmesh.scheduler.timing import RolloutTiming
 
 Json = dict[str, Any]
@@ -57,6 +58,22 @@ class TurnSpan:
     #: external agent compacted its history, or ran a sub-agent) starts the next one, its prompt
     #: whole. Each segment is a sequence of its own; the built-in loop makes one.
     segment: int = 0
+    #: Which policy version produced which generated ids (offsets in the record's token_ids,
+    #: covering [output_start, output_end)), when more than one did: a CONTINUE weight update ran
+    #: during the turn (partial rollouts). Empty: `policy_version` produced them all; else it is
+    #: the first (oldest) span's.
+    versions: tuple[VersionSpan, ...] = ()
+
+    def to_json(self) -> Json:
+        out: Json = {k: v for k, v in self.__dict__.items() if k != "versions"}
+        if self.versions:  # rows of single-version turns stay as they were
+            out["versions"] = [v.to_json() for v in self.versions]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Json) -> TurnSpan:
+        versions = tuple(VersionSpan.from_json(v) for v in data.get("versions") or ())
+        return cls(**{k: v for k, v in data.items() if k != "versions"}, versions=versions)
 
 
 @dataclass
@@ -85,7 +102,7 @@ class TokenRecord:
             "loss_mask": self.loss_mask,
             "logprobs": self.logprobs,
             "logprobs_recorded": self.logprobs_recorded,
-            "turns": [t.__dict__ for t in self.turns],
+            "turns": [t.to_json() for t in self.turns],
         }
 
     @classmethod
@@ -95,7 +112,7 @@ class TokenRecord:
             token_ids=list(data.get("token_ids", [])),
             loss_mask=list(data.get("loss_mask", [])),
             logprobs=[float(x) for x in data.get("logprobs", [])],
-            turns=[TurnSpan(**t) for t in data.get("turns", [])],
+            turns=[TurnSpan.from_json(t) for t in data.get("turns", [])],
             logprobs_recorded=None if recorded is None else recorded is True,
         )
 

@@ -34,6 +34,7 @@ from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.mesh.in_process import InProcessMux, InProcessStub
 from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.mesh.versions import spans_from
 from rollmesh.scheduler.agent import (
     EnvDescription,
     EnvStep,
@@ -203,6 +204,7 @@ def _turn(resp: gateway_pb2.GenerateResponse) -> Turn:
         Turn,
         resp,
         message=message_from_pb(resp.message),
+        versions=spans_from(resp.versions),
         prompt_tokens=resp.usage.prompt_tokens,
         completion_tokens=resp.usage.completion_tokens,
     )

@@ -11,7 +11,9 @@ scheduler calls `build_token_record(turns)`. The record is:
     logprobs  = the policy's logprob of each generated id, 0.0 elsewhere (and where a turn brought
                 none: the record's `logprobs_recorded` is then False, e.g. the job did not ask)
     turns     = one TurnSpan per turn: [prompt_start, output_start) are the ids that turn's prompt
-                added, [output_start, output_end) the ids the policy generated
+                added, [output_start, output_end) the ids the policy generated; `versions`, when a
+                CONTINUE weight update split the turn (partial rollouts), which policy version
+                generated which of those ids (the gateway's spans, moved to record offsets)
 
 Each turn's prompt must start with every id so far (the gateway keeps the ids it generated, so a
 re-rendered template never changes them); if it does not, the record would train on tokens the
@@ -105,6 +107,7 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
                 policy_version=turn.policy_version,
                 replica_id=turn.replica_id,
                 segment=segment,
+                versions=tuple(v.shifted(output_start) for v in getattr(turn, "versions", ())),
             )
         )
     recorded = all(t.logprobs for t in turns if t.output_token_ids)
@@ -157,6 +160,7 @@ def validate_token_record(
         for i in range(span.output_start, span.output_end):
             expected[i] = 1
         prev_end = span.output_end
+        reasons.extend(_check_versions(t, span))
         before = record.turns[t - 2].segment if t > 1 else 0
         if type(span.segment) is not int or span.segment not in (before, before + 1):
             reasons.append(f"turn {t}: segment {span.segment!r:.20} does not follow segment {before}")
@@ -188,6 +192,24 @@ def validate_token_record(
     if messages is not None and tokenizer is not None:
         reasons.extend(_check_text(record, messages, tokenizer))
     return reasons
+
+
+def _check_versions(t: int, span: TurnSpan) -> list[str]:
+    """A turn's version spans (partial rollouts): none, or consecutive non-empty spans from its
+    output_start to its output_end, the first of them the turn's `policy_version`."""
+    if not span.versions:
+        return []
+    at = span.output_start
+    for v in span.versions:
+        if v.start != at or v.end <= v.start:
+            return [f"turn {t}: version span [{v.start}, {v.end}) does not follow on at {at}"]
+        at = v.end
+    if at != span.output_end:
+        return [f"turn {t}: version spans end at {at}, its output at {span.output_end}"]
+    if span.versions[0].policy_version != span.policy_version:
+        first = span.versions[0].policy_version
+        return [f"turn {t}: policy_version {span.policy_version!r} is not its first span's {first!r}"]
+    return []
 
 
 def validate_rollout(rollout: Rollout, *, tokenizer: Decoder | None = None) -> list[str]:

@@ -279,6 +279,7 @@ class TurnSpan(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     SEGMENT_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
     prompt_start: _builtins.int
     """Offset in TokenRecord.token_ids where this turn's prompt additions start."""
     output_start: _builtins.int
@@ -286,7 +287,9 @@ class TurnSpan(_message.Message):
     output_end: _builtins.int
     """Offset one past the last generated token of this turn."""
     policy_version: _builtins.str
-    """The policy version that generated this turn."""
+    """The policy version that generated this turn (its first generated ids: the oldest one when
+    `versions` is set).
+    """
     replica_id: _builtins.str
     """The replica that served this turn."""
     segment: _builtins.int
@@ -294,6 +297,13 @@ class TurnSpan(_message.Message):
     it (an external agent compacted its history, or ran a sub-agent) starts a new segment, and its
     prompt additions are its whole prompt. A trainer reads each segment as its own sequence.
     """
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[Global___VersionSpan]:
+        """Set only when more than one policy version generated the turn (a CONTINUE weight update ran
+        during it): consecutive spans, offsets in TokenRecord.token_ids, covering
+        [output_start, output_end), oldest first. Empty: `policy_version` generated all of it.
+        """
+
     def __init__(
         self,
         *,
@@ -303,14 +313,42 @@ class TurnSpan(_message.Message):
         policy_version: _builtins.str = ...,
         replica_id: _builtins.str = ...,
         segment: _builtins.int = ...,
+        versions: _abc.Iterable[Global___VersionSpan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_end", b"output_end", "output_start", b"output_start", "policy_version", b"policy_version", "prompt_start", b"prompt_start", "replica_id", b"replica_id", "segment", b"segment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["output_end", b"output_end", "output_start", b"output_start", "policy_version", b"policy_version", "prompt_start", b"prompt_start", "replica_id", b"replica_id", "segment", b"segment", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TurnSpan: _TypeAlias = TurnSpan  # noqa: Y015
+
+@_typing.final
+class VersionSpan(_message.Message):
+    """Generated ids one policy version produced: [start, end) in the ids that hold them."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    start: _builtins.int
+    end: _builtins.int
+    policy_version: _builtins.str
+    def __init__(
+        self,
+        *,
+        start: _builtins.int = ...,
+        end: _builtins.int = ...,
+        policy_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "policy_version", b"policy_version", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VersionSpan: _TypeAlias = VersionSpan  # noqa: Y015
 
 @_typing.final
 class TokenRecord(_message.Message):

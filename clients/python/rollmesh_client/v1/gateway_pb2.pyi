@@ -35,6 +35,11 @@ class _InFlightPolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_InFlig
     """Running generations are aborted and run again from their prompt on the new weights (a stream that
     already sent deltas ends with finish_reason "abort" instead: its caller retries).
     """
+    IN_FLIGHT_POLICY_CONTINUE: _InFlightPolicy.ValueType  # 3
+    """Partial rollouts: running generations stop, the weights change, and each continues on the new
+    weights from the ids it already produced (its prompt plus those ids resubmitted, with the
+    max_tokens left); the response's `versions` says which version produced which ids.
+    """
 
 class InFlightPolicy(_InFlightPolicy, metaclass=_InFlightPolicyEnumTypeWrapper):
     """What happens to generations running when a weight update starts."""
@@ -46,6 +51,11 @@ IN_FLIGHT_POLICY_FINISH: InFlightPolicy.ValueType  # 1
 IN_FLIGHT_POLICY_ABORT_AND_RETRY: InFlightPolicy.ValueType  # 2
 """Running generations are aborted and run again from their prompt on the new weights (a stream that
 already sent deltas ends with finish_reason "abort" instead: its caller retries).
+"""
+IN_FLIGHT_POLICY_CONTINUE: InFlightPolicy.ValueType  # 3
+"""Partial rollouts: running generations stop, the weights change, and each continues on the new
+weights from the ids it already produced (its prompt plus those ids resubmitted, with the
+max_tokens left); the response's `versions` says which version produced which ids.
 """
 Global___InFlightPolicy: _TypeAlias = InFlightPolicy  # noqa: Y015
 
@@ -145,6 +155,7 @@ class GenerateResponse(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REUSED_PREFIX_TOKENS_FIELD_NUMBER: _builtins.int
     FIRST_TOKEN_S_FIELD_NUMBER: _builtins.int
+    VERSIONS_FIELD_NUMBER: _builtins.int
     finish_reason: _builtins.str
     """"stop", "length", "tool_calls" (only for a turn that ended by itself: one cut by length keeps
     "length"), "abort", or "unknown" (an OpenAI-compatible server named none: it may be cut).
@@ -152,7 +163,9 @@ class GenerateResponse(_message.Message):
     replica_id: _builtins.str
     """The replica that served the request."""
     policy_version: _builtins.str
-    """The policy version label at generation time."""
+    """The policy version label at generation time (of the first output id: the oldest one when
+    `versions` is set).
+    """
     model: _builtins.str
     """The model that served it."""
     request_id: _builtins.str
@@ -180,6 +193,12 @@ class GenerateResponse(_message.Message):
 
     @_builtins.property
     def usage(self) -> _common_pb2.Usage: ...
+    @_builtins.property
+    def versions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.VersionSpan]:
+        """Set only when more than one policy version produced the output (a CONTINUE weight update ran
+        during the generation): consecutive spans, offsets in output_token_ids, oldest first.
+        """
+
     def __init__(
         self,
         *,
@@ -195,10 +214,11 @@ class GenerateResponse(_message.Message):
         request_id: _builtins.str = ...,
         reused_prefix_tokens: _builtins.int = ...,
         first_token_s: _builtins.float = ...,
+        versions: _abc.Iterable[_common_pb2.VersionSpan] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_s", b"first_token_s", "logprobs", b"logprobs", "message", b"message", "model", b"model", "output_token_ids", b"output_token_ids", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "replica_id", b"replica_id", "request_id", b"request_id", "reused_prefix_tokens", b"reused_prefix_tokens", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "first_token_s", b"first_token_s", "logprobs", b"logprobs", "message", b"message", "model", b"model", "output_token_ids", b"output_token_ids", "policy_version", b"policy_version", "prompt_token_ids", b"prompt_token_ids", "replica_id", b"replica_id", "request_id", b"request_id", "reused_prefix_tokens", b"reused_prefix_tokens", "usage", b"usage", "versions", b"versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -785,7 +805,9 @@ class UpdateWeightsResponse(_message.Message):
     policy_version: _builtins.str
     previous_version: _builtins.str
     retried_requests: _builtins.int
-    """ABORT_AND_RETRY: generations aborted to be run again."""
+    """ABORT_AND_RETRY: generations aborted to be run again; CONTINUE: generations continued on the
+    new weights.
+    """
     paused_s: _builtins.float
     """How long new generations were held (drain + load)."""
     checkpoint_path: _builtins.str
