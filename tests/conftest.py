@@ -83,3 +83,13 @@ def verifiers_python() -> Path:
         return Path(verifiers_venv.venv("0.3.1"))
     except verifiers_venv.NoInterpreter as exc:
         pytest.skip(f"no interpreter for verifiers: {exc}")
+
+
+@pytest.fixture(scope="session")
+def verifiers_v1_python() -> Path:
+    """The interpreter of a virtualenv with verifiers 0.4.0 (its `verifiers.v1` API; the same
+    script, another cached venv). Skipped only where no Python 3.11 exists to build it with."""
+    try:
+        return Path(verifiers_venv.venv("0.4.0"))
+    except verifiers_venv.NoInterpreter as exc:
+        pytest.skip(f"no interpreter for verifiers: {exc}")

@@ -10,7 +10,9 @@ import pytest
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.verifier.errors import EnvServerBadReply
-from rollmesh.verifier.verifiers_env import VerifiersConfig, score_result
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.config import facade_url
+from rollmesh.verifier.verifiers_env import LAUNCHER, LAUNCHER_V1, VerifiersConfig, score_result
 
 
 def config(tmp_path: Path, text: str) -> VerifiersConfig:
@@ -22,13 +24,38 @@ def test_a_config_resolves_its_venv_and_paths_against_its_folder(tmp_path: Path)
     cfg = config(tmp_path, 'env_id = "vf_x"\nvenv = "/opt/vf"\npaths = [".", "src"]\n[args]\nmax_turns = 3\n')
     assert cfg.python == "/opt/vf/bin/python" and cfg.interpreter() == "/opt/vf/bin/python"
     assert cfg.paths == (str(tmp_path.resolve()), str((tmp_path / "src").resolve()))
-    assert cfg.job() == {"env_id": "vf_x", "args": {"max_turns": 3}, "paths": list(cfg.paths)}
+    assert cfg.job() == {"env_id": "vf_x", "args": {"max_turns": 3}, "paths": list(cfg.paths), "judge": None}
+    assert cfg.launcher == LAUNCHER
+
+
+def test_a_taskset_config_is_served_by_the_v1_server_with_its_config_and_judge(tmp_path: Path) -> None:
+    cfg = config(tmp_path, 'taskset = "vf_t"\npython = "/p"\n[[config.task.judges]]\nid = "reference"\n')
+    judge = {"base_url": "http://127.0.0.1:1/v1", "model": "", "api_key_var": "K"}
+    assert cfg.launcher == LAUNCHER_V1 and cfg.name == "vf_t"
+    assert cfg.job(judge) == {
+        "taskset": "vf_t",
+        "config": {"task": {"judges": [{"id": "reference"}]}},
+        "paths": [],
+        "judge": judge,
+    }
+
+
+def test_the_judge_url_defaults_to_the_gateways_openai_facade() -> None:
+    env = {"ROLLMESH_GATEWAY_ADDR": "10.0.0.5:50052", "ROLLMESH_OPENAI_HTTP_PORT": "8001"}
+    assert facade_url(env) == "http://10.0.0.5:8001/v1"
+    assert facade_url({**env, "ROLLMESH_OPENAI_HTTP_PORT": "-1"}) == ""
+    assert VerifierConfig.from_env(environ={**env, "ROLLMESH_VERIFIER_JUDGE_URL": "http://j/v1"}).judge_url == (
+        "http://j/v1"
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "says"),
     [
-        ('python = "/x"\n', "`env_id`"),
+        ('python = "/x"\n', "one of `env_id`, `taskset`"),
+        ('env_id = "a"\ntaskset = "b"\n', "one of `env_id`, `taskset`"),
+        ('taskset = "b"\n[args]\nk = 1\n', "a taskset takes [config]"),
+        ('env_id = "a"\n[config]\nk = 1\n', "env_id takes [args]"),
         ('env_id = "vf_x"\nserver = "y"\n', "unknown keys server"),
         ('env_id = "vf_x"\npaths = "."\n', "`paths` must be a list"),
         ('env_id = "vf_x"\nargs = 3\n', "[args] must be a table"),

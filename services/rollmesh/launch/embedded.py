@@ -23,7 +23,7 @@ from rollmesh.gateway import Gateway, GatewayConfig
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
-from rollmesh.mesh import tracing
+from rollmesh.mesh import config, tracing
 from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.metrics import start_endpoint
@@ -119,10 +119,14 @@ async def embedded_mesh(
         mesh.openai_url = http.base_url
 
         on_phase("loading environments")
-        # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key.
+        # The math judge calls this mesh's gateway (not ROLLMESH_GATEWAY_ADDR's) with this mesh's key;
+        # verifiers judges its OpenAI facade (unless ROLLMESH_VERIFIER_JUDGE_URL names another).
         vcfg = VerifierConfig.from_env()
         vcfg = replace(
-            vcfg, gateway_addr=mesh.addresses["gateway"], server=replace(vcfg.server, api_key=api_key)
+            vcfg,
+            gateway_addr=mesh.addresses["gateway"],
+            judge_url=str(config.read("ROLLMESH_VERIFIER_JUDGE_URL")) or http.base_url,
+            server=replace(vcfg.server, api_key=api_key),
         )
         verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
         await verifier.start()

@@ -280,6 +280,17 @@ ENV_VARS: dict[str, EnvVar] = {
             "Verifier: gateway model for the math judge (empty: default).",
         ),
         EnvVar(
+            "ROLLMESH_VERIFIER_JUDGE_URL",
+            "",
+            "Verifier: the OpenAI-compatible base URL verifiers judges call (default: the gateway's "
+            "OpenAI facade, ROLLMESH_GATEWAY_ADDR's host at ROLLMESH_OPENAI_HTTP_PORT; docs/verifiers.md).",
+        ),
+        EnvVar(
+            "ROLLMESH_VERIFIER_JUDGE_MODEL",
+            "",
+            "Verifier: the model verifiers judges ask (empty: the gateway's default model).",
+        ),
+        EnvVar(
             "ROLLMESH_VERIFIER_SANDBOX_ISOLATION",
             "auto",
             "Verifier: code sandbox isolation: auto (namespaces; else process when ..._ALLOW_UNSAFE_PROCESS, "

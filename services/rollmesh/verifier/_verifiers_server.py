@@ -269,7 +269,28 @@ def load(job: Json) -> Any:
         sys.path.insert(0, os.path.abspath(path))
     import verifiers as vf  # type: ignore[import-not-found]
 
-    return vf.load_environment(job["env_id"], **(job.get("args") or {}))
+    env = vf.load_environment(job["env_id"], **(job.get("args") or {}))
+    if job.get("judge"):
+        point_judges(env.rubric, job["judge"])
+    return env
+
+
+def point_judges(rubric: Any, at: Json) -> None:
+    """Every JudgeRubric in the environment's rubric (RubricGroups walked) asks rollmesh's judge: the
+    gateway's OpenAI facade (`at`: base_url, api_key_var, model) instead of its own client."""
+    from openai import AsyncOpenAI  # type: ignore[import-not-found]
+
+    for sub in getattr(rubric, "rubrics", None) or []:
+        point_judges(sub, at)
+    if not hasattr(rubric, "judge_client"):
+        return
+    rubric.judge_client = AsyncOpenAI(
+        base_url=at["base_url"], api_key=os.environ.get(at["api_key_var"]) or "EMPTY"
+    )
+    rubric.judge_model = at["model"] or rubric.judge_model
+    objects = getattr(rubric, "class_objects", None)
+    if isinstance(objects, dict):
+        objects.update(judge_client=rubric.judge_client, judge_model=rubric.judge_model)
 
 
 def _write_port_file(path: str, port: int) -> None:
@@ -278,8 +299,9 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-async def serve(job: Json) -> None:
-    host = Host(load(job))
+async def serve_host(make_host: Any) -> None:
+    """Bind, serve `make_host()` (this file's Host, or another with its methods), write the port file."""
+    host = make_host()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", int(os.environ.get("ROLLMESH_SIDECAR_PORT", "0"))))
@@ -307,7 +329,8 @@ def main() -> None:
         for row in host.rows(ns.n):
             print(json.dumps(row, ensure_ascii=False))
         return
-    asyncio.run(serve(json.loads(os.environ["ROLLMESH_VERIFIERS_ENV"])))
+    job = json.loads(os.environ["ROLLMESH_VERIFIERS_ENV"])
+    asyncio.run(serve_host(lambda: Host(load(job))))
 
 
 if __name__ == "__main__":

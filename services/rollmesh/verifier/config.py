@@ -50,6 +50,10 @@ class VerifierConfig:
     math_judge_model: str = ""
     # The math judge's gateway: ROLLMESH_GATEWAY_ADDR, else the config table's default.
     gateway_addr: str = field(default_factory=lambda: service_addr("gateway"))
+    # Where verifiers judges ask (the gateway's OpenAI facade: `/v1` base URL), and which model ("":
+    # the gateway's default); "" judge_url: judges keep their own endpoints.
+    judge_url: str = ""
+    judge_model: str = ""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
@@ -96,6 +100,7 @@ class VerifierConfig:
             ),
             roots=RootsConfig.from_env(environ),
             gateway_addr=service_addr("gateway", environ),
+            judge_url=str(read("ROLLMESH_VERIFIER_JUDGE_URL", environ)) or facade_url(environ),
             sandbox=read_fields(
                 SandboxConfig,
                 sandbox,
@@ -104,3 +109,13 @@ class VerifierConfig:
                 limits=read_fields(SandboxLimits, sandbox, environ),
             ),
         )
+
+
+def facade_url(environ: Mapping[str, str] | None = None) -> str:
+    """The gateway's OpenAI facade as a base URL: ROLLMESH_GATEWAY_ADDR's host at
+    ROLLMESH_OPENAI_HTTP_PORT ("" when that port is -1, off, or 0, unknown)."""
+    port = int(read("ROLLMESH_OPENAI_HTTP_PORT", environ))
+    if port <= 0:
+        return ""
+    host = service_addr("gateway", environ).rsplit(":", 1)[0] or "127.0.0.1"
+    return f"http://{host}:{port}/v1"

@@ -40,10 +40,13 @@ MAX_BODY_BYTES = 64 << 20
 CONNECT_RETRIES = 3
 
 
-def bridge_config(path: Path, fields: Collection[str], required: str, what: str) -> dict[str, Any]:
+def bridge_config(
+    path: Path, fields: Collection[str], required: str | tuple[str, ...], what: str
+) -> dict[str, Any]:
     """The keys of a bridged environment's TOML file, checked: every key one of `fields` (or `venv`,
     which becomes `python` = venv/bin/python unless `python` is given), `required` a non-empty string
-    (`what` says what it names). Any problem is a ConfigError naming the file."""
+    (`what` says what it names; several keys: exactly one of them). Any problem is a ConfigError naming
+    the file."""
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -51,8 +54,11 @@ def bridge_config(path: Path, fields: Collection[str], required: str, what: str)
     known = set(fields) | {"venv"}
     if unknown := sorted(set(raw) - known):
         raise ConfigError(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    if not isinstance(raw.get(required), str) or not raw[required]:
-        raise ConfigError(f"{path}: `{required}` ({what}) is required")
+    keys = (required,) if isinstance(required, str) else required
+    given = [k for k in keys if k in raw]
+    if len(given) != 1 or not isinstance(raw[given[0]], str) or not raw[given[0]]:
+        one = f"`{keys[0]}`" if len(keys) == 1 else "one of " + ", ".join(f"`{k}`" for k in keys)
+        raise ConfigError(f"{path}: {one} ({what}) is required")
     venv = raw.pop("venv", "")
     if venv and not raw.get("python"):
         raw["python"] = str(Path(venv) / "bin" / "python")

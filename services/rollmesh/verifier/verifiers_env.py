@@ -1,11 +1,14 @@
-"""A verifiers environment (PrimeIntellect's `verifiers`, 0.3.x API): an `Environment` whose turns,
-tools and reward are served by the environment's own code in its own virtualenv (the bridge; no
-port needed), while rollmesh's scheduler keeps the loop.
+"""A verifiers environment (PrimeIntellect's `verifiers`: the 0.3.x API, or 0.4's `verifiers.v1`
+tasksets): an `Environment` whose turns, tools and reward are served by the environment's own code in
+its own virtualenv (the bridge; no port needed), while rollmesh's scheduler keeps the loop.
 
 Declared as `environments/<name>/verifiers.toml` in any artifact root (no env.py):
 
     env_id = "vf_calc"                   # what `verifiers.load_environment(env_id, ...)` loads: an
                                          # installed environment package (vf-install), or a module
+    # or, for verifiers 0.4:  taskset = "vf_v1_calc"   (a `verifiers.v1` Taskset plugin; its config
+    #                         in a [config] table, e.g. [[config.task.judges]]; served by
+    #                         _verifiers_v1_server.py, same protocol)
     python = "/opt/vf-venv/bin/python"   # its interpreter (or venv = "/opt/vf-venv"; default
                                          # ROLLMESH_VERIFIERS_PYTHON)
     paths = ["."]                        # folders put on the server's sys.path (a module not installed)
@@ -27,6 +30,9 @@ and speaks its small JSON protocol (see that file). Every verifiers environment 
   value is a reward component. A session-less verify (`rollmesh reverify`) replays the row's
   episode on a fresh state (seed, then each assistant turn through /step) and scores that.
 - A rubric with group reward functions is refused (409: GroupRubricUnsupported), never scored alone.
+- Judges ask rollmesh's model: with VerifierConfig.judge_url (the gateway's OpenAI facade; the
+  embedded mesh's own), every 0.3 JudgeRubric and every 0.4 plugged judge that names no endpoint is
+  pointed there, with the verifier's API key and judge_model ("": the gateway's default model).
 Failures are named, as the NeMo Gym bridge names them (EnvServerError, EnvServerBadReply,
 EnvServerUnreachable, EnvSessionLost when the server restarted under a seeded session).
 """
@@ -70,24 +76,34 @@ from rollmesh.verifier.nemo_gym import foreign_env
 log = get_logger("rollmesh.verifier.verifiers_env")
 
 LAUNCHER = Path(__file__).with_name("_verifiers_server.py")
+LAUNCHER_V1 = Path(__file__).with_name("_verifiers_v1_server.py")
+#: The variable holding the verifier's API key in the server process (its judges' key).
+JUDGE_KEY_VAR = "ROLLMESH_JUDGE_API_KEY"
 
 
 @dataclass(frozen=True)
 class VerifiersConfig:
     """An environment's verifiers.toml (paths resolved against its folder)."""
 
-    env_id: str
+    env_id: str = ""
+    taskset: str = ""
     description: str = ""
     python: str = ""
     paths: tuple[str, ...] = ()
     timeout_s: float = 60.0
     start_timeout_s: float = 180.0
     args: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, folder: Path) -> VerifiersConfig:
         path = folder / VERIFIERS_CONFIG
-        raw = bridge_config(path, cls.__dataclass_fields__, "env_id", "what verifiers.load_environment loads")
+        raw = bridge_config(
+            path,
+            cls.__dataclass_fields__,
+            ("env_id", "taskset"),
+            "what verifiers.load_environment loads, or a verifiers 0.4 taskset",
+        )
         if raw.get("python") and not Path(raw["python"]).is_absolute():
             raw["python"] = str((folder / raw["python"]).resolve())
         paths = raw.get("paths", [])
@@ -96,6 +112,12 @@ class VerifiersConfig:
         raw["paths"] = tuple(str((folder / p).resolve()) for p in paths)
         if not isinstance(raw.get("args", {}), dict):
             raise ConfigError(f"{path}: [args] must be a table of load_environment's keyword arguments")
+        if not isinstance(raw.get("config", {}), dict):
+            raise ConfigError(f"{path}: [config] must be a table (the taskset's config)")
+        if raw.get("taskset") and raw.get("args"):
+            raise ConfigError(f"{path}: [args] is for env_id; a taskset takes [config]")
+        if raw.get("env_id") and raw.get("config"):
+            raise ConfigError(f"{path}: [config] is for a taskset; env_id takes [args]")
         try:
             return cls(**raw)
         except TypeError as exc:
@@ -105,14 +127,25 @@ class VerifiersConfig:
         python = self.python or str(mesh_config.read("ROLLMESH_VERIFIERS_PYTHON"))
         if not python:
             raise ConfigError(
-                f"verifiers environment {self.env_id!r} names no interpreter: set `python` or `venv` "
+                f"verifiers environment {self.name!r} names no interpreter: set `python` or `venv` "
                 "in verifiers.toml, or ROLLMESH_VERIFIERS_PYTHON"
             )
         return python
 
-    def job(self) -> Json:
-        """What the server process is told to load (ROLLMESH_VERIFIERS_ENV)."""
-        return {"env_id": self.env_id, "args": self.args, "paths": list(self.paths)}
+    @property
+    def name(self) -> str:
+        return self.taskset or self.env_id
+
+    @property
+    def launcher(self) -> Path:
+        """The server script: 0.4 tasksets have their own (same protocol)."""
+        return LAUNCHER_V1 if self.taskset else LAUNCHER
+
+    def job(self, judge: Json | None = None) -> Json:
+        """What the server process is told to load (ROLLMESH_VERIFIERS_ENV); `judge` points its judges."""
+        if self.taskset:
+            return {"taskset": self.taskset, "config": self.config, "paths": list(self.paths), "judge": judge}
+        return {"env_id": self.env_id, "args": self.args, "paths": list(self.paths), "judge": judge}
 
 
 @dataclass
@@ -154,7 +187,8 @@ class VerifiersEnvironment(Environment):
         if context.path is None:
             raise ConfigError("a verifiers environment needs its folder (holding verifiers.toml)")
         self.cfg = VerifiersConfig.load(context.path)
-        self.where = f"verifiers environment {self.cfg.env_id!r}"
+        what = "verifiers taskset" if self.cfg.taskset else "verifiers environment"
+        self.where = f"{what} {self.cfg.name!r}"
         self.sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
         self.http = HttpBridge(
             self.where,
@@ -172,18 +206,25 @@ class VerifiersEnvironment(Environment):
         tag = f"verifiers-{self.context.name}-{uuid.uuid4().hex[:8]}"
         return SidecarSpec(
             name=f"{self.where} (environment {self.context.name!r})",
-            argv=(python, str(LAUNCHER)),
+            argv=(python, str(self.cfg.launcher)),
             log_path=logs / f"{tag}.log",
             port_file=logs / f"{tag}.addr",
             probe=self._probe,
             env={
                 **foreign_env(),
-                "ROLLMESH_VERIFIERS_ENV": json.dumps(self.cfg.job()),
+                "ROLLMESH_VERIFIERS_ENV": json.dumps(self.cfg.job(self._judge())),
+                JUDGE_KEY_VAR: self.context.config.server.api_key or "EMPTY",
                 "PYTHONUNBUFFERED": "1",
             },
             restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
         )
+
+    def _judge(self) -> Json | None:
+        cfg = self.context.config
+        if not cfg.judge_url:
+            return None
+        return {"base_url": cfg.judge_url, "model": cfg.judge_model, "api_key_var": JUDGE_KEY_VAR}
 
     async def _probe(self, address: str) -> bool:
         del address
@@ -217,7 +258,7 @@ class VerifiersEnvironment(Environment):
 
     def summary(self) -> str:
         kind = f" ({self.kind})" if self.kind else ""
-        return self.cfg.description or f"verifiers environment {self.cfg.env_id!r}{kind}"
+        return self.cfg.description or f"{self.where}{kind}"
 
     def takes_turns(self) -> bool:
         return True
