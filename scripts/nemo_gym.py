@@ -29,18 +29,25 @@ this machine (the tests skip, naming it).
 from __future__ import annotations
 
 import argparse
-import fcntl
-import glob
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from venv_build import (  # type: ignore[import-not-found]
+    AssetError,
+    NoInterpreter,
+    build_venv,
+    find_interpreter,
+    locked,
+)
+
+__all__ = ["NemoGymAssetError", "NoInterpreter", "data", "find_python", "venv"]
 
 DEFAULT_VERSION = "0.4.0"
 # nemo-gym's Requires-Python: pip download checks it against the version it is told to target.
@@ -49,8 +56,8 @@ _LATER_PYTHON = "3.13.14"
 _SERVERS = "resources_servers/"
 
 
-class NemoGymAssetError(RuntimeError):
-    """A step of fetching NeMo Gym's files failed; the message says which, in one line."""
+#: A step of fetching NeMo Gym's files failed; the message says which, in one line.
+NemoGymAssetError = AssetError
 
 
 def cache_root() -> Path:
@@ -60,18 +67,6 @@ def cache_root() -> Path:
 
 def target_python(version: str) -> str:
     return _TARGET_PYTHON.get(".".join(version.split(".")[:2]), _LATER_PYTHON)
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if missing) for the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def wheel(version: str) -> Path:
@@ -145,42 +140,11 @@ TESTED_SERVERS = (
     "hotpotqa_qa",
     "bunsenbench_chemistry_mcq",
 )
-_PIP_TIMEOUT_S = 1800
-
-
-class NoInterpreter(NemoGymAssetError):
-    """No Python of the version this NeMo Gym needs exists on this machine."""
 
 
 def find_python(version: str = DEFAULT_VERSION) -> Path:
     """An interpreter of the minor version nemo-gym `version` needs (`find_interpreter`)."""
-    return find_interpreter(target_python(version), f"nemo-gym=={version}")
-
-
-def find_interpreter(want: str, who: str) -> Path:
-    """A Python >= `want`: `python3.X` on PATH (X: `want`'s minor), else pyenv's newest 3.X
-    (`$PYENV_ROOT`, default ~/.pyenv), else `python3` on PATH when it is a later one (Debian trixie's
-    3.13 in the `nemo-gym` container image, deploy/Dockerfile.nemo-gym). NoInterpreter (naming `who`
-    needs it) when there is none."""
-    minor = ".".join(want.split(".")[:2])
-    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
-    candidates = [shutil.which(f"python{minor}")]
-    candidates += sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")))[::-1]
-    candidates.append(shutil.which("python3"))
-    for path in (Path(c) for c in candidates if c):
-        done = subprocess.run(
-            [str(path), "-c", "import sys; print(*sys.version_info[:3])"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        got = tuple(int(x) for x in done.stdout.split()) if done.returncode == 0 else ()
-        if got[:1] == (3,) and got >= tuple(int(x) for x in want.split(".")):
-            return path
-    raise NoInterpreter(
-        f"{who} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions, "
-        "and no later python3 on PATH"
-    )
+    return Path(find_interpreter(target_python(version), f"nemo-gym=={version}"))
 
 
 def server_requirements(version: str, server: str) -> list[str]:
@@ -194,56 +158,23 @@ def server_requirements(version: str, server: str) -> list[str]:
     ]
 
 
-def _pip(python: Path, args: list[str], what: str) -> None:
-    cmd = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=_PIP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise NemoGymAssetError(f"pip install of {what} took over {_PIP_TIMEOUT_S}s") from None
-    if done.returncode != 0:
-        errors = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith("WARNING")]
-        raise NemoGymAssetError(f"pip could not install {what}: {(errors or ['no output'])[-1]}")
-
-
 def venv(version: str = DEFAULT_VERSION, servers: tuple[str, ...] = TESTED_SERVERS) -> Path:
     """The interpreter of a virtualenv with nemo-gym `version` and `servers`' requirements (made,
     or completed, once; see the module docstring)."""
-    root = cache_root() / version
-    folder = root / "venv"
-    python = folder / "bin" / "python"
-    stamp = folder / ".rollmesh-installed.json"
-
-    def installed() -> set[str]:
-        try:
-            return set(json.loads(stamp.read_text())["servers"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return set()
-
-    if stamp.exists() and set(servers) <= installed():
-        return python
-    base = find_python(version)
-    with locked(root / ".venv.lock"):
-        have = installed()
-        if stamp.exists() and set(servers) <= have:
-            return python
-        if not stamp.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            done = subprocess.run(
-                [str(base), "-m", "venv", str(folder)], capture_output=True, text=True, check=False
-            )
-            if done.returncode != 0:
-                raise NemoGymAssetError(f"{base} -m venv {folder} failed: {done.stderr.strip()[-300:]}")
-            _pip(python, [str(wheel(version))], f"nemo-gym=={version}")
-        missing = sorted(set(servers) - have)
-        reqs = sorted({r for s in missing for r in server_requirements(version, s)})
-        if reqs:
-            _pip(python, reqs, f"the requirements of {', '.join(missing)}")
-        tmp = stamp.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"nemo_gym": version, "python": str(base), "servers": sorted(have | set(servers))})
+    return Path(
+        build_venv(
+            cache_root() / version / "venv",
+            base=lambda: find_python(version),
+            library=lambda: [str(wheel(version))],
+            what=f"nemo-gym=={version}",
+            key="servers",
+            items=servers,
+            requirements=lambda missing: sorted(
+                {r for s in missing for r in server_requirements(version, s)}
+            ),
+            stamp_fields={"nemo_gym": version},
         )
-        tmp.rename(stamp)
-    return python
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,131 @@
+"""A cached virtualenv for a foreign library, built once: what scripts/nemo_gym.py (`venv`) and
+scripts/verifiers_venv.py share.
+
+`build_venv(folder, ...)` gives `folder/bin/python` of a virtualenv made with a base interpreter
+(`find_interpreter`), the library installed first, then the named extra items (servers' requirements,
+environment packages). A stamp (`.rollmesh-installed.json`) lists the items installed: an item that is
+missing is added, an interrupted build (no stamp) is made again, and a file lock next to the folder
+makes concurrent callers wait for one build. Every failure is an AssetError in one line;
+NoInterpreter when the machine has no Python of the version needed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+PIP_TIMEOUT_S = 1800
+
+
+class AssetError(RuntimeError):
+    """A step of fetching or installing a foreign library failed; the message says which, in one line."""
+
+
+class NoInterpreter(AssetError):
+    """No Python of the version the library needs exists on this machine."""
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) for the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def find_interpreter(want: str, who: str) -> Path:
+    """A Python >= `want`: `python3.X` on PATH (X: `want`'s minor), else pyenv's newest 3.X
+    (`$PYENV_ROOT`, default ~/.pyenv), else `python3` on PATH when it is a later one (Debian trixie's
+    3.13 in the `nemo-gym` container image, deploy/Dockerfile.nemo-gym). NoInterpreter (naming `who`
+    needs it) when there is none."""
+    minor = ".".join(want.split(".")[:2])
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates = [shutil.which(f"python{minor}")]
+    candidates += sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")))[::-1]
+    candidates.append(shutil.which("python3"))
+    for path in (Path(c) for c in candidates if c):
+        done = subprocess.run(
+            [str(path), "-c", "import sys; print(*sys.version_info[:3])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        got = tuple(int(x) for x in done.stdout.split()) if done.returncode == 0 else ()
+        if got[:1] == (3,) and got >= tuple(int(x) for x in want.split(".")):
+            return path
+    raise NoInterpreter(
+        f"{who} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions, "
+        "and no later python3 on PATH"
+    )
+
+
+def pip_install(python: Path, args: list[str], what: str) -> None:
+    """`python -m pip install args`; AssetError naming `what` and pip's last error line."""
+    cmd = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise AssetError(f"pip install of {what} took over {PIP_TIMEOUT_S}s") from None
+    if done.returncode != 0:
+        errors = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith("WARNING")]
+        raise AssetError(f"pip could not install {what}: {(errors or ['no output'])[-1]}")
+
+
+def build_venv(
+    folder: Path,
+    *,
+    base: Callable[[], Path],
+    library: Callable[[], list[str]],
+    what: str,
+    key: str,
+    items: tuple[str, ...],
+    requirements: Callable[[list[str]], list[str]] = list,
+    stamp_fields: Mapping[str, str] | None = None,
+) -> Path:
+    """The interpreter of the virtualenv at `folder` (see the module docstring): made with `base()`,
+    `library()` (pip arguments; `what` names them) installed first, then `requirements(missing)` for the
+    `items` the stamp (its list under `key`, next to `stamp_fields`) does not list yet."""
+    python = folder / "bin" / "python"
+    stamp = folder / ".rollmesh-installed.json"
+
+    def installed() -> set[str]:
+        try:
+            return set(json.loads(stamp.read_text())[key])
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    if stamp.exists() and set(items) <= installed():
+        return python
+    interpreter = base()
+    with locked(folder.parent / ".venv.lock"):
+        have = installed()
+        if stamp.exists() and set(items) <= have:
+            return python
+        if not stamp.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            done = subprocess.run(
+                [str(interpreter), "-m", "venv", str(folder)], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 0:
+                raise AssetError(f"{interpreter} -m venv {folder} failed: {done.stderr.strip()[-300:]}")
+            pip_install(python, library(), what)
+        missing = sorted(set(items) - have)
+        reqs = requirements(missing)
+        if reqs:
+            pip_install(python, reqs, ", ".join(missing))
+        tmp = stamp.with_suffix(".tmp")
+        fields = {**(stamp_fields or {}), "python": str(interpreter), key: sorted(have | set(items))}
+        tmp.write_text(json.dumps(fields))
+        tmp.rename(stamp)
+    return python
