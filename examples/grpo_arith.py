@@ -254,6 +254,25 @@ async def mesh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
         yield m.addresses["gateway"], m.addresses["scheduler"]
 
 
+def interrupted_tokens(args: argparse.Namespace, fate: str) -> int | None:
+    """Output ids the embedded gateway's weight updates interrupted so far, by `fate`: "discarded"
+    (ABORT_AND_RETRY ran them again from the prompt) or "resubmitted" (CONTINUE went on from them;
+    prefilled again). None against a mesh elsewhere (its gateway's /metrics has them)."""
+    if not args.embedded:
+        return None
+    from prometheus_client import REGISTRY
+
+    return int(
+        sum(
+            sample.value
+            for metric in REGISTRY.collect()
+            if metric.name == "rollmesh_gateway_weight_update_tokens"
+            for sample in metric.samples
+            if sample.name.endswith("_total") and sample.labels.get("fate") == fate
+        )
+    )
+
+
 def process_age_s() -> float:
     """Seconds since this process started (Linux /proc), so wall times count the imports too."""
     try:
@@ -308,7 +327,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         metrics.add({"step": 0, "wall_s": clock.now(), "pass_at_1": pass_at_1, "eval_s": round(eval_s, 1)})
         # With --rg-curriculum, each stage is one training job at one curriculum level; when the
         # last 5 steps' mean reward reaches the bar the next stage's job is one level up.
-        step, dropped, finished, rewards = 0, 0, False, []
+        step, dropped, dropped_tokens, finished, rewards = 0, 0, 0, False, []
         level: int | None = 0 if args.reasoning_gym and args.rg_curriculum is not None else None
         stage_path = train_path
         while not finished:
@@ -395,6 +414,9 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                                 "paused_s": round(update.paused_s, 2),
                                 "retried": update.retried_requests,
                                 "dropped_stale": dropped + sink.stats.dropped_stale,
+                                "dropped_stale_tokens": dropped_tokens + sink.stats.dropped_stale_tokens,
+                                "discarded_tokens": interrupted_tokens(args, "discarded"),
+                                "resubmitted_tokens": interrupted_tokens(args, "resubmitted"),
                                 "eval_s": round(eval_s_now, 1),
                             }
                         )
@@ -414,6 +436,7 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.wait({cancel}, timeout=2.0)
                     await sink.stop(grace=0)
                     dropped += sink.stats.dropped_stale
+                    dropped_tokens += sink.stats.dropped_stale_tokens
                     with contextlib.suppress(Exception):  # the job may have ended already
                         await cancel
             if level is None:
@@ -423,16 +446,28 @@ async def train(args: argparse.Namespace) -> dict[str, Any]:
         if args.eval_every and metrics.rows[-1].get("pass_at_1") is None:  # the job ended early
             metrics.rows[-1]["pass_at_1"], metrics.rows[-1]["eval_s"] = await evaluate(client, args)
     metrics.write(args.out)
-    return summarize(metrics.rows, args, clock, dropped_stale=dropped)
+    return summarize(metrics.rows, args, clock, dropped_stale=dropped, dropped_stale_tokens=dropped_tokens)
 
 
 def summarize(
-    rows: list[dict[str, Any]], args: argparse.Namespace, clock: Clock, *, dropped_stale: int
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    clock: Clock,
+    *,
+    dropped_stale: int,
+    dropped_stale_tokens: int,
 ) -> dict[str, Any]:
-    """summary.json: first and last held-out pass@1, when (step, wall time) it first reached `--target`."""
+    """summary.json: first and last held-out pass@1, when (step, wall time) it first reached `--target`;
+    steps per minute of training (wall time from the first evaluation's end to the last step, less
+    the evaluations between); wasted generation: ids of rollouts dropped as stale plus ids a weight
+    update threw away (ABORT_AND_RETRY), and the ids CONTINUE prefilled again."""
     evals = [r for r in rows if r.get("pass_at_1") is not None]
     reached = next((r for r in evals if float(r["pass_at_1"]) >= args.target), None)
     steps = int(rows[-1]["step"])
+    training_s = (
+        float(rows[-1]["wall_s"]) - float(rows[0]["wall_s"]) - sum(float(r["eval_s"]) for r in rows[1:])
+    )
+    discarded = interrupted_tokens(args, "discarded")
     summary = {
         "seed": args.seed,
         "steps": steps,
@@ -445,6 +480,13 @@ def summarize(
         "target_wall_s": reached["wall_s"] if reached else None,
         "policy_version": steps,
         "dropped_stale": dropped_stale,
+        "in_flight": args.in_flight,
+        "steps_per_min": round(steps * 60 / training_s, 2) if steps and training_s > 0 else None,
+        "trained_tokens": sum(int(r.get("tokens", 0)) for r in rows),
+        "dropped_stale_tokens": dropped_stale_tokens,
+        "discarded_tokens": discarded,
+        "resubmitted_tokens": interrupted_tokens(args, "resubmitted"),
+        "wasted_tokens": None if discarded is None else dropped_stale_tokens + discarded,
         "out": str(args.out),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -465,7 +507,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8, help="Samples per task (GRPO group).")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-staleness", type=int, default=1)
-    p.add_argument("--in-flight", choices=["finish", "abort_and_retry"], default="abort_and_retry")
+    p.add_argument(
+        "--in-flight",
+        choices=["finish", "abort_and_retry", "continue"],
+        default="abort_and_retry",
+        help="What a weight update does to running generations (continue: partial rollouts).",
+    )
     p.add_argument("--eval-every", type=int, default=20, help="Steps between held-out evals (0: none).")
     p.add_argument("--eval-limit", type=int, default=200, help="Held-out tasks per eval (x8 samples).")
     p.add_argument("--eval-concurrency", type=int, default=0, help="Eval rollouts in flight (0: auto).")

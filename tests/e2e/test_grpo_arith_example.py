@@ -27,6 +27,7 @@ def test_grpo_example_runs_three_steps_and_versions_advance(tmp_path: Path) -> N
     out = tmp_path / "grpo"
     args = ["--embedded", "--backend", "fake", "--steps", "3", "--groups", "2", "--group-size", "4"]
     args += ["--eval-every", "3", "--eval-limit", "2", "--max-staleness", "1", "--out", str(out)]
+    args += ["--in-flight", "continue"]
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=900, cwd=tmp_path
     )
@@ -43,6 +44,11 @@ def test_grpo_example_runs_three_steps_and_versions_advance(tmp_path: Path) -> N
     assert (out / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0002", "step-0003"]
     assert 0 < summary["wall_s"] and summary["time_budget_s"] == 900.0
+    # Partial rollouts throw no generated id away; what was trained on and dropped is counted.
+    assert (summary["in_flight"], summary["discarded_tokens"]) == ("continue", 0)
+    assert summary["wasted_tokens"] == summary["dropped_stale_tokens"] >= 0
+    assert summary["trained_tokens"] == sum(int(r["tokens"]) for r in rows[1:]) > 0
+    assert summary["steps_per_min"] > 0
 
 
 def test_training_split_never_holds_a_benchmark_task(tmp_path: Path) -> None:

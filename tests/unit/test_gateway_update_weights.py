@@ -347,6 +347,16 @@ async def test_a_rollout_straddling_the_first_update_is_as_old_as_its_first_turn
     assert TrainerRollout.from_pb(convert.rollout_to_pb(rollout)).version == 0
 
 
+def interrupted(fate: str) -> float:
+    """The gateway's count of output ids weight updates interrupted, by fate (its Prometheus counter)."""
+    from prometheus_client import REGISTRY
+
+    return (
+        REGISTRY.get_sample_value("rollmesh_gateway_weight_update_tokens_total", {"model": "m", "fate": fate})
+        or 0.0
+    )
+
+
 def new_weights_upper(backend: FakeBackend, target: str = "abcdef") -> Any:
     """A script that writes the rest of `target` after what the assistant already wrote in the
     prompt: lowercase on the served weights, uppercase once new weights are loaded (so the output
@@ -366,6 +376,7 @@ async def test_continue_goes_on_from_the_streamed_ids_on_the_new_weights(
     backend = FakeBackend("m", weights_dir=served)
     backend.script = new_weights_upper(backend)
     gw = await started(backend)
+    resubmitted_before = interrupted("resubmitted")
     backend.token_latency_s = 0.01
     stream = gw.generate_stream(inp(request_id="p1", sampling=SamplingInput(max_tokens=50, logprobs=True)))
     assert [getattr(await anext(stream), "text", "") for _ in range(2)] == ["a", "b"]
@@ -393,6 +404,7 @@ async def test_continue_goes_on_from_the_streamed_ids_on_the_new_weights(
     assert second.sampling.max_tokens == first.sampling.max_tokens - k == 50 - k
     assert result.prompt_token_ids == first.prompt_token_ids  # the caller's prompt, not the resubmitted one
     assert (await update).retried_requests == 1
+    assert interrupted("resubmitted") - resubmitted_before == k
 
 
 async def test_continue_before_any_id_runs_the_whole_generation_on_the_new_version(

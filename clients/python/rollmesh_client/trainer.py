@@ -85,6 +85,7 @@ class SinkStats:
     duplicates: int = 0
     failures: int = 0
     dropped_stale: int = 0
+    dropped_stale_tokens: int = 0  # the generated ids (loss_mask 1) of the rollouts dropped as stale
     flagged_stale: int = 0
     jobs_opened: int = 0
     jobs_closed: int = 0
@@ -382,6 +383,7 @@ class SinkServer:
                 self.stats.duplicates += 1
             elif dropped := (r.stale and self.on_stale == "drop"):
                 self.stats.dropped_stale += 1
+                self.stats.dropped_stale_tokens += sum(r.loss_mask)
             else:
                 self.stats.flagged_stale += r.stale
                 delivered.add(r.key)

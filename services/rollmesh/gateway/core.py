@@ -690,11 +690,15 @@ class Gateway:
                                 request_id=rid,
                                 kept_tokens=len(attempt.out_ids),
                             )
+                            telemetry.WEIGHT_UPDATE_TOKENS.labels(m.name, "resubmitted").inc(
+                                len(attempt.out_ids)
+                            )
                             attempt.finish = None
                             continue
                         attempt.finish = "length"  # the abort came after the last id it may produce
                     elif not attempt.streamed:
                         log.info("generation_retried_after_weight_update", request_id=rid)
+                        telemetry.WEIGHT_UPDATE_TOKENS.labels(m.name, "discarded").inc(len(attempt.out_ids))
                         continue
                     else:
                         attempt.finish = "abort"

@@ -52,6 +52,13 @@ TOKENS = Counter(
     "Tokens of finished generations: prompt (in) and completion (out).",
     ["model", "kind"],
 )
+WEIGHT_UPDATE_TOKENS = Counter(
+    "rollmesh_gateway_weight_update_tokens",
+    "Output ids of generations a weight update interrupted, by fate: discarded (ABORT_AND_RETRY ran"
+    " the generation again from its prompt) or resubmitted (CONTINUE went on from them: prefilled"
+    " again as prompt on the new weights).",
+    ["model", "fate"],
+)
 WEIGHT_UPDATES = Counter(
     "rollmesh_gateway_weight_updates",
     "UpdateWeights / UploadWeights loads, by model and outcome (ok, failed).",

