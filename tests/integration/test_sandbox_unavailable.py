@@ -24,7 +24,9 @@ DIES_AT_START = ["/bin/sh", "-c", "echo 'mount: sbxroot: permission denied' >&2;
 NEVER_ANSWERS = ["/bin/sh", "-c", "exec sleep 60"]  # a host too loaded to start it in time
 
 
-def broken(sandbox: Sandbox, argv: list[str]) -> Sandbox:
+async def broken(sandbox: Sandbox, argv: list[str]) -> Sandbox:
+    """`sandbox`, its sandboxes now started by `argv`: its pre-started ones are stopped first."""
+    await sandbox.aclose()
     sandbox._command = lambda mode, root, work, limits, uid: argv  # type: ignore[method-assign]
     return sandbox
 
@@ -33,7 +35,7 @@ async def test_a_sandbox_that_dies_before_the_code_runs_is_no_verdict() -> None:
     sandbox = Sandbox(SandboxConfig(limits=LIMITS))
     await sandbox.start()
     with pytest.raises(SandboxUnavailable, match="permission denied") as died:
-        await broken(sandbox, DIES_AT_START).run(HONEST, ADD)
+        await (await broken(sandbox, DIES_AT_START)).run(HONEST, ADD)
     assert not died.value.timed_out
 
 
@@ -41,7 +43,7 @@ async def test_a_sandbox_that_does_not_start_in_time_is_no_verdict() -> None:
     sandbox = Sandbox(SandboxConfig(limits=replace(LIMITS, wall_s=1.0)))
     await sandbox.start()
     with pytest.raises(SandboxUnavailable) as late:
-        await broken(sandbox, NEVER_ANSWERS).run(HONEST, ADD)
+        await (await broken(sandbox, NEVER_ANSWERS)).run(HONEST, ADD)
     assert late.value.timed_out
 
 
@@ -65,6 +67,6 @@ async def test_the_code_environment_fails_the_verify_instead_of_scoring_0(
     async with load_env(CODE_ENV, config) as env:
         good = await check(env, task(None, verifier_metadata={"tests": ADD.cases}), answer(HONEST))
         assert good.reward == 1.0, good.details
-        broken(env.sandbox, argv)  # type: ignore[attr-defined]
+        await broken(env.sandbox, argv)  # type: ignore[attr-defined]
         with pytest.raises(error, match="the sandbox did not start"):
             await check(env, task(None, verifier_metadata={"tests": ADD.cases}), answer(HONEST))

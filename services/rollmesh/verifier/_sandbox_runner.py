@@ -519,6 +519,7 @@ def main() -> None:
     os.close(int(hello["reply_fd"]))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    os.close(devnull)
     sys.stdin = io.StringIO("")
     if hello.get("drop_to") is not None:
         uid = int(hello["drop_to"])
@@ -584,12 +585,133 @@ def fork_server(channel: Channel) -> None:
     os._exit(0)
 
 
+REPLY_FD = 3
+"""The reply fd of a run's process forked by `fork_solutions` (its requests on 0, its output on 1, 2)."""
+
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+
+
+def fork_solutions(control_fd: int) -> None:
+    """`--solutions=FD` (namespaces mode, as root): the solution's sandbox, pre-started. It stays
+    root in its chroot (pid 1 of its namespaces) and only ever runs this file; on the unix socket
+    `control_fd` it says {"ready": true} once up, then takes, one run at a time:
+
+        fork {uid, disk_mb} + 4 fds (requests, replies, stdout, stderr)
+                                -> {"pid"}      a fresh tmpfs of disk_mb as /sandbox (the run's
+                                                 last one unmounted), then a child: the fds on 0, 3,
+                                                 1, 2 and nothing else open, its own session, the
+                                                 run's uid; it then is a fresh runner (`main`)
+        end  {grace_s}          -> {"status"}   after up to grace_s for the child to exit, every
+                                                 other process of the namespace SIGKILLed and
+                                                 reaped; the child's exit status (-signal if killed)
+
+    The child runs as the run's uid, so the code cannot signal, ptrace or write to this process
+    (root, not dumpable); this process never sees a run's code, tests or answers (they travel on
+    the child's own pipes), so a child inherits nothing of another run. Any other request ends it."""
+    import ctypes
+    import socket
+    import subprocess  # noqa: F401  (imported once here: every run's guards patch it)
+
+    if os.getpid() != 1:  # kill(-1) below must only ever reach this namespace
+        os._exit(71)
+    libc = ctypes.CDLL(None, use_errno=True)
+    control = socket.socket(fileno=control_fd)
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.close(null)
+    _prctl(4, 0)  # PR_SET_DUMPABLE 0
+    _no_new_privileges()
+    os.chdir("/")
+    control.send(json.dumps({"ready": True}).encode())
+    mounted, child = False, 0
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, 1 << 16, 4)
+            req = json.loads(data) if data else {}
+        except (OSError, ValueError):
+            os._exit(0)
+        op = req.get("op")
+        if op == "fork" and not child and len(fds) == 4 and int(req["uid"]) > 0:
+            uid = int(req["uid"])
+            if mounted and libc.umount2(b"/sandbox", _MNT_DETACH) != 0:
+                os._exit(72)
+            opts = f"size={int(req['disk_mb'])}m,mode=700".encode()
+            if libc.mount(b"sbxwork", b"/sandbox", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts) != 0:
+                os._exit(73)
+            mounted = True
+            os.chown("/sandbox", uid, uid)
+            child = os.fork()
+            if child == 0:
+                _forked_run(control, fds, uid)
+            for fd in fds:
+                os.close(fd)
+            control.send(json.dumps({"pid": child}).encode())
+        elif op == "end" and child:
+            status = _end_run(child, float(req.get("grace_s", 0)))
+            child = 0
+            control.send(json.dumps({"status": status}).encode())
+        elif data:
+            os._exit(74)
+        else:
+            os._exit(0)
+
+
+def _forked_run(control: Any, fds: list[int], uid: int) -> None:
+    """The child of `fork_solutions` for one run: only the run's fds, the run's uid, then `main`."""
+    try:
+        control.close()
+        requests, reply, out, err = fds
+        for fd, target in ((requests, 0), (out, 1), (err, 2), (reply, REPLY_FD)):
+            os.dup2(fd, target)  # each source is >= 3, and sources on 0-2 go first: none is lost
+        os.closerange(REPLY_FD + 1, 1 << 16)
+        os.setsid()
+        os.chdir("/sandbox")
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        main()
+    finally:
+        os._exit(70)
+
+
+def _end_run(child: int, grace_s: float) -> int | None:
+    """Wait up to `grace_s` for `child`, then SIGKILL every other process of this pid namespace and
+    reap them all: the child's exit status as Popen's returncode (None if it was never reaped)."""
+    import time
+
+    status = None
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        pid, st = os.waitpid(child, os.WNOHANG)
+        if pid:
+            status = st
+            break
+        time.sleep(0.01)
+    try:
+        os.kill(-1, 9)
+    except OSError:
+        pass
+    while True:
+        try:
+            pid, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid == child:
+            status = st
+    if status is None:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
 def _load_clean() -> Any:
     """clean.py (next to this file; it uses this module, which runs as `__main__`), with the
     modules tests use most imported once, before any fork."""
     import importlib.util
 
-    for name in ("ast", "collections", "functools", "itertools", "math", "random", "re", "string"):
+    for name in (
+        *("ast", "collections", "functools", "itertools", "math", "random", "re", "string"),
+        *("_posixsubprocess", "ctypes", "socket", "subprocess"),  # what each child's guards use
+    ):
         __import__(name)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clean.py")
     spec = importlib.util.spec_from_file_location("clean", path)
@@ -720,4 +842,7 @@ def _no_new_privileges() -> None:
 
 
 if __name__ == "__main__":
+    _role = sys.argv[-1] if len(sys.argv) > 1 else ""
+    if _role.startswith("--solutions="):
+        fork_solutions(int(_role.partition("=")[2]))
     keep() if "--keeper" in sys.argv[1:] else main()

@@ -27,6 +27,12 @@ ever runs the runner's own code and forks one run at a time; after each it kills
 left and empties its directory). One whose run did not end as the protocol says is stopped and
 replaced. `aclose` stops them.
 
+In `namespaces` mode as root, the solution's process is forked too: by a pre-started sandbox per
+slot (`sandbox_forker.Forker`, root in its chroot and pid 1 of its namespaces) that mounts a fresh
+tmpfs as /sandbox per run and forks a child holding only the run's pipes, which drops to the run's
+uid; at the end of the run every other process of the namespace is killed. A forker that does not
+end a run as its protocol says is stopped and replaced. Elsewhere each run starts a sandbox.
+
 A run whose sandbox never came up (the runner did not answer its "hello", which it does before
 any of the code is read: unshare/mount/chroot failed, or the host was too loaded to start it within
 the wall-clock limit) raises `SandboxUnavailable`: nobody ran the code, so there is no verdict, and
@@ -54,6 +60,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -71,7 +78,8 @@ from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
 from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, SandboxStarved, SandboxUnavailable
 from rollmesh.verifier.sandbox_checks import Relay, names_used, normalize_output
-from rollmesh.verifier.sandbox_clock import WallCredit, run_within_wall_time
+from rollmesh.verifier.sandbox_clock import STARVED_AFTER, WallCredit, run_within_wall_time
+from rollmesh.verifier.sandbox_forker import Forked, Forker
 from rollmesh.verifier.sandbox_uids import PROBE_UID, SANDBOX_UIDS, UidPool
 from rollmesh.verifier.sandbox_values import parse_frame
 
@@ -166,6 +174,7 @@ class Sandbox:
         self._slots = asyncio.Semaphore(config.concurrency)
         self._uids = UidPool()
         self._idle: list[_Zygote] = []  # pre-started clean interpreters, one run at a time each
+        self._forkers: list[Forker] = []  # pre-started solution sandboxes (sandbox_forker.py), idle
         self._zygote_groups: set[int] = set()  # their process groups, killed when this is collected
         self._closed = False
         weakref.finalize(self, _kill_groups, self._zygote_groups)
@@ -272,7 +281,11 @@ class Sandbox:
         """Stop the pre-started clean interpreters (a run in progress stops its own when it ends)."""
         self._closed = True
         idle, self._idle = self._idle, []
-        await asyncio.gather(*(self._release_clean(z, reuse=False) for z in idle))
+        forkers, self._forkers = self._forkers, []
+        await asyncio.gather(
+            *(self._release_clean(z, reuse=False) for z in idle),
+            *(self._release_forker(f, reuse=False) for f in forkers),
+        )
 
     async def _clean_interpreter(self, mode: str, limits: SandboxLimits, uid: int | None) -> _Zygote:
         """An idle pre-started clean interpreter, else a new one (greeted by the run that gets it).
@@ -294,7 +307,8 @@ class Sandbox:
         stack = contextlib.AsyncExitStack()
         try:
             proc = await stack.enter_async_context(self._process(mode, limits, run_uid, "--clean"))
-            channel = await Channel.open(proc.proc, proc.reply_fd, max_frame=MAX_REPLY_BYTES)
+            assert proc.proc.stdin is not None
+            channel = await Channel.open(proc.proc.stdin, proc.reply_fd, max_frame=MAX_REPLY_BYTES)
         except BaseException:
             await stack.aclose()
             if leased:
@@ -329,7 +343,7 @@ class Sandbox:
         flags = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
         if os.geteuid() != 0:
             flags[:0] = ["--user", "--map-root-user"]
-        drop = str(uid) if self._drop_privileges else ""
+        drop = str(uid) if self._drop_privileges and uid else ""  # 0: a forker, root in its chroot
         return [
             "unshare",
             *flags,
@@ -363,10 +377,16 @@ class Sandbox:
         clean: _Zygote | None = None
         healthy = False
         try:
-            async with self._process(mode, limits, uid, "--solution") as proc:
-                if tests.kind == "asserts":
-                    clean = await self._clean_interpreter(mode, limits, clean_uid)
-                result, healthy = await self._supervise(proc, clean, mode, code, tests, limits, guards)
+            if self._forks(mode):
+                result = await self._run_forked(code, tests, limits, mode, uid, clean_uid, guards)
+            else:
+                async with self._process(mode, limits, uid, "--solution") as proc:
+                    if tests.kind == "asserts":
+                        clean = await self._clean_interpreter(mode, limits, clean_uid)
+                    spawned = _Spawned(
+                        proc.proc, proc.reply_fd, proc.child_fd, proc.drop_to, mode == "process"
+                    )
+                    result, healthy = await self._supervise(spawned, clean, code, tests, limits, guards)
         finally:
             if clean is not None:
                 await self._release_clean(clean, reuse=healthy)
@@ -374,9 +394,111 @@ class Sandbox:
         result.duration_s = round(time.monotonic() - start, 4)
         return result
 
+    def _forks(self, mode: str) -> bool:
+        """Whether runs' solution processes are forked by pre-started sandboxes (sandbox_forker.py):
+        in `namespaces` mode as root, where the forker can stay root and give each run its uid."""
+        return mode == "namespaces" and self._drop_privileges
+
+    async def _run_forked(
+        self,
+        code: str,
+        tests: TestSpec,
+        limits: SandboxLimits,
+        mode: str,
+        uid: int,
+        clean_uid: int | None,
+        guards: bool,
+    ) -> RunResult:
+        """`_run_once` with the solution's process forked by a `Forker` (kept when it ended the run
+        as its protocol says); its clean interpreter as `_run_once` has it."""
+        forker = await self._forker(mode, limits, keep=clean_uid is None)
+        clean: _Zygote | None = None
+        healthy = False
+        try:
+            try:
+                main = await forker.fork(uid, limits.fsize_mb + 1)  # the size a fresh run has (`_command`)
+            except ChannelBroken as exc:
+                why = await _head(forker.drain)
+                raise SandboxUnavailable(
+                    f"the sandbox did not start ({exc}): {why}", timed_out=False
+                ) from None
+            try:
+                if tests.kind == "asserts":
+                    clean = await self._clean_interpreter(mode, limits, clean_uid)
+                result, healthy = await self._supervise(main, clean, code, tests, limits, guards)
+            finally:
+                await main.stop()
+        finally:
+            if clean is not None:
+                await self._release_clean(clean, reuse=healthy)
+            await self._release_forker(forker, reuse=forker.usable)
+        return result
+
+    async def _forker(self, mode: str, limits: SandboxLimits, *, keep: bool) -> Forker:
+        """An idle pre-started solution sandbox, else a new one, up (`keep` false: the probe's, never
+        kept). Raises `SandboxUnavailable` when a new one does not come up."""
+        loop = asyncio.get_running_loop()
+        while keep and self._forkers:
+            forker = self._forkers.pop()
+            if forker.loop is not loop:  # its pipes belong to another event loop: unusable here
+                _kill_groups({forker.proc.pid})
+                self._zygote_groups.discard(forker.proc.pid)
+                continue
+            if forker.proc.returncode is None and forker.usable:
+                return forker
+            await self._release_forker(forker, reuse=False)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stack = contextlib.AsyncExitStack()
+        try:
+            role = f"--solutions={theirs.fileno()}"
+            proc = await stack.enter_async_context(self._process(mode, limits, 0, role, (theirs.fileno(),)))
+        except BaseException:
+            ours.close()
+            await stack.aclose()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        os.close(proc.reply_fd)  # a forker answers on its control socket
+        assert proc.proc.stdin is not None
+        proc.proc.stdin.close()
+        drain = asyncio.gather(read_capped(proc.proc.stdout, 0), read_capped(proc.proc.stderr, 4096))
+        drain.add_done_callback(_retrieved)
+        self._zygote_groups.add(proc.proc.pid)
+        forker = Forker(proc.proc, ours, stack, drain, loop, keep)
+        # Up before the run's clock starts: its start is not the code's time (sandbox_clock.py)
+        try:
+            async with asyncio.timeout(limits.wall_s * STARVED_AFTER):
+                await forker.ready()
+        except (ChannelBroken, TimeoutError) as exc:
+            timed_out = isinstance(exc, TimeoutError)
+            why = "" if timed_out else await _head(forker.drain)
+            await self._release_forker(forker, reuse=False)
+            error = f"not up within {limits.wall_s * STARVED_AFTER:g}s" if timed_out else str(exc)
+            raise SandboxUnavailable(
+                f"the sandbox did not start ({error}): {why}", timed_out=timed_out
+            ) from None
+        return forker
+
+    async def _release_forker(self, forker: Forker, *, reuse: bool) -> None:
+        if reuse and forker.keep and not self._closed and forker.proc.returncode is None:
+            self._forkers.append(forker)
+            return
+        forker.usable = False
+        forker.control.close()
+        await self._stop(forker.proc, keeper=False)
+        self._zygote_groups.discard(forker.proc.pid)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await asyncio.wait({forker.drain})
+        forker.drain.cancel()
+        await forker.stack.aclose()
+
     @contextlib.asynccontextmanager
-    async def _process(self, mode: str, limits: SandboxLimits, uid: int, role: str) -> AsyncIterator[_Proc]:
-        """A started sandboxed process (its temp dir removed when it is left)."""
+    async def _process(
+        self, mode: str, limits: SandboxLimits, uid: int, role: str, fds: tuple[int, ...] = ()
+    ) -> AsyncIterator[_Proc]:
+        """A started sandboxed process (its temp dir removed when it is left); `fds` are passed on."""
         base = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="rollmesh-sbx-"))
         reply_r, reply_w = os.pipe()
         try:
@@ -390,7 +512,7 @@ class Sandbox:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=(reply_w,),
+                pass_fds=(reply_w, *fds),
                 start_new_session=True,
             )
             child_fd, reply_w = reply_w, -1
@@ -426,9 +548,8 @@ class Sandbox:
 
     async def _supervise(
         self,
-        main: _Proc,
+        main: _Spawned | Forked,
         clean: _Zygote | None,
-        mode: str,
         code: str,
         tests: TestSpec,
         limits: SandboxLimits,
@@ -436,10 +557,11 @@ class Sandbox:
     ) -> tuple[RunResult, bool]:
         """The run's result, and whether its clean interpreter ended as the protocol says."""
         cap = limits.output_kb * 1024
-        readers = asyncio.gather(read_capped(main.proc.stdout, cap), read_capped(main.proc.stderr, cap))
-        channel = await Channel.open(main.proc, main.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
+        readers = asyncio.gather(read_capped(main.stdout, cap), read_capped(main.stderr, cap))
+        channel = await Channel.open(main.stdin, main.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
         channels = [channel] if clean is None else [channel, clean.channel]
-        procs = [main.proc] if clean is None else [main.proc, clean.proc.proc]
+        others = [] if clean is None else [clean.proc.proc]
+        expected = 1 + len(others) + isinstance(main, Forked)  # greetings: each process is up
         verdicts: list[dict[str, Any]] = []
         status, error = "ok", ""
         greetings: list[asyncio.Future[Any]] = []
@@ -455,6 +577,8 @@ class Sandbox:
             # The runner answers hello before it reads the code: its reply, awaited while the code
             # is still being written (pipelined), says the sandbox came up.
             greetings.append(asyncio.ensure_future(channel.receive(hello)))
+            if isinstance(main, Forked):
+                greetings.append(asyncio.ensure_future(main.started()))
             if clean is not None:
                 greetings.append(asyncio.ensure_future(clean.fork(limits, guards)))
             load = await channel.send("load", code=code, mode=tests.kind)
@@ -468,7 +592,8 @@ class Sandbox:
         try:
             # The time the solution's process waited for a CPU is credited (sandbox_clock.py); the
             # clean interpreter's session holds its pre-started parent too, whose CPU is not the run's
-            error = await run_within_wall_time(talk(), main.proc.pid, limits.wall_s, credit)
+            pid, skip = main.clock
+            error = await run_within_wall_time(talk(), pid, limits.wall_s, credit, skip)
         except TimeoutError:
             status = "timeout"
             error = f"wall-clock limit of {limits.wall_s:g}s exceeded; process group killed"
@@ -478,14 +603,14 @@ class Sandbox:
             status, error = "crashed", str(exc)
             with contextlib.suppress(TimeoutError):  # let them exit on their own: the status says why
                 async with asyncio.timeout(1.0):
-                    await asyncio.gather(*(p.wait() for p in procs))
-            if any(p.returncode == CPU_LIMIT_EXIT for p in procs):
+                    await asyncio.gather(*(p.wait() for p in others), main.wait())
+            if any(p.returncode == CPU_LIMIT_EXIT for p in [main, *others]):
                 status = "timeout"
                 error = f"CPU-time limit of {limits.cpu_s}s exceeded; process group killed"
         finally:
-            greeted = len(greetings) == len(procs) and all([_succeeded(g) for g in greetings])
+            greeted = len(greetings) == expected and all([_succeeded(g) for g in greetings])
             channel.close()
-            await self._stop(main.proc, keeper=mode == "process")
+            await main.stop()
         try:
             async with asyncio.timeout(2.0):
                 (out_head, out_trunc), (err_head, err_trunc) = await readers
@@ -494,14 +619,17 @@ class Sandbox:
             out_head = err_head = b""
             out_trunc = err_trunc = True
         if not greeted:
-            why = (err_head.decode(errors="replace").strip() or f"exit code {main.proc.returncode}")[-300:]
+            why = err_head.decode(errors="replace").strip()
+            if not why and isinstance(main, Forked):
+                why = await _head(main.forker.drain)
+            why = (why or f"exit code {main.returncode}")[-300:]
             raise SandboxUnavailable(
                 f"the sandbox did not start ({error}): {why}", timed_out=status in ("timeout", "starved")
             )
         if status == "starved":
             raise SandboxStarved(error)
         if status == "crashed":
-            broken = next((p for p in procs if p.returncode not in (None, 0)), main.proc)
+            broken = next((p for p in [main, *others] if p.returncode not in (None, 0)), main)
             rc = broken.returncode or 0
             why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
             error = f"{error} ({why})"
@@ -513,7 +641,7 @@ class Sandbox:
             total=len(tests.cases),
             cases=verdicts[:MAX_CASES_REPORTED],
             error=error,
-            exit_code=main.proc.returncode,
+            exit_code=main.returncode,
             stdout=out_head.decode(errors="replace"),
             stderr=err_head.decode(errors="replace"),
             output_truncated=out_trunc or err_trunc,
@@ -644,13 +772,12 @@ class Channel:
     _next_id: int = 0
 
     @classmethod
-    async def open(cls, proc: asyncio.subprocess.Process, reply_fd: int, *, max_frame: int) -> Channel:
-        assert proc.stdin is not None
+    async def open(cls, requests: asyncio.StreamWriter, reply_fd: int, *, max_frame: int) -> Channel:
         reader = asyncio.StreamReader(limit=max_frame + 8)
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(reply_fd, "rb", buffering=0)
         )
-        return cls(proc.stdin, reader, transport, max_frame)
+        return cls(requests, reader, transport, max_frame)
 
     def close(self) -> None:
         self._transport.close()
@@ -686,6 +813,16 @@ class Channel:
         return frame
 
 
+async def _head(drain: asyncio.Future[Any]) -> str:
+    """What a pre-started process wrote to stderr (`drain`: its output read to EOF), given a second."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(1.0):
+            await asyncio.wait({drain})
+    if not drain.done() or drain.cancelled() or drain.exception() is not None:
+        return ""
+    return str(drain.result()[1][0].decode(errors="replace").strip())
+
+
 def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
@@ -706,6 +843,46 @@ class _Proc:
     reply_fd: int
     child_fd: int
     drop_to: int | None
+
+
+@dataclass
+class _Spawned:
+    """The solution's process of one run, started in a sandbox of its own (`Sandbox._process`); the
+    interface `sandbox_forker.Forked` has too."""
+
+    proc: asyncio.subprocess.Process
+    reply_fd: int
+    child_fd: int
+    drop_to: int | None
+    keeper: bool
+
+    @property
+    def stdin(self) -> asyncio.StreamWriter:
+        assert self.proc.stdin is not None
+        return self.proc.stdin
+
+    @property
+    def stdout(self) -> asyncio.StreamReader | None:
+        return self.proc.stdout
+
+    @property
+    def stderr(self) -> asyncio.StreamReader | None:
+        return self.proc.stderr
+
+    @property
+    def clock(self) -> tuple[int, int]:
+        """What `sandbox_clock` counts: the session it leads, and every descendant."""
+        return self.proc.pid, 0
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    async def wait(self) -> int:
+        return await self.proc.wait()
+
+    async def stop(self) -> None:
+        await Sandbox._stop(self.proc, keeper=self.keeper)
 
 
 @dataclass

@@ -47,10 +47,12 @@ class WallCredit:
     waited_s: float = 0.0
 
 
-def session_cpu(session: int) -> tuple[float, float]:
+def session_cpu(session: int, skip: int = 0) -> tuple[float, float]:
     """(CPU seconds used by the run's processes, the longest any one of them waited for a CPU in
     seconds), read from /proc; (0, 0) where /proc does not say. The run's processes: those of
-    `session` and every descendant of its leader, whatever session it moved to (`setsid`)."""
+    `session` and every descendant of its leader, whatever session it moved to (`setsid`), but
+    for the first `skip` generations from the leader (a pre-started sandbox: unshare and the
+    forker, whose CPU and waits since their start are not the run's)."""
     stats: dict[int, tuple[int, int, float]] = {}  # pid -> (ppid, session, CPU seconds)
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
@@ -73,6 +75,10 @@ def session_cpu(session: int) -> tuple[float, float]:
             if kid not in members:
                 members.add(kid)
                 todo.append(kid)
+    generation = {session}
+    for _ in range(skip):
+        members -= generation
+        generation = {kid for pid in generation for kid in children.get(pid, ())}
     used = sum(stats[pid][2] for pid in members)
     waited = 0.0
     for pid in members:
@@ -85,10 +91,11 @@ def session_cpu(session: int) -> tuple[float, float]:
 
 
 async def run_within_wall_time(
-    aw: Awaitable[T], session: int, wall_s: float, credit: WallCredit | None = None
+    aw: Awaitable[T], session: int, wall_s: float, credit: WallCredit | None = None, skip: int = 0
 ) -> T:
     """Await `aw` under the wall-clock limit `wall_s` of the run whose processes form `session`
-    (module docstring); `credit`, when given, holds how far the deadline was moved out."""
+    (module docstring; `skip` as `session_cpu` says); `credit`, when given, holds how far the
+    deadline was moved out."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(aw)
     start = loop.time()
@@ -100,7 +107,7 @@ async def run_within_wall_time(
             if done:
                 return task.result()
             now = loop.time()
-            used, waited = await asyncio.to_thread(session_cpu, session)
+            used, waited = await asyncio.to_thread(session_cpu, session, skip)
             if task.done():
                 return task.result()
             # one task at a time runs for (elapsed - waited); using more, its tasks competed
