@@ -93,9 +93,10 @@ async def test_a_forked_run_holds_only_its_own_pipes(sandbox: Sandbox) -> None:
 
 
 async def test_a_run_sees_nothing_of_the_run_before(sandbox: Sandbox) -> None:
-    """The run before left a file, a module attribute, a daemon and an xattr on its directory, and
-    tried to kill the forker (pid 1 of their namespace): the next run has a fresh /sandbox, a fresh
-    interpreter state, another uid, no process of the earlier run, and the same forker."""
+    """The run before left a file, a module attribute, a daemon, an xattr on its directory and a SysV
+    shared memory segment anyone may read, and tried to kill the forker (pid 1 of their namespace):
+    the next run has a fresh /sandbox, interpreter state and IPC namespace, no process of the
+    earlier run, and the same forker."""
     leave = (
         "import os, json, time\n"
         "open('left.txt', 'w').write('x')\n"
@@ -103,10 +104,12 @@ async def test_a_run_sees_nothing_of_the_run_before(sandbox: Sandbox) -> None:
         "try:\n    os.setxattr('.', 'user.left', b'x')\nexcept OSError:\n    pass\n"
         "for sig in (9, 15, 2):\n    try:\n        os.kill(1, sig)\n    except OSError:\n        pass\n"
         "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n    os._exit(0)\n"
+        "import ctypes\n"
+        "shm = ctypes.CDLL(None).shmget(0x5EC2E7, 4096, 0o1000 | 0o666)\n"  # IPC_CREAT, for anyone
         "uid = os.getuid()\n"
     )
-    passed, total, why = await run(sandbox, leave, "assert uid > 0")
-    assert passed == total == 1, why
+    passed, total, why = await run(sandbox, leave, "assert uid > 0", "assert shm >= 0")
+    assert passed == total == 2, why
     forker = sandbox._forkers[0]
     look = (
         "import os, json\n"
@@ -118,17 +121,19 @@ async def test_a_run_sees_nothing_of_the_run_before(sandbox: Sandbox) -> None:
         "    try:\n        os.kill(pid, 0)\n    except ProcessLookupError:\n        continue\n"
         "    except OSError:\n        pass\n"
         "    alive.append(pid)\n"
-        "uid = os.getuid()\n"
+        "import ctypes\n"
+        "shm = ctypes.CDLL(None).shmget(0x5EC2E7, 4096, 0)\n"
     )
     passed, total, why = await run(
         sandbox,
         look,
+        "assert shm == -1",
         "assert files == [], files",
         "assert not attr",
         "assert xattrs == [], xattrs",
         "assert alive == [os.getpid()], alive",
     )
-    assert passed == total == 4, why
+    assert passed == total == 5, why
     assert sandbox._forkers == [forker]  # the same forker ran both (it was not killed)
 
 

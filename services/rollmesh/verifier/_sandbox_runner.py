@@ -33,6 +33,7 @@ import builtins
 import collections
 import decimal
 import fractions
+import gc
 import io
 import json
 import math
@@ -552,6 +553,7 @@ def fork_server(channel: Channel) -> None:
     _prctl(4, 0)  # PR_SET_DUMPABLE 0: a child (same uid) cannot ptrace us or write our memory
     channel.reply({})
     keep = {"runner.py", "clean.py"}
+    gc.freeze()  # what every child shares with us is never touched by its collections
     while (req := channel.read()) is not None:
         if req["op"] != "fork":
             channel.reply({"error": f"unknown request {req['op']!r}"})
@@ -588,7 +590,7 @@ def fork_server(channel: Channel) -> None:
 REPLY_FD = 3
 """The reply fd of a run's process forked by `fork_solutions` (its requests on 0, its output on 1, 2)."""
 
-_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH, _CLONE_NEWIPC = 2, 4, 2, 0x08000000
 
 
 def fork_solutions(control_fd: int) -> None:
@@ -599,8 +601,9 @@ def fork_solutions(control_fd: int) -> None:
         fork {uid, disk_mb} + 4 fds (requests, replies, stdout, stderr)
                                 -> {"pid"}      a fresh tmpfs of disk_mb as /sandbox (the run's
                                                  last one unmounted), then a child: the fds on 0, 3,
-                                                 1, 2 and nothing else open, its own session, the
-                                                 run's uid; it then is a fresh runner (`main`)
+                                                 1, 2 and nothing else open, its own session and
+                                                 IPC namespace (SysV objects outlive processes),
+                                                 the run's uid; then a fresh runner (`main`)
         end  {grace_s}          -> {"status"}   after up to grace_s for the child to exit, every
                                                  other process of the namespace SIGKILLed and
                                                  reaped; the child's exit status (-signal if killed)
@@ -622,6 +625,7 @@ def fork_solutions(control_fd: int) -> None:
     _prctl(4, 0)  # PR_SET_DUMPABLE 0
     _no_new_privileges()
     os.chdir("/")
+    gc.freeze()  # what every child shares with us is never touched by its collections
     control.send(json.dumps({"ready": True}).encode())
     mounted, child = False, 0
     while True:
@@ -665,6 +669,10 @@ def _forked_run(control: Any, fds: list[int], uid: int) -> None:
             os.dup2(fd, target)  # each source is >= 3, and sources on 0-2 go first: none is lost
         os.closerange(REPLY_FD + 1, 1 << 16)
         os.setsid()
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWIPC) != 0:  # SysV IPC outlives processes
+            os._exit(75)
         os.chdir("/sandbox")
         os.setgroups([])
         os.setgid(uid)
