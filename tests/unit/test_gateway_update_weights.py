@@ -511,3 +511,18 @@ async def test_a_continued_turn_keeps_its_versions_through_record_row_proto_and_
     expected[t1.output_start + k : t1.output_end] = [1] * (t1.output_end - t1.output_start - k)
     expected[t2.output_start : t2.output_end] = [1] * (t2.output_end - t2.output_start)
     assert row == expected
+
+
+def test_the_http_extension_names_the_versions_only_of_a_split_output() -> None:
+    from rollmesh.gateway.http.protocol import extension
+    from rollmesh.gateway.types import Usage
+
+    whole = GenerateResult(
+        Message("assistant", "ab"), (1,), (2, 3), (), "stop", Usage(1, 2), "r", "4", "m", "q"
+    )
+    split = dataclasses.replace(whole, versions=(VersionSpan(0, 1, "4"), VersionSpan(1, 2, "5")))
+    assert "versions" not in extension(whole, "s")
+    assert extension(split, "s")["versions"] == [
+        {"start": 0, "end": 1, "policy_version": "4"},
+        {"start": 1, "end": 2, "policy_version": "5"},
+    ]

@@ -6,7 +6,8 @@ Extensions for RL agents that only speak HTTP:
 - `X-Session-Id` header (or the `user` / `session_id` field) names a gateway session: token-exact
   multi-turn. `X-Request-Id` sets the request id (for Abort).
 - Responses carry `prompt_token_ids` (top level) and `token_ids` (per choice) as vLLM's
-  `return_token_ids` does, plus `rollmesh: {replica_id, policy_version, reused_prefix_tokens, ...}`.
+  `return_token_ids` does, plus `rollmesh: {replica_id, policy_version, reused_prefix_tokens, ...}`
+  (`versions` too when a CONTINUE weight update split the output).
 
 Finish reasons are OpenAI's: one OpenAI has no word for (the gateway's "unknown": the upstream
 named none, it may be cut; "abort": an Abort or a weight update cut it; vLLM's "error",
@@ -220,7 +221,7 @@ def calls_json(r: GenerateResult) -> list[dict[str, Any]]:
 
 
 def extension(r: GenerateResult, session_id: str) -> dict[str, Any]:
-    return {
+    out = {
         "replica_id": r.replica_id,
         "policy_version": r.policy_version,
         "reused_prefix_tokens": r.reused_prefix_tokens,
@@ -228,6 +229,9 @@ def extension(r: GenerateResult, session_id: str) -> dict[str, Any]:
         "session_id": session_id,
         "finish_reason": r.finish_reason,
     }
+    if r.versions:  # a CONTINUE weight update split the output: which version made which ids
+        out["versions"] = [v.to_json() for v in r.versions]
+    return out
 
 
 CHAT_FINISHES = frozenset({"stop", "length", "tool_calls", "content_filter"})  # OpenAI's own words
