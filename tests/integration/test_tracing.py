@@ -188,3 +188,45 @@ def test_tracing_is_off_unless_the_otel_variables_ask() -> None:
     assert not tracing.enabled() and tracing.inject() == {}
     with tracing.span("nothing") as s:
         assert s is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_a_ray_serve_replica_continues_the_gateways_trace_in_its_own_process(
+    receiver: _Receiver,
+) -> None:
+    """Both engine paths of a real Ray Serve deployment (fake-engine replica: the production serving
+    path minus vLLM): a session's streamed call and a micro-batched whole output each give a
+    `replica.generate` span, sent by the replica process, child of the gateway's span."""
+    from rollmesh.gateway import GenerateInput, Message, SamplingInput
+    from rollmesh.serving.backend import RayServeBackend
+    from tests.serving_replicas import tiny_serving_config
+
+    config = tiny_serving_config(engine="fake", replicas=1, replica_cpus=0.1, startup_timeout_s=600)
+    backend = RayServeBackend(config)
+    gateway = Gateway([backend])
+    await gateway.start()
+    try:
+        for session in ("s1", ""):
+            with tracing.span("test", root=True):
+                inp = GenerateInput(
+                    messages=(Message("user", "What is 1 + 1?"),),
+                    sampling=SamplingInput(temperature=0.0, max_tokens=8),
+                    session_id=session,
+                )
+                await gateway.generate(inp)
+        names = ("replica.generate", "gateway.replica")
+        async with asyncio.timeout(120):  # spans leave in batches (every 100 ms here)
+            while min(len([s for s in receiver.spans if s.name == n]) for n in names) < 2:
+                receiver.arrived.clear()
+                await receiver.arrived.wait()
+    finally:
+        await gateway.shutdown()
+    by_id = {s.span_id: s for s in receiver.spans}
+    replica_spans = [s for s in receiver.spans if s.name == "replica.generate"]
+    assert len(replica_spans) == 2
+    for s in replica_spans:
+        parent = by_id[s.parent_span_id]
+        assert parent.name == "gateway.replica" and parent.trace_id == s.trace_id
+        assert _attrs(s)["rollmesh.replica"] == _attrs(parent)["rollmesh.replica_id"]
+    assert sorted(_attrs(s)["rollmesh.batched"] for s in replica_spans) == [False, True]

@@ -738,9 +738,11 @@ class Gateway:
     ) -> AsyncGenerator[StreamDelta, None]:
         """One engine request: deltas out, the outcome recorded in `attempt`."""
         rid = request.request_id
-        agen = m.backend.generate(request)
         # The replica call's span: not made current, since this generator yields.
         engine_span = tracing.start("gateway.replica", {"rollmesh.model": m.name})
+        if engine_span is not None:  # a replica in another process continues the trace from it
+            request = dataclasses.replace(request, trace_context=tracing.carrier_for(engine_span))
+        agen = m.backend.generate(request)
         error: BaseException | None = None
         try:
             while True:

@@ -240,6 +240,39 @@ def start(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str =
     return tracer.start_span(name, kind=getattr(SpanKind, kind.upper()), attributes=dict(attributes or {}))
 
 
+def carrier_for(s: Span | None) -> dict[str, str]:
+    """The W3C context whose parent is `s` (a span from `start`), for work in another process
+    (a Ray Serve replica); {} for None."""
+    if s is None or _state.propagator is None:
+        return {}
+    from opentelemetry import trace
+
+    carrier: dict[str, str] = {}
+    _state.propagator.inject(carrier, context=trace.set_span_in_context(s))
+    return carrier
+
+
+def start_from(
+    name: str,
+    carrier: Mapping[str, str],
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    kind: str = "server",
+) -> Span | None:
+    """A span whose parent is the W3C context in `carrier` (another process's span), not made
+    current (for a generator): the caller ends it (`end`). None when tracing is off here or that
+    trace is not sampled."""
+    tracer = _state.tracer
+    if tracer is None or not sampled(carrier):
+        return None
+    from opentelemetry.trace import SpanKind
+
+    context = _state.propagator.extract(dict(carrier))
+    return tracer.start_span(
+        name, context=context, kind=getattr(SpanKind, kind.upper()), attributes=dict(attributes or {})
+    )
+
+
 def end(
     s: Span | None, attributes: Mapping[str, Any] | None = None, error: BaseException | None = None
 ) -> None:

@@ -177,6 +177,7 @@ class RayServeBackend(ModelBackend):
             session_id=request.session_id,
             avoid_replica=avoid,
             stream=request.stream,
+            trace_context=dict(request.trace_context),
         )
         self._streams[rid] = stream
         completed = False
@@ -203,7 +204,7 @@ class RayServeBackend(ModelBackend):
         """A whole-output request without a session, sent in a micro-batch (batching.py): the
         replica's id first (an empty chunk, for abort), then the whole output in one chunk."""
         rid = request.request_id
-        item = BatchItem(rid, list(request.prompt_token_ids), request.sampling)
+        item = BatchItem(rid, list(request.prompt_token_ids), request.sampling, dict(request.trace_context))
         ticket = self._batcher.submit(item, avoid_replica=avoid)
         self._tickets[rid] = ticket
         try:

@@ -50,6 +50,7 @@ class BatchItem:
     request_id: str
     prompt_token_ids: list[int]
     sampling: Sampling
+    trace_context: dict[str, str] = field(default_factory=dict)  # the gateway's span (tracing)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ray import serve
 from ray.serve.deployment import Application
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.mesh import tracing
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.batching import BatchItem, merge_chunks
 from rollmesh.serving.config import ServingConfig
@@ -302,6 +303,9 @@ def build_app(config: ServingConfig) -> Application:
     """The Serve application: `config.replicas` replicas of `VLLMReplica` (or `FakeReplica` for
     `engine="fake"`), session-affinity routing, at most `replicas_per_node` on one Ray node."""
     actor_options: dict[str, Any] = {"num_cpus": config.replica_cpus}
+    if tracing.wanted():  # the replicas trace their requests too (replica.py), to the same collector
+        otel = {k: v for k, v in os.environ.items() if k.startswith("OTEL_") and k != "OTEL_SERVICE_NAME"}
+        actor_options["runtime_env"] = {"env_vars": otel}
     if config.replica_gpus > 0:
         actor_options["num_gpus"] = config.replica_gpus
     replica_class: type[Any] = VLLMReplica

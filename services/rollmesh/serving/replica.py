@@ -3,7 +3,9 @@
 It keeps the replica's id, its running requests (what `abort` may stop) and served count, and its
 weights record (weights_record.py), and serves the keyword-only methods the router and
 `RayServeBackend` call (the router reads `session_id`, `pin_replica` and `avoid_replica`, see
-router.py). A subclass builds its engine in `async __init__`, then awaits `_start(config, load)`,
+router.py). With tracing on (the gateway's OTEL_* variables, passed on by deployment.py), each
+request is a `replica.generate` span, child of the gateway's span for it (`trace_context`).
+A subclass builds its engine in `async __init__`, then awaits `_start(config, load)`,
 and supplies `_generate`, `_whole_output`, `_abort` and `_engine_stats`.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 from ray import serve
 
 from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.mesh import tracing
 from rollmesh.serving.batching import BatchItem, BatchReport, run_batch
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef
@@ -27,6 +30,7 @@ class Replica(ABC):
     async def _start(self, config: ServingConfig, load: Callable[[WeightsRef], Awaitable[None]]) -> None:
         """Name this replica and load the application's current weights with `load`."""
         self._replica_id: str = serve.get_replica_context().replica_id.unique_id
+        tracing.configure("replica")  # when the gateway's OTEL_* variables reached it (deployment.py)
         self._running: set[str] = set()
         self._served = 0
         self._weights = ReplicaWeights(config.app_name, config.model_path, load)
@@ -51,6 +55,7 @@ class Replica(ABC):
         session_id: str = "",
         avoid_replica: str = "",
         stream: bool = True,
+        trace_context: dict[str, str] | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """Stream deltas for one prompt; the last chunk has `finish_reason`.
 
@@ -58,11 +63,24 @@ class Replica(ABC):
         runs the request, for abort), then the whole output in one chunk: every chunk is a Ray object
         sent between processes, and one per engine step costs more than the step itself."""
         del avoid_replica  # a routing hint, read by the router
-        with self._tracked(request_id):
-            chunks = self._generate(request_id, prompt_token_ids, sampling, session_id, stream)
-            async with aclosing(chunks):
-                async for chunk in chunks:
-                    yield chunk
+        span = tracing.start_from(
+            "replica.generate", trace_context or {}, self._span_attributes(batched=False)
+        )
+        error: BaseException | None = None
+        try:
+            with self._tracked(request_id):
+                chunks = self._generate(request_id, prompt_token_ids, sampling, session_id, stream)
+                async with aclosing(chunks):
+                    async for chunk in chunks:
+                        yield chunk
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            tracing.end(span, error=error)
+
+    def _span_attributes(self, *, batched: bool) -> dict[str, Any]:
+        return {"rollmesh.replica": self._replica_id, "rollmesh.batched": batched}
 
     @abstractmethod
     def _generate(
@@ -80,8 +98,16 @@ class Replica(ABC):
             yield report
 
     async def _whole_output_tracked(self, item: BatchItem) -> EngineChunk:
-        with self._tracked(item.request_id):
-            return await self._whole_output(item)
+        span = tracing.start_from("replica.generate", item.trace_context, self._span_attributes(batched=True))
+        error: BaseException | None = None
+        try:
+            with self._tracked(item.request_id):
+                return await self._whole_output(item)
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            tracing.end(span, error=error)
 
     @abstractmethod
     async def _whole_output(self, item: BatchItem) -> EngineChunk:

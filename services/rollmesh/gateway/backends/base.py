@@ -9,7 +9,7 @@ return generated token ids, logprobs and text.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,6 +59,9 @@ class EngineRequest:
     # token-id backend may then leave `EngineChunk.text` empty when no stop strings are set (the
     # gateway decodes the token ids itself).
     stream: bool = True
+    # W3C trace context of the gateway's span for this engine call ({} unless the trace is
+    # sampled): a backend in another process (a Ray Serve replica) makes its span a child of it.
+    trace_context: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
