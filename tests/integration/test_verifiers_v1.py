@@ -35,9 +35,12 @@ from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.verifiers_env import LAUNCHER_V1
-from tests.integration.test_verifiers_envs import API_KEY, ENVS, Mesh, plays, reverify, run_job
+from tests.integration.test_verifiers_envs import API_KEY, ENVS, Mesh, plays, reverify, run_job, vf_rows
+from tests.integration.test_verifiers_envs import check_reverify_and_own_scoring as check_v03
 
-_JUDGE = re.compile(r"Reference answer:\n```\n(.*?)\n```\n\nResponse:\n```\n(.*?)\n```", re.S)
+_JUDGE = re.compile(
+    r"(?:Reference|Ground truth) answer:\n```\n(.*?)\n```\n\nResponse:\n```\n(.*?)\n```", re.S
+)
 JUDGED_CONFIG = '[[config.task.judges]]\nid = "reference"\n'
 
 
@@ -56,8 +59,13 @@ def plays_v1(prompt_text: str, request: EngineRequest) -> str:
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def mesh(tmp_path_factory: pytest.TempPathFactory, verifiers_v1_python: Path) -> AsyncIterator[V1Mesh]:
-    gateway = Gateway([FakeBackend("tiny", script=plays_v1, max_model_len=8192)])
+async def mesh(
+    tmp_path_factory: pytest.TempPathFactory, verifiers_v1_python: Path, verifiers_python: Path
+) -> AsyncIterator[V1Mesh]:
+    # "tiny" serves the jobs and rollmesh's judges (the default model); "gpt-4.1-nano" is the model a
+    # verifiers 0.3 JudgeRubric asks by default, for verifiers' own scoring pointed at this facade.
+    judge = FakeBackend("gpt-4.1-nano", script=plays_v1, max_model_len=8192)
+    gateway = Gateway([FakeBackend("tiny", script=plays_v1, max_model_len=8192), judge])
     await gateway.start()
     http = HttpFacade(gateway, host="127.0.0.1", port=0, api_key=API_KEY)
     await http.start()
@@ -67,6 +75,11 @@ async def mesh(tmp_path_factory: pytest.TempPathFactory, verifiers_v1_python: Pa
         folder.mkdir(parents=True)
         toml = f'taskset = "{taskset}"\npython = "{verifiers_v1_python}"\npaths = ["{ENVS}"]\n{extra}'
         (folder / "verifiers.toml").write_text(toml)
+    folder = root / "environments" / "vf_judged"  # a verifiers 0.3 JudgeRubric, in the 0.3.1 venv
+    folder.mkdir(parents=True)
+    (folder / "verifiers.toml").write_text(
+        f'env_id = "vf_judged"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
+    )
     roots = RootsConfig(Path("/nonexistent"), (root,), BUILTIN_ROOT, False)
     cfg = VerifierConfig(server=replace(ServerConfig(), api_key=API_KEY), judge_url=http.base_url)
     svc = VerifierService.from_catalog(cfg, Catalog.from_config(roots), entry_points=False)
@@ -209,3 +222,68 @@ async def test_taskset_with_a_metric_and_a_judge_asks_the_mesh_model(
     await check_reverify_and_own_scoring(
         mesh, verifiers_v1_python, "vf_v1_judged", {"task": {"judges": [judge]}}, got, tmp_path
     )
+
+
+def test_what_the_bridge_cannot_run_is_refused_by_name(verifiers_v1_python: Path) -> None:
+    argv = [str(verifiers_v1_python), str(LAUNCHER_V1), "rows", "--taskset", "vf_v1_unsupported"]
+    done = subprocess.run(
+        [*argv, "--path", str(ENVS)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert (
+        done.returncode != 0
+        and "task StopTask has stop hooks ['enough']: rollmesh's loop runs none" in done.stderr
+    )
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_verifiers_03_judge_rubric_asks_the_mesh_model(
+    mesh: V1Mesh, verifiers_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # verifiers' default judge client (`AsyncOpenAI()`) reads these when the environment loads: for the
+    # `rows` export and verifiers' own scoring, pointed at the same facade as a verifiers user would
+    monkeypatch.setenv("OPENAI_BASE_URL", mesh.facade)
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    rows = vf_rows(verifiers_python, "vf_judged")
+    got = await run_job(mesh, rows, "vf_judged", tmp_path / "runs")
+    # the JudgeRubric built with verifiers' defaults asked the gateway's facade: yes exactly when right
+    assert [r["reward"] for r in got] == [1.0, 0.0, 1.0]
+    assert [r["chat_messages"][-1]["content"] for r in got] == [
+        "The answer is 4.",
+        "I think 13",
+        "The answer is 7.",
+    ]
+    await check_v03(mesh, verifiers_python, "vf_judged", got, tmp_path)
+
+
+# The 0.3 server's Host scoring vf_judged with its judge pointed at a port nobody serves.
+_DEAD_JUDGE = r"""
+import asyncio, sys
+sys.path.insert(0, sys.argv[1])
+import _verifiers_server as s
+
+async def main():
+    judge = {"base_url": "http://127.0.0.1:9/v1", "model": "", "api_key_var": "OPENAI_API_KEY"}
+    host = s.Host(s.load({"env_id": "vf_judged", "paths": [sys.argv[2]], "judge": judge}))
+    completion = [{"role": "assistant", "content": "The answer is 4."}]
+    state = await host.replay(host.rows(1)[0], completion)
+    try:
+        print("SCORED", await host.score(state, completion))
+    except s.RewardFunctionFailed as exc:
+        print("FAILED", exc)
+
+asyncio.run(main())
+"""
+
+
+def test_a_judge_that_cannot_answer_fails_the_verify_never_scores_0(verifiers_python: Path) -> None:
+    done = subprocess.run(
+        [str(verifiers_python), "-c", _DEAD_JUDGE, str(LAUNCHER_V1.parent), str(ENVS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "OPENAI_API_KEY": "unused"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("FAILED Error calling reward function judged") and "scored it 0" in last, last

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rollmesh.mesh.errors import ConfigError
-from rollmesh.verifier.errors import EnvServerBadReply
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.config import facade_url
+from rollmesh.verifier.errors import EnvServerBadReply
 from rollmesh.verifier.verifiers_env import LAUNCHER, LAUNCHER_V1, VerifiersConfig, score_result
 
 
@@ -44,9 +44,9 @@ def test_the_judge_url_defaults_to_the_gateways_openai_facade() -> None:
     env = {"ROLLMESH_GATEWAY_ADDR": "10.0.0.5:50052", "ROLLMESH_OPENAI_HTTP_PORT": "8001"}
     assert facade_url(env) == "http://10.0.0.5:8001/v1"
     assert facade_url({**env, "ROLLMESH_OPENAI_HTTP_PORT": "-1"}) == ""
-    assert VerifierConfig.from_env(environ={**env, "ROLLMESH_VERIFIER_JUDGE_URL": "http://j/v1"}).judge_url == (
-        "http://j/v1"
-    )
+    assert VerifierConfig.from_env(
+        environ={**env, "ROLLMESH_VERIFIER_JUDGE_URL": "http://j/v1"}
+    ).judge_url == ("http://j/v1")
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
+import logging
 import os
 import socket
 import sys
@@ -88,6 +90,7 @@ class Host:
         self.vf = vf
         self.env = env
         self.sessions: dict[str, Json] = {}
+        logging.getLogger("verifiers").addHandler(_RewardErrors(logging.ERROR))
 
     def _normalize(self, messages: Any) -> Any:
         from verifiers.utils.message_utils import normalize_messages  # type: ignore[import-not-found]
@@ -192,13 +195,40 @@ class Host:
         if self.env.rubric.has_group_rewards:
             raise GroupRubric("this environment's rubric has group reward functions (score_group)")
         state["completion"] = self._normalize(completion)
-        await self.env.rubric.score_rollout(state)
+        failed: list[str] = []
+        token = _REWARD_ERRORS.set(failed)
+        try:
+            await self.env.rubric.score_rollout(state)
+        finally:
+            _REWARD_ERRORS.reset(token)
+        if failed:
+            raise RewardFunctionFailed(f"{failed[0]} (verifiers would have scored it 0)")
         metrics = {str(k): float(v) for k, v in (state.get("metrics") or {}).items()}
         return {"reward": float(state["reward"]), "metrics": metrics}
 
 
 class GroupRubric(Exception):
     pass
+
+
+class RewardFunctionFailed(Exception):
+    """A reward function (a judge's call among them) raised: verifiers' rubric logs it and counts 0;
+    the bridge fails the verify instead (500), so an answer nobody judged is never a reward of 0."""
+
+
+_REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "rollmesh_reward_errors", default=None
+)
+
+
+class _RewardErrors(logging.Handler):
+    """Collects the rubric's "Error calling reward function" records into the scoring call's list."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        errors = _REWARD_ERRORS.get()
+        message = record.getMessage()
+        if errors is not None and message.startswith("Error calling reward function"):
+            errors.append(" ".join(message.split())[:300])
 
 
 def _app(host: Host) -> web.Application:

@@ -27,7 +27,9 @@ facade), its key variable and, unless it names one, rollmesh's model.
 - Score: a verifiers `Trace` of the prompt and the completion (assistant messages sampled), then
   `Task.score(trace)` with no runtime, as `vf replay` re-scores a trace: the reward is
   `trace.reward` (the weighted sum), the components are each reward's score and each metric.
-- A task with `@vf.stop` hooks is refused at load: rollmesh's loop would not run them.
+- Refused at load, by name (`refuse_unsupported`): a task that needs a container, `@vf.stop` hooks,
+  and rewards, metrics or judges that need a runtime. Each per-task Toolset lives as long as its
+  session (its `setup()` resources are not torn down: verifiers' launcher would stop its process).
 """
 
 from __future__ import annotations
@@ -96,14 +98,13 @@ class Host:
         self.data_cls = self.task_cls.data_type()
         self.sessions: dict[str, Session] = {}
         self.shared: list[Any] | None = None
-        probe = self.task_cls(self.data_cls(), self.config.task) if _constructible(self.data_cls) else None
-        if probe is not None and probe.hooks("stop"):
-            names = [fn.__name__ for fn in probe.hooks("stop")]
-            raise ValueError(
-                f"task {self.task_cls.__name__} has @vf.stop hooks {names}: rollmesh's loop runs none"
-            )
+        first = next(iter(self.taskset.take(1)), None)
+        if first is not None:
+            refuse_unsupported(first)
 
     def rows(self, n: int) -> list[Json]:
+        if n < 0 and not self.taskset.bounded:
+            raise ValueError(f"{type(self.taskset).__name__} is infinite: say how many rows (-n)")
         out: list[Json] = []
         for task in self.taskset:
             if 0 <= n <= len(out):
@@ -221,12 +222,26 @@ class Host:
         return {"reward": float(trace.reward), "metrics": metrics}
 
 
-def _constructible(data_cls: Any) -> bool:
-    try:
-        data_cls()
-    except Exception:
-        return False
-    return True
+def refuse_unsupported(task: Any) -> None:
+    """What this bridge cannot do faithfully is refused by name (the server does not start, the
+    environment is listed broken with this message), never left out of a score: a task that needs
+    a container, `@vf.stop` hooks (rollmesh's loop runs none), and reward/metric functions or judges
+    that need a runtime (verifiers skips those when it scores without one, as here)."""
+    import inspect
+
+    def needs_runtime(fn: Any) -> bool:
+        param = inspect.signature(fn).parameters.get("runtime")
+        return param is not None and param.default is inspect.Parameter.empty
+
+    name = type(task).__name__
+    if getattr(task, "NEEDS_CONTAINER", False):
+        raise ValueError(f"task {name} needs a container (NEEDS_CONTAINER): the rollmesh bridge runs none")
+    if stops := [fn.__name__ for fn in task.hooks("stop")]:
+        raise ValueError(f"task {name} has stop hooks {stops}: rollmesh's loop runs none")
+    runtime = [fn.__name__ for kind in ("reward", "metric") for fn in task.hooks(kind) if needs_runtime(fn)]
+    runtime += [j.reward_name for j in task.plugged_judges() if needs_runtime(j.score)]
+    if runtime:
+        raise ValueError(f"task {name}'s {runtime} need a runtime (a sandbox): the rollmesh bridge has none")
 
 
 def _keep_state(toolset: Any) -> None:

@@ -213,7 +213,7 @@ class VerifiersEnvironment(Environment):
             env={
                 **foreign_env(),
                 "ROLLMESH_VERIFIERS_ENV": json.dumps(self.cfg.job(self._judge())),
-                JUDGE_KEY_VAR: self.context.config.server.api_key or "EMPTY",
+                **self._judge_env(),
                 "PYTHONUNBUFFERED": "1",
             },
             restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
@@ -225,6 +225,15 @@ class VerifiersEnvironment(Environment):
         if not cfg.judge_url:
             return None
         return {"base_url": cfg.judge_url, "model": cfg.judge_model, "api_key_var": JUDGE_KEY_VAR}
+
+    def _judge_env(self) -> dict[str, str]:
+        """The judge's key; and OpenAI's own variables, so a client an environment builds with
+        verifiers' defaults at load (`AsyncOpenAI()`) asks the facade too."""
+        cfg = self.context.config
+        key = cfg.server.api_key or "EMPTY"
+        if not cfg.judge_url:
+            return {JUDGE_KEY_VAR: key}
+        return {JUDGE_KEY_VAR: key, "OPENAI_BASE_URL": cfg.judge_url, "OPENAI_API_KEY": key}
 
     async def _probe(self, address: str) -> bool:
         del address
