@@ -459,7 +459,7 @@ async def test_a_continued_turn_keeps_its_versions_through_record_row_proto_and_
     from rollmesh.scheduler import convert
     from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord
     from rollmesh.scheduler.tokens import build_token_record, validate_token_record
-    from rollmesh_client.trainer import TrainerRollout, collate
+    from rollmesh_client.trainer import TrainerRollout, collate, verl_view
 
     backend = FakeBackend("m", weights_dir=served)
     backend.script = new_weights_upper(backend)
@@ -511,6 +511,9 @@ async def test_a_continued_turn_keeps_its_versions_through_record_row_proto_and_
     expected[t1.output_start + k : t1.output_end] = [1] * (t1.output_end - t1.output_start - k)
     expected[t2.output_start : t2.output_end] = [1] * (t2.output_end - t2.output_start)
     assert row == expected
+    view = verl_view(batch)
+    p = t1.output_start
+    assert view["response_versions"][0, : len(rec.token_ids) - p].tolist() == expected[p:]
 
 
 def test_the_http_extension_names_the_versions_only_of_a_split_output() -> None:

@@ -165,7 +165,8 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
     after the first turn's prompt, tool results included), `response_mask` [B, R] (1 only on
     generated ids), `input_ids` = prompts ++ responses, `attention_mask`, `position_ids`,
     `old_log_probs` [B, R] (left out when `batch.logprobs` is None), `token_level_scores` [B, R]
-    (the reward on the last generated id)."""
+    (the reward on the last generated id), `response_versions` [B, R] (the policy version of each
+    generated id, -1 elsewhere: `RolloutBatch.token_versions`; left out when the batch has none)."""
     b = len(batch)
     p_len = int(batch.prompt_lengths.max()) if b else 0
     r_len = max(int((batch.lengths - batch.prompt_lengths).max()), 1) if b else 1
@@ -176,6 +177,7 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
     resp_mask = np.zeros((b, r_len), dtype=np.int64)
     old_lps = np.zeros((b, r_len), dtype=np.float32)
     scores = np.zeros((b, r_len), dtype=np.float32)
+    versions = np.full((b, r_len), -1, dtype=np.int64)
     for i in range(b):
         p, n = int(batch.prompt_lengths[i]), int(batch.lengths[i])
         prompts[i, p_len - p :] = batch.input_ids[i, :p]
@@ -186,6 +188,8 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
         resp_mask[i, :resp] = batch.loss_mask[i, p:n]
         if batch.logprobs is not None:
             old_lps[i, :resp] = batch.logprobs[i, p:n]
+        if batch.token_versions is not None:
+            versions[i, :resp] = batch.token_versions[i, p:n]
         gen = np.nonzero(resp_mask[i])[0]
         if gen.size:
             scores[i, gen[-1]] = batch.rewards[i]
@@ -203,4 +207,6 @@ def verl_view(batch: RolloutBatch, *, pad_id: int = 0) -> dict[str, npt.NDArray[
     }
     if batch.logprobs is None:
         del view["old_log_probs"]
+    if batch.token_versions is not None:
+        view["response_versions"] = versions
     return view
