@@ -41,6 +41,7 @@ typecheck: setup
 
 # The documentation site (mkdocs.yml, docs/): a broken link or anchor between pages fails it.
 docs: setup
+	$(BIN)/python scripts/gen_cli_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 test: setup sysdeps protos-check lint typecheck docs nemo-gym-venv
