@@ -60,7 +60,7 @@ def test_a_program_and_the_built_in_loop_give_identical_token_records(tmp_path: 
         run = row["agent_program"]
         assert (run["exit_code"], run["calls"], run["tool_calls"], run["segments"]) == (0, 3, 2, 1)
         assert run["stdout"].startswith("The counter is") and "agent_program" not in builtin[key]
-        assert run["sandbox"] == ("network" if os.geteuid() == 0 else "limits")
+        assert run["sandbox"] == ("uid+mount+pid+network" if os.geteuid() == 0 else "limits")
     _valid_with_text(program)
 
 

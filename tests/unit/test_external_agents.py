@@ -157,6 +157,8 @@ class CaptureModel(LocalModel):
         return self.record
 
 
+HERE = Path(__file__).resolve().parent
+
 TASK = {
     "responses_create_params": {"input": [{"role": "user", "content": "add 3"}]},
     "expected_answer": "3",
@@ -209,15 +211,14 @@ async def test_a_program_that_cannot_start_fails_by_name() -> None:
 
 
 async def test_the_program_gets_the_task_the_urls_and_never_the_mesh_key(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("ROLLMESH_API_KEY", "mesh-secret")
-    seen = tmp_path / "seen.json"
     script = (
         "import json, os, sys\n"
         "stdin = json.load(sys.stdin)\n"
         "with open(os.environ['ROLLMESH_TASK_FILE']) as f: task = json.load(f)\n"
-        f"json.dump({{'env': dict(os.environ), 'stdin': stdin, 'file': task}}, open({str(seen)!r}, 'w'))\n"
+        "print(json.dumps({'env': dict(os.environ), 'stdin': stdin, 'file': task}))\n"
         "open(os.environ['ROLLMESH_ANSWER_FILE'], 'w').write('3')\n"
     )
     turn = _turn([1, 2], [3], finish_reason="stop")
@@ -228,7 +229,7 @@ async def test_the_program_gets_the_task_the_urls_and_never_the_mesh_key(
     env = LocalEnv()
     model = CaptureModel(record)
     outcome = await _run([sys.executable, "-c", script], model, env)
-    got = json.loads(seen.read_text())
+    got = json.loads(outcome.program["stdout"])  # (it may write only its own folder)
     assert "ROLLMESH_API_KEY" not in got["env"]
     assert got["env"]["OPENAI_API_KEY"] == "capture-token"
     assert got["env"]["OPENAI_BASE_URL"] == "http://127.0.0.1:9/capture/k/v1"
@@ -290,7 +291,7 @@ async def test_the_program_reaches_its_tools_and_capture_ports_and_nothing_else(
         outcome = await _run([sys.executable, "-c", script], CaptureModel(record))
     finally:
         other.close()
-    assert outcome.program["sandbox"] == "network"
+    assert outcome.program["sandbox"] == "uid+mount+pid+network"
     assert outcome.program["stdout"].splitlines() == ["['get_count', 'increment']", "unreachable"]
 
 
@@ -305,3 +306,30 @@ def test_a_program_rollout_keeps_its_run_and_segments_over_the_wire_and_in_its_r
     row = Rollout.from_row(rollout.to_row())
     assert row.agent_program == run and row.task == {"q": 1}  # not taken for a task field
     assert "agent_program" not in Rollout(RolloutKey(0, 0), "j", {}, [], 1.0).to_row()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid and namespaces of its own need root")
+async def test_the_program_runs_as_its_own_uid_as_pid_1_and_writes_only_its_folder() -> None:
+    script = (
+        "import json, os\n"
+        "def attempt(path):\n"
+        "    try:\n"
+        "        open(path, 'w').write('x')\n"
+        "        return 'wrote'\n"
+        "    except OSError as exc:\n"
+        "        return exc.strerror\n"
+        "print(json.dumps({'uid': os.getuid(), 'pid': os.getpid(), 'here': attempt('mine'),\n"
+        f"    'repo': attempt({str(HERE / 'planted')!r}),\n"
+        "    'root': sorted(os.listdir('/root'))}))\n"
+    )
+    turn = _turn([1], [2], finish_reason="stop")
+    record = CaptureRecord(
+        calls=[CapturedTurn("chat.completions", [{"role": "user", "content": "add 3"}], turn)]
+    )
+    outcome = await _run([sys.executable, "-c", script], CaptureModel(record))
+    seen = json.loads(outcome.program["stdout"])
+    assert outcome.program["sandbox"] == "uid+mount+pid+network"
+    assert 65000 <= seen["uid"] <= 65533 and seen["pid"] == 1
+    assert seen["here"] == "wrote" and seen["repo"] == "Read-only file system"
+    assert not await asyncio.to_thread((HERE / "planted").exists)
+    assert ".ssh" not in seen["root"]  # only what it runs is there, read-only

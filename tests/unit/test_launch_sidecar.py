@@ -100,3 +100,112 @@ async def test_a_sidecar_that_never_serves_is_killed_at_its_timeout(tmp_path: Pa
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     await car.stop()
+
+
+CONFINED_SERVER = textwrap.dedent(
+    """
+    import http.server, json, os, subprocess, sys
+    def attempt(path):
+        try:
+            with open(path, "w") as f:
+                f.write("x")
+            return "wrote"
+        except OSError as exc:
+            return exc.strerror
+    child = subprocess.Popen(["sleep", "600"])  # must not outlive the server's stop
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen = {
+                "uid": os.getuid(), "pid": os.getpid(), "child_pid": child.pid,
+                "home": attempt(os.path.join(os.environ["HOME"], "ok")),
+                "shared": attempt(os.path.join(sys.argv[1], "planted")),
+                "root": sorted(os.listdir("/root")),
+            }
+            self.send_response(200); self.end_headers(); self.wfile.write(json.dumps(seen).encode())
+        def log_message(self, *a): pass
+    srv = http.server.HTTPServer(("127.0.0.1", int(os.environ["ROLLMESH_SIDECAR_PORT"])), H)
+    with open(os.environ["ROLLMESH_PORT_FILE"], "w") as f:
+        f.write(f"127.0.0.1:{srv.server_port}")
+    srv.serve_forever()
+    """
+)
+
+
+async def seen_by(address: str) -> dict[str, object]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://{address}/") as r:
+        return dict(await r.json(content_type=None))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid and namespaces of its own need root")
+async def test_a_confined_sidecar_runs_as_its_own_uid_as_pid_1_and_writes_only_its_folder(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared"  # writable by anyone on the host; only readable for the server
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    base = spec(tmp_path, CONFINED_SERVER)
+    car = Sidecar(
+        SidecarSpec(
+            **{
+                **base.__dict__,
+                "argv": (*base.argv, str(shared)),
+                "confine": True,
+                "readable": (str(shared),),
+            }
+        )
+    )
+    await car.start()
+    try:
+        seen = await seen_by(car.address)
+        assert car.isolation == "uid+mount+pid" and (tmp_path / "server.addr").read_text() == car.address
+        assert isinstance(seen["uid"], int) and 65000 <= seen["uid"] <= 65533
+        assert seen["pid"] == 1 and seen["child_pid"] != 1  # pid 1 of a namespace of its own
+        assert seen["home"] == "wrote" and seen["shared"] == "Read-only file system"
+        assert not (shared / "planted").exists()
+        assert seen["root"] == [".pyenv"] or str(Path.home()) != "/root"  # only its interpreter there
+        keeper = car.pid
+        assert keeper is not None
+        os.kill(keeper, signal.SIGKILL)  # the keeper outside: the namespace dies with it
+        async with asyncio.timeout(60):
+            while car.state is State.SERVING:  # noqa: ASYNC110 (the supervisor task sets it)
+                await asyncio.sleep(0.01)
+        assert await car.ready(60) and car.restarts == 1
+        again = await seen_by(car.address)
+        assert again["uid"] == seen["uid"] and again["pid"] == 1
+        await group_gone(keeper)  # the first incarnation: the server and its child
+    finally:
+        await car.stop()
+    assert car.pid is not None
+    await group_gone(car.pid)
+
+
+async def group_gone(pgid: int) -> None:
+    """Wait (up to 30 s) until no process of the group is left (a pid namespace is torn down, and
+    its processes reaped, after its keeper is gone)."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            await asyncio.sleep(0.02)
+
+
+async def test_a_sidecar_confined_without_a_uid_says_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not root (no uid to lease): the server runs as this user, under rlimits, and says so."""
+    from rollmesh.mesh.confine import UidLeases
+
+    async def no_uid(self: UidLeases) -> None:
+        return None
+
+    monkeypatch.setattr(UidLeases, "lease", no_uid)
+    base = spec(tmp_path, CONFINED_SERVER)
+    car = Sidecar(SidecarSpec(**{**base.__dict__, "argv": (*base.argv, str(tmp_path)), "confine": True}))
+    await car.start()
+    try:
+        seen = await seen_by(car.address)
+        assert car.isolation == "limits" and seen["uid"] == os.getuid() and seen["pid"] == car.pid
+    finally:
+        await car.stop()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from rollmesh.verifier.sandbox_uids import SANDBOX_UIDS, UidPool
+from rollmesh.mesh.uids import SANDBOX_UIDS, UidPool
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +49,7 @@ HOLDER = textwrap.dedent(
     import asyncio, random, sys
     from pathlib import Path
     random.randrange = lambda n: 0
-    from rollmesh.verifier.sandbox_uids import UidPool
+    from rollmesh.mesh.uids import UidPool
     async def main():
         pool = UidPool()
         pool.use_leases(Path(sys.argv[1]))

@@ -15,6 +15,14 @@ Contract:
   answers its probe; `restarts` counts its incarnations after the first.
 - Stop: SIGTERM, SIGKILL of the whole group after `grace_s`; the child also gets SIGTERM from the
   kernel when this process dies (mesh/children.py), so no sidecar outlives its service.
+- Confinement (`confine`): the child runs through mesh/confine.py. As root it gets a uid of its own,
+  leased for the sidecar's life (its restarts included), read-only mounts with fresh /tmp, only its
+  interpreter, its virtualenv, its script and `readable` to read past folders closed to other users
+  (/root), a folder of its own (`<port_file>.run/`, its HOME, where it writes the port file, which
+  is then copied to `port_file`) to write, its own pid namespace (pid 1 there, everything it
+  starts dies with it; a keeper outside passes SIGTERM on) and `rlimits`; elsewhere it runs as
+  this user under `rlimits`. What held is in `isolation` ("uid+mount+pid" or "limits"; "none" when
+  not confined; "" before it served) and the `sidecar_serving` log line.
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ from rollmesh.launch.errors import SidecarStartFailed
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.children import die_with_parent, kill_group
+from rollmesh.mesh.confine import Confinement, UidLeases, command, program_paths, read_mode
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.launch.sidecar")
 
 Probe = Callable[[str], Awaitable[bool]]
 LOG_TAIL_BYTES = 4096
+# A confined server's limits: no core dumps, files up to 4 GiB, room for a server's sockets.
+SIDECAR_RLIMITS = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": 4 << 30, "RLIMIT_NOFILE": 65536}
 
 
 class State(enum.Enum):
@@ -59,8 +70,10 @@ class SidecarSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     start_timeout_s: float = 120.0
     grace_s: float = 5.0
-    #: Run before argv (an isolating wrapper such as the sandbox's namespaces); part of the command.
-    prefix: Sequence[str] = ()
+    #: Run confined (module doc), `readable` besides its interpreter and script, under `rlimits`.
+    confine: bool = False
+    readable: Sequence[str] = ()
+    rlimits: Mapping[str, int] = field(default_factory=lambda: dict(SIDECAR_RLIMITS))
 
 
 def log_tail(path: Path) -> str:
@@ -73,6 +86,16 @@ def log_tail(path: Path) -> str:
     except OSError:
         return ""
     return next((ln for ln in reversed(lines) if ln), "")[:300]
+
+
+def _read_address(path: Path) -> str:
+    """The port file's text, never through a link (a confined child owns its folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        return f"<unreadable: {exc.strerror}>"
+    with os.fdopen(fd, "rb") as f:
+        return f.read(256).decode("utf-8", "replace").strip()
 
 
 class Sidecar:
@@ -90,6 +113,10 @@ class Sidecar:
         self._serving = asyncio.Event()
         self._tasks = TaskSet()
         self._stopping = False
+        self.isolation = ""
+        self._uids = UidLeases()
+        self._uid: int | None = None
+        self._leased = False
 
     @property
     def pid(self) -> int | None:
@@ -101,6 +128,8 @@ class Sidecar:
     async def start(self) -> None:
         """Start the child and wait until it serves; raises SidecarStartFailed (the child killed)."""
         self.state = State.STARTING
+        if self.spec.confine and not self._leased:
+            self._uid, self._leased = await self._uids.lease(), True
         try:
             await self._spawn_ready()
         except SidecarStartFailed as exc:
@@ -108,20 +137,46 @@ class Sidecar:
             raise
         self._tasks.spawn(self._keep(), name=f"sidecar-{self.spec.name}")
 
+    @property
+    def _run_dir(self) -> Path:
+        return self.spec.port_file.with_suffix(".run")
+
+    def _prepare(self) -> tuple[Path, list[str]]:
+        """The port file the child writes and its command line (blocking: run off the loop)."""
+        spec = self.spec
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        spec.port_file.unlink(missing_ok=True)
+        if not spec.confine:
+            return spec.port_file, list(spec.argv)
+        run = self._run_dir
+        run.mkdir(mode=0o700, exist_ok=True)
+        if self._uid is not None:
+            os.chown(run, self._uid, self._uid)
+        port_file = run / "addr"
+        port_file.unlink(missing_ok=True)
+        confinement = Confinement(
+            rlimits=spec.rlimits,
+            uid=self._uid,
+            readable=[*program_paths(spec.argv, spec.env.get("PATH")), *spec.readable],
+            writable=[str(run)],
+        )
+        return port_file, command(spec.argv, confinement, spec.port_file.with_suffix(".mode"))
+
     async def _spawn_ready(self) -> None:
         spec = self.spec
-        spec.port_file.unlink(missing_ok=True)
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        port_file, argv = await asyncio.to_thread(self._prepare)
         env = {
             **spec.env,
             "ROLLMESH_SIDECAR_PORT": str(self._port),
-            "ROLLMESH_PORT_FILE": str(spec.port_file),
+            "ROLLMESH_PORT_FILE": str(port_file),
         }
+        if spec.confine:
+            env["HOME"] = str(self._run_dir)
+            env.pop("TMPDIR", None)  # its /tmp is its own
         with spec.log_path.open("ab") as logf:
             try:
                 self._proc = await asyncio.create_subprocess_exec(
-                    *spec.prefix,
-                    *spec.argv,
+                    *argv,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=logf,
                     stderr=asyncio.subprocess.STDOUT,
@@ -135,13 +190,17 @@ class Sidecar:
         proc = self._proc
         try:
             async with asyncio.timeout(spec.start_timeout_s):
-                while not await asyncio.to_thread(spec.port_file.exists):
+                while not await asyncio.to_thread(port_file.exists):
                     if proc.returncode is not None:
                         raise self._failed(f"{describe_exit(proc.returncode)} before serving")
                     await asyncio.sleep(0.05)
-                bound = (await asyncio.to_thread(spec.port_file.read_text)).strip()
+                bound = await asyncio.to_thread(_read_address, port_file)
                 host, _, port = bound.rpartition(":")
+                if not port.isdigit():
+                    raise self._failed(f"wrote {bound[:60]!r} to its port file, not host:port")
                 self._port = int(port)
+                if port_file != spec.port_file:  # the address where it always is, for people and tools
+                    await asyncio.to_thread(spec.port_file.write_text, f"{host}:{port}")
                 self.address = f"{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}"
                 while not await spec.probe(self.address):
                     if proc.returncode is not None:
@@ -154,9 +213,18 @@ class Sidecar:
         except BaseException:
             kill_group(proc)
             raise
+        self.isolation = "none"
+        if spec.confine:
+            self.isolation = await asyncio.to_thread(read_mode, spec.port_file.with_suffix(".mode"))
         self.state, self.problem = State.SERVING, ""
         self._serving.set()
-        log.info("sidecar_serving", name=spec.name, address=self.address, pid=proc.pid)
+        log.info(
+            "sidecar_serving",
+            name=spec.name,
+            address=self.address,
+            pid=proc.pid,
+            isolation=self.isolation,
+        )
 
     def _failed(self, how: str) -> SidecarStartFailed:
         tail = log_tail(self.spec.log_path)
@@ -233,3 +301,6 @@ class Sidecar:
             await proc.wait()
         await self._tasks.aclose()
         self.state = State.STOPPED
+        if self._leased:
+            self._uids.release(self._uid)
+            self._uid, self._leased = None, False

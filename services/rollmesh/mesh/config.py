@@ -260,6 +260,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "verifiers.toml names none (docs/verifiers.md).",
         ),
         EnvVar(
+            "ROLLMESH_SIDECAR_CONFINE",
+            True,
+            "Verifier: run the servers it starts (managed NeMo Gym, verifiers) confined: as root a uid, "
+            "read-only mounts and a pid namespace of their own (docs/security.md); 0: as its own user.",
+        ),
+        EnvVar(
             "ROLLMESH_SIDECAR_LOG_DIR",
             "",
             "Verifier: folder of the logs of the servers it starts (default: <tmp>/rollmesh-sidecars).",

@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 
 from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import TaskSet
+from rollmesh.mesh.confine import UidLeases
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
@@ -339,6 +340,7 @@ class JobRun:
             else None
         )
         self.tool_endpoint = ToolEndpoint()
+        self.program_uids = UidLeases()  # each program run's own uid (as root), leased host-wide
         # What final metrics need of each rollout, kept only when the sink cannot be read back.
         self.scored: list[Scored] = []
         self.failures: list[RolloutFailure] = []
@@ -484,6 +486,7 @@ class JobRun:
                                 model=self.model,
                                 env=self.env,
                                 tools=self.tool_endpoint,
+                                uids=self.program_uids,
                             )
                         else:
                             out = await run_agent(

@@ -16,13 +16,15 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
        ROLLMESH_TOOLS_URL                the environment's tools (GET lists, POST <url>/call runs one)
        ROLLMESH_ANSWER_FILE              where the program may write its answer
        ROLLMESH_MODEL                    the job's model name (the capture uses it whatever is sent)
-   It runs as a session leader under rlimits (`_program_limits.py`: address space, file size, open
-   files, core dumps) and is killed with its process group at `timeout_s` (AGENT_PROGRAM_TIMEOUT,
-   retryable) or when the attempt is cancelled. Its stdout and stderr are kept up to
-   `output_limit` bytes each. Sandbox modes (the row says which held): `network` when the kernel
-   lets it have a network namespace whose loopback serves only its capture's and tools' ports
-   (relayed to Unix sockets here: `_loopback_relays`), else `limits` (no network isolation). No
-   mount or pid namespace and no uid of its own in either (docs/external-agents.md);
+   It runs confined (mesh/confine.py) as a session leader under rlimits (address space, file size,
+   open files, core dumps) and is killed with its process group at `timeout_s`
+   (AGENT_PROGRAM_TIMEOUT, retryable) or when the attempt is cancelled. Its stdout and stderr are
+   kept up to `output_limit` bytes each. The row's `sandbox` says what held: as root
+   "uid+mount+pid+network" (a uid of its own, leased per run; read-only mounts where only its
+   folder, its executable and its interpreter are there to read past closed folders; pid 1 of its
+   own pid namespace; a network namespace whose loopback serves only its capture's and tools' ports,
+   relayed to Unix sockets here: `_loopback_relays`), "network" where only a network namespace could
+   be had, else "limits" (docs/external-agents.md);
 4. close the capture: its calls, in order, are the rollout's turns. A call whose prompt ids do not
    extend the previous call's prompt + output starts a new segment of the token record (tokens.py);
 5. exit non-zero: AGENT_PROGRAM_EXITED; no answered model call: AGENT_PROGRAM_NO_MODEL_CALL; a call
@@ -45,7 +47,7 @@ import functools
 import json
 import os
 import shutil
-import sys
+import stat
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -56,6 +58,7 @@ from urllib.parse import urlsplit
 
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.children import kill_group
+from rollmesh.mesh.confine import LIMITS_MODE, Confinement, UidLeases, command, program_paths, read_mode
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.agent import (
     AgentOutcome,
@@ -85,8 +88,6 @@ from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 
 log = get_logger("rollmesh.scheduler.program")
 
-LIMITS = Path(__file__).with_name("_program_limits.py")
-LIMITS_MODE, NETWORK_MODE = "limits", "network"  # what `agent_program.sandbox` says held
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 # The rlimits a program runs under (a coding agent's toolchain needs room; these stop runaways).
 DEFAULT_RLIMITS = {
@@ -165,17 +166,24 @@ async def run_program(
     model: ProgramModel,
     env: EnvPort,
     tools: ToolEndpoint,
+    uids: UidLeases | None = None,
 ) -> AgentOutcome:
-    """One attempt of one rollout driven by `program`; its sessions, capture, tool URL and folder
-    are always closed (module doc)."""
+    """One attempt of one rollout driven by `program`; its sessions, capture, tool URL, folder and
+    uid are always closed (module doc). `uids`: where its uid is leased (one per job is enough)."""
     session_id = f"{job_id}/{key.task_index}/{key.rollout_index}"
     own_tools = row_tools(task)
     env_session = not settings.stateless or bool(own_tools)
     seeded = captured = False
     tools_key = ""
     record = CaptureRecord()
-    work = Path(tempfile.mkdtemp(prefix="rollmesh-agent-"))
+    uids = uids or UidLeases()
+    uid = await uids.lease()
+    # The program's folder is base/work (its own when it has a uid); its sockets and the mode file
+    # stay in base, out of its reach.
+    base = Path(tempfile.mkdtemp(prefix="rollmesh-agent-"))
+    work = base / "work"
     try:
+        await asyncio.to_thread(_prepare, base, work, uid)
         opened = SessionOpened()
         if env_session:
             opened = await env.seed_session(settings.environment, task, session_id)
@@ -223,8 +231,8 @@ async def run_program(
             "ROLLMESH_ANSWER_FILE": str(answer_file),
             "ROLLMESH_MODEL": settings.model,
         }
-        async with _loopback_relays(work, [capture.base_url, tools_url]) as forward:
-            run = await _run(program, work, variables, task_bytes, forward)
+        async with _loopback_relays(base, [capture.base_url, tools_url]) as forward:
+            run = await _run(program, base, work, variables, task_bytes, forward, uid)
         tool_calls = tools.close(tools_key) if tools_key else 0
         tools_key = ""
         record = await model.close_capture(session_id)
@@ -255,7 +263,16 @@ async def run_program(
             with contextlib.suppress(Exception):
                 await model.close_capture(session_id)
         await close_sessions(env if seeded else None, model, session_id)
-        await asyncio.to_thread(shutil.rmtree, work, True)
+        await asyncio.to_thread(shutil.rmtree, base, True)
+        uids.release(uid)
+
+
+def _prepare(base: Path, work: Path, uid: int | None) -> None:
+    work.mkdir()
+    if uid is not None:
+        os.chmod(base, 0o711)
+        os.chown(work, uid, uid)
+        os.chmod(work, 0o700)
 
 
 def _environment(program: ProgramSpec, work: Path, variables: Mapping[str, str]) -> dict[str, str]:
@@ -264,10 +281,10 @@ def _environment(program: ProgramSpec, work: Path, variables: Mapping[str, str])
 
 
 @contextlib.asynccontextmanager
-async def _loopback_relays(work: Path, urls: list[str]) -> AsyncIterator[list[list[Any]] | None]:
+async def _loopback_relays(base: Path, urls: list[str]) -> AsyncIterator[list[list[Any]] | None]:
     """The scheduler's end of the program's network: for each loopback port of `urls` (the capture's,
-    the tools'), a Unix socket in `work` relayed to it, which the program's namespace serves on that
-    port (`_program_limits.py`). None (no network isolation) when a URL is not on loopback: a
+    the tools'), a Unix socket in `base` relayed to it, which the program's namespace serves on that
+    port (mesh/_confine.py). None (no network isolation) when a URL is not on loopback: a
     namespace with only loopback could not reach it."""
     ports: set[int] = set()
     for url in filter(None, urls):
@@ -280,7 +297,7 @@ async def _loopback_relays(work: Path, urls: list[str]) -> AsyncIterator[list[li
     try:
         forward: list[list[Any]] = []
         for port in sorted(ports):
-            path = work / f"{port}.sock"
+            path = base / f"{port}.sock"
             servers.append(await asyncio.start_unix_server(functools.partial(_relay, port), path=str(path)))
             forward.append([port, str(path)])
         yield forward
@@ -314,29 +331,33 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 async def _run(
     program: ProgramSpec,
+    base: Path,
     work: Path,
     variables: Mapping[str, str],
     stdin: bytes,
     forward: list[list[Any]] | None = None,
+    uid: int | None = None,
 ) -> _Run:
     t0 = time.monotonic()
-    mode_file = work / ".sandbox"
-    settings: dict[str, Any] = {"parent": os.getpid(), "rlimits": dict(program.rlimits)}
-    if forward is not None:
-        settings["network"] = {"forward": forward, "mode_file": str(mode_file)}
+    mode_file = base / "sandbox"
+    environment = _environment(program, work, variables)
+    readable = await asyncio.to_thread(program_paths, program.argv, environment.get("PATH"))
+    confinement = Confinement(
+        rlimits=program.rlimits,
+        uid=uid,
+        readable=readable,
+        writable=(str(work),),
+        forward=forward,
+    )
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(LIMITS),
-            json.dumps(settings),
-            "--",
-            *program.argv,
+            *command(program.argv, confinement, mode_file),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=work,
-            env=_environment(program, work, variables),
-            start_new_session=True,  # no preexec_fn: see _program_limits.py
+            env=environment,
+            start_new_session=True,  # no preexec_fn: grpc's fork handlers would run in the child
         )
     except OSError as exc:
         raise AgentProgramUnstartable(f"cannot start the agent program {program.argv[0]!r}: {exc}") from None
@@ -362,8 +383,7 @@ async def _run(
                 proc.kill()
         await proc.wait()
         run.seconds = time.monotonic() - t0
-    if forward is not None:
-        run.sandbox = await asyncio.to_thread(_read_mode, mode_file)
+    run.sandbox = await asyncio.to_thread(read_mode, mode_file)
     if run.timed_out:
         raise AgentProgramTimedOut(
             f"the agent program ran past {program.timeout_s:g} s and was killed",
@@ -374,18 +394,17 @@ async def _run(
     return run
 
 
-def _read_mode(path: Path) -> str:
-    try:
-        return NETWORK_MODE if path.read_text().strip() == NETWORK_MODE else LIMITS_MODE
-    except FileNotFoundError:  # the wrapper never got that far
-        return LIMITS_MODE
-
-
 def _read_answer(path: Path) -> str | None:
+    """The answer file's text; None when there is none. Never through a link (the program owns the
+    folder, this process may read what it cannot): a link or a non-file is no answer."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read().decode("utf-8", errors="replace")
 
 
 def _extends(before: CapturedTurn, call: CapturedTurn) -> bool:

@@ -332,6 +332,8 @@ class NemoGymEnvironment(Environment):
             env={**foreign_env(), "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
             restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
+            confine=bool(mesh_config.read("ROLLMESH_SIDECAR_CONFINE")),
+            readable=[str(self.context.path), *filter(None, (self.cfg.server_dir, self.cfg.config))],
         )
 
     def _base_url(self) -> str:
@@ -431,8 +433,16 @@ class NemoGymEnvironment(Environment):
     def server_restarts(self) -> int:
         return self._incarnation()
 
+    def sandbox_mode(self) -> str:
+        """What confines the server the verifier manages (launch/sidecar.py: "uid+mount+pid",
+        "limits", "none"); "" for a server it does not run."""
+        return self.sidecar.isolation if self.sidecar is not None else ""
+
     def summary(self) -> str:
-        mode = f"managed by the verifier ({self.cfg.interpreter()})" if self.cfg.managed else self.cfg.url
+        mode = self.cfg.url
+        if self.sidecar is not None:
+            isolation = f", isolation {self.sidecar.isolation}" if self.sidecar.isolation else ""
+            mode = f"managed by the verifier ({self.cfg.interpreter()}{isolation})"
         return self.cfg.description or f"NeMo Gym resources server {self.cfg.server!r}, {mode}"
 
     def takes_turns(self) -> bool:

@@ -46,7 +46,7 @@ unknown. The wall-clock limit counts the time the code could run (verifier/sandb
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
 semaphore bounding concurrent runs. As root, each concurrent run has a uid of its own, leased
-host-wide so that other verifiers' runs do not share it (verifier/sandbox_uids.py): runs share
+host-wide so that other verifiers' runs do not share it (mesh/uids.py): runs share
 no RLIMIT_NPROC budget (a fork bomb in one cannot keep another from starting or forking) and, in
 `process` mode, cannot signal each other (a run that killed its neighbour's runner scored that
 neighbour's answer 0). Spawning uses asyncio subprocesses; nothing blocks the loop.
@@ -73,6 +73,7 @@ from typing import Any
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.uids import PROBE_UID, SANDBOX_UIDS, UidPool
 from rollmesh.verifier import telemetry
 from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
@@ -80,7 +81,6 @@ from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, Sandbo
 from rollmesh.verifier.sandbox_checks import Relay, names_used, normalize_output
 from rollmesh.verifier.sandbox_clock import STARVED_AFTER, WallCredit, run_within_wall_time
 from rollmesh.verifier.sandbox_forker import Forked, Forker
-from rollmesh.verifier.sandbox_uids import PROBE_UID, SANDBOX_UIDS, UidPool
 from rollmesh.verifier.sandbox_values import parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox")

@@ -218,6 +218,8 @@ class VerifiersEnvironment(Environment):
             },
             restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
+            confine=bool(mesh_config.read("ROLLMESH_SIDECAR_CONFINE")),
+            readable=[str(self.context.path), *self.cfg.paths],
         )
 
     def _judge(self) -> Json | None:
@@ -264,6 +266,11 @@ class VerifiersEnvironment(Environment):
 
     def server_restarts(self) -> int:
         return self.sidecar.restarts
+
+    def sandbox_mode(self) -> str:
+        """What confines the server the verifier manages (launch/sidecar.py: "uid+mount+pid",
+        "limits", "none"); "" for a server it does not run."""
+        return self.sidecar.isolation
 
     def summary(self) -> str:
         kind = f" ({self.kind})" if self.kind else ""

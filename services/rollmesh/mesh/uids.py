@@ -1,4 +1,6 @@
-"""The uid a sandboxed run drops to as root: one per concurrent run, unique host-wide.
+"""The uid a sandboxed run drops to as root: one per concurrent run, unique host-wide. Used by the
+verifier's code sandbox (verifier/sandbox.py) and by every confined child (mesh/confine.py: managed
+environment servers, external agent programs), all drawing from one block through one lease folder.
 
 Runs sharing a uid hurt each other (RLIMIT_NPROC counts the uid's processes; in `process` mode a
 run may signal every process of its uid), and every verifier on a host draws from the same block:
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from rollmesh.mesh.logging import get_logger
 
-log = get_logger("rollmesh.verifier.sandbox")
+log = get_logger("rollmesh.mesh.uids")
 
 # Debian's reserved block 65000-65533, which no account is given. The isolation probe runs as nobody.
 SANDBOX_UIDS = range(65533, 64999, -1)

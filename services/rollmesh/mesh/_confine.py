@@ -1,0 +1,320 @@
+"""Run an untrusted child confined: `python _confine.py SETTINGS_JSON -- ARGV...`.
+
+Standard library only: it runs before the child, in the child's own environment (an agent program's,
+a NeMo Gym or verifiers interpreter's), which has no rollmesh on its path. Used by mesh/confine.py
+for external agent programs (scheduler/program.py) and managed environment servers
+(launch/sidecar.py). SETTINGS_JSON:
+
+    {"parent": pid,              # SIGTERM when it dies (PR_SET_PDEATHSIG, kept across exec)
+     "rlimits": {"RLIMIT_AS": bytes, ...},   # a limit the platform lacks is skipped
+     "network": {"forward": [[port, unix_socket], ...]},   # optional: a network namespace
+     "uid": 65533,               # optional: a uid and namespaces of its own (as root)
+     "readable": [path, ...],    # what the child must read (uid mode)
+     "writable": [path, ...],    # what it may write (uid mode; owned by the uid already)
+     "scratch_mb": 256,          # size of each fresh /tmp, /var/tmp, /dev/shm (uid mode)
+     "mode_file": path}          # where what held is written ("uid+mount+pid+network", "limits")
+
+In order, each step recorded only once it held:
+1. `network`: a network namespace with only loopback, where each forwarded port is served on
+   127.0.0.1 by a relay process (forked here, before the pid namespace) to the parent's Unix socket
+   (`_isolate`); refused (no CAP_SYS_ADMIN): nothing changes.
+2. `uid` (needs root): a mount namespace in which every mount is read-only and nosuid; /tmp,
+   /var/tmp and /dev/shm are fresh tmpfs of `scratch_mb`; a folder on the way to a `readable` path
+   that other users cannot enter (/root) is covered by an empty tmpfs, with only the `readable`
+   paths bound back, read-only (the rest of it, secrets included, is not there); `writable` paths
+   are bound back writable. Then a pid namespace: this process stays outside as the child's
+   keeper (forwards SIGTERM/SIGINT/SIGHUP, exits as the child did), the child is pid 1 of its own
+   namespace with a fresh /proc, so everything it starts dies with it; it drops to `uid`/`uid` (no
+   supplementary groups, `no_new_privs`) and is SIGKILLed if the keeper dies.
+3. rlimits, then exec ARGV (exit 127 when ARGV cannot be run, the reason on stderr).
+The caller has made this process a session leader, so killing the process group ends everything
+(a process group spans pid namespaces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+from typing import Any
+
+_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+_KEEP_WRITABLE = ("/proc", "/sys", "/dev")  # pseudo filesystems: their own permissions hold
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        sys.stderr.write("usage: _confine.py SETTINGS_JSON -- ARGV...\n")
+        return 2
+    settings = json.loads(argv[0])
+    _die_with(int(settings.get("parent", 0)), signal.SIGTERM)
+    # Opened first: the mount namespace may cover its folder.
+    mode_file = open(settings["mode_file"], "w") if settings.get("mode_file") else None
+    held: list[str] = []
+    network = settings.get("network")
+    if network is not None and _isolate(network["forward"]):
+        held.append("network")
+    uid = settings.get("uid")
+    keeper = False
+    if uid is not None and _private_mounts(settings):
+        held[:0] = ["uid", "mount"]
+        keeper = _unshare(_CLONE_NEWPID)
+        if keeper:
+            held.insert(2, "pid")
+    if mode_file is not None:
+        with mode_file:
+            mode_file.write("+".join(held) or "limits")
+    if keeper:
+        child = os.fork()
+        if child:
+            return _keep(child)
+        try:  # its own pids in /proc; without it /proc shows the host's (the namespace holds)
+            _mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        except OSError:
+            pass
+    if "uid" in held:
+        os.setgroups([])
+        os.setgid(int(uid))
+        os.setuid(int(uid))
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        if keeper:  # after the uid change, which clears it. SIGKILL: pid 1 ignores the others.
+            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))  # (its keeper is outside: no getppid check)
+    for name, value in settings.get("rlimits", {}).items():
+        which = getattr(resource, name, None)
+        if which is None:
+            continue
+        soft = int(value)
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(which, (soft, soft))
+    program = argv[2:]
+    try:
+        os.execvp(program[0], program)
+    except OSError as exc:
+        sys.stderr.write(f"cannot run {program[0]!r}: {exc.strerror or exc}\n")
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _unshare(flags: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(_libc().unshare(flags) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return bool(_libc().prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _mount(
+    source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None = None
+) -> None:
+    import ctypes
+
+    if _libc().mount(source, target, fstype, flags, data) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {target.decode(errors='replace')}: {os.strerror(errno)}")
+
+
+def _private_mounts(settings: dict[str, Any]) -> bool:
+    """Step 2's mount namespace (module doc); False, with nothing changed, when it cannot be had."""
+    if os.geteuid() != 0 or not _unshare(_CLONE_NEWNS):
+        return False
+    _mount(None, b"/", None, _MS_REC | _MS_PRIVATE)
+    readable = [os.path.realpath(p) for p in settings.get("readable", []) if os.path.exists(p)]
+    writable = [os.path.realpath(p) for p in settings.get("writable", []) if os.path.exists(p)]
+    # Open what is bound back before anything covers it.
+    sources = [(p, os.open(p, os.O_PATH), True) for p in readable]
+    sources += [(p, os.open(p, os.O_PATH), False) for p in writable]
+    for point in _mount_points():
+        if point == "/" or not any(_under(point, k) for k in _KEEP_WRITABLE):
+            try:
+                _mount(None, point.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _mount_flags(point))
+            except OSError:
+                pass  # a mount point it cannot even see (covered): nothing to do
+    scratch = [d for d in _SCRATCH if os.path.isdir(d)]
+    size = int(settings.get("scratch_mb", 256))
+    for d in scratch:
+        _mount(b"scratch", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size}m,mode=1777".encode())
+    for cover in _covers([p for p, _, _ in sources], scratch):
+        _mount(b"hidden", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755")
+    for path, fd, read_only in sources:
+        if not os.path.exists(path):
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                open(path, "a").close()
+        _mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC)
+        flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
+        _mount(None, path.encode(), None, flags)
+        os.close(fd)
+    try:  # the working folder as the new mounts show it (the old one is read-only, or covered)
+        os.chdir(os.getcwd())
+    except OSError:
+        os.chdir("/")
+    return True
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _covers(paths: list[str], scratch: list[str]) -> list[str]:
+    """The folders to cover: for each path, the first folder above it that other users cannot
+    enter (no o+x), unless a scratch tmpfs or another cover already hides it; outermost first."""
+    found: list[str] = []
+    for path in paths:
+        parts = path.strip("/").split("/")[:-1]
+        for n in range(1, len(parts) + 1):
+            folder = "/" + "/".join(parts[:n])
+            if any(_under(folder, c) for c in [*scratch, *found]):
+                break
+            try:
+                if not os.stat(folder).st_mode & 0o001:
+                    found.append(folder)
+                    break
+            except OSError:
+                break
+    return sorted(set(found), key=lambda f: f.count("/"))
+
+
+def _mount_points() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4]
+            points.append(point.encode().decode("unicode_escape"))  # \040 and friends
+    return points
+
+
+def _mount_flags(point: str) -> int:
+    """nosuid always; nodev and noexec kept where the mount had them."""
+    flags = _MS_NOSUID
+    st = os.statvfs(point)
+    if st.f_flag & os.ST_NODEV:
+        flags |= _MS_NODEV
+    if st.f_flag & os.ST_NOEXEC:
+        flags |= _MS_NOEXEC
+    return flags
+
+
+def _keep(child: int) -> int:
+    """Outside the child's pid namespace: pass on the signals a stop sends, and end as it ended."""
+
+    def forward(signum: int, frame: Any) -> None:
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    _, status = os.waitpid(child, 0)
+    if os.WIFSIGNALED(status):
+        died = os.WTERMSIG(status)
+        signal.signal(died, signal.SIG_DFL)
+        os.kill(os.getpid(), died)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _isolate(forward: list[list[Any]]) -> bool:
+    """A network namespace of its own with only loopback, in which each `[port, unix_socket]` of
+    `forward` is served on 127.0.0.1:port by a relay process to that Unix socket (the parent's end
+    of the capture and tools URLs). False when the kernel refused (not permitted: no
+    CAP_SYS_ADMIN), with nothing changed."""
+    import fcntl
+    import struct
+
+    if not _unshare(_CLONE_NEWNET):
+        return False
+    with socket.socket() as s:  # lo up (SIOCGIFFLAGS / SIOCSIFFLAGS, IFF_UP)
+        flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))
+    listeners = []
+    for port, path in forward:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", int(str(port))))
+        listener.listen(64)
+        listeners.append((listener, str(path)))
+    program = os.getpid()  # the pid the program (or its keeper) will have after exec
+    if os.fork() == 0:  # the relay: dies with the program (its parent) and with its process group
+        _die_with(program, signal.SIGTERM)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # never holds the program's pipes open (its output would not end)
+            os.dup2(devnull, fd)
+        _relay(listeners)
+        os._exit(0)
+    for listener, _ in listeners:
+        listener.close()
+    return True
+
+
+def _relay(listeners: list[tuple[socket.socket, str]]) -> None:
+    import threading
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(1 << 16):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+                try:
+                    sock.shutdown(how)
+                except OSError:
+                    pass
+
+    def serve(listener: socket.socket, path: str) -> None:
+        while True:
+            conn, _ = listener.accept()
+            upstream = socket.socket(socket.AF_UNIX)
+            try:
+                upstream.connect(path)
+            except OSError:
+                conn.close()
+                continue
+            threading.Thread(target=pump, args=(conn, upstream), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
+
+    threads = [threading.Thread(target=serve, args=pair, daemon=True) for pair in listeners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _die_with(parent: int, sig: signal.Signals) -> None:
+    """`sig` when `parent` dies (Linux; elsewhere nothing): the shape of mesh/children.py's
+    die_with_parent, which cannot be imported here."""
+    if not sys.platform.startswith("linux") or not parent:
+        return
+    if not _prctl(_PR_SET_PDEATHSIG, int(sig)):
+        return
+    if os.getppid() != parent:  # it died before the call: the kernel will not tell us
+        sys.exit(143)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

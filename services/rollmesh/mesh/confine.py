@@ -1,0 +1,112 @@
+"""Confined children: the one way rollmesh runs a program it does not trust that is not Python under
+test (that is the verifier's code sandbox, verifier/sandbox.py). External agent programs
+(scheduler/program.py) and managed environment servers (launch/sidecar.py: NeMo Gym resources
+servers, verifiers environments) start as `command(argv, confinement, mode_file)`, which runs
+mesh/_confine.py (standard library only) before `argv`; its docstring is the contract.
+
+What held is written to `mode_file` and read back with `read_mode`: "+"-joined from "uid", "mount",
+"pid", "network" (for example "uid+mount+pid"), or "limits" when nothing but rlimits (and the
+session, the death signal) held. As root with `uid` set (`UidLeases.lease`), a child gets a uid of
+its own from the sandbox block (mesh/uids.py, leased host-wide), read-only mounts with fresh scratch
+tmpfs, only `readable` (read-only) and `writable` paths where the rest is closed to other users, and
+its own pid namespace (pid 1 there; everything it starts dies with it). Elsewhere (not root) it runs
+as this process's user, with only what the kernel allowed (a network namespace needs CAP_SYS_ADMIN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollmesh.mesh.uids import UidPool
+
+CONFINE = Path(__file__).with_name("_confine.py")
+LIMITS_MODE = "limits"
+_KNOWN = ("uid", "mount", "pid", "network")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What a confined child gets. `uid` None: no uid, mount or pid namespace of its own. `forward`
+    not None: a network namespace whose loopback serves those `[port, unix_socket]` pairs."""
+
+    rlimits: Mapping[str, int] = field(default_factory=dict)
+    uid: int | None = None
+    readable: Sequence[str] = ()
+    writable: Sequence[str] = ()
+    forward: list[list[Any]] | None = None
+    scratch_mb: int = 256
+
+
+def command(argv: Sequence[str], confinement: Confinement, mode_file: Path) -> list[str]:
+    """The command line running `argv` confined (the caller makes it a session leader)."""
+    settings: dict[str, Any] = {
+        "parent": os.getpid(),
+        "rlimits": dict(confinement.rlimits),
+        "mode_file": str(mode_file),
+    }
+    if confinement.forward is not None:
+        settings["network"] = {"forward": confinement.forward}
+    if confinement.uid is not None:
+        settings.update(
+            uid=confinement.uid,
+            readable=list(confinement.readable),
+            writable=list(confinement.writable),
+            scratch_mb=confinement.scratch_mb,
+        )
+    return [sys.executable, str(CONFINE), json.dumps(settings), "--", *argv]
+
+
+def read_mode(path: Path) -> str:
+    """What held for a child, from its mode file ("limits" when the wrapper never got that far or
+    wrote something else). Blocking (small file): call it off the loop."""
+    try:
+        held = path.read_text().strip().split("+")
+    except FileNotFoundError:
+        return LIMITS_MODE
+    return "+".join(h for h in _KNOWN if h in held) or LIMITS_MODE
+
+
+def program_paths(argv: Sequence[str], path_env: str | None = None) -> list[str]:
+    """What running `argv` needs to read: its executable (looked up on `path_env`), the virtualenv
+    it belongs to (a `pyvenv.cfg` beside its bin/) and the prefix its real file lives in (an
+    interpreter's lib/ beside its bin/), and every argument that is an absolute existing path."""
+    found = shutil.which(argv[0], path=path_env) if argv else None
+    paths: list[str] = []
+    if found:
+        exe = Path(os.path.abspath(found))
+        paths.append(str(exe))
+        for candidate in (exe.parent.parent, Path(os.path.realpath(exe)).parent.parent):
+            if (candidate / "pyvenv.cfg").is_file() or (candidate / "lib").is_dir():
+                paths.append(str(candidate))
+        paths.append(os.path.realpath(exe))
+    paths += [a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)]
+    return list(dict.fromkeys(paths))
+
+
+class UidLeases:
+    """Uids for confined children: from the sandbox block, leased host-wide (mesh/uids.py); none
+    when this process is not root (a child then runs as this user)."""
+
+    def __init__(self) -> None:
+        self._pool = UidPool()
+        self._ready = False
+
+    async def lease(self) -> int | None:
+        if os.geteuid() != 0:
+            return None
+        if not self._ready:
+            await asyncio.to_thread(self._pool.use_leases)
+            self._ready = True
+        return await self._pool.lease()
+
+    def release(self, uid: int | None) -> None:
+        if uid is not None:
+            self._pool.release(uid)
