@@ -24,6 +24,16 @@ pins its own openai, ray and mlflow, so it never shares rollmesh's virtualenv. T
 is added, and the lock makes concurrent callers wait for one build (an interrupted build is found
 without its stamp and made again). Exit status 3: no interpreter of the version NeMo Gym needs on
 this machine (the tests skip, naming it).
+
+    python scripts/nemo_gym.py python [--version 0.7.0]   # prints an interpreter NeMo Gym can use
+
+nemo-gym 0.5-0.7 needs Python >= 3.13.14, newer than pyenv's or bookworm's 3.13. `python` finds one
+(`find_interpreter`) or builds it: CPython's own source tarball, as Debian ships it in the python3.X
+source package of a newer suite (`apt-get source --download-only` against a private sources list
+of unstable and testing: nothing of the system's apt setup changes), configured and installed under
+`$ROLLMESH_CACHE_DIR/python/<version>/` (a stamp marks a finished install; the build takes minutes
+once, then `find_interpreter` finds it). Exit status 3: no suite has a new enough source package,
+or apt-get is not there.
 """
 
 from __future__ import annotations
@@ -40,11 +50,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from venv_build import (  # type: ignore[import-not-found]
+    STAMP_BUILT,
     AssetError,
     NoInterpreter,
     build_venv,
+    built_root,
     find_interpreter,
     locked,
+    version_key,
 )
 
 __all__ = ["NemoGymAssetError", "NoInterpreter", "data", "find_python", "venv"]
@@ -147,6 +160,85 @@ def find_python(version: str = DEFAULT_VERSION) -> Path:
     return Path(find_interpreter(target_python(version), f"nemo-gym=={version}"))
 
 
+#: Debian suites whose source packages are searched for a newer CPython, newest first.
+_SUITES = ("sid", "forky")
+_BUILD_TIMEOUT_S = 3600
+
+
+def build_python(want: str) -> Path:
+    """`find_interpreter(want)`, else CPython >= `want` built from the upstream tarball in Debian's
+    python3.X source package (see the module docstring). NoInterpreter when no suite has one."""
+    minor = ".".join(want.split(".")[:2])
+    try:
+        return Path(find_interpreter(want, f"CPython {want}"))
+    except NoInterpreter:
+        pass
+    if shutil.which("apt-get") is None:
+        raise NoInterpreter(f"no Python >= {want} here, and no apt-get to fetch its source with")
+    with locked(built_root() / ".lock"), tempfile.TemporaryDirectory(prefix="rollmesh-cpython-") as tmp:
+        try:
+            return Path(find_interpreter(want, f"CPython {want}"))  # another caller built it meanwhile
+        except NoInterpreter:
+            pass
+        work = Path(tmp)
+        lines = [
+            f"deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+            f"http://deb.debian.org/debian {suite} main"
+            for suite in _SUITES
+        ]
+        (work / "sources.list").write_text("\n".join(lines) + "\n")
+        for sub in ("lists/partial", "cache/archives/partial", "parts"):
+            (work / sub).mkdir(parents=True)
+        apt = [
+            f"-oDir::Etc::SourceList={work / 'sources.list'}", f"-oDir::Etc::SourceParts={work / 'parts'}",
+            f"-oDir::State::Lists={work / 'lists'}", f"-oDir::Cache={work / 'cache'}",
+        ]  # fmt: skip
+        _run(["apt-get", *apt, "update"], work, f"apt-get update of Debian {'/'.join(_SUITES)} sources")
+        listed = _run(["apt-cache", *apt, "showsrc", f"python{minor}"], work, "apt-cache showsrc")
+        versions = sorted(
+            {ln.split()[1] for ln in listed.splitlines() if ln.startswith("Version: ")},
+            key=lambda v: version_key(v.split("-")[0]),
+            reverse=True,
+        )
+        good = [v for v in versions if version_key(v.split("-")[0]) >= version_key(want)]
+        if not good:
+            raise NoInterpreter(
+                f"no Debian suite of {'/'.join(_SUITES)} has python{minor} >= {want} (found {versions})"
+            )
+        for version in good:  # the newest a mirror serves (an index can name one not yet there)
+            try:
+                _run(["apt-get", *apt, "source", "--download-only", f"python{minor}={version}"], work, "")
+                break
+            except AssetError:
+                continue
+        else:
+            raise AssetError(f"apt-get could download no python{minor} source of {good}")
+        upstream = version.split("-")[0]
+        _run(["tar", "xJf", f"python{minor}_{upstream}.orig.tar.xz"], work, "unpacking the CPython source")
+        src = work / f"Python-{upstream}"
+        prefix = built_root() / upstream
+        shutil.rmtree(prefix, ignore_errors=True)
+        _run(["./configure", f"--prefix={prefix}", "--with-ensurepip=install"], src, "CPython's configure")
+        _run(["make", f"-j{os.cpu_count() or 1}"], src, f"building CPython {upstream}")
+        _run(["make", "install"], src, f"installing CPython {upstream} into {prefix}")
+        (prefix / STAMP_BUILT).write_text(f"python{minor} {version} (Debian source package)\n")
+    return Path(find_interpreter(want, f"CPython {want}"))
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> str:
+    """`cmd`'s stdout; AssetError naming `what` (or the command) and its last line of error."""
+    try:
+        done = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, check=False, timeout=_BUILD_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise AssetError(f"{what or cmd[0]} took over {_BUILD_TIMEOUT_S}s") from None
+    if done.returncode != 0:
+        last = ([ln for ln in done.stderr.splitlines() if ln.strip()] or ["no output"])[-1]
+        raise AssetError(f"{what or ' '.join(cmd[:3])} failed: {last}")
+    return done.stdout
+
+
 def server_requirements(version: str, server: str) -> list[str]:
     """A server's own requirements.txt lines (nemo-gym itself and comments left out)."""
     path = data(version) / _SERVERS / server / "requirements.txt"
@@ -187,10 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     p_venv.add_argument(
         "--server", action="append", help="a server whose requirements to install (repeatable)"
     )
+    p_python = sub.add_parser("python", help="find or build (once) the interpreter nemo-gym VERSION needs")
+    p_python.add_argument("--version", default=DEFAULT_VERSION)
     args = parser.parse_args(argv)
     try:
         if args.command == "venv":
             print(venv(args.version, tuple(args.server or TESTED_SERVERS)))
+        elif args.command == "python":
+            print(build_python(target_python(args.version)))
         else:
             print(data(args.version))
     except NoInterpreter as exc:

@@ -44,15 +44,35 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+#: Marks a CPython that scripts/nemo_gym.py `python` finished installing under `built_root()`.
+STAMP_BUILT = ".rollmesh-built"
+
+
+def built_root() -> Path:
+    """Where scripts/nemo_gym.py `python` installs the CPythons it builds (`$ROLLMESH_CACHE_DIR/python`)."""
+    return Path(os.environ.get("ROLLMESH_CACHE_DIR") or Path.home() / ".cache" / "rollmesh") / "python"
+
+
+def version_key(path: str) -> tuple[int, ...]:
+    """The version a path names (its last part that starts with a digit), for sorting."""
+    part = next((p for p in Path(path).parts[::-1] if p[:1].isdigit()), "0")
+    return tuple(int(x) if x.isdigit() else 0 for x in part.split("."))
+
+
 def find_interpreter(want: str, who: str) -> Path:
     """A Python >= `want`: `python3.X` on PATH (X: `want`'s minor), else pyenv's newest 3.X
-    (`$PYENV_ROOT`, default ~/.pyenv), else `python3` on PATH when it is a later one (Debian trixie's
-    3.13 in the `nemo-gym` container image, deploy/Dockerfile.nemo-gym). NoInterpreter (naming `who`
-    needs it) when there is none."""
+    (`$PYENV_ROOT`, default ~/.pyenv), else the newest 3.X scripts/nemo_gym.py `python` built (under
+    `built_root()`, stamped), else `python3` on PATH when it is a later one (Debian trixie's 3.13 in
+    the `nemo-gym` container image, deploy/Dockerfile.nemo-gym). NoInterpreter (naming `who` needs
+    it) when there is none."""
     minor = ".".join(want.split(".")[:2])
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
     candidates = [shutil.which(f"python{minor}")]
-    candidates += sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")))[::-1]
+    candidates += sorted(
+        glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")), key=version_key
+    )[::-1]
+    built = sorted(glob.glob(str(built_root() / f"{minor}.*" / STAMP_BUILT)), key=version_key)[::-1]
+    candidates += [str(Path(b).parent / "bin" / "python3") for b in built]
     candidates.append(shutil.which("python3"))
     for path in (Path(c) for c in candidates if c):
         done = subprocess.run(
@@ -65,8 +85,8 @@ def find_interpreter(want: str, who: str) -> Path:
         if got[:1] == (3,) and got >= tuple(int(x) for x in want.split(".")):
             return path
     raise NoInterpreter(
-        f"{who} needs Python >= {want}; no python{minor} on PATH or in {pyenv}/versions, "
-        "and no later python3 on PATH"
+        f"{who} needs Python >= {want}; no python{minor} on PATH, in {pyenv}/versions or {built_root()}, "
+        "and no later python3 on PATH (`scripts/nemo_gym.py python --version <nemo-gym version>` builds one)"
     )
 
 

@@ -165,3 +165,84 @@ def counter_row(initial: int, expected: int) -> dict[str, Any]:
 
 def as_json(row: dict[str, Any]) -> str:
     return json.dumps(row)
+
+
+@dataclass
+class EpisodeGym:
+    """An episode server as NeMo Gym's aviary and toolsandbox servers are (their rows have an empty
+    `input`): /seed_session answers `env_id`, the first observation `obs` and the session's `tools`;
+    /step takes `env_id` and the turn's calls (`action`), answers `obs`, `reward`, `done`; /close
+    scores the episode; /verify answers the episode's reward by `response.env_id`. Task `task_idx` is
+    "what is A + B" (A, B = idx, idx + 2): `add` answers the sum, `submit_answer` ends the episode."""
+
+    episodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)  # the protocol calls, in order
+
+    async def seed(self, request: web.Request) -> web.Response:
+        row = await request.json()
+        self.calls.append("seed_session")
+        idx = int(row["task_idx"])
+        env_id = uuid.uuid4().hex
+        self.episodes[env_id] = {"a": idx, "b": idx + 2, "total": 0.0, "closed": False, "scored": None}
+        tool = {"type": "function", "strict": True, "description": "", "parameters": {"type": "object"}}
+        return web.json_response(
+            {
+                "env_id": env_id,
+                "obs": [
+                    {"role": "system", "content": "Use the tools."},
+                    {"role": "user", "content": f"What is {idx} + {idx + 2}?"},
+                ],
+                "tools": [tool | {"name": "add"}, tool | {"name": "submit_answer"}],
+            }
+        )
+
+    async def step(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append("step")
+        ep = self.episodes[body["env_id"]]
+        obs: list[dict[str, Any]] = []
+        reward, done = 0.0, False
+        for call in body["action"]:
+            args = json.loads(call["arguments"])
+            if call["name"] == "add":
+                out = str(int(args["a"]) + int(args["b"]))
+            else:
+                reward, done = float(str(args.get("answer")) == str(ep["a"] + ep["b"])), True
+                out = "submitted"
+            obs.append({"type": "function_call_output", "call_id": call["call_id"], "output": out})
+        if not body["action"]:
+            obs.append({"role": "user", "content": "Call a tool."})
+        ep["total"] += reward
+        return web.json_response({"obs": obs, "reward": reward, "done": done})
+
+    async def close(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append("close")
+        ep = self.episodes[body["env_id"]]
+        ep["closed"], ep["scored"] = True, ep["total"]  # toolsandbox scores here
+        return web.json_response({"message": "Success", "success": True})
+
+    async def verify(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append("verify")
+        ep = self.episodes[body["response"]["env_id"]]
+        if not ep["closed"]:
+            return web.json_response({"detail": "verify before close"}, status=500)
+        return web.json_response({**body, "reward": ep["scored"]})
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        paths = {f"/{p}": {"post": {}} for p in ("seed_session", "step", "close", "verify")}
+        return web.json_response({"openapi": "3.1.0", "paths": paths})
+
+    async def alive(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/", self.alive)
+        app.router.add_get("/openapi.json", self.openapi)
+        app.router.add_post("/seed_session", self.seed)
+        app.router.add_post("/step", self.step)
+        app.router.add_post("/close", self.close)
+        app.router.add_post("/verify", self.verify)
+        return app

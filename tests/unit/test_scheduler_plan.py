@@ -104,10 +104,11 @@ def test_malformed_row_names_its_line(catalog: Catalog, tmp_path: Path) -> None:
     assert _err(info) == (grpc.StatusCode.INVALID_ARGUMENT, "MALFORMED_DATASET_ROW")
     assert f"{path}:5:" in info.value.message
     bad = tmp_path / "b.jsonl"
-    bad.write_text('{"responses_create_params": {"input": []}}\n')
+    # (an empty list is a row whose environment gives the prompt: NeMo Gym's aviary rows)
+    bad.write_text('{"responses_create_params": {"input": {}}}\n')
     with pytest.raises(RollmeshError) as info:
         build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))
-    assert "b.jsonl:1:" in info.value.message and "input" in info.value.message
+    assert "b.jsonl:1:" in info.value.message and "input` must be a list" in info.value.message
     bad.write_text('{"responses_create_params": {"inp')  # cut off: read "starting at at column 30"
     with pytest.raises(RollmeshError) as info:
         build_plan(catalog, JobSpec(dataset=str(bad), environment="arithmetic"))

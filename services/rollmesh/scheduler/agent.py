@@ -31,7 +31,7 @@ from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.mesh.versions import VersionSpan
-from rollmesh.scheduler.errors import GenerationAborted
+from rollmesh.scheduler.errors import GenerationAborted, NoPrompt
 from rollmesh.scheduler.records import RolloutKey
 
 Json = dict[str, Any]
@@ -207,6 +207,12 @@ def responses_input(raw: Any) -> bool:
     )
 
 
+def has_prompt(task: Json) -> bool:
+    """The row's `input` holds something (NeMo Gym's rows whose server gives the first observation
+    at seed have `input: []`)."""
+    return bool(task["responses_create_params"].get("input"))
+
+
 def input_messages(task: Json, system_prompt: str = "") -> list[Json]:
     """The row's `responses_create_params` `instructions` (a system message) and `input` as chat
     messages (a system prompt prepended if none); "developer" is "system"."""
@@ -307,6 +313,12 @@ async def run_agent(
         sampling["seed"] = seed
         prompt = input_messages(task, settings.system_prompt)
         new: list[Json] = list(opened.messages)
+        if not new and not has_prompt(task):
+            raise NoPrompt(
+                f"the row's `responses_create_params.input` is empty and environment "
+                f"{settings.environment!r} gave no first observation at seed: nothing to ask the model",
+                metadata={"environment": settings.environment},
+            )
         turns: list[Turn] = []
         steps: list[EnvStep] = []
         finish = "max_steps"

@@ -24,6 +24,13 @@ class MalformedDatasetRow(mesh.InvalidArgument):
     reason = "MALFORMED_DATASET_ROW"
 
 
+class NoPrompt(mesh.InvalidArgument):
+    """A row with an empty `responses_create_params.input` (NeMo Gym's rows whose server gives the
+    prompt) whose environment gave no first observation: the model would be asked nothing."""
+
+    reason = "NO_PROMPT"
+
+
 class DatasetRowTooLarge(mesh.InvalidArgument):
     """A dataset line too large for the requests made from it to fit in a gRPC message."""
 

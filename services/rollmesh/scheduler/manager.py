@@ -46,7 +46,7 @@ from rollmesh.scheduler.outcome import (
     SUCCEEDED,
     FailureClassSummary,
 )
-from rollmesh.scheduler.plan import Plan, build_plan
+from rollmesh.scheduler.plan import Plan, build_plan, refuse_promptless
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.spec import JobSpec, validate
@@ -271,6 +271,8 @@ class JobManager:
             if spec.resume_job_id and plan.spec.sink.kind == "jsonl":
                 await _check_same_tasks(job_id, plan)
             described = await self._check_environment(plan.spec.environment)
+            if described.stateless:  # it opens no session for such a row: nothing can give its prompt
+                refuse_promptless(plan)
             capacity = await self._engine_capacity(plan.spec.model) if not plan.spec.concurrency else 0
             directory = Path(plan.spec.effective_output_dir) / job_id
             sink = self.sink_factory(job_id, plan, directory)

@@ -18,7 +18,7 @@ from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import NotJson
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
-from rollmesh.scheduler.agent import ROW_SAMPLING, responses_input
+from rollmesh.scheduler.agent import ROW_SAMPLING, has_prompt, responses_input, row_tools
 from rollmesh.scheduler.convert import sampling_to_pb
 from rollmesh.scheduler.errors import (
     BenchmarkNotFound,
@@ -27,6 +27,7 @@ from rollmesh.scheduler.errors import (
     InvalidBenchmark,
     InvalidJobSpec,
     MalformedDatasetRow,
+    NoPrompt,
 )
 from rollmesh.scheduler.metrics import default_k_values
 from rollmesh.scheduler.records import RolloutKey
@@ -212,8 +213,8 @@ def _row_problem(row: Any) -> str:
     if isinstance(inp, str):
         if not inp:
             return "`responses_create_params.input` is empty"
-    elif not isinstance(inp, list) or not inp:
-        return "`responses_create_params.input` must be a non-empty list of messages or a string"
+    elif not isinstance(inp, list):
+        return "`responses_create_params.input` must be a list of messages or a string"
     elif responses_input(inp):
         try:
             responses_items.messages_from_items(inp, default_role="user")
@@ -259,6 +260,19 @@ def _is_sampling_value(name: str, value: Any) -> bool:
     except (TypeError, ValueError, OverflowError):
         return False
     return name not in ("temperature", "top_p") or math.isfinite(float(value))
+
+
+def refuse_promptless(plan: Plan) -> None:
+    """NoPrompt for a job of a stateless environment whose selected rows include one with an empty
+    `input` and no tools of its own: no session is seeded for it, so nothing can give its prompt."""
+    for index in plan.task_indices:
+        row = plan.rows[index]
+        if not has_prompt(row) and not row_tools(row):
+            raise NoPrompt(
+                f"{plan.dataset_path}: row {index} has an empty `responses_create_params.input` and "
+                f"environment {plan.spec.environment!r} is stateless: it gives no first observation",
+                metadata={"environment": plan.spec.environment, "task_index": str(index)},
+            )
 
 
 def build_plan(catalog: Catalog, spec: JobSpec) -> Plan:

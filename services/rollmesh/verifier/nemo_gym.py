@@ -43,6 +43,16 @@ The protocol (what NeMo Gym's simple_agent does, plus 0.7.0's additions):
   observation as the next user message go back to the loop. Such a server has no /verify: the
   rollout's reward is its steps' sum (verify adds 0 and records how the episode ended), as the
   gymnasium agent computes it; a session-less verify replays reset and a step per assistant turn.
+- Episode servers (routes /step and /close, no /reset: aviary, toolsandbox; their rows have an empty
+  `input`) also take environment turns, keyed by the `env_id` their /seed_session answers: its `obs`
+  (Responses input items) is the episode's first observation and its `tools` the session's tools.
+  Each assistant turn is POST /step with `env_id` and the turn's function calls (as `action`, the
+  aviary shape, and `function_calls` plus `text`, the toolsandbox shape); the answer's `obs` (tool
+  outputs, user messages) goes back to the loop and `done` ends the episode. The rollout's reward is
+  POST /verify's after POST /close (the server scores there: aviary sums its steps' rewards,
+  toolsandbox scores at /close), as NeMo Gym's aviary agent takes it: a step's own reward is
+  recorded in its info (`step_reward`), not added again. A session-less verify replays seed and a
+  step per assistant turn.
 - Failures are named, never a reward: 5xx on seed/verify EnvServerError, not JSON or no numeric
   reward EnvServerBadReply, 422 BadTask (the row does not fit the server), no answer
   EnvServerTimeout, no connection EnvServerUnreachable; a managed server that restarted under a
@@ -73,7 +83,7 @@ from typing import Any
 from rollmesh.launch.restart import RestartPolicy
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
 from rollmesh.mesh import config as mesh_config
-from rollmesh.mesh import untrusted_json
+from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
@@ -178,6 +188,9 @@ class BridgeState:
     incarnation: int
     #: A gymnasium episode's last step answer (how it ended), recorded by verify.
     last_step: Json = field(default_factory=dict)
+    #: An episode server's id of this session's episode (its /seed_session answer's `env_id`).
+    env_id: str = ""
+    closed: bool = False
 
 
 def drop_nulls(value: Any) -> Any:
@@ -315,6 +328,7 @@ class NemoGymEnvironment(Environment):
         self._discovered = False
         self._discovery: asyncio.Task[None] | None = None
         self._gymnasium = False
+        self._episodes = False
 
     def _sidecar_spec(self, python: str) -> SidecarSpec:
         logs = Path(
@@ -397,6 +411,7 @@ class NemoGymEnvironment(Environment):
             paths = spec.get("paths")
             self._routes = {str(p).strip("/") for p in paths} if isinstance(paths, dict) else set()
         self._gymnasium = {"reset", "step"} <= self._routes
+        self._episodes = {"step", "close"} <= self._routes and not self._gymnasium
         if "reverify_mode" in self._routes:
             mode = await self.http.get("/reverify_mode")
             try:
@@ -412,6 +427,7 @@ class NemoGymEnvironment(Environment):
             tools=len(self._route_tools),
             reverify_mode=self._reverify_mode,
             gymnasium=self._gymnasium,
+            episodes=self._episodes,
         )
 
     async def aclose(self) -> None:
@@ -428,7 +444,8 @@ class NemoGymEnvironment(Environment):
         return self.http.down
 
     def listed_tools(self) -> list[ToolSpec]:
-        return list(self._route_tools)
+        # An episode server's /close is its protocol's (module doc), never the model's tool.
+        return [t for t in self._route_tools if not (self._episodes and t.name == "close")]
 
     def server_restarts(self) -> int:
         return self._incarnation()
@@ -446,7 +463,7 @@ class NemoGymEnvironment(Environment):
         return self.cfg.description or f"NeMo Gym resources server {self.cfg.server!r}, {mode}"
 
     def takes_turns(self) -> bool:
-        return self._gymnasium
+        return self._gymnasium or self._episodes
 
     def tool_calls_are_answer(self) -> bool:
         return self.cfg.tool_calls_are_answer
@@ -478,27 +495,71 @@ class NemoGymEnvironment(Environment):
         )
 
     async def seed_session(self, task: Task) -> BridgeState | Seeded:
-        state, first = await self._open(task)
-        return Seeded(state, first) if self._gymnasium else state
+        state, first, tools = await self._open(task)
+        return Seeded(state, first, tools) if self.takes_turns() else state
 
-    async def _open(self, task: Task) -> tuple[BridgeState, tuple[Message, ...]]:
-        """A new session on the server (/seed_session, or /reset: its first observation too)."""
+    async def _open(self, task: Task) -> tuple[BridgeState, tuple[Message, ...], tuple[ToolSpec, ...]]:
+        """A new session on the server (/seed_session, or /reset): its first observation and the
+        session's own tools too, where the server gives them."""
         if not self._discovered:
             await self._discover()
         state = BridgeState(Cookies(), self._incarnation())
+        where = f"NeMo Gym server {self.cfg.server!r}"
         if not self._gymnasium:
             reply = await self.http.post("/seed_session", row_body(task.row), state.cookies)
             self._expect_ok(reply, "/seed_session")
-            return state, ()
+            if not self._episodes:
+                return state, (), ()
+            seeded = self.http.json_object(reply, f"{where} /seed_session")
+            env_id = seeded.get("env_id")
+            if not isinstance(env_id, str) or not env_id:
+                raise EnvServerBadReply(
+                    f"{where}: /seed_session answered no `env_id` (it has /step and /close)"
+                )
+            state.env_id = env_id
+            first = self._items(seeded.get("obs"), f"{where} /seed_session `obs`")
+            return state, tuple(first), tuple(self._session_tools(seeded.get("tools"), where))
         reply = await self.http.post("/reset", row_body(task.row), state.cookies)
         self._expect_ok(reply, "/reset")
         observation = self.http.json_object(reply, f"NeMo Gym server {self.cfg.server!r} /reset").get(
             "observation"
         )
-        return state, ((Message("user", str(observation)),) if observation else ())
+        return state, ((Message("user", str(observation)),) if observation else ()), ()
+
+    @staticmethod
+    def _items(value: Any, where: str) -> list[Message]:
+        """Responses input items an episode server answered (tool outputs, messages) as messages."""
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise EnvServerBadReply(f"{where} is not a list of items")
+        try:
+            return responses_items.messages_from_items(value, default_role="user")
+        except responses_items.NotResponsesItem as exc:
+            raise EnvServerBadReply(f"{where}: {exc}") from None
+
+    @staticmethod
+    def _session_tools(value: Any, where: str) -> list[ToolSpec]:
+        """The function tools a /seed_session answer lists (Responses FunctionToolParam)."""
+        tools: list[ToolSpec] = []
+        for tool in value if isinstance(value, list) else []:
+            name = tool.get("name") if isinstance(tool, dict) else None
+            if not isinstance(name, str) or not name:
+                raise EnvServerBadReply(f"{where}: /seed_session listed a tool without a name")
+            params = tool.get("parameters")
+            tools.append(
+                ToolSpec.of(
+                    name,
+                    str(tool.get("description") or ""),
+                    params if isinstance(params, dict) else {"type": "object", "properties": {}},
+                )
+            )
+        return tools
 
     async def step(self, session: Session, turn: Response) -> EnvTurn:
         state = self._state(session)
+        if self._episodes:
+            return await self._episode_step(turn, state, session)
         answer = await self._step(session.task, turn, state)
         state.last_step = answer
         self._state(session)
@@ -532,6 +593,50 @@ class NemoGymEnvironment(Environment):
             )
         return answer | {"reward": float(reward)}
 
+    async def _episode_step(self, turn: Response, state: BridgeState, session: Session | None) -> EnvTurn:
+        """POST /step of an episode server: the turn's calls (both request shapes, module doc)."""
+        where = f"NeMo Gym server {self.cfg.server!r} /step"
+        assistant = [m for m in turn.messages if m.role == "assistant"]
+        items = responses_items.items_from_messages(assistant)
+        calls = [i for i in items if i.get("type") == "function_call"]
+        text = "\n".join(m.content for m in assistant if m.content) or None
+        body = {"env_id": state.env_id, "action": calls, "function_calls": calls, "text": text}
+        reply = await self.http.post("/step", body, state.cookies)
+        if session is not None:
+            self._state(session)
+        self._expect_ok(reply, "/step")
+        answer = self.http.json_object(reply, where)
+        reward, done = answer.get("reward", 0.0), answer.get("done")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not isinstance(done, bool):
+            raise EnvServerBadReply(f"{where} answered reward = {reward!r:.40}, done = {done!r:.40}")
+        messages = self._items(answer.get("obs"), f"{where} `obs`")
+        if any(m.role == "assistant" for m in messages):
+            raise EnvServerBadReply(f"{where} answered an assistant message: the policy did not write it")
+        # The server scores the episode at /verify (module doc): the step's reward is recorded only.
+        return EnvTurn(tuple(messages), 0.0, done, {"step_reward": float(reward)})
+
+    async def _episode_verdict(self, task: Task, response: Response, state: BridgeState) -> VerifyResult:
+        """An episode server's verdict: POST /close (it scores there), then /verify with its env_id."""
+        await self._close_episode(state)
+        body = row_body(task.row)
+        body["response"] = responses_object(task.row, response) | {
+            "env_id": state.env_id,
+            "group_id": str(task.row.get("task_idx", state.env_id)),  # as the aviary agent sets it
+            "contains_transitions": False,
+        }
+        reply = await self.http.post("/verify", body, state.cookies)
+        self._expect_ok(reply, "/verify")
+        where = f"NeMo Gym server {self.cfg.server!r}"
+        return verify_result(self.http.json_object(reply, f"{where} /verify"), body, where)
+
+    async def _close_episode(self, state: BridgeState) -> None:
+        if state.closed or not state.env_id:
+            return
+        state.closed = True
+        reply = await self.http.post("/close", {"env_id": state.env_id}, state.cookies)
+        if not reply.ok:
+            log.debug("nemo_gym_episode_close_failed", env_id=state.env_id, status=reply.status)
+
     async def call_tool(self, session: Session, call: ToolCall) -> ToolOutput:
         state = self._state(session)
         if not _ROUTE.fullmatch(call.name) or call.name in PROTOCOL_ROUTES:
@@ -546,6 +651,8 @@ class NemoGymEnvironment(Environment):
 
     async def close_session(self, session: Session) -> None:
         state = session.state
+        if isinstance(state, BridgeState) and self._episodes:
+            await self._close_episode(state)
         if "close_session" not in self._routes or not isinstance(state, BridgeState):
             return
         rid = re.sub(r"[^A-Za-z0-9._-]", "-", session.id).strip("-.") or "rollout"
@@ -557,6 +664,10 @@ class NemoGymEnvironment(Environment):
             )
 
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        if self._episodes:
+            if session is not None:
+                return await self._episode_verdict(task, response, self._state(session))
+            return await self._replay_episode_server(task, response)
         if self._gymnasium:
             if session is None:
                 return await self._replay_episode(task, response)
@@ -566,9 +677,22 @@ class NemoGymEnvironment(Environment):
             return await self._verify(task, response, self._state(session).cookies)
         return await self._reverify(task, response)
 
+    async def _replay_episode_server(self, task: Task, response: Response) -> VerifyResult:
+        """A stored episode of an episode server: seed, a step per assistant turn until done, verify."""
+        state, _, _ = await self._open(task)
+        for message in response.messages:
+            if (
+                message.role == "assistant"
+                and (await self._episode_step(Response((message,)), state, None)).done
+            ):
+                break
+        if state.incarnation != self._incarnation():
+            raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
+        return await self._episode_verdict(task, response, state)
+
     async def _replay_episode(self, task: Task, response: Response) -> VerifyResult:
         """A stored gymnasium episode: reset, then a step per assistant turn until done; the steps' sum."""
-        state, _ = await self._open(task)
+        state, _, _ = await self._open(task)
         total = 0.0
         for message in response.messages:
             if message.role != "assistant":
@@ -599,7 +723,7 @@ class NemoGymEnvironment(Environment):
             )
         cookies = Cookies()
         if self._reverify_mode != "stateless":
-            state, _ = await self._open(task)
+            state, _, _ = await self._open(task)
             cookies = state.cookies
             for call in response.tool_calls:
                 if response.tool_output(call.id) is None:
