@@ -224,15 +224,21 @@ async def test_taskset_with_a_metric_and_a_judge_asks_the_mesh_model(
     )
 
 
-def test_what_the_bridge_cannot_run_is_refused_by_name(verifiers_v1_python: Path) -> None:
-    argv = [str(verifiers_v1_python), str(LAUNCHER_V1), "rows", "--taskset", "vf_v1_unsupported"]
+@pytest.mark.parametrize(
+    ("taskset", "says"),
+    [
+        ("vf_v1_unsupported", "task StopTask has stop hooks ['enough']: rollmesh's loop runs none"),
+        ("vf_v1_stateful", "toolset Counter keeps a State of its own (CounterState)"),
+    ],
+)
+def test_what_the_bridge_cannot_run_is_refused_by_name(
+    verifiers_v1_python: Path, taskset: str, says: str
+) -> None:
+    argv = [str(verifiers_v1_python), str(LAUNCHER_V1), "rows", "--taskset", taskset]
     done = subprocess.run(
         [*argv, "--path", str(ENVS)], capture_output=True, text=True, timeout=300, check=False
     )
-    assert (
-        done.returncode != 0
-        and "task StopTask has stop hooks ['enough']: rollmesh's loop runs none" in done.stderr
-    )
+    assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -317,7 +317,7 @@ def point_judges(rubric: Any, at: Json) -> None:
     rubric.judge_client = AsyncOpenAI(
         base_url=at["base_url"], api_key=os.environ.get(at["api_key_var"]) or "EMPTY"
     )
-    rubric.judge_model = at["model"] or rubric.judge_model
+    rubric.judge_model = at["model"]  # "": the gateway's default model
     objects = getattr(rubric, "class_objects", None)
     if isinstance(objects, dict):
         objects.update(judge_client=rubric.judge_client, judge_model=rubric.judge_model)

@@ -21,8 +21,7 @@ facade), its key variable and, unless it names one, rollmesh's model.
   (`Toolset.register`, the tools verifiers would serve); `setup()` and, for the task's, `setup_task`
   run as in verifiers' launcher. The tools are offered as verifiers' harness offers them
   (`<server>_<tool>`, the MCP input schema) and each call of a step runs through an MCP client of
-  that server, its result content converted as verifiers' harness converts it. A Toolset with its
-  own `State` keeps one state per session.
+  that server, its result content converted as verifiers' harness converts it.
 - A turn without tool calls ends the episode (the null harness's chat loop).
 - Score: a verifiers `Trace` of the prompt and the completion (assistant messages sampled), then
   `Task.score(trace)` with no runtime, as `vf replay` re-scores a trace: the reward is
@@ -30,6 +29,8 @@ facade), its key variable and, unless it names one, rollmesh's model.
 - Refused at load, by name (`refuse_unsupported`): a task that needs a container, `@vf.stop` hooks,
   and rewards, metrics or judges that need a runtime. Each per-task Toolset lives as long as its
   session (its `setup()` resources are not torn down: verifiers' launcher would stop its process).
+  A task or Toolset with a `State` of its own is refused too (verifiers syncs that state between the
+  toolsets and the trace; this bridge runs no task setup and syncs none).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class Host:
         first = next(iter(self.taskset.take(1)), None)
         if first is not None:
             refuse_unsupported(first)
+        for toolset in type(self.taskset).toolsets(self.config):
+            refuse_stateful(toolset)
 
     def rows(self, n: int) -> list[Json]:
         if n < 0 and not self.taskset.bounded:
@@ -144,7 +147,7 @@ class Host:
 
         session = Session(self.task(row))
         for toolset, _ in await self._toolsets(session.task):
-            _keep_state(toolset)
+            refuse_stateful(toolset)
             name = toolset.server_name
             if name in session.servers:
                 raise ValueError(f"two toolsets are named {name!r}")
@@ -222,6 +225,18 @@ class Host:
         return {"reward": float(trace.reward), "metrics": metrics}
 
 
+def refuse_stateful(toolset: Any) -> None:
+    """A Toolset with a State of its own shares it with the rollout (verifiers syncs it over a channel
+    into the trace's state, which scoring may read): refused by name, as `refuse_unsupported`."""
+    from verifiers.v1.state import State
+
+    if toolset._state_cls is not State:
+        raise ValueError(
+            f"toolset {type(toolset).__name__} keeps a State of its own ({toolset._state_cls.__name__}): "
+            "the rollmesh bridge syncs no state with the rollout"
+        )
+
+
 def refuse_unsupported(task: Any) -> None:
     """What this bridge cannot do faithfully is refused by name (the server does not start, the
     environment is listed broken with this message), never left out of a score: a task that needs
@@ -233,7 +248,16 @@ def refuse_unsupported(task: Any) -> None:
         param = inspect.signature(fn).parameters.get("runtime")
         return param is not None and param.default is inspect.Parameter.empty
 
+    from verifiers.v1.state import State, state_cls  # type: ignore[import-not-found]
+
     name = type(task).__name__
+    if state_cls(type(task)) is not State:
+        raise ValueError(
+            f"task {name} keeps a State of its own ({state_cls(type(task)).__name__}): the rollmesh bridge "
+            "runs no task setup and syncs no state"
+        )
+    for toolset in type(task).toolsets(task.config):
+        refuse_stateful(toolset)
     if getattr(task, "NEEDS_CONTAINER", False):
         raise ValueError(f"task {name} needs a container (NEEDS_CONTAINER): the rollmesh bridge runs none")
     if stops := [fn.__name__ for fn in task.hooks("stop")]:
@@ -242,21 +266,6 @@ def refuse_unsupported(task: Any) -> None:
     runtime += [j.reward_name for j in task.plugged_judges() if needs_runtime(j.score)]
     if runtime:
         raise ValueError(f"task {name}'s {runtime} need a runtime (a sandbox): the rollmesh bridge has none")
-
-
-def _keep_state(toolset: Any) -> None:
-    """A Toolset with its own State keeps one per session (verifiers syncs it with the rollout
-    over a channel; here the session's toolset instance holds it)."""
-    state = toolset._state_cls()
-
-    async def pull() -> Any:
-        return state
-
-    async def push(before: bytes) -> None:
-        del before
-
-    toolset._pull_state = pull
-    toolset._push_state = push
 
 
 def _point(judge: Json, at: Json) -> Json:
