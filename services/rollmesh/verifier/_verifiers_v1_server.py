@@ -30,7 +30,8 @@ facade), its key variable and, unless it names one, rollmesh's model.
   and rewards, metrics or judges that need a runtime. Each per-task Toolset lives as long as its
   session (its `setup()` resources are not torn down: verifiers' launcher would stop its process).
   A task or Toolset with a `State` of its own is refused too (verifiers syncs that state between the
-  toolsets and the trace; this bridge runs no task setup and syncs none).
+  toolsets and the trace; this bridge runs no task setup and syncs none), and so is a taskset that
+  ships its own `Env` (multi-agent, cross-agent `finalize`; rollmesh runs the single-agent loop).
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ class Host:
     def __init__(self, job: Json) -> None:
         for path in reversed(job.get("paths") or []):
             sys.path.insert(0, os.path.abspath(path))
+        from verifiers.v1 import SingleAgentEnv  # type: ignore[import-not-found]
         from verifiers.v1.utils.loaders import (  # type: ignore[import-not-found]
+            environment_class,
             taskset_class,
             taskset_config_type,
         )
@@ -104,6 +107,12 @@ class Host:
             refuse_unsupported(first)
         for toolset in type(self.taskset).toolsets(self.config):
             refuse_stateful(toolset)
+        env = environment_class(job["taskset"])
+        if env is not SingleAgentEnv:
+            raise ValueError(
+                f"taskset {job['taskset']!r} ships its own Env ({env.__name__}): the rollmesh bridge "
+                "runs the single-agent loop only"
+            )
 
     def rows(self, n: int) -> list[Json]:
         if n < 0 and not self.taskset.bounded:
