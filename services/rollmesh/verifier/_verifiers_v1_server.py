@@ -237,7 +237,7 @@ class Host:
 def refuse_stateful(toolset: Any) -> None:
     """A Toolset with a State of its own shares it with the rollout (verifiers syncs it over a channel
     into the trace's state, which scoring may read): refused by name, as `refuse_unsupported`."""
-    from verifiers.v1.state import State
+    from verifiers.v1.state import State  # type: ignore[import-not-found]
 
     if toolset._state_cls is not State:
         raise ValueError(
