@@ -407,6 +407,42 @@ async def test_continue_goes_on_from_the_streamed_ids_on_the_new_weights(
     assert interrupted("resubmitted") - resubmitted_before == k
 
 
+async def test_continue_ends_on_a_stop_string_that_spans_the_resume_point(
+    served: Path, tmp_path: Path
+) -> None:
+    """Stop "bcd" with "ab" (or "abc") produced before the update: the engine, given those ids as
+    prompt, never sees "bcd" whole; the gateway ends the generation at "d" as an uninterrupted run
+    would have (it went on to "abcdef" before)."""
+
+    def script(prompt: str, request: Any) -> str:
+        return "abcdef"[len(prompt.rsplit("<|assistant|>\n", 1)[-1]) :]
+
+    backend = FakeBackend("m", weights_dir=served, script=script)
+    gw = await started(backend)
+    backend.token_latency_s = 0.01
+    sampling = SamplingInput(max_tokens=50, stop=["bcd"])
+    stream = gw.generate_stream(inp(request_id="p4", sampling=sampling))
+    assert [getattr(await anext(stream), "text", "") for _ in range(2)] == ["a", "b"]
+    backend.token_latency_s = 60  # the next id waits for the update
+
+    def fast(replica: str, checkpoint: Path) -> None:
+        backend.token_latency_s = 0.0
+
+    backend.weight_load_hook = fast
+    update = asyncio.create_task(
+        gw.update_weights("m", write_checkpoint(tmp_path / "new"), in_flight="continue")
+    )
+    result = [x async for x in stream][-1]
+    assert isinstance(result, GenerateResult)
+    k = result.versions[0].end
+    assert 2 <= k <= 3
+    assert (result.message.content, result.finish_reason) == ("a", "stop")
+    assert result.versions == (VersionSpan(0, k, "0"), VersionSpan(k, 4, "1"))
+    assert len(result.output_token_ids) == 4  # a, b, c and the d that completed the stop string
+    assert "p4" in backend.aborted  # the continuation, which went on past it, was stopped
+    await update
+
+
 async def test_continue_before_any_id_runs_the_whole_generation_on_the_new_version(
     served: Path, tmp_path: Path
 ) -> None:

@@ -196,6 +196,47 @@ def before_stop_string(text: str, stop: Sequence[str], last_from: int) -> str:
     return text if cut < 0 else text[:cut]
 
 
+@dataclass
+class _StopAcross:
+    """A stop string that starts in the ids a generation produced before a CONTINUE weight update
+    and ends in what it produces after: the engine, given those ids as prompt, never sees it whole,
+    so the gateway looks for it in the first ids after the resume point and ends the generation
+    there, as one uninterrupted run would have."""
+
+    tokenizer: Any
+    stop: tuple[str, ...]
+    boundary: int  # output ids produced before the resume point
+    boundary_text: int  # their decoded length
+    done: bool = False
+
+    @classmethod
+    def of(cls, m: _Model, request: EngineRequest, attempt: _Attempt) -> _StopAcross | None:
+        tokenizer = m.backend.tokenizer if m.backend.supports_token_ids else None
+        stop = tuple(x for x in request.sampling.stop if len(x) > 1)  # a 1-char one cannot span
+        if tokenizer is None or not stop or not attempt.out_ids:
+            return None
+        text = tokenizer.decode(attempt.out_ids, skip_special_tokens=False)
+        return cls(tokenizer, stop, len(attempt.out_ids), len(text))
+
+    def check(self, out_ids: list[int]) -> int | None:
+        """How many output ids to keep (up to the one that completes a stop string spanning the
+        resume point), or None: none (yet). Checks only until the text after the resume point is
+        longer than any stop string: no occurrence can span it after that."""
+        if self.done:
+            return None
+        longest = max(len(s) for s in self.stop)
+        for end in range(self.boundary + 1, len(out_ids) + 1):
+            text = self.tokenizer.decode(out_ids[:end], skip_special_tokens=False)
+            for s in self.stop:
+                at = text.find(s, max(0, self.boundary_text - len(s) + 1))
+                if 0 <= at < self.boundary_text:
+                    return end
+            if len(text) - self.boundary_text >= longest - 1:
+                self.done = True
+                return None
+        return None
+
+
 def _leave_replica(m: _Model, replica: str) -> None:
     """One request fewer in flight on `replica` (per-replica accounting for ListModels)."""
     m.in_flight[replica] -= 1
@@ -744,6 +785,7 @@ class Gateway:
             request = dataclasses.replace(request, trace_context=tracing.carrier_for(engine_span))
         agen = m.backend.generate(request)
         error: BaseException | None = None
+        across = _StopAcross.of(m, request, attempt)
         try:
             while True:
                 try:
@@ -781,6 +823,13 @@ class Gateway:
                     attempt.out_ids.extend(chunk.token_ids)
                     attempt.logprobs.extend(chunk.logprobs)
                     attempt.texts.append(chunk.text)
+                    if across is not None and (cut := across.check(attempt.out_ids)) is not None:
+                        kept = len(chunk.token_ids) - (len(attempt.out_ids) - cut)
+                        del attempt.out_ids[cut:], attempt.logprobs[cut:]
+                        attempt.finish = "stop"
+                        await m.backend.abort(rid)  # the engine did not see the stop string: end it
+                        yield StreamDelta("", chunk.token_ids[:kept], chunk.logprobs[:kept])
+                        break
                     yield StreamDelta(chunk.text, chunk.token_ids, chunk.logprobs)
                 if chunk.finish_reason:
                     attempt.finish = chunk.finish_reason
