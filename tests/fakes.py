@@ -409,6 +409,15 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
             details_json=json.dumps({"expected": expected}),
         )
 
+    async def VerifyGroup(
+        self, request: verifier_pb2.VerifyGroupRequest, context: Any
+    ) -> verifier_pb2.VerifyGroupResponse:
+        """No environment here scores groups (as the verifier answers for such an environment)."""
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"{request.environment!r} does not score groups"
+        )
+        raise AssertionError("unreachable")
+
     async def CloseSession(
         self, request: verifier_pb2.CloseSessionRequest, context: Any
     ) -> verifier_pb2.CloseSessionResponse:

@@ -24,6 +24,7 @@ import pytest_asyncio
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
+from rollmesh.devtools.fake_scripts import describes_by_seed
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
@@ -48,8 +49,8 @@ _TOOL_OUT = re.compile(r"<\|tool\|>\n(.*?)<\|end\|>", re.S)
 def plays(prompt_text: str, request: EngineRequest) -> str:
     """The fake model. "Compute (A + B) * C.": calls add(A, B), then multiply(sum, C), then says the
     product (one more than it when C is 3: a wrong answer). "What is A + B?": "The answer is A+B."
-    (when A is 7: "I think A+B+1", wrong)."""
-    del request
+    (when A is 7: "I think A+B+1", wrong). "Describe the number N.": N and then some " ha", as many as
+    the request's seed says (fake_scripts.describes_by_seed: a task's rollouts answer differently)."""
     users = _LAST_USER.findall(prompt_text)
     asked = users[-1] if users else ""
     if m := re.search(r"Compute \((\d+) \+ (\d+)\) \* (\d+)", asked):
@@ -78,6 +79,8 @@ def plays(prompt_text: str, request: EngineRequest) -> str:
         ):
             lo, hi = (guess + 1, hi) if hint == "higher" else (lo, guess - 1)
         return str((lo + hi) // 2)
+    if "Describe the number" in asked:
+        return describes_by_seed(prompt_text, request)
     if m := re.search(r"What is (\d+) \+ (\d+)\?", asked):
         a, b = int(m.group(1)), int(m.group(2))
         return f"I think {a + b + 1}" if a == 7 else f"The answer is {a + b}."
@@ -128,7 +131,9 @@ def vf_rows(python: Path, env_id: str) -> list[dict[str, Any]]:
 # verifiers' own loop and scoring of stored rollouts, in the verifiers venv (imports nothing of
 # rollmesh): the environment's `rollout` (its init_state, setup_state, stop conditions, env_response,
 # tools and render_completion) with the model's turns replayed from the stored row, then its
-# rubric's score_rollout. It prints each rollout's completion as verifiers rendered it and its score.
+# rubric's score_rollout (with "group": score_group over the rollouts of each item's "group", as
+# verifiers scores a group rubric). It prints each rollout's completion as verifiers rendered it and
+# its score.
 OWN_SCORING = r"""
 import asyncio, json, sys, time
 sys.path.insert(0, sys.argv[2])
@@ -138,8 +143,8 @@ from verifiers.utils.message_utils import normalize_messages
 
 async def main():
     env = vf.load_environment(sys.argv[1])
-    out = []
-    for item in json.loads(sys.stdin.read()):
+    items, states = json.loads(sys.stdin.read()), []
+    for item in items:
         turns = [m for m in normalize_messages(item["completion"], field_name="c") if m.role == "assistant"]
 
         async def replay(state, prompt, **kwargs):
@@ -150,8 +155,17 @@ async def main():
 
         env.get_model_response = replay
         client = ClientConfig(api_base_url="http://127.0.0.1:9/v1", api_key_var="UNUSED")
-        state = await env.rollout(item["input"], client, "m")
-        await env.rubric.score_rollout(state)
+        states.append(await env.rollout(item["input"], client, "m"))
+    groups = {}
+    for item, state in zip(items, states):
+        groups.setdefault(item.get("group", len(groups)), []).append(state)
+    for group in groups.values():
+        if sys.argv[3] == "group":
+            await env.rubric.score_group(group)
+        else:
+            await env.rubric.score_rollout(group[0])
+    out = []
+    for state in states:
         completion = [m.model_dump(exclude_none=True) for m in state["completion"]]
         out.append({"reward": state["reward"], "metrics": state["metrics"], "completion": completion})
     print(json.dumps(out))
@@ -160,16 +174,20 @@ asyncio.run(main())
 """
 
 
-def own_scores(python: Path, env_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def own_scores(
+    python: Path, env_id: str, rows: list[dict[str, Any]], *, group: bool = False
+) -> list[dict[str, Any]]:
+    """verifiers' own scores of stored rows, in its venv; `group`: each task's rows scored together."""
     items = [
         {
             "input": {"prompt": r["responses_create_params"]["input"], **r["verifier_metadata"]["verifiers"]},
             "completion": r["chat_messages"],
+            **({"group": r["task_index"]} if group else {}),
         }
         for r in rows
     ]
     done = subprocess.run(
-        [str(python), "-c", OWN_SCORING, env_id, str(ENVS)],
+        [str(python), "-c", OWN_SCORING, env_id, str(ENVS), "group" if group else "rollout"],
         input=json.dumps(items),
         capture_output=True,
         text=True,
@@ -182,7 +200,9 @@ def own_scores(python: Path, env_id: str, rows: list[dict[str, Any]]) -> list[di
     return scores
 
 
-async def submit(mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path) -> Any:
+async def submit(
+    mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path, *, num_repeats: int = 1
+) -> Any:
     data = out / "rows.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -197,6 +217,7 @@ async def submit(mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: 
         max_steps=8,
         sampling={"temperature": 0.0, "max_tokens": 128},
         concurrency=4,
+        num_repeats=num_repeats,
         output_dir=str(out),
         retry=RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.2),
     )
@@ -308,14 +329,28 @@ async def test_multi_turn_game_ends_on_its_final_env_response(
 
 
 @pytest.mark.asyncio(loop_scope="module")
-async def test_a_group_rubric_is_refused_by_name_never_scored_alone(
+async def test_a_group_rubric_scores_each_tasks_rollouts_together_as_verifiers_does(
     mesh: Mesh, verifiers_python: Path, tmp_path: Path
 ) -> None:
+    """vf_group (longest_wins over the group + says_the_number): 3 rollouts per task, the fake model
+    answering each at another length; verified together, their rows hold verifiers' own
+    `score_group` of the same completions in its venv, reward and metrics."""
     rows = vf_rows(verifiers_python, "vf_group")
-    rec = await submit(mesh, rows, "vf_group", tmp_path / "runs")
-    assert rec.state == "FAILED", rec
-    assert "GROUP_RUBRIC_UNSUPPORTED" in rec.error and "group reward functions (score_group)" in rec.error
-    assert (
-        not (tmp_path / "runs" / rec.job_id / "rollouts.jsonl").is_file()
-        or not (tmp_path / "runs" / rec.job_id / "rollouts.jsonl").read_text().strip()
+    rec = await submit(mesh, rows, "vf_group", tmp_path / "runs", num_repeats=3)
+    assert rec.state == "SUCCEEDED", rec
+    path = tmp_path / "runs" / rec.job_id / "rollouts.jsonl"
+    got = sorted(
+        (json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()),
+        key=lambda r: (r["task_index"], r["rollout_index"]),
     )
+    assert len(got) == 3 * len(rows) == 9
+    for task in range(len(rows)):
+        group = [r for r in got if r["task_index"] == task]
+        sizes = [len(r["chat_messages"][-1]["content"]) for r in group]
+        assert len(set(sizes)) == 3  # the group's answers differ in length
+        # the longest of the group wins (1.0) and every answer starts with the number (0.5)
+        assert [r["reward"] for r in group] == [1.5 if s == max(sizes) else 0.5 for s in sizes], group
+    own = await asyncio.to_thread(own_scores, verifiers_python, "vf_group", got, group=True)
+    assert [o["reward"] for o in own] == [r["reward"] for r in got]
+    for o, r in zip(own, got, strict=True):
+        assert {k: float(v) for k, v in o["metrics"].items()} == r["reward_components"]

@@ -226,3 +226,21 @@ async def test_close_recomputes_metrics_without_holding_the_rows(tmp_path: Path)
     assert peak < file_bytes / 10, f"closing held {peak:,} bytes for a {file_bytes:,}-byte rollouts.jsonl"
     metrics = json.loads((d / METRICS).read_text())
     assert metrics["num_rollouts"] == tasks * repeats and metrics["mean_reward"] == 0.5
+
+
+async def test_a_group_goes_into_one_batch_whole_or_not_at_all(tmp_path: Path) -> None:
+    """write_group (a group-scored task's rows): all in one batch, never split at fsync_every; a group
+    repeating a key (held, or twice in it) is refused whole, with nothing of it taken."""
+    d = job_dir(tmp_path, "job1")
+    sink = JsonlSink(d, fsync_every=2, flush_interval_s=0)
+    await sink.open("job1", total=9, spec={"num_repeats": 3})
+    await sink.write(rollout(0, 0))
+    assert await sink.write_group([rollout(1, i) for i in range(3)]) == []
+    assert sink.fsyncs == 1 and len(lines(d / ROLLOUTS)) == 4  # the write's row and the whole group
+    for bad in ([rollout(2, 0), rollout(1, 2)], [rollout(2, 0), rollout(2, 0)]):
+        with pytest.raises(DuplicateRollout):
+            await sink.write_group(bad)
+    assert await sink.write_group([rollout(2, i) for i in range(3)]) == []
+    await sink.close(state="succeeded", metrics=None)
+    keys = [(json.loads(x)["task_index"], json.loads(x)["rollout_index"]) for x in lines(d / ROLLOUTS)]
+    assert keys == [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
@@ -116,6 +117,30 @@ class VerifierClient(ServiceClient):
         req = verify_request(environment, task, response, session_id=session_id)
         resp: pb.VerifyResponse = await self._unary(self.stub.Verify, req)
         return resp.result
+
+    async def verify_group(
+        self,
+        environment: str,
+        task: Task,
+        responses: Iterable[ResponseLike],
+        *,
+        session_ids: Iterable[str] = (),
+    ) -> builtins.list[pb.VerifyResult]:
+        """Score the rollouts of one task together (an environment whose `scores_groups`): one
+        result per response, in order; `session_ids` (when given) pairs each with its session."""
+        answers = [_messages(r) for r in responses]
+        sessions = list(session_ids) or [""] * len(answers)
+        if len(sessions) != len(answers):
+            raise ValueError(f"{len(sessions)} session ids for {len(answers)} responses")
+        req = pb.VerifyGroupRequest(
+            environment=environment,
+            task_json=_task_json(task),
+            members=[
+                pb.GroupMember(response=a, session_id=s) for a, s in zip(answers, sessions, strict=True)
+            ],
+        )
+        resp: pb.VerifyGroupResponse = await self._unary(self.stub.VerifyGroup, req)
+        return list(resp.results)
 
     async def close_session(self, session_id: str) -> None:
         await self._unary(self.stub.CloseSession, pb.CloseSessionRequest(session_id=session_id))

@@ -45,6 +45,7 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
                         "example_dataset": e.example_dataset,
                         "takes_turns": e.takes_turns,
                         "tool_calls_are_answer": e.tool_calls_are_answer,
+                        "scores_groups": e.scores_groups,
                     }
                     for e in envs
                 ],
@@ -88,6 +89,7 @@ def show_env(
                 "example_dataset": env.example_dataset,
                 "takes_turns": env.takes_turns,
                 "tool_calls_are_answer": env.tool_calls_are_answer,
+                "scores_groups": env.scores_groups,
                 "tools": tools,
             }
         )
@@ -101,6 +103,7 @@ def show_env(
             ("example_dataset", env.example_dataset or "-"),
             ("takes_turns", "yes (answers each assistant turn)" if env.takes_turns else "no"),
             ("tool_calls_are_answer", "yes (no call is run)" if env.tool_calls_are_answer else "no"),
+            ("scores_groups", "yes (a task's rollouts verified together)" if env.scores_groups else "no"),
         ],
     )
     if tools:

@@ -11,6 +11,10 @@ history into that message) is answered at once from the last number in it.
 get the count", through the NeMo Gym bridge): one `increment_counter(n)` per number, in order, then
 `get_counter_value()`, then "The count is V." with the count the server returned. A conversation of
 another kind is answered "I cannot play this." (no tool call).
+
+`describes_by_seed` answers "Describe the number N." with N and then 1 + seed % 3 times " ha" (the
+request's sampling seed: a job's rollouts of one task, seeds starting_seed + rollout_index, answer at
+different lengths), for group-scored environments (docs/environments.md, the verifiers group test).
 """
 
 from __future__ import annotations
@@ -28,6 +32,14 @@ _COUNT = re.compile(r'"count": ?(-?\d+)')
 
 def _call(name: str, arguments: dict[str, int]) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def describes_by_seed(prompt_text: str, request: EngineRequest) -> str:
+    asked = re.findall(r"Describe the number (-?\d+)\.", prompt_text)
+    if not asked:
+        return "?"
+    seed = int(request.sampling.seed or 0)
+    return str(asked[-1]) + " ha" * (1 + seed % 3)
 
 
 def counter_agent(prompt_text: str, request: EngineRequest) -> str:

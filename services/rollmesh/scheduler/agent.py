@@ -115,6 +115,17 @@ class EnvDescription:
     stateless: bool = False
     #: A turn's tool calls are its answer: none is run (the verifier's `tool_calls_are_answer`).
     tool_calls_are_answer: bool = False
+    #: A task's rollouts are scored together (the verifier's `scores_groups`): `verify_group`.
+    scores_groups: bool = False
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One rollout of a group, for `EnvPort.verify_group`: its messages after the prompt and its
+    verifier session ("" when it has none)."""
+
+    messages: list[Json]
+    session_id: str = ""
 
 
 class ModelPort(Protocol):
@@ -152,6 +163,12 @@ class EnvPort(Protocol):
         self, environment: str, task: Json, messages: list[Json], session_id: str
     ) -> VerifyResult: ...
 
+    async def verify_group(
+        self, environment: str, task: Json, members: list[GroupMember]
+    ) -> list[VerifyResult]:
+        """The rollouts of one task scored together: one result per member, in order."""
+        ...
+
     async def close_session(self, session_id: str) -> None: ...
 
     async def describe_environment(self, environment: str) -> EnvDescription:
@@ -171,6 +188,15 @@ class AgentSettings:
     #: A turn's tool calls are the answer (EnvDescription.tool_calls_are_answer): the loop runs none
     #: and ends at the first turn with calls.
     tool_calls_are_answer: bool = False
+    #: The environment scores groups (EnvDescription.scores_groups): the loop does not verify; it
+    #: returns with `AgentOutcome.verdict_pending` and the verifier session left open
+    #: (`AgentOutcome.env_session`) for the engine's `verify_group` of the task's rollouts.
+    group_verify: bool = False
+
+
+#: The verdict of an outcome whose group is not verified yet: masked, so it is in no reward figure
+#: should it ever reach a row (the engine replaces it with the group's verdict before it writes).
+PENDING_VERDICT = VerifyResult(0.0, masked=True, details={"pending": "the group's verdict"})
 
 
 @dataclass
@@ -183,6 +209,11 @@ class AgentOutcome:
     steps: list[EnvStep] = field(default_factory=list)
     #: An external agent program's run (program.py), kept in the row; empty for this loop.
     program: Json = field(default_factory=dict)
+    #: Not verified yet (`AgentSettings.group_verify`): `verdict` is PENDING_VERDICT until the
+    #: group's verdict replaces it.
+    verdict_pending: bool = False
+    #: The verifier session left open for the group's verdict ("" when none); the engine closes it.
+    env_session: str = ""
 
     @property
     def reward(self) -> float:
@@ -301,6 +332,7 @@ async def run_agent(
     model_session = session_id if settings.max_steps > 1 else ""
     seeded = False
     generated = False
+    kept = False  # the verifier session stays open for the group's verdict (the engine closes it)
     try:
         own_tools = row_tools(task)
         env_session = not settings.stateless or bool(own_tools)
@@ -357,10 +389,21 @@ async def run_agent(
                 if answer.done:
                     finish = turn.finish_reason or "stop"
                     break
+        if settings.group_verify:
+            kept = seeded
+            return AgentOutcome(
+                messages=new,
+                verdict=PENDING_VERDICT,
+                turns=turns,
+                finish_reason=finish,
+                steps=steps,
+                verdict_pending=True,
+                env_session=session_id if seeded else "",
+            )
         verdict = await env.verify(settings.environment, task, new, session_id if env_session else "")
         return AgentOutcome(messages=new, verdict=verdict, turns=turns, finish_reason=finish, steps=steps)
     finally:
-        await close_sessions(env if seeded else None, model if generated else None, session_id)
+        await close_sessions(env if seeded and not kept else None, model if generated else None, session_id)
 
 
 async def _run_calls(

@@ -9,6 +9,16 @@ with the sink's reason). A gateway or verifier that stays unreachable (no call g
 `retry.unavailable_budget_s` stops the run (FAILED); shorter outages (a restart, a stall) cost no
 rollouts: their rollouts wait and carry on (retry.py, `Outages`).
 
+Group scoring (an environment whose `scores_groups`: a reward that depends on the other rollouts of
+the task): a task's `num_repeats` rollouts are dispatched together, each runs its loop without
+verifying and is held (its verifier session open) without its slot until the last is done; that one
+verifies them together (`EnvPort.verify_group`, retried as a rollout is) and writes their rows in one
+sink call (`Sink.write_group`: one batch of the JSONL sink, so a crash stores all of a group or none).
+No row is ever written without its group's verdict. A rollout that failed fails its group: it with its
+class, the others with GroupMemberFailed (never counted toward fail fast); a resumed job runs the
+whole group again. A group found partly stored on resume (a torn write, a row too large for the sink)
+fails its missing keys (GroupPartlyStored) instead of scoring them against another group.
+
 A run that dispatched every key ends in the state `outcome.final_state` gives it (SUCCEEDED only
 when its permanent failures are within the job's bound); the same non-retryable error class on
 `retry.fail_fast_after` rollouts in a row stops it at once (FAILED, naming that class).
@@ -20,7 +30,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -38,12 +48,14 @@ from rollmesh.scheduler.agent import (
     EnvPort,
     EnvStep,
     GenerateCall,
+    GroupMember,
     Json,
     ModelPort,
     Responsive,
     SessionOpened,
     ToolResult,
     Turn,
+    close_sessions,
     run_agent,
 )
 from rollmesh.scheduler.concurrency import Limiter
@@ -51,6 +63,8 @@ from rollmesh.scheduler.deadline import AdaptiveDeadline
 from rollmesh.scheduler.errors import (
     ErrorClass,
     GatewayUnresponsive,
+    GroupMemberFailed,
+    GroupPartlyStored,
     ModelCallDeadline,
     RolloutFailed,
     RolloutTooLarge,
@@ -259,8 +273,35 @@ class _WatchedEnv:
     async def close_session(self, session_id: str) -> None:  # best-effort cleanup: no evidence either way
         await self._inner.close_session(session_id)
 
+    async def verify_group(
+        self, environment: str, task: Json, members: list[GroupMember]
+    ) -> list[VerifyResult]:
+        return await self._watch(VERIFIER, self._inner.verify_group(environment, task, members))
+
     async def describe_environment(self, environment: str) -> EnvDescription:
         return await self._watch(VERIFIER, self._inner.describe_environment(environment))
+
+
+@dataclass
+class _Member:
+    """A rollout of a group, done and waiting for its group's verdict: built (its verdict pending),
+    or failed (`error`); `env_session` is its verifier session, left open for the verdict."""
+
+    key: RolloutKey
+    attempts: int
+    rollout: Rollout | None = None
+    error: ErrorClass | None = None
+    steps_reward: float = 0.0  # the environment's step rewards: the row's reward is these + the verdict's
+    env_session: str = ""
+
+
+@dataclass
+class _Group:
+    """The rollouts of one task of a group-scored environment, gathered until the last is done."""
+
+    task_index: int
+    size: int
+    members: dict[int, _Member] = field(default_factory=dict)
 
 
 def _probe(port: object) -> Probe | None:
@@ -327,7 +368,11 @@ class JobRun:
             sampling=dict(plan.spec.sampling),
             stateless=environment is not None and environment.stateless,
             tool_calls_are_answer=environment is not None and environment.tool_calls_are_answer,
+            group_verify=environment is not None and environment.scores_groups,
         )
+        # Group scoring: the tasks whose rollouts are gathered for their verdict (at most one per
+        # rollout in flight, plus the one being dispatched: each holds a slot until its last is done).
+        self._groups: dict[int, _Group] = {}
         self.progress = Progress(total=plan.total)
         # An external agent program instead of the built-in loop (program.py), its tools on one endpoint.
         self.program = (
@@ -432,15 +477,53 @@ class JobRun:
 
     async def _produce(self, existing: set[RolloutKey]) -> None:
         try:
-            for key in self.plan.keys():
-                if key in existing:
-                    continue
-                waited = self.hooks.clock()
-                await self.limiter.acquire()
-                self._tasks.spawn(self._one(key, queued_s=self.hooks.clock() - waited))
+            if self.settings.group_verify:
+                await self._produce_groups(existing)
+            else:
+                for key in self.plan.keys():
+                    if key in existing:
+                        continue
+                    await self._dispatch(key)
             await self._tasks.join()
         finally:
             await self._tasks.aclose()
+            await self._drop_groups()
+
+    async def _dispatch(self, key: RolloutKey) -> None:
+        waited = self.hooks.clock()
+        await self.limiter.acquire()
+        self._tasks.spawn(self._one(key, queued_s=self.hooks.clock() - waited))
+
+    async def _produce_groups(self, existing: set[RolloutKey]) -> None:
+        """Group scoring: each task's rollouts are one group, dispatched together. A task whose
+        rollouts are all stored is done; one with some stored and some not fails the missing ones
+        (GroupPartlyStored): the stored ones carry the verdict of a group the missing never joined."""
+        n = self.plan.num_repeats
+        for t in self.plan.task_indices:
+            keys = [RolloutKey(t, r) for r in range(n)]
+            missing = [k for k in keys if k not in existing]
+            if not missing:
+                continue
+            if len(missing) < n:
+                stored = ", ".join(k.as_str() for k in keys if k in existing)
+                for key in missing:
+                    message = (
+                        f"rollout {key.as_str()}'s group is partly stored ({stored}, verified as a group "
+                        "this rollout was not in): it is not run against another group"
+                    )
+                    await self._fail(key, ErrorClass(GroupPartlyStored.reason, False, None, message), 0)
+                continue
+            self._groups[t] = _Group(t, n)
+            for key in keys:
+                await self._dispatch(key)
+
+    async def _drop_groups(self) -> None:
+        """A stopped run's gathered groups are never verified (nothing of them is written; a resumed
+        job runs them again): their open verifier sessions are closed, best effort."""
+        groups, self._groups = list(self._groups.values()), {}
+        sessions = [m.env_session for g in groups for m in g.members.values() if m.env_session]
+        for session_id in sessions:
+            await close_sessions(self.env, None, session_id)
 
     async def _one(self, key: RolloutKey, queued_s: float = 0.0) -> None:
         """One rollout, under its root span when tracing is on (mesh/tracing.py): the model turns,
@@ -545,12 +628,18 @@ class JobRun:
                         "(rewards are fine for evaluation; a trainer cannot use them)",
                     )
             except RolloutFailed as failed:
-                await self._fail(key, failed.error, failed.attempts)
+                await self._settle_failure(key, failed.error, failed.attempts)
                 return
             problems = self._check_tokens(rollout)
             if problems:
                 message = "token record does not line up: " + "; ".join(problems)
-                await self._fail(key, ErrorClass(TokenRecordMismatch.reason, False, None, message), attempts)
+                err = ErrorClass(TokenRecordMismatch.reason, False, None, message)
+                await self._settle_failure(key, err, attempts, outcome.env_session)
+                return
+            if outcome.verdict_pending:
+                steps = outcome.reward - outcome.verdict.reward
+                member = _Member(key, attempts, rollout, steps_reward=steps, env_session=outcome.env_session)
+                await self._join_group(member)
                 return
             try:
                 await self._write(rollout)
@@ -582,36 +671,137 @@ class JobRun:
             "rollout_retry", job_id=self.job_id, error=err.name, attempt=attempt, delay_s=round(delay, 3)
         )
 
+    async def _settle_failure(
+        self, key: RolloutKey, err: ErrorClass, attempts: int, env_session: str = ""
+    ) -> None:
+        """A rollout failed: written at once, or (group scoring) with its group once that is done."""
+        if self.settings.group_verify:
+            await self._join_group(_Member(key, attempts, error=err, env_session=env_session))
+        else:
+            await self._fail(key, err, attempts)
+
+    async def _join_group(self, member: _Member) -> None:
+        """Add a done rollout to its group; the last one in verifies and writes the group (holding
+        its slot, so a slow verifier or sink slows dispatch as for any rollout)."""
+        group = self._groups[member.key.task_index]
+        group.members[member.key.rollout_index] = member
+        if len(group.members) < group.size:
+            return
+        del self._groups[group.task_index]
+        await self._finish_group(group)
+
+    async def _finish_group(self, group: _Group) -> None:
+        """Verify the group together and write its rows; a failed rollout fails the whole group
+        (its own class for it, GroupMemberFailed for the others: nothing of it is verified)."""
+        members = [group.members[i] for i in sorted(group.members)]
+        try:
+            failed = next((m for m in members if m.error is not None), None)
+            if failed is not None:
+                await self._fail_group(members, failed)
+                return
+            task = self.plan.rows[group.task_index]
+            asked = [GroupMember(m.rollout.messages, m.env_session) for m in members if m.rollout is not None]
+            try:
+                verdicts, _ = await with_retry(
+                    partial(self.env.verify_group, self.settings.environment, task, asked),
+                    self.policy,
+                    backoff=self.backoff,
+                    sleep=self.hooks.sleep,
+                    on_retry=self._on_retry,
+                    outages=self.outages,
+                )
+            except RolloutFailed as exc:  # one verdict failed: evidence once, not once per rollout
+                for i, m in enumerate(members):
+                    await self._fail(m.key, exc.error, m.attempts, evidence=i == 0)
+                return
+        finally:
+            for m in members:
+                if m.env_session:
+                    await close_sessions(self.env, None, m.env_session)
+        rows = [
+            replace(
+                m.rollout,
+                reward=m.steps_reward + v.reward,
+                reward_components=dict(v.components),
+                extracted_answer=v.extracted_answer,
+                verify_details=dict(v.details),
+                masked=v.masked,
+            )
+            for m, v in zip(members, verdicts, strict=True)
+            if m.rollout is not None
+        ]
+        attempts = {m.key: m.attempts for m in members}
+        for rollout, too_large in await self._write_group(rows):
+            await self._fail(
+                rollout.key,
+                ErrorClass(too_large.reason, False, None, too_large.message),
+                attempts[rollout.key],
+            )
+
+    async def _fail_group(self, members: list[_Member], failed: _Member) -> None:
+        assert failed.error is not None
+        why = (
+            f"rollout {failed.key.as_str()} of this group failed ({failed.error.name}): the group's "
+            "rewards depend on all its rollouts, so none of it is verified"
+        )
+        for m in members:
+            if m.error is not None:
+                await self._fail(m.key, m.error, m.attempts)
+            else:
+                await self._fail(
+                    m.key, ErrorClass(GroupMemberFailed.reason, False, None, why), m.attempts, evidence=False
+                )
+
+    async def _write_group(self, rollouts: list[Rollout]) -> list[tuple[Rollout, RolloutTooLarge]]:
+        """The group's rows in one sink call (one batch); returns those the sink refused as too large."""
+        async with self._write_lock:
+            start = time.perf_counter()
+            refused = await self.sink.write_group(rollouts)
+            self._observe_write(time.perf_counter() - start)
+            out = {r.key for r, _ in refused}
+            for rollout in rollouts:
+                if rollout.key not in out:
+                    self._written(rollout)
+        return refused
+
+    def _observe_write(self, took: float) -> None:
+        self._sink_seconds.observe(took)
+        if self.sink.write_times is not None:
+            self.sink.write_times.add(took)
+
     async def _write(self, rollout: Rollout) -> None:
         async with self._write_lock:
             start = time.perf_counter()
             await self.sink.write(rollout)
-            took = time.perf_counter() - start
-            tracing.annotate(
-                **{
-                    "rollmesh.outcome": "succeeded",
-                    "rollmesh.reward": rollout.reward,
-                    "rollmesh.policy_version": rollout.policy_version,
-                    "rollmesh.attempts": rollout.attempts,
-                }
-            )
-            self._sink_seconds.observe(took)
-            if self.sink.write_times is not None:
-                self.sink.write_times.add(took)
-            self._sink_rows.inc()
-            telemetry.rollout_succeeded()
-            p = self.progress
-            p.done += 1
-            p.succeeded += 1
-            p.add_reward(measured_reward(rollout))
-            p.completion_tokens += rollout.completion_tokens
-            self._fail_fast.success()
-            if self.keep_scored:
-                self.scored.append(Scored.of(rollout))
-            if self.hooks.on_rollout is not None:
-                self.hooks.on_rollout(rollout)
+            self._observe_write(time.perf_counter() - start)
+            self._written(rollout)
 
-    async def _fail(self, key: RolloutKey, err: ErrorClass, attempts: int) -> None:
+    def _written(self, rollout: Rollout) -> None:
+        """Count a rollout the sink accepted (progress, metrics, hooks)."""
+        tracing.annotate(
+            **{
+                "rollmesh.outcome": "succeeded",
+                "rollmesh.reward": rollout.reward,
+                "rollmesh.policy_version": rollout.policy_version,
+                "rollmesh.attempts": rollout.attempts,
+            }
+        )
+        self._sink_rows.inc()
+        telemetry.rollout_succeeded()
+        p = self.progress
+        p.done += 1
+        p.succeeded += 1
+        p.add_reward(measured_reward(rollout))
+        p.completion_tokens += rollout.completion_tokens
+        self._fail_fast.success()
+        if self.keep_scored:
+            self.scored.append(Scored.of(rollout))
+        if self.hooks.on_rollout is not None:
+            self.hooks.on_rollout(rollout)
+
+    async def _fail(self, key: RolloutKey, err: ErrorClass, attempts: int, *, evidence: bool = True) -> None:
+        """Write a rollout's failure. `evidence` False: it says nothing of the job's health (a group
+        member failed by a sibling), so fail fast neither counts it nor resets its streak."""
         failure = RolloutFailure(key, self.job_id, err.name, err.message, attempts)
         log.info("rollout_failed", job_id=self.job_id, key=key.as_str(), error=err.name, attempts=attempts)
         async with self._write_lock:
@@ -625,7 +815,7 @@ class JobRun:
             self.tally.add(err.name, err.message)
             if self.hooks.on_failure is not None:
                 self.hooks.on_failure(failure)
-        if self._fail_fast.failure(err.name, err.retryable):
+        if evidence and self._fail_fast.failure(err.name, err.retryable):
             self.stop(
                 RunResult(
                     "FAILED",

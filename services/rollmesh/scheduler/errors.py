@@ -188,6 +188,24 @@ class RolloutTooLarge(mesh.ResourceExhausted):
     reason = "ROLLOUT_TOO_LARGE"
 
 
+class GroupMemberFailed(mesh.FailedPrecondition):
+    """A rollout of a group-scored task (the environment's `scores_groups`) that succeeded, failed
+    because another rollout of its group failed: its reward depends on the whole group, which was
+    never verified. Not evidence against this rollout (never counted toward fail fast); a resumed
+    job runs the whole group again."""
+
+    reason = "GROUP_MEMBER_FAILED"
+
+
+class GroupPartlyStored(mesh.FailedPrecondition):
+    """Some rollouts of a group-scored task are stored (with the verdict of the group they were
+    verified in) and the others are not (a torn write, a row too large for the sink): running the
+    missing ones would verify them against another group, so they fail instead of being scored
+    against rollouts their stored siblings never saw."""
+
+    reason = "GROUP_PARTLY_STORED"
+
+
 @dataclass(frozen=True)
 class ErrorClass:
     """What an exception means for the retry loop (retry.py)."""

@@ -35,6 +35,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,13 @@ from typing import Any
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import store
-from rollmesh.scheduler.errors import DuplicateRollout, JobFolderInUse, SinkClosed, SinkWriteFailed
+from rollmesh.scheduler.errors import (
+    DuplicateRollout,
+    JobFolderInUse,
+    RolloutTooLarge,
+    SinkClosed,
+    SinkWriteFailed,
+)
 from rollmesh.scheduler.metrics import compute, measured_reward
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import MetricsOf, Sink
@@ -159,6 +166,24 @@ class JsonlSink(Sink):
         self._keys.add(rollout.key)
         self._rows.append(_Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout)))
         await self._after_append()
+
+    async def write_group(self, rollouts: Sequence[Rollout]) -> list[tuple[Rollout, RolloutTooLarge]]:
+        """The group's rows go into the buffer together (checked first: none of a group that repeats
+        a key is taken), so one batch, one append, holds them all."""
+        self._check_open()
+        keys = [r.key for r in rollouts]
+        held = next((k for k in keys if k in self._keys), None)
+        if held is not None or len(set(keys)) < len(keys):
+            key = held or next(k for k in keys if keys.count(k) > 1)
+            raise DuplicateRollout(
+                f"rollout {key.as_str()} is already in {self.directory / store.ROLLOUTS}",
+                metadata={"key": key.as_str()},
+            )
+        for rollout in rollouts:
+            self._keys.add(rollout.key)
+            self._rows.append(_Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout)))
+        await self._after_append()
+        return []
 
     async def write_failure(self, failure: RolloutFailure) -> None:
         self._check_open()

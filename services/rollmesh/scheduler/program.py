@@ -188,6 +188,12 @@ async def run_program(
         if env_session:
             opened = await env.seed_session(settings.environment, task, session_id)
             seeded = True
+        if settings.group_verify:
+            raise AgentProgramUnsupported(
+                f"environment {settings.environment!r} scores a task's rollouts together "
+                "(verify_group): an external agent program's rollouts are verified one by one; "
+                "use the built-in loop"
+            )
         if opened.takes_turns:
             raise AgentProgramUnsupported(
                 f"environment {settings.environment!r} takes turns (Step): an external agent program "

@@ -39,6 +39,7 @@ from rollmesh.scheduler.agent import (
     EnvDescription,
     EnvStep,
     GenerateCall,
+    GroupMember,
     Json,
     SessionOpened,
     ToolResult,
@@ -280,6 +281,33 @@ class VerifierEnv(_Port):
             raise BadReward(f"the verifier answered {bad}, not a finite number")
         return result
 
+    async def verify_group(
+        self, environment: str, task: Json, members: list[GroupMember]
+    ) -> list[VerifyResult]:
+        req = verifier_pb2.VerifyGroupRequest(
+            environment=environment,
+            task_json=json.dumps(task, ensure_ascii=False),
+            members=[
+                verifier_pb2.GroupMember(
+                    response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in member.messages]),
+                    session_id=member.session_id,
+                )
+                for member in members
+            ],
+        )
+        resp: verifier_pb2.VerifyGroupResponse = await unary_call(self.stub.VerifyGroup, req, None)
+        if len(resp.results) != len(members):
+            raise BadReward(
+                f"the verifier answered {len(resp.results)} results for a group of {len(members)} rollouts"
+            )
+        results = [
+            from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
+            for r in resp.results
+        ]
+        if bad := next((b for r in results if (b := r.not_finite())), ""):
+            raise BadReward(f"the verifier answered {bad}, not a finite number")
+        return results
+
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
         await unary_call(self.stub.CloseSession, req, SERVICE_CALL_S)
@@ -291,4 +319,5 @@ class VerifierEnv(_Port):
             tools=[tool_from_pb(t) for t in resp.tools],
             stateless=resp.stateless,
             tool_calls_are_answer=resp.tool_calls_are_answer,
+            scores_groups=resp.scores_groups,
         )

@@ -11,10 +11,11 @@ not hold, and a job's metrics leave them out (its truth is what its sink stored)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rollmesh.mesh.errors import RollmeshError
+from rollmesh.scheduler.errors import RolloutTooLarge
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.timing import Reservoir
 
@@ -40,6 +41,19 @@ class Sink(ABC):
     @abstractmethod
     async def write(self, rollout: Rollout) -> None:
         """Accept one rollout; returns once the sink has room for more (backpressure)."""
+
+    async def write_group(self, rollouts: Sequence[Rollout]) -> list[tuple[Rollout, RolloutTooLarge]]:
+        """Accept the rollouts of one group (a group-scored environment's task, verified together),
+        in order; returns those too large for the sink, which were not written (every other one was).
+        A sink that writes in batches keeps the group in one batch, so a crash stores all of it or
+        none. Default: `write` each."""
+        refused: list[tuple[Rollout, RolloutTooLarge]] = []
+        for rollout in rollouts:
+            try:
+                await self.write(rollout)
+            except RolloutTooLarge as exc:
+                refused.append((rollout, exc))
+        return refused
 
     @abstractmethod
     async def write_failure(self, failure: RolloutFailure) -> None:

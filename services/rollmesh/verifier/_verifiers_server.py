@@ -11,7 +11,7 @@ aiohttp (a dependency of verifiers) and verifiers. The job comes in ROLLMESH_VER
 
 It binds 127.0.0.1:$ROLLMESH_SIDECAR_PORT (0: any free port), writes `127.0.0.1:<port>` to
 $ROLLMESH_PORT_FILE and answers JSON:
-- GET /            {"ok": true, "kind": <class name>}
+- GET /            {"ok": true, "kind": <class name>, "group": <the rubric has group reward functions>}
 - GET /rows?n=N    the environment's eval dataset (else its dataset) as rollmesh rows
 - POST /seed       {"session", "row"}: verifiers' init_state + setup_state for the row; answers the
                    session's tool definitions (OpenAI function form) and whether it is done already
@@ -22,8 +22,11 @@ $ROLLMESH_PORT_FILE and answers JSON:
 - POST /score      {"session"?, "row", "completion"}: `rubric.score_rollout` on the session's state
                    (or, without a session, on a state replayed from the row and the completion's
                    assistant turns) with `completion` as the completion: {"reward", "metrics"}
+- POST /score_group {"row", "members": [{"session"?, "completion"}]}: `rubric.score_group` on the
+                   members' states (each as /score builds it) together: {"results": [{"reward",
+                   "metrics"}, ...]}, one per member in order
 - POST /close      {"session"}
-Errors: 400 {"error"} for a body that does not fit, 409 for a group rubric (needs score_group),
+Errors: 400 {"error"} for a body that does not fit, 409 for /score on a group rubric (score_group),
 404 for an unknown session, 500 {"error"} for what the environment raised.
 """
 
@@ -195,16 +198,32 @@ class Host:
         if self.env.rubric.has_group_rewards:
             raise GroupRubric("this environment's rubric has group reward functions (score_group)")
         state["completion"] = self._normalize(completion)
-        failed: list[str] = []
-        token = _REWARD_ERRORS.set(failed)
-        try:
-            await self.env.rubric.score_rollout(state)
-        finally:
-            _REWARD_ERRORS.reset(token)
-        if failed:
-            raise RewardFunctionFailed(f"{failed[0]} (verifiers would have scored it 0)")
-        metrics = {str(k): float(v) for k, v in (state.get("metrics") or {}).items()}
-        return {"reward": float(state["reward"]), "metrics": metrics}
+        await _judged(self.env.rubric.score_rollout(state))
+        return _verdict(state)
+
+    async def score_group(self, states: list[Json], completions: list[list[Json]]) -> list[Json]:
+        for state, completion in zip(states, completions, strict=True):
+            state["completion"] = self._normalize(completion)
+        await _judged(self.env.rubric.score_group(states))
+        return [_verdict(state) for state in states]
+
+
+async def _judged(scoring: Any) -> None:
+    """Await the rubric's scoring; a reward function that raised (verifiers logs it and counts 0)
+    raises RewardFunctionFailed instead."""
+    failed: list[str] = []
+    token = _REWARD_ERRORS.set(failed)
+    try:
+        await scoring
+    finally:
+        _REWARD_ERRORS.reset(token)
+    if failed:
+        raise RewardFunctionFailed(f"{failed[0]} (verifiers would have scored it 0)")
+
+
+def _verdict(state: Json) -> Json:
+    metrics = {str(k): float(v) for k, v in (state.get("metrics") or {}).items()}
+    return {"reward": float(state["reward"]), "metrics": metrics}
 
 
 class GroupRubric(Exception):
@@ -221,19 +240,23 @@ _REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVa
 )
 
 
+_REWARD_ERROR_PREFIXES = ("Error calling reward function", "Error calling group reward function")
+
+
 class _RewardErrors(logging.Handler):
     """Collects the rubric's "Error calling reward function" records into the scoring call's list."""
 
     def emit(self, record: logging.LogRecord) -> None:
         errors = _REWARD_ERRORS.get()
         message = record.getMessage()
-        if errors is not None and message.startswith("Error calling reward function"):
+        if errors is not None and message.startswith(_REWARD_ERROR_PREFIXES):
             errors.append(" ".join(message.split())[:300])
 
 
 def _app(host: Host) -> web.Application:
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "kind": type(host.env).__name__})
+        group = bool(getattr(getattr(host.env, "rubric", None), "has_group_rewards", False))
+        return web.json_response({"ok": True, "kind": type(host.env).__name__, "group": group})
 
     async def rows(request: web.Request) -> web.Response:
         n = int(request.query.get("n", "-1"))
@@ -252,15 +275,22 @@ def _app(host: Host) -> web.Application:
         messages, done = await host.step(state, list(body["messages"]))
         return {"messages": [_openai_message(m) for m in messages], "done": done}
 
-    async def score(body: Json) -> Json:
-        completion = list(body["completion"])
-        session = body.get("session")
+    async def state_of(row: Json, member: Json) -> Json:
+        """The session's state, or (without a session) one replayed from the row and completion."""
+        session = member.get("session")
         state = host.sessions.get(str(session)) if session else None
         if session and state is None:
             raise KeyError(str(session))
-        if state is None:
-            state = await host.replay(body["row"], completion)
-        return await host.score(state, completion)
+        return state if state is not None else await host.replay(row, list(member["completion"]))
+
+    async def score(body: Json) -> Json:
+        return await host.score(await state_of(body["row"], body), list(body["completion"]))
+
+    async def score_group(body: Json) -> Json:
+        members = list(body["members"])
+        states = [await state_of(body["row"], m) for m in members]
+        results = await host.score_group(states, [list(m["completion"]) for m in members])
+        return {"results": results}
 
     async def close(body: Json) -> Json:
         host.sessions.pop(str(body.get("session")), None)
@@ -289,7 +319,13 @@ def _app(host: Host) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
     app.router.add_get("/", health)
     app.router.add_get("/rows", rows)
-    for name, fn in (("seed", seed), ("step", step), ("score", score), ("close", close)):
+    for name, fn in (
+        ("seed", seed),
+        ("step", step),
+        ("score", score),
+        ("score_group", score_group),
+        ("close", close),
+    ):
         app.router.add_post(f"/{name}", route(fn))
     return app
 

@@ -9,7 +9,7 @@ from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_to_pb
 from rollmesh.mesh.fields import from_pb, to_pb
 from rollmesh.verifier.environment import EnvTurn, Response, ToolOutput, VerifyResult
 from rollmesh.verifier.loader import Broken
-from rollmesh.verifier.service import EnvironmentInfo, SeededSession, VerifyCall
+from rollmesh.verifier.service import EnvironmentInfo, GroupCall, GroupMember, SeededSession, VerifyCall
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
 
@@ -28,6 +28,11 @@ def response_from_pb(messages: Iterable[common_pb2.ChatMessage]) -> Response:
 
 def verify_call_from_pb(req: pb.VerifyRequest) -> VerifyCall:
     return from_pb(VerifyCall, req, response=response_from_pb(req.response.messages))
+
+
+def group_call_from_pb(req: pb.VerifyGroupRequest) -> GroupCall:
+    members = tuple(GroupMember(response_from_pb(m.response.messages), m.session_id) for m in req.members)
+    return GroupCall(req.environment, req.task_json, members)
 
 
 def seeded_to_pb(seeded: SeededSession, ttl_s: float) -> pb.SeedSessionResponse:

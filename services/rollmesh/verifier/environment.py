@@ -60,6 +60,24 @@ Tools given at seed time: `Seeded(tools=...)` offers a session tools of its own 
 `@tool`s (a server that lists its tools per session); see `Seeded.tools` for who answers them.
 Tool calls as the answer: `tool_calls_are_answer()` True makes the loop run no call and end at the
 first turn with calls, which verify then scores (NeMo Gym's non_executing_simple_agent).
+
+Group scoring (a reward that depends on the other rollouts of the same task: verifiers' group
+rubrics, a pairwise judge, a rank within the group): an environment that overrides `verify_group`
+gets a task's rollouts together, one `Response` (and session) per rollout, and returns one
+`VerifyResult` per rollout, in order::
+
+    class Shortest(Environment):
+        def verify_group(self, task, responses, sessions) -> list[VerifyResult]:
+            sizes = [len(r.final_text) for r in responses]
+            return [VerifyResult(reward=1.0 if n == min(sizes) else 0.0) for n in sizes]
+
+        def verify(self, task, response, session=None) -> VerifyResult:
+            raise NotImplementedError  # never called: the service refuses Verify (GROUP_SCORED)
+
+The scheduler then runs the task's `num_repeats` rollouts, holds them (their sessions open) until
+the last is done, calls `verify_group` once and writes the group's rows together; a rollout that
+failed fails its whole group (docs/environments.md). `scores_groups()` says whether it does
+(default: whether the class overrides `verify_group`).
 """
 
 from __future__ import annotations
@@ -70,7 +88,7 @@ import json
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
@@ -394,6 +412,21 @@ class Environment(ABC):
         of them, ends the rollout at the first turn with calls (finish reason "tool_calls") and
         verifies it, calls included. Default: False (calls are run and the model goes on)."""
         return False
+
+    def scores_groups(self) -> bool:
+        """Whether a rollout's reward depends on the other rollouts of its task, so the scheduler
+        verifies a task's rollouts together (`verify_group`) and never one alone. Default: whether
+        the class overrides `verify_group` (a bridge, known only once loaded, overrides this)."""
+        return type(self).verify_group is not Environment.verify_group
+
+    def verify_group(
+        self, task: Task, responses: Sequence[Response], sessions: Sequence[Session | None]
+    ) -> Sequence[VerifyResult] | Awaitable[Sequence[VerifyResult]]:
+        """Score the rollouts of one task together: one result per response, in order (`sessions[i]`
+        is `responses[i]`'s session, None when it has none). May be `async def` or a plain `def`
+        (run in a worker thread), as `verify`. Default: not a group-scored environment."""
+        del task, responses, sessions
+        raise NotImplementedError(f"{type(self).__name__} does not score groups")
 
     def takes_turns(self) -> bool:
         """Whether the agent loop calls `step` after each assistant turn. Default: whether the class

@@ -176,8 +176,16 @@ class ReverifyUnsupported(mesh.FailedPrecondition):
     reason = "REVERIFY_UNSUPPORTED"
 
 
-class GroupRubricUnsupported(mesh.FailedPrecondition):
-    """A verifiers environment whose rubric has group reward functions (`score_group`): its reward
-    depends on the other rollouts of the task, which a per-rollout verify does not see."""
+class GroupScored(mesh.FailedPrecondition):
+    """Verify (one rollout alone) on an environment that scores groups (`scores_groups`: a verifiers
+    group rubric, a pairwise judge): its reward depends on the other rollouts of the task, which a
+    per-rollout verify does not see, so it is refused, never scored alone (VerifyGroup scores it)."""
 
-    reason = "GROUP_RUBRIC_UNSUPPORTED"
+    reason = "GROUP_SCORED"
+
+
+class BadGroup(mesh.InvalidArgument):
+    """A VerifyGroup call without members, on an environment that does not score groups, or
+    answered by the environment with a result count other than the group's size."""
+
+    reason = "BAD_GROUP"

@@ -35,9 +35,11 @@ from rollmesh.verifier.environment import (
 )
 from rollmesh.verifier.errors import (
     BadEnvTurn,
+    BadGroup,
     BadTask,
     EnvironmentBroken,
     EnvironmentNotFound,
+    GroupScored,
     TakesNoTurns,
     ToolNotFound,
     VerifyTimeout,
@@ -64,6 +66,8 @@ class EnvironmentInfo:
     takes_turns: bool = False
     #: A turn's tool calls are its answer (`Environment.tool_calls_are_answer`): none is run.
     tool_calls_are_answer: bool = False
+    #: A task's rollouts are scored together (`Environment.scores_groups`): VerifyGroup, never Verify.
+    scores_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,21 @@ class VerifyCall:
     task_json: str
     response: Response
     session_id: str = ""
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    response: Response
+    session_id: str = ""
+
+
+@dataclass(frozen=True)
+class GroupCall:
+    """The rollouts of one task, verified together (VerifyGroup)."""
+
+    environment: str
+    task_json: str
+    members: tuple[GroupMember, ...]
 
 
 def parse_task(task_json: str) -> Task:
@@ -298,6 +317,7 @@ class VerifierService:
             sandbox=item.env.sandbox_mode(),
             takes_turns=item.env.takes_turns(),
             tool_calls_are_answer=item.env.tool_calls_are_answer(),
+            scores_groups=item.env.scores_groups(),
         )
 
     # -- sessions -------------------------------------------------------------------------------------
@@ -382,20 +402,63 @@ class VerifierService:
 
     async def _verify(self, call: VerifyCall) -> VerifyResult:
         item = self._env(call.environment)
+        if item.env.scores_groups():
+            raise GroupScored(
+                f"environment {call.environment!r} scores a task's rollouts together (verify_group): "
+                "one rollout alone has no reward; verify its group (VerifyGroup)",
+                metadata={"environment": call.environment},
+            )
         task = parse_task(call.task_json)
         session = self.sessions.get(call.session_id, call.environment) if call.session_id else None
-        verify = item.env.verify
+        result = await self._bounded(call.environment, item.env.verify, task, call.response, session)
+        return _check_result(call.environment, result)
+
+    async def _bounded(self, environment: str, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` under the verify timeout: awaited when `async def`, else in a worker thread."""
         try:
             async with asyncio.timeout(self.config.verify_timeout_s):
-                if inspect.iscoroutinefunction(verify):
-                    result = await verify(task, call.response, session)
-                else:  # a plain def: keep it off the event loop
-                    result = await asyncio.to_thread(verify, task, call.response, session)
-                    if inspect.isawaitable(result):
-                        result = await result
+                if inspect.iscoroutinefunction(fn):
+                    return await fn(*args)
+                result = await asyncio.to_thread(fn, *args)  # a plain def: keep it off the event loop
+                return await result if inspect.isawaitable(result) else result
         except TimeoutError:
             raise VerifyTimeout(
-                f"verify in {call.environment!r} took longer than {self.config.verify_timeout_s:g}s "
+                f"verify in {environment!r} took longer than {self.config.verify_timeout_s:g}s "
                 "(ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S)"
             ) from None
-        return _check_result(call.environment, result)
+
+    async def verify_group(self, call: GroupCall) -> list[VerifyResult]:
+        """The rollouts of one task scored together (`Environment.verify_group`): one checked result
+        per member, in order. Refused (BadGroup) without members, on an environment that does not
+        score groups, or when the environment answers another number of results."""
+        start, failure = time.perf_counter(), None
+        try:
+            return await self._verify_group(call)
+        except Exception as exc:
+            failure = exc
+            raise
+        finally:
+            if call.environment in self._loaded:
+                telemetry.VERIFIES.labels(call.environment, telemetry.outcome(failure)).inc()
+                telemetry.VERIFY_SECONDS.labels(call.environment).observe(time.perf_counter() - start)
+
+    async def _verify_group(self, call: GroupCall) -> list[VerifyResult]:
+        name = call.environment
+        item = self._env(name)
+        if not item.env.scores_groups():
+            raise BadGroup(
+                f"environment {name!r} scores each rollout alone: use Verify", metadata={"environment": name}
+            )
+        if not call.members:
+            raise BadGroup("VerifyGroup needs at least one member", metadata={"environment": name})
+        task = parse_task(call.task_json)
+        sessions = [self.sessions.get(m.session_id, name) if m.session_id else None for m in call.members]
+        responses = [m.response for m in call.members]
+        results = await self._bounded(name, item.env.verify_group, task, responses, sessions)
+        if not isinstance(results, list | tuple) or len(results) != len(call.members):
+            got = len(results) if isinstance(results, list | tuple) else type(results).__name__
+            raise BadGroup(
+                f"environment {name!r} verify_group answered {got} results for {len(call.members)} rollouts",
+                metadata={"environment": name},
+            )
+        return [_check_result(name, r) for r in results]

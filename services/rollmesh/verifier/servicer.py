@@ -54,6 +54,10 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
         result = await self._svc.verify(convert.verify_call_from_pb(request))
         return pb.VerifyResponse(result=convert.result_to_pb(result))
 
+    async def VerifyGroup(self, request: pb.VerifyGroupRequest, context: Any) -> pb.VerifyGroupResponse:
+        results = await self._svc.verify_group(convert.group_call_from_pb(request))
+        return pb.VerifyGroupResponse(results=[convert.result_to_pb(r) for r in results])
+
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
         await self._svc.close_session(request.session_id)
         return pb.CloseSessionResponse()

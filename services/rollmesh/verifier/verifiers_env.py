@@ -29,7 +29,10 @@ and speaks its small JSON protocol (see that file). Every verifiers environment 
   `rubric.score_rollout` on the session's state gives the reward; each reward and metric function's
   value is a reward component. A session-less verify (`rollmesh reverify`) replays the row's
   episode on a fresh state (seed, then each assistant turn through /step) and scores that.
-- A rubric with group reward functions is refused (409: GroupRubricUnsupported), never scored alone.
+- A rubric with group reward functions scores groups (`scores_groups`, from GET /'s `group`): the
+  scheduler verifies a task's rollouts together, POST /score_group with each rollout's session and
+  completion: verifiers' `rubric.score_group` on their states. /score on it is refused (409:
+  GroupScored), never scored alone.
 - Judges ask rollmesh's model: with VerifierConfig.judge_url (the gateway's OpenAI facade; the
   embedded mesh's own), every 0.3 JudgeRubric and every 0.4 plugged judge that names no endpoint is
   pointed there, with the verifier's API key and judge_model ("": the gateway's default model).
@@ -42,6 +45,7 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +71,7 @@ from rollmesh.verifier.errors import (
     EnvServerBadReply,
     EnvServerError,
     EnvSessionLost,
-    GroupRubricUnsupported,
+    GroupScored,
 )
 from rollmesh.verifier.http_bridge import HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.loader import VERIFIERS_CONFIG
@@ -197,6 +201,7 @@ class VerifiersEnvironment(Environment):
             wait_ready=self.sidecar.ready,
         )
         self.kind = ""
+        self.group = False  # the rubric has group reward functions (GET /): scores groups
 
     def _sidecar_spec(self, python: str) -> SidecarSpec:
         logs = Path(
@@ -244,8 +249,10 @@ class VerifiersEnvironment(Environment):
         except Exception:
             return False
         if reply.ok and not self.kind:
-            kind = self.http.json_object(reply, "GET /").get("kind")
+            info = self.http.json_object(reply, "GET /")
+            kind = info.get("kind")
             self.kind = kind if isinstance(kind, str) else ""
+            self.group = info.get("group") is True
         return reply.ok
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -279,6 +286,9 @@ class VerifiersEnvironment(Environment):
     def takes_turns(self) -> bool:
         return True
 
+    def scores_groups(self) -> bool:
+        return self.group
+
     def _state(self, session: Session) -> VfSession:
         state = session.state
         assert isinstance(state, VfSession)
@@ -305,7 +315,7 @@ class VerifiersEnvironment(Environment):
             text = reply.text
         text = " ".join(text.split())[:300]
         if reply.status == 409:
-            raise GroupRubricUnsupported(f"{self.where}: {text}")
+            raise GroupScored(f"{self.where}: {text}")
         if reply.status == 400:
             raise BadTask(f"{self.where} refused the row at {what}: {text}")
         raise EnvServerError(
@@ -356,3 +366,27 @@ class VerifiersEnvironment(Environment):
         if session is not None:
             self._state(session)
         return score_result(answer, self.where)
+
+    async def verify_group(
+        self, task: Task, responses: Sequence[Response], sessions: Sequence[Session | None]
+    ) -> list[VerifyResult]:
+        members: list[Json] = []
+        for response, session in zip(responses, sessions, strict=True):
+            member: Json = {"completion": completion(task, response)}
+            if session is not None:
+                member["session"] = self._state(session).id
+            members.append(member)
+        answer = await self._call("/score_group", {"row": dict(task.row), "members": members})
+        for session in sessions:
+            if session is not None:
+                self._state(session)
+        results = answer.get("results")
+        if not isinstance(results, list) or len(results) != len(members):
+            raise EnvServerBadReply(
+                f"{self.where}: /score_group answered {len(results) if isinstance(results, list) else 'no'} "
+                f"results for {len(members)} rollouts"
+            )
+        return [
+            score_result(r if isinstance(r, dict) else {}, f"{self.where} (rollout {i})")
+            for i, r in enumerate(results)
+        ]

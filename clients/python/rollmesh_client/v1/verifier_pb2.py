@@ -26,7 +26,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from rollmesh_client.v1 import common_pb2 as rollmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arollmesh/v1/verifier.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\xd7\x01\n\x0b\x45nvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05tools\x18\x03 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x17\n\x0f\x65xample_dataset\x18\x05 \x01(\t\x12\x11\n\tstateless\x18\x06 \x01(\x08\x12\x0f\n\x07sandbox\x18\x32 \x01(\t\x12\x13\n\x0btakes_turns\x18\x07 \x01(\x08\x12\x1d\n\x15tool_calls_are_answer\x18\x08 \x01(\x08\"@\n\x11\x42rokenEnvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x93\x01\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.Environment\x12.\n\x06\x62roken\x18\x02 \x03(\x0b\x32\x1e.rollmesh.v1.BrokenEnvironment\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"%\n\x15GetEnvironmentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"P\n\x12SeedSessionRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\xd3\x01\n\x13SeedSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x05tools\x18\x02 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12*\n\x08messages\x18\x04 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x13\n\x0btakes_turns\x18\x05 \x01(\x08\x12,\n\rsession_tools\x18\x06 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\"J\n\x0f\x43\x61llToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x15.rollmesh.v1.ToolCall\"J\n\x10\x43\x61llToolResponse\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"M\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"k\n\x0cStepResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x11\n\tinfo_json\x18\x04 \x01(\t\";\n\rModelResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"\xf3\x01\n\rVerifyRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12,\n\x08response\x18\x03 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x43\n\rtrace_context\x18\x05 \x03(\x0b\x32,.rollmesh.v1.VerifyRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x0cVerifyResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12=\n\ncomponents\x18\x02 \x03(\x0b\x32).rollmesh.v1.VerifyResult.ComponentsEntry\x12\x18\n\x10\x65xtracted_answer\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\x12\x0e\n\x06masked\x18\x05 \x01(\x08\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\x0eVerifyResponse\x12)\n\x06result\x18\x01 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResult\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"}\n\x12VerifyBatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.rollmesh.v1.VerifyRequest\x12.\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32\x1f.rollmesh.v1.VerifyBatchRequest\"\xaf\x01\n\x13VerifyBatchResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06result\x18\x02 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResultH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12/\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32 .rollmesh.v1.VerifyBatchResponseB\t\n\x07outcome2\x8c\x05\n\x13\x45nvironmentVerifier\x12_\n\x10ListEnvironments\x12$.rollmesh.v1.ListEnvironmentsRequest\x1a%.rollmesh.v1.ListEnvironmentsResponse\x12N\n\x0eGetEnvironment\x12\".rollmesh.v1.GetEnvironmentRequest\x1a\x18.rollmesh.v1.Environment\x12P\n\x0bSeedSession\x12\x1f.rollmesh.v1.SeedSessionRequest\x1a .rollmesh.v1.SeedSessionResponse\x12G\n\x08\x43\x61llTool\x12\x1c.rollmesh.v1.CallToolRequest\x1a\x1d.rollmesh.v1.CallToolResponse\x12\x41\n\x06Verify\x12\x1a.rollmesh.v1.VerifyRequest\x1a\x1b.rollmesh.v1.VerifyResponse\x12;\n\x04Step\x12\x18.rollmesh.v1.StepRequest\x1a\x19.rollmesh.v1.StepResponse\x12S\n\x0c\x43loseSession\x12 .rollmesh.v1.CloseSessionRequest\x1a!.rollmesh.v1.CloseSessionResponse\x12T\n\x0bVerifyBatch\x12\x1f.rollmesh.v1.VerifyBatchRequest\x1a .rollmesh.v1.VerifyBatchResponse(\x01\x30\x01\x42\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arollmesh/v1/verifier.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\xee\x01\n\x0b\x45nvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05tools\x18\x03 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x17\n\x0f\x65xample_dataset\x18\x05 \x01(\t\x12\x11\n\tstateless\x18\x06 \x01(\x08\x12\x0f\n\x07sandbox\x18\x32 \x01(\t\x12\x13\n\x0btakes_turns\x18\x07 \x01(\x08\x12\x1d\n\x15tool_calls_are_answer\x18\x08 \x01(\x08\x12\x15\n\rscores_groups\x18\t \x01(\x08\"@\n\x11\x42rokenEnvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x93\x01\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.Environment\x12.\n\x06\x62roken\x18\x02 \x03(\x0b\x32\x1e.rollmesh.v1.BrokenEnvironment\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"%\n\x15GetEnvironmentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"P\n\x12SeedSessionRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\xd3\x01\n\x13SeedSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x05tools\x18\x02 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12*\n\x08messages\x18\x04 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x13\n\x0btakes_turns\x18\x05 \x01(\x08\x12,\n\rsession_tools\x18\x06 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\"J\n\x0f\x43\x61llToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x15.rollmesh.v1.ToolCall\"J\n\x10\x43\x61llToolResponse\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"M\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"k\n\x0cStepResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x11\n\tinfo_json\x18\x04 \x01(\t\";\n\rModelResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"\xf3\x01\n\rVerifyRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12,\n\x08response\x18\x03 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x43\n\rtrace_context\x18\x05 \x03(\x0b\x32,.rollmesh.v1.VerifyRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x0cVerifyResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12=\n\ncomponents\x18\x02 \x03(\x0b\x32).rollmesh.v1.VerifyResult.ComponentsEntry\x12\x18\n\x10\x65xtracted_answer\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\x12\x0e\n\x06masked\x18\x05 \x01(\x08\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\x0eVerifyResponse\x12)\n\x06result\x18\x01 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResult\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"}\n\x12VerifyBatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.rollmesh.v1.VerifyRequest\x12.\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32\x1f.rollmesh.v1.VerifyBatchRequest\"\xaf\x01\n\x13VerifyBatchResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06result\x18\x02 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResultH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12/\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32 .rollmesh.v1.VerifyBatchResponseB\t\n\x07outcome\"O\n\x0bGroupMember\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x02 \x01(\t\"g\n\x12VerifyGroupRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.GroupMember\"A\n\x13VerifyGroupResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.rollmesh.v1.VerifyResult2\xde\x05\n\x13\x45nvironmentVerifier\x12_\n\x10ListEnvironments\x12$.rollmesh.v1.ListEnvironmentsRequest\x1a%.rollmesh.v1.ListEnvironmentsResponse\x12N\n\x0eGetEnvironment\x12\".rollmesh.v1.GetEnvironmentRequest\x1a\x18.rollmesh.v1.Environment\x12P\n\x0bSeedSession\x12\x1f.rollmesh.v1.SeedSessionRequest\x1a .rollmesh.v1.SeedSessionResponse\x12G\n\x08\x43\x61llTool\x12\x1c.rollmesh.v1.CallToolRequest\x1a\x1d.rollmesh.v1.CallToolResponse\x12\x41\n\x06Verify\x12\x1a.rollmesh.v1.VerifyRequest\x1a\x1b.rollmesh.v1.VerifyResponse\x12;\n\x04Step\x12\x18.rollmesh.v1.StepRequest\x1a\x19.rollmesh.v1.StepResponse\x12S\n\x0c\x43loseSession\x12 .rollmesh.v1.CloseSessionRequest\x1a!.rollmesh.v1.CloseSessionResponse\x12T\n\x0bVerifyBatch\x12\x1f.rollmesh.v1.VerifyBatchRequest\x1a .rollmesh.v1.VerifyBatchResponse(\x01\x30\x01\x12P\n\x0bVerifyGroup\x12\x1f.rollmesh.v1.VerifyGroupRequest\x1a .rollmesh.v1.VerifyGroupResponseB\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,47 +39,53 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYRESULT_COMPONENTSENTRY']._loaded_options = None
   _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_ENVIRONMENT']._serialized_start=95
-  _globals['_ENVIRONMENT']._serialized_end=310
-  _globals['_BROKENENVIRONMENT']._serialized_start=312
-  _globals['_BROKENENVIRONMENT']._serialized_end=376
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=378
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=442
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=445
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=592
-  _globals['_GETENVIRONMENTREQUEST']._serialized_start=594
-  _globals['_GETENVIRONMENTREQUEST']._serialized_end=631
-  _globals['_SEEDSESSIONREQUEST']._serialized_start=633
-  _globals['_SEEDSESSIONREQUEST']._serialized_end=713
-  _globals['_SEEDSESSIONRESPONSE']._serialized_start=716
-  _globals['_SEEDSESSIONRESPONSE']._serialized_end=927
-  _globals['_CALLTOOLREQUEST']._serialized_start=929
-  _globals['_CALLTOOLREQUEST']._serialized_end=1003
-  _globals['_CALLTOOLRESPONSE']._serialized_start=1005
-  _globals['_CALLTOOLRESPONSE']._serialized_end=1079
-  _globals['_STEPREQUEST']._serialized_start=1081
-  _globals['_STEPREQUEST']._serialized_end=1158
-  _globals['_STEPRESPONSE']._serialized_start=1160
-  _globals['_STEPRESPONSE']._serialized_end=1267
-  _globals['_MODELRESPONSE']._serialized_start=1269
-  _globals['_MODELRESPONSE']._serialized_end=1328
-  _globals['_VERIFYREQUEST']._serialized_start=1331
-  _globals['_VERIFYREQUEST']._serialized_end=1574
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=1523
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=1574
-  _globals['_VERIFYRESULT']._serialized_start=1577
-  _globals['_VERIFYRESULT']._serialized_end=1785
-  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_start=1736
-  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_end=1785
-  _globals['_VERIFYRESPONSE']._serialized_start=1787
-  _globals['_VERIFYRESPONSE']._serialized_end=1846
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1848
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1889
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1891
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1913
-  _globals['_VERIFYBATCHREQUEST']._serialized_start=1915
-  _globals['_VERIFYBATCHREQUEST']._serialized_end=2040
-  _globals['_VERIFYBATCHRESPONSE']._serialized_start=2043
-  _globals['_VERIFYBATCHRESPONSE']._serialized_end=2218
-  _globals['_ENVIRONMENTVERIFIER']._serialized_start=2221
-  _globals['_ENVIRONMENTVERIFIER']._serialized_end=2873
+  _globals['_ENVIRONMENT']._serialized_end=333
+  _globals['_BROKENENVIRONMENT']._serialized_start=335
+  _globals['_BROKENENVIRONMENT']._serialized_end=399
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=401
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=465
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=468
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=615
+  _globals['_GETENVIRONMENTREQUEST']._serialized_start=617
+  _globals['_GETENVIRONMENTREQUEST']._serialized_end=654
+  _globals['_SEEDSESSIONREQUEST']._serialized_start=656
+  _globals['_SEEDSESSIONREQUEST']._serialized_end=736
+  _globals['_SEEDSESSIONRESPONSE']._serialized_start=739
+  _globals['_SEEDSESSIONRESPONSE']._serialized_end=950
+  _globals['_CALLTOOLREQUEST']._serialized_start=952
+  _globals['_CALLTOOLREQUEST']._serialized_end=1026
+  _globals['_CALLTOOLRESPONSE']._serialized_start=1028
+  _globals['_CALLTOOLRESPONSE']._serialized_end=1102
+  _globals['_STEPREQUEST']._serialized_start=1104
+  _globals['_STEPREQUEST']._serialized_end=1181
+  _globals['_STEPRESPONSE']._serialized_start=1183
+  _globals['_STEPRESPONSE']._serialized_end=1290
+  _globals['_MODELRESPONSE']._serialized_start=1292
+  _globals['_MODELRESPONSE']._serialized_end=1351
+  _globals['_VERIFYREQUEST']._serialized_start=1354
+  _globals['_VERIFYREQUEST']._serialized_end=1597
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=1546
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=1597
+  _globals['_VERIFYRESULT']._serialized_start=1600
+  _globals['_VERIFYRESULT']._serialized_end=1808
+  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_start=1759
+  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_end=1808
+  _globals['_VERIFYRESPONSE']._serialized_start=1810
+  _globals['_VERIFYRESPONSE']._serialized_end=1869
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1871
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1912
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1914
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1936
+  _globals['_VERIFYBATCHREQUEST']._serialized_start=1938
+  _globals['_VERIFYBATCHREQUEST']._serialized_end=2063
+  _globals['_VERIFYBATCHRESPONSE']._serialized_start=2066
+  _globals['_VERIFYBATCHRESPONSE']._serialized_end=2241
+  _globals['_GROUPMEMBER']._serialized_start=2243
+  _globals['_GROUPMEMBER']._serialized_end=2322
+  _globals['_VERIFYGROUPREQUEST']._serialized_start=2324
+  _globals['_VERIFYGROUPREQUEST']._serialized_end=2427
+  _globals['_VERIFYGROUPRESPONSE']._serialized_start=2429
+  _globals['_VERIFYGROUPRESPONSE']._serialized_end=2494
+  _globals['_ENVIRONMENTVERIFIER']._serialized_start=2497
+  _globals['_ENVIRONMENTVERIFIER']._serialized_end=3231
 # @@protoc_insertion_point(module_scope)

@@ -35,6 +35,7 @@ class Environment(_message.Message):
     SANDBOX_FIELD_NUMBER: _builtins.int
     TAKES_TURNS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_ARE_ANSWER_FIELD_NUMBER: _builtins.int
+    SCORES_GROUPS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name, e.g. "arithmetic"."""
     description: _builtins.str
@@ -61,6 +62,10 @@ class Environment(_message.Message):
     """True when a turn's tool calls are the model's answer (NeMo Gym's non_executing_simple_agent): the
     agent loop runs none of them and ends the rollout at the first turn with calls, then verifies it.
     """
+    scores_groups: _builtins.bool
+    """True when a rollout's reward depends on the other rollouts of its task (a group rubric, a pairwise
+    judge): its rollouts are verified together with VerifyGroup, never alone with Verify.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools every session of this environment offers."""
@@ -77,10 +82,11 @@ class Environment(_message.Message):
         sandbox: _builtins.str = ...,
         takes_turns: _builtins.bool = ...,
         tool_calls_are_answer: _builtins.bool = ...,
+        scores_groups: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tool_calls_are_answer", b"tool_calls_are_answer", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "scores_groups", b"scores_groups", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tool_calls_are_answer", b"tool_calls_are_answer", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -645,3 +651,79 @@ class VerifyBatchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
 Global___VerifyBatchResponse: _TypeAlias = VerifyBatchResponse  # noqa: Y015
+
+@_typing.final
+class GroupMember(_message.Message):
+    """One rollout of a group: what the model answered, and its session (empty when none)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    @_builtins.property
+    def response(self) -> Global___ModelResponse: ...
+    def __init__(
+        self,
+        *,
+        response: Global___ModelResponse | None = ...,
+        session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupMember: _TypeAlias = GroupMember  # noqa: Y015
+
+@_typing.final
+class VerifyGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    TASK_JSON_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    task_json: _builtins.str
+    """The task row every member answered, serialized JSON."""
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupMember]:
+        """The group's rollouts (at least one), each with its session."""
+
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        task_json: _builtins.str = ...,
+        members: _abc.Iterable[Global___GroupMember] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "members", b"members", "task_json", b"task_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyGroupRequest: _TypeAlias = VerifyGroupRequest  # noqa: Y015
+
+@_typing.final
+class VerifyGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___VerifyResult]:
+        """One result per member, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___VerifyResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VerifyGroupResponse: _TypeAlias = VerifyGroupResponse  # noqa: Y015

@@ -75,6 +75,11 @@ class EnvironmentVerifierStub:
                 request_serializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyBatchRequest.SerializeToString,
                 response_deserializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyBatchResponse.FromString,
                 _registered_method=True)
+        self.VerifyGroup = channel.unary_unary(
+                '/rollmesh.v1.EnvironmentVerifier/VerifyGroup',
+                request_serializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyGroupRequest.SerializeToString,
+                response_deserializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyGroupResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentVerifierServicer:
@@ -143,6 +148,15 @@ class EnvironmentVerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyGroup(self, request, context):
+        """Score the rollouts of one task together (an environment with `scores_groups`: a verifiers group
+        rubric, a pairwise judge): one result per member, in the members' order. Verify on such an
+        environment is FAILED_PRECONDITION (reason GROUP_SCORED): its reward has no meaning alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentVerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +199,11 @@ def add_EnvironmentVerifierServicer_to_server(servicer, server):
                     servicer.VerifyBatch,
                     request_deserializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyBatchRequest.FromString,
                     response_serializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyBatchResponse.SerializeToString,
+            ),
+            'VerifyGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyGroup,
+                    request_deserializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyGroupRequest.FromString,
+                    response_serializer=rollmesh_dot_v1_dot_verifier__pb2.VerifyGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,6 +423,33 @@ class EnvironmentVerifier:
             '/rollmesh.v1.EnvironmentVerifier/VerifyBatch',
             rollmesh_dot_v1_dot_verifier__pb2.VerifyBatchRequest.SerializeToString,
             rollmesh_dot_v1_dot_verifier__pb2.VerifyBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rollmesh.v1.EnvironmentVerifier/VerifyGroup',
+            rollmesh_dot_v1_dot_verifier__pb2.VerifyGroupRequest.SerializeToString,
+            rollmesh_dot_v1_dot_verifier__pb2.VerifyGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

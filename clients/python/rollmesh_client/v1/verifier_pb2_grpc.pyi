@@ -58,6 +58,11 @@ class EnvironmentVerifierStub:
     """Verify many responses over one stream (re-scoring stored rollouts).
     Results come back in completion order, matched by `id`.
     """
+    VerifyGroup: _grpc.UnaryUnaryMultiCallable[_verifier_pb2.VerifyGroupRequest, _verifier_pb2.VerifyGroupResponse]
+    """Score the rollouts of one task together (an environment with `scores_groups`: a verifiers group
+    rubric, a pairwise judge): one result per member, in the members' order. Verify on such an
+    environment is FAILED_PRECONDITION (reason GROUP_SCORED): its reward has no meaning alone.
+    """
 
 @_typing.type_check_only
 class EnvironmentVerifierAsyncStub(EnvironmentVerifierStub):
@@ -88,6 +93,11 @@ class EnvironmentVerifierAsyncStub(EnvironmentVerifierStub):
     VerifyBatch: _aio.StreamStreamMultiCallable[_verifier_pb2.VerifyBatchRequest, _verifier_pb2.VerifyBatchResponse]  # type: ignore[assignment]
     """Verify many responses over one stream (re-scoring stored rollouts).
     Results come back in completion order, matched by `id`.
+    """
+    VerifyGroup: _aio.UnaryUnaryMultiCallable[_verifier_pb2.VerifyGroupRequest, _verifier_pb2.VerifyGroupResponse]  # type: ignore[assignment]
+    """Score the rollouts of one task together (an environment with `scores_groups`: a verifiers group
+    rubric, a pairwise judge): one result per member, in the members' order. Verify on such an
+    environment is FAILED_PRECONDITION (reason GROUP_SCORED): its reward has no meaning alone.
     """
 
 class EnvironmentVerifierServicer(metaclass=_abc_1.ABCMeta):
@@ -164,6 +174,17 @@ class EnvironmentVerifierServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_verifier_pb2.VerifyBatchResponse], _abc.AsyncIterator[_verifier_pb2.VerifyBatchResponse]]:
         """Verify many responses over one stream (re-scoring stored rollouts).
         Results come back in completion order, matched by `id`.
+        """
+
+    @_abc_1.abstractmethod
+    def VerifyGroup(
+        self,
+        request: _verifier_pb2.VerifyGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_verifier_pb2.VerifyGroupResponse, _abc.Awaitable[_verifier_pb2.VerifyGroupResponse]]:
+        """Score the rollouts of one task together (an environment with `scores_groups`: a verifiers group
+        rubric, a pairwise judge): one result per member, in the members' order. Verify on such an
+        environment is FAILED_PRECONDITION (reason GROUP_SCORED): its reward has no meaning alone.
         """
 
 def add_EnvironmentVerifierServicer_to_server(servicer: EnvironmentVerifierServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
