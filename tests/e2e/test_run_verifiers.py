@@ -16,6 +16,7 @@ import pytest
 
 from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
 from rollmesh.verifier.verifiers_env import LAUNCHER
+from tests.integration.test_verifiers_envs import own_scores
 from tests.procs import ROLLMESH
 
 ENVS = Path(__file__).resolve().parent.parent / "verifiers_envs"
@@ -49,3 +50,48 @@ def test_rollmesh_run_scores_a_verifiers_environment_with_its_rubric(
         assert row["chat_messages"][-1]["content"] == f"The answer is {row['expected_answer']}."
         assert row["reward"] == pytest.approx(1.0 + 0.5 + 0.25 / 5)
         assert set(row["reward_components"]) == {"exact", "has_number", "brevity", "num_turns"}
+
+
+def test_rollmesh_run_scores_a_verifiers_group_rubric_as_verifiers_score_group_does(
+    tmp_path: Path, verifiers_python: Path
+) -> None:
+    """vf_group (a rubric with a group reward function) through `rollmesh run` on the embedded mesh,
+    3 rollouts per task, the fake backend answering each rollout of a task at another length
+    (fake_scripts.describes_by_seed): each row's reward and metrics are what verifiers' own
+    `score_group` gives the task's stored completions in its venv."""
+    folder = tmp_path / "root" / "environments" / "vf_group"
+    folder.mkdir(parents=True)
+    (folder / "verifiers.toml").write_text(
+        f'env_id = "vf_group"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
+    )
+    rows_path = tmp_path / "vf_group.jsonl"
+    argv = [str(verifiers_python), str(LAUNCHER), "rows", "--env-id", "vf_group", "--path", str(ENVS)]
+    rows_path.write_text(subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout)
+    env = {
+        **os.environ,
+        "ROLLMESH_EXTRA_ROOTS": str(tmp_path / "root"),
+        "ROLLMESH_FAKE_SCRIPT": "rollmesh.devtools.fake_scripts:describes_by_seed",
+    }
+    argv = ["run", "--backend", "fake", "--input", str(rows_path), "--environment", "vf_group"]
+    argv += ["--num-repeats", "3", "--output-dir", str(tmp_path / "runs"), "--json"]
+    done = subprocess.run(
+        [str(ROLLMESH), *argv], capture_output=True, text=True, timeout=600, check=False, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["state"] == "SUCCEEDED" and result["metrics"]["num_rollouts"] == 9
+    out = sorted(
+        (json.loads(ln) for ln in Path(result["paths"]["rollouts.jsonl"]).open()),
+        key=lambda r: (r["task_index"], r["rollout_index"]),
+    )
+    for task in range(3):
+        sizes = [len(r["chat_messages"][-1]["content"]) for r in out if r["task_index"] == task]
+        assert len(set(sizes)) == 3  # the group's answers differ: the longest wins (1.0), all say N (0.5)
+        assert [r["reward"] for r in out if r["task_index"] == task] == [
+            1.5 if s == max(sizes) else 0.5 for s in sizes
+        ]
+    own = own_scores(verifiers_python, "vf_group", out, group=True)
+    assert [o["reward"] for o in own] == [r["reward"] for r in out]
+    assert [{k: float(v) for k, v in o["metrics"].items()} for o in own] == [
+        r["reward_components"] for r in out
+    ]

@@ -354,3 +354,10 @@ async def test_a_group_rubric_scores_each_tasks_rollouts_together_as_verifiers_d
     assert [o["reward"] for o in own] == [r["reward"] for r in got]
     for o, r in zip(own, got, strict=True):
         assert {k: float(v) for k, v in o["metrics"].items()} == r["reward_components"]
+    # `rollmesh reverify` re-scores a task's stored group together (each member replayed, no session)
+    again = await reverify(mesh, path, "vf_group", tmp_path / "reverified.jsonl")
+    assert [r.get("reverify_error") for r in again] == [None] * len(got)
+    by_key = {(r["task_index"], r["rollout_index"]): r for r in again}
+    assert [by_key[(r["task_index"], r["rollout_index"])]["reward"] for r in got] == [
+        r["reward"] for r in got
+    ]

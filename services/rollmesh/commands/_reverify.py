@@ -15,6 +15,11 @@ An environment that takes turns (GetEnvironment's `takes_turns`) is re-scored by
 rollout through the agent loop in a new session (scheduler/replay.py), at most `window` at once:
 its reward is the replayed steps' rewards plus verify's, and the row also gets the replayed
 `env_steps`. A verify of the final messages alone would score without the episode.
+
+An environment that scores groups (GetEnvironment's `scores_groups`) is re-scored a task's group at
+a time (the rows of one job and task, in rollout order) with one `VerifyGroup` each, at most
+`window` groups at once: each row's reward is its stored step rewards plus its share of the group's
+verdict. A group the verifier refuses gives each of its rows `reverify_error`.
 """
 
 from __future__ import annotations
@@ -116,7 +121,11 @@ async def reverify(
         return report
     requests = ((str(i), verify_request(row, environment)) for i, row in enumerate(out))
     async with await connect(verifier=verifier, api_key=api_key or "", timeout_s=idle_timeout_s) as c:
-        if await _takes_turns(c.verifier, environment, verifier):
+        described = await _describe(c.verifier, environment, verifier)
+        if described is not None and described.scores_groups:
+            await _verify_groups(out, environment, c.verifier, window, idle_timeout_s, report, on_progress)
+            return _means(out, report)
+        if described is not None and described.takes_turns:
             port = VerifierEnv.connect(verifier, api_key=api_key or None)
             try:
                 await _replay_all(out, environment, port, window, idle_timeout_s, report, on_progress)
@@ -151,16 +160,73 @@ def _means(out: list[Json], report: ReverifyReport) -> ReverifyReport:
     return report
 
 
-async def _takes_turns(client: Any, environment: str, verifier: str) -> bool:
-    """Whether `environment` takes turns; False when the verifier cannot say (an unknown name, an
-    older verifier): each Verify then answers for itself, as before."""
+async def _describe(client: Any, environment: str, verifier: str) -> verifier_pb2.Environment | None:
+    """`environment` as the verifier describes it (whether it takes turns, scores groups); None when
+    the verifier cannot say (an unknown name, an older verifier): each Verify then answers for
+    itself, as before."""
     try:
         env: verifier_pb2.Environment = await client.get(environment)
     except UnavailableError as exc:
         raise VerifierUnavailable(f"GetEnvironment to {verifier} failed: {exc}") from None
     except RollmeshClientError:
-        return False
-    return env.takes_turns
+        return None
+    return env
+
+
+async def _verify_groups(
+    out: list[Json],
+    environment: str,
+    client: Any,
+    window: int,
+    idle_timeout_s: float,
+    report: ReverifyReport,
+    on_progress: Callable[[int], None] | None,
+) -> None:
+    """One VerifyGroup per task's group of rows (module docstring), at most `window` at once."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, row in enumerate(out):
+        key = Rollout.from_row(row).key
+        groups.setdefault((str(row.get("job_id", "")), key.task_index), []).append(i)
+    todo = iter(sorted(groups.values(), key=lambda g: g[0]))
+
+    async def worker() -> None:
+        for members in todo:
+            rollouts = sorted(((Rollout.from_row(out[i]), i) for i in members), key=lambda p: p[0].key)
+            try:
+                async with asyncio.timeout(idle_timeout_s):
+                    results = await client.verify_group(
+                        environment,
+                        json.dumps(rollouts[0][0].task, ensure_ascii=False),
+                        [_model_response(r.messages) for r, _ in rollouts],
+                    )
+            except TimeoutError:
+                raise ReverifyTimeout(
+                    f"verifying the group of row {members[0]} took longer than {idle_timeout_s:.0f}s"
+                ) from None
+            except UnavailableError as exc:
+                raise VerifierUnavailable(f"VerifyGroup to the verifier failed: {exc}") from None
+            except RollmeshClientError as exc:
+                for _, i in rollouts:
+                    _failed(out[i], f"{exc.code.name}: {exc.message}", report)
+            else:
+                for (r, i), res in zip(rollouts, results, strict=True):
+                    steps = sum(float(s.get("reward", 0.0)) for s in r.env_steps)
+                    details = json.loads(res.details_json) if res.details_json else {}
+                    reward = steps + res.reward
+                    _scored(out[i], reward, res.components, res.extracted_answer, details, res.masked, report)
+            if on_progress is not None:
+                on_progress(len(members))
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(max(1, min(window, len(groups)))):
+                tg.create_task(worker())
+    except ExceptionGroup as group:  # the first worker's error (the others were cancelled by it)
+        raise group.exceptions[0] from None
+
+
+def _model_response(messages: list[Json]) -> verifier_pb2.ModelResponse:
+    return verifier_pb2.ModelResponse(messages=[convert.message_to_pb(m) for m in messages])
 
 
 async def _replay_all(
