@@ -51,13 +51,16 @@ def log(event: str, **fields: Any) -> None:
 CpuSnapshot = dict[tuple[int, float], tuple[str, float]]  # (pid, start time) -> (label, CPU s)
 
 
-def cpu_by_process(label: Callable[[str, str], str], *, tree_of: int | None = None) -> CpuSnapshot:
+def cpu_by_process(
+    label: Callable[[str, str], str], *, tree_of: int | None = None, reaped: bool = False
+) -> CpuSnapshot:
     """CPU seconds (user + system) so far of every process on the machine, each with its
     `label(process name, command line)`, keyed by the process (pid and start time): a process
     whose title changes meanwhile (a Ray actor names the method it runs) is still the same
     process. `tree_of`: only that process and its descendants (a local Ray's GCS, raylet,
     workers and the engines they spawn descend from the driver), so other work on a shared
-    machine (another Ray cluster's processes of the same name) is not counted."""
+    machine (another Ray cluster's processes of the same name) is not counted. `reaped`: a
+    process's CPU includes its children's that it reaped (short-lived ones: a sandbox per run)."""
     import psutil  # type: ignore[import-untyped]
 
     if tree_of is None:
@@ -75,7 +78,8 @@ def cpu_by_process(label: Callable[[str, str], str], *, tree_of: int | None = No
         if times is None:
             continue
         name = label(str(info["name"] or "?"), " ".join(info["cmdline"] or []))
-        out[(proc.pid, float(info["create_time"] or 0.0))] = (name, times.user + times.system)
+        cpu = times.user + times.system + (times.children_user + times.children_system if reaped else 0.0)
+        out[(proc.pid, float(info["create_time"] or 0.0))] = (name, cpu)
     return out
 
 
@@ -88,12 +92,13 @@ def cpu_ms_per(
     floor_ms: float = 0.1,
     digits: int = 2,
     tree_of: int | None = None,
+    reaped: bool = False,
 ) -> dict[str, float]:
     """CPU ms per `per` items that each process spent since `before` (a `cpu_by_process(label,
-    tree_of=...)` with the same `tree_of`; a process started since counts from 0), summed by
+    tree_of=..., reaped=...)` with the same both; a process started since counts from 0), summed by
     label, the largest first; labels under `floor_ms` are left out."""
     spent: dict[str, float] = {}
-    for key, (name, cpu_s) in cpu_by_process(label, tree_of=tree_of).items():
+    for key, (name, cpu_s) in cpu_by_process(label, tree_of=tree_of, reaped=reaped).items():
         delta = cpu_s - before.get(key, (name, 0.0))[1]
         spent[name] = spent.get(name, 0.0) + delta * 1e3 * per / max(items, 1)
     return {k: round(v, digits) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= floor_ms}

@@ -3,7 +3,9 @@ gRPC `VerifyBatch`. Prints ONE JSON object to stdout; logs go to stderr.
 
     .venv/bin/python bench/verify_throughput.py [--trials 3] [--seconds 2.5] [--envs code,math]
 
-Each figure is the mean ± stddev over fixed-duration trials, with a window of requests in flight.
+Each figure is the mean ± stddev over fixed-duration trials, with a window of requests in flight;
+`domain_cpu_ms_per_verify` is the CPU the domain trials cost per verify, by process kind (this
+process, its sandboxes, the math workers), what a loaded machine's other work skews least.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import env_info
+from bench._meta import cpu_by_process, cpu_ms_per, env_info
 from rollmesh.mesh.logging import configure, get_logger
 from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig
@@ -51,8 +53,11 @@ WORKLOADS: dict[str, tuple[dict[str, Any], str]] = {
 WINDOW = {"arithmetic": 64, "math": 16, "code": 8}
 
 
-async def timed_trial(run_one: Callable[[], Awaitable[float]], seconds: float, window: int) -> float:
-    """Completed verifies per second with `window` concurrent loops for `seconds`."""
+async def timed_trial(
+    run_one: Callable[[], Awaitable[float]], seconds: float, window: int, counted: list[int] | None = None
+) -> float:
+    """Completed verifies per second with `window` concurrent loops for `seconds` (their number
+    added to `counted`, when given)."""
     done = 0
     deadline = time.perf_counter() + seconds
 
@@ -65,6 +70,8 @@ async def timed_trial(run_one: Callable[[], Awaitable[float]], seconds: float, w
 
     start = time.perf_counter()
     await asyncio.gather(*(loop() for _ in range(window)))
+    if counted is not None:
+        counted.append(done)
     return done / (time.perf_counter() - start)
 
 
@@ -88,6 +95,12 @@ async def grpc_trial(client: Client, env: str, seconds: float, window: int) -> f
         done += 1
         in_flight.release()
     return done / (time.perf_counter() - start)
+
+
+def _label(name: str, cmdline: str) -> str:
+    if "runner.py" in cmdline or name in ("unshare", "sh", "chroot"):
+        return "sandboxes"
+    return "math workers" if "_worker" in cmdline else "verifier"
 
 
 def stats(values: list[float]) -> dict[str, float | str | list[float]]:
@@ -120,11 +133,19 @@ async def main(trials: int, seconds: float, envs: list[str]) -> dict[str, Any]:
                 return (await svc.verify(call)).reward
 
             await timed_trial(one, 0.3, WINDOW[env])  # warm-up
-            domain = [await timed_trial(one, seconds, WINDOW[env]) for _ in range(trials)]
-            log.info("bench_domain", env=env, trials=domain)
+            counted: list[int] = []
+            cpu0 = cpu_by_process(_label, tree_of=os.getpid(), reaped=True)
+            domain = [await timed_trial(one, seconds, WINDOW[env], counted) for _ in range(trials)]
+            cpu = cpu_ms_per(_label, cpu0, sum(counted), tree_of=os.getpid(), reaped=True, digits=3)
+            log.info("bench_domain", env=env, trials=domain, cpu_ms_per_verify=cpu)
             via_grpc = [await grpc_trial(client, env, seconds, WINDOW[env]) for _ in range(trials)]
             log.info("bench_grpc", env=env, trials=via_grpc)
-            figures[env] = {"domain": stats(domain), "grpc_verify_batch": stats(via_grpc)}
+            figures[env] = {
+                "domain": stats(domain),
+                "grpc_verify_batch": stats(via_grpc),
+                # the domain trials' CPU, by process kind (what this machine's other work cannot skew)
+                "domain_cpu_ms_per_verify": {**cpu, "total": round(sum(cpu.values()), 3)},
+            }
     finally:
         await client.close()
         await server.stop(0)

@@ -217,7 +217,7 @@ def _install_guards(workdir: str) -> None:
     subprocess.Popen = deny_proc  # type: ignore[misc,assignment]
 
     root = os.path.realpath(workdir)
-    allowed_read = tuple(os.path.realpath(p) for p in sys.path if p and os.path.isabs(p))
+    allowed_read = _read_roots()
 
     def check(path: Any, writing: bool) -> None:
         if isinstance(path, int):
@@ -553,6 +553,7 @@ def fork_server(channel: Channel) -> None:
     _prctl(4, 0)  # PR_SET_DUMPABLE 0: a child (same uid) cannot ptrace us or write our memory
     channel.reply({})
     keep = {"runner.py", "clean.py"}
+    _prepare_forks()
     gc.freeze()  # what every child shares with us is never touched by its collections
     while (req := channel.read()) is not None:
         if req["op"] != "fork":
@@ -611,13 +612,12 @@ def fork_solutions(control_fd: int) -> None:
     The child runs as the run's uid, so the code cannot signal, ptrace or write to this process
     (root, not dumpable); this process never sees a run's code, tests or answers (they travel on
     the child's own pipes), so a child inherits nothing of another run. Any other request ends it."""
-    import ctypes
     import socket
     import subprocess  # noqa: F401  (imported once here: every run's guards patch it)
 
     if os.getpid() != 1:  # kill(-1) below must only ever reach this namespace
         os._exit(71)
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     control = socket.socket(fileno=control_fd)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -625,6 +625,7 @@ def fork_solutions(control_fd: int) -> None:
     _prctl(4, 0)  # PR_SET_DUMPABLE 0
     _no_new_privileges()
     os.chdir("/")
+    _prepare_forks()
     gc.freeze()  # what every child shares with us is never touched by its collections
     control.send(json.dumps({"ready": True}).encode())
     mounted, child = False, 0
@@ -669,9 +670,7 @@ def _forked_run(control: Any, fds: list[int], uid: int) -> None:
             os.dup2(fd, target)  # each source is >= 3, and sources on 0-2 go first: none is lost
         os.closerange(REPLY_FD + 1, 1 << 16)
         os.setsid()
-        import ctypes
-
-        if ctypes.CDLL(None, use_errno=True).unshare(_CLONE_NEWIPC) != 0:  # SysV IPC outlives processes
+        if _libc().unshare(_CLONE_NEWIPC) != 0:  # SysV IPC outlives processes
             os._exit(75)
         os.chdir("/sandbox")
         os.setgroups([])
@@ -729,11 +728,35 @@ def _load_clean() -> Any:
     return module
 
 
-def _prctl(option: int, value: int) -> None:
-    try:
+_CACHED: dict[str, Any] = {}  # filled by a pre-started process once, before it forks
+
+
+def _read_roots() -> tuple[str, ...]:
+    """Where the guards let the code read: the standard library's directories."""
+    if "read_roots" not in _CACHED:
+        _CACHED["read_roots"] = tuple(os.path.realpath(p) for p in sys.path if p and os.path.isabs(p))
+    roots: tuple[str, ...] = _CACHED["read_roots"]
+    return roots
+
+
+def _libc() -> Any:
+    if "libc" not in _CACHED:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+        _CACHED["libc"] = ctypes.CDLL(None, use_errno=True)
+    return _CACHED["libc"]
+
+
+def _prepare_forks() -> None:
+    """What every forked child would work out again, once (a child's first touch of each page of
+    the parent's heap costs it a copy: fewer is faster)."""
+    _read_roots()
+    _libc()
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        _libc().prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -842,9 +865,7 @@ def keep() -> None:
 def _no_new_privileges() -> None:
     """PR_SET_NO_NEW_PRIVS: no setuid binary can give the code privileges back (best effort)."""
     try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)
+        _libc().prctl(38, 1, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 

@@ -424,7 +424,11 @@ class Sandbox:
                 ) from None
             try:
                 if tests.kind == "asserts":
-                    clean = await self._clean_interpreter(mode, limits, clean_uid)
+                    try:
+                        clean = await self._clean_interpreter(mode, limits, clean_uid)
+                    except BaseException:
+                        main.discard()
+                        raise
                 result, healthy = await self._supervise(main, clean, code, tests, limits, guards)
             finally:
                 await main.stop()

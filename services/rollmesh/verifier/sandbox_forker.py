@@ -63,7 +63,8 @@ class Forker:
                 os.close(fd)
         requests, replies, out, err = ours
         writer = await _writer(self.loop, requests)
-        return Forked(self, writer, await _reader(self.loop, out), await _reader(self.loop, err), replies)
+        (stdout, out_pipe), (stderr, err_pipe) = await _reader(self.loop, out), await _reader(self.loop, err)
+        return Forked(self, writer, stdout, stderr, replies, pipes=[out_pipe, err_pipe])
 
     async def ready(self) -> None:
         """Its first message, once it is up."""
@@ -105,6 +106,7 @@ class Forked:
     drop_to: int | None = None
     returncode: int | None = None
     ended: bool = False
+    pipes: list[asyncio.BaseTransport] = field(default_factory=list, repr=False)  # stdout, stderr
     _forked: bool = field(default=False, repr=False)
 
     @property
@@ -119,6 +121,13 @@ class Forked:
             self.forker.usable = False
             raise ChannelBroken(f"the solution's sandbox did not fork: {str(reply)[:200]}")
         self._forked = True
+
+    def discard(self) -> None:
+        """Close our ends of its pipes when the run never got as far as reading them (`Sandbox._supervise`
+        reads them and owns the reply fd)."""
+        for pipe in self.pipes:
+            pipe.close()
+        os.close(self.reply_fd)
 
     async def wait(self) -> int | None:
         """The process's exit status, given most of a second to exit on its own (then it is killed)."""
@@ -154,10 +163,14 @@ class Forked:
         self.returncode = status if status is not None else -9
 
 
-async def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+async def _reader(
+    loop: asyncio.AbstractEventLoop, fd: int
+) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     reader = asyncio.StreamReader(limit=1 << 16)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
-    return reader
+    pipe, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0)
+    )
+    return reader, pipe
 
 
 async def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
