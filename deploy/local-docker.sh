@@ -13,7 +13,9 @@
 #      work) with its layers under $ROLLMESH_DOCKER_ROOT (default /var/lib/rollmesh-docker), so they are
 #      cached between runs; overlay2 when the kernel mounts overlay, vfs otherwise.
 #   3. The base image rollmesh-base:bookworm (Python 3.11) is made once with debootstrap from the
-#      Debian mirror apt already uses, then imported (`docker import`); no registry is needed.
+#      Debian mirror apt already uses, then imported (`docker import`); no registry is needed. So is
+#      rollmesh-base:trixie (Python 3.13), the base of the `nemo-gym` service's image (NeMo Gym needs
+#      Python >= 3.12, which bookworm does not have): exported as NEMO_GYM_BASE_IMAGE.
 #   4. pip's find-links wheels (the CPU torch build lies there on such machines) are copied into
 #      deploy/wheels/ (ROLLMESH_WHEELS_DIR), which the image build installs from; the CA bundle the
 #      host's pip trusts (PIP_CERT, pip's `cert`, SSL_CERT_FILE: a TLS-inspecting proxy's CA lives
@@ -29,6 +31,8 @@ RUN_DIR="${ROLLMESH_DOCKER_RUN:-/run/rollmesh-docker}"
 SOCKET="$RUN_DIR/docker.sock"
 BASE_TAG="${ROLLMESH_BASE_TAG:-rollmesh-base:bookworm}"
 SUITE="${ROLLMESH_BASE_SUITE:-bookworm}"
+NEMO_GYM_BASE_TAG="${ROLLMESH_NEMO_GYM_BASE_TAG:-rollmesh-base:trixie}"
+NEMO_GYM_SUITE="${ROLLMESH_NEMO_GYM_BASE_SUITE:-trixie}"
 DAEMON_WAIT_S="${ROLLMESH_DOCKERD_WAIT_S:-90}"
 
 log() { printf 'local-docker: %s\n' "$*" >&2; }
@@ -104,13 +108,14 @@ start_private_daemon() {
     if overlay_works; then driver=overlay2; else driver=vfs; fi
   fi
   log "starting dockerd (storage $driver, data $ROOT/data, socket $SOCKET, log $ROOT/dockerd.log)"
-  # setsid + nohup: the daemon outlives this script and the shell that ran it.
+  # setsid + nohup: the daemon outlives this script and the shell that ran it. It keeps none of the
+  # caller's descriptors 3-9: under `flock FILE make test-containers` it would hold the lock forever.
   setsid nohup dockerd \
     --iptables=false --ip-masq=false --bridge=none \
     --storage-driver="$driver" \
     --data-root "$ROOT/data" --exec-root "$RUN_DIR/exec" \
     --pidfile "$RUN_DIR/dockerd.pid" \
-    -H "unix://$SOCKET" >>"$ROOT/dockerd.log" 2>&1 </dev/null &
+    -H "unix://$SOCKET" >>"$ROOT/dockerd.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
   local deadline=$((SECONDS + DAEMON_WAIT_S))
   until daemon_answers; do
     if [ "$SECONDS" -ge "$deadline" ]; then
@@ -122,24 +127,26 @@ start_private_daemon() {
   log "dockerd is up"
 }
 
+# make_base_image TAG SUITE: a Debian SUITE with its python3 (+ venv, pip), imported as TAG, once.
 make_base_image() {
-  if timeout 30 docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
-    log "base image $BASE_TAG is cached"
+  local tag="$1" suite="$2"
+  if timeout 30 docker image inspect "$tag" >/dev/null 2>&1; then
+    log "base image $tag is cached"
     return
   fi
   command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
   local mirror rootfs
   mirror="$(debian_mirror)"
   rootfs="$(mktemp -d "$ROOT/rootfs.XXXXXX")"
-  log "debootstrap $SUITE from $mirror into $rootfs"
+  log "debootstrap $suite from $mirror into $rootfs"
   timeout 1200 debootstrap --variant=minbase \
     --include=python3,python3-venv,python3-pip,ca-certificates \
-    "$SUITE" "$rootfs" "$mirror" >"$ROOT/debootstrap.log" 2>&1 \
-    || { tail -n 20 "$ROOT/debootstrap.log" >&2; rm -rf "$rootfs"; die "debootstrap failed"; }
+    "$suite" "$rootfs" "$mirror" >"$ROOT/debootstrap-$suite.log" 2>&1 \
+    || { tail -n 20 "$ROOT/debootstrap-$suite.log" >&2; rm -rf "$rootfs"; die "debootstrap $suite failed"; }
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  log "importing $rootfs as $BASE_TAG"
+  log "importing $rootfs as $tag"
   tar -C "$rootfs" -c . | timeout 600 docker import \
-    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$BASE_TAG" >/dev/null \
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$tag" >/dev/null \
     || { rm -rf "$rootfs"; die "docker import failed"; }
   rm -rf "$rootfs"
 }
@@ -204,8 +211,10 @@ main() {
   copy_find_links_wheels
   copy_pip_ca_bundle
   if [ "$use_local_base" = 1 ]; then
-    make_base_image
+    make_base_image "$BASE_TAG" "$SUITE"
+    make_base_image "$NEMO_GYM_BASE_TAG" "$NEMO_GYM_SUITE"
     echo "export BASE_IMAGE=$BASE_TAG"
+    echo "export NEMO_GYM_BASE_IMAGE=$NEMO_GYM_BASE_TAG"
   fi
   [ -n "${DOCKER_HOST:-}" ] && echo "export DOCKER_HOST=$DOCKER_HOST"
   echo "export ROLLMESH_COMPOSE='$compose'"

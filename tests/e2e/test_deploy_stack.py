@@ -3,7 +3,9 @@
 every container healthy, every service answering from the host through its published port
 (`rollmesh status`, grpcurl), a job submitted from the host with `rollmesh run --scheduler` and its
 folder written exactly once, a verifier that crashes mid-job restarted by its `restart:` policy
-while the job completes, and everything torn down (`down -v`).
+while the job completes, NeMo Gym's own example_session_state_mgmt server (the `nemo-gym` profile's
+service, nemo-gym 0.4.0 from PyPI in its own image) playing its own example rows through the
+verifier's bridge, attached by URL, and everything torn down (`down -v`).
 
 Runs wherever a Docker daemon and compose answer: `docker compose` (v2) or `docker-compose` (v1.29,
 Debian's; ROLLMESH_COMPOSE picks one). `make test-containers` first runs deploy/local-docker.sh,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -41,7 +44,11 @@ BUILD_TIMEOUT_S = float(os.environ.get("ROLLMESH_STACK_BUILD_TIMEOUT_S", 3600))
 UP_TIMEOUT_S = float(os.environ.get("ROLLMESH_STACK_UP_TIMEOUT_S", 2400))
 JOB_TIMEOUT_S = 1200
 RESTART_TIMEOUT_S = 600
-STACK_SERVICES = ("ray-head", *DEFAULT_PORTS)  # ray-head, registry, verifier, gateway, scheduler
+# ray-head, registry, verifier, gateway, scheduler, and the `nemo-gym` profile's resources server
+STACK_SERVICES = ("ray-head", *DEFAULT_PORTS, "nemo-gym")
+#: The environment (and dataset) the artifact root of the stack attaches to the nemo-gym service.
+NEMO_GYM_ENV = "ng_counter"
+NEMO_GYM_SERVER = "example_session_state_mgmt"
 GRPC_SERVICE_NAMES = {
     "registry": "rollmesh.v1.ArtifactRegistry",
     "verifier": "rollmesh.v1.EnvironmentVerifier",
@@ -179,21 +186,41 @@ class Stack:
             time.sleep(10)
 
 
+def artifact_root(nemo_gym_servers: Path) -> Path:
+    """The stack's /artifacts: environments/ng_counter/nemo_gym.toml attaching the `nemo-gym`
+    service by URL, and datasets/ng_counter.jsonl, NeMo Gym's own example rows of that server (from
+    the PyPI wheel, scripts/nemo_gym.py data). Readable by the containers' unprivileged users."""
+    root = Path(tempfile.mkdtemp(prefix="rollmesh-e2e-artifacts-"))
+    env = root / "environments" / NEMO_GYM_ENV
+    env.mkdir(parents=True)
+    (env / "nemo_gym.toml").write_text(f'server = "{NEMO_GYM_SERVER}"\nurl = "http://nemo-gym:8000"\n')
+    (root / "datasets").mkdir()
+    rows = nemo_gym_servers / NEMO_GYM_SERVER / "data" / "example.jsonl"
+    shutil.copyfile(rows, root / "datasets" / f"{NEMO_GYM_ENV}.jsonl")
+    for path in (root, *root.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(nemo_gym_servers: Path) -> Iterator[Stack]:
     compose_cmd = compose_command()
     assert compose_cmd is not None
     project = f"rollmesh-e2e-{uuid.uuid4().hex[:8]}"
+    artifacts = artifact_root(nemo_gym_servers)
     env = {**os.environ, **FREE_PORTS, "COMPOSE_PROJECT_NAME": project}
+    env |= {"COMPOSE_PROFILES": "nemo-gym", "ARTIFACTS_DIR": str(artifacts)}
     env.pop("ROLLMESH_API_KEY", None)
     s = Stack(compose_cmd, project, env)
     try:
-        s.compose("build", "ray-head", timeout_s=BUILD_TIMEOUT_S)  # the one image every service runs
+        # rollmesh:cpu, the one image every rollmesh service runs, and the nemo-gym service's own
+        s.compose("build", "ray-head", "nemo-gym", timeout_s=BUILD_TIMEOUT_S)
         s.up(UP_TIMEOUT_S)
         s.wait_healthy(STACK_SERVICES, UP_TIMEOUT_S)
         yield s
     finally:
         s.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout_s=600, check=False)
+        shutil.rmtree(artifacts, ignore_errors=True)
 
 
 def host_cli(*args: str, timeout_s: float = 120) -> tuple[int, str, str]:
@@ -346,3 +373,70 @@ def test_the_verifier_runs_untrusted_code_in_namespaces_inside_its_container(sta
     assert right.reward == 1.0, right
     assert wrong.reward == 0.0, wrong
     assert isolated.reward == 1.0, f"sandboxed code reached the registry over the network: {isolated}"
+
+
+def test_a_nemo_gym_server_in_the_stack_plays_its_own_rows_through_the_bridge(
+    stack: Stack, nemo_gym_servers: Path
+) -> None:
+    """NeMo Gym's example_session_state_mgmt rows ("add 1 then add 2 then get the count"), a job of
+    the stack's scheduler: the verifier's NeMo Gym bridge seeds each session on the `nemo-gym`
+    container (attached by URL), sends every tool call there with the session's cookie and gets the
+    verdict from the server's own /verify. The tiny model makes no tool calls, so the gateway is
+    recreated with the fake model playing the rows (GATEWAY_BACKEND=fake,
+    rollmesh.devtools.fake_scripts:nemo_gym_counter_agent): this test runs last in the module."""
+    from rollmesh_client import SyncClient
+
+    rows = [
+        json.loads(line)
+        for line in (nemo_gym_servers / NEMO_GYM_SERVER / "data" / "example.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    fake = Stack(
+        stack.compose_cmd,
+        stack.project,
+        {
+            **stack.env,
+            "GATEWAY_BACKEND": "fake",
+            "FAKE_SCRIPT": "rollmesh.devtools.fake_scripts:nemo_gym_counter_agent",
+        },
+    )
+    fake.compose("up", "-d", "--no-deps", "--no-build", "gateway", timeout_s=UP_TIMEOUT_S)
+    fake.wait_healthy(["gateway"], UP_TIMEOUT_S)
+
+    with SyncClient.connect(**stack.addresses(), api_key=None, timeout_s=120) as client:
+        env = client.verifier.get(NEMO_GYM_ENV)
+    assert {t.name for t in env.tools} == {"increment_counter", "get_counter_value"}, env
+
+    scheduler = stack.published("scheduler", DEFAULT_PORTS["scheduler"])
+    code, out, err = host_cli(
+        "run",
+        "--scheduler",
+        scheduler,
+        "--dataset",
+        NEMO_GYM_ENV,
+        "--environment",
+        NEMO_GYM_ENV,
+        "--max-steps",
+        "6",
+        "--json",
+        timeout_s=JOB_TIMEOUT_S,
+    )
+    assert code == 0, f"rollmesh run exited {code}:\n{out}\n{err}\n{stack.logs()}"
+    result = json.loads(out)
+    assert result["state"] == "SUCCEEDED", result
+    assert int(result["metrics"]["num_rollouts"]) == len(rows), result["metrics"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = copy_job_folder(stack, result["job_id"], Path(tmp))
+        check_exactly_once(folder, expected_keys(len(rows), 1))
+        done = {r["task_index"]: r for r in map(json.loads, (folder / "rollouts.jsonl").open())}
+    for i, row in enumerate(rows):
+        got = done[i]
+        numbers = [int(n) for n in re.findall(r"\d+", row["responses_create_params"]["input"][0]["content"])]
+        calls = [c["function"]["name"] for m in got["chat_messages"] for c in m.get("tool_calls") or []]
+        assert calls == ["increment_counter"] * len(numbers) + ["get_counter_value"], got["chat_messages"]
+        # the count the server reported is its initial count plus the increments: every call of the
+        # episode reached the same server session (the cookie), and its own /verify scored it
+        count = row["initial_count"] + sum(numbers)
+        assert got["chat_messages"][-1]["content"] == f"The count is {count}.", got["chat_messages"]
+        assert got["reward"] == (1.0 if count == row["expected_count"] else 0.0), got

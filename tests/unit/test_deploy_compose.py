@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -23,12 +24,14 @@ import yaml  # type: ignore[import-untyped]
 
 from rollmesh.cli import build_app
 from rollmesh.mesh.config import DEFAULT_PORTS, ENV_VARS, OPENAI_HTTP_PORT
-from tests.conftest import StartServer
+from tests.conftest import StartServer, nemo_gym_assets
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
+NEMO_GYM_DOCKERFILE = DEPLOY / "Dockerfile.nemo-gym"
+LAUNCHER = REPO / "services" / "rollmesh" / "verifier" / "_nemo_gym_server.py"
 SERVICES = tuple(DEFAULT_PORTS)  # registry, verifier, gateway, scheduler
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
@@ -59,10 +62,19 @@ def raw_compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def services(raw_compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The stack's own containers; the `monitoring` profile's third-party Prometheus and Grafana are
-    checked in test_deploy_monitoring.py."""
+    checked in test_deploy_monitoring.py, the `nemo-gym` profile's NeMo Gym server below."""
     svcs = resolved(raw_compose["services"])
     assert isinstance(svcs, dict)
-    return {name: svc for name, svc in svcs.items() if svc.get("profiles") != ["monitoring"]}
+    return {
+        name: svc for name, svc in svcs.items() if svc.get("profiles") not in (["monitoring"], ["nemo-gym"])
+    }
+
+
+@pytest.fixture(scope="module")
+def nemo_gym(raw_compose: dict[str, Any]) -> dict[str, Any]:
+    svc = resolved(raw_compose["services"]["nemo-gym"])
+    assert isinstance(svc, dict)
+    return svc
 
 
 # Typer vendors its own click, so the command tree is walked by shape: a group has `.commands`, an
@@ -294,8 +306,8 @@ def test_every_rollmesh_variable_is_registered(
 # Dockerfile and the files it ships
 
 
-def copy_sources() -> list[str]:
-    text = DOCKERFILE.read_text().replace("\\\n", " ")
+def copy_sources(dockerfile: Path = DOCKERFILE) -> list[str]:
+    text = dockerfile.read_text().replace("\\\n", " ")
     sources: list[str] = []
     for line in text.splitlines():
         parts = line.split()
@@ -313,14 +325,18 @@ def test_the_classic_builder_reads_the_same_ignore_file_as_buildkit() -> None:
     assert root_ignore.resolve() == (DEPLOY / "Dockerfile.dockerignore").resolve()
 
 
-def test_dockerfile_copy_sources_exist_and_are_not_ignored() -> None:
-    sources = copy_sources()
-    assert "pyproject.toml" in sources and "requirements.lock" in sources
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, NEMO_GYM_DOCKERFILE], ids=lambda p: p.name)
+def test_dockerfile_copy_sources_exist_and_are_not_ignored(dockerfile: Path) -> None:
+    sources = copy_sources(dockerfile)
+    assert sources
+    if dockerfile == DOCKERFILE:
+        assert "pyproject.toml" in sources and "requirements.lock" in sources
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     for src in sources:
         assert (REPO / src).exists(), f"COPY {src}: no such file in the repository"
-        assert src.rstrip("/") in allowed, f"COPY {src} is excluded by Dockerfile.dockerignore"
+        kept = any(src.rstrip("/") == a or src.startswith(f"{a}/") for a in allowed)
+        assert kept, f"COPY {src} is excluded by Dockerfile.dockerignore"
 
 
 def test_the_image_ships_what_the_compose_file_runs(services: dict[str, dict[str, Any]]) -> None:
@@ -345,6 +361,45 @@ def test_the_image_ships_what_the_compose_file_runs(services: dict[str, dict[str
     assert script.stat().st_mode & 0o111, "ray-join.sh must be executable"
     check = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
+
+
+def test_the_nemo_gym_profile_serves_one_resources_server_from_its_own_image(
+    nemo_gym: dict[str, Any], services: dict[str, dict[str, Any]]
+) -> None:
+    """The `nemo-gym` service: NeMo Gym's own image (Python >= 3.12, nemo-gym from PyPI by
+    scripts/nemo_gym.py), the launcher the verifier's managed mode runs, bound for the stack's network
+    only (no published port), GET / as its health, and a server whose requirements the image has."""
+    assert nemo_gym["profiles"] == ["nemo-gym"]
+    assert nemo_gym["image"] != services["registry"]["image"]
+    build = nemo_gym["build"]
+    assert (DEPLOY / build["context"]).resolve() == REPO and build[
+        "dockerfile"
+    ] == "deploy/Dockerfile.nemo-gym"
+    assert build["args"]["NEMO_GYM_VERSION"] == nemo_gym_assets.DEFAULT_VERSION
+    assert build["args"]["BASE_IMAGE"] == "python:3.12-slim"
+    assert "ports" not in nemo_gym, "the NeMo Gym server is for the verifier only"
+    env = env_of(nemo_gym)
+    server = json.loads(env["ROLLMESH_NEMO_GYM_SERVER"])["server"]
+    assert server in build["args"]["NEMO_GYM_SERVERS"].split()
+    assert env["ROLLMESH_NEMO_GYM_HOST"] == "0.0.0.0" and env["ROLLMESH_SIDECAR_PORT"] == "8000"
+    launcher = LAUNCHER.read_text()
+    assert all(f'"{k}"' in launcher for k in env), "the launcher reads every variable the service sets"
+    dockerfile = NEMO_GYM_DOCKERFILE.read_text()
+    cmd = as_list(nemo_gym["command"])
+    assert f"COPY services/rollmesh/verifier/_nemo_gym_server.py {cmd[1]}" in dockerfile
+    assert (
+        cmd[0] == "/opt/nemo-gym/venv/bin/python"
+        and "ln -s" in dockerfile
+        and "/opt/nemo-gym/venv" in dockerfile
+    )
+    assert "COPY scripts/nemo_gym.py scripts/venv_build.py /tmp/nemo-gym-build/" in dockerfile
+    assert "python3 /tmp/nemo-gym-build/nemo_gym.py venv" in dockerfile
+    assert re.search(r"^USER nemogym$", dockerfile, re.M), "the server runs unprivileged"
+    health = nemo_gym["healthcheck"]["test"]
+    assert health[0] == "CMD" and health[1] == cmd[0] and "http://127.0.0.1:8000/" in health[-1]
+    gateway = env_of(services["gateway"])
+    assert gateway["ROLLMESH_FAKE_SCRIPT"] == "", "the fake model's script is optional"
+    assert "ROLLMESH_FAKE_SCRIPT" in ENV_VARS
 
 
 # ------------------------------------------------------------------------------------------------
