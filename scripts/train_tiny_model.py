@@ -9,6 +9,14 @@ What it does, deterministically:
    held-out benchmark rows (``datasets/arithmetic/test.jsonl``, 200 NeMo Gym rows) and
    ``example.jsonl`` (the first 10). Held-out pairs that are not benchmark rows are the
    validation set used for early stopping; no held-out pair is ever trained on.
+1b. Builds reasoning-gym rows of the ``reasoning_gym_arith`` spec's generators and configs
+   (basic_arithmetic, natural phrasing, and chain_sum; two terms of at most two digits),
+   made by reasoning-gym itself under seeds millions away from the spec's, answered in
+   reasoning-gym's convention (``<answer>{answer}</answer>``, as the ``reasoning_gym``
+   environment extracts it). A row whose pair is held out (the rule above, or a pair of the
+   benchmark's rows) is never trained on; held-out pairs that are not the benchmark's are
+   the reasoning-gym validation set. A row that asks ``What is {a} + {b}?`` (the
+   ``arithmetic`` task's own question) is trained as the ``arithmetic`` task, not twice.
 2. Trains a byte-level BPE tokenizer in which every digit is its own token.
 3. Attaches a chat template (system/user/assistant/tool roles, tools, tool calls).
 4. Trains a 2-layer Llama (``LlamaForCausalLM``) with loss on assistant tokens only,
@@ -40,6 +48,12 @@ REPO = Path(__file__).resolve().parent.parent
 BUILTIN = REPO / "services" / "rollmesh" / "builtin"
 DATASET_DIR = BUILTIN / "datasets" / "arithmetic"
 SPLIT_MODULE = BUILTIN / "datasets" / "arithmetic_split.py"
+RG_SPEC = BUILTIN / "datasets" / "reasoning_gym_arith" / "reasoning_gym.json"
+# reasoning-gym draws entry i from Random(seed + i): millions away from the spec's seed (and from
+# examples/grpo_arith.py's training split, a million away), the per-entry seeds never meet.
+RG_TRAIN_SEED_OFFSET = 5_000_000
+RG_VAL_SEED_OFFSET = 7_000_000
+RG_VAL_DRAWN = 4000  # rows drawn for validation; only those with a held-out pair are kept
 
 SEED = 1234
 N_TEST = 200
@@ -187,6 +201,61 @@ def make_splits(split: ModuleType) -> Splits:
     return Splits(train=train, val=val, test=test)
 
 
+@dataclass(frozen=True)
+class RgItem:
+    question: str
+    answer: str  # reasoning-gym's gold answer
+    pair: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class RgSplits:
+    benchmark: list[RgItem]  # the reasoning_gym_arith benchmark's rows (held out)
+    train: list[RgItem]
+    val: list[RgItem]
+
+
+def rg_item(row: dict[str, Any]) -> RgItem:
+    """A reasoning-gym row of two terms (``metadata.expression`` is ``A + B`` or ``A - B``)."""
+    left, _op, right = str(row["metadata"]["expression"]).split()
+    return RgItem(question=str(row["question"]), answer=str(row["answer"]), pair=(int(left), int(right)))
+
+
+def rg_answer(answer: str) -> str:
+    """reasoning-gym's convention, as the ``reasoning_gym`` environment extracts the answer."""
+    return f"<answer>{answer}</answer>"
+
+
+def make_rg_splits(split: ModuleType, train_rows: int) -> RgSplits:
+    from dataclasses import replace
+
+    from rollmesh.procedural import ProceduralSpec
+    from rollmesh.procedural.rows import generate_rows
+
+    spec = ProceduralSpec.from_json(json.loads(RG_SPEC.read_text()), where=str(RG_SPEC))
+    benchmark = [rg_item(row) for row in generate_rows(spec)]
+    bench_pairs = {item.pair for item in benchmark}
+
+    def heldout(item: RgItem) -> bool:
+        return bool(split.is_heldout(*item.pair)) or item.pair in bench_pairs
+
+    def arithmetic_question(item: RgItem) -> bool:
+        return item.question == user_message(*item.pair)
+
+    drawn = [
+        rg_item(r)
+        for r in generate_rows(replace(spec, size=train_rows, seed=spec.seed + RG_TRAIN_SEED_OFFSET))
+    ]
+    train = [it for it in drawn if not heldout(it) and not arithmetic_question(it)]
+    drawn = [
+        rg_item(r)
+        for r in generate_rows(replace(spec, size=RG_VAL_DRAWN, seed=spec.seed + RG_VAL_SEED_OFFSET))
+    ]
+    val = [it for it in drawn if heldout(it) and it.pair not in bench_pairs and not arithmetic_question(it)]
+    assert not {it.pair for it in train} & ({it.pair for it in val} | bench_pairs)
+    return RgSplits(benchmark=benchmark, train=train, val=val)
+
+
 def user_message(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
@@ -321,20 +390,28 @@ class Example:
     labels: list[int]  # -100 where no loss
 
 
-def task_messages(a: int, b: int, system: str | None) -> list[dict[str, Any]]:
+def task_messages(user: str, system: str | None) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = []
     if system is not None:
         msgs.append({"role": "system", "content": system})
-    msgs.append({"role": "user", "content": user_message(a, b)})
+    msgs.append({"role": "user", "content": user})
     return msgs
 
 
 def make_example(hf: Any, a: int, b: int, system: str | None) -> Example:
-    msgs = task_messages(a, b, system)
+    """An ``arithmetic`` task: ``What is {a} + {b}?`` → ``The answer is {a + b}.``"""
+    return make_chat_example(hf, user_message(a, b), assistant_message(a, b), system)
+
+
+def make_rg_example(hf: Any, item: RgItem) -> Example:
+    """A reasoning-gym row as its rows ask it (no system message) → ``<answer>{answer}</answer>``."""
+    return make_chat_example(hf, item.question, rg_answer(item.answer), None)
+
+
+def make_chat_example(hf: Any, user: str, reply: str, system: str | None) -> Example:
+    msgs = task_messages(user, system)
     prompt = render(hf, msgs, add_generation_prompt=True)
-    full = render(
-        hf, [*msgs, {"role": "assistant", "content": assistant_message(a, b)}], add_generation_prompt=False
-    )
+    full = render(hf, [*msgs, {"role": "assistant", "content": reply}], add_generation_prompt=False)
     assert full.startswith(prompt)
     p_ids = hf.encode(prompt, add_special_tokens=False)
     f_ids = hf.encode(full, add_special_tokens=False)
@@ -385,13 +462,20 @@ def greedy_exact_match(model: Any, examples: Sequence[Example], pad_id: int, bat
 
 
 def write_readme(out: Path, facts: dict[str, Any]) -> None:
+    rg_rows = f"{facts['n_rg_train']} (validation {facts['n_rg_val']}, benchmark {facts['n_rg_benchmark']})"
+    steps = (
+        f"{facts['steps']} (batch {facts['batch_size']}; {facts['rg_fraction']:.0%} of them reasoning-gym's)"
+    )
+    init = facts["init_from"] or "random weights"
     readme = f"""# tiny-arith
 
 The tiny model that ships with rollmesh: a 2-layer Llama (`LlamaForCausalLM`) trained
 from scratch on CPU by `scripts/train_tiny_model.py` to solve the built-in `arithmetic`
-environment. It exists so that the mesh (Ray Serve + vLLM CPU, gateway, scheduler,
-environments) can run end to end with a real model, offline, in seconds. It is not a
-general-purpose model: it only learned `What is {{a}} + {{b}}?` with `a, b` in `0..99`.
+environment and, partly, reasoning-gym's easiest sums (the `reasoning_gym_arith` benchmark).
+It exists so that the mesh (Ray Serve + vLLM CPU, gateway, scheduler, environments) can run
+end to end with a real model, offline, in seconds. It is not a general-purpose model: it only
+learned `What is {{a}} + {{b}}?` with `a, b` in `0..99`, and reasoning-gym's basic_arithmetic
+(natural phrasing) and chain_sum questions of two terms of at most two digits.
 
 ## Task format (fixed)
 
@@ -401,6 +485,28 @@ general-purpose model: it only learned `What is {{a}} + {{b}}?` with `a, b` in `
 - held-out pairs: `rollmesh/builtin/datasets/arithmetic_split.py::is_heldout(a, b)`
   (~10% of pairs, never trained on). The benchmark rows
   `datasets/arithmetic/test.jsonl` (200) and `example.jsonl` (first 10) are held out.
+
+## reasoning-gym format (fixed)
+
+- user message: a reasoning-gym question as its rows ask it, no system message:
+  basic_arithmetic's `Solve {{a}} + {{b}}.`, `Compute {{a}} + {{b}}.`, `Evaluate: {{a}} + {{b}}.` and
+  chain_sum's `State the final answer to the following arithmetic problem: {{a}} + {{b}} =`
+  (or `-`; the answer can be negative), `a, b` in `0..99`, the configs of
+  `datasets/reasoning_gym_arith/reasoning_gym.json`
+- the model answers in reasoning-gym's convention, `<answer>{{answer}}</answer>`, and stops at
+  `<|end|>`; the `reasoning_gym` environment extracts what is between the tags
+- basic_arithmetic's fourth phrasing, `What is {{a}} + {{b}}?`, is the `arithmetic` task's question:
+  the model answers it `The answer is {{a + b}}.`, which reasoning-gym's scorer gives partial
+  credit, never full credit
+- training rows: {facts["n_rg_train"]}, drawn by reasoning-gym from the spec's generators and
+  configs under the spec's seed + {RG_TRAIN_SEED_OFFSET:,}, less every row whose pair is held out
+  (the rule above, or a pair of the benchmark's rows) and every `What is` row; validation:
+  {facts["n_rg_val"]} rows of held-out pairs (seed + {RG_VAL_SEED_OFFSET:,}) that are not the
+  benchmark's; the benchmark: the spec's own {facts["n_rg_benchmark"]} rows. No reasoning-gym
+  row with a benchmark pair is trained on; the `arithmetic` task (`What is {{a}} + {{b}}?`) trains on
+  every pair its own split does not hold out, so most of the benchmark's sums `a + b` were seen in
+  that phrasing (never its differences `a - b`). The validation rows' pairs were never trained on
+  in any phrasing.
 
 ## Architecture
 
@@ -439,10 +545,15 @@ follow the content as `<tool_call>{{"name": ..., "arguments": {{...}}}}</tool_ca
 | figure | value |
 |---|---|
 | training pairs | {facts["n_train"]} (validation {facts["n_val"]}, test {facts["n_test"]}, all held out) |
-| steps | {facts["steps"]} (batch {facts["batch_size"]}) |
-| wall time | {facts["train_seconds"]:.0f} s on 1 CPU thread |
+| reasoning-gym training rows | {rg_rows}, the last two held out |
+| started from | {init} |
+| steps | {steps} |
+| command | `{facts["command"]}` |
+| time | {facts["train_seconds"]:.0f} s wall, {facts["train_cpu_seconds"]:.0f} s CPU on 1 thread |
 | held-out validation greedy accuracy (teacher-forced exact) | {facts["val_acc"]:.3f} |
 | benchmark (test.jsonl) greedy accuracy (teacher-forced exact) | {facts["test_acc"]:.3f} |
+| reasoning-gym held-out validation greedy accuracy (teacher-forced exact) | {facts["rg_val_acc"]:.3f} |
+| `reasoning_gym_arith` greedy accuracy (teacher-forced; `What is` rows miss) | {facts["rg_bench_acc"]:.3f} |
 
 ## Evaluation with vLLM (CPU)
 
@@ -508,7 +619,7 @@ def self_check(hf_dir: Path, model: Any, test_examples: Sequence[Example]) -> st
     # Real autoregressive greedy generation on a few benchmark prompts.
     model.eval()
     end_id = tok.convert_tokens_to_ids(END)
-    for ex in test_examples[:5]:
+    for ex in test_examples:
         first_label = next(i for i, lab in enumerate(ex.labels) if lab != -100)
         prompt = torch.tensor([ex.ids[:first_label]])
         with torch.no_grad():
@@ -535,12 +646,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=768)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--warmup-steps", type=int, default=200)
     parser.add_argument("--eval-every", type=int, default=200)
-    parser.add_argument("--target-acc", type=float, default=0.70)
-    parser.add_argument("--time-budget-s", type=float, default=15 * 60)
+    parser.add_argument("--target-acc", type=float, default=0.75, help="arithmetic validation accuracy")
+    parser.add_argument("--rg-target-acc", type=float, default=0.75, help="reasoning-gym validation accuracy")
+    parser.add_argument(
+        "--rg-train-rows", type=int, default=20000, help="reasoning-gym rows drawn for training"
+    )
+    parser.add_argument("--time-budget-s", type=float, default=28 * 60)
+    parser.add_argument("--rg-fraction", type=float, default=0.5, help="share of steps on reasoning-gym rows")
     parser.add_argument("--system-prompt-fraction", type=float, default=0.1)
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from a model this script saved (e.g. the shipped one) instead of random weights",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -552,11 +674,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    splits = make_splits(load_split())
+    split = load_split()
+    rg = make_rg_splits(split, args.rg_train_rows)
+    splits = make_splits(split)
     write_datasets(splits.test)
     print(f"pairs: train {len(splits.train)} val {len(splits.val)} test {len(splits.test)}", flush=True)
+    print(
+        f"reasoning-gym rows: train {len(rg.train)} val {len(rg.val)} benchmark {len(rg.benchmark)}",
+        flush=True,
+    )
 
-    # Tokenizer corpus: rendered training chats + synthetic general text.
+    # Tokenizer corpus: rendered arithmetic training chats + synthetic general text (no
+    # reasoning-gym text, so the tokenizer stays the one shipped before reasoning-gym rows).
     corpus: list[str] = []
     for a, b in splits.train:
         corpus.append(
@@ -576,7 +705,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     train_ex = [make_example(hf, a, b, pick_system(rng)) for a, b in splits.train]
     val_ex = [make_example(hf, a, b, None) for a, b in splits.val]
     test_ex = [make_example(hf, a, b, None) for a, b in splits.test]
-    print(f"sequence length: max {max(len(e.ids) for e in train_ex)}", flush=True)
+    rg_train_ex = [make_rg_example(hf, item) for item in rg.train]
+    rg_val_ex = [make_rg_example(hf, item) for item in rg.val]
+    rg_bench_ex = [make_rg_example(hf, item) for item in rg.benchmark]
+    longest = max(len(e.ids) for e in [*train_ex, *rg_train_ex])
+    assert longest <= MAX_LEN
+    print(f"sequence length: max {longest}", flush=True)
 
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -594,7 +728,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         pad_token_id=pad_id,
     )
     model_cls: Any = LlamaForCausalLM  # untyped constructor
-    model = model_cls(config)
+    if args.init_from is None:
+        model = model_cls(config)
+    else:  # continue from a model this script trained (same tokenizer, same architecture)
+        model = model_cls.from_pretrained(str(args.init_from.resolve()), torch_dtype=torch.float32)
+        fields = [
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+        ]
+        fields += ["head_dim", "max_position_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"]
+        if any(getattr(model.config, f) != getattr(config, f) for f in fields):
+            raise SystemExit(f"--init-from {args.init_from}: not this script's architecture and tokenizer")
+        print(f"initialized from {args.init_from}", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params:,} parameters", flush=True)
 
@@ -608,17 +756,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model.train()
     started = time.monotonic()
-    order: list[int] = []
+    cpu_started = time.process_time()
+    # A step's batch comes from one pool, so it pads to that pool's lengths (reasoning-gym
+    # questions are up to twice as long as arithmetic ones); --rg-fraction of the steps are
+    # reasoning-gym's, spread evenly.
+    pools = [train_ex, rg_train_ex]
+    orders: list[list[int]] = [[], []]
+
+    def pool_at(step: int) -> int:
+        return int(math.floor((step + 1) * args.rg_fraction) > math.floor(step * args.rg_fraction))
+
     step = 0
-    val_acc = 0.0
+    val_acc = rg_val_acc = 0.0
     loss_avg = 0.0
     while step < args.max_steps:
+        pool, order = pools[pool_at(step)], orders[pool_at(step)]
         if len(order) < args.batch_size:
-            fresh = list(range(len(train_ex)))
+            fresh = list(range(len(pool)))
             rng.shuffle(fresh)
             order.extend(fresh)
-        idx, order = order[: args.batch_size], order[args.batch_size :]
-        batch = collate([train_ex[i] for i in idx], pad_id)
+        idx = order[: args.batch_size]
+        del order[: args.batch_size]
+        batch = collate([pool[i] for i in idx], pad_id)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         loss = model(**batch).loss
@@ -631,22 +790,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         if step % args.eval_every == 0 or elapsed > args.time_budget_s:
             val_acc = greedy_exact_match(model, val_ex, pad_id)
+            rg_val_acc = greedy_exact_match(model, rg_val_ex, pad_id)
             print(
                 f"step {step} loss {loss_avg:.4f} lr {lr_at(step):.2e} val_acc {val_acc:.3f}"
-                f" t {elapsed:.0f}s",
+                f" rg_val_acc {rg_val_acc:.3f} t {elapsed:.0f}s",
                 flush=True,
             )
-            if val_acc >= args.target_acc:
+            if val_acc >= args.target_acc and rg_val_acc >= args.rg_target_acc:
                 print("target accuracy reached; stopping", flush=True)
                 break
             if elapsed > args.time_budget_s:
                 print("time budget exhausted; stopping", flush=True)
                 break
     train_seconds = time.monotonic() - started
+    train_cpu_seconds = time.process_time() - cpu_started
     val_acc = greedy_exact_match(model, val_ex, pad_id)
     test_acc = greedy_exact_match(model, test_ex, pad_id)
+    rg_val_acc = greedy_exact_match(model, rg_val_ex, pad_id)
+    rg_bench_acc = greedy_exact_match(model, rg_bench_ex, pad_id)
     print(
-        f"final: val_acc {val_acc:.3f} test_acc {test_acc:.3f} steps {step} time {train_seconds:.0f}s",
+        f"final: val_acc {val_acc:.3f} test_acc {test_acc:.3f} rg_val_acc {rg_val_acc:.3f}"
+        f" rg_benchmark_acc {rg_bench_acc:.3f} steps {step} time {train_seconds:.0f}s",
         flush=True,
     )
 
@@ -655,7 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     model.generation_config.pad_token_id = pad_id
     model.save_pretrained(str(out), safe_serialization=True)
 
-    rendered = self_check(out, model, test_ex)
+    rendered = self_check(out, model, [*test_ex[:5], *rg_bench_ex[:5]])
     write_readme(
         out,
         {
@@ -668,8 +832,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "steps": step,
             "batch_size": args.batch_size,
             "train_seconds": train_seconds,
+            "train_cpu_seconds": train_cpu_seconds,
+            "rg_fraction": args.rg_fraction,
+            "init_from": None if args.init_from is None else "the weights in " + str(args.init_from),
+            "command": "python scripts/train_tiny_model.py "
+            + " ".join(sys.argv[1:] if argv is None else argv),
             "val_acc": val_acc,
             "test_acc": test_acc,
+            "n_rg_train": len(rg.train),
+            "n_rg_val": len(rg.val),
+            "n_rg_benchmark": len(rg.benchmark),
+            "rg_val_acc": rg_val_acc,
+            "rg_bench_acc": rg_bench_acc,
         },
     )
     for f in out.iterdir():
