@@ -7,6 +7,7 @@ with the mesh."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -33,6 +34,10 @@ async def test_up_serves_a_managed_nemo_gym_server_and_stops_it(
         assert code == 0, err
         verifier = next(r for r in json.loads(out) if r["service"] == "verifier")
         assert verifier["health"] == "SERVING" and "broken" not in verifier["detail"], verifier
+        code, out, err = await run_cli("envs", "list", "--json", env=cli_env)
+        assert code == 0, err
+        (listed,) = [e for e in json.loads(out)["environments"] if e["name"] == "ng_counter"]
+        assert listed["sandbox"] == ("uid+mount+pid" if os.geteuid() == 0 else "limits")  # what held
         code, out, err = await run_cli("envs", "show", "ng_counter", "--json", env=cli_env)
         assert code == 0, err
         assert {t["name"] for t in json.loads(out)["tools"]} == {"increment_counter", "get_counter_value"}

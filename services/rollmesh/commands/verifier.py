@@ -46,6 +46,7 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
                         "takes_turns": e.takes_turns,
                         "tool_calls_are_answer": e.tool_calls_are_answer,
                         "scores_groups": e.scores_groups,
+                        "sandbox": e.sandbox,
                     }
                     for e in envs
                 ],
