@@ -47,9 +47,10 @@ docs: setup
 test: setup sysdeps protos-check lint typecheck docs nemo-gym-venv
 	$(BIN)/python -m pytest -q -ra
 
-# The NeMo Gym 0.4.0 virtualenv the bridge's tests run NeMo Gym's own servers in (scripts/nemo_gym.py:
-# built once and cached under ~/.cache/rollmesh, seconds when warm). Exit 3 is "no Python 3.12 on this
-# machine": the tests that need it then skip, naming that.
+# The NeMo Gym 0.4.0 and 0.7.0 virtualenvs the bridge's tests run NeMo Gym's own servers in
+# (scripts/nemo_gym.py: built once and cached under ~/.cache/rollmesh, seconds when warm). 0.7.0 needs
+# Python >= 3.13.14: `python` builds one once from Debian's python3.13 source package (minutes).
+# Exit 3 is "no such Python on this machine": the tests that need it then skip, naming that.
 # Debian packages tests use: Prometheus (tests/e2e/test_prometheus_scrape.py scrapes the mesh with it)
 # and tmux (tests/e2e/test_run_terminal.py reads `make run`'s screen in a real terminal); installed with
 # apt-get when missing (as root, else through sudo), so `make test` needs nothing installed by hand.
@@ -65,6 +66,8 @@ sysdeps:
 
 nemo-gym-venv: setup
 	$(BIN)/python scripts/nemo_gym.py venv >/dev/null || [ $$? = 3 ]
+	$(BIN)/python scripts/nemo_gym.py python --version 0.7.0 >/dev/null || [ $$? = 3 ]
+	$(BIN)/python scripts/nemo_gym.py venv --version 0.7.0 >/dev/null || [ $$? = 3 ]
 
 # The container stack for real (docs/containers.md): deploy/local-docker.sh makes
 # Docker usable where there is none (daemon, compose, base image; cached), then

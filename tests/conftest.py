@@ -61,15 +61,21 @@ def nemo_gym_servers_each(request: pytest.FixtureRequest) -> Path:
     return Path(nemo_gym_assets.data(request.param)) / "resources_servers"
 
 
+def nemo_gym_python_of(version: str) -> Path:
+    """The interpreter of a virtualenv running NeMo Gym `version`'s resources servers (nemo-gym and
+    the tested servers' requirements; scripts/nemo_gym.py venv: built once, cached). The test is
+    skipped only where no interpreter of the version NeMo Gym needs exists (3.12 for 0.4.0; >= 3.13.14
+    for 0.5-0.7: `scripts/nemo_gym.py python` builds one), naming it."""
+    try:
+        return Path(nemo_gym_assets.venv(version))
+    except nemo_gym_assets.NoInterpreter as exc:
+        pytest.skip(f"no interpreter for NeMo Gym {version}'s servers: {exc}")
+
+
 @pytest.fixture(scope="session")
 def nemo_gym_python() -> Path:
-    """The interpreter of a virtualenv running NeMo Gym 0.4.0's resources servers (nemo-gym and the
-    tested servers' requirements; scripts/nemo_gym.py venv: built once, cached). Skipped only where
-    no Python 3.12 exists to build it with."""
-    try:
-        return Path(nemo_gym_assets.venv("0.4.0"))
-    except nemo_gym_assets.NoInterpreter as exc:
-        pytest.skip(f"no interpreter for NeMo Gym's servers: {exc}")
+    """The NeMo Gym 0.4.0 virtualenv's interpreter (`nemo_gym_python_of`)."""
+    return nemo_gym_python_of("0.4.0")
 
 
 verifiers_venv = _load_script("verifiers_venv")

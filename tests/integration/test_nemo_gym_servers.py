@@ -1,7 +1,9 @@
 """NeMo Gym's own resources servers, served as they are (managed: each started by the verifier from
-the NeMo Gym 0.4.0 virtualenv, scripts/nemo_gym.py venv), reproduce the rewards NeMo Gym recorded
-when `rollmesh reverify` re-scores their recorded rollouts through a real verifier (gRPC, with an
-API key).
+a NeMo Gym virtualenv, scripts/nemo_gym.py venv), reproduce the rewards NeMo Gym recorded when
+`rollmesh reverify` re-scores their recorded rollouts through a real verifier (gRPC, with an API
+key). Each test runs for NeMo Gym 0.4.0 (pyenv's 3.12) and 0.7.0 (Python >= 3.13.14, the one
+`scripts/nemo_gym.py python` builds), each version's own servers against its own recorded rows:
+0.7.0's servers add /close_session and /reverify_mode and answer `mask_sample` / `failure_kind`.
 
 Each server's `data/example_rollouts.jsonl` holds rollouts NeMo Gym ran and the reward its own
 agent got; they are in completion order and lack row fields verify needs (`expected_count`, ...), so
@@ -16,6 +18,7 @@ import asyncio
 import json
 from asyncio.subprocess import DEVNULL, PIPE
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +32,10 @@ from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.nemo_gym import NemoGymEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
+from tests.conftest import nemo_gym_assets, nemo_gym_python_of
 
 API_KEY = "nemo-gym-bridge-test-key"
 SERVERS = (
@@ -66,14 +71,26 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def gym_verifier(tmp_path_factory: pytest.TempPathFactory, nemo_gym_python: Path) -> AsyncIterator[str]:
-    """A verifier (gRPC, API key) hosting every server below as `ng_<server>`; its address."""
-    root = tmp_path_factory.mktemp("gym-root")
+@dataclass(frozen=True)
+class Gym:
+    """A verifier (gRPC, API key) hosting every server below of one NeMo Gym version as `ng_<server>`."""
+
+    version: str
+    address: str
+    servers: Path  # that version's resources_servers/
+    python: Path  # its virtualenv's interpreter
+    service: VerifierService
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["0.4.0", "0.7.0"])
+async def gym(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gym]:
+    version = str(request.param)
+    python = nemo_gym_python_of(version)
+    root = tmp_path_factory.mktemp(f"gym-root-{version}")
     for name in (*SERVERS, *UNJOINABLE):
         folder = root / "environments" / f"ng_{name}"  # (a built-in reasoning_gym exists)
         folder.mkdir(parents=True)
-        toml = f'server = "{name}"\npython = "{nemo_gym_python}"\n' + OVERRIDES.get(name, "")
+        toml = f'server = "{name}"\npython = "{python}"\n' + OVERRIDES.get(name, "")
         (folder / "nemo_gym.toml").write_text(toml)
     roots = RootsConfig(Path("/nonexistent"), (root,), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
@@ -84,7 +101,9 @@ async def gym_verifier(tmp_path_factory: pytest.TempPathFactory, nemo_gym_python
         _, broken = svc.list_environments()
         assert not broken, "; ".join(f"{b.name}: {b.error}" for b in broken)
         await wait_serving(server.address, timeout_s=30)
-        yield server.address
+        yield Gym(
+            version, server.address, Path(nemo_gym_assets.data(version)) / "resources_servers", python, svc
+        )
     finally:
         await server.stop(grace=0)
         await svc.aclose()
@@ -112,15 +131,18 @@ async def reverify(address: str, server: str, folder: Path, out: Path) -> tuple[
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("server", SERVERS)
 async def test_rollmesh_reverify_reproduces_nemo_gyms_recorded_rewards(
-    gym_verifier: str, nemo_gym_servers: Path, nemo_gym_python: Path, tmp_path: Path, server: str
+    gym: Gym, tmp_path: Path, server: str
 ) -> None:
-    rows, stderr = await reverify(gym_verifier, server, nemo_gym_servers / server, tmp_path / "out.jsonl")
+    rows, stderr = await reverify(gym.address, server, gym.servers / server, tmp_path / "out.jsonl")
     assert len(rows) == 5 and "match no row" not in stderr and "reverified 5 rows (0 errors" in stderr
     for row in rows:
         if row["reward"] != row["previous_reward"] and server == "math_with_judge":
-            await assert_math_verify_timed_out(nemo_gym_python, row)
+            await assert_math_verify_timed_out(gym.python, row)
             continue
-        assert row["reward"] == row["previous_reward"], f"{server}: {row}"
+        if row["reward"] != row["previous_reward"] and (gym.version, server) == ("0.7.0", "mcqa"):
+            await assert_mcqa_grading_changed(gym.python, row)
+            continue
+        assert row["reward"] == row["previous_reward"], f"{gym.version} {server}: {row}"
 
 
 # math_with_judge's check is math-verify's `verify`, which gives up (False) after 5 s of sympy:
@@ -151,13 +173,66 @@ async def assert_math_verify_timed_out(python: Path, row: dict[str, Any]) -> Non
     assert (limited, unlimited) == (False, True) and seconds > 5, (limited, unlimited, seconds)
 
 
+# NeMo Gym 0.7.0 ships mcqa's example_rollouts.jsonl unchanged from 0.4.0, but 0.7.0's strict
+# grading reads a box that starts with the letter and goes on with the option's text ("\boxed{C: An
+# individual ...}") as that letter, where 0.4.0's found no letter: 0.7.0's own verify disagrees with
+# its own recording there. Shown, not assumed: each version's own parser, in its own virtualenv,
+# on the recorded answer.
+MCQA_STRICT = """
+import json, sys
+from resources_servers.mcqa.app import _parse_answer_letter_strict_boxed
+text, letters = json.loads(sys.stdin.read())
+print(json.dumps(_parse_answer_letter_strict_boxed(text, set(letters))[0]))
+"""
+
+
+async def assert_mcqa_grading_changed(python: Path, row: dict[str, Any]) -> None:
+    answer = response_messages(row["response"])[-1].content
+    letters = sorted(k for option in row["options"] for k in option)
+    picked = {}
+    for version in ("0.4.0", "0.7.0"):
+        interpreter = python if version == "0.7.0" else nemo_gym_python_of(version)
+        proc = await asyncio.create_subprocess_exec(
+            str(interpreter), "-c", MCQA_STRICT, stdin=PIPE, stdout=PIPE, stderr=DEVNULL
+        )
+        out, _ = await proc.communicate(json.dumps([answer, letters]).encode())
+        picked[version] = json.loads(out.decode().strip().splitlines()[-1])
+    assert row["grading_mode"] == "strict_single_letter_boxed", row
+    assert (row["previous_reward"], row["reward"]) == (0.0, 1.0), row
+    assert picked == {"0.4.0": None, "0.7.0": row["expected_answer"]}, picked
+
+
 @pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize("server", UNJOINABLE)
 async def test_rollouts_without_their_rows_are_refused_not_scored(
-    gym_verifier: str, nemo_gym_servers: Path, tmp_path: Path, server: str
+    gym: Gym, tmp_path: Path, server: str
 ) -> None:
-    rows, stderr = await reverify(gym_verifier, server, nemo_gym_servers / server, tmp_path / "out.jsonl")
+    rows, stderr = await reverify(gym.address, server, gym.servers / server, tmp_path / "out.jsonl")
     assert "5 of 5 rollouts match no row" in stderr and "reverified 0 rows (5 errors" in stderr
     for row in rows:
         assert row["reverify_error"].startswith("INVALID_ARGUMENT: ") and "(422)" in row["reverify_error"]
         assert '"missing"' in row["reverify_error"] and "previous_reward" not in row
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_bridge_speaks_each_versions_protocol(gym: Gym, tmp_path: Path) -> None:
+    """0.7.0's servers serve /close_session and /reverify_mode (mcqa says "stateless": its rollouts
+    are verified without the replay) and answer `mask_sample` / `failure_kind` with every verdict;
+    0.4.0's have none of them, and the bridge calls none."""
+    later = gym.version != "0.4.0"
+    for name in SERVERS:
+        env = gym.service.environment(f"ng_{name}")
+        assert isinstance(env, NemoGymEnvironment)
+        routes = env._routes  # what the bridge read from the server's OpenAPI (185 kB for 0.7.0's)
+        if name == "example_multi_turn_gymnasium":  # an environment server: /reset, /step
+            assert {"reset", "step"} <= routes and env.takes_turns(), (gym.version, sorted(routes))
+            continue
+        assert ({"close_session", "reverify_mode"} <= routes) is later, (gym.version, name, sorted(routes))
+        if name == "mcqa":
+            assert env._reverify_mode == ("stateless" if later else "unknown")
+    rows, _ = await reverify(gym.address, "mcqa", gym.servers / "mcqa", tmp_path / "out.jsonl")
+    for row in rows:  # (their rewards: the test above)
+        verdict = row["verify_details"]
+        assert verdict.get("mask_sample", "absent") == (False if later else "absent"), (gym.version, row)
+        assert verdict.get("failure_kind", "absent") == (None if later else "absent"), (gym.version, row)
+        assert not row.get("mask_sample")

@@ -54,3 +54,33 @@ def test_a_built_venv_is_reused_and_runs_nemo_gym(nemo_gym_python: Path) -> None
         timeout=120,
     )
     assert done.returncode == 0 and "site-packages/nemo_gym" in done.stdout, done.stderr
+
+
+def test_a_cpython_build_python_made_is_found_and_an_older_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nemo-gym 0.5-0.7 needs >= 3.13.14: pyenv's 3.13.0 is passed over, and the CPython
+    `scripts/nemo_gym.py python` installs (stamped) under the cache is taken; an unstamped one (a build
+    cut short) is not."""
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.setenv("ROLLMESH_CACHE_DIR", str(tmp_path / "cache"))
+
+    def interpreter(folder: Path, version: str, stamp: bool) -> Path:
+        python = folder / version / "bin" / "python3"
+        python.parent.mkdir(parents=True)
+        python.write_text(f"#!/bin/sh\necho '{version.replace('.', ' ')}'\n")
+        python.chmod(0o755)
+        if stamp:
+            (folder / version / ".rollmesh-built").write_text("python3.13 (Debian source package)\n")
+        return python
+
+    interpreter(tmp_path / "pyenv" / "versions", "3.13.0", stamp=False)
+    with pytest.raises(nemo_gym_assets.NoInterpreter, match=r"nemo-gym==0\.7\.0 needs Python >= 3\.13\.14"):
+        nemo_gym_assets.find_python("0.7.0")
+    interpreter(tmp_path / "cache" / "python", "3.13.18", stamp=False)
+    with pytest.raises(nemo_gym_assets.NoInterpreter, match=r"scripts/nemo_gym\.py python"):
+        nemo_gym_assets.find_python("0.7.0")
+    built = interpreter(tmp_path / "cache" / "python", "3.13.15", stamp=True)
+    assert nemo_gym_assets.find_python("0.7.0") == built
+    assert nemo_gym_assets.build_python("3.13.14") == built  # found: nothing is fetched or built

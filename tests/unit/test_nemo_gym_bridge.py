@@ -211,3 +211,28 @@ def test_openapi_tools_skip_the_protocol_and_catch_all_routes() -> None:
         "paths": {"/verify": {"post": {}}, "/{path}": {"post": {}}, "/search": {"post": {"summary": "S"}}}
     }
     assert [(t.name, t.description) for t in openapi_tools(spec)] == [("search", "S")]
+
+
+async def test_a_large_answer_is_read_whole() -> None:
+    """NeMo Gym 0.7.0's OpenAPI documents are ~185 kB: one read gave the first 128 kB, the document
+    did not parse, and the bridge knew none of the server's routes (a gymnasium server's /reset)."""
+    from aiohttp import web
+
+    from rollmesh.verifier.http_bridge import HttpBridge
+    from tests.http_apps import serve_app
+
+    body = json.dumps({"paths": {f"/tool_{i}": {"post": {"description": "x" * 200}} for i in range(2000)}})
+
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(text=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/openapi.json", big)
+    async with serve_app(app) as url:
+        bridge = HttpBridge("big", lambda: url, timeout_s=30)
+        await bridge.open()
+        try:
+            reply = await bridge.get("/openapi.json")
+        finally:
+            await bridge.aclose()
+    assert len(body) > 400_000 and reply.ok and reply.text == body

@@ -155,7 +155,15 @@ class HttpBridge:
         headers |= cookies.header() if cookies is not None else {}
         try:
             async with self._http.request(method, url, data=data, headers=headers) as resp:
-                raw = await resp.content.read(MAX_BODY_BYTES + 1)
+                # read(n) gives what has arrived (up to n), not the whole body: read to the end.
+                chunks: list[bytes] = []
+                size = 0
+                while size <= MAX_BODY_BYTES and (
+                    chunk := await resp.content.read(MAX_BODY_BYTES + 1 - size)
+                ):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                raw = b"".join(chunks)
                 if len(raw) > MAX_BODY_BYTES:
                     raise EnvServerBadReply(
                         f"{self.name}: {method} {path} answered more than {MAX_BODY_BYTES >> 20} MiB"

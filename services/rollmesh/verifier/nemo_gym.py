@@ -392,10 +392,11 @@ class NemoGymEnvironment(Environment):
         spec: Any = {}
         for attempt in range(3):  # a server can answer its first /openapi.json badly while it warms up
             reply = await self.http.get("/openapi.json")
+            problem = ""
             try:
                 spec = untrusted_json.loads(reply.text) if reply.ok else None
-            except NotJson:
-                spec = None
+            except NotJson as exc:
+                spec, problem = None, str(exc)
             if isinstance(spec, dict):
                 break
             log.warning(
@@ -403,9 +404,12 @@ class NemoGymEnvironment(Environment):
                 environment=self.context.name,
                 status=reply.status,
                 attempt=attempt,
+                problem=problem or reply.text[:120],
             )
             await asyncio.sleep(0.5)
-        self._discovered = True
+        # An OpenAPI not read (a server still warming up) is read again at the next seed: without it
+        # the server's tools, /close_session and its gymnasium or episode routes are unknown.
+        self._discovered = isinstance(spec, dict)
         if isinstance(spec, dict):
             self._route_tools = openapi_tools(spec)
             paths = spec.get("paths")
