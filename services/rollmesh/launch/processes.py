@@ -36,8 +36,9 @@ from typing import Any
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh import config
 from rollmesh.mesh.aio import first_of
-from rollmesh.mesh.children import die_with_parent, kill_group
+from rollmesh.mesh.children import kill_group
 from rollmesh.mesh.config import DEFAULT_PORTS
+from rollmesh.mesh.confine import Confinement, command
 from rollmesh.mesh.lines import LineAssembler
 from rollmesh.mesh.metrics import metrics_file
 from rollmesh.mesh.server import wait_serving
@@ -100,7 +101,6 @@ class Mesh:
         self.children: list[Child] = []
         self.env = dict(os.environ)
         self._tmp = tempfile.TemporaryDirectory(prefix="rollmesh-up-")
-        self._preexec = die_with_parent()
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -130,13 +130,15 @@ class Mesh:
             if child is not None and child.metrics_address:  # a restart: the port it had
                 metrics_port = int(child.metrics_address.rpartition(":")[2])
             args += ["--metrics-port", str(metrics_port)]
+        # Through the wrapper for the parent's death signal, never a preexec_fn (which makes Python
+        # fork, not vfork, and run every fork handler in the child: gRPC's included).
+        args = command(args, Confinement(), port_file.with_suffix(".mode"))
         proc = await asyncio.create_subprocess_exec(
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             env={**self.env, "ROLLMESH_PORT_FILE": str(port_file)},
             start_new_session=True,
-            preexec_fn=self._preexec,
         )
         if child is None:
             child = Child(service, proc, RestartBudget(self.cfg.restart))

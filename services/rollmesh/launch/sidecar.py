@@ -39,7 +39,7 @@ from pathlib import Path
 from rollmesh.launch.errors import SidecarStartFailed
 from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.mesh.children import die_with_parent, kill_group
+from rollmesh.mesh.children import kill_group
 from rollmesh.mesh.confine import Confinement, UidLeases, command, program_paths, read_mode
 from rollmesh.mesh.logging import get_logger
 
@@ -146,8 +146,8 @@ class Sidecar:
         spec = self.spec
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         spec.port_file.unlink(missing_ok=True)
-        if not spec.confine:
-            return spec.port_file, list(spec.argv)
+        if not spec.confine:  # the wrapper only for the parent's death signal: never a preexec_fn
+            return spec.port_file, command(spec.argv, Confinement(), spec.port_file.with_suffix(".mode"))
         run = self._run_dir
         run.mkdir(mode=0o700, exist_ok=True)
         if self._uid is not None:
@@ -182,8 +182,11 @@ class Sidecar:
                     stderr=asyncio.subprocess.STDOUT,
                     env=env,
                     cwd=spec.cwd,
+                    # No preexec_fn: Python then forks (not vfork) and runs the fork handlers in the
+                    # child, gRPC's included, which aborted a server before exec ("epoll_wait error:
+                    # Bad file descriptor") in a process that had used gRPC. The wrapper asks for
+                    # the parent's death signal instead (mesh/_confine.py).
                     start_new_session=True,
-                    preexec_fn=die_with_parent(),
                 )
             except OSError as exc:
                 raise self._failed(f"could not be started: {exc}") from None
