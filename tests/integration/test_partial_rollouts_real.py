@@ -4,10 +4,12 @@ the shipped tiny model (float32). One bounded test (the engine start dominates):
     replica's engine was frozen with it inside) goes on on the new weights: it carries two policy
     versions, "0" on the ids before the update and "1" on the rest, and is one answer of the
     requested length;
-  - its ids before the split are the old checkpoint's greedy ids (HF transformers, float32);
+  - its ids before the split are the old checkpoint's greedy ids (the same generation run whole
+    before the update);
   - its ids after the split are exactly what the new checkpoint generates greedily from the prompt
-    plus that prefix (a direct generation on the updated replica), and their start is what HF
-    transformers generates greedily from that prefix with the new checkpoint.
+    plus that prefix (a direct generation on the updated replica), and not what the old weights
+    generated after that prefix. (vLLM against HF transformers is no check here: past the eos,
+    which ignore_eos runs through, near-ties went the other way between the two.)
 """
 
 from __future__ import annotations
@@ -17,14 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.gateway import Gateway, GenerateInput, SamplingInput
+from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
 from rollmesh.mesh.versions import VersionSpan
 from rollmesh.serving.backend import RayServeBackend
-from tests.integration.test_update_weights_real import LONG_TOKENS, held_generation, hf_greedy, perturbed
+from tests.integration.test_update_weights_real import (
+    LONG_TOKENS,
+    PROMPTS,
+    held_generation,
+    perturbed,
+)
 from tests.serving_replicas import SHIPPED, tiny_serving_config
 
 DEADLINE_S = 1200.0  # one vLLM engine start: ~1.5 min idle, several minutes under load
-CHECKED = 16  # ids compared with HF transformers (its greedy may stop at eos; vLLM's ignores it)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE_S + 300)]
 
@@ -43,6 +49,12 @@ async def _scenario(tmp_path: Path) -> None:
     await gateway.start()
     try:
         new = perturbed(SHIPPED, tmp_path / "step1")
+        before = await gateway.generate(
+            GenerateInput(
+                messages=(Message("user", PROMPTS[0]),),
+                sampling=SamplingInput(temperature=0.0, max_tokens=LONG_TOKENS, ignore_eos=True),
+            )
+        )
         running, _ = await held_generation(gateway, backend)
         update = await gateway.update_weights("", new, in_flight="continue")
         final = await running
@@ -68,15 +80,8 @@ async def _scenario(tmp_path: Path) -> None:
             "the ids after the split are the new weights' from the prefix"
         )
 
-        old, fresh, old_rest = await asyncio.gather(
-            asyncio.to_thread(hf_greedy, SHIPPED, [tuple(prompt)], k),
-            asyncio.to_thread(hf_greedy, new, [(*prompt, *prefix)], CHECKED),
-            asyncio.to_thread(hf_greedy, SHIPPED, [(*prompt, *prefix)], CHECKED),
-        )
-        assert prefix[: len(old[0])] == old[0], "the ids before the split are the old weights'"
-        assert rest[: len(fresh[0])] == fresh[0], "the ids after the split are the new weights'"
-        assert fresh != old_rest, (
-            "from this prefix both checkpoints generate the same ids: nothing is told apart"
-        )
+        assert list(before.prompt_token_ids) == prompt
+        assert list(before.output_token_ids[:k]) == prefix, "the ids before the split are the old weights'"
+        assert rest != list(before.output_token_ids[k:]), "both checkpoints continue the prefix alike"
     finally:
         await gateway.shutdown()
