@@ -30,8 +30,9 @@ FAKES = {
 echo "docker $*" >> "$FAKE_STATE/calls"
 case "$1" in
   info) test -f "$FAKE_STATE/daemon" && [ "$(cat "$FAKE_STATE/daemon")" = "${DOCKER_HOST:-}" ] ;;
-  image) test -f "$FAKE_STATE/imported" ;;
-  import) cat > "$FAKE_STATE/imported.tar"; echo "$*" > "$FAKE_STATE/imported"; echo sha256:0 ;;
+  image) grep -qxF "$3" "$FAKE_STATE/images" 2>/dev/null ;;
+  import) cat > "$FAKE_STATE/imported.tar"; echo "$*" >> "$FAKE_STATE/imported"
+          eval "tag=\${$#}"; echo "$tag" >> "$FAKE_STATE/images"; echo sha256:0 ;;
   version) echo 20.10.24-fake ;;
   *) exit 1 ;;
 esac
@@ -143,6 +144,7 @@ def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(
     assert first.returncode == 0, first.stderr
     assert exports(first.stdout) == {
         "BASE_IMAGE": "rollmesh-base:bookworm",
+        "NEMO_GYM_BASE_IMAGE": "rollmesh-base:trixie",  # the nemo-gym service's base (Python >= 3.12)
         "DOCKER_HOST": machine.socket,
         "ROLLMESH_COMPOSE": "docker-compose",
     }
@@ -153,12 +155,15 @@ def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(
     assert args[args.index("--data-root") + 1] == str(machine.root / "data")
     assert args[args.index("--exec-root") + 1] == str(machine.tmp / "run" / "exec")
     assert args[args.index("-H") + 1] == machine.socket
-    (debootstrap,) = machine.lines("debootstrap.calls")
-    boot = debootstrap.split()
-    assert boot[:2] == ["--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates"]
-    assert boot[2] == "bookworm" and boot[4] == MIRROR
-    assert not Path(boot[3]).exists(), "the rootfs folder is removed after the import"
-    assert "rollmesh-base:bookworm" in machine.lines("imported")[0].split()
+    debootstraps = machine.lines("debootstrap.calls")
+    assert [call.split()[2] for call in debootstraps] == ["bookworm", "trixie"]
+    for debootstrap in debootstraps:
+        boot = debootstrap.split()
+        assert boot[:2] == ["--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates"]
+        assert boot[4] == MIRROR
+        assert not Path(boot[3]).exists(), "the rootfs folder is removed after the import"
+    imported = machine.lines("imported")
+    assert "rollmesh-base:bookworm" in imported[0].split() and "rollmesh-base:trixie" in imported[1].split()
     with tarfile.open(machine.state / "imported.tar") as tar:
         names = tar.getnames()
     assert "./usr/bin/python3" in names
@@ -172,7 +177,7 @@ def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(
     assert second.returncode == 0, second.stderr
     assert exports(second.stdout) == exports(first.stdout)
     assert len(machine.lines("dockerd.calls")) == 1, "the running private daemon is reused"
-    assert len(machine.lines("debootstrap.calls")) == 1, "the base image is cached"
+    assert len(machine.lines("debootstrap.calls")) == 2, "the base images are cached"
     assert "is cached" in second.stderr
 
 
