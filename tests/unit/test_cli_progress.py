@@ -56,3 +56,10 @@ def test_unknown_total_and_what_the_job_waits_on() -> None:
     line = a_job(total=None, done=0, waiting="gateway unreachable for 12 s")
     first, second = screen(line, 80)
     assert "0/?" in first and second == "waiting: gateway unreachable for 12 s"
+
+
+def test_groups_replaced_and_short_are_shown_when_there_are_any() -> None:
+    [plain] = screen(a_job(), 120)
+    assert "replaced" not in plain and "short" not in plain
+    [shown] = screen(a_job(replaced=5, short=1), 120)
+    assert "failed 7 replaced 5 short 1" in shown

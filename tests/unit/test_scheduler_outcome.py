@@ -202,3 +202,9 @@ def test_allowed_failures_flag() -> None:
     for bad in ("-1", "x", "150%"):
         with pytest.raises(typer.BadParameter):
             parse_allowed_failures(bad)
+
+
+def test_max_replacements_flag_says_its_own_name() -> None:
+    assert parse_allowed_failures("25%", flag="--max-replacements") == (0, 0.25)
+    with pytest.raises(typer.BadParameter, match="--max-replacements 'x'"):
+        parse_allowed_failures("x", flag="--max-replacements")

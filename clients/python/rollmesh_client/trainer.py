@@ -116,6 +116,7 @@ class _Stream:
     job_id: str = ""
     window: int = 0
     group_size: int = 1
+    repeats: int = 0  # the job's num_repeats: a task's keys from g*repeats on are its generation g
     unacked: set[Key] = field(default_factory=set)
     # The next ConsumeResponse's keys by field: acked (dropped_stale: those of them dropped as stale),
     # held (waiting for their group: out of the window, owed an ack; to a scheduler that sends_end).
@@ -125,11 +126,16 @@ class _Stream:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     done: bool = False
     error: str = ""
-    groups: dict[int, list[TrainerRollout]] = field(default_factory=dict)
-    expected: dict[int, int] = field(default_factory=dict)
+    # By (task, generation): a job that replaces failed groups with the same task (replace_groups
+    # "same_task") runs generation g of a task as its keys g*repeats .. g*repeats + repeats-1.
+    groups: dict[Key, list[TrainerRollout]] = field(default_factory=dict)
+    expected: dict[Key, int] = field(default_factory=dict)
     held: set[Key] = field(default_factory=set)
     sends_end: bool = False  # the scheduler sends SinkEnd: a batch's acks can wait for its consumption
     ending: asyncio.Task[None] | None = None
+
+    def group_of(self, key: Key) -> Key:
+        return (key[0], key[1] // self.repeats if self.repeats else 0)
 
     def ack(self, keys: Iterable[Key], *, stale: bool = False, held: bool = False) -> None:
         for k in keys:
@@ -460,6 +466,7 @@ class SinkServer:
         st.sends_end = msg.sends_end
         repeats, size = int(msg.spec.num_repeats), self.group_size or int(msg.spec.num_repeats) or 1
         st.group_size = min(size, repeats) if repeats else size  # a larger group never completes
+        st.repeats = repeats
         self._streams[st.job_id] = st
         self._committed.setdefault(st.job_id, set())
         self.stats.jobs_opened += 1
@@ -482,12 +489,11 @@ class SinkServer:
             self._track(st, key)
             await self._queue.put([r])
             return
-        task = key[0]
+        task = st.group_of(key)
         group = st.groups.setdefault(task, [])
         group.append(r)
         if task not in st.expected:
-            done = sum(1 for t, _ in self._committed[st.job_id] if t == task)
-            st.expected[task] = max(st.group_size - done, 1)
+            st.expected[task] = max(st.group_size - self._done_of(st, task), 1)
         if len(group) >= st.expected[task]:
             self._track(st, key)
             await self._release(st, task)
@@ -501,10 +507,9 @@ class SinkServer:
         self.stats.failures += 1
         if not self.group_complete:
             return
-        task = int(msg.key.task_index)
+        task = st.group_of((int(msg.key.task_index), int(msg.key.rollout_index)))
         if task not in st.expected:
-            done = sum(1 for t, _ in self._committed[st.job_id] if t == task)
-            st.expected[task] = max(st.group_size - done, 1)
+            st.expected[task] = max(st.group_size - self._done_of(st, task), 1)
         st.expected[task] -= 1
         if st.groups.get(task) and len(st.groups[task]) >= st.expected[task]:
             await self._release(st, task)
@@ -526,7 +531,11 @@ class SinkServer:
             if st.groups[task]:
                 await self._release(st, task)
 
-    async def _release(self, st: _Stream, task: int) -> None:
+    def _done_of(self, st: _Stream, group: Key) -> int:
+        """Keys of `group` the trainer consumed before (a resumed job's)."""
+        return sum(1 for k in self._committed[st.job_id] if st.group_of(k) == group)
+
+    async def _release(self, st: _Stream, task: Key) -> None:
         group = st.groups.pop(task)
         st.expected.pop(task, None)
         for r in group:

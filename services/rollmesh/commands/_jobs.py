@@ -94,6 +94,19 @@ class SpecOptions:
         help="Fail the job at once when this many rollouts in a row fail with the same "
         "non-retryable error (0: default 20).",
     )
+    replace_groups: str = _option(
+        "",
+        "--replace-groups",
+        help="Keep batches full: hold each task's rollouts until all are in and replace a group with a "
+        "failed rollout by a fresh one: next-task (the next task the job does not select) or same-task "
+        "(new seeds). Default: replace nothing (docs/training.md).",
+    )
+    max_replacements: str = _option(
+        "",
+        "--max-replacements",
+        help="With --replace-groups: the most groups replaced, a count (8) or a percentage of the job's "
+        "tasks (25%). Default: as many as the job has tasks.",
+    )
     sink_grpc: str = _option("", "--sink-grpc", help="host:port of a trainer's RolloutSink.")
     sink_ack_timeout_s: float = _option(
         0.0,
@@ -195,6 +208,18 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
             raise typer.BadParameter(f"--shard {o.shard!r} is not i/n with n >= 1, e.g. 0/4")
         shard = pb.Shard(index=int(idx), count=int(cnt))
     allowed, allowed_fraction = parse_allowed_failures(o.allowed_failures) if o.allowed_failures else (0, 0.0)
+    from rollmesh.scheduler.spec import REPLACE_MODES
+
+    mode = o.replace_groups.replace("-", "_")
+    if mode not in REPLACE_MODES:
+        raise typer.BadParameter(f"--replace-groups {o.replace_groups!r} is not next-task or same-task")
+    if o.max_replacements and not mode:
+        raise typer.BadParameter("--max-replacements bounds --replace-groups: give --replace-groups too")
+    replacements, replacement_fraction = (
+        parse_allowed_failures(o.max_replacements, flag="--max-replacements")
+        if o.max_replacements
+        else (0, 0.0)
+    )
     # Same-named options copy over; unset sampling options stay unset (the benchmark's apply).
     sampling = to_pb(common_pb2.SamplingParams, o)
     return to_pb(
@@ -214,6 +239,9 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         else None,
         allowed_failures=allowed,
         allowed_failure_fraction=allowed_fraction,
+        replace_groups=mode,
+        max_replacements=replacements,
+        max_replacement_fraction=replacement_fraction,
     )
 
 
@@ -230,8 +258,8 @@ def _argv(command: str) -> list[str]:
     return [os.path.abspath(a) if not a.startswith("-") and Path(a).is_file() else a for a in argv]
 
 
-def parse_allowed_failures(text: str) -> tuple[int, float]:
-    """`--allowed-failures`: "5" -> (5, 0.0); "2.5%" -> (0, 0.025)."""
+def parse_allowed_failures(text: str, *, flag: str = "--allowed-failures") -> tuple[int, float]:
+    """`--allowed-failures` (or `flag`): "5" -> (5, 0.0); "2.5%" -> (0, 0.025)."""
     value = text.strip()
     try:
         if value.endswith("%"):
@@ -245,7 +273,7 @@ def parse_allowed_failures(text: str) -> tuple[int, float]:
         return count, 0.0
     except ValueError:
         raise typer.BadParameter(
-            f"--allowed-failures {text!r} is not a count >= 0 (e.g. 5) or a percentage (e.g. 1%)"
+            f"{flag} {text!r} is not a count >= 0 (e.g. 5) or a percentage (e.g. 1%)"
         ) from None
 
 
@@ -291,6 +319,7 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
             p = job.progress
             line.total = max(p.total - p.skipped_existing, 0)
             line.done, line.failed, line.stale = p.done, p.failed, p.stale_dropped
+            line.replaced, line.short = p.groups_replaced, p.groups_short
             line.mean_reward, line.rollouts_per_second = p.mean_reward, p.rollouts_per_second
             line.waiting = p.waiting_on
             if p.waiting_on and not err.is_terminal and time.monotonic() - said_at >= WAITING_SAID_EVERY_S:

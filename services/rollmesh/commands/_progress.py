@@ -28,6 +28,8 @@ class JobProgressLine:
     mean_reward: float = 0.0
     failed: int = 0
     stale: int = 0
+    replaced: int = 0  # failed groups replaced (JobSpec.replace_groups)
+    short: int = 0  # failed groups that could not be replaced
     waiting: str = ""
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None  # set when the job ended: the clock stops
@@ -40,7 +42,12 @@ class JobProgressLine:
         """The text parts around the bar (the bar at index 0 or 1 when shown) and the bar's width
         (0: no bar), the richest layout that fits `width` columns."""
         counts = f"{self.done}/{'?' if self.total is None else self.total}"
-        failed = f"failed {self.failed}" + (f" stale {self.stale}" if self.stale else "")
+        failed = (
+            f"failed {self.failed}"
+            + (f" stale {self.stale}" if self.stale else "")
+            + (f" replaced {self.replaced}" if self.replaced else "")
+            + (f" short {self.short}" if self.short else "")
+        )
         reward, clock = f"reward {self.mean_reward:.3f}", self.elapsed()
         rate, short_rate = f"{self.rollouts_per_second:.1f} rollouts/s", f"{self.rollouts_per_second:.0f}/s"
         layouts = [

@@ -47,6 +47,8 @@ def _show(job: pb.Job, as_json: bool, scheduler: str = "") -> None:
         ("progress", f"{p.done}/{p.total - p.skipped_existing} (+{p.skipped_existing} existing)"),
         ("succeeded / failed", f"{p.succeeded} / {p.failed}"),
         *([("dropped as stale by the trainer", p.stale_dropped)] if p.stale_dropped else []),
+        *([("failed groups replaced", p.groups_replaced)] if p.groups_replaced else []),
+        *([("failed groups not replaced (bound used up)", p.groups_short)] if p.groups_short else []),
         ("in flight", p.in_flight),
         ("mean reward", f"{p.mean_reward:.4f}"),
         ("rollouts/s", f"{p.rollouts_per_second:.1f}"),

@@ -65,7 +65,9 @@ from rollmesh.scheduler.errors import (
     GatewayUnresponsive,
     GroupMemberFailed,
     GroupPartlyStored,
+    GroupReplaced,
     ModelCallDeadline,
+    ReplacementsExhausted,
     RolloutFailed,
     RolloutTooLarge,
     TokenRecordMismatch,
@@ -75,6 +77,7 @@ from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.program import CaptureOpened, CaptureRecord, ProgramModel, ProgramSpec, run_program
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
+from rollmesh.scheduler.refill import Group, Refill
 from rollmesh.scheduler.retry import Backoff, Outages, with_retry
 from rollmesh.scheduler.sink import Sink
 from rollmesh.scheduler.timing import CURRENT as CURRENT_TIMING
@@ -116,6 +119,9 @@ class Progress:
     waiting_on: str = ""  # services unreachable, a stalled sink, right now (JobRun.progress_now)
     model_calls_cut: int = 0
     stale_dropped: int = 0  # written, then dropped by the trainer as stale: out of succeeded
+    groups_replaced: int = 0  # failed groups replaced by fresh ones (JobSpec.replace_groups; refill.py)
+    groups_short: int = 0  # failed groups that could not be replaced (the bound used up)
+    replaced_rollouts: int = 0  # the rollouts of the replaced groups: written as failures, not `failed`
     started: float = 0.0
     ended: float | None = None
 
@@ -302,6 +308,7 @@ class _Group:
     task_index: int
     size: int
     members: dict[int, _Member] = field(default_factory=dict)
+    group: Group | None = None  # what refill.py made of it, when the job replaces failed groups
 
 
 def _probe(port: object) -> Probe | None:
@@ -373,6 +380,12 @@ class JobRun:
         # Group scoring: the tasks whose rollouts are gathered for their verdict (at most one per
         # rollout in flight, plus the one being dispatched: each holds a slot until its last is done).
         self._groups: dict[int, _Group] = {}
+        # Keeping batches full (refill.py): every task is a group held until its last rollout is in;
+        # a failed one is replaced. The producer runs what `_refills` brings (None: a group ended).
+        self.refill: Refill | None = None
+        self._replacing = bool(plan.spec.replace_groups)
+        self._refills: asyncio.Queue[Group | None] = asyncio.Queue()
+        self._open_groups = 0
         self.progress = Progress(total=plan.total)
         # An external agent program instead of the built-in loop (program.py), its tools on one endpoint.
         self.program = (
@@ -418,6 +431,18 @@ class JobRun:
         p.model_calls_cut = self.deadline.timeouts
         return p
 
+    def refill_figures(self) -> dict[str, Any]:
+        """metrics.json's figures of keeping batches full ({} when the job replaces no groups)."""
+        r = self.refill
+        if r is None:
+            return {}
+        return {
+            "groups_replaced": r.replaced,
+            "groups_short": r.short,
+            "replacement_bound": r.bound,
+            "replace_groups": r.mode,
+        }
+
     def _unconsumed(self, reward: float | None, stale: bool) -> None:
         p = self.progress
         p.succeeded -= 1
@@ -436,6 +461,10 @@ class JobRun:
 
     async def open(self) -> set[RolloutKey]:
         existing = await self.sink.open(self.job_id, total=self.plan.total, spec=self.plan.spec.to_json())
+        if self._replacing:
+            self.refill = Refill(self.plan, existing)
+            self.progress.skipped_existing = self.refill.skipped_rollouts
+            return existing
         tasks = set(self.plan.task_indices)
         self.progress.skipped_existing = sum(
             1 for k in existing if k.task_index in tasks and 0 <= k.rollout_index < self.plan.num_repeats
@@ -473,11 +502,19 @@ class JobRun:
             allowed_fraction=spec.allowed_failure_fraction,
             tally=self.tally,
         )
+        if self.refill is not None and self.refill.short:  # never a silent short batch
+            why = f"{ReplacementsExhausted.reason}: {self.refill.why_short()}"
+            if state == "SUCCEEDED":
+                state, error = "COMPLETED_WITH_FAILURES", why
+            elif state == "COMPLETED_WITH_FAILURES":
+                error = f"{why}; {error}"
         return RunResult(state, error)
 
     async def _produce(self, existing: set[RolloutKey]) -> None:
         try:
-            if self.settings.group_verify:
+            if self._replacing:
+                await self._produce_refilled(existing)
+            elif self.settings.group_verify:
                 await self._produce_groups(existing)
             else:
                 for key in self.plan.keys():
@@ -516,6 +553,27 @@ class JobRun:
             self._groups[t] = _Group(t, n)
             for key in keys:
                 await self._dispatch(key)
+
+    async def _produce_refilled(self, existing: set[RolloutKey]) -> None:
+        """Keeping batches full: run the groups refill.py starts with, and each replacement a failed
+        group asks for (before the next new group, so the groups in flight fill first), until no
+        group is open and none is owed."""
+        if self.refill is None:
+            self.refill = Refill(self.plan, existing)
+        for group in self.refill.initial:
+            while not self._refills.empty():
+                await self._dispatch_group(self._refills.get_nowait())
+            await self._dispatch_group(group)
+        while self._open_groups > 0 or not self._refills.empty():
+            await self._dispatch_group(await self._refills.get())
+
+    async def _dispatch_group(self, group: Group | None) -> None:
+        if group is None:
+            return
+        self._groups[group.task_index] = _Group(group.task_index, len(group.keys), group=group)
+        self._open_groups += 1
+        for key in group.keys:
+            await self._dispatch(key)
 
     async def _drop_groups(self) -> None:
         """A stopped run's gathered groups are never verified (nothing of them is written; a resumed
@@ -636,7 +694,7 @@ class JobRun:
                 err = ErrorClass(TokenRecordMismatch.reason, False, None, message)
                 await self._settle_failure(key, err, attempts, outcome.env_session)
                 return
-            if outcome.verdict_pending:
+            if outcome.verdict_pending or self._replacing:
                 steps = outcome.reward - outcome.verdict.reward
                 member = _Member(key, attempts, rollout, steps_reward=steps, env_session=outcome.env_session)
                 await self._join_group(member)
@@ -675,7 +733,7 @@ class JobRun:
         self, key: RolloutKey, err: ErrorClass, attempts: int, env_session: str = ""
     ) -> None:
         """A rollout failed: written at once, or (group scoring) with its group once that is done."""
-        if self.settings.group_verify:
+        if self.settings.group_verify or self._replacing:
             await self._join_group(_Member(key, attempts, error=err, env_session=env_session))
         else:
             await self._fail(key, err, attempts)
@@ -688,7 +746,14 @@ class JobRun:
         if len(group.members) < group.size:
             return
         del self._groups[group.task_index]
-        await self._finish_group(group)
+        if group.group is None:
+            await self._finish_group(group)
+            return
+        try:
+            await self._finish_group(group)
+        finally:
+            self._open_groups -= 1
+            self._refills.put_nowait(None)  # wakes the producer, which may be waiting for the last
 
     async def _finish_group(self, group: _Group) -> None:
         """Verify the group together and write its rows; a failed rollout fails the whole group
@@ -697,7 +762,11 @@ class JobRun:
         try:
             failed = next((m for m in members if m.error is not None), None)
             if failed is not None:
-                await self._fail_group(members, failed)
+                await self._fail_group(members, failed, self._replacement(group))
+                return
+            if not self.settings.group_verify:  # (replacing failed groups) each already verified
+                rows = [m.rollout for m in members if m.rollout is not None]
+                await self._write_rows(rows, members)
                 return
             task = self.plan.rows[group.task_index]
             asked = [GroupMember(m.rollout.messages, m.env_session) for m in members if m.rollout is not None]
@@ -711,8 +780,9 @@ class JobRun:
                     outages=self.outages,
                 )
             except RolloutFailed as exc:  # one verdict failed: evidence once, not once per rollout
+                replaced = self._replacement(group) is not None
                 for i, m in enumerate(members):
-                    await self._fail(m.key, exc.error, m.attempts, evidence=i == 0)
+                    await self._fail(m.key, exc.error, m.attempts, evidence=i == 0, replaced=replaced)
                 return
         finally:
             for m in members:
@@ -730,6 +800,10 @@ class JobRun:
             for m, v in zip(members, verdicts, strict=True)
             if m.rollout is not None
         ]
+        await self._write_rows(rows, members)
+
+    async def _write_rows(self, rows: list[Rollout], members: list[_Member]) -> None:
+        """A group's rows in one sink call; a row the sink refused as too large fails."""
         attempts = {m.key: m.attempts for m in members}
         for rollout, too_large in await self._write_group(rows):
             await self._fail(
@@ -738,19 +812,63 @@ class JobRun:
                 attempts[rollout.key],
             )
 
-    async def _fail_group(self, members: list[_Member], failed: _Member) -> None:
+    def _replacement(self, group: _Group) -> Group | None:
+        """The fresh group that replaces a failed one (queued for the producer), or None: the job
+        does not replace groups, or cannot (refill.py counts the shortfall)."""
+        if self.refill is None or group.group is None:
+            return None
+        fresh = self.refill.replace(group.group)
+        p = self.progress
+        p.groups_replaced, p.groups_short = self.refill.replaced, self.refill.short
+        telemetry.GROUPS_REFILLED.labels("replaced" if fresh is not None else "short").inc()
+        if fresh is None:
+            log.warning(
+                "group_not_replaced",
+                job_id=self.job_id,
+                task=group.task_index,
+                reason=ReplacementsExhausted.reason,
+                why=self.refill.why_short(),
+            )
+        else:
+            log.info(
+                "group_replaced",
+                job_id=self.job_id,
+                task=group.task_index,
+                by=f"{fresh.task_index}/{fresh.keys[0].rollout_index}",
+            )
+            self._refills.put_nowait(fresh)
+        return fresh
+
+    async def _fail_group(self, members: list[_Member], failed: _Member, fresh: Group | None = None) -> None:
+        """Fail every rollout of a group; with `fresh` (its replacement) they are the replaced
+        group's, not the job's failures (GroupReplaced for the ones that succeeded)."""
         assert failed.error is not None
-        why = (
-            f"rollout {failed.key.as_str()} of this group failed ({failed.error.name}): the group's "
-            "rewards depend on all its rollouts, so none of it is verified"
-        )
+        if fresh is not None:
+            reason = GroupReplaced.reason
+            why = (
+                f"rollout {failed.key.as_str()} of this group failed ({failed.error.name}): the group "
+                f"is replaced by task {fresh.task_index}'s rollouts {fresh.keys[0].rollout_index}.."
+                f"{fresh.keys[-1].rollout_index}"
+            )
+        elif self.refill is not None:
+            reason = GroupMemberFailed.reason
+            why = (
+                f"rollout {failed.key.as_str()} of this group failed ({failed.error.name}) and the group "
+                f"could not be replaced ({ReplacementsExhausted.reason}): no partial group is written"
+            )
+        else:
+            reason = GroupMemberFailed.reason
+            why = (
+                f"rollout {failed.key.as_str()} of this group failed ({failed.error.name}): the group's "
+                "rewards depend on all its rollouts, so none of it is verified"
+            )
+        replaced = fresh is not None
         for m in members:
             if m.error is not None:
-                await self._fail(m.key, m.error, m.attempts)
+                await self._fail(m.key, m.error, m.attempts, replaced=replaced)
             else:
-                await self._fail(
-                    m.key, ErrorClass(GroupMemberFailed.reason, False, None, why), m.attempts, evidence=False
-                )
+                err = ErrorClass(reason, False, None, why)
+                await self._fail(m.key, err, m.attempts, evidence=False, replaced=replaced)
 
     async def _write_group(self, rollouts: list[Rollout]) -> list[tuple[Rollout, RolloutTooLarge]]:
         """The group's rows in one sink call (one batch); returns those the sink refused as too large."""
@@ -799,9 +917,18 @@ class JobRun:
         if self.hooks.on_rollout is not None:
             self.hooks.on_rollout(rollout)
 
-    async def _fail(self, key: RolloutKey, err: ErrorClass, attempts: int, *, evidence: bool = True) -> None:
+    async def _fail(
+        self,
+        key: RolloutKey,
+        err: ErrorClass,
+        attempts: int,
+        *,
+        evidence: bool = True,
+        replaced: bool = False,
+    ) -> None:
         """Write a rollout's failure. `evidence` False: it says nothing of the job's health (a group
-        member failed by a sibling), so fail fast neither counts it nor resets its streak."""
+        member failed by a sibling), so fail fast neither counts it nor resets its streak. `replaced`:
+        its group was replaced (refill.py): in `replaced_rollouts`, not the job's done or failed."""
         failure = RolloutFailure(key, self.job_id, err.name, err.message, attempts)
         log.info("rollout_failed", job_id=self.job_id, key=key.as_str(), error=err.name, attempts=attempts)
         async with self._write_lock:
@@ -809,10 +936,13 @@ class JobRun:
             telemetry.SINK_WRITES.labels(self._sink_kind, "failure").inc()
             telemetry.rollout_failed(err.name)
             tracing.annotate(**{"rollmesh.outcome": "failed", "rollmesh.error_class": err.name})
-            self.progress.done += 1
-            self.progress.failed += 1
             self.failures.append(failure)
-            self.tally.add(err.name, err.message)
+            if replaced:
+                self.progress.replaced_rollouts += 1
+            else:
+                self.progress.done += 1
+                self.progress.failed += 1
+                self.tally.add(err.name, err.message)
             if self.hooks.on_failure is not None:
                 self.hooks.on_failure(failure)
         if evidence and self._fail_fast.failure(err.name, err.retryable):

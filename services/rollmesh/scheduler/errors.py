@@ -197,6 +197,22 @@ class GroupMemberFailed(mesh.FailedPrecondition):
     reason = "GROUP_MEMBER_FAILED"
 
 
+class GroupReplaced(mesh.FailedPrecondition):
+    """A rollout that succeeded in a group that failed (another of its rollouts failed) while the job
+    replaces failed groups (JobSpec.replace_groups): a fresh group takes its place, so none of this one
+    goes to the trainer. Written to the failures sidecar as evidence; not counted as the job's failure."""
+
+    reason = "GROUP_REPLACED"
+
+
+class ReplacementsExhausted(mesh.ResourceExhausted):
+    """A failed group could not be replaced: the job's bound on replacements was used up, or (for
+    "next_task") the dataset has no unused task left. The job delivers fewer full groups than it
+    has tasks, and ends COMPLETED_WITH_FAILURES naming this class."""
+
+    reason = "REPLACEMENTS_EXHAUSTED"
+
+
 class GroupPartlyStored(mesh.FailedPrecondition):
     """Some rollouts of a group-scored task are stored (with the verdict of the group they were
     verified in) and the others are not (a torn write, a row too large for the sink): running the

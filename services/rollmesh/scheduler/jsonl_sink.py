@@ -313,7 +313,7 @@ class JsonlSink(Sink):
             computed = await asyncio.to_thread(self.recompute_metrics)
         else:
             computed = metrics()
-        data = {**computed, "job_state": state}
+        data = {**computed, **(self.extra_metrics or {}), "job_state": state}
         try:
             await asyncio.to_thread(store.write_json_atomic, self.directory / store.METRICS, data)
         except OSError as exc:

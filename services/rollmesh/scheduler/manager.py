@@ -61,7 +61,10 @@ TIME_LIMIT = 62135596800.0  # |seconds| a protobuf Timestamp holds on both sides
 CAPACITY_TIMEOUT_S = 5.0  # asking the gateway what its engines run at once (automatic concurrency)
 # The Progress fields job.json keeps.
 STORED_PROGRESS = tuple(
-    "total done succeeded failed skipped_existing stale_dropped masked mean_reward retries".split()
+    (
+        "total done succeeded failed skipped_existing stale_dropped masked mean_reward retries "
+        "groups_replaced groups_short"
+    ).split()
 )
 
 SinkFactory = Callable[[str, Plan, Path], Sink]
@@ -206,13 +209,16 @@ def stored_metrics(run: JobRun, job_id: str) -> Json:
     acknowledged (`Sink.not_stored`) are left out (a disk that filled mid-job counted them)."""
     unstored = run.sink.not_stored()
     scored = [s for s in run.scored if s.key not in unstored] if unstored else run.scored
-    return compute(
-        scored,
-        run.failures,
-        k_values=list(run.plan.k_values),
-        job_id=job_id,
-        sink_writes=run.sink.write_times,
-    ).to_json()
+    return {
+        **compute(
+            scored,
+            run.failures,
+            k_values=list(run.plan.k_values),
+            job_id=job_id,
+            sink_writes=run.sink.write_times,
+        ).to_json(),
+        **run.refill_figures(),
+    }
 
 
 def resume_hint(job_id: str, output_dir: str | Path) -> str:
@@ -427,6 +433,7 @@ class JobManager:
         assert run is not None
         # A JSONL sink counts its own folder; any other sink is asked once it knows what it stored.
         metrics = None if rec.has_file else lambda: stored_metrics(run, rec.job_id)
+        run.sink.extra_metrics = run.refill_figures()
         try:
             await run.sink.close(state=result.state, metrics=metrics)
         except Exception as exc:
@@ -438,7 +445,11 @@ class JobManager:
             result = RunResult("FAILED", sink_error.message)
         if isinstance(run.sink, JsonlSink):  # progress counts what reached the disk, not what was handed over
             p = run.progress
-            p.succeeded, p.failed = run.sink.rows_written, run.sink.failures_written
+            # (the replaced groups' rollouts are in failures.jsonl, not the job's failures: refill.py)
+            p.succeeded, p.failed = (
+                run.sink.rows_written,
+                max(run.sink.failures_written - p.replaced_rollouts, 0),
+            )
             p.done, p.reward_sum = p.succeeded + p.failed, run.sink.reward_written
             p.masked = run.sink.masked_written
         final = (result.state, result.error, time.time())

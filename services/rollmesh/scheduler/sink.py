@@ -33,6 +33,9 @@ class Sink(ABC):
     on_unconsumed: Callable[[float | None, bool], None] | None = None
     # Set by the job's run: how long each `write` took (timing.py; metrics.json's sink_write_s).
     write_times: Reservoir | None = None
+    # Set by the job before `close`: figures of the run a sink's metrics.json adds to what it counts
+    # from its rows (groups replaced and short: refill.py).
+    extra_metrics: Json | None = None
 
     @abstractmethod
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:

@@ -19,6 +19,9 @@ Json = dict[str, Any]
 SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "top_k")
 DEFAULT_MAX_STEPS = 8
 DEFAULT_OUTPUT_DIR = "runs"
+# JobSpec.replace_groups: off, an unused task of the dataset, the same task with new seeds (refill.py).
+NEXT_TASK, SAME_TASK = "next_task", "same_task"
+REPLACE_MODES = ("", NEXT_TASK, SAME_TASK)
 
 
 def _setting(default: Any, doc: str) -> Any:
@@ -97,6 +100,13 @@ class JobSpec:
     allowed_failure_fraction: float = 0.0
     # Resume the newest unfinished job with the same rollouts under output_dir (else start a new one).
     resume_latest: bool = False
+    # Keep batches full (refill.py): a task's group with a failed rollout is replaced by a fresh one,
+    # "next_task" (an unused task of the dataset) or "same_task" (new seeds); "" replaces nothing.
+    # At most max(max_replacements, floor(max_replacement_fraction x groups)) replacements; both 0:
+    # as many as the job has groups.
+    replace_groups: str = ""
+    max_replacements: int = 0
+    max_replacement_fraction: float = 0.0
 
     def to_json(self) -> Json:
         data = dataclasses.asdict(self)
@@ -150,6 +160,7 @@ def validate(spec: JobSpec) -> None:
         "agent.max_steps": spec.max_steps,
         **{f"retry.{f.name}": getattr(spec.retry, f.name) for f in dataclasses.fields(spec.retry)},
         "allowed_failures": spec.allowed_failures,
+        "max_replacements": spec.max_replacements,
         "sink.fsync_every": spec.sink.fsync_every,
         "sink.window": spec.sink.window,
         "sink.grpc.ack_timeout_s": spec.sink.ack_timeout_s,
@@ -164,6 +175,17 @@ def validate(spec: JobSpec) -> None:
         raise InvalidJobSpec(
             f"allowed_failure_fraction {spec.allowed_failure_fraction} must be in [0, 1]",
             metadata={"field": "allowed_failure_fraction"},
+        )
+    if not 0.0 <= spec.max_replacement_fraction <= 1e6:
+        raise InvalidJobSpec(
+            f"max_replacement_fraction {spec.max_replacement_fraction} must be a number >= 0",
+            metadata={"field": "max_replacement_fraction"},
+        )
+    if spec.replace_groups not in REPLACE_MODES:
+        raise InvalidJobSpec(
+            f"replace_groups {spec.replace_groups!r} is not one of "
+            + ", ".join(repr(m) for m in REPLACE_MODES),
+            metadata={"field": "replace_groups"},
         )
     if any(k <= 0 for k in spec.k_values):
         raise InvalidJobSpec(

@@ -46,6 +46,12 @@ SINK_ACKS = Counter(
     "Rollouts a trainer's RolloutSink acknowledged: consumed, or dropped as stale.",
     ["result"],
 )
+GROUPS_REFILLED = Counter(
+    "rollmesh_scheduler_groups_refilled",
+    "Failed groups of jobs that keep batches full (JobSpec.replace_groups): replaced by a fresh group, "
+    "or short (the job's bound on replacements used up).",
+    ["result"],
+)
 
 _SUCCEEDED, _FAILED = ROLLOUTS_DONE.labels("succeeded"), ROLLOUTS_DONE.labels("failed")
 

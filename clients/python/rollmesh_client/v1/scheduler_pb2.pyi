@@ -82,6 +82,9 @@ class JobSpec(_message.Message):
     ALLOWED_FAILURES_FIELD_NUMBER: _builtins.int
     ALLOWED_FAILURE_FRACTION_FIELD_NUMBER: _builtins.int
     RESUME_LATEST_FIELD_NUMBER: _builtins.int
+    REPLACE_GROUPS_FIELD_NUMBER: _builtins.int
+    MAX_REPLACEMENTS_FIELD_NUMBER: _builtins.int
+    MAX_REPLACEMENT_FRACTION_FIELD_NUMBER: _builtins.int
     benchmark: _builtins.str
     """A benchmark artifact: supplies dataset, environment, repeats and sampling defaults."""
     dataset: _builtins.str
@@ -119,6 +122,20 @@ class JobSpec(_message.Message):
     start a new job. The scheduler decides from its own results root (`rollmesh run --resume`).
     The returned Job's spec.resume_job_id is its id when one was resumed.
     """
+    replace_groups: _builtins.str
+    """Keep batches full: each task's rollouts are a group, held until the last is in and written
+    together; a group with a failed rollout is replaced by a fresh one so a trainer asking for N
+    full groups gets N. "next_task": the next task of the dataset the job does not select (past
+    `limit`, in its shard); "same_task": the same task with new seeds (the keys after the group's);
+    empty: nothing is replaced. The replaced group's rollouts go to the failures sidecar (class
+    GROUP_REPLACED for the ones that succeeded) and count in JobProgress.groups_replaced, not failed.
+    """
+    max_replacements: _builtins.int
+    """The most replacements: max(max_replacements, floor(max_replacement_fraction x tasks)); both 0:
+    as many as the job has tasks. A failed group past the bound is the job's shortfall
+    (JobProgress.groups_short): it ends COMPLETED_WITH_FAILURES naming REPLACEMENTS_EXHAUSTED.
+    """
+    max_replacement_fraction: _builtins.float
     @_builtins.property
     def agent(self) -> Global___AgentSpec: ...
     @_builtins.property
@@ -158,10 +175,13 @@ class JobSpec(_message.Message):
         allowed_failures: _builtins.int = ...,
         allowed_failure_fraction: _builtins.float = ...,
         resume_latest: _builtins.bool = ...,
+        replace_groups: _builtins.str = ...,
+        max_replacements: _builtins.int = ...,
+        max_replacement_fraction: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "allowed_failure_fraction", b"allowed_failure_fraction", "allowed_failures", b"allowed_failures", "benchmark", b"benchmark", "concurrency", b"concurrency", "dataset", b"dataset", "environment", b"environment", "k_values", b"k_values", "limit", b"limit", "model", b"model", "num_repeats", b"num_repeats", "output_dir", b"output_dir", "resume_job_id", b"resume_job_id", "resume_latest", b"resume_latest", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink", "starting_seed", b"starting_seed", "validate_all", b"validate_all"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "allowed_failure_fraction", b"allowed_failure_fraction", "allowed_failures", b"allowed_failures", "benchmark", b"benchmark", "concurrency", b"concurrency", "dataset", b"dataset", "environment", b"environment", "k_values", b"k_values", "limit", b"limit", "max_replacement_fraction", b"max_replacement_fraction", "max_replacements", b"max_replacements", "model", b"model", "num_repeats", b"num_repeats", "output_dir", b"output_dir", "replace_groups", b"replace_groups", "resume_job_id", b"resume_job_id", "resume_latest", b"resume_latest", "retry", b"retry", "sampling", b"sampling", "shard", b"shard", "sink", b"sink", "starting_seed", b"starting_seed", "validate_all", b"validate_all"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -412,6 +432,8 @@ class JobProgress(_message.Message):
     WAITING_ON_FIELD_NUMBER: _builtins.int
     MODEL_CALLS_CUT_FIELD_NUMBER: _builtins.int
     STALE_DROPPED_FIELD_NUMBER: _builtins.int
+    GROUPS_REPLACED_FIELD_NUMBER: _builtins.int
+    GROUPS_SHORT_FIELD_NUMBER: _builtins.int
     total: _builtins.int
     """Rollouts in this job (tasks x repeats, after limit and shard)."""
     done: _builtins.int
@@ -443,6 +465,12 @@ class JobProgress(_message.Message):
     """Rollouts a trainer's gRPC sink dropped as stale (its max_staleness) instead of consuming them:
     generated and acknowledged, but not in `succeeded` (nor in mean_reward); a resume regenerates them.
     """
+    groups_replaced: _builtins.int
+    """Failed groups replaced by fresh ones (JobSpec.replace_groups)."""
+    groups_short: _builtins.int
+    """Failed groups that could not be replaced (the bound used up): the trainer got this many full
+    groups fewer than the job has tasks.
+    """
     def __init__(
         self,
         *,
@@ -459,10 +487,12 @@ class JobProgress(_message.Message):
         waiting_on: _builtins.str = ...,
         model_calls_cut: _builtins.int = ...,
         stale_dropped: _builtins.int = ...,
+        groups_replaced: _builtins.int = ...,
+        groups_short: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "in_flight", b"in_flight", "mean_reward", b"mean_reward", "model_calls_cut", b"model_calls_cut", "retries", b"retries", "rollouts_per_second", b"rollouts_per_second", "skipped_existing", b"skipped_existing", "stale_dropped", b"stale_dropped", "succeeded", b"succeeded", "tokens_per_second", b"tokens_per_second", "total", b"total", "waiting_on", b"waiting_on"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "failed", b"failed", "groups_replaced", b"groups_replaced", "groups_short", b"groups_short", "in_flight", b"in_flight", "mean_reward", b"mean_reward", "model_calls_cut", b"model_calls_cut", "retries", b"retries", "rollouts_per_second", b"rollouts_per_second", "skipped_existing", b"skipped_existing", "stale_dropped", b"stale_dropped", "succeeded", b"succeeded", "tokens_per_second", b"tokens_per_second", "total", b"total", "waiting_on", b"waiting_on"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
