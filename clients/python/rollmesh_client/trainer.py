@@ -19,13 +19,16 @@ bound. Breaking out of a loop leaves the last item unacknowledged (call `ack()` 
 Group-complete delivery (`group_complete=True`): all repeats of a task arrive together (the group
 size is `group_size` (at most the job's `num_repeats` from SinkOpen), else `num_repeats`; repeats
 the trainer had already consumed, failed repeats and stale drops shrink a group; on SinkEnd or
-SinkClose partial groups are delivered). So that groups filled out of order cannot deadlock against
-the window, rollouts waiting in an incomplete group are reported `held` on arrival: out of the
-scheduler's window, but still owed an acknowledgement, sent, and committed, only when the whole
-group is consumed. The job's concurrency bounds them (each incomplete group has a repeat in
-flight); left in the window past a bound, they could fill it with rows waiting for rows it no
-longer lets through. (A scheduler that sends no SinkEnd, an older one, gets up to `max_held`
-acknowledged on arrival, the rest waiting like any rollout.)
+SinkClose partial groups are delivered). A group is a task's keys of one generation: rollout indices
+g*num_repeats .. g*num_repeats + num_repeats-1, g > 0 only in a job that replaces failed groups with
+the same task (JobSpec.replace_groups "same_task", docs/training.md); such a job sends no row of a
+failed group, so every group delivered is whole. So that groups filled out of order cannot deadlock
+against the window, rollouts waiting in an incomplete group are reported `held` on arrival: out of
+the scheduler's window, but still owed an acknowledgement, sent, and committed, only when the whole
+group is consumed. The job's concurrency bounds them (each incomplete group has a repeat in flight);
+left in the window past a bound, they could fill it with rows waiting for rows it no longer lets
+through. (A scheduler that sends no SinkEnd, an older one, gets up to `max_held` acknowledged on
+arrival, the rest waiting like any rollout.)
 
 Policy versions: labels are integers as strings ("0", "1", ...), set on the gateway after each
 weight sync. A rollout's version is the oldest of its turns (and of the parts of a turn a CONTINUE
