@@ -63,3 +63,14 @@ def test_groups_replaced_and_short_are_shown_when_there_are_any() -> None:
     assert "replaced" not in plain and "short" not in plain
     [shown] = screen(a_job(replaced=5, short=1), 120)
     assert "failed 7 replaced 5 short 1" in shown
+
+
+def test_the_metrics_table_names_groups_replaced_and_short() -> None:
+    from rollmesh.commands._jobs import metrics_rows
+    from rollmesh_client.v1 import scheduler_pb2 as pb
+
+    plain = dict(metrics_rows(pb.JobMetrics(num_rollouts=8), pb.Job()))
+    assert "failed groups replaced" not in plain
+    job = pb.Job(progress=pb.JobProgress(groups_replaced=11, groups_short=2))
+    rows = dict(metrics_rows(pb.JobMetrics(num_rollouts=8), job))
+    assert rows["failed groups replaced"] == "11" and rows["  not replaced (REPLACEMENTS_EXHAUSTED)"] == "2"

@@ -516,6 +516,8 @@ class SinkServer:
         st.expected[task] -= 1
         if st.groups.get(task) and len(st.groups[task]) >= st.expected[task]:
             await self._release(st, task)
+        elif st.expected[task] <= 0 and not st.groups.get(task):  # every repeat failed: none comes
+            st.expected.pop(task)
 
     async def _on_end(self, st: _Stream) -> None:
         await self._release_all(st)

@@ -453,6 +453,14 @@ def metrics_rows(
             else []
         ),
         ("tasks", str(m.num_tasks)),
+        *(
+            [
+                ("failed groups replaced", str(job.progress.groups_replaced)),
+                ("  not replaced (REPLACEMENTS_EXHAUSTED)", str(job.progress.groups_short)),
+            ]
+            if job and (job.progress.groups_replaced or job.progress.groups_short)
+            else []
+        ),
         ("failures", str(m.num_failures)),
         *[(f"  {name}", str(n)) for name, n in sorted(m.failures_by_class.items(), key=lambda kv: -kv[1])],
         *([("duplicates skipped", str(duplicates))] if duplicates else []),
