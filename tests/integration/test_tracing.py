@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,41 @@ async def test_sampling_keeps_whole_rollout_traces_and_makes_no_others(
         assert names.count("rollout") == 1 and whole <= set(names) and "verifier.verify" in names
 
 
+@pytest.mark.parametrize("receiver", [("parentbased_traceidratio", "0.25")], indirect=True)
+async def test_a_new_traces_decision_is_the_samplers_rule_and_only_sampled_calls_carry_context(
+    receiver: _Receiver,
+) -> None:
+    """`new_trace` compares 64 random bits with the sampler's bound instead of asking the SDK's
+    sampler each time: the same decision the SDK's ratio sampler makes on those bits as a trace id.
+    Outside a sampled trace a unary call gets no metadata (so the callee does no trace work)."""
+    from opentelemetry.sdk.trace.sampling import (
+        ALWAYS_OFF,
+        ALWAYS_ON,
+        Decision,
+        ParentBased,
+        TraceIdRatioBased,
+    )
+
+    sdk = TraceIdRatioBased(0.25)
+    ours, theirs = [], []
+    for seed in range(2000):
+        random.seed(seed)
+        ours.append(tracing.new_trace())
+        random.seed(seed)
+        theirs.append(
+            sdk.should_sample(None, random.getrandbits(64), "rollout").decision == Decision.RECORD_AND_SAMPLE
+        )
+    assert ours == theirs and 400 < sum(ours) < 600
+    assert tracing._bound_of(ParentBased(ALWAYS_OFF)) == 0 and tracing._bound_of(ALWAYS_ON) == 1 << 64
+
+    assert tracing.metadata() is None and tracing.inject() == {}
+    with tracing.trace("rollout") as root:
+        assert root is not None
+        ((key, value),) = tracing.metadata() or ()
+        assert key == "traceparent" and tracing.sampled({key: value})
+    assert tracing.metadata() is None
+
+
 def test_tracing_is_off_unless_the_otel_variables_ask() -> None:
     assert not tracing.wanted({})
     assert tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317"})
@@ -185,7 +221,8 @@ def test_tracing_is_off_unless_the_otel_variables_ask() -> None:
     assert not tracing.wanted(
         {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_TRACES_EXPORTER": "none"}
     )
-    assert not tracing.enabled() and tracing.inject() == {}
+    assert not tracing.enabled() and tracing.inject() == {} and tracing.metadata() is None
+    assert not tracing.new_trace()
     with tracing.span("nothing") as s:
         assert s is None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -51,12 +51,16 @@ async def unary_call(
     timeout_s: float | None,
     *,
     retry_unavailable_s: float = 0.0,
+    metadata: Sequence[tuple[str, str]] | None = None,
 ) -> R:
-    """One unary RPC with a deadline; a failure raises the SDK's typed error for its code. With
-    `retry_unavailable_s` (only for calls safe to repeat), UNAVAILABLE is retried that long."""
+    """One unary RPC with a deadline (and `metadata`, when given); a failure raises the SDK's typed
+    error for its code. With `retry_unavailable_s` (only for calls safe to repeat), UNAVAILABLE is
+    retried that long."""
     retry = UnavailableRetry(retry_unavailable_s)
     while True:
         try:
+            if metadata:
+                return await method(request, timeout=timeout_s, metadata=metadata)
             return await method(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.UNAVAILABLE or not await retry.wait():

@@ -3,11 +3,11 @@
 The caller keeps its gRPC port code (e.g. the scheduler's `GatewayModel`) and is handed, instead of a
 channel's stub and multiplexed stream, these two, which run the peer's servicer in this process:
 
-- `InProcessStub`: `stub.Method(request, timeout=...)` calls the servicer's `Method` with the same
-  request message and returns its response message. A failure raises what the SDK raises for the
-  status the server interceptor would have sent (`interceptors.status_of`): a domain error its own
-  code and details, anything else INTERNAL (logged here, as the interceptor logs it); past `timeout`,
-  DEADLINE_EXCEEDED.
+- `InProcessStub`: `stub.Method(request, timeout=..., metadata=...)` calls the servicer's `Method`
+  with the same request message (the metadata as its context's) and returns its response message.
+  A failure raises what the SDK raises for the status the server interceptor would have sent
+  (`interceptors.status_of`): a domain error its own code and details, anything else INTERNAL
+  (logged here, as the interceptor logs it); past `timeout`, DEADLINE_EXCEEDED.
 - `InProcessMux`: the SDK's `Multiplexed.call(payload, deadline_s)` for one multiplexed method
   (`MultiplexedMethod`, which the servicer's stream handler uses too): the SDK's own stream item,
   the servicer's work for it under the stream's concurrency bound, the outcome as the server's
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -43,8 +43,9 @@ Out = TypeVar("Out")
 class _Context:
     """What servicers read of a gRPC context in a call from this process."""
 
-    def __init__(self, deadline: float | None) -> None:
+    def __init__(self, deadline: float | None, metadata: Sequence[tuple[str, str]] | None = None) -> None:
         self._deadline = deadline
+        self._metadata = tuple(metadata or ())
 
     def time_remaining(self) -> float | None:
         if self._deadline is None:
@@ -52,7 +53,7 @@ class _Context:
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ()
+        return self._metadata
 
     def cancelled(self) -> bool:
         return False
@@ -72,13 +73,14 @@ class InProcessStub:
         handler: Callable[[Any, Any], Awaitable[Any]],
         request: Any,
         timeout: float | None = None,  # noqa: ASYNC109  # a gRPC stub's keyword
+        metadata: Sequence[tuple[str, str]] | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         scope = asyncio.timeout_at(deadline)
         try:
             async with scope:
-                return await handler(request, _Context(deadline))
+                return await handler(request, _Context(deadline, metadata))
         except Exception as exc:
             if isinstance(exc, TimeoutError) and scope.expired():
                 raise DeadlineExceededError(

@@ -142,8 +142,13 @@ def _aborted_code(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 
 def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool, recorder: RpcRecorder) -> Behavior:
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if not request_streaming and tracing.enabled():  # a server span, child of the caller's
-            parent = tracing.metadata_carrier(context.invocation_metadata())
+        # A server span, child of the caller's, when the call carries a sampled trace's context
+        # (callers outside sampled traces send none: nothing to do here).
+        if (
+            not request_streaming
+            and tracing.enabled()
+            and tracing.sampled(parent := tracing.metadata_carrier(context.invocation_metadata()))
+        ):
             with tracing.span(method.lstrip("/"), parent=parent, kind="server"):
                 async with _observed(method, context, recorder):
                     return await behavior(_decoded(request, request_streaming), context)

@@ -11,10 +11,15 @@ hundred traced, and every span of a traced one), `OTEL_SERVICE_NAME` (default `r
 `OTEL_EXPORTER_OTLP_PROTOCOL` picks grpc (default) or http/protobuf. Spans leave in batches from a
 thread (the SDK's BatchSpanProcessor): nothing waits on the collector.
 
-Context travels as W3C `traceparent`/`tracestate`: in gRPC metadata for unary calls (the client
-interceptor `client_interceptors()` injects it, the server interceptor extracts it), and in the
-`trace_context` field of each multiplexed item (GenerateRequest, VerifyRequest), since one stream
-carries many calls.
+Context travels as W3C `traceparent`/`tracestate`: in gRPC metadata for unary calls (the caller
+passes `metadata()` with the call, the server interceptor extracts it), and in the `trace_context`
+field of each multiplexed item (GenerateRequest, VerifyRequest), since one stream carries many calls.
+
+What a rollout left out by the sampler costs with tracing on: one random number compared with the
+sampler's bound (`new_trace`), then a context-variable read at each would-be span, and nothing on
+the wire (no `traceparent`, so the services downstream do no trace work either). No gRPC
+interceptor runs on the client side: a Python interceptor on a grpc.aio channel costs every call
+an extra task, traced or not.
 """
 
 from __future__ import annotations
@@ -25,8 +30,6 @@ import os
 import random
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import grpc
 
 from rollmesh.mesh.logging import get_logger
 
@@ -42,6 +45,9 @@ class _State:
     provider: Any = None
     propagator: Any = None
     roots: Any = None  # the OTEL_TRACES_SAMPLER sampler: whether a new trace is recorded
+    # New traces whose random 64 bits fall under this are sampled (the roots' own rule when they are
+    # a trace-id ratio, always on or always off); None: ask `roots` each time.
+    bound: int | None = None
 
 
 _state = _State()
@@ -98,6 +104,7 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
     )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     _state.provider, _state.propagator, _state.roots = provider, TraceContextTextMapPropagator(), roots
+    _state.bound = _bound_of(roots)
     _state.tracer = provider.get_tracer("rollmesh")
     log.info("tracing_on", service_name=name, protocol=protocol, sampler=str(roots.get_description()))
     return True
@@ -106,7 +113,7 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
 def shutdown() -> None:
     """Send what is buffered and turn tracing off (a server's stop; tests)."""
     provider = _state.provider
-    _state.tracer = _state.provider = _state.propagator = _state.roots = None
+    _state.tracer = _state.provider = _state.propagator = _state.roots = _state.bound = None
     if provider is not None:
         provider.shutdown()
 
@@ -127,8 +134,33 @@ def in_sampled_trace() -> bool:
     return _SAMPLED.get()
 
 
-def _new_trace_sampled(name: str) -> bool:
-    """The variables' sampler's decision for a new trace (no parent: whatever is current)."""
+_ALL = 1 << 64  # a bound every 64-bit number is under
+
+
+def _bound_of(roots: Any) -> int | None:
+    """The bound a new trace's random 64 bits are compared with, for the samplers OTEL_TRACES_SAMPLER
+    names (a new trace has no parent, so a ParentBased sampler's root sampler decides): the ratio
+    sampler's own bound (it compares a trace id's low 64 bits with it), every or no trace for the
+    static ones; None for any other sampler (asked each time)."""
+    from opentelemetry.sdk.trace import sampling
+
+    root = roots._root if isinstance(roots, sampling.ParentBased) else roots
+    if isinstance(root, sampling.TraceIdRatioBased):
+        return int(root.bound)
+    if isinstance(root, sampling.StaticSampler):
+        decision = root.should_sample(None, 0, "rollout").decision
+        return _ALL if decision == sampling.Decision.RECORD_AND_SAMPLE else 0
+    return None
+
+
+def new_trace(name: str = "rollout") -> bool:
+    """Does the sampler let a new trace in (False when tracing is off)? Decided before any span or
+    attribute exists: a trace left out costs this call."""
+    if _state.tracer is None:
+        return False
+    bound = _state.bound
+    if bound is not None:
+        return random.getrandbits(64) < bound
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace.sampling import Decision
 
@@ -146,7 +178,8 @@ def span(
     root: bool = False,
 ) -> Iterator[Span | None]:
     """A span named `name`, current inside the block: with `root`, the first of a new trace (the
-    sampler decides whether it is recorded: OTEL_TRACES_SAMPLER); else a child of the W3C context in
+    sampler decides whether it is recorded: OTEL_TRACES_SAMPLER, `new_trace`; a caller that asked
+    `new_trace` itself, before building attributes, uses `trace`); else a child of the W3C context in
     `parent` (a carrier from another service) or of the current span, made only when that trace is
     sampled, so a rollout left out by the sampler costs nothing more. None when no span was made.
     An exception leaving the block is recorded on the span and sets its status to error."""
@@ -155,12 +188,37 @@ def span(
         yield None
         return
     if root:
-        wanted = _new_trace_sampled(name)
+        wanted = new_trace(name)
     else:
         wanted = sampled(parent) if parent else _SAMPLED.get()
     if not wanted:
         yield None
         return
+    with _recorded(tracer, name, attributes, parent, kind, root) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def trace(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span | None]:
+    """The root span of a new trace the sampler already let in (`new_trace()` was True), current
+    inside the block (None when tracing is off)."""
+    tracer = _state.tracer
+    if tracer is None:
+        yield None
+        return
+    with _recorded(tracer, name, attributes, None, "internal", True) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _recorded(
+    tracer: Tracer,
+    name: str,
+    attributes: Mapping[str, Any] | None,
+    parent: Mapping[str, str] | None,
+    kind: str,
+    root: bool,
+) -> Iterator[Span]:
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanKind
 
@@ -185,28 +243,17 @@ def inject() -> dict[str, str]:
     return carrier
 
 
+def metadata() -> tuple[tuple[str, str], ...] | None:
+    """The current span's W3C context as a unary call's metadata (`stub.Method(req, metadata=...)`);
+    None when tracing is off or no sampled span is current."""
+    if _state.propagator is None or not _SAMPLED.get():
+        return None
+    return tuple(inject().items()) or None
+
+
 def metadata_carrier(metadata: Any) -> dict[str, str]:
     """The W3C keys of gRPC invocation metadata."""
     return {k: v for k, v in (metadata or ()) if k in ("traceparent", "tracestate") and isinstance(v, str)}
-
-
-class _UnaryTraceContext(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Adds the current span's W3C context to a unary call's metadata."""
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        carrier = inject()
-        if carrier:
-            md = grpc.aio.Metadata(*(details.metadata or ()), *carrier.items())
-            details = grpc.aio.ClientCallDetails(
-                details.method, details.timeout, md, details.credentials, details.wait_for_ready
-            )
-        return await continuation(details, request)
-
-
-def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
-    """Channel interceptors that put the current span's context in each unary call's metadata ([]
-    when tracing is off: no per-call cost). Multiplexed items carry theirs in `trace_context`."""
-    return [] if _state.tracer is None else [_UnaryTraceContext()]
 
 
 def within(

@@ -21,7 +21,7 @@ from rollmesh.scheduler.servicer import SchedulerServicer
 
 
 async def _serve(cfg: SchedulerConfig) -> None:
-    tracing.configure("scheduler")  # before the ports' channels: their calls carry the trace context
+    tracing.configure("scheduler")  # when the OTEL_* variables ask (mesh/tracing.py)
     model = GatewayModel.connect(cfg.gateway_addr, api_key=cfg.server.api_key or None)
     env = VerifierEnv.connect(cfg.verifier_addr, api_key=cfg.server.api_key or None)
     manager = JobManager(

@@ -586,7 +586,7 @@ class JobRun:
     async def _one(self, key: RolloutKey, queued_s: float = 0.0) -> None:
         """One rollout, under its root span when tracing is on (mesh/tracing.py): the model turns,
         tool calls and verify are its children, and the services' spans theirs."""
-        if not tracing.enabled():
+        if not tracing.new_trace():  # tracing off, or this rollout left out by the sampler
             await self._rollout(key, queued_s)
             return
         attributes = {
@@ -595,7 +595,7 @@ class JobRun:
             "rollmesh.task_index": key.task_index,
             "rollmesh.rollout_index": key.rollout_index,
         }
-        with tracing.span("rollout", attributes, root=True):  # a trace of its own, sampled or not
+        with tracing.trace("rollout", attributes):  # a trace of its own
             await self._rollout(key, queued_s)
 
     async def _rollout(self, key: RolloutKey, queued_s: float) -> None:
@@ -896,14 +896,15 @@ class JobRun:
 
     def _written(self, rollout: Rollout) -> None:
         """Count a rollout the sink accepted (progress, metrics, hooks)."""
-        tracing.annotate(
-            **{
-                "rollmesh.outcome": "succeeded",
-                "rollmesh.reward": rollout.reward,
-                "rollmesh.policy_version": rollout.policy_version,
-                "rollmesh.attempts": rollout.attempts,
-            }
-        )
+        if tracing.in_sampled_trace():
+            tracing.annotate(
+                **{
+                    "rollmesh.outcome": "succeeded",
+                    "rollmesh.reward": rollout.reward,
+                    "rollmesh.policy_version": rollout.policy_version,
+                    "rollmesh.attempts": rollout.attempts,
+                }
+            )
         self._sink_rows.inc()
         telemetry.rollout_succeeded()
         p = self.progress

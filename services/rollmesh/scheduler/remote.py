@@ -1,18 +1,20 @@
 """The agent loop's ports over gRPC: the ModelGateway and the EnvironmentVerifier.
 
 One channel per target (`rollmesh_client.aio_channel`), and errors as the SDK's typed classes
-(`unary_call`), which carry the code the retry policy classifies. Deadlines have one owner, the job:
-model, tool and verify calls have none of their own; the job's retry policy bounds them (each
-attempt's `rollout_timeout_s`, each model call's adaptive deadline: engine.py, deadline.py), and
-cancelling the caller cancels the call on the server (a stream call sends a cancel item). Only
-the calls around a rollout (sessions, listings) are capped here, at `SERVICE_CALL_S`.
+(`unary_call`, here `_call`), which carry the code the retry policy classifies. Deadlines have one
+owner, the job: model, tool and verify calls have none of their own; the job's retry policy bounds
+them (each attempt's `rollout_timeout_s`, each model call's adaptive deadline: engine.py,
+deadline.py), and cancelling the caller cancels the call on the server (a stream call sends a
+cancel item). Only the calls around a rollout (sessions, listings) are capped here, at
+`SERVICE_CALL_S`.
 Generate and Verify calls go over one long-lived stream each, the SDK's multiplexed clients
 (`generate_mux`, `verify_mux`: rollmesh_client/_streams.py): a stream message costs both ends a
 fraction of a unary RPC. A gateway without GenerateMany (UNIMPLEMENTED) is called with unary
 `Generate` instead.
 
-With tracing on (mesh/tracing.py), each call carries the current span's W3C context: a unary call in
-its metadata (the channel's interceptor), a Generate or Verify item in its `trace_context`.
+Inside a sampled trace (mesh/tracing.py), each call carries the current span's W3C context: a unary
+call in its metadata (`_call`), a Generate or Verify item in its `trace_context`; other calls carry
+nothing (no channel interceptor: it would cost every call a task).
 `connect(address)` makes a port over gRPC; `in_process(servicer)` one on the service's servicer in
 this process (the embedded mesh, launch/embedded.py), with the same messages, errors, deadlines and
 cancellation but no gRPC hop (mesh/in_process.py).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self, TypeVar
 
 import grpc
@@ -67,6 +69,11 @@ R = TypeVar("R")
 SERVICE_CALL_S = 30.0
 
 
+async def _call(method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None) -> R:
+    """`unary_call`, with the current span's W3C context in the metadata inside a sampled trace."""
+    return await unary_call(method, request, timeout_s, metadata=tracing.metadata())
+
+
 def tool_to_pb(tool: Json) -> common_pb2.ToolSpec:
     params = tool.get("parameters", {})
     return common_pb2.ToolSpec(
@@ -108,7 +115,7 @@ class _Port:
 
     @classmethod
     def connect(cls, address: str, *, api_key: str | None = None) -> Self:
-        channel = aio_channel(address, api_key=api_key, interceptors=tracing.client_interceptors())
+        channel = aio_channel(address, api_key=api_key)
         stub = cls._stub_class(channel)
         return cls(stub, cls._mux(stub), channel=channel)
 
@@ -166,16 +173,16 @@ class GatewayModel(_Port):
                 if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 self._unary_only = True
-        resp: gateway_pb2.GenerateResponse = await unary_call(self.stub.Generate, req, None)
+        resp: gateway_pb2.GenerateResponse = await _call(self.stub.Generate, req, None)
         return resp
 
     async def close_session(self, session_id: str) -> None:
         req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
-        await unary_call(self.stub.CloseSession, req, SERVICE_CALL_S)
+        await _call(self.stub.CloseSession, req, SERVICE_CALL_S)
 
     async def engine_capacity(self, model: str) -> int:
         req = gateway_pb2.ListModelsRequest(page_size=1000)
-        resp: gateway_pb2.ListModelsResponse = await unary_call(self.stub.ListModels, req, SERVICE_CALL_S)
+        resp: gateway_pb2.ListModelsResponse = await _call(self.stub.ListModels, req, SERVICE_CALL_S)
         for m in resp.models:
             if m.name == model or (not model and m.is_default):
                 return sum(r.max_batch for r in m.replicas if r.healthy)
@@ -187,12 +194,12 @@ class GatewayModel(_Port):
         req = gateway_pb2.OpenCaptureRequest(
             capture_id=capture_id, model=model, sampling=sampling_to_pb(sampling), session_id=session_id
         )
-        resp: gateway_pb2.OpenCaptureResponse = await unary_call(self.stub.OpenCapture, req, SERVICE_CALL_S)
+        resp: gateway_pb2.OpenCaptureResponse = await _call(self.stub.OpenCapture, req, SERVICE_CALL_S)
         return CaptureOpened(base_url=resp.base_url, token=resp.token)
 
     async def close_capture(self, capture_id: str) -> CaptureRecord:
         req = gateway_pb2.CloseCaptureRequest(capture_id=capture_id)
-        resp: gateway_pb2.CloseCaptureResponse = await unary_call(self.stub.CloseCapture, req, SERVICE_CALL_S)
+        resp: gateway_pb2.CloseCaptureResponse = await _call(self.stub.CloseCapture, req, SERVICE_CALL_S)
         calls = [
             CapturedTurn(api=c.api, messages=[message_from_pb(m) for m in c.messages], turn=_turn(c.response))
             for c in resp.calls
@@ -223,14 +230,12 @@ class VerifierEnv(_Port):
             environment=environment, task_json=json.dumps(task, ensure_ascii=False), session_id=session_id
         )
         try:
-            resp: verifier_pb2.SeedSessionResponse = await unary_call(
-                self.stub.SeedSession, req, SERVICE_CALL_S
-            )
+            resp: verifier_pb2.SeedSessionResponse = await _call(self.stub.SeedSession, req, SERVICE_CALL_S)
         except AlreadyExistsError:
             # Left over from an attempt whose close was lost (or a crashed run): start it afresh.
             with contextlib.suppress(NotFoundError):
                 await self.close_session(session_id)
-            resp = await unary_call(self.stub.SeedSession, req, SERVICE_CALL_S)
+            resp = await _call(self.stub.SeedSession, req, SERVICE_CALL_S)
         return SessionOpened(
             tools=[tool_from_pb(t) for t in resp.tools],
             messages=[message_from_pb(m) for m in resp.messages],
@@ -250,12 +255,12 @@ class VerifierEnv(_Port):
                 arguments_json=args if isinstance(args, str) else json.dumps(args),
             ),
         )
-        resp: verifier_pb2.CallToolResponse = await unary_call(self.stub.CallTool, req, None)
+        resp: verifier_pb2.CallToolResponse = await _call(self.stub.CallTool, req, None)
         return ToolResult(output=resp.output, is_error=resp.is_error)
 
     async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
         req = verifier_pb2.StepRequest(session_id=session_id, messages=[message_to_pb(m) for m in messages])
-        resp: verifier_pb2.StepResponse = await unary_call(self.stub.Step, req, None)
+        resp: verifier_pb2.StepResponse = await _call(self.stub.Step, req, None)
         if not math.isfinite(resp.reward):
             raise BadReward(f"the verifier answered step reward = {resp.reward}, not a finite number")
         return EnvStep(
@@ -295,7 +300,7 @@ class VerifierEnv(_Port):
                 for member in members
             ],
         )
-        resp: verifier_pb2.VerifyGroupResponse = await unary_call(self.stub.VerifyGroup, req, None)
+        resp: verifier_pb2.VerifyGroupResponse = await _call(self.stub.VerifyGroup, req, None)
         if len(resp.results) != len(members):
             raise BadReward(
                 f"the verifier answered {len(resp.results)} results for a group of {len(members)} rollouts"
@@ -310,11 +315,11 @@ class VerifierEnv(_Port):
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
-        await unary_call(self.stub.CloseSession, req, SERVICE_CALL_S)
+        await _call(self.stub.CloseSession, req, SERVICE_CALL_S)
 
     async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
-        resp: verifier_pb2.Environment = await unary_call(self.stub.GetEnvironment, req, SERVICE_CALL_S)
+        resp: verifier_pb2.Environment = await _call(self.stub.GetEnvironment, req, SERVICE_CALL_S)
         return EnvDescription(
             tools=[tool_from_pb(t) for t in resp.tools],
             stateless=resp.stateless,
