@@ -97,10 +97,11 @@ class Mesh:
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def mesh(tmp_path_factory: pytest.TempPathFactory, verifiers_python: Path) -> AsyncIterator[Mesh]:
     root = tmp_path_factory.mktemp("vf-root")
-    for env_id in ("vf_calc", "vf_rubric", "vf_counter", "vf_guess", "vf_group"):
-        folder = root / "environments" / env_id
+    envs = [(e, e, "") for e in ("vf_calc", "vf_rubric", "vf_counter", "vf_guess", "vf_group", "vf_raises")]
+    for name, env_id, extra in [*envs, ("vf_raises_math", "vf_raises", "[args]\nmath = true\n")]:
+        folder = root / "environments" / name
         folder.mkdir(parents=True)
-        toml = f'env_id = "{env_id}"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
+        toml = f'env_id = "{env_id}"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n{extra}'
         (folder / "verifiers.toml").write_text(toml)
     roots = RootsConfig(Path("/nonexistent"), (root,), BUILTIN_ROOT, False)
     svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
@@ -235,6 +236,21 @@ async def run_job(
     return sorted(got, key=lambda r: r["task_index"])
 
 
+async def stored_and_failed(
+    mesh: Mesh, rows: list[dict[str, Any]], environment: str, out: Path
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run a job; its final state, its stored rows and its failure rows."""
+    rec = await submit(mesh, rows, environment, out)
+    folder = out / rec.job_id
+
+    def read(name: str) -> list[dict[str, Any]]:
+        path = folder / name
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+    return rec.state, read("rollouts.jsonl"), read("failures.jsonl")
+
+
 async def reverify(mesh: Mesh, rollouts: Path, environment: str, out: Path) -> list[dict[str, Any]]:
     args = ["reverify", str(rollouts), "-e", environment, "--verifier", mesh.address]
     args += ["--api-key", API_KEY, "-o", str(out)]
@@ -361,3 +377,48 @@ async def test_a_group_rubric_scores_each_tasks_rollouts_together_as_verifiers_d
     assert [by_key[(r["task_index"], r["rollout_index"])]["reward"] for r in got] == [
         r["reward"] for r in got
     ]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize(
+    ("environment", "failing", "says"),
+    [
+        ("vf_raises", [1], "Error calling reward function exact: the grader's lookup table has no entry"),
+        ("vf_raises_math", [0, 1], "Math verification exceeded time limit"),
+    ],
+)
+async def test_scoring_that_verifiers_counts_0_without_a_verdict_fails_by_name(
+    mesh: Mesh, verifiers_python: Path, tmp_path: Path, environment: str, failing: list[int], says: str
+) -> None:
+    """vf_raises: a reward function that raises on task 1 (verifiers logs it and counts 0);
+    vf_raises_math: a MathRubric whose math-verify overruns its time limit on every task (verifiers
+    counts 0, a debug record). Each such verify fails REWARD_FUNCTION_FAILED; no row stores a reward."""
+    rows = vf_rows(verifiers_python, "vf_raises")
+    state, stored, failed = await stored_and_failed(mesh, rows, environment, tmp_path / "runs")
+    assert state == ("FAILED" if len(failing) == len(rows) else "COMPLETED_WITH_FAILURES"), failed
+    assert sorted(f["task_index"] for f in failed) == failing
+    assert {f["error_class"] for f in failed} == {"REWARD_FUNCTION_FAILED"}
+    assert all(says in f["message"] for f in failed), failed
+    assert sorted(r["task_index"] for r in stored) == sorted(set(range(len(rows))) - set(failing))
+    assert [r["reward"] for r in stored] == [1.0] * len(stored)  # the others scored, none 0
+    # `rollmesh reverify` of a stored completion moved onto the failing task (its session-less
+    # replay) stops on the named failure, with no reward written
+    if stored:
+        moved = {
+            **stored[0],
+            **{k: rows[failing[0]][k] for k in ("responses_create_params", "verifier_metadata")},
+        }
+        moved["expected_answer"] = rows[failing[0]]["expected_answer"]
+        path = tmp_path / "moved.jsonl"
+        path.write_text(json.dumps(moved) + "\n")
+        args = ["reverify", str(path), "-e", environment, "--verifier", mesh.address, "--api-key", API_KEY]
+        res = await asyncio.to_thread(
+            CliRunner().invoke, build_app(), [*args, "-o", str(tmp_path / "re.jsonl")]
+        )
+        assert res.exit_code == 1 and "[REWARD_FUNCTION_FAILED]" in res.output and says in res.output, (
+            res.output
+        )
+        assert (
+            not (tmp_path / "re.jsonl").exists()
+            or '"previous_reward"' not in (tmp_path / "re.jsonl").read_text()
+        )

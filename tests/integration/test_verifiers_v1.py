@@ -35,7 +35,16 @@ from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.verifiers_env import LAUNCHER_V1
-from tests.integration.test_verifiers_envs import API_KEY, ENVS, Mesh, plays, reverify, run_job, vf_rows
+from tests.integration.test_verifiers_envs import (
+    API_KEY,
+    ENVS,
+    Mesh,
+    plays,
+    reverify,
+    run_job,
+    stored_and_failed,
+    vf_rows,
+)
 from tests.integration.test_verifiers_envs import check_reverify_and_own_scoring as check_v03
 
 _JUDGE = re.compile(
@@ -70,7 +79,7 @@ async def mesh(
     http = HttpFacade(gateway, host="127.0.0.1", port=0, api_key=API_KEY)
     await http.start()
     root = tmp_path_factory.mktemp("vf1-root")
-    for taskset, extra in (("vf_v1_calc", ""), ("vf_v1_judged", JUDGED_CONFIG)):
+    for taskset, extra in (("vf_v1_calc", ""), ("vf_v1_judged", JUDGED_CONFIG), ("vf_v1_raises", "")):
         folder = root / "environments" / taskset
         folder.mkdir(parents=True)
         toml = f'taskset = "{taskset}"\npython = "{verifiers_v1_python}"\npaths = ["{ENVS}"]\n{extra}'
@@ -222,6 +231,20 @@ async def test_taskset_with_a_metric_and_a_judge_asks_the_mesh_model(
     await check_reverify_and_own_scoring(
         mesh, verifiers_v1_python, "vf_v1_judged", {"task": {"judges": [judge]}}, got, tmp_path
     )
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_reward_that_raises_fails_the_verify_by_name_never_scores_0(
+    mesh: Mesh, verifiers_v1_python: Path, tmp_path: Path
+) -> None:
+    """vf_v1_raises: its reward raises on task 1 (verifiers 0.4 raises a TaskError out of
+    `Task.score`): that rollout fails REWARD_FUNCTION_FAILED, the other is scored, no row stores 0."""
+    rows = v1_rows(verifiers_v1_python, "vf_v1_raises")
+    state, stored, failed = await stored_and_failed(mesh, rows, "vf_v1_raises", tmp_path / "runs")
+    assert state == "COMPLETED_WITH_FAILURES", failed
+    assert [(f["task_index"], f["error_class"]) for f in failed] == [(1, "REWARD_FUNCTION_FAILED")]
+    assert "TaskError: task SumTask scoring: RuntimeError: the grader's lookup table" in failed[0]["message"]
+    assert [(r["task_index"], r["reward"]) for r in stored] == [(0, 1.0)]
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,9 @@ $ROLLMESH_PORT_FILE and answers JSON:
                    "metrics"}, ...]}, one per member in order
 - POST /close      {"session"}
 Errors: 400 {"error"} for a body that does not fit, 409 for /score on a group rubric (score_group),
-404 for an unknown session, 500 {"error"} for what the environment raised.
+404 for an unknown session, 422 {"error"} when the environment's scoring raised (a reward function,
+a judge, math-verify failing or timing out: verifiers would have counted it 0), 500 {"error"} for
+anything else the environment raised.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class Host:
         self.vf = vf
         self.env = env
         self.sessions: dict[str, Json] = {}
-        logging.getLogger("verifiers").addHandler(_RewardErrors(logging.ERROR))
+        watch_scoring_errors(getattr(env, "rubric", None))
 
     def _normalize(self, messages: Any) -> Any:
         from verifiers.utils.message_utils import normalize_messages  # type: ignore[import-not-found]
@@ -231,16 +233,26 @@ class GroupRubric(Exception):
 
 
 class RewardFunctionFailed(Exception):
-    """A reward function (a judge's call among them) raised: verifiers' rubric logs it and counts 0;
-    the bridge fails the verify instead (500), so an answer nobody judged is never a reward of 0."""
+    """The environment's scoring raised (a reward function, a judge's call among them; math-verify
+    failing or timing out): verifiers logs it and counts 0; the bridge fails the verify instead (422),
+    so an answer nobody judged is never a reward of 0."""
 
 
 _REWARD_ERRORS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "rollmesh_reward_errors", default=None
 )
 
-
-_REWARD_ERROR_PREFIXES = ("Error calling reward function", "Error calling group reward function")
+# What verifiers 0.3 logs where it counts a scoring function 0 without a verdict: Rubric's
+# `_call_individual_reward_func` / `_call_group_reward_func` (error), MathRubric's `correct_answer`
+# (math-verify's worker raised or overran HARD_TIMEOUT_SECONDS: warning; it took longer than
+# `timeout_seconds`: debug).
+_REWARD_ERROR_PREFIXES = (
+    "Error calling reward function",
+    "Error calling group reward function",
+    "Math verification failed",
+    "Math verification hit hard timeout",
+    "Math verification exceeded time limit",
+)
 
 
 class _RewardErrors(logging.Handler):
@@ -251,6 +263,21 @@ class _RewardErrors(logging.Handler):
         message = record.getMessage()
         if errors is not None and message.startswith(_REWARD_ERROR_PREFIXES):
             errors.append(" ".join(message.split())[:300])
+
+
+def watch_scoring_errors(rubric: Any) -> None:
+    """Hear every record above: the handler on verifiers' logger, whose level (VF_LOG_LEVEL) may not
+    drop them; and each MathRubric's own logger at DEBUG (its time-limit zero is a debug record).
+    The console handlers verifiers installs keep their own levels: nothing more is printed."""
+    root = logging.getLogger("verifiers")
+    if not any(isinstance(h, _RewardErrors) for h in root.handlers):
+        root.addHandler(_RewardErrors(logging.DEBUG))
+    if root.getEffectiveLevel() > logging.WARNING:
+        root.setLevel(logging.WARNING)
+    for sub in getattr(rubric, "rubrics", None) or []:
+        watch_scoring_errors(sub)
+    if type(rubric).__name__ == "MathRubric" and isinstance(getattr(rubric, "logger", None), logging.Logger):
+        rubric.logger.setLevel(logging.DEBUG)
 
 
 def _app(host: Host) -> web.Application:
@@ -310,6 +337,8 @@ def _app(host: Host) -> web.Application:
                 return web.json_response({"error": f"unknown session or field {exc}"}, status=404)
             except GroupRubric as exc:
                 return web.json_response({"error": str(exc)}, status=409)
+            except RewardFunctionFailed as exc:
+                return web.json_response({"error": str(exc)}, status=422)
             except Exception as exc:
                 traceback.print_exc()
                 return web.json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)

@@ -26,6 +26,9 @@ facade), its key variable and, unless it names one, rollmesh's model.
 - Score: a verifiers `Trace` of the prompt and the completion (assistant messages sampled), then
   `Task.score(trace)` with no runtime, as `vf replay` re-scores a trace: the reward is
   `trace.reward` (the weighted sum), the components are each reward's score and each metric.
+  Scoring that raises (verifiers 0.4 does not count it 0: `Task.score` raises a `TaskError` for a
+  reward, metric or judge that raised or timed out) or leaves a signal unscored is
+  RewardFunctionFailed: 422, the verify fails by name, never a reward.
 - Refused at load, by name (`refuse_unsupported`): a task that needs a container, `@vf.stop` hooks,
   and rewards, metrics or judges that need a runtime. Each per-task Toolset lives as long as its
   session (its `setup()` resources are not torn down: verifiers' launcher would stop its process).
@@ -42,7 +45,7 @@ import os
 import sys
 from typing import Any
 
-from _verifiers_server import serve_host  # type: ignore[import-not-found]
+from _verifiers_server import RewardFunctionFailed, serve_host  # type: ignore[import-not-found]
 
 Json = dict[str, Any]
 
@@ -225,10 +228,13 @@ class Host:
             agent=AgentInfo(config=AgentConfig()),
             nodes=nodes,
         )
-        await task.score(trace)
+        try:
+            await task.score(trace)
+        except Exception as exc:  # verifiers' TaskError (a reward, metric or judge raised; a timeout)
+            raise RewardFunctionFailed(f"{type(exc).__name__}: {exc}") from exc
         unscored = sorted(k for k, v in {**trace.rewards, **trace.metrics}.items() if v is None)
         if unscored:
-            raise ValueError(f"scoring left {unscored} unscored")
+            raise RewardFunctionFailed(f"scoring left {unscored} unscored")
         metrics = {k: float(v.score) for k, v in trace.rewards.items()}
         metrics.update({k: float(v) for k, v in trace.metrics.items()})
         return {"reward": float(trace.reward), "metrics": metrics}

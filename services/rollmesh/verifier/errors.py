@@ -155,6 +155,14 @@ class EnvServerError(mesh.Unavailable):
     reason = "ENV_SERVER_ERROR"
 
 
+class RewardFunctionFailed(mesh.Unavailable):
+    """A bridged environment's own scoring raised (a reward or metric function, a judge's call, a
+    parser inside one, or its own timeout): verifiers counts such a function 0; the bridge answers
+    422 instead and the verify fails (retryable), so an answer nobody judged is never a reward of 0."""
+
+    reason = "REWARD_FUNCTION_FAILED"
+
+
 class EnvServerBadReply(mesh.Unavailable):
     """A bridged environment's server answered with something the protocol does not allow (not JSON,
     not an object, no numeric `reward`): no verdict, never a guessed one."""

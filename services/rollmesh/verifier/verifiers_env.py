@@ -37,7 +37,9 @@ and speaks its small JSON protocol (see that file). Every verifiers environment 
   embedded mesh's own), every 0.3 JudgeRubric and every 0.4 plugged judge that names no endpoint is
   pointed there, with the verifier's API key and judge_model ("": the gateway's default model).
 Failures are named, as the NeMo Gym bridge names them (EnvServerError, EnvServerBadReply,
-EnvServerUnreachable, EnvSessionLost when the server restarted under a seeded session).
+EnvServerUnreachable, EnvSessionLost when the server restarted under a seeded session). The
+environment's own scoring raising (a reward function, a judge, a parser, math-verify's timeout:
+each of which verifiers counts 0) is RewardFunctionFailed (422), never a reward of 0.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from rollmesh.verifier.errors import (
     EnvServerError,
     EnvSessionLost,
     GroupScored,
+    RewardFunctionFailed,
 )
 from rollmesh.verifier.http_bridge import HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.loader import VERIFIERS_CONFIG
@@ -316,6 +319,8 @@ class VerifiersEnvironment(Environment):
         text = " ".join(text.split())[:300]
         if reply.status == 409:
             raise GroupScored(f"{self.where}: {text}")
+        if reply.status == 422:
+            raise RewardFunctionFailed(f"{self.where}: {what}: {text}")
         if reply.status == 400:
             raise BadTask(f"{self.where} refused the row at {what}: {text}")
         raise EnvServerError(
