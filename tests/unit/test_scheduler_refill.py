@@ -12,6 +12,7 @@ import pytest
 
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.scheduler import store
 from rollmesh.scheduler.engine import Hooks, JobRun
 from rollmesh.scheduler.errors import InvalidJobSpec
 from rollmesh.scheduler.plan import Plan, build_plan
@@ -89,6 +90,12 @@ def test_next_task_resume_counts_stored_replacements_toward_the_groups_owed() ->
     assert refill.initial == [Group(3, 0, group_keys(3, 0, N))]
     assert refill.skipped_rollouts == 3 * N
     assert refill.replace(refill.initial[0]) == Group(5, 0, group_keys(5, 0, N))  # 4 is used
+
+
+def test_a_job_resumes_only_with_the_same_replacement_mode() -> None:
+    """Which keys stand for a task depends on the mode: resume_latest must not pick a job of another."""
+    assert store.identity(JobSpec(replace_groups="same_task")) != store.identity(JobSpec())
+    assert store.identity(JobSpec(max_replacements=3)) == store.identity(JobSpec())  # a budget
 
 
 def test_a_spec_names_a_known_mode() -> None:

@@ -323,6 +323,7 @@ IDENTITY_FIELDS = (
     "shard_count",
     "sampling",
     "max_steps",
+    "replace_groups",  # which keys stand for a task (refill.py); its bound is a budget, not identity
 )
 
 

@@ -118,8 +118,9 @@ class JobSpec(_message.Message):
     """The bound as a fraction of the job's rollouts in [0, 1]; the larger of the two bounds applies."""
     resume_latest: _builtins.bool
     """Resume the newest job under output_dir that asks for the same rollouts (data, environment,
-    model, repeats, seeds, limit, shard, sampling, max_steps) and did not succeed; with none,
-    start a new job. The scheduler decides from its own results root (`rollmesh run --resume`).
+    model, repeats, seeds, limit, shard, sampling, max_steps, replace_groups) and did not
+    succeed; with none, start a new job. The scheduler decides from its own results root
+    (`rollmesh run --resume`).
     The returned Job's spec.resume_job_id is its id when one was resumed.
     """
     replace_groups: _builtins.str
