@@ -252,6 +252,13 @@ async def test_a_reward_that_raises_fails_the_verify_by_name_never_scores_0(
     [
         ("vf_v1_unsupported", "task StopTask has stop hooks ['enough']: rollmesh's loop runs none"),
         ("vf_v1_stateful", "toolset Counter keeps a State of its own (CounterState)"),
+        ("vf_v1_task_state", "task NotesTask keeps a State of its own (NotesState): the rollmesh bridge"),
+        (
+            "vf_v1_container",
+            "task BoxTask needs a container (NEEDS_CONTAINER): the rollmesh bridge runs none",
+        ),
+        ("vf_v1_runtime", "task RunTask's ['files_made'] need a runtime (a sandbox): the rollmesh bridge"),
+        ("vf_v1_own_env", "taskset 'vf_v1_own_env' ships its own Env (PairEnv): the rollmesh bridge runs"),
     ],
 )
 def test_what_the_bridge_cannot_run_is_refused_by_name(
