@@ -151,3 +151,36 @@ async def test_the_forker_holds_no_code_tests_or_answers(sandbox: Sandbox) -> No
         assert b"fork_server" in memory or b"fork_solutions" in memory  # the scan reads its memory
         for secret in (code_secret, test_secret, answer_secret):
             assert secret.encode() not in memory, (pid, secret)
+
+
+async def test_subprocess_imported_after_the_guards_is_still_denied(sandbox: Sandbox) -> None:
+    """The guards no longer import `subprocess` (it loads `threading`, whose after-fork hook cost
+    every forked child ~0.5 ms): the code's own import of it gets a denied Popen, and neither the
+    solution's process nor the clean interpreter had `threading` loaded before the code ran."""
+    code = (
+        "import sys\n"
+        "before = sorted(m for m in ('threading', 'subprocess') if m in sys.modules)\n"
+        "import subprocess, importlib\n"
+        "def denied(reload=False):\n"
+        "    module = importlib.reload(subprocess) if reload else subprocess\n"
+        "    try:\n"
+        "        module.Popen(['/bin/true']).wait()\n"
+        "    except PermissionError as exc:\n"
+        "        return str(exc)\n"
+        "    return 'started'\n"
+        "def loaded():\n"
+        "    return before\n"
+    )
+    res = await sandbox.run(
+        code,
+        TestSpec(
+            "asserts",
+            [
+                "assert denied() == 'starting processes is not allowed in the sandbox'",
+                "assert denied(reload=True) == 'starting processes is not allowed in the sandbox'",
+                "assert loaded() == []",
+                "import sys\nassert 'threading' not in sys.modules",
+            ],
+        ),
+    )
+    assert res.passed == res.total == 4, f"{res.status} {res.error} {res.cases} {res.stderr[-500:]}"

@@ -176,10 +176,41 @@ def _denied(what: str) -> Any:
     return deny
 
 
+class _DenyPopen:
+    """On sys.meta_path while `subprocess` is not loaded: when the code imports it, its `Popen` is
+    `deny` before the import returns (reloaded too). Importing subprocess up front would load
+    `threading`, whose after-fork hook costs every child a pre-started process forks ~0.5 ms."""
+
+    def __init__(self, deny: Any) -> None:
+        self.deny = deny
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "subprocess":
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _DenyingLoader(spec.loader, self.deny)  # type: ignore[assignment]
+        return spec
+
+
+class _DenyingLoader:
+    def __init__(self, inner: Any, deny: Any) -> None:
+        self.inner = inner
+        self.deny = deny
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        module.Popen = self.deny
+
+
 def _install_guards(workdir: str) -> None:
     import _posixsubprocess
     import socket
-    import subprocess
 
     deny_net = _denied("network access")
     socket.socket = deny_net  # type: ignore[misc,assignment]
@@ -214,7 +245,10 @@ def _install_guards(workdir: str) -> None:
         if hasattr(os, name):
             setattr(os, name, deny_proc)
     _posixsubprocess.fork_exec = deny_proc
-    subprocess.Popen = deny_proc  # type: ignore[misc,assignment]
+    if "subprocess" in sys.modules:
+        sys.modules["subprocess"].Popen = deny_proc  # type: ignore[attr-defined]
+    else:
+        sys.meta_path.insert(0, _DenyPopen(deny_proc))
 
     root = os.path.realpath(workdir)
     allowed_read = _read_roots()
@@ -544,7 +578,8 @@ def main() -> None:
 def fork_server(channel: Channel) -> None:
     """The clean interpreter, pre-started: a process that only ever runs this file and clean.py,
     with the modules tests use already imported, forks one child per run ("fork" {limits,
-    guards} -> {} from the child, which then serves the run until "exit" -> {}). Runs are one at a
+    guards} -> {} from the child, which then serves the run until "exit" -> {}, or until it has
+    answered a "case" marked "last"). Runs are one at a
     time; after each, every process the child left is killed and the directory emptied, so no run
     sees another's state. A child that ended any other way (a limit, a crash) ends this process
     too, with the child's status: the verifier starts a new one."""
@@ -573,7 +608,12 @@ def fork_server(channel: Channel) -> None:
                     os.write(done_w, b"x")
                     channel.reply({})
                     break
-                channel.reply(runner.handle_safely(r))
+                reply = runner.handle_safely(r)
+                if r["op"] == "case" and r.get("last") is True:  # "exit" with the verdict
+                    os.write(done_w, b"x")
+                    channel.reply(reply)
+                    break
+                channel.reply(reply)
             os._exit(0)
         os.close(done_w)
         _, status = os.waitpid(pid, 0)
@@ -613,7 +653,6 @@ def fork_solutions(control_fd: int) -> None:
     (root, not dumpable); this process never sees a run's code, tests or answers (they travel on
     the child's own pipes), so a child inherits nothing of another run. Any other request ends it."""
     import socket
-    import subprocess  # noqa: F401  (imported once here: every run's guards patch it)
 
     if os.getpid() != 1:  # kill(-1) below must only ever reach this namespace
         os._exit(71)
@@ -717,7 +756,11 @@ def _load_clean() -> Any:
 
     for name in (
         *("ast", "collections", "functools", "itertools", "math", "random", "re", "string"),
-        *("_posixsubprocess", "ctypes", "socket", "subprocess"),  # what each child's guards use
+        *(
+            "_posixsubprocess",
+            "ctypes",
+            "socket",
+        ),  # what each child's guards use (not subprocess: `_DenyPopen`)
     ):
         __import__(name)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clean.py")

@@ -587,9 +587,10 @@ class Sandbox:
                 greetings.append(asyncio.ensure_future(clean.fork(limits, guards)))
             load = await channel.send("load", code=code, mode=tests.kind)
             await asyncio.gather(*greetings)
-            error = await _judge(channels, await channel.receive(load), tests, verdicts, unverifiable)
+            error, ended = await _judge(channels, await channel.receive(load), tests, verdicts, unverifiable)
             if clean is not None:
-                await clean.channel.receive(await clean.channel.send("exit"))
+                if not ended:
+                    await clean.channel.receive(await clean.channel.send("exit"))
                 healthy = True
             return error
 
@@ -717,32 +718,34 @@ async def _judge(
     tests: TestSpec,
     verdicts: list[dict[str, Any]],
     unverifiable: list[str],
-) -> str:
+) -> tuple[str, bool]:
     """Given the solution's reply to "load", judge every case; returns the load error ("" when it
-    loaded). Assert cases are run by the clean interpreter (`channels[1]`), through a `Relay`."""
+    loaded), and whether the clean interpreter's child ended with its last case (else it is sent
+    "exit"). Assert cases are run by the clean interpreter (`channels[1]`), through a `Relay`."""
     if "error" in load:
         failed = {"ok": False, "error": f"the code did not load: {str(load['error'])[:MAX_ERROR_CHARS]}"}
         verdicts += [failed] * len(tests.cases)
-        return str(load["error"])[:MAX_ERROR_CHARS]
+        return str(load["error"])[:MAX_ERROR_CHARS], False
     if tests.kind == "asserts":
         relay = Relay(channels[1], channels[0])
         await relay.setup(load.get("names"), names_used(tests.cases))
-        for case in tests.cases:
-            verdict = await relay.case(str(case))
+        for i, case in enumerate(tests.cases):
+            verdict = await relay.case(str(case), last=i == len(tests.cases) - 1)
             if verdict["unverifiable"]:
                 unverifiable.append(verdict["unverifiable"][:MAX_ERROR_CHARS])
             if verdict["ok"]:
                 verdicts.append({"ok": True})
             else:
                 verdicts.append({"ok": False, "error": verdict["error"][:MAX_ERROR_CHARS]})
-        return ""
+        await relay.settle()
+        return "", relay.ended
     for case in tests.cases:
         try:
             await _check_io(channels[0], case)
             verdicts.append({"ok": True})
         except CaseFailed as exc:
             verdicts.append({"ok": False, "error": str(exc)[:MAX_ERROR_CHARS]})
-    return ""
+    return "", False
 
 
 async def _check_io(channel: Channel, case: dict[str, Any]) -> None:

@@ -122,18 +122,32 @@ class Relay:
     solution: Side
     calls: int = 0
     aborted: str = ""
+    ended: bool = False  # the clean interpreter's child ended after its last case, as "exit" would
+    _setup: int | None = None  # the request whose reply is still to be read
 
     async def setup(self, names: Any, used: Collection[str]) -> None:
-        """Bind the solution's globals that the tests mention (`names_used`) in the clean interpreter."""
+        """Bind the solution's globals that the tests mention (`names_used`) in the clean interpreter;
+        its reply is read before the first case's (`settle`), sent on the same turn."""
         bound = [item for item in plain_names(names) if item[0] in used]
-        reply = await self.clean.receive(await self.clean.send("setup", names=bound))
+        self._setup = await self.clean.send("setup", names=bound)
+
+    async def settle(self) -> None:
+        """Read the reply to `setup` if no case has."""
+        if self._setup is None:
+            return
+        reply = await self.clean.receive(self._setup)
+        self._setup = None
         if "error" in reply:
             raise ChannelBroken(f"the clean interpreter refused the names: {reply['error']}")
 
-    async def case(self, src: str) -> dict[str, Any]:
-        """The clean interpreter's verdict on one case: ok, asserts, calls, error, unverifiable."""
+    async def case(self, src: str, *, last: bool = False) -> dict[str, Any]:
+        """The clean interpreter's verdict on one case: ok, asserts, calls, error, unverifiable.
+        `last`: its child ends once it has answered (it says so to its parent first, as on "exit")."""
         self.calls, self.aborted = 0, ""
-        frame = await self._serve(await self.clean.send("case", src=src), 0)
+        ident = await self.clean.send("case", src=src, **({"last": True} if last else {}))
+        await self.settle()
+        frame = await self._serve(ident, 0)
+        self.ended = last
         verdict = frame.get("verdict")
         if (
             type(verdict) is not dict
