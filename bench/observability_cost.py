@@ -12,11 +12,15 @@ alternated trial by trial so all see the same machine load:
 - `metrics_scraped_1s`: this tree with `rollmesh up --metrics`, every service's /metrics fetched
   once a second by this process during the trial.
 
-Prints one JSON object: rollouts/s per mode (mean ± stddev over the trials), each mode's ratio to
-`tracing_off` (and `tracing_off`'s to `no_tracing_code`), CPU ms per rollout of each mesh process.
+Each trial runs every mode once, in an order rotated trial by trial (no mode always first after
+a pause, or always right after another). Prints one JSON object: rollouts/s per mode (mean ±
+stddev over the trials), each mode's ratio to `tracing_off` (ratio of the means, and the median of
+the per-trial ratios, each trial's figure over the same trial's tracing_off: the steadier one when
+the machine's load drifts), `tracing_off`'s and `tracing_1pct`'s to `no_tracing_code`, and CPU ms
+per rollout of each mesh process.
 
     python bench/observability_cost.py [--rollouts 3000] [--concurrency 256] [--trials 2]
-        [--baseline REV]
+        [--baseline REV] [--modes tracing_off,tracing_1pct]
 """
 
 from __future__ import annotations
@@ -94,6 +98,11 @@ async def scrape_every_second(urls: list[str], stop: asyncio.Event, count: list[
                 pass
 
 
+def paired_ratio(rates: list[float], reference: list[float]) -> float:
+    """The median over trials of a mode's rollouts/s over the reference mode's in the same trial."""
+    return round(statistics.median(r / ref for r, ref in zip(rates, reference, strict=True)), 3)
+
+
 def _stats(values: list[float]) -> dict[str, Any]:
     return {
         "mean": round(statistics.mean(values), 1),
@@ -126,6 +135,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
                 modes["tracing_off"] = ({}, ())
                 modes["tracing_1pct"] = (sampled, ())
                 modes["metrics_scraped_1s"] = ({}, ("--metrics",))
+                modes = {name: m for name, m in modes.items() if name in a.modes or name == "tracing_off"}
                 meshes: dict[str, tuple[dict[str, Any], dict[str, int]]] = {}
                 for name, (env, extra) in modes.items():
                     (tmp / name).mkdir()
@@ -135,8 +145,9 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
                 rates: dict[str, list[float]] = {name: [] for name in modes}
                 cpu: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
                 scrapes = [0]
+                order = list(modes)
                 for trial in range(a.trials):
-                    for name in modes:
+                    for name in order[trial % len(order) :] + order[: trial % len(order)]:
                         addresses, pids = meshes[name]
                         stop = asyncio.Event()
                         scraper = None
@@ -158,11 +169,25 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
     off = statistics.mean(rates["tracing_off"])
     figures: dict[str, Any] = {name: _stats(r) for name, r in rates.items()}
     ratios = {name: round(statistics.mean(r) / off, 3) for name, r in rates.items() if name != "tracing_off"}
+    paired = {
+        name: paired_ratio(r, rates["tracing_off"]) for name, r in rates.items() if name != "tracing_off"
+    }
     if "no_tracing_code" in rates:
-        ratios["tracing_off_to_no_tracing_code"] = round(off / statistics.mean(rates["no_tracing_code"]), 3)
-        del ratios["no_tracing_code"]
+        none = rates["no_tracing_code"]
+        ratios["tracing_off_to_no_tracing_code"] = round(off / statistics.mean(none), 3)
+        paired["tracing_off_to_no_tracing_code"] = paired_ratio(rates["tracing_off"], none)
+        if "tracing_1pct" in rates:
+            ratios["tracing_1pct_to_no_tracing_code"] = round(
+                statistics.mean(rates["tracing_1pct"]) / statistics.mean(none), 3
+            )
+            paired["tracing_1pct_to_no_tracing_code"] = paired_ratio(rates["tracing_1pct"], none)
+        del ratios["no_tracing_code"], paired["no_tracing_code"]
     mesh_cpu = {
         name: round(statistics.mean(sum(t.values()) for t in trials), 3) for name, trials in cpu.items()
+    }
+    cpu_by_process = {
+        name: {p: round(statistics.mean(t[p] for t in trials), 3) for p in trials[0]}
+        for name, trials in cpu.items()
     }
     return {
         "name": "observability_cost",
@@ -179,7 +204,8 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
                 "value": ratios,
                 "targets": {"tracing_1pct": 0.95, "metrics_scraped_1s": 0.98},
             },
-            "mesh_cpu_per_rollout": {"value": mesh_cpu, "unit": "ms"},
+            "median_per_trial_ratio": {"value": paired},
+            "mesh_cpu_per_rollout": {"value": mesh_cpu, "unit": "ms", "by_process": cpu_by_process},
             "spans_received_at_1pct": {"value": spans[0]},
             "metrics_scrapes": {"value": scrapes[0]},
             "host_load_average_1m": {"value": round(os.getloadavg()[0], 2), "unit": "runnable tasks"},
@@ -195,5 +221,11 @@ if __name__ == "__main__":
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument(
         "--baseline", default="", help="a git revision without tracing (its mesh is no_tracing_code)"
+    )
+    ap.add_argument(
+        "--modes",
+        type=lambda v: set(v.split(",")),
+        default={"no_tracing_code", "tracing_off", "tracing_1pct", "metrics_scraped_1s"},
+        help="comma-separated modes to run (tracing_off always runs: the ratios' reference)",
     )
     print(json.dumps(asyncio.run(main(ap.parse_args()))))
