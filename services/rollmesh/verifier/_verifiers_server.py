@@ -407,25 +407,38 @@ async def serve_host(make_host: Any) -> None:
     await asyncio.Event().wait()
 
 
+def serve_or_print_rows(prog: str, name: str, options: str, options_help: str, make_host: Any) -> None:
+    """Serve the job in ROLLMESH_VERIFIERS_ENV with `make_host(job)`; or, with `rows`, print its rows
+    as rollmesh rows (JSONL on stdout). `name` is the job's key naming what to load (`--env-id`,
+    `--taskset`), `options` the key of its JSON options (`--args`, `--config`)."""
+    if len(sys.argv) > 1 and sys.argv[1] == "rows":
+        parser = argparse.ArgumentParser(prog=f"{prog} rows")
+        parser.add_argument(f"--{name.replace('_', '-')}", required=True)
+        parser.add_argument("--path", action="append", default=[], help="a folder put on sys.path")
+        parser.add_argument(f"--{options}", default="{}", help=options_help)
+        parser.add_argument("-n", type=int, default=-1, help="how many rows (-1: all)")
+        ns = parser.parse_args(sys.argv[2:])
+        job = {name: getattr(ns, name), options: json.loads(getattr(ns, options)), "paths": ns.path}
+        for row in make_host(job).rows(ns.n):
+            print(json.dumps(row, ensure_ascii=False))
+        return
+    job = json.loads(os.environ["ROLLMESH_VERIFIERS_ENV"])
+    asyncio.run(serve_host(lambda: make_host(job)))
+
+
 def main() -> None:
     """Serve the environment named in ROLLMESH_VERIFIERS_ENV; or, with `rows`, print its dataset as
     rollmesh rows (JSONL on stdout):
 
         python _verifiers_server.py rows --env-id vf_calc [--path DIR] [--args '{"k": 1}'] [-n N]
     """
-    if len(sys.argv) > 1 and sys.argv[1] == "rows":
-        parser = argparse.ArgumentParser(prog="_verifiers_server.py rows")
-        parser.add_argument("--env-id", required=True)
-        parser.add_argument("--path", action="append", default=[], help="a folder put on sys.path")
-        parser.add_argument("--args", default="{}", help="load_environment's keyword arguments (JSON)")
-        parser.add_argument("-n", type=int, default=-1, help="how many rows (-1: all)")
-        ns = parser.parse_args(sys.argv[2:])
-        host = Host(load({"env_id": ns.env_id, "args": json.loads(ns.args), "paths": ns.path}))
-        for row in host.rows(ns.n):
-            print(json.dumps(row, ensure_ascii=False))
-        return
-    job = json.loads(os.environ["ROLLMESH_VERIFIERS_ENV"])
-    asyncio.run(serve_host(lambda: Host(load(job))))
+    serve_or_print_rows(
+        "_verifiers_server.py",
+        "env_id",
+        "args",
+        "load_environment's keyword arguments (JSON)",
+        lambda job: Host(load(job)),
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Serve one verifiers 0.4 (`verifiers.v1`) taskset on loopback for rollmesh's bridge
-(verifier/verifiers_env.py), with the same JSON protocol as _verifiers_server.py (whose HTTP app this
-reuses: it sits in the same folder and imports nothing of rollmesh either).
+(verifier/verifiers_env.py), with the same JSON protocol as _verifiers_server.py (whose HTTP app,
+`rows` command line and RewardFunctionFailed this reuses: it sits in the same folder and imports
+nothing of rollmesh either).
 
 Run by the verifier with the interpreter of a virtualenv holding verifiers 0.4 and the taskset's
 package. The job comes in ROLLMESH_VERIFIERS_ENV (JSON):
@@ -39,13 +40,15 @@ facade), its key variable and, unless it names one, rollmesh's model.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
 from typing import Any
 
-from _verifiers_server import RewardFunctionFailed, serve_host  # type: ignore[import-not-found]
+from _verifiers_server import (  # type: ignore[import-not-found]
+    RewardFunctionFailed,
+    serve_or_print_rows,
+)
 
 Json = dict[str, Any]
 
@@ -300,21 +303,7 @@ def main() -> None:
 
         python _verifiers_v1_server.py rows --taskset vf_v1_calc [--path DIR] [--config '{...}'] [-n N]
     """
-    if len(sys.argv) > 1 and sys.argv[1] == "rows":
-        import argparse
-
-        parser = argparse.ArgumentParser(prog="_verifiers_v1_server.py rows")
-        parser.add_argument("--taskset", required=True)
-        parser.add_argument("--path", action="append", default=[], help="a folder put on sys.path")
-        parser.add_argument("--config", default="{}", help="the taskset's config (JSON)")
-        parser.add_argument("-n", type=int, default=-1, help="how many rows (-1: all)")
-        ns = parser.parse_args(sys.argv[2:])
-        host = Host({"taskset": ns.taskset, "config": json.loads(ns.config), "paths": ns.path})
-        for row in host.rows(ns.n):
-            print(json.dumps(row, ensure_ascii=False))
-        return
-    job = json.loads(os.environ["ROLLMESH_VERIFIERS_ENV"])
-    asyncio.run(serve_host(lambda: Host(job)))
+    serve_or_print_rows("_verifiers_v1_server.py", "taskset", "config", "the taskset's config (JSON)", Host)
 
 
 if __name__ == "__main__":
