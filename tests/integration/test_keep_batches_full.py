@@ -238,3 +238,33 @@ async def test_a_job_cancelled_midway_and_resumed_writes_no_key_twice(mesh: Mesh
         assert sorted(indices) == list(range(g * G, g * G + G))
         assert all(any(fails(t, h * G + r) for r in range(G)) for h in range(g))
         assert not any(fails(t, i) for i in indices)
+
+
+class OneGroupStale(SinkServer):
+    """A trainer whose policy is 2 versions ahead when task 1's first group (keys (1, 0..G-1)) is
+    delivered, and on version 0 otherwise: with max_staleness=1 that group, and only it, is stale."""
+
+    def _deliverable(self, unit: list[TrainerRollout]) -> list[TrainerRollout]:
+        self.policy_version = 2 if any(r.key == (1, 0) for r in unit) else 0
+        return super()._deliverable(unit)
+
+
+async def test_a_group_the_trainer_drops_as_stale_is_replaced_while_the_job_runs(mesh: Mesh) -> None:
+    expected = failed_groups_same_task(range(TASKS)) + 1  # the failed groups, and the stale one
+    groups: list[list[TrainerRollout]] = []
+    spec = _spec(mesh, "same_task", max_replacements=50)
+    spec.sink.grpc.window = 2  # the job runs at most 2 groups ahead of the trainer: still running
+    async with OneGroupStale(window=4 * G, group_complete=True, max_staleness=1) as sink:
+        spec.sink.grpc.address = sink.address
+        async with await Client.connect(scheduler=mesh.scheduler) as client:
+            handle = await client.scheduler.submit(spec)
+            async for group in sink.groups(until_closed=True):
+                groups.append(group)
+            job = await handle.result(poll_s=0.05, timeout_s=120)
+        assert sink.stats.dropped_stale == G  # the whole group, not a part of it
+    assert pb.JobState.Name(job.state) == "JOB_STATE_SUCCEEDED", job.error
+    got = sorted((g[0].task_index, g[0].rollout_index // G, len(g)) for g in groups)
+    assert [t for t, _, _ in got] == list(range(TASKS)) and all(n == G for _, _, n in got)
+    assert (1, 1, G) in got  # task 1's stale generation 0 replaced by generation 1
+    assert job.progress.groups_replaced == expected and job.progress.stale_dropped == G
+    assert job.progress.groups_short == 0

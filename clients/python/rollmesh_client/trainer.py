@@ -37,7 +37,9 @@ weight update split: partial rollouts; `TrainerRollout.token_versions` and `coll
 `sink.policy_version - version`; above `max_staleness` it is dropped (acknowledged as a stale drop,
 which the job counts as stale_dropped; not delivered, not committed, so a resumed job regenerates
 it) or, with `on_stale="flag"`, delivered with
-`stale=True`. A rollout without an integer label is never stale.
+`stale=True`. A rollout without an integer label is never stale. In a job that replaces groups
+(JobSpec.replace_groups) a group-complete unit with any stale rollout is dropped whole: the job
+replaces it while it runs.
 
 Auth: with a key (`api_key=`, by default `ROLLMESH_API_KEY` from the environment; "" for none)
 every RolloutSink call must carry `authorization: Bearer <key>`, as on the mesh's own servers (the
@@ -120,6 +122,7 @@ class _Stream:
     window: int = 0
     group_size: int = 1
     repeats: int = 0  # the job's num_repeats: a task's keys from g*repeats on are its generation g
+    replaces: bool = False  # the job replaces failed and stale groups (JobSpec.replace_groups)
     unacked: set[Key] = field(default_factory=set)
     # The next ConsumeResponse's keys by field: acked (dropped_stale: those of them dropped as stale),
     # held (waiting for their group: out of the window, owed an ack; to a scheduler that sends_end).
@@ -379,11 +382,23 @@ class SinkServer:
         (the scheduler moves on; a stale drop is said as one) but not committed; a copy of a key
         handed out and not consumed yet, only once that is (or a trainer dying with it lost it)."""
         kept: _Unit = []
-        for r in unit:
-            delivered = self._delivered.setdefault(r.job_id, set())
-            if self.max_staleness is not None:
+        if self.max_staleness is not None:
+            for r in unit:
                 r.staleness = None if r.version is None else self.policy_version - r.version
                 r.stale = r.staleness is not None and r.staleness > self.max_staleness
+        st0 = self._streams.get(unit[0].job_id) if unit else None
+        # A job that replaces groups gets a whole group dropped when any of it is stale: it replaces
+        # the group, and a part of it delivered would be a partial group besides the fresh one.
+        whole = (
+            self.group_complete
+            and self.on_stale == "drop"
+            and st0 is not None
+            and st0.replaces
+            and any(r.stale for r in unit)
+        )
+        for r in unit:
+            delivered = self._delivered.setdefault(r.job_id, set())
+            r.stale = r.stale or whole
             dropped = False
             if r.key in delivered:  # the trainer has it, not consumed yet: acked with it (ack())
                 self.stats.duplicates += 1
@@ -470,6 +485,7 @@ class SinkServer:
         repeats, size = int(msg.spec.num_repeats), self.group_size or int(msg.spec.num_repeats) or 1
         st.group_size = min(size, repeats) if repeats else size  # a larger group never completes
         st.repeats = repeats
+        st.replaces = bool(msg.spec.replace_groups)
         self._streams[st.job_id] = st
         self._committed.setdefault(st.job_id, set())
         self.stats.jobs_opened += 1

@@ -386,6 +386,10 @@ class JobRun:
         self._replacing = bool(plan.spec.replace_groups)
         self._refills: asyncio.Queue[Group | None] = asyncio.Queue()
         self._open_groups = 0
+        self._producing = False  # replacements (of stale groups too) run only while this is True
+        self._stale_groups: set[tuple[int, int]] = set()
+        if self._replacing:
+            sink.on_stale = self._stale
         self.progress = Progress(total=plan.total)
         # An external agent program instead of the built-in loop (program.py), its tools on one endpoint.
         self.program = (
@@ -442,6 +446,23 @@ class JobRun:
             "replacement_bound": r.bound,
             "replace_groups": r.mode,
         }
+
+    def _stale(self, key: RolloutKey) -> None:
+        """A trainer dropped a written rollout as stale: while the run still dispatches, its group is
+        replaced (once per group) like a failed one. After the run's last group a stale drop stays
+        one (counted in stale_dropped): the run does not wait for the trainer's verdicts."""
+        if self.refill is None or not self._producing:
+            return
+        n = self.plan.num_repeats
+        gen = key.rollout_index // n
+        if (key.task_index, gen) in self._stale_groups:
+            return
+        self._stale_groups.add((key.task_index, gen))
+        keys = tuple(RolloutKey(key.task_index, gen * n + r) for r in range(n))
+        group = _Group(key.task_index, n, group=Group(key.task_index, gen, keys))
+        fresh = self._replacement(group, reason="stale")
+        if fresh is not None:
+            self.progress.done -= n  # the fresh group's rows stand for these
 
     def _unconsumed(self, reward: float | None, stale: bool) -> None:
         p = self.progress
@@ -560,7 +581,15 @@ class JobRun:
         group is open and none is owed."""
         if self.refill is None:
             self.refill = Refill(self.plan, existing)
-        for group in self.refill.initial:
+        self._producing = True
+        try:
+            await self._run_groups(self.refill.initial)
+        finally:
+            self._producing = False  # (no await since the loop's last check: a stale drop after it
+            # finds the run done, and stays a stale drop)
+
+    async def _run_groups(self, initial: list[Group]) -> None:
+        for group in initial:
             while not self._refills.empty():
                 await self._dispatch_group(self._refills.get_nowait())
             await self._dispatch_group(group)
@@ -812,7 +841,7 @@ class JobRun:
                 attempts[rollout.key],
             )
 
-    def _replacement(self, group: _Group) -> Group | None:
+    def _replacement(self, group: _Group, *, reason: str = "failed") -> Group | None:
         """The fresh group that replaces a failed one (queued for the producer), or None: the job
         does not replace groups, or cannot (refill.py counts the shortfall)."""
         if self.refill is None or group.group is None:
@@ -834,6 +863,7 @@ class JobRun:
                 "group_replaced",
                 job_id=self.job_id,
                 task=group.task_index,
+                reason=reason,
                 by=f"{fresh.task_index}/{fresh.keys[0].rollout_index}",
             )
             self._refills.put_nowait(fresh)

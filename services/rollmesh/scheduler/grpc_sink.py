@@ -290,6 +290,8 @@ class GrpcSink(Sink):
                         reward = self._unacked.pop(key) if key in self._unacked else self._held.pop(key)
                         if key in stale and self.on_unconsumed is not None:
                             self.on_unconsumed(reward, True)
+                        if key in stale and self.on_stale is not None:
+                            self.on_stale(key)
                     self.acked += len(keys)
                     telemetry.SINK_ACKS.labels("consumed").inc(len(keys - stale))
                     telemetry.SINK_ACKS.labels("stale").inc(len(stale))

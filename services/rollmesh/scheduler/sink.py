@@ -31,6 +31,9 @@ class Sink(ABC):
     # as stale_dropped) or never acknowledged by the close (False: not done). Either way it is not
     # succeeded.
     on_unconsumed: Callable[[float | None, bool], None] | None = None
+    # Called with the key of each written rollout the consumer dropped as stale (after on_unconsumed):
+    # a job that keeps batches full replaces its group (refill.py).
+    on_stale: Callable[[RolloutKey], None] | None = None
     # Set by the job's run: how long each `write` took (timing.py; metrics.json's sink_write_s).
     write_times: Reservoir | None = None
     # Set by the job before `close`: figures of the run a sink's metrics.json adds to what it counts
