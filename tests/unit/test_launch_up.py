@@ -119,3 +119,42 @@ def test_up_passes_the_variables_its_flags_would_override(monkeypatch: pytest.Mo
         cfg = seen.pop()
         gateway = dict(zip(cfg.gateway_args[::2], cfg.gateway_args[1::2], strict=True))
         assert (cfg.host, gateway["--replicas"], gateway["--http-port"]) == (host, replicas, http)
+
+
+def test_up_tells_the_verifier_the_facade_port_its_judges_ask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verifier (started before the gateway) derives its judges' URL from ROLLMESH_OPENAI_HTTP_PORT:
+    `up` sets it in every child to the port the gateway gets (a flag, else the variable); with
+    --ephemeral (a port chosen later) to 0, and the judges are not pointed (never at port 8000)."""
+    from typer.testing import CliRunner
+
+    from rollmesh.cli import build_app
+    from rollmesh.launch import processes
+    from rollmesh.verifier.config import VerifierConfig
+
+    seen: list[processes.UpConfig] = []
+
+    class Recorder:
+        def __init__(self, cfg: processes.UpConfig, write: object) -> None:
+            seen.append(cfg)
+
+        async def start(self) -> None:
+            raise RuntimeError("recorded")
+
+        async def stop(self, grace_s: float, force: asyncio.Event) -> None:
+            return None
+
+    monkeypatch.setattr(processes, "Mesh", Recorder)
+    monkeypatch.delenv("ROLLMESH_OPENAI_HTTP_PORT", raising=False)
+    monkeypatch.delenv("ROLLMESH_VERIFIER_JUDGE_URL", raising=False)
+    monkeypatch.delenv("ROLLMESH_GATEWAY_ADDR", raising=False)
+    for args, env, url in (
+        (["--http-port", "9123"], {}, "http://127.0.0.1:9123/v1"),
+        ([], {"ROLLMESH_OPENAI_HTTP_PORT": "8124"}, "http://127.0.0.1:8124/v1"),
+        (["--ephemeral"], {}, ""),
+        (["--http-port", "-1"], {}, ""),
+    ):
+        res = CliRunner().invoke(build_app(), ["up", *args], env=env)
+        assert res.exit_code == 1 and "failed to start: recorded" in res.output, res.output
+        cfg = seen.pop()
+        child = {**os.environ, **env, **cfg.env}  # what processes.Mesh gives each child
+        assert VerifierConfig.from_env(environ=child).judge_url == url, (args, cfg.env)

@@ -112,12 +112,8 @@ def up(
     except ConfigError as exc:
         fail(str(exc))
     ports = {s: 0 for s in DEFAULT_PORTS} if ephemeral else dict(DEFAULT_PORTS)
-    gateway_args = [
-        "--replicas",
-        str(replicas),
-        "--http-port",
-        str(0 if ephemeral and http_port >= 0 else http_port),
-    ]
+    facade_port = 0 if ephemeral and http_port >= 0 else http_port
+    gateway_args = ["--replicas", str(replicas), "--http-port", str(facade_port)]
     for flag, value in (("--backend", backend), ("--model", model), ("--base-url", base_url)):
         if value:
             gateway_args += [flag, value]
@@ -126,6 +122,10 @@ def up(
         ports=ports,
         gateway_args=tuple(gateway_args),
         scheduler_args=("--output-dir", output_dir),
+        # The verifier starts before the gateway: it points verifiers judges at the facade by this
+        # port (verifier/config.py facade_url), which a flag or --ephemeral (0: not known yet, judges
+        # not pointed) decides, not the variable it would otherwise read.
+        env={"ROLLMESH_OPENAI_HTTP_PORT": str(facade_port)},
         grace_s=grace,
         restart=policy,
         metrics_ports=(

@@ -57,6 +57,7 @@ class UpConfig:
     grace_s: float = 15.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     max_line_bytes: int = field(default_factory=lambda: int(config.read("ROLLMESH_LOG_MAX_LINE_BYTES")))
+    env: dict[str, str] = field(default_factory=dict)  # every child's, over the inherited environment
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Mesh:
         self.cfg = cfg
         self.write = write
         self.children: list[Child] = []
-        self.env = dict(os.environ)
+        self.env = {**os.environ, **cfg.env}
         self._tmp = tempfile.TemporaryDirectory(prefix="rollmesh-up-")
 
     @property
