@@ -101,24 +101,20 @@ async def test_when_every_uid_is_leased_a_run_shares_one_at_once(tmp_path: Path)
     assert len(set(uids)) == len(SANDBOX_UIDS) and uids[-2:] == uids[:2]
 
 
-async def test_a_uid_whose_lease_was_cancelled_goes_back(tmp_path: Path) -> None:
+async def test_a_lease_never_waits_so_a_cancelled_run_holds_no_uid(tmp_path: Path) -> None:
     pool = leased_pool(tmp_path)
-    given_back = asyncio.Event()
-    release = pool.release
-
-    def released(uid: int) -> None:
-        release(uid)
-        given_back.set()
-
-    pool.release = released  # type: ignore[method-assign]
-    task = asyncio.ensure_future(pool.lease())
-    await asyncio.sleep(0)
-    task.cancel()
+    cancelled = asyncio.ensure_future(pool.lease())
+    cancelled.cancel()  # before it ran: it took nothing
+    ran = asyncio.ensure_future(pool.lease())
+    await asyncio.sleep(0)  # one step of the loop: the lease is taken whole, never half
+    ran.cancel()  # too late to cancel: the run holds its uid and gives it back
     with pytest.raises(asyncio.CancelledError):
-        await task
-    async with asyncio.timeout(10):  # the thread finishes its lease, then the uid goes back
-        await given_back.wait()
-    assert pool._free[-1] == SANDBOX_UIDS[0] and not pool._runs
+        await cancelled
+    assert ran.done() and not ran.cancelled() and ran.result() == SANDBOX_UIDS[0]
+    assert dict(pool._runs) == {SANDBOX_UIDS[0]: 1}
+    assert await leased_pool(tmp_path).lease() == SANDBOX_UIDS[1]  # leased host-wide meanwhile
+    pool.release(ran.result())
+    assert not pool._runs and pool._free[-1] == SANDBOX_UIDS[0]
     assert await leased_pool(tmp_path).lease() == SANDBOX_UIDS[0]
 
 

@@ -107,7 +107,7 @@ class CleanRunner:
         self.solution = types.ModuleType("solution")
         self.solution.__getattr__ = lambda name: Opaque(self, ["name", name])  # type: ignore[method-assign]
         sys.modules["solution"] = self.solution
-        sys.modules.setdefault("pytest", _pytest(self))
+        sys.modules.setdefault("pytest", _PYTEST)
         self.globals: dict[str, Any] = {
             "__name__": "__main__",
             "__builtins__": builtins,
@@ -305,9 +305,10 @@ class CleanRunner:
         return Refused(self.case.failed)
 
 
-def _pytest(runner: CleanRunner) -> types.ModuleType:
+def _pytest() -> types.ModuleType:
     """What tests use of pytest, when it is not installed here: `raises` (an assert that the block
-    raises) and `approx` (numbers, and lists or tuples of them, within a tolerance)."""
+    raises) and `approx` (numbers, and lists or tuples of them, within a tolerance). Built once,
+    before the clean interpreter forks; it counts asserts for the child's runner (`_ACTIVE`)."""
     module = types.ModuleType("pytest")
 
     class Raises:
@@ -315,7 +316,7 @@ def _pytest(runner: CleanRunner) -> types.ModuleType:
             self.expected, self.match = expected, match
 
         def __enter__(self) -> Raises:
-            runner.begin()
+            _ACTIVE[-1].begin()
             return self
 
         def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -325,7 +326,7 @@ def _pytest(runner: CleanRunner) -> types.ModuleType:
                 return False
             if self.match is not None and not re.search(self.match, str(exc)):
                 return False
-            return runner.pass_(True)
+            return _ACTIVE[-1].pass_(True)
 
     class Approx:
         def __init__(self, expected: Any, rel: float | None = None, abs: float | None = None) -> None:
@@ -541,6 +542,7 @@ def _count_unittest_asserts(testcase: type) -> None:
 
 
 _ACTIVE: list[CleanRunner] = []
+_PYTEST = _pytest()
 
 
 def _counted(method: Callable[..., Any]) -> Callable[..., Any]:

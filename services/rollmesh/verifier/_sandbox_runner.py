@@ -169,20 +169,13 @@ def _apply_limits(lim: dict[str, int]) -> None:
     _limit(resource.RLIMIT_NOFILE, 64)
 
 
-def _denied(what: str) -> Any:
-    def deny(*args: Any, **kwargs: Any) -> Any:
-        raise PermissionError(f"{what} is not allowed in the sandbox")
-
-    return deny
-
-
 class _DenyPopen:
-    """On sys.meta_path while `subprocess` is not loaded: when the code imports it, its `Popen` is
-    `deny` before the import returns (reloaded too). Importing subprocess up front would load
+    """On sys.meta_path while `subprocess` is not loaded: when it is imported, its `Popen` is
+    replaced before the import returns (reloaded too). Importing subprocess up front would load
     `threading`, whose after-fork hook costs every child a pre-started process forks ~0.5 ms."""
 
-    def __init__(self, deny: Any) -> None:
-        self.deny = deny
+    def __init__(self, guards: _Guards) -> None:
+        self.guards = guards
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "subprocess":
@@ -191,102 +184,139 @@ class _DenyPopen:
 
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is not None and spec.loader is not None:
-            spec.loader = _DenyingLoader(spec.loader, self.deny)  # type: ignore[assignment]
+            spec.loader = _DenyingLoader(spec.loader, self.guards)  # type: ignore[assignment]
         return spec
 
 
 class _DenyingLoader:
-    def __init__(self, inner: Any, deny: Any) -> None:
+    def __init__(self, inner: Any, guards: _Guards) -> None:
         self.inner = inner
-        self.deny = deny
+        self.guards = guards
 
     def create_module(self, spec: Any) -> Any:
         return self.inner.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self.inner.exec_module(module)
-        module.Popen = self.deny
+        module.Popen = self.guards.denied("starting processes", module.Popen)
 
 
-def _install_guards(workdir: str) -> None:
-    import _posixsubprocess
-    import socket
+class _Guards:
+    """The guards (no sockets, no new processes, no files outside `workdir`), set in this process
+    (`set`) and in force once `armed`. A pre-started process sets them once, before it forks,
+    unarmed (its own calls pass through to what they replace), and each child it forks arms them
+    with one write: setting them in each child cost it ~90 pages of its parent's heap to copy,
+    building them there ~200 more."""
 
-    deny_net = _denied("network access")
-    socket.socket = deny_net  # type: ignore[misc,assignment]
-    socket.create_connection = deny_net
-    socket.socketpair = deny_net
-    socket.fromfd = deny_net
-    import _socket
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.armed = False
 
-    _socket.socket = deny_net  # type: ignore[misc]
-    deny_proc = _denied("starting processes")
-    for name in (
-        "fork",
-        "forkpty",
-        "system",
-        "popen",
-        "execv",
-        "execve",
-        "execl",
-        "execle",
-        "execlp",
-        "execvp",
-        "execvpe",
-        "spawnv",
-        "spawnve",
-        "spawnl",
-        "spawnle",
-        "posix_spawn",
-        "posix_spawnp",
-        "kill",
-        "killpg",
-    ):
-        if hasattr(os, name):
-            setattr(os, name, deny_proc)
-    _posixsubprocess.fork_exec = deny_proc
-    if "subprocess" in sys.modules:
-        sys.modules["subprocess"].Popen = deny_proc  # type: ignore[attr-defined]
-    else:
-        sys.meta_path.insert(0, _DenyPopen(deny_proc))
+    def denied(self, what: str, real: Any) -> Any:
+        guards = self
 
-    root = os.path.realpath(workdir)
-    allowed_read = _read_roots()
+        def deny(*args: Any, **kwargs: Any) -> Any:
+            if guards.armed:
+                raise PermissionError(f"{what} is not allowed in the sandbox")
+            return real(*args, **kwargs)
 
-    def check(path: Any, writing: bool) -> None:
-        if isinstance(path, int):
-            return
-        real = os.path.realpath(os.fsdecode(path))
-        if real == root or real.startswith(root + os.sep):
-            return
-        if not writing and any(real.startswith(p + os.sep) for p in allowed_read):
-            return
-        raise PermissionError(f"access to {os.fsdecode(path)!r} is outside the sandbox")
+        return deny
 
-    real_open = builtins.open
-    real_os_open = os.open
+    def set(self) -> None:
+        import _posixsubprocess
+        import _socket
+        import socket
 
-    def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-        check(file, any(c in mode for c in "wax+"))
-        return real_open(file, mode, *args, **kwargs)
+        for target in (socket, _socket):
+            setattr(target, "socket", self.denied("network access", target.socket))  # noqa: B010
+        for name in ("create_connection", "socketpair", "fromfd"):
+            setattr(socket, name, self.denied("network access", getattr(socket, name)))
+        for name in (
+            "fork",
+            "forkpty",
+            "system",
+            "popen",
+            "execv",
+            "execve",
+            "execl",
+            "execle",
+            "execlp",
+            "execvp",
+            "execvpe",
+            "spawnv",
+            "spawnve",
+            "spawnl",
+            "spawnle",
+            "posix_spawn",
+            "posix_spawnp",
+            "kill",
+            "killpg",
+        ):
+            if hasattr(os, name):
+                setattr(os, name, self.denied("starting processes", getattr(os, name)))
+        _posixsubprocess.fork_exec = self.denied("starting processes", _posixsubprocess.fork_exec)
+        if "subprocess" in sys.modules:
+            module = sys.modules["subprocess"]
+            module.Popen = self.denied("starting processes", module.Popen)  # type: ignore[attr-defined]
+        else:
+            sys.meta_path.insert(0, _DenyPopen(self))
 
-    def guarded_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        check(path, bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC)))
-        return real_os_open(path, flags, *args, **kwargs)
+        guards, root, allowed_read = self, os.path.realpath(self.workdir), _read_roots()
 
-    builtins.open = guarded_open
-    io.open = guarded_open
-    os.open = guarded_os_open  # type: ignore[assignment]
-    for name in ("listdir", "scandir", "remove", "unlink", "rmdir", "rename", "replace", "mkdir", "chdir"):
-        fn = getattr(os, name)
+        def check(path: Any, writing: bool) -> None:
+            if not guards.armed or isinstance(path, int):
+                return
+            real = os.path.realpath(os.fsdecode(path))
+            if real == root or real.startswith(root + os.sep):
+                return
+            if not writing and any(real.startswith(p + os.sep) for p in allowed_read):
+                return
+            raise PermissionError(f"access to {os.fsdecode(path)!r} is outside the sandbox")
 
-        def wrapped(
-            path: Any = ".", *args: Any, _fn: Any = fn, _w: bool = name != "listdir", **kw: Any
-        ) -> Any:
-            check(path, _w and _fn.__name__ not in ("scandir",))
-            return _fn(path, *args, **kw)
+        real_open = builtins.open
+        real_os_open = os.open
 
-        setattr(os, name, wrapped)
+        def guarded_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            check(file, any(c in mode for c in "wax+"))
+            return real_open(file, mode, *args, **kwargs)
+
+        def guarded_os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            check(path, bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC)))
+            return real_os_open(path, flags, *args, **kwargs)
+
+        builtins.open = guarded_open
+        io.open = guarded_open
+        os.open = guarded_os_open  # type: ignore[assignment]
+        for name in (
+            "listdir",
+            "scandir",
+            "remove",
+            "unlink",
+            "rmdir",
+            "rename",
+            "replace",
+            "mkdir",
+            "chdir",
+        ):
+            fn = getattr(os, name)
+
+            def wrapped(
+                path: Any = ".", *args: Any, _fn: Any = fn, _w: bool = name != "listdir", **kw: Any
+            ) -> Any:
+                check(path, _w and _fn.__name__ not in ("scandir",))
+                return _fn(path, *args, **kw)
+
+            setattr(os, name, wrapped)
+
+
+def _arm_guards(workdir: str) -> None:
+    """Put the guards for code whose directory is `workdir` in force: those a pre-started process
+    set before it forked (`_prepare_forks`), when they are for that directory, else new ones."""
+    guards = _CACHED.get("guards")
+    if guards is None or guards.workdir != workdir:
+        guards = _Guards(workdir)
+        guards.set()
+    guards.armed = True
 
 
 # -- requests ------------------------------------------------------------------------------------------
@@ -317,20 +347,29 @@ def _short(exc: BaseException) -> str:
 
 
 class Channel:
-    """This side of the verifier's channel: requests as JSON lines on `requests`, replies as frames
-    on `reply_fd`. Strict alternation: every frame answers the latest request read (`last_id`),
-    so a side may ask the verifier something (and read its answer) before it replies."""
+    """This side of the verifier's channel: requests as JSON lines on the fd `requests`, replies as
+    frames on `reply_fd`. Strict alternation: every frame answers the latest request read (`last_id`),
+    so a side may ask the verifier something (and read its answer) before it replies.
 
-    def __init__(self, requests: Any, reply_fd: int) -> None:
+    Requests are read a chunk at a time (a line read from an unbuffered pipe costs a read(2) per
+    byte). The clean interpreter's parent shares the pipe with the child it forks: what it read past
+    its "fork" request is the child's, which the child inherits in `pending` (the parent drops it),
+    and the verifier writes nothing for the parent until that child has answered its last request."""
+
+    def __init__(self, requests: int, reply_fd: int = -1) -> None:
         self.requests = requests
         self.reply_fd = reply_fd
         self.last_id = -1
+        self.pending = b""
 
     def read(self) -> dict[str, Any] | None:
-        os.set_blocking(self.requests.fileno(), True)  # the code may have made it non-blocking
-        line = self.requests.readline()
-        if not line:
-            return None
+        while (end := self.pending.find(b"\n")) < 0:
+            os.set_blocking(self.requests, True)  # the code may have made it non-blocking
+            chunk = os.read(self.requests, 1 << 16)
+            if not chunk:
+                return None
+            self.pending += chunk
+        line, self.pending = self.pending[:end], self.pending[end + 1 :]
         req: dict[str, Any] = json.loads(line)
         self.last_id = int(req["id"])
         return req
@@ -547,10 +586,11 @@ class CallbackError(Exception):
 
 
 def main() -> None:
-    requests = os.fdopen(os.dup(0), "rb", buffering=0)
-    hello = json.loads(requests.readline())
-    channel = Channel(requests, os.dup(int(hello["reply_fd"])))
-    channel.last_id = int(hello["id"])
+    channel = Channel(os.dup(0))
+    hello = channel.read()
+    if hello is None:
+        os._exit(0)
+    channel.reply_fd = os.dup(int(hello["reply_fd"]))
     os.close(int(hello["reply_fd"]))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -567,7 +607,7 @@ def main() -> None:
     _apply_limits(hello["limits"])
     runner = Runner(channel)
     if hello.get("guards", True):
-        _install_guards(os.getcwd())
+        _arm_guards(os.getcwd())
     channel.reply({})
     del hello
     while (req := channel.read()) is not None:
@@ -588,7 +628,8 @@ def fork_server(channel: Channel) -> None:
     _prctl(4, 0)  # PR_SET_DUMPABLE 0: a child (same uid) cannot ptrace us or write our memory
     channel.reply({})
     keep = {"runner.py", "clean.py"}
-    _prepare_forks()
+    _warm(clean)
+    _prepare_forks(os.getcwd())
     gc.freeze()  # what every child shares with us is never touched by its collections
     while (req := channel.read()) is not None:
         if req["op"] != "fork":
@@ -601,7 +642,7 @@ def fork_server(channel: Channel) -> None:
             _apply_limits(req["limits"])
             runner = clean.CleanRunner(channel)
             if req.get("guards", True):
-                _install_guards(os.getcwd())
+                _arm_guards(os.getcwd())
             channel.reply({})
             while (r := channel.read()) is not None:
                 if r["op"] == "exit":
@@ -616,6 +657,7 @@ def fork_server(channel: Channel) -> None:
                 channel.reply(reply)
             os._exit(0)
         os.close(done_w)
+        channel.pending = b""  # the child's requests (`Channel`)
         _, status = os.waitpid(pid, 0)
         finished = os.read(done_r, 1) == b"x"
         os.close(done_r)
@@ -664,7 +706,8 @@ def fork_solutions(control_fd: int) -> None:
     _prctl(4, 0)  # PR_SET_DUMPABLE 0
     _no_new_privileges()
     os.chdir("/")
-    _prepare_forks()
+    _warm()
+    _prepare_forks("/sandbox")
     gc.freeze()  # what every child shares with us is never touched by its collections
     control.send(json.dumps({"ready": True}).encode())
     mounted, child = False, 0
@@ -754,14 +797,7 @@ def _load_clean() -> Any:
     modules tests use most imported once, before any fork."""
     import importlib.util
 
-    for name in (
-        *("ast", "collections", "functools", "itertools", "math", "random", "re", "string"),
-        *(
-            "_posixsubprocess",
-            "ctypes",
-            "socket",
-        ),  # what each child's guards use (not subprocess: `_DenyPopen`)
-    ):
+    for name in ("ast", "collections", "functools", "itertools", "math", "random", "re", "string"):
         __import__(name)
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clean.py")
     spec = importlib.util.spec_from_file_location("clean", path)
@@ -790,11 +826,45 @@ def _libc() -> Any:
     return _CACHED["libc"]
 
 
-def _prepare_forks() -> None:
+_WARM_CODE = "import math\n\ndef f(a, b=1):\n    return [a, {'b': b}, (a, b), math.pi]\n"
+_WARM_TEST = (
+    "x = f(1, b=2)\nassert x == [1, {'b': 2}, (1, 2), 3.14], x\nf(0)\n"
+    "try:\n    f()\nexcept TypeError:\n    pass\n"
+    "for i in range(2):\n    assert f(i) and [y for y in x] != x[:1], f'{i}'\n"
+)
+
+
+def _warm(clean: Any = None) -> None:
+    """Run once, here, the code every forked child runs first on each request (decoding, encoding,
+    compiling, the clean interpreter's rewriting of a test): Python 3.11 rewrites a function's
+    bytecode as it warms up, and a child doing that writes to, and so copies, each page of its
+    parent's code it runs. Nothing of a run is here: only code objects warmed and caches filled."""
+    args = [encode(a) for a in (1, "a", [2.5, {"k": (1,)}])]
+    request = json.loads(json.dumps({"id": 1, "op": "call", "fn": ["ref", 0], "args": args}))
+    scope: dict[str, Any] = {"__builtins__": builtins}
+    exec(compile(_WARM_CODE, "solution.py", "exec"), scope)
+    value = scope["f"](*[decode_loose(a) for a in request["args"]][:2])
+    json.dumps({"id": 1, "value": encode(value, 0, lambda obj: ["ref", 0])})
+    if clean is not None:
+        import ast
+
+        tree = ast.parse(_WARM_TEST, "test", "exec")
+        compile(clean._instrument(tree), "test", "exec")
+        clean._pytest_style(tree, {})
+
+
+def _prepare_forks(workdir: str) -> None:
     """What every forked child would work out again, once (a child's first touch of each page of
-    the parent's heap costs it a copy: fewer is faster)."""
+    the parent's heap costs it a copy: fewer is faster); `workdir`: the children's directory."""
     _read_roots()
-    _libc()
+    libc = _libc()
+    for name in ("prctl", "unshare", "mount", "umount2"):  # each looked up once (dlsym, a new attribute)
+        getattr(libc, name)
+    guards = _Guards(workdir)
+    guards.set()  # unarmed: `_arm_guards`
+    _CACHED["guards"] = guards
+    gc.collect()
+    libc.malloc_trim(0)  # free pages of the heap back to the kernel: fewer to map into each child
 
 
 def _prctl(option: int, value: int) -> None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -66,7 +67,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,8 @@ class RunResult:
     isolation: str = ""
 
     def summary(self, max_chars: int = 2000) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: no deep copy
+        out["cases"] = [dict(case) for case in self.cases]
         out["stdout"] = self.stdout[:max_chars]
         out["stderr"] = self.stderr[-max_chars:]
         return out
@@ -576,7 +578,11 @@ class Sandbox:
         async def talk() -> str:
             nonlocal healthy
             hello = await channel.send(
-                "hello", reply_fd=main.child_fd, limits=asdict(limits), guards=guards, drop_to=main.drop_to
+                "hello",
+                reply_fd=main.child_fd,
+                limits=_limits_fields(limits),
+                guards=guards,
+                drop_to=main.drop_to,
             )
             # The runner answers hello before it reads the code: its reply, awaited while the code
             # is still being written (pipelined), says the sandbox came up.
@@ -671,6 +677,12 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         await proc.wait()
+
+
+@functools.lru_cache(maxsize=64)
+def _limits_fields(limits: SandboxLimits) -> dict[str, Any]:
+    """`limits` as a sandboxed process is told them (one dict per limits: never changed)."""
+    return asdict(limits)
 
 
 def _succeeded(task: asyncio.Future[Any]) -> bool:
@@ -913,14 +925,14 @@ class _Zygote:
             hello = await self.channel.send(
                 "hello",
                 reply_fd=self.proc.child_fd,
-                limits=asdict(limits),
+                limits=_limits_fields(limits),
                 guards=guards,
                 drop_to=self.proc.drop_to,
             )
             await self.channel.receive(hello)
             self.greeted = True
         reply = await self.channel.receive(
-            await self.channel.send("fork", limits=asdict(limits), guards=guards)
+            await self.channel.send("fork", limits=_limits_fields(limits), guards=guards)
         )
         if "error" in reply:
             raise ChannelBroken(f"the clean interpreter did not fork: {reply['error']}")

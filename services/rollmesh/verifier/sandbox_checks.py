@@ -20,6 +20,7 @@ decode is ended and fails, whatever the test catches.
 from __future__ import annotations
 
 import ast
+import functools
 import keyword
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -43,14 +44,25 @@ class Side(Protocol):
     async def receive(self, ident: int) -> dict[str, Any]: ...
 
 
+CACHED_SOURCE_CHARS = 65_536  # test cases up to this size are parsed once while they recur (a group's)
+
+
 def unverifiable_case(source: str) -> str | None:
     """Why a test case can never give a verdict whatever the solution does (it does not parse),
     else None: a task whose tests fail this is a bad task, not a 0."""
+    return _names_in(source)[1] if len(source) <= CACHED_SOURCE_CHARS else _parsed(source)[1]
+
+
+def _parsed(source: str) -> tuple[frozenset[str], str | None]:
+    """The names a test case's source mentions, and why it does not parse (None when it does)."""
     try:
-        ast.parse(source, "test", "exec")
+        tree = ast.parse(source, "test", "exec")
     except SyntaxError as exc:
-        return f"the test does not parse: {exc}"
-    return None
+        return frozenset(), f"the test does not parse: {exc}"
+    return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)), None
+
+
+_names_in = functools.lru_cache(maxsize=256)(_parsed)
 
 
 def normalize_output(text: str) -> list[str]:
@@ -90,13 +102,8 @@ def names_used(cases: Collection[Any]) -> set[str]:
     clean interpreter (a claim about any other name changes nothing there, and nothing is imported
     for it)."""
     used: set[str] = set()
-    for case in cases:
-        try:
-            used.update(
-                n.id for n in ast.walk(ast.parse(str(case), "test", "exec")) if isinstance(n, ast.Name)
-            )
-        except SyntaxError:
-            continue
+    for case in map(str, cases):
+        used.update((_names_in if len(case) <= CACHED_SOURCE_CHARS else _parsed)(case)[0])
     return used
 
 
