@@ -8,6 +8,8 @@ import asyncio
 import os
 import sys
 import textwrap
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -88,9 +90,8 @@ def test_describe_exit_names_the_code_or_the_signal() -> None:
     assert describe_exit(-15) == "was killed by signal SIGTERM"
 
 
-def test_up_passes_the_variables_its_flags_would_override(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`up` hands --host, --replicas and --http-port to its children as flags, so their defaults
-    overrode ROLLMESH_BIND_HOST, ROLLMESH_REPLICAS and ROLLMESH_OPENAI_HTTP_PORT; a flag still wins."""
+def _recording_up(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str], dict[str, str]], Any]:
+    """`rollmesh up ARGS` under ENV with its mesh replaced: the `UpConfig` it would have started."""
     from typer.testing import CliRunner
 
     from rollmesh.cli import build_app
@@ -109,14 +110,25 @@ def test_up_passes_the_variables_its_flags_would_override(monkeypatch: pytest.Mo
             return None
 
     monkeypatch.setattr(processes, "Mesh", Recorder)
+
+    def up_config(args: list[str], env: dict[str, str]) -> processes.UpConfig:
+        res = CliRunner().invoke(build_app(), ["up", *args], env=env)
+        assert res.exit_code == 1 and "failed to start: recorded" in res.output, res.output
+        return seen.pop()
+
+    return up_config
+
+
+def test_up_passes_the_variables_its_flags_would_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` hands --host, --replicas and --http-port to its children as flags, so their defaults
+    overrode ROLLMESH_BIND_HOST, ROLLMESH_REPLICAS and ROLLMESH_OPENAI_HTTP_PORT; a flag still wins."""
+    up_config = _recording_up(monkeypatch)
     env = {"ROLLMESH_BIND_HOST": "0.0.0.0", "ROLLMESH_REPLICAS": "3", "ROLLMESH_OPENAI_HTTP_PORT": "8123"}
     for args, host, replicas, http in (
         ([], "0.0.0.0", "3", "8123"),
         (["--replicas", "2"], "0.0.0.0", "2", "8123"),
     ):
-        res = CliRunner().invoke(build_app(), ["up", *args], env=env)
-        assert res.exit_code == 1 and "failed to start: recorded" in res.output, res.output
-        cfg = seen.pop()
+        cfg = up_config(args, env)
         gateway = dict(zip(cfg.gateway_args[::2], cfg.gateway_args[1::2], strict=True))
         assert (cfg.host, gateway["--replicas"], gateway["--http-port"]) == (host, replicas, http)
 
@@ -125,25 +137,9 @@ def test_up_tells_the_verifier_the_facade_port_its_judges_ask(monkeypatch: pytes
     """The verifier (started before the gateway) derives its judges' URL from ROLLMESH_OPENAI_HTTP_PORT:
     `up` sets it in every child to the port the gateway gets (a flag, else the variable); with
     --ephemeral (a port chosen later) to 0, and the judges are not pointed (never at port 8000)."""
-    from typer.testing import CliRunner
-
-    from rollmesh.cli import build_app
-    from rollmesh.launch import processes
     from rollmesh.verifier.config import VerifierConfig
 
-    seen: list[processes.UpConfig] = []
-
-    class Recorder:
-        def __init__(self, cfg: processes.UpConfig, write: object) -> None:
-            seen.append(cfg)
-
-        async def start(self) -> None:
-            raise RuntimeError("recorded")
-
-        async def stop(self, grace_s: float, force: asyncio.Event) -> None:
-            return None
-
-    monkeypatch.setattr(processes, "Mesh", Recorder)
+    up_config = _recording_up(monkeypatch)
     monkeypatch.delenv("ROLLMESH_OPENAI_HTTP_PORT", raising=False)
     monkeypatch.delenv("ROLLMESH_VERIFIER_JUDGE_URL", raising=False)
     monkeypatch.delenv("ROLLMESH_GATEWAY_ADDR", raising=False)
@@ -153,8 +149,6 @@ def test_up_tells_the_verifier_the_facade_port_its_judges_ask(monkeypatch: pytes
         (["--ephemeral"], {}, ""),
         (["--http-port", "-1"], {}, ""),
     ):
-        res = CliRunner().invoke(build_app(), ["up", *args], env=env)
-        assert res.exit_code == 1 and "failed to start: recorded" in res.output, res.output
-        cfg = seen.pop()
+        cfg = up_config(args, env)
         child = {**os.environ, **env, **cfg.env}  # what processes.Mesh gives each child
         assert VerifierConfig.from_env(environ=child).judge_url == url, (args, cfg.env)
