@@ -28,14 +28,18 @@ def _rows(runs: Path, job: str) -> dict[tuple[int, int], dict[str, Any]]:
     return {(r["task_index"], r["rollout_index"]): r for r in rows}
 
 
+def _call_ids(messages: list[dict[str, Any]]) -> list[str]:
+    return [c["id"] for m in messages for c in m.get("tool_calls") or []]
+
+
 def _without_call_ids(messages: list[dict[str, Any]]) -> str:
     """The messages with tool-call ids blanked: the gateway derives them from the request id, which
     holds the job id (the two jobs' only difference)."""
-    return (
-        json.dumps(messages, sort_keys=True)
-        .replace("call_tool-loo_", "call_")
-        .replace("call_builtin/_", "call_")
-    )
+    ids = _call_ids(messages)
+    text = json.dumps(messages, sort_keys=True)
+    for k, call_id in enumerate(ids):
+        text = text.replace(json.dumps(call_id), f'"call {k}"')
+    return text
 
 
 def _valid_with_text(rows: dict[tuple[int, int], dict[str, Any]]) -> None:
@@ -62,6 +66,9 @@ def test_a_program_and_the_built_in_loop_give_identical_token_records(tmp_path: 
         assert run["stdout"].startswith("The counter is") and "agent_program" not in builtin[key]
         assert run["sandbox"] == ("uid+mount+pid+network" if os.geteuid() == 0 else "limits")
     _valid_with_text(program)
+    for rows in (builtin, program):  # every tool call of a job has an id of its own
+        ids = [i for row in rows.values() for i in _call_ids(row["chat_messages"])]
+        assert len(ids) == 2 * len(rows) == len(set(ids))
 
 
 def test_a_compacting_program_and_a_responses_program(tmp_path: Path) -> None:

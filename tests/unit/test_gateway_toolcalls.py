@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rollmesh.gateway.toolcalls import ContentStreamFilter, parse_tool_calls
+from rollmesh.gateway.toolcalls import ContentStreamFilter, call_id_prefix, parse_tool_calls
 
 
 def test_one_call_is_parsed_and_removed_from_content() -> None:
@@ -24,6 +24,16 @@ def test_several_calls_keep_order_and_ids() -> None:
     assert [c.name for c in p.tool_calls] == ["a", "b"]
     assert [c.id for c in p.tool_calls] == ["call_r1_0", "call_r1_1"]
     assert p.content == " and "
+
+
+def test_call_ids_digest_the_whole_request_id() -> None:
+    """Request ids of one job share their start (`<job>/<task>/<rollout>/<n>`): the id prefix must
+    differ when any of it does, and stay the same for the same request id (re-runs, both drivers)."""
+    rids = [f"a-long-job-id/{t}/{r}/{n}" for t in range(3) for r in range(3) for n in range(3)]
+    prefixes = [call_id_prefix(rid) for rid in rids]
+    assert len(set(prefixes)) == len(rids)
+    assert call_id_prefix(rids[0]) == prefixes[0] and prefixes[0].startswith("call_")
+    assert call_id_prefix("\udc80") != call_id_prefix("")  # a lone surrogate is still an id
 
 
 def test_malformed_json_stays_in_content_and_is_not_a_call() -> None:

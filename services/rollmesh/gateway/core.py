@@ -33,7 +33,7 @@ from rollmesh.gateway.backends.base import (
 from rollmesh.gateway.captures import CaptureStore
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 from rollmesh.gateway.sessions import FreshPromptCache, SessionState, SessionStore, build_prompt, tools_key
-from rollmesh.gateway.toolcalls import parse_tool_calls
+from rollmesh.gateway.toolcalls import call_id_prefix, parse_tool_calls
 from rollmesh.gateway.types import (
     GenerateInput,
     GenerateResult,
@@ -873,7 +873,7 @@ class Gateway:
                 raw = before_stop_string(raw, request.sampling.stop, last_from)
         else:
             raw = "".join(attempt.texts)
-        parsed = parse_tool_calls(raw, id_prefix=f"call_{rid[:8]}_")
+        parsed = parse_tool_calls(raw, id_prefix=call_id_prefix(rid))
         if parsed.tool_calls and finish == "stop":  # a turn cut by length (or unknown) keeps saying so
             finish = "tool_calls"
         message = Message(role="assistant", content=parsed.content, tool_calls=parsed.tool_calls)

@@ -5,10 +5,16 @@ A block whose body is a JSON object with a string `name` (and an object, or JSON
 else (malformed JSON, no closing tag, no name) stays in the content verbatim and is not a call, so
 the model's mistake is visible to the environment and can be scored. Text outside valid blocks is
 kept exactly (no stripping), so the content is always the generated text minus the valid blocks.
+
+A call's id is `call_<digest of the whole request id>_<i>` (`call_id_prefix`): unique wherever
+request ids are (every call of a job: `<job>/<task>/<rollout>/<n>`; a call without one gets a random
+request id), and the same for the same request id, so both agent drivers and a re-run give the same
+ids. Agent SDKs key tool results by these ids and refuse a repeated one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -38,6 +44,13 @@ def _parse_body(body: str) -> tuple[str, str] | None:
     if not isinstance(args, dict):
         return None
     return obj["name"], json.dumps(args, ensure_ascii=False)
+
+
+def call_id_prefix(request_id: str) -> str:
+    """`call_<18 hex digits>_`: a digest of all of `request_id` (a prefix of it would be shared by
+    every request of a job)."""
+    digest = hashlib.blake2b(request_id.encode(errors="surrogatepass"), digest_size=9)
+    return f"call_{digest.hexdigest()}_"
 
 
 def parse_tool_calls(text: str, *, id_prefix: str = "call_") -> Parsed:
