@@ -1,0 +1,65 @@
+"""The characters of a written answer, folded to the few that answer checkers read (issue 38).
+
+`fold(text)` is `text` with, character for character:
+- zero-width and invisible characters removed (zero-width space, non-joiner and joiner, word
+  joiner, byte order mark, soft hyphen, Mongolian vowel separator): `5<U+200B>0` is `50`;
+- every Unicode decimal digit (fullwidth `３`, Arabic-Indic `٣`, Devanagari `३`, ...) as its ASCII
+  digit, and the fullwidth ASCII forms (`＋`, `（`, `／`, `ｅ`) as their ASCII character;
+- the minus sign U+2212, the small and fullwidth hyphen-minus, the hyphen, non-breaking hyphen,
+  figure dash and en dash as `-`: `–5` and `−5` are `-5`. The em dash stays (a dash in prose, not a
+  sign); superscript digits and vulgar fractions stay (they are not the digits they show: `2³` is
+  not `23`, `2½` not `21`).
+`fold_with_positions` also gives, for each character of the folded text, its index in `text`, so a
+checker can show what was written. One `str.translate` (each character folded once per process and
+remembered): cost linear in the text, at C speed.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+_INVISIBLE = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e")
+_MINUS = frozenset("\u2212\ufe63\uff0d\u2010\u2011\u2012\u2013")
+
+
+def _fold_char(ch: str) -> str:
+    """The folded character ("" when it is removed)."""
+    if ch.isascii():
+        return ch
+    if ch in _INVISIBLE:
+        return ""
+    if ch in _MINUS:
+        return "-"
+    if "\uff01" <= ch <= "\uff5e":  # fullwidth ASCII forms
+        return chr(ord(ch) - 0xFEE0)
+    if unicodedata.category(ch) == "Nd":
+        return str(unicodedata.decimal(ch))
+    return ch
+
+
+class _Table(dict[int, str | None]):
+    """str.translate's table, filled on first sight of each character (a bounded cache)."""
+
+    def __missing__(self, code: int) -> str | None:
+        folded = _fold_char(chr(code)) or None
+        if len(self) < 65536:
+            self[code] = folded
+        return folded
+
+
+_TABLE = _Table()
+
+
+def fold(text: str) -> str:
+    """`text` with its characters folded (module docstring)."""
+    return text if text.isascii() else text.translate(_TABLE)
+
+
+def fold_with_positions(text: str) -> tuple[str, list[int] | None]:
+    """The folded text and, for each of its characters, the index of the character it came from in
+    `text` (None when that is its own index: no character was removed)."""
+    folded = fold(text)
+    if len(folded) == len(text):
+        return folded, None
+    where = [i for i, ch in enumerate(text) if ch.isascii() or _TABLE[ord(ch)] is not None]
+    return folded, where
