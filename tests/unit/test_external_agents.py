@@ -309,7 +309,7 @@ def test_a_program_rollout_keeps_its_run_and_segments_over_the_wire_and_in_its_r
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a uid and namespaces of its own need root")
-async def test_the_program_runs_as_its_own_uid_as_pid_1_and_writes_only_its_folder() -> None:
+async def test_the_program_runs_as_its_own_uid_under_an_init_and_writes_only_its_folder() -> None:
     script = (
         "import json, os\n"
         "def attempt(path):\n"
@@ -318,7 +318,8 @@ async def test_the_program_runs_as_its_own_uid_as_pid_1_and_writes_only_its_fold
         "        return 'wrote'\n"
         "    except OSError as exc:\n"
         "        return exc.strerror\n"
-        "print(json.dumps({'uid': os.getuid(), 'pid': os.getpid(), 'here': attempt('mine'),\n"
+        "print(json.dumps({'uid': os.getuid(), 'pid': os.getpid(), 'ppid': os.getppid(),\n"
+        "    'here': attempt('mine'),\n"
         f"    'repo': attempt({str(HERE / 'planted')!r}),\n"
         "    'root': sorted(os.listdir('/root'))}))\n"
     )
@@ -329,7 +330,7 @@ async def test_the_program_runs_as_its_own_uid_as_pid_1_and_writes_only_its_fold
     outcome = await _run([sys.executable, "-c", script], CaptureModel(record))
     seen = json.loads(outcome.program["stdout"])
     assert outcome.program["sandbox"] == "uid+mount+pid+network"
-    assert 65000 <= seen["uid"] <= 65533 and seen["pid"] == 1
+    assert 65000 <= seen["uid"] <= 65533 and (seen["pid"], seen["ppid"]) == (2, 1)  # under its init
     assert seen["here"] == "wrote" and seen["repo"] == "Read-only file system"
     assert not await asyncio.to_thread((HERE / "planted").exists)
     assert ".ssh" not in seen["root"]  # only what it runs is there, read-only

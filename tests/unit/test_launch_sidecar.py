@@ -116,7 +116,7 @@ CONFINED_SERVER = textwrap.dedent(
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             seen = {
-                "uid": os.getuid(), "pid": os.getpid(), "child_pid": child.pid,
+                "uid": os.getuid(), "pid": os.getpid(), "ppid": os.getppid(), "child_pid": child.pid,
                 "home": attempt(os.path.join(os.environ["HOME"], "ok")),
                 "shared": attempt(os.path.join(sys.argv[1], "planted")),
                 "root": sorted(os.listdir("/root")),
@@ -137,7 +137,7 @@ async def seen_by(address: str) -> dict[str, object]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a uid and namespaces of its own need root")
-async def test_a_confined_sidecar_runs_as_its_own_uid_as_pid_1_and_writes_only_its_folder(
+async def test_a_confined_sidecar_runs_as_its_own_uid_under_an_init_and_writes_only_its_folder(
     tmp_path: Path,
 ) -> None:
     shared = tmp_path / "shared"  # writable by anyone on the host; only readable for the server
@@ -159,7 +159,8 @@ async def test_a_confined_sidecar_runs_as_its_own_uid_as_pid_1_and_writes_only_i
         seen = await seen_by(car.address)
         assert car.isolation == "uid+mount+pid" and (tmp_path / "server.addr").read_text() == car.address
         assert isinstance(seen["uid"], int) and 65000 <= seen["uid"] <= 65533
-        assert seen["pid"] == 1 and seen["child_pid"] != 1  # pid 1 of a namespace of its own
+        # pid 2 of a namespace of its own, under its minimal init (pid 1)
+        assert (seen["pid"], seen["ppid"]) == (2, 1) and seen["child_pid"] not in (1, 2)
         assert seen["home"] == "wrote" and seen["shared"] == "Read-only file system"
         assert not (shared / "planted").exists()
         assert seen["root"] == [".pyenv"] or str(Path.home()) != "/root"  # only its interpreter there
@@ -171,7 +172,7 @@ async def test_a_confined_sidecar_runs_as_its_own_uid_as_pid_1_and_writes_only_i
                 await asyncio.sleep(0.01)
         assert await car.ready(60) and car.restarts == 1
         again = await seen_by(car.address)
-        assert again["uid"] == seen["uid"] and again["pid"] == 1
+        assert again["uid"] == seen["uid"] and again["pid"] == 2
         await group_gone(keeper)  # the first incarnation: the server and its child
     finally:
         await car.stop()

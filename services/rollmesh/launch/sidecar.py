@@ -19,10 +19,10 @@ Contract:
   leased for the sidecar's life (its restarts included), read-only mounts with fresh /tmp, only its
   interpreter, its virtualenv, its script and `readable` to read past folders closed to other users
   (/root), a folder of its own (`<port_file>.run/`, its HOME, where it writes the port file, which
-  is then copied to `port_file`) to write, its own pid namespace (pid 1 there, everything it
-  starts dies with it; a keeper outside passes SIGTERM on) and `rlimits`; elsewhere it runs as
-  this user under `rlimits`. What held is in `isolation` ("uid+mount+pid" or "limits"; "none" when
-  not confined; "" before it served) and the `sidecar_serving` log line.
+  is then copied to `port_file`) to write, its own pid namespace (pid 2 there under a minimal init,
+  everything it starts dies with it; a keeper outside passes SIGTERM on) and `rlimits`; elsewhere it
+  runs as this user under `rlimits`. What held is in `isolation` ("uid+mount+pid" or "limits";
+  "none" when not confined; "" before it served) and the `sidecar_serving` log line.
 """
 
 from __future__ import annotations
@@ -89,9 +89,12 @@ def log_tail(path: Path) -> str:
 
 
 def _read_address(path: Path) -> str:
-    """The port file's text, never through a link (a confined child owns its folder)."""
+    """The port file's text ("" while there is none), never through a link (a confined child owns
+    its folder)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
     except OSError as exc:
         return f"<unreadable: {exc.strerror}>"
     with os.fdopen(fd, "rb") as f:
@@ -193,11 +196,12 @@ class Sidecar:
         proc = self._proc
         try:
             async with asyncio.timeout(spec.start_timeout_s):
-                while not await asyncio.to_thread(port_file.exists):
+                # Until it has written something: a server that opens the file and then writes
+                # was seen between the two ("wrote '' to its port file").
+                while not (bound := await asyncio.to_thread(_read_address, port_file)):
                     if proc.returncode is not None:
                         raise self._failed(f"{describe_exit(proc.returncode)} before serving")
                     await asyncio.sleep(0.05)
-                bound = await asyncio.to_thread(_read_address, port_file)
                 host, _, port = bound.rpartition(":")
                 if not port.isdigit():
                     raise self._failed(f"wrote {bound[:60]!r} to its port file, not host:port")

@@ -25,8 +25,15 @@ In order, each step recorded only once it held:
    are bound back writable. Then a pid namespace: this process stays outside as the child's
    keeper (forwards SIGTERM/SIGINT/SIGHUP, exits as the child did), the child is pid 1 of its own
    namespace with a fresh /proc, so everything it starts dies with it; it drops to `uid`/`uid` (no
-   supplementary groups, `no_new_privs`) and is SIGKILLed if the keeper dies.
-3. rlimits, then exec ARGV (exit 127 when ARGV cannot be run, the reason on stderr).
+   supplementary groups, `no_new_privs`) and is SIGKILLed if the keeper dies. Pid 1 stays a
+   minimal init (`_init`) and ARGV runs as its child, pid 2: the kernel drops signals pid 1 sends
+   itself (a self-SIGKILL, a raised SIGTERM, os.abort()'s SIGABRT would be no death, or another
+   one), so the program must not be pid 1. The init reaps every orphan, forwards the signals it
+   gets to the program and, when the program ends, hands its wait status to the keeper over a pipe
+   and exits (the kernel then kills what is left in the namespace); the keeper ends the same way:
+   killed by the same signal, or with the same exit code.
+3. rlimits, then exec ARGV (exit 127 when ARGV cannot be run, the reason on stderr), with SIGPIPE
+   and SIGXFSZ back to their defaults (this interpreter ignores them; exec would keep that).
 The caller has made this process a session leader, so killing the process group ends everything
 (a process group spans pid namespaces).
 """
@@ -71,10 +78,14 @@ def main(argv: list[str]) -> int:
     if mode_file is not None:
         with mode_file:
             mode_file.write("+".join(held) or "limits")
+    report = (-1, -1)
     if keeper:
+        report = os.pipe()  # the init's word on how the program ended (closed in it at exec)
         child = os.fork()
         if child:
-            return _keep(child)
+            os.close(report[1])
+            return _keep(child, report[0])
+        os.close(report[0])
         try:  # its own pids in /proc; without it /proc shows the host's (the namespace holds)
             _mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         except OSError:
@@ -95,6 +106,13 @@ def main(argv: list[str]) -> int:
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(which, (soft, soft))
+    if keeper:
+        program_pid = os.fork()
+        if program_pid:
+            return _init(program_pid, report[1])
+        os.close(report[1])
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
     program = argv[2:]
     try:
         os.execvp(program[0], program)
@@ -219,8 +237,8 @@ def _mount_flags(point: str) -> int:
     return flags
 
 
-def _keep(child: int) -> int:
-    """Outside the child's pid namespace: pass on the signals a stop sends, and end as it ended."""
+def _forwarding(child: int, signals: Any) -> None:
+    """Pass each of `signals` this process gets on to `child`."""
 
     def forward(signum: int, frame: Any) -> None:
         try:
@@ -228,14 +246,60 @@ def _keep(child: int) -> int:
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in signals:
         signal.signal(sig, forward)
+
+
+def _keep(child: int, report: int) -> int:
+    """Outside the child's pid namespace: pass on the signals a stop sends, and end as the program
+    ended (the init's `report`; the init's own status when it wrote none)."""
+    _forwarding(child, (signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
     _, status = os.waitpid(child, 0)
+    told = b""
+    while chunk := os.read(report, 64):
+        told += chunk
+    os.close(report)
+    if told.strip().isdigit():
+        status = int(told)
     if os.WIFSIGNALED(status):
         died = os.WTERMSIG(status)
-        signal.signal(died, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the program's death, not a crash of ours
+        if died not in (signal.SIGKILL, signal.SIGSTOP):  # (their action cannot be set)
+            signal.signal(died, signal.SIG_DFL)
         os.kill(os.getpid(), died)
     return os.waitstatus_to_exitcode(status)
+
+
+# Signals the init never forwards: its own child's, the ones it cannot catch, and those the kernel
+# sends a process for its own fault (they are never sent to pid 1 from outside to pass on).
+_NOT_FORWARDED = {
+    signal.SIGCHLD,
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGABRT,
+    signal.SIGTRAP,
+    signal.SIGSYS,
+}
+
+
+def _init(program: int, report: int) -> int:
+    """Pid 1 of the namespace while `program` (pid 2) runs: forward signals to it, reap every
+    process that ends (orphans are re-parented here), and when `program` ends write its wait status
+    to `report` and exit (128 + the signal when a signal killed it)."""
+    _forwarding(program, set(signal.valid_signals()) - _NOT_FORWARDED)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # cannot be: `program` is ours until reaped
+            return 1
+        if pid == program:
+            os.write(report, str(status).encode())
+            os.close(report)
+            return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _isolate(forward: list[list[Any]]) -> bool:

@@ -9,8 +9,9 @@ What held is written to `mode_file` and read back with `read_mode`: "+"-joined f
 session, the death signal) held. As root with `uid` set (`UidLeases.lease`), a child gets a uid of
 its own from the sandbox block (mesh/uids.py, leased host-wide), read-only mounts with fresh scratch
 tmpfs, only `readable` (read-only) and `writable` paths where the rest is closed to other users, and
-its own pid namespace (pid 1 there; everything it starts dies with it). Elsewhere (not root) it runs
-as this process's user, with only what the kernel allowed (a network namespace needs CAP_SYS_ADMIN).
+its own pid namespace (pid 2 there, under a minimal init; everything it starts dies with it).
+Elsewhere (not root) it runs as this process's user, with only what the kernel allowed (a network
+namespace needs CAP_SYS_ADMIN).
 """
 
 from __future__ import annotations

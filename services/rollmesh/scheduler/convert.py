@@ -128,7 +128,8 @@ def rollout_from_pb(msg: scheduler_pb2.Rollout) -> Rollout:
 
 
 def failure_to_pb(f: RolloutFailure) -> scheduler_pb2.RolloutFailure:
-    return to_pb(scheduler_pb2.RolloutFailure, f)
+    program = json.dumps(f.agent_program, ensure_ascii=False) if f.agent_program else ""
+    return to_pb(scheduler_pb2.RolloutFailure, f, agent_program_json=program)
 
 
 def metrics_to_pb(m: Metrics | Mapping[str, Any]) -> scheduler_pb2.JobMetrics:

@@ -397,6 +397,7 @@ class JobRun:
                 argv=tuple(plan.spec.agent_program),
                 env=dict(plan.spec.agent_program_env),
                 timeout_s=self.policy.rollout_timeout_s * PROGRAM_SHARE_OF_ATTEMPT,
+                after_s=self.policy.rollout_timeout_s * (1 - PROGRAM_SHARE_OF_ATTEMPT),
             )
             if plan.spec.agent_program
             else None
@@ -960,7 +961,7 @@ class JobRun:
         """Write a rollout's failure. `evidence` False: it says nothing of the job's health (a group
         member failed by a sibling), so fail fast neither counts it nor resets its streak. `replaced`:
         its group was replaced (refill.py): in `replaced_rollouts`, not the job's done or failed."""
-        failure = RolloutFailure(key, self.job_id, err.name, err.message, attempts)
+        failure = RolloutFailure(key, self.job_id, err.name, err.message, attempts, err.agent_program)
         log.info("rollout_failed", job_id=self.job_id, key=key.as_str(), error=err.name, attempts=attempts)
         async with self._write_lock:
             await self.sink.write_failure(failure)

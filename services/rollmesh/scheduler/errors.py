@@ -3,7 +3,8 @@ error means for the retry loop (retry.py's `classify` makes it), which `RolloutF
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rollmesh.mesh import errors as mesh
 
@@ -232,6 +233,9 @@ class ErrorClass:
     message: str = ""
     outage: bool = False  # the service is unreachable: wait within the budget, attempts untouched
     budget_exhausted: bool = False  # set when an outage outlasted unavailable_budget_s
+    #: What the row would have kept of an agent program's run (`ProgramRun.agent_program`), for the
+    #: failures file; {} when no program ran.
+    agent_program: dict[str, Any] = field(default_factory=dict)
 
 
 class RolloutFailed(Exception):
@@ -253,25 +257,33 @@ class NothingToReplay(mesh.InvalidArgument):
 # -- external agent programs (program.py) --
 
 
-class AgentProgramExited(mesh.FailedPrecondition):
+class ProgramRun(Exception):
+    """Base of the failures of an agent program that ran: `agent_program` is what a row keeps of
+    the run (exit code or signal, seconds, the stdout and stderr tails ...), so the failures file
+    keeps the same (program.py sets it; {} before the program ran)."""
+
+    agent_program: dict[str, Any] = {}  # noqa: RUF012 - replaced per instance, never mutated
+
+
+class AgentProgramExited(mesh.FailedPrecondition, ProgramRun):
     """The agent program exited non-zero (or was killed by a signal): nothing is verified."""
 
     reason = "AGENT_PROGRAM_EXITED"
 
 
-class AgentProgramNoModelCall(mesh.FailedPrecondition):
+class AgentProgramNoModelCall(mesh.FailedPrecondition, ProgramRun):
     """The agent program exited without one answered model call through its URL: no rollout."""
 
     reason = "AGENT_PROGRAM_NO_MODEL_CALL"
 
 
-class AgentProgramTimedOut(mesh.DeadlineExceeded):
+class AgentProgramTimedOut(mesh.DeadlineExceeded, ProgramRun):
     """The agent program ran past the rollout's deadline and was killed (retryable)."""
 
     reason = "AGENT_PROGRAM_TIMEOUT"
 
 
-class AgentProgramUnstartable(mesh.FailedPrecondition):
+class AgentProgramUnstartable(mesh.FailedPrecondition, ProgramRun):
     """The agent program could not be started (no such file, not executable)."""
 
     reason = "AGENT_PROGRAM_UNSTARTABLE"

@@ -18,16 +18,20 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
        ROLLMESH_MODEL                    the job's model name (the capture uses it whatever is sent)
    It runs confined (mesh/confine.py) as a session leader under rlimits (address space, file size,
    open files, core dumps) and is killed with its process group at `timeout_s`
-   (AGENT_PROGRAM_TIMEOUT, retryable) or when the attempt is cancelled. Its stdout and stderr are
-   kept up to `output_limit` bytes each. The row's `sandbox` says what held: as root
-   "uid+mount+pid+network" (a uid of its own, leased per run; read-only mounts where only its
-   folder, its executable and its interpreter are there to read past closed folders; pid 1 of its
-   own pid namespace; a network namespace whose loopback serves only its capture's and tools' ports,
-   relayed to Unix sockets here: `_loopback_relays`), "network" where only a network namespace could
-   be had, else "limits" (docs/external-agents.md);
+   (AGENT_PROGRAM_TIMEOUT, retryable) or when the attempt is cancelled; while it runs the attempt's
+   own deadline is held (retry.attempt_deadline_held), so overrunning is always that class. Its
+   stdout and stderr are kept up to `output_limit` bytes each. The row's `sandbox` says what held:
+   as root "uid+mount+pid+network" (a uid of its own, leased per run; read-only mounts where only
+   its folder, its executable and its interpreter are there to read past closed folders; pid 2 under
+   a minimal init in its own pid namespace, so its signals to itself work; a network namespace whose
+   loopback serves only its capture's and tools' ports, relayed to Unix sockets here:
+   `_loopback_relays`), "network" where only a network namespace could be had, else "limits"
+   (docs/external-agents.md);
 4. close the capture: its calls, in order, are the rollout's turns. A call whose prompt ids do not
    extend the previous call's prompt + output starts a new segment of the token record (tokens.py);
-5. exit non-zero: AGENT_PROGRAM_EXITED; no answered model call: AGENT_PROGRAM_NO_MODEL_CALL; a call
+5. exit non-zero or killed by a signal: AGENT_PROGRAM_EXITED, the message naming the signal or
+   the exit code and the stderr line that says what went wrong (`_error_line`); no answered model
+   call: AGENT_PROGRAM_NO_MODEL_CALL; a call
    aborted: GENERATION_ABORTED (retryable, as in the built-in loop); else verify the final
    transcript (the last call's conversation and its answer, after the row's input), with the answer
    file's text appended as an assistant message when the program wrote one.
@@ -35,7 +39,8 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
 The row's messages are each segment's transcript in order, a later segment's first message marked
 `records.SEGMENT_KEY`; `AgentOutcome.program` (the row's `agent_program`) keeps the exit code, the
 output, the counts of calls, refused calls, tool calls and segments, and whether an answer file
-was used.
+was used; a failure of a program that ran carries the same (errors.ProgramRun), which the
+failures file keeps.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ import contextvars
 import functools
 import json
 import os
+import re
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -82,8 +89,10 @@ from rollmesh.scheduler.errors import (
     AgentProgramUnstartable,
     AgentProgramUnsupported,
     GenerationAborted,
+    ProgramRun,
 )
 from rollmesh.scheduler.records import SEGMENT_KEY, RolloutKey
+from rollmesh.scheduler.retry import attempt_deadline_held
 from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 
 log = get_logger("rollmesh.scheduler.program")
@@ -104,6 +113,9 @@ class ProgramSpec:
     argv: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 300.0
+    #: What the attempt keeps after the program ends (closing, verify): its deadline is held while
+    #: the program runs and gives at least this much after (retry.attempt_deadline_held).
+    after_s: float = 30.0
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     rlimits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_RLIMITS))
 
@@ -237,19 +249,18 @@ async def run_program(
             "ROLLMESH_ANSWER_FILE": str(answer_file),
             "ROLLMESH_MODEL": settings.model,
         }
-        async with _loopback_relays(base, [capture.base_url, tools_url]) as forward:
-            run = await _run(program, base, work, variables, task_bytes, forward, uid)
+        with attempt_deadline_held(program.after_s):  # the program's deadline is the one
+            async with _loopback_relays(base, [capture.base_url, tools_url]) as forward:
+                run = await _run(program, base, work, variables, task_bytes, forward, uid)
         tool_calls = tools.close(tools_key) if tools_key else 0
         tools_key = ""
         record = await model.close_capture(session_id)
         captured = False
         answer = await asyncio.to_thread(_read_answer, answer_file)
-        outcome = await _outcome(
-            run, record, prompt, settings, task, env, session_id if env_session else "", answer
-        )
-        outcome.program = {
+        kept = {
             "sandbox": run.sandbox,
             "exit_code": run.exit_code,
+            "signal": _signal_name(run.exit_code),
             "seconds": round(run.seconds, 3),
             "stdout": run.stdout.decode(errors="replace"),
             "stderr": run.stderr.decode(errors="replace"),
@@ -258,9 +269,19 @@ async def run_program(
             "calls": len(record.calls),
             "refused_calls": record.refused,
             "tool_calls": tool_calls,
-            "segments": sum(t.new_segment for t in outcome.turns) + 1,
+            "segments": _mark_segments(record) if record.calls else 0,
             "answer_file": answer is not None,
+            "answer": answer,
         }
+        try:
+            _check_run(run, record, program)
+            outcome = await _outcome(
+                record, prompt, settings, task, env, session_id if env_session else "", answer
+            )
+        except ProgramRun as exc:
+            exc.agent_program = kept
+            raise
+        outcome.program = kept
         return outcome
     finally:
         if tools_key:
@@ -271,6 +292,61 @@ async def run_program(
         await close_sessions(env if seeded else None, model, session_id)
         await asyncio.to_thread(shutil.rmtree, base, True)
         uids.release(uid)
+
+
+def _signal_name(exit_code: int | None) -> str | None:
+    """ "SIGABRT" for a process killed by signal 6 (a negative exit code), else None."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
+
+
+# A line naming an error (not "[non-fatal] ..." nor a warning's "errors=...").
+_ERROR_WORDS = re.compile(r"(?<!non-)\b(error|exception|fatal|panic|abort(ed)?|killed)\b", re.IGNORECASE)
+
+
+def _error_line(stderr: str) -> str:
+    """The line of `stderr` that says what went wrong: the exception line of its last Python
+    traceback, else the last line naming an error, else its last line ("" when it is empty). An
+    SDK's chatter after the error (a tracing exporter's "[non-fatal] ...") is not it."""
+    lines = [line.rstrip() for line in stderr.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if starts:
+        for line in lines[starts[-1] + 1 :]:
+            if not line[:1].isspace():
+                return line
+    named = [line for line in lines if _ERROR_WORDS.search(line)]
+    return (named or lines or [""])[-1]
+
+
+def _check_run(run: _Run, record: CaptureRecord, program: ProgramSpec) -> None:
+    """The failure classes of how the program ended (module doc, step 5)."""
+    argv0 = program.argv[0]
+    if run.timed_out:
+        raise AgentProgramTimedOut(
+            f"the agent program ran past {program.timeout_s:g} s and was killed",
+            metadata={"argv0": argv0},
+        )
+    stderr = run.stderr.decode(errors="replace")
+    if run.exit_code == 127 and stderr.startswith("cannot run "):
+        raise AgentProgramUnstartable(stderr.strip()[:300])
+    if run.exit_code != 0:
+        died = _signal_name(run.exit_code)
+        how = f"was killed by {died}" if died else f"exited with {run.exit_code}"
+        said = _error_line(stderr)
+        raise AgentProgramExited(
+            f"the agent program {how} after {len(record.calls)} model calls"
+            + (f": {said[:500]}" if said else ""),
+            metadata={"exit_code": str(run.exit_code), **({"signal": died} if died else {})},
+        )
+    if not record.calls:
+        raise AgentProgramNoModelCall(
+            "the agent program exited 0 without an answered model call through OPENAI_BASE_URL "
+            f"({record.refused} refused)"
+        )
 
 
 def _prepare(base: Path, work: Path, uid: int | None) -> None:
@@ -390,13 +466,6 @@ async def _run(
         await proc.wait()
         run.seconds = time.monotonic() - t0
     run.sandbox = await asyncio.to_thread(read_mode, mode_file)
-    if run.timed_out:
-        raise AgentProgramTimedOut(
-            f"the agent program ran past {program.timeout_s:g} s and was killed",
-            metadata={"argv0": program.argv[0]},
-        )
-    if run.exit_code == 127 and run.stderr.startswith(b"cannot run "):
-        raise AgentProgramUnstartable(run.stderr.decode(errors="replace").strip()[:300])
     return run
 
 
@@ -431,8 +500,15 @@ def _starts_with(messages: list[Json], prefix: list[Json]) -> bool:
     return len(messages) >= len(prefix) and all(_same(m, p) for m, p in zip(messages, prefix, strict=False))
 
 
+def _mark_segments(record: CaptureRecord) -> int:
+    """Mark each call that starts a new segment of the token record (`Turn.new_segment`: it does
+    not extend the call before it); the number of segments."""
+    for n, call in enumerate(record.calls):
+        call.turn.new_segment = n > 0 and not _extends(record.calls[n - 1], call)
+    return sum(c.turn.new_segment for c in record.calls) + 1
+
+
 async def _outcome(
-    run: _Run,
     record: CaptureRecord,
     prompt: list[Json],
     settings: AgentSettings,
@@ -441,18 +517,6 @@ async def _outcome(
     session_id: str,
     answer: str | None,
 ) -> AgentOutcome:
-    if run.exit_code != 0:
-        tail = run.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise AgentProgramExited(
-            f"the agent program exited with {run.exit_code} after {len(record.calls)} model calls"
-            + (f": {tail[0][:300]}" if tail[0] else ""),
-            metadata={"exit_code": str(run.exit_code)},
-        )
-    if not record.calls:
-        raise AgentProgramNoModelCall(
-            "the agent program exited 0 without an answered model call through OPENAI_BASE_URL "
-            f"({record.refused} refused)"
-        )
     for n, call in enumerate(record.calls):
         if call.turn.finish_reason == "abort":
             raise GenerationAborted(
@@ -461,8 +525,7 @@ async def _outcome(
             )
     # Each segment's last call holds its whole transcript (the calls before it in the segment extend it).
     segments: list[CapturedTurn] = []
-    for n, call in enumerate(record.calls):
-        call.turn.new_segment = n > 0 and not _extends(record.calls[n - 1], call)
+    for call in record.calls:  # (marked by _mark_segments)
         if call.turn.new_segment or not segments:
             segments.append(call)
         else:

@@ -346,9 +346,11 @@ class RolloutFailure:
     error_class: str
     message: str
     attempts: int
+    #: An agent program's failure: what a row keeps of its run (`Rollout.agent_program`'s shape).
+    agent_program: Json = field(default_factory=dict)
 
     def to_row(self) -> Json:
-        return {
+        row: Json = {
             "task_index": self.key.task_index,
             "rollout_index": self.key.rollout_index,
             "job_id": self.job_id,
@@ -356,13 +358,18 @@ class RolloutFailure:
             "message": self.message,
             "attempts": self.attempts,
         }
+        if self.agent_program:
+            row["agent_program"] = self.agent_program
+        return row
 
     @classmethod
     def from_row(cls, row: Json) -> RolloutFailure:
+        program = row.get("agent_program")
         return cls(
             key=RolloutKey(int(row["task_index"]), int(row["rollout_index"])),
             job_id=str(row.get("job_id", "")),
             error_class=str(row.get("error_class", "")),
             message=str(row.get("message", "")),
             attempts=int(row.get("attempts", 0)),
+            agent_program=dict(program) if isinstance(program, dict) else {},
         )

@@ -20,18 +20,26 @@ attempts: the rollout waits (backoff capped at OUTAGE_MAX_BACKOFF_S) and tries a
 job's `Outages` say the service has been unreachable for less than `unavailable_budget_s`; past the
 budget it fails with `budget_exhausted` set, and the engine stops the job. The clock and the
 randomness are injectable so tests never sleep.
+
+One deadline, one class: a part of an attempt with a deadline of its own (an external agent
+program, killed at its `timeout_s` as AGENT_PROGRAM_TIMEOUT) runs under `attempt_deadline_held`,
+which keeps the attempt's deadline from firing during it and leaves the attempt at least `after_s`
+once it is over, so its own deadline, never the attempt's, ends it (a slow start under load used to
+let the attempt's fire first: DEADLINE_EXCEEDED for a program that overran).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from rollmesh.scheduler.errors import ErrorClass, RolloutFailed
+from rollmesh.scheduler.errors import ErrorClass, ProgramRun, RolloutFailed
 from rollmesh.scheduler.spec import RetryPolicy
 
 T = TypeVar("T")
@@ -63,6 +71,29 @@ GATEWAY_UNRESPONSIVE = "GATEWAY_UNRESPONSIVE"  # errors.GatewayUnresponsive's re
 UNRESPONSIVE = frozenset({GATEWAY_UNRESPONSIVE, "VERIFIER_UNRESPONSIVE"})
 
 
+# The running attempt's deadline (with_retry's `asyncio.timeout`), for `attempt_deadline_held`.
+_ATTEMPT_DEADLINE: contextvars.ContextVar[asyncio.Timeout | None] = contextvars.ContextVar(
+    "rollmesh_attempt_deadline", default=None
+)
+
+
+@contextlib.contextmanager
+def attempt_deadline_held(after_s: float) -> Iterator[None]:
+    """While the block runs the attempt's deadline does not fire (the block bounds itself); after
+    it the attempt has at least `after_s` left (module doc). Outside an attempt: nothing."""
+    deadline = _ATTEMPT_DEADLINE.get()
+    if deadline is None or deadline.expired():
+        yield
+        return
+    was = deadline.when()
+    deadline.reschedule(None)
+    try:
+        yield
+    finally:
+        if was is not None and not deadline.expired():
+            deadline.reschedule(max(was, asyncio.get_running_loop().time() + after_s))
+
+
 def _class_name(code_name: str, reason: str, metadata: Mapping[str, str]) -> str:
     name = reason if reason and reason != code_name else code_name
     status = metadata.get("http_status", "")
@@ -71,6 +102,13 @@ def _class_name(code_name: str, reason: str, metadata: Mapping[str, str]) -> str
 
 def classify(exc: BaseException) -> ErrorClass:
     """The class of a rollout error. SDK errors and domain errors carry a code; timeouts are deadlines."""
+    err = _classify(exc)
+    if isinstance(exc, ProgramRun) and exc.agent_program:
+        err = replace(err, agent_program=exc.agent_program)
+    return err
+
+
+def _classify(exc: BaseException) -> ErrorClass:
     code = getattr(exc, "code", None)
     # A code comes on a RollmeshError or the SDK's RollmeshClientError (not imported: the SDK is optional).
     if code is None or not hasattr(code, "name") or callable(code):
@@ -233,8 +271,12 @@ async def with_retry(
     while True:
         n += 1
         try:
-            async with asyncio.timeout(policy.rollout_timeout_s):
-                return await attempt(), n
+            async with asyncio.timeout(policy.rollout_timeout_s) as deadline:
+                held = _ATTEMPT_DEADLINE.set(deadline)
+                try:
+                    return await attempt(), n
+                finally:
+                    _ATTEMPT_DEADLINE.reset(held)
         except Exception as exc:
             err = classify(exc)
             if err.outage and outages is not None:

@@ -920,11 +920,16 @@ class RolloutFailure(_message.Message):
     ERROR_CLASS_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
+    AGENT_PROGRAM_JSON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     error_class: _builtins.str
     """The error's class, e.g. "UNAVAILABLE", "DEADLINE_EXCEEDED", "TOKEN_RECORD_MISMATCH"."""
     message: _builtins.str
     attempts: _builtins.int
+    agent_program_json: _builtins.str
+    """An agent program's failure: what a row keeps of its run (exit code or signal, seconds, stdout
+    and stderr up to 64 KiB each, call counts), as JSON; empty when no program ran.
+    """
     @_builtins.property
     def key(self) -> _common_pb2.RolloutKey: ...
     def __init__(
@@ -935,10 +940,11 @@ class RolloutFailure(_message.Message):
         error_class: _builtins.str = ...,
         message: _builtins.str = ...,
         attempts: _builtins.int = ...,
+        agent_program_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "error_class", b"error_class", "job_id", b"job_id", "key", b"key", "message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_program_json", b"agent_program_json", "attempts", b"attempts", "error_class", b"error_class", "job_id", b"job_id", "key", b"key", "message", b"message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
