@@ -89,6 +89,9 @@ def test_references_cross_only_where_allowed() -> None:
             decode_value(bad, refs=True)
     assert replain(["dict", [["a", ["ref", 0]]]]) == ["dict", [["a", ["ref", 0]]]]
     assert replain(["float", "nan"]) == ["float", "nan"]
+    # a key of the solution's own crosses as a reference too (it was an error of the verifier's)
+    assert replain(["dict", [[["ref", 2], 1]]]) == ["dict", [[["ref", 2], 1]]]
+    assert replain(["set", [["ref", 2], ["tuple", [["ref", 1]]]]])[0] == "set"
 
 
 def test_names_of_the_solution_are_checked() -> None:
@@ -137,6 +140,18 @@ def test_an_import_the_solution_claims_is_taken_only_as_it_is() -> None:
 
 def test_only_a_test_that_does_not_parse_is_refused_before_running() -> None:
     assert unverifiable_case("assert add(1, 2) == 3 +")
+    # whatever a case holds, the answer is a reason or None, never an exception of the verifier's
+    bombs = {
+        "nested brackets": "[" * 100_000,
+        "unary minus chain": "-" * 1_000_000 + "1",
+        "long sum": "1+" * 100_000 + "1",
+        "attribute chain": "x" + ".y" * 200_000,
+        "a lone surrogate": "assert f() == '\ud800'",
+        "a NUL": "assert f()\x00",
+    }
+    for what, bomb in bombs.items():
+        why = unverifiable_case(bomb)
+        assert why and why.startswith("the test does not parse"), what
     for fine in (
         "i = 0\nwhile i < 2:\n    assert add(i, 0) == i\n    i += 1",
         "try:\n    assert f()\nexcept E:\n    pass",

@@ -85,7 +85,7 @@ def encode(value: Any, depth: int = 0, other: Any = None) -> Any:
     if isinstance(value, dict):
         return [
             "dict",
-            [[encode(k, depth + 1), encode(v, depth + 1, other)] for k, v in _bounded(value.items())],
+            [[encode(k, depth + 1, other), encode(v, depth + 1, other)] for k, v in _bounded(value.items())],
         ]
     for kind in (list, tuple, set, frozenset):
         if isinstance(value, kind):

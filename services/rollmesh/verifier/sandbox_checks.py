@@ -54,11 +54,19 @@ def unverifiable_case(source: str) -> str | None:
 
 
 def _parsed(source: str) -> tuple[frozenset[str], str | None]:
-    """The names a test case's source mentions, and why it does not parse (None when it does)."""
+    """The names a test case's source mentions, and why it does not compile (None when it does).
+    Whatever the source is, the answer is one of these: a case nested too deeply for the parser or
+    the compiler (RecursionError, MemoryError), holding a NUL or a lone surrogate (ValueError) is
+    a task no answer can pass, never an error of the verifier's."""
     try:
         tree = ast.parse(source, "test", "exec")
+        compile(tree, "test", "exec", dont_inherit=True)
     except SyntaxError as exc:
         return frozenset(), f"the test does not parse: {exc}"
+    except (RecursionError, MemoryError):
+        return frozenset(), "the test does not parse: it is nested too deeply"
+    except ValueError as exc:  # NUL bytes, a lone surrogate (UnicodeEncodeError)
+        return frozenset(), f"the test does not parse: {str(exc)[:200]}"
     return frozenset(n.id for n in ast.walk(tree) if isinstance(n, ast.Name)), None
 
 
@@ -112,8 +120,19 @@ def _short_str(value: Any) -> bool:
 
 
 def replain(value: Any) -> Any:
-    """A value the solution's process sent, decoded strictly and written again by this process."""
-    return encode(decode_value(value, refs=True), 0, lambda ref: ["ref", ref.index])
+    """A value the solution's process sent, decoded strictly and written again by this process.
+    Raises BadValue, and only that, for anything else it could send."""
+    decoded = decode_value(value, refs=True)
+    try:
+        return encode(decoded, 0, _ref)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadValue(f"not plain data: {str(exc)[:200]}") from None
+
+
+def _ref(value: Any) -> list[Any]:
+    if type(value) is not Ref:
+        raise TypeError(f"a {type(value).__name__} is not plain data")
+    return ["ref", value.index]
 
 
 def _raised(name: Any, error: Any) -> dict[str, Any]:

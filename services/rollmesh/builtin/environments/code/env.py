@@ -33,9 +33,29 @@ def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
     or whose asserts would have to run in the sandbox). Accepts a list of assert statements, a
     list of {"input", "output"} pairs, or {"inputs": [...], "outputs": [...]}; or, with no `tests`,
     NeMo Gym's `unit_tests` (unit_tests.py)."""
-    if "tests" not in meta and "unit_tests" in meta:
-        return unit_tests_spec(meta["unit_tests"])
-    tests = meta.get("tests")
+    try:
+        if "tests" not in meta and "unit_tests" in meta:
+            spec = unit_tests_spec(meta["unit_tests"])
+            where = "verifier_metadata.unit_tests case {}"
+        else:
+            spec = _tests_spec(meta)
+            where = "verifier_metadata.tests[{}]"
+    except RecursionError:  # str() of a value nested past the interpreter's recursion limit
+        return "verifier_metadata: a test is nested too deeply"
+    if isinstance(spec, TestSpec) and spec.kind == "asserts":
+        for i, case in enumerate(spec.cases):
+            if why := unverifiable_case(case):
+                return f"{where.format(i)}: {why}"
+    return spec
+
+
+def _tests_spec(meta: Mapping[str, Any]) -> TestSpec | str:
+    if "tests" not in meta:
+        return (
+            "verifier_metadata has no tests (`tests`, or NeMo Gym's `unit_tests`); rows of NeMo Gym's "
+            "example_rollouts.jsonl carry none: reverify them with --tasks data/example.jsonl"
+        )
+    tests = meta["tests"]
     if isinstance(tests, Mapping) and isinstance(tests.get("inputs"), list):
         ins, outs = tests["inputs"], tests.get("outputs")
         if not isinstance(outs, list) or len(ins) != len(outs):
@@ -43,9 +63,6 @@ def test_spec(meta: Mapping[str, Any]) -> TestSpec | str:
         return TestSpec("io", [{"input": str(i), "output": str(o)} for i, o in zip(ins, outs, strict=True)])
     if isinstance(tests, list) and tests:
         if all(isinstance(t, str) for t in tests):
-            for i, case in enumerate(tests):
-                if why := unverifiable_case(case):
-                    return f"verifier_metadata.tests[{i}]: {why}"
             return TestSpec("asserts", list(tests))
         if all(isinstance(t, Mapping) and "input" in t and "output" in t for t in tests):
             return TestSpec("io", [{"input": str(t["input"]), "output": str(t["output"])} for t in tests])

@@ -60,9 +60,11 @@ def _call_case(fn_name: str, arguments: str, expected: str) -> str:
     try:
         args = [json.loads(line) for line in arguments.split("\n")]
         value = json.loads(expected)
+        literals = [_literal(a) for a in (*args, value)]
     except ValueError as exc:
         return f"!not JSON ({exc})"
-    literals = [_literal(a) for a in (*args, value)]
+    except RecursionError:
+        return "!a value nested too deeply"
     if any(lit is None for lit in literals):
         return "!a value with no Python literal (NaN or infinity)"
     call = f"Solution().{fn_name}({', '.join(str(lit) for lit in literals[:-1])})"

@@ -43,8 +43,10 @@ async def test_empty_malformed_and_bad_tests() -> None:
         syntax = await check(env, task(None, verifier_metadata=ADD_TESTS), answer("def add(:"))
         assert syntax.reward == 0.0 and "SyntaxError" in syntax.details["reason"]
         # Tests no answer could pass are an error (BAD_TASK), never a reward of 0.
-        with pytest.raises(BadTask, match=r"verifier_metadata\.tests must be"):
+        with pytest.raises(BadTask, match=r"verifier_metadata has no tests.*--tasks"):
             await check(env, task(None), answer("x = 1"))
+        with pytest.raises(BadTask, match=r"verifier_metadata\.tests must be"):
+            await check(env, task(None, verifier_metadata={"tests": 3}), answer("x = 1"))
         unusable = {
             "assert add(1, 2) == 3 +": "does not parse",
             # HumanEval's check(candidate) that the tests never call: no assert can run
