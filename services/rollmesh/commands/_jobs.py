@@ -60,6 +60,12 @@ class SpecOptions:
         help="An external agent program (a command line) run once per rollout instead of the built-in "
         "loop, through a recorded OpenAI URL (docs/external-agents.md).",
     )
+    oracle: bool = _option(
+        False,
+        "--oracle",
+        help="Run each task's reference solution instead of a model, then verify (container tasks' "
+        "solution/solve.sh, as Harbor's oracle agent): every task with one should score 1.",
+    )
     temperature: float | None = _option(None, "--temperature", help="Sampling temperature.")
     top_p: float | None = _option(None, "--top-p", help="Nucleus sampling.")
     max_tokens: int | None = _option(None, "--max-tokens", help="Tokens per model turn.")
@@ -227,7 +233,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         o,
         resume_job_id=o.job_id,
         shard=shard,
-        agent=pb.AgentSpec(max_steps=o.max_steps, program=_argv(o.agent_program)),
+        agent=pb.AgentSpec(max_steps=o.max_steps, program=_argv(o.agent_program), oracle=o.oracle),
         retry=to_pb(pb.RetryPolicy, o),
         sampling=sampling if sampling.ByteSize() else None,
         sink=pb.SinkSpec(

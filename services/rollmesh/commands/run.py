@@ -45,7 +45,12 @@ if TYPE_CHECKING:
 def _run(
     job: SpecOptions,
     input_file: Annotated[
-        str, typer.Option("--input", "-i", help="Ad-hoc NeMo Gym-format JSONL (needs --environment).")
+        str,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Ad-hoc NeMo Gym-format JSONL, or a folder of Harbor tasks (needs --environment).",
+        ),
     ] = "",
     model: Annotated[
         str,
@@ -101,8 +106,8 @@ def _run(
     dataset, output_dir = job.dataset, job.output_dir
     if input_file:
         path = Path(input_file)
-        if not path.is_file():
-            fail(f"--input {input_file!r} is not a file")
+        if not (path.is_file() or path.is_dir()):
+            fail(f"--input {input_file!r} is neither a file nor a folder of Harbor tasks")
         if not job.environment:
             fail("--input needs --environment (which environment verifies these rows?)")
         dataset = str(path.resolve())

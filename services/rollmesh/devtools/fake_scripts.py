@@ -12,6 +12,11 @@ get the count", through the NeMo Gym bridge): one `increment_counter(n)` per num
 `get_counter_value()`, then "The count is V." with the count the server returned. A conversation of
 another kind is answered "I cannot play this." (no tool call).
 
+`container_agent` plays the test suite's Harbor container tasks (tests/container_tasks) through the
+container environment's tools: the instruction (the first user message) picks a fixed list of tool
+calls, one per turn (`CONTAINER_PLANS`); once each has its result it answers "done." (no call). An
+instruction of another kind is answered "I cannot do this.".
+
 `describes_by_seed` answers "Describe the number N." with N and then 1 + seed % 3 times " ha" (the
 request's sampling seed: a job's rollouts of one task, seeds starting_seed + rollout_index, answer at
 different lengths), for group-scored environments (docs/environments.md, the verifiers group test).
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from rollmesh.gateway.backends.base import EngineRequest
 
@@ -30,7 +36,7 @@ _FIRST_USER = re.compile(r"<\|user\|>\n(.*?)<\|end\|>", re.S)
 _COUNT = re.compile(r'"count": ?(-?\d+)')
 
 
-def _call(name: str, arguments: dict[str, int]) -> str:
+def _call(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
@@ -74,3 +80,46 @@ def nemo_gym_counter_agent(prompt_text: str, request: EngineRequest) -> str:
         return _call("get_counter_value", {})
     count = _COUNT.findall(prompt_text)
     return f"The count is {count[-1] if count else '?'}."
+
+
+#: What `container_agent` does for an instruction containing the key: its tool calls, in order.
+CONTAINER_PLANS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "Create the file /app/hello.txt containing exactly: Hello, world!": [
+        ("write_file", {"path": "/app/hello.txt", "content": "Hello, world!"}),
+        ("read_file", {"path": "/app/hello.txt"}),
+    ],
+    "The function `add` in /app/calc.py returns the wrong result": [
+        ("read_file", {"path": "/app/calc.py"}),
+        ("shell", {"command": "sed -i 's/a - b/a + b/' calc.py && cat calc.py"}),
+    ],
+    "wait for a server that never answers": [
+        ("shell", {"command": "touch /app/started && echo started"}),
+        ("shell", {"command": "sleep 600", "timeout_s": 600}),
+        ("shell", {"command": "echo still here"}),
+    ],
+    "Try to download http://deb.debian.org/debian/": [
+        (
+            "shell",
+            {
+                "command": "python3 -c 'import urllib.request as u; "
+                + 'u.urlopen("http://deb.debian.org/debian/", timeout=5)'
+                + "'"
+            },
+        ),
+        ("write_file", {"path": "/app/result.txt", "content": "blocked"}),
+    ],
+}
+
+
+def container_agent(prompt_text: str, request: EngineRequest) -> str:
+    del request
+    first = _FIRST_USER.search(prompt_text)
+    asked = first.group(1) if first else ""
+    plan = next((steps for key, steps in CONTAINER_PLANS.items() if key in asked), None)
+    if plan is None:
+        return "I cannot do this."
+    done = prompt_text.count("<|tool|>")
+    if done < len(plan):
+        name, arguments = plan[done]
+        return _call(name, arguments)
+    return "done."

@@ -73,6 +73,7 @@ from rollmesh.scheduler.errors import (
     TokenRecordMismatch,
 )
 from rollmesh.scheduler.metrics import Scored, measured_reward
+from rollmesh.scheduler.oracle import run_oracle
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.program import CaptureOpened, CaptureRecord, ProgramModel, ProgramSpec, run_program
@@ -646,7 +647,11 @@ class JobRun:
                 tried = True
                 try:
                     with self.deadline.scaled(2.0**cuts):
-                        if self.program is not None:
+                        if self.plan.spec.oracle:
+                            out = await run_oracle(
+                                job_id=self.job_id, key=key, task=task, settings=self.settings, env=self.env
+                            )
+                        elif self.program is not None:
                             out = await run_program(
                                 job_id=self.job_id,
                                 key=key,

@@ -3,7 +3,8 @@ selected (limit, then shard), keys enumerated lazily. Blocking file I/O: call of
 
 A dataset is a JSONL file, or a generator spec (a `.json` file holding `{"reasoning_gym": ...}`,
 rollmesh.procedural.spec): its rows are generated here, the same rows for the same spec, so a
-resumed job finds its tasks at the same indices as any file's.
+resumed job finds its tasks at the same indices as any file's; or a folder of Harbor tasks (one row
+per task folder, in name order: verifier/bridges/container/task.py).
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def resolve_dataset(catalog: Catalog, ref: str) -> Path:
     its single .jsonl, or its reasoning_gym.json."""
     if _looks_like_path(ref):
         path = Path(ref).expanduser()
+        if path.is_dir() and _harbor_tasks(path):
+            return path
         if not path.is_file():
             raise DatasetNotFound(f"dataset file {ref!r} does not exist", metadata={"dataset": ref})
         return path
@@ -121,7 +124,7 @@ def resolve_dataset(catalog: Catalog, ref: str) -> Path:
         found = catalog.locate(Kind.DATASET, ref)
     except ArtifactNotFound as exc:
         raise DatasetNotFound(exc.message, metadata={"dataset": ref}) from None
-    if not found.is_dir:
+    if not found.is_dir or _harbor_tasks(found.path):
         return found.path
     test = found.path / "test.jsonl"
     if test.is_file():
@@ -147,6 +150,8 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
     limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
     if path.suffix == ".json":
         return generated_rows(path)
+    if path.is_dir():
+        return harbor_rows(path)
     rows: list[Json] = []
 
     def malformed(problem: str) -> MalformedDatasetRow:
@@ -184,6 +189,24 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
     if not rows:
         raise MalformedDatasetRow(f"{path}: the dataset has no rows", metadata={"path": str(path)})
     return rows
+
+
+def _harbor_tasks(path: Path) -> bool:
+    from rollmesh.verifier.bridges.container.task import task_folders
+
+    return bool(task_folders(path))
+
+
+def harbor_rows(path: Path) -> list[Json]:
+    """A folder of Harbor tasks as rows (verifier/bridges/container/task.py): one per task, its
+    instruction the prompt; a task that does not parse is an error naming it and its field."""
+    from rollmesh.verifier.bridges.container.errors import BadHarborTask
+    from rollmesh.verifier.bridges.container.task import rows
+
+    try:
+        return list(rows(path))
+    except BadHarborTask as exc:
+        raise MalformedDatasetRow(f"{path}: {exc.message}", metadata={"path": str(path)}) from None
 
 
 def generated_rows(path: Path) -> list[Json]:
@@ -284,6 +307,10 @@ def build_plan(catalog: Catalog, spec: JobSpec) -> Plan:
     if not spec.environment:
         raise InvalidJobSpec(
             "the job names no environment; set `environment`", metadata={"field": "environment"}
+        )
+    if spec.oracle and spec.agent_program:
+        raise InvalidJobSpec(
+            "an oracle job runs each task's solution: it takes no agent program", metadata={"field": "oracle"}
         )
     path = resolve_dataset(catalog, spec.dataset)
     rows = load_rows(path)

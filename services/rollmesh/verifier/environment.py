@@ -82,6 +82,7 @@ failed fails its whole group (docs/environments.md). `scores_groups()` says whet
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
@@ -216,6 +217,16 @@ class Session:
     state: Any = None
     #: The tools this session offers besides the class's `@tool`s (`Seeded.tools`).
     tools: tuple[ToolSpec, ...] = ()
+
+
+#: The id of the session being seeded, while `seed_session` runs (the service sets it).
+_SEEDING: contextvars.ContextVar[str] = contextvars.ContextVar("rollmesh_seeding_session", default="")
+
+
+def seeding_session_id() -> str:
+    """The id of the session `seed_session` is seeding ("" outside a seed): the scheduler's are
+    `<job>/<task index>/<rollout index>`, so an environment can label what it makes for the rollout."""
+    return _SEEDING.get()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -427,6 +438,13 @@ class Environment(ABC):
         (run in a worker thread), as `verify`. Default: not a group-scored environment."""
         del task, responses, sessions
         raise NotImplementedError(f"{type(self).__name__} does not score groups")
+
+    def verify_timeout_s(self, task: Task) -> float | None:
+        """How long `verify` (or `verify_group`) of `task` may take, when the verifier's
+        ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S is not the bound (a task that names its own grading time:
+        container tasks' `[verifier] timeout_sec`). Default: None (the verifier's setting)."""
+        del task
+        return None
 
     def takes_turns(self) -> bool:
         """Whether the agent loop calls `step` after each assistant turn. Default: whether the class

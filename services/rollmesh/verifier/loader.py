@@ -37,6 +37,8 @@ ENTRY_POINT_GROUP = "rollmesh.environments"
 BRIDGE_CONFIG = "nemo_gym.toml"
 #: A folder holding this and no env.py is a verifiers environment behind its bridge (verifiers_env.py).
 VERIFIERS_CONFIG = "verifiers.toml"
+#: A folder holding this and no env.py serves Harbor-format container tasks (bridges/container/env.py).
+CONTAINER_CONFIG = "container_tasks.toml"
 ContextFactory = Callable[[str, Path | None], EnvContext]
 
 
@@ -134,19 +136,28 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
         vf_file = item.path / VERIFIERS_CONFIG
         bridged = not env_file.is_file() and bridge_file.is_file()
         vf_bridged = not env_file.is_file() and not bridged and vf_file.is_file()
-        source = str(bridge_file if bridged else vf_file if vf_bridged else env_file)
+        container_file = item.path / CONTAINER_CONFIG
+        containers = not env_file.is_file() and not bridged and not vf_bridged and container_file.is_file()
+        source = str(
+            bridge_file if bridged else vf_file if vf_bridged else container_file if containers else env_file
+        )
         try:
-            if bridged:
+            if containers:
+                from rollmesh.verifier.bridges.container.env import ContainerTasksEnvironment
+
+                cls: type[Environment] = ContainerTasksEnvironment
+            elif bridged:
                 from rollmesh.verifier.nemo_gym import NemoGymEnvironment
 
-                cls: type[Environment] = NemoGymEnvironment
+                cls = NemoGymEnvironment
             elif vf_bridged:
                 from rollmesh.verifier.verifiers_env import VerifiersEnvironment
 
                 cls = VerifiersEnvironment
             elif not env_file.is_file():
                 raise FileNotFoundError(
-                    f"{item.path} has no env.py (nor {BRIDGE_CONFIG} or {VERIFIERS_CONFIG})"
+                    f"{item.path} has no env.py "
+                    f"(nor {BRIDGE_CONFIG}, {VERIFIERS_CONFIG} or {CONTAINER_CONFIG})"
                 )
             else:
                 cls = environment_class(import_file(env_file))

@@ -23,6 +23,7 @@ from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier import telemetry
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.environment import (
+    _SEEDING,
     EnvContext,
     Environment,
     EnvTurn,
@@ -327,7 +328,11 @@ class VerifierService:
         task = parse_task(task_json)
         sid = self.sessions.new_id(session_id)
         self.sessions.reserve(sid)
-        state = await item.env.seed_session(task)
+        seeding = _SEEDING.set(sid)
+        try:
+            state = await item.env.seed_session(task)
+        finally:
+            _SEEDING.reset(seeding)
         messages: tuple[Message, ...] = ()
         own = type(item.env).tool_specs()
         extra: tuple[ToolSpec, ...] = ()
@@ -410,22 +415,25 @@ class VerifierService:
             )
         task = parse_task(call.task_json)
         session = self.sessions.get(call.session_id, call.environment) if call.session_id else None
-        result = await self._bounded(call.environment, item.env.verify, task, call.response, session)
+        bound = item.env.verify_timeout_s(task)
+        result = await self._bounded(
+            call.environment, item.env.verify, task, call.response, session, timeout_s=bound
+        )
         return _check_result(call.environment, result)
 
-    async def _bounded(self, environment: str, fn: Any, *args: Any) -> Any:
-        """`fn(*args)` under the verify timeout: awaited when `async def`, else in a worker thread."""
+    async def _bounded(self, environment: str, fn: Any, *args: Any, timeout_s: float | None = None) -> Any:
+        """`fn(*args)` under the verify timeout (the environment's own for the task, when it names one):
+        awaited when `async def`, else in a worker thread."""
+        limit = timeout_s or self.config.verify_timeout_s
         try:
-            async with asyncio.timeout(self.config.verify_timeout_s):
+            async with asyncio.timeout(limit):
                 if inspect.iscoroutinefunction(fn):
                     return await fn(*args)
                 result = await asyncio.to_thread(fn, *args)  # a plain def: keep it off the event loop
                 return await result if inspect.isawaitable(result) else result
         except TimeoutError:
-            raise VerifyTimeout(
-                f"verify in {environment!r} took longer than {self.config.verify_timeout_s:g}s "
-                "(ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S)"
-            ) from None
+            where = "the environment's bound" if timeout_s else "ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S"
+            raise VerifyTimeout(f"verify in {environment!r} took longer than {limit:g}s ({where})") from None
 
     async def verify_group(self, call: GroupCall) -> list[VerifyResult]:
         """The rollouts of one task scored together (`Environment.verify_group`): one checked result

@@ -216,10 +216,16 @@ class AgentSpec(_message.Message):
     SYSTEM_PROMPT_FIELD_NUMBER: _builtins.int
     PROGRAM_FIELD_NUMBER: _builtins.int
     PROGRAM_ENV_FIELD_NUMBER: _builtins.int
+    ORACLE_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Model turns at most per rollout (each turn may call tools). 0: the benchmark's, else 8."""
     system_prompt: _builtins.str
     """Prepended as a system message when the row has none."""
+    oracle: _builtins.bool
+    """Run each task's reference solution instead of a model (an environment that has one: container
+    tasks' solution/solve.sh, as Harbor's oracle agent), then verify: the conformance check of a
+    task set. No model is called. Exclusive with `program`.
+    """
     @_builtins.property
     def program(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """An external agent program run once per rollout instead of the built-in loop (argv; empty: the
@@ -239,10 +245,11 @@ class AgentSpec(_message.Message):
         system_prompt: _builtins.str = ...,
         program: _abc.Iterable[_builtins.str] | None = ...,
         program_env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        oracle: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "program", b"program", "program_env", b"program_env", "system_prompt", b"system_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "oracle", b"oracle", "program", b"program", "program_env", b"program_env", "system_prompt", b"system_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

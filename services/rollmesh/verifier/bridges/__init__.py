@@ -1,0 +1,1 @@
+"""Foreign environments behind the one Environment API: NeMo Gym resources servers, verifiers environments."""

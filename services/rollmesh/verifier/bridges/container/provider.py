@@ -1,0 +1,251 @@
+"""The one interface machine providers implement (daemonless.py, docker.py), and what they share.
+
+A provider turns a `Recipe` (images.py) into an `Image` once per content digest (cached; the task's
+build timeout honoured), starts a `Machine` of an image per rollout with the task's `Limits`,
+labelled with its job and rollout, and removes it with the rollout. `sweep()` removes the machines a
+dead owner left behind (a SIGKILLed verifier): it runs when the provider starts. `live()` lists the
+machines it runs now (`rollmesh envs status`).
+
+A machine runs commands (`exec`: argv, stdin bytes, a timeout, an output cap, user, folder,
+variables) and takes files (`put_tree`, `put_file`: a tar stream into `tar -x` in the machine, so no
+host path ever resolves inside the machine's filesystem, where a symlink could point back out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import tarfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollmesh.verifier.bridges.container.errors import ImageBuildFailed, MachineLost
+from rollmesh.verifier.bridges.container.images import Recipe
+from rollmesh.verifier.bridges.container.task import Limits
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built image: its id (content digest), the variables, folder and user its Dockerfile set."""
+
+    id: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = "/"
+    user: str = ""
+    #: The provider's own handle (a Docker tag; the daemonless provider's layer folders, top first).
+    ref: str = ""
+    layers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Who a machine belongs to; every machine carries them (`rollmesh envs status` shows them)."""
+
+    job: str
+    rollout: str
+    environment: str = ""
+    task: str = ""
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    id: str
+    provider: str
+    labels: Labels
+    started: float
+    owner_pid: int = 0
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A command's end: its exit status (128+N for signal N; -1 when it was cut by its timeout), its
+    output (head and tail kept within the cap) and whether any was dropped."""
+
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    truncated: bool = False
+    seconds: float = 0.0
+
+
+class Machine(ABC):
+    def __init__(self, machine_id: str, labels: Labels, image: Image, started: float | None = None) -> None:
+        self.id = machine_id
+        self.labels = labels
+        self.image = image
+        self.started = time.time() if started is None else started
+
+    @abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: bytes = b"",
+        timeout_s: float,
+        output_limit: int,
+        user: str = "",
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run `argv` in the machine; raises MachineLost when the machine is gone."""
+
+    @abstractmethod
+    async def remove(self) -> None:
+        """Stop and delete the machine and everything it wrote (idempotent)."""
+
+    @abstractmethod
+    def lost(self) -> str:
+        """Why the machine is gone while still in use ("" while it runs)."""
+
+    def command_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **self.image.env}
+        env.update(extra or {})
+        return env
+
+    async def put_file(self, path: str, data: bytes, *, mode: int = 0o644, timeout_s: float = 60.0) -> None:
+        folder, _, name = path.rstrip("/").rpartition("/")
+        await self._untar(_tar({name: (data, mode)}), folder or "/", timeout_s)
+
+    async def put_tree(self, source: Path, dest: str, *, timeout_s: float = 120.0) -> None:
+        """Copy the folder `source` to `dest` in the machine (made when missing; symlinks skipped)."""
+        data = await asyncio.to_thread(tree_tar, source)
+        await self._untar(data, dest, timeout_s)
+
+    async def _untar(self, data: bytes, dest: str, timeout_s: float) -> None:
+        script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1"'
+        result = await self.exec(
+            ["/bin/sh", "-c", script, "put", dest],
+            stdin=data,
+            timeout_s=timeout_s,
+            output_limit=4096,
+            user="0",
+        )
+        if result.exit_code != 0:
+            detail = (result.stderr or result.stdout).decode(errors="replace").strip()[-300:]
+            if result.exit_code == 127:
+                raise ImageBuildFailed(
+                    f"machine {self.id}: copying files in needs /bin/sh and tar in the image: {detail}",
+                    metadata={"machine": self.id},
+                )
+            raise MachineLost(
+                f"machine {self.id}: copying files into {dest} failed (exit {result.exit_code}): {detail}",
+                metadata={"machine": self.id},
+            )
+
+
+def tree_tar(source: Path) -> bytes:
+    """The files of the folder `source` (symlinks skipped) as a tar stream. Blocking."""
+    files: dict[str, tuple[bytes, int]] = {}
+    for path in sorted(source.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            files[str(path.relative_to(source))] = (path.read_bytes(), path.stat().st_mode & 0o777)
+    return _tar(files)
+
+
+def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        made: set[str] = set()
+        for name, (data, mode) in files.items():
+            parts = name.split("/")[:-1]
+            for n in range(1, len(parts) + 1):
+                folder = "/".join(parts[:n])
+                if folder not in made:
+                    made.add(folder)
+                    info = tarfile.TarInfo(folder)
+                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+                    tar.addfile(info)
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class Provider(ABC):
+    #: "daemonless" or "docker" (what `rollmesh envs list` shows).
+    name = ""
+
+    @abstractmethod
+    async def prepare(self, recipe: Recipe, *, timeout_s: float, where: str) -> Image:
+        """The recipe's image, built once per content digest (raises ImageBuildFailed /
+        ImageBuildTimeout / ProviderUnavailable)."""
+
+    @abstractmethod
+    async def start(self, image: Image, limits: Limits, labels: Labels) -> Machine:
+        """A fresh machine of `image` under `limits` (raises MachineStartFailed)."""
+
+    @abstractmethod
+    async def sweep(self) -> int:
+        """Remove the machines whose owner is gone; how many."""
+
+    @abstractmethod
+    def live(self) -> list[MachineInfo]:
+        """The machines this provider runs for this process now."""
+
+    def problem(self) -> str:
+        """Why it cannot run machines here ("" when it can)."""
+        return ""
+
+    async def aclose(self) -> None:
+        return
+
+
+class CappedOutput:
+    """A pipe's bytes within `cap`: the first and last halves kept, what was dropped between counted."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(cap, 2)
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.cap // 2 - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            del self.tail[: max(0, len(self.tail) - (self.cap - self.cap // 2))]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.head) + len(self.tail)
+
+    def value(self) -> bytes:
+        if not self.truncated:
+            return bytes(self.head + self.tail)
+        dropped = self.total - len(self.head) - len(self.tail)
+        return bytes(self.head) + f"\n[... {dropped} bytes dropped ...]\n".encode() + bytes(self.tail)
+
+
+async def drain(reader: asyncio.StreamReader, out: CappedOutput) -> None:
+    while chunk := await reader.read(1 << 16):
+        out.add(chunk)
+
+
+def process_alive(pid: int, start_ticks: int) -> bool:
+    """Whether `pid` runs and is the process that started at `start_ticks` (not a reused pid)."""
+    return pid > 0 and process_start(pid) == start_ticks
+
+
+def process_start(pid: int) -> int:
+    """The start time of `pid` in clock ticks since boot (/proc/PID/stat field 22); 0 when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def owner_identity() -> tuple[int, int]:
+    return os.getpid(), process_start(os.getpid())

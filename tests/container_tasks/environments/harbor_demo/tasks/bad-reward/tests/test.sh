@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "probably" > /logs/verifier/reward.txt

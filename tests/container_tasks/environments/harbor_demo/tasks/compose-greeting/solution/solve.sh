@@ -1,0 +1,2 @@
+#!/bin/sh
+printf '%s' "$GREETING" > /srv/greeting.txt

@@ -1,0 +1,3 @@
+#!/bin/sh
+touch /app/started
+sleep 600

@@ -1,0 +1,108 @@
+"""`rollmesh run` end to end on the test suite's Harbor tasks (tests/container_tasks), daemonless
+machines: the oracle job (`--oracle`: every task with a solution scores 1, the rest fail by name),
+and the fake model playing the tasks through the machine's tools (rollmesh.devtools.fake_scripts:
+container_agent): solved tasks score 1, graders that break fail by name, never as a 0; no machine of
+either job is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR, DaemonlessProvider
+from rollmesh.verifier.bridges.container.task import rows
+from tests.procs import ROLLMESH
+
+ROOT = Path(__file__).resolve().parents[1] / "container_tasks"
+TASKS = ROOT / "environments" / "harbor_demo" / "tasks"
+pytestmark = pytest.mark.skipif(
+    DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
+)
+
+
+def _run(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    argv = [str(ROLLMESH), "run", "--backend", "fake", "--input", str(TASKS), "--environment", "harbor_demo"]
+    argv += ["--output-dir", str(tmp_path / "runs"), "--json", "--allowed-failures", "8", *extra]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "ROLLMESH_EXTRA_ROOTS": str(ROOT), **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found = [json.loads(ln) for ln in Path(result["paths"]["rollouts.jsonl"]).open()]
+    return {r["task_id"]: r for r in found}
+
+
+def _failures(result: dict[str, Any]) -> dict[str, str]:
+    path = Path(result["paths"]["failures.jsonl"])
+    lines = [json.loads(ln) for ln in path.open()] if path.exists() else []
+    names = [row["task_id"] for row in rows(TASKS)]  # the dataset's order: a failure names its index
+    return {names[f["task_index"]]: f["error_class"] for f in lines}
+
+
+def _machines_of(job_id: str) -> list[str]:
+    found = []
+    for folder in MACHINES_DIR.glob("rm-*"):
+        try:
+            if json.loads((folder / "label.json").read_text())["job"] == job_id:
+                found.append(folder.name)
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def test_the_oracle_job_scores_every_task_with_a_solution_one(tmp_path: Path) -> None:
+    result = _run(tmp_path, "--oracle")
+    rows = _rows(result)
+    solved = {p.parent.parent.name for p in TASKS.glob("*/solution/solve.sh")}
+    assert {name: row["reward"] for name, row in rows.items()} == dict.fromkeys(solved, 1.0)
+    for row in rows.values():
+        assert row["finish_reason"] == "oracle" and row["verify_details"]["oracle"] is True
+    failures = _failures(result)
+    assert failures.pop("build-fails") == "IMAGE_BUILD_FAILED"
+    assert set(failures.values()) == {"NO_SOLUTION"} and not set(failures) & solved
+    assert _machines_of(result["job_id"]) == []
+
+
+def test_the_fake_model_works_through_the_tools_and_broken_graders_fail_by_name(tmp_path: Path) -> None:
+    script = {"ROLLMESH_FAKE_SCRIPT": "rollmesh.devtools.fake_scripts:container_agent"}
+    result = _run(tmp_path, "--max-steps", "6", env=script)
+    rows, failures = _rows(result), _failures(result)
+    for solved in ("hello-file", "fix-calc", "no-internet", "hanging-agent"):
+        assert rows[solved]["reward"] == 1.0, rows[solved]["verify_details"]
+    hanging = rows["hanging-agent"]
+    assert hanging["verify_details"]["agent_timed_out"] is True
+    outputs = [m["content"] for m in hanging["chat_messages"] if m["role"] == "tool"]
+    assert "[the command was cut after" in outputs[1] and "time (4s, [agent] timeout_sec) is up" in outputs[2]
+    fixed = [m["content"] for m in rows["fix-calc"]["chat_messages"] if m["role"] == "tool"]
+    assert "return a + b" in fixed[-1]
+    assert {name: rows[name]["reward"] for name in ("memory-hog", "answer-json")} == {
+        "memory-hog": 0.0,  # the model could not do these: a 0 from their graders
+        "answer-json": 0.0,
+    }
+    assert rows["answer-json"]["reward_components"] == {
+        "reward": 0.0,
+        "parsed": 0.0,
+        "answer": 0.0,
+        "unit": 0.0,
+    }
+    assert failures == {
+        "broken-tests": "TEST_SCRIPT_FAILED",
+        "bad-reward": "BAD_REWARD_FILE",
+        "slow-tests": "TEST_TIMEOUT",
+        "build-fails": "IMAGE_BUILD_FAILED",
+    }
+    assert _machines_of(result["job_id"]) == []
