@@ -4,6 +4,9 @@ sandbox modes. A forgery scores 0, a right answer in an unusual but valid form s
 no answer could pass is BAD_TASK (never INTERNAL).
 
 Classes (docs/security.md, "Verdicts of the code environment"):
+  names    what the solution reports about its globals is data: it never picks code for the clean
+           interpreter to run (1), and the solution's own definitions shadow builtins and standard
+           modules as in one interpreter (2)
   errors   no verify input is an error of the verifier's (5)
 """
 
@@ -74,7 +77,90 @@ ERRORS: dict[str, Payload] = {
     ),
 }
 
-CLASSES = {"errors": ERRORS}
+_SORT_TESTS = ["xs = [3, 1, 2]\nassert drain(plan(xs)) == sorted(xs)", "assert drain(plan([2, 1])) == [1, 2]"]
+_SORT_HONEST = "def plan(xs):\n    return sorted(xs)\ndef drain(steps):\n    return list(steps)\n"
+_NAMES_TABLE = (  # the solution's process reports NAMES as its globals
+    "import gc\n"
+    "for _o in gc.get_objects():\n"
+    "    if type(_o).__name__ == 'Runner':\n"
+    "        type(_o).names = lambda self: NAMES\n"
+)
+
+NAMES: dict[str, Payload] = {
+    # 1. a name the solution reports never picks code for the clean interpreter to run
+    "honest_plan_and_drain": Payload(_SORT_TESTS, _SORT_HONEST, 1.0),
+    "drain_is_eval": Payload(_SORT_TESTS, "drain = eval\ndef plan(xs):\n    return 'sorted(xs)'\n", 0.0),
+    "drain_imported_as_eval": Payload(
+        _SORT_TESTS, "from builtins import eval as drain\ndef plan(xs):\n    return 'sorted(xs)'\n", 0.0
+    ),
+    "drain_is_a_partial_of_eval": Payload(
+        _SORT_TESTS,
+        "import functools\ndrain = functools.partial(eval)\ndef plan(xs):\n    return 'sorted(xs)'\n",
+        0.0,
+    ),
+    "names_table_says_builtins_eval": Payload(
+        _SORT_TESTS,
+        "NAMES = [['drain', 'imported', ['builtins', 'eval']], ['plan', 'own', None]]\n"
+        + _NAMES_TABLE
+        + "def drain(x):\n    return x\ndef plan(xs):\n    return 'sorted(xs)'\n",
+        0.0,
+    ),
+    "names_table_says_module_builtins": Payload(
+        _SORT_TESTS,
+        "NAMES = [['drain', 'module', 'builtins'], ['plan', 'own', None]]\n"
+        + _NAMES_TABLE
+        + "def drain(x):\n    return x\ndef plan(xs):\n    return 'sorted(xs)'\n",
+        0.0,
+    ),
+    "names_table_claims_a_module_for_the_tests_helper": Payload(
+        ["import math\nassert fact(5) == math.factorial(5)", "assert fact(3) == sorted([6])[0]"],
+        "NAMES = [['fact', 'module', 'math'], ['sorted', 'module', 'sorted']]\n"
+        + _NAMES_TABLE
+        + "def fact(n):\n    return 0\n",
+        0.0,
+    ),
+    # 2. the solution's own definitions shadow builtins and standard modules, as in one interpreter
+    "pow_wrong": Payload(["assert pow(2, 3) == 8"], "def pow(a, b):\n    return 0\n", 0.0),
+    "pow_right": Payload(
+        ["assert pow(2, 3) == 8", "assert pow(5, 0) == 1"], "def pow(a, b):\n    return a ** b\n", 1.0
+    ),
+    "pow_from_math": Payload(["assert pow(2, 3) == 8"], "from math import pow\n", 1.0),
+    "max_wrong": Payload(["assert max([1, 5, 2]) == 5"], "def max(xs):\n    return 0\n", 0.0),
+    "round_half_up_right": Payload(
+        ["assert round(2.5) == 3 and round(3.5) == 4 and round(-2.5) == -3"],
+        "import math\ndef round(x):\n    return int(math.copysign(math.floor(abs(x) + 0.5), x))\n",
+        1.0,
+    ),
+    "round_wrong": Payload(["assert round(3.7) == 4"], "def round(x):\n    return 0\n", 0.0),
+    "bisect_right": Payload(
+        ["assert bisect([1, 3, 5], 4) == 2", "assert bisect([], 1) == 0"],
+        "def bisect(xs, x):\n    return sum(1 for v in xs if v <= x)\n",
+        1.0,
+    ),
+    "select_right": Payload(
+        ["assert select([3, 1, 2], 0) == 1"], "def select(xs, k):\n    return sorted(xs)[k]\n", 1.0
+    ),
+    "statistics_class_right": Payload(
+        ["s = statistics([1, 2, 3])\nassert s.mean() == 2"],
+        "class statistics:\n    def __init__(self, xs):\n        self.xs = xs\n"
+        "    def mean(self):\n        return sum(self.xs) / len(self.xs)\n",
+        1.0,
+    ),
+    "shadowed_helper_beside_the_tested_name": Payload(
+        ["assert square(3) == pow(3, 2)", "assert total([1, 2]) == sum([1, 2])"],
+        "def pow(a, b):\n    return 0\nsum = lambda xs: 0\n"
+        "def square(x):\n    return 0\ndef total(xs):\n    return 0\n",
+        0.0,
+    ),
+    "a_global_named_like_the_tests_variable": Payload(
+        ["n = 3\nassert pow(n, 2) == 9"], "n = 1\ndef pow(a, b):\n    return 0\n", 0.0
+    ),
+    "through_import_solution": Payload(
+        ["import solution\nassert solution.pow(2, 3) == 8"], "def pow(a, b):\n    return 0\n", 0.0
+    ),
+}
+
+CLASSES = {"errors": ERRORS, "names": NAMES}
 
 
 def _meta(tests: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier._clean_runner import _imported, _instrument, _pytest_style
+from rollmesh.verifier._clean_runner import _instrument, _names_of, _pytest_style
 from rollmesh.verifier._sandbox_runner import encode
 from rollmesh.verifier.errors import BadValue, ChannelBroken
 from rollmesh.verifier.sandbox_checks import names_used, plain_names, replain, unverifiable_case
@@ -95,11 +95,7 @@ def test_references_cross_only_where_allowed() -> None:
 
 
 def test_names_of_the_solution_are_checked() -> None:
-    names = [
-        ["add", "own", None],
-        ["np", "module", "numpy"],
-        ["Counter", "imported", ["collections", "Counter"]],
-    ]
+    names = [["add", "own", None], ["np", "module", "numpy"]]
     assert plain_names(names) == names
     # the clean interpreter's hooks (and every dunder) are never bound to the solution's claims
     assert plain_names([["__rm_pass__", "own", None], ["__builtins__", "own", None]]) == []
@@ -108,7 +104,7 @@ def test_names_of_the_solution_are_checked() -> None:
         [["class", "own", None]],
         [["x", "weird", None]],
         [["x", "module", 3]],
-        [["x", "imported", ["a"]]],
+        [["drain", "imported", ["builtins", "eval"]]],  # a kind that chose an object here: gone
         "add",
         [["x"] * 4],
     ):
@@ -127,15 +123,16 @@ def test_only_names_the_tests_mention_are_bound() -> None:
     }
 
 
-def test_an_import_the_solution_claims_is_taken_only_as_it_is() -> None:
-    """`from collections import Counter` in the solution is the clean interpreter's own Counter; a
-    claim that names an attribute of something else, or the runner, binds nothing of its own."""
-    from collections import Counter
-
-    assert _imported("collections", "Counter") is Counter
-    for module, qualname in (("sys", "modules.clear"), ("builtins", "__dict__.clear"), ("__main__", "x")):
-        with pytest.raises((ImportError, AttributeError)):
-            _imported(module, qualname)
+def test_a_case_tells_the_names_it_binds_from_those_it_uses() -> None:
+    """What decides whether a global of the solution's named like a builtin is its own in a case
+    (`CleanRunner._shadow`): the names the case uses that it does not bind itself."""
+    tree = ast.parse(
+        "n = 3\nimport math as m\nfor i in range(n):\n    assert pow(i, 2) == square(i)\n"
+        "def f(x, *a, k=1):\n    return x\ntry:\n    pass\nexcept E as e:\n    pass\n"
+    )
+    mentioned, assigned = _names_of(tree)
+    assert {"n", "i", "pow", "square", "range", "E"} <= mentioned
+    assert assigned == {"n", "m", "i", "f", "x", "a", "k", "e"}
 
 
 def test_only_a_test_that_does_not_parse_is_refused_before_running() -> None:

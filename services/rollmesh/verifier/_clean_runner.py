@@ -7,9 +7,13 @@ plain data, decoded strictly by the verifier on the way (`sandbox_checks.Relay`)
 It runs each test case, whole, as Python: expected values, inputs, loop sources, helpers, library
 calls and every expression form are computed here, by this interpreter's own builtins and
 modules. A name the tests use but never bind is the solution's (as when the tests ran after the
-solution in one module), except a builtin or a standard-library module name: those are always
-this interpreter's own, whatever the solution bound (it cannot replace `bin`, `math` or `sorted`
-on this side). A global of the solution's is an `Opaque` here: calling it, or asking its
+solution in one module). What the solution reports about its globals is data, never a choice of
+code run here: a global is an `Opaque` (a name in the solution's process), except a standard
+module it imported under its own name (`import math`), which is this interpreter's own import of
+what the test names. A global named like a builtin or a standard module (`def pow`, `def bisect`)
+is the solution's in a case that tests nothing else of the solution's, and this interpreter's own
+in a case that does (`CleanRunner._shadow`): patching `builtins` or `sys.modules` in the solution's
+process changes nothing here. A global of the solution's is an `Opaque` here: calling it, or asking its
 attributes or what Python would ask of an object (`len`, `str`, `s[0]`, `s + t`, its truth), is
 a request to the solution's process with plain-data arguments, answered by plain data or by a
 reference to an object of the solution's own. A comparison of such an object is refused (it is
@@ -54,6 +58,7 @@ except ImportError:  # in the sandbox (python -I -S: the standard library only):
     base = sys.modules["__main__"]  # type: ignore[assignment]
 
 _BUILTIN_NAMES = frozenset(dir(builtins))
+_UNBOUND: Any = object()
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
 _DATA_DUNDERS = frozenset({"__name__", "__qualname__", "__doc__"})  # asked of the solution's process
 _EFFECT, _BEGIN, _PASS, _IMPORT = "__rm_effect__", "__rm_begin__", "__rm_pass__", "__rm_import__"
@@ -118,6 +123,9 @@ class CleanRunner:
             _CAUGHT: self.caught,
         }
         self.fns: list[Callable[..., Any]] = []
+        self.opaque: dict[str, Opaque] = {}  # the solution's globals the tests mention
+        self.shadowing: set[str] = set()  # those named like a builtin or a standard module
+        self.shadowed: dict[str, Any] = {}  # what `_shadow` bound each to last (`_UNBOUND`: nothing)
         self.case = _Case()
         _ACTIVE.append(self)
 
@@ -147,22 +155,57 @@ class CleanRunner:
         raise ValueError(f"unknown request {op!r}")
 
     def bind(self, name: str, kind: str, detail: Any) -> None:
-        """A global of the solution's, as the tests see it (module docstring)."""
-        if name in _BUILTIN_NAMES or not name.isidentifier() or name.startswith("__"):
+        """A global of the solution's, as the tests see it (module docstring). What the solution
+        reported is data: it decides only between the solution's object (an `Opaque`) and, for a
+        standard module it says it imported under that module's own name, this interpreter's
+        import of the module the tests name. A name of a builtin or of a standard module that the
+        solution defines itself is bound per case (`_shadow`)."""
+        if not name.isidentifier() or name.startswith("__"):
             return
-        value: Any = Opaque(self, ["name", name])
-        try:
-            if name in _STDLIB:
-                value = importlib.import_module(name)
-            elif kind == "module":
-                value = importlib.import_module(_stdlib(str(detail)))
-            elif kind == "imported":
-                value = _imported(str(detail[0]), str(detail[1]))
-        except Exception:
-            if name in _STDLIB or kind == "module":
-                return
-        self.globals[name] = value
-        setattr(self.solution, name, value)
+        mine = Opaque(self, ["name", name])
+        setattr(self.solution, name, mine)  # `import solution; solution.pow(...)`: always its own
+        if name in _STDLIB and kind == "module" and detail == name:
+            try:
+                self.globals[name] = importlib.import_module(name)
+            except Exception:  # not importable here (tkinter): the name stays unbound
+                pass
+            return
+        self.opaque[name] = mine
+        if name in _BUILTIN_NAMES or name in _STDLIB:
+            self.shadowing.add(name)
+        else:
+            self.globals[name] = mine
+
+    def _shadow(self, tree: ast.Module) -> None:
+        """Bind, for one case, the solution's globals named like a builtin or a standard module
+        (`def pow`, `def bisect`): the solution's own, as in one interpreter, when the case tests
+        nothing else of the solution's (every other name of the solution's it uses is one it binds
+        itself, or none); else this interpreter's builtin or module, since the case tests another
+        name of the solution's and computes what it expects with the builtin (`assert square(3) ==
+        pow(3, 2)`). A name the tests bound themselves is left as they bound it."""
+        mentioned, assigned = _names_of(tree)
+        subjects = any(
+            self.globals.get(name) is self.opaque[name]
+            for name in mentioned - assigned - self.shadowing
+            if name in self.opaque
+        )
+        for name in self.shadowing & mentioned:
+            current = self.globals.get(name, _UNBOUND)
+            if current is not self.shadowed.get(name, _UNBOUND):
+                continue  # the tests bound it
+            value: Any = _UNBOUND
+            if not subjects:
+                value = self.opaque[name]
+            elif name in _STDLIB and name not in _BUILTIN_NAMES:
+                try:
+                    value = importlib.import_module(name)
+                except Exception:
+                    value = _UNBOUND
+            if value is _UNBOUND:
+                self.globals.pop(name, None)
+            else:
+                self.globals[name] = value
+            self.shadowed[name] = value
 
     # -- a case -------------------------------------------------------------------------------------
 
@@ -171,6 +214,8 @@ class CleanRunner:
         error = ""
         try:
             tree = ast.parse(src, "test", "exec")
+            if self.shadowing:
+                self._shadow(tree)
             exec(compile(_instrument(tree), "test", "exec"), self.globals)
             for run in _pytest_style(tree, self.globals):
                 run()
@@ -360,25 +405,29 @@ def _pytest() -> types.ModuleType:
     return module
 
 
-def _stdlib(module: str) -> str:
-    """`module`, when it is (in) a standard-library package, else ImportError."""
-    if module.split(".")[0] not in _STDLIB or module.startswith("__main__"):
-        raise ImportError(module)
-    return module
-
-
-def _imported(module: str, qualname: str) -> Any:
-    """This interpreter's own object that the solution says it imported: one that says it is
-    `module`.`qualname` of the standard library (a claim naming an attribute of something else,
-    `sys.modules.clear`, is not taken: the name is the solution's then)."""
-    found: Any = importlib.import_module(_stdlib(module))
-    for part in qualname.split("."):
-        if part.startswith("__"):
-            raise ImportError(qualname)
-        found = getattr(found, part)
-    if getattr(found, "__module__", None) != module or getattr(found, "__qualname__", None) != qualname:
-        raise ImportError(qualname)
-    return found
+def _names_of(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """The names a case mentions, and those it binds itself (assigns, defines, imports, takes as
+    an argument or an exception)."""
+    mentioned: set[str] = set()
+    assigned: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            mentioned.add(node.id)
+            if not isinstance(node.ctx, ast.Load):
+                assigned.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            assigned.add(node.name)
+        elif isinstance(node, ast.arg):
+            assigned.add(node.arg)
+        elif isinstance(node, ast.alias):
+            assigned.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            assigned.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            assigned.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            assigned.add(node.rest)
+    return mentioned, assigned
 
 
 def _update_in_place(current: Any, value: Any) -> None:

@@ -467,8 +467,9 @@ class Runner:
         raise ValueError(f"unknown request {op!r}")
 
     def names(self) -> list[list[Any]]:
-        """The solution's globals as the tests may name them: a module (by its name), an object
-        another module defines (by module and qualified name), or the solution's own."""
+        """The solution's globals as the tests may name them: a module (by its name) or the
+        solution's own. Only a claim: the clean interpreter binds from it nothing but a standard
+        module imported under its own name (`_clean_runner.CleanRunner.bind`)."""
         out: list[list[Any]] = []
         for name, value in list(self.globals.items())[:4096]:
             if name.startswith("__") or not isinstance(name, str):
@@ -476,10 +477,6 @@ class Runner:
             try:
                 if isinstance(value, types.ModuleType):
                     out.append([name, "module", str(value.__name__)])
-                    continue
-                module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-                if type(module) is str and type(qualname) is str and module not in ("solution", "__main__"):
-                    out.append([name, "imported", [module, qualname]])
                     continue
             except BaseException:
                 pass

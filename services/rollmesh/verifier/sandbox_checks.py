@@ -33,7 +33,7 @@ from rollmesh.verifier.sandbox_values import Ref, decode_value
 MAX_CALLS = 100_000  # calls into the solution per case
 MAX_NESTING = 32  # callbacks within calls within callbacks ...
 MAX_NAMES = 4096
-NAME_KINDS = frozenset({"module", "imported", "own"})
+NAME_KINDS = frozenset({"module", "own"})
 
 
 class Side(Protocol):
@@ -80,8 +80,8 @@ def normalize_output(text: str) -> list[str]:
 
 def plain_names(names: Any) -> list[list[Any]]:
     """The solution's globals as its process listed them (`Runner.names`), checked: identifiers,
-    a known kind, a module name or a (module, qualified name) pair of short strings. A name
-    starting with `__` is dropped."""
+    a known kind ("module" with a short module name, or "own"). A name starting with `__` is
+    dropped."""
     if type(names) is not list or len(names) > MAX_NAMES:
         raise ChannelBroken("malformed list of names")
     out: list[list[Any]] = []
@@ -97,10 +97,6 @@ def plain_names(names: Any) -> list[list[Any]]:
             raise ChannelBroken("malformed name")
         if kind == "module" and not _short_str(detail):
             raise ChannelBroken("malformed module name")
-        if kind == "imported" and not (
-            type(detail) is list and len(detail) == 2 and all(_short_str(d) for d in detail)
-        ):
-            raise ChannelBroken("malformed imported name")
         out.append([name, kind, detail if kind != "own" else None])
     return out
 
