@@ -88,6 +88,8 @@ async def test_a_capture_records_a_tool_loop_stitched_token_exact(mesh: Mesh) ->
     assert [c.api for c in closed.calls] == ["chat.completions", "chat.completions"]
     one, two = (c.response for c in closed.calls)
     assert one.model == "tiny" and one.request_id == "job/0/0/0" and two.request_id == "job/0/0/1"
+    # What each call asked for is kept: the row says a name the job does not serve was answered by "tiny".
+    assert [c.requested_model for c in closed.calls] == ["gpt-4o", "x"]
     assert len(one.logprobs) == len(one.output_token_ids) > 0  # the capture's logprobs
     kept = [*one.prompt_token_ids, *one.output_token_ids]
     assert list(two.prompt_token_ids[: len(kept)]) == kept and two.reused_prefix_tokens == len(kept)

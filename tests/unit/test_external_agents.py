@@ -167,16 +167,22 @@ SETTINGS = AgentSettings(environment="session_state", max_steps=4, sampling={"te
 
 
 async def _run(
-    argv: list[str], model: CaptureModel, env: LocalEnv | None = None, timeout_s: float = 30.0
+    argv: list[str],
+    model: CaptureModel,
+    env: LocalEnv | None = None,
+    timeout_s: float = 30.0,
+    *,
+    task: dict[str, Any] | None = None,
+    settings: AgentSettings = SETTINGS,
 ) -> Any:
     tools = ToolEndpoint()
     try:
         return await run_program(
             job_id="job",
             key=RolloutKey(0, 1),
-            task=TASK,
+            task=task or TASK,
             seed=11,
-            settings=SETTINGS,
+            settings=settings,
             program=ProgramSpec(argv=tuple(argv), timeout_s=timeout_s),
             model=model,
             env=env or LocalEnv(),

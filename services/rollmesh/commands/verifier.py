@@ -91,6 +91,7 @@ def show_env(
                 "takes_turns": env.takes_turns,
                 "tool_calls_are_answer": env.tool_calls_are_answer,
                 "scores_groups": env.scores_groups,
+                "public_fields": list(env.public_fields),
                 "tools": tools,
             }
         )
@@ -105,6 +106,7 @@ def show_env(
             ("takes_turns", "yes (answers each assistant turn)" if env.takes_turns else "no"),
             ("tool_calls_are_answer", "yes (no call is run)" if env.tool_calls_are_answer else "no"),
             ("scores_groups", "yes (a task's rollouts verified together)" if env.scores_groups else "no"),
+            ("public_fields", ", ".join(env.public_fields) or "- (an agent program sees only the prompt)"),
         ],
     )
     if tools:

@@ -6,7 +6,8 @@ random, not the capture's id) is the
 caller's request with the capture's settings applied (`Capture.apply`):
 
 - the model is the capture's, whatever the call names (a harness that hard-codes a model name
-  still runs on the policy);
+  still runs on the policy); the name it asked for is recorded with the call (`requested_model`),
+  so the row says what was asked and what answered;
 - the session is the capture's: calls whose conversation extends the previous call's (prompt +
   answer) keep its token ids exactly (gateway/sessions.py); one that rewrites history starts fresh;
 - sampling the call does not set comes from the capture's defaults; the capture's `seed` and
@@ -41,6 +42,7 @@ class CapturedCall:
     api: str  # "chat.completions" or "responses"
     input: GenerateInput
     result: GenerateResult
+    requested_model: str = ""  # the call's own `model` (`input.model` is the capture's)
 
 
 @dataclass
@@ -90,8 +92,10 @@ class Capture:
             request_id=f"{self.session_id or self.capture_id}/{n}",
         )
 
-    def record(self, api: str, inp: GenerateInput, result: GenerateResult) -> None:
-        self.calls.append(CapturedCall(api, inp, result))
+    def record(
+        self, api: str, inp: GenerateInput, result: GenerateResult, *, requested_model: str = ""
+    ) -> None:
+        self.calls.append(CapturedCall(api, inp, result, requested_model))
 
 
 class CaptureStore:

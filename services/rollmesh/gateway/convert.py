@@ -37,6 +37,7 @@ def captured_call_to_pb(c: CapturedCall) -> pb.CapturedCall:
         messages=[message_to_pb(m) for m in c.input.messages],
         tools=[tool_spec_to_pb(t) for t in c.input.tools],
         response=result_to_pb(c.result),
+        requested_model=c.requested_model,
     )
 
 

@@ -11,6 +11,7 @@ for external agent programs (scheduler/program.py) and managed environment serve
      "uid": 65533,               # optional: a uid and namespaces of its own (as root)
      "readable": [path, ...],    # what the child must read (uid mode)
      "writable": [path, ...],    # what it may write (uid mode; owned by the uid already)
+     "hidden": [path, ...],      # what it must not read though others may (uid mode)
      "scratch_mb": 256,          # size of each fresh /tmp, /var/tmp, /dev/shm (uid mode)
      "mode_file": path}          # where what held is written ("uid+mount+pid+network", "limits")
 
@@ -21,17 +22,20 @@ In order, each step recorded only once it held:
 2. `uid` (needs root): a mount namespace in which every mount is read-only and nosuid; /tmp,
    /var/tmp and /dev/shm are fresh tmpfs of `scratch_mb`; a folder on the way to a `readable` path
    that other users cannot enter (/root) is covered by an empty tmpfs, with only the `readable`
-   paths bound back, read-only (the rest of it, secrets included, is not there); `writable` paths
-   are bound back writable. Then a pid namespace: this process stays outside as the child's
-   keeper (forwards SIGTERM/SIGINT/SIGHUP, exits as the child did), the child is pid 1 of its own
-   namespace with a fresh /proc, so everything it starts dies with it; it drops to `uid`/`uid` (no
-   supplementary groups, `no_new_privs`) and is SIGKILLed if the keeper dies. Pid 1 stays a
-   minimal init (`_init`) and ARGV runs as its child, pid 2: the kernel drops signals pid 1 sends
-   itself (a self-SIGKILL, a raised SIGTERM, os.abort()'s SIGABRT would be no death, or another
-   one), so the program must not be pid 1. The init reaps every orphan, forwards the signals it
-   gets to the program and, when the program ends, hands its wait status to the keeper over a pipe
-   and exits (the kernel then kills what is left in the namespace); the keeper ends the same way:
-   killed by the same signal, or with the same exit code.
+   paths bound back, read-only (the rest of it, secrets included, is not there); a `hidden` path is
+   an empty folder (a tmpfs) or an empty file (/dev/null) there, unless it is itself `readable` or
+   `writable`; `readable` and `writable` paths are then bound back (read-only, writable), so they
+   win over a cover or a hidden folder above them. Then a pid
+   namespace: this process stays outside as the child's keeper (forwards SIGTERM/SIGINT/SIGHUP,
+   exits as the child did), the child is pid 1 of its own namespace with a fresh /proc, so
+   everything it starts dies with it; it drops to `uid`/`uid` (no supplementary groups,
+   `no_new_privs`) and is SIGKILLed if the keeper dies. Pid 1 stays a minimal init (`_init`) and
+   ARGV runs as its child, pid 2: the kernel drops signals pid 1 sends itself (a self-SIGKILL, a
+   raised SIGTERM, os.abort()'s SIGABRT would be no death, or another one), so the program must not
+   be pid 1. The init reaps every orphan, forwards the signals it gets to the program and, when the
+   program ends, hands its wait status to the keeper over a pipe and exits (the kernel then kills
+   what is left in the namespace); the keeper ends the same way: killed by the same signal, or with
+   the same exit code.
 3. rlimits, then exec ARGV (exit 127 when ARGV cannot be run, the reason on stderr), with SIGPIPE
    and SIGXFSZ back to their defaults (this interpreter ignores them; exec would keep that).
 The caller has made this process a session leader, so killing the process group ends everything
@@ -161,6 +165,10 @@ def _private_mounts(settings: dict[str, Any]) -> bool:
     _mount(None, b"/", None, _MS_REC | _MS_PRIVATE)
     readable = [os.path.realpath(p) for p in settings.get("readable", []) if os.path.exists(p)]
     writable = [os.path.realpath(p) for p in settings.get("writable", []) if os.path.exists(p)]
+    # A path also to be read (an argument naming it) is not hidden: a bind back would bring the
+    # cover along (it is mounted on that very path).
+    hidden = [os.path.realpath(p) for p in settings.get("hidden", []) if os.path.exists(p)]
+    hidden = [p for p in hidden if p not in readable and p not in writable]
     # Open what is bound back before anything covers it.
     sources = [(p, os.open(p, os.O_PATH), True) for p in readable]
     sources += [(p, os.open(p, os.O_PATH), False) for p in writable]
@@ -176,6 +184,11 @@ def _private_mounts(settings: dict[str, Any]) -> bool:
         _mount(b"scratch", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size}m,mode=1777".encode())
     for cover in _covers([p for p, _, _ in sources], scratch):
         _mount(b"hidden", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755")
+    for path in hidden:
+        if os.path.isdir(path):
+            _mount(b"hidden", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755")
+        elif os.path.exists(path):  # (not already under a scratch tmpfs or a cover)
+            _mount(b"/dev/null", path.encode(), None, _MS_BIND)
     for path, fd, read_only in sources:
         if not os.path.exists(path):
             if os.path.isdir(f"/proc/self/fd/{fd}"):

@@ -42,6 +42,9 @@ class Confinement:
     uid: int | None = None
     readable: Sequence[str] = ()
     writable: Sequence[str] = ()
+    #: Paths it must not read even where other users may (a job's dataset and output folder, which
+    #: hold the gold): an empty folder or file in their place (uid mode; `readable` wins).
+    hidden: Sequence[str] = ()
     forward: list[list[Any]] | None = None
     scratch_mb: int = 256
 
@@ -60,6 +63,7 @@ def command(argv: Sequence[str], confinement: Confinement, mode_file: Path) -> l
             uid=confinement.uid,
             readable=list(confinement.readable),
             writable=list(confinement.writable),
+            hidden=list(confinement.hidden),
             scratch_mb=confinement.scratch_mb,
         )
     return [sys.executable, str(CONFINE), json.dumps(settings), "--", *argv]

@@ -117,6 +117,8 @@ class EnvDescription:
     tool_calls_are_answer: bool = False
     #: A task's rollouts are scored together (the verifier's `scores_groups`): `verify_group`.
     scores_groups: bool = False
+    #: Task fields an external agent program may read besides the prompt (`public_fields`).
+    public_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,6 +194,8 @@ class AgentSettings:
     #: returns with `AgentOutcome.verdict_pending` and the verifier session left open
     #: (`AgentOutcome.env_session`) for the engine's `verify_group` of the task's rollouts.
     group_verify: bool = False
+    #: Task fields an external agent program may read besides the prompt (EnvDescription.public_fields).
+    public_fields: tuple[str, ...] = ()
 
 
 #: The verdict of an outcome whose group is not verified yet: masked, so it is in no reward figure

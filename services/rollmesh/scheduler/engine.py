@@ -27,6 +27,7 @@ when its permanent failures are within the job's bound); the same non-retryable 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -377,6 +378,7 @@ class JobRun:
             stateless=environment is not None and environment.stateless,
             tool_calls_are_answer=environment is not None and environment.tool_calls_are_answer,
             group_verify=environment is not None and environment.scores_groups,
+            public_fields=environment.public_fields if environment is not None else (),
         )
         # Group scoring: the tasks whose rollouts are gathered for their verdict (at most one per
         # rollout in flight, plus the one being dispatched: each holds a slot until its last is done).
@@ -399,6 +401,12 @@ class JobRun:
                 env=dict(plan.spec.agent_program_env),
                 timeout_s=self.policy.rollout_timeout_s * PROGRAM_SHARE_OF_ATTEMPT,
                 after_s=self.policy.rollout_timeout_s * (1 - PROGRAM_SHARE_OF_ATTEMPT),
+                # What holds the gold on this host: the program must not read it (program.py).
+                hidden=tuple(
+                    os.path.abspath(p)
+                    for p in (str(plan.dataset_path), plan.spec.effective_output_dir)
+                    if p not in ("", ".")
+                ),
             )
             if plan.spec.agent_program
             else None

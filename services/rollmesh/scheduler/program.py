@@ -116,6 +116,9 @@ class ProgramSpec:
     #: What the attempt keeps after the program ends (closing, verify): its deadline is held while
     #: the program runs and gives at least this much after (retry.attempt_deadline_held).
     after_s: float = 30.0
+    #: Paths the program must not read (the job's dataset and output folder: they hold the gold),
+    #: where its confinement can hide them (mesh/confine.py `Confinement.hidden`).
+    hidden: tuple[str, ...] = ()
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     rlimits: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_RLIMITS))
 
@@ -133,6 +136,8 @@ class CapturedTurn:
     api: str
     messages: list[Json]
     turn: Turn
+    requested_model: str = ""  # the `model` the call named (it ran on the capture's model)
+    model: str = ""  # the model that answered
 
 
 @dataclass
@@ -233,7 +238,7 @@ async def run_program(
         task_doc = {
             "messages": [*prompt, *opened.messages],
             "tools": [{"type": "function", "function": t} for t in offered],
-            "task": task,
+            "task": public_task(task, settings.public_fields),
             "max_steps": settings.max_steps,
             "tools_url": tools_url,
             "answer_file": str(answer_file),
@@ -272,6 +277,7 @@ async def run_program(
             "segments": _mark_segments(record) if record.calls else 0,
             "answer_file": answer is not None,
             "answer": answer,
+            "models": _models(record),
         }
         try:
             _check_run(run, record, program)
@@ -292,6 +298,27 @@ async def run_program(
         await close_sessions(env if seeded else None, model, session_id)
         await asyncio.to_thread(shutil.rmtree, base, True)
         uids.release(uid)
+
+
+def public_task(task: Json, public_fields: tuple[str, ...] = ()) -> Json:
+    """What of a task row a program may read: its prompt (`responses_create_params`: input,
+    instructions, tools, sampling) and the fields its environment marks public
+    (`Environment.public_fields`); never the gold nor anything else the verifier scores against."""
+    fields = ("responses_create_params", *public_fields)
+    return {k: task[k] for k in fields if k in task}
+
+
+def _models(record: CaptureRecord) -> list[Json]:
+    """Per model name the program asked for (in order of first use): which model answered, in how
+    many calls. A name the job does not serve runs on the job's model: the row says so."""
+    seen: dict[tuple[str, str], Json] = {}
+    for call in record.calls:
+        entry = seen.setdefault(
+            (call.requested_model, call.model),
+            {"requested": call.requested_model, "answered": call.model, "calls": 0},
+        )
+        entry["calls"] += 1
+    return list(seen.values())
 
 
 def _signal_name(exit_code: int | None) -> str | None:
@@ -429,6 +456,7 @@ async def _run(
         uid=uid,
         readable=readable,
         writable=(str(work),),
+        hidden=program.hidden,
         forward=forward,
     )
     try:

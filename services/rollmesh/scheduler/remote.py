@@ -201,7 +201,13 @@ class GatewayModel(_Port):
         req = gateway_pb2.CloseCaptureRequest(capture_id=capture_id)
         resp: gateway_pb2.CloseCaptureResponse = await _call(self.stub.CloseCapture, req, SERVICE_CALL_S)
         calls = [
-            CapturedTurn(api=c.api, messages=[message_from_pb(m) for m in c.messages], turn=_turn(c.response))
+            CapturedTurn(
+                api=c.api,
+                messages=[message_from_pb(m) for m in c.messages],
+                turn=_turn(c.response),
+                requested_model=c.requested_model,
+                model=c.response.model,
+            )
             for c in resp.calls
         ]
         return CaptureRecord(calls=calls, refused=resp.refused_calls)
@@ -325,4 +331,5 @@ class VerifierEnv(_Port):
             stateless=resp.stateless,
             tool_calls_are_answer=resp.tool_calls_are_answer,
             scores_groups=resp.scores_groups,
+            public_fields=tuple(resp.public_fields),
         )

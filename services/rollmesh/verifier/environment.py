@@ -424,6 +424,13 @@ class Environment(ABC):
         verifies it, calls included. Default: False (calls are run and the model goes on)."""
         return False
 
+    def public_fields(self) -> Sequence[str]:
+        """Top-level fields of a task row an external agent program may read (its task document's
+        `task`), besides `responses_create_params`, which is the prompt. Never the gold
+        (`expected_answer`) nor anything `verify` scores against: what a program can read, the
+        policy can learn to read. Default: none."""
+        return ()
+
     def scores_groups(self) -> bool:
         """Whether a rollout's reward depends on the other rollouts of its task, so the scheduler
         verifies a task's rollouts together (`verify_group`) and never one alone. Default: whether

@@ -69,6 +69,8 @@ class EnvironmentInfo:
     tool_calls_are_answer: bool = False
     #: A task's rollouts are scored together (`Environment.scores_groups`): VerifyGroup, never Verify.
     scores_groups: bool = False
+    #: Task fields an external agent program may read besides the prompt (`Environment.public_fields`).
+    public_fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -319,6 +321,7 @@ class VerifierService:
             takes_turns=item.env.takes_turns(),
             tool_calls_are_answer=item.env.tool_calls_are_answer(),
             scores_groups=item.env.scores_groups(),
+            public_fields=tuple(item.env.public_fields()),
         )
 
     # -- sessions -------------------------------------------------------------------------------------

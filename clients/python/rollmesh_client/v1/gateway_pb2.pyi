@@ -933,8 +933,11 @@ class CapturedCall(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     RESPONSE_FIELD_NUMBER: _builtins.int
+    REQUESTED_MODEL_FIELD_NUMBER: _builtins.int
     api: _builtins.str
     """"chat.completions" or "responses"."""
+    requested_model: _builtins.str
+    """The `model` the call named: it ran on the capture's model whatever it named."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """The call's conversation and tools as the gateway read them."""
@@ -943,7 +946,9 @@ class CapturedCall(_message.Message):
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]: ...
     @_builtins.property
     def response(self) -> Global___GenerateResponse:
-        """What the gateway answered (message, token ids, logprobs, replica, policy version)."""
+        """What the gateway answered (message, token ids, logprobs, replica, policy version); its
+        `model` is the model that answered.
+        """
 
     def __init__(
         self,
@@ -952,10 +957,11 @@ class CapturedCall(_message.Message):
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
         tools: _abc.Iterable[_common_pb2.ToolSpec] | None = ...,
         response: Global___GenerateResponse | None = ...,
+        requested_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api", b"api", "messages", b"messages", "response", b"response", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api", b"api", "messages", b"messages", "requested_model", b"requested_model", "response", b"response", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

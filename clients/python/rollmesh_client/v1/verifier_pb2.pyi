@@ -36,6 +36,7 @@ class Environment(_message.Message):
     TAKES_TURNS_FIELD_NUMBER: _builtins.int
     TOOL_CALLS_ARE_ANSWER_FIELD_NUMBER: _builtins.int
     SCORES_GROUPS_FIELD_NUMBER: _builtins.int
+    PUBLIC_FIELDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Unique name, e.g. "arithmetic"."""
     description: _builtins.str
@@ -70,6 +71,12 @@ class Environment(_message.Message):
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools every session of this environment offers."""
 
+    @_builtins.property
+    def public_fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Top-level task fields an external agent program may read besides `responses_create_params`
+        (the prompt); never the gold. Empty: the program sees only the prompt and the tools.
+        """
+
     def __init__(
         self,
         *,
@@ -83,10 +90,11 @@ class Environment(_message.Message):
         takes_turns: _builtins.bool = ...,
         tool_calls_are_answer: _builtins.bool = ...,
         scores_groups: _builtins.bool = ...,
+        public_fields: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "sandbox", b"sandbox", "scores_groups", b"scores_groups", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tool_calls_are_answer", b"tool_calls_are_answer", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "example_dataset", b"example_dataset", "name", b"name", "public_fields", b"public_fields", "sandbox", b"sandbox", "scores_groups", b"scores_groups", "source", b"source", "stateless", b"stateless", "takes_turns", b"takes_turns", "tool_calls_are_answer", b"tool_calls_are_answer", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

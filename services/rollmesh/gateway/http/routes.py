@@ -161,12 +161,14 @@ def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
         capture = capture_of(request, key)
         try:
             body = await _body(request)
-            inp = capture.apply(parse(request.headers, body))
+            asked = parse(request.headers, body)
+            inp = capture.apply(asked)
         except RollmeshError:
             capture.refused += 1
             raise
         try:
-            return await answer(body, inp, functools.partial(capture.record, api, inp))
+            record = functools.partial(capture.record, api, inp, requested_model=asked.model)
+            return await answer(body, inp, record)
         except BaseException:
             capture.refused += 1
             raise
