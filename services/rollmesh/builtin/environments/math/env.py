@@ -27,7 +27,7 @@ JUDGE_PROMPT = (
     "{fence}\n{answer}\n{fence}\n"
 )
 _WORDS = re.compile(r"[A-Z]+")
-TOO_LARGE = "the answer is too large to check (a value of more than 10000 digits is not evaluated)"
+UNDECIDED = "undecided (too large to check)"
 
 
 def judge_prompt(problem: str, expected: str, answer: str) -> str:
@@ -76,24 +76,39 @@ def check(expected: str, response: str) -> dict[str, Any]:
             return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
         ok = said == letter
         return {"correct": ok, "extracted": said, "reason": "equivalent" if ok else "not equivalent"}
-    hedged = grading.hedge(response)
+    grading.install_guards()
+    expected, response = (
+        grading.normalize(expected),
+        grading.normalize(grading.delimit_unicode_math(response)),
+    )
+    gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
+    gold = parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
+    if not gold:
+        return {"correct": False, "extracted": "", "reason": "could not parse expected_answer"}
+    one_value = grading.one_value(gold[0])
+    hedged = grading.hedge(response) if one_value else None
     if hedged is not None:
         reason = f"the answer hedges between {hedged[0]!r} and {hedged[1]!r} (no \\boxed{{}}): scored 0"
         return {"correct": False, "extracted": "", "reason": reason}
-    grading.install_guards()
-    expected, response = grading.normalize(expected), grading.normalize(grading.delimit_roots(response))
-    gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
-    gold = parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
+    if grading.last_box(response) is not None:
+        not_one = grading.box_hedge(response, one_value)
+    else:
+        not_one = grading.unboxed_hedge(response) if one_value else None
+    if not_one is not None:
+        return {"correct": False, "extracted": "", "reason": not_one}
     pred = parse(response, parsing_timeout=None)  # type: ignore[arg-type]
     extracted = str(pred[1]) if len(pred) > 1 else (str(pred[0]) if pred else "")
-    if not gold:
-        return {"correct": False, "extracted": extracted, "reason": "could not parse expected_answer"}
-    if any(grading.too_large(g) for g in gold if not isinstance(g, str)):
-        return {"correct": False, "extracted": extracted, "reason": "expected_answer too large to check"}
     if not pred:
         return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
-    if any(grading.too_large(p) for p in pred if not isinstance(p, str)):
-        return {"correct": False, "extracted": extracted[:200], "reason": TOO_LARGE}
+    if any(grading.for_decide_large(x) for x in (*gold, *pred) if not isinstance(x, str)):
+        # math-verify would evaluate it (minutes) or simplify it (seconds): decided exactly within
+        # a bound, or named undecided.
+        decided, how = grading.decide_large(gold[0], pred[0])
+        out: dict[str, Any] = {"correct": bool(decided), "extracted": extracted[:200], "judge": False}
+        if decided is None:
+            return {**out, "reason": f"{UNDECIDED}: {how}", "undecided": True}
+        how = f"too large for math-verify, decided exactly: {how}"
+        return {**out, "reason": f"equivalent ({how})" if decided else f"not equivalent ({how})"}
     ok = bool(verify(gold, pred, timeout_seconds=None, allow_set_relation_comp=True))
     return {"correct": ok, "extracted": extracted, "reason": "equivalent" if ok else "not equivalent"}
 
@@ -108,9 +123,10 @@ class MathEnv(Environment):
     answers the symbolic check rejects (grading.py: what is added around math-verify). A row
     without a usable expected_answer raises BadTask, a checker that raises or dies CheckFailed, and
     a judge that gives no verdict JudgeFailed: none of them is scored 0 (nobody judged the answer).
-    An answer too large to evaluate, or whose check overruns the timeout on two workers in a row,
-    scores 0 with that reason (`details.timed_out` for the latter): an answer built to outlast the
-    check is not a dropped sample."""
+    A value too large for math-verify is decided exactly within a bound (grading.decide_large);
+    one nothing decides in bounds scores 0 named `undecided` (`details.undecided`), and one whose
+    check overruns the timeout on two workers in a row 0 with that reason (`details.timed_out`):
+    an answer built to outlast the check is not a dropped sample, and neither is silent."""
 
     _channel: grpc.aio.Channel | None = None
     _warm: asyncio.Task[Any] | None = None
@@ -154,7 +170,7 @@ class MathEnv(Environment):
                 "timed_out": True,
             }
             return VerifyResult(0.0, {"symbolic": 0.0}, "", timed_out)
-        if out["reason"] in ("could not parse expected_answer", "expected_answer too large to check"):
+        if out["reason"] == "could not parse expected_answer":
             raise BadTask(f"math-verify: {out['reason']}: {str(expected)[:80]!r}")
         correct = bool(out["correct"])
         details: dict[str, Any] = {
@@ -162,10 +178,12 @@ class MathEnv(Environment):
             "expected": str(expected),
             "symbolic_correct": correct,
         }
+        if out.get("undecided"):
+            details["undecided"] = True
         components = {"symbolic": 1.0 if correct else 0.0}
         reward = 1.0 if correct else 0.0
         use_judge = bool(task.metadata.get("use_judge", self.context.config.math_judge))
-        if not correct and use_judge and out["reason"] != TOO_LARGE:  # refused, not judged
+        if not correct and use_judge and out.get("judge", True):  # decided exactly, or undecided
             verdict, why = await self._judge(task.prompt, str(expected), text)
             if verdict is None:  # the symbolic check said no, the judge said nothing: unknown
                 raise JudgeFailed(f"math judge: {why}")

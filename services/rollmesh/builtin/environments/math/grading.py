@@ -1,12 +1,15 @@
 r"""What the `math` environment adds around math-verify, so wrong answers stop matching and right
-ones in common forms stop scoring 0 (issue 27). The text helpers are plain Python; `install_guards`
-and `too_large` need sympy and run only in the worker process.
+ones in common forms stop scoring 0 (issues 27 and 38). The text helpers are plain Python;
+`install_guards`, `too_large` and `decide_large` need sympy and run only in the worker process.
 
 Text, before math-verify parses it (answer and reference alike):
-- digit groups `1\,000` and `1{,}000` are `1000`; `√`, `∛`, `∞`, `π`, `≤`, `≥`, `≠`, `×`, `·` and
-  the Unicode minus are their LaTeX; a repeating decimal `0.\overline{3}` is the fraction `\frac{1}{3}`;
-  in an answer with no math delimiters, a run holding a root (`√2`, `3√2/2`) is put between `$...$`
-  (`The answer is √2.` reads as `\boxed{√2}` does, not as 2).
+- characters folded (rollmesh.verifier.answer_text): zero-width characters dropped, fullwidth and
+  other Unicode digits ASCII (`３` is `3`), Unicode minus signs and dashes `-` (`–3` is `-3`);
+  superscripts are powers (`2³` is `2^{3}`, `10⁻³` is `10^{-3}`);
+- digit groups `1\,000` and `1{,}000` are `1000`; `√`, `∛`, `∞`, `π`, `≤`, `≥`, `≠`, `×`, `·`
+  are their LaTeX; a repeating decimal `0.\overline{3}` is the fraction `\frac{1}{3}`;
+  in an answer with no math delimiters, a run holding a root or superscript (`√2`, `3√2/2`, `2³`)
+  is put between `$...$` (`The answer is √2.` reads as `\boxed{√2}` does, not as 2).
 
 Multiple choice: a reference that is one letter A-J (`C`, `(C)`, `\text{C}`) is compared with the
 letter the answer gives last: `\boxed{C}`, `Answer: C`, `**Answer: (C)**`, `the answer is C`, or an
@@ -27,11 +30,24 @@ Hedges: an answer with no `\boxed{}` that offers two or more different candidate
 `and/or`, `either ... or` (`The answer is 5 or 6.`, `x = 5 or x = 6`) or `/` between delimited
 candidates (`$5$ / $6$`, `x = 5 / x = 6`) is no answer: it scores 0 with the reason (math-verify read
 the first or the last candidate, so a hedge scored 1.0 for either gold). Only the answer's part of
-the text is read: from the last word "answer" on, else the last line. (`\boxed{3 \text{ or } 4}`
-and several different boxed answers are already 0.)
+the text is read: from the last word "answer" on, else the last line.
 
-Unbounded answers: an expression whose value needs more than MAX_DIGITS digits (`10^{10^{10}}`,
-`100000000!`) is refused before math-verify evaluates it (sympy would compute it for minutes).
+One answer, read whole (`box_hedge`, `unboxed_hedge`): the last `\boxed{}` is the answer only
+when it is the whole answer: no operator right after or before it (`\boxed{3}^2`, `-\boxed{3}`,
+`\sqrt{\boxed{9}}`), no second line in it (`\boxed{3 \\ 4}`), no other box next to it with
+another value. When the reference is one value (not a set, tuple, interval, inequality, matrix or
+piecewise), the box (or, without one, the last `$...$` from its last `=` on) must be one value:
+no word of hedge (`or`, `maybe`, `if`, ... in any `\text{}`-like group: math-verify turned `or`
+into a comma), no connective (`\lor`, `\mid`, `|`, `\to`, `;`), no LaTeX command math-verify
+does not read as part of a value (it dropped it and read what was left: `3 \lor 4` was 4), no
+two numbers side by side (`3 \quad 4` was 7), and no `or` from the box to the end of its line
+(`\boxed{3} (or 4 if rounding up)`). Each is 0 with the reason.
+
+Large values: an expression whose value needs more than MAX_DIGITS digits (`10^{10^{10}}`), or a
+number beyond 10**EXACT_DIGITS, is not given to math-verify (sympy would compute it for minutes,
+or simplify it for seconds): `decide_large` decides it exactly within a bound (equal to the unit
+and six decimals, the same rule math-verify applies to small numbers; different magnitudes are
+different values), and what it cannot decide in bounds is the named outcome `undecided`.
 """
 
 from __future__ import annotations
@@ -39,6 +55,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 from typing import Any
+
+from rollmesh.verifier.answer_text import fold
 
 REL_TOL = 1e-4  # numbers agree to this relative difference (on top of math-verify's 6 decimals)
 MAX_DIGITS = 10_000  # a value (or an exponent's value) beyond 10**MAX_DIGITS is not evaluated
@@ -58,30 +76,37 @@ _SYMBOLS = {
     "≠": "\\ne ",
     "×": "\\times ",
     "·": "\\cdot ",
-    "\u2212": "-",
 }
 _SYMBOL = re.compile("|".join(map(re.escape, _SYMBOLS)))
 _REPEATING = re.compile(r"(\d{0,40})\.(\d{0,40})\s*\\(?:overline|bar)\s*\{\s*(\d{1,40})\s*\}")
 
 
+_SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻", "0123456789+-")
+_SUPERSCRIPT_RUN = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻]++")
+
+
 def normalize(text: str) -> str:
     """The text with the forms math-verify misses rewritten (see the module docstring)."""
+    text = fold(text)
+    text = _SUPERSCRIPT_RUN.sub(lambda m: f"^{{{m.group(0).translate(_SUPERSCRIPTS)}}}", text)
     text = _DIGIT_GROUP.sub("", text)
     text = _ROOT_PAREN.sub(lambda m: f"{m.group(1)}{{{m.group(2)}}}", text)
     text = _SYMBOL.sub(lambda m: _SYMBOLS[m.group(0)], text)
     return _REPEATING.sub(_repeating_fraction, text)
 
 
-_ROOT_RUN = re.compile(r"[^\s$√∛∜]{0,200}+[√∛∜][^\s$]{0,200}+")
+_UNICODE_MATH = "√∛∜⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻"
+_UNICODE_RUN = re.compile(rf"[^\s${_UNICODE_MATH}]{{0,200}}+[{_UNICODE_MATH}][^\s$]{{0,200}}+")
 _MATH_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 
 
-def delimit_roots(response: str) -> str:
-    """In a response with no math delimiters, each run holding a Unicode root (`√2`, `3√2/2`) in
-    `$...$`: math-verify reads LaTeX only between delimiters, so `The answer is √2.` was read as 2."""
+def delimit_unicode_math(response: str) -> str:
+    """In a response with no math delimiters, each run holding a Unicode root or superscript (`√2`,
+    `3√2/2`, `2³`) in `$...$`: math-verify reads LaTeX only between delimiters, so `The answer is
+    √2.` was read as 2 and `2³` as 2."""
     if any(d in response for d in _MATH_DELIMITERS):
         return response
-    return _ROOT_RUN.sub(lambda m: _delimit(m.group(0)), response)
+    return _UNICODE_RUN.sub(lambda m: _delimit(m.group(0)), response)
 
 
 def _delimit(run: str) -> str:
@@ -155,6 +180,178 @@ def hedge(response: str) -> tuple[str, str] | None:
     return None
 
 
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*+\{")
+_TEXT_GROUP = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mbox)\s*+\{([^{}]{0,500}+)\}"
+)
+_HEDGE_WORD = re.compile(
+    r"(?i)(?<![A-Za-z\\])(or|either|maybe|possibly|perhaps|otherwise|alternatively|else|unless|if)(?![A-Za-z])"
+)
+_OPERATOR_AFTER_BOX = re.compile(
+    r"\s*+(?:[\^_′]|!(?![\s]|$)|'(?![A-Za-z])|[⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻]"
+    r"|(?:[-+*/×·÷]|\\(?:cdot|times|div|pm|mp))\s*+(?:[\d({\\]|[A-Za-z](?![A-Za-z])))"
+)
+_OPERATOR_BEFORE_BOX = re.compile(
+    r"(?:(?:[-+*/^_×·÷\d)]|\\(?:cdot|times|div|pm|mp|sqrt))\s*+\{?+"
+    r"|(?:\\(?:sqrt|frac|dfrac|tfrac)(?:\[[^\]]{0,20}+\])?+|\})\s*+\{)\s*+$"
+)
+_BULLET = re.compile(r"^\s*+[-*+]\s++$")
+
+
+def one_value(gold: Any) -> bool:
+    """Whether a parsed reference is one value (a number, an expression, an assignment `x = 3`),
+    not several (a set, tuple, interval, inequality, piecewise, matrix): only then is an answer that
+    offers two candidates a hedge."""
+    import sympy
+    from sympy.logic.boolalg import BooleanFunction
+
+    if not isinstance(gold, sympy.Basic) or isinstance(
+        gold, sympy.Set | sympy.Tuple | BooleanFunction | sympy.MatrixBase
+    ):
+        return False
+    if isinstance(gold, sympy.core.relational.Relational) and not isinstance(gold, sympy.Eq):
+        return False
+    return not gold.has(sympy.Piecewise)
+
+
+# What a boxed answer that is one value may hold: LaTeX commands math-verify reads as part of a
+# value (anything else it drops, and reads what is left: `3 \lor 4` was 4, `3 \unknown 4` 4).
+_READ_COMMANDS = frozenset(
+    "frac dfrac tfrac cfrac sqrt pi infty infin cdot times div pm mp left right big Big bigl bigr Bigl "
+    "Bigr text textbf textrm textit textnormal textup mathrm mathbf mathit mathbb mathcal mathsf "
+    "boldsymbol bm mbox operatorname sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log "
+    "ln lg exp min max gcd lcm binom dbinom tbinom overline bar hat vec widehat dot degree circ "
+    "displaystyle textstyle quad qquad begin end le leq ge geq ne neq lt gt in notin subset subseteq "
+    "supset supseteq cap emptyset varnothing setminus cdots ldots dots angle triangle perp prime "
+    "approx sim equiv pmod bmod mod lfloor rfloor lceil rceil langle rangle vert lvert rvert Vert "
+    "cong deg det dim lim sum prod int partial nabla ell hbar Re Im emph underline boxed fbox "
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi "
+    "omicron varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta "
+    "Lambda Xi Pi Sigma Upsilon Phi Psi Omega".split()
+)
+# Commands and characters that join two values into something that is not one of them.
+_CONNECTIVES = frozenset(
+    "lor vee land wedge mid parallel to rightarrow Rightarrow implies iff leftrightarrow "
+    "Leftrightarrow longrightarrow cup neg lnot".split()
+)
+_COMMAND_NAME = re.compile(r"\\[A-Za-z]++")
+_SPACING = re.compile(
+    r"\\(?:[,;:! {}]|q?quad(?![A-Za-z])|hspace\s*+\{[^{}]{0,50}+\}|phantom\s*+\{[^{}]{0,50}+\})|~"
+)
+_ARGUMENTS = re.compile(r"\}\s++\{")  # `\frac{1} {2}`: one fraction
+_SIDE_BY_SIDE = re.compile(r"\d\}*+\s++\{*+\d")
+_MARKDOWN_END = re.compile(r"(?:\*\*|__)\s*+$")
+
+
+def _not_one_value(content: str) -> str | None:
+    """What keeps a boxed answer from being one value (None when nothing does), for a reference
+    that is one: a word of hedge, a connective, a command math-verify does not read as part of a
+    value, two numbers side by side."""
+    word = _HEDGE_WORD.search(_COMMAND_NAME.sub(" ", content))
+    if word:
+        return f"hedges ({word.group(1)!r})"
+    names = {m.group(0)[1:] for m in _COMMAND_NAME.finditer(content)}
+    joined = sorted(names & _CONNECTIVES) + [c for c in "∨∧→⇒⇔;" if c in content]
+    if joined or content.count("|") % 2:
+        return f"joins values with {(joined or ['|'])[0]!r}: not one value"
+    unread = sorted(names - _READ_COMMANDS - _CONNECTIVES)
+    if unread:
+        return f"holds \\{unread[0]}, which the check does not read as part of a value"
+    if _SIDE_BY_SIDE.search(_ARGUMENTS.sub("}{", _SPACING.sub(" ", content))):
+        return "holds two numbers side by side: not one value"
+    return None
+
+
+def last_box(response: str) -> tuple[int, int, int] | None:
+    """(where `\\boxed` starts, where its content starts, where it ends) of the last box whose braces
+    close, as math-verify reads the last box; None when there is none. One pass over the text's last
+    100,000 characters (each brace matched once), however many boxes it opens."""
+    offset = max(0, len(response) - 100_000)
+    text = response[offset:]
+    boxes = list(_BOX.finditer(text))
+    if not boxes:
+        return None
+    closes: dict[int, int] = {}
+    opened: list[int] = []
+    for i, ch in enumerate(text):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            closes[opened.pop()] = i
+    for m in reversed(boxes):
+        close = closes.get(m.end() - 1)
+        if close is not None:
+            return m.start() + offset, m.end() + offset, close + offset
+    return None
+
+
+_SEGMENT = re.compile(
+    r"\$\$([^$]{1,1000}+)\$\$|\$([^$]{1,1000}+)\$|\\\[((?:(?!\\\]).){1,1000}+)\\\]|\\\(((?:(?!\\\)).){1,1000}+)\\\)",
+    re.DOTALL,
+)
+_PROSE_COMMANDS = frozenset("therefore because blacksquare square qed Box checkmark".split())
+
+
+def unboxed_hedge(response: str) -> str | None:
+    """For a response with no `\boxed{}` and a reference that is one value: why the last math
+    segment (`$...$`, `\\(...\\)`, `\\[...\\]`), from its last `=` on, is not one value (math-verify
+    reads that segment, and from a failed parse only a part of it: `$3 \\lor 4$` was 4)."""
+    tail = response[-3000:]
+    last = None
+    for m in _SEGMENT.finditer(tail):
+        last = m
+    if last is None:
+        return None
+    segment = next(g for g in last.groups() if g is not None)
+    value = segment.rsplit("=", 1)[-1]
+    for name in _PROSE_COMMANDS:
+        value = value.replace(f"\\{name}", " ")
+    problem = _not_one_value(value)
+    return None if problem is None else f"the answer {problem} ({value.strip()[:40]!r}): scored 0"
+
+
+def box_hedge(response: str, one_value: bool) -> str | None:
+    """Why the last `\boxed{}` is not one whole answer (None when it is): an operator right after
+    or before it (`\boxed{3}^2`, `-\boxed{3}`: the written answer is not the box), two lines in it
+    (`\boxed{3 \\ 4}`), and, when the reference is one value (`one_value`), a word of hedge in it
+    (`\boxed{3 \text{ (or } 4)}`: math-verify turned `or` into a comma) or two candidates joined
+    by `or` from it to the end of its line (`\boxed{3} (or 4 if rounding up)`)."""
+    box = last_box(response)
+    if box is None:
+        return None
+    start, inner, end = box
+    content = response[inner:end]
+    if _OPERATOR_AFTER_BOX.match(response, end + 1):
+        return (
+            f"an operator after the boxed answer ({response[start : end + 8]!r}): the box is not the answer"
+        )
+    line = _MARKDOWN_END.sub("", response[max(0, start - 200) : start].rsplit("\n", 1)[-1].replace("$", ""))
+    if _OPERATOR_BEFORE_BOX.search(line) and not _BULLET.match(line):
+        written = line[-8:] + response[start : end + 1]
+        return f"an operator before the boxed answer ({written!r}): the box is not the answer"
+    if one_value:
+        before = last_box(response[:start])
+        if before is not None and start - before[2] <= 70:
+            first = response[before[1] : before[2]]
+            if first.split() != content.split():
+                return f"several boxed answers ({first[:20]!r}, {content[:20]!r}): not one answer, scored 0"
+    if "\\begin" not in content and re.search(r"\\\\(?![A-Za-z])", content):
+        return f"the boxed answer holds two lines ({content[:40]!r}): two answers, scored 0"
+    if not one_value:
+        return None
+    problem = _not_one_value(content)
+    if problem is not None:
+        return f"the boxed answer {problem} ({content[:40]!r}): scored 0"
+    flat = _COMMAND_NAME.sub(" ", content)
+    rest = response[end + 1 : end + 1 + _REGION_CHARS].split("\n", 1)[0]
+    region = (flat + rest).replace("{", " ").replace("}", " ")
+    for pattern in _HEDGES:
+        m = pattern.match(region.strip())
+        if m and not _same_candidate(m.group(1), m.group(2)):
+            return f"the answer hedges between {m.group(1)!r} and {m.group(2)!r}: scored 0"
+    return None
+
+
 def _same_candidate(a: str, b: str) -> bool:
     """`5` and `x = 5.0` are one candidate; different text is two."""
 
@@ -171,17 +368,19 @@ def _same_candidate(a: str, b: str) -> bool:
 # ---- sympy (worker only) -----------------------------------------------------------------------
 
 
-def too_large(expr: Any, budget: int = 5000) -> bool:
-    """Whether evaluating `expr` may need numbers beyond 10**MAX_DIGITS (or it is too big to look
-    at: more than `budget` nodes). Cheap: bounds log10 of each numeric node without evaluating."""
+def log10_bound(expr: Any, budget: int = 5000, exponent_digits: float = 6.0) -> float:
+    """An upper bound of log10 of the magnitude of `expr`'s value (inf when it is unbounded: an
+    exponent beyond 10**exponent_digits, a product of 10**4 factors or more, a factorial of more
+    than a million, more than `budget` nodes). Cheap: bounds each numeric node without evaluating.
+    Raises RecursionError (too deep) and whatever a node it does not know raises."""
+    import math
+
+    import sympy
+
     nodes = [0]
 
-    def log10_bound(e: Any) -> float:
+    def bound(e: Any) -> float:
         """An upper bound of log10|value| of a numeric node (0 for symbols); inf when unbounded."""
-        import math
-
-        import sympy
-
         nodes[0] += 1
         if nodes[0] > budget:
             return math.inf
@@ -189,13 +388,13 @@ def too_large(expr: Any, budget: int = 5000) -> bool:
             whole = abs(int(e))
             return math.log10(whole) if 0 < whole < 10**50 else whole.bit_length() * 0.302
         if isinstance(e, sympy.Rational):
-            return max(log10_bound(sympy.Integer(e.p)), log10_bound(sympy.Integer(e.q)))
+            return max(bound(sympy.Integer(e.p)), bound(sympy.Integer(e.q)))
         if isinstance(e, sympy.Float):  # mantissa * 2**exponent, bc bits of mantissa
             _sign, _man, exponent, bits = e._mpf_
             return float(abs(exponent + bits) * 0.302 + 1)
         if isinstance(e, sympy.Pow):
-            base, exp = log10_bound(e.base), log10_bound(e.exp)
-            if exp > 6:  # an exponent beyond a million
+            base, exp = bound(e.base), bound(e.exp)
+            if exp > exponent_digits:
                 return math.inf
             try:
                 power = abs(float(e.exp)) if e.exp.is_number else 10.0**exp
@@ -203,24 +402,129 @@ def too_large(expr: Any, budget: int = 5000) -> bool:
                 power = 10.0**exp
             return max(base, 0.302) * max(power, 1.0)  # a symbol's base counts as 2
         if isinstance(e, sympy.Product | sympy.Sum):  # a product of 10**4 factors or more
-            count = max(log10_bound(bound) for limit in e.limits for bound in limit[1:])
-            term = log10_bound(e.function)
+            count = max(bound(limit) for limits in e.limits for limit in limits[1:])
+            term = bound(e.function)
             return math.inf if count > 4 and isinstance(e, sympy.Product) else 10.0**count * (term + 1)
         if isinstance(e, sympy.factorial | sympy.factorial2 | sympy.gamma | sympy.binomial):
-            arg = log10_bound(e.args[0])
+            arg = bound(e.args[0])
             return math.inf if arg > 6 else 10.0**arg * max(arg, 1.0)
         args = getattr(e, "args", ())
         if not args:
             return 0.0
-        bounds = [log10_bound(a) for a in args]
+        bounds = [bound(a) for a in args]
         return sum(bounds) + 1 if isinstance(e, sympy.Mul) else max(bounds) + 1
 
+    return bound(expr)
+
+
+def too_large(expr: Any, budget: int = 5000) -> bool:
+    """Whether evaluating `expr` exactly may need numbers beyond 10**MAX_DIGITS (or it is too big to
+    look at: more than `budget` nodes): math-verify is not given it (decide_large is)."""
     try:
-        return log10_bound(expr) > MAX_DIGITS
+        return log10_bound(expr, budget) > MAX_DIGITS
     except RecursionError:
         return True
     except Exception:  # a node this bound does not know: the worker's timeout still bounds it
         return False
+
+
+EXACT_DIGITS = 100  # a number beyond 10**EXACT_DIGITS is compared by decide_large, not math-verify
+
+
+def for_decide_large(expr: Any) -> bool:
+    """Whether `expr` goes to decide_large: too large for math-verify, or a number (no variables)
+    beyond 10**EXACT_DIGITS, which math-verify's simplify compares slowly (seconds against `0` for
+    NeMo Gym's `(2+\\sqrt{3})^{2016}` row) and decide_large exactly in milliseconds."""
+    import sympy
+
+    if too_large(expr):
+        return True
+    if not isinstance(expr, sympy.Expr) or expr.free_symbols:
+        return False
+    try:
+        return log10_bound(expr) > EXACT_DIGITS
+    except Exception:  # a node the bound does not know: math-verify's, as before
+        return False
+
+
+MAX_MAGNITUDE = 1e15  # decide_large evaluates values below 10**MAX_MAGNITUDE (to a few digits)
+MAX_COMPARE_DIGITS = 100_000  # and compares values of up to this many digits to the unit
+DECIMALS = 6  # math-verify's rule: numbers are equal to six decimal places
+
+
+def decide_large(gold: Any, pred: Any) -> tuple[bool | None, str]:
+    """Whether two values too large for math-verify are equal, decided exactly within a bound:
+    (True | False, how) or (None, why nothing could decide). Runs in the worker, under its timeout.
+
+    The same expression is equal. Two numbers are evaluated to a few digits first (sympy's
+    adaptive evalf, strict: an evaluation that loses its precision decides nothing): different
+    magnitudes are different values. Numbers of the same magnitude are evaluated to every digit
+    of their integer part and DECIMALS more (at most MAX_COMPARE_DIGITS digits), and are equal when
+    they agree to DECIMALS decimal places and to a relative REL_TOL: the rule math-verify applies
+    to smaller numbers, so `x + 1` never equals `x` however large `x` is. What has free symbols,
+    is not a number (a set, a relation), is beyond 10**MAX_MAGNITUDE or needs more digits is
+    undecided (None)."""
+    import math
+
+    import mpmath
+    import sympy
+
+    if gold == pred:
+        return True, "the same expression"
+    if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
+        return None, "a value too large to evaluate inside a set, relation or matrix"
+    if gold.free_symbols or pred.free_symbols:
+        return None, "an expression with variables too large to expand"
+    try:
+        if max(log10_bound(gold, exponent_digits=15), log10_bound(pred, exponent_digits=15)) > MAX_MAGNITUDE:
+            return (
+                None,
+                "a value too large to evaluate (a tower of powers, a factorial or product beyond bounds)",
+            )
+        magnitudes = [_log10_magnitude(x.evalf(15, strict=True)) for x in (gold, pred)]
+        if magnitudes[0] is None or magnitudes[1] is None:
+            same = magnitudes[0] is magnitudes[1]
+            return same, "both are 0" if same else "one is 0, the other is not"
+        low, high = sorted(magnitudes)  # type: ignore[type-var]
+        assert low is not None and high is not None
+        if high - low > 1:
+            return False, f"their magnitudes differ (~10^{low:.0f} and ~10^{high:.0f})"
+        digits = max(math.ceil(high), 0) + DECIMALS + 30
+        if digits > MAX_COMPARE_DIGITS:
+            return (
+                None,
+                f"values of ~10^{high:.0f} are not compared to the unit (over {MAX_COMPARE_DIGITS} digits)",
+            )
+        with mpmath.workdps(digits + 10):
+            a = _complex(gold.evalf(digits, strict=True))
+            b = _complex(pred.evalf(digits, strict=True))
+            diff, scale = abs(a - b), max(abs(a), abs(b))
+            equal = diff < mpmath.mpf(10) ** -DECIMALS / 2 and diff <= REL_TOL * scale
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as exc:  # PrecisionExhausted too
+        return None, f"the values cannot be evaluated ({type(exc).__name__})"
+    return bool(equal), f"compared to {DECIMALS} decimal places at {digits} digits"
+
+
+def _complex(value: Any) -> Any:
+    """An evalf result as an mpmath complex at mpmath's working precision (ValueError when it did
+    not evaluate to a number)."""
+    import mpmath
+
+    re, im = value.as_real_imag()
+    if not (re.is_Number and im.is_Number):
+        raise ValueError("not a number")
+    bits = mpmath.mp.prec
+    return mpmath.mpc(mpmath.mpf(re._as_mpf_val(bits)), mpmath.mpf(im._as_mpf_val(bits)))
+
+
+def _log10_magnitude(value: Any) -> float | None:
+    """log10 of |value| (a number evalf gave), None when it is 0."""
+    import mpmath
+
+    z = _complex(value)
+    if z == 0:
+        return None
+    return float(mpmath.log10(abs(z)))
 
 
 _installed = False

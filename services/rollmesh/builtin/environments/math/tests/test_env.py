@@ -87,8 +87,9 @@ async def test_example_rows() -> None:
 
 
 async def test_an_answer_too_large_to_check_is_not_sent_to_the_judge() -> None:
-    """The judge is a second opinion on answers the symbolic check rejected; one refused before
-    evaluation (too large) scores 0 with its reason, and no judge is asked (a gateway is not needed)."""
+    """The judge is a second opinion on answers the symbolic check rejected; a value too large for
+    math-verify is decided exactly (here: its magnitude differs), scores 0 with its reason, and no
+    judge is asked (a gateway is not needed)."""
     async with load_env(HERE) as env:
         r = await check(
             env, task("5", verifier_metadata={"use_judge": True}), answer("\\boxed{10^{10^{10}}}")

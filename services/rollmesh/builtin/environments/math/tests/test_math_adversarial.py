@@ -5,7 +5,9 @@ through the worker pool as the verifier runs them; a failure lists every payload
 Classes: numbers compared relatively, intervals never equal to finite sets, equation references
 answered by equations, false equations as answers, multiple choice, forms math-verify missed
 (digit groups, Unicode symbols, repeating decimals, set vs inequality), hedged answers, unbounded
-answers."""
+answers. Round three (issue 38): boxes that are not one answer (a hedge inside, an operator
+around, two lines, what math-verify reads only in part), Unicode forms (fullwidth digits, dashes,
+superscripts), and values too large for math-verify decided exactly or named undecided."""
 
 import time
 from collections.abc import AsyncIterator
@@ -255,7 +257,8 @@ UNBOUNDED = [
 
 async def test_an_unbounded_answer_is_a_0_with_a_reason_not_a_timeout(env: Environment) -> None:
     """`\\boxed{10^{10^{10}}}` made math-verify compute for minutes: CHECK_TIMEOUT, retried, so a
-    policy traded a 0 for a dropped sample. It is refused before evaluation: 0, and why."""
+    policy traded a 0 for a dropped sample. It is never evaluated exactly: decided by its magnitude
+    or named undecided, 0 and why."""
     got = await scores(env, [("5", text) for text in UNBOUNDED])
     bad = {case: r for case, r in got.items() if r[0] != 0.0 or "too large" not in str(r[1])}
     assert not bad, bad
@@ -285,3 +288,124 @@ async def test_the_rules_read_a_hostile_text_in_one_pass(env: Environment) -> No
             r = await check(env, task(expected), answer(text))
             assert r.reward == 0.0 and not r.details.get("timed_out"), (expected, text[:30], r.details)
             assert time.monotonic() - started < 8.0, (expected, text[:30])  # generous: a loaded host
+
+
+# Round three (issue 38). For a reference that is one value, the boxed answer must be one value,
+# read whole: each of these was read as 3 or 4 (math-verify turned `or` into a comma, or dropped a
+# command it did not know and read what was left), or the box was only part of the answer.
+BOX_NOT_ONE_ANSWER = [
+    ("3", "\\boxed{3 \\text{ (or } 4)}"),
+    ("4", "\\boxed{3 \\text{ (or } 4)}"),
+    ("3", "\\boxed{3} (or \\boxed{4} if rounding up)"),
+    ("4", "\\boxed{3} (or \\boxed{4} if rounding up)"),
+    ("3", "\\boxed{3 \\\\ 4}"),
+    ("4", "\\boxed{3 \\\\ 4}"),
+    ("3", "\\boxed{3}^2"),
+    ("3", "\\boxed{3}²"),
+    ("3", "\\boxed{3}+1"),
+    ("3", "\\boxed{3} \\cdot 2"),
+    ("3", "\\boxed{3}\\times 10^{-2}"),
+    ("3", "-\\boxed{3}"),
+    ("3", "2\\boxed{3}"),
+    ("9", "\\sqrt{\\boxed{9}}"),
+    ("3", "\\frac{1}{\\boxed{3}}"),
+    ("2", "10^{\\boxed{2}}"),
+    ("3", "\\boxed{3}, or possibly 4"),
+    ("4", "\\boxed{3} (or 4)"),
+    ("4", "\\boxed{3 \\text{ maybe } 4}"),
+    ("4", "\\boxed{3 \\text{ and maybe } 4}"),
+    ("3", "\\boxed{3 \\text{ if } n \\text{ is odd}}"),
+    ("4", "\\boxed{3 \\hbox{or} 4}"),
+    ("4", "\\boxed{3 \\operatorname{or} 4}"),
+    ("4", "\\boxed{\\text{3 or 4}}"),
+    ("4", "\\boxed{3 \\lor 4}"),
+    ("4", "\\boxed{3 \\mid 4}"),
+    ("4", "\\boxed{3 | 4}"),
+    ("4", "\\boxed{3 \\to 4}"),
+    ("4", "\\boxed{3 \\unknowncmd 4}"),
+    ("7", "\\boxed{3 4}"),
+    ("7", "\\boxed{3 \\quad 4}"),
+    ("7", "\\boxed{\\{3\\} 4}"),
+    ("4", "$3 \\lor 4$"),
+    ("4", "The answer is $x = 3 \\mid 4$."),
+    ("4", "\\(3 \\unknowncmd 4\\)"),
+]
+# One answer in forms the checks above must not refuse.
+BOX_ONE_ANSWER = [
+    ("5", "\\boxed{5} cm"),
+    ("5", "$x = \\boxed{5}$"),
+    ("5", "Answer:\n- \\boxed{5}"),
+    ("5", "**Answer:** \\boxed{5}"),
+    ("5", "So it is \\boxed{5}!"),
+    ("5", "\\boxed{5 \\text{ cm}}"),
+    ("5", "\\boxed{5}\n\nThere are 3 or 4 cases to check."),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}"),
+    ("3, 4", "\\boxed{3 \\text{ or } 4}"),  # the reference lists two: not a hedge
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}} (or equivalently 0.5)"),
+    ("\\frac{\\sqrt{3}}{2}", "\\boxed{\\dfrac{\\sqrt{3}}{2}}"),
+    ("3", "\\boxed{|-3|}"),
+    ("90", "\\boxed{90^\\circ}"),
+    ("1000", "\\boxed{1\\,000}"),
+    ("5", "$\\therefore x = 5$"),
+]
+UNICODE_RIGHT = [
+    ("3", "３"),
+    ("3", "The answer is ３."),
+    ("3", "3."),
+    ("8", "2³"),
+    ("8", "\\boxed{2³}"),
+    ("x^2", "x²"),
+    ("-3", "–3"),
+    ("-3", "\\boxed{–3}"),
+    ("-3", "\\boxed{－３}"),
+    ("30", "\\boxed{3\u200b0}"),
+    ("\\frac{1}{1000}", "\\boxed{10⁻³}"),
+]
+UNICODE_WRONG = [("3", "–3"), ("3", "2³"), ("23", "2³"), ("3", "\\boxed{3\u200b0}")]
+
+
+async def test_a_box_that_is_not_one_answer_scores_0_with_the_reason(env: Environment) -> None:
+    got = await scores(env, BOX_NOT_ONE_ANSWER)
+    bad = {case: r for case, r in got.items() if r[0] != 0.0 or not r[1] or r[1] == "not equivalent"}
+    assert not bad, bad  # each refused by name, not by luck of the comparison
+    await assert_all(env, BOX_ONE_ANSWER, 1.0)
+
+
+async def test_unicode_digits_dashes_and_superscripts_are_read(env: Environment) -> None:
+    await assert_all(env, UNICODE_RIGHT, 1.0)
+    await assert_all(env, UNICODE_WRONG, 0.0)
+
+
+# NeMo Gym 0.7.0's math_with_judge example_rollouts.jsonl, row 2: a value of ~10^1152 that
+# math-verify needs >5 s of sympy to match. Too large to evaluate is not wrong: decided exactly.
+NEMO_GOLD = "\\frac{(3-\\sqrt{3})(2-\\sqrt{3})^{2016}+(3+\\sqrt{3})(2+\\sqrt{3})^{2016}}{6}"
+NEMO_ANSWER = "\\frac{(1+\\sqrt{3})^{4033}-(1-\\sqrt{3})^{4033}}{2^{2017}\\sqrt{3}}"
+LARGE_RIGHT = [
+    (NEMO_GOLD, f"\\boxed{{{NEMO_ANSWER}}}"),
+    (NEMO_GOLD, f"\\boxed{{{NEMO_GOLD}}}"),
+    ("10^{10^{10}}", "\\boxed{10^{10^{10}}}"),
+]
+LARGE_WRONG = [  # decided: not one digit of the integer part, nor the sixth decimal, may differ
+    (NEMO_GOLD, f"\\boxed{{{NEMO_ANSWER} + 1}}"),
+    (NEMO_GOLD, f"\\boxed{{{NEMO_ANSWER} + 10^{{-5}}}}"),
+    (NEMO_GOLD, f"\\boxed{{2 \\cdot {NEMO_ANSWER}}}"),
+    (NEMO_GOLD, "\\boxed{0}"),
+    ("5", "\\boxed{10^{10^{10}}}"),
+    ("5", "\\boxed{9^{9^{9}}}"),
+]
+LARGE_UNDECIDED = [  # nothing here decides them in bounds: a named outcome, never a silent 0
+    ("10^{10^{10}}", "\\boxed{10^{10^{10}} + 1}"),
+    ("5", "\\boxed{2^{2^{2^{2^{2^{2}}}}}}"),
+    ("x^{10^{9}}", "\\boxed{x^{10^{9}} + 1}"),
+]
+
+
+async def test_too_large_for_math_verify_is_decided_exactly_or_named_undecided(env: Environment) -> None:
+    await assert_all(env, LARGE_RIGHT, 1.0)
+    got = await scores(env, LARGE_WRONG)
+    bad = {case: r for case, r in got.items() if r[0] != 0.0 or "decided exactly" not in str(r[1])}
+    assert not bad, bad
+    for expected, text in LARGE_UNDECIDED:
+        r = await check(env, task(expected), answer(text))
+        assert r.reward == 0.0 and r.details.get("undecided") is True, (expected, text, r.details)
+        assert r.details["reason"].startswith("undecided"), r.details
