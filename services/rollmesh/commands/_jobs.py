@@ -252,13 +252,19 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
 
 
 def _argv(command: str) -> list[str]:
-    """--agent-program's argv as it means here: the command found on this PATH, and each argument
-    naming an existing file made absolute (the scheduler runs the program in a folder of its own,
-    with its own PATH)."""
+    """--agent-program's argv as it means here: the command found on this PATH (a pyenv shim: the
+    interpreter it runs here, mesh/confine.py `resolve_shim`), and each argument naming an existing
+    file made absolute (the scheduler runs the program in a folder of its own, with its own PATH)."""
+    from rollmesh.mesh.confine import ShimUnresolved, resolve_shim
+
     try:
         argv = shlex.split(command)
     except ValueError as exc:
         raise typer.BadParameter(f"--agent-program {command!r} is not a command line: {exc}") from None
+    try:
+        argv = resolve_shim(argv)
+    except ShimUnresolved as exc:
+        raise typer.BadParameter(f"--agent-program: {exc}") from None
     if argv and os.sep not in argv[0]:
         argv[0] = shutil.which(argv[0]) or argv[0]
     return [os.path.abspath(a) if not a.startswith("-") and Path(a).is_file() else a for a in argv]

@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,61 @@ def read_mode(path: Path) -> str:
     except FileNotFoundError:
         return LIMITS_MODE
     return "+".join(h for h in _KNOWN if h in held) or LIMITS_MODE
+
+
+class ShimUnresolved(ValueError):
+    """A command that is a version manager's shim (pyenv) whose interpreter could not be found."""
+
+
+def _pyenv_root(exe: str) -> Path | None:
+    """The pyenv root when `exe` is one of its shims (`<root>/shims/<name>`, a script that execs
+    `<root>/libexec/pyenv exec`), else None."""
+    path = Path(exe)
+    root = path.parent.parent
+    if path.parent.name != "shims" or not (root / "libexec" / "pyenv").is_file():
+        return None
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    return root if b"libexec/pyenv" in head and b" exec " in head else None
+
+
+def resolve_shim(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """`argv` with a pyenv shim as its command (`python` on a PATH where pyenv's shims come first)
+    replaced by the interpreter that shim runs here (`pyenv which`, in this folder and `env`: the
+    version PYENV_VERSION, a .python-version or the global one names). A shim cannot run confined:
+    it execs pyenv's own files, which a program's mount namespace does not show, and it picks its
+    version from the folder it runs in. Raises ShimUnresolved, saying what to pass instead, when
+    pyenv names no interpreter. Blocking (runs pyenv): call it off the loop."""
+    if not argv:
+        return []
+    environ = dict(os.environ if env is None else env)
+    found = shutil.which(argv[0], path=environ.get("PATH"))
+    root = _pyenv_root(os.path.abspath(found)) if found else None
+    if root is None:
+        return list(argv)
+    name = Path(str(found)).name
+    try:
+        done = subprocess.run(
+            [str(root / "libexec" / "pyenv"), "which", name],
+            capture_output=True,
+            text=True,
+            env={**environ, "PYENV_ROOT": str(root)},
+            timeout=60,
+            check=False,
+        )
+        said, real = (done.stderr.strip().splitlines() or [""])[0], done.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        said, real = str(exc), ""
+    if not real or not os.path.isfile(real):
+        raise ShimUnresolved(
+            f"{argv[0]!r} is a pyenv shim ({found}) and `pyenv which {name}` names no interpreter "
+            f"here ({said or 'no output'}): pass an interpreter's path instead of {argv[0]!r}, such as "
+            f"a virtualenv's bin/{name} or what `pyenv which {name}` prints where your program runs"
+        )
+    return [real, *argv[1:]]
 
 
 def program_paths(argv: Sequence[str], path_env: str | None = None) -> list[str]:

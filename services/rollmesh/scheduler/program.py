@@ -65,7 +65,16 @@ from urllib.parse import urlsplit
 
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.children import kill_group
-from rollmesh.mesh.confine import LIMITS_MODE, Confinement, UidLeases, command, program_paths, read_mode
+from rollmesh.mesh.confine import (
+    LIMITS_MODE,
+    Confinement,
+    ShimUnresolved,
+    UidLeases,
+    command,
+    program_paths,
+    read_mode,
+    resolve_shim,
+)
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.agent import (
     AgentOutcome,
@@ -450,7 +459,11 @@ async def _run(
     t0 = time.monotonic()
     mode_file = base / "sandbox"
     environment = _environment(program, work, variables)
-    readable = await asyncio.to_thread(program_paths, program.argv, environment.get("PATH"))
+    try:
+        argv = await asyncio.to_thread(_resolved_argv, program.argv, environment.get("PATH", ""))
+    except ShimUnresolved as exc:
+        raise AgentProgramUnstartable(str(exc)) from None
+    readable = await asyncio.to_thread(program_paths, argv, environment.get("PATH"))
     confinement = Confinement(
         rlimits=program.rlimits,
         uid=uid,
@@ -461,7 +474,7 @@ async def _run(
     )
     try:
         proc = await asyncio.create_subprocess_exec(
-            *command(program.argv, confinement, mode_file),
+            *command(argv, confinement, mode_file),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -495,6 +508,13 @@ async def _run(
         run.seconds = time.monotonic() - t0
     run.sandbox = await asyncio.to_thread(read_mode, mode_file)
     return run
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved_argv(argv: tuple[str, ...], path: str) -> tuple[str, ...]:
+    """`argv` with a pyenv shim resolved (mesh/confine.py `resolve_shim`: a job submitted over the
+    API may name one; `rollmesh run` resolves it where it runs), once per job's command."""
+    return tuple(resolve_shim(argv, {**os.environ, "PATH": path}))
 
 
 def _read_answer(path: Path) -> str | None:
