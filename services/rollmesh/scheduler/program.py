@@ -12,7 +12,10 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
    the job's `program_env`; never ROLLMESH_API_KEY):
        OPENAI_BASE_URL, OPENAI_API_KEY   the capture (every call through it is recorded)
        ROLLMESH_TASK_FILE                the task (also on stdin): {"messages", "tools", "task",
-                                         "max_steps", "tools_url", "answer_file"}
+                                         "max_steps", "tools_url", "answer_file"}; "task" is
+                                         `public_task`: the prompt and the fields the environment
+                                         marks public, never the gold (the dataset file and the
+                                         output folder are hidden too: `ProgramSpec.hidden`)
        ROLLMESH_TOOLS_URL                the environment's tools (GET lists, POST <url>/call runs one)
        ROLLMESH_ANSWER_FILE              where the program may write its answer
        ROLLMESH_MODEL                    the job's model name (the capture uses it whatever is sent)
