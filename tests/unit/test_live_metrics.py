@@ -38,12 +38,16 @@ async def test_a_paused_gateway_counts_waiting_generations_and_their_queueing_ti
     await gw.start()
     before = queued_count("queued-m")
     gw.pause("queued-m")
-    waiting = {n: v for n, labels, v in gateway_telemetry._read(gw) if n.endswith("_waiting")}
+    waiting = {n: v for n, labels, v in gateway_telemetry.samples(gw.live_models()) if n.endswith("_waiting")}
     assert waiting == {"rollmesh_gateway_generations_waiting": 0.0}
     job = asyncio.ensure_future(gw.generate(GenerateInput(messages=(Message("user", "hi"),))))
 
     def waiting_now() -> float:
-        (m,) = [v for n, _, v in gateway_telemetry._read(gw) if n == "rollmesh_gateway_generations_waiting"]
+        (m,) = [
+            v
+            for n, _, v in gateway_telemetry.samples(gw.live_models())
+            if n == "rollmesh_gateway_generations_waiting"
+        ]
         return m
 
     await until(lambda: waiting_now() == 1.0)
@@ -70,7 +74,9 @@ class Down(Slow):
 
 
 def live(svc: VerifierService) -> dict[tuple[str, str], float]:
-    return {(n, labels.get("environment", "")): v for n, labels, v in verifier_telemetry._read(svc)}
+    return {
+        (n, labels.get("environment", "")): v for n, labels, v in verifier_telemetry.samples(svc.live_state())
+    }
 
 
 async def test_the_verifier_reports_each_environment_up_its_restarts_and_its_worker_queue(

@@ -277,11 +277,22 @@ class Gateway:
         self._factory = backend_factory
         staging = Path(cfg.weights_staging_dir or tempfile.gettempdir())
         self.uploads = WeightUploads(staging / "rollmesh-weights")
-        telemetry.LIVE.watch(self)  # in flight, held, policy version: read at scrape time
+        telemetry.LIVE.watch(self.live_models)  # in flight, held, policy version: read at scrape time
 
-    def live_models(self) -> list[_Model]:
-        """The models and routes served now (a copy: the metrics endpoint's thread reads it)."""
-        return list(self._models.values())
+    def live_models(self) -> list[telemetry.ModelNow]:
+        """The models and routes served now, as a metrics scrape reads them (on the endpoint's
+        thread: copies only)."""
+        return [
+            telemetry.ModelNow(
+                m.name,
+                len(m.generating),
+                dict(m.in_flight),
+                not m.running.is_set(),
+                m.waiting,
+                m.policy_version,
+            )
+            for m in list(self._models.values())
+        ]
 
     async def start(self) -> None:
         await asyncio.gather(*(m.backend.start() for m in self._models.values()))

@@ -1,8 +1,8 @@
 """The gateway's Prometheus metrics (mesh/metrics.py serves them): generations by model and finish
 reason, their time, time to first token and time held at the pause gate (queueing), tokens in and
-out, weight updates; read at scrape time off the live gateways: generations in flight per model and
-per replica, waiting at the pause gate, held (paused) or not, and the policy version each model
-serves.
+out, weight updates; read at scrape time off the live gateways (each registers its `live_models`,
+which returns `ModelNow`s): generations in flight per model and per replica, waiting at the pause
+gate, held (paused) or not, and the policy version each model serves.
 
 Labels are bounded: a served model or route (at most `max_routes` of them), a finish reason (an
 unknown word counted as `other`), a replica id. Never a request or session id.
@@ -11,15 +11,12 @@ unknown word counted as `other`), a replica id. Never a request or session id.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
-
-if TYPE_CHECKING:
-    from rollmesh.gateway.core import Gateway
+from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
 
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "abort", "error", "repetition", "unknown"})
 
@@ -94,14 +91,26 @@ _LIVE_DOCS = {
 }
 
 
-def _read(gateway: Gateway) -> Iterator[tuple[str, dict[str, str], float]]:
-    for m in gateway.live_models():
-        yield "rollmesh_gateway_generations_in_flight", {"model": m.name}, float(len(m.generating))
-        for replica, n in list(m.in_flight.items()):
+@dataclass(frozen=True, slots=True)
+class ModelNow:
+    """One served model or route as a scrape reads it."""
+
+    name: str
+    generating: int  # past the pause gate
+    in_flight: Mapping[str, int]  # by replica
+    held: bool  # paused, or a weight update
+    waiting: int  # at the pause gate
+    policy_version: str
+
+
+def samples(models: Sequence[ModelNow]) -> Iterator[Sample]:
+    for m in models:
+        yield "rollmesh_gateway_generations_in_flight", {"model": m.name}, float(m.generating)
+        for replica, n in m.in_flight.items():
             yield "rollmesh_gateway_replica_generations_in_flight", {"model": m.name, "replica": replica}, n
-        yield "rollmesh_gateway_generations_held", {"model": m.name}, 0.0 if m.running.is_set() else 1.0
+        yield "rollmesh_gateway_generations_held", {"model": m.name}, 1.0 if m.held else 0.0
         yield "rollmesh_gateway_generations_waiting", {"model": m.name}, float(m.waiting)
         yield "rollmesh_gateway_policy_version", {"model": m.name}, _version(m.policy_version)
 
 
-LIVE = LiveCollector(_read, _LIVE_DOCS, newest=frozenset({"rollmesh_gateway_policy_version"}))
+LIVE = LiveCollector(samples, _LIVE_DOCS, newest=frozenset({"rollmesh_gateway_policy_version"}))

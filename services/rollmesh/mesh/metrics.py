@@ -15,6 +15,7 @@ itself is off unless asked for (ROLLMESH_METRICS_PORT, `rollmesh serve ... --met
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
@@ -99,29 +100,38 @@ def record_item(item: str, code: str, start: float) -> None:
 
 
 S = TypeVar("S")
+Sample = tuple[str, dict[str, str], float]
+"""A gauge's family name, its labels and its value."""
 
 
 class LiveCollector(Collector, Generic[S]):
-    """Gauges read off live objects at scrape time (jobs by state, the concurrency in use): one
-    collector per metric family set, registered once; the objects it reads are held weakly, so a
-    scheduler or gateway made in a test and dropped stops being read. `read(obj)` runs on the
-    endpoint's thread: it may only read attributes (never await, never mutate)."""
+    """Gauges read at scrape time off live objects (jobs by state, the concurrency in use): one
+    collector per metric family set, registered once. A service registers a callback, a bound
+    method that returns a snapshot of its state (`LIVE.watch(self.live_jobs)`); `samples(snapshot)`,
+    the telemetry module's, turns it into gauges. So a service's telemetry never imports the service
+    it reads. The service is held weakly: one made in a test and dropped stops being read. The
+    callback runs on the endpoint's thread: it may only read attributes (never await, never
+    mutate)."""
 
     def __init__(
         self,
-        read: Callable[[S], Iterable[tuple[str, dict[str, str], float]]],
+        samples: Callable[[S], Iterable[Sample]],
         docs: dict[str, str],
         *,
         newest: frozenset[str] = frozenset(),
     ):
-        self._read = read
+        self._samples = samples
         self._docs = docs
         self._newest = newest  # families that are not amounts (a version): the largest, not the sum
-        self._objects: weakref.WeakSet[Any] = weakref.WeakSet()
+        # The service -> its callback's function (unbound: a bound method would keep it alive).
+        self._sources: weakref.WeakKeyDictionary[object, Callable[[object], S]] = weakref.WeakKeyDictionary()
         REGISTRY.register(self)
 
-    def watch(self, obj: S) -> None:
-        self._objects.add(obj)
+    def watch(self, snapshot: Callable[[], S]) -> None:
+        """Read `snapshot()` at every scrape while its object lives; `snapshot` is a bound method."""
+        if not inspect.ismethod(snapshot):
+            raise TypeError(f"LiveCollector.watch takes a bound method (held weakly), not {snapshot!r}")
+        self._sources[snapshot.__self__] = snapshot.__func__
 
     def _combine(self, name: str, seen: float | None, value: float) -> float:
         """Several objects with the same labels (a process that made more than one): the sum of
@@ -138,8 +148,8 @@ class LiveCollector(Collector, Generic[S]):
     def collect(self) -> Iterator[Metric]:
         families: dict[str, GaugeMetricFamily] = {}
         values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for obj in list(self._objects):
-            for name, labelled, value in self._read(obj):
+        for obj, snapshot in list(self._sources.items()):
+            for name, labelled, value in self._samples(snapshot(obj)):
                 key = (name, tuple(sorted(labelled.items())))
                 values[key] = self._combine(name, values.get(key), value)
         for (name, labels), value in values.items():

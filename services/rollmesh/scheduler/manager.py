@@ -250,11 +250,20 @@ class JobManager:
         self._tasks = TaskSet()
         self._submit_lock = asyncio.Lock()
         self._disk_counts: dict[Path, tuple[tuple[int, ...], store.OnDisk]] = {}
-        telemetry.LIVE.watch(self)  # jobs by state, in flight, concurrency: read at scrape time
+        telemetry.LIVE.watch(self.live_jobs)  # jobs by state, in flight, concurrency: read at scrape time
 
-    def live_jobs(self) -> list[JobRecord]:
-        """The jobs held in memory now (a copy: the metrics endpoint's thread reads it)."""
-        return list(self._jobs.values())
+    def live_jobs(self) -> list[telemetry.JobNow]:
+        """The jobs held in memory now, as a metrics scrape reads them (on the endpoint's thread:
+        copies only)."""
+        jobs = []
+        for rec in list(self._jobs.values()):
+            run = rec.run
+            if run is None or rec.finished:
+                jobs.append(telemetry.JobNow(rec.state))
+                continue
+            waiting = (*run.outages.down, *(("sink",) if run.sink.waiting() else ()))
+            jobs.append(telemetry.JobNow(rec.state, True, run.in_flight, run.limiter.limit, waiting))
+        return jobs
 
     # ---- submit -------------------------------------------------------------------------------
 

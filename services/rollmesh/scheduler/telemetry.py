@@ -1,7 +1,8 @@
 """The scheduler's Prometheus metrics (mesh/metrics.py serves them): rollouts done by outcome and
 failed by error class, retries, sink writes (and how long a write waited: the sink's backpressure)
-and a trainer's acknowledgements; read at scrape time off the live JobManagers: jobs by state,
-rollouts in flight, the concurrency limit, and what running jobs wait on.
+and a trainer's acknowledgements; read at scrape time off the live JobManagers (each registers its
+`live_jobs`, which returns `JobNow`s): jobs by state, rollouts in flight, the concurrency limit, and
+what running jobs wait on.
 
 Labels are bounded: an outcome, an error class (a status reason), a sink kind, a job state, a
 service. Never a job id or a rollout key (a job's own numbers are in its metrics.json).
@@ -9,15 +10,12 @@ service. Never a job id or a rollout key (a job's own numbers are in its metrics
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
-
-if TYPE_CHECKING:
-    from rollmesh.scheduler.manager import JobManager
+from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
 
 ROLLOUTS_DONE = Counter(
     "rollmesh_scheduler_rollouts_done",
@@ -79,18 +77,27 @@ _LIVE_DOCS = {
 }
 
 
-def _read(manager: JobManager) -> Iterator[tuple[str, dict[str, str], float]]:
-    for rec in manager.live_jobs():
-        yield "rollmesh_scheduler_jobs", {"state": rec.state}, 1.0
-        run = rec.run
-        if run is None or rec.finished:
+@dataclass(frozen=True, slots=True)
+class JobNow:
+    """One job held in memory as a scrape reads it; `running` is False for a job not yet running or
+    finished (then the other fields are not read)."""
+
+    state: str
+    running: bool = False
+    in_flight: int = 0
+    limit: int = 0
+    waiting_on: tuple[str, ...] = ()  # services counted down, and `sink` while its sink waits
+
+
+def samples(jobs: Sequence[JobNow]) -> Iterator[Sample]:
+    for job in jobs:
+        yield "rollmesh_scheduler_jobs", {"state": job.state}, 1.0
+        if not job.running:
             continue
-        yield "rollmesh_scheduler_rollouts_in_flight", {}, float(run.in_flight)
-        yield "rollmesh_scheduler_concurrency_limit", {}, float(run.limiter.limit)
-        for service in run.outages.down:
-            yield "rollmesh_scheduler_jobs_waiting", {"on": service}, 1.0
-        if run.sink.waiting():
-            yield "rollmesh_scheduler_jobs_waiting", {"on": "sink"}, 1.0
+        yield "rollmesh_scheduler_rollouts_in_flight", {}, float(job.in_flight)
+        yield "rollmesh_scheduler_concurrency_limit", {}, float(job.limit)
+        for on in job.waiting_on:
+            yield "rollmesh_scheduler_jobs_waiting", {"on": on}, 1.0
 
 
-LIVE = LiveCollector(_read, _LIVE_DOCS)
+LIVE = LiveCollector(samples, _LIVE_DOCS)

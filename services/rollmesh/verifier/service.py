@@ -207,7 +207,7 @@ class VerifierService:
         )
         self._tasks = TaskSet()
         self._started = False
-        telemetry.LIVE.watch(self)  # sessions open: read at scrape time
+        telemetry.LIVE.watch(self.live_state)  # sessions open, environments up: read at scrape time
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -291,10 +291,20 @@ class VerifierService:
             f"no environment named {name!r}; loaded: {known}", metadata={"environment": name}
         )
 
-    def live_environments(self) -> tuple[list[Loaded], list[str]]:
-        """The loaded environments and the names of those that failed to load (copies: the metrics
-        endpoint's thread reads them)."""
-        return list(self._loaded.values()), list(self._broken)
+    def live_state(self) -> telemetry.VerifierNow:
+        """Sessions open and the environments, as a metrics scrape reads them (on the endpoint's
+        thread: copies only)."""
+        loaded = tuple(
+            telemetry.EnvironmentNow(
+                item.name,
+                not item.env.problem(),
+                item.env.server_restarts(),
+                item.env.context.workers.waiting,
+                item.env.context.workers.busy,
+            )
+            for item in list(self._loaded.values())
+        )
+        return telemetry.VerifierNow(len(self.sessions), loaded, tuple(self._broken))
 
     def environment(self, name: str) -> Environment:
         return self._env(name).env

@@ -1,7 +1,8 @@
 """The verifier's Prometheus metrics (mesh/metrics.py serves them): verifies and tool calls by
 environment and outcome, verify time, and code sandbox runs by result; read at scrape time off the
-live verifier: open sessions, and per environment whether it can serve, its bridged server's
-restarts and its worker queue (waiting and running checks).
+live verifier (it registers its `live_state`, which returns a `VerifierNow`): open sessions, and per
+environment whether it can serve, its bridged server's restarts and its worker queue (waiting and
+running checks).
 
 Labels are bounded: a loaded environment's name, an outcome (`ok`, or the error's reason, a fixed
 set per package), a sandbox result. Never a session id.
@@ -10,15 +11,12 @@ set per package), a sandbox result. Never a session id.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
-
-if TYPE_CHECKING:
-    from rollmesh.verifier.service import VerifierService
+from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
 
 VERIFIES = Counter(
     "rollmesh_verifier_verifies",
@@ -60,18 +58,34 @@ _LIVE_DOCS = {
 }
 
 
-def _read(service: VerifierService) -> Iterator[tuple[str, dict[str, str], float]]:
-    yield "rollmesh_verifier_sessions_open", {}, float(len(service.sessions))
-    loaded, broken = service.live_environments()
-    for item in loaded:
+@dataclass(frozen=True, slots=True)
+class EnvironmentNow:
+    """One loaded environment as a scrape reads it."""
+
+    name: str
+    up: bool  # it can serve (no `problem()`)
+    server_restarts: int
+    calls_waiting: int
+    calls_running: int
+
+
+@dataclass(frozen=True, slots=True)
+class VerifierNow:
+    sessions_open: int
+    loaded: tuple[EnvironmentNow, ...]
+    broken: tuple[str, ...]  # the names of those that failed to load
+
+
+def samples(now: VerifierNow) -> Iterator[Sample]:
+    yield "rollmesh_verifier_sessions_open", {}, float(now.sessions_open)
+    for item in now.loaded:
         env = {"environment": item.name}
-        yield "rollmesh_verifier_environment_up", env, 0.0 if item.env.problem() else 1.0
-        yield "rollmesh_verifier_environment_server_restarts", env, float(item.env.server_restarts())
-        workers = item.env.context.workers
-        yield "rollmesh_verifier_worker_calls_waiting", env, float(workers.waiting)
-        yield "rollmesh_verifier_worker_calls_running", env, float(workers.busy)
-    for name in broken:
+        yield "rollmesh_verifier_environment_up", env, 1.0 if item.up else 0.0
+        yield "rollmesh_verifier_environment_server_restarts", env, float(item.server_restarts)
+        yield "rollmesh_verifier_worker_calls_waiting", env, float(item.calls_waiting)
+        yield "rollmesh_verifier_worker_calls_running", env, float(item.calls_running)
+    for name in now.broken:
         yield "rollmesh_verifier_environment_up", {"environment": name}, 0.0
 
 
-LIVE = LiveCollector(_read, _LIVE_DOCS)
+LIVE = LiveCollector(samples, _LIVE_DOCS)
