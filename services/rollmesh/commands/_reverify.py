@@ -25,9 +25,10 @@ verdict. A group the verifier refuses gives each of its rows `reverify_error`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,18 +194,12 @@ async def _verify_groups(
         for members in todo:
             rollouts = sorted(((Rollout.from_row(out[i]), i) for i in members), key=lambda p: p[0].key)
             try:
-                async with asyncio.timeout(idle_timeout_s):
+                async with _verifier_call(f"VerifyGroup of the group of row {members[0]}", idle_timeout_s):
                     results = await client.verify_group(
                         environment,
                         json.dumps(rollouts[0][0].task, ensure_ascii=False),
                         [_model_response(r.messages) for r, _ in rollouts],
                     )
-            except TimeoutError:
-                raise ReverifyTimeout(
-                    f"verifying the group of row {members[0]} took longer than {idle_timeout_s:.0f}s"
-                ) from None
-            except UnavailableError as exc:
-                raise VerifierUnavailable(f"VerifyGroup to the verifier failed: {exc}") from None
             except RollmeshClientError as exc:
                 for _, i in rollouts:
                     _failed(out[i], f"{exc.code.name}: {exc.message}", report)
@@ -217,12 +212,7 @@ async def _verify_groups(
             if on_progress is not None:
                 on_progress(len(members))
 
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for _ in range(max(1, min(window, len(groups)))):
-                tg.create_task(worker())
-    except ExceptionGroup as group:  # the first worker's error (the others were cancelled by it)
-        raise group.exceptions[0] from None
+    await _run_workers(worker, min(window, len(groups)))
 
 
 def _model_response(messages: list[Json]) -> verifier_pb2.ModelResponse:
@@ -247,16 +237,10 @@ async def _replay_all(
         for i in todo:
             row = out[i]
             try:
-                async with asyncio.timeout(idle_timeout_s):
+                async with _verifier_call(f"replaying row {i} on the verifier", idle_timeout_s):
                     outcome = await replay(
                         Rollout.from_row(row), environment=environment, env=port, session_prefix=prefix
                     )
-            except TimeoutError:
-                raise ReverifyTimeout(
-                    f"replaying row {i} on the verifier took longer than {idle_timeout_s:.0f}s"
-                ) from None
-            except UnavailableError as exc:
-                raise VerifierUnavailable(f"replaying row {i} on the verifier failed: {exc}") from None
             except (RollmeshClientError, RollmeshError) as exc:
                 _failed(row, f"{exc.code.name}: {exc.message}", report)
             except (KeyError, TypeError, ValueError) as exc:  # a stored row without what the loop needs
@@ -266,11 +250,31 @@ async def _replay_all(
             if on_progress is not None:
                 on_progress(1)
 
+    await _run_workers(worker, min(window, len(out)))
+
+
+@contextlib.asynccontextmanager
+async def _verifier_call(what: str, idle_timeout_s: float) -> AsyncIterator[None]:
+    """One call to the verifier (VerifyGroup, a replay's calls) that ends the run when it cannot be
+    answered: past `idle_timeout_s` ReverifyTimeout, an unreachable verifier VerifierUnavailable,
+    each naming `what`. The verifier's answers, refusals included, pass through."""
+    try:
+        async with asyncio.timeout(idle_timeout_s):
+            yield
+    except TimeoutError:
+        raise ReverifyTimeout(f"{what} took longer than {idle_timeout_s:.0f}s") from None
+    except UnavailableError as exc:
+        raise VerifierUnavailable(f"{what} failed: {exc}") from None
+
+
+async def _run_workers(worker: Callable[[], Coroutine[Any, Any, None]], count: int) -> None:
+    """`count` (at least one) copies of `worker` at once; the first one's error is raised (it
+    cancelled the others)."""
     try:
         async with asyncio.TaskGroup() as tg:
-            for _ in range(max(1, min(window, len(out)))):
+            for _ in range(max(1, count)):
                 tg.create_task(worker())
-    except ExceptionGroup as group:  # the first worker's error (the others were cancelled by it)
+    except ExceptionGroup as group:
         raise group.exceptions[0] from None
 
 
