@@ -93,9 +93,7 @@ class ProceduralSpec:
             data = data[SPEC_KEY]
         if not isinstance(data, Mapping):
             raise InvalidGeneratorSpec(f"{where}: must be a JSON object with {SPEC_KEY!r}")
-        unknown = sorted(set(data) - _SPEC_KEYS)
-        if unknown:
-            raise InvalidGeneratorSpec(f"{where}: unknown key {unknown[0]!r} (known: {sorted(_SPEC_KEYS)})")
+        _known_keys_only(data, _SPEC_KEYS, where)
         raw = data.get("generators")
         if not isinstance(raw, list) or not raw:
             raise InvalidGeneratorSpec(f"{where}: `generators` must be a non-empty list")
@@ -106,6 +104,12 @@ class ProceduralSpec:
             raise InvalidGeneratorSpec(f"{where}: `system_prompt` must be a string")
         gens = tuple(_generator(g, f"{where}: generators[{i}]") for i, g in enumerate(raw))
         return cls(gens, size, seed, system)
+
+
+def _known_keys_only(data: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InvalidGeneratorSpec(f"{where}: unknown key {unknown[0]!r} (known: {sorted(known)})")
 
 
 def _integer(value: Any, what: str) -> int:
@@ -119,9 +123,7 @@ def _generator(raw: Any, where: str) -> GeneratorSpec:
         raw = {"name": raw}
     if not isinstance(raw, Mapping):
         raise InvalidGeneratorSpec(f"{where}: a generator is a name or an object with `name`")
-    unknown = sorted(set(raw) - _GENERATOR_KEYS)
-    if unknown:
-        raise InvalidGeneratorSpec(f"{where}: unknown key {unknown[0]!r} (known: {sorted(_GENERATOR_KEYS)})")
+    _known_keys_only(raw, _GENERATOR_KEYS, where)
     name = raw.get("name")
     if not isinstance(name, str) or not name.strip():
         raise InvalidGeneratorSpec(f"{where}: `name` must be a generator name")
