@@ -27,6 +27,7 @@ when its permanent failures are within the job's bound); the same non-retryable 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import time
@@ -413,6 +414,14 @@ class JobRun:
         )
         self.tool_endpoint = ToolEndpoint()
         self.program_uids = UidLeases()  # each program run's own uid (as root), leased host-wide
+        # What runs one attempt of a rollout: the built-in loop, or the job's program.
+        self._drive = (
+            run_agent
+            if self.program is None
+            else functools.partial(
+                run_program, program=self.program, tools=self.tool_endpoint, uids=self.program_uids
+            )
+        )
         # What final metrics need of each rollout, kept only when the sink cannot be read back.
         self.scored: list[Scored] = []
         self.failures: list[RolloutFailure] = []
@@ -659,21 +668,8 @@ class JobRun:
                             out = await run_oracle(
                                 job_id=self.job_id, key=key, task=task, settings=self.settings, env=self.env
                             )
-                        elif self.program is not None:
-                            out = await run_program(
-                                job_id=self.job_id,
-                                key=key,
-                                task=task,
-                                seed=seed,
-                                settings=self.settings,
-                                program=self.program,
-                                model=self.model,
-                                env=self.env,
-                                tools=self.tool_endpoint,
-                                uids=self.program_uids,
-                            )
                         else:
-                            out = await run_agent(
+                            out = await self._drive(
                                 job_id=self.job_id,
                                 key=key,
                                 task=task,
