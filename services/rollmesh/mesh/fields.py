@@ -19,6 +19,7 @@ names only the fields that differ (renamed, reshaped, serialized) and lets these
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,14 +44,50 @@ def to_pb(message_class: type[M], obj: object, /, **given: Any) -> M:
 
 def from_pb(dataclass_type: type[D], msg: Message, /, **given: Any) -> D:
     """A `dataclass_type` from `msg`'s same-named scalar, repeated and map fields, overridden by `given`."""
-    by_name = msg.DESCRIPTOR.fields_by_name
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(dataclass_type):
-        if f.name in given:
-            values[f.name] = given[f.name]
-        elif f.name in by_name:
-            _copy_field(values, f, by_name[f.name], msg)
+    for name, kind in _copy_plan(dataclass_type, msg.DESCRIPTOR):
+        if name in given:
+            values[name] = given[name]
+        elif kind is _Copy.SCALAR or (kind is _Copy.PRESENCE and msg.HasField(name)):
+            values[name] = getattr(msg, name)
+        elif kind is _Copy.MAP:
+            values[name] = dict(getattr(msg, name))
+        elif kind is _Copy.TUPLE:
+            values[name] = tuple(getattr(msg, name))
+        elif kind is _Copy.LIST:
+            values[name] = list(getattr(msg, name))
     return dataclass_type(**values)
+
+
+class _Copy(enum.Enum):
+    """How `from_pb` fills a dataclass field from the proto field of its name."""
+
+    KEEP = "keep"  # no such proto field, or a message field: the dataclass default, unless given
+    SCALAR = "scalar"
+    PRESENCE = "presence"  # a scalar with presence: copied only when set
+    MAP = "map"
+    TUPLE = "tuple"  # repeated, into a field that defaults to a tuple
+    LIST = "list"  # repeated, into any other field
+
+
+@functools.cache
+def _copy_plan(dataclass_type: type[Any], descriptor: Descriptor) -> tuple[tuple[str, _Copy], ...]:
+    """Per dataclass field, how `from_pb` fills it (worked out once per dataclass and message type:
+    the conversions run on every model turn and verify)."""
+    by_name = descriptor.fields_by_name
+    return tuple((f.name, _copy_kind(f, by_name.get(f.name))) for f in dataclasses.fields(dataclass_type))
+
+
+def _copy_kind(f: dataclasses.Field[Any], fd: FieldDescriptor | None) -> _Copy:
+    if fd is None:
+        return _Copy.KEEP
+    if _is_map(fd):
+        return _Copy.MAP
+    if fd.message_type is not None:
+        return _Copy.KEEP
+    if fd.is_repeated:
+        return _Copy.TUPLE if isinstance(_default(f), tuple) else _Copy.LIST
+    return _Copy.PRESENCE if fd.has_presence else _Copy.SCALAR
 
 
 def _pb_values(descriptor: Descriptor, obj: object, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,18 +123,6 @@ def _nested(descriptor: Descriptor, value: Any, *, repeated: bool) -> Any:
         return item
 
     return [one(item) for item in value] if repeated else one(value)
-
-
-def _copy_field(values: dict[str, Any], f: dataclasses.Field[Any], fd: FieldDescriptor, msg: Message) -> None:
-    value = getattr(msg, fd.name)
-    if _is_map(fd):
-        values[f.name] = dict(value)
-    elif fd.message_type is not None:
-        return
-    elif fd.is_repeated:
-        values[f.name] = tuple(value) if isinstance(_default(f), tuple) else list(value)
-    elif not fd.has_presence or msg.HasField(fd.name):
-        values[f.name] = value
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
