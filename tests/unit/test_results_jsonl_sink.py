@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 
 from rollmesh.scheduler.errors import CorruptSinkFile, DuplicateRollout, SinkClosed
 from rollmesh.scheduler.jsonl_sink import JsonlSink
+from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
 from rollmesh.scheduler.store import (
     FAILURES,
@@ -23,6 +24,7 @@ from rollmesh.scheduler.store import (
     load_scored,
     repair_torn_tail,
 )
+from rollmesh.scheduler.timing import RolloutTiming
 from tests.exactly_once import check_exactly_once
 
 
@@ -226,6 +228,47 @@ async def test_close_recomputes_metrics_without_holding_the_rows(tmp_path: Path)
     assert peak < file_bytes / 10, f"closing held {peak:,} bytes for a {file_bytes:,}-byte rollouts.jsonl"
     metrics = json.loads((d / METRICS).read_text())
     assert metrics["num_rollouts"] == tasks * repeats and metrics["mean_reward"] == 0.5
+
+
+async def test_metrics_of_this_runs_rows_are_what_reading_the_folder_back_gives(tmp_path: Path) -> None:
+    """A resumed run's metrics.json: the earlier run's rows are read back, this run's come from what
+    the sink kept when writing them (they are not parsed again); both as the whole folder read back
+    gives them, to the last digit: timings (rounded in the row), masked verdicts, health findings,
+    a failure, a batch cut by fsync_every."""
+
+    def varied(t: int, i: int) -> Rollout:
+        r = rollout(t, i, reward=(t * 7 + i) % 5 / 4)
+        r.masked = (t + i) % 6 == 0
+        r.latency_s = 0.5 + t / 3 + i / 7
+        # first_token_s's mean over the job is 0 from the rows as written (0 and 5.3e-7: 1e-6 in the
+        # row), 1e-6 from these unrounded values: the row's rounding must be what counts.
+        first = 0.0 if t < 3 else 5.3e-7
+        r.timing = RolloutTiming(queued_s=t / 3, model_s=[i / 7, 1 / 3], first_token_s=[first])
+        r.finish_reason = "length" if i % 3 == 0 else "stop"
+        r.messages = [{"role": "assistant", "content": "" if i % 4 == 0 else f"{t} {i}"}]
+        return r
+
+    first = JsonlSink(tmp_path, fsync_every=3, flush_interval_s=0)
+    await first.open("job1", total=24, spec={"num_repeats": 4})
+    for t in range(3):
+        for i in range(4):
+            await first.write(varied(t, i))
+    await first.close(state="failed", metrics=None)
+    again = JsonlSink(tmp_path, fsync_every=5, flush_interval_s=0)
+    await again.open("job1", total=24, spec={"num_repeats": 4})
+    for t in range(3, 6):
+        for i in range(4):
+            await again.write(varied(t, i))
+    await again.write_failure(RolloutFailure(RolloutKey(6, 0), "job1", "UNAVAILABLE", "gateway down", 3))
+    await again.close(state="succeeded", metrics=None)
+
+    written = json.loads((tmp_path / METRICS).read_text())
+    rollouts, failures = load_scored(tmp_path)  # the whole folder, parsed
+    assert len(rollouts) == 24 and len(failures) == 1
+    read_back = compute(rollouts, failures, num_repeats=4, job_id="job1").to_json()
+    assert written == {**read_back, "job_state": "succeeded"}
+    assert written["num_masked"] > 0 and written["timing"]["first_token_s"]["mean"] == 1e-6
+    assert written["health"], "no health finding to compare"
 
 
 async def test_a_group_goes_into_one_batch_whole_or_not_at_all(tmp_path: Path) -> None:

@@ -13,6 +13,12 @@ job manager fails the job at once), and `close()` keeps what was on disk before 
 `rows_written` / `failures_written` / `reward_written` / `masked_written` count only rows that
 reached the disk.
 
+metrics.json, written on close when the job gives no metrics of its own, counts what the folder
+holds: the rows of earlier runs, read back from rollouts.jsonl up to where this run began appending,
+and the rows of this run that reached the disk, from what the sink kept of each when it wrote it
+(`Scored.of_row`: what reading the row back gives, without parsing this run's rows again). On a
+filesystem without flock another writer could have appended too: then the whole file is read back.
+
 One writer: `open()` first takes an exclusive lock on the folder's `writer.lock` (flock, released
 when the sink closes or its process dies, so a crashed job resumes at once). While another process
 holds it (that job runs there now, or its process hangs) `open()` raises `JobFolderInUse` naming
@@ -50,7 +56,7 @@ from rollmesh.scheduler.errors import (
     SinkClosed,
     SinkWriteFailed,
 )
-from rollmesh.scheduler.metrics import compute, measured_reward
+from rollmesh.scheduler.metrics import Scored, compute, measured_reward
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sink import MetricsOf, Sink
 
@@ -62,6 +68,7 @@ class _Row:
     key: RolloutKey
     data: bytes
     reward: float | None = None  # metrics.measured_reward (None: masked)
+    scored: Scored | None = None  # a rollout row's, for metrics.json once it is on disk
 
 
 class JsonlSink(Sink):
@@ -102,6 +109,9 @@ class JsonlSink(Sink):
         self.reward_written = 0.0  # sum of the measured rewards of rows_written (masked ones left out)
         self.masked_written = 0  # rows_written whose verdict was masked
         self._lost: set[RolloutKey] = set()  # rollouts of this run a failed write never stored
+        self._flocked = False  # it holds writer.lock's flock: no other writer appends
+        self._earlier_bytes: int | None = None  # rollouts.jsonl's size at open (None: read it all back)
+        self._stored: list[Scored] = []  # what metrics read of this run's rows on disk, in file order
 
     @property
     def keys(self) -> frozenset[RolloutKey]:
@@ -130,6 +140,9 @@ class JsonlSink(Sink):
             if removed:
                 log.warning("sink_torn_tail_repaired", file=str(self.directory / name), bytes_removed=removed)
         keys = store.read_keys(self.directory / store.ROLLOUTS)
+        if self._flocked:  # the only writer: what is appended from here on is this run's
+            rollouts = self.directory / store.ROLLOUTS
+            self._earlier_bytes = rollouts.stat().st_size if rollouts.exists() else 0
         retired = store.retire_failures(self.directory)
         if retired:
             log.info("sink_failures_retried", directory=str(self.directory), rows=retired)
@@ -141,6 +154,7 @@ class JsonlSink(Sink):
         fd = os.open(self.directory / store.WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._flocked = True
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
@@ -164,7 +178,7 @@ class JsonlSink(Sink):
                 metadata={"key": rollout.key.as_str()},
             )
         self._keys.add(rollout.key)
-        self._rows.append(_Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout)))
+        self._rows.append(_row(rollout))
         await self._after_append()
 
     async def write_group(self, rollouts: Sequence[Rollout]) -> list[tuple[Rollout, RolloutTooLarge]]:
@@ -181,7 +195,7 @@ class JsonlSink(Sink):
             )
         for rollout in rollouts:
             self._keys.add(rollout.key)
-            self._rows.append(_Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout)))
+            self._rows.append(_row(rollout))
         await self._after_append()
         return []
 
@@ -221,6 +235,7 @@ class JsonlSink(Sink):
             self.failures_written += len(failure_rows)
             self.reward_written += sum(r.reward for r in rows if r.reward is not None)
             self.masked_written += sum(r.reward is None for r in rows)
+            self._stored.extend(r.scored for r in rows if r.scored is not None)
             self.flushed.set()
 
     def _write_batch(self, rows: list[_Row], failure_rows: list[_Row]) -> None:
@@ -324,7 +339,11 @@ class JsonlSink(Sink):
                 (self.directory / store.METRICS).unlink()
 
     def recompute_metrics(self) -> Json:
-        rollouts, failures = store.load_scored(self.directory)
+        """The metrics of what the folder holds (module doc; blocking: call from a thread)."""
+        upto = self._earlier_bytes
+        rollouts, failures = store.load_scored(self.directory, rollouts_upto=upto)
+        if upto is not None:
+            rollouts += self._stored
         return compute(
             rollouts,
             failures,
@@ -344,6 +363,11 @@ class JsonlSink(Sink):
         if self._closed or not self._fds:
             raise SinkClosed(f"the sink at {self.directory} is not open")
         self._check_healthy()
+
+
+def _row(rollout: Rollout) -> _Row:
+    row = rollout.to_row()
+    return _Row(rollout.key, _dumps(row), measured_reward(rollout), Scored.of_row(rollout, row))
 
 
 def _dumps(row: Json) -> bytes:

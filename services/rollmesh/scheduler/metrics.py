@@ -45,7 +45,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rollmesh.scheduler import health
@@ -89,6 +89,14 @@ class Scored:
             timing=r.timing,
             health=health.findings(r.messages, r.finish_reason, [t.output_end for t in r.tokens.turns]),
         )
+
+    @classmethod
+    def of_row(cls, r: Rollout, row: Json) -> Scored:
+        """What `Scored.of(Rollout.from_row(row))` reads back of `row = r.to_row()` once stored,
+        without parsing the row: `r`'s fields, its timing as the row rounds it."""
+        scored = cls.of(r)
+        timing = row.get("timing")
+        return replace(scored, timing=RolloutTiming.from_json(timing) if isinstance(timing, dict) else None)
 
 
 def measured_reward(r: Rollout | Scored) -> float | None:

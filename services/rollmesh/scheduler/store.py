@@ -122,11 +122,18 @@ def repair_torn_tail(path: Path) -> int:
     return size - keep
 
 
-def iter_rows(path: Path, skipped: list[str] | None = None) -> Iterator[tuple[int, Json]]:
-    """(line number, row) for every non-blank line; a malformed complete line raises CorruptSinkFile,
-    an unparsed last line without its newline (module doc) is skipped, its `file:line` added to `skipped`."""
+def iter_rows(
+    path: Path, skipped: list[str] | None = None, *, upto: int | None = None
+) -> Iterator[tuple[int, Json]]:
+    """(line number, row) for every non-blank line (of the first `upto` bytes when given: a line
+    boundary); a malformed complete line raises CorruptSinkFile, an unparsed last line without its
+    newline (module doc) is skipped, its `file:line` added to `skipped`."""
+    read = 0
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            if upto is not None and read >= upto:
+                return
+            read += len(raw)
             if not raw.strip():
                 continue
             try:
@@ -155,9 +162,9 @@ def _row(raw: bytes) -> Json:
     return row
 
 
-def _rows_if_any(path: Path) -> Iterator[tuple[int, Json]]:
+def _rows_if_any(path: Path, upto: int | None = None) -> Iterator[tuple[int, Json]]:
     """`iter_rows` of a job's file that may not exist yet (then no rows)."""
-    return iter_rows(path) if path.exists() else iter(())
+    return iter_rows(path, upto=upto) if path.exists() else iter(())
 
 
 def read_keys(path: Path) -> set[RolloutKey]:
@@ -353,14 +360,17 @@ def find_resumable(output_dir: Path, spec: JobSpec) -> str | None:
 # ---- offline loading (aggregate, export, reverify) ----------------------------------------------
 
 
-def load_scored(directory: Path) -> tuple[list[Scored], list[RolloutFailure]]:
-    """What metrics read of every rollout a job folder holds, and its failures (blocking; call from
-    a thread). One row is parsed at a time and only its `Scored` summary kept, so memory follows the
-    number of rows (a few hundred bytes each), not the size of rollouts.jsonl (whole conversations).
-    A row that is not a rollout row raises CorruptSinkFile naming its file and line."""
+def load_scored(
+    directory: Path, *, rollouts_upto: int | None = None
+) -> tuple[list[Scored], list[RolloutFailure]]:
+    """What metrics read of every rollout a job folder holds (of the first `rollouts_upto` bytes of
+    rollouts.jsonl when given), and its failures (blocking; call from a thread). One row is parsed
+    at a time and only its `Scored` summary kept, so memory follows the number of rows (a few
+    hundred bytes each), not the size of rollouts.jsonl (whole conversations). A row that is not a
+    rollout row raises CorruptSinkFile naming its file and line."""
     rollouts = [
         Scored.of(_parse(f"{directory / ROLLOUTS}:{n}", row, Rollout.from_row))
-        for n, row in _rows_if_any(directory / ROLLOUTS)
+        for n, row in _rows_if_any(directory / ROLLOUTS, rollouts_upto)
     ]
     failures = [
         _parse(f"{directory / FAILURES}:{n}", row, RolloutFailure.from_row)
