@@ -9,24 +9,37 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR, DaemonlessProvider
-from rollmesh.verifier.bridges.container.task import rows
+from rollmesh.verifier.bridges.container.task import load_tasks, rows
 from tests.procs import ROLLMESH
 
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"
+TOOL_LOOP = Path(__file__).resolve().parents[2] / "examples" / "agents" / "tool_loop.py"
 TASKS = ROOT / "environments" / "harbor_demo" / "tasks"
 pytestmark = pytest.mark.skipif(
     DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
 )
 
 
-def _run(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    argv = [str(ROLLMESH), "run", "--backend", "fake", "--input", str(TASKS), "--environment", "harbor_demo"]
+def _run(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None, dataset: Path = TASKS
+) -> dict[str, Any]:
+    argv = [
+        str(ROLLMESH),
+        "run",
+        "--backend",
+        "fake",
+        "--input",
+        str(dataset),
+        "--environment",
+        "harbor_demo",
+    ]
     argv += ["--output-dir", str(tmp_path / "runs"), "--json", "--allowed-failures", "8", *extra]
     done = subprocess.run(
         argv,
@@ -105,4 +118,20 @@ def test_the_fake_model_works_through_the_tools_and_broken_graders_fail_by_name(
         "slow-tests": "TEST_TIMEOUT",
         "build-fails": "IMAGE_BUILD_FAILED",
     }
+    assert _machines_of(result["job_id"]) == []
+
+
+def test_an_agent_programs_tool_calls_run_in_the_rollouts_machine(tmp_path: Path) -> None:
+    """examples/agents/tool_loop.py (plain `openai` SDK) with the fake model's container_agent: its
+    calls to ROLLMESH_TOOLS_URL reach the same tools, in the rollout's machine."""
+    tasks = load_tasks(TASKS)
+    dataset = tmp_path / "two.jsonl"
+    dataset.write_text("".join(json.dumps(tasks[n].row()) + "\n" for n in ("hello-file", "fix-calc")))
+    script = {"ROLLMESH_FAKE_SCRIPT": "rollmesh.devtools.fake_scripts:container_agent"}
+    program = f"{sys.executable} {TOOL_LOOP}"
+    result = _run(tmp_path, "--max-steps", "6", "--agent-program", program, env=script, dataset=dataset)
+    found = _rows(result)
+    assert {name: row["reward"] for name, row in found.items()} == {"hello-file": 1.0, "fix-calc": 1.0}
+    for row in found.values():
+        assert row["agent_program"]["tool_calls"] == 2 and row["verify_details"]["commands"] == 2
     assert _machines_of(result["job_id"]) == []

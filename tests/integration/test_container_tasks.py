@@ -228,8 +228,12 @@ async def test_labels_follow_the_rollout_and_close_removes_the_machine(service: 
     )
     groups = label["cgroups"]
     assert groups and _existing(groups) == groups
+    described = service.describe(ENV)
+    assert described.sandbox == "container:daemonless"
+    assert described.description.endswith("on the daemonless provider; 1 machine live: job-l/7/2")
     await service.close_session(sid)
     assert _existing([str(folder), *groups]) == []
+    assert service.describe(ENV).description.endswith("0 machines live")
     assert _env(service).provider.live() == []
 
 

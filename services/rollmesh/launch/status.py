@@ -66,6 +66,8 @@ async def _detail(c: Client, st: ServiceStatus) -> None:
             for e in envs
             if e.sandbox
         ]
+        # Container tasks: the provider's live machines, from the environment's summary.
+        parts += [e.description for e in envs if e.sandbox.startswith("container:")]
         parts += [f"broken {b.name}: {b.error[:160]}" for b in (await c.verifier.list(page_size=1)).broken]
         st.detail = "; ".join(parts)
     elif st.service == "gateway":

@@ -1,6 +1,8 @@
-"""One machine of the daemonless provider: `python _machine.py SPEC_JSON` (standard library only).
+"""One machine of the daemonless provider: `python _machine.py SPEC_JSON` (standard library only), or
+many: `python _machine.py --factory PARENT_PID FD` forks one per request on the socket FD (the
+interpreter and its imports paid for once: daemonless.py uses this; `_factory`).
 
-Started by daemonless.py as a session leader; it becomes the machine and lives until it is killed.
+A machine leads its own session; it becomes the machine and lives until it is killed.
 SPEC_JSON:
 
     {"parent": pid,               # SIGKILL when it dies (PR_SET_PDEATHSIG)
@@ -61,8 +63,55 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--factory"]:
+        return _factory(int(argv[1]), int(argv[2]))
     spec = json.loads(argv[0])
-    ready = int(spec["ready_fd"])
+    return _machine(spec, int(spec["ready_fd"]))
+
+
+def _factory(parent: int, fd: int) -> int:
+    """Start machines from one process that has paid for the interpreter and its imports once: each
+    request on the socket `fd` (one line of the machine's SPEC_JSON with two descriptors: its ready
+    pipe and its log) forks a machine, which leads a session of its own; the reply is its pid. Dies
+    with `parent` (the verifier); its machines die with it."""
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "prctl")
+    if os.getppid() != parent:
+        return 1
+    signal.signal(signal.SIGCHLD, lambda *_: _reap_all())
+    channel = socket.socket(fileno=fd)
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 2)
+        except InterruptedError:
+            continue
+        if not data:
+            return 0
+        spec = json.loads(data.decode())
+        spec["parent"] = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            channel.close()
+            os.setsid()
+            os.dup2(fds[1], 2)
+            os.close(fds[1])
+            os._exit(_machine(spec, fds[0]))
+        for received in fds:
+            os.close(received)
+        channel.sendall(f"{pid}\n".encode())
+
+
+def _reap_all() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _machine(spec: dict[str, Any], ready: int) -> int:
     try:
         server = _setup(spec)
     except Exception as exc:  # reported to the provider, which names it
@@ -74,6 +123,7 @@ def main(argv: list[str]) -> int:
         server.close()
         return _keep(child)
     try:
+        _check(_libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "prctl")  # dies with its keeper
         _become_init(spec)
     except Exception as exc:
         _say(ready, f"error: {type(exc).__name__}: {exc}")

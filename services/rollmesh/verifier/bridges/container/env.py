@@ -157,8 +157,12 @@ class ContainerTasksEnvironment(Environment):
         return self.provider.problem()
 
     def summary(self) -> str:
-        where = self.settings.tasks
-        return f"{len(self.tasks)} Harbor task(s) from {where}, machines by the {self.provider.name} provider"
+        """The task count, the provider and the live machines (`rollmesh envs list`, `rollmesh
+        status`): "11 Harbor tasks on the daemonless provider; 2 machines live: job/0/0, job/1/0"."""
+        live = self.provider.live()
+        shown = ", ".join(m.labels.rollout for m in live[:5]) + (", ..." if len(live) > 5 else "")
+        machines = f"{len(live)} machine{'s' if len(live) != 1 else ''} live" + (f": {shown}" if live else "")
+        return f"{len(self.tasks)} Harbor tasks on the {self.provider.name} provider; {machines}"
 
     def sandbox_mode(self) -> str:
         return f"container:{self.provider.name}"
@@ -361,15 +365,15 @@ class ContainerTasksEnvironment(Environment):
         machine = state.machine
         if machine.lost():
             raise _lost(state, "waiting for its verdict")
-        prepare = "rm -f /logs/verifier/reward.txt /logs/verifier/reward.json; mkdir -p /logs/verifier /tests"
-        await machine.exec(["/bin/sh", "-c", prepare], timeout_s=60, output_limit=4096, user="0")
-        await machine.put_tree(harbor.tests_dir, "/tests")
-        run = "chmod +x /tests/test.sh && exec /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"
+        # Stale verdicts go; /logs/verifier is writable by the verifier's user, whoever it is.
+        stale = "rm -f /logs/verifier/reward.txt /logs/verifier/reward.json; mkdir -p -m 777 /logs/verifier;"
+        await machine.put_tree(harbor.tests_dir, "/tests", before=stale)
+        run = "chmod +x /tests/test.sh; /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; code=$?; "
         began = time.monotonic()
         result = await machine.exec(
-            ["/bin/sh", "-c", run],
+            ["/bin/sh", "-c", run + _READ_VERDICT + "; exit $code"],
             timeout_s=harbor.verifier_timeout_s,
-            output_limit=4096,
+            output_limit=1 << 20,
             user=harbor.verifier_user or "",
             env=dict(harbor.verifier_env),
         )
@@ -381,10 +385,7 @@ class ContainerTasksEnvironment(Environment):
                 "([verifier] timeout_sec)",
                 metadata={"task": harbor.name},
             )
-        files = await machine.exec(
-            ["/bin/sh", "-c", _READ_VERDICT], timeout_s=60, output_limit=1 << 20, user="0"
-        )
-        reward_json, reward_txt, log_tail = _split_verdict(files.stdout)
+        reward_json, reward_txt, log_tail = _split_verdict(result.stdout)
         verdict = rewards.parse(
             reward_json,
             reward_txt,
@@ -412,7 +413,7 @@ _READ_VERDICT = (
     "for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
     'if [ -f "$f" ]; then printf "\\n@@rollmesh-file %s %s\\n" "$f" "$(wc -c < "$f")"; '
     'head -c 65536 "$f"; fi; done; '
-    'printf "\\n@@rollmesh-file log 0\\n"; tail -c 2000 /logs/verifier/test-stdout.txt 2>/dev/null; true'
+    'printf "\\n@@rollmesh-file log 0\\n"; tail -c 2000 /logs/verifier/test-stdout.txt 2>/dev/null'
 )
 
 

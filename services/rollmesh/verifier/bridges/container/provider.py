@@ -113,13 +113,14 @@ class Machine(ABC):
         folder, _, name = path.rstrip("/").rpartition("/")
         await self._untar(_tar({name: (data, mode)}), folder or "/", timeout_s)
 
-    async def put_tree(self, source: Path, dest: str, *, timeout_s: float = 120.0) -> None:
-        """Copy the folder `source` to `dest` in the machine (made when missing; symlinks skipped)."""
+    async def put_tree(self, source: Path, dest: str, *, before: str = "", timeout_s: float = 120.0) -> None:
+        """Copy the folder `source` to `dest` in the machine (made when missing; symlinks skipped),
+        after the shell commands `before` (one call in all)."""
         data = await asyncio.to_thread(tree_tar, source)
-        await self._untar(data, dest, timeout_s)
+        await self._untar(data, dest, timeout_s, before)
 
-    async def _untar(self, data: bytes, dest: str, timeout_s: float) -> None:
-        script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1"'
+    async def _untar(self, data: bytes, dest: str, timeout_s: float, before: str = "") -> None:
+        script = before + 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1"'
         result = await self.exec(
             ["/bin/sh", "-c", script, "put", dest],
             stdin=data,

@@ -1,0 +1,213 @@
+"""Oracle trials of a trivial Harbor task per second, by machine provider. Prints ONE JSON object to
+stdout; logs go to stderr.
+
+    .venv/bin/python bench/container_tasks.py [--trials 60] [--concurrency 4] [--providers daemonless]
+
+A trial is what `rollmesh run --oracle` does for one rollout, through the verifier service in this
+process (no gRPC): seed (the rollout's machine starts; the image is built before timing starts),
+the oracle's solve.sh, the task's test.sh, the verdict read, the machine removed. Figures per
+provider: trials/s, machine start p50/p95 (the seed), CPU ms per trial by process kind (this
+process, the machines) and the peak memory of this process and everything under it (sampled).
+`--harbor VENV` also times Harbor's own `harbor run` (oracle agent, docker environment) on the same
+task in that virtualenv, where a Docker daemon answers; what blocked it otherwise is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._meta import cpu_by_process, cpu_ms_per, env_info, result_stream
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
+from rollmesh.registry import Catalog, Root
+from rollmesh.verifier import Response, VerifierConfig
+from rollmesh.verifier.service import VerifierService, VerifyCall
+
+ENV = "bench_tasks"
+TASK = "trivial"
+BASE = "rollmesh-base:bookworm"
+
+
+def write_task(root: Path, provider: str) -> Path:
+    """An artifact root with `environments/bench_tasks/` holding one trivial task; its tasks folder."""
+    folder = root / "environments" / ENV
+    task = folder / "tasks" / TASK
+    for sub in ("environment", "tests", "solution"):
+        (task / sub).mkdir(parents=True, exist_ok=True)
+    (folder / "container_tasks.toml").write_text(f'tasks = "tasks"\nprovider = "{provider}"\n')
+    (task / "task.toml").write_text(
+        'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n'
+    )
+    (task / "instruction.md").write_text("Write hello to /app/out.txt.\n")
+    (task / "environment" / "Dockerfile").write_text(f"FROM {BASE}\nWORKDIR /app\n")
+    (task / "solution" / "solve.sh").write_text("#!/bin/sh\necho hello > /app/out.txt\n")
+    (task / "tests" / "test.sh").write_text(
+        '#!/bin/sh\nif [ "$(cat /app/out.txt)" = hello ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt\n"
+    )
+    for script in (task / "solution" / "solve.sh", task / "tests" / "test.sh"):
+        script.chmod(0o755)
+    return folder / "tasks"
+
+
+class PeakMemory:
+    """The largest RSS sum of this process and its descendants, sampled every 50 ms."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psutil  # type: ignore[import-untyped]
+
+        me = psutil.Process()
+        while not self._stop.wait(0.05):
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    continue
+            self.peak = max(self.peak, total)
+
+
+def _label(name: str, cmdline: str) -> str:
+    """The machines (the factory, whose reaped children are every machine's keeper and what ran in
+    it) apart from this process (the verifier)."""
+    return "machines" if "_machine.py" in cmdline else "verifier"
+
+
+async def run_provider(provider: str, trials: int, concurrency: int, root: Path) -> dict[str, Any]:
+    write_task(root, provider)
+    service = VerifierService.from_catalog(
+        VerifierConfig(), Catalog([Root(root, 0, "bench")]), entry_points=False
+    )
+    await service.start()
+    try:
+        env = service.environment(ENV)
+        problem = env.problem()
+        if problem:
+            return {"provider": provider, "error": problem}
+        row = json.dumps({**env.tasks[TASK].row(), ORACLE_ROW_KEY: True})  # type: ignore[attr-defined]
+        starts: list[float] = []
+        gate = asyncio.Semaphore(concurrency)
+
+        async def trial(i: int) -> None:
+            async with gate:
+                began = time.perf_counter()
+                sid = (await service.seed_session(ENV, row, f"bench/{i}/0")).session.id
+                starts.append(time.perf_counter() - began)
+                try:
+                    await service.call_tool(sid, ToolCall("o", ORACLE_TOOL, "{}"))
+                    verdict = await service.verify(VerifyCall(ENV, row, Response(), sid))
+                finally:
+                    await service.close_session(sid)
+                if verdict.reward != 1.0:
+                    raise RuntimeError(f"trial {i} scored {verdict.reward}: {verdict.details}")
+
+        await trial(-1)  # the image is built (and cached) here, outside the timing
+        starts.clear()
+        cpu_before = cpu_by_process(_label, tree_of=os.getpid(), reaped=True)
+        with PeakMemory() as memory:
+            began = time.perf_counter()
+            await asyncio.gather(*(trial(i) for i in range(trials)))
+            elapsed = time.perf_counter() - began
+        starts.sort()
+        return {
+            "provider": provider,
+            "trials": trials,
+            "concurrency": concurrency,
+            "trials_per_s": round(trials / elapsed, 2),
+            "machine_start_p50_ms": round(statistics.median(starts) * 1e3, 1),
+            "machine_start_p95_ms": round(starts[min(len(starts) - 1, int(len(starts) * 0.95))] * 1e3, 1),
+            "cpu_ms_per_trial": cpu_ms_per(_label, cpu_before, trials, tree_of=os.getpid(), reaped=True),
+            "peak_memory_mb": round(memory.peak / 2**20, 1),
+        }
+    finally:
+        await service.aclose()
+
+
+def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[str, Any]:
+    """Harbor's `harbor run` with its oracle agent and docker environment on the same task (its own
+    virtualenv); trials/s over the whole command. What blocked it, when it could not run."""
+    harbor = venv / "bin" / "harbor"
+    if not harbor.exists():
+        return {
+            "provider": "harbor",
+            "error": f"no {harbor}: build Harbor's virtualenv first (docs/benchmarks.md)",
+        }
+    tasks = write_task(root, "daemonless")
+    jobs = root / "harbor-jobs"
+    argv = [str(harbor), "run", "--path", str(tasks), "--agent", "oracle", "--env", "docker"]
+    argv += ["--n-attempts", str(trials), "--n-concurrent", str(concurrency), "--jobs-dir", str(jobs)]
+    began = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    elapsed = time.perf_counter() - began
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {
+            "provider": "harbor",
+            "error": f"harbor run exited {done.returncode}: {' | '.join(tail)[-600:]}",
+        }
+    rewards = [
+        json.loads(p.read_text()).get("verifier_result", {}).get("rewards", {}).get("reward")
+        for p in jobs.rglob("result.json")
+    ]
+    scored = [r for r in rewards if r is not None]
+    return {
+        "provider": "harbor",
+        "trials": trials,
+        "concurrency": concurrency,
+        "trials_per_s": round(trials / elapsed, 2),
+        "trials_scored_1": sum(1 for r in scored if r == 1),
+        "command": " ".join(argv[1:]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--providers", default="daemonless")
+    parser.add_argument("--harbor", type=Path, default=None, help="Harbor's virtualenv (harbor 0.25)")
+    args = parser.parse_args()
+    configure(level="WARNING")
+    out = result_stream()
+    results = []
+    for provider in [p for p in args.providers.split(",") if p]:
+        with tempfile.TemporaryDirectory(prefix="rollmesh-bench-") as tmp:
+            results.append(asyncio.run(run_provider(provider, args.trials, args.concurrency, Path(tmp))))
+    if args.harbor is not None:
+        with tempfile.TemporaryDirectory(prefix="rollmesh-bench-harbor-") as tmp:
+            results.append(run_harbor(args.harbor, args.trials, args.concurrency, Path(tmp)))
+    load = os.getloadavg()
+    json.dump(
+        {"env": env_info("rollmesh"), "load_avg_1m": round(load[0], 2), "results": results}, out, indent=2
+    )
+    out.write("\n")
+
+
+if __name__ == "__main__":
+    main()
