@@ -33,7 +33,7 @@ from rollmesh.mesh.logging import configure
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.nemo_gym import BridgeState, NemoGymEnvironment, responses_object, row_body
+from rollmesh.verifier.bridges.nemo_gym import BridgeState, NemoGymEnvironment, responses_object, row_body
 from rollmesh.verifier.service import VerifierService, VerifyCall
 
 ROW = {

@@ -16,7 +16,7 @@ an interrupted run leaves nothing half-made. Exit status: 0 ready (the path on s
     python scripts/nemo_gym.py venv [--version 0.4.0] [--server NAME ...]   # prints its interpreter
 
 `venv` builds a virtualenv for running NeMo Gym's resources servers themselves (the bridge's managed
-mode, verifier/nemo_gym.py, and the compose stack's `nemo-gym` image, deploy/Dockerfile.nemo-gym):
+mode, verifier/bridges/nemo_gym.py, and the compose stack's `nemo-gym` image, deploy/Dockerfile.nemo-gym):
 the interpreter NeMo Gym needs (pyenv's 3.12 for 0.2-0.4; see `find_python`), nemo-gym from the
 cached wheel and each named server's own requirements.txt (the tested servers by default). nemo-gym
 pins its own openai, ray and mlflow, so it never shares rollmesh's virtualenv. The venv is

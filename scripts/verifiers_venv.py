@@ -1,5 +1,5 @@
 """A virtualenv with PrimeIntellect's verifiers, for running verifiers environments behind rollmesh's
-bridge (verifier/verifiers_env.py) and for the tests that compare rollmesh's rewards with verifiers'.
+bridge (verifier/bridges/verifiers_env.py) and for the tests that compare rollmesh's rewards with verifiers'.
 
     python scripts/verifiers_venv.py [--version 0.3.1] [--package PKG ...]   # prints its interpreter
     python scripts/verifiers_venv.py --version 0.4.0                        # verifiers.v1 tasksets

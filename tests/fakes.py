@@ -29,7 +29,7 @@ from rollmesh.mesh.errors import RollmeshError, to_status
 from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sink import MetricsOf, Sink
+from rollmesh.scheduler.sinks.base import MetricsOf, Sink
 from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 Json = dict[str, Any]
@@ -577,8 +577,8 @@ class LocalModel:
         self.peak_in_flight = 0
 
     async def generate(self, call: Any) -> Any:
-        from rollmesh.scheduler.agent import Turn
         from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
+        from rollmesh.scheduler.drivers.agent_loop import Turn
         from rollmesh.scheduler.remote import tool_to_pb
 
         self.calls.append(call)
@@ -643,7 +643,7 @@ class LocalEnv:
         return [self._tool(t) for t in ENVIRONMENTS[environment]]
 
     async def describe_environment(self, environment: str) -> Any:
-        from rollmesh.scheduler.agent import EnvDescription
+        from rollmesh.scheduler.drivers.agent_loop import EnvDescription
 
         return EnvDescription(tools=await self.environment_tools(environment), stateless=False)
 
@@ -652,7 +652,7 @@ class LocalEnv:
         return {"name": t.name, "description": t.description, "parameters": json.loads(t.parameters_json)}
 
     async def seed_session(self, environment: str, task: Json, session_id: str) -> Any:
-        from rollmesh.scheduler.agent import SessionOpened
+        from rollmesh.scheduler.drivers.agent_loop import SessionOpened
 
         tools = await self.environment_tools(environment)
         assert session_id not in self.sessions, f"session {session_id} seeded twice"
@@ -665,7 +665,7 @@ class LocalEnv:
         raise FailedPrecondition("no environment here takes turns")
 
     async def call_tool(self, session_id: str, call: Json) -> Any:
-        from rollmesh.scheduler.agent import ToolResult
+        from rollmesh.scheduler.drivers.agent_loop import ToolResult
 
         self.tool_calls.append(call)
         state = self.sessions[session_id]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
-from rollmesh.verifier.verifiers_env import LAUNCHER
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER
 from tests.integration.test_verifiers_envs import own_scores
 from tests.procs import ROLLMESH
 

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from rollmesh.verifier.verifiers_env import LAUNCHER_V1
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER_V1
 from tests.procs import ROLLMESH
 
 REPO = Path(__file__).resolve().parent.parent.parent

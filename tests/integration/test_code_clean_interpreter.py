@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rollmesh.verifier import BadTask, Environment, SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.sandbox import Sandbox
+from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh.verifier.testing import answer, check, load_env, task
 
 CODE_ENV = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments/code"

@@ -18,7 +18,7 @@ from rollmesh.mesh.server import MeshServer, ServiceBinding
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.sandbox import Sandbox
+from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import Client, aio_channel

@@ -13,7 +13,7 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.scheduler.agent import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel
 from rollmesh_client import Client, RollmeshClientError
 from rollmesh_client._gateway import sampling_params

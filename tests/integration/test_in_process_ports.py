@@ -21,7 +21,7 @@ from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
-from rollmesh.scheduler.agent import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService

@@ -31,7 +31,7 @@ from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from rollmesh.verifier import VerifierConfig
-from rollmesh.verifier.nemo_gym import NemoGymEnvironment
+from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from tests.exactly_once import check_exactly_once, expected_keys

@@ -32,7 +32,7 @@ from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import VerifierConfig
-from rollmesh.verifier.nemo_gym import NemoGymEnvironment
+from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from tests.conftest import nemo_gym_assets, nemo_gym_python_of

@@ -17,8 +17,8 @@ import pytest_asyncio
 from rollmesh.mesh.server import wait_serving
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
-from rollmesh.scheduler.grpc_sink import GrpcSink
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.sinks.grpc import GrpcSink
 from rollmesh_client import aio_channel
 from rollmesh_client.trainer import SinkServer, TrainerRollout, collate
 from rollmesh_client.v1 import common_pb2, sink_pb2, sink_pb2_grpc
@@ -795,7 +795,7 @@ async def test_a_trainer_that_stops_acknowledging_shows_as_waiting(
 ) -> None:
     """A full window with no acknowledgement is not an error (a training step may take long), but the
     job must say what it waits on instead of looking stuck; it clears once the trainer acks again."""
-    from rollmesh.scheduler import grpc_sink
+    from rollmesh.scheduler.sinks import grpc as grpc_sink
 
     monkeypatch.setattr(grpc_sink, "WAIT_SHOWN_AFTER_S", 0.2)
     server = await make_server(window=8).start()
@@ -834,7 +834,7 @@ async def test_a_drain_waiting_on_the_trainer_shows_as_waiting(
 ) -> None:
     """After its last rollout a job waits for the trainer to train what it holds (a step or two);
     with the window not full, nothing said so: the job sat at 100% RUNNING for minutes."""
-    from rollmesh.scheduler import grpc_sink
+    from rollmesh.scheduler.sinks import grpc as grpc_sink
 
     monkeypatch.setattr(grpc_sink, "WAIT_SHOWN_AFTER_S", 0.2)
     server = await make_server(window=8).start()

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from rollmesh.scheduler.grpc_sink import GrpcSink
 from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.sinks.grpc import GrpcSink
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainer_loop.py"
 

@@ -1,4 +1,4 @@
-"""The pre-started solution sandbox (verifier/sandbox_forker.py): a run forked from it inherits
+"""The pre-started solution sandbox (verifier/sandbox/forker.py): a run forked from it inherits
 nothing another run could have left or the code could use, exactly as a sandbox started fresh
 per run. One slot, so consecutive runs share one forker; the guards off, as code that got past
 them would be."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rollmesh.verifier import SandboxConfig, SandboxLimits
-from rollmesh.verifier.sandbox import Sandbox, TestSpec
+from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
 
 LIMITS = SandboxLimits(wall_s=20.0, cpu_s=5, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
 

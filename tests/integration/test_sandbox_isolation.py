@@ -23,7 +23,7 @@ import pytest
 
 from rollmesh.launch.status import mesh_status
 from rollmesh.verifier import SandboxConfig
-from rollmesh.verifier.sandbox import Sandbox
+from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh_client import Client
 from tests.procs import ROLLMESH, ServerProc, spawn_server
 

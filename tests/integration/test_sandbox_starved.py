@@ -1,4 +1,4 @@
-"""A sandbox run on a host whose CPUs other work holds (verifier/sandbox_clock.py): a correct
+"""A sandbox run on a host whose CPUs other work holds (verifier/sandbox/clock.py): a correct
 solution that waited for a CPU gets its wall-clock time and passes (a plain wall-clock limit scored
 it 0); an infinite loop still ends at its CPU limit and a sleeper at the wall-clock limit (both the
 code's own doing: reward 0); a run kept from a CPU past 4x the limit is SandboxStarved (no verdict).
@@ -19,7 +19,7 @@ import pytest
 
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
 from rollmesh.verifier.errors import SandboxStarved
-from rollmesh.verifier.sandbox import Sandbox, TestSpec
+from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 

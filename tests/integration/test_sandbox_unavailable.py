@@ -12,7 +12,7 @@ import pytest
 
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
 from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
-from rollmesh.verifier.sandbox import Sandbox, TestSpec
+from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
 from rollmesh.verifier.testing import answer, check, load_env, task
 
 CODE_ENV = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments/code"

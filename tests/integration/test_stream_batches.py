@@ -21,7 +21,7 @@ from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.scheduler.agent import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService

@@ -20,7 +20,7 @@ from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.scheduler.agent import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel
 from rollmesh_client import Client
 from tests.conftest import StartServer

@@ -22,7 +22,7 @@ from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.sandbox import Sandbox
+from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client.v1 import gateway_pb2

@@ -36,9 +36,9 @@ from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
 from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh.verifier.verifiers_env import LAUNCHER
 
 ENVS = Path(__file__).resolve().parent.parent / "verifiers_envs"
 API_KEY = "verifiers-bridge-test-key"

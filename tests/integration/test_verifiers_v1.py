@@ -32,9 +32,9 @@ from rollmesh.mesh.config import ServerConfig
 from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
 from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
 from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER_V1
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh.verifier.verifiers_env import LAUNCHER_V1
 from tests.integration.test_verifiers_envs import (
     API_KEY,
     ENVS,

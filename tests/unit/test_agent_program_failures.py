@@ -1,4 +1,4 @@
-"""How an external agent program's failures are told (scheduler/program.py, mesh/_confine.py): a
+"""How an external agent program's failures are told (scheduler/drivers/program.py, mesh/_confine.py): a
 program that dies by its own signal is a failure naming the signal (it runs under a minimal init,
 so it is not pid 1, where the kernel drops the signals it sends itself); a failed program's output
 is kept as a row keeps it (the failure's `agent_program`, the failures file) and the message shows
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from rollmesh.scheduler import convert
+from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureRecord
 from rollmesh.scheduler.errors import AgentProgramExited, RolloutFailed
-from rollmesh.scheduler.program import CapturedTurn, CaptureRecord
 from rollmesh.scheduler.records import RolloutFailure, RolloutKey
 from rollmesh.scheduler.retry import with_retry
 from rollmesh.scheduler.spec import RetryPolicy

@@ -1,4 +1,4 @@
-"""What an external agent program may read of its task (scheduler/program.py `public_task`): the
+"""What an external agent program may read of its task (scheduler/drivers/program.py `public_task`): the
 prompt (`responses_create_params`) and the fields its environment marks public
 (`Environment.public_fields`, carried by GetEnvironment), never the gold. The whole search, files
 and /proc included, through `rollmesh run`: tests/e2e/test_agent_program_gold.py."""
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollmesh.scheduler.program import CapturedTurn, CaptureRecord, public_task
+from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureRecord, public_task
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.convert import environment_to_pb
 from rollmesh.verifier.environment import EnvContext, Environment, Response, Session, Task, VerifyResult

@@ -31,7 +31,7 @@ DEPLOY = REPO / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 NEMO_GYM_DOCKERFILE = DEPLOY / "Dockerfile.nemo-gym"
-LAUNCHER = REPO / "services" / "rollmesh" / "verifier" / "_nemo_gym_server.py"
+LAUNCHER = REPO / "services" / "rollmesh" / "verifier" / "bridges" / "_nemo_gym_server.py"
 SERVICES = tuple(DEFAULT_PORTS)  # registry, verifier, gateway, scheduler
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
@@ -386,7 +386,7 @@ def test_the_nemo_gym_profile_serves_one_resources_server_from_its_own_image(
     assert all(f'"{k}"' in launcher for k in env), "the launcher reads every variable the service sets"
     dockerfile = NEMO_GYM_DOCKERFILE.read_text()
     cmd = as_list(nemo_gym["command"])
-    assert f"COPY services/rollmesh/verifier/_nemo_gym_server.py {cmd[1]}" in dockerfile
+    assert f"COPY services/rollmesh/verifier/bridges/_nemo_gym_server.py {cmd[1]}" in dockerfile
     assert (
         cmd[0] == "/opt/nemo-gym/venv/bin/python"
         and "ln -s" in dockerfile

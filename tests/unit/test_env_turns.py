@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.scheduler.agent import AgentSettings, EnvStep, SessionOpened, ToolResult, run_agent
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings, EnvStep, SessionOpened, ToolResult, run_agent
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.tokens import build_token_record, validate_token_record
 from rollmesh.verifier import (

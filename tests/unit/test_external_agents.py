@@ -1,6 +1,6 @@
 """External agent programs, without servers: the gateway's capture store (gateway/captures.py), token
 records with segments (scheduler/tokens.py) and the program runner's failure classes and environment
-(scheduler/program.py) with in-process ports and tiny shell programs."""
+(scheduler/drivers/program.py) with in-process ports and tiny shell programs."""
 
 from __future__ import annotations
 
@@ -19,7 +19,15 @@ from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.captures import CaptureStore
 from rollmesh.gateway.types import GenerateInput
 from rollmesh.mesh.chat import Message
-from rollmesh.scheduler.agent import AgentSettings, Turn
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings, Turn
+from rollmesh.scheduler.drivers.program import (
+    CapturedTurn,
+    CaptureOpened,
+    CaptureRecord,
+    ProgramSpec,
+    run_program,
+)
+from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.errors import (
     AgentProgramExited,
     AgentProgramNoModelCall,
@@ -27,10 +35,8 @@ from rollmesh.scheduler.errors import (
     AgentProgramUnstartable,
     TokenRecordMismatch,
 )
-from rollmesh.scheduler.program import CapturedTurn, CaptureOpened, CaptureRecord, ProgramSpec, run_program
 from rollmesh.scheduler.records import SEGMENT_KEY, Rollout, RolloutKey, TurnSpan
 from rollmesh.scheduler.tokens import build_token_record, validate_rollout, validate_token_record
-from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 from tests.fakes import LocalEnv, LocalModel
 
 # -- the capture store ---------------------------------------------------------------------------

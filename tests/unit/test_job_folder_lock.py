@@ -17,9 +17,9 @@ import pytest
 
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.errors import JobFolderInUse
-from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.spec import JobSpec
 from rollmesh.scheduler.store import JOB, METRICS, WRITER_LOCK, job_dir
 from tests.exactly_once import check_exactly_once, expected_keys

@@ -15,11 +15,11 @@ from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.convert import metrics_to_pb, rollout_to_pb
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress
-from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.records import Json, Rollout, RolloutKey
+from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.spec import JobSpec
 from rollmesh.verifier.convert import result_to_pb
 from rollmesh_client.trainer import TrainerRollout, collate

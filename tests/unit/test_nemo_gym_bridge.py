@@ -18,6 +18,7 @@ from rollmesh.mesh.chat import Message, ToolCall
 from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import Response, VerifierConfig
+from rollmesh.verifier.bridges.nemo_gym import drop_nulls, openapi_tools
 from rollmesh.verifier.errors import (
     BadTask,
     EnvServerBadReply,
@@ -26,7 +27,6 @@ from rollmesh.verifier.errors import (
     EnvServerUnreachable,
     ReverifyUnsupported,
 )
-from rollmesh.verifier.nemo_gym import drop_nulls, openapi_tools
 from rollmesh.verifier.service import VerifierService, VerifyCall
 from tests.nemo_gym_fake import FakeGym, counter_row, fake_gym
 
@@ -218,7 +218,7 @@ async def test_a_large_answer_is_read_whole() -> None:
     did not parse, and the bridge knew none of the server's routes (a gymnasium server's /reset)."""
     from aiohttp import web
 
-    from rollmesh.verifier.http_bridge import HttpBridge
+    from rollmesh.verifier.bridges.http_bridge import HttpBridge
     from tests.http_apps import serve_app
 
     body = json.dumps({"paths": {f"/tool_{i}": {"post": {"description": "x" * 200}} for i in range(2000)}})

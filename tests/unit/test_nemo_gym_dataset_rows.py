@@ -1,4 +1,4 @@
-"""NeMo Gym dataset rows read at the edge as they are (scheduler/agent.py `input_messages`,
+"""NeMo Gym dataset rows read at the edge as they are (scheduler/drivers/agent_loop.py `input_messages`,
 scheduler/plan.py): an `input` that continues an episode (reasoning, function_call and
 function_call_output items, as single_step_tool_use_with_argument_comparison's rows hold) and
 `instructions` (google_search's rows). The first were refused at submit ("not a message with a
@@ -15,7 +15,7 @@ import pytest
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.responses_items import messages_from_items
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.agent import input_messages
+from rollmesh.scheduler.drivers.agent_loop import input_messages
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.spec import JobSpec
 

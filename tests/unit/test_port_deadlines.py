@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollmesh.scheduler.agent import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
 from rollmesh.scheduler.remote import SERVICE_CALL_S, GatewayModel, VerifierEnv
 from rollmesh_client.v1 import common_pb2, gateway_pb2, verifier_pb2
 

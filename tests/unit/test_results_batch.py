@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.agent import Turn
+from rollmesh.scheduler.drivers.agent_loop import Turn
 from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
 from rollmesh.scheduler.tokens import build_token_record
 from rollmesh_client.trainer import TrainerRollout, collate, grpo_advantages, parse_version, verl_view

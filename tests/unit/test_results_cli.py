@@ -9,8 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner, Result
 
 from rollmesh.cli import build_app
-from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.store import FAILURES, METRICS, ROLLOUTS
 
 runner = CliRunner()

@@ -12,9 +12,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from rollmesh.scheduler.errors import CorruptSinkFile, DuplicateRollout, SinkClosed
-from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.store import (
     FAILURES,
     FAILURES_RETRIED,

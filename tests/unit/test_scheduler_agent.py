@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from rollmesh.scheduler.agent import AgentSettings, input_messages, row_sampling, row_tools, run_agent
+from rollmesh.scheduler.drivers.agent_loop import (
+    AgentSettings,
+    input_messages,
+    row_sampling,
+    row_tools,
+    run_agent,
+)
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.tokens import build_token_record
 from tests.fakes import LocalEnv, LocalModel, counter_tool_script

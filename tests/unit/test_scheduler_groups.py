@@ -11,7 +11,7 @@ from typing import Any
 
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.agent import EnvDescription, GroupMember
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription, GroupMember
 from rollmesh.scheduler.engine import Hooks, JobRun, RunResult
 from rollmesh.scheduler.errors import BadReward, MalformedDatasetRow
 from rollmesh.scheduler.plan import build_plan

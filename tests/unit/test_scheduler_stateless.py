@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.agent import AgentSettings, EnvDescription, run_agent
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings, EnvDescription, run_agent
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.spec import JobSpec

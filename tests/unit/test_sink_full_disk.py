@@ -26,10 +26,10 @@ from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.errors import SinkWriteFailed
 from rollmesh.scheduler.job_convert import job_to_pb
-from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.manager import JobManager, JobRecord
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutKey
+from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.spec import JobSpec, SinkConfig
 from tests.exactly_once import check_exactly_once, expected_keys
 from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows

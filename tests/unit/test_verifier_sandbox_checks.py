@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier._clean_runner import _instrument, _names_of, _pytest_style
-from rollmesh.verifier._sandbox_runner import encode
 from rollmesh.verifier.errors import BadValue, ChannelBroken
-from rollmesh.verifier.sandbox_checks import names_used, plain_names, replain, unverifiable_case
-from rollmesh.verifier.sandbox_values import Ref, decode_value, parse_frame
+from rollmesh.verifier.sandbox._clean_runner import _instrument, _names_of, _pytest_style
+from rollmesh.verifier.sandbox._sandbox_runner import encode
+from rollmesh.verifier.sandbox.checks import names_used, plain_names, replain, unverifiable_case
+from rollmesh.verifier.sandbox.values import Ref, decode_value, parse_frame
 
 
 @pytest.mark.parametrize(

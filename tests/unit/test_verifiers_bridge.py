@@ -10,9 +10,9 @@ import pytest
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER, LAUNCHER_V1, VerifiersConfig, score_result
 from rollmesh.verifier.config import facade_url
 from rollmesh.verifier.errors import EnvServerBadReply
-from rollmesh.verifier.verifiers_env import LAUNCHER, LAUNCHER_V1, VerifiersConfig, score_result
 
 
 def config(tmp_path: Path, text: str) -> VerifiersConfig:

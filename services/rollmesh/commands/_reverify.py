@@ -12,7 +12,7 @@ Each row gets the new `reward`, `reward_components`, `extracted_answer` and `ver
 to its dataset row by the input messages (`join_tasks`: NeMo Gym's recorded rollouts).
 
 An environment that takes turns (GetEnvironment's `takes_turns`) is re-scored by replaying each
-rollout through the agent loop in a new session (scheduler/replay.py), at most `window` at once:
+rollout through the agent loop in a new session (scheduler/drivers/replay.py), at most `window` at once:
 its reward is the replayed steps' rewards plus verify's, and the row also gets the replayed
 `env_steps`. A verify of the final messages alone would score without the episode.
 
@@ -38,10 +38,10 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.responses_items import messages_from_input
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.agent import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.replay import replay
 from rollmesh.scheduler.records import ADDED_FIELDS, Json, Rollout
 from rollmesh.scheduler.remote import VerifierEnv
-from rollmesh.scheduler.replay import replay
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
 from rollmesh_client.v1 import verifier_pb2
 

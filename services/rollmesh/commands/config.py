@@ -17,7 +17,7 @@ def job_defaults() -> list[dict[str, Any]]:
     """The per-job retry/timeout defaults (JobSpec.retry, .sink), each with its meaning (the field's
     own, scheduler/spec.py) and the flag that overrides it ("" when only the API sets it)."""
     from rollmesh.commands._jobs import job_flags
-    from rollmesh.scheduler.grpc_sink import ACK_TIMEOUT_S
+    from rollmesh.scheduler.sinks.grpc import ACK_TIMEOUT_S
     from rollmesh.scheduler.spec import RetryPolicy
 
     flags, defaults = job_flags(), RetryPolicy()

@@ -2,7 +2,7 @@
 
 Standard library only: it runs before the child, in the child's own environment (an agent program's,
 a NeMo Gym or verifiers interpreter's), which has no rollmesh on its path. Used by mesh/confine.py
-for external agent programs (scheduler/program.py) and managed environment servers
+for external agent programs (scheduler/drivers/program.py) and managed environment servers
 (launch/sidecar.py). SETTINGS_JSON:
 
     {"parent": pid,              # SIGTERM when it dies (PR_SET_PDEATHSIG, kept across exec)

@@ -1,5 +1,5 @@
 """What every supervised child process shares, for `rollmesh up` (launch/processes.py), the
-verifier's sidecars (launch/sidecar.py) and external agent programs (scheduler/program.py): the
+verifier's sidecars (launch/sidecar.py) and external agent programs (scheduler/drivers/program.py): the
 child leads its own session, dies with its parent on Linux (mesh/confine.py's wrapper asks for the
 death signal; never a `preexec_fn`, which makes Python fork, not vfork, and run every fork handler
 in the child, gRPC's included), and is killed as a whole process group.

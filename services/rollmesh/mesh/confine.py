@@ -1,6 +1,6 @@
 """Confined children: the one way rollmesh runs a program it does not trust that is not Python under
-test (that is the verifier's code sandbox, verifier/sandbox.py). External agent programs
-(scheduler/program.py) and managed environment servers (launch/sidecar.py: NeMo Gym resources
+test (that is the verifier's code sandbox, verifier/sandbox/core.py). External agent programs
+(scheduler/drivers/program.py) and managed environment servers (launch/sidecar.py: NeMo Gym resources
 servers, verifiers environments) start as `command(argv, confinement, mode_file)`, which runs
 mesh/_confine.py (standard library only) before `argv`; its docstring is the contract.
 

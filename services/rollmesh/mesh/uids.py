@@ -1,5 +1,5 @@
 """The uid a sandboxed run drops to as root: one per concurrent run, unique host-wide. Used by the
-verifier's code sandbox (verifier/sandbox.py) and by every confined child (mesh/confine.py: managed
+verifier's code sandbox (verifier/sandbox/core.py) and by every confined child (mesh/confine.py: managed
 environment servers, external agent programs), all drawing from one block through one lease folder.
 
 Runs sharing a uid hurt each other (RLIMIT_NPROC counts the uid's processes; in `process` mode a

@@ -43,7 +43,9 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import telemetry
-from rollmesh.scheduler.agent import (
+from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.deadline import AdaptiveDeadline
+from rollmesh.scheduler.drivers.agent_loop import (
     AgentOutcome,
     AgentSettings,
     EnvDescription,
@@ -60,8 +62,14 @@ from rollmesh.scheduler.agent import (
     close_sessions,
     run_agent,
 )
-from rollmesh.scheduler.concurrency import Limiter
-from rollmesh.scheduler.deadline import AdaptiveDeadline
+from rollmesh.scheduler.drivers.program import (
+    CaptureOpened,
+    CaptureRecord,
+    ProgramModel,
+    ProgramSpec,
+    run_program,
+)
+from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.errors import (
     ErrorClass,
     GatewayUnresponsive,
@@ -78,16 +86,14 @@ from rollmesh.scheduler.metrics import Scored, measured_reward
 from rollmesh.scheduler.oracle import run_oracle
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
-from rollmesh.scheduler.program import CaptureOpened, CaptureRecord, ProgramModel, ProgramSpec, run_program
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
 from rollmesh.scheduler.refill import Group, Refill
 from rollmesh.scheduler.retry import Backoff, Outages, with_retry
-from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.sinks.base import Sink
 from rollmesh.scheduler.timing import CURRENT as CURRENT_TIMING
 from rollmesh.scheduler.timing import Reservoir, RolloutTiming
 from rollmesh.scheduler.timing import current as current_timing
 from rollmesh.scheduler.tokens import build_token_record, validate_rollout
-from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Probe, Watchdog
 
 log = get_logger("rollmesh.scheduler.engine")

@@ -25,7 +25,7 @@ from rollmesh.mesh.errors import InvalidArgument, RollmeshError, Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
 from rollmesh.scheduler import store, telemetry
-from rollmesh.scheduler.agent import EnvDescription, EnvPort, ModelPort
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription, EnvPort, ModelPort
 from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
 from rollmesh.scheduler.errors import (
     CorruptJobFile,
@@ -37,7 +37,6 @@ from rollmesh.scheduler.errors import (
     RequestIdReused,
     ResumeMismatch,
 )
-from rollmesh.scheduler.jsonl_sink import JsonlSink
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.outcome import (
     COMPLETED_WITH_FAILURES,
@@ -48,7 +47,8 @@ from rollmesh.scheduler.outcome import (
 )
 from rollmesh.scheduler.plan import Plan, build_plan, refuse_promptless
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
-from rollmesh.scheduler.sink import Sink
+from rollmesh.scheduler.sinks.base import Sink
+from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.spec import JobSpec, validate
 from rollmesh.verifier.errors import EnvironmentBroken, EnvironmentNotFound
 
@@ -76,7 +76,7 @@ def default_sink_factory(job_id: str, plan: Plan, directory: Path, *, api_key: s
     `api_key`, the mesh's own, as a bearer token when set)."""
     cfg = plan.spec.sink
     if cfg.kind == "grpc":
-        from rollmesh.scheduler.grpc_sink import GrpcSink
+        from rollmesh.scheduler.sinks.grpc import GrpcSink
 
         return GrpcSink(
             cfg.address,

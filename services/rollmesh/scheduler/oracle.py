@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
-from rollmesh.scheduler.agent import AgentOutcome, AgentSettings, EnvPort, Json, close_sessions
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome, AgentSettings, EnvPort, Json, close_sessions
 from rollmesh.scheduler.records import RolloutKey
 
 FINISH_REASON = "oracle"

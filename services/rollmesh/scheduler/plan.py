@@ -19,8 +19,8 @@ from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import NotJson
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
-from rollmesh.scheduler.agent import ROW_SAMPLING, has_prompt, responses_input, row_tools
 from rollmesh.scheduler.convert import sampling_to_pb
+from rollmesh.scheduler.drivers.agent_loop import ROW_SAMPLING, has_prompt, responses_input, row_tools
 from rollmesh.scheduler.errors import (
     BenchmarkNotFound,
     DatasetNotFound,

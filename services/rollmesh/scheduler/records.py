@@ -144,7 +144,7 @@ class Rollout:
     #: Where the rollout's time went (timing.py); None for rows written before rollmesh recorded it.
     timing: RolloutTiming | None = None
     model: str = ""  # the model the job asked for (the Responses object's `model`)
-    #: An external agent program's run (scheduler/program.py: exit code, output tails, calls); empty,
+    #: An external agent program's run (scheduler/drivers/program.py: exit code, output tails, calls); empty,
     #: and absent from the row, for the built-in loop.
     agent_program: Json = field(default_factory=dict)
 

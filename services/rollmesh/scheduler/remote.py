@@ -37,7 +37,8 @@ from rollmesh.mesh.in_process import InProcessMux, InProcessStub
 from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.mesh.versions import spans_from
-from rollmesh.scheduler.agent import (
+from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
+from rollmesh.scheduler.drivers.agent_loop import (
     EnvDescription,
     EnvStep,
     GenerateCall,
@@ -47,9 +48,8 @@ from rollmesh.scheduler.agent import (
     ToolResult,
     Turn,
 )
-from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
+from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureOpened, CaptureRecord
 from rollmesh.scheduler.errors import BadReward
-from rollmesh.scheduler.program import CapturedTurn, CaptureOpened, CaptureRecord
 from rollmesh_client import (
     AlreadyExistsError,
     Multiplexed,

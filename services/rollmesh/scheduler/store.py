@@ -47,7 +47,7 @@ ROLLOUTS = "rollouts.jsonl"
 FAILURES = "failures.jsonl"
 FAILURES_RETRIED = "failures.retried.jsonl"
 METRICS = "metrics.json"
-WRITER_LOCK = "writer.lock"  # flocked by the job's one writer (jsonl_sink.py)
+WRITER_LOCK = "writer.lock"  # flocked by the job's one writer (sinks/jsonl.py)
 OUTPUT_FILES = (ROLLOUTS, FAILURES, METRICS)  # what a finished job hands its user
 SERVICES_LOG = "services.log"
 

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from rollmesh.mesh import untrusted_json
-from rollmesh.scheduler.agent import Turn
+from rollmesh.scheduler.drivers.agent_loop import Turn
 from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.records import SEGMENT_KEY, Json, Rollout, TokenRecord, TurnSpan
 

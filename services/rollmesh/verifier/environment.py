@@ -44,8 +44,8 @@ environment that overrides `step` sees every assistant turn of a rollout and ans
         def verify(self, task, response, session=None) -> VerifyResult:
             return VerifyResult(reward=0.0)  # the steps carry the reward
 
-The agent loop (scheduler/agent.py) runs: seed (its messages join the prompt) -> generate -> run the
-turn's calls to the environment's own tools (as without turns) -> `step(session, turn)` with the
+The agent loop (scheduler/drivers/agent_loop.py) runs: seed (its messages join the prompt) -> generate ->
+run the turn's calls to the environment's own tools (as without turns) -> `step(session, turn)` with the
 assistant message and those tool results -> append the `EnvTurn`'s messages (an observation as a
 "user" message; an answer to a call the environment handles itself as a "tool" message with its
 `tool_call_id`) -> ... until `done` or `max_steps` model turns; then `verify` as always. The

@@ -107,7 +107,7 @@ class SandboxUnavailable(Exception):
 
 class SandboxStarved(SandboxUnavailable):
     """The code ran, but the host's other work held the CPUs so long that it did not get its
-    wall-clock time within `STARVED_AFTER` x the limit (verifier/sandbox_clock.py): its outcome is
+    wall-clock time within `STARVED_AFTER` x the limit (verifier/sandbox/clock.py): its outcome is
     unknown, not a timeout of its own."""
 
     def __init__(self, message: str) -> None:

@@ -1,5 +1,5 @@
 """Finding environment plugins: `environments/<name>/env.py` in every artifact root (or, in a folder
-with no env.py, `nemo_gym.toml`: a NeMo Gym resources server behind the bridge, verifier/nemo_gym.py),
+with no env.py, `nemo_gym.toml`: a NeMo Gym resources server behind the bridge, verifier/bridges/nemo_gym.py),
 then the `rollmesh.environments` entry-point group.
 
 Collision rule (the registry's): a name found in two roots, or in a root and an entry point, is
@@ -147,11 +147,11 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
 
                 cls: type[Environment] = ContainerTasksEnvironment
             elif bridged:
-                from rollmesh.verifier.nemo_gym import NemoGymEnvironment
+                from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
 
                 cls = NemoGymEnvironment
             elif vf_bridged:
-                from rollmesh.verifier.verifiers_env import VerifiersEnvironment
+                from rollmesh.verifier.bridges.verifiers_env import VerifiersEnvironment
 
                 cls = VerifiersEnvironment
             elif not env_file.is_file():

@@ -9,8 +9,8 @@ from typing import Any
 from rollmesh.builtin.environments.code.unit_tests import unit_tests_spec
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
-from rollmesh.verifier.sandbox import Sandbox, TestSpec
-from rollmesh.verifier.sandbox_checks import unverifiable_case
+from rollmesh.verifier.sandbox.checks import unverifiable_case
+from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
 
 # Possessive: a run of blanks after ``` is read once (backtracking between the two blank runs took
 # seconds on a long run of spaces, on the verifier's event loop).

@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from rollmesh.verifier.sandbox import TestSpec
+from rollmesh.verifier.sandbox.core import TestSpec
 
 WHERE = "verifier_metadata.unit_tests"
 

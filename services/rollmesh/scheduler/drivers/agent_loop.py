@@ -35,7 +35,7 @@ from rollmesh.scheduler.errors import GenerationAborted, NoPrompt
 from rollmesh.scheduler.records import RolloutKey
 
 Json = dict[str, Any]
-log = get_logger("rollmesh.scheduler.agent")
+log = get_logger("rollmesh.scheduler.drivers.agent_loop")
 
 CLOSE_TIMEOUT_S = 10.0
 

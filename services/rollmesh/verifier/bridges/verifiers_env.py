@@ -16,7 +16,7 @@ Declared as `environments/<name>/verifiers.toml` in any artifact root (no env.py
     [args]                               # load_environment's keyword arguments
     max_turns = 4
 
-The verifier runs verifier/_verifiers_server.py in that interpreter as a sidecar (launch/sidecar.py:
+The verifier runs verifier/bridges/_verifiers_server.py in that interpreter as a sidecar (launch/sidecar.py:
 loopback port, health, restart with backoff, BROKEN while down, its log, stopped with the verifier)
 and speaks its small JSON protocol (see that file). Every verifiers environment takes turns here:
 - SeedSession: POST /seed with the row: verifiers' `init_state` + `setup_state`; the state's tool
@@ -59,6 +59,8 @@ from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, Reply, bridge_config
+from rollmesh.verifier.bridges.nemo_gym import foreign_env
 from rollmesh.verifier.environment import (
     EnvContext,
     Environment,
@@ -76,11 +78,9 @@ from rollmesh.verifier.errors import (
     GroupScored,
     RewardFunctionFailed,
 )
-from rollmesh.verifier.http_bridge import HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.loader import VERIFIERS_CONFIG
-from rollmesh.verifier.nemo_gym import foreign_env
 
-log = get_logger("rollmesh.verifier.verifiers_env")
+log = get_logger("rollmesh.verifier.bridges.verifiers_env")
 
 LAUNCHER = Path(__file__).with_name("_verifiers_server.py")
 LAUNCHER_V1 = Path(__file__).with_name("_verifiers_v1_server.py")

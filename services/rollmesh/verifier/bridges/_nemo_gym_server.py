@@ -1,6 +1,6 @@
 """Serve one NeMo Gym resources server on loopback, without `ng_run`.
 
-Run by the verifier (verifier/nemo_gym.py) with the interpreter of a NeMo Gym installation, never
+Run by the verifier (verifier/bridges/nemo_gym.py) with the interpreter of a NeMo Gym installation, never
 with rollmesh's own: it imports nothing of rollmesh, only the standard library, nemo_gym and what
 the server needs. The job comes in ROLLMESH_NEMO_GYM_SERVER (JSON):
 

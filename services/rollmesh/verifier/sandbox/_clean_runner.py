@@ -2,7 +2,7 @@
 sandbox as clean.py next to runner.py, it is loaded once by `runner.py --clean` (a pre-started
 process: `_sandbox_runner.fork_server`) and run in a child forked per verify, under the same
 limits and guards as the solution's process. It never loads the solution and hears from it only
-plain data, decoded strictly by the verifier on the way (`sandbox_checks.Relay`).
+plain data, decoded strictly by the verifier on the way (`checks.Relay`).
 
 It runs each test case, whole, as Python: expected values, inputs, loop sources, helpers, library
 calls and every expression form are computed here, by this interpreter's own builtins and
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 try:
-    from rollmesh.verifier import _sandbox_runner as base
+    from rollmesh.verifier.sandbox import _sandbox_runner as base
 except ImportError:  # in the sandbox (python -I -S: the standard library only): runner.py is __main__
     base = sys.modules["__main__"]  # type: ignore[assignment]
 

@@ -28,8 +28,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollmesh.verifier._sandbox_runner import REPLY_FD
 from rollmesh.verifier.errors import ChannelBroken
+from rollmesh.verifier.sandbox._sandbox_runner import REPLY_FD
 
 END_TIMEOUT_S = 10.0  # for the forker to kill and reap what a run left
 
@@ -111,7 +111,7 @@ class Forked:
 
     @property
     def clock(self) -> tuple[int, int]:
-        """What `sandbox_clock` counts: the descendants of the forker (not unshare, not the forker,
+        """What `clock` counts: the descendants of the forker (not unshare, not the forker,
         which was up before the run's clock started: `Sandbox._forker`)."""
         return self.forker.proc.pid, 2
 

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.agent import Json, ToolResult
+from rollmesh.scheduler.drivers.agent_loop import Json, ToolResult
 
 log = get_logger("rollmesh.scheduler.tools")
 

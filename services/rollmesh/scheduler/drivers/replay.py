@@ -17,7 +17,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rollmesh.scheduler.agent import AgentOutcome, AgentSettings, EnvPort, GenerateCall, Json, Turn, run_agent
+from rollmesh.scheduler.drivers.agent_loop import (
+    AgentOutcome,
+    AgentSettings,
+    EnvPort,
+    GenerateCall,
+    Json,
+    Turn,
+    run_agent,
+)
 from rollmesh.scheduler.errors import NothingToReplay
 from rollmesh.scheduler.records import Rollout
 

@@ -79,7 +79,7 @@ from rollmesh.mesh.confine import (
     resolve_shim,
 )
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.agent import (
+from rollmesh.scheduler.drivers.agent_loop import (
     AgentOutcome,
     AgentSettings,
     EnvPort,
@@ -94,6 +94,7 @@ from rollmesh.scheduler.agent import (
     row_sampling,
     row_tools,
 )
+from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.errors import (
     AgentProgramExited,
     AgentProgramNoModelCall,
@@ -105,9 +106,8 @@ from rollmesh.scheduler.errors import (
 )
 from rollmesh.scheduler.records import SEGMENT_KEY, RolloutKey
 from rollmesh.scheduler.retry import attempt_deadline_held
-from rollmesh.scheduler.tool_endpoint import ToolEndpoint
 
-log = get_logger("rollmesh.scheduler.program")
+log = get_logger("rollmesh.scheduler.drivers.program")
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 # The rlimits a program runs under (a coding agent's toolchain needs room; these stop runaways).

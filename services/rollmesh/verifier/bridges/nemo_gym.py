@@ -61,7 +61,7 @@ The protocol (what NeMo Gym's simple_agent does, plus 0.7.0's additions):
 Attach modes and isolation: a URL-attached server is whatever the user runs (its isolation is
 theirs); one that is down when the verifier starts is BROKEN and probed with backoff until it
 answers (then its tools are listed). A managed server is a sidecar (launch/sidecar.py) running
-verifier/_nemo_gym_server.py in the named interpreter on loopback: BROKEN in ListEnvironments while
+verifier/bridges/_nemo_gym_server.py in the named interpreter on loopback: BROKEN in ListEnvironments while
 it is down, restarted with backoff, stopped with the verifier; it runs as the verifier's user, with
 the verifier's network.
 """
@@ -89,6 +89,7 @@ from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.responses_items import response_object
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.bridges.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.environment import (
     EnvContext,
     Environment,
@@ -109,10 +110,9 @@ from rollmesh.verifier.errors import (
     EnvSessionLost,
     ReverifyUnsupported,
 )
-from rollmesh.verifier.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.loader import BRIDGE_CONFIG
 
-log = get_logger("rollmesh.verifier.nemo_gym")
+log = get_logger("rollmesh.verifier.bridges.nemo_gym")
 
 CONFIG_FILE = BRIDGE_CONFIG
 LAUNCHER = Path(__file__).with_name("_nemo_gym_server.py")

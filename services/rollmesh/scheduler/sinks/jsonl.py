@@ -58,9 +58,9 @@ from rollmesh.scheduler.errors import (
 )
 from rollmesh.scheduler.metrics import Scored, compute, measured_reward
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sink import MetricsOf, Sink
+from rollmesh.scheduler.sinks.base import MetricsOf, Sink
 
-log = get_logger("rollmesh.scheduler.jsonl_sink")
+log = get_logger("rollmesh.scheduler.sinks.jsonl")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Serve one verifiers (0.3.x API) environment on loopback for rollmesh's bridge (verifier/verifiers_env.py).
+"""Serve one verifiers (0.3.x API) environment on loopback for rollmesh's bridge
+(verifier/bridges/verifiers_env.py).
 
 Run by the verifier with the interpreter of a virtualenv holding `verifiers` and the environment's
 package, never with rollmesh's own: it imports nothing of rollmesh, only the standard library,

@@ -1,7 +1,7 @@
 """The verifier's part in a test's verdict: it relays, and it decides what may cross. Nothing here
 runs a test or untrusted code.
 
-A run of assert tests has two sandboxed processes (verifier/sandbox.py): the solution's, which
+A run of assert tests has two sandboxed processes (verifier/sandbox/core.py): the solution's, which
 loads the code and answers calls into it (`_sandbox_runner.Runner`), and the clean interpreter,
 which never loads it and runs the tests, whole, as Python (`_clean_runner.CleanRunner`). The
 verdict of a case is what the clean interpreter reports: the solution's process never holds a
@@ -10,7 +10,7 @@ except the answers of the solution's own functions and objects.
 
 `Relay` carries a case's calls from the clean interpreter to the solution's process and the
 answers back. Every answer (and every argument of a function of the tests' that the solution
-calls back) is decoded strictly here (`sandbox_values.decode_value`: exact builtin types, bounded
+calls back) is decoded strictly here (`values.decode_value`: exact builtin types, bounded
 size and depth, an object of the solution's own as a bare reference) and encoded again, so the
 clean interpreter only ever receives plain data this process wrote. A case that makes more than
 `MAX_CALLS` calls, nests callbacks deeper than `MAX_NESTING`, or gets an answer that does not
@@ -26,9 +26,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollmesh.verifier._sandbox_runner import MAX_ERROR_CHARS, encode
 from rollmesh.verifier.errors import BadValue, ChannelBroken
-from rollmesh.verifier.sandbox_values import Ref, decode_value
+from rollmesh.verifier.sandbox._sandbox_runner import MAX_ERROR_CHARS, encode
+from rollmesh.verifier.sandbox.values import Ref, decode_value
 
 MAX_CALLS = 100_000  # calls into the solution per case
 MAX_NESTING = 32  # callbacks within calls within callbacks ...

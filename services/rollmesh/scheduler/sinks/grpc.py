@@ -41,11 +41,11 @@ from rollmesh.scheduler import convert, telemetry
 from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
 from rollmesh.scheduler.metrics import measured_reward
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sink import MetricsOf, Sink
+from rollmesh.scheduler.sinks.base import MetricsOf, Sink
 from rollmesh_client import aio_channel, max_message_bytes
 from rollmesh_client.v1 import scheduler_pb2, sink_pb2, sink_pb2_grpc
 
-log = get_logger("rollmesh.scheduler.grpc_sink")
+log = get_logger("rollmesh.scheduler.sinks.grpc")
 
 WAIT_SHOWN_AFTER_S = 5.0  # a full window with no acknowledgement for this long shows in progress
 ACK_TIMEOUT_S = 300.0  # ... and fails the job (GrpcSinkSpec.ack_timeout_s)

@@ -21,14 +21,14 @@ unless the operator set ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS=1:
   and signal it. No network isolation in either case.
 
 A run of assert tests has a second sandboxed process, the clean interpreter where the verdict is
-computed (verifier/sandbox_checks.py): a child forked, per run, by a pre-started clean interpreter
+computed (verifier/sandbox/checks.py): a child forked, per run, by a pre-started clean interpreter
 (`_Zygote`, one per concurrent run, in a sandbox and under a uid of its own for its life, that only
 ever runs the runner's own code and forks one run at a time; after each it kills what the child
 left and empties its directory). One whose run did not end as the protocol says is stopped and
 replaced. `aclose` stops them.
 
 In `namespaces` mode as root, the solution's process is forked too: by a pre-started sandbox per
-slot (`sandbox_forker.Forker`, root in its chroot and pid 1 of its namespaces) that mounts a fresh
+slot (`forker.Forker`, root in its chroot and pid 1 of its namespaces) that mounts a fresh
 tmpfs as /sandbox per run and forks a child holding only the run's pipes, which drops to the run's
 uid; at the end of the run every other process of the namespace is killed. A forker that does not
 end a run as its protocol says is stopped and replaced. Elsewhere each run starts a sandbox.
@@ -41,7 +41,7 @@ the code's doing and ends in a `RunResult`.
 
 A run that the host's other work kept from a CPU so long that it did not get its wall-clock time
 within 4x the limit raises `SandboxStarved` (a `SandboxUnavailable`, timed out): its outcome is
-unknown. The wall-clock limit counts the time the code could run (verifier/sandbox_clock.py).
+unknown. The wall-clock limit counts the time the code could run (verifier/sandbox/clock.py).
 
 Always: rlimits (CPU, address space, file size, processes, core 0), a wall-clock timeout, an
 empty environment (no ROLLMESH_API_KEY), output kept up to a cap (the rest is dropped), and a
@@ -76,15 +76,15 @@ from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.uids import PROBE_UID, SANDBOX_UIDS, UidPool
 from rollmesh.verifier import telemetry
-from rollmesh.verifier._sandbox_runner import CPU_LIMIT_EXIT
 from rollmesh.verifier.config import SandboxConfig, SandboxLimits
 from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, SandboxStarved, SandboxUnavailable
-from rollmesh.verifier.sandbox_checks import Relay, names_used, normalize_output
-from rollmesh.verifier.sandbox_clock import STARVED_AFTER, WallCredit, run_within_wall_time
-from rollmesh.verifier.sandbox_forker import Forked, Forker
-from rollmesh.verifier.sandbox_values import parse_frame
+from rollmesh.verifier.sandbox._sandbox_runner import CPU_LIMIT_EXIT
+from rollmesh.verifier.sandbox.checks import Relay, names_used, normalize_output
+from rollmesh.verifier.sandbox.clock import STARVED_AFTER, WallCredit, run_within_wall_time
+from rollmesh.verifier.sandbox.forker import Forked, Forker
+from rollmesh.verifier.sandbox.values import parse_frame
 
-log = get_logger("rollmesh.verifier.sandbox")
+log = get_logger("rollmesh.verifier.sandbox.core")
 
 RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 CLEAN = Path(__file__).with_name("_clean_runner.py")
@@ -157,7 +157,7 @@ class RunResult:
     stderr: str = ""
     output_truncated: bool = False
     duration_s: float = 0.0
-    # Seconds the run was given past wall_s for the time it waited for a CPU (sandbox_clock.py).
+    # Seconds the run was given past wall_s for the time it waited for a CPU (clock.py).
     cpu_wait_credit_s: float = 0.0
     isolation: str = ""
 
@@ -176,7 +176,7 @@ class Sandbox:
         self._slots = asyncio.Semaphore(config.concurrency)
         self._uids = UidPool()
         self._idle: list[_Zygote] = []  # pre-started clean interpreters, one run at a time each
-        self._forkers: list[Forker] = []  # pre-started solution sandboxes (sandbox_forker.py), idle
+        self._forkers: list[Forker] = []  # pre-started solution sandboxes (forker.py), idle
         self._zygote_groups: set[int] = set()  # their process groups, killed when this is collected
         self._closed = False
         weakref.finalize(self, _kill_groups, self._zygote_groups)
@@ -397,7 +397,7 @@ class Sandbox:
         return result
 
     def _forks(self, mode: str) -> bool:
-        """Whether runs' solution processes are forked by pre-started sandboxes (sandbox_forker.py):
+        """Whether runs' solution processes are forked by pre-started sandboxes (forker.py):
         in `namespaces` mode as root, where the forker can stay root and give each run its uid."""
         return mode == "namespaces" and self._drop_privileges
 
@@ -472,7 +472,7 @@ class Sandbox:
         drain.add_done_callback(_retrieved)
         self._zygote_groups.add(proc.proc.pid)
         forker = Forker(proc.proc, ours, stack, drain, loop, keep)
-        # Up before the run's clock starts: its start is not the code's time (sandbox_clock.py)
+        # Up before the run's clock starts: its start is not the code's time (clock.py)
         try:
             async with asyncio.timeout(limits.wall_s * STARVED_AFTER):
                 await forker.ready()
@@ -601,7 +601,7 @@ class Sandbox:
             return error
 
         try:
-            # The time the solution's process waited for a CPU is credited (sandbox_clock.py); the
+            # The time the solution's process waited for a CPU is credited (clock.py); the
             # clean interpreter's session holds its pre-started parent too, whose CPU is not the run's
             pid, skip = main.clock
             error = await run_within_wall_time(talk(), pid, limits.wall_s, credit, skip)
@@ -782,7 +782,7 @@ async def _check_io(channel: Channel, case: dict[str, Any]) -> None:
 @dataclass
 class Channel:
     """Requests as JSON lines on the sandbox's stdin; replies as length-prefixed JSON frames on a
-    pipe of their own (`reply_fd` there). Implements `sandbox_checks.Child`."""
+    pipe of their own (`reply_fd` there). Implements `checks.Child`."""
 
     _writer: asyncio.StreamWriter
     _reader: asyncio.StreamReader
@@ -867,7 +867,7 @@ class _Proc:
 @dataclass
 class _Spawned:
     """The solution's process of one run, started in a sandbox of its own (`Sandbox._process`); the
-    interface `sandbox_forker.Forked` has too."""
+    interface `forker.Forked` has too."""
 
     proc: asyncio.subprocess.Process
     reply_fd: int
@@ -890,7 +890,7 @@ class _Spawned:
 
     @property
     def clock(self) -> tuple[int, int]:
-        """What `sandbox_clock` counts: the session it leads, and every descendant."""
+        """What `clock` counts: the session it leads, and every descendant."""
         return self.proc.pid, 0
 
     @property

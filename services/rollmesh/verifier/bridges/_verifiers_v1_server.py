@@ -1,5 +1,5 @@
 """Serve one verifiers 0.4 (`verifiers.v1`) taskset on loopback for rollmesh's bridge
-(verifier/verifiers_env.py), with the same JSON protocol as _verifiers_server.py (whose HTTP app,
+(verifier/bridges/verifiers_env.py), with the same JSON protocol as _verifiers_server.py (whose HTTP app,
 `rows` command line and RewardFunctionFailed this reuses: it sits in the same folder and imports
 nothing of rollmesh either).
 

@@ -1,0 +1,1 @@
+"""The code sandbox: the one place untrusted code runs (docs/security.md)."""
