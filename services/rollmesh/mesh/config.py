@@ -286,6 +286,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "Verifier: gateway model for the math judge (empty: default).",
         ),
         EnvVar(
+            "ROLLMESH_VERIFIER_REASONING_GYM_READING",
+            "final",
+            "Verifier: how reasoning_gym reads the answer: final (the final assistant message, outside "
+            "think blocks) or nemo_gym (NeMo Gym's server's reading, to re-score its rows as it did).",
+        ),
+        EnvVar(
             "ROLLMESH_VERIFIER_JUDGE_URL",
             "",
             "Verifier: the OpenAI-compatible base URL verifiers judges call (default: the gateway's "

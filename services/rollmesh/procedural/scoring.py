@@ -1,8 +1,17 @@
 """Scoring an answer with the generator's own scorer (runs in a verifier worker process).
 
-Extraction follows reasoning-gym's convention and NeMo Gym's reasoning_gym server: the last
-`<answer>…</answer>` (reasoning_gym.utils.extract_answer), else the first `\\boxed{…}`, else the whole
-text. The entry handed to the scorer is the row's question, answer and metadata, or, when the row
+Which text is the answer (`READINGS`; the environment picks one):
+- `final` (rollmesh's, the default): the final assistant message, outside its think blocks
+  (`<think>…</think>` or `<thinking>…</thinking>`; text before a lone `</think>` and after an
+  unclosed `<think>` is thinking too); in it the last `<answer>…</answer>`
+  (reasoning_gym.utils.extract_answer), else the last `\\boxed{…}` (answer_text.last_box), else the whole
+  of it. An `<answer>` inside a think block, an earlier assistant message, or a first box that a
+  later one corrects is never the answer.
+- `nemo_gym` (NeMo Gym's reasoning_gym server, for re-scoring its rows as it did): every
+  assistant message joined, think blocks included; the last `<answer>…</answer>`, else the first
+  `\\boxed{…}` (up to its first `}`), else the whole text.
+
+The entry handed to the scorer is the row's question, answer and metadata, or, when the row
 says its metadata does not survive JSON (`reasoning_gym_entry.rebuild`), the entry made again
 from its generator, config and index (and checked to ask the row's question).
 
@@ -22,24 +31,43 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from rollmesh.mesh.answer_text import last_box
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.procedural.rows import NOT_JSON_SAFE, SOURCE_FIELD, check_names, rebuild_entry
 
 Json = dict[str, Any]
-_BOXED = re.compile(r"\\boxed\{([^}]+)\}")
+READINGS = ("final", "nemo_gym")
+_FIRST_BOXED = re.compile(r"\\boxed\{([^}]+)\}")  # NeMo Gym's: up to the first `}`
+_THINK_OPEN = re.compile(r"<think(?:ing)?>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think(?:ing)?>", re.IGNORECASE)
 
 
-def extract(text: str) -> str:
-    """The answer in a completion: `<answer>` tags, else `\\boxed{}`, else the stripped text."""
+def outside_think(text: str) -> str:
+    """`text` without its think blocks: what follows the last closing tag (a lone `</think>` closes
+    thinking the prompt opened), up to an opening tag that is never closed."""
+    closes = list(_THINK_CLOSE.finditer(text))
+    if closes:
+        text = text[closes[-1].end() :]
+    opened = _THINK_OPEN.search(text)
+    return text[: opened.start()] if opened else text
+
+
+def extract(text: str, reading: str = "final") -> str:
+    """The answer in a completion's text, read as `reading` says (module docstring)."""
     from reasoning_gym.utils import extract_answer
 
-    tagged = extract_answer(text, tag_name="answer")
+    if reading == "nemo_gym":
+        tagged = extract_answer(text, tag_name="answer")
+        if tagged is not None:
+            return str(tagged)
+        first = _FIRST_BOXED.search(text)
+        return first.group(1).strip() if first else text.strip()
+    region = outside_think(text)
+    tagged = extract_answer(region, tag_name="answer")
     if tagged is not None:
         return str(tagged)
-    boxed = _BOXED.search(text)
-    if boxed:
-        return boxed.group(1).strip()
-    return text.strip()
+    box = last_box(region)
+    return region[box[1] : box[2]].strip() if box is not None else region.strip()
 
 
 def warmup() -> bool:
@@ -93,13 +121,14 @@ def _halting_score(answer: str | None, entry: Mapping[str, Any]) -> float:
     return 1.0 if answer is not None and answer.strip().lower() == gold else 0.0
 
 
-def score(row: Json, text: str) -> Json:
-    """{score, extracted, reason, generator} for `text` as the answer to `row`, or {bad_task: why}."""
+def score(row: Json, text: str, reading: str = "final") -> Json:
+    """{score, extracted, reason, generator} for `text` as the answer to `row` (read as `reading`
+    says), or {bad_task: why}."""
     try:
         name, entry = entry_of(row)
     except RollmeshError as exc:
         return {"bad_task": exc.message}
-    extracted = extract(text)
+    extracted = extract(text, reading)
     if not extracted:
         return {"score": 0.0, "extracted": "", "reason": "no answer", "generator": name}
     try:

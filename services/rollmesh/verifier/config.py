@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from rollmesh.mesh.config import ServerConfig, read, read_fields, service_addr
 from rollmesh.mesh.errors import ConfigError
+from rollmesh.procedural.scoring import READINGS
 from rollmesh.registry.roots import RootsConfig
 
 ISOLATION_MODES = ("auto", "namespaces", "process")
@@ -48,6 +49,9 @@ class VerifierConfig:
     math_timeout_s: float = 10.0
     math_judge: bool = False
     math_judge_model: str = ""
+    # How the reasoning_gym environment reads the answer: "final" (the final assistant message,
+    # outside think blocks) or "nemo_gym" (NeMo Gym's server's reading): procedural/scoring.py.
+    reasoning_gym_reading: str = "final"
     # The math judge's gateway: ROLLMESH_GATEWAY_ADDR, else the config table's default.
     gateway_addr: str = field(default_factory=lambda: service_addr("gateway"))
     # Where verifiers judges ask (the gateway's OpenAI facade: `/v1` base URL), and which model ("":
@@ -75,6 +79,11 @@ class VerifierConfig:
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"out of range: {', '.join(bad)} (sizes and counts must be positive)")
+        if self.reasoning_gym_reading not in READINGS:
+            raise ConfigError(
+                f"ROLLMESH_VERIFIER_REASONING_GYM_READING={self.reasoning_gym_reading!r}: "
+                f"use one of {', '.join(READINGS)}"
+            )
         if self.sandbox.isolation not in ISOLATION_MODES:
             raise ConfigError(
                 f"ROLLMESH_VERIFIER_SANDBOX_ISOLATION={self.sandbox.isolation!r}: "

@@ -1,6 +1,6 @@
 r"""The final answer of a text, read as ONE value with a number grammar (issue 38).
 
-Where the answer is: the text is folded first (rollmesh.verifier.answer_text: zero-width characters
+Where the answer is: the text is folded first (rollmesh.mesh.answer_text: zero-width characters
 dropped, fullwidth and other Unicode digits made ASCII, Unicode minus signs and dashes made `-`);
 then its last number (a digit run or a vulgar fraction), within the last WINDOW characters, is
 found, and the answer is everything around it that can belong to a written value: digits and
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-from rollmesh.verifier.answer_text import fold_with_positions
+from rollmesh.mesh.answer_text import fold_with_positions
 
 WINDOW = 4096  # the answer is read in the text's last WINDOW characters
 VALUE_CHARS = 1024  # a written value longer than this is refused

@@ -90,10 +90,7 @@ def check(expected: str, response: str) -> dict[str, Any]:
     if hedged is not None:
         reason = f"the answer hedges between {hedged[0]!r} and {hedged[1]!r} (no \\boxed{{}}): scored 0"
         return {"correct": False, "extracted": "", "reason": reason}
-    if grading.last_box(response) is not None:
-        not_one = grading.box_hedge(response, one_value)
-    else:
-        not_one = grading.unboxed_hedge(response) if one_value else None
+    not_one = grading.not_one_answer(response, one_value)
     if not_one is not None:
         return {"correct": False, "extracted": "", "reason": not_one}
     pred = parse(response, parsing_timeout=None)  # type: ignore[arg-type]

@@ -3,7 +3,7 @@ ones in common forms stop scoring 0 (issues 27 and 38). The text helpers are pla
 `install_guards`, `too_large` and `decide_large` need sympy and run only in the worker process.
 
 Text, before math-verify parses it (answer and reference alike):
-- characters folded (rollmesh.verifier.answer_text): zero-width characters dropped, fullwidth and
+- characters folded (rollmesh.mesh.answer_text): zero-width characters dropped, fullwidth and
   other Unicode digits ASCII (`３` is `3`), Unicode minus signs and dashes `-` (`–3` is `-3`);
   superscripts are powers (`2³` is `2^{3}`, `10⁻³` is `10^{-3}`);
 - digit groups `1\,000` and `1{,}000` are `1000`; `√`, `∛`, `∞`, `π`, `≤`, `≥`, `≠`, `×`, `·`
@@ -56,7 +56,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from rollmesh.verifier.answer_text import fold
+from rollmesh.mesh.answer_text import fold, last_box
 
 REL_TOL = 1e-4  # numbers agree to this relative difference (on top of math-verify's 6 decimals)
 MAX_DIGITS = 10_000  # a value (or an exponent's value) beyond 10**MAX_DIGITS is not evaluated
@@ -180,7 +180,6 @@ def hedge(response: str) -> tuple[str, str] | None:
     return None
 
 
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*+\{")
 _TEXT_GROUP = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mbox)\s*+\{([^{}]{0,500}+)\}"
 )
@@ -262,34 +261,19 @@ def _not_one_value(content: str) -> str | None:
     return None
 
 
-def last_box(response: str) -> tuple[int, int, int] | None:
-    """(where `\\boxed` starts, where its content starts, where it ends) of the last box whose braces
-    close, as math-verify reads the last box; None when there is none. One pass over the text's last
-    100,000 characters (each brace matched once), however many boxes it opens."""
-    offset = max(0, len(response) - 100_000)
-    text = response[offset:]
-    boxes = list(_BOX.finditer(text))
-    if not boxes:
-        return None
-    closes: dict[int, int] = {}
-    opened: list[int] = []
-    for i, ch in enumerate(text):
-        if ch == "{":
-            opened.append(i)
-        elif ch == "}" and opened:
-            closes[opened.pop()] = i
-    for m in reversed(boxes):
-        close = closes.get(m.end() - 1)
-        if close is not None:
-            return m.start() + offset, m.end() + offset, close + offset
-    return None
-
-
 _SEGMENT = re.compile(
     r"\$\$([^$]{1,1000}+)\$\$|\$([^$]{1,1000}+)\$|\\\[((?:(?!\\\]).){1,1000}+)\\\]|\\\(((?:(?!\\\)).){1,1000}+)\\\)",
     re.DOTALL,
 )
 _PROSE_COMMANDS = frozenset("therefore because blacksquare square qed Box checkmark".split())
+
+
+def not_one_answer(response: str, one_value: bool) -> str | None:
+    """Why the response's answer is not one whole answer (None when it is): its last box read by
+    `box_hedge`, else (a reference that is one value) its last math segment by `unboxed_hedge`."""
+    if last_box(response) is not None:
+        return box_hedge(response, one_value)
+    return unboxed_hedge(response) if one_value else None
 
 
 def unboxed_hedge(response: str) -> str | None:

@@ -7,6 +7,7 @@ import asyncio
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.procedural.rows import SOURCE_FIELD
+from rollmesh.procedural.scoring import READINGS
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 from rollmesh.verifier.errors import CheckFailed, CheckTimeout, WorkerError, WorkerTimeout
 
@@ -17,10 +18,12 @@ _ROW_FIELDS = ("question", "answer", "metadata", SOURCE_FIELD)
 
 class ReasoningGym(Environment):
     """reasoning-gym tasks (NeMo Gym's reasoning_gym row shape: `question`, `answer`, `metadata`
-    with `source_dataset`). The answer is the last <answer>...</answer> of the assistant's text,
-    else its first \\boxed{}, else the whole text; the generator's scorer gives the reward (0 when
-    it raises). A row naming no known generator raises BadTask; a scorer that overruns its time
-    CheckTimeout."""
+    with `source_dataset`). The answer is read from the final assistant message outside its think
+    blocks: its last <answer>...</answer>, else its last \\boxed{}, else the whole of it; with
+    ROLLMESH_VERIFIER_REASONING_GYM_READING=nemo_gym (or a task's
+    `verifier_metadata.answer_reading`), as NeMo Gym's server reads it (procedural/scoring.py).
+    The generator's scorer gives the reward (0 when it raises). A row naming no known generator
+    raises BadTask; a scorer that overruns its time CheckTimeout."""
 
     _warming: asyncio.Task[None] | None = None
 
@@ -46,14 +49,22 @@ class ReasoningGym(Environment):
 
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
         del session
-        text = "".join(m.content for m in response.messages if m.role == "assistant")
+        reading = task.metadata.get("answer_reading", self.context.config.reasoning_gym_reading)
+        if reading not in READINGS:
+            raise BadTask(
+                f"verifier_metadata.answer_reading must be one of {', '.join(READINGS)}, not {reading!r:.40}"
+            )
+        if reading == "nemo_gym":  # NeMo Gym joins every assistant message
+            text = "".join(m.content for m in response.messages if m.role == "assistant")
+        else:
+            text = response.final_text
         if not text.strip():
             return VerifyResult(0.0, {}, "", {"reason": "empty response"})
         row = {k: task.row[k] for k in _ROW_FIELDS if k in task.row}
         await asyncio.shield(self._warm_workers())  # one verify cancelled leaves it to the others
         timeout = self.context.config.math_timeout_s
         try:
-            out = await self.context.workers.call(_SCORE, row, text, timeout_s=timeout)
+            out = await self.context.workers.call(_SCORE, row, text, reading, timeout_s=timeout)
         except WorkerTimeout:
             raise CheckTimeout(
                 f"the reasoning-gym scorer took longer than {timeout:g}s; worker killed"

@@ -38,11 +38,13 @@ async def test_right_wrong_empty_raising_and_rebuilt() -> None:
         # its stored metadata (tuples turned into lists by JSON) would score 0.05.
         rebuilt = await check(env, Task(grid), answer(f"<answer>{grid['answer']}</answer>"))
         assert rebuilt.reward == 1.0
-        # Several assistant turns are read as one text, as NeMo Gym joins its output messages.
+        # Only the final assistant message is read; NeMo Gym's reading (an option) joins them all.
         turns = Response(
-            (Message("assistant", "<answer>"), Message("assistant", f"{arith['answer']}</answer>"))
+            (Message("assistant", f"<answer>{arith['answer']}</answer>"), Message("assistant", "never mind"))
         )
-        assert (await check(env, Task(arith), turns)).reward == 1.0
+        assert (await check(env, Task(arith), turns)).reward == 0.0
+        joined = Task({**arith, "verifier_metadata": {"answer_reading": "nemo_gym"}})
+        assert (await check(env, joined, turns)).reward == 1.0
 
 
 async def test_rows_that_cannot_be_scored_are_bad_tasks_never_a_0() -> None:

@@ -9,6 +9,8 @@
   figure dash and en dash as `-`: `–5` and `−5` are `-5`. The em dash stays (a dash in prose, not a
   sign); superscript digits and vulgar fractions stay (they are not the digits they show: `2³` is
   not `23`, `2½` not `21`).
+`last_box(text)` finds the last `\boxed{…}` (or `\fbox{…}`) whose braces close, nested braces matched.
+
 `fold_with_positions` also gives, for each character of the folded text, its index in `text`, so a
 checker can show what was written. One `str.translate` (each character folded once per process and
 remembered): cost linear in the text, at C speed.
@@ -16,6 +18,7 @@ remembered): cost linear in the text, at C speed.
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 _INVISIBLE = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e")
@@ -63,3 +66,29 @@ def fold_with_positions(text: str) -> tuple[str, list[int] | None]:
         return folded, None
     where = [i for i, ch in enumerate(text) if ch.isascii() or _TABLE[ord(ch)] is not None]
     return folded, where
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*+\{")
+
+
+def last_box(text: str) -> tuple[int, int, int] | None:
+    """(where `\\boxed` starts, where its content starts, where its closing brace is) of the last box
+    whose braces close; None when there is none. One pass over the text's last 100,000 characters
+    (each brace matched once), however many boxes it opens."""
+    offset = max(0, len(text) - 100_000)
+    tail = text[offset:]
+    boxes = list(_BOX.finditer(tail))
+    if not boxes:
+        return None
+    closes: dict[int, int] = {}
+    opened: list[int] = []
+    for i, ch in enumerate(tail):
+        if ch == "{":
+            opened.append(i)
+        elif ch == "}" and opened:
+            closes[opened.pop()] = i
+    for m in reversed(boxes):
+        close = closes.get(m.end() - 1)
+        if close is not None:
+            return m.start() + offset, m.end() + offset, close + offset
+    return None
