@@ -7,6 +7,8 @@ Classes (docs/security.md, "Verdicts of the code environment"):
   names    what the solution reports about its globals is data: it never picks code for the clean
            interpreter to run (1), and the solution's own definitions shadow builtins and standard
            modules as in one interpreter (2)
+  stdio    stdin/stdout programs run as `python solution.py < input` does (3)
+  values   the common result types cross faithfully (4)
   errors   no verify input is an error of the verifier's (5)
 """
 
@@ -160,7 +162,159 @@ NAMES: dict[str, Payload] = {
     ),
 }
 
-CLASSES = {"errors": ERRORS, "names": NAMES}
+_IO = {"inputs": ["3 4\n", "5 6\n"], "outputs": ["7\n", "11\n"]}
+
+STDIO: dict[str, Payload] = {
+    "exit_after_print": Payload(_IO, "a, b = map(int, input().split())\nprint(a + b)\nexit()\n", 1.0),
+    "quit_after_print": Payload(_IO, "a, b = map(int, input().split())\nprint(a + b)\nquit(0)\n", 1.0),
+    "stdin_buffer": Payload(
+        _IO, "import sys\na, b = map(int, sys.stdin.buffer.read().split())\nprint(a + b)\n", 1.0
+    ),
+    "open_fd_0": Payload(_IO, "a, b = map(int, open(0).read().split())\nprint(a + b)\n", 1.0),
+    "os_read_fd_0": Payload(_IO, "import os\na, b = map(int, os.read(0, 100).split())\nprint(a + b)\n", 1.0),
+    "os_write_fd_1": Payload(
+        _IO, "import os\na, b = map(int, input().split())\nos.write(1, f'{a + b}\\n'.encode())\n", 1.0
+    ),
+    "fileinput": Payload(
+        _IO,
+        "import fileinput\nfor line in fileinput.input():\n"
+        "    a, b = map(int, line.split())\n    print(a + b)\n",
+        1.0,
+    ),
+    "stdout_buffer": Payload(
+        _IO,
+        "import sys\na, b = map(int, input().split())\nsys.stdout.buffer.write(b'%d\\n' % (a + b))\n",
+        1.0,
+    ),
+    "open_fd_1_never_closed": Payload(
+        _IO,
+        "out = open(1, 'w', closefd=False)\na, b = map(int, input().split())\nout.write(str(a + b))\n",
+        1.0,
+    ),
+    "print_then_os_write_ordered_as_python": Payload(
+        {"inputs": ["1\n"], "outputs": ["b\na\n"]},
+        "import os\ninput()\nprint('a')\nos.write(1, b'b\\n')\n",
+        1.0,
+    ),
+    "fast_exit_after_flush": Payload(
+        _IO,
+        "import os, sys\na, b = map(int, sys.stdin.readline().split())\n"
+        "sys.stdout.write(str(a + b) + '\\n')\nsys.stdout.flush()\nos._exit(0)\n",
+        1.0,
+    ),
+    "exit_code_after_right_output": Payload(
+        _IO, "a, b = map(int, input().split())\nprint(a + b)\nexit(1)\n", 0.0, "SystemExit: 1"
+    ),
+    "answer_on_stderr": Payload(
+        _IO,
+        "import sys\na, b = map(int, input().split())\nprint(a + b, file=sys.stderr)\n",
+        0.0,
+        "wrong output",
+    ),
+    "os_exit_loses_buffered_output": Payload(
+        _IO, "import os\na, b = map(int, input().split())\nprint(a + b)\nos._exit(0)\n", 0.0, "wrong output"
+    ),
+    "redirect_fd_1_away": Payload(
+        _IO,
+        "import os\nos.dup2(2, 1)\na, b = map(int, input().split())\nprint(a + b)\n",
+        0.0,
+        "wrong output",
+    ),
+}
+
+_NT = "from collections import namedtuple\nStats = namedtuple('Stats', 'total count')\n"
+VALUES: dict[str, Payload] = {
+    "namedtuple_fields": Payload(
+        [
+            "r = stats([1, 2, 3])\nassert r.total == 6 and r.count == 3",
+            "assert stats([4])._asdict() == {'total': 4, 'count': 1}",
+        ],
+        _NT + "def stats(xs):\n    return Stats(sum(xs), len(xs))\n",
+        1.0,
+    ),
+    "namedtuple_equals_its_tuple": Payload(
+        ["assert stats([1, 2]) == (3, 2)", "t, c = stats([5])\nassert (t, c) == (5, 1)"],
+        _NT + "def stats(xs):\n    return Stats(sum(xs), len(xs))\n",
+        1.0,
+    ),
+    "typing_namedtuple": Payload(
+        ["assert best([3, 9]).value == 9"],
+        "from typing import NamedTuple\nclass Best(NamedTuple):\n    value: int\n    index: int\n"
+        "def best(xs):\n    return Best(max(xs), xs.index(max(xs)))\n",
+        1.0,
+    ),
+    "namedtuple_with_a_lying_eq": Payload(
+        ["assert stats([1, 2]) == (3, 2)"],
+        _NT
+        + "class S(Stats):\n    def __eq__(self, o):\n        return True\n    __hash__ = tuple.__hash__\n"
+        "def stats(xs):\n    return S(0, 0)\n",
+        0.0,
+    ),
+    "namedtuple_with_a_field_named_eq": Payload(
+        ["assert stats([1, 2]) == (3, 2)"],
+        answers("['namedtuple', ['Stats', ['__eq__', 'count'], [0, 0]]]") + "def stats(xs):\n    return 0\n",
+        0.0,
+        "AssertionError",
+    ),
+    "namedtuple_named_as_code": Payload(
+        ["assert stats([1, 2]) == (3, 2)"],
+        answers("['namedtuple', ['S; import os', ['a', 'b'], [3, 2]]]") + "def stats(xs):\n    return 0\n",
+        0.0,
+        "does not decode",
+    ),
+    "range_result": Payload(
+        ["assert evens(6) == range(0, 6, 2)"], "def evens(n):\n    return range(0, n, 2)\n", 1.0
+    ),
+    "list_where_a_range_is_expected": Payload(
+        ["assert evens(6) == range(0, 6, 2)"], "def evens(n):\n    return [0, 2, 4]\n", 0.0
+    ),
+    "range_argument": Payload(
+        ["assert span(range(2, 9, 3)) == (2, 9, 3)"],
+        "def span(r):\n    return (r.start, r.stop, r.step)\n",
+        1.0,
+    ),
+    "counter_most_common": Payload(
+        ["assert tally('abca').most_common(1) == [('a', 2)]"],
+        "from collections import Counter\ndef tally(s):\n    return Counter(s)\n",
+        1.0,
+    ),
+    "defaultdict_default": Payload(
+        ["d = groups(['ab', 'c'])\nassert d[2] == ['ab'] and d[5] == []"],
+        "from collections import defaultdict\ndef groups(ws):\n    d = defaultdict(list)\n"
+        "    for w in ws:\n        d[len(w)].append(w)\n    return d\n",
+        1.0,
+    ),
+    "ordered_dict_order_matters": Payload(
+        ["from collections import OrderedDict\nassert ordered() == OrderedDict([('a', 1), ('b', 2)])"],
+        "from collections import OrderedDict\ndef ordered():\n    return OrderedDict([('b', 2), ('a', 1)])\n",
+        0.0,
+    ),
+    "keys_view_equals_a_set": Payload(
+        ["assert names({'a': 1, 'b': 2}) == {'a', 'b'}"], "def names(d):\n    return d.keys()\n", 1.0
+    ),
+    "generator_consumed_as_python_would": Payload(
+        ["assert list(upto(3)) == [0, 1, 2] and next(upto(3)) == 0"],
+        "def upto(n):\n    i = 0\n    while i < n:\n        yield i\n        i += 1\n",
+        1.0,
+    ),
+    "generator_is_not_a_list": Payload(
+        ["assert upto(3) == [0, 1, 2]"], "def upto(n):\n    return (i for i in range(n))\n", 0.0
+    ),
+    "asyncio_in_the_solution": Payload(
+        ["assert run(2) == 4"],
+        "import asyncio\nasync def twice(x):\n    await asyncio.sleep(0)\n    return 2 * x\n"
+        "def run(x):\n    return asyncio.run(twice(x))\n",
+        1.0,
+    ),
+    "unittest_mock_in_the_solution": Payload(
+        ["assert calls() == 2"],
+        "from unittest import mock\ndef calls():\n    m = mock.Mock(return_value=1)\n    m()\n    m()\n"
+        "    return m.call_count\n",
+        1.0,
+    ),
+}
+
+CLASSES = {"errors": ERRORS, "names": NAMES, "stdio": STDIO, "values": VALUES}
 
 
 def _meta(tests: Any) -> dict[str, Any]:
@@ -190,4 +344,6 @@ async def test_each_payload_scores_as_one_interpreter_would(env: Environment, kl
 
 
 def test_the_suite_holds_enough_payloads() -> None:
-    assert sum(map(len, CLASSES.values())) >= 9
+    assert sum(map(len, CLASSES.values())) >= 35
+    for payloads in CLASSES.values():  # each class: forgeries that score 0, and a right answer or a bad task
+        assert {p.want for p in payloads.values()} - {0.0}, payloads

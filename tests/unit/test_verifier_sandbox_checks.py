@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import ast
 import json
+from collections import Counter, OrderedDict, defaultdict, namedtuple
 from typing import Any
 
 import pytest
 
 from rollmesh.verifier.errors import BadValue, ChannelBroken
 from rollmesh.verifier.sandbox._clean_runner import _instrument, _names_of, _pytest_style
-from rollmesh.verifier.sandbox._sandbox_runner import encode
+from rollmesh.verifier.sandbox._sandbox_runner import decode_loose, encode
 from rollmesh.verifier.sandbox.checks import names_used, plain_names, replain, unverifiable_case
-from rollmesh.verifier.sandbox.values import Ref, decode_value, parse_frame
+from rollmesh.verifier.sandbox.values import Ref, Shaped, decode_value, parse_frame
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,63 @@ def test_codec_round_trips_plain_values() -> None:
     assert decode_value(encode(value)) == value
     decoded = decode_value(encode(value))
     assert type(decoded[(1, 2)][2]) is int and type(decoded["a"]) is tuple
+
+
+def test_common_result_types_cross_with_their_type() -> None:
+    """A namedtuple, range, Counter, OrderedDict, defaultdict, dict view or iterator the solution
+    returns reaches the clean interpreter as that type (issue #38): `r.total`, `c.most_common()`,
+    `d[missing]`, `keys == {...}` behave as in one interpreter. The verifier rebuilds no class and
+    calls no factory: a namedtuple and a defaultdict cross it as a `Shaped`, written again as sent."""
+    stats = namedtuple("Stats", "total count")
+    grouped: defaultdict[int, list[str]] = defaultdict(list, {2: ["ab"]})
+    value = [
+        stats(6, 3),
+        range(2, 9, 3),
+        Counter("abca"),
+        OrderedDict([("b", 2), ("a", 1)]),
+        grouped,
+        {"a": 1}.keys(),
+        {"a": 1}.values(),
+        {"a": 1}.items(),
+        iter([1, 2]),
+    ]
+    wire = encode(value)
+    assert [item[0] for item in wire[1]] == [
+        "namedtuple", "range", "counter", "ordereddict", "defaultdict", "keys", "values", "items", "iterator"
+    ]  # fmt: skip
+    crossed = decode_loose(replain(wire))
+    assert crossed[0] == (6, 3) and crossed[0].total == 6 and type(crossed[0]).__name__ == "Stats"
+    assert crossed[1] == range(2, 9, 3) and crossed[2].most_common(1) == [("a", 2)]
+    assert crossed[3] != OrderedDict([("a", 1), ("b", 2)]) and list(crossed[3]) == ["b", "a"]
+    assert crossed[4][2] == ["ab"] and crossed[4][5] == [] and crossed[5] == {"a"}
+    assert list(crossed[6]) == [1] and crossed[7] == {("a", 1)} and next(crossed[8]) == 1
+    assert crossed[8] != [1, 2]  # an iterator is not a list, as in one interpreter
+    verifier_side = decode_value(wire)
+    assert isinstance(verifier_side[0], Shaped) and isinstance(verifier_side[4], Shaped)
+    # a factory that is not a builtin type crosses as the object it is (a reference)
+    assert replain(["defaultdict", [["ref", 1], []]]) == ["defaultdict", [["ref", 1], []]]
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        ["namedtuple", ["S; import os", ["a"], [1]]],
+        ["namedtuple", ["class", ["a"], [1]]],
+        ["namedtuple", ["S", ["a", "b"], [1]]],
+        ["namedtuple", ["S", [3], [1]]],
+        ["range", [1, 2]],
+        ["range", [1, 2, 0]],
+        ["range", [1.5, 2, 1]],
+        ["defaultdict", [["builtin", "eval"], []]],
+        ["defaultdict", [["ref", 1], []]],  # a reference only in an answer
+        ["items", [1, 2]],
+        ["keys", [["list", []]]],
+        ["counter", [[["list", []], 1]]],
+    ],
+)
+def test_result_types_decode_strictly(wire: Any) -> None:
+    with pytest.raises(BadValue):
+        decode_value(wire)
 
 
 def test_reply_frames_are_strict() -> None:

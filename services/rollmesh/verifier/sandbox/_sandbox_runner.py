@@ -18,14 +18,15 @@ fd (4-byte big-endian length, then a JSON object whose "id" is the latest reques
                                 -> {"callback": {fn, args, kwargs}}  the solution called a function
                                    of the tests'; the answer comes as a request `returned`
                                    {value} | {raised, error}
-    main  {stdin}               -> {"stdout", "exit", "truncated"}  one run as __main__
+    main  {stdin}               -> {"stdout", "exit", "truncated"}  one run as `python solution.py
+                                   < input` does it
 
 A failure answers {"error": "..."}. Everything sent back is a claim that the verifier decodes
 strictly; the solution can rewrite this file's functions, but then all it can do is claim other
 values. Before the solution runs, fd 0 becomes /dev/null; stdout and stderr are the service's
-diagnostics only, never read for a verdict. The guards (no sockets, no new processes, no files
-outside the cwd) are a second line of defence; the kernel (namespaces, chroot, uid, rlimits) is
-the first."""
+diagnostics only, never read for a verdict (a `main` run has fds 0 and 1 of its own:
+`Runner.main`). The guards (no sockets, no new processes, no files outside the cwd) are a second
+line of defence; the kernel (namespaces, chroot, uid, rlimits) is the first."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ import signal
 import struct
 import sys
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 MAX_ERROR_CHARS = 300
 SPECIAL_TAGS = frozenset({"ref", "name", "fn", "builtin"})
@@ -58,8 +59,10 @@ STDOUT_CAP = 1024 * 1024
 
 def encode(value: Any, depth: int = 0, other: Any = None) -> Any:
     """A value as JSON-able plain data: null, bool, int (as a JSON number while exact), finite float,
-    str; everything else a [tag, payload] pair. Iterators, ranges and dict views become lists.
-    `other(value)`, when given, encodes what is not plain data (a reference), else TypeError."""
+    str; everything else a [tag, payload] pair, the common result types with their type kept
+    (namedtuple, range, Counter, OrderedDict, defaultdict, dict views, iterators: consumed into
+    their items). `other(value)`, when given, encodes what is not plain data (a reference), else
+    TypeError."""
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     if value is None or isinstance(value, bool):
@@ -83,20 +86,85 @@ def encode(value: Any, depth: int = 0, other: Any = None) -> Any:
     if isinstance(value, collections.deque):
         return ["deque", [encode(v, depth + 1, other) for v in _bounded(value)]]
     if isinstance(value, dict):
-        return [
-            "dict",
-            [[encode(k, depth + 1, other), encode(v, depth + 1, other)] for k, v in _bounded(value.items())],
+        items = [
+            [encode(k, depth + 1, other), encode(v, depth + 1, other)] for k, v in _bounded(value.items())
         ]
+        if isinstance(value, collections.Counter):
+            return ["counter", items]
+        if isinstance(value, collections.OrderedDict):
+            return ["ordereddict", items]
+        if isinstance(value, collections.defaultdict):
+            return ["defaultdict", [_factory(value.default_factory, other), items]]
+        return ["dict", items]
+    if isinstance(value, tuple) and type(value) is not tuple and (fields := _fields(value)) is not None:
+        body = [encode(v, depth + 1, other) for v in _bounded(tuple.__iter__(value))]
+        return ["namedtuple", [type(value).__name__, list(fields), body]]
     for kind in (list, tuple, set, frozenset):
         if isinstance(value, kind):
             return [kind.__name__, [encode(v, depth + 1, other) for v in _bounded(value)]]
-    if isinstance(value, range) or (hasattr(value, "__next__") and hasattr(value, "__iter__")):
-        return ["list", [encode(v, depth + 1, other) for v in _bounded(value)]]
-    if type(value).__name__ in ("dict_keys", "dict_values", "dict_items"):
-        return ["list", [encode(v, depth + 1, other) for v in _bounded(value)]]
+    if isinstance(value, range):
+        return ["range", [encode(value.start), encode(value.stop), encode(value.step)]]
+    view = _VIEWS.get(type(value))
+    if view is not None:
+        return [view, [encode(v, depth + 1, other) for v in _bounded(value)]]
+    if hasattr(value, "__next__") and hasattr(value, "__iter__"):
+        return ["iterator", [encode(v, depth + 1, other) for v in _bounded(value)]]
     if other is not None:
         return other(value)
     raise TypeError(f"a {type(value).__name__} is not plain data (compare ints, floats, str, containers)")
+
+
+_VIEWS: dict[type, str] = {type({}.keys()): "keys", type({}.values()): "values", type({}.items()): "items"}
+FACTORIES = frozenset(
+    {
+        "int",
+        "float",
+        "complex",
+        "str",
+        "bytes",
+        "bytearray",
+        "list",
+        "tuple",
+        "dict",
+        "set",
+        "frozenset",
+        "bool",
+    }
+)
+"""A defaultdict's factory that crosses by name; any other crosses as the object it is."""
+
+
+def _factory(factory: Any, other: Any) -> Any:
+    name = getattr(factory, "__name__", None)
+    if factory is None:
+        return None
+    if name in FACTORIES and getattr(builtins, str(name)) is factory:
+        return ["builtin", name]
+    if other is None:
+        raise TypeError("a defaultdict's factory is not plain data")
+    return other(factory)
+
+
+def _fields(value: tuple[Any, ...]) -> tuple[str, ...] | None:
+    """A namedtuple's field names (its class's `_fields`, one string per item), else None."""
+    fields = getattr(type(value), "_fields", None)
+    if type(fields) is tuple and len(fields) == tuple.__len__(value) and all(type(f) is str for f in fields):
+        return fields
+    return None
+
+
+_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+
+def _namedtuple(typename: str, fields: tuple[str, ...]) -> Any:
+    """A namedtuple class of that name and fields, made once (invalid field names are renamed
+    to their position, `_1`, as `rename=True` does)."""
+    key = (typename, fields)
+    if key not in _NAMEDTUPLES:
+        if len(_NAMEDTUPLES) >= 256:
+            _NAMEDTUPLES.clear()
+        _NAMEDTUPLES[key] = collections.namedtuple(typename, fields, rename=True)  # type: ignore[misc]
+    return _NAMEDTUPLES[key]
 
 
 def _bounded(items: Any) -> list[Any]:
@@ -106,6 +174,19 @@ def _bounded(items: Any) -> list[Any]:
         if len(out) > MAX_ITEMS:
             raise ValueError(f"more than {MAX_ITEMS} items")
     return out
+
+
+_MAPPINGS: dict[str, Any] = {
+    "dict": dict,
+    "counter": lambda pairs: collections.Counter(dict(pairs)),
+    "ordereddict": collections.OrderedDict,
+}
+_UNPACKED: dict[str, Any] = {
+    "keys": lambda items: dict.fromkeys(items).keys(),
+    "values": lambda items: dict(enumerate(items)).values(),
+    "items": lambda items: dict(items).items(),
+    "iterator": iter,
+}
 
 
 def decode_loose(obj: Any, special: Any = None) -> Any:
@@ -128,8 +209,25 @@ def decode_loose(obj: Any, special: Any = None) -> Any:
         return fractions.Fraction(decode_loose(body[0]), decode_loose(body[1]))
     if tag == "decimal":
         return decimal.Decimal(body)
-    if tag == "dict":
-        return {decode_loose(k, special): decode_loose(v, special) for k, v in body}
+    if tag in _MAPPINGS:
+        pairs = [(decode_loose(k, special), decode_loose(v, special)) for k, v in body]
+        return _MAPPINGS[tag](pairs)
+    if tag == "defaultdict":
+        factory, pairs = body
+        if isinstance(factory, list) and factory[0] == "builtin" and factory[1] in FACTORIES:
+            made = getattr(builtins, factory[1])
+        else:
+            made = decode_loose(factory, special)
+        return collections.defaultdict(
+            made, [(decode_loose(k, special), decode_loose(v, special)) for k, v in body[1]]
+        )
+    if tag == "namedtuple":
+        typename, fields, items = body
+        return _namedtuple(typename, tuple(fields))(*(decode_loose(v, special) for v in items))
+    if tag == "range":
+        return range(*(decode_loose(v) for v in body))
+    if tag in _UNPACKED:
+        return _UNPACKED[tag]([decode_loose(v, special) for v in body])
     kinds: dict[str, Any] = {
         "list": list,
         "tuple": tuple,
@@ -212,8 +310,21 @@ class _Guards:
         self.workdir = workdir
         self.armed = False
 
-    def denied(self, what: str, real: Any) -> Any:
+    def denied(self, what: str, real: Any, unless: str = "") -> Any:
+        """`real`, refused once armed. A class stays a class (a subclass whose instances cannot
+        be made, unless given the argument `unless`, as 4th positional or keyword): the standard
+        library subclasses `socket.socket` (ssl, which asyncio imports)."""
         guards = self
+        if isinstance(real, type):
+
+            def init(obj: Any, *args: Any, **kwargs: Any) -> None:
+                given = unless and ((len(args) > 3 and args[3] is not None) or kwargs.get(unless) is not None)
+                if guards.armed and not given:
+                    raise PermissionError(f"{what} is not allowed in the sandbox")
+                real.__init__(obj, *args, **kwargs)  # type: ignore[misc]
+
+            names = {"__init__": init, "__module__": real.__module__, "__qualname__": real.__qualname__}
+            return type(real.__name__, (real,), names)
 
         def deny(*args: Any, **kwargs: Any) -> Any:
             if guards.armed:
@@ -227,9 +338,9 @@ class _Guards:
         import _socket
         import socket
 
-        for target in (socket, _socket):
-            setattr(target, "socket", self.denied("network access", target.socket))  # noqa: B010
-        for name in ("create_connection", "socketpair", "fromfd"):
+        for target in (socket, _socket):  # a new socket is refused; wrapping an fd (socketpair) is not
+            setattr(target, "socket", self.denied("network access", target.socket, unless="fileno"))  # noqa: B010
+        for name in ("create_connection", "fromfd"):  # socketpair stays: AF_UNIX only (asyncio's loop)
             setattr(socket, name, self.denied("network access", getattr(socket, name)))
         for name in (
             "fork",
@@ -451,6 +562,7 @@ class Runner:
         self.code: Any = None
         self.channel = channel
         self.refs: list[Any] = []
+        sys.argv = ["solution.py"]  # as `python solution.py` has it (argparse, fileinput)
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req["op"]
@@ -559,23 +671,119 @@ class Runner:
         return body
 
     def main(self, stdin: str) -> dict[str, Any]:
-        sink = _CappedBytes()
-        out = io.TextIOWrapper(sink, encoding="utf-8", errors="replace", write_through=True)  # type: ignore[type-var]
-        sys.stdin, sys.stdout = io.StringIO(stdin), out
+        """One run as `python solution.py < input` does it: the input on a pipe as fd 0, fd 1 a
+        file of its own (memfd) read back as the output, `sys.stdin`/`sys.stdout` the
+        interpreter's own streams over them (block-buffered, flushed at the end as at exit),
+        `sys.argv` ["solution.py"]. `os._exit` ends the run where it is called, nothing
+        flushed. Everything is put back before the reply."""
+        data = stdin.encode("utf-8", "surrogatepass")
+        saved = os.dup(0), os.dup(1)
+        sink = os.memfd_create("stdout")
+        read_end, write_end = os.pipe()
+        fed = _feed(write_end, data)
+        os.dup2(read_end, 0)
+        os.close(read_end)
+        os.dup2(sink, 1)
+        kept = {name: getattr(sys, name) for name in _STREAMS}, sys.argv, os._exit
+        reader = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding="utf-8")
+        writer = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "wb", closefd=False)), encoding="utf-8")
+        for name in _STREAMS:
+            setattr(sys, name, reader if "in" in name else writer)
+        sys.argv = ["solution.py"]
+        os._exit = _hard_exit
+        scope: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
         code: Any = None
+        hard = False
         try:
-            exec(self.code, {"__name__": "__main__", "__builtins__": builtins})
-        except SystemExit as exc:
-            code = exc.code
+            try:
+                exec(self.code, scope)
+            except SystemExit as exc:
+                code = exc.code
+            except _HardExit as exc:
+                code, hard = exc.code, True
+            if not hard:
+                _flushed(scope)
+            size = os.fstat(sink).st_size
+            out = os.pread(sink, min(size, STDOUT_CAP), 0)
         finally:
-            sys.stdin, sys.stdout = io.StringIO(""), sys.__stdout__
-        out.flush()
+            for name, stream in kept[0].items():
+                setattr(sys, name, stream)
+            sys.argv, os._exit = kept[1], kept[2]
+            os.dup2(saved[0], 0)
+            os.dup2(saved[1], 1)
+            for fd in (*saved, sink):
+                os.close(fd)
+            if fed is not None:
+                fed.acquire()  # the feeder saw the pipe close; it closed its end
+            scope.clear()
         exit_code = code if code is None or isinstance(code, int) else 1
-        return {
-            "stdout": sink.data.decode("utf-8", "replace"),
-            "exit": exit_code,
-            "truncated": sink.truncated,
-        }
+        return {"stdout": out.decode("utf-8", "replace"), "exit": exit_code, "truncated": size > STDOUT_CAP}
+
+
+class _HardExit(BaseException):
+    """`os._exit(n)` during a stdin/stdout run: the run ends there, nothing buffered flushed."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+_STREAMS = ("stdin", "stdout", "__stdin__", "__stdout__")
+
+
+def _hard_exit(status: int) -> NoReturn:
+    raise _HardExit(int(status))
+
+
+def _flushed(scope: dict[str, Any]) -> None:
+    """What the interpreter does at exit: flush `sys.stdout`, then drop the module's globals (a file
+    object the program left open, `open(1, "w")`, flushes as it goes)."""
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        pass
+    try:
+        scope.clear()
+    except BaseException:
+        pass
+
+
+def _feed(fd: int, data: bytes) -> Any:
+    """Write `data` to the pipe's write end `fd` and close it: at once when it fits the pipe (grown
+    to up to 1 MiB), else from a thread while the program reads. Returns None, or a lock the thread
+    releases once it has closed `fd` (after the program's read end closed, if it stopped reading)."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(max(len(data), 4096), 1 << 20))
+    except OSError:
+        pass
+    os.set_blocking(fd, False)
+    try:
+        sent = os.write(fd, data) if data else 0
+    except BlockingIOError:
+        sent = 0
+    if sent >= len(data):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    import _thread
+
+    done = _thread.allocate_lock()
+    done.acquire()
+    _thread.start_new_thread(_feed_rest, (fd, memoryview(data)[sent:], done))
+    return done
+
+
+def _feed_rest(fd: int, rest: memoryview, done: Any) -> None:
+    try:
+        while rest:
+            rest = rest[os.write(fd, rest) :]
+    except OSError:  # the program's read end closed (EPIPE: Python ignores SIGPIPE)
+        pass
+    finally:
+        os.close(fd)
+        done.release()
 
 
 class CallbackError(Exception):
@@ -980,7 +1188,22 @@ def _no_new_privileges() -> None:
         pass
 
 
+def _site_builtins() -> None:
+    """What `site` adds to the builtins, which `python -S` leaves out: `exit`, `quit` (a program
+    may end with them), `help`, `copyright`, `credits`, `license`."""
+    import _sitebuiltins
+
+    eof = "Ctrl-D (i.e. EOF)"
+    builtins.exit = _sitebuiltins.Quitter("exit", eof)  # type: ignore[attr-defined]
+    builtins.quit = _sitebuiltins.Quitter("quit", eof)  # type: ignore[attr-defined]
+    builtins.help = _sitebuiltins._Helper()  # type: ignore[attr-defined]
+    builtins.copyright = _sitebuiltins._Printer("copyright", sys.copyright)  # type: ignore[attr-defined]
+    builtins.credits = _sitebuiltins._Printer("credits", "See https://www.python.org/")  # type: ignore[attr-defined]
+    builtins.license = _sitebuiltins._Printer("license", "See https://www.python.org/psf/license/")  # type: ignore[attr-defined]
+
+
 if __name__ == "__main__":
+    _site_builtins()
     _role = sys.argv[-1] if len(sys.argv) > 1 else ""
     if _role.startswith("--solutions="):
         fork_solutions(int(_role.partition("=")[2]))

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from rollmesh.verifier.errors import BadValue, ChannelBroken
 from rollmesh.verifier.sandbox._sandbox_runner import MAX_ERROR_CHARS, encode
-from rollmesh.verifier.sandbox.values import Ref, decode_value
+from rollmesh.verifier.sandbox.values import Ref, Shaped, decode_value
 
 MAX_CALLS = 100_000  # calls into the solution per case
 MAX_NESTING = 32  # callbacks within calls within callbacks ...
@@ -126,9 +126,19 @@ def replain(value: Any) -> Any:
 
 
 def _ref(value: Any) -> list[Any]:
-    if type(value) is not Ref:
-        raise TypeError(f"a {type(value).__name__} is not plain data")
-    return ["ref", value.index]
+    """What `decode_value` gives that `encode` does not write itself: a reference, a `Shaped`."""
+    if type(value) is Ref:
+        return ["ref", value.index]
+    if type(value) is Shaped:
+        if value.tag == "namedtuple":
+            typename, fields = value.head
+            return ["namedtuple", [typename, list(fields), [encode(v, 0, _ref) for v in value.body]]]
+        factory = value.head if type(value.head) is not tuple else list(value.head)
+        return [
+            "defaultdict",
+            [_ref(factory) if type(factory) is Ref else factory, encode(value.body, 0, _ref)[1]],
+        ]
+    raise TypeError(f"a {type(value).__name__} is not plain data")
 
 
 def _raised(name: Any, error: Any) -> dict[str, Any]:

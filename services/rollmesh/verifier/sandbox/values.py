@@ -2,7 +2,9 @@
 
 `decode_value` turns the wire form written by `_sandbox_runner.encode` into plain builtin data:
 None, bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset, dict,
-`fractions.Fraction`, `decimal.Decimal`, `collections.deque`, and nothing else. Exact JSON types
+`fractions.Fraction`, `decimal.Decimal`, `collections.deque`, `Counter`, `OrderedDict`, range,
+dict views, an iterator over its items, and a namedtuple or defaultdict as a `Shaped` (never
+rebuilt here), and nothing else. Exact JSON types
 only (a subclass, an unknown tag, a NaN token, a wrong arity, an unhashable key, more than
 `MAX_DEPTH` levels or `MAX_ITEMS` items, keys crafted to share a hash) raise `BadValue`, so a
 value whose comparisons lie cannot exist on this side, and none costs more than linear time to
@@ -14,14 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections import deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
+from keyword import iskeyword
 from typing import Any
 
 from rollmesh.verifier.errors import BadValue
+from rollmesh.verifier.sandbox._sandbox_runner import FACTORIES
 
 MAX_DEPTH = 64
 MAX_ITEMS = 1_000_000
@@ -41,6 +45,18 @@ REPLY_KEYS = frozenset(
     {"id", "error", "value", "changed", "stdout", "exit", "truncated", "names", "raised", "callback"}
     | {"call", "verdict"}
 )
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """A namedtuple or a defaultdict as the verifier holds it: never rebuilt here (no class made
+    from the solution's names, no factory), written again as it came (`sandbox_checks.replain`).
+    `head`: (typename, fields), or the factory's wire form (None, ("builtin", name), a `Ref`);
+    `body`: the items, a tuple or a dict."""
+
+    tag: str
+    head: Any
+    body: Any
 
 
 @dataclass(frozen=True)
@@ -160,15 +176,33 @@ def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int], refs: bo
         return raw if tag == "bytes" else bytearray(raw)
     if type(body) is not list:
         raise BadValue(f"bad {tag}")
-    if tag == "dict":
-        pairs = []
-        for pair in body:
-            if type(pair) is not list or len(pair) != 2:
-                raise BadValue("bad dict item")
-            key, value = (_decode(p, depth + 1, counter, refs) for p in pair)
-            pairs.append((key, value))
-        check_hashes(k for k, _ in pairs)
-        return dict(pairs)
+    if tag in ("dict", "counter", "ordereddict"):
+        pairs = _pairs(body, depth, counter, refs)
+        return (
+            OrderedDict(pairs)
+            if tag == "ordereddict"
+            else (Counter if tag == "counter" else dict)(dict(pairs))
+        )
+    if tag == "defaultdict":
+        if len(body) != 2 or type(body[1]) is not list:
+            raise BadValue("bad defaultdict")
+        return Shaped(tag, _factory(body[0], refs), dict(_pairs(body[1], depth, counter, refs)))
+    if tag == "namedtuple":
+        return _namedtuple(body, depth, counter, refs)
+    if tag == "range":
+        parts = [_decode(p, depth + 1, counter) for p in body]
+        if len(parts) != 3 or any(type(p) is not int for p in parts):
+            raise BadValue("bad range")
+        return range(*parts)
+    if tag in _UNPACKED:
+        items = [_decode(v, depth + 1, counter, refs) for v in body]
+        if tag == "keys":
+            check_hashes(items)
+        if tag == "items":
+            if any(type(i) is not tuple or len(i) != 2 for i in items):
+                raise BadValue("bad dict items")
+            check_hashes(k for k, _ in items)
+        return _UNPACKED[tag](items)
     kind = _SEQUENCES.get(tag)
     if kind is None:
         raise BadValue(f"unknown tag {tag!r}")
@@ -176,3 +210,50 @@ def _decode_tagged(tag: str, body: Any, depth: int, counter: list[int], refs: bo
     if kind in (set, frozenset):
         check_hashes(items)
     return kind(items)
+
+
+_UNPACKED: dict[str, Any] = {
+    "keys": lambda items: dict.fromkeys(items).keys(),
+    "values": lambda items: dict(enumerate(items)).values(),
+    "items": lambda items: dict(items).items(),
+    "iterator": iter,
+}
+MAX_FIELDS = 1_000
+
+
+def _pairs(body: list[Any], depth: int, counter: list[int], refs: bool) -> list[tuple[Any, Any]]:
+    pairs = []
+    for pair in body:
+        if type(pair) is not list or len(pair) != 2:
+            raise BadValue("bad dict item")
+        key, value = (_decode(p, depth + 1, counter, refs) for p in pair)
+        pairs.append((key, value))
+    check_hashes(k for k, _ in pairs)
+    return pairs
+
+
+def _factory(wire: Any, refs: bool) -> Any:
+    """A defaultdict's factory: None, a builtin type by name, or (in an answer) a reference."""
+    if wire is None:
+        return None
+    if type(wire) is list and len(wire) == 2 and wire[0] == "builtin" and wire[1] in FACTORIES:
+        return ("builtin", wire[1])
+    if refs and type(wire) is list and len(wire) == 2 and wire[0] == "ref":
+        return _decode(wire, 0, [0], refs)
+    raise BadValue("bad defaultdict factory")
+
+
+def _namedtuple(body: list[Any], depth: int, counter: list[int], refs: bool) -> Shaped:
+    """[typename, fields, items]: an identifier that is not a keyword, as many short string
+    fields as items (a field that is not an identifier is renamed where the class is made)."""
+    if len(body) != 3 or type(body[1]) is not list or type(body[2]) is not list:
+        raise BadValue("bad namedtuple")
+    typename, fields, items = body
+    if type(typename) is not str or not typename.isidentifier() or iskeyword(typename) or len(typename) > 200:
+        raise BadValue("bad namedtuple name")
+    if len(fields) != len(items) or len(fields) > MAX_FIELDS:
+        raise BadValue("bad namedtuple fields")
+    if any(type(f) is not str or not 0 < len(f) <= 200 for f in fields):
+        raise BadValue("bad namedtuple fields")
+    values = tuple(_decode(v, depth + 1, counter, refs) for v in items)
+    return Shaped("namedtuple", (typename, tuple(fields)), values)
