@@ -104,6 +104,7 @@ def up(
     from rollmesh.mesh.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS
     from rollmesh.mesh.errors import ConfigError
     from rollmesh.mesh.lines import LineWriter
+    from rollmesh.mesh.server import refuse_a_taken_port
 
     try:
         policy = RestartPolicy.from_env(
@@ -113,6 +114,16 @@ def up(
         fail(str(exc))
     ports = {s: 0 for s in DEFAULT_PORTS} if ephemeral else dict(DEFAULT_PORTS)
     facade_port = 0 if ephemeral and http_port >= 0 else http_port
+    wanted = {f"the {s}": f"{host}:{p}" for s, p in ports.items()}
+    if facade_port > 0:
+        wanted["the gateway's OpenAI HTTP facade"] = f"{host}:{facade_port}"
+    if metrics and not ephemeral:
+        wanted |= {f"the {s}'s metrics": f"{host}:{p}" for s, p in DEFAULT_METRICS_PORTS.items()}
+    try:  # before any service starts: a taken port is one line (exit 2), not a half-started mesh
+        for what, address in wanted.items():
+            refuse_a_taken_port(address, what, "stop what holds it, or pass --ephemeral")
+    except ConfigError as exc:
+        fail(str(exc))
     gateway_args = ["--replicas", str(replicas), "--http-port", str(facade_port)]
     for flag, value in (("--backend", backend), ("--model", model), ("--base-url", base_url)):
         if value:

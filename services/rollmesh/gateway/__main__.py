@@ -10,7 +10,7 @@ from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.aio import run_server
 from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import MeshServer, ServiceBinding, serve
+from rollmesh.mesh.server import MeshServer, ServiceBinding, refuse_a_taken_port, serve
 
 log = get_logger("rollmesh.gateway")
 
@@ -18,6 +18,10 @@ log = get_logger("rollmesh.gateway")
 async def run(cfg: GatewayConfig) -> None:
     """Serve until SIGTERM/SIGINT: start the backends, the gRPC server and the HTTP facade; on stop,
     drain gRPC, stop HTTP, then shut the backends down."""
+    if cfg.http_port > 0:  # before anything starts: a taken port is one line, not a half-started gateway
+        refuse_a_taken_port(
+            f"{cfg.http_host}:{cfg.http_port}", "the OpenAI HTTP facade", "--http-port 0 picks a free one"
+        )
     gateway = Gateway([create_backend(s) for s in cfg.models], cfg, backend_factory=create_backend)
     await gateway.start()
     http = HttpFacade(gateway, host=cfg.http_host, port=cfg.http_port, api_key=cfg.server.api_key)

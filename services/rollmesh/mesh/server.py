@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -119,10 +120,37 @@ async def build_server(
     names = [b.name for b in bindings]
     reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     host = address.rpartition(":")[0]
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}: is the port in use?")
+    refuse_a_taken_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio >= 1.66 raises where older ones returned 0
+        port = 0
+    if port == 0:  # a user error (exit 2, one line), not a crash
+        raise ConfigError(f"could not bind {address}: is the port in use? (--port 0 picks a free one)")
     return MeshServer(server=server, port=port, host=host, services=names, health=health_servicer)
+
+
+def refuse_a_taken_port(address: str, what: str = "", hint: str = "--port 0 picks a free one") -> None:
+    """A port another process listens on is a one-line ConfigError before grpc core tries it (its own
+    failure logs a C-level line and a RuntimeError): bound here as grpc binds (SO_REUSEADDR), then
+    released. Port 0 and names that do not resolve are left to grpc."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise ConfigError(
+                f"could not bind {what + ' ' if what else ''}{address} ({exc.strerror or exc}): "
+                f"is the port in use? ({hint})"
+            ) from None
 
 
 async def serve(
@@ -157,33 +185,35 @@ async def _serve_started(
 ) -> None:
     grace = server.grace_seconds
     await mesh_server.start()
-    log.info(
-        "server_started",
-        address=mesh_server.address,
-        services=mesh_server.services,
-        metrics=endpoint.url if endpoint is not None else "off",
-    )
-    port_file = str(config.read("ROLLMESH_PORT_FILE"))
-    if port_file:
-        if endpoint is not None:  # first: a parent that sees the port file can read this one
-            write_port_file(metrics_file(port_file), endpoint.address)
-        write_port_file(port_file, mesh_server.address)
-    if on_started is not None:
-        maybe = on_started(mesh_server)
-        if maybe is not None:
-            await maybe
-    log.info("startup_heap_frozen", objects=freeze_startup_heap())  # heap.py
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    signals: list[signal.Signals] = []
+    try:  # whatever fails from here on (a start hook that cannot bind its port) stops the server too
+        log.info(
+            "server_started",
+            address=mesh_server.address,
+            services=mesh_server.services,
+            metrics=endpoint.url if endpoint is not None else "off",
+        )
+        port_file = str(config.read("ROLLMESH_PORT_FILE"))
+        if port_file:
+            if endpoint is not None:  # first: a parent that sees the port file can read this one
+                write_port_file(metrics_file(port_file), endpoint.address)
+            write_port_file(port_file, mesh_server.address)
+        if on_started is not None:
+            maybe = on_started(mesh_server)
+            if maybe is not None:
+                await maybe
+        log.info("startup_heap_frozen", objects=freeze_startup_heap())  # heap.py
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+            signals.append(sig)
         await stop.wait()
         log.info("server_draining", grace_s=grace)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals:
             loop.remove_signal_handler(sig)
-        await mesh_server.stop(grace)
+        await mesh_server.stop(grace if signals else 0)
         if on_stop is not None:
             await on_stop()
         log.info("server_stopped", address=mesh_server.address)

@@ -9,6 +9,7 @@ import uvicorn
 
 from rollmesh.gateway.core import Gateway
 from rollmesh.gateway.http.routes import build_app
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.gateway.http")
@@ -49,7 +50,10 @@ class HttpFacade:
         try:
             await self._server.startup()
         except SystemExit:
-            raise OSError(f"could not bind the OpenAI HTTP facade to {self.host}:{self.port}") from None
+            raise ConfigError(
+                f"could not bind the OpenAI HTTP facade to {self.host}:{self.port}: is the port in use? "
+                "(--http-port 0 picks a free one, -1 turns it off)"
+            ) from None
         self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
         self._task = asyncio.create_task(self._server.main_loop(), name="openai-http")
         # A capture's URL is for programs on this host: a wildcard bind is reached on loopback.
