@@ -179,11 +179,29 @@ def test_a_compose_task_builds_its_main_service_with_its_environment() -> None:
     assert [s.keyword for s in made.steps] == ["WORKDIR"]
 
 
-def test_a_compose_file_without_a_main_service_is_a_bad_task(tmp_path: Path) -> None:
+def test_a_compose_file_without_a_main_service_or_with_others_is_a_bad_task(tmp_path: Path) -> None:
     folder = _task(tmp_path, "", dockerfile="")
-    (folder / "environment" / "docker-compose.yaml").write_text("services:\n  web:\n    image: x\n")
+    compose = folder / "environment" / "docker-compose.yaml"
+    compose.write_text("services:\n  web:\n    image: x\n")
     with pytest.raises(BadHarborTask, match="no `services: main:`"):
         recipe(load_task(folder), MAP)
+    compose.write_text("services:\n  main:\n    image: ubuntu:24.04\n  db:\n    image: postgres\n")
+    with pytest.raises(BadHarborTask, match=r"services besides `main` \(db\)"):
+        recipe(load_task(folder), MAP)
+
+
+def test_the_docker_provider_writes_each_step_back_as_a_dockerfile_line() -> None:
+    from rollmesh.verifier.bridges.container.docker import _line
+
+    steps = parse_dockerfile(
+        'FROM x\nRUN a && \\\n  b\nCOPY --chown=1:1 "a b" /d/\nCMD ["sleep", "1"]\nENV A=1\n', where="t"
+    )
+    assert [_line(s) for s in steps[1:]] == [
+        "RUN a &&  b",
+        'COPY --chown=1:1 ["a b", "/d/"]',
+        'CMD ["sleep", "1"]',
+        "ENV A=1",
+    ]
 
 
 def test_an_image_digest_follows_the_context_files(tmp_path: Path) -> None:

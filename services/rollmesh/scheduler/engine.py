@@ -62,6 +62,7 @@ from rollmesh.scheduler.drivers.agent_loop import (
     close_sessions,
     run_agent,
 )
+from rollmesh.scheduler.drivers.oracle import run_oracle
 from rollmesh.scheduler.drivers.program import (
     CaptureOpened,
     CaptureRecord,
@@ -83,7 +84,6 @@ from rollmesh.scheduler.errors import (
     TokenRecordMismatch,
 )
 from rollmesh.scheduler.metrics import Scored, measured_reward
-from rollmesh.scheduler.oracle import run_oracle
 from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
 from rollmesh.scheduler.plan import Plan
 from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord

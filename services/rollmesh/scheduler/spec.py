@@ -80,7 +80,7 @@ class JobSpec:
     # An external agent program run per rollout instead of the built-in loop (argv; program.py).
     agent_program: tuple[str, ...] = ()
     agent_program_env: dict[str, str] = field(default_factory=dict)
-    # Run each task's reference solution instead of a model (scheduler/oracle.py), then verify.
+    # Run each task's reference solution instead of a model (scheduler/drivers/oracle.py), then verify.
     oracle: bool = False
     model: str = ""
     # Only the sampling fields that were set (SAMPLING_FIELDS), so unset ones keep the model's defaults.

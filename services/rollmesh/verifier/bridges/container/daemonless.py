@@ -51,7 +51,6 @@ from rollmesh.verifier.bridges.container.provider import (
     Image,
     Labels,
     Machine,
-    MachineInfo,
     Provider,
     drain,
     owner_identity,
@@ -88,7 +87,6 @@ class DaemonlessMachine(Machine):
         self.folder = folder
         self.keeper = keeper
         self.cgroups = cgroup_folders
-        self._removed = False
         self._gone = asyncio.Event()
         self._pidfd = -1
         try:  # the keeper is the factory's child, not ours: its pidfd says when it ends
@@ -108,7 +106,7 @@ class DaemonlessMachine(Machine):
             self._pidfd = -1
 
     def lost(self) -> str:
-        if self._removed:
+        if self.removed:
             return "removed"
         if not self._gone.is_set():
             return ""
@@ -136,10 +134,7 @@ class DaemonlessMachine(Machine):
         }
         return await exec_in(self, request, stdin, timeout_s, output_limit)
 
-    async def remove(self) -> None:
-        if self._removed:
-            return
-        self._removed = True
+    async def _delete(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.keeper, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
@@ -267,8 +262,8 @@ class DaemonlessProvider(Provider):
     name = "daemonless"
 
     def __init__(self, machines_dir: Path | None = None) -> None:
+        super().__init__()
         self.machines_dir = machines_dir or MACHINES_DIR
-        self._machines: dict[str, DaemonlessMachine] = {}
         self._builds: dict[str, asyncio.Lock] = {}
         self._owner = owner_identity()
         self._factory = _Factory()
@@ -468,25 +463,17 @@ class DaemonlessProvider(Provider):
                 metadata={"machine": machine_id},
             )
         if upper is None:
-            self._machines[machine_id] = machine
+            self.machines[machine_id] = machine
         return machine
 
-    def forget(self, machine: Machine) -> None:
-        self._machines.pop(machine.id, None)
-
-    def live(self) -> list[MachineInfo]:
-        return [
-            MachineInfo(m.id, self.name, m.labels, m.started, os.getpid())
-            for m in list(self._machines.values())
-            if not m.lost()
-        ]
-
     async def sweep(self) -> int:
-        return await asyncio.to_thread(sweep, self.machines_dir)
+        swept = await asyncio.to_thread(sweep, self.machines_dir)
+        if swept:
+            log.info("container_machines_swept", provider=self.name, count=swept)
+        return swept
 
     async def aclose(self) -> None:
-        machines, self._machines = list(self._machines.values()), {}
-        await asyncio.gather(*(m.remove() for m in machines), return_exceptions=True)
+        await super().aclose()
         await self._factory.aclose()
 
 

@@ -2,7 +2,7 @@
 (and no env.py) serves the Harbor tasks it names (task.py), one machine per rollout.
 
     tasks = "."                 # the folder of task folders, relative to this file
-    provider = "daemonless"     # ROLLMESH_CONTAINER_PROVIDER overrides
+    provider = "daemonless"     # or "docker"; ROLLMESH_CONTAINER_PROVIDER overrides
     reward_key = "reward"       # which of reward.json's named rewards is the reward
     shell_timeout_s = 180       # the most one shell call may take (the agent may ask for less)
     output_limit = 16384        # bytes of a tool's output the model gets (head and tail)
@@ -66,7 +66,7 @@ from rollmesh.verifier.errors import SessionRequired, ToolError
 log = get_logger("rollmesh.verifier.container")
 
 CONFIG_FILE = "container_tasks.toml"
-PROVIDERS = ("daemonless",)
+PROVIDERS = ("daemonless", "docker")
 #: How long a machine outlives its task's agent + verifier time when its session is never closed.
 LINGER_S = 300.0
 _VERIFY_SLACK_S = 60.0
@@ -107,6 +107,10 @@ def read_settings(folder: Path) -> Settings:
 
 
 def make_provider(name: str) -> Provider:
+    if name == "docker":
+        from rollmesh.verifier.bridges.container.docker import DockerProvider
+
+        return DockerProvider()
     from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
 
     return DaemonlessProvider()
@@ -142,9 +146,7 @@ class ContainerTasksEnvironment(Environment):
     # -- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        swept = await self.provider.sweep()
-        if swept:
-            log.info("container_machines_swept", environment=self.context.name, count=swept)
+        await self.provider.open()
 
     async def aclose(self) -> None:
         for rollout in list(self._rollouts.values()):
@@ -246,10 +248,7 @@ class ContainerTasksEnvironment(Environment):
         if state.cleanup is not None:
             state.cleanup.cancel()
         self._rollouts.pop(state.machine.id, None)
-        forget = getattr(self.provider, "forget", None)
-        if forget is not None:
-            forget(state.machine)
-        await state.machine.remove()
+        await self.provider.remove(state.machine)
 
     async def close_session(self, session: Session) -> None:
         if isinstance(session.state, Rollout):

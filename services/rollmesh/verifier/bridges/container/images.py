@@ -127,6 +127,12 @@ def compose_recipe(task: HarborTask, path: Path, image_map: ImageMap) -> Recipe:
     services = doc.get("services") if isinstance(doc, dict) else None
     if not isinstance(services, dict) or MAIN_SERVICE not in services:
         raise BadHarborTask(f"{where}: {path.name} has no `services: {MAIN_SERVICE}:` (the primary service)")
+    others = sorted(str(s) for s in services if s != MAIN_SERVICE)
+    if others:
+        raise BadHarborTask(
+            f"{where}: {path.name} has services besides `{MAIN_SERVICE}` ({', '.join(others)}): "
+            "a machine is the main service alone"
+        )
     main = services[MAIN_SERVICE]
     if not isinstance(main, dict):
         raise BadHarborTask(f"{where}: {path.name}: services.{MAIN_SERVICE} must be a mapping")

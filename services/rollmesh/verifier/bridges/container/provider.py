@@ -81,6 +81,11 @@ class Machine(ABC):
         self.labels = labels
         self.image = image
         self.started = time.time() if started is None else started
+        self._removal: asyncio.Future[None] | None = None
+
+    @property
+    def removed(self) -> bool:
+        return self._removal is not None
 
     @abstractmethod
     async def exec(
@@ -96,9 +101,16 @@ class Machine(ABC):
     ) -> ExecResult:
         """Run `argv` in the machine; raises MachineLost when the machine is gone."""
 
-    @abstractmethod
     async def remove(self) -> None:
-        """Stop and delete the machine and everything it wrote (idempotent)."""
+        """Stop and delete the machine and everything it wrote: once, whoever asks (a second call
+        waits for the first's removal), and to the end even when the caller is cancelled."""
+        if self._removal is None:
+            self._removal = asyncio.ensure_future(self._delete())
+        await asyncio.shield(self._removal)
+
+    @abstractmethod
+    async def _delete(self) -> None:
+        """What `remove` does, once."""
 
     @abstractmethod
     def lost(self) -> str:
@@ -173,6 +185,14 @@ class Provider(ABC):
     #: "daemonless" or "docker" (what `rollmesh envs list` shows).
     name = ""
 
+    def __init__(self) -> None:
+        #: The rollouts' machines this provider started, until they are removed.
+        self.machines: dict[str, Machine] = {}
+
+    async def open(self) -> None:
+        """Called once when the environment starts: probe what it needs, then `sweep()`."""
+        await self.sweep()
+
     @abstractmethod
     async def prepare(self, recipe: Recipe, *, timeout_s: float, where: str) -> Image:
         """The recipe's image, built once per content digest (raises ImageBuildFailed /
@@ -186,16 +206,29 @@ class Provider(ABC):
     async def sweep(self) -> int:
         """Remove the machines whose owner is gone; how many."""
 
-    @abstractmethod
     def live(self) -> list[MachineInfo]:
         """The machines this provider runs for this process now."""
+        return [
+            MachineInfo(m.id, self.name, m.labels, m.started, os.getpid())
+            for m in list(self.machines.values())
+            if not m.lost()
+        ]
+
+    async def remove(self, machine: Machine) -> None:
+        """Remove a rollout's machine and forget it once it is gone."""
+        try:
+            await machine.remove()
+        finally:
+            self.machines.pop(machine.id, None)
 
     def problem(self) -> str:
         """Why it cannot run machines here ("" when it can)."""
         return ""
 
     async def aclose(self) -> None:
-        return
+        """Remove every machine still there (those being removed too, to the end)."""
+        machines = list(self.machines.values())
+        await asyncio.gather(*(self.remove(m) for m in machines), return_exceptions=True)
 
 
 class CappedOutput:
