@@ -35,6 +35,13 @@ def test_grpcurl_list_and_describe(registry: tuple[ServerProc, Path]) -> None:
     described = grpcurl("-plaintext", server.address, "describe", "rollmesh.v1.ArtifactRegistry")
     assert described.returncode == 0, described.stderr
     assert "rpc ResolveArtifact ( .rollmesh.v1.ResolveArtifactRequest )" in described.stdout
+    # A method by its full name (protobuf's pool alone does not find methods: "Symbol not found").
+    method = grpcurl("-plaintext", server.address, "describe", "rollmesh.v1.ArtifactRegistry.ResolveArtifact")
+    assert method.returncode == 0, method.stderr
+    assert "rollmesh.v1.ArtifactRegistry.ResolveArtifact is a method:" in method.stdout
+    assert "rpc ResolveArtifact ( .rollmesh.v1.ResolveArtifactRequest )" in method.stdout
+    missing = grpcurl("-plaintext", server.address, "describe", "rollmesh.v1.ArtifactRegistry.NoSuchRpc")
+    assert missing.returncode != 0 and "Symbol not found" in missing.stderr
 
 
 def test_grpcurl_resolve_returns_json(registry: tuple[ServerProc, Path]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from rollmesh.mesh import config, tracing
 from rollmesh.mesh.errors import ConfigError
@@ -74,6 +74,24 @@ class ServiceBinding:
         )
 
 
+class _Reflection(reflection.aio.ReflectionServicer):  # type: ignore[misc]
+    """Server reflection that also finds a method by its full name (`grpcurl describe
+    rollmesh.v1.ModelGateway.Generate`): protobuf's upb pool finds the files of services and messages,
+    not of methods, so a method is answered with its service's file."""
+
+    def _file_containing_symbol(self, request: Any, fully_qualified_name: str) -> Any:
+        try:
+            self._pool.FindFileContainingSymbol(fully_qualified_name)
+        except KeyError:
+            try:
+                method = self._pool.FindMethodByName(fully_qualified_name)
+            except KeyError:
+                pass
+            else:
+                fully_qualified_name = method.containing_service.full_name
+        return super()._file_containing_symbol(request, fully_qualified_name)
+
+
 @dataclass
 class MeshServer:
     server: grpc.aio.Server
@@ -118,7 +136,9 @@ async def build_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [b.name for b in bindings]
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        _Reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME]), server
+    )
     host = address.rpartition(":")[0]
     refuse_a_taken_port(address)
     try:
