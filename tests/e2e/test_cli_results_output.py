@@ -5,6 +5,7 @@ finite number is refused naming its line instead of turning every mean into NaN.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from rollmesh.scheduler.records import Rollout, RolloutKey
@@ -37,3 +38,19 @@ async def test_a_stored_reward_that_is_not_a_number_is_refused_naming_its_line(t
     said = "not a rollout row of rollmesh or NeMo Gym (ValueError: reward is nan, not a finite number)"
     assert f"{path}:2: {said}" in err
     assert "Traceback" not in err
+
+
+async def test_off_a_terminal_the_progress_line_ends_before_the_next_line(tmp_path: Path) -> None:
+    """stderr to a file or pipe: the job's last progress line is a line of its own (it ran into the
+    health line: `... 0:00:21health: no finding`)."""
+    code, _, err = await run_cli(
+        "run", "--benchmark", "arithmetic", "--backend", "fake", "--limit", "4", "-n", "2",
+        "-o", str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert code == 0, err
+    lines = err.splitlines()
+    progress = [i for i, line in enumerate(lines) if " 8/8 " in line and "rollouts/s" in line]
+    assert progress, err
+    last = lines[progress[-1]]
+    assert re.search(r"failed 0 \d+:\d\d:\d\d$", last), last
+    assert lines[progress[-1] + 1].startswith("health: "), err

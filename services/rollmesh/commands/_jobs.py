@@ -310,38 +310,50 @@ async def follow_job(handle: JobHandle, *, poll_s: float = 0.5) -> pb.Job:
     # While the services' output is captured (_quiet.py), sys.stdout and sys.stderr are their log:
     # Live must not copy what is written there onto the terminal.
     own_terminal = err.file is sys.stderr
-    with Live(
-        line, console=err, refresh_per_second=4, redirect_stdout=own_terminal, redirect_stderr=own_terminal
-    ) as live:
-        unreachable_since: float | None = None
-        said_at = float("-inf")
-        while True:
-            asked = time.monotonic()  # the SDK may have retried UNAVAILABLE for a while already
-            try:
-                job = await handle.get()
-            except RollmeshClientError as exc:
-                if exc.code.name != "UNAVAILABLE":
-                    raise
-                unreachable_since = unreachable_since or asked
-                if time.monotonic() - unreachable_since >= SCHEDULER_LOST_AFTER_S:
-                    raise SchedulerLost(handle.last, exc) from None
+    try:
+        with Live(
+            line,
+            console=err,
+            refresh_per_second=4,
+            redirect_stdout=own_terminal,
+            redirect_stderr=own_terminal,
+        ) as live:
+            unreachable_since: float | None = None
+            said_at = float("-inf")
+            while True:
+                asked = time.monotonic()  # the SDK may have retried UNAVAILABLE for a while already
+                try:
+                    job = await handle.get()
+                except RollmeshClientError as exc:
+                    if exc.code.name != "UNAVAILABLE":
+                        raise
+                    unreachable_since = unreachable_since or asked
+                    if time.monotonic() - unreachable_since >= SCHEDULER_LOST_AFTER_S:
+                        raise SchedulerLost(handle.last, exc) from None
+                    await asyncio.sleep(poll_s)
+                    continue
+                unreachable_since = None
+                p = job.progress
+                line.total = max(p.total - p.skipped_existing, 0)
+                line.done, line.failed, line.stale = p.done, p.failed, p.stale_dropped
+                line.replaced, line.short = p.groups_replaced, p.groups_short
+                line.mean_reward, line.rollouts_per_second = p.mean_reward, p.rollouts_per_second
+                line.waiting = p.waiting_on
+                if (
+                    p.waiting_on
+                    and not err.is_terminal
+                    and time.monotonic() - said_at >= WAITING_SAID_EVERY_S
+                ):
+                    said_at = time.monotonic()
+                    err.print(f"{handle.job_id} waiting: {p.waiting_on}", markup=False, highlight=False)
+                if job.state in FINAL_STATES:
+                    line.ended = time.monotonic()
+                    live.refresh()
+                    return job
                 await asyncio.sleep(poll_s)
-                continue
-            unreachable_since = None
-            p = job.progress
-            line.total = max(p.total - p.skipped_existing, 0)
-            line.done, line.failed, line.stale = p.done, p.failed, p.stale_dropped
-            line.replaced, line.short = p.groups_replaced, p.groups_short
-            line.mean_reward, line.rollouts_per_second = p.mean_reward, p.rollouts_per_second
-            line.waiting = p.waiting_on
-            if p.waiting_on and not err.is_terminal and time.monotonic() - said_at >= WAITING_SAID_EVERY_S:
-                said_at = time.monotonic()
-                err.print(f"{handle.job_id} waiting: {p.waiting_on}", markup=False, highlight=False)
-            if job.state in FINAL_STATES:
-                line.ended = time.monotonic()
-                live.refresh()
-                return job
-            await asyncio.sleep(poll_s)
+    finally:
+        if not err.is_terminal:  # Live leaves its last render without a newline off a terminal
+            err.file.write("\n")
 
 
 def resume_command(job: pb.Job, scheduler: str = "") -> str:
