@@ -46,6 +46,16 @@ def test_a_rows_timing_round_trips_and_a_foreign_one_is_read_leniently() -> None
     assert odd == RolloutTiming(model_s=[0.1], verify_s=2.0)
 
 
+def test_rounded_is_what_the_row_reads_back_as() -> None:
+    """`rounded()` (the JSONL sink's metrics of rows it wrote) equals reading the row's timing back."""
+    t = RolloutTiming(1 / 3, float("nan"), 2e-7, [1 / 7, 5.3e-7], [float("inf")], [], [2 / 3], 1 / 9)
+    t.add("tool_s", 1 / 11)
+    t.add("verify_s", 1e-3)
+    back = RolloutTiming.from_json(json.loads(json.dumps(t.to_json())))
+    assert repr(t.rounded()) == repr(back)  # repr: NaN == NaN there
+    assert t.rounded().tool_s == [0.090909] and t.rounded().retried_s == 0.0
+
+
 async def test_every_phase_of_a_tool_rollout_is_in_its_row_and_in_the_job_percentiles(tmp_path: Path) -> None:
     path = Rows.arithmetic(3).write(tmp_path / "d.jsonl")
     spec = JobSpec(dataset=str(path), environment="session_state", concurrency=1, max_steps=8)

@@ -45,7 +45,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollmesh.scheduler import health
@@ -74,7 +74,8 @@ class Scored:
     health: dict[str, int] = field(default_factory=dict)  # health.py's findings (context length unknown)
 
     @classmethod
-    def of(cls, r: Rollout) -> Scored:
+    def of(cls, r: Rollout, *, timing: RolloutTiming | None = None) -> Scored:
+        """What metrics read of `r` (`timing` in place of `r.timing` when given)."""
         return cls(
             key=r.key,
             job_id=r.job_id,
@@ -86,17 +87,15 @@ class Scored:
             record_tokens=len(r.tokens.token_ids),
             masked=r.masked,
             latency_s=r.latency_s,
-            timing=r.timing,
+            timing=r.timing if timing is None else timing,
             health=health.findings(r.messages, r.finish_reason, [t.output_end for t in r.tokens.turns]),
         )
 
     @classmethod
-    def of_row(cls, r: Rollout, row: Json) -> Scored:
-        """What `Scored.of(Rollout.from_row(row))` reads back of `row = r.to_row()` once stored,
+    def stored(cls, r: Rollout) -> Scored:
+        """What `Scored.of(Rollout.from_row(r.to_row()))` reads back of `r`'s row once stored,
         without parsing the row: `r`'s fields, its timing as the row rounds it."""
-        scored = cls.of(r)
-        timing = row.get("timing")
-        return replace(scored, timing=RolloutTiming.from_json(timing) if isinstance(timing, dict) else None)
+        return cls.of(r, timing=r.timing.rounded() if r.timing is not None else None)
 
 
 def measured_reward(r: Rollout | Scored) -> float | None:

@@ -54,6 +54,11 @@ def _r(seconds: float) -> float:
     return round(seconds, 6)
 
 
+def _r_finite(seconds: float) -> float:
+    """A scalar phase as `from_json` reads it back: rounded, and 0 when not finite."""
+    return round(seconds, 6) if math.isfinite(seconds) else 0.0
+
+
 @dataclass
 class RolloutTiming:
     """One rollout's phases (seconds), as the row's `timing` holds them."""
@@ -67,22 +72,45 @@ class RolloutTiming:
     env_step_s: list[float] = field(default_factory=list)
     verify_s: float = 0.0
 
+    # The methods that run for every rollout (new_attempt, add, to_json, rounded) name each phase
+    # rather than loop over _SCALARS and _LISTS with getattr: they are on the scheduler's hot path.
+
     def new_attempt(self, retried_s: float) -> None:
         """An attempt starts: what earlier ones recorded is dropped, their time is `retried_s`."""
         self.retried_s = retried_s
         self.seed_s = self.verify_s = 0.0
-        for name in _LISTS:
-            getattr(self, name).clear()
+        self.model_s.clear()
+        self.first_token_s.clear()
+        self.tool_s.clear()
+        self.env_step_s.clear()
 
     def add(self, phase: str, seconds: float) -> None:
         """Record one call of `phase` (seed_s, tool_s, env_step_s or verify_s)."""
-        if phase in _LISTS:
-            getattr(self, phase).append(seconds)
+        if phase == "verify_s":
+            self.verify_s += seconds
+        elif phase == "seed_s":
+            self.seed_s += seconds
+        elif phase == "tool_s":
+            self.tool_s.append(seconds)
+        elif phase == "env_step_s":
+            self.env_step_s.append(seconds)
         else:
-            setattr(self, phase, getattr(self, phase) + seconds)
+            raise ValueError(f"not a phase add() records: {phase!r}")
+
+    def rounded(self) -> RolloutTiming:
+        """These phases as the row holds them (`to_json` rounds them): what reading it back gives."""
+        return RolloutTiming(
+            _r_finite(self.queued_s),
+            _r_finite(self.retried_s),
+            _r_finite(self.seed_s),
+            [round(v, 6) for v in self.model_s],
+            [round(v, 6) for v in self.first_token_s],
+            [round(v, 6) for v in self.tool_s],
+            [round(v, 6) for v in self.env_step_s],
+            _r_finite(self.verify_s),
+        )
 
     def to_json(self) -> Json:
-        # Spelled out, not a loop over _SCALARS and _LISTS: it runs for every row written.
         return {
             "queued_s": round(self.queued_s, 6),
             "retried_s": round(self.retried_s, 6),

@@ -16,7 +16,7 @@ reached the disk.
 metrics.json, written on close when the job gives no metrics of its own, counts what the folder
 holds: the rows of earlier runs, read back from rollouts.jsonl up to where this run began appending,
 and the rows of this run that reached the disk, from what the sink kept of each when it wrote it
-(`Scored.of_row`: what reading the row back gives, without parsing this run's rows again). On a
+(`Scored.stored`: what reading the row back gives, without parsing this run's rows again). On a
 filesystem without flock another writer could have appended too: then the whole file is read back.
 
 One writer: `open()` first takes an exclusive lock on the folder's `writer.lock` (flock, released
@@ -366,8 +366,7 @@ class JsonlSink(Sink):
 
 
 def _row(rollout: Rollout) -> _Row:
-    row = rollout.to_row()
-    return _Row(rollout.key, _dumps(row), measured_reward(rollout), Scored.of_row(rollout, row))
+    return _Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout), Scored.stored(rollout))
 
 
 def _dumps(row: Json) -> bytes:
