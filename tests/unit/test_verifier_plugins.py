@@ -16,6 +16,7 @@ from rollmesh.registry import Catalog, RootsConfig
 from rollmesh.registry.errors import ArtifactCollision
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult, tool
+from rollmesh.verifier.bridges import kinds
 from rollmesh.verifier.environment import infer_parameters, schema_errors
 from rollmesh.verifier.errors import EnvironmentBroken, EnvironmentNotFound
 from rollmesh.verifier.loader import module_name_for
@@ -198,3 +199,37 @@ def test_entry_points_load_and_collide(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "ModuleNotFoundError" in names["bad_ep"].error
     with pytest.raises(ArtifactCollision):
         svc.describe("arithmetic")
+
+
+def test_a_folder_kind_is_found_through_the_registry_of_kinds(tmp_path: Path) -> None:
+    """The loader imports no kind: a folder with no env.py is of the registered kind whose config
+    file it holds (the first registered when several); each built-in kind's class reads the file it
+    registered; a folder with none of them names every one."""
+    for kind in kinds.folder_kinds():
+        cls = kind.environment()
+        assert sys.modules[cls.__module__].CONFIG_FILE == kind.config_file, kind.what
+    assert [k.config_file for k in kinds.folder_kinds()][:2] == ["nemo_gym.toml", "verifiers.toml"]
+
+    class Marked(EntryEnv):
+        """A folder marked by its own file."""
+
+    kind = kinds.FolderKind("t_marked.toml", "a test kind", lambda: Marked)
+    kinds.register_folder_kind(kind)
+    kinds.register_folder_kind(kind)  # the same kind again: nothing changes
+    with pytest.raises(ValueError, match="already marks a test kind"):
+        kinds.register_folder_kind(kinds.FolderKind("t_marked.toml", "another", lambda: Marked))
+    root = make_root(tmp_path / "plugins", {})
+    (root / "environments" / "marked").mkdir(parents=True)
+    (root / "environments" / "marked" / "t_marked.toml").write_text("")
+    (root / "environments" / "bare").mkdir()
+    try:
+        svc = service_for([root])
+        infos, broken = svc.list_environments()
+    finally:
+        kinds._KINDS.pop("t_marked.toml")
+    marked = next(i for i in infos if i.name == "marked")
+    assert marked.description == "A folder marked by its own file." and marked.source.endswith(
+        "t_marked.toml"
+    )
+    (bare,) = [b for b in broken if b.name == "bare"]
+    assert "has no env.py (nor any of nemo_gym.toml, verifiers.toml, container_tasks.toml" in bare.error

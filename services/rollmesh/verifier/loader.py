@@ -1,6 +1,7 @@
 """Finding environment plugins: `environments/<name>/env.py` in every artifact root (or, in a folder
-with no env.py, `nemo_gym.toml`: a NeMo Gym resources server behind the bridge, verifier/bridges/nemo_gym.py),
-then the `rollmesh.environments` entry-point group.
+with no env.py, the config file of a registered folder kind: `nemo_gym.toml` for a NeMo Gym
+resources server, `verifiers.toml`, `container_tasks.toml`; verifier/bridges/kinds.py), then the
+`rollmesh.environments` entry-point group.
 
 Collision rule (the registry's): a name found in two roots, or in a root and an entry point, is
 not loaded; it is listed as broken with the registry's ARTIFACT_COLLISION message, and every use
@@ -28,17 +29,12 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry.catalog import Catalog, Kind
 from rollmesh.registry.errors import ArtifactCollision
+from rollmesh.verifier import bridges
 from rollmesh.verifier.environment import EnvContext, Environment
 
 log = get_logger("rollmesh.verifier.loader")
 
 ENTRY_POINT_GROUP = "rollmesh.environments"
-#: A folder holding this and no env.py is a NeMo Gym resources server behind the bridge (nemo_gym.py).
-BRIDGE_CONFIG = "nemo_gym.toml"
-#: A folder holding this and no env.py is a verifiers environment behind its bridge (verifiers_env.py).
-VERIFIERS_CONFIG = "verifiers.toml"
-#: A folder holding this and no env.py serves Harbor-format container tasks (bridges/container/env.py).
-CONTAINER_CONFIG = "container_tasks.toml"
 ContextFactory = Callable[[str, Path | None], EnvContext]
 
 
@@ -132,33 +128,14 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
             log.warning("environment_collision", name=name, error=exc.message)
             continue
         env_file = item.path / "env.py"
-        bridge_file = item.path / BRIDGE_CONFIG
-        vf_file = item.path / VERIFIERS_CONFIG
-        bridged = not env_file.is_file() and bridge_file.is_file()
-        vf_bridged = not env_file.is_file() and not bridged and vf_file.is_file()
-        container_file = item.path / CONTAINER_CONFIG
-        containers = not env_file.is_file() and not bridged and not vf_bridged and container_file.is_file()
-        source = str(
-            bridge_file if bridged else vf_file if vf_bridged else container_file if containers else env_file
-        )
+        kind = None if env_file.is_file() else _kind_of(item.path)
+        source = str(item.path / kind.config_file if kind is not None else env_file)
         try:
-            if containers:
-                from rollmesh.verifier.bridges.container.env import ContainerTasksEnvironment
-
-                cls: type[Environment] = ContainerTasksEnvironment
-            elif bridged:
-                from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
-
-                cls = NemoGymEnvironment
-            elif vf_bridged:
-                from rollmesh.verifier.bridges.verifiers_env import VerifiersEnvironment
-
-                cls = VerifiersEnvironment
+            if kind is not None:
+                cls = kind.environment()
             elif not env_file.is_file():
-                raise FileNotFoundError(
-                    f"{item.path} has no env.py "
-                    f"(nor {BRIDGE_CONFIG}, {VERIFIERS_CONFIG} or {CONTAINER_CONFIG})"
-                )
+                files = ", ".join(k.config_file for k in bridges.folder_kinds())
+                raise FileNotFoundError(f"{item.path} has no env.py (nor any of {files})")
             else:
                 cls = environment_class(import_file(env_file))
             env = _build(cls, name, item.path, make_context)
@@ -174,6 +151,11 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
     for ok in loaded.values():
         log.info("environment_loaded", name=ok.name, source=ok.source)
     return Discovery(loaded, broken)
+
+
+def _kind_of(folder: Path) -> bridges.FolderKind | None:
+    """The registered kind whose config file `folder` holds (the first registered when several)."""
+    return next((k for k in bridges.folder_kinds() if (folder / k.config_file).is_file()), None)
 
 
 def _load_entry_point(

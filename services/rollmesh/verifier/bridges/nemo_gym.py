@@ -110,11 +110,10 @@ from rollmesh.verifier.errors import (
     EnvSessionLost,
     ReverifyUnsupported,
 )
-from rollmesh.verifier.loader import BRIDGE_CONFIG
 
 log = get_logger("rollmesh.verifier.bridges.nemo_gym")
 
-CONFIG_FILE = BRIDGE_CONFIG
+CONFIG_FILE = "nemo_gym.toml"  # marks a folder of this kind (registered in bridges/__init__.py)
 LAUNCHER = Path(__file__).with_name("_nemo_gym_server.py")
 #: The protocol's own routes: never called as a tool.
 PROTOCOL_ROUTES = frozenset(

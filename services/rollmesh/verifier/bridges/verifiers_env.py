@@ -78,10 +78,10 @@ from rollmesh.verifier.errors import (
     GroupScored,
     RewardFunctionFailed,
 )
-from rollmesh.verifier.loader import VERIFIERS_CONFIG
 
 log = get_logger("rollmesh.verifier.bridges.verifiers_env")
 
+CONFIG_FILE = "verifiers.toml"  # marks a folder of this kind (registered in bridges/__init__.py)
 LAUNCHER = Path(__file__).with_name("_verifiers_server.py")
 LAUNCHER_V1 = Path(__file__).with_name("_verifiers_v1_server.py")
 #: The variable holding the verifier's API key in the server process (its judges' key).
@@ -104,7 +104,7 @@ class VerifiersConfig:
 
     @classmethod
     def load(cls, folder: Path) -> VerifiersConfig:
-        path = folder / VERIFIERS_CONFIG
+        path = folder / CONFIG_FILE
         raw = bridge_config(
             path,
             cls.__dataclass_fields__,
