@@ -109,8 +109,11 @@ async def gym(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         await svc.aclose()
 
 
-async def reverify(address: str, server: str, folder: Path, out: Path) -> tuple[list[dict[str, Any]], str]:
-    """`rollmesh reverify` of the server's recorded rollouts, joined to its example rows."""
+async def reverify(
+    address: str, server: str, folder: Path, out: Path, exit_code: int = 0
+) -> tuple[list[dict[str, Any]], str]:
+    """`rollmesh reverify` of the server's recorded rollouts, joined to its example rows (exit 1
+    when a row could not be re-scored)."""
     data = folder / "data"
     args = ["reverify", str(data / "example_rollouts.jsonl"), "-e", f"ng_{server}"]
     args += [
@@ -124,7 +127,7 @@ async def reverify(address: str, server: str, folder: Path, out: Path) -> tuple[
         str(out),
     ]
     res = await asyncio.to_thread(CliRunner().invoke, build_app(), args)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == exit_code, res.output
     return read_jsonl(out), res.stderr
 
 
@@ -207,8 +210,9 @@ async def assert_mcqa_grading_changed(python: Path, row: dict[str, Any]) -> None
 async def test_rollouts_without_their_rows_are_refused_not_scored(
     gym: Gym, tmp_path: Path, server: str
 ) -> None:
-    rows, stderr = await reverify(gym.address, server, gym.servers / server, tmp_path / "out.jsonl")
+    rows, stderr = await reverify(gym.address, server, gym.servers / server, tmp_path / "out.jsonl", 1)
     assert "5 of 5 rollouts match no row" in stderr and "reverified 0 rows (5 errors" in stderr
+    assert "no mean reward (nothing was re-scored)" in stderr  # and the command failed: exit 1
     for row in rows:
         assert row["reverify_error"].startswith("INVALID_ARGUMENT: ") and "(422)" in row["reverify_error"]
         assert '"missing"' in row["reverify_error"] and "previous_reward" not in row

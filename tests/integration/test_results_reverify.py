@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 from google.rpc import code_pb2, status_pb2
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from rollmesh.cli import build_app
 from rollmesh.commands._reverify import reverify
@@ -67,10 +67,11 @@ class FakeVerifier(verifier_pb2_grpc.EnvironmentVerifierServicer):
         self.environments.add(item.request.environment)
         task = json.loads(item.request.task_json)
         answer = [m.content for m in item.request.response.messages if m.role == "assistant"][-1]
-        if task["expected_answer"] == "boom":
+        expected = task.get("expected_answer", "")  # a missing field defaults, as some servers' do
+        if expected == "boom":
             err = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message="cannot parse the task")
             return verifier_pb2.VerifyBatchResponse(id=item.id, error=err)
-        ok = answer.strip() == task["expected_answer"]
+        ok = answer.strip() == expected
         return verifier_pb2.VerifyBatchResponse(
             id=item.id,
             result=verifier_pb2.VerifyResult(
@@ -144,3 +145,112 @@ async def test_reverify_cli_errors(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "VERIFIER_UNAVAILABLE" in res.stderr
     missing = await asyncio.to_thread(runner.invoke, build_app(), ["reverify", "nope.jsonl", "-e", "e"])
     assert missing.exit_code == 2 and "no such file" in missing.stderr
+
+
+def nemo_row(t: int, answer: str, recorded: float, content: object) -> dict[str, object]:
+    """A row as NeMo Gym records a rollout (its own key, no rollmesh task_index): the verify
+    response it got, without the dataset row's other fields."""
+    out = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+    return {
+        "responses_create_params": {"input": [{"role": "user", "type": "message", "content": content}]},
+        "response": {"object": "response", "status": "completed", "output": [out]},
+        "reward": recorded,
+        "_ng_task_index": t,
+        "_ng_rollout_index": 0,
+    }
+
+
+def image_question(t: int) -> list[dict[str, str]]:
+    image = {"type": "input_image", "image_url": f"data:image/png;base64,{t}AAAA"}
+    return [image, {"type": "input_text", "text": "How many circles?"}]  # the same text each row
+
+
+async def invoke(*args: str) -> Result:
+    return await asyncio.to_thread(CliRunner().invoke, build_app(), list(args))
+
+
+async def test_errors_fail_the_command_and_the_means_are_over_what_was_rescored(
+    verifier: tuple[str, FakeVerifier], tmp_path: Path
+) -> None:
+    """#43: `reverified 0 rows (5 errors ...); mean reward 0.9160 -> 0.9160` exited 0."""
+    address, _ = verifier
+    src = tmp_path / "rollouts.jsonl"
+    rows = [row(0, "7", "7", 0.0), row(1, "7", "7", 0.0), row(2, "7", "boom", 1.0)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rescored.jsonl"
+    res = await invoke("reverify", str(src), "-e", "arithmetic", "--verifier", address, "-o", str(out))
+    assert res.exit_code == 1, res.output  # every row is still written
+    assert (
+        "reverified 2 rows (1 errors, 2 rewards changed); mean reward over them 0.0000 -> 1.0000"
+        in res.stderr
+    )
+    assert [r.get("reverify_error", "") for r in map(json.loads, out.read_text().splitlines())][2]
+    src.write_text(json.dumps(row(0, "7", "boom", 1.0)) + "\n")
+    none = await invoke("reverify", str(src), "-e", "arithmetic", "--verifier", address, "-o", str(out))
+    assert none.exit_code == 1 and "no mean reward (nothing was re-scored)" in none.stderr, none.stderr
+
+
+async def test_tasks_with_image_parts_are_joined_not_refused(
+    verifier: tuple[str, FakeVerifier], tmp_path: Path
+) -> None:
+    """#43: `--tasks` refused rows with image parts ("only text content parts are supported"), but
+    reverify calls no model: each rollout is joined to its row by its parts as written."""
+    address, _ = verifier
+    tasks = tmp_path / "example.jsonl"
+    task_rows = [
+        {
+            "responses_create_params": {
+                "input": [{"role": "user", "type": "message", "content": image_question(t)}]
+            },
+            "expected_answer": str(t + 3),
+        }
+        for t in range(3)
+    ]
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in task_rows))
+    src = tmp_path / "example_rollouts.jsonl"
+    src.write_text(
+        "".join(json.dumps(nemo_row(t, str(t + 3), 1.0, image_question(t))) + "\n" for t in (2, 0, 1))
+    )
+    out = tmp_path / "rescored.jsonl"
+    args = [
+        "reverify",
+        str(src),
+        "-e",
+        "circles",
+        "--tasks",
+        str(tasks),
+        "--verifier",
+        address,
+        "-o",
+        str(out),
+    ]
+    res = await invoke(*args)
+    assert res.exit_code == 0, res.output
+    assert (
+        "match no row" not in res.stderr and "reverified 3 rows (0 errors, 0 rewards changed)" in res.stderr
+    )
+    assert [r["reward"] for r in map(json.loads, out.read_text().splitlines())] == [1.0, 1.0, 1.0]
+
+
+async def test_a_recorded_reward_never_silently_becomes_0_without_its_row(
+    verifier: tuple[str, FakeVerifier], tmp_path: Path
+) -> None:
+    """#43: without --tasks, NeMo Gym's recorded rollouts (which lack row fields a verify needs;
+    circle_count's server then counts no circles) turned recorded 1s into 0s, exit 0. Such a drop
+    is flagged on the row and fails the command."""
+    address, _ = verifier
+    src = tmp_path / "example_rollouts.jsonl"
+    rows = [nemo_row(0, "3", 1.0, image_question(0)), nemo_row(1, "4", 1.0, image_question(1))]
+    rows[1]["expected_answer"] = "4"  # this one carries what its verify reads: re-scored 1
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "rescored.jsonl"
+    res = await invoke("reverify", str(src), "-e", "circles", "--verifier", address, "-o", str(out))
+    assert res.exit_code == 1, res.output
+    assert "1 fell to 0 without --tasks" in res.stderr and "give --tasks" in res.stderr, res.stderr
+    dropped, kept = map(json.loads, out.read_text().splitlines())
+    assert (
+        dropped["reward"] == 0.0
+        and dropped["previous_reward"] == 1.0
+        and "--tasks" in dropped["reverify_warning"]
+    )
+    assert kept["reward"] == 1.0 and "reverify_warning" not in kept

@@ -8,8 +8,13 @@ whose stream breaks fails the whole run (VERIFIER_UNAVAILABLE), as does no answe
 Each row gets the new `reward`, `reward_components`, `extracted_answer` and `verify_details` (and
 `mask_sample` when the verdict is masked or the row had one); the old reward is kept in
 `previous_reward`. An item the verifier could not score keeps its row and gets
-`reverify_error` ("CODE: message"); the stream goes on. With `--tasks`, each row is first joined
-to its dataset row by the input messages (`join_tasks`: NeMo Gym's recorded rollouts).
+`reverify_error` ("CODE: message"); the stream goes on, and the command fails at the end
+(`ReverifyReport.failed`; the means are over the re-scored rows only). With `--tasks`, each row is
+first joined to its dataset row by the input messages (`join_tasks`: NeMo Gym's recorded
+rollouts; a message with image or audio parts is matched by its parts, since no model is called).
+Without it, a row recorded elsewhere (no rollmesh `task_index`) whose reward falls to 0 gets
+`reverify_warning` and fails the command too: NeMo Gym's recorded rollouts lack row fields some
+verifies need, and a server that defaults them scores 0 (circle_count: no circles, count 0).
 
 An environment that takes turns (GetEnvironment's `takes_turns`) is re-scored by replaying each
 rollout through the agent loop in a new session (scheduler/drivers/replay.py), at most `window` at once:
@@ -48,25 +53,51 @@ from rollmesh_client.v1 import verifier_pb2
 
 @dataclass
 class ReverifyReport:
+    """What a reverify did. The means are over the re-scored rows only (None when none was): a row
+    the verifier could not score keeps its recorded reward, which says nothing about the checker.
+    `unjoined_drops` counts rows recorded elsewhere (NeMo Gym: no rollmesh `task_index`) and
+    scored without their dataset rows (no `--tasks`) whose reward fell to 0: such a row may lack a
+    field its verify needs, so the 0 may be the missing field's, not the answer's."""
+
     rows: list[Json]
     scored: int = 0
     errors: int = 0
     changed: int = 0
-    old_mean: float = 0.0
-    new_mean: float = 0.0
+    unjoined_drops: int = 0
+    old_mean: float | None = None
+    new_mean: float | None = None
     error_samples: list[str] = field(default_factory=list)
+    joined: bool = False  # each row was joined to its dataset row (--tasks)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the command fails: a row was not re-scored, or a reward may be a missing field's."""
+        return bool(self.errors or self.unjoined_drops)
 
 
 def input_key(row: Json) -> str:
-    """A row's input messages (role and text of each) as one comparable string ("" when none)."""
+    """A row's input messages (role and text of each) as one comparable string ("" when none). A
+    message with image or audio parts is keyed by its parts as written (reverify calls no model,
+    so such a row is joined like any other)."""
     params = row.get("responses_create_params")
     if not isinstance(params, dict):
         return ""
     try:
         msgs = messages_from_input(params.get("input"), params.get("instructions"))
     except ValueError:
-        return ""
+        return _parts_key(params)
     return json.dumps([(m.role, m.content) for m in msgs], ensure_ascii=False)
+
+
+def _parts_key(params: Json) -> str:
+    """The input's messages as (role, content) with every content part kept whole, for an input the
+    text-only reading refuses; "" when it is not a list of messages."""
+    items = params.get("input")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        return ""
+    head = [("system", params["instructions"])] if params.get("instructions") else []
+    body = [(i.get("role", "user"), i.get("content")) for i in items]
+    return "parts:" + json.dumps(head + body, ensure_ascii=False, sort_keys=True)
 
 
 def join_tasks(rows: Sequence[Json], tasks: Sequence[Json]) -> tuple[list[Json], int]:
@@ -105,6 +136,12 @@ def verify_request(row: Json, environment: str) -> verifier_pb2.VerifyRequest:
     )
 
 
+UNJOINED_DROP = (
+    "recorded elsewhere with a reward, scored 0 here without its dataset row: the row may lack a "
+    "field its verify needs (NeMo Gym's recorded rollouts do); give --tasks with the dataset"
+)
+
+
 async def reverify(
     rows: Sequence[Json],
     *,
@@ -114,10 +151,12 @@ async def reverify(
     window: int = 32,
     idle_timeout_s: float = 300.0,
     on_progress: Callable[[int], None] | None = None,
+    joined: bool = False,
 ) -> ReverifyReport:
-    """Re-score `rows` (JSONL rollout rows) with `environment` on the verifier at `verifier`."""
+    """Re-score `rows` (JSONL rollout rows) with `environment` on the verifier at `verifier`
+    (`joined`: each row was joined to its dataset row, --tasks)."""
     out = [dict(r) for r in rows]
-    report = ReverifyReport(rows=out)
+    report = ReverifyReport(rows=out, joined=joined)
     if not out:
         return report
     requests = ((str(i), verify_request(row, environment)) for i, row in enumerate(out))
@@ -154,10 +193,11 @@ async def reverify(
 
 
 def _means(out: list[Json], report: ReverifyReport) -> ReverifyReport:
-    olds = [float(r["previous_reward"] if "previous_reward" in r else r.get("reward", 0.0)) for r in out]
-    news = [float(r.get("reward", 0.0)) for r in out]
-    report.old_mean = sum(olds) / len(olds)
-    report.new_mean = sum(news) / len(news)
+    """The recorded and the new mean reward over the re-scored rows (None when none was)."""
+    scored = [r for r in out if "previous_reward" in r and "reverify_error" not in r]
+    if scored:
+        report.old_mean = sum(float(r["previous_reward"]) for r in scored) / len(scored)
+        report.new_mean = sum(float(r.get("reward", 0.0)) for r in scored) / len(scored)
     return report
 
 
@@ -314,6 +354,12 @@ def _scored(
     old = float(row.get("reward", 0.0))
     row["previous_reward"] = old
     row["reward"] = reward
+    row.pop("reverify_warning", None)
+    if not report.joined and "task_index" not in row and old > 0.0 and reward == 0.0:
+        row["reverify_warning"] = UNJOINED_DROP
+        report.unjoined_drops += 1
+        if len(report.error_samples) < 5:
+            report.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {UNJOINED_DROP}")
     row["reward_components"] = dict(components)
     row["extracted_answer"] = extracted_answer
     row["verify_details"] = details

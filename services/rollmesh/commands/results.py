@@ -9,6 +9,7 @@ out and named on stderr.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -174,7 +175,11 @@ def reverify(
         ),
     ] = None,
 ) -> None:
-    """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls)."""
+    """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls).
+
+    Exit 0 when every row was re-scored, 1 when one was not (its `reverify_error`) or fell to 0
+    without --tasks though recorded elsewhere with a reward (its `reverify_warning`), 2 on unreadable
+    input. Every row is written either way; the means are over the re-scored rows."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollmesh.commands import _reverify as rv
@@ -187,7 +192,8 @@ def reverify(
             from rollmesh.scheduler.plan import load_rows
 
             try:
-                rows, unmatched = rv.join_tasks(rows, await asyncio.to_thread(load_rows, Path(tasks)))
+                loaded = await asyncio.to_thread(functools.partial(load_rows, Path(tasks), text_only=False))
+                rows, unmatched = rv.join_tasks(rows, loaded)
             except (OSError, ValueError, RollmeshError) as exc:
                 fail(f"reverify: --tasks {tasks}: {exc}", code=2)
             if unmatched:
@@ -206,6 +212,7 @@ def reverify(
                 window=window,
                 idle_timeout_s=timeout,
                 on_progress=lambda n: bar.advance(task, n),
+                joined=bool(tasks),
             )
 
     report = run(go())
@@ -214,12 +221,20 @@ def reverify(
         write_out(out, text)
     else:
         typer.echo(text, nl=False)
+    if report.old_mean is None or report.new_mean is None:
+        means = "no mean reward (nothing was re-scored)"
+    else:
+        means = f"mean reward over them {report.old_mean:.4f} -> {report.new_mean:.4f}"
+    drops = f", {report.unjoined_drops} fell to 0 without --tasks" if report.unjoined_drops else ""
     err.print(
-        f"reverified {report.scored} rows ({report.errors} errors, {report.changed} rewards changed); "
-        f"mean reward {report.old_mean:.4f} -> {report.new_mean:.4f}" + (f"; wrote {out}" if out else "")
+        f"reverified {report.scored} rows ({report.errors} errors, {report.changed} rewards changed{drops}); "
+        + means
+        + (f"; wrote {out}" if out else "")
     )
     for sample in report.error_samples:
         err.print(f"  error {sample}")
+    if report.failed:  # every row was written, with its reverify_error / reverify_warning
+        raise typer.Exit(1)
 
 
 def validate(

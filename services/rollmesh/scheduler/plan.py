@@ -143,10 +143,11 @@ def resolve_dataset(catalog: Catalog, ref: str) -> Path:
     )
 
 
-def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
+def load_rows(path: Path, *, max_row_bytes: int | None = None, text_only: bool = True) -> list[Json]:
     """Parse every row; a malformed one is an error naming its line number, and so is one longer
     than `max_row_bytes` (default: what a stream item may carry, from ROLLMESH_MAX_MESSAGE_MB),
-    since the requests made from it could not be sent."""
+    since the requests made from it could not be sent. `text_only=False` accepts input messages
+    with image or audio parts (rows read for something other than asking a model: reverify)."""
     limit = max_row_bytes if max_row_bytes is not None else max_item_bytes()
     if path.suffix == ".json":
         return generated_rows(path)
@@ -182,7 +183,7 @@ def load_rows(path: Path, *, max_row_bytes: int | None = None) -> list[Json]:
                 row = untrusted_json.loads(line)
             except NotJson as exc:
                 raise malformed(f"not valid JSON ({exc})") from None
-            problem = _row_problem(row)
+            problem = _row_problem(row, text_only)
             if problem:
                 raise malformed(problem)
             rows.append(row)
@@ -226,7 +227,7 @@ def generated_rows(path: Path) -> list[Json]:
     return rows
 
 
-def _row_problem(row: Any) -> str:
+def _row_problem(row: Any, text_only: bool = True) -> str:
     if not isinstance(row, dict):
         return f"a row must be a JSON object, not {type(row).__name__}"
     params = row.get("responses_create_params")
@@ -242,13 +243,14 @@ def _row_problem(row: Any) -> str:
         try:
             responses_items.messages_from_items(inp, default_role="user")
         except responses_items.NotResponsesItem as exc:
-            return f"`responses_create_params.input{exc.where}`: {str(exc).split(': ', 1)[1]}"
+            if text_only or "content parts" not in str(exc):
+                return f"`responses_create_params.input{exc.where}`: {str(exc).split(': ', 1)[1]}"
     else:
         for i, m in enumerate(inp):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"].strip():
                 return f"`responses_create_params.input[{i}]` is not a message with a `role`"
             try:  # an image or audio part was dropped: the model was asked half the question
-                content_text(m.get("content"), strict=True)
+                content_text(m.get("content"), strict=text_only)
             except ValueError as exc:
                 return f"`responses_create_params.input[{i}].content`: {exc} (rollmesh sends text only)"
     if not isinstance(params.get("instructions") or "", str):
