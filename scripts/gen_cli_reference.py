@@ -117,11 +117,10 @@ def _anchor(title: str) -> str:
 
 
 def render() -> str:
-    import typer.main
 
-    from rollmesh.cli import build_app
+    from rollmesh.cli import build_command
 
-    root = typer.main.get_command(build_app())
+    root = build_command()
     out = [HEADER]
     for path, command, ctx in _walk(root, ["rollmesh"], None):
         out += _section(path, command, ctx)

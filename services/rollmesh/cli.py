@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import typer
+    import typer._click  # typer ships its own click: its commands are these
+
 
 EXIT_INTERRUPTED = 130
 
@@ -61,11 +63,22 @@ def build_app() -> typer.Typer:
     return app
 
 
+def build_command() -> typer._click.Command:
+    """The click command `main` runs and docs/cli.md documents, its help tidied (commands/_help.py)."""
+    import typer
+
+    from rollmesh.commands._help import tidy
+
+    command = typer.main.get_command(build_app())
+    tidy(command)
+    return command
+
+
 def main() -> None:
     # gRPC's C core logs fork/poller INFO lines when Ray or vLLM spawn processes; users can override.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
-        build_app()()  # typer builds the click commands inside the call, before click's own handling
+        build_command()()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         raise SystemExit(EXIT_INTERRUPTED) from None
