@@ -5,6 +5,7 @@ OPENAI_BASE_URL and OPENAI_API_KEY point at the rollout's recorded URL, the task
 (also in ROLLMESH_TASK_FILE), and the environment's tools are at ROLLMESH_TOOLS_URL. It calls the
 model, runs the tool calls it asks for, and repeats until the model answers without calls (or
 `max_steps` turns): the loop rollmesh's built-in agent runs, so both give the same token records.
+tool_loop_server.py serves the same loop (`run_loop`) as an agent server.
 """
 
 from __future__ import annotations
@@ -18,18 +19,17 @@ from typing import Any
 from openai import OpenAI
 
 
-def call_tool(name: str, arguments: str, call_id: str) -> str:
+def call_tool(name: str, arguments: str, call_id: str, tools_url: str | None = None) -> str:
     body = json.dumps({"name": name, "arguments": arguments, "id": call_id}).encode()
-    request = urllib.request.Request(
-        os.environ["ROLLMESH_TOOLS_URL"] + "/call", data=body, headers={"Content-Type": "application/json"}
-    )
+    url = (tools_url or os.environ["ROLLMESH_TOOLS_URL"]) + "/call"
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as answer:
         return str(json.load(answer)["output"])
 
 
-def main() -> None:
-    task = json.load(sys.stdin)
-    client = OpenAI(max_retries=0)
+def run_loop(client: OpenAI, task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tool loop on `task` (the task document: messages, tools, max_steps, tools_url): the
+    conversation it ends with."""
     messages: list[dict[str, Any]] = list(task["messages"])
     extra = {"tools": task["tools"]} if task["tools"] else {}
     for _ in range(max(task["max_steps"], 1)):
@@ -39,10 +39,15 @@ def main() -> None:
         if choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
             break
         for tc in choice.message.tool_calls:
-            output = call_tool(tc.function.name, tc.function.arguments, tc.id)
+            output = call_tool(tc.function.name, tc.function.arguments, tc.id, task["tools_url"])
             messages.append(
                 {"role": "tool", "tool_call_id": tc.id, "name": tc.function.name, "content": output}
             )
+    return messages
+
+
+def main() -> None:
+    messages = run_loop(OpenAI(max_retries=0), json.load(sys.stdin))
     print(messages[-1].get("content") or "")
 
 

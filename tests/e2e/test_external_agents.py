@@ -103,3 +103,21 @@ def test_through_rollmesh_up_with_an_api_key(tmp_path: Path) -> None:
     assert len(rows) == 2 * ROWS and all(r["reward"] == 1.0 for r in rows.values())
     assert all(r["agent_program"]["calls"] == 3 for r in rows.values())
     _valid_with_text(rows)
+
+
+def test_a_warm_started_program_and_an_agent_server(tmp_path: Path) -> None:
+    block = bash_block("## Faster: agent servers and warm starts", DOC)
+    done = run_block(block, {}, tmp_path, {"RUNS": str(tmp_path)}, cwd=REPO, timeout_s=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    warm, server = _rows(tmp_path, "warm"), _rows(tmp_path, "server")
+    assert len(warm) == len(server) == 2 * ROWS
+    for mode, rows in (("warm", warm), ("server", server)):
+        for key, row in rows.items():
+            run = row["agent_program"]
+            assert row["reward"] == 1.0 and run["mode"] == mode, key
+            assert (run["exit_code"], run["calls"], run["tool_calls"], run["segments"]) == (0, 3, 2, 1)
+            assert run["sandbox"] == ("uid+mount+pid+network" if os.geteuid() == 0 else "limits")
+            assert row["tokens"]["logprobs_recorded"] is True and len(row["tokens"]["turns"]) == 3
+            # The same loop, the same seeds: the same records whichever way it ran.
+            assert row["tokens"] == warm[key]["tokens"], key
+        _valid_with_text(rows)

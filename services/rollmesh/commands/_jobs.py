@@ -66,6 +66,13 @@ class SpecOptions:
         help="Run each task's reference solution instead of a model, then verify (container tasks' "
         "solution/solve.sh, as Harbor's oracle agent): every task with one should score 1.",
     )
+    agent_mode: str = _option(
+        "command",
+        "--agent-mode",
+        help="How --agent-program runs: command (a process per rollout), warm (per rollout, forked from "
+        "a Python interpreter with its imports done) or server (one agent server for the job, a /run "
+        "request per rollout).",
+    )
     temperature: float | None = _option(None, "--temperature", help="Sampling temperature.")
     top_p: float | None = _option(None, "--top-p", help="Nucleus sampling.")
     max_tokens: int | None = _option(None, "--max-tokens", help="Tokens per model turn.")
@@ -233,7 +240,12 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         o,
         resume_job_id=o.job_id,
         shard=shard,
-        agent=pb.AgentSpec(max_steps=o.max_steps, program=_argv(o.agent_program), oracle=o.oracle),
+        agent=pb.AgentSpec(
+            max_steps=o.max_steps,
+            program=_argv(o.agent_program),
+            oracle=o.oracle,
+            program_mode=_agent_mode(o),
+        ),
         retry=to_pb(pb.RetryPolicy, o),
         sampling=sampling if sampling.ByteSize() else None,
         sink=pb.SinkSpec(
@@ -249,6 +261,20 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         max_replacements=replacements,
         max_replacement_fraction=replacement_fraction,
     )
+
+
+def _agent_mode(o: SpecOptions) -> str:
+    """--agent-mode, checked here as the scheduler checks it (drivers/modes.py)."""
+    from rollmesh.scheduler.drivers.modes import check_mode
+
+    if o.agent_mode not in ("", "command") and not o.agent_program:
+        raise typer.BadParameter(
+            f"--agent-mode {o.agent_mode} runs --agent-program: give --agent-program too"
+        )
+    try:
+        return check_mode(o.agent_mode, _argv(o.agent_program))
+    except ValueError as exc:
+        raise typer.BadParameter(f"--agent-mode {o.agent_mode}: {exc}") from None
 
 
 def _argv(command: str) -> list[str]:

@@ -7,7 +7,8 @@ for external agent programs (scheduler/drivers/program.py) and managed environme
 
     {"parent": pid,              # SIGTERM when it dies (PR_SET_PDEATHSIG, kept across exec)
      "rlimits": {"RLIMIT_AS": bytes, ...},   # a limit the platform lacks is skipped
-     "network": {"forward": [[port, unix_socket], ...]},   # optional: a network namespace
+     "network": {"forward": [[port, unix_socket], ...],    # optional: a network namespace
+                 "expose": [[port, unix_socket], ...]},   # (expose: a Unix socket into it)
      "uid": 65533,               # optional: a uid and namespaces of its own (as root)
      "readable": [path, ...],    # what the child must read (uid mode)
      "writable": [path, ...],    # what it may write (uid mode; owned by the uid already)
@@ -16,9 +17,10 @@ for external agent programs (scheduler/drivers/program.py) and managed environme
      "mode_file": path}          # where what held is written ("uid+mount+pid+network", "limits")
 
 In order, each step recorded only once it held:
-1. `network`: a network namespace with only loopback, where each forwarded port is served on
-   127.0.0.1 by a relay process (forked here, before the pid namespace) to the parent's Unix socket
-   (`_isolate`); refused (no CAP_SYS_ADMIN): nothing changes.
+1. `network`: a network namespace with only loopback, where each forwarded port's listening
+   socket is made and handed to the parent, which serves it, and each exposed port is reached
+   from the parent through a Unix socket a relay process (forked here, before the pid namespace)
+   listens on (`_isolate`); refused (no CAP_SYS_ADMIN): nothing changes.
 2. `uid` (needs root): a mount namespace in which every mount is read-only and nosuid; /tmp,
    /var/tmp and /dev/shm are fresh tmpfs of `scratch_mb`; a folder on the way to a `readable` path
    that other users cannot enter (/root) is covered by an empty tmpfs, with only the `readable`
@@ -64,15 +66,30 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         sys.stderr.write("usage: _confine.py SETTINGS_JSON -- ARGV...\n")
         return 2
-    settings = json.loads(argv[0])
+    enter(json.loads(argv[0]))
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    program = argv[2:]
+    try:
+        os.execvp(program[0], program)
+    except OSError as exc:
+        sys.stderr.write(f"cannot run {program[0]!r}: {exc.strerror or exc}\n")
+        return 127
+    return 0  # pragma: no cover - execvp does not return
+
+
+def enter(settings: dict[str, Any]) -> None:
+    """Steps 1 and 2 and the rlimits (module doc) in this process. It returns only in the process
+    that is to run the program (pid 2 of its namespace when it has one); the keeper and the init
+    exit here as the program did. A warm interpreter's forked child (mesh/_warm.py) runs it too."""
     _die_with(int(settings.get("parent", 0)), signal.SIGTERM)
     # Opened first: the mount namespace may cover its folder.
     mode_file = open(settings["mode_file"], "w") if settings.get("mode_file") else None
     held: list[str] = []
     network = settings.get("network")
-    if network is not None and _isolate(network["forward"]):
+    if network is not None and _isolate(network.get("forward", []), network.get("expose", [])):
         held.append("network")
-    uid = settings.get("uid")
+    uid: Any = settings.get("uid")
     keeper = False
     if uid is not None and _private_mounts(settings):
         held[:0] = ["uid", "mount"]
@@ -88,7 +105,7 @@ def main(argv: list[str]) -> int:
         child = os.fork()
         if child:
             os.close(report[1])
-            return _keep(child, report[0])
+            _exit(_keep(child, report[0]))
         os.close(report[0])
         try:  # its own pids in /proc; without it /proc shows the host's (the namespace holds)
             _mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
@@ -113,17 +130,15 @@ def main(argv: list[str]) -> int:
     if keeper:
         program_pid = os.fork()
         if program_pid:
-            return _init(program_pid, report[1])
+            _exit(_init(program_pid, report[1]))
         os.close(report[1])
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
-    program = argv[2:]
-    try:
-        os.execvp(program[0], program)
-    except OSError as exc:
-        sys.stderr.write(f"cannot run {program[0]!r}: {exc.strerror or exc}\n")
-        return 127
-    return 0  # pragma: no cover - execvp does not return
+
+
+def _exit(code: int) -> None:
+    """The keeper's and the init's end: never back into the caller (a warm interpreter's loop)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code & 0xFF)
 
 
 def _libc() -> Any:
@@ -315,10 +330,14 @@ def _init(program: int, report: int) -> int:
             return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _isolate(forward: list[list[Any]]) -> bool:
-    """A network namespace of its own with only loopback, in which each `[port, unix_socket]` of
-    `forward` is served on 127.0.0.1:port by a relay process to that Unix socket (the parent's end
-    of the capture and tools URLs). False when the kernel refused (not permitted: no
+def _isolate(forward: list[list[Any]], expose: list[list[Any]] | None = None) -> bool:
+    """A network namespace of its own with only loopback. For each `[port, unix_socket]` of
+    `forward` a socket listening on 127.0.0.1:port in it is handed (SCM_RIGHTS) to the parent over
+    that Unix socket: the parent accepts the child's connections to its capture and tools ports
+    itself (scheduler/drivers/program.py `loopback_relays`). For each `[port, unix_socket]` of
+    `expose`, the other way: a relay process listens on that Unix socket (made here, outside the
+    namespace's mounts) and connects to 127.0.0.1:port inside (an agent server's port,
+    scheduler/drivers/agent_server.py). False when the kernel refused (not permitted: no
     CAP_SYS_ADMIN), with nothing changed."""
     import fcntl
     import struct
@@ -328,12 +347,20 @@ def _isolate(forward: list[list[Any]]) -> bool:
     with socket.socket() as s:  # lo up (SIOCGIFFLAGS / SIOCSIFFLAGS, IFF_UP)
         flags = struct.unpack("16sh", fcntl.ioctl(s, 0x8913, struct.pack("16sh", b"lo", 0)))[1]
         fcntl.ioctl(s, 0x8914, struct.pack("16sh", b"lo", flags | 1))
-    listeners = []
     for port, path in forward:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", int(str(port))))
-        listener.listen(64)
-        listeners.append((listener, str(path)))
+        with socket.socket() as listener, socket.socket(socket.AF_UNIX) as handoff:
+            listener.bind(("127.0.0.1", int(str(port))))
+            listener.listen(256)
+            handoff.connect(str(path))
+            socket.send_fds(handoff, [b"listener"], [listener.fileno()])
+    listeners = []
+    for port, path in expose or []:
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listener.listen(256)
+        listeners.append((listener, int(str(port))))
+    if not listeners:
+        return True
     program = os.getpid()  # the pid the program (or its keeper) will have after exec
     if os.fork() == 0:  # the relay: dies with the program (its parent) and with its process group
         _die_with(program, signal.SIGTERM)
@@ -347,7 +374,8 @@ def _isolate(forward: list[list[Any]]) -> bool:
     return True
 
 
-def _relay(listeners: list[tuple[socket.socket, str]]) -> None:
+def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
+    """Each connection to a Unix listener, relayed to its port on this namespace's loopback."""
     import threading
 
     def pump(src: socket.socket, dst: socket.socket) -> None:
@@ -363,14 +391,15 @@ def _relay(listeners: list[tuple[socket.socket, str]]) -> None:
                 except OSError:
                     pass
 
-    def serve(listener: socket.socket, path: str) -> None:
+    def serve(listener: socket.socket, port: int) -> None:
         while True:
             conn, _ = listener.accept()
-            upstream = socket.socket(socket.AF_UNIX)
+            upstream = socket.socket()
             try:
-                upstream.connect(path)
+                upstream.connect(("127.0.0.1", port))
             except OSError:
                 conn.close()
+                upstream.close()
                 continue
             threading.Thread(target=pump, args=(conn, upstream), daemon=True).start()
             threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()

@@ -37,7 +37,8 @@ _KNOWN = ("uid", "mount", "pid", "network")
 @dataclass(frozen=True)
 class Confinement:
     """What a confined child gets. `uid` None: no uid, mount or pid namespace of its own. `forward`
-    not None: a network namespace whose loopback serves those `[port, unix_socket]` pairs."""
+    not None: a network namespace whose loopback serves those `[port, unix_socket]` pairs, and
+    whose `expose` ports (`[port, unix_socket]`) this process reaches through those Unix sockets."""
 
     rlimits: Mapping[str, int] = field(default_factory=dict)
     uid: int | None = None
@@ -47,27 +48,34 @@ class Confinement:
     #: hold the gold): an empty folder or file in their place (uid mode; `readable` wins).
     hidden: Sequence[str] = ()
     forward: list[list[Any]] | None = None
+    expose: list[list[Any]] = field(default_factory=list)
     scratch_mb: int = 256
 
 
 def command(argv: Sequence[str], confinement: Confinement, mode_file: Path) -> list[str]:
     """The command line running `argv` confined (the caller makes it a session leader)."""
-    settings: dict[str, Any] = {
-        "parent": os.getpid(),
+    return [sys.executable, str(CONFINE), json.dumps(settings(confinement, mode_file)), "--", *argv]
+
+
+def settings(confinement: Confinement, mode_file: Path, parent: int | None = None) -> dict[str, Any]:
+    """mesh/_confine.py's settings for `confinement` (its `enter` runs them): `parent` is the
+    process whose death ends the child (this one by default)."""
+    out: dict[str, Any] = {
+        "parent": os.getpid() if parent is None else parent,
         "rlimits": dict(confinement.rlimits),
         "mode_file": str(mode_file),
     }
     if confinement.forward is not None:
-        settings["network"] = {"forward": confinement.forward}
+        out["network"] = {"forward": confinement.forward, "expose": confinement.expose}
     if confinement.uid is not None:
-        settings.update(
+        out.update(
             uid=confinement.uid,
             readable=list(confinement.readable),
             writable=list(confinement.writable),
             hidden=list(confinement.hidden),
             scratch_mb=confinement.scratch_mb,
         )
-    return [sys.executable, str(CONFINE), json.dumps(settings), "--", *argv]
+    return out
 
 
 def read_mode(path: Path) -> str:

@@ -22,6 +22,11 @@ A known engine capacity (`floor`: the requests the model's engines run at once, 
 reports for vLLM replicas) is the lowest a cut goes: fewer rollouts in flight than the engines' batch
 slots only leave slots empty (the scheduler starts the limit above it: engine.py CAPACITY_HEADROOM).
 Without one the limit starts small.
+
+The host's CPU (`HostCpu`, for jobs whose rollouts run agent programs on this host: their CPU is
+the bound, not the model's): a window in which the host's cores were busy (FULL_SHARE of their
+time) does not raise the limit; one with more runnable processes than OVER_PER_CORE per core cuts
+it, to no lower than `min_limit`, whatever the latency said.
 """
 
 from __future__ import annotations
@@ -30,13 +35,56 @@ import asyncio
 import collections
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 TOLERANCE = 1.5
 DECREASE = 0.7
 KNEE_SHARE = 0.9
 HOLD_SHARE = 0.8
+FULL_SHARE = 0.9
+OVER_PER_CORE = 2.0
+
+
+class HostCpu:
+    """How busy this host's cores were since the last look (/proc/stat; elsewhere never busy)."""
+
+    def __init__(self, stat: Path = Path("/proc/stat"), cores: int | None = None) -> None:
+        self.stat = stat
+        self.cores = cores or os.cpu_count() or 1
+        self._last = self._times()
+
+    def _times(self) -> tuple[int, int] | None:
+        """(busy, total) jiffies of all cores."""
+        try:
+            first = self.stat.read_text().split("\n", 1)[0].split()
+        except OSError:
+            return None
+        values = [int(v) for v in first[1:]]
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        return sum(values) - idle, sum(values)
+
+    def _running(self) -> int:
+        try:
+            for line in self.stat.read_text().splitlines():
+                if line.startswith("procs_running "):
+                    return int(line.split()[1]) - 1  # less the one reading
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def state(self) -> str:
+        """ "over" (more runnable than OVER_PER_CORE x cores now), "full" (busy FULL_SHARE of the
+        time since the last look) or "" (room)."""
+        now, last = self._times(), self._last
+        self._last = now
+        if self._running() > OVER_PER_CORE * self.cores:
+            return "over"
+        if now is None or last is None or now[1] <= last[1]:
+            return ""
+        return "full" if (now[0] - last[0]) / (now[1] - last[1]) >= FULL_SHARE else ""
 
 
 class Limiter:
@@ -51,6 +99,7 @@ class Limiter:
         floor: int = 0,
         rate_gain: float = 1.1,
         clock: Callable[[], float] = time.monotonic,
+        cpu: HostCpu | None = None,
     ) -> None:
         self.adaptive = adaptive
         self.max_limit = max(1, max_limit)
@@ -63,6 +112,7 @@ class Limiter:
         self._best: float | None = None
         self.rate_gain = rate_gain
         self._clock = clock
+        self.cpu = cpu
         self._window_start = 0.0
         self._last_rate = 0.0  # turns per second of the previous window
         self._slow_start = True  # doubling until the first cut
@@ -109,7 +159,13 @@ class Limiter:
         paying = self._last_rate > 0 and rate >= self._last_rate * self.rate_gain
         self._last_rate = rate
         self._windows.append((self.limit, rate))
-        if mean <= self._best * TOLERANCE or paying:
+        cpu = self.cpu.state() if self.cpu is not None else ""
+        if cpu == "over":
+            self._slow_start = False
+            self.limit = max(self.min_limit, int(self.limit * DECREASE))
+        elif cpu == "full":
+            self._slow_start = False  # the cores are the bound: hold
+        elif mean <= self._best * TOLERANCE or paying:
             step = self.limit if self._slow_start else max(1, int(math.sqrt(self.limit)))
             self.limit = min(self.max_limit, self.limit + step)
         else:

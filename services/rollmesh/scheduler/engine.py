@@ -43,7 +43,7 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import telemetry
-from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.concurrency import HostCpu, Limiter
 from rollmesh.scheduler.deadline import AdaptiveDeadline
 from rollmesh.scheduler.drivers.agent_loop import (
     AgentOutcome,
@@ -62,6 +62,7 @@ from rollmesh.scheduler.drivers.agent_loop import (
     close_sessions,
     run_agent,
 )
+from rollmesh.scheduler.drivers.hosts import program_host
 from rollmesh.scheduler.drivers.oracle import run_oracle
 from rollmesh.scheduler.drivers.program import (
     CaptureOpened,
@@ -107,6 +108,9 @@ AUTO_START, AUTO_MAX = 16, 1024
 CAPACITY_HEADROOM = 2
 # An external agent program's share of an attempt's `rollout_timeout_s` (the rest: closing, verify).
 PROGRAM_SHARE_OF_ATTEMPT = 0.9
+# Automatic concurrency of a job of agent programs: they run on this host, so its cores bound them
+# (concurrency.py HostCpu); it starts at this many per core and grows while the cores have room.
+PROGRAM_START_PER_CORE = 2
 # Token records checked by default: one rollout in VALIDATE_EVERY (all with JobSpec.validate_all).
 VALIDATE_EVERY = 16
 
@@ -342,7 +346,8 @@ class JobRun:
         """`environment`: the environment's description, fetched once per job (None: assume it keeps
         per-session state, so every rollout opens a verifier session). `engine_capacity`: requests the
         model's engines run at once (0: unknown); automatic concurrency starts at CAPACITY_HEADROOM
-        times that and never cuts below it (concurrency.py)."""
+        times that and never cuts below it (concurrency.py); a job of agent programs starts at
+        PROGRAM_START_PER_CORE per core of this host and is bounded by its CPU instead."""
         self.job_id = job_id
         self.plan = plan
         self.sink = sink
@@ -353,6 +358,8 @@ class JobRun:
         self.limiter = (
             Limiter(conc, max_limit=conc)
             if conc
+            else Limiter(PROGRAM_START_PER_CORE * (os.cpu_count() or 1), adaptive=True, cpu=HostCpu())
+            if plan.spec.agent_program
             else Limiter(
                 CAPACITY_HEADROOM * engine_capacity or AUTO_START,
                 adaptive=True,
@@ -420,12 +427,19 @@ class JobRun:
         )
         self.tool_endpoint = ToolEndpoint()
         self.program_uids = UidLeases()  # each program run's own uid (as root), leased host-wide
+        # Where the job's program runs (drivers/hosts.py): a process per rollout, a warm interpreter
+        # forking one per rollout, or one agent server.
+        self.program_host = (
+            program_host(plan.spec.agent_program_mode, self.program, self.program_uids)
+            if self.program is not None
+            else None
+        )
         # What runs one attempt of a rollout: the built-in loop, or the job's program.
         self._drive = (
             run_agent
             if self.program is None
             else functools.partial(
-                run_program, program=self.program, tools=self.tool_endpoint, uids=self.program_uids
+                self._run_program, program=self.program, tools=self.tool_endpoint, host=self.program_host
             )
         )
         # What final metrics need of each rollout, kept only when the sink cannot be read back.
@@ -534,6 +548,8 @@ class JobRun:
             watchdog.cancel()
             await asyncio.gather(watchdog, return_exceptions=True)
             await self.tool_endpoint.stop()
+            if self.program_host is not None:
+                await self.program_host.stop()
             self.progress.ended = self.hooks.clock()
             self.progress.in_flight = 0
         return self._stop_reason or self._outcome()
@@ -766,6 +782,14 @@ class JobRun:
         if not rollout.tokens.token_ids:
             return []  # a backend that returns no token ids (an OpenAI URL) has no record to check
         return validate_rollout(rollout)
+
+    async def _run_program(self, **kw: Any) -> AgentOutcome:
+        """One attempt by the job's program (drivers/program.py). Its calls go through the gateway's
+        facade, not this job's model port: the program's time is what automatic concurrency
+        weighs (with the host's CPU, concurrency.py)."""
+        out = await run_program(**kw)
+        self.limiter.observe(float(out.program.get("seconds", 0.0)))
+        return out
 
     def _on_retry(self, err: ErrorClass, attempt: int, delay: float) -> None:
         self.progress.retries += 1

@@ -293,3 +293,17 @@ class AgentProgramUnsupported(mesh.FailedPrecondition):
     """The job's environment needs what an external program cannot give (it takes turns)."""
 
     reason = "AGENT_PROGRAM_UNSUPPORTED"
+
+
+class AgentServerFailed(mesh.FailedPrecondition):
+    """The job's agent server answered a rollout's /run with an error status or a body that is not
+    `{"answer": ...}`, or dropped it while it kept running (drivers/agent_server.py): not retried."""
+
+    reason = "AGENT_SERVER_FAILED"
+
+
+class AgentServerDied(mesh.Unavailable):
+    """The job's agent server died during the rollout, or before it was up (retried; the next
+    rollout starts it again)."""
+
+    reason = "AGENT_SERVER_DIED"

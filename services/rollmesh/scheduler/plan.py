@@ -21,6 +21,7 @@ from rollmesh.mesh.errors import NotJson
 from rollmesh.registry import ArtifactNotFound, Catalog, Kind
 from rollmesh.scheduler.convert import sampling_to_pb
 from rollmesh.scheduler.drivers.agent_loop import ROW_SAMPLING, has_prompt, responses_input, row_tools
+from rollmesh.scheduler.drivers.modes import check_mode
 from rollmesh.scheduler.errors import (
     BenchmarkNotFound,
     DatasetNotFound,
@@ -314,6 +315,10 @@ def build_plan(catalog: Catalog, spec: JobSpec) -> Plan:
         raise InvalidJobSpec(
             "an oracle job runs each task's solution: it takes no agent program", metadata={"field": "oracle"}
         )
+    try:
+        check_mode(spec.agent_program_mode, spec.agent_program)
+    except ValueError as exc:
+        raise InvalidJobSpec(str(exc), metadata={"field": "agent.program_mode"}) from None
     path = resolve_dataset(catalog, spec.dataset)
     rows = load_rows(path)
     tasks = select_tasks(

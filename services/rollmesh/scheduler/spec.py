@@ -82,6 +82,8 @@ class JobSpec:
     agent_program_env: dict[str, str] = field(default_factory=dict)
     # Run each task's reference solution instead of a model (scheduler/drivers/oracle.py), then verify.
     oracle: bool = False
+    # How it runs: "command" ("": a process per rollout), "warm" or "server" (drivers/modes.py).
+    agent_program_mode: str = ""
     model: str = ""
     # Only the sampling fields that were set (SAMPLING_FIELDS), so unset ones keep the model's defaults.
     sampling: Json = field(default_factory=dict)

@@ -217,6 +217,7 @@ class AgentSpec(_message.Message):
     PROGRAM_FIELD_NUMBER: _builtins.int
     PROGRAM_ENV_FIELD_NUMBER: _builtins.int
     ORACLE_FIELD_NUMBER: _builtins.int
+    PROGRAM_MODE_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Model turns at most per rollout (each turn may call tools). 0: the benchmark's, else 8."""
     system_prompt: _builtins.str
@@ -225,6 +226,11 @@ class AgentSpec(_message.Message):
     """Run each task's reference solution instead of a model (an environment that has one: container
     tasks' solution/solve.sh, as Harbor's oracle agent), then verify: the conformance check of a
     task set. No model is called. Exclusive with `program`.
+    """
+    program_mode: _builtins.str
+    """How the program runs: "command" (or empty: a fresh process per rollout), "warm" (per rollout,
+    forked from an interpreter with the program's imports done: python SCRIPT, -m MODULE or -c CODE)
+    or "server" (one agent server for the job, POST /run per rollout); docs/external-agents.md.
     """
     @_builtins.property
     def program(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -246,10 +252,11 @@ class AgentSpec(_message.Message):
         program: _abc.Iterable[_builtins.str] | None = ...,
         program_env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         oracle: _builtins.bool = ...,
+        program_mode: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "oracle", b"oracle", "program", b"program", "program_env", b"program_env", "system_prompt", b"system_prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "oracle", b"oracle", "program", b"program", "program_env", b"program_env", "program_mode", b"program_mode", "system_prompt", b"system_prompt"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -28,7 +28,7 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
    its folder, its executable and its interpreter are there to read past closed folders; pid 2 under
    a minimal init in its own pid namespace, so its signals to itself work; a network namespace whose
    loopback serves only its capture's and tools' ports, relayed to Unix sockets here:
-   `_loopback_relays`), "network" where only a network namespace could be had, else "limits"
+   `loopback_relays`), "network" where only a network namespace could be had, else "limits"
    (docs/external-agents.md);
 4. close the capture: its calls, in order, are the rollout's turns. A call whose prompt ids do not
    extend the previous call's prompt + output starts a new segment of the token record (tokens.py);
@@ -57,10 +57,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -173,7 +174,9 @@ class ProgramModel(ModelPort, CapturePort, Protocol):
 
 
 @dataclass
-class _Run:
+class HostRun:
+    """How the program ran for one rollout, as its host saw it (`ProgramHost.run`)."""
+
     exit_code: int | None = None
     stdout: bytes = b""
     stderr: bytes = b""
@@ -182,6 +185,47 @@ class _Run:
     seconds: float = 0.0
     timed_out: bool = False
     sandbox: str = LIMITS_MODE
+    mode: str = "command"  # "command", "warm" or "server" (drivers/modes.py)
+    answer: str | None = None  # the answer file's text (an agent server's "answer")
+
+
+@dataclass(frozen=True)
+class RolloutIO:
+    """What a rollout gives its program: its capture (base URL, token), its tools' URL and the
+    task document (module doc, step 3, without `answer_file`: a per-rollout host adds it)."""
+
+    base_url: str
+    token: str
+    tools_url: str
+    task_doc: Json
+    model: str
+
+
+class ProgramHost(Protocol):
+    """Where a job's program runs: once per rollout (`PerRollout`: a command, or forked from a warm
+    interpreter, drivers/warm.py) or as one agent server for the job (drivers/agent_server.py)."""
+
+    async def run(self, program: ProgramSpec, rollout: RolloutIO) -> HostRun: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RolloutProcess:
+    """What one rollout's process of `PerRollout` gets: its folder (`base`: sockets and mode file;
+    `work`: its own), its variables and stdin, its network's forwarded ports (None: no network
+    namespace) and its uid (None: the scheduler's)."""
+
+    base: Path
+    work: Path
+    variables: Mapping[str, str]
+    stdin: bytes
+    forward: list[list[Any]] | None = None
+    uid: int | None = None
+
+
+# Starts and runs one rollout's process (`_run`: a fresh process; drivers/warm.py: a fork).
+Spawn = Callable[[ProgramSpec, RolloutProcess], Awaitable[HostRun]]
 
 
 async def run_program(
@@ -195,24 +239,18 @@ async def run_program(
     model: ProgramModel,
     env: EnvPort,
     tools: ToolEndpoint,
-    uids: UidLeases | None = None,
+    host: ProgramHost | None = None,
 ) -> AgentOutcome:
-    """One attempt of one rollout driven by `program`; its sessions, capture, tool URL, folder and
-    uid are always closed (module doc). `uids`: where its uid is leased (one per job is enough)."""
+    """One attempt of one rollout driven by `program` on `host` (default: a fresh process,
+    `PerRollout`); its sessions, capture and tool URL are always closed (module doc)."""
     session_id = f"{job_id}/{key.task_index}/{key.rollout_index}"
     own_tools = row_tools(task)
     env_session = not settings.stateless or bool(own_tools)
     seeded = captured = False
     tools_key = ""
     record = CaptureRecord()
-    uids = uids or UidLeases()
-    uid = await uids.lease()
-    # The program's folder is base/work (its own when it has a uid); its sockets and the mode file
-    # stay in base, out of its reach.
-    base = Path(tempfile.mkdtemp(prefix="rollmesh-agent-"))
-    work = base / "work"
+    host = host or PerRollout()
     try:
-        await asyncio.to_thread(_prepare, base, work, uid)
         opened = SessionOpened()
         if env_session:
             opened = await env.seed_session(settings.environment, task, session_id)
@@ -246,35 +284,23 @@ async def run_program(
                 return await asyncio.create_task(env.call_tool(session_id, call), context=rollout_context)
 
             tools_url, tools_key = await tools.open(offered, call_tool)
-        answer_file = work / "answer.txt"
         task_doc = {
             "messages": [*prompt, *opened.messages],
             "tools": [{"type": "function", "function": t} for t in offered],
             "task": public_task(task, settings.public_fields),
             "max_steps": settings.max_steps,
             "tools_url": tools_url,
-            "answer_file": str(answer_file),
         }
-        task_file = work / "task.json"
-        task_bytes = json.dumps(task_doc, ensure_ascii=False).encode()
-        await asyncio.to_thread(task_file.write_bytes, task_bytes)
-        variables = {
-            "OPENAI_BASE_URL": capture.base_url,
-            "OPENAI_API_KEY": capture.token,
-            "ROLLMESH_TASK_FILE": str(task_file),
-            "ROLLMESH_TOOLS_URL": tools_url,
-            "ROLLMESH_ANSWER_FILE": str(answer_file),
-            "ROLLMESH_MODEL": settings.model,
-        }
+        rollout = RolloutIO(capture.base_url, capture.token, tools_url, task_doc, settings.model)
         with attempt_deadline_held(program.after_s):  # the program's deadline is the one
-            async with _loopback_relays(base, [capture.base_url, tools_url]) as forward:
-                run = await _run(program, base, work, variables, task_bytes, forward, uid)
+            run = await host.run(program, rollout)
         tool_calls = tools.close(tools_key) if tools_key else 0
         tools_key = ""
         record = await model.close_capture(session_id)
         captured = False
-        answer = await asyncio.to_thread(_read_answer, answer_file)
+        answer = run.answer
         kept = {
+            "mode": run.mode,
             "sandbox": run.sandbox,
             "exit_code": run.exit_code,
             "signal": _signal_name(run.exit_code),
@@ -308,8 +334,61 @@ async def run_program(
             with contextlib.suppress(Exception):
                 await model.close_capture(session_id)
         await close_sessions(env if seeded else None, model, session_id)
-        await asyncio.to_thread(shutil.rmtree, base, True)
-        uids.release(uid)
+
+
+class PerRollout:
+    """A fresh process per rollout: a folder of its own (removed after), its uid leased from
+    `uids` (as root; one `UidLeases` per job is enough), the task file and the loopback relays of
+    its network; `spawn` starts it (`_run`: exec'd through mesh/confine.py; drivers/warm.py: forked
+    from a warm interpreter, whose rollouts' folders must be under its `root`)."""
+
+    def __init__(
+        self,
+        uids: UidLeases | None = None,
+        spawn: Spawn | None = None,
+        *,
+        root: Path | None = None,
+        mode: str = "command",
+    ) -> None:
+        self.uids = uids or UidLeases()
+        self.spawn: Spawn = spawn or _run
+        self.root = root
+        self.mode = mode
+
+    async def run(self, program: ProgramSpec, rollout: RolloutIO) -> HostRun:
+        uid = await self.uids.lease()
+        # The program's folder is base/work (its own when it has a uid); its sockets and the mode
+        # file stay in base, out of its reach.
+        base = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="rollmesh-agent-", dir=self.root))
+        work = base / "work"
+        try:
+            await asyncio.to_thread(prepare_folder, base, work, uid)
+            answer_file = work / "answer.txt"
+            task_file = work / "task.json"
+            task_doc = {**rollout.task_doc, "answer_file": str(answer_file)}
+            task_bytes = json.dumps(task_doc, ensure_ascii=False).encode()
+            await asyncio.to_thread(task_file.write_bytes, task_bytes)
+            variables = {
+                "OPENAI_BASE_URL": rollout.base_url,
+                "OPENAI_API_KEY": rollout.token,
+                "ROLLMESH_TASK_FILE": str(task_file),
+                "ROLLMESH_TOOLS_URL": rollout.tools_url,
+                "ROLLMESH_ANSWER_FILE": str(answer_file),
+                "ROLLMESH_MODEL": rollout.model,
+            }
+            async with loopback_relays(base, [rollout.base_url, rollout.tools_url]) as forward:
+                run = await self.spawn(
+                    program, RolloutProcess(base, work, variables, task_bytes, forward, uid)
+                )
+            run.mode = self.mode
+            run.answer = await asyncio.to_thread(_read_answer, answer_file)
+            return run
+        finally:
+            await asyncio.to_thread(shutil.rmtree, base, True)
+            self.uids.release(uid)
+
+    async def stop(self) -> None:
+        return None
 
 
 def public_task(task: Json, public_fields: tuple[str, ...] = ()) -> Json:
@@ -361,7 +440,7 @@ def _error_line(stderr: str) -> str:
     return (named or lines or [""])[-1]
 
 
-def _check_run(run: _Run, record: CaptureRecord, program: ProgramSpec) -> None:
+def _check_run(run: HostRun, record: CaptureRecord, program: ProgramSpec) -> None:
     """The failure classes of how the program ended (module doc, step 5)."""
     argv0 = program.argv[0]
     if run.timed_out:
@@ -388,7 +467,7 @@ def _check_run(run: _Run, record: CaptureRecord, program: ProgramSpec) -> None:
         )
 
 
-def _prepare(base: Path, work: Path, uid: int | None) -> None:
+def prepare_folder(base: Path, work: Path, uid: int | None) -> None:
     work.mkdir()
     if uid is not None:
         os.chmod(base, 0o711)
@@ -396,17 +475,18 @@ def _prepare(base: Path, work: Path, uid: int | None) -> None:
         os.chmod(work, 0o700)
 
 
-def _environment(program: ProgramSpec, work: Path, variables: Mapping[str, str]) -> dict[str, str]:
+def program_environment(program: ProgramSpec, work: Path, variables: Mapping[str, str]) -> dict[str, str]:
     base = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
     return {**base, "HOME": str(work), "TMPDIR": str(work), **program.env, **variables}
 
 
 @contextlib.asynccontextmanager
-async def _loopback_relays(base: Path, urls: list[str]) -> AsyncIterator[list[list[Any]] | None]:
+async def loopback_relays(base: Path, urls: list[str]) -> AsyncIterator[list[list[Any]] | None]:
     """The scheduler's end of the program's network: for each loopback port of `urls` (the capture's,
-    the tools'), a Unix socket in `base` relayed to it, which the program's namespace serves on that
-    port (mesh/_confine.py). None (no network isolation) when a URL is not on loopback: a
-    namespace with only loopback could not reach it."""
+    the tools'), a Unix socket in `base` over which the program's confinement hands over the socket
+    listening on that port in its namespace (mesh/_confine.py); this process accepts the program's
+    connections on it and relays each to that port here. None (no network isolation) when a URL
+    is not on loopback: a namespace with only loopback could not reach it."""
     ports: set[int] = set()
     for url in filter(None, urls):
         parts = urlsplit(url)
@@ -414,17 +494,46 @@ async def _loopback_relays(base: Path, urls: list[str]) -> AsyncIterator[list[li
             yield None
             return
         ports.add(parts.port)
+    handoffs: list[socket.socket] = []
     servers: list[asyncio.Server] = []
+    takers: list[asyncio.Task[None]] = []
     try:
         forward: list[list[Any]] = []
         for port in sorted(ports):
             path = base / f"{port}.sock"
-            servers.append(await asyncio.start_unix_server(functools.partial(_relay, port), path=str(path)))
+            handoff = socket.socket(socket.AF_UNIX)
+            handoffs.append(handoff)
+            handoff.bind(str(path))
+            handoff.listen(8)
+            handoff.setblocking(False)
+            takers.append(asyncio.create_task(_take_listeners(handoff, port, servers)))
             forward.append([port, str(path)])
         yield forward
     finally:
+        for task in takers:
+            task.cancel()
+        await asyncio.gather(*takers, return_exceptions=True)
         for server in servers:
             server.close()
+        for handoff in handoffs:
+            handoff.close()
+
+
+async def _take_listeners(handoff: socket.socket, port: int, servers: list[asyncio.Server]) -> None:
+    """Serve each listening socket handed over `handoff`, relaying its connections to `port`."""
+    loop = asyncio.get_running_loop()
+    while True:
+        conn, _ = await loop.sock_accept(handoff)
+        with conn:
+            conn.setblocking(True)
+            conn.settimeout(10.0)
+            try:
+                _, fds, _, _ = await asyncio.to_thread(socket.recv_fds, conn, 64, 1)
+            except OSError:
+                continue
+        for fd in fds:
+            listener = socket.socket(fileno=fd)
+            servers.append(await asyncio.start_server(functools.partial(_relay, port), sock=listener))
 
 
 async def _relay(port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -450,44 +559,19 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
-async def _run(
-    program: ProgramSpec,
-    base: Path,
-    work: Path,
-    variables: Mapping[str, str],
-    stdin: bytes,
-    forward: list[list[Any]] | None = None,
-    uid: int | None = None,
-) -> _Run:
+async def _run(program: ProgramSpec, process: RolloutProcess) -> HostRun:
+    base, work, variables, stdin, forward, uid = (
+        process.base,
+        process.work,
+        process.variables,
+        process.stdin,
+        process.forward,
+        process.uid,
+    )
     t0 = time.monotonic()
     mode_file = base / "sandbox"
-    environment = _environment(program, work, variables)
-    try:
-        argv = await asyncio.to_thread(_resolved_argv, program.argv, environment.get("PATH", ""))
-    except ShimUnresolved as exc:
-        raise AgentProgramUnstartable(str(exc)) from None
-    readable = await asyncio.to_thread(program_paths, argv, environment.get("PATH"))
-    confinement = Confinement(
-        rlimits=program.rlimits,
-        uid=uid,
-        readable=readable,
-        writable=(str(work),),
-        hidden=program.hidden,
-        forward=forward,
-    )
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *command(argv, confinement, mode_file),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=work,
-            env=environment,
-            start_new_session=True,  # no preexec_fn: grpc's fork handlers would run in the child
-        )
-    except OSError as exc:
-        raise AgentProgramUnstartable(f"cannot start the agent program {program.argv[0]!r}: {exc}") from None
-    run = _Run()
+    proc = await start_confined(program, work, variables, mode_file, forward=forward, uid=uid, stdin=True)
+    run = HostRun()
     try:
         async with asyncio.timeout(program.timeout_s):
             readers = asyncio.gather(
@@ -511,6 +595,55 @@ async def _run(
         run.seconds = time.monotonic() - t0
     run.sandbox = await asyncio.to_thread(read_mode, mode_file)
     return run
+
+
+async def start_confined(
+    program: ProgramSpec,
+    work: Path,
+    variables: Mapping[str, str],
+    mode_file: Path,
+    *,
+    forward: list[list[Any]] | None,
+    uid: int | None,
+    expose: list[list[Any]] | None = None,
+    stdin: bool = False,
+) -> asyncio.subprocess.Process:
+    """The program started through mesh/confine.py in `work` (its folder, the one place it writes)
+    with `variables`, a session leader with its stdout and stderr piped (stdin too when asked);
+    AGENT_PROGRAM_UNSTARTABLE when it cannot be started."""
+    environment = program_environment(program, work, variables)
+    argv = await resolved_argv(program, environment)
+    readable = await asyncio.to_thread(program_paths, argv, environment.get("PATH"))
+    confinement = Confinement(
+        rlimits=program.rlimits,
+        uid=uid,
+        readable=readable,
+        writable=(str(work),),
+        hidden=program.hidden,
+        forward=forward,
+        expose=expose or [],
+    )
+    try:
+        return await asyncio.create_subprocess_exec(
+            *command(argv, confinement, mode_file),
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=work,
+            env=environment,
+            start_new_session=True,  # no preexec_fn: grpc's fork handlers would run in the child
+        )
+    except OSError as exc:
+        raise AgentProgramUnstartable(f"cannot start the agent program {program.argv[0]!r}: {exc}") from None
+
+
+async def resolved_argv(program: ProgramSpec, environment: Mapping[str, str]) -> tuple[str, ...]:
+    """The program's command line as it runs confined (a pyenv shim resolved: `_resolved_argv`);
+    AGENT_PROGRAM_UNSTARTABLE, saying what to pass, when a shim names no interpreter."""
+    try:
+        return await asyncio.to_thread(_resolved_argv, program.argv, environment.get("PATH", ""))
+    except ShimUnresolved as exc:
+        raise AgentProgramUnstartable(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,281 @@
+"""A warm interpreter for a Python agent program: `PYTHON _warm.py SETTINGS_JSON`.
+
+Standard library only: it runs in the program's own interpreter (its virtualenv, which has no
+rollmesh), started by scheduler/drivers/warm.py. It confines itself first, imports what the
+program's top level imports, then forks one process per rollout, which confines itself as
+mesh/_confine.py's `enter` does for an exec'd program (a uid, mounts, pid and network namespaces
+of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
+
+    {"parent": pid,                        # SIGTERM when it dies
+     "control_fd": n,                      # its end of the control socket (SOCK_SEQPACKET)
+     "program": ["script.py", args...] | ["-m", "module", args...] | ["-c", "code", args...],
+     "network": true,                      # a network namespace of its own, with nothing in it
+     "readable": [path, ...], "writable": [path, ...], "scratch_mb": 256}   # mounts (as root)
+
+1. Itself: the death signal, a network namespace with only loopback (no port relayed: only its
+   children reach their URLs, each through a namespace of its own), and as root a mount namespace
+   where every mount is read-only but `writable` (the folder the rollouts' folders are made in),
+   folders closed to other users empty but for `readable` (`_confine._private_mounts`). It stays
+   root: it must give each rollout its uid.
+2. Imports: each module the program's top level imports (`import x`, `from x import y`, also
+   inside a top-level `try`), when it is found outside the program's own folder: installed
+   packages, never the program's own modules, whose code runs only in a rollout's process. A
+   module that fails to import is left to the program (it fails there, as it would cold).
+3. Says `{"ready": true, "imported": [...]}` and serves requests, one datagram each (SOCK_SEQPACKET):
+       {"op": "fork", "id": n, "confine": _confine settings, "cwd": dir, "env": {...}}
+           with three fds: the program's stdin, stdout, stderr
+           -> {"forked": n, "pid": p}   later   {"exited": p, "code": c}   (c < 0: killed by signal -c)
+       {"op": "kill", "pid": p}  -> SIGKILL to its process group (while it is not reaped)
+   The socket's end (the scheduler gone) ends it, its rollouts' processes with it.
+
+A rollout's process: its own session, the given fds as 0, 1 and 2 (nothing else of the
+interpreter's: the control socket is closed), `_confine.enter` with the rollout's settings (it
+becomes the keeper when it gets a pid namespace), the environment replaced by `env`, `cwd`, then
+the program run as `python ARGS` would run it (`runpy`), and its exit status as Python's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+_HERE = sys.path.pop(0)  # this folder shadows standard modules (logging.py): never import from it
+
+import ast  # noqa: E402
+import gc  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import runpy  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import traceback  # noqa: E402
+from types import ModuleType  # noqa: E402
+from typing import Any  # noqa: E402
+
+_MAX_MESSAGE = 1 << 22
+
+
+def _load_confine() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_rollmesh_confine", os.path.join(_HERE, "_confine.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_confine = _load_confine()
+
+
+def main(argv: list[str]) -> int:
+    settings = json.loads(argv[0])
+    program: list[str] = settings["program"]
+    _confine._die_with(int(settings.get("parent", 0)), signal.SIGTERM)
+    if settings.get("network"):
+        _confine._isolate([])
+    if os.geteuid() == 0 and settings.get("writable") is not None:
+        # What this interpreter runs on, whatever launched it (a pyenv shim, a link): its prefixes.
+        own = [os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, *sys.path]
+        settings["readable"] = [*settings.get("readable", []), *filter(os.path.isabs, own)]
+        _confine._private_mounts(settings)
+    control = socket.socket(fileno=int(settings["control_fd"]))
+    readable = list(settings.get("readable", []))  # (what a rollout's own mounts show again)
+    imported = _preload(program)
+    gc.collect()
+    gc.freeze()  # what it imported is never scanned by a rollout's collector (nor copied for it)
+    _send(control, {"ready": True, "imported": imported})
+    return _serve(control, program, readable)
+
+
+def _preload(program: list[str]) -> list[str]:
+    """Step 2 (module doc): the names imported."""
+    if program[0] == "-m":
+        spec = importlib.util.find_spec(program[1])
+        source_path = spec.origin if spec is not None else None
+        own = None
+    elif program[0] == "-c":
+        source_path, own = None, None
+    else:
+        source_path = os.path.abspath(program[0])
+        own = os.path.dirname(source_path)
+        sys.path.insert(0, own)  # as `python script.py` has it
+    source = program[1] if program[0] == "-c" else _read(source_path)
+    imported = []
+    for name in _top_level_imports(source):
+        try:
+            spec = importlib.util.find_spec(name.split(".")[0])
+        except (ImportError, ValueError):
+            continue
+        origin = spec.origin if spec is not None else None
+        if spec is None or (own is not None and origin is not None and origin.startswith(own + os.sep)):
+            continue  # the program's own module: it runs only in a rollout's process
+        try:
+            __import__(name)
+        except Exception:
+            continue
+        imported.append(name)
+    return imported
+
+
+def _read(path: str | None) -> str:
+    if not path or not path.endswith(".py"):
+        return ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _top_level_imports(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    names: list[str] = []
+    body = list(tree.body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.Try):
+            body[:0] = [*node.body, *[n for h in node.handlers for n in h.body], *node.orelse]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module != "__future__":
+                names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+def _send(control: socket.socket, message: dict[str, Any]) -> None:
+    control.send(json.dumps(message).encode())
+
+
+def _serve(control: socket.socket, program: list[str], readable: list[str]) -> int:
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([control.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            while True:
+                try:
+                    if not os.read(wake_r, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            children.discard(pid)
+            _send(control, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        if control.fileno() not in ready:
+            continue
+        data, fds, _, _ = socket.recv_fds(control, _MAX_MESSAGE, 3)
+        if not data:  # the scheduler is gone: so are its rollouts
+            for pid in children:
+                _kill(pid)
+            return 0
+        request = json.loads(data)
+        if request.get("op") == "kill":
+            if int(request["pid"]) in children:
+                _kill(int(request["pid"]))
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            for fd in (wake_r, wake_w):
+                os.close(fd)
+            control.close()
+            if "uid" in request["confine"]:
+                request["confine"]["readable"] = readable
+            _end(_rollout(request, fds, program))
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        _send(control, {"forked": request["id"], "pid": pid})
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _rollout(request: dict[str, Any], fds: list[int], program: list[str]) -> int:
+    """A rollout's process (module doc); returns the program's exit status."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    _confine.enter(request["confine"])  # a keeper does not come back
+    os.environ.clear()
+    os.environ.update(request["env"])
+    import tempfile
+
+    tempfile.tempdir = None  # TMPDIR is the rollout's
+    try:
+        if program[0] == "-m":
+            sys.argv = [program[1], *program[2:]]
+            runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+        elif program[0] == "-c":
+            sys.argv = ["-c", *program[2:]]
+            sys.path[0:0] = [""]
+            exec(
+                compile(program[1], "<string>", "exec"),
+                {"__name__": "__main__", "__builtins__": __builtins__},
+            )
+        else:
+            sys.argv = list(program)
+            runpy.run_path(program[0], run_name="__main__")
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _end(code: int) -> None:
+    """A rollout process's end, as Python's own but for the teardown of the modules the
+    interpreter imported (a collection over its whole inherited heap, copying every page it
+    touches): wait for its threads, run its atexit functions, flush, exit."""
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
