@@ -65,19 +65,28 @@ async def test_a_malformed_dataset_is_one_line_exit_2(
     assert "Traceback" not in err and out == ""
 
 
-async def test_unknown_names_are_one_line_exit_2(tmp_path: Path) -> None:
-    runs = str(tmp_path / "runs")
+async def test_unknown_names_are_one_line_exit_2_before_the_mesh_starts(tmp_path: Path) -> None:
+    """A misspelt benchmark, environment, dataset or backend is named (with what there is) before any
+    service starts, and leaves no empty services log behind."""
+    runs = tmp_path / "runs"
     for args, needle in [
-        (("--benchmark", "no-such-benchmark"), "no-such-benchmark"),
+        (("--benchmark", "no-such-benchmark"), "known: arithmetic"),
         (
             ("--input", _write(tmp_path / "d.jsonl", _line(GOOD)), "--environment", "no-such-env"),
-            "no-such-env",
+            "no environment named 'no-such-env'; known: arithmetic",
         ),
+        (("--benchmark", "arithmetic", "--environment", "arithmeticc"), "arithmeticc"),
+        (("--dataset", "no-such-dataset", "--environment", "arithmetic"), "no-such-dataset"),
+        (("--benchmark", "arithmetic", "--backend", "fakee"), "backend 'fakee' is not one of"),
     ]:
-        code, _, err = await run_cli("run", *args, "--backend", "fake", "-o", runs)
+        backend = () if "--backend" in args else ("--backend", "fake")
+        code, _, err = await run_cli("run", *args, *backend, "-o", str(runs))
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert code == 2 and len(errors) == 1 and needle in errors[0], err
         assert "Traceback" not in err
+        assert "mesh ready" not in err and "starting" not in err, err
+        assert "Ray, Serve and vLLM output" not in err, err
+    assert not runs.exists() or not any(runs.glob("rollmesh-run-*.log")), list(runs.iterdir())
 
 
 async def test_a_row_that_cannot_be_judged_fails_its_rollout_not_scored_zero(tmp_path: Path) -> None:

@@ -67,6 +67,13 @@ def _log_at_exit(log_fd: int) -> None:
     os.dup2(log_fd, 2)
 
 
+def _holds_output(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def services_output(output_dir: Path, *, verbose: bool) -> Iterator[ServicesLog | None]:
     """Capture the services' output in a log file while the block runs (the module's contract);
@@ -100,5 +107,8 @@ def services_output(output_dir: Path, *, verbose: bool) -> Iterator[ServicesLog 
         os.dup2(term_err.fileno(), 2)
         err.file = None  # type: ignore[assignment]  # (rich: back to sys.stderr)
         configure(level="warning")
-        if failed:
+        if failed and _holds_output(log.path):
             err.print(f"Ray, Serve and vLLM output: {log.path}", highlight=False, markup=False)
+        elif failed:  # nothing was written (the fake or openai backend, an early failure): no empty file
+            with contextlib.suppress(OSError):
+                log.path.unlink()

@@ -37,6 +37,7 @@ NOT_EMBEDDED = {
 }
 
 if TYPE_CHECKING:
+    from rollmesh.gateway.config import GatewayConfig
     from rollmesh_client import Client
     from rollmesh_client.v1 import scheduler_pb2 as pb
 
@@ -123,15 +124,15 @@ def _run(
     if scheduler:
         _report(run(_remote(scheduler, spec, api_key)), as_json, scheduler)
         return
+    gateway_cfg = _embedded_gateway(model, base_url, api_key_env, backend, replicas)
+    _refuse_unknown_names(spec)
     from rollmesh.commands._quiet import services_output
 
     # What Ray, Serve, vLLM and the raylet print goes to the job's services.log (unless --verbose);
     # with --verbose, Python-level prints go to stderr with the progress: stdout carries only the result.
     with services_output(Path(output_dir), verbose=verbose) as log, contextlib.redirect_stdout(sys.stderr):
         on_submitted = (lambda job: log.into_job_folder(job.output_path)) if log else (lambda job: None)
-        followed = run(
-            _embedded(spec, model, base_url, api_key_env, backend, replicas, api_key, on_submitted)
-        )
+        followed = run(_embedded(spec, gateway_cfg, api_key, on_submitted))
     _report(followed, as_json, scheduler, services_log=str(log.path) if log else "")
 
 
@@ -177,36 +178,71 @@ async def _remote(address: str, spec: pb.JobSpec, api_key: str) -> Followed:
         return await _follow(c, spec, address)
 
 
-async def _embedded(
-    spec: pb.JobSpec,
-    model: str,
-    base_url: str,
-    api_key_env: str,
-    backend: str,
-    replicas: int | None,
-    api_key: str,
-    on_submitted: Callable[[pb.Job], None],
-) -> Followed:
+def _embedded_gateway(
+    model: str, base_url: str, api_key_env: str, backend: str, replicas: int | None
+) -> GatewayConfig:
+    """The embedded gateway's configuration, as `serve gateway` reads it (the ROLLMESH_GATEWAY_*
+    variables, this command's flags winning), checked before anything starts: a misspelt --backend is
+    one line, not a mesh started first."""
     from rollmesh.gateway.config import GatewayConfig
-    from rollmesh.launch import embedded_mesh
-    from rollmesh.mesh import config
     from rollmesh.mesh.config import ServerConfig
+    from rollmesh.mesh.errors import ConfigError
 
     if replicas is not None and replicas < 1:
         fail(f"--replicas must be >= 1, got {replicas}")
     for var, why in NOT_EMBEDDED.items():
         if os.environ.get(var):
             err.print(f"[yellow]warning:[/] {var} is ignored: {why}")
-    # As `serve gateway` does: the ROLLMESH_GATEWAY_* variables, this command's flags winning.
-    gateway_cfg = GatewayConfig.from_env(
-        server=ServerConfig(),
-        http_port=-1,
-        backend=backend or ("openai" if base_url else None),
-        model=model or None,
-        base_url=base_url or None,
-        replicas=replicas,
-        api_key_env=api_key_env or None,
-    )
+    try:
+        return GatewayConfig.from_env(
+            server=ServerConfig(),
+            http_port=-1,
+            backend=backend or ("openai" if base_url else None),
+            model=model or None,
+            base_url=base_url or None,
+            replicas=replicas,
+            api_key_env=api_key_env or None,
+        )
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _refuse_unknown_names(spec: pb.JobSpec) -> None:
+    """A --benchmark or --environment the embedded mesh would not find: one line naming what it
+    has, before the mesh (and vLLM) starts."""
+    from rollmesh.registry import Catalog, Kind, RootsConfig
+    from rollmesh.registry.errors import ArtifactCollision, ArtifactNotFound, BadArtifactName
+    from rollmesh.verifier.loader import environment_names
+
+    catalog = Catalog.from_config(RootsConfig.from_env())
+    if spec.benchmark:
+        try:
+            catalog.locate(Kind.BENCHMARK, spec.benchmark)
+        except ArtifactNotFound:
+            known = ", ".join(item.name for item in catalog.list_artifacts(Kind.BENCHMARK))
+            fail(f"no benchmark named {spec.benchmark!r}; known: {known}")
+        except (ArtifactCollision, BadArtifactName) as exc:
+            fail(exc.message)
+    if spec.dataset and not Path(spec.dataset).exists():
+        try:
+            catalog.locate(Kind.DATASET, spec.dataset)
+        except (ArtifactNotFound, BadArtifactName):
+            fail(f"--dataset {spec.dataset!r} is neither a file nor a dataset artifact in any root")
+        except ArtifactCollision as exc:
+            fail(exc.message)
+    if spec.environment and spec.environment not in (names := environment_names(catalog)):
+        fail(f"no environment named {spec.environment!r}; known: {', '.join(names)}")
+
+
+async def _embedded(
+    spec: pb.JobSpec,
+    gateway_cfg: GatewayConfig,
+    api_key: str,
+    on_submitted: Callable[[pb.Job], None],
+) -> Followed:
+    from rollmesh.launch import embedded_mesh
+    from rollmesh.mesh import config
+
     if spec.model:  # by the name the embedded gateway serves it under
         spec.model = gateway_cfg.default_model
 

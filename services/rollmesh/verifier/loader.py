@@ -153,6 +153,15 @@ def discover(catalog: Catalog, make_context: ContextFactory, *, entry_points: bo
     return Discovery(loaded, broken)
 
 
+def environment_names(catalog: Catalog, *, entry_points: bool = True) -> list[str]:
+    """The names `discover` would try to load, without loading any (cheap: a listing of the roots'
+    environments/ folders and the installed entry points), sorted."""
+    names = {item.name for item in catalog.list_artifacts(Kind.ENVIRONMENT) if item.is_dir}
+    if entry_points:
+        names |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(names)
+
+
 def _kind_of(folder: Path) -> bridges.FolderKind | None:
     """The registered kind whose config file `folder` holds (the first registered when several)."""
     return next((k for k in bridges.folder_kinds() if (folder / k.config_file).is_file()), None)
