@@ -18,7 +18,7 @@ _WRAPPED = re.compile(r"(?<=\S)[ \t]*\n(?![ \t]*(?:\n|[-*•]\s|\d+[.)]\s|[ \t])
 JOB_PANELS: dict[str, tuple[str, ...]] = {
     "What to run": (
         "--benchmark", "--dataset", "--input", "--environment", "--num-repeats", "--limit", "--shard",
-        "--max-steps", "--agent-program", "--oracle",
+        "--max-steps", "--agent-program", "--agent-mode", "--oracle",
     ),
     "Sampling": ("--temperature", "--top-p", "--max-tokens", "--logprobs", "--seed"),
     "Failures and retries": (
