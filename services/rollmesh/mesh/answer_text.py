@@ -1,8 +1,11 @@
 """The characters of a written answer, folded to the few that answer checkers read (issue 38).
 
 `fold(text)` is `text` with, character for character:
-- zero-width and invisible characters removed (zero-width space, non-joiner and joiner, word
-  joiner, byte order mark, soft hyphen, Mongolian vowel separator): `5<U+200B>0` is `50`;
+- invisible formatting characters (Unicode category Cf: zero-width space, non-joiner and joiner,
+  word joiner, byte order mark, soft hyphen, bidirectional marks, tags) removed: `5<U+200B>0` is
+  `50`; the invisible operators are made visible (U+2062 invisible times `×`, U+2063 invisible
+  separator `,`, U+2064 invisible plus `+`; U+2061 function application removed), so
+  `5<U+2064>0` is the expression `5+0`, never `0`;
 - every Unicode decimal digit (fullwidth `３`, Arabic-Indic `٣`, Devanagari `३`, ...) as its ASCII
   digit, and the fullwidth ASCII forms (`＋`, `（`, `／`, `ｅ`) as their ASCII character;
 - the minus sign U+2212, the small and fullwidth hyphen-minus, the hyphen, non-breaking hyphen,
@@ -21,7 +24,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-_INVISIBLE = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e")
+_INVISIBLE_OPERATORS = {"\u2061": "", "\u2062": "\u00d7", "\u2063": ",", "\u2064": "+"}
 _MINUS = frozenset("\u2212\ufe63\uff0d\u2010\u2011\u2012\u2013")
 
 
@@ -29,14 +32,15 @@ def _fold_char(ch: str) -> str:
     """The folded character ("" when it is removed)."""
     if ch.isascii():
         return ch
-    if ch in _INVISIBLE:
-        return ""
     if ch in _MINUS:
         return "-"
     if "\uff01" <= ch <= "\uff5e":  # fullwidth ASCII forms
         return chr(ord(ch) - 0xFEE0)
-    if unicodedata.category(ch) == "Nd":
+    category = unicodedata.category(ch)
+    if category == "Nd":
         return str(unicodedata.decimal(ch))
+    if category == "Cf":
+        return _INVISIBLE_OPERATORS.get(ch, "")
     return ch
 
 

@@ -119,7 +119,7 @@ _PAIRS = {")": "(", "]": "[", "}": "{"}
 # Characters that may belong to a value, one at a time (commands and exponents apart).
 _OPERATOR_CHARS = r"+\-*/^\u00d7\u00b7\u22c5\u2219\u2217\u2215\u2044\u00f7~"
 _VALUE_CHARS = rf"0-9{_VULGAR_CHARS}{_SUPER_CHARS},_'\u2019.{{}}()\[\]{_OPERATOR_CHARS}\s"
-_ANCHOR_CHARS = "0123456789\u00bc\u00bd\u00be\u2189" + "".join(map(chr, range(0x2150, 0x215F)))
+_VULGAR_ANCHORS = "\u00bc\u00bd\u00be\u2189" + "".join(map(chr, range(0x2150, 0x215F)))
 # From the last number leftwards, over the text reversed: `\frac` reads `carf\`, `5e3` `3e5`.
 _RUN_BACK = re.compile(rf"(?:[A-Za-z]++\\|.\\|[{_VALUE_CHARS}]|[eE](?=\d))*+", re.DOTALL)
 _RUN_ON = re.compile(rf"(?:\\(?:[A-Za-z]++|.)|[{_VALUE_CHARS}])*+", re.DOTALL)
@@ -220,6 +220,10 @@ def _bounded(v: Fraction) -> Fraction:
 def number_value(text: str) -> Fraction:
     """The exact value of one written number (`1,000.5`, `5e3`, `1_000`); Refused with the reason
     when its separators cannot be read without guessing."""
+    if text.isascii() and text.isdigit():  # the common case: one run of digits
+        if len(text) > MAX_DIGITS:
+            raise Refused(f"the number has more than {MAX_DIGITS} digits: not evaluated")
+        return Fraction(int(text))
     mantissa, exponent = _exp_split(text)
     seps = [_kind(s) for s in _SEP_RUN.findall(mantissa)]
     groups = _DIGITS.findall(mantissa)
@@ -245,7 +249,7 @@ def number_value(text: str) -> Fraction:
     if abs(power) > MAX_DIGITS:
         raise Refused(f"the exponent of {text[:24]!r} is beyond {MAX_DIGITS}: not evaluated")
     value = Fraction(int(digits + fraction), 10 ** len(fraction))
-    return _bounded(value * Fraction(10) ** power)
+    return _bounded(value * Fraction(10) ** power if power else value)
 
 
 def _exp_split(text: str) -> tuple[str, str]:
@@ -489,7 +493,9 @@ def final_answer(text: str) -> Reading | None:
     number."""
     tail = text[-WINDOW:]
     folded, where = fold_with_positions(tail)
-    at = max(map(folded.rfind, _ANCHOR_CHARS))
+    at = max(map(folded.rfind, "0123456789"))
+    if not folded.isascii():
+        at = max(at, *map(folded.rfind, _VULGAR_ANCHORS))
     if at < 0:
         return None
     # The stretch of characters that can belong to a value around the last number (C-speed scans),

@@ -52,6 +52,8 @@ FRAGMENTS = [
     ("000", "1'000"),
     ("5", "−5"),
     ("5", "\\text{The answer is } -5"),
+    ("0", "5\u20640"),  # U+2064 INVISIBLE PLUS: `5+0`, an expression
+    ("0", "5\u20620"),  # U+2062 INVISIBLE TIMES: `5×0`
 ]
 SIGNS = [
     ("5", "—5"),  # an em dash: a minus or a dash? refused
@@ -123,6 +125,8 @@ RIGHT = [
     ("1000000", "1\u2009000\u2009000"),
     ("50", "5\u200b0"),
     ("50", "5\u2060\ufeff0"),
+    ("50", "5\u200f0"),  # a right-to-left mark
+    ("50", "\u202e5\u202c0"),  # a bidirectional override and its end
     ("3", "\uff13"),
     ("3", "٣"),
     ("42", "The answer is **42**."),
