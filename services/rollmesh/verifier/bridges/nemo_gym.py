@@ -70,9 +70,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -80,8 +78,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.launch.restart import RestartPolicy
-from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.launch.sidecar import Sidecar, SidecarSpec
 from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
@@ -89,10 +86,10 @@ from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.responses_items import response_object
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, numbers_of, reward_of, sidecar_spec
 from rollmesh.verifier.bridges.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.environment import (
     EnvContext,
-    Environment,
     EnvTurn,
     Response,
     Seeded,
@@ -236,17 +233,8 @@ def responses_object(row: Mapping[str, Any], response: Response) -> Json:
 
 def verify_result(reply: Json, sent: Mapping[str, Any], where: str) -> VerifyResult:
     """A verify reply as a VerifyResult; EnvServerBadReply when it has no numeric `reward`."""
-    reward = reply.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        raise EnvServerBadReply(
-            f"{where}: /verify answered without a numeric reward (reward = {reward!r:.80})"
-        )
-    raw = reply.get("reward_components")
-    components = (
-        {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if isinstance(raw, dict)
-        else {}
-    )
+    reward = reward_of(reply, where, "/verify")
+    components = numbers_of(reply.get("reward_components"))
     answer = reply.get("extracted_answer")
     extracted = (
         ""
@@ -256,16 +244,7 @@ def verify_result(reply: Json, sent: Mapping[str, Any], where: str) -> VerifyRes
         else json.dumps(answer, ensure_ascii=False)
     )
     details = {k: v for k, v in reply.items() if k not in sent and k not in _RESULT_FIELDS}
-    return VerifyResult(
-        float(reward), components, extracted, details, masked=reply.get("mask_sample") is True
-    )
-
-
-def foreign_env() -> dict[str, str]:
-    """This process's environment without rollmesh's own variables (its API key among them) and
-    without the interpreter settings of rollmesh's virtualenv: what a foreign server starts with."""
-    drop = ("ROLLMESH_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return VerifyResult(reward, components, extracted, details, masked=reply.get("mask_sample") is True)
 
 
 def _ending(step: Json) -> Json:
@@ -304,7 +283,7 @@ def openapi_tools(spec: Json) -> list[ToolSpec]:
     return sorted(tools, key=lambda t: t.name)
 
 
-class NemoGymEnvironment(Environment):
+class NemoGymEnvironment(ForeignServerEnvironment):
     """A NeMo Gym resources server behind the Environment API (see the module docstring)."""
 
     def __init__(self, context: EnvContext) -> None:
@@ -330,22 +309,14 @@ class NemoGymEnvironment(Environment):
         self._episodes = False
 
     def _sidecar_spec(self, python: str) -> SidecarSpec:
-        logs = Path(
-            str(mesh_config.read("ROLLMESH_SIDECAR_LOG_DIR"))
-            or Path(tempfile.gettempdir()) / "rollmesh-sidecars"
-        )
-        tag = f"nemo-gym-{self.context.name}-{uuid.uuid4().hex[:8]}"
         job = {k: getattr(self.cfg, k) for k in ("server", "server_dir", "config", "instance", "overrides")}
-        return SidecarSpec(
+        return sidecar_spec(
+            tag=f"nemo-gym-{self.context.name}",
             name=f"NeMo Gym server {self.cfg.server!r} (environment {self.context.name!r})",
             argv=(python, str(LAUNCHER)),
-            log_path=logs / f"{tag}.log",
-            port_file=logs / f"{tag}.addr",
+            env={"ROLLMESH_NEMO_GYM_SERVER": json.dumps(job)},
             probe=self._probe,
-            env={**foreign_env(), "ROLLMESH_NEMO_GYM_SERVER": json.dumps(job), "PYTHONUNBUFFERED": "1"},
-            restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
-            confine=bool(mesh_config.read("ROLLMESH_SIDECAR_CONFINE")),
             readable=[str(self.context.path), *filter(None, (self.cfg.server_dir, self.cfg.config))],
         )
 
@@ -364,9 +335,7 @@ class NemoGymEnvironment(Environment):
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.http.open()
-        if self.sidecar is not None:
-            await self.sidecar.start()
+        await super().start()
         try:
             await self._discover()
         except EnvServerUnreachable as exc:  # attached by URL and not up yet: listed broken until it is
@@ -437,26 +406,11 @@ class NemoGymEnvironment(Environment):
         if self._discovery is not None:
             self._discovery.cancel()
             await asyncio.gather(self._discovery, return_exceptions=True)
-        await self.http.aclose()
-        if self.sidecar is not None:
-            await self.sidecar.stop()
-
-    def problem(self) -> str:
-        if self.sidecar is not None and self.sidecar.state is not State.SERVING:
-            return self.sidecar.problem or f"{self.sidecar.describe()} is {self.sidecar.state.value}"
-        return self.http.down
+        await super().aclose()
 
     def listed_tools(self) -> list[ToolSpec]:
         # An episode server's /close is its protocol's (module doc), never the model's tool.
         return [t for t in self._route_tools if not (self._episodes and t.name == "close")]
-
-    def server_restarts(self) -> int:
-        return self._incarnation()
-
-    def sandbox_mode(self) -> str:
-        """What confines the server the verifier manages (launch/sidecar.py: "uid+mount+pid",
-        "limits", "none"); "" for a server it does not run."""
-        return self.sidecar.isolation if self.sidecar is not None else ""
 
     def summary(self) -> str:
         mode = self.cfg.url
@@ -471,18 +425,8 @@ class NemoGymEnvironment(Environment):
     def tool_calls_are_answer(self) -> bool:
         return self.cfg.tool_calls_are_answer
 
-    def _incarnation(self) -> int:
-        return self.sidecar.restarts if self.sidecar is not None else 0
-
     def _state(self, session: Session) -> BridgeState:
-        state = session.state
-        assert isinstance(state, BridgeState)
-        if state.incarnation != self._incarnation():
-            raise EnvSessionLost(
-                f"NeMo Gym server {self.cfg.server!r} restarted after session {session.id!r} was seeded: "
-                "its state is gone, the rollout is retried"
-            )
-        return state
+        return self.session_state(session, BridgeState)
 
     # -- the protocol ---------------------------------------------------------------------------------
 
@@ -506,7 +450,7 @@ class NemoGymEnvironment(Environment):
         session's own tools too, where the server gives them."""
         if not self._discovered:
             await self._discover()
-        state = BridgeState(Cookies(), self._incarnation())
+        state = BridgeState(Cookies(), self.server_restarts())
         where = f"NeMo Gym server {self.cfg.server!r}"
         if not self._gymnasium:
             reply = await self.http.post("/seed_session", row_body(task.row), state.cookies)
@@ -689,7 +633,7 @@ class NemoGymEnvironment(Environment):
                 and (await self._episode_step(Response((message,)), state, None)).done
             ):
                 break
-        if state.incarnation != self._incarnation():
+        if state.incarnation != self.server_restarts():
             raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
         return await self._episode_verdict(task, response, state)
 
@@ -705,7 +649,7 @@ class NemoGymEnvironment(Environment):
             state.last_step = answer
             if answer.get("terminated") or answer.get("truncated"):
                 break
-        if state.incarnation != self._incarnation():
+        if state.incarnation != self.server_restarts():
             raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
         return VerifyResult(total, details=_ending(state.last_step))
 
@@ -737,7 +681,7 @@ class NemoGymEnvironment(Environment):
                     continue  # the agent answered it with an error without calling the server
                 if _ROUTE.fullmatch(call.name) and call.name not in PROTOCOL_ROUTES:
                     await self.http.post(f"/{call.name}", args, cookies)
-            if state.incarnation != self._incarnation():
+            if state.incarnation != self.server_restarts():
                 raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
         try:
             return await self._verify(task, response, cookies)
@@ -747,6 +691,6 @@ class NemoGymEnvironment(Environment):
                     f"reverify-{uuid.uuid4().hex}",
                     self.context.name,
                     task,
-                    BridgeState(cookies, self._incarnation()),
+                    BridgeState(cookies, self.server_restarts()),
                 )
                 await self.close_session(session)

@@ -45,25 +45,22 @@ each of which verifiers counts 0) is RewardFunctionFailed (422), never a reward 
 from __future__ import annotations
 
 import json
-import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.launch.restart import RestartPolicy
-from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.launch.sidecar import Sidecar, SidecarSpec
 from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, numbers_of, reward_of, sidecar_spec
 from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, Reply, bridge_config
-from rollmesh.verifier.bridges.nemo_gym import foreign_env
 from rollmesh.verifier.environment import (
     EnvContext,
-    Environment,
     EnvTurn,
     Response,
     Seeded,
@@ -74,7 +71,6 @@ from rollmesh.verifier.errors import (
     BadTask,
     EnvServerBadReply,
     EnvServerError,
-    EnvSessionLost,
     GroupScored,
     RewardFunctionFailed,
 )
@@ -172,21 +168,10 @@ def completion(task: Task, response: Response) -> list[Json]:
 
 def score_result(reply: Json, where: str) -> VerifyResult:
     """A /score answer as a VerifyResult; EnvServerBadReply when it has no numeric reward."""
-    reward = reply.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        raise EnvServerBadReply(
-            f"{where}: /score answered without a numeric reward (reward = {reward!r:.80})"
-        )
-    raw = reply.get("metrics")
-    metrics = (
-        {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        if isinstance(raw, dict)
-        else {}
-    )
-    return VerifyResult(float(reward), metrics)
+    return VerifyResult(reward_of(reply, where, "/score"), numbers_of(reply.get("metrics")))
 
 
-class VerifiersEnvironment(Environment):
+class VerifiersEnvironment(ForeignServerEnvironment):
     """A verifiers 0.3.x environment behind the Environment API (see the module docstring)."""
 
     def __init__(self, context: EnvContext) -> None:
@@ -196,37 +181,24 @@ class VerifiersEnvironment(Environment):
         self.cfg = VerifiersConfig.load(context.path)
         what = "verifiers taskset" if self.cfg.taskset else "verifiers environment"
         self.where = f"{what} {self.cfg.name!r}"
-        self.sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
+        self.sidecar = sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
         self.http = HttpBridge(
             self.where,
-            lambda: f"http://{self.sidecar.address}",
+            lambda: f"http://{sidecar.address}",
             timeout_s=self.cfg.timeout_s,
-            wait_ready=self.sidecar.ready,
+            wait_ready=sidecar.ready,
         )
         self.kind = ""
         self.group = False  # the rubric has group reward functions (GET /): scores groups
 
     def _sidecar_spec(self, python: str) -> SidecarSpec:
-        logs = Path(
-            str(mesh_config.read("ROLLMESH_SIDECAR_LOG_DIR"))
-            or Path(tempfile.gettempdir()) / "rollmesh-sidecars"
-        )
-        tag = f"verifiers-{self.context.name}-{uuid.uuid4().hex[:8]}"
-        return SidecarSpec(
+        return sidecar_spec(
+            tag=f"verifiers-{self.context.name}",
             name=f"{self.where} (environment {self.context.name!r})",
             argv=(python, str(self.cfg.launcher)),
-            log_path=logs / f"{tag}.log",
-            port_file=logs / f"{tag}.addr",
+            env={"ROLLMESH_VERIFIERS_ENV": json.dumps(self.cfg.job(self._judge())), **self._judge_env()},
             probe=self._probe,
-            env={
-                **foreign_env(),
-                "ROLLMESH_VERIFIERS_ENV": json.dumps(self.cfg.job(self._judge())),
-                **self._judge_env(),
-                "PYTHONUNBUFFERED": "1",
-            },
-            restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
             start_timeout_s=self.cfg.start_timeout_s,
-            confine=bool(mesh_config.read("ROLLMESH_SIDECAR_CONFINE")),
             readable=[str(self.context.path), *self.cfg.paths],
         )
 
@@ -261,26 +233,8 @@ class VerifiersEnvironment(Environment):
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.http.open()
-        await self.sidecar.start()
+        await super().start()
         log.info("verifiers_environment_ready", environment=self.context.name, kind=self.kind)
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
-        await self.sidecar.stop()
-
-    def problem(self) -> str:
-        if self.sidecar.state is not State.SERVING:
-            return self.sidecar.problem or f"{self.sidecar.describe()} is {self.sidecar.state.value}"
-        return self.http.down
-
-    def server_restarts(self) -> int:
-        return self.sidecar.restarts
-
-    def sandbox_mode(self) -> str:
-        """What confines the server the verifier manages (launch/sidecar.py: "uid+mount+pid",
-        "limits", "none"); "" for a server it does not run."""
-        return self.sidecar.isolation
 
     def summary(self) -> str:
         kind = f" ({self.kind})" if self.kind else ""
@@ -293,14 +247,7 @@ class VerifiersEnvironment(Environment):
         return self.group
 
     def _state(self, session: Session) -> VfSession:
-        state = session.state
-        assert isinstance(state, VfSession)
-        if state.incarnation != self.sidecar.restarts:
-            raise EnvSessionLost(
-                f"{self.where}'s server restarted after session {session.id!r} was seeded: "
-                "its state is gone, the rollout is retried"
-            )
-        return state
+        return self.session_state(session, VfSession)
 
     # -- the protocol ---------------------------------------------------------------------------------
 
@@ -329,7 +276,7 @@ class VerifiersEnvironment(Environment):
         )
 
     async def seed_session(self, task: Task) -> Seeded:
-        state = VfSession(uuid.uuid4().hex, self.sidecar.restarts)
+        state = VfSession(uuid.uuid4().hex, self.server_restarts())
         answer = await self._call("/seed", {"session": state.id, "row": dict(task.row)})
         tools = answer.get("tools")
         specs = tuple(

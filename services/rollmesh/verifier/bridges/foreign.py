@@ -1,0 +1,134 @@
+"""What every bridge to a foreign environment server shares (NeMo Gym's resources servers, verifiers'
+environments): the server run by the verifier as a sidecar in its own interpreter (launch/sidecar.py)
+or reached at a URL, the HTTP bridge to it (http_bridge.py), and reading its numbers.
+
+- `ForeignServerEnvironment`: an Environment whose answers come from such a server: `sidecar` (None
+  for a server attached by URL) and `http`; start, close, whether it can serve (`problem`), its
+  restarts and what confines it, and a session's state checked against the server's restarts
+  (`session_state`: a restarted server lost it), once for every bridge.
+- `sidecar_spec`: how the verifier runs a foreign server: logs and port file under
+  ROLLMESH_SIDECAR_LOG_DIR (default <tmp>/rollmesh-sidecars), restarted always (at most 5 times in
+  300 s), confined as ROLLMESH_SIDECAR_CONFINE says, with `foreign_env()` and unbuffered output.
+- `reward_of`, `numbers_of`: a reply's reward (a number, or EnvServerBadReply) and a map of named
+  numbers (what is not a number is left out).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.mesh import config as mesh_config
+from rollmesh.verifier.bridges.http_bridge import HttpBridge
+from rollmesh.verifier.environment import Environment, Session
+from rollmesh.verifier.errors import EnvServerBadReply, EnvSessionLost
+
+
+class _Seeded(Protocol):
+    incarnation: int  # the server's restart count when it seeded the session
+
+
+S = TypeVar("S", bound=_Seeded)
+
+
+def foreign_env() -> dict[str, str]:
+    """This process's environment without rollmesh's own variables (its API key among them) and
+    without the interpreter settings of rollmesh's virtualenv: what a foreign server starts with."""
+    drop = ("ROLLMESH_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def sidecar_spec(
+    *,
+    tag: str,
+    name: str,
+    argv: tuple[str, ...],
+    env: Mapping[str, str],
+    probe: Callable[[str], Awaitable[bool]],
+    start_timeout_s: float,
+    readable: Sequence[str],
+) -> SidecarSpec:
+    """The sidecar of a foreign server (module docstring); `tag` names its log and port files,
+    `env` is added to `foreign_env()`, `readable` is what a confined server may read."""
+    logs = Path(
+        str(mesh_config.read("ROLLMESH_SIDECAR_LOG_DIR")) or Path(tempfile.gettempdir()) / "rollmesh-sidecars"
+    )
+    tag = f"{tag}-{uuid.uuid4().hex[:8]}"
+    return SidecarSpec(
+        name=name,
+        argv=argv,
+        log_path=logs / f"{tag}.log",
+        port_file=logs / f"{tag}.addr",
+        probe=probe,
+        env={**foreign_env(), **env, "PYTHONUNBUFFERED": "1"},
+        restart=RestartPolicy(mode="always", max_restarts=5, window_s=300.0),
+        start_timeout_s=start_timeout_s,
+        confine=bool(mesh_config.read("ROLLMESH_SIDECAR_CONFINE")),
+        readable=list(readable),
+    )
+
+
+class ForeignServerEnvironment(Environment):
+    """An environment a foreign server answers; a subclass sets `sidecar` and `http` in __init__."""
+
+    sidecar: Sidecar | None
+    http: HttpBridge
+
+    async def start(self) -> None:
+        await self.http.open()
+        if self.sidecar is not None:
+            await self.sidecar.start()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        if self.sidecar is not None:
+            await self.sidecar.stop()
+
+    def problem(self) -> str:
+        if self.sidecar is not None and self.sidecar.state is not State.SERVING:
+            return self.sidecar.problem or f"{self.sidecar.describe()} is {self.sidecar.state.value}"
+        return self.http.down
+
+    def server_restarts(self) -> int:
+        return self.sidecar.restarts if self.sidecar is not None else 0
+
+    def session_state(self, session: Session, kind: type[S]) -> S:
+        """`session.state` (a `kind`); EnvSessionLost when the server restarted after seeding it."""
+        state = session.state
+        assert isinstance(state, kind)
+        if state.incarnation != self.server_restarts():
+            raise EnvSessionLost(
+                f"{self.http.name} restarted after session {session.id!r} was seeded: "
+                "its state is gone, the rollout is retried"
+            )
+        return state
+
+    def sandbox_mode(self) -> str:
+        """What confines the server the verifier manages (launch/sidecar.py: "uid+mount+pid",
+        "limits", "none"); "" for a server it does not run."""
+        return self.sidecar.isolation if self.sidecar is not None else ""
+
+
+def reward_of(reply: Mapping[str, Any], where: str, route: str) -> float:
+    """The reply's `reward`; EnvServerBadReply naming `where` and `route` when it is not a number."""
+    reward = reply.get("reward")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise EnvServerBadReply(
+            f"{where}: {route} answered without a numeric reward (reward = {reward!r:.80})"
+        )
+    return float(reward)
+
+
+def numbers_of(raw: Any) -> dict[str, float]:
+    """A map's numeric values by name (booleans and anything else left out; not a map: none)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
