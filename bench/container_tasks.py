@@ -10,6 +10,9 @@ provider: trials/s, machine start p50/p95 (the seed), CPU ms per trial by proces
 process, the machines) and the peak memory of this process and everything under it (sampled).
 `--harbor VENV` also times Harbor's own `harbor run` (oracle agent, docker environment) on the same
 task in that virtualenv, where a Docker daemon answers; what blocked it otherwise is reported.
+`--docker-loop` times the plain Docker loop a Harbor oracle trial comes down to, as its stand-in
+where Harbor cannot run: `docker run -d`, `docker cp` the solution, `docker exec` solve.sh,
+`docker cp` the tests, `docker exec` test.sh, `docker exec cat` the reward, `docker rm -f`.
 """
 
 from __future__ import annotations
@@ -171,10 +174,14 @@ def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[st
             "provider": "harbor",
             "error": f"harbor run exited {done.returncode}: {' | '.join(tail)[-600:]}",
         }
-    rewards = [
-        json.loads(p.read_text()).get("verifier_result", {}).get("rewards", {}).get("reward")
-        for p in jobs.rglob("result.json")
-    ]
+    trials_found = [json.loads(p.read_text()) for p in jobs.glob("*/*/result.json")]
+    failed = [t["exception_info"]["exception_message"] for t in trials_found if t.get("exception_info")]
+    if failed:
+        return {
+            "provider": "harbor",
+            "error": f"{len(failed)} of {len(trials_found)} trials failed; the first: {failed[0][:700]}",
+        }
+    rewards = [(t.get("verifier_result") or {}).get("rewards", {}).get("reward") for t in trials_found]
     scored = [r for r in rewards if r is not None]
     return {
         "provider": "harbor",
@@ -186,12 +193,64 @@ def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[st
     }
 
 
+async def _docker(*args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        "docker", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:2])}: {err.decode(errors='replace').strip()[-300:]}")
+    return out.decode().strip()
+
+
+async def run_docker_loop(trials: int, concurrency: int, root: Path) -> dict[str, Any]:
+    """The plain Docker loop of a Harbor oracle trial (module doc), on the same task and image."""
+    task = write_task(root, "docker") / TASK
+    image = "rollmesh-bench-trivial:latest"
+    await _docker("build", "-q", "--network", "host", "-t", image, str(task / "environment"))
+    starts: list[float] = []
+    gate = asyncio.Semaphore(concurrency)
+
+    async def trial() -> None:
+        async with gate:
+            began = time.perf_counter()
+            cid = await _docker("run", "-d", "--network", "none", image, "sleep", "infinity")
+            starts.append(time.perf_counter() - began)
+            try:
+                await _docker("cp", f"{task / 'solution'}/.", f"{cid}:/solution")
+                await _docker("exec", cid, "sh", "-c", "chmod +x /solution/solve.sh && /solution/solve.sh")
+                await _docker("exec", cid, "mkdir", "-p", "/logs/verifier", "/tests")
+                await _docker("cp", f"{task / 'tests'}/.", f"{cid}:/tests")
+                await _docker("exec", cid, "sh", "-c", "chmod +x /tests/test.sh && /tests/test.sh")
+                reward = await _docker("exec", cid, "cat", "/logs/verifier/reward.txt")
+            finally:
+                await _docker("rm", "-f", cid)
+            if reward != "1":
+                raise RuntimeError(f"a docker-loop trial scored {reward!r}")
+
+    await trial()
+    starts.clear()
+    began = time.perf_counter()
+    await asyncio.gather(*(trial() for _ in range(trials)))
+    elapsed = time.perf_counter() - began
+    starts.sort()
+    return {
+        "provider": "docker-loop (Harbor's oracle trial as plain docker calls)",
+        "trials": trials,
+        "concurrency": concurrency,
+        "trials_per_s": round(trials / elapsed, 2),
+        "machine_start_p50_ms": round(statistics.median(starts) * 1e3, 1),
+        "machine_start_p95_ms": round(starts[min(len(starts) - 1, int(len(starts) * 0.95))] * 1e3, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=60)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--providers", default="daemonless")
     parser.add_argument("--harbor", type=Path, default=None, help="Harbor's virtualenv (harbor 0.25)")
+    parser.add_argument("--docker-loop", action="store_true", help="time the plain Docker loop too")
     args = parser.parse_args()
     configure(level="WARNING")
     out = result_stream()
@@ -199,6 +258,9 @@ def main() -> None:
     for provider in [p for p in args.providers.split(",") if p]:
         with tempfile.TemporaryDirectory(prefix="rollmesh-bench-") as tmp:
             results.append(asyncio.run(run_provider(provider, args.trials, args.concurrency, Path(tmp))))
+    if args.docker_loop:
+        with tempfile.TemporaryDirectory(prefix="rollmesh-bench-loop-") as tmp:
+            results.append(asyncio.run(run_docker_loop(args.trials, args.concurrency, Path(tmp))))
     if args.harbor is not None:
         with tempfile.TemporaryDirectory(prefix="rollmesh-bench-harbor-") as tmp:
             results.append(run_harbor(args.harbor, args.trials, args.concurrency, Path(tmp)))

@@ -314,3 +314,22 @@ async def test_machines_of_a_sigkilled_verifier_are_removed_at_the_next_start(tm
         assert _existing([str(MACHINES_DIR / machine_id), *label["cgroups"]]) == []
     finally:
         await found.aclose()
+
+
+async def test_harbors_own_template_runs_as_written_and_names_its_missing_reward(
+    service: VerifierService,
+) -> None:
+    """`harbor tasks init` (shared verifier, no pytest), unchanged: its solve.sh runs (it does
+    nothing), its test.sh writes no reward: NO_REWARD_FILE, never a 0."""
+    env = service.environment("harbor_template")
+    assert isinstance(env, ContainerTasksEnvironment)
+    row = json.dumps({**env.tasks["harbor-template"].row(), ORACLE_ROW_KEY: True})
+    sid = (await service.seed_session("harbor_template", row, "job-tpl/0/0")).session.id
+    try:
+        solved = await service.call_tool(sid, ToolCall("o", ORACLE_TOOL, "{}"))
+        assert solved.output == "exit code: 0"
+        with pytest.raises(RollmeshError) as caught:
+            await service.verify(VerifyCall("harbor_template", row, Response(), sid))
+    finally:
+        await service.close_session(sid)
+    assert caught.value.reason == "NO_REWARD_FILE"

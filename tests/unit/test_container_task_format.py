@@ -76,6 +76,9 @@ def test_no_network_unless_the_task_asks_for_it(tmp_path: Path) -> None:
         ('[verifier]\nenvironment_mode = "separate"\n', "a separate verifier environment"),
         ('[[steps]]\nname = "one"\n', "multi-step tasks (`steps`) are not supported"),
         ("[verifier]\nenv = 3\n", "[verifier] env must be a table of strings"),
+        ('artifacts = ["/app/out"]\n', "artifacts is not supported"),
+        ('[[verifier.collect]]\ncommand = "x"\n', "[verifier] collect is not supported"),
+        ('[environment.healthcheck]\ncommand = "true"\n', "[environment] healthcheck is not supported"),
     ],
 )
 def test_a_bad_task_is_one_line_naming_the_task_and_the_field(tmp_path: Path, toml: str, says: str) -> None:
@@ -211,3 +214,23 @@ def test_an_image_digest_follows_the_context_files(tmp_path: Path) -> None:
     assert recipe(load_task(folder), MAP).digest("base") == first
     (folder / "environment" / "app.py").write_text("print(2)\n")
     assert recipe(load_task(folder), MAP).digest("base") != first
+
+
+def test_harbors_own_template_reads_as_written() -> None:
+    """`harbor tasks init rollmesh/harbor-template --verifier-mode shared --no-pytest` (harbor 0.25)."""
+    root = TASKS.parent.parent / "harbor_template" / "tasks"
+    task = load_task(root / "harbor-template")
+    assert task.metadata["name"] == "rollmesh/harbor-template" and task.metadata["version"] == "1.0.0"
+    assert (task.agent_timeout_s, task.verifier_timeout_s) == (600.0, 600.0)
+    assert task.limits.allow_internet  # its network_mode = "public"
+    assert recipe(task, MAP).base == "rollmesh-base:bookworm"
+
+
+def test_harbors_default_template_with_a_separate_verifier_is_refused_by_name(tmp_path: Path) -> None:
+    """What `harbor tasks init` writes by default: a verifier in its own environment."""
+    toml = (
+        'schema_version = "1.4"\nartifacts = []\n\n[task]\nname = "o/t"\n\n[verifier]\ntimeout_sec = 600.0\n'
+        'environment_mode = "separate"\ncollect = []\n\n[environment]\nnetwork_mode = "public"\n'
+    )
+    with pytest.raises(BadHarborTask, match="a separate verifier environment"):
+        load_task(_task(tmp_path, toml))

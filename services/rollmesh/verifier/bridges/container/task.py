@@ -39,6 +39,15 @@ COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "c
 MAIN_SERVICE = "main"
 ROW_KEY = "harbor_task"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: Harbor features rollmesh does not run, refused by name when a task uses them: (table, key); the
+#: table "" is the top level.
+_UNSUPPORTED = (
+    ("", "artifacts"),
+    ("verifier", "collect"),
+    ("environment", "mcp_servers"),
+    ("environment", "healthcheck"),
+    ("environment", "skills_dir"),
+)
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,10 @@ def load_task(path: Path) -> HarborTask:
     for accel in ("gpus", "tpu", "gpu_types"):
         if env.get(accel):
             raise bad(f"[environment] {accel}: accelerators are not supported")
+    for where, key in _UNSUPPORTED:
+        if (_table(config, where, bad) if where else config).get(key):
+            place = f"[{where}] {key}" if where else key
+            raise bad(f"{place} is not supported (artifacts, collect hooks, MCP servers, health checks)")
     docker_image = _string(env, "docker_image", "environment", bad)
     task = HarborTask(
         name=name,
