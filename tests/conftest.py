@@ -111,3 +111,15 @@ def vllm_tiny_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
 
     with MeshThread(vllm_tiny(), tmp_path_factory.mktemp("vllm-mesh")) as addresses:
         yield addresses
+
+
+@pytest.fixture(scope="module")
+def counter_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """An embedded mesh on a thread whose fake engine, named tiny-arith (weight updates checked
+    against the shipped checkpoint), plays the session_state rows with tool calls: its addresses."""
+    from tests.meshes import COUNTER_AGENT, MeshThread, fake_tiny
+
+    with MeshThread(
+        fake_tiny(), tmp_path_factory.mktemp("mesh"), env={"ROLLMESH_FAKE_SCRIPT": COUNTER_AGENT}
+    ) as a:
+        yield a

@@ -16,7 +16,12 @@ from types import TracebackType
 
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
 
-SHIPPED = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
+BUILTIN = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin"
+SHIPPED = BUILTIN / "models" / "tiny-arith"
+COUNTER_ROWS = BUILTIN / "environments" / "session_state" / "data" / "example.jsonl"
+COUNTER_AGENT = (
+    "rollmesh.devtools.fake_scripts:counter_agent"  # plays COUNTER_ROWS: two tool calls, an answer
+)
 
 
 def fake_tiny() -> GatewayConfig:

@@ -66,3 +66,14 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
     work = tmp_path_factory.mktemp("up")
     with rollmesh_up(work) as addresses:
         yield addresses, work
+
+
+def managed_counter(root: Path, nemo_gym_python: Path, nemo_gym_servers: Path) -> Path:
+    """NeMo Gym's example_session_state_mgmt server as environment `ng_counter` in the artifact root
+    `root` (the verifier manages it with `nemo_gym_python`): the server's example rows."""
+    folder = root / "environments" / "ng_counter"
+    folder.mkdir(parents=True)
+    (folder / "nemo_gym.toml").write_text(
+        f'server = "example_session_state_mgmt"\npython = "{nemo_gym_python}"\n'
+    )
+    return nemo_gym_servers / "example_session_state_mgmt" / "data" / "example.jsonl"

@@ -11,7 +11,7 @@ import os
 import socket
 from pathlib import Path
 
-from tests.e2e.conftest import rollmesh_up
+from tests.e2e.conftest import managed_counter, rollmesh_up
 from tests.procs import run_cli
 
 KEY = "up-bridge-key"
@@ -20,14 +20,9 @@ KEY = "up-bridge-key"
 async def test_up_serves_a_managed_nemo_gym_server_and_stops_it(
     tmp_path: Path, nemo_gym_python: Path, nemo_gym_servers: Path
 ) -> None:
-    folder = tmp_path / "environments" / "ng_counter"
-    folder.mkdir(parents=True)
-    (folder / "nemo_gym.toml").write_text(
-        f'server = "example_session_state_mgmt"\npython = "{nemo_gym_python}"\n'
-    )
+    rows = managed_counter(tmp_path, nemo_gym_python, nemo_gym_servers)
     logs = tmp_path / "sidecars"
     env = {"ROLLMESH_API_KEY": KEY, "ROLLMESH_SIDECAR_LOG_DIR": str(logs)}
-    rows = nemo_gym_servers / "example_session_state_mgmt" / "data" / "example.jsonl"
     with rollmesh_up(tmp_path, env) as addrs:
         cli_env = {**env, **{f"ROLLMESH_{k.upper()}_ADDR": v for k, v in addrs.items() if isinstance(v, str)}}
         code, out, err = await run_cli("status", "--json", env=cli_env)

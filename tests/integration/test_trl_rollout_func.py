@@ -9,28 +9,15 @@ advantage 0) and the step goes on; a batch with nothing usable raises."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rollmesh_client.trl import RollmeshRollouts
-from tests.meshes import MeshThread, fake_tiny
+from tests.meshes import COUNTER_ROWS
 from tests.trl_runs import grpo_run
 
 pytestmark = pytest.mark.timeout(600)
-
-DATA = (
-    Path(__file__).resolve().parents[2]
-    / "services/rollmesh/builtin/environments/session_state/data/example.jsonl"
-)
-COUNTER = "rollmesh.devtools.fake_scripts:counter_agent"
-
-
-@pytest.fixture(scope="module")
-def counter_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    with MeshThread(fake_tiny(), tmp_path_factory.mktemp("mesh"), env={"ROLLMESH_FAKE_SCRIPT": COUNTER}) as a:
-        yield a
 
 
 def rollouts_on(mesh: dict[str, str], work: Path, **options: object) -> RollmeshRollouts:
@@ -46,7 +33,7 @@ def rollouts_on(mesh: dict[str, str], work: Path, **options: object) -> Rollmesh
 
 def test_env_mask_is_the_token_records_loss_mask(counter_mesh: dict[str, str], tmp_path: Path) -> None:
     rollouts = rollouts_on(counter_mesh, tmp_path / "work")
-    run = grpo_run(rollouts, rollouts.dataset(DATA), tmp_path / "out", max_completion_length=64)
+    run = grpo_run(rollouts, rollouts.dataset(COUNTER_ROWS), tmp_path / "out", max_completion_length=64)
     run.trainer.train()
     rollouts.close()
     records = run.records()
@@ -90,7 +77,7 @@ def test_env_mask_is_the_token_records_loss_mask(counter_mesh: dict[str, str], t
 def test_failed_rollouts_are_unscorable_and_an_empty_batch_raises(
     counter_mesh: dict[str, str], tmp_path: Path
 ) -> None:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()[:2]]
+    rows = [json.loads(line) for line in COUNTER_ROWS.read_text().splitlines()[:2]]
     bad = {  # the environment cannot score it: BAD_TASK, whatever the model does
         **rows[0],
         "responses_create_params": {
