@@ -124,3 +124,14 @@ def test_the_default_ports_are_the_configs(doc: str) -> None:
         f"gateway {DEFAULT_PORTS['gateway']} (OpenAI HTTP {OPENAI_HTTP_PORT})",
     )
     assert f"Default ports: {expected}" in text
+
+
+def test_the_docs_home_page_gives_the_purpose_the_two_commands_and_the_picture() -> None:
+    """The site's first page is not a bare list of links: it says what rollmesh is, gives the two
+    commands and shows the README's architecture picture (the same text, so the two cannot drift)."""
+    home = (REPO / "docs" / "index.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "collects LLM rollouts against verifiable environments" in home
+    assert re.search(r"^make run ", home, re.M) and re.search(r"^make test ", home, re.M)
+    picture = readme.split("## Architecture", 1)[1].split("```")[1]
+    assert picture in home
