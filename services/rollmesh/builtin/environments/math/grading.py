@@ -440,7 +440,8 @@ def decide_large(gold: Any, pred: Any) -> tuple[bool | None, str]:
     """Whether two values too large for math-verify are equal, decided exactly within a bound:
     (True | False, how) or (None, why nothing could decide). Runs in the worker, under its timeout.
 
-    The same expression is equal. Two numbers are evaluated to a few digits first (sympy's
+    The same expression is equal; a decimal literal is the exact number its digits show (`1.1` is
+    11/10). Two numbers are evaluated to a few digits first (sympy's
     adaptive evalf, strict: an evaluation that loses its precision decides nothing): different
     magnitudes are different values. Numbers of the same magnitude are evaluated to every digit
     of their integer part and DECIMALS more (at most MAX_COMPARE_DIGITS digits), and are equal when
@@ -457,6 +458,11 @@ def decide_large(gold: Any, pred: Any) -> tuple[bool | None, str]:
         return True, "the same expression"
     if not isinstance(gold, sympy.Expr) or not isinstance(pred, sympy.Expr):
         return None, "a value too large to evaluate inside a set, relation or matrix"
+    # A written decimal is the exact value it shows (`1.1` is 11/10, not its nearest binary float):
+    # `1.1\times10^{200}` and `11\times10^{199}` are one number.
+    gold, pred = _exact_decimals(gold), _exact_decimals(pred)
+    if gold == pred:
+        return True, "the same value"
     if gold.free_symbols or pred.free_symbols:
         return None, "an expression with variables too large to expand"
     try:
@@ -487,6 +493,16 @@ def decide_large(gold: Any, pred: Any) -> tuple[bool | None, str]:
     except (ArithmeticError, TypeError, ValueError, RecursionError) as exc:  # PrecisionExhausted too
         return None, f"the values cannot be evaluated ({type(exc).__name__})"
     return bool(equal), f"compared to {DECIMALS} decimal places at {digits} digits"
+
+
+def _exact_decimals(expr: Any) -> Any:
+    """`expr` with each decimal literal (a sympy Float) the rational number its digits show."""
+    import sympy
+
+    floats = expr.atoms(sympy.Float)
+    if not floats:
+        return expr
+    return expr.xreplace({f: sympy.Rational(str(f)) for f in floats if f.is_finite})
 
 
 def _complex(value: Any) -> Any:

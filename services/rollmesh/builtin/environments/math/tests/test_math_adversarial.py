@@ -384,6 +384,8 @@ LARGE_RIGHT = [
     (NEMO_GOLD, f"\\boxed{{{NEMO_ANSWER}}}"),
     (NEMO_GOLD, f"\\boxed{{{NEMO_GOLD}}}"),
     ("10^{10^{10}}", "\\boxed{10^{10^{10}}}"),
+    ("1.1\\times10^{200}", "\\boxed{11 \\times 10^{199}}"),  # a decimal is the number it shows
+    ("100!", "\\boxed{\\frac{101!}{101}}"),
 ]
 LARGE_WRONG = [  # decided: not one digit of the integer part, nor the sixth decimal, may differ
     (NEMO_GOLD, f"\\boxed{{{NEMO_ANSWER} + 1}}"),
@@ -392,6 +394,7 @@ LARGE_WRONG = [  # decided: not one digit of the integer part, nor the sixth dec
     (NEMO_GOLD, "\\boxed{0}"),
     ("5", "\\boxed{10^{10^{10}}}"),
     ("5", "\\boxed{9^{9^{9}}}"),
+    ("1.1\\times10^{200}", "\\boxed{1.1000001 \\times 10^{200}}"),
 ]
 LARGE_UNDECIDED = [  # nothing here decides them in bounds: a named outcome, never a silent 0
     ("10^{10^{10}}", "\\boxed{10^{10^{10}} + 1}"),
