@@ -114,3 +114,39 @@ async def test_the_verifier_reports_each_environment_up_its_restarts_and_its_wor
         assert now[("rollmesh_verifier_worker_calls_waiting", "slow")] == 0.0
     finally:
         await pool.aclose()
+
+
+async def test_every_replica_has_its_series_at_zero_and_its_health() -> None:
+    """Per-replica series exist before and after a generation (they vanished at 0), with each
+    replica's health as the backend reports it (`rollmesh status` said 1/1 healthy; metrics nothing)."""
+    backend = FakeBackend("replicas-m", num_replicas=2)
+    gw = Gateway([backend])
+    await gw.start()
+
+    def per_replica(name: str) -> dict[str, float]:
+        return {
+            labels["replica"]: v
+            for n, labels, v in gateway_telemetry.samples(gw.live_models())
+            if n == name and labels.get("model") == "replicas-m"
+        }
+
+    await until(lambda: len(per_replica("rollmesh_gateway_replica_up")) == 2)
+    assert per_replica("rollmesh_gateway_replica_up") == dict.fromkeys(backend.replica_ids, 1.0)
+    assert per_replica("rollmesh_gateway_replica_generations_in_flight") == dict.fromkeys(
+        backend.replica_ids, 0
+    )
+    await gw.generate(GenerateInput(messages=(Message("user", "hi"),)))
+    assert per_replica("rollmesh_gateway_replica_generations_in_flight") == dict.fromkeys(
+        backend.replica_ids, 0
+    )
+    samples = {
+        (s.name, s.labels.get("replica", "")): s.value
+        for family in REGISTRY.collect()
+        if family.name.startswith("rollmesh_gateway_replica")
+        for s in family.samples
+        if s.labels.get("model") == "replicas-m"
+    }
+    for replica in backend.replica_ids:
+        assert samples[("rollmesh_gateway_replica_up", replica)] == 1.0
+        assert samples[("rollmesh_gateway_replica_generations_in_flight", replica)] == 0.0
+    await gw.shutdown()

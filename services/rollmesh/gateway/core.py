@@ -58,6 +58,8 @@ DEFAULT_DRAIN_TIMEOUT_S = 300.0
 # UploadWeights: bytes allowed beyond the served safetensors (config, tokenizer, generation config).
 _UPLOAD_MARGIN_BYTES = 64 * 1024 * 1024
 # ABORT_AND_RETRY / CONTINUE: how often aborts are re-sent to generations that reached the engine meanwhile.
+# How often the replicas' health is read for the metrics (rollmesh_gateway_replica_up).
+REPLICA_WATCH_S = 10.0
 _REABORT_PERIOD_S = 0.5
 
 
@@ -74,6 +76,9 @@ class _Model:
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while `generating` is empty
     updating: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight update at a time
     reference: Path | None = None  # the checkpoint first served: what new weights are checked against
+    # Each replica's health as last read from the backend (REPLICA_WATCH_S, and every status call):
+    # what metrics show for a replica with nothing in flight.
+    replica_health: dict[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.running.set()
@@ -277,6 +282,7 @@ class Gateway:
         self._factory = backend_factory
         staging = Path(cfg.weights_staging_dir or tempfile.gettempdir())
         self.uploads = WeightUploads(staging / "rollmesh-weights")
+        self._replica_watch: asyncio.Task[None] | None = None
         telemetry.LIVE.watch(self.live_models)  # in flight, held, policy version: read at scrape time
 
     def live_models(self) -> list[telemetry.ModelNow]:
@@ -286,7 +292,8 @@ class Gateway:
             telemetry.ModelNow(
                 m.name,
                 len(m.generating),
-                dict(m.in_flight),
+                {**dict.fromkeys(m.replica_health, 0), **m.in_flight},
+                dict(m.replica_health),
                 not m.running.is_set(),
                 m.waiting,
                 m.policy_version,
@@ -296,8 +303,21 @@ class Gateway:
 
     async def start(self) -> None:
         await asyncio.gather(*(m.backend.start() for m in self._models.values()))
+        self._replica_watch = asyncio.create_task(self._watch_replicas(), name="replica-watch")
+
+    async def _watch_replicas(self) -> None:
+        """Read every model's replicas now and then, for the metrics' per-replica series (a status
+        call reads them too)."""
+        while True:
+            for name, m in list(self._models.items()):
+                await self._status(name, m)
+            await asyncio.sleep(REPLICA_WATCH_S)
 
     async def shutdown(self) -> None:
+        if self._replica_watch is not None:
+            self._replica_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replica_watch
         results = await asyncio.gather(
             *(m.backend.shutdown() for m in self._models.values()), return_exceptions=True
         )
@@ -555,6 +575,7 @@ class Gateway:
         except Exception as exc:  # a sick backend must not break listing
             log.warning("backend_replicas_failed", model=m.name, error=str(exc))
             reported = []
+        m.replica_health = {r.replica_id: r.healthy for r in reported}
         sessions = self.sessions.sessions_per_replica(m.name)
         seen = {r.replica_id: r for r in reported}
         for rid in [*m.in_flight, *sessions]:

@@ -84,7 +84,10 @@ def _version(label: str) -> float:
 
 _LIVE_DOCS = {
     "rollmesh_gateway_generations_in_flight": "Generations past the pause gate now, by model.",
-    "rollmesh_gateway_replica_generations_in_flight": "Generations on each replica now.",
+    "rollmesh_gateway_replica_generations_in_flight": "Generations on each replica now (0 while it has"
+    " none: a replica the backend reports keeps its series).",
+    "rollmesh_gateway_replica_up": "1 while the backend reports a replica healthy, 0 while it reports it"
+    " unhealthy (read every 10 s and at each status call).",
     "rollmesh_gateway_generations_held": "Models holding new generations now (paused, or a weight update).",
     "rollmesh_gateway_generations_waiting": "Generations held at the pause gate now, by model.",
     "rollmesh_gateway_policy_version": "The policy version each model serves (NaN: a non-integer label).",
@@ -97,7 +100,8 @@ class ModelNow:
 
     name: str
     generating: int  # past the pause gate
-    in_flight: Mapping[str, int]  # by replica
+    in_flight: Mapping[str, int]  # by replica (0 for a replica the backend reports with none)
+    replica_health: Mapping[str, bool]  # the backend's last word on each replica
     held: bool  # paused, or a weight update
     waiting: int  # at the pause gate
     policy_version: str
@@ -108,6 +112,12 @@ def samples(models: Sequence[ModelNow]) -> Iterator[Sample]:
         yield "rollmesh_gateway_generations_in_flight", {"model": m.name}, float(m.generating)
         for replica, n in m.in_flight.items():
             yield "rollmesh_gateway_replica_generations_in_flight", {"model": m.name, "replica": replica}, n
+        for replica, healthy in m.replica_health.items():
+            yield (
+                "rollmesh_gateway_replica_up",
+                {"model": m.name, "replica": replica},
+                1.0 if healthy else 0.0,
+            )
         yield "rollmesh_gateway_generations_held", {"model": m.name}, 1.0 if m.held else 0.0
         yield "rollmesh_gateway_generations_waiting", {"model": m.name}, float(m.waiting)
         yield "rollmesh_gateway_policy_version", {"model": m.name}, _version(m.policy_version)
