@@ -44,13 +44,13 @@ TASK = "trivial"
 BASE = "rollmesh-base:bookworm"
 
 
-def write_task(root: Path, provider: str) -> Path:
+def write_task(root: Path, provider: str, warm: int = 0) -> Path:
     """An artifact root with `environments/bench_tasks/` holding one trivial task; its tasks folder."""
     folder = root / "environments" / ENV
     task = folder / "tasks" / TASK
     for sub in ("environment", "tests", "solution"):
         (task / sub).mkdir(parents=True, exist_ok=True)
-    (folder / "container_tasks.toml").write_text(f'tasks = "tasks"\nprovider = "{provider}"\n')
+    (folder / "container_tasks.toml").write_text(f'tasks = "tasks"\nprovider = "{provider}"\nwarm = {warm}\n')
     (task / "task.toml").write_text(
         'schema_version = "1.4"\n\n[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 60.0\n'
     )
@@ -102,8 +102,8 @@ def _label(name: str, cmdline: str) -> str:
     return "machines" if "_machine.py" in cmdline else "verifier"
 
 
-async def run_provider(provider: str, trials: int, concurrency: int, root: Path) -> dict[str, Any]:
-    write_task(root, provider)
+async def run_provider(provider: str, trials: int, concurrency: int, root: Path, warm: int) -> dict[str, Any]:
+    write_task(root, provider, warm if provider == "daemonless" else 0)
     service = VerifierService.from_catalog(
         VerifierConfig(), Catalog([Root(root, 0, "bench")]), entry_points=False
     )
@@ -139,7 +139,7 @@ async def run_provider(provider: str, trials: int, concurrency: int, root: Path)
             elapsed = time.perf_counter() - began
         starts.sort()
         return {
-            "provider": provider,
+            "provider": provider + (f" (warm {warm})" if warm and provider == "daemonless" else ""),
             "trials": trials,
             "concurrency": concurrency,
             "trials_per_s": round(trials / elapsed, 2),
@@ -251,13 +251,16 @@ def main() -> None:
     parser.add_argument("--providers", default="daemonless")
     parser.add_argument("--harbor", type=Path, default=None, help="Harbor's virtualenv (harbor 0.25)")
     parser.add_argument("--docker-loop", action="store_true", help="time the plain Docker loop too")
+    parser.add_argument("--warm", type=int, default=0, help="daemonless: machines started ahead per task")
     args = parser.parse_args()
     configure(level="WARNING")
     out = result_stream()
     results = []
     for provider in [p for p in args.providers.split(",") if p]:
         with tempfile.TemporaryDirectory(prefix="rollmesh-bench-") as tmp:
-            results.append(asyncio.run(run_provider(provider, args.trials, args.concurrency, Path(tmp))))
+            results.append(
+                asyncio.run(run_provider(provider, args.trials, args.concurrency, Path(tmp), args.warm))
+            )
     if args.docker_loop:
         with tempfile.TemporaryDirectory(prefix="rollmesh-bench-loop-") as tmp:
             results.append(asyncio.run(run_docker_loop(args.trials, args.concurrency, Path(tmp))))

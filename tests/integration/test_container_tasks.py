@@ -333,3 +333,39 @@ async def test_harbors_own_template_runs_as_written_and_names_its_missing_reward
     finally:
         await service.close_session(sid)
     assert caught.value.reason == "NO_REWARD_FILE"
+
+
+async def test_warm_machines_are_started_ahead_and_each_serves_one_rollout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ROLLMESH_CONTAINER_WARM", "2")
+    found = VerifierService.from_catalog(TEST_CONFIG, Catalog([Root(ROOT, 0, "tests")]), entry_points=False)
+    await found.start()
+    provider = _env(found).provider
+    made: set[str] = set()
+    try:
+
+        async def live(count: int) -> list[Any]:
+            for _ in range(600):  # the pool fills in the background (bounded wait, no sleep-and-hope)
+                machines = provider.live()
+                if len(machines) >= count:
+                    return machines
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"{len(provider.live())} machines live, wanted {count}")
+
+        first = await _seed(found, "hello-file", "job-w/0/0")
+        warm = {m.id for m in await live(3) if m.labels.job == "warm"}
+        assert len(warm) == 2  # started ahead, labelled as nobody's yet
+        second = await _seed(found, "hello-file", "job-w/1/0")
+        taken = next(m for m in provider.live() if m.labels.rollout == "job-w/1/0")
+        assert taken.id in warm  # a warm machine, now the rollout's, on its host label too
+        assert json.loads(_read(MACHINES_DIR / taken.id / "label.json"))["rollout"] == "job-w/1/0"
+        made = {m.id for m in await live(4)}  # the pool made up again: 2 rollouts + 2 warm
+        verdict = await _verify(found, "hello-file", second)
+        assert verdict.details["machine"] == taken.id
+        for sid in (first, second):
+            await found.close_session(sid)
+        assert sorted(m.labels.job for m in provider.live()) == ["warm", "warm"]
+    finally:
+        await found.aclose()
+    assert _existing([str(MACHINES_DIR / m) for m in made]) == []

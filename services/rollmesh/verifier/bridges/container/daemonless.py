@@ -134,6 +134,10 @@ class DaemonlessMachine(Machine):
         }
         return await exec_in(self, request, stdin, timeout_s, output_limit)
 
+    async def relabel(self, labels: Labels) -> None:
+        self.labels = labels
+        await asyncio.to_thread(_relabel, self.folder / "label.json", labels)
+
     async def _delete(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.keeper, signal.SIGKILL)
@@ -260,6 +264,7 @@ async def _feed(loop: asyncio.AbstractEventLoop, fd: int, data: bytes) -> None:
 
 class DaemonlessProvider(Provider):
     name = "daemonless"
+    relabels = True
 
     def __init__(self, machines_dir: Path | None = None) -> None:
         super().__init__()
@@ -620,6 +625,14 @@ def _read_image(folder: Path, base: Path) -> Image:
         user=str(config.get("user") or ""),
         layers=(str(folder / "diff"), str(base)),
     )
+
+
+def _relabel(path: Path, labels: Labels) -> None:
+    record = json.loads(path.read_text())
+    record.update(job=labels.job, rollout=labels.rollout, environment=labels.environment, task=labels.task)
+    staged = path.with_suffix(".new")
+    staged.write_text(json.dumps(record))
+    staged.replace(path)
 
 
 def _delete(folder: Path, cgroup_folders: list[str]) -> None:

@@ -6,6 +6,7 @@
     reward_key = "reward"       # which of reward.json's named rewards is the reward
     shell_timeout_s = 180       # the most one shell call may take (the agent may ask for less)
     output_limit = 16384        # bytes of a tool's output the model gets (head and tail)
+    warm = 0                    # machines started ahead per task (ROLLMESH_CONTAINER_WARM overrides)
     [image_map]                 # image renames (also ROLLMESH_IMAGE_MAP="a=b,c=d", which wins)
     "ubuntu:24.04" = "rollmesh-base:bookworm"
 
@@ -29,6 +30,7 @@ under the agent's time, as Harbor's oracle agent does; a task without solve.sh i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import tomllib
@@ -66,6 +68,7 @@ from rollmesh.verifier.errors import SessionRequired, ToolError
 log = get_logger("rollmesh.verifier.container")
 
 CONFIG_FILE = "container_tasks.toml"
+WARM = "warm"  # the job and rollout labels of a machine started ahead, until a rollout takes it
 PROVIDERS = ("daemonless", "docker")
 #: How long a machine outlives its task's agent + verifier time when its session is never closed.
 LINGER_S = 300.0
@@ -80,6 +83,8 @@ class Settings:
     shell_timeout_s: float = 180.0
     output_limit: int = 16384
     image_map: dict[str, str] = field(default_factory=dict)
+    #: Machines started ahead per task (never reused: each is a rollout's from the start).
+    warm: int = 0
 
 
 def read_settings(folder: Path) -> Settings:
@@ -103,6 +108,7 @@ def read_settings(folder: Path) -> Settings:
         shell_timeout_s=float(data.get("shell_timeout_s", 180.0)),
         output_limit=int(data.get("output_limit", 16384)),
         image_map=image_map,
+        warm=int(os.environ.get("ROLLMESH_CONTAINER_WARM") or data.get("warm", 0)),
     )
 
 
@@ -141,7 +147,9 @@ class ContainerTasksEnvironment(Environment):
         self.provider = make_provider(self.settings.provider)
         self._images: dict[str, asyncio.Task[Image]] = {}
         self._rollouts: dict[str, Rollout] = {}
-        self._expiring: set[asyncio.Future[None]] = set()
+        self._background: set[asyncio.Future[None]] = set()  # removals, warm machines starting
+        self._warm: dict[str, list[Machine]] = {}  # task -> machines started ahead
+        self._warming: dict[str, int] = {}  # task -> warm machines starting
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -153,6 +161,8 @@ class ContainerTasksEnvironment(Environment):
             if rollout.cleanup is not None:
                 rollout.cleanup.cancel()
         self._rollouts.clear()
+        await asyncio.gather(*list(self._background), return_exceptions=True)
+        self._warm.clear()
         await self.provider.aclose()
 
     def problem(self) -> str:
@@ -200,49 +210,75 @@ class ContainerTasksEnvironment(Environment):
         harbor = self.task_of(task)
         image = await self.image(harbor)
         session_id = seeding_session_id()
-        job, _, rollout_part = session_id.partition("/")
         labels = Labels(
-            job=job or "-", rollout=session_id or "-", environment=self.context.name, task=harbor.name
+            job=session_id.partition("/")[0] or "-",
+            rollout=session_id or "-",
+            environment=self.context.name,
+            task=harbor.name,
         )
-        extra_env = dict(harbor.environment_env)
-        machine = await self.provider.start(image, harbor.limits, labels)
-        if extra_env:
-            machine.image = Image(
-                id=image.id,
-                env={**image.env, **extra_env},
-                workdir=image.workdir,
-                user=image.user,
-                ref=image.ref,
-                layers=image.layers,
-            )
-        if harbor.workdir:
-            machine.image = Image(
-                id=image.id,
-                env=dict(machine.image.env),
-                workdir=harbor.workdir,
-                user=image.user,
-                ref=image.ref,
-                layers=image.layers,
-            )
+        machine = await self._machine(harbor, image, labels)
+        machine.image = dataclasses.replace(
+            image,
+            env={**image.env, **harbor.environment_env},
+            workdir=harbor.workdir or image.workdir,
+        )
         state = Rollout(
             task=harbor,
             machine=machine,
             deadline=time.monotonic() + harbor.agent_timeout_s,
             oracle=task.row.get(ORACLE_ROW_KEY) is True,
         )
-        del rollout_part
-        key = machine.id
-        self._rollouts[key] = state
+        self._rollouts[machine.id] = state
         lifetime = harbor.agent_timeout_s + harbor.verifier_timeout_s + LINGER_S
-        state.cleanup = asyncio.get_running_loop().call_later(lifetime, self._expire, key)
+        state.cleanup = asyncio.get_running_loop().call_later(lifetime, self._expire, machine.id)
         return state
+
+    async def _machine(self, harbor: HarborTask, image: Image, labels: Labels) -> Machine:
+        """The rollout's machine: a warm one of its task, relabelled for the rollout, else a new one;
+        then the task's warm machines are made up again (`warm`). A machine is never reused."""
+        pool = self._warm.setdefault(harbor.name, [])
+        machine: Machine | None = None
+        while pool and machine is None:
+            candidate = pool.pop()
+            if candidate.lost():
+                await self.provider.remove(candidate)
+            else:
+                machine = candidate
+        if machine is not None:
+            await machine.relabel(labels)
+        else:
+            machine = await self.provider.start(image, harbor.limits, labels)
+        self._refill(harbor, image)
+        return machine
+
+    def _refill(self, harbor: HarborTask, image: Image) -> None:
+        """Start the machines the task's warm pool lacks, in the background (bounded by `warm`)."""
+        if not self.settings.warm or not self.provider.relabels:
+            return
+        pool = self._warm.setdefault(harbor.name, [])
+        missing = self.settings.warm - len(pool) - self._warming.get(harbor.name, 0)
+        labels = Labels(job=WARM, rollout=WARM, environment=self.context.name, task=harbor.name)
+
+        async def warm_one() -> None:
+            try:
+                pool.append(await self.provider.start(image, harbor.limits, labels))
+            except Exception as exc:  # a warm machine is an optimisation: the next seed starts one
+                log.warning("container_warm_machine_failed", task=harbor.name, error=str(exc))
+            finally:
+                self._warming[harbor.name] -= 1
+
+        for _ in range(max(0, missing)):
+            self._warming[harbor.name] = self._warming.get(harbor.name, 0) + 1
+            starting = asyncio.ensure_future(warm_one())
+            self._background.add(starting)
+            starting.add_done_callback(self._background.discard)
 
     def _expire(self, key: str) -> None:
         state = self._rollouts.pop(key, None)
         if state is not None:
             log.warning("container_machine_expired", machine=key, rollout=state.machine.labels.rollout)
-            self._expiring.add(task := asyncio.ensure_future(self._remove(state)))
-            task.add_done_callback(self._expiring.discard)
+            self._background.add(task := asyncio.ensure_future(self._remove(state)))
+            task.add_done_callback(self._background.discard)
 
     async def _remove(self, state: Rollout) -> None:
         if state.cleanup is not None:

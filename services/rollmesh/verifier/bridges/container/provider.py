@@ -112,6 +112,10 @@ class Machine(ABC):
     async def _delete(self) -> None:
         """What `remove` does, once."""
 
+    async def relabel(self, labels: Labels) -> None:
+        """Give a warm machine to a rollout: its labels become the rollout's (`Provider.relabels`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot relabel a machine")
+
     @abstractmethod
     def lost(self) -> str:
         """Why the machine is gone while still in use ("" while it runs)."""
@@ -184,6 +188,8 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
 class Provider(ABC):
     #: "daemonless" or "docker" (what `rollmesh envs list` shows).
     name = ""
+    #: Its machines can be relabelled (`Machine.relabel`), so they can be started ahead (warm).
+    relabels = False
 
     def __init__(self) -> None:
         #: The rollouts' machines this provider started, until they are removed.
