@@ -97,7 +97,7 @@ def check(expected: str, response: str) -> dict[str, Any]:
     extracted = str(pred[1]) if len(pred) > 1 else (str(pred[0]) if pred else "")
     if not pred:
         return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
-    if any(grading.for_decide_large(x) for x in (*gold, *pred) if not isinstance(x, str)):
+    if grading.for_decide_large(gold, pred):
         # math-verify would evaluate it (minutes) or simplify it (seconds): decided exactly within
         # a bound, or named undecided.
         decided, how = grading.decide_large(gold[0], pred[0])

@@ -106,7 +106,10 @@ def delimit_unicode_math(response: str) -> str:
     √2.` was read as 2 and `2³` as 2."""
     if any(d in response for d in _MATH_DELIMITERS):
         return response
-    return _UNICODE_RUN.sub(lambda m: _delimit(m.group(0)), response)
+    # Only the text's end holds the answer: runs before its last 2,000 characters stay as they
+    # are (each delimited run is one more parse for math-verify: `√(` * 50,000 was 500 parses).
+    head, tail = response[:-2000], response[-2000:]
+    return head + _UNICODE_RUN.sub(lambda m: _delimit(m.group(0)), tail)
 
 
 def _delimit(run: str) -> str:
@@ -415,18 +418,20 @@ def too_large(expr: Any, budget: int = 5000) -> bool:
 EXACT_DIGITS = 100  # a number beyond 10**EXACT_DIGITS is compared by decide_large, not math-verify
 
 
-def for_decide_large(expr: Any) -> bool:
-    """Whether `expr` goes to decide_large: too large for math-verify, or a number (no variables)
-    beyond 10**EXACT_DIGITS, which math-verify's simplify compares slowly (seconds against `0` for
-    NeMo Gym's `(2+\\sqrt{3})^{2016}` row) and decide_large exactly in milliseconds."""
+def for_decide_large(gold: list[Any], pred: list[Any]) -> bool:
+    """Whether a comparison goes to decide_large (math-verify's parses of both sides): a value too
+    large for math-verify anywhere, or two numbers (no variables, not a set or relation) one of
+    them beyond 10**EXACT_DIGITS, which math-verify's simplify compares slowly (20 s against `0`
+    for NeMo Gym's `(2+\\sqrt{3})^{2016}` row) and decide_large exactly in milliseconds."""
     import sympy
 
-    if too_large(expr):
+    if any(too_large(x) for x in (*gold, *pred) if not isinstance(x, str)):
         return True
-    if not isinstance(expr, sympy.Expr) or expr.free_symbols:
+    first = (gold[0], pred[0])
+    if not all(isinstance(x, sympy.Expr) and not x.free_symbols for x in first):
         return False
     try:
-        return log10_bound(expr) > EXACT_DIGITS
+        return max(log10_bound(x) for x in first) > EXACT_DIGITS
     except Exception:  # a node the bound does not know: math-verify's, as before
         return False
 
