@@ -11,6 +11,7 @@ python3-pytest, seconds): both are cached (`$ROLLMESH_CACHE_DIR`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -369,3 +370,22 @@ async def test_warm_machines_are_started_ahead_and_each_serves_one_rollout(
     finally:
         await found.aclose()
     assert _existing([str(MACHINES_DIR / m) for m in made]) == []
+
+
+async def test_a_session_nobody_closes_has_its_machine_removed_when_it_expires() -> None:
+    """A scheduler SIGKILLed mid-rollout never closes its sessions: the verifier's idle expiry
+    releases them, and the environment removes their machines."""
+    config = dataclasses.replace(TEST_CONFIG, session_ttl_s=1.0)
+    found = VerifierService.from_catalog(config, Catalog([Root(ROOT, 0, "tests")]), entry_points=False)
+    await found.start()
+    try:
+        await _seed(found, "hello-file", "job-gone/0/0")
+        machine = _env(found).provider.live()[0]
+        for _ in range(600):  # the sweeper runs every 0.5 s here
+            if not _existing([str(MACHINES_DIR / machine.id)]):
+                break
+            await asyncio.sleep(0.05)
+        assert _existing([str(MACHINES_DIR / machine.id)]) == []
+        assert _env(found).provider.live() == []
+    finally:
+        await found.aclose()

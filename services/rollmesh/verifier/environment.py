@@ -467,7 +467,8 @@ class Environment(ABC):
 
     async def close_session(self, session: Session) -> None:
         """Release what `seed_session` made outside this process (a bridged server's session).
-        Called when the rollout closes its session; a failure is logged, never the rollout's.
+        Called when the rollout closes its session, or when the session expired idle (a driver
+        that died without closing it); a failure is logged, never the rollout's.
         Default: nothing."""
         del session
         return

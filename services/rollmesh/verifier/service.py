@@ -261,6 +261,8 @@ class VerifierService:
             dropped = self.sessions.evict_expired()
             if dropped:
                 log.info("sessions_expired", count=dropped, open=len(self.sessions))
+            for session in self.sessions.take_expired():  # (evicted here or by any other call)
+                await self._release(session)
 
     async def aclose(self) -> None:
         await self._tasks.aclose()
@@ -395,7 +397,11 @@ class VerifierService:
         return _check_turn(session.environment, answer)
 
     async def close_session(self, session_id: str) -> None:
-        session = self.sessions.close(session_id)
+        await self._release(self.sessions.close(session_id))
+
+    async def _release(self, session: Session) -> None:
+        """Tell the session's environment it is over (`close_session`): closed, or expired idle."""
+        session_id = session.id
         item = self._loaded.get(session.environment)
         if item is None:
             return

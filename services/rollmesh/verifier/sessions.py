@@ -35,6 +35,7 @@ class SessionStore:
         self.clock = clock
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self.evicted = 0
+        self._expired: list[Session] = []  # evicted, their environments not told yet
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -48,9 +49,16 @@ class SessionStore:
             if now - entry.last_used < self.ttl_s:
                 break
             del self._entries[sid]
+            self._expired.append(entry.session)
             dropped += 1
         self.evicted += dropped
         return dropped
+
+    def take_expired(self) -> list[Session]:
+        """The sessions evicted since the last call: what they hold outside this store (a bridged
+        server's session, a container task's machine) is for their environment to release."""
+        expired, self._expired = self._expired, []
+        return expired
 
     def new_id(self, requested: str) -> str:
         if len(requested) > MAX_SESSION_ID_LEN:
