@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rollmesh.mesh.responses_items import response_messages
 from rollmesh.procedural import GeneratorSpec, ProceduralSpec
 from rollmesh.procedural.rows import generate_rows
@@ -23,16 +25,23 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-async def test_nemo_gyms_recorded_rollouts_score_the_same_here(nemo_gym_servers: Path) -> None:
-    data = nemo_gym_servers / "reasoning_gym" / "data"
+@pytest.mark.parametrize("reading", ["final", "nemo_gym"])
+async def test_nemo_gyms_recorded_rollouts_score_the_same_here(
+    nemo_gym_servers_each: Path, reading: str
+) -> None:
+    """Each version's recorded rollouts, read as rollmesh reads an answer (the final message,
+    outside think blocks) and as NeMo Gym's server does (the option): the same rewards, since they
+    hold one assistant message without think tags (their reasoning is a separate output item)."""
+    data = nemo_gym_servers_each / "reasoning_gym" / "data"
     rows = {r["question"]: r for r in jsonl(data / "example.jsonl")}
     rollouts = jsonl(data / "example_rollouts.jsonl")
     assert len(rollouts) == 5 and {float(r["reward"]) for r in rollouts} == {0.0, 1.0}
     async with load_env(ENV) as env:
         for rollout in rollouts:
             row = rows[rollout["responses_create_params"]["input"][-1]["content"]]
+            task = Task({**row, "verifier_metadata": {"answer_reading": reading}})
             response = Response(tuple(response_messages(rollout["response"])))
-            got = await check(env, Task(row), response)
+            got = await check(env, task, response)
             assert got.reward == float(rollout["reward"]), (row["question"][:60], got)
             assert got.extracted_answer == str(rollout["extracted_answer"]).strip()
 
