@@ -430,10 +430,12 @@ class JobManager:
                 + resume_hint(rec.job_id, rec.spec.effective_output_dir),
             )
             raise
-        except Exception as exc:
+        except RollmeshError as exc:  # a named failure (a sink that cannot be reached): its message says it
+            log.info("job_failed", job_id=rec.job_id, reason=exc.reason, error=exc.message)
+            result = RunResult("FAILED", exc.message)
+        except Exception as exc:  # a bug: the traceback is the log's
             log.error("job_error", job_id=rec.job_id, exc_info=exc)
-            msg = exc.message if isinstance(exc, RollmeshError) else f"{type(exc).__name__}: {exc}"
-            result = RunResult("FAILED", msg)
+            result = RunResult("FAILED", f"{type(exc).__name__}: {exc}")
         finally:
             await self._finish(rec, result)
 

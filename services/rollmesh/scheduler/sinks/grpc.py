@@ -113,11 +113,16 @@ class GrpcSink(Sink):
 
     async def open(self, job_id: str, *, total: int, spec: dict[str, Any]) -> set[RolloutKey]:
         self._job_id = job_id
-        try:
+        try:  # a trainer starting beside the job gets rpc_timeout_s to start listening
             resp = await self._stub.ListCommitted(
-                sink_pb2.ListCommittedRequest(job_id=job_id), timeout=self.rpc_timeout_s
+                sink_pb2.ListCommittedRequest(job_id=job_id), timeout=self.rpc_timeout_s, wait_for_ready=True
             )
         except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise SinkUnavailable(
+                    f"trainer sink {self.address}: not reachable within {self.rpc_timeout_s:g}s "
+                    f"({exc.code().name}): is the trainer's RolloutSink listening there? (docs/training.md)"
+                ) from None
             raise SinkUnavailable(
                 f"trainer sink {self.address}: ListCommitted failed: {exc.code().name} {exc.details()}"
             ) from None
