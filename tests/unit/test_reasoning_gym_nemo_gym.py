@@ -1,7 +1,8 @@
-"""reasoning-gym rows and rewards both ways with NeMo Gym (0.4.0's resources_servers/reasoning_gym,
-fetched by the nemo_gym_servers fixture): its example rows score in the `reasoning_gym` environment
-exactly as NeMo Gym recorded them, and the rows `rollmesh datasets generate` writes carry every
-field, of the same type, that NeMo Gym's rows and its verify request have."""
+"""reasoning-gym rows and rewards both ways with NeMo Gym (0.4.0's and 0.7.0's
+resources_servers/reasoning_gym, fetched by the nemo_gym_servers fixtures): its example rows score
+in the `reasoning_gym` environment exactly as NeMo Gym recorded them, and the rows `rollmesh
+datasets generate` writes carry every field, of the same type, that NeMo Gym's rows and its verify
+request have."""
 
 from __future__ import annotations
 
