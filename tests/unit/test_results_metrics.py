@@ -176,3 +176,32 @@ def test_group_profile_gives_each_generator_its_own_pass_at_k() -> None:
     assert groups["gcd"].pass_at_k == {1: 1.0, 2: 1.0} and groups["gcd"].num_rollouts == 2
     assert groups["plain"].to_json()["pass_at_k"] == {"1": 0.0}
     assert (group_of("a/b/7"), group_of("solo")) == ("a/b", "solo")
+
+
+def test_a_packed_summary_unpacks_to_the_same_and_holds_no_object_the_collector_scans() -> None:
+    """The JSONL sink holds one packed Scored per row it wrote for the job's whole run."""
+    import gc
+
+    from rollmesh.scheduler.metrics import Scored
+    from rollmesh.scheduler.records import TokenRecord, TurnSpan
+    from rollmesh.scheduler.timing import RolloutTiming
+
+    r = Rollout(
+        RolloutKey(3, 1),
+        "job1",
+        {"id": "t3"},
+        [{"role": "assistant", "content": ""}],
+        0.5,
+        extracted_answer="4",
+        tokens=TokenRecord([1, 2], [0, 1], [0.0, -0.5], [TurnSpan(0, 1, 2, "0", "r0")]),
+        finish_reason="length",
+        masked=True,
+        timing=RolloutTiming(0.1, 0.0, 0.2, [0.3], [0.05], [], [0.4], 0.6),
+    )
+    scored = Scored.stored(r)
+    assert scored.health  # an empty turn cut at max tokens: findings to carry
+    packed = scored.pack()
+    for _ in range(3):  # a tuple of plain values leaves the collector's sight at a collection (nested:
+        gc.collect()  # the innermost first, one level per collection)
+    assert not gc.is_tracked(packed)
+    assert Scored.unpack(packed) == scored

@@ -53,6 +53,8 @@ from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.timing import Reservoir, RolloutTiming, percentiles
 
 DEFAULT_THRESHOLD = 1.0
+#: `Scored.pack()`'s shape (nested tuples of plain values).
+Packed = tuple[Any, ...]
 _EPS = 1e-9
 
 
@@ -96,6 +98,65 @@ class Scored:
         """What `Scored.of(Rollout.from_row(r.to_row()))` reads back of `r`'s row once stored,
         without parsing the row: `r`'s fields, its timing as the row rounds it."""
         return cls.of(r, timing=r.timing.rounded() if r.timing is not None else None)
+
+    def pack(self) -> Packed:
+        """This summary as nested tuples of plain values, for a sink that holds one per row for a
+        job's whole run: the collector stops scanning a tuple of plain values, where the dataclass,
+        its timing's lists and its key would be scanned at every young collection (in the JSONL
+        sink that cost more than reading the rows back at close)."""
+        t = self.timing
+        timing = (
+            None
+            if t is None
+            else (
+                t.queued_s,
+                t.retried_s,
+                t.seed_s,
+                tuple(t.model_s),
+                tuple(t.first_token_s),
+                tuple(t.tool_s),
+                tuple(t.env_step_s),
+                t.verify_s,
+            )
+        )
+        k = self.key
+        return (
+            (k.task_index, k.rollout_index, self.job_id, self.task_id, self.reward, self.extracted_answer),
+            (self.prompt_tokens, self.completion_tokens, self.record_tokens, self.masked, self.latency_s),
+            timing,
+            tuple(self.health.items()),
+        )
+
+    @classmethod
+    def unpack(cls, packed: Packed) -> Scored:
+        """The inverse of `pack`."""
+        (task_index, rollout_index, job_id, task_id, reward, answer), numbers, timing, found = packed
+        prompt_tokens, completion_tokens, record_tokens, masked, latency_s = numbers
+        return cls(
+            RolloutKey(task_index, rollout_index),
+            job_id,
+            task_id,
+            reward,
+            answer,
+            prompt_tokens,
+            completion_tokens,
+            record_tokens,
+            masked,
+            latency_s,
+            None
+            if timing is None
+            else RolloutTiming(
+                timing[0],
+                timing[1],
+                timing[2],
+                list(timing[3]),
+                list(timing[4]),
+                list(timing[5]),
+                list(timing[6]),
+                timing[7],
+            ),
+            dict(found),
+        )
 
 
 def measured_reward(r: Rollout | Scored) -> float | None:

@@ -56,7 +56,7 @@ from rollmesh.scheduler.errors import (
     SinkClosed,
     SinkWriteFailed,
 )
-from rollmesh.scheduler.metrics import Scored, compute, measured_reward
+from rollmesh.scheduler.metrics import Packed, Scored, compute, measured_reward
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
 from rollmesh.scheduler.sinks.base import MetricsOf, Sink
 
@@ -68,7 +68,7 @@ class _Row:
     key: RolloutKey
     data: bytes
     reward: float | None = None  # metrics.measured_reward (None: masked)
-    scored: Scored | None = None  # a rollout row's, for metrics.json once it is on disk
+    scored: Packed | None = None  # a rollout row's Scored, packed: for metrics.json once on disk
 
 
 class JsonlSink(Sink):
@@ -111,7 +111,7 @@ class JsonlSink(Sink):
         self._lost: set[RolloutKey] = set()  # rollouts of this run a failed write never stored
         self._flocked = False  # it holds writer.lock's flock: no other writer appends
         self._earlier_bytes: int | None = None  # rollouts.jsonl's size at open (None: read it all back)
-        self._stored: list[Scored] = []  # what metrics read of this run's rows on disk, in file order
+        self._stored: list[Packed] = []  # what metrics read of this run's rows on disk (packed), in order
 
     @property
     def keys(self) -> frozenset[RolloutKey]:
@@ -343,7 +343,7 @@ class JsonlSink(Sink):
         upto = self._earlier_bytes
         rollouts, failures = store.load_scored(self.directory, rollouts_upto=upto)
         if upto is not None:
-            rollouts += self._stored
+            rollouts += map(Scored.unpack, self._stored)
         return compute(
             rollouts,
             failures,
@@ -366,7 +366,9 @@ class JsonlSink(Sink):
 
 
 def _row(rollout: Rollout) -> _Row:
-    return _Row(rollout.key, _dumps(rollout.to_row()), measured_reward(rollout), Scored.stored(rollout))
+    return _Row(
+        rollout.key, _dumps(rollout.to_row()), measured_reward(rollout), Scored.stored(rollout).pack()
+    )
 
 
 def _dumps(row: Json) -> bytes:
