@@ -236,6 +236,12 @@ class Sidecar:
     def _failed(self, how: str) -> SidecarStartFailed:
         tail = log_tail(self.spec.log_path)
         last = f"; last log line: {tail}" if tail else ""
+        if self._uid is not None and ("ModuleNotFoundError" in tail or "No such file" in tail):
+            last += (
+                "; it ran confined (its own uid and mounts): it reads only its interpreter, its virtualenv"
+                " and the folders that virtualenv's .pth files name, its environment folder and what"
+                " the bridge adds (docs/security.md); a package elsewhere is not visible to it"
+            )
         return SidecarStartFailed(
             f"{self.describe()} {how}{last}; log: {self.spec.log_path}",
             metadata={"sidecar": self.spec.name, "log": str(self.spec.log_path)},

@@ -155,9 +155,30 @@ def program_paths(argv: Sequence[str], path_env: str | None = None) -> list[str]
         for candidate in (exe.parent.parent, Path(os.path.realpath(exe)).parent.parent):
             if (candidate / "pyvenv.cfg").is_file() or (candidate / "lib").is_dir():
                 paths.append(str(candidate))
+                paths += pth_paths(candidate)
         paths.append(os.path.realpath(exe))
     paths += [a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)]
     return list(dict.fromkeys(paths))
+
+
+def pth_paths(prefix: Path) -> list[str]:
+    """The folders the `.pth` files of `prefix`'s site-packages put on sys.path (an overlay
+    virtualenv reaching another one's packages): existing absolute paths, or relative to the
+    site-packages folder; `import` lines (code, not a path) are not read."""
+    found: list[str] = []
+    for pth in sorted(prefix.glob("lib/python3*/site-packages/*.pth")):
+        try:
+            lines = pth.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            entry = line.strip()
+            if not entry or entry.startswith(("#", "import ", "import\t")):
+                continue
+            target = Path(entry) if os.path.isabs(entry) else pth.parent / entry
+            if target.is_dir():
+                found.append(os.path.realpath(target))
+    return found
 
 
 class UidLeases:
