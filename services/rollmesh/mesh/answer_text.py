@@ -12,7 +12,8 @@
   figure dash and en dash as `-`: `–5` and `−5` are `-5`. The em dash stays (a dash in prose, not a
   sign); superscript digits and vulgar fractions stay (they are not the digits they show: `2³` is
   not `23`, `2½` not `21`).
-`last_box(text)` finds the last `\boxed{…}` (or `\fbox{…}`) whose braces close, nested braces matched.
+`last_box(text)` finds the last `\boxed{…}` (or `\fbox{…}`) whose braces close, nested braces matched;
+`struck(text, pos)` says whether `pos` is inside a strikethrough (`~~…~~`, `<del>`, `<s>`, `<strike>`).
 
 `fold_with_positions` also gives, for each character of the folded text, its index in `text`, so a
 checker can show what was written. One `str.translate` (each character folded once per process and
@@ -96,3 +97,19 @@ def last_box(text: str) -> tuple[int, int, int] | None:
         if close is not None:
             return m.start() + offset, m.end() + offset, close + offset
     return None
+
+
+_STRIKE = re.compile(r"~~|<(/?)(?i:del|s|strike)>")
+
+
+def struck(text: str, pos: int) -> bool:
+    """Whether `pos` is inside a strikethrough that opens before it (markdown `~~`, HTML `<del>`,
+    `<s>`, `<strike>`), within the 2,000 characters before it: what the writer struck out is not
+    their answer."""
+    tilde = tag = False
+    for m in _STRIKE.finditer(text, max(0, pos - 2000), pos):
+        if m.group(0) == "~~":
+            tilde = not tilde
+        else:
+            tag = not m.group(1)
+    return tilde or tag

@@ -28,9 +28,11 @@ The grammar of one value (anything else is refused: score 0 with the reason, nev
   `÷`, `\div`, a product that is not scientific notation, `a/b/c`, chained powers `2^3^2`,
   implicit products `2(5)`; a percentage or per mille (`5%`, `5\%`, `5‰`); a factorial (`5!`); a
   root (`√25`, `\sqrt{25}`, `sqrt(25)`); a power in words (`5 squared`); a number glued to a word
-  (`x10`, `5k`, `0x10`: a base prefix); an argument of a LaTeX function (`\log 100`, `\binom{5}{2}`);
-  `±`; a list bullet (`- 5` opening a line: a bullet or a minus?); two signs (`--5`); a fractional
-  power; a value or exponent beyond 10**MAX_DIGITS (not evaluated).
+  (`x10`, `5k`, `0x10`: a base prefix); struck through (`~~5~~`, `<del>5</del>`, `\cancel{5}`)
+  or carrying a combining mark or number sign (`5̶`, `5₁₀`); an argument of a LaTeX function
+  (`\log 100`, `\binom{5}{2}`); `±`; a list bullet (`- 5` opening a line: a bullet or a minus?);
+  two signs (`--5`); a fractional power; a value or exponent beyond 10**MAX_DIGITS (not
+  evaluated).
 - Values are exact (fractions): `\frac{10}{2}` is 5, `2^{10}` is 1024, `5\times10^{3}` is 5000,
   `1e3` is 1000, `2½` is 5/2 (not an integer).
 
@@ -46,7 +48,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-from rollmesh.mesh.answer_text import fold_with_positions
+from rollmesh.mesh.answer_text import fold_with_positions, struck
 
 WINDOW = 4096  # the answer is read in the text's last WINDOW characters
 VALUE_CHARS = 1024  # a written value longer than this is refused
@@ -85,7 +87,7 @@ _TOKEN = re.compile(
     rf"(?P<num>{_NUM})|(?P<vulgar>[{_VULGAR_CHARS}])|(?P<sup>[{_SUPER_CHARS}]++)"
     r"|(?P<cmd>\\(?:[A-Za-z]++|.))|(?P<pow>\*\*|\^)|(?P<sign>[-+])|(?P<mul>[*\u00d7\u00b7\u22c5\u2219\u2217])"
     r"|(?P<slash>[/\u2215\u2044])|(?P<div>\u00f7)|(?P<open>[(\[{])|(?P<close>[)\]}])|(?P<space>\s++)"
-    r"|(?P<word>[^\W\d_]++)|(?P<other>.)",
+    r"|(?P<word>[^\W\d_]++)|(?P<strike>~~)|(?P<other>.)",
     re.DOTALL,
 )
 _FRAC = frozenset({"frac", "dfrac", "tfrac", "cfrac"})
@@ -110,6 +112,7 @@ _FUNCTIONS = frozenset(
     | {"arctan", "sinh", "cosh", "tanh", "binom", "dbinom", "tbinom", "lfloor", "lceil", "max", "min"}
     | {"gcd", "lcm", "operatorname", "det", "deg", "mod", "bmod", "pmod", "overline", "bar", "vec"}
     | {"hat", "sum", "prod", "int", "lim", "not", "pm", "mp", "sim", "approx", "neg", "lnot"}
+    | {"cancel", "bcancel", "xcancel", "sout", "st", "xout"}
 )
 # Kinds that can be part of a written value; the rest end it.
 _VALUE_KINDS = frozenset(
@@ -484,6 +487,7 @@ _PERCENT_AFTER = re.compile(r"\s*+(?:%|\\%|‰|‱|(?i:per\s*+(?:cent|mille)|per
 _FACTORIAL_AFTER = re.compile(r"!(?!=)")
 _COMMAND_BEFORE = re.compile(r"\\([A-Za-z]++)\s*+$")
 _GLUED = re.compile(r"[A-Za-z0-9_\u0370-\u03ff]")
+_MARKS = frozenset({"Mn", "Me", "No"})  # combining marks; subscripts, circled digits ...
 _BASE_PREFIX = re.compile(r"0[xXbBoO][0-9A-Fa-f]")
 _BASE_PREFIX_BEFORE = re.compile(r"(?<![\w.])0[xXbBoO][0-9A-Fa-f]*+$")
 
@@ -596,6 +600,12 @@ def _around(text: str, start: int, end: int, first: _Tok) -> None:
     command = _COMMAND_BEFORE.search(before)
     if command and command.group(1) in _FUNCTIONS | {"pm", "mp"}:
         raise Refused(f"the last number is an argument of `\\{command.group(1)}`: not read as a number")
+    if struck(text, start):
+        raise Refused("the last number is struck through (`~~5~~`, `<del>5</del>`): not read as a number")
+    if (before and unicodedata.category(before[-1]) in _MARKS) or (
+        after and unicodedata.category(after[0]) in _MARKS
+    ):
+        raise Refused("the last number carries a combining mark or a number sign (`5̶`, `5₀`): not read")
     if before.endswith("\u2014") or before.endswith("\u2015"):
         raise Refused("an em dash before the number: a minus or a dash? not read as a number")
     if _BASE_PREFIX.match(text, start) or _BASE_PREFIX_BEFORE.search(before):

@@ -56,7 +56,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from rollmesh.mesh.answer_text import fold, last_box
+from rollmesh.mesh.answer_text import fold, last_box, struck
 
 REL_TOL = 1e-4  # numbers agree to this relative difference (on top of math-verify's 6 decimals)
 MAX_DIGITS = 10_000  # a value (or an exponent's value) beyond 10**MAX_DIGITS is not evaluated
@@ -197,6 +197,7 @@ _OPERATOR_BEFORE_BOX = re.compile(
     r"(?:(?:[-+*/^_×·÷\d)]|\\(?:cdot|times|div|pm|mp|sqrt))\s*+\{?+"
     r"|(?:\\(?:sqrt|frac|dfrac|tfrac)(?:\[[^\]]{0,20}+\])?+|\})\s*+\{)\s*+$"
 )
+_STRIKE_COMMAND_BEFORE = re.compile(r"\\(?:b|x)?cancel\s*+\{\s*+$|\\(?:sout|st|xout)\s*+\{\s*+$")
 _BULLET = re.compile(r"^\s*+[-*+]\s++$")
 
 
@@ -308,6 +309,8 @@ def box_hedge(response: str, one_value: bool) -> str | None:
         return None
     start, inner, end = box
     content = response[inner:end]
+    if struck(response, start) or _STRIKE_COMMAND_BEFORE.search(response, max(0, start - 40), start):
+        return f"the boxed answer is struck through ({response[start : end + 1][:40]!r}): not the answer"
     if _OPERATOR_AFTER_BOX.match(response, end + 1):
         return (
             f"an operator after the boxed answer ({response[start : end + 8]!r}): the box is not the answer"

@@ -96,6 +96,12 @@ REFUSED = [
     ("1", "1^{10^{10}} + 0"),
     ("1", "\\frac{1}{0}"),
     ("1", "9^{9^{9}}"),
+    ("5", "6 ~~5~~"),  # struck through: the writer says it is not the answer
+    ("5", "6 <del>5</del>"),
+    ("5", "6 \\cancel{5}"),
+    ("5", "5\u0336"),  # a combining long stroke overlay: a struck 5
+    ("5", "5\u20e0"),  # a combining enclosing circle backslash: "not 5"
+    ("5", "5₁₀"),
 ]
 # Right answers in valid forms a checker reading the last digits scored 0.
 RIGHT = [
@@ -136,6 +142,8 @@ RIGHT = [
     ("3", "6/2"),
     ("5", "\\boxed{5}"),
     ("5", "\\text{5}"),
+    ("5", "~~6~~ 5"),  # the struck one is not the last
+    ("5", "≈5"),
 ]
 
 

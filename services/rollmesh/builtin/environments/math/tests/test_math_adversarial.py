@@ -329,6 +329,9 @@ BOX_NOT_ONE_ANSWER = [
     ("4", "$3 \\lor 4$"),
     ("4", "The answer is $x = 3 \\mid 4$."),
     ("4", "\\(3 \\unknowncmd 4\\)"),
+    ("5", "\\boxed{6} is what I get. Earlier I thought " + "x" * 80 + " ~~\\boxed{5}~~"),
+    ("5", "\\boxed{6} ... " + "x" * 80 + " <del>\\boxed{5}</del>"),
+    ("5", "\\cancel{\\boxed{5}}"),
 ]
 # One answer in forms the checks above must not refuse.
 BOX_ONE_ANSWER = [
