@@ -103,6 +103,19 @@ async def test_the_embedded_mesh_serves_every_service_metrics(tmp_path: Path) ->
     async with embedded_mesh(cfg, output_dir=str(tmp_path / "runs"), metrics_port=0) as mesh:
         assert mesh.metrics_url.startswith("http://127.0.0.1:")
         before = await asyncio.to_thread(_scrape, mesh.metrics_url)
+        # Before any job: the gauges read 0 and the failure counters exist (they vanished until used).
+        for name, labels in [
+            ("rollmesh_scheduler_jobs_waiting", {"service": "gateway"}),
+            ("rollmesh_scheduler_jobs_waiting", {"service": "sink"}),
+            ("rollmesh_scheduler_jobs", {"state": "RUNNING"}),
+            ("rollmesh_scheduler_rollouts_in_flight", {}),
+            ("rollmesh_scheduler_rollouts_failed_total", {"error_class": "INTERNAL"}),
+            ("rollmesh_scheduler_rollouts_done_total", {"outcome": "failed"}),
+            ("rollmesh_gateway_weight_updates_total", {"model": "fake", "outcome": "failed"}),
+            ("rollmesh_verifier_sandbox_runs_total", {"result": "crashed"}),
+        ]:
+            assert (name, tuple(sorted(labels.items()))) in before, (name, labels)
+        assert _value(before, "rollmesh_scheduler_rollouts_in_flight") == 0
         async with await Client.connect(**mesh.addresses, timeout_s=120) as c:
             job = await c.scheduler.submit(
                 scheduler_pb2.JobSpec(benchmark="arithmetic", limit=3, num_repeats=2)

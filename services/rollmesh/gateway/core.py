@@ -83,6 +83,7 @@ class _Model:
     def __post_init__(self) -> None:
         self.running.set()
         self.idle.set()
+        telemetry.model_served(self.name)
 
     def enter(self, rid: str) -> None:
         self.generating.add(rid)

@@ -63,6 +63,12 @@ WEIGHT_UPDATES = Counter(
 )
 
 
+def model_served(model: str) -> None:
+    """A model or route now served: its weight-update series exist at 0 before the first update."""
+    for outcome in ("ok", "failed"):
+        WEIGHT_UPDATES.labels(model, outcome)
+
+
 def finished(
     model: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, seconds: float
 ) -> None:

@@ -25,8 +25,15 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, Counter, Histogram, disable_created_metrics, start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rollmesh.mesh.errors import ConfigError
@@ -37,8 +44,30 @@ log = get_logger("rollmesh.metrics")
 # No `<counter>_created` series: they double the series count and no dashboard here reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-# Seconds: from a health check (sub-millisecond) to a long generation or a sandboxed run (minutes).
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Seconds: from a health check or an in-process verify (100 us) to a long generation or a sandboxed run
+# (minutes). The sub-millisecond bounds keep a fast call's p95 from reading as the lowest bound.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
 
 # The names of grpc-ecosystem's go-grpc-prometheus, which ready-made dashboards read.
 RPC_HANDLED = Counter(
@@ -101,12 +130,14 @@ def record_item(item: str, code: str, start: float) -> None:
 
 S = TypeVar("S")
 Sample = tuple[str, dict[str, str], float]
-"""A gauge's family name, its labels and its value."""
+"""A family's name (a counter's without `_total`), a sample's labels and its value."""
 
 
 class LiveCollector(Collector, Generic[S]):
-    """Gauges read at scrape time off live objects (jobs by state, the concurrency in use): one
-    collector per metric family set, registered once. A service registers a callback, a bound
+    """Gauges (and counters: the families named in `counters`) read at scrape time off live objects
+    (jobs by state, the concurrency in use, a bridged server's restarts): one collector per metric
+    family set, registered once. A counter family is named without `_total` (its sample has it) and
+    must only grow while its object lives. A service registers a callback, a bound
     method that returns a snapshot of its state (`LIVE.watch(self.live_jobs)`); `samples(snapshot)`,
     the telemetry module's, turns it into gauges. So a service's telemetry never imports the service
     it reads. The service is held weakly: one made in a test and dropped stops being read. The
@@ -119,13 +150,18 @@ class LiveCollector(Collector, Generic[S]):
         docs: dict[str, str],
         *,
         newest: frozenset[str] = frozenset(),
+        counters: frozenset[str] = frozenset(),
+        registry: CollectorRegistry = REGISTRY,
     ):
+        if unknown := (newest | counters) - docs.keys():
+            raise ValueError(f"LiveCollector: no doc for {sorted(unknown)}")
         self._samples = samples
         self._docs = docs
+        self._counters = counters
         self._newest = newest  # families that are not amounts (a version): the largest, not the sum
         # The service -> its callback's function (unbound: a bound method would keep it alive).
         self._sources: weakref.WeakKeyDictionary[object, Callable[[object], S]] = weakref.WeakKeyDictionary()
-        REGISTRY.register(self)
+        registry.register(self)
 
     def watch(self, snapshot: Callable[[], S]) -> None:
         """Read `snapshot()` at every scrape while its object lives; `snapshot` is a bound method."""
@@ -142,11 +178,15 @@ class LiveCollector(Collector, Generic[S]):
             return seen + value
         return value if math.isnan(seen) else seen if math.isnan(value) else max(seen, value)
 
+    def _family(self, name: str, labels: list[str] | None = None) -> GaugeMetricFamily | CounterMetricFamily:
+        kind = CounterMetricFamily if name in self._counters else GaugeMetricFamily
+        return kind(name, self._docs[name], labels=labels)
+
     def describe(self) -> list[Metric]:
-        return [GaugeMetricFamily(name, doc) for name, doc in self._docs.items()]
+        return [self._family(name) for name in self._docs]
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, GaugeMetricFamily] = {}
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for obj, snapshot in list(self._sources.items()):
             for name, labelled, value in self._samples(snapshot(obj)):
@@ -155,9 +195,7 @@ class LiveCollector(Collector, Generic[S]):
         for (name, labels), value in values.items():
             family = families.get(name)
             if family is None:
-                family = families[name] = GaugeMetricFamily(
-                    name, self._docs[name], labels=[k for k, _ in labels]
-                )
+                family = families[name] = self._family(name, [k for k, _ in labels])
             family.add_metric([v for _, v in labels], value)
         yield from families.values()
 

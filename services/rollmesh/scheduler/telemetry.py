@@ -5,7 +5,9 @@ and a trainer's acknowledgements; read at scrape time off the live JobManagers (
 what running jobs wait on.
 
 Labels are bounded: an outcome, an error class (a status reason), a sink kind, a job state, a
-service. Never a job id or a rollout key (a job's own numbers are in its metrics.json).
+service. Never a job id or a rollout key (a job's own numbers are in its metrics.json). Every series
+of a known label set exists from the start at 0 (a counter before its first failure, a gauge with no
+job in that state), so a rate or an alert reads 0, not "no data".
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Histogram
 
 from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
+from rollmesh.scheduler import errors
+from rollmesh_client.v1 import scheduler_pb2
 
 ROLLOUTS_DONE = Counter(
     "rollmesh_scheduler_rollouts_done",
@@ -53,6 +57,58 @@ GROUPS_REFILLED = Counter(
 
 _SUCCEEDED, _FAILED = ROLLOUTS_DONE.labels("succeeded"), ROLLOUTS_DONE.labels("failed")
 
+SINK_KINDS = ("jsonl", "grpc")
+#: The failure classes pre-created at 0: the generic ones and the scheduler's own rollout errors. A
+#: class another service names (VERIFY_TIMEOUT, UPSTREAM_HTTP_ERROR:503 ...) gets its series when it
+#: first happens (the set is open: a status reason).
+ERROR_CLASSES = (
+    "INTERNAL",
+    "DEADLINE_EXCEEDED",
+    "UNAVAILABLE",
+    *(
+        cls.reason
+        for cls in (
+            errors.ModelCallDeadline,
+            errors.GatewayUnresponsive,
+            errors.VerifierUnresponsive,
+            errors.GenerationAborted,
+            errors.BadReward,
+            errors.TokenRecordMismatch,
+            errors.RolloutTooLarge,
+            errors.GroupMemberFailed,
+            errors.GroupReplaced,
+            errors.ReplacementsExhausted,
+            errors.AgentProgramExited,
+            errors.AgentProgramTimedOut,
+            errors.AgentServerFailed,
+            errors.AgentServerDied,
+        )
+    ),
+)
+JOB_STATES = tuple(
+    name.removeprefix("JOB_STATE_")
+    for name in scheduler_pb2.JobState.keys()
+    if name != "JOB_STATE_UNSPECIFIED"
+)
+WAITING_ON = ("gateway", "verifier", "sink")
+
+
+def _precreate() -> None:
+    """Every series of a bounded label set at 0 before its first sample."""
+    for error_class in ERROR_CLASSES:
+        ROLLOUTS_FAILED.labels(error_class)
+    for kind in SINK_KINDS:
+        SINK_WRITE_SECONDS.labels(kind)
+        for row in ("rollout", "failure"):
+            SINK_WRITES.labels(kind, row)
+    for result in ("consumed", "stale"):
+        SINK_ACKS.labels(result)
+    for result in ("replaced", "short"):
+        GROUPS_REFILLED.labels(result)
+
+
+_precreate()
+
 
 def rollout_succeeded() -> None:
     _SUCCEEDED.inc()
@@ -73,7 +129,8 @@ _LIVE_DOCS = {
     "rollmesh_scheduler_jobs": "Jobs this scheduler holds in memory, by state.",
     "rollmesh_scheduler_rollouts_in_flight": "Rollouts running now, over every job.",
     "rollmesh_scheduler_concurrency_limit": "Rollouts allowed in flight now, summed over running jobs.",
-    "rollmesh_scheduler_jobs_waiting": "Running jobs waiting on a service counted down, or on their sink.",
+    "rollmesh_scheduler_jobs_waiting": "Running jobs waiting on a service counted down, or on their sink"
+    " (label `service`: gateway, verifier, sink).",
 }
 
 
@@ -90,14 +147,24 @@ class JobNow:
 
 
 def samples(jobs: Sequence[JobNow]) -> Iterator[Sample]:
+    """Every state, every service waited on and the totals, at 0 when no job has them."""
+    states = dict.fromkeys(JOB_STATES, 0)
+    waiting = dict.fromkeys(WAITING_ON, 0)
+    in_flight = limit = 0
     for job in jobs:
-        yield "rollmesh_scheduler_jobs", {"state": job.state}, 1.0
+        states[job.state] = states.get(job.state, 0) + 1
         if not job.running:
             continue
-        yield "rollmesh_scheduler_rollouts_in_flight", {}, float(job.in_flight)
-        yield "rollmesh_scheduler_concurrency_limit", {}, float(job.limit)
-        for on in job.waiting_on:
-            yield "rollmesh_scheduler_jobs_waiting", {"on": on}, 1.0
+        in_flight += job.in_flight
+        limit += job.limit
+        for service in job.waiting_on:
+            waiting[service] = waiting.get(service, 0) + 1
+    for state, n in states.items():
+        yield "rollmesh_scheduler_jobs", {"state": state}, float(n)
+    yield "rollmesh_scheduler_rollouts_in_flight", {}, float(in_flight)
+    yield "rollmesh_scheduler_concurrency_limit", {}, float(limit)
+    for service, n in waiting.items():
+        yield "rollmesh_scheduler_jobs_waiting", {"service": service}, float(n)
 
 
 LIVE = LiveCollector(samples, _LIVE_DOCS)

@@ -1,8 +1,8 @@
 """The verifier's Prometheus metrics (mesh/metrics.py serves them): verifies and tool calls by
 environment and outcome, verify time, and code sandbox runs by result; read at scrape time off the
 live verifier (it registers its `live_state`, which returns a `VerifierNow`): open sessions, and per
-environment whether it can serve, its bridged server's restarts and its worker queue (waiting and
-running checks).
+environment whether it can serve, its bridged server's restarts (a counter: `_total`) and its worker
+queue (waiting and running checks).
 
 Labels are bounded: a loaded environment's name, an outcome (`ok`, or the error's reason, a fixed
 set per package), a sandbox result. Never a session id.
@@ -37,6 +37,8 @@ SANDBOX_RUNS = Counter(
     " sandbox never came up: no verdict).",
     ["result"],
 )
+for _result in ("ok", "timeout", "crashed", "unavailable"):  # each at 0 before its first run
+    SANDBOX_RUNS.labels(_result)
 
 
 def outcome(exc: BaseException | None) -> str:
@@ -51,7 +53,7 @@ _LIVE_DOCS = {
     "rollmesh_verifier_environment_up": "1 while an environment can serve; 0 while it cannot (failed to"
     " load, or the server it bridges to is down: ListEnvironments lists it broken).",
     "rollmesh_verifier_environment_server_restarts": "Restarts of the server an environment bridges to"
-    " (a managed NeMo Gym or verifiers server) since the verifier started it.",
+    " (a managed NeMo Gym or verifiers server) since the verifier started it (a counter).",
     "rollmesh_verifier_worker_calls_waiting": "Checks waiting for a free worker process now (the queue"
     " depth).",
     "rollmesh_verifier_worker_calls_running": "Checks running in a worker process now.",
@@ -88,4 +90,6 @@ def samples(now: VerifierNow) -> Iterator[Sample]:
         yield "rollmesh_verifier_environment_up", {"environment": name}, 0.0
 
 
-LIVE = LiveCollector(samples, _LIVE_DOCS)
+LIVE = LiveCollector(
+    samples, _LIVE_DOCS, counters=frozenset({"rollmesh_verifier_environment_server_restarts"})
+)
