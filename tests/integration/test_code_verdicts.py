@@ -164,7 +164,20 @@ NAMES: dict[str, Payload] = {
 
 _IO = {"inputs": ["3 4\n", "5 6\n"], "outputs": ["7\n", "11\n"]}
 
+_LARGE = "".join(f"{i}\n" for i in range(100_000))  # ~0.6 MB: more than a pipe holds by default
+_HUGE = "1 2\n" + "9" * 3_000_000 + "\n"  # more than a pipe can hold: fed while the program reads
+
 STDIO: dict[str, Payload] = {
+    "large_input_read_whole": Payload(
+        {"inputs": [_LARGE], "outputs": [str(sum(range(100_000)))]},
+        "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n",
+        1.0,
+    ),
+    "huge_input_read_in_part": Payload(
+        {"inputs": [_HUGE, "3 4\n"], "outputs": ["3", "7"]},
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        1.0,
+    ),
     "exit_after_print": Payload(_IO, "a, b = map(int, input().split())\nprint(a + b)\nexit()\n", 1.0),
     "quit_after_print": Payload(_IO, "a, b = map(int, input().split())\nprint(a + b)\nquit(0)\n", 1.0),
     "stdin_buffer": Payload(

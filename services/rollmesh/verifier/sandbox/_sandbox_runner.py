@@ -752,6 +752,11 @@ def _feed(fd: int, data: bytes) -> Any:
     """Write `data` to the pipe's write end `fd` and close it: at once when it fits the pipe (grown
     to up to 1 MiB), else from a thread while the program reads. Returns None, or a lock the thread
     releases once it has closed `fd` (after the program's read end closed, if it stopped reading)."""
+    if len(data) <= 4096:  # an empty pipe holds a page at least, whatever the user's pipe budget
+        if data:
+            os.write(fd, data)
+        os.close(fd)
+        return None
     import fcntl
 
     try:
