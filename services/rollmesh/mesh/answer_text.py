@@ -13,7 +13,8 @@
   sign); superscript digits and vulgar fractions stay (they are not the digits they show: `2³` is
   not `23`, `2½` not `21`).
 `last_box(text)` finds the last `\boxed{…}` (or `\fbox{…}`) whose braces close, nested braces matched;
-`struck(text, pos)` says whether `pos` is inside a strikethrough (`~~…~~`, `<del>`, `<s>`, `<strike>`).
+`struck(text, pos)` says whether `pos` is inside a strikethrough (`~~…~~`, `<del>`, `<s>`, `<strike>`);
+`outside_think(text)` is the text without its think blocks (what every text checker reads).
 
 `fold_with_positions` also gives, for each character of the folded text, its index in `text`, so a
 checker can show what was written. One `str.translate` (each character folded once per process and
@@ -113,3 +114,18 @@ def struck(text: str, pos: int) -> bool:
         else:
             tag = not m.group(1)
     return tilde or tag
+
+
+_THINK_OPEN = re.compile(r"<think(?:ing)?>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think(?:ing)?>", re.IGNORECASE)
+
+
+def outside_think(text: str) -> str:
+    """`text` without its think blocks (`<think>…</think>`, `<thinking>…</thinking>`, any case):
+    what follows the last closing tag (a lone `</think>` closes thinking the prompt opened), up to
+    an opening tag that is never closed. What a model only thought is not its answer."""
+    closes = list(_THINK_CLOSE.finditer(text))
+    if closes:
+        text = text[closes[-1].end() :]
+    opened = _THINK_OPEN.search(text)
+    return text[: opened.start()] if opened else text

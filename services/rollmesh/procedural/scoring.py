@@ -31,25 +31,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rollmesh.mesh.answer_text import last_box
+from rollmesh.mesh.answer_text import last_box, outside_think
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.procedural.rows import NOT_JSON_SAFE, SOURCE_FIELD, check_names, rebuild_entry
 
 Json = dict[str, Any]
 READINGS = ("final", "nemo_gym")
 _FIRST_BOXED = re.compile(r"\\boxed\{([^}]+)\}")  # NeMo Gym's: up to the first `}`
-_THINK_OPEN = re.compile(r"<think(?:ing)?>", re.IGNORECASE)
-_THINK_CLOSE = re.compile(r"</think(?:ing)?>", re.IGNORECASE)
-
-
-def outside_think(text: str) -> str:
-    """`text` without its think blocks: what follows the last closing tag (a lone `</think>` closes
-    thinking the prompt opened), up to an opening tag that is never closed."""
-    closes = list(_THINK_CLOSE.finditer(text))
-    if closes:
-        text = text[closes[-1].end() :]
-    opened = _THINK_OPEN.search(text)
-    return text[: opened.start()] if opened else text
 
 
 def extract(text: str, reading: str = "final") -> str:

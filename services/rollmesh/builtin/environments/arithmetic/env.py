@@ -1,20 +1,21 @@
 r"""`arithmetic`: integer addition ("What is {a} + {b}?"); the final answer is checked.
 
-Contract: the answer is the final value of the last assistant message, read as ONE value with a
-number grammar (number.py): its last number with everything written around it that belongs to a
-value: sign (`-`, `- 5`, `-(5)`, Unicode minus signs and dashes), separators, decimal part,
-exponent, fraction (`10/2`, `\frac{10}{2}`), power (`2^{10}`, `2³`), scientific notation
-(`5\times10^{3}`), mixed number (`2½`). It scores 1.0 only when that value is exactly the expected
-integer, so no wrong answer matches through a fragment of itself (`12.5`, `2^{3}`, `\frac{10}{2}`,
-`0x10`, `10÷2` never match the digits they end with). What cannot be read as one value without
-guessing is refused (0 with a reason, never a value): an expression (`41 + 19`, `10÷2`), a
-percentage, a factorial, a root, a base prefix, a comma that is not a thousands separator, a
-number glued to a word.
+Contract: the answer is the final value of the last assistant message (outside its think blocks:
+mesh/answer_text.py), read as ONE value with a number grammar (number.py): its last number with
+everything written around it that belongs to a value: sign (`-`, `- 5`, `-(5)`, Unicode minus
+signs and dashes), separators, decimal part, exponent, fraction (`10/2`, `\frac{10}{2}`), power
+(`2^{10}`, `2³`), scientific notation (`5\times10^{3}`), mixed number (`2½`). It scores 1.0 only
+when that value is exactly the expected integer, so no wrong answer matches through a fragment of
+itself (`12.5`, `2^{3}`, `\frac{10}{2}`, `0x10`, `10÷2` never match the digits they end with).
+What cannot be read as one value without guessing is refused (0 with a reason, never a value): an
+expression (`41 + 19`, `10÷2`), a percentage, a factorial, a root, a base prefix, a comma that is
+not a thousands separator, a number glued to a word or struck through.
 """
 
 from __future__ import annotations
 
 from rollmesh.builtin.environments.arithmetic.number import NOT_INTEGER, WINDOW, Reading, final_answer
+from rollmesh.mesh.answer_text import outside_think
 from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
 
 __all__ = ["NOT_INTEGER", "Arithmetic", "Reading", "final_answer", "last_integer"]
@@ -36,7 +37,8 @@ class Arithmetic(Environment):
         # One pass over the response's last WINDOW characters and a bounded parse: microseconds, so
         # it runs on the loop (an async verify) instead of paying a thread hop per rollout.
         del session
-        text = response.final_text
+        written = response.final_text
+        text = outside_think(written)  # what the model only thought is not its answer
         try:
             expected = int(str(task.expected_answer).strip())
         except ValueError:
@@ -49,6 +51,8 @@ class Arithmetic(Environment):
             else:
                 reason = (
                     "empty response"
+                    if not written.strip()
+                    else "no answer outside the think block"
                     if not text.strip()
                     else f"no number in the response's last {WINDOW} characters"
                     if len(text) > WINDOW

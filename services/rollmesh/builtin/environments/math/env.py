@@ -68,7 +68,9 @@ def check(expected: str, response: str) -> dict[str, Any]:
     from math_verify import parse, verify
 
     from rollmesh.builtin.environments.math import grading
+    from rollmesh.mesh.answer_text import outside_think
 
+    response = outside_think(response)  # what the model only thought is not its answer
     letter = grading.choice_letter(expected)
     if letter is not None:
         said = grading.answered_letter(response)

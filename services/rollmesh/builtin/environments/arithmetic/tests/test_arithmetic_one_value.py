@@ -102,6 +102,8 @@ REFUSED = [
     ("5", "5\u0336"),  # a combining long stroke overlay: a struck 5
     ("5", "5\u20e0"),  # a combining enclosing circle backslash: "not 5"
     ("5", "5₁₀"),
+    ("5", "<think>it is 5</think>I cannot say."),  # thought, never answered
+    ("5", "6 <think>or 5?"),  # a think block that never closes
 ]
 # Right answers in valid forms a checker reading the last digits scored 0.
 RIGHT = [
@@ -144,6 +146,8 @@ RIGHT = [
     ("5", "\\text{5}"),
     ("5", "~~6~~ 5"),  # the struck one is not the last
     ("5", "≈5"),
+    ("5", "<think>maybe 6</think>5"),
+    ("5", "maybe 6...</think>\nThe answer is 5."),  # thinking the prompt opened
 ]
 
 

@@ -332,6 +332,8 @@ BOX_NOT_ONE_ANSWER = [
     ("5", "\\boxed{6} is what I get. Earlier I thought " + "x" * 80 + " ~~\\boxed{5}~~"),
     ("5", "\\boxed{6} ... " + "x" * 80 + " <del>\\boxed{5}</del>"),
     ("5", "\\cancel{\\boxed{5}}"),
+    ("5", "\\boxed{6}<think>or \\boxed{5}?</think>"),  # thought, never answered
+    ("5", "<think>\\boxed{5}</think>I do not know."),
 ]
 # One answer in forms the checks above must not refuse.
 BOX_ONE_ANSWER = [

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from rollmesh.procedural.scoring import extract, outside_think
+from rollmesh.mesh.answer_text import outside_think
+from rollmesh.procedural.scoring import extract
 from rollmesh.verifier import Message, Response, Task
 from rollmesh.verifier.testing import TEST_CONFIG, check, load_env
 
