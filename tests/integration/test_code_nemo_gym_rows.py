@@ -21,10 +21,13 @@ from tests.integration.test_nemo_gym_servers import read_jsonl
 verifier = test_code_forgery.verifier  # the fixture: a verifier serving `code`, in each sandbox mode
 
 
-async def _reverify(address: str, data: Path, out: Path, *extra: str) -> tuple[list[dict[str, Any]], str]:
+async def _reverify(
+    address: str, data: Path, out: Path, *extra: str, exit_code: int = 0
+) -> tuple[list[dict[str, Any]], str]:
+    """`rollmesh reverify` of the shipped rollouts; it exits 1 when a row was not re-scored."""
     args = ["reverify", str(data / "example_rollouts.jsonl"), "-e", "code", "--verifier", address]
     res = await asyncio.to_thread(CliRunner().invoke, build_app(), [*args, *extra, "-o", str(out)])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == exit_code, res.output
     return read_jsonl(out), res.stderr
 
 
@@ -48,9 +51,9 @@ async def test_shipped_rows_without_their_tests_are_refused_by_name(
 ) -> None:
     _, server, _ = verifier
     rows, stderr = await _reverify(
-        server.address, nemo_gym_servers_each / "code_gen" / "data", tmp_path / "o.jsonl"
+        server.address, nemo_gym_servers_each / "code_gen" / "data", tmp_path / "o.jsonl", exit_code=1
     )
     assert len(rows) == 5 and "5 errors" in stderr, stderr
     for row in rows:
-        assert "BAD_TASK" in row["reverify_error"] or "INVALID_ARGUMENT" in row["reverify_error"], row
+        assert row["reverify_error"].startswith("BAD_TASK: "), row
         assert "--tasks" in row["reverify_error"], row

@@ -273,7 +273,7 @@ async def test_reverify_replays_each_episode_in_a_new_session(mesh: Mesh, tmp_pa
         again.rows[0]["reward"] == 3 * WRONG
         and [s["done"] for s in again.rows[0]["env_steps"]] == [False] * 3
     )
-    assert again.rows[1]["reverify_error"].startswith("INVALID_ARGUMENT: the rollout has no assistant turn")
+    assert again.rows[1]["reverify_error"].startswith("NOTHING_TO_REPLAY: the rollout has no assistant turn")
     assert again.rows[1]["reward"] == rows[2]["reward"]  # the row keeps its reward
     assert len(mesh.service.sessions) == 0  # every replayed session was closed
 

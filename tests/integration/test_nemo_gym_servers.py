@@ -214,7 +214,7 @@ async def test_rollouts_without_their_rows_are_refused_not_scored(
     assert "5 of 5 rollouts match no row" in stderr and "reverified 0 rows (5 errors" in stderr
     assert "no mean reward (nothing was re-scored)" in stderr  # and the command failed: exit 1
     for row in rows:
-        assert row["reverify_error"].startswith("INVALID_ARGUMENT: ") and "(422)" in row["reverify_error"]
+        assert row["reverify_error"].startswith("BAD_TASK: ") and "(422)" in row["reverify_error"]
         assert '"missing"' in row["reverify_error"] and "previous_reward" not in row
 
 

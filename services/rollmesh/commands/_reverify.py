@@ -242,7 +242,7 @@ async def _verify_groups(
                     )
             except RollmeshClientError as exc:
                 for _, i in rollouts:
-                    _failed(out[i], f"{exc.code.name}: {exc.message}", report)
+                    _failed(out[i], _named(exc), report)
             else:
                 for (r, i), res in zip(rollouts, results, strict=True):
                     steps = sum(float(s.get("reward", 0.0)) for s in r.env_steps)
@@ -282,7 +282,7 @@ async def _replay_all(
                         Rollout.from_row(row), environment=environment, env=port, session_prefix=prefix
                     )
             except (RollmeshClientError, RollmeshError) as exc:
-                _failed(row, f"{exc.code.name}: {exc.message}", report)
+                _failed(row, _named(exc), report)
             except (KeyError, TypeError, ValueError) as exc:  # a stored row without what the loop needs
                 _failed(row, f"MALFORMED_ROW: {type(exc).__name__}: {exc}", report)
             else:
@@ -328,11 +328,17 @@ def _apply(
     row: Json, answer: verifier_pb2.VerifyResult | RollmeshClientError, report: ReverifyReport
 ) -> None:
     if isinstance(answer, RollmeshClientError):
-        _failed(row, f"{answer.code.name}: {answer.message}", report)
+        _failed(row, _named(answer), report)
         return
     res = answer
     details = json.loads(res.details_json) if res.details_json else {}
     _scored(row, res.reward, res.components, res.extracted_answer, details, res.masked, report)
+
+
+def _named(exc: RollmeshClientError | RollmeshError) -> str:
+    """`REASON: message` (the ErrorInfo reason, e.g. BAD_TASK for a row a NeMo Gym server refused with
+    422), the status code's name where the error has none."""
+    return f"{exc.reason or exc.code.name}: {exc.message}"
 
 
 def _failed(row: Json, msg: str, report: ReverifyReport) -> None:
