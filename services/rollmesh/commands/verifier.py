@@ -54,12 +54,26 @@ def list_envs(verifier: VerifierAddr = "", api_key: ApiKey = "", as_json: JsonOu
             }
         )
         return
+    # Whole cells (the table wraps them): the first sentence of a description names a bridged
+    # environment's server and interpreter, and a broken one's error is its one line.
     rows: list[tuple[Any, ...]] = [
-        (e.name, "ok", ", ".join(t.name for t in e.tools) or "-", e.description.split(". ")[0][:80])
+        (
+            e.name,
+            "ok",
+            e.sandbox or "-",
+            ", ".join(t.name for t in e.tools) or "-",
+            _first_sentence(e.description),
+        )
         for e in envs
     ]
-    rows += [(b.name, "BROKEN", "-", b.error[:120]) for b in broken]
-    print_table("environments", ["name", "status", "tools", "description / error"], rows)
+    rows += [(b.name, "BROKEN", "-", "-", b.error) for b in broken]
+    print_table("environments", ["name", "status", "sandbox", "tools", "description / error"], rows)
+
+
+def _first_sentence(text: str) -> str:
+    """Up to the first ". " (a path or version's dots stay), whole."""
+    head, dot, _ = text.partition(". ")
+    return head + ("." if dot else "")
 
 
 @envs_app.command("show")
