@@ -11,6 +11,7 @@
   runs again a resume completes it exactly once;
 - `--restart no`: a dead child stops the mesh and `up` exits 1;
 - the restart budget: past `--max-restarts` within the window `up` gives up and exits 1;
+- each child exports its restarts (`rollmesh_service_restarts_total`), 0 at first, one more each time;
 - SIGTERM stops every child within `--grace`, then SIGKILLs one that does not stop (a stopped
   process: SIGSTOP).
 """
@@ -26,12 +27,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from rollmesh.mesh.server import wait_serving
 from rollmesh_client import Client
@@ -40,7 +43,7 @@ from rollmesh_client.v1 import scheduler_pb2 as spb
 from tests.exactly_once import FolderTruth, check_exactly_once, expected_keys, read_keys
 from tests.procs import ROLLMESH
 
-SERVING = re.compile(r"^\[up\] (\w+) serving on (\S+) \(pid (\d+)\)$")
+SERVING = re.compile(r"^\[up\] (\w+) serving on (\S+) \(pid (\d+)(?:, metrics \S+)?\)$")
 
 
 @dataclass
@@ -276,6 +279,33 @@ async def test_a_hang_past_the_budget_fails_the_job_visibly_then_resume_complete
     resumed = await client.scheduler.submit(spb.JobSpec(resume_job_id=job.job_id, output_dir=str(runs)))
     truth = await succeeds_exactly_once(resumed, runs)
     assert first.rollout_keys <= truth.rollout_keys  # rows kept; failures of the hang retried
+
+
+def _restarts(metrics_address: str, service: str) -> float | None:
+    with urllib.request.urlopen(f"http://{metrics_address}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "rollmesh_service_restarts_total" and sample.labels == {"service": service}:
+                return sample.value
+    return None
+
+
+async def test_a_restarted_service_exports_its_restarts(tmp_path: Path) -> None:
+    """`up`'s restarts were counted nowhere: each child exports rollmesh_service_restarts_total, 0 at
+    first, then one more per restart (on the metrics port it had, so the scrape target stays)."""
+    up = start_up(tmp_path, "--metrics")
+    try:
+        metrics = up.addrs["metrics"]
+        assert await asyncio.to_thread(_restarts, metrics["registry"], "registry") == 0
+        assert await asyncio.to_thread(_restarts, metrics["gateway"], "gateway") == 0
+        for n in (1, 2):
+            await sigkill(up, "registry")
+            await wait_serving(up.addrs["registry"], timeout_s=120)
+            assert await asyncio.to_thread(_restarts, metrics["registry"], "registry") == n
+        assert await asyncio.to_thread(_restarts, metrics["gateway"], "gateway") == 0
+    finally:
+        finish(up)
 
 
 # ---- restart policy, give-up, stop --------------------------------------------------------------

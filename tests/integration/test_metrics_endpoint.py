@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from rollmesh.mesh.errors import ConfigError, NotFound
 from rollmesh.mesh.metrics import start_endpoint
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh_client import Client, InternalError, NotFoundError
-from rollmesh_client.v1 import registry_pb2_grpc, scheduler_pb2
+from rollmesh_client.v1 import registry_pb2, registry_pb2_grpc, scheduler_pb2
 from tests.conftest import StartServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -85,6 +86,54 @@ async def test_each_rpc_is_counted_by_method_and_code(start_server: StartServer)
         },
     )
     assert count is not None and count >= 2
+
+
+class _OpenStream(registry_pb2_grpc.ArtifactRegistryServicer):
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    async def ReadArtifact(
+        self, request: Any, context: Any
+    ) -> AsyncIterator[registry_pb2.ReadArtifactResponse]:
+        yield registry_pb2.ReadArtifactResponse(relative_path="first")
+        await self.release.wait()
+
+
+def _rpc_count(name: str, **extra: str) -> float:
+    labels = {
+        "grpc_type": "server_stream",
+        "grpc_service": "rollmesh.v1.ArtifactRegistry",
+        "grpc_method": "ReadArtifact",
+        **extra,
+    }
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_an_open_stream_is_counted_started_before_it_is_handled(start_server: StartServer) -> None:
+    """A long stream (one GenerateMany per job) was invisible until it ended: started minus handled
+    is the streams open now."""
+    servicer = _OpenStream()
+    server = await start_server([ServiceBinding.of(servicer)])
+    started, handled = (
+        _rpc_count("grpc_server_started_total"),
+        _rpc_count("grpc_server_handled_total", grpc_code="OK"),
+    )
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        call = registry_pb2_grpc.ArtifactRegistryStub(channel).ReadArtifact(
+            registry_pb2.ReadArtifactRequest()
+        )
+        first = await call.read()
+        assert first.relative_path == "first"
+        assert _rpc_count("grpc_server_started_total") == started + 1
+        assert _rpc_count("grpc_server_handled_total", grpc_code="OK") == handled
+        servicer.release.set()
+        assert await call.read() == grpc.aio.EOF
+    for _ in range(1000):  # the server records the end after the client saw it
+        if _rpc_count("grpc_server_handled_total", grpc_code="OK") == handled + 1:
+            break
+        await asyncio.sleep(0.01)
+    assert _rpc_count("grpc_server_handled_total", grpc_code="OK") == handled + 1
+    assert _rpc_count("grpc_server_started_total") == started + 1
 
 
 def test_a_metrics_port_in_use_is_one_config_error() -> None:

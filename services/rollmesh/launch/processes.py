@@ -12,7 +12,8 @@
   returns 1.
 - Metrics: with `UpConfig.metrics_ports`, each child serves Prometheus metrics on its port (0: a free
   one, which it reports next to its port file: mesh/metrics.py `metrics_file`); a restarted child
-  gets the port it had, so scrape targets stay valid.
+  gets the port it had, so scrape targets stay valid, and its restarts so far (ROLLMESH_RESTARTS),
+  which it exports as `rollmesh_service_restarts_total{service}`.
 - Stop: SIGTERM to every running child at once; any still running after `grace_s` (or at once
   when `force` is set, e.g. by a second Ctrl-C) is SIGKILLed with its whole process group.
 - `up` itself killed (SIGKILL, OOM): on Linux every child gets SIGTERM from the kernel
@@ -68,6 +69,7 @@ class Child:
     address: str = ""
     metrics_address: str = ""
     pump: asyncio.Task[None] | None = None
+    restarts: int = 0  # each restart's child gets it (ROLLMESH_RESTARTS) and exports it
 
 
 def _cli() -> list[str]:
@@ -138,7 +140,11 @@ class Mesh:
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            env={**self.env, "ROLLMESH_PORT_FILE": str(port_file)},
+            env={
+                **self.env,
+                "ROLLMESH_PORT_FILE": str(port_file),
+                "ROLLMESH_RESTARTS": str(child.restarts if child is not None else 0),
+            },
             start_new_session=True,
         )
         if child is None:
@@ -206,6 +212,7 @@ class Mesh:
                 f"(restart {child.budget.used} of {policy.max_restarts} within {policy.window_s:g} s)"
             )
             await asyncio.sleep(delay)
+            child.restarts += 1
             port = int(child.address.rpartition(":")[2])
             await self._spawn(child.service, port, child)
             try:

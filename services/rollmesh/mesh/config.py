@@ -174,6 +174,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "`rollmesh up`: the window (seconds) ROLLMESH_RESTART_MAX counts over; then it gives up.",
         ),
         EnvVar(
+            "ROLLMESH_RESTARTS",
+            0,
+            "Set by `rollmesh up` on a child it restarts: its restarts so far (the child exports them as"
+            " rollmesh_service_restarts_total{service}).",
+        ),
+        EnvVar(
             "ROLLMESH_EVENT_LOOP",
             "auto",
             "Servers' event loop: auto (uvloop when installed, but asyncio for the verifier and a "

@@ -1,8 +1,9 @@
 """The one server interceptor every service runs: bearer auth, error mapping, one log line per RPC
-(at debug for calls that end OK, at info otherwise), the RPC's Prometheus metrics (by method and
-status code, with its latency: mesh/metrics.py), a server span for each unary call when tracing is on
-(child of the caller's, from the W3C context in the metadata: mesh/tracing.py), and INVALID_ARGUMENT (reason
-UNDECODABLE_REQUEST) for a request, or a streamed request message, that does not decode.
+(at debug for calls that end OK, at info otherwise), the RPC's Prometheus metrics (started by
+method, ended by method and status code, with its latency: mesh/metrics.py), a server span for each
+unary call when tracing is on (child of the caller's, from the W3C context in the metadata:
+mesh/tracing.py), and INVALID_ARGUMENT (reason UNDECODABLE_REQUEST) for a request, or a streamed
+request message, that does not decode.
 
 Domain errors (`RollmeshError`) become `google.rpc.Status` with an ErrorInfo; any other exception
 becomes INTERNAL with a short message while the traceback goes to the log. Health and reflection
@@ -117,6 +118,7 @@ async def _observed(
     """Around one call: logging context, errors mapped to a status (`status_of`), the `rpc` line and
     the metrics."""
     code, start = "OK", time.perf_counter()
+    recorder.started()
     with structlog.contextvars.bound_contextvars(rpc=method):
         try:
             yield

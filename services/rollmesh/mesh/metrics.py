@@ -36,6 +36,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rollmesh.mesh import config
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 
@@ -75,11 +76,23 @@ RPC_HANDLED = Counter(
     "RPCs completed on the server, by method and status code.",
     ["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
 )
+RPC_STARTED = Counter(
+    "grpc_server_started",
+    "RPCs started on the server, by method (a stream counts at its start: started minus handled is"
+    " the RPCs open now).",
+    ["grpc_type", "grpc_service", "grpc_method"],
+)
 RPC_SECONDS = Histogram(
     "grpc_server_handling_seconds",
     "Time from an RPC's start to its end on the server (a stream: its whole life).",
     ["grpc_type", "grpc_service", "grpc_method"],
     buckets=LATENCY_BUCKETS,
+)
+SERVICE_RESTARTS = Counter(
+    "rollmesh_service_restarts",
+    "Times `rollmesh up` restarted this service after it died (ROLLMESH_RESTARTS, set on the child it"
+    " restarts; counts on from the dead process's value).",
+    ["service"],
 )
 ITEMS = Counter(
     "rollmesh_stream_items",
@@ -105,13 +118,17 @@ class RpcRecorder:
     """The metrics of one method (`/pkg.Service/Method`): the label children made once, so a call
     costs one counter and one histogram update."""
 
-    __slots__ = ("_handled", "_labels", "_seconds")
+    __slots__ = ("_handled", "_labels", "_seconds", "_started")
 
     def __init__(self, method: str, kind: str) -> None:
         service, _, name = method.lstrip("/").rpartition("/")
         self._labels = (kind, service, name)
         self._seconds = RPC_SECONDS.labels(*self._labels)
-        self._handled: dict[str, Any] = {}
+        self._handled: dict[str, Any] = {"OK": RPC_HANDLED.labels(*self._labels, "OK")}
+        self._started = RPC_STARTED.labels(*self._labels)
+
+    def started(self) -> None:
+        self._started.inc()
 
     def record(self, code: str, seconds: float) -> None:
         counter = self._handled.get(code)
@@ -119,6 +136,12 @@ class RpcRecorder:
             counter = self._handled[code] = RPC_HANDLED.labels(*self._labels, code)
         counter.inc()
         self._seconds.observe(seconds)
+
+
+def count_restarts(service: str) -> None:
+    """The restarts `rollmesh up` gave this process (ROLLMESH_RESTARTS; 0 for a first start), so
+    `rollmesh_service_restarts_total{service}` goes 0, 1, 2 ... across the service's processes."""
+    SERVICE_RESTARTS.labels(service).inc(int(config.read("ROLLMESH_RESTARTS")))
 
 
 def record_item(item: str, code: str, start: float) -> None:

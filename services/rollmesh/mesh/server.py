@@ -28,7 +28,7 @@ from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.metrics import MetricsEndpoint, metrics_file, start_endpoint
+from rollmesh.mesh.metrics import MetricsEndpoint, count_restarts, metrics_file, start_endpoint
 from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
 
 log = get_logger("rollmesh.server")
@@ -185,6 +185,7 @@ async def serve(
     mesh_server = await build_server(bindings, server.address, api_key=server.api_key)
     tracing.configure(server.service or "service")  # when the OTEL_* variables ask (mesh/tracing.py)
     endpoint: MetricsEndpoint | None = None
+    count_restarts(server.service or "service")  # those `rollmesh up` gave it (0 on a first start)
     if server.metrics_port >= 0:
         endpoint = await asyncio.to_thread(start_endpoint, server.host, server.metrics_port)
     try:
