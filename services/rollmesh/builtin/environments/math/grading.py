@@ -230,7 +230,10 @@ _READ_COMMANDS = frozenset(
     "cong deg det dim lim sum prod int partial nabla ell hbar Re Im emph underline boxed fbox "
     "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi "
     "omicron varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta "
-    "Lambda Xi Pi Sigma Upsilon Phi Psi Omega".split()
+    "Lambda Xi Pi Sigma Upsilon Phi Psi Omega textdegree rm bf it tt sf hbox phantom vphantom "
+    "lbrace rbrace lbrack rbrack backslash cdotp colon limits arcsec arccsc arccot coth sech csch Pr "
+    "arg inf sup liminf limsup ast star geqslant leqslant mathfrak tilde check acute grave breve "
+    "mathring ddot".split()
 )
 # Commands and characters that join two values into something that is not one of them.
 _CONNECTIVES = frozenset(
