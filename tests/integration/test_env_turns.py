@@ -273,6 +273,16 @@ async def test_reverify_replays_each_episode_in_a_new_session(mesh: Mesh, tmp_pa
         again.rows[0]["reward"] == 3 * WRONG
         and [s["done"] for s in again.rows[0]["env_steps"]] == [False] * 3
     )
+    # scored, and flagged: the episode was over live, and its replay ran out of turns before it was
+    assert again.diverged == 1 and again.failed
+    assert again.rows[0]["reverify_warning"].startswith("REPLAY_DIVERGED: the recorded episode ended (done)")
+    assert "reverify_warning" not in report.rows[1]
+    longer = json.loads(json.dumps(rows[1]))  # a turn recorded after the winning guess
+    longer["chat_messages"].append({"role": "assistant", "content": "40"})
+    third = await reverify([longer], environment="guess", verifier=mesh.verifier_addr)
+    assert third.rows[0]["reverify_warning"] == (
+        "REPLAY_DIVERGED: the replayed episode ended (done) after 3 of its 4 recorded turns"
+    )
     assert again.rows[1]["reverify_error"].startswith("NOTHING_TO_REPLAY: the rollout has no assistant turn")
     assert again.rows[1]["reward"] == rows[2]["reward"]  # the row keeps its reward
     assert len(mesh.service.sessions) == 0  # every replayed session was closed

@@ -43,8 +43,7 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.responses_items import messages_from_input
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
-from rollmesh.scheduler.drivers.replay import replay
+from rollmesh.scheduler.drivers.replay import Replayed, replay
 from rollmesh.scheduler.records import ADDED_FIELDS, Json, Rollout
 from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
@@ -64,6 +63,7 @@ class ReverifyReport:
     errors: int = 0
     changed: int = 0
     unjoined_drops: int = 0
+    diverged: int = 0  # replays that did not end where their recorded episode ended (REPLAY_DIVERGED)
     old_mean: float | None = None
     new_mean: float | None = None
     error_samples: list[str] = field(default_factory=list)
@@ -72,7 +72,7 @@ class ReverifyReport:
     @property
     def failed(self) -> bool:
         """Whether the command fails: a row was not re-scored, or a reward may be a missing field's."""
-        return bool(self.errors or self.unjoined_drops)
+        return bool(self.errors or self.unjoined_drops or self.diverged)
 
 
 def input_key(row: Json) -> str:
@@ -136,6 +136,7 @@ def verify_request(row: Json, environment: str) -> verifier_pb2.VerifyRequest:
     )
 
 
+REPLAY_DIVERGED = "REPLAY_DIVERGED"
 UNJOINED_DROP = (
     "recorded elsewhere with a reward, scored 0 here without its dataset row: the row may lack a "
     "field its verify needs (NeMo Gym's recorded rollouts do); give --tasks with the dataset"
@@ -278,7 +279,7 @@ async def _replay_all(
             row = out[i]
             try:
                 async with _verifier_call(f"replaying row {i} on the verifier", idle_timeout_s):
-                    outcome = await replay(
+                    replayed = await replay(
                         Rollout.from_row(row), environment=environment, env=port, session_prefix=prefix
                     )
             except (RollmeshClientError, RollmeshError) as exc:
@@ -286,7 +287,7 @@ async def _replay_all(
             except (KeyError, TypeError, ValueError) as exc:  # a stored row without what the loop needs
                 _failed(row, f"MALFORMED_ROW: {type(exc).__name__}: {exc}", report)
             else:
-                _replayed(row, outcome, report)
+                _replayed(row, replayed, report)
             if on_progress is not None:
                 on_progress(1)
 
@@ -318,10 +319,17 @@ async def _run_workers(worker: Callable[[], Coroutine[Any, Any, None]], count: i
         raise group.exceptions[0] from None
 
 
-def _replayed(row: Json, outcome: AgentOutcome, report: ReverifyReport) -> None:
+def _replayed(row: Json, replayed: Replayed, report: ReverifyReport) -> None:
+    outcome = replayed.outcome
     v: VerifyResult = outcome.verdict
     _scored(row, outcome.reward, v.components, v.extracted_answer, v.details, v.masked, report)
     row["env_steps"] = [s.record() for s in outcome.steps]
+    if replayed.diverged:  # scored, and said: the reward is another episode's than the one recorded
+        warning = f"{REPLAY_DIVERGED}: {replayed.diverged}"
+        row["reverify_warning"] = warning
+        report.diverged += 1
+        if len(report.error_samples) < 5:
+            report.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {warning}")
 
 
 def _apply(

@@ -177,9 +177,10 @@ def reverify(
 ) -> None:
     """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls).
 
-    Exit 0 when every row was re-scored, 1 when one was not (its `reverify_error`) or fell to 0
-    without --tasks though recorded elsewhere with a reward (its `reverify_warning`), 2 on unreadable
-    input. Every row is written either way; the means are over the re-scored rows."""
+    Exit 0 when every row was re-scored, 1 when one was not (its `reverify_error`), fell to 0
+    without --tasks though recorded elsewhere with a reward, or was an episode whose replay ended
+    elsewhere than recorded (its `reverify_warning`), 2 on unreadable input. Every row is written
+    either way; the means are over the re-scored rows."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollmesh.commands import _reverify as rv
@@ -226,6 +227,7 @@ def reverify(
     else:
         means = f"mean reward over them {report.old_mean:.4f} -> {report.new_mean:.4f}"
     drops = f", {report.unjoined_drops} fell to 0 without --tasks" if report.unjoined_drops else ""
+    drops += f", {report.diverged} replays ended elsewhere than recorded" if report.diverged else ""
     err.print(
         f"reverified {report.scored} rows ({report.errors} errors, {report.changed} rewards changed{drops}); "
         + means

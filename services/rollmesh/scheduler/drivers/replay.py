@@ -14,7 +14,7 @@ last recorded turn.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rollmesh.scheduler.drivers.agent_loop import (
@@ -41,6 +41,11 @@ class RecordedModel:
     def turns(self) -> int:
         return len(self._turns)
 
+    @property
+    def used(self) -> int:
+        """The recorded turns answered so far."""
+        return self._next
+
     async def generate(self, call: GenerateCall) -> Turn:
         if self._next >= len(self._turns):
             raise NothingToReplay(
@@ -57,7 +62,16 @@ class RecordedModel:
         return 0
 
 
-async def replay(rollout: Rollout, *, environment: str, env: EnvPort, session_prefix: str) -> AgentOutcome:
+@dataclass(frozen=True)
+class Replayed:
+    """A replay's outcome and, when it did not end where the recorded episode ended, why
+    (`diverged`, "" when it did): its reward then scores another episode than the one recorded."""
+
+    outcome: AgentOutcome
+    diverged: str = ""
+
+
+async def replay(rollout: Rollout, *, environment: str, env: EnvPort, session_prefix: str) -> Replayed:
     """Play `rollout` again against `environment` on `env`, in the session
     `{session_prefix}/{task_index}/{rollout_index}` (closed afterwards)."""
     model = RecordedModel(rollout.messages)
@@ -74,4 +88,23 @@ async def replay(rollout: Rollout, *, environment: str, env: EnvPort, session_pr
         model=model,
         env=env,
     )
-    return replace(outcome, turns=[])  # the recorded turns carry no token ids: nothing to build
+    # the recorded turns carry no token ids: nothing to build
+    return Replayed(replace(outcome, turns=[]), _divergence(rollout, outcome, model))
+
+
+def _divergence(rollout: Rollout, outcome: AgentOutcome, model: RecordedModel) -> str:
+    """Why the replay did not end where the recorded episode ended ("" when it did, or when the
+    episode took no turns): over (`done`) live and not when the recorded turns ran out, or over with
+    recorded turns left."""
+    if not rollout.env_steps and not outcome.steps:
+        return ""
+    was_done = bool(rollout.env_steps) and bool(rollout.env_steps[-1].get("done"))
+    is_done = bool(outcome.steps) and outcome.steps[-1].done
+    if was_done and not is_done:
+        return (
+            f"the recorded episode ended (done) after {len(rollout.env_steps)} steps; replayed, it was not"
+            f" over when its {model.turns} recorded turns ran out"
+        )
+    if is_done and model.used < model.turns:
+        return f"the replayed episode ended (done) after {model.used} of its {model.turns} recorded turns"
+    return ""
