@@ -5,6 +5,7 @@ them)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
 from rollmesh_client.trainer import TrainerRollout
-from rollmesh_client.trl import failed_sample, row_prompt, trl_sample
+from rollmesh_client.trl import RollmeshRollouts, failed_sample, row_prompt, trl_sample
 from rollmesh_client.trl._rollout_func import _runs, _sampling, push_due
 from rollmesh_client.trl._samples import RowIndex, prompt_key
 
@@ -123,3 +124,24 @@ def test_weights_are_pushed_every_sync_every_steps() -> None:
             last = step
     assert pushed == [0, 2, 4, 6]
     assert [s for s in range(5) if push_due(None, s, 3, initial=False)] == [3, 4]  # first push at step 3
+
+
+def test_a_peft_model_is_refused_before_anything_is_saved(tmp_path: Path) -> None:
+    rollouts = RollmeshRollouts(
+        environment="arithmetic", gateway="127.0.0.1:1", scheduler="127.0.0.1:1", work_dir=tmp_path
+    )
+    accelerator = SimpleNamespace(
+        is_main_process=True, unwrap_model=lambda m: m, wait_for_everyone=lambda: None
+    )
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=0),
+        accelerator=accelerator,
+        model=SimpleNamespace(peft_config={"default": object()}),
+        processing_class=None,
+    )
+    try:
+        with pytest.raises(ValueError, match="PEFT"):
+            rollouts.sync_weights(trainer)
+        assert not (tmp_path / "checkpoints").exists() and rollouts.weights.pushes == []
+    finally:
+        rollouts.close()

@@ -258,6 +258,11 @@ class RollmeshRollouts:
         push = None
         if due and accelerator.is_main_process:
             model = accelerator.unwrap_model(trainer.model)
+            if hasattr(model, "peft_config"):  # save_pretrained would write the adapter alone
+                raise ValueError(
+                    "rollmesh serves full weights: a PEFT model's adapter cannot be pushed as they are "
+                    "(train without peft_config, or merge the adapter into the served model yourself)"
+                )
             checkpoint, save_s = self.weights.save(model, trainer.processing_class, step)
             push = self._loop.run(self.weights.push(self._client, checkpoint, step, save_s))
         if due:
