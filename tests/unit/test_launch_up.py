@@ -110,6 +110,10 @@ def _recording_up(monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str], dict[
             return None
 
     monkeypatch.setattr(processes, "Mesh", Recorder)
+    # Nothing is bound here: the ports another test's (or another mesh's) services hold do not matter.
+    from rollmesh.mesh import server
+
+    monkeypatch.setattr(server, "refuse_a_taken_port", lambda *args, **kwargs: None)
 
     def up_config(args: list[str], env: dict[str, str]) -> processes.UpConfig:
         res = CliRunner().invoke(build_app(), ["up", *args], env=env)
