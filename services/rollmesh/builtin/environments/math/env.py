@@ -92,7 +92,12 @@ def check(expected: str, response: str) -> dict[str, Any]:
     if hedged is not None:
         reason = f"the answer hedges between {hedged[0]!r} and {hedged[1]!r} (no \\boxed{{}}): scored 0"
         return {"correct": False, "extracted": "", "reason": reason}
-    not_one = grading.not_one_answer(response, one_value)
+
+    def same(a: str, b: str) -> bool:  # two written answers, one value (math-verify's rules)
+        one, other = (parse(f"${x}$", parsing_timeout=None) for x in (a, b))  # type: ignore[arg-type]
+        return bool(verify(one, other, timeout_seconds=None))
+
+    not_one = grading.not_one_answer(response, one_value, same)
     if not_one is not None:
         return {"correct": False, "extracted": "", "reason": not_one}
     pred = parse(response, parsing_timeout=None)  # type: ignore[arg-type]

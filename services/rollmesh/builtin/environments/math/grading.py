@@ -53,6 +53,7 @@ different values), and what it cannot decide in bounds is the named outcome `und
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -275,11 +276,15 @@ _SEGMENT = re.compile(
 _PROSE_COMMANDS = frozenset("therefore because blacksquare square qed Box checkmark".split())
 
 
-def not_one_answer(response: str, one_value: bool) -> str | None:
+def not_one_answer(
+    response: str, one_value: bool, same: Callable[[str, str], bool] | None = None
+) -> str | None:
     """Why the response's answer is not one whole answer (None when it is): its last box read by
-    `box_hedge`, else (a reference that is one value) its last math segment by `unboxed_hedge`."""
+    `box_hedge`, else (a reference that is one value) its last math segment by `unboxed_hedge`.
+    `same(a, b)` says whether two written answers are one value (`\\frac{1}{2}` and `0.5`: an
+    alternative form is no hedge)."""
     if last_box(response) is not None:
-        return box_hedge(response, one_value)
+        return box_hedge(response, one_value, same)
     return unboxed_hedge(response) if one_value else None
 
 
@@ -301,7 +306,7 @@ def unboxed_hedge(response: str) -> str | None:
     return None if problem is None else f"the answer {problem} ({value.strip()[:40]!r}): scored 0"
 
 
-def box_hedge(response: str, one_value: bool) -> str | None:
+def box_hedge(response: str, one_value: bool, same: Callable[[str, str], bool] | None = None) -> str | None:
     """Why the last `\boxed{}` is not one whole answer (None when it is): an operator right after
     or before it (`\boxed{3}^2`, `-\boxed{3}`: the written answer is not the box), two lines in it
     (`\boxed{3 \\ 4}`), and, when the reference is one value (`one_value`), a word of hedge in it
@@ -342,7 +347,20 @@ def box_hedge(response: str, one_value: bool) -> str | None:
         m = pattern.match(region.strip())
         if m and not _same_candidate(m.group(1), m.group(2)):
             return f"the answer hedges between {m.group(1)!r} and {m.group(2)!r}: scored 0"
+    other = _OR_AFTER_BOX.match(rest)  # `\boxed{\frac{1}{2}} (or 1/3)`: whatever the box holds
+    if other:
+        alt = other.group("alt")
+        alt = alt[7:-1] if alt.startswith("\\boxed{") else alt.strip("$")
+        written_same = "".join(alt.split()) == "".join(content.split()) or _same_candidate(content, alt)
+        if not written_same and not (same is not None and same(content, alt)):
+            return f"the answer hedges between {content[:40]!r} and {alt[:40]!r}: scored 0"
     return None
+
+
+_OR_AFTER_BOX = re.compile(
+    r"\s*+[,;:]?+\s*+\(?+\s*+(?i:or|and/or)\s++(?:(?i:maybe|possibly|perhaps|else|even|rather)\s++)?+"
+    r"(?P<alt>\$[^$\n]{1,200}+\$|\\boxed\{[^{}\n]{1,200}+\}|[A-Za-z]\s*+=\s*+-?+\d[\d.,/]*+|-?+\d[\d.,/]*+)"
+)
 
 
 def _same_candidate(a: str, b: str) -> bool:

@@ -334,6 +334,8 @@ BOX_NOT_ONE_ANSWER = [
     ("5", "\\cancel{\\boxed{5}}"),
     ("5", "\\boxed{6}<think>or \\boxed{5}?</think>"),  # thought, never answered
     ("5", "<think>\\boxed{5}</think>I do not know."),
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}} (or 1/3)"),  # whatever the box holds
+    ("\\sqrt{2}", "\\boxed{\\sqrt{2}}, or maybe $\\sqrt{3}$"),
 ]
 # One answer in forms the checks above must not refuse.
 BOX_ONE_ANSWER = [
@@ -352,6 +354,8 @@ BOX_ONE_ANSWER = [
     ("90", "\\boxed{90^\\circ}"),
     ("1000", "\\boxed{1\\,000}"),
     ("5", "$\\therefore x = 5$"),
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}} (or 0.5)"),  # one value in two forms
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}} or so I think"),
 ]
 UNICODE_RIGHT = [
     ("3", "３"),
