@@ -202,6 +202,7 @@ async def test_the_machine_is_isolated_from_the_host(service: VerifierService, t
             sid,
             "shell",
             command=f"cat {marker}; ls /proc | grep -c '^[0-9]'; hostname; grep CapBnd /proc/self/status; "
+            "cat /proc/self/uid_map; "
             "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)' 2>&1 "
             "| tail -1",
         )
@@ -214,6 +215,10 @@ async def test_the_machine_is_isolated_from_the_host(service: VerifierService, t
     assert any(ln.startswith("rm-") for ln in lines)  # its own hostname
     assert "CapBnd:\t00000000a80425fb" in seen  # Docker's default capability set
     assert "Network is unreachable" in seen
+    inside, outside, count = next(
+        ln.split() for ln in lines if ln.split()[:1] == ["0"] and len(ln.split()) == 3
+    )
+    assert (inside, count) == ("0", "65536") and int(outside) >= 2_000_000_000  # its own block of host uids
 
 
 async def test_labels_follow_the_rollout_and_close_removes_the_machine(service: VerifierService) -> None:

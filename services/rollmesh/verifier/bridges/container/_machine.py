@@ -15,15 +15,19 @@ SPEC_JSON:
                                   # network namespace with only loopback
      "cgroups": [dir, ...],       # cgroup folders it joins first (limits already written)
      "hostname": "m-...",
+     "uid_base": 2000000000,      # optional: a user namespace of its own, uids and gids 0-65535
+                                  # mapped to uid_base..+65535, the layers mounted idmapped into it
      "ready_fd": 3}               # written "ready\n" once it serves, or "error: ...\n"
 
-In order: the death signal; the cgroups; new mount, UTS, IPC and pid namespaces (and a network
+In order: the death signal; the cgroups; the user namespace (with `uid_base`; made by a helper
+child before the pid namespace, entered last); new mount, UTS, IPC and pid namespaces (and a network
 namespace unless `network`); a tmpfs for the writable layer; the overlay of the layers at
 `dir/root`; the control socket `dir/ctl.sock` (bound before the root changes); then a fork: this
 process stays outside as the keeper (passes on SIGTERM, exits as the init did), the child is pid 1
 of the machine: /proc, a minimal /dev (null, zero, full, random, urandom, tty, pts, shm), pivot_root
-into the overlay (the host's filesystem is unmounted from its view), the capability bounding set cut
-to Docker's default set, and it serves. Everything mounted lives in the machine's mount namespace
+into the overlay (the host's filesystem is unmounted from its view), it enters its user namespace
+(root there: uid_base on the host), the capability bounding set is cut to Docker's default set, and
+it serves. Everything mounted lives in the machine's mount namespace
 only: when its last process dies the kernel unmounts it all (nothing is left mounted on the host).
 
 The control protocol (one connection per command): the client sends one JSON object
@@ -54,6 +58,10 @@ _CLONE_NEWPID, _CLONE_NEWNET = 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
 _MNT_DETACH = 2
+_CLONE_NEWUSER = 0x10000000
+_OPEN_TREE_CLONE, _OPEN_TREE_CLOEXEC, _AT_EMPTY_PATH, _AT_RECURSIVE = 1, 0o2000000, 0x1000, 0x8000
+_MOVE_MOUNT_F_EMPTY_PATH, _MOUNT_ATTR_IDMAP = 4, 0x00100000
+_SYS_IDMAP = {"x86_64": (428, 429, 442), "aarch64": (428, 429, 442)}  # open_tree, move_mount, mount_setattr
 _PR_SET_PDEATHSIG, _PR_CAPBSET_DROP = 1, 24
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 #: Docker's default capability set (moby's oci/caps/defaults.go): every other is dropped.
@@ -167,6 +175,8 @@ def _setup(spec: dict[str, Any]) -> socket.socket:
     for folder in spec.get("cgroups", []):
         with open(os.path.join(folder, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
+    if spec.get("uid_base") is not None:  # (before the pid namespace: its helper must not be pid 1)
+        spec["_userns_fd"] = _user_namespace(int(spec["uid_base"]))
     flags = _CLONE_NEWNS | _CLONE_NEWUTS | _CLONE_NEWIPC | _CLONE_NEWPID
     if not spec.get("network"):
         flags |= _CLONE_NEWNET
@@ -185,7 +195,14 @@ def _setup(spec: dict[str, Any]) -> socket.socket:
         work = os.path.join(base, "work")
     os.makedirs(upper, exist_ok=True)
     os.makedirs(work, exist_ok=True)
-    lower = ":".join(spec["lower"])
+    layers = list(spec["lower"])
+    uid_base = spec.get("uid_base")
+    if uid_base is not None:  # the layers as the machine's user namespace owns them (idmapped)
+        userns = int(spec["_userns_fd"])
+        layers = [_idmapped(layer, os.path.join(base, f"lower{i}"), userns) for i, layer in enumerate(layers)]
+        for folder in (upper, work):
+            os.chown(folder, int(uid_base), int(uid_base))
+    lower = ":".join(layers)
     _mount("overlay", root, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
     if not spec.get("network"):
         _loopback_up()
@@ -199,6 +216,68 @@ def _setup(spec: dict[str, Any]) -> socket.socket:
     return server
 
 
+def _user_namespace(base: int) -> int:
+    """A descriptor of a new user namespace mapping its uids and gids 0-65535 to base..base+65535:
+    made by a child that unshares and waits while this process writes its maps."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        ok = _libc.unshare(_CLONE_NEWUSER) == 0
+        os.write(ready_w, b"1" if ok else b"0")
+        os.read(go_r, 1)
+        os._exit(0)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise OSError("unshare(CLONE_NEWUSER) failed: no user namespaces here")
+        for name, text in (
+            ("uid_map", f"0 {base} 65536\n"),
+            ("gid_map", f"0 {base} 65536\n"),
+        ):
+            with open(f"/proc/{child}/{name}", "w") as f:
+                f.write(text)
+        return os.open(f"/proc/{child}/ns/user", os.O_RDONLY)
+    finally:
+        os.write(go_w, b"x")
+        os.waitpid(child, 0)
+        for fd in (ready_r, ready_w, go_r, go_w):
+            os.close(fd)
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _idmapped(source: str, target: str, userns: int) -> str:
+    """`source` mounted at `target` with its owners shifted into `userns` (an idmapped mount:
+    open_tree, mount_setattr, move_mount); the target."""
+    numbers = _SYS_IDMAP.get(os.uname().machine)
+    if numbers is None:
+        raise RuntimeError(f"idmapped mounts: unknown syscall numbers on {os.uname().machine}")
+    open_tree, move_mount, mount_setattr = numbers
+    os.makedirs(target, exist_ok=True)
+    fd = _libc.syscall(
+        open_tree, -100, source.encode(), _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | _AT_RECURSIVE
+    )
+    if fd < 0:
+        _check(-1, f"open_tree {source}")
+    try:
+        attr = _MountAttr(_MOUNT_ATTR_IDMAP, 0, 0, userns)
+        flags = _AT_EMPTY_PATH | _AT_RECURSIVE
+        _check(_libc.syscall(mount_setattr, fd, b"", flags, ctypes.byref(attr), ctypes.sizeof(attr)), "idmap")
+        _check(
+            _libc.syscall(move_mount, fd, b"", -100, target.encode(), _MOVE_MOUNT_F_EMPTY_PATH), "move_mount"
+        )
+    finally:
+        os.close(fd)
+    return target
+
+
 def _loopback_up() -> None:
     import fcntl
 
@@ -209,6 +288,7 @@ def _loopback_up() -> None:
 
 def _become_init(spec: dict[str, Any]) -> None:
     root = os.path.join(spec["dir"], "root")
+    owner = spec.get("uid_base")
     for sub in ("proc", "dev", "sys", "tmp", "etc"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
     _mount("proc", os.path.join(root, "proc"), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
@@ -254,6 +334,15 @@ def _become_init(spec: dict[str, Any]) -> None:
     _check(_libc.umount2(b"/.oldroot", _MNT_DETACH), "umount the host's root")
     os.rmdir("/.oldroot")
     _libc.sethostname(hostname.encode(), len(hostname.encode()))
+    if owner is not None:  # the files written above are the machine's root's; then into its userns
+        for written in ("/etc/hostname", "/etc/hosts", "/etc/resolv.conf"):
+            if os.path.exists(written) and not os.path.islink(written):
+                os.chown(written, int(owner), int(owner))
+        _check(_libc.setns(int(spec["_userns_fd"]), _CLONE_NEWUSER), "setns into the user namespace")
+        os.close(int(spec["_userns_fd"]))
+        os.setgroups([0])
+        os.setgid(0)
+        os.setuid(0)
     for cap in range(64):
         if cap not in _KEPT_CAPS and _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             if ctypes.get_errno() == errno.EINVAL:  # past the kernel's last capability

@@ -9,8 +9,9 @@ WORKDIR, USER; LABEL, EXPOSE, CMD, ENTRYPOINT, STOPSIGNAL, HEALTHCHECK and VOLUM
 ignored, as a machine that only runs commands needs; any other instruction fails the build by name.
 
 Machines: each is `_machine.py` (its docstring is the contract): an overlay of the image's layers
-with a fresh tmpfs of `storage_mb` on top, its own mount, pid, UTS, IPC and (unless the task allows
-the internet) network namespaces, the host's filesystem unmounted from its view, the capability
+with a fresh tmpfs of `storage_mb` on top, its own user namespace (a block of host uids leased for
+its lifetime, the layers idmapped into it; USER_NAMESPACES), mount, pid, UTS, IPC and (unless the
+task allows the internet) network namespaces, the host's filesystem unmounted from its view, the capability
 bounding set of a Docker container, and a cgroup with the task's memory, CPU and process limits
 where the kernel offers them (cgroups.py). Its folder `/run/rollmesh/machines/<id>/` holds its
 labels (`label.json`: job, rollout, environment, task, owner pid) and control socket; it dies with
@@ -69,6 +70,30 @@ _ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2")
 _IGNORED = {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "STOPSIGNAL", "HEALTHCHECK", "VOLUME", "MAINTAINER"}
 
 
+#: Each rollout's machine maps its uids 0-65535 to a block of host uids of its own, leased host-wide
+#: (an flock per block under UID_LEASES, held while the machine lives). ROLLMESH_CONTAINER_USERNS=0
+#: turns it off (the machine's root is then the host's root, confined as Docker's is).
+USER_NAMESPACES = os.environ.get("ROLLMESH_CONTAINER_USERNS", "1") != "0"
+UID_BLOCK_BASE, UID_BLOCK, UID_BLOCKS = 2_000_000_000, 65536, 1024
+UID_LEASES = Path(os.environ.get("ROLLMESH_MACHINE_UID_LEASES", "/run/rollmesh/machine-uids"))
+
+
+def lease_uid_block() -> tuple[int, int]:
+    """A free block of host uids (its first uid) and its lease's descriptor (close it to free it)."""
+    UID_LEASES.mkdir(parents=True, exist_ok=True, mode=0o700)
+    first = secrets.randbelow(UID_BLOCKS)
+    for n in range(UID_BLOCKS):
+        block = (first + n) % UID_BLOCKS
+        fd = os.open(UID_LEASES / f"{block}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return UID_BLOCK_BASE + block * UID_BLOCK, fd
+    raise MachineStartFailed(f"all {UID_BLOCKS} uid blocks are leased: no machine can start now")
+
+
 def images_dir() -> Path:
     return bases.cache_root() / "container-images"
 
@@ -82,8 +107,10 @@ class DaemonlessMachine(Machine):
         folder: Path,
         keeper: int,
         cgroup_folders: list[str],
+        uid_lease: int = -1,
     ) -> None:
         super().__init__(machine_id, labels, image)
+        self.uid_lease = uid_lease  # the flocked lease of its uid block (-1: none)
         self.folder = folder
         self.keeper = keeper
         self.cgroups = cgroup_folders
@@ -146,6 +173,9 @@ class DaemonlessMachine(Machine):
                 await self._gone.wait()
         self._close_pidfd()
         await asyncio.to_thread(_delete, self.folder, self.cgroups)
+        if self.uid_lease >= 0:  # its processes are gone with its pid namespace: the block is free
+            os.close(self.uid_lease)
+            self.uid_lease = -1
 
 
 def _lost(machine: DaemonlessMachine, doing: str) -> MachineLost:
@@ -409,6 +439,25 @@ class DaemonlessProvider(Provider):
         problem = self.problem()
         if problem:
             raise ProviderUnavailable(problem)
+        # A rollout's machine gets a user namespace of its own: its uids 0-65535 are a block of
+        # host uids leased for its lifetime (an image build runs as the host's root, as docker build).
+        uid_base, uid_lease = (None, -1) if upper is not None or not USER_NAMESPACES else lease_uid_block()
+        try:
+            return await self._spawn_with(image, limits, labels, upper, uid_base, uid_lease)
+        except BaseException:
+            if uid_lease >= 0:
+                os.close(uid_lease)
+            raise
+
+    async def _spawn_with(
+        self,
+        image: Image,
+        limits: Limits,
+        labels: Labels,
+        upper: str | None,
+        uid_base: int | None,
+        uid_lease: int,
+    ) -> DaemonlessMachine:
         machine_id = "rm-" + secrets.token_hex(6)
         folder = self.machines_dir / machine_id
         folder.mkdir(parents=True, mode=0o700)
@@ -442,6 +491,7 @@ class DaemonlessProvider(Provider):
             "cgroups": folders,
             "hostname": machine_id,
             "ready_fd": ready_w,
+            "uid_base": uid_base,
         }
         try:
             keeper = await self._factory.fork(spec, ready_w, log_fd)
@@ -454,13 +504,15 @@ class DaemonlessProvider(Provider):
             os.close(log_fd)
         record["keeper_pid"] = keeper
         record["keeper_start"] = process_start(keeper)
+        record["uid_base"] = uid_base
         (folder / "label.json").write_text(json.dumps(record))
-        machine = DaemonlessMachine(machine_id, labels, image, folder, keeper, folders)
+        machine = DaemonlessMachine(machine_id, labels, image, folder, keeper, folders, uid_lease)
         try:
             line = await _ready_line(ready_r)
         finally:
             os.close(ready_r)
         if line != "ready":
+            machine.uid_lease = -1  # the caller frees the lease
             await machine.remove()
             log_text = _tail(folder / "machine.log")
             raise MachineStartFailed(
