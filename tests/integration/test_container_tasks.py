@@ -394,3 +394,34 @@ async def test_a_session_nobody_closes_has_its_machine_removed_when_it_expires()
         assert _env(found).provider.live() == []
     finally:
         await found.aclose()
+
+
+async def test_cpu_processes_and_storage_limits_are_the_tasks(service: VerifierService) -> None:
+    """fix-calc asks for 1 CPU, answer-json for 512 MiB of storage (the older `storage = "512M"`)."""
+    cpu = await _seed(service, "fix-calc", "job-lim/0/0")
+    disk = await _seed(service, "answer-json", "job-lim/1/0")
+    try:
+        groups = {m.labels.task: _read_label(m.id)["cgroups"] for m in _env(service).provider.live()}
+        if "cpu" in cgroups.available():
+            assert _cgroup_value(groups["fix-calc"], ("cpu.cfs_quota_us", "cpu.max")).split()[0] == "100000"
+        if "pids" in cgroups.available():
+            assert _cgroup_value(groups["fix-calc"], ("pids.max",)) == "4096"
+        size = await _tool(service, disk, "shell", command="df -m / | tail -1 | awk '{print $2}'")
+        assert size.splitlines()[-1] == "512"
+        full = await _tool(service, disk, "shell", command="head -c 600M /dev/zero > /big; echo rc=$?")
+        assert "No space left on device" in full and "rc=1" in full
+    finally:
+        await service.close_session(cpu)
+        await service.close_session(disk)
+
+
+def _read_label(machine_id: str) -> dict[str, Any]:
+    return dict(json.loads((MACHINES_DIR / machine_id / "label.json").read_text()))
+
+
+def _cgroup_value(groups: list[str], names: tuple[str, ...]) -> str:
+    for group in groups:
+        for name in names:
+            if Path(group, name).is_file():
+                return Path(group, name).read_text().strip()
+    return ""
