@@ -213,20 +213,20 @@ def test_a_folder_kind_is_found_through_the_registry_of_kinds(tmp_path: Path) ->
     class Marked(EntryEnv):
         """A folder marked by its own file."""
 
-    kind = kinds.FolderKind("t_marked.toml", "a test kind", lambda: Marked)
-    kinds.register_folder_kind(kind)
-    kinds.register_folder_kind(kind)  # the same kind again: nothing changes
-    with pytest.raises(ValueError, match="already marks a test kind"):
-        kinds.register_folder_kind(kinds.FolderKind("t_marked.toml", "another", lambda: Marked))
     root = make_root(tmp_path / "plugins", {})
     (root / "environments" / "marked").mkdir(parents=True)
     (root / "environments" / "marked" / "t_marked.toml").write_text("")
     (root / "environments" / "bare").mkdir()
-    try:
+    kind = kinds.FolderKind("t_marked.toml", "a test kind", lambda: Marked)
+    try:  # the registry is process-wide: the test's kind leaves it whatever happens
+        kinds.register_folder_kind(kind)
+        kinds.register_folder_kind(kind)  # the same kind again: nothing changes
+        with pytest.raises(ValueError, match="already marks a test kind"):
+            kinds.register_folder_kind(kinds.FolderKind("t_marked.toml", "another", lambda: Marked))
         svc = service_for([root])
         infos, broken = svc.list_environments()
     finally:
-        kinds._KINDS.pop("t_marked.toml")
+        kinds._KINDS.pop("t_marked.toml", None)
     marked = next(i for i in infos if i.name == "marked")
     assert marked.description == "A folder marked by its own file." and marked.source.endswith(
         "t_marked.toml"
