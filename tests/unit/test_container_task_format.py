@@ -53,6 +53,7 @@ def test_the_older_flat_metadata_schema_gives_sizes_as_text_and_allow_internet()
     task = load_task(TASKS / "answer-json")
     assert (task.limits.memory_mb, task.limits.storage_mb, task.limits.allow_internet) == (1024, 512, False)
     assert task.metadata["difficulty"] == "easy" and task.metadata["tags"] == ["json"]
+    assert task.solution_env == {"ANSWER": "42"}
 
 
 def test_no_network_unless_the_task_asks_for_it(tmp_path: Path) -> None:

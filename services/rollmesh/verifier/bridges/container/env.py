@@ -375,6 +375,7 @@ class ContainerTasksEnvironment(Environment):
             timeout_s=left,
             output_limit=self.settings.output_limit,
             user=task.agent_user,
+            env=dict(task.solution_env),
         )
         if result.timed_out:
             state.timed_out = True

@@ -4,8 +4,8 @@ and, with `container_tasks.toml` beside it, an environment (env.py).
 A task folder (Harbor 0.25):
 
     instruction.md          the prompt
-    task.toml               [agent] timeout_sec; [verifier] timeout_sec, env, user; [environment]
-                            build_timeout_sec, docker_image, cpus, memory_mb / memory ("2G"),
+    task.toml               [agent] timeout_sec; [verifier] timeout_sec, env, user; [solution] env;
+                            [environment] build_timeout_sec, docker_image, cpus, memory_mb / memory ("2G"),
                             storage_mb / storage, allow_internet / network_mode, workdir, env;
                             [task] name, ... (the current schema) or a flat [metadata] table (the older)
     environment/            Dockerfile, or docker-compose.yaml whose primary service is `main`
@@ -70,6 +70,8 @@ class HarborTask:
     build_timeout_s: float
     limits: Limits
     verifier_env: Mapping[str, str] = field(default_factory=dict)
+    #: `[solution] env`: what the oracle's solve.sh runs with.
+    solution_env: Mapping[str, str] = field(default_factory=dict)
     verifier_user: str = ""
     agent_user: str = ""
     environment_env: Mapping[str, str] = field(default_factory=dict)
@@ -190,6 +192,7 @@ def load_task(path: Path) -> HarborTask:
             allow_internet=_internet(env, bad),
         ),
         verifier_env=_env_table(verifier, "verifier", bad),
+        solution_env=_env_table(_table(config, "solution", bad), "solution", bad),
         verifier_user=_user(verifier, "verifier", bad),
         agent_user=_user(agent, "agent", bad),
         environment_env=_env_table(env, "environment", bad),

@@ -1,2 +1,3 @@
 #!/bin/bash
-echo '{"answer": 42, "unit": "none"}' > /app/answer.json
+# ANSWER comes from task.toml's [solution] env.
+echo "{\"answer\": ${ANSWER}, \"unit\": \"none\"}" > /app/answer.json
