@@ -52,9 +52,10 @@ test: setup sysdeps protos-check lint typecheck docs nemo-gym-venv
 # Python >= 3.13.14 (`make nemo-gym-0.7-python` builds one: below).
 # Exit 3 is "no such Python on this machine": the tests that need it then skip, naming that.
 # Debian packages tests use: Prometheus (tests/e2e/test_prometheus_scrape.py scrapes the mesh with it)
-# and tmux (tests/e2e/test_run_terminal.py reads `make run`'s screen in a real terminal); installed with
-# apt-get when missing (as root, else through sudo), so `make test` needs nothing installed by hand.
-SYSDEPS := prometheus tmux
+# and tmux (tests/e2e/test_run_terminal.py reads `make run`'s screen in a real terminal), debootstrap (the
+# container tasks' local base image, made once: docs/container-tasks.md); installed with apt-get when
+# missing (as root, else through sudo), so `make test` needs nothing installed by hand.
+SYSDEPS := prometheus tmux debootstrap
 sysdeps:
 	@missing=$$(for tool in $(SYSDEPS); do command -v $$tool >/dev/null || echo $$tool; done); \
 	if [ -n "$$missing" ]; then \

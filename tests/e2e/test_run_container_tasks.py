@@ -22,9 +22,13 @@ from tests.procs import ROLLMESH
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"
 TOOL_LOOP = Path(__file__).resolve().parents[2] / "examples" / "agents" / "tool_loop.py"
 TASKS = ROOT / "environments" / "harbor_demo" / "tasks"
-pytestmark = pytest.mark.skipif(
-    DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
+    ),
+    # The first run makes the local Debian base (debootstrap: minutes) and the tasks' images.
+    pytest.mark.timeout(1800),
+]
 
 
 def _run(

@@ -36,9 +36,13 @@ from rollmesh.verifier.testing import TEST_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"
 ENV = "harbor_demo"
-pytestmark = pytest.mark.skipif(
-    DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
+    ),
+    # The first run makes the local Debian base (debootstrap: minutes) and the tasks' images.
+    pytest.mark.timeout(1800),
+]
 
 
 @pytest.fixture
