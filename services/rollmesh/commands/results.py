@@ -9,6 +9,7 @@ out and named on stderr.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import math
@@ -177,6 +178,9 @@ def reverify(
 ) -> None:
     """Re-run verification on stored rollouts through the verifier's VerifyBatch stream (no model calls).
 
+    Without --verifier (or ROLLMESH_VERIFIER_ADDR) a verifier starts in this process, serving the
+    environments of the artifact roots as `rollmesh run` does.
+
     Exit 0 when every row was re-scored, 1 when one was not (its `reverify_error`), fell to 0
     without --tasks though recorded elsewhere with a reward, or was an episode whose replay ended
     elsewhere than recorded (its `reverify_warning`), 2 on unreadable input. Every row is written
@@ -184,7 +188,6 @@ def reverify(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rollmesh.commands import _reverify as rv
-    from rollmesh.mesh.config import service_addr
 
     async def go() -> rv.ReverifyReport:
         rows = [row for _, _, row in await asyncio.to_thread(rollout_rows, "reverify", path)]
@@ -201,6 +204,16 @@ def reverify(
                 err.print(
                     f"reverify: {unmatched} of {len(rows)} rollouts match no row of {tasks}; scored as stored"
                 )
+        async with contextlib.AsyncExitStack() as stack:
+            address = verifier
+            if not address:  # as `run` does: the environments of this folder's roots, in this process
+                from rollmesh.launch.embedded import embedded_verifier
+
+                err.print("starting a verifier in this process (--verifier HOST:PORT uses a running one)")
+                address = await stack.enter_async_context(embedded_verifier(api_key=api_key))
+            return await _reverify_at(address, rows)
+
+    async def _reverify_at(address: str, rows: list[dict[str, Any]]) -> rv.ReverifyReport:
         with Progress(
             TextColumn("reverify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
         ) as bar:
@@ -208,7 +221,7 @@ def reverify(
             return await rv.reverify(
                 rows,
                 environment=environment,
-                verifier=verifier or service_addr("verifier"),
+                verifier=address,
                 api_key=api_key or None,
                 window=window,
                 idle_timeout_s=timeout,

@@ -148,3 +148,21 @@ async def embedded_mesh(
         raise_gc_threshold()
         on_phase("mesh ready")
         yield mesh
+
+
+@asynccontextmanager
+async def embedded_verifier(*, api_key: str = "") -> AsyncIterator[str]:
+    """A verifier alone in this process (`rollmesh reverify` without --verifier): the environments of
+    the artifact roots (the working directory, ROLLMESH_EXTRA_ROOTS, the built-in root) served on an
+    ephemeral loopback port, whose address it yields; stopped on exit."""
+    mesh = EmbeddedMesh()
+    catalog = Catalog.from_config(RootsConfig.from_env())
+    install_sys_path(catalog.roots)
+    async with AsyncExitStack() as stack:
+        vcfg = VerifierConfig.from_env()
+        vcfg = replace(vcfg, server=replace(vcfg.server, api_key=api_key))
+        verifier = await asyncio.to_thread(VerifierService.from_catalog, vcfg, catalog)
+        await verifier.start()
+        stack.push_async_callback(verifier.aclose)
+        await _start(stack, mesh, "verifier", VerifierServicer(verifier), api_key)
+        yield mesh.addresses["verifier"]
