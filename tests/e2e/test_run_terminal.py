@@ -93,6 +93,15 @@ def screen_of_make_run(work: Path, width: int) -> tuple[list[str], list[str]]:
         return capture(), capture("-J")
 
 
+def readme_figures() -> dict[str, float]:
+    """The metrics table the README shows for `make run`: name -> figure."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = re.findall(r"^┃ (\S.*?) +│ ([0-9.]+)", readme, flags=re.M)
+    figures = {name: float(value) for name, value in rows if name != "rollouts" and name != "failures"}
+    assert set(figures) == {"mean reward", "pass@1", "pass@8", "maj@8"}, figures
+    return figures
+
+
 @pytest.mark.parametrize("width", [80, 120])
 def test_make_run_shows_only_rollmesh_lines(tmp_path: Path, width: int) -> None:
     rows, lines = screen_of_make_run(tmp_path, width)
@@ -113,6 +122,9 @@ def test_make_run_shows_only_rollmesh_lines(tmp_path: Path, width: int) -> None:
     table = {m[1]: m[2] for line in lines if (m := re.fullmatch(r"│ (\S.*?) +│ (\S.*?) +│", line))}
     assert table["rollouts"] == "1600" and table["failures"] == "0", screen
     assert 0.3 < float(table["pass@1"]) and float(table["pass@8"]) >= float(table["pass@1"])
+    # The README's figures came from such a run: within a run-to-run difference of these.
+    for metric, shown in readme_figures().items():
+        assert abs(float(table[metric].split()[0]) - shown) <= 0.03, (metric, shown, table[metric])
 
     # The services' output: named on the screen, in the job's folder.
     [log_line] = [line for line in lines if line.lstrip().startswith("services.log: ")]
