@@ -34,16 +34,8 @@ pytestmark = [
 def _run(
     tmp_path: Path, *extra: str, env: dict[str, str] | None = None, dataset: Path = TASKS
 ) -> dict[str, Any]:
-    argv = [
-        str(ROLLMESH),
-        "run",
-        "--backend",
-        "fake",
-        "--input",
-        str(dataset),
-        "--environment",
-        "harbor_demo",
-    ]
+    backend = [] if "--oracle" in extra else ["--backend", "fake"]  # an oracle job starts no model
+    argv = [str(ROLLMESH), "run", *backend, "--input", str(dataset), "--environment", "harbor_demo"]
     argv += ["--output-dir", str(tmp_path / "runs"), "--json", "--allowed-failures", "8", *extra]
     done = subprocess.run(
         argv,

@@ -124,6 +124,8 @@ def _run(
     if scheduler:
         _report(run(_remote(scheduler, spec, api_key)), as_json, scheduler)
         return
+    if job.oracle and not (backend or base_url):
+        backend = "fake"  # an oracle job calls no model: the embedded gateway starts none
     gateway_cfg = _embedded_gateway(model, base_url, api_key_env, backend, replicas)
     _refuse_unknown_names(spec)
     from rollmesh.commands._quiet import services_output
