@@ -276,6 +276,46 @@ ENV_VARS: dict[str, EnvVar] = {
             "",
             "Verifier: folder of the logs of the servers it starts (default: <tmp>/rollmesh-sidecars).",
         ),
+        # Container tasks (verifier/bridges/container; docs/container-tasks.md).
+        EnvVar(
+            "ROLLMESH_CONTAINER_PROVIDER",
+            "",
+            "Verifier: the machine provider of every container-task environment, daemonless or docker "
+            "(empty: each environment's container_tasks.toml).",
+        ),
+        EnvVar(
+            "ROLLMESH_IMAGE_MAP",
+            "",
+            "Verifier: image renames for container tasks, FROM=TO[,FROM=TO...] "
+            "(ubuntu:24.04=registry.local/ubuntu:24.04); wins over container_tasks.toml's [image_map].",
+        ),
+        EnvVar(
+            "ROLLMESH_CONTAINER_WARM",
+            0,
+            "Verifier: container-task machines started ahead per task (0: container_tasks.toml's warm).",
+        ),
+        EnvVar(
+            "ROLLMESH_CONTAINER_USERNS",
+            True,
+            "Verifier: each daemonless machine in a user namespace of its own (a leased block of host "
+            "uids); 0: its root is the host's root, confined as Docker's.",
+        ),
+        EnvVar(
+            "ROLLMESH_MACHINES_DIR",
+            "/run/rollmesh/machines",
+            "Verifier: where daemonless machines keep their labels and control sockets (swept at start).",
+        ),
+        EnvVar(
+            "ROLLMESH_MACHINE_UID_LEASES",
+            "/run/rollmesh/machine-uids",
+            "Verifier: the lease files of the daemonless machines' uid blocks (host-wide).",
+        ),
+        EnvVar(
+            "ROLLMESH_CACHE_DIR",
+            "",
+            "Where built things are cached (default ~/.cache/rollmesh): container tasks' bases and "
+            "images, NeMo Gym and verifiers virtualenvs.",
+        ),
         EnvVar(
             "ROLLMESH_VERIFIER_MATH_TIMEOUT_S",
             10.0,

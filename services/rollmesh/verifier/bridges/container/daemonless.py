@@ -73,7 +73,7 @@ _IGNORED = {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "STOPSIGNAL", "HEALTHCHECK",
 #: Each rollout's machine maps its uids 0-65535 to a block of host uids of its own, leased host-wide
 #: (an flock per block under UID_LEASES, held while the machine lives). ROLLMESH_CONTAINER_USERNS=0
 #: turns it off (the machine's root is then the host's root, confined as Docker's is).
-USER_NAMESPACES = os.environ.get("ROLLMESH_CONTAINER_USERNS", "1") != "0"
+USER_NAMESPACES = os.environ.get("ROLLMESH_CONTAINER_USERNS", "1").strip().lower() not in ("0", "false", "no")
 UID_BLOCK_BASE, UID_BLOCK, UID_BLOCKS = 2_000_000_000, 65536, 1024
 UID_LEASES = Path(os.environ.get("ROLLMESH_MACHINE_UID_LEASES", "/run/rollmesh/machine-uids"))
 
