@@ -36,3 +36,42 @@ def test_two_different_rows_with_one_input_are_refused() -> None:
     with pytest.raises(ValueError, match="share the input"):
         join_tasks([], [task("x", a=1), task("x", a=2)])
     assert join_tasks([task("x", reward=1.0)], [task("x", a=1), task("x", a=1)])[1] == 0
+
+
+class _Down:
+    """A verifier port whose every call finds the verifier unreachable (or never answers)."""
+
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+
+    async def seed_session(self, *args: object) -> object:
+        import asyncio
+
+        from rollmesh_client import UnavailableError
+
+        if self.hang:
+            await asyncio.Event().wait()
+        raise UnavailableError("connection refused")
+
+    async def close_session(self, session_id: str) -> None:
+        return None
+
+
+@pytest.mark.parametrize("hang", [False, True])
+async def test_a_replay_the_verifier_cannot_answer_ends_the_run_not_the_row(hang: bool) -> None:
+    """Replay (reverify of an environment that takes turns): an unreachable verifier is
+    VerifierUnavailable and one that answers nothing within the idle timeout ReverifyTimeout; both
+    end the run (they are RollmeshErrors, which a row's own failure is caught as)."""
+    from typing import Any, cast
+
+    from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
+    from rollmesh.commands._reverify import ReverifyReport, _replay_all
+    from rollmesh.scheduler.records import Rollout, RolloutKey
+
+    row = Rollout(
+        RolloutKey(0, 0), "job1", task("hi"), [{"role": "assistant", "content": "hello"}], 1.0
+    ).to_row()
+    report = ReverifyReport(rows=[row])
+    with pytest.raises(ReverifyTimeout if hang else VerifierUnavailable, match="replaying row 0"):
+        await _replay_all([row], "env", cast(Any, _Down(hang)), 1, 0.5, report, None)
+    assert report.errors == 0 and "reverify_error" not in row

@@ -282,6 +282,8 @@ async def _replay_all(
                     replayed = await replay(
                         Rollout.from_row(row), environment=environment, env=port, session_prefix=prefix
                     )
+            except (ReverifyTimeout, VerifierUnavailable):
+                raise  # the run ends: RollmeshErrors themselves, they are no row's failure
             except (RollmeshClientError, RollmeshError) as exc:
                 _failed(row, _named(exc), report)
             except (KeyError, TypeError, ValueError) as exc:  # a stored row without what the loop needs
