@@ -121,15 +121,6 @@ def machine_folders(machine_id: str, root: Path = ROOT) -> list[str]:
     return [str(b / PARENT / machine_id) for b in bases if (b / PARENT / machine_id).is_dir()]
 
 
-def peak_memory_bytes(folders: list[str]) -> int:
-    """The machine's peak memory use so far (0 when not accounted)."""
-    for folder in folders:
-        for name in ("memory.peak", "memory.max_usage_in_bytes"):
-            with contextlib.suppress(OSError, ValueError):
-                return int((Path(folder) / name).read_text())
-    return 0
-
-
 def oom_killed(folders: list[str]) -> bool:
     """Whether the kernel killed a process of the machine for its memory limit."""
     for folder in folders:

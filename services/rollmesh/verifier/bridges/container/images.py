@@ -154,14 +154,6 @@ def compose_recipe(task: HarborTask, path: Path, image_map: ImageMap) -> Recipe:
     return Recipe(base=mapped(image, image_map), environment=env)
 
 
-def compose_services(path: Path) -> list[str]:
-    import yaml
-
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    services = doc.get("services") if isinstance(doc, dict) else None
-    return sorted(services) if isinstance(services, dict) else []
-
-
 def compose_environment(raw: Any, where: str) -> dict[str, str]:
     if raw is None:
         return {}
