@@ -184,6 +184,9 @@ async def test_the_embedded_mesh_serves_every_service_metrics(tmp_path: Path) ->
     assert grew("rollmesh_gateway_time_to_first_token_seconds_count", model="fake") >= 6
     assert grew("rollmesh_verifier_verifies_total", environment="arithmetic", outcome="ok") == 6
     assert grew("rollmesh_stream_items_total", item="verify", code="OK") == 6
+    assert grew("rollmesh_scheduler_calls_total", service="verifier", method="Verify", code="OK") == 6
+    assert grew("rollmesh_scheduler_call_seconds_count", service="verifier", method="Verify") == 6
+    assert grew("rollmesh_scheduler_calls_total", service="gateway", method="Generate", code="OK") >= 6
     assert _value(after, "rollmesh_scheduler_jobs", state="SUCCEEDED") >= 1
     assert _value(after, "rollmesh_gateway_policy_version", model="fake") == 0
     submit = {

@@ -15,6 +15,8 @@ fraction of a unary RPC. A gateway without GenerateMany (UNIMPLEMENTED) is calle
 Inside a sampled trace (mesh/tracing.py), each call carries the current span's W3C context: a unary
 call in its metadata (`_call`), a Generate or Verify item in its `trace_context`; other calls carry
 nothing (no channel interceptor: it would cost every call a task).
+Every call to the gateway and the verifier is counted by method and status code and timed as the
+scheduler sees it (scheduler/telemetry.py `CallRecorder`, one per method, made at import).
 `connect(address)` makes a port over gRPC; `in_process(servicer)` one on the service's servicer in
 this process (the embedded mesh, launch/embedded.py), with the same messages, errors, deadlines and
 cancellation but no gRPC hop (mesh/in_process.py).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, Self, TypeVar
 
@@ -50,6 +53,7 @@ from rollmesh.scheduler.drivers.agent_loop import (
 )
 from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureOpened, CaptureRecord
 from rollmesh.scheduler.errors import BadReward
+from rollmesh.scheduler.telemetry import CallRecorder
 from rollmesh_client import (
     AlreadyExistsError,
     Multiplexed,
@@ -69,9 +73,23 @@ R = TypeVar("R")
 SERVICE_CALL_S = 30.0
 
 
-async def _call(method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None) -> R:
-    """`unary_call`, with the current span's W3C context in the metadata inside a sampled trace."""
-    return await unary_call(method, request, timeout_s, metadata=tracing.metadata())
+async def _call(
+    recorder: CallRecorder, method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None
+) -> R:
+    """`unary_call`, with the current span's W3C context in the metadata inside a sampled trace, in
+    the scheduler's call metrics (`recorder`: the service and method)."""
+    start = time.perf_counter()
+    try:
+        answer = await unary_call(method, request, timeout_s, metadata=tracing.metadata())
+    except BaseException as exc:
+        recorder.failed(exc, start)
+        raise
+    recorder.answered(start)
+    return answer
+
+
+def _recorders(service: str, *methods: str) -> dict[str, CallRecorder]:
+    return {method: CallRecorder(service, method) for method in methods}
 
 
 def tool_to_pb(tool: Json) -> common_pb2.ToolSpec:
@@ -107,8 +125,14 @@ class _Port:
         self._many = many
         self.channel = channel
 
-    # Set by each port: its gRPC stub class, the SDK's multiplexed client of its stream method,
-    # and the servicer's method that describes that stream's server side (mesh/in_process.py).
+    async def _unary(self, method: str, request: Any, timeout_s: float | None) -> Any:
+        """The unary call `method` of the stub (`_call`), in that method's call metrics."""
+        return await _call(self._calls[method], getattr(self.stub, method), request, timeout_s)
+
+    # Set by each port: its methods' call metrics (scheduler/telemetry.py), its gRPC stub class, the
+    # SDK's multiplexed client of its stream method, and the servicer's method that describes that
+    # stream's server side (mesh/in_process.py).
+    _calls: dict[str, CallRecorder]
     _stub_class: Any = None
     _mux: Callable[[Any], Multiplexed[Any, Any, Any]]
     _stream_method = ""
@@ -148,6 +172,7 @@ class _Port:
 class GatewayModel(_Port):
     """ModelPort over the ModelGateway."""
 
+    _calls = _recorders("gateway", "Generate", "CloseSession", "ListModels", "OpenCapture", "CloseCapture")
     _stub_class = gateway_pb2_grpc.ModelGatewayStub
     _mux = staticmethod(generate_mux)
     _stream_method = "generate_many"
@@ -167,24 +192,32 @@ class GatewayModel(_Port):
         return _turn(await self._generate(req))
 
     async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
+        recorder = self._calls["Generate"]
         if not self._unary_only:
+            start = time.perf_counter()
             try:
                 answer: gateway_pb2.GenerateResponse = await self._many.call(req, None)
-                return answer
             except RollmeshClientError as exc:
                 if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                    recorder.failed(exc, start)
                     raise
                 self._unary_only = True
-        resp: gateway_pb2.GenerateResponse = await _call(self.stub.Generate, req, None)
+            except BaseException as exc:
+                recorder.failed(exc, start)
+                raise
+            else:
+                recorder.answered(start)
+                return answer
+        resp: gateway_pb2.GenerateResponse = await self._unary("Generate", req, None)
         return resp
 
     async def close_session(self, session_id: str) -> None:
         req = gateway_pb2.CloseGatewaySessionRequest(session_id=session_id)
-        await _call(self.stub.CloseSession, req, SERVICE_CALL_S)
+        await self._unary("CloseSession", req, SERVICE_CALL_S)
 
     async def engine_capacity(self, model: str) -> int:
         req = gateway_pb2.ListModelsRequest(page_size=1000)
-        resp: gateway_pb2.ListModelsResponse = await _call(self.stub.ListModels, req, SERVICE_CALL_S)
+        resp: gateway_pb2.ListModelsResponse = await self._unary("ListModels", req, SERVICE_CALL_S)
         for m in resp.models:
             if m.name == model or (not model and m.is_default):
                 return sum(r.max_batch for r in m.replicas if r.healthy)
@@ -196,12 +229,12 @@ class GatewayModel(_Port):
         req = gateway_pb2.OpenCaptureRequest(
             capture_id=capture_id, model=model, sampling=sampling_to_pb(sampling), session_id=session_id
         )
-        resp: gateway_pb2.OpenCaptureResponse = await _call(self.stub.OpenCapture, req, SERVICE_CALL_S)
+        resp: gateway_pb2.OpenCaptureResponse = await self._unary("OpenCapture", req, SERVICE_CALL_S)
         return CaptureOpened(base_url=resp.base_url, token=resp.token)
 
     async def close_capture(self, capture_id: str) -> CaptureRecord:
         req = gateway_pb2.CloseCaptureRequest(capture_id=capture_id)
-        resp: gateway_pb2.CloseCaptureResponse = await _call(self.stub.CloseCapture, req, SERVICE_CALL_S)
+        resp: gateway_pb2.CloseCaptureResponse = await self._unary("CloseCapture", req, SERVICE_CALL_S)
         calls = [
             CapturedTurn(
                 api=c.api,
@@ -229,6 +262,16 @@ def _turn(resp: gateway_pb2.GenerateResponse) -> Turn:
 class VerifierEnv(_Port):
     """EnvPort over the EnvironmentVerifier."""
 
+    _calls = _recorders(
+        "verifier",
+        "Verify",
+        "VerifyGroup",
+        "SeedSession",
+        "CallTool",
+        "Step",
+        "CloseSession",
+        "GetEnvironment",
+    )
     _stub_class = verifier_pb2_grpc.EnvironmentVerifierStub
     _mux = staticmethod(verify_mux)
     _stream_method = "verify_batch"
@@ -238,12 +281,12 @@ class VerifierEnv(_Port):
             environment=environment, task_json=json.dumps(task, ensure_ascii=False), session_id=session_id
         )
         try:
-            resp: verifier_pb2.SeedSessionResponse = await _call(self.stub.SeedSession, req, SERVICE_CALL_S)
+            resp: verifier_pb2.SeedSessionResponse = await self._unary("SeedSession", req, SERVICE_CALL_S)
         except AlreadyExistsError:
             # Left over from an attempt whose close was lost (or a crashed run): start it afresh.
             with contextlib.suppress(NotFoundError):
                 await self.close_session(session_id)
-            resp = await _call(self.stub.SeedSession, req, SERVICE_CALL_S)
+            resp = await self._unary("SeedSession", req, SERVICE_CALL_S)
         return SessionOpened(
             tools=[tool_from_pb(t) for t in resp.tools],
             messages=[message_from_pb(m) for m in resp.messages],
@@ -263,12 +306,12 @@ class VerifierEnv(_Port):
                 arguments_json=args if isinstance(args, str) else json.dumps(args),
             ),
         )
-        resp: verifier_pb2.CallToolResponse = await _call(self.stub.CallTool, req, None)
+        resp: verifier_pb2.CallToolResponse = await self._unary("CallTool", req, None)
         return ToolResult(output=resp.output, is_error=resp.is_error)
 
     async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
         req = verifier_pb2.StepRequest(session_id=session_id, messages=[message_to_pb(m) for m in messages])
-        resp: verifier_pb2.StepResponse = await _call(self.stub.Step, req, None)
+        resp: verifier_pb2.StepResponse = await self._unary("Step", req, None)
         if not math.isfinite(resp.reward):
             raise BadReward(f"the verifier answered step reward = {resp.reward}, not a finite number")
         return EnvStep(
@@ -288,7 +331,13 @@ class VerifierEnv(_Port):
             session_id=session_id,
             trace_context=tracing.inject() or None,  # the verify span's (as in generate)
         )
-        r = await self._many.call(req, None)
+        recorder, start = self._calls["Verify"], time.perf_counter()
+        try:
+            r = await self._many.call(req, None)
+        except BaseException as exc:
+            recorder.failed(exc, start)
+            raise
+        recorder.answered(start)
         result = from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
         if bad := result.not_finite():
             raise BadReward(f"the verifier answered {bad}, not a finite number")
@@ -308,7 +357,7 @@ class VerifierEnv(_Port):
                 for member in members
             ],
         )
-        resp: verifier_pb2.VerifyGroupResponse = await _call(self.stub.VerifyGroup, req, None)
+        resp: verifier_pb2.VerifyGroupResponse = await self._unary("VerifyGroup", req, None)
         if len(resp.results) != len(members):
             raise BadReward(
                 f"the verifier answered {len(resp.results)} results for a group of {len(members)} rollouts"
@@ -323,11 +372,11 @@ class VerifierEnv(_Port):
 
     async def close_session(self, session_id: str) -> None:
         req = verifier_pb2.CloseSessionRequest(session_id=session_id)
-        await _call(self.stub.CloseSession, req, SERVICE_CALL_S)
+        await self._unary("CloseSession", req, SERVICE_CALL_S)
 
     async def describe_environment(self, environment: str) -> EnvDescription:
         req = verifier_pb2.GetEnvironmentRequest(name=environment)
-        resp: verifier_pb2.Environment = await _call(self.stub.GetEnvironment, req, SERVICE_CALL_S)
+        resp: verifier_pb2.Environment = await self._unary("GetEnvironment", req, SERVICE_CALL_S)
         return EnvDescription(
             tools=[tool_from_pb(t) for t in resp.tools],
             stateless=resp.stateless,
