@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: sysdeps nemo-gym-venv nemo-gym-0.7-python setup run train-demo test test-containers lint typecheck docs protos protos-check bench clean
+.PHONY: sysdeps nemo-gym-venv nemo-gym-0.7-python foreign-venvs setup run train-demo test test-containers lint typecheck docs protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -44,17 +44,14 @@ docs: setup
 	$(BIN)/python scripts/gen_cli_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: setup sysdeps protos-check lint typecheck docs nemo-gym-venv
+test: setup sysdeps protos-check lint typecheck docs foreign-venvs
 	$(BIN)/python -m pytest -q -ra
 
-# The NeMo Gym 0.4.0 and 0.7.0 virtualenvs the bridge's tests run NeMo Gym's own servers in
-# (scripts/nemo_gym.py: built once and cached under ~/.cache/rollmesh, seconds when warm). 0.7.0 needs
-# Python >= 3.13.14 (`make nemo-gym-0.7-python` builds one: below).
-# Exit 3 is "no such Python on this machine": the tests that need it then skip, naming that.
 # Debian packages tests use: Prometheus (tests/e2e/test_prometheus_scrape.py scrapes the mesh with it)
 # and tmux (tests/e2e/test_run_terminal.py reads `make run`'s screen in a real terminal), debootstrap (the
-# container tasks' local base image, made once: docs/container-tasks.md); installed with apt-get when
-# missing (as root, else through sudo), so `make test` needs nothing installed by hand.
+# container tasks' local base image, made once: docs/container-tasks.md; the Debian root NeMo Gym
+# 0.7.0's interpreter comes from, scripts/debian_root.py); installed with apt-get when missing (as
+# root, else through sudo), so `make test` needs nothing installed by hand.
 SYSDEPS := prometheus tmux debootstrap
 sysdeps:
 	@missing=$$(for tool in $(SYSDEPS); do command -v $$tool >/dev/null || echo $$tool; done); \
@@ -65,13 +62,23 @@ sysdeps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing >/dev/null; \
 	fi
 
-nemo-gym-venv: setup
-	$(BIN)/python scripts/nemo_gym.py venv >/dev/null || [ $$? = 3 ]
-	$(BIN)/python scripts/nemo_gym.py venv --version 0.7.0 >/dev/null || [ $$? = 3 ]
+# The virtualenvs the bridges' tests run foreign code in: NeMo Gym 0.4.0's and 0.7.0's servers
+# (scripts/nemo_gym.py), verifiers 0.3.1 and 0.4.0 (scripts/verifiers_venv.py); built once, at once,
+# and cached under ~/.cache/rollmesh (seconds when warm). NeMo Gym 0.7.0 needs Python >= 3.13.14,
+# which neither pyenv nor Debian stable has: as root its venv is made with Debian forky's python3.13,
+# from a root debootstrapped once into ~/.cache/rollmesh/python (scripts/debian_root.py; minutes).
+# Exit 3 is "no such Python on this machine": the tests that need it then skip, naming that.
+FOREIGN_VENVS := nemo-gym-0.4.0 nemo-gym-0.7.0 verifiers-0.3.1 verifiers-0.4.0
+.PHONY: $(FOREIGN_VENVS)
+foreign-venvs: $(FOREIGN_VENVS)
+nemo-gym-venv: nemo-gym-0.4.0 nemo-gym-0.7.0
+$(filter nemo-gym-%,$(FOREIGN_VENVS)): nemo-gym-%: setup
+	$(BIN)/python scripts/nemo_gym.py venv --version $* >/dev/null || [ $$? = 3 ]
+$(filter verifiers-%,$(FOREIGN_VENVS)): verifiers-%: setup
+	$(BIN)/python scripts/verifiers_venv.py --version $* >/dev/null || [ $$? = 3 ]
 
-# NeMo Gym 0.5-0.7 need Python >= 3.13.14, which neither pyenv nor Debian stable has here: this builds
-# CPython from Debian's python3.13 source package into ~/.cache/rollmesh/python (once; 15-50 minutes
-# on 2 cores, so not part of `make test`, whose 0.7.0 tests skip naming this target until it ran).
+# The interpreter NeMo Gym 0.5-0.7 needs, alone: the Debian forky root's as root (as above), else
+# CPython built from Debian's python3.13 source package into ~/.cache/rollmesh/python (15-50 minutes).
 nemo-gym-0.7-python: setup
 	$(BIN)/python scripts/nemo_gym.py python --version 0.7.0
 

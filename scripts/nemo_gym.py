@@ -17,7 +17,8 @@ an interrupted run leaves nothing half-made. Exit status: 0 ready (the path on s
 
 `venv` builds a virtualenv for running NeMo Gym's resources servers themselves (the bridge's managed
 mode, verifier/bridges/nemo_gym.py, and the compose stack's `nemo-gym` image, deploy/Dockerfile.nemo-gym):
-the interpreter NeMo Gym needs (pyenv's 3.12 for 0.2-0.4; see `find_python`), nemo-gym from the
+the interpreter NeMo Gym needs (pyenv's 3.12 for 0.2-0.4, a Debian forky root's 3.13 for 0.5-0.7;
+see `python_for`), nemo-gym from the
 cached wheel and each named server's own requirements.txt (the tested servers by default). nemo-gym
 pins its own openai, ray and mlflow, so it never shares rollmesh's virtualenv. The venv is
 `<cache>/<version>/venv/`: a stamp lists what is installed, a server whose requirements are missing
@@ -28,12 +29,13 @@ this machine (the tests skip, naming it).
     python scripts/nemo_gym.py python [--version 0.7.0]   # prints an interpreter NeMo Gym can use
 
 nemo-gym 0.5-0.7 needs Python >= 3.13.14, newer than pyenv's or bookworm's 3.13. `python` finds one
-(`find_interpreter`) or builds it: CPython's own source tarball, as Debian ships it in the python3.X
-source package of a newer suite (`apt-get source --download-only` against a private sources list
-of unstable and testing: nothing of the system's apt setup changes), configured and installed under
-`$ROLLMESH_CACHE_DIR/python/<version>/` (a stamp marks a finished install; the build takes minutes
-once, then `find_interpreter` finds it). Exit status 3: no suite has a new enough source package,
-or apt-get is not there.
+(`find_interpreter`), else takes Debian forky's python3.13 from a root debootstrapped once
+(scripts/debian_root.py: as root, minutes; `venv` does the same), else (not root) builds one:
+CPython's own source tarball, as Debian ships it in the python3.X source package of a newer suite
+(`apt-get source --download-only` against a private sources list of unstable and testing: nothing
+of the system's apt setup changes), configured and installed under `$ROLLMESH_CACHE_DIR/python/<version>/`
+(a stamp marks a finished install; the build takes 15-50 minutes once, then `find_interpreter` finds
+it). Exit status 3: no suite has a new enough package, or apt-get is not there.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from debian_root import root_python  # type: ignore[import-not-found]
 from venv_build import (  # type: ignore[import-not-found]
     STAMP_BUILT,
     AssetError,
@@ -57,6 +60,7 @@ from venv_build import (  # type: ignore[import-not-found]
     built_root,
     find_interpreter,
     locked,
+    run_step,
     version_key,
 )
 
@@ -160,17 +164,25 @@ def find_python(version: str = DEFAULT_VERSION) -> Path:
     return Path(find_interpreter(target_python(version), f"nemo-gym=={version}"))
 
 
+def python_for(version: str = DEFAULT_VERSION) -> Path:
+    """`find_python(version)`; for a version that needs a later Python than pyenv's and Debian
+    stable's, else the interpreter of a Debian root made once (scripts/debian_root.py; minutes)."""
+    if target_python(version) != _LATER_PYTHON:
+        return find_python(version)
+    return Path(root_python(_LATER_PYTHON, f"nemo-gym=={version}"))
+
+
 #: Debian suites whose source packages are searched for a newer CPython, newest first.
 _SUITES = ("sid", "forky")
-_BUILD_TIMEOUT_S = 3600
 
 
 def build_python(want: str) -> Path:
-    """`find_interpreter(want)`, else CPython >= `want` built from the upstream tarball in Debian's
-    python3.X source package (see the module docstring). NoInterpreter when no suite has one."""
+    """`find_interpreter(want)`, else a Debian root's (scripts/debian_root.py: as root, minutes),
+    else CPython >= `want` built from the upstream tarball in Debian's python3.X source package (see
+    the module docstring). NoInterpreter when no suite has one."""
     minor = ".".join(want.split(".")[:2])
     try:
-        return Path(find_interpreter(want, f"CPython {want}"))
+        return Path(root_python(want, f"CPython {want}"))
     except NoInterpreter:
         pass
     if shutil.which("apt-get") is None:
@@ -193,8 +205,8 @@ def build_python(want: str) -> Path:
             f"-oDir::Etc::SourceList={work / 'sources.list'}", f"-oDir::Etc::SourceParts={work / 'parts'}",
             f"-oDir::State::Lists={work / 'lists'}", f"-oDir::Cache={work / 'cache'}",
         ]  # fmt: skip
-        _run(["apt-get", *apt, "update"], work, f"apt-get update of Debian {'/'.join(_SUITES)} sources")
-        listed = _run(["apt-cache", *apt, "showsrc", f"python{minor}"], work, "apt-cache showsrc")
+        run_step(["apt-get", *apt, "update"], work, f"apt-get update of Debian {'/'.join(_SUITES)} sources")
+        listed = run_step(["apt-cache", *apt, "showsrc", f"python{minor}"], work, "apt-cache showsrc")
         versions = sorted(
             {ln.split()[1] for ln in listed.splitlines() if ln.startswith("Version: ")},
             key=lambda v: version_key(v.split("-")[0]),
@@ -207,36 +219,26 @@ def build_python(want: str) -> Path:
             )
         for version in good:  # the newest a mirror serves (an index can name one not yet there)
             try:
-                _run(["apt-get", *apt, "source", "--download-only", f"python{minor}={version}"], work, "")
+                run_step(["apt-get", *apt, "source", "--download-only", f"python{minor}={version}"], work, "")
                 break
             except AssetError:
                 continue
         else:
             raise AssetError(f"apt-get could download no python{minor} source of {good}")
         upstream = version.split("-")[0]
-        _run(["tar", "xJf", f"python{minor}_{upstream}.orig.tar.xz"], work, "unpacking the CPython source")
+        run_step(
+            ["tar", "xJf", f"python{minor}_{upstream}.orig.tar.xz"], work, "unpacking the CPython source"
+        )
         src = work / f"Python-{upstream}"
         prefix = built_root() / upstream
         shutil.rmtree(prefix, ignore_errors=True)
-        _run(["./configure", f"--prefix={prefix}", "--with-ensurepip=install"], src, "CPython's configure")
-        _run(["make", f"-j{os.cpu_count() or 1}"], src, f"building CPython {upstream}")
-        _run(["make", "install"], src, f"installing CPython {upstream} into {prefix}")
+        run_step(
+            ["./configure", f"--prefix={prefix}", "--with-ensurepip=install"], src, "CPython's configure"
+        )
+        run_step(["make", f"-j{os.cpu_count() or 1}"], src, f"building CPython {upstream}")
+        run_step(["make", "install"], src, f"installing CPython {upstream} into {prefix}")
         (prefix / STAMP_BUILT).write_text(f"python{minor} {version} (Debian source package)\n")
     return Path(find_interpreter(want, f"CPython {want}"))
-
-
-def _run(cmd: list[str], cwd: Path, what: str) -> str:
-    """`cmd`'s stdout; AssetError naming `what` (or the command) and its last line of error."""
-    try:
-        done = subprocess.run(
-            cmd, cwd=cwd, capture_output=True, text=True, check=False, timeout=_BUILD_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        raise AssetError(f"{what or cmd[0]} took over {_BUILD_TIMEOUT_S}s") from None
-    if done.returncode != 0:
-        last = ([ln for ln in done.stderr.splitlines() if ln.strip()] or ["no output"])[-1]
-        raise AssetError(f"{what or ' '.join(cmd[:3])} failed: {last}")
-    return done.stdout
 
 
 def server_requirements(version: str, server: str) -> list[str]:
@@ -256,7 +258,7 @@ def venv(version: str = DEFAULT_VERSION, servers: tuple[str, ...] = TESTED_SERVE
     return Path(
         build_venv(
             cache_root() / version / "venv",
-            base=lambda: find_python(version),
+            base=lambda: python_for(version),
             library=lambda: [str(wheel(version))],
             what=f"nemo-gym=={version}",
             key="servers",

@@ -72,7 +72,9 @@ def find_interpreter(want: str, who: str) -> Path:
         glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / "python3")), key=version_key
     )[::-1]
     built = sorted(glob.glob(str(built_root() / f"{minor}.*" / STAMP_BUILT)), key=version_key)[::-1]
-    candidates += [str(Path(b).parent / "bin" / "python3") for b in built]
+    # Its real folder (a Debian root's usr/ is linked there, scripts/debian_root.py): a virtualenv
+    # made with it names that folder, which a confined sidecar is given to read (mesh/confine.py).
+    candidates += [str(Path(os.path.realpath(Path(b).parent)) / "bin" / "python3") for b in built]
     candidates.append(shutil.which("python3"))
     for path in (Path(c) for c in candidates if c):
         done = subprocess.run(
@@ -88,6 +90,24 @@ def find_interpreter(want: str, who: str) -> Path:
         f"{who} needs Python >= {want}; no python{minor} on PATH, in {pyenv}/versions or {built_root()}, "
         "and no later python3 on PATH (`scripts/nemo_gym.py python --version <nemo-gym version>` builds one)"
     )
+
+
+#: How long one step of making an interpreter may take (a download, a build, a debootstrap).
+STEP_TIMEOUT_S = 3600
+
+
+def run_step(cmd: list[str], cwd: Path | None, what: str) -> str:
+    """`cmd`'s stdout; AssetError naming `what` (or the command) and its last line of error."""
+    try:
+        done = subprocess.run(
+            cmd, cwd=cwd, capture_output=True, text=True, check=False, timeout=STEP_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise AssetError(f"{what or cmd[0]} took over {STEP_TIMEOUT_S}s") from None
+    if done.returncode != 0:
+        last = ([ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()] or ["no output"])[-1]
+        raise AssetError(f"{what or ' '.join(cmd[:3])} failed: {last}")
+    return done.stdout
 
 
 def pip_install(python: Path, args: list[str], what: str) -> None:

@@ -11,8 +11,31 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
+from tests.parallel import group_by_file
 
 StartServer = Callable[..., Awaitable[MeshServer]]
+
+
+#: Fixtures that may wait for a foreign virtualenv being built (minutes when cold: by this session,
+#: or by `make test`'s build of it running beside pytest): their tests' timeout counts the test
+#: function only (each build step has its own bound, scripts/venv_build.py).
+FOREIGN_VENVS = frozenset(
+    {"nemo_gym_python", "nemo_gym_python_each", "verifiers_python", "verifiers_v1_python"}
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The timeout of tests that may wait for a foreign venv (`FOREIGN_VENVS`); on xdist workers
+    (`--dist loadgroup`): each test file one group, the real-vLLM files one, longest first
+    (tests/parallel.py)."""
+    for item in items:
+        if FOREIGN_VENVS.intersection(item.fixturenames):
+            marker = item.get_closest_marker("timeout")
+            seconds = (marker.args[:1] or [marker.kwargs.get("timeout")])[0] if marker else None
+            item.add_marker(pytest.mark.timeout(seconds, func_only=True))
+    if getattr(config.option, "loadgroup", False):  # set on xdist's workers
+        group_by_file(items)
 
 
 @pytest_asyncio.fixture
@@ -76,6 +99,13 @@ def nemo_gym_python_of(version: str) -> Path:
 def nemo_gym_python() -> Path:
     """The NeMo Gym 0.4.0 virtualenv's interpreter (`nemo_gym_python_of`)."""
     return nemo_gym_python_of("0.4.0")
+
+
+@pytest.fixture(scope="session", params=["0.4.0", "0.7.0"])
+def nemo_gym_python_each(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    """NeMo Gym 0.4.0, then 0.7.0, and its virtualenv's interpreter (`nemo_gym_python_of`; a test
+    using it runs once for each)."""
+    return str(request.param), nemo_gym_python_of(str(request.param))
 
 
 verifiers_venv = _load_script("verifiers_venv")

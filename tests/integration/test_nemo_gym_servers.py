@@ -1,8 +1,8 @@
 """NeMo Gym's own resources servers, served as they are (managed: each started by the verifier from
 a NeMo Gym virtualenv, scripts/nemo_gym.py venv), reproduce the rewards NeMo Gym recorded when
 `rollmesh reverify` re-scores their recorded rollouts through a real verifier (gRPC, with an API
-key). Each test runs for NeMo Gym 0.4.0 (pyenv's 3.12) and 0.7.0 (Python >= 3.13.14, the one
-`scripts/nemo_gym.py python` builds), each version's own servers against its own recorded rows:
+key). Each test runs for NeMo Gym 0.4.0 (pyenv's 3.12) and 0.7.0 (Python >= 3.13.14: Debian forky's,
+scripts/debian_root.py), each version's own servers against its own recorded rows:
 0.7.0's servers add /close_session and /reverify_mode and answer `mask_sample` / `failure_kind`.
 
 Each server's `data/example_rollouts.jsonl` holds rollouts NeMo Gym ran and the reward its own
@@ -82,10 +82,11 @@ class Gym:
     service: VerifierService
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["0.4.0", "0.7.0"])
-async def gym(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Gym]:
-    version = str(request.param)
-    python = nemo_gym_python_of(version)
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gym(
+    nemo_gym_python_each: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Gym]:
+    version, python = nemo_gym_python_each
     root = tmp_path_factory.mktemp(f"gym-root-{version}")
     for name in (*SERVERS, *UNJOINABLE):
         folder = root / "environments" / f"ng_{name}"  # (a built-in reasoning_gym exists)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,33 @@ def test_a_cpython_build_python_made_is_found_and_an_older_one_is_not(
     built = interpreter(tmp_path / "cache" / "python", "3.13.15", stamp=True)
     assert nemo_gym_assets.find_python("0.7.0") == built
     assert nemo_gym_assets.build_python("3.13.14") == built  # found: nothing is fetched or built
+
+
+def test_a_debian_roots_interpreter_is_found_by_its_real_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Debian root's usr/ linked as `<cache>/python/3.13.15` (scripts/debian_root.py) is found,
+    by its real path: a venv made with it then names the folder a confined sidecar may read."""
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.setenv("ROLLMESH_CACHE_DIR", str(tmp_path / "cache"))
+    usr = tmp_path / "cache" / "python" / "forky" / "usr"
+    (usr / "bin").mkdir(parents=True)
+    (usr / "bin" / "python3").write_text("#!/bin/sh\necho '3 13 15'\n")
+    (usr / "bin" / "python3").chmod(0o755)
+    (usr / ".rollmesh-built").write_text("python3.13 3.13.15-1 (Debian forky root)\n")
+    (tmp_path / "cache" / "python" / "3.13.15").symlink_to(Path("forky") / "usr")
+    assert nemo_gym_assets.python_for("0.7.0") == usr / "bin" / "python3"
+
+
+def test_no_root_no_debian_root_and_the_reason_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+    monkeypatch.setenv("ROLLMESH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys.modules["debian_root"].os, "geteuid", lambda: 1000)
+    with pytest.raises(
+        nemo_gym_assets.NoInterpreter, match=r"Debian forky root .* cannot be made \(not root\)"
+    ):
+        nemo_gym_assets.python_for("0.7.0")
