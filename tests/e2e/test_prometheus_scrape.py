@@ -1,7 +1,8 @@
 """A real Prometheus server (Debian's `prometheus` package) scrapes `rollmesh up --metrics` every
 second while a job runs, and is asked over its HTTP API what it saw: the scheduler's rollouts done
-equal the job's count, every service answered gRPC calls by method, and no label of any rollmesh
-series has unbounded values (checked on the full series list)."""
+equal the job's count, every service answered gRPC calls by method, the shipped rules
+(deploy/prometheus/rollmesh.rules.yml) load and record, and no label of any rollmesh series has
+unbounded values (checked on the full series list)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ SERVICES = {
 }
 # Labels that would grow with the work done, never allowed on a rollmesh series.
 UNBOUNDED_NAMES = {"job_id", "key", "rollout", "rollout_key", "session_id", "request_id", "task_index"}
-MAX_VALUES_PER_LABEL = 40  # the largest bounded set here: histogram buckets (18) and methods per service
+MAX_VALUES_PER_LABEL = 40  # the largest bounded set here: histogram buckets (21) and methods per service
 
 
 def _listening_port(pid: int) -> int | None:
@@ -77,8 +78,10 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
     with rollmesh_up(tmp_path, args=["--metrics"]) as up:
         targets = [f'"{up["metrics"][s]}"' for s in SERVICES]
         config = tmp_path / "prometheus.yml"
+        rules = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "rollmesh.rules.yml"
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: [{json.dumps(str(rules))}]\n"
             "scrape_configs:\n"
             f"  - job_name: rollmesh\n    static_configs: [{{targets: [{', '.join(targets)}]}}]\n"
         )
@@ -159,6 +162,20 @@ def test_prometheus_sees_the_job_and_every_service(prometheus: tuple[str, dict[s
     assert calls["rollmesh.v1.ArtifactRegistry"]["ListArtifacts"] >= 1
     items = _query(base, 'sum by (item) (rollmesh_stream_items_total{code="OK"})')
     assert {r["metric"]["item"]: float(r["value"][1]) for r in items}["verify"] == total
+
+    # The shipped rules load and evaluate: every rule healthy, the rollout rate recorded, the
+    # scheduler's verify calls timed, and no alert about the environment or the services firing.
+    groups = _get(base, "/api/v1/rules")["groups"]
+    assert {g["name"] for g in groups} == {"rollmesh-recording", "rollmesh-alerts"}
+    assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
+    deadline = time.monotonic() + 60
+    while not _query(base, 'rollmesh:rollouts_done:rate1m{outcome="succeeded"} > 0'):
+        assert time.monotonic() < deadline, "rollmesh:rollouts_done:rate1m never recorded"
+        time.sleep(0.5)
+    verify_p95 = _query(base, 'rollmesh:scheduler_call_seconds:p95_5m{service="verifier", method="Verify"}')
+    assert verify_p95 and 0 < float(verify_p95[0]["value"][1]) < 60, verify_p95
+    firing = _query(base, 'ALERTS{alertname=~"RollmeshEnvironmentDown|RollmeshServiceUnreachable"}')
+    assert not firing, firing
 
     series = _get(base, "/api/v1/series", **{"match[]": '{job="rollmesh"}'})
     values: dict[str, set[str]] = defaultdict(set)
