@@ -43,7 +43,10 @@ def test_a_two_turn_record_splits_at_the_first_generated_id() -> None:
 def test_unusable_records_are_failed_samples_not_guesses() -> None:
     masked = trl_sample(rollout([1, 2, 3], [0, 1, 1], [TurnSpan(0, 1, 3, "4")], masked=True))
     assert masked.reward is None and masked.failure.startswith("MASKED")
-    assert masked.env_mask == [1, 1]  # the ids are real; TRL gives a None reward no advantage
+    assert masked.env_mask == [
+        0,
+        0,
+    ]  # no verdict: no loss (as collate), and TRL gives a None reward no advantage
     empty = trl_sample(rollout([], [], []))
     assert empty.failure.startswith("NO_TOKEN_RECORD") and empty.reward is None
     two_segments = [TurnSpan(0, 2, 3, "4"), TurnSpan(3, 5, 6, "4", segment=1)]

@@ -52,7 +52,7 @@ def trl_sample(r: TrainerRollout) -> TrlSample:
     return TrlSample(
         prompt_ids=r.token_ids[:start],
         completion_ids=r.token_ids[start:],
-        env_mask=r.loss_mask[start:],
+        env_mask=[0] * (len(r.token_ids) - start) if r.masked else r.loss_mask[start:],  # as collate does
         logprobs=r.logprobs[start:] if r.logprobs is not None else None,
         reward=None if r.masked else r.reward,
         policy_version=r.version,
