@@ -94,8 +94,9 @@ def test_the_fake_model_works_through_the_tools_and_broken_graders_fail_by_name(
         assert rows[solved]["reward"] == 1.0, rows[solved]["verify_details"]
     hanging = rows["hanging-agent"]
     assert hanging["verify_details"]["agent_timed_out"] is True
+    assert hanging["finish_reason"] == "agent_timeout"  # the cut command's answer ended the agent
     outputs = [m["content"] for m in hanging["chat_messages"] if m["role"] == "tool"]
-    assert "[the command was cut after" in outputs[1] and "time (4s, [agent] timeout_sec) is up" in outputs[2]
+    assert len(outputs) == 2 and "[the command was cut after" in outputs[1]
     fixed = [m["content"] for m in rows["fix-calc"]["chat_messages"] if m["role"] == "tool"]
     assert "return a + b" in fixed[-1]
     assert {name: rows[name]["reward"] for name in ("memory-hog", "answer-json")} == {

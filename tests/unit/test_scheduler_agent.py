@@ -67,6 +67,31 @@ async def test_max_steps_stops_the_loop() -> None:
     assert out.finish_reason == "max_steps" and len(out.turns) == 2 and out.verdict.reward == 0.0
 
 
+async def test_a_tool_answer_that_ends_the_agent_stops_the_loop_and_verifies() -> None:
+    """An environment that ends the agent with a call's answer (a container task whose agent time is
+    up: ToolResult.ends_agent): no more model turns, finish reason "agent_timeout", then verify."""
+    from rollmesh.scheduler.drivers.agent_loop import ToolResult
+
+    class TimedOut(LocalEnv):
+        async def call_tool(self, session_id: str, call: Any) -> Any:
+            await super().call_tool(session_id, call)
+            return ToolResult("error: the agent's time is up", is_error=True, ends_agent=True)
+
+    model, env = LocalModel(counter_tool_script), TimedOut()
+    out = await run_agent(
+        job_id="j",
+        key=RolloutKey(0, 0),
+        task=_task("Add 1 and 2", "3"),
+        seed=0,
+        settings=AgentSettings(environment="session_state", max_steps=8),
+        model=model,
+        env=env,
+    )
+    assert out.finish_reason == "agent_timeout" and len(out.turns) == 1 and len(env.tool_calls) == 1
+    assert [m["role"] for m in out.messages] == ["assistant", "tool"] and out.verdict.reward == 0.0
+    assert env.closed == ["j/0/0"]
+
+
 @pytest.mark.parametrize("finish", ["length", "unknown"])
 async def test_a_cut_turn_runs_no_tool_call_and_keeps_its_reason(finish: str) -> None:
     """A turn cut by max_tokens (or one whose end nobody named) whose text holds a whole tool call:

@@ -307,7 +307,7 @@ class VerifierEnv(_Port):
             ),
         )
         resp: verifier_pb2.CallToolResponse = await self._unary("CallTool", req, None)
-        return ToolResult(output=resp.output, is_error=resp.is_error)
+        return ToolResult(output=resp.output, is_error=resp.is_error, ends_agent=resp.ends_agent)
 
     async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
         req = verifier_pb2.StepRequest(session_id=session_id, messages=[message_to_pb(m) for m in messages])

@@ -56,7 +56,9 @@ def env_turn_to_pb(turn: EnvTurn) -> pb.StepResponse:
 
 
 def tool_output_to_pb(out: ToolOutput) -> pb.CallToolResponse:
-    return pb.CallToolResponse(tool_call_id=out.call_id, output=out.output, is_error=out.is_error)
+    return pb.CallToolResponse(
+        tool_call_id=out.call_id, output=out.output, is_error=out.is_error, ends_agent=out.ends_agent
+    )
 
 
 def result_to_pb(result: VerifyResult) -> pb.VerifyResult:

@@ -238,6 +238,8 @@ class ToolOutput:
     call_id: str
     output: str
     is_error: bool = False
+    #: The environment ends the agent with this answer (its time is up): the loop verifies now.
+    ends_agent: bool = False
 
 
 ToolFn = Callable[..., Awaitable[Any]]

@@ -26,7 +26,7 @@ from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 from rollmesh_client.v1 import common_pb2 as rollmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arollmesh/v1/verifier.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\x85\x02\n\x0b\x45nvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05tools\x18\x03 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x17\n\x0f\x65xample_dataset\x18\x05 \x01(\t\x12\x11\n\tstateless\x18\x06 \x01(\x08\x12\x0f\n\x07sandbox\x18\x32 \x01(\t\x12\x13\n\x0btakes_turns\x18\x07 \x01(\x08\x12\x1d\n\x15tool_calls_are_answer\x18\x08 \x01(\x08\x12\x15\n\rscores_groups\x18\t \x01(\x08\x12\x15\n\rpublic_fields\x18\n \x03(\t\"@\n\x11\x42rokenEnvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x93\x01\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.Environment\x12.\n\x06\x62roken\x18\x02 \x03(\x0b\x32\x1e.rollmesh.v1.BrokenEnvironment\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"%\n\x15GetEnvironmentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"P\n\x12SeedSessionRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\xd3\x01\n\x13SeedSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x05tools\x18\x02 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12*\n\x08messages\x18\x04 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x13\n\x0btakes_turns\x18\x05 \x01(\x08\x12,\n\rsession_tools\x18\x06 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\"J\n\x0f\x43\x61llToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x15.rollmesh.v1.ToolCall\"J\n\x10\x43\x61llToolResponse\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\"M\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"k\n\x0cStepResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x11\n\tinfo_json\x18\x04 \x01(\t\";\n\rModelResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"\xf3\x01\n\rVerifyRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12,\n\x08response\x18\x03 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x43\n\rtrace_context\x18\x05 \x03(\x0b\x32,.rollmesh.v1.VerifyRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x0cVerifyResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12=\n\ncomponents\x18\x02 \x03(\x0b\x32).rollmesh.v1.VerifyResult.ComponentsEntry\x12\x18\n\x10\x65xtracted_answer\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\x12\x0e\n\x06masked\x18\x05 \x01(\x08\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\x0eVerifyResponse\x12)\n\x06result\x18\x01 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResult\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"}\n\x12VerifyBatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.rollmesh.v1.VerifyRequest\x12.\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32\x1f.rollmesh.v1.VerifyBatchRequest\"\xaf\x01\n\x13VerifyBatchResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06result\x18\x02 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResultH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12/\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32 .rollmesh.v1.VerifyBatchResponseB\t\n\x07outcome\"O\n\x0bGroupMember\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x02 \x01(\t\"g\n\x12VerifyGroupRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.GroupMember\"A\n\x13VerifyGroupResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.rollmesh.v1.VerifyResult2\xde\x05\n\x13\x45nvironmentVerifier\x12_\n\x10ListEnvironments\x12$.rollmesh.v1.ListEnvironmentsRequest\x1a%.rollmesh.v1.ListEnvironmentsResponse\x12N\n\x0eGetEnvironment\x12\".rollmesh.v1.GetEnvironmentRequest\x1a\x18.rollmesh.v1.Environment\x12P\n\x0bSeedSession\x12\x1f.rollmesh.v1.SeedSessionRequest\x1a .rollmesh.v1.SeedSessionResponse\x12G\n\x08\x43\x61llTool\x12\x1c.rollmesh.v1.CallToolRequest\x1a\x1d.rollmesh.v1.CallToolResponse\x12\x41\n\x06Verify\x12\x1a.rollmesh.v1.VerifyRequest\x1a\x1b.rollmesh.v1.VerifyResponse\x12;\n\x04Step\x12\x18.rollmesh.v1.StepRequest\x1a\x19.rollmesh.v1.StepResponse\x12S\n\x0c\x43loseSession\x12 .rollmesh.v1.CloseSessionRequest\x1a!.rollmesh.v1.CloseSessionResponse\x12T\n\x0bVerifyBatch\x12\x1f.rollmesh.v1.VerifyBatchRequest\x1a .rollmesh.v1.VerifyBatchResponse(\x01\x30\x01\x12P\n\x0bVerifyGroup\x12\x1f.rollmesh.v1.VerifyGroupRequest\x1a .rollmesh.v1.VerifyGroupResponseB\x02P\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arollmesh/v1/verifier.proto\x12\x0brollmesh.v1\x1a\x17google/rpc/status.proto\x1a\x18rollmesh/v1/common.proto\"\x85\x02\n\x0b\x45nvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12$\n\x05tools\x18\x03 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x0e\n\x06source\x18\x04 \x01(\t\x12\x17\n\x0f\x65xample_dataset\x18\x05 \x01(\t\x12\x11\n\tstateless\x18\x06 \x01(\x08\x12\x0f\n\x07sandbox\x18\x32 \x01(\t\x12\x13\n\x0btakes_turns\x18\x07 \x01(\x08\x12\x1d\n\x15tool_calls_are_answer\x18\x08 \x01(\x08\x12\x15\n\rscores_groups\x18\t \x01(\x08\x12\x15\n\rpublic_fields\x18\n \x03(\t\"@\n\x11\x42rokenEnvironment\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\x93\x01\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.Environment\x12.\n\x06\x62roken\x18\x02 \x03(\x0b\x32\x1e.rollmesh.v1.BrokenEnvironment\x12\x17\n\x0fnext_page_token\x18\x03 \x01(\t\"%\n\x15GetEnvironmentRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"P\n\x12SeedSessionRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\"\xd3\x01\n\x13SeedSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12$\n\x05tools\x18\x02 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x01\x12*\n\x08messages\x18\x04 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x13\n\x0btakes_turns\x18\x05 \x01(\x08\x12,\n\rsession_tools\x18\x06 \x03(\x0b\x32\x15.rollmesh.v1.ToolSpec\"J\n\x0f\x43\x61llToolRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x04\x63\x61ll\x18\x02 \x01(\x0b\x32\x15.rollmesh.v1.ToolCall\"^\n\x10\x43\x61llToolResponse\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12\x12\n\nends_agent\x18\x04 \x01(\x08\"M\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12*\n\x08messages\x18\x02 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"k\n\x0cStepResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x11\n\tinfo_json\x18\x04 \x01(\t\";\n\rModelResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.rollmesh.v1.ChatMessage\"\xf3\x01\n\rVerifyRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12,\n\x08response\x18\x03 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x43\n\rtrace_context\x18\x05 \x03(\x0b\x32,.rollmesh.v1.VerifyRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x0cVerifyResult\x12\x0e\n\x06reward\x18\x01 \x01(\x01\x12=\n\ncomponents\x18\x02 \x03(\x0b\x32).rollmesh.v1.VerifyResult.ComponentsEntry\x12\x18\n\x10\x65xtracted_answer\x18\x03 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x04 \x01(\t\x12\x0e\n\x06masked\x18\x05 \x01(\x08\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\";\n\x0eVerifyResponse\x12)\n\x06result\x18\x01 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResult\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"}\n\x12VerifyBatchRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x07request\x18\x02 \x01(\x0b\x32\x1a.rollmesh.v1.VerifyRequest\x12.\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32\x1f.rollmesh.v1.VerifyBatchRequest\"\xaf\x01\n\x13VerifyBatchResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06result\x18\x02 \x01(\x0b\x32\x19.rollmesh.v1.VerifyResultH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.google.rpc.StatusH\x00\x12/\n\x05\x62\x61tch\x18\x32 \x03(\x0b\x32 .rollmesh.v1.VerifyBatchResponseB\t\n\x07outcome\"O\n\x0bGroupMember\x12,\n\x08response\x18\x01 \x01(\x0b\x32\x1a.rollmesh.v1.ModelResponse\x12\x12\n\nsession_id\x18\x02 \x01(\t\"g\n\x12VerifyGroupRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.rollmesh.v1.GroupMember\"A\n\x13VerifyGroupResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.rollmesh.v1.VerifyResult2\xde\x05\n\x13\x45nvironmentVerifier\x12_\n\x10ListEnvironments\x12$.rollmesh.v1.ListEnvironmentsRequest\x1a%.rollmesh.v1.ListEnvironmentsResponse\x12N\n\x0eGetEnvironment\x12\".rollmesh.v1.GetEnvironmentRequest\x1a\x18.rollmesh.v1.Environment\x12P\n\x0bSeedSession\x12\x1f.rollmesh.v1.SeedSessionRequest\x1a .rollmesh.v1.SeedSessionResponse\x12G\n\x08\x43\x61llTool\x12\x1c.rollmesh.v1.CallToolRequest\x1a\x1d.rollmesh.v1.CallToolResponse\x12\x41\n\x06Verify\x12\x1a.rollmesh.v1.VerifyRequest\x1a\x1b.rollmesh.v1.VerifyResponse\x12;\n\x04Step\x12\x18.rollmesh.v1.StepRequest\x1a\x19.rollmesh.v1.StepResponse\x12S\n\x0c\x43loseSession\x12 .rollmesh.v1.CloseSessionRequest\x1a!.rollmesh.v1.CloseSessionResponse\x12T\n\x0bVerifyBatch\x12\x1f.rollmesh.v1.VerifyBatchRequest\x1a .rollmesh.v1.VerifyBatchResponse(\x01\x30\x01\x12P\n\x0bVerifyGroup\x12\x1f.rollmesh.v1.VerifyGroupRequest\x1a .rollmesh.v1.VerifyGroupResponseB\x02P\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,37 +55,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLTOOLREQUEST']._serialized_start=975
   _globals['_CALLTOOLREQUEST']._serialized_end=1049
   _globals['_CALLTOOLRESPONSE']._serialized_start=1051
-  _globals['_CALLTOOLRESPONSE']._serialized_end=1125
-  _globals['_STEPREQUEST']._serialized_start=1127
-  _globals['_STEPREQUEST']._serialized_end=1204
-  _globals['_STEPRESPONSE']._serialized_start=1206
-  _globals['_STEPRESPONSE']._serialized_end=1313
-  _globals['_MODELRESPONSE']._serialized_start=1315
-  _globals['_MODELRESPONSE']._serialized_end=1374
-  _globals['_VERIFYREQUEST']._serialized_start=1377
-  _globals['_VERIFYREQUEST']._serialized_end=1620
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=1569
-  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=1620
-  _globals['_VERIFYRESULT']._serialized_start=1623
-  _globals['_VERIFYRESULT']._serialized_end=1831
-  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_start=1782
-  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_end=1831
-  _globals['_VERIFYRESPONSE']._serialized_start=1833
-  _globals['_VERIFYRESPONSE']._serialized_end=1892
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1894
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1935
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1937
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1959
-  _globals['_VERIFYBATCHREQUEST']._serialized_start=1961
-  _globals['_VERIFYBATCHREQUEST']._serialized_end=2086
-  _globals['_VERIFYBATCHRESPONSE']._serialized_start=2089
-  _globals['_VERIFYBATCHRESPONSE']._serialized_end=2264
-  _globals['_GROUPMEMBER']._serialized_start=2266
-  _globals['_GROUPMEMBER']._serialized_end=2345
-  _globals['_VERIFYGROUPREQUEST']._serialized_start=2347
-  _globals['_VERIFYGROUPREQUEST']._serialized_end=2450
-  _globals['_VERIFYGROUPRESPONSE']._serialized_start=2452
-  _globals['_VERIFYGROUPRESPONSE']._serialized_end=2517
-  _globals['_ENVIRONMENTVERIFIER']._serialized_start=2520
-  _globals['_ENVIRONMENTVERIFIER']._serialized_end=3254
+  _globals['_CALLTOOLRESPONSE']._serialized_end=1145
+  _globals['_STEPREQUEST']._serialized_start=1147
+  _globals['_STEPREQUEST']._serialized_end=1224
+  _globals['_STEPRESPONSE']._serialized_start=1226
+  _globals['_STEPRESPONSE']._serialized_end=1333
+  _globals['_MODELRESPONSE']._serialized_start=1335
+  _globals['_MODELRESPONSE']._serialized_end=1394
+  _globals['_VERIFYREQUEST']._serialized_start=1397
+  _globals['_VERIFYREQUEST']._serialized_end=1640
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_start=1589
+  _globals['_VERIFYREQUEST_TRACECONTEXTENTRY']._serialized_end=1640
+  _globals['_VERIFYRESULT']._serialized_start=1643
+  _globals['_VERIFYRESULT']._serialized_end=1851
+  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_start=1802
+  _globals['_VERIFYRESULT_COMPONENTSENTRY']._serialized_end=1851
+  _globals['_VERIFYRESPONSE']._serialized_start=1853
+  _globals['_VERIFYRESPONSE']._serialized_end=1912
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1914
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1955
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1957
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1979
+  _globals['_VERIFYBATCHREQUEST']._serialized_start=1981
+  _globals['_VERIFYBATCHREQUEST']._serialized_end=2106
+  _globals['_VERIFYBATCHRESPONSE']._serialized_start=2109
+  _globals['_VERIFYBATCHRESPONSE']._serialized_end=2284
+  _globals['_GROUPMEMBER']._serialized_start=2286
+  _globals['_GROUPMEMBER']._serialized_end=2365
+  _globals['_VERIFYGROUPREQUEST']._serialized_start=2367
+  _globals['_VERIFYGROUPREQUEST']._serialized_end=2470
+  _globals['_VERIFYGROUPRESPONSE']._serialized_start=2472
+  _globals['_VERIFYGROUPRESPONSE']._serialized_end=2537
+  _globals['_ENVIRONMENTVERIFIER']._serialized_start=2540
+  _globals['_ENVIRONMENTVERIFIER']._serialized_end=3274
 # @@protoc_insertion_point(module_scope)

@@ -309,22 +309,29 @@ class CallToolResponse(_message.Message):
     TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     OUTPUT_FIELD_NUMBER: _builtins.int
     IS_ERROR_FIELD_NUMBER: _builtins.int
+    ENDS_AGENT_FIELD_NUMBER: _builtins.int
     tool_call_id: _builtins.str
     """The id of the call answered."""
     output: _builtins.str
     """The tool's output as text (JSON for structured output), shown to the model."""
     is_error: _builtins.bool
     """True when the tool failed (bad arguments, tool error); `output` says why."""
+    ends_agent: _builtins.bool
+    """The environment ends the agent with this answer (its time is up: a container task's
+    [agent] timeout_sec): the built-in loop runs no more model turns and verifies; an agent
+    program reads it as `ends_agent` in the tool endpoint's answer.
+    """
     def __init__(
         self,
         *,
         tool_call_id: _builtins.str = ...,
         output: _builtins.str = ...,
         is_error: _builtins.bool = ...,
+        ends_agent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["is_error", b"is_error", "output", b"output", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ends_agent", b"ends_agent", "is_error", b"is_error", "output", b"output", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,7 +1,8 @@
 """The built-in agent loop of one rollout, over two small ports (model, environment).
 
 seed session -> generate -> run tool calls on the verifier -> append results -> ... (up to
-`max_steps` model turns) -> verify (a turn that comes back aborted raises GenerationAborted, retryable:
+`max_steps` model turns, or until a tool's answer ends the agent: `ToolResult.ends_agent`, finish
+reason "agent_timeout") -> verify (a turn that comes back aborted raises GenerationAborted, retryable:
 a cut answer is never scored); the verifier and gateway sessions are closed in `finally`
 (a one-turn rollout opens no gateway session; a stateless environment with a row that declares no
 tools opens no verifier session: generate -> verify). An environment whose tool calls are the answer
@@ -76,6 +77,9 @@ class Turn:
 class ToolResult:
     output: str
     is_error: bool = False
+    #: The environment ends the agent with this answer (its time is up): the loop verifies now,
+    #: finish reason "agent_timeout".
+    ends_agent: bool = False
 
 
 @dataclass
@@ -380,7 +384,9 @@ async def run_agent(
             new.append(turn.message)
             calls = turn.message.get("tool_calls") or []
             if calls and turn.finish_reason == "tool_calls" and not settings.tool_calls_are_answer:
-                await _run_calls(env, session_id, calls, opened, new)
+                if await _run_calls(env, session_id, calls, opened, new):
+                    finish = "agent_timeout"  # the environment ended the agent (its time is up)
+                    break
             elif not opened.takes_turns:
                 # A turn cut by length (or that ended for an unknown reason) ends the rollout with
                 # that reason and runs none of its calls: the model did not finish its turn.
@@ -412,18 +418,22 @@ async def run_agent(
 
 async def _run_calls(
     env: EnvPort, session_id: str, calls: list[Json], opened: SessionOpened, new: list[Json]
-) -> None:
-    """Run a finished turn's tool calls on the verifier, appending their results to `new`. With
+) -> bool:
+    """Run a finished turn's tool calls on the verifier, appending their results to `new`; whether
+    one of them ended the agent (`ToolResult.ends_agent`: every call still gets its answer). With
     environment turns, only calls to the environment's own tools: the rest are its step's to answer."""
     own = {t["name"] for t in opened.tools}
+    ended = False
     for tc in calls:
         name = str(tc.get("function", {}).get("name", tc.get("name", "")))
         if opened.takes_turns and name not in own:
             continue
         result = await env.call_tool(session_id, tc)
+        ended = ended or result.ends_agent
         new.append(
             {"role": "tool", "tool_call_id": str(tc.get("id", "")), "name": name, "content": result.output}
         )
+    return ended
 
 
 async def close_sessions(env: EnvPort | None, model: ModelPort | None, session_id: str) -> None:

@@ -3,7 +3,8 @@ per job run, one unguessable path per rollout (the path is the credential; it di
 
     GET  <url>        -> {"tools": [{"type": "function", "function": {name, description, parameters}}]}
     POST <url>/call   {"name": "...", "arguments": {...} or "<json>", "id": "..."}
-                      -> {"output": "...", "is_error": false}
+                      -> {"output": "...", "is_error": false, "ends_agent": false}
+                      (`ends_agent`: the environment ended the agent, e.g. its time is up)
 
 A call runs through the scheduler's env port (the verifier's CallTool, under the job's watchdog and
 timing), exactly as the built-in loop runs a tool call. A body that is not such an object is 400; an
@@ -111,7 +112,9 @@ class ToolEndpoint:
         }
         route.calls += 1
         result = await route.handler(call)
-        return web.json_response({"output": result.output, "is_error": result.is_error})
+        return web.json_response(
+            {"output": result.output, "is_error": result.is_error, "ends_agent": result.ends_agent}
+        )
 
 
 def _bad(message: str) -> web.Response:

@@ -332,6 +332,8 @@ class ContainerTasksEnvironment(Environment):
         output = await super().call_tool(session, call)
         if isinstance(state, Rollout) and state.machine.lost():
             raise _lost(state, "a tool call")
+        if isinstance(state, Rollout) and state.timed_out:  # the agent's time is up: the loop ends
+            return dataclasses.replace(output, ends_agent=True)
         return output
 
     @tool
