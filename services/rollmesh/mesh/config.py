@@ -125,6 +125,21 @@ ENV_VARS: dict[str, EnvVar] = {
     v.name: v
     for v in [
         EnvVar("ROLLMESH_ROOT", "", "The last artifact root (default: the built-in root)."),
+        # Read by the SDK's verl agent loop (rollmesh_client/verl.py; docs/training.md), in the trainer.
+        EnvVar(
+            "ROLLMESH_VERL_ENVIRONMENT",
+            "",
+            "verl agent loop: the environment of samples whose extra_info names none.",
+        ),
+        EnvVar(
+            "ROLLMESH_VERL_OUTPUT_DIR", "runs/verl", "verl agent loop: where the scheduler writes its jobs."
+        ),
+        EnvVar(
+            "ROLLMESH_VERL_ROWS_DIR",
+            "",
+            "verl agent loop: where each sample's one-row dataset is written, a path the scheduler reads"
+            " too (default: the temp folder).",
+        ),
         EnvVar(
             "ROLLMESH_EXTRA_ROOTS",
             "",
