@@ -22,11 +22,12 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh import tracing
+from rollmesh.mesh.errors import DeadlineExceeded
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
@@ -92,10 +93,17 @@ def _attrs(span: Any) -> dict[str, Any]:
     return out
 
 
-async def _tool_job(start_server: StartServer, tmp_path: Path, repeats: int) -> str:
+async def _tool_job(
+    start_server: StartServer,
+    tmp_path: Path,
+    repeats: int,
+    script: Any = _tool_then_answer,
+    retry: RetryPolicy | None = None,
+    state: str = "SUCCEEDED",
+) -> str:
     """A job of `repeats` two-turn tool rollouts through a real gateway and verifier over gRPC;
-    returns its id once it succeeded and every span was sent."""
-    gateway = Gateway([FakeBackend("fake", script=_tool_then_answer)])
+    returns its id once it ended in `state` and every span was sent."""
+    gateway = Gateway([FakeBackend("fake", script=script)])
     await gateway.start()
     verifier = VerifierService.from_catalog(VerifierConfig(), CATALOG)
     await verifier.start()
@@ -108,10 +116,14 @@ async def _tool_job(start_server: StartServer, tmp_path: Path, repeats: int) -> 
         dataset = tmp_path / "one.jsonl"
         dataset.write_text(example.read_text().splitlines()[0] + "\n")  # starts at 0, add 3
         spec = JobSpec(
-            dataset=str(dataset), environment="session_state", num_repeats=repeats, output_dir=str(tmp_path)
+            dataset=str(dataset),
+            environment="session_state",
+            num_repeats=repeats,
+            output_dir=str(tmp_path),
+            retry=retry or RetryPolicy(),
         )
         rec = await mgr.wait((await mgr.submit(spec)).job_id)
-        assert rec.state == "SUCCEEDED", rec.error
+        assert rec.state == state, rec.error
     finally:
         await mgr.aclose()
         await model.close()
@@ -151,15 +163,70 @@ async def test_a_tool_rollout_is_one_trace_across_the_services(
 
     assert len(named("model_turn")) >= 2 and len(named("gateway.replica")) >= 2
     for s in named("gateway.replica"):
-        assert chain(s) == ["gateway.replica", "gateway.generate", "model_turn", "rollout"]
+        assert chain(s) == ["gateway.replica", "gateway.generate", "model_turn", "attempt", "rollout"]
         assert _attrs(s)["rollmesh.replica_id"]
     for s in named("verifier.verify"):
-        assert chain(s) == ["verifier.verify", "verify", "rollout"]
+        assert chain(s) == ["verifier.verify", "verify", "attempt", "rollout"]
     for s in named("rollmesh.v1.EnvironmentVerifier/CallTool"):
-        assert chain(s) == ["rollmesh.v1.EnvironmentVerifier/CallTool", "tool_call", "rollout"]
+        assert chain(s) == ["rollmesh.v1.EnvironmentVerifier/CallTool", "tool_call", "attempt", "rollout"]
     for s in named("rollmesh.v1.EnvironmentVerifier/SeedSession"):
-        assert chain(s)[1:] == ["seed_session", "rollout"]
+        assert chain(s)[1:] == ["seed_session", "attempt", "rollout"]
     assert {s.trace_id for s in receiver.spans if s.name in ("model_turn", "tool_call")} == {root.trace_id}
+    assert max(_attrs(s)["rollmesh.attempt"] for s in named("attempt")) == attrs["rollmesh.attempts"]
+
+    # Semantic conventions: rpc.* on every call's spans, gen_ai.* on the model's, the tool named.
+    for s in [*named("model_turn"), *named("gateway.generate")]:
+        a = _attrs(s)
+        assert a["rpc.system"] == "grpc" and a["rpc.service"] == "rollmesh.v1.ModelGateway"
+        assert a["rpc.method"] == "Generate" and a["rpc.grpc.status_code"] == 0
+        assert a["gen_ai.operation.name"] == "chat"
+        assert a["gen_ai.usage.input_tokens"] > 0 and a["gen_ai.usage.output_tokens"] > 0
+        assert [v.string_value for v in a["gen_ai.response.finish_reasons"].values] in (
+            ["stop"],
+            ["tool_calls"],
+        )
+    assert _attrs(named("gateway.generate")[0])["gen_ai.response.model"] == "fake"
+    for s in named("tool_call"):
+        a = _attrs(s)
+        assert a["gen_ai.tool.name"] == "increment_counter" and a["gen_ai.tool.call.id"]
+        assert a["rpc.method"] == "CallTool" and a["rpc.grpc.status_code"] == 0
+    for s in named("rollmesh.v1.EnvironmentVerifier/CallTool"):
+        a = _attrs(s)
+        assert (a["rpc.service"], a["rpc.method"], a["rpc.grpc.status_code"]) == (
+            "rollmesh.v1.EnvironmentVerifier",
+            "CallTool",
+            0,
+        )
+    for s in [*named("verify"), *named("verifier.verify")]:
+        assert _attrs(s)["rpc.method"] == "Verify" and _attrs(s)["rpc.grpc.status_code"] == 0
+    assert _attrs(named("verifier.verify")[0])["rollmesh.reward"] == 1.0
+    assert root.status.code == root.status.STATUS_CODE_UNSET
+
+
+def _always_late(prompt: str, request: Any) -> str:
+    raise DeadlineExceeded("the model took too long")  # retryable
+
+
+async def test_a_failed_rollout_is_an_error_trace_with_each_attempt_numbered(
+    receiver: _Receiver, start_server: StartServer, tmp_path: Path
+) -> None:
+    """A failed rollout's root span was UNSET, and its retried attempts flat siblings."""
+    retry = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
+    await _tool_job(start_server, tmp_path, 1, script=_always_late, retry=retry, state="FAILED")
+    (root,) = [s for s in receiver.spans if s.name == "rollout"]
+    assert root.status.code == root.status.STATUS_CODE_ERROR
+    assert root.status.message.startswith("DEADLINE_EXCEEDED")
+    attrs = _attrs(root)
+    assert attrs["rollmesh.outcome"] == "failed" and attrs["rollmesh.attempts"] == 3
+    attempts = sorted(
+        (s for s in receiver.spans if s.name == "attempt"), key=lambda s: s.start_time_unix_nano
+    )
+    assert [_attrs(s)["rollmesh.attempt"] for s in attempts] == [1, 2, 3]
+    assert all(s.parent_span_id == root.span_id for s in attempts)
+    assert all(s.status.code == s.status.STATUS_CODE_ERROR for s in attempts)
+    turns = [s for s in receiver.spans if s.name == "model_turn"]
+    assert len(turns) == 3 and {s.parent_span_id for s in turns} == {s.span_id for s in attempts}
+    assert all(_attrs(s)["rpc.grpc.status_code"] == 4 for s in turns)  # DEADLINE_EXCEEDED
 
 
 @pytest.mark.parametrize("receiver", [("parentbased_traceidratio", "0.5")], indirect=True)

@@ -10,7 +10,7 @@ from typing import Any
 from rollmesh.gateway import convert
 from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
 from rollmesh.gateway.errors import bad_request
-from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import GenerateInput, GenerateResult
 from rollmesh.mesh import tracing
 from rollmesh.mesh.fields import to_pb
 from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
@@ -78,7 +78,12 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
             inp = convert.generate_from_pb(req.request)
             timeout = req.timeout_s if req.timeout_s > 0 else None
             work = functools.partial(self._gw.generate, inp, timeout_s=timeout)
-            return Item(req.id, tracing.within("gateway.generate", req.request.trace_context, work))
+            if not req.request.trace_context:  # (the common case: not in a sampled trace)
+                return Item(req.id, work)
+            traced = tracing.within(
+                "gateway.generate", req.request.trace_context, work, _span_attributes(inp), _answer_attributes
+            )
+            return Item(req.id, traced)
         # An item with neither was dropped: its caller waited for an answer that never came.
         return Item(req.id) if req.cancel else Item(req.id, _no_request)
 
@@ -157,3 +162,31 @@ class GatewayServicer(pb_grpc.ModelGatewayServicer):
         return pb.CloseCaptureResponse(
             calls=[convert.captured_call_to_pb(c) for c in capture.calls], refused_calls=capture.refused
         )
+
+
+def _span_attributes(inp: GenerateInput) -> dict[str, Any]:
+    """gateway.generate's attributes at its start (semantic conventions: rpc.*, gen_ai.*)."""
+    sampling = inp.sampling
+    return {
+        **tracing.rpc("rollmesh.v1.ModelGateway", "Generate"),
+        **tracing.gen_ai_request(
+            inp.model, temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens
+        ),
+        "rollmesh.session_bound": bool(inp.session_id),
+        "rollmesh.messages": len(inp.messages),
+    }
+
+
+def _answer_attributes(result: GenerateResult) -> dict[str, Any]:
+    """gateway.generate's attributes at its end: usage, finish reason, replica, policy version."""
+    return {
+        **tracing.gen_ai_response(
+            input_tokens=result.usage.prompt_tokens,
+            output_tokens=result.usage.completion_tokens,
+            finish_reason=result.finish_reason,
+            model=result.model,
+        ),
+        "rollmesh.replica_id": result.replica_id,
+        "rollmesh.policy_version": result.policy_version,
+        "rpc.grpc.status_code": 0,
+    }

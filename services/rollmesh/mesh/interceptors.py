@@ -57,6 +57,8 @@ def _finish(
     if code == "OK" and context.cancelled():
         code = "CANCELLED"
     recorder.record(code, time.perf_counter() - start)
+    if tracing.in_sampled_trace():  # inside the call's server span
+        tracing.annotate(**{"rpc.grpc.status_code": tracing.grpc_status_code(code)})
     if code == "OK":
         if _stdlib_log.isEnabledFor(logging.DEBUG):
             log.debug("rpc", method=method, code=code, duration_ms=_ms_since(start))
@@ -151,7 +153,8 @@ def _wrap_unary(method: str, behavior: Behavior, request_streaming: bool, record
             and tracing.enabled()
             and tracing.sampled(parent := tracing.metadata_carrier(context.invocation_metadata()))
         ):
-            with tracing.span(method.lstrip("/"), parent=parent, kind="server"):
+            service, _, name = method.lstrip("/").rpartition("/")
+            with tracing.span(method.lstrip("/"), tracing.rpc(service, name), parent=parent, kind="server"):
                 async with _observed(method, context, recorder):
                     return await behavior(_decoded(request, request_streaming), context)
         async with _observed(method, context, recorder):

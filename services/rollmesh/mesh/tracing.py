@@ -261,18 +261,85 @@ def within(
     carrier: Mapping[str, str],
     work: Callable[[], Awaitable[T]],
     attributes: Mapping[str, Any] | None = None,
+    finished: Callable[[T], Mapping[str, Any]] | None = None,
 ) -> Callable[[], Awaitable[T]]:
     """`work` run inside a server span `name` whose parent is the W3C context in `carrier` (a
-    multiplexed item's `trace_context`); `work` itself when tracing is off or that trace is not
-    sampled."""
+    multiplexed item's `trace_context`), with `finished(result)`'s attributes set when it returns;
+    `work` itself when tracing is off or that trace is not sampled."""
     if _state.tracer is None or not sampled(carrier):
         return work
 
     async def traced() -> T:
-        with span(name, attributes, parent=dict(carrier), kind="server"):
-            return await work()
+        with span(name, attributes, parent=dict(carrier), kind="server") as s:
+            result = await work()
+            if s is not None and finished is not None:
+                s.set_attributes(dict(finished(result)))
+            return result
 
     return traced
+
+
+def rpc(service: str, method: str) -> dict[str, str]:
+    """The OpenTelemetry RPC semantic-convention attributes of a gRPC call to `service`
+    (`rollmesh.v1.ModelGateway`) and `method` (a Generate or Verify sent over a multiplexed stream
+    is named as the call it is: `Generate`, `Verify`)."""
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+
+
+def gen_ai_request(
+    model: str,
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The OpenTelemetry GenAI semantic-convention attributes of a chat request (what is known: an
+    empty model, the gateway's default, and unset sampling fields are left out)."""
+    attributes: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.system": "rollmesh"}
+    for key, value in (
+        ("gen_ai.request.model", model or None),
+        ("gen_ai.request.temperature", temperature),
+        ("gen_ai.request.top_p", top_p),
+        ("gen_ai.request.max_tokens", max_tokens),
+    ):
+        if value is not None:
+            attributes[key] = value
+    return attributes
+
+
+def gen_ai_response(
+    *, input_tokens: int, output_tokens: int, finish_reason: str, model: str = ""
+) -> dict[str, Any]:
+    """The GenAI semantic-convention attributes of a chat answer."""
+    attributes: dict[str, Any] = {
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+        "gen_ai.response.finish_reasons": (finish_reason,) if finish_reason else (),
+    }
+    if model:
+        attributes["gen_ai.response.model"] = model
+    return attributes
+
+
+def grpc_status_code(code: str) -> int:
+    """`rpc.grpc.status_code`: the number of the status code named `code` (2, UNKNOWN, for a name
+    that is not one)."""
+    import grpc
+
+    status = getattr(grpc.StatusCode, code, grpc.StatusCode.UNKNOWN)
+    return int(status.value[0])
+
+
+def set_error(description: str) -> None:
+    """Set the current span's status to ERROR: a failure that did not leave the span as an exception
+    (a rollout that failed after every retry). Nothing when tracing is off or the trace is not
+    sampled."""
+    if _state.tracer is None or not _SAMPLED.get():
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
+
+    trace.get_current_span().set_status(Status(StatusCode.ERROR, description[:200]))
 
 
 def start(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = "client") -> Span | None:

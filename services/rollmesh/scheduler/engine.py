@@ -198,8 +198,36 @@ class _WatchedModel:
     async def generate(self, call: GenerateCall) -> Turn:
         if not tracing.in_sampled_trace():  # (the common case: no span bookkeeping at all)
             return await self._generate(call)
-        with tracing.span("model_turn", {"rollmesh.request_id": call.request_id}, kind="client"):
-            return await self._generate(call)
+        sampling = call.sampling
+        attributes = {
+            **tracing.rpc("rollmesh.v1.ModelGateway", "Generate"),
+            **tracing.gen_ai_request(
+                call.model,
+                temperature=sampling.get("temperature"),
+                top_p=sampling.get("top_p"),
+                max_tokens=sampling.get("max_tokens"),
+            ),
+            "rollmesh.request_id": call.request_id,
+        }
+        with tracing.span("model_turn", attributes, kind="client"):
+            try:
+                turn = await self._generate(call)
+            except BaseException as exc:
+                tracing.annotate(**{"rpc.grpc.status_code": tracing.grpc_status_code(telemetry.code_of(exc))})
+                raise
+            tracing.annotate(
+                **tracing.gen_ai_response(
+                    input_tokens=turn.prompt_tokens,
+                    output_tokens=turn.completion_tokens,
+                    finish_reason=turn.finish_reason,
+                ),
+                **{
+                    "rpc.grpc.status_code": 0,
+                    "rollmesh.replica_id": turn.replica_id,
+                    "rollmesh.policy_version": turn.policy_version,
+                },
+            )
+            return turn
 
     async def _generate(self, call: GenerateCall) -> Turn:
         t0 = self._clock()
@@ -254,7 +282,13 @@ class _WatchedModel:
         return record
 
 
-_SPANS = {"seed_s": "seed_session", "tool_s": "tool_call", "env_step_s": "env_step", "verify_s": "verify"}
+# Each verifier phase's span and the call it makes (rpc.method).
+_SPANS = {
+    "seed_s": ("seed_session", "SeedSession"),
+    "tool_s": ("tool_call", "CallTool"),
+    "env_step_s": ("env_step", "Step"),
+    "verify_s": ("verify", "Verify"),
+}
 
 
 class _WatchedEnv:
@@ -264,11 +298,19 @@ class _WatchedEnv:
     def __init__(self, inner: EnvPort, watchdog: Watchdog, clock: Callable[[], float]) -> None:
         self._inner, self._watch, self._clock = inner, watchdog.watch, clock
 
-    async def _timed(self, phase: str, call: Awaitable[T]) -> T:
+    async def _timed(self, phase: str, call: Awaitable[T], attributes: Json | None = None) -> T:
         t0 = self._clock()
         if tracing.in_sampled_trace():
-            with tracing.span(_SPANS[phase], kind="client"):
-                result = await self._watch(VERIFIER, call)
+            name, method = _SPANS[phase]
+            spanned = {**tracing.rpc("rollmesh.v1.EnvironmentVerifier", method), **(attributes or {})}
+            with tracing.span(name, spanned, kind="client"):
+                try:
+                    result = await self._watch(VERIFIER, call)
+                except BaseException as exc:
+                    code = tracing.grpc_status_code(telemetry.code_of(exc))
+                    tracing.annotate(**{"rpc.grpc.status_code": code})
+                    raise
+                tracing.annotate(**{"rpc.grpc.status_code": 0})
         else:
             result = await self._watch(VERIFIER, call)
         if (timing := current_timing()) is not None:
@@ -279,7 +321,15 @@ class _WatchedEnv:
         return await self._timed("seed_s", self._inner.seed_session(environment, task, session_id))
 
     async def call_tool(self, session_id: str, call: Json) -> ToolResult:
-        return await self._timed("tool_s", self._inner.call_tool(session_id, call))
+        if not tracing.in_sampled_trace():
+            return await self._timed("tool_s", self._inner.call_tool(session_id, call))
+        fn = call.get("function") if isinstance(call.get("function"), dict) else call
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": str(fn.get("name", "")) if isinstance(fn, dict) else "",
+            "gen_ai.tool.call.id": str(call.get("id", "")),
+        }
+        return await self._timed("tool_s", self._inner.call_tool(session_id, call), attributes)
 
     async def step(self, session_id: str, messages: list[Json]) -> EnvStep:
         return await self._timed("env_step_s", self._inner.step(session_id, messages))
@@ -678,12 +728,17 @@ class JobRun:
 
             cuts = 0  # model calls of this rollout cut by the adaptive deadline: each doubles the next
 
-            tried = False  # an attempt ran before this one: its time and the backoff are `retried_s`
+            tried = 0  # attempts run before this one: their time and the backoff are `retried_s`
+
+            async def traced_attempt() -> tuple[AgentOutcome, TokenRecord]:
+                # Each attempt a span of its own under the rollout's, numbered from 1.
+                with tracing.span("attempt", {"rollmesh.attempt": tried + 1}):
+                    return await attempt()
 
             async def attempt() -> tuple[AgentOutcome, TokenRecord]:
                 nonlocal cuts, tried
                 timing.new_attempt(retried_s=self.hooks.clock() - t0 if tried else 0.0)
-                tried = True
+                tried += 1
                 try:
                     with self.deadline.scaled(2.0**cuts):
                         if self.plan.spec.oracle:
@@ -708,7 +763,7 @@ class JobRun:
 
             try:
                 (outcome, tokens), attempts = await with_retry(
-                    attempt,
+                    traced_attempt if tracing.in_sampled_trace() else attempt,
                     self.policy,
                     backoff=self.backoff,
                     sleep=self.hooks.sleep,
@@ -1006,7 +1061,15 @@ class JobRun:
             await self.sink.write_failure(failure)
             telemetry.SINK_WRITES.labels(self._sink_kind, "failure").inc()
             telemetry.rollout_failed(err.name)
-            tracing.annotate(**{"rollmesh.outcome": "failed", "rollmesh.error_class": err.name})
+            if tracing.in_sampled_trace():  # the rollout's root span
+                tracing.annotate(
+                    **{
+                        "rollmesh.outcome": "failed",
+                        "rollmesh.error_class": err.name,
+                        "rollmesh.attempts": attempts,
+                    }
+                )
+                tracing.set_error(f"{err.name}: {err.message}")
             self.failures.append(failure)
             if replaced:
                 self.progress.replaced_rollouts += 1

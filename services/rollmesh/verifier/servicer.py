@@ -71,11 +71,23 @@ class VerifierServicer(pb_grpc.EnvironmentVerifierServicer):
 
     def _batch_item(self, req: pb.VerifyBatchRequest) -> Item[VerifyResult]:
         work = functools.partial(self._svc.verify, convert.verify_call_from_pb(req.request))
-        attributes = {"rollmesh.environment": req.request.environment}
-        return Item(req.id, tracing.within("verifier.verify", req.request.trace_context, work, attributes))
+        if not req.request.trace_context:  # (the common case: not in a sampled trace)
+            return Item(req.id, work)
+        attributes = {
+            **tracing.rpc("rollmesh.v1.EnvironmentVerifier", "Verify"),
+            "rollmesh.environment": req.request.environment,
+        }
+        traced = tracing.within(
+            "verifier.verify", req.request.trace_context, work, attributes, _verdict_attributes
+        )
+        return Item(req.id, traced)
 
     async def VerifyBatch(
         self, request_iterator: AsyncIterator[pb.VerifyBatchRequest], context: Any
     ) -> AsyncIterator[pb.VerifyBatchResponse]:
         async for message in self.verify_batch().serve(request_iterator, context):
             yield message
+
+
+def _verdict_attributes(result: VerifyResult) -> dict[str, Any]:
+    return {"rollmesh.reward": result.reward, "rpc.grpc.status_code": 0}
