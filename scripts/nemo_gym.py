@@ -60,6 +60,7 @@ from venv_build import (  # type: ignore[import-not-found]
     built_root,
     find_interpreter,
     locked,
+    print_venv,
     run_step,
     version_key,
 )
@@ -284,20 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     p_python = sub.add_parser("python", help="find or build (once) the interpreter nemo-gym VERSION needs")
     p_python.add_argument("--version", default=DEFAULT_VERSION)
     args = parser.parse_args(argv)
-    try:
+
+    def made() -> Path:
         if args.command == "venv":
-            print(venv(args.version, tuple(args.server or TESTED_SERVERS)))
-        elif args.command == "python":
-            print(build_python(target_python(args.version)))
-        else:
-            print(data(args.version))
-    except NoInterpreter as exc:
-        print(f"nemo_gym: {exc}", file=sys.stderr)
-        return 3
-    except NemoGymAssetError as exc:
-        print(f"nemo_gym: {exc}", file=sys.stderr)
-        return 1
-    return 0
+            return venv(args.version, tuple(args.server or TESTED_SERVERS))
+        if args.command == "python":
+            return build_python(target_python(args.version))
+        return data(args.version)
+
+    return int(print_venv("nemo_gym", made))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""A cached virtualenv for a foreign library, built once: what scripts/nemo_gym.py (`venv`) and
-scripts/verifiers_venv.py share.
+"""A cached virtualenv for a foreign library, built once: what scripts/nemo_gym.py (`venv`),
+scripts/verifiers_venv.py and scripts/agents_sdk_venv.py share.
 
 `build_venv(folder, ...)` gives `folder/bin/python` of a virtualenv made with a base interpreter
 (`find_interpreter`), the library installed first, then the named extra items (servers' requirements,
@@ -22,6 +22,28 @@ from contextlib import contextmanager
 from pathlib import Path
 
 PIP_TIMEOUT_S = 1800
+
+
+def cache_root(name: str) -> Path:
+    """`$ROLLMESH_CACHE_DIR/<name>` (default cache ~/.cache/rollmesh)."""
+    base = os.environ.get("ROLLMESH_CACHE_DIR") or str(Path.home() / ".cache" / "rollmesh")
+    return Path(base) / name
+
+
+def print_venv(who: str, make: Callable[[], Path]) -> int:
+    """A venv script's `main`: the interpreter `make()` gives on stdout and 0; else one line on
+    stderr naming `who`, and 3 (no interpreter of the version needed) or 1 (a step failed)."""
+    import sys
+
+    try:
+        print(make())
+    except NoInterpreter as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return 3
+    except AssetError as exc:
+        print(f"{who}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 class AssetError(RuntimeError):

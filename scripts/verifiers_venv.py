@@ -16,13 +16,19 @@ stdout), 1 a step failed, 3 no Python 3.11 on this machine (one line on stderr s
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from venv_build import AssetError, NoInterpreter, build_venv, find_interpreter  # type: ignore[import-not-found]
+from venv_build import (  # type: ignore[import-not-found]
+    AssetError,
+    NoInterpreter,
+    build_venv,
+    cache_root,
+    find_interpreter,
+    print_venv,
+)
 
 __all__ = ["AssetError", "NoInterpreter", "venv"]
 
@@ -30,17 +36,12 @@ DEFAULT_VERSION = "0.3.1"
 PYTHON = "3.11.0"
 
 
-def cache_root() -> Path:
-    base = os.environ.get("ROLLMESH_CACHE_DIR") or str(Path.home() / ".cache" / "rollmesh")
-    return Path(base) / "verifiers"
-
-
 def venv(version: str = DEFAULT_VERSION, packages: tuple[str, ...] = ()) -> Path:
     """The interpreter of a virtualenv with verifiers `version` and `packages` (made, or completed,
     once; see the module docstring)."""
     return Path(
         build_venv(
-            cache_root() / version / "venv",
+            cache_root("verifiers") / version / "venv",
             base=lambda: find_interpreter(PYTHON, f"verifiers=={version}"),
             library=lambda: [f"verifiers=={version}"],
             what=f"verifiers=={version}",
@@ -56,15 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=DEFAULT_VERSION)
     parser.add_argument("--package", action="append", help="an environment package to install (repeatable)")
     args = parser.parse_args(argv)
-    try:
-        print(venv(args.version, tuple(args.package or ())))
-    except NoInterpreter as exc:
-        print(f"verifiers_venv: {exc}", file=sys.stderr)
-        return 3
-    except AssetError as exc:
-        print(f"verifiers_venv: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return int(print_venv("verifiers_venv", lambda: venv(args.version, tuple(args.package or ()))))
 
 
 if __name__ == "__main__":

@@ -16,20 +16,33 @@ import sys
 import urllib.request
 from typing import Any
 
-from openai import OpenAI
+from openai import DefaultHttpxClient, OpenAI
 
 
-def call_tool(name: str, arguments: str, call_id: str, tools_url: str | None = None) -> str:
-    body = json.dumps({"name": name, "arguments": arguments, "id": call_id}).encode()
+def call_tool(
+    name: str,
+    arguments: str,
+    call_id: str,
+    tools_url: str | None = None,
+    http: DefaultHttpxClient | None = None,
+) -> str:
+    """Run one tool call through the rollout's tools URL (`http`: a connection pool to reuse)."""
+    body = {"name": name, "arguments": arguments, "id": call_id}
     url = (tools_url or os.environ["ROLLMESH_TOOLS_URL"]) + "/call"
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    if http is not None:
+        return str(http.post(url, json=body, timeout=60).json()["output"])
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as answer:
         return str(json.load(answer)["output"])
 
 
-def run_loop(client: OpenAI, task: dict[str, Any]) -> list[dict[str, Any]]:
+def run_loop(
+    client: OpenAI, task: dict[str, Any], http: DefaultHttpxClient | None = None
+) -> list[dict[str, Any]]:
     """The tool loop on `task` (the task document: messages, tools, max_steps, tools_url): the
-    conversation it ends with."""
+    conversation it ends with. `http`: a connection pool for the tool calls (an agent server's)."""
     messages: list[dict[str, Any]] = list(task["messages"])
     extra = {"tools": task["tools"]} if task["tools"] else {}
     for _ in range(max(task["max_steps"], 1)):
@@ -39,7 +52,7 @@ def run_loop(client: OpenAI, task: dict[str, Any]) -> list[dict[str, Any]]:
         if choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
             break
         for tc in choice.message.tool_calls:
-            output = call_tool(tc.function.name, tc.function.arguments, tc.id, task["tools_url"])
+            output = call_tool(tc.function.name, tc.function.arguments, tc.id, task["tools_url"], http)
             messages.append(
                 {"role": "tool", "tool_call_id": tc.id, "name": tc.function.name, "content": output}
             )

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
-from openai import OpenAI
+import httpx2
+from openai import DefaultHttpxClient, OpenAI
 from tool_loop import run_loop
 
-POOL = httpx.Client(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=1024))
+# One pool of kept-alive connections for every rollout's model and tool calls.
+POOL = DefaultHttpxClient(
+    timeout=600.0, limits=httpx2.Limits(max_connections=1024, max_keepalive_connections=256)
+)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -36,9 +40,11 @@ class Handler(BaseHTTPRequestHandler):
             self._reply(404, {"error": f"no {self.path}"})
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        client = OpenAI(base_url=body["base_url"], api_key=body["api_key"], max_retries=0, http_client=POOL)
+        # A connection dropped under load is tried again by the SDK (should the gateway have answered
+        # the call it carried, the retry is recorded as one more call, in a segment of its own).
+        client = OpenAI(base_url=body["base_url"], api_key=body["api_key"], max_retries=2, http_client=POOL)
         try:
-            run_loop(client, body)
+            run_loop(client, body, POOL)
         except Exception as exc:  # the rollout's failure, not the server's: rollmesh names it
             self._reply(500, {"error": f"{type(exc).__name__}: {exc}"})
             return
@@ -57,6 +63,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
+    # A thread per request, each mostly waiting on the network: hand the interpreter's lock on
+    # sooner than every 5 ms, or each answered call waits for it behind the others.
+    sys.setswitchinterval(0.0005)
     server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["ROLLMESH_AGENT_PORT"])), Handler)
     server.daemon_threads = True
     server.serve_forever()

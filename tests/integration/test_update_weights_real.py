@@ -19,9 +19,9 @@ import asyncio
 import hashlib
 import shutil
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -41,6 +41,7 @@ PROMPTS = [f"What is {a} + {b}?" for a, b in [(12, 30), (7, 8), (45, 17), (3, 99
 MAX_TOKENS = 16
 LONG_TOKENS = 200  # the tiny model's context is 256
 HOLD_ATTEMPTS = 20
+T = TypeVar("T")
 DEADLINE_S = 2400.0  # 3 vLLM engine starts (2 + a replacement): ~3 min idle, 8+ min each under load
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE_S + 300)]
@@ -91,13 +92,28 @@ async def held_generation(
     """Start a long greedy generation and freeze the engine of the replica running it once it has
     produced tokens and before it finished. Returns the generation's task and that replica's id.
     A generation that ends before the freeze (an idle machine is fast) is replaced by a new one."""
-    for attempt in range(HOLD_ATTEMPTS):
-        long = GenerateInput(
+
+    async def long(attempt: int) -> GenerateResult:
+        request = GenerateInput(
             messages=(Message("user", PROMPTS[0]),),
             sampling=SamplingInput(temperature=0.0, max_tokens=LONG_TOKENS, ignore_eos=True),
             request_id=f"long-{attempt}",
         )
-        task = asyncio.create_task(gateway.generate(long))
+        result = await gateway.generate(request)
+        assert result.finish_reason == "length"
+        return result
+
+    return await held_in_flight(gateway, backend, long)
+
+
+async def held_in_flight(
+    gateway: Gateway, backend: RayServeBackend, start: Callable[[int], Awaitable[T]]
+) -> tuple[asyncio.Task[T], str]:
+    """`start(attempt)` (something whose one generation of LONG_TOKENS runs on `backend`) as a task,
+    the engine of the replica running its generation frozen once it has produced tokens and before
+    it finished: the task and that replica's id. One that ends before the freeze is started again."""
+    for attempt in range(HOLD_ATTEMPTS):
+        task = asyncio.create_task(start(attempt))
         while not task.done():
             busy = [r.replica_id for r in (await gateway.list_models())[0].replicas if r.in_flight > 0]
             if not busy:
@@ -118,7 +134,7 @@ async def held_generation(
                 return task, busy[0]
             await backend.hold_engine(busy[0], held=False)  # not started yet, or already ended
             await asyncio.sleep(0.02)
-        assert (await task).finish_reason == "length"  # ended before the freeze: start another
+        await task  # ended before the freeze: start another
     raise AssertionError(f"no generation could be frozen in flight in {HOLD_ATTEMPTS} attempts")
 
 

@@ -375,40 +375,112 @@ def _isolate(forward: list[list[Any]], expose: list[list[Any]] | None = None) ->
 
 
 def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
-    """Each connection to a Unix listener, relayed to its port on this namespace's loopback."""
-    import threading
+    """Each connection to a Unix listener, relayed to its port on this namespace's loopback: one
+    thread and a selector (threads per connection would queue on the interpreter's lock)."""
+    import selectors
 
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while chunk := src.recv(1 << 16):
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
+    sel = selectors.DefaultSelector()
+    for listener, port in listeners:
+        listener.setblocking(False)
+        sel.register(listener, selectors.EVENT_READ, port)
+    pending: dict[socket.socket, bytes] = {}  # what a socket has yet to send
+    peer: dict[socket.socket, socket.socket] = {}
+    ended: set[socket.socket] = set()  # its side closed: the pair closes once the other sent all
+    watched: set[socket.socket] = set()
+
+    def close(sock: socket.socket) -> None:
+        for s in (sock, peer.get(sock)):
+            if s is not None and s in peer:
+                if s in watched:
+                    sel.unregister(s)
+                    watched.discard(s)
+                pending.pop(s, None)
+                ended.discard(s)
+                del peer[s]
+                s.close()
+
+    def watch(sock: socket.socket) -> None:
+        # Read while the other side has nothing queued (and this side is open); write while this
+        # side has something queued.
+        events = selectors.EVENT_WRITE if sock in pending else 0
+        if peer[sock] not in pending and sock not in ended:
+            events |= selectors.EVENT_READ
+        if events and sock in watched:
+            sel.modify(sock, events, None)
+        elif events:
+            sel.register(sock, events, None)
+            watched.add(sock)
+        elif sock in watched:
+            sel.unregister(sock)
+            watched.discard(sock)
+
+    while True:
+        for key, events in sel.select():
+            sock = key.fileobj
+            assert isinstance(sock, socket.socket)
+            if key.data is not None:  # a listener
                 try:
-                    sock.shutdown(how)
+                    conn, _ = sock.accept()
                 except OSError:
-                    pass
-
-    def serve(listener: socket.socket, port: int) -> None:
-        while True:
-            conn, _ = listener.accept()
-            upstream = socket.socket()
-            try:
-                upstream.connect(("127.0.0.1", port))
-            except OSError:
-                conn.close()
-                upstream.close()
+                    continue
+                upstream = socket.socket()
+                try:
+                    upstream.connect(("127.0.0.1", int(key.data)))
+                except OSError:
+                    conn.close()
+                    upstream.close()
+                    continue
+                for s in (conn, upstream):
+                    s.setblocking(False)
+                peer[conn], peer[upstream] = upstream, conn
+                watch(conn)
+                watch(upstream)
                 continue
-            threading.Thread(target=pump, args=(conn, upstream), daemon=True).start()
-            threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
-
-    threads = [threading.Thread(target=serve, args=pair, daemon=True) for pair in listeners]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+            if sock not in peer:
+                continue
+            if events & selectors.EVENT_WRITE and sock in pending:
+                try:
+                    sent = sock.send(pending[sock])
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    close(sock)
+                    continue
+                rest = pending[sock][sent:]
+                if rest:
+                    pending[sock] = rest
+                else:
+                    del pending[sock]
+                    if peer[sock] in ended:
+                        close(sock)
+                        continue
+            if events & selectors.EVENT_READ:
+                try:
+                    chunk = sock.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    if peer[sock] in pending:
+                        ended.add(sock)  # (closed when its peer has sent what it holds)
+                        watch(sock)
+                        continue
+                    close(sock)
+                    continue
+                other = peer[sock]
+                try:
+                    sent = other.send(chunk)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    close(sock)
+                    continue
+                if sent < len(chunk):
+                    pending[other] = chunk[sent:]
+            if sock in peer:
+                watch(sock)
+                watch(peer[sock])
 
 
 def _die_with(parent: int, sig: signal.Signals) -> None:
