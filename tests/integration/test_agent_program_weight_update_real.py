@@ -35,7 +35,7 @@ from rollmesh.scheduler.tokens import build_token_record, validate_rollout
 from rollmesh.serving.backend import RayServeBackend
 from tests.fakes import LocalEnv
 from tests.integration.test_update_weights_real import LONG_TOKENS, PROMPTS, held_in_flight, perturbed
-from tests.serving_replicas import SHIPPED, tiny_serving_config
+from tests.serving_replicas import SHIPPED, one_tiny_replica
 
 DEADLINE_S = 1200.0  # one vLLM engine start: ~1.5 min idle, several minutes under load
 
@@ -79,12 +79,11 @@ async def test_a_program_call_goes_on_across_a_continue_update(tmp_path: Path) -
 
 
 async def _scenario(tmp_path: Path) -> None:
-    config = tiny_serving_config(
-        replicas=1, replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=DEADLINE_S, dtype="float32"
-    )
-    backend = RayServeBackend(config)
-    gateway = Gateway([backend])
-    await gateway.start()
+    async with one_tiny_replica(DEADLINE_S) as (gateway, backend):
+        await _rollout_across_an_update(tmp_path, gateway, backend)
+
+
+async def _rollout_across_an_update(tmp_path: Path, gateway: Gateway, backend: RayServeBackend) -> None:
     http = HttpFacade(gateway, host="127.0.0.1", port=0)
     await http.start()
     model = GatewayModel.in_process(GatewayServicer(gateway))
@@ -121,7 +120,6 @@ async def _scenario(tmp_path: Path) -> None:
         await tools.stop()
         await model.close()
         await http.stop()
-        await gateway.shutdown()
     assert (update.policy_version, update.retried_requests) == ("1", 1)
     assert outcome.program["calls"] == 1 and outcome.program["mode"] == "server"
     (turn,) = outcome.turns
@@ -136,5 +134,5 @@ async def _scenario(tmp_path: Path) -> None:
     assert span.versions == (VersionSpan(start, start + k, "0"), VersionSpan(start + k, span.output_end, "1"))
     # Ids, mask, spans and the version split line up (no text check: ignore_eos runs the answer
     # through end-of-text tokens, which the decoded text leaves out and the content keeps).
-    rollout = Rollout(RolloutKey(0, 0), "job", TASK, outcome.messages, outcome.reward, tokens=record)
-    assert validate_rollout(rollout) == []
+    row = Rollout(RolloutKey(0, 0), "job", TASK, outcome.messages, outcome.reward, tokens=record)
+    assert validate_rollout(row) == []

@@ -19,16 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
+from rollmesh.gateway import GenerateInput, Message, SamplingInput
 from rollmesh.mesh.versions import VersionSpan
-from rollmesh.serving.backend import RayServeBackend
 from tests.integration.test_update_weights_real import (
     LONG_TOKENS,
     PROMPTS,
     held_generation,
     perturbed,
 )
-from tests.serving_replicas import SHIPPED, tiny_serving_config
+from tests.serving_replicas import SHIPPED, one_tiny_replica
 
 DEADLINE_S = 1200.0  # one vLLM engine start: ~1.5 min idle, several minutes under load
 
@@ -41,13 +40,7 @@ async def test_continue_goes_on_from_the_prefix_on_the_new_checkpoint(tmp_path: 
 
 
 async def _scenario(tmp_path: Path) -> None:
-    config = tiny_serving_config(
-        replicas=1, replica_cpus=0.5, kvcache_gib=1, startup_timeout_s=DEADLINE_S, dtype="float32"
-    )
-    backend = RayServeBackend(config)
-    gateway = Gateway([backend])
-    await gateway.start()
-    try:
+    async with one_tiny_replica(DEADLINE_S) as (gateway, backend):
         new = perturbed(SHIPPED, tmp_path / "step1")
         before = await gateway.generate(
             GenerateInput(
@@ -83,5 +76,3 @@ async def _scenario(tmp_path: Path) -> None:
         assert list(before.prompt_token_ids) == prompt
         assert list(before.output_token_ids[:k]) == prefix, "the ids before the split are the old weights'"
         assert rest != list(before.output_token_ids[k:]), "both checkpoints continue the prefix alike"
-    finally:
-        await gateway.shutdown()

@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -107,7 +107,7 @@ async def held_generation(
 
 
 async def held_in_flight(
-    gateway: Gateway, backend: RayServeBackend, start: Callable[[int], Awaitable[T]]
+    gateway: Gateway, backend: RayServeBackend, start: Callable[[int], Coroutine[Any, Any, T]]
 ) -> tuple[asyncio.Task[T], str]:
     """`start(attempt)` (something whose one generation of LONG_TOKENS runs on `backend`) as a task,
     the engine of the replica running its generation frozen once it has produced tokens and before
