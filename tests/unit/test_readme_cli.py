@@ -90,7 +90,7 @@ VARIABLE_PAGES = ["README.md", "DESIGN.md", "docs/training.md", "docs/nemo-gym-m
     f"docs/{page}.md"
     for page in (
         "getting-started running scaling containers sdk grpcurl environments configuration security"
-        " job-states benchmarks development container-tasks"
+        " job-states benchmarks development container-tasks architecture"
     ).split()
 ]
 
