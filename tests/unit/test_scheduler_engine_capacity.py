@@ -4,12 +4,13 @@ cannot say leaves the small start; a fixed concurrency is taken as given, howeve
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
 from rollmesh.scheduler.concurrency import Limiter
-from rollmesh.scheduler.engine import AUTO_MAX, AUTO_START, CAPACITY_HEADROOM
+from rollmesh.scheduler.engine import AUTO_MAX, AUTO_START, CAPACITY_HEADROOM, PROGRAM_START_PER_CORE
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.spec import JobSpec
 from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
@@ -40,7 +41,7 @@ class _NoCapacity(LocalModel):
         raise RuntimeError("the gateway does not answer ListModels")
 
 
-async def _limit_of(tmp_path: Path, model: LocalModel, **spec: Any) -> int:
+async def _limit_of(tmp_path: Path, model: LocalModel, *, succeeds: bool = True, **spec: Any) -> int:
     path = Rows.arithmetic(4).write(tmp_path / "d.jsonl")
     mgr = JobManager(
         CATALOG,
@@ -55,8 +56,9 @@ async def _limit_of(tmp_path: Path, model: LocalModel, **spec: Any) -> int:
         )
         assert rec.run is not None
         limit = rec.run.limiter.limit
+        assert (rec.run.limiter.cpu is not None) == bool(spec.get("agent_program"))
         done = await mgr.wait(rec.job_id)
-        assert done.state == "SUCCEEDED", done.message
+        assert done.state == "SUCCEEDED" or not succeeds, done.message
         return limit
     finally:
         await mgr.aclose()
@@ -75,3 +77,10 @@ async def test_unknown_capacity_starts_small(tmp_path: Path) -> None:
 
 async def test_a_fixed_concurrency_is_not_capped(tmp_path: Path) -> None:
     assert await _limit_of(tmp_path, LocalModel(capacity=512), concurrency=5000) == 5000
+
+
+async def test_a_job_of_agent_programs_starts_at_the_hosts_cores_not_the_engines(tmp_path: Path) -> None:
+    # The programs run on this host: 80 at once on 2 cores (2 x an engine capacity of 40) was a
+    # load average of 98. (The program here makes no model call: the job fails, its limit stands.)
+    limit = await _limit_of(tmp_path, LocalModel(capacity=40), succeeds=False, agent_program=("true",))
+    assert limit == PROGRAM_START_PER_CORE * (os.cpu_count() or 1)
