@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # where the CPU build of torch is not on pip's find-links.
 PIP_EXTRA ?=
 
-.PHONY: sysdeps nemo-gym-venv nemo-gym-0.7-python foreign-venvs setup run train-demo test test-containers lint typecheck docs protos protos-check bench clean
+.PHONY: sysdeps nemo-gym-venv nemo-gym-0.7-python foreign-venvs setup run train-demo test pytest test-containers lint typecheck docs protos protos-check bench clean
 
 setup: $(STAMP)
 
@@ -44,8 +44,16 @@ docs: setup
 	$(BIN)/python scripts/gen_cli_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-test: setup sysdeps protos-check lint typecheck docs foreign-venvs
-	$(BIN)/python -m pytest -q -ra
+# `make test`: the checks, the foreign virtualenvs the tests use and pytest all at once (make -j: they
+# share nothing; a test needing a venv still being built waits on its lock). pytest runs on
+# TEST_WORKERS pytest-xdist workers (twice the cores: most tests wait on the servers they start),
+# each test file on one worker, the real-vLLM tests one after another (tests/parallel.py).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+test: setup sysdeps
+	$(MAKE) --no-print-directory -j8 protos-check lint typecheck docs foreign-venvs pytest
+
+pytest: setup
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # Debian packages tests use: Prometheus (tests/e2e/test_prometheus_scrape.py scrapes the mesh with it)
 # and tmux (tests/e2e/test_run_terminal.py reads `make run`'s screen in a real terminal), debootstrap (the

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
 from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
-from tests.parallel import group_by_file
+from tests import parallel
 
 StartServer = Callable[..., Awaitable[MeshServer]]
 
@@ -24,18 +28,41 @@ FOREIGN_VENVS = frozenset(
 )
 
 
+def _grouped(config: pytest.Config) -> bool:
+    """A `--dist loadgroup` run: on its controller (`dist`) or a worker (xdist sets `loadgroup`)."""
+    return config.getoption("dist", "no") == "loadgroup" or bool(getattr(config.option, "loadgroup", False))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _grouped(config) and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller
+        os.environ[parallel.GROUPS_ENV] = tempfile.mkdtemp(prefix="rollmesh-test-groups-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _grouped(config) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(os.environ.pop(parallel.GROUPS_ENV, ""), ignore_errors=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> parallel.FileGroupScheduling | None:
+    """`--dist loadgroup`: each test file one group, the real-vLLM tests one (tests/parallel.py)."""
+    if not _grouped(config):
+        return None
+    return parallel.FileGroupScheduling(config, log, folder=Path(os.environ[parallel.GROUPS_ENV]))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The timeout of tests that may wait for a foreign venv (`FOREIGN_VENVS`); on xdist workers
-    (`--dist loadgroup`): each test file one group, the real-vLLM files one, longest first
-    (tests/parallel.py)."""
+    """The timeout of tests that may wait for a foreign venv (`FOREIGN_VENVS`); on the workers of a
+    `--dist loadgroup` run, the order and groups of tests/parallel.py."""
     for item in items:
         if FOREIGN_VENVS.intersection(item.fixturenames):
             marker = item.get_closest_marker("timeout")
             seconds = (marker.args[:1] or [marker.kwargs.get("timeout")])[0] if marker else None
             item.add_marker(pytest.mark.timeout(seconds, func_only=True))
-    if getattr(config.option, "loadgroup", False):  # set on xdist's workers
-        group_by_file(items)
+    if _grouped(config):
+        parallel.order_longest_first(items)
+        parallel.write_groups(items)
 
 
 @pytest_asyncio.fixture
