@@ -14,8 +14,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 from tests import parallel
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything reads the terminal's size
+    parallel.restore_terminal_env()
+
+from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
 
 StartServer = Callable[..., Awaitable[MeshServer]]
 
@@ -36,6 +40,7 @@ def _grouped(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if _grouped(config) and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller
         os.environ[parallel.GROUPS_ENV] = tempfile.mkdtemp(prefix="rollmesh-test-groups-")
+        parallel.export_terminal_env()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -48,6 +48,25 @@ LONG_FIRST: Sequence[str] = (
 )
 #: The folder where each worker writes its tests' groups (set by the controller for its workers).
 GROUPS_ENV = "ROLLMESH_TEST_GROUPS_DIR"
+#: The controller's own COLUMNS and LINES, for its workers (`restore_terminal_env`).
+TERMINAL_ENV = "ROLLMESH_TEST_TERMINAL"
+_TERMINAL = ("COLUMNS", "LINES")
+
+
+def export_terminal_env() -> None:
+    """On the controller, before its workers start: its COLUMNS and LINES (absent: null)."""
+    os.environ[TERMINAL_ENV] = json.dumps({k: os.environ.get(k) for k in _TERMINAL})
+
+
+def restore_terminal_env() -> None:
+    """On a worker: the controller's COLUMNS and LINES. xdist's workers start with COLUMNS=80 and
+    LINES=24, which a serial run does not have: rich (the CLI's tables; `make run` in a tmux of
+    another width) then takes 80 columns whatever the terminal or the test sets."""
+    for key, value in json.loads(os.environ.get(TERMINAL_ENV) or "{}").items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _file(item: pytest.Item) -> str:

@@ -4,6 +4,7 @@ groups get from the workers to the controller's scheduler (a file per worker).""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,15 @@ def test_a_serial_run_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     parallel.write_groups(items())
     assert not list(tmp_path.iterdir())
+
+
+def test_a_worker_takes_the_controllers_terminal_size_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xdist's workers start with COLUMNS=80 LINES=24: a worker drops what the controller did not have."""
+    monkeypatch.setenv(parallel.TERMINAL_ENV, "")  # (restored after the test)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("LINES", "50")
+    parallel.export_terminal_env()
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "24")
+    parallel.restore_terminal_env()
+    assert "COLUMNS" not in os.environ and os.environ["LINES"] == "50"
