@@ -34,17 +34,22 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 ENGINES = "real-vllm-engines"
-#: Files that take minutes (slowest first; measured 2026-11-29, serial on a loaded 2-core machine,
-#: docs/development.md): started before the many short ones.
+#: Files that take minutes (slowest first; measured in a full `make test` on 4 workers on a loaded
+#: 2-core machine, 2026-11-29): started before the many short ones.
 LONG_FIRST: Sequence[str] = (
-    "tests/integration/test_nemo_gym_servers.py",  # ~4.5 min per NeMo Gym version
+    "tests/multinode/test_join_cluster.py",
+    "tests/integration/test_verifiers_envs.py",
+    "tests/integration/test_nemo_gym_servers.py",  # a group per NeMo Gym version
+    "tests/multinode/test_cluster_jobs.py",
     "tests/e2e/test_reasoning_gym_docs.py",
-    "tests/e2e/test_auth_mesh.py",
-    "tests/e2e/test_run_openai_url.py",
+    "tests/integration/test_verifier_sandbox.py",
     "tests/e2e/test_grpo_arith_example.py",
-    "tests/e2e/test_run_gateway_env.py",
-    "tests/e2e/test_external_agents.py",
-    "tests/e2e/test_mesh_up_run.py",
+    "tests/e2e/test_cli_hostile_input.py",
+    "tests/e2e/test_up_faults.py",
+    "tests/integration/test_code_forgery.py",
+    "tests/integration/test_verifiers_v1.py",
+    "tests/e2e/test_auth_mesh.py",
+    "tests/integration/test_results_grpc_sink.py",
 )
 #: The folder where each worker writes its tests' groups (set by the controller for its workers).
 GROUPS_ENV = "ROLLMESH_TEST_GROUPS_DIR"
