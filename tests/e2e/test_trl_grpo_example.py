@@ -75,9 +75,12 @@ def test_trl_trains_on_a_nemo_gym_environment_through_rollmesh(
     assert summary["reward_first_10"] == 1.0
     jobs = sorted((out / "rollmesh" / "rollmesh" / "jobs").glob("*/rollouts.jsonl"))
     assert len(jobs) == 2
-    row = json.loads(jobs[0].read_text().splitlines()[0])
-    assert len(row["tokens"]["turns"]) >= 3 and row["tokens"]["turns"][0]["policy_version"] == "0"
-    assert any(m.get("role") == "tool" for m in row["chat_messages"])  # the server's tools ran
+    # one job per step, run on the weights pushed before it: versions 0 then 1 (job ids are not in order)
+    firsts = [json.loads(job.read_text().splitlines()[0]) for job in jobs]
+    assert sorted(row["tokens"]["turns"][0]["policy_version"] for row in firsts) == ["0", "1"]
+    for row in firsts:
+        assert len(row["tokens"]["turns"]) >= 3
+        assert any(m.get("role") == "tool" for m in row["chat_messages"])  # the server's tools ran
 
 
 def test_trls_own_generation_arm_is_scored_by_the_mesh(tmp_path: Path) -> None:
