@@ -392,7 +392,10 @@ def test_the_nemo_gym_profile_serves_one_resources_server_from_its_own_image(
         and "ln -s" in dockerfile
         and "/opt/nemo-gym/venv" in dockerfile
     )
-    assert "COPY scripts/nemo_gym.py scripts/venv_build.py scripts/debian_root.py /tmp/nemo-gym-build/" in dockerfile
+    assert (
+        "COPY scripts/nemo_gym.py scripts/venv_build.py scripts/debian_root.py /tmp/nemo-gym-build/"
+        in dockerfile
+    )
     assert "python3 /tmp/nemo-gym-build/nemo_gym.py venv" in dockerfile
     assert re.search(r"^USER nemogym$", dockerfile, re.M), "the server runs unprivileged"
     health = nemo_gym["healthcheck"]["test"]
