@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
 import numbers
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -413,16 +414,22 @@ class VerifierService:
     # -- verification ---------------------------------------------------------------------------------
 
     async def verify(self, call: VerifyCall) -> VerifyResult:
+        with self._counted(call.environment):
+            return await self._verify(call)
+
+    @contextlib.contextmanager
+    def _counted(self, environment: str) -> Iterator[None]:
+        """A verify (or a group's) in the environment's counters: its outcome and its seconds."""
         start, failure = time.perf_counter(), None
         try:
-            return await self._verify(call)
+            yield
         except Exception as exc:
             failure = exc
             raise
         finally:
-            if call.environment in self._loaded:  # (an unknown name is no label: it is unbounded)
-                telemetry.VERIFIES.labels(call.environment, telemetry.outcome(failure)).inc()
-                telemetry.VERIFY_SECONDS.labels(call.environment).observe(time.perf_counter() - start)
+            if environment in self._loaded:  # (an unknown name is no label: it is unbounded)
+                telemetry.VERIFIES.labels(environment, telemetry.outcome(failure)).inc()
+                telemetry.VERIFY_SECONDS.labels(environment).observe(time.perf_counter() - start)
 
     async def _verify(self, call: VerifyCall) -> VerifyResult:
         item = self._env(call.environment)
@@ -458,16 +465,8 @@ class VerifierService:
         """The rollouts of one task scored together (`Environment.verify_group`): one checked result
         per member, in order. Refused (BadGroup) without members, on an environment that does not
         score groups, or when the environment answers another number of results."""
-        start, failure = time.perf_counter(), None
-        try:
+        with self._counted(call.environment):
             return await self._verify_group(call)
-        except Exception as exc:
-            failure = exc
-            raise
-        finally:
-            if call.environment in self._loaded:
-                telemetry.VERIFIES.labels(call.environment, telemetry.outcome(failure)).inc()
-                telemetry.VERIFY_SECONDS.labels(call.environment).observe(time.perf_counter() - start)
 
     async def _verify_group(self, call: GroupCall) -> list[VerifyResult]:
         name = call.environment

@@ -986,17 +986,8 @@ def _end_run(child: int, grace_s: float) -> int | None:
             status = st
             break
         time.sleep(0.01)
-    try:
-        os.kill(-1, 9)
-    except OSError:
-        pass
-    while True:
-        try:
-            pid, st = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        if pid == child:
-            status = st
+    reaped = _kill_and_reap_all(child)
+    status = reaped if status is None else status
     if status is None:
         return None
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -1088,17 +1079,26 @@ def _kill_all_but_me() -> None:
     """Every process a run left: as pid 1 of the run's namespace, all others in it; else (`process`
     mode, a subreaper) every descendant."""
     if os.getpid() == 1:
-        try:
-            os.kill(-1, 9)
-        except OSError:
-            pass
-        while True:
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
+        _kill_and_reap_all()
     else:
         _kill_descendants()
+
+
+def _kill_and_reap_all(child: int = 0) -> int | None:
+    """SIGKILL every other process this one can signal (as pid 1: its whole namespace) and reap all
+    its children: the wait status of `child` if it was among them."""
+    try:
+        os.kill(-1, 9)
+    except OSError:
+        pass
+    status = None
+    while True:
+        try:
+            pid, st = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return status
+        if child and pid == child:
+            status = st
 
 
 def _remove(name: str) -> None:

@@ -51,6 +51,7 @@ import signal
 import socket
 import struct
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -110,13 +111,20 @@ def _factory(parent: int, fd: int) -> int:
 
 
 def _reap_all() -> None:
+    for _ in _exited():
+        pass
+
+
+def _exited() -> Iterator[tuple[int, int]]:
+    """(pid, wait status) of each child that has ended, reaped, until none is left to reap now."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        yield pid, status
 
 
 def _machine(spec: dict[str, Any], ready: int) -> int:
@@ -432,13 +440,7 @@ def _kill_group(pid: int) -> None:
 
 
 def _reap(running: dict[int, socket.socket], clients: dict[socket.socket, int], sel: Any) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    for pid, status in _exited():
         conn = running.pop(pid, None)
         if conn is None:
             continue  # an orphan
