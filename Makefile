@@ -71,12 +71,13 @@ sysdeps:
 	fi
 
 # The virtualenvs the bridges' tests run foreign code in: NeMo Gym 0.4.0's and 0.7.0's servers
-# (scripts/nemo_gym.py), verifiers 0.3.1 and 0.4.0 (scripts/verifiers_venv.py); built once, at once,
+# (scripts/nemo_gym.py), verifiers 0.3.1 and 0.4.0 (scripts/verifiers_venv.py), OpenEnv's openenv-core
+# 0.3.0 and openenv 0.10.0 (scripts/openenv_venv.py; ~3 minutes each cold); built once, at once,
 # and cached under ~/.cache/rollmesh (seconds when warm). NeMo Gym 0.7.0 needs Python >= 3.13.14,
 # which neither pyenv nor Debian stable has: as root its venv is made with Debian forky's python3.13,
 # from a root debootstrapped once into ~/.cache/rollmesh/python (scripts/debian_root.py; minutes).
 # Exit 3 is "no such Python on this machine": the tests that need it then skip, naming that.
-FOREIGN_VENVS := nemo-gym-0.4.0 nemo-gym-0.7.0 verifiers-0.3.1 verifiers-0.4.0
+FOREIGN_VENVS := nemo-gym-0.4.0 nemo-gym-0.7.0 verifiers-0.3.1 verifiers-0.4.0 openenv-core-0.3.0 openenv-0.10.0
 .PHONY: $(FOREIGN_VENVS)
 foreign-venvs: $(FOREIGN_VENVS)
 nemo-gym-venv: nemo-gym-0.4.0 nemo-gym-0.7.0
@@ -84,6 +85,10 @@ $(filter nemo-gym-%,$(FOREIGN_VENVS)): nemo-gym-%: setup
 	$(BIN)/python scripts/nemo_gym.py venv --version $* >/dev/null || [ $$? = 3 ]
 $(filter verifiers-%,$(FOREIGN_VENVS)): verifiers-%: setup
 	$(BIN)/python scripts/verifiers_venv.py --version $* >/dev/null || [ $$? = 3 ]
+openenv-core-0.3.0: setup
+	$(BIN)/python scripts/openenv_venv.py --dist openenv-core --version 0.3.0 >/dev/null || [ $$? = 3 ]
+openenv-0.10.0: setup
+	$(BIN)/python scripts/openenv_venv.py --dist openenv --version 0.10.0 >/dev/null || [ $$? = 3 ]
 
 # The interpreter NeMo Gym 0.5-0.7 needs, alone: the Debian forky root's as root (as above), else
 # CPython built from Debian's python3.13 source package into ~/.cache/rollmesh/python (15-50 minutes).

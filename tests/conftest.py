@@ -28,7 +28,14 @@ StartServer = Callable[..., Awaitable[MeshServer]]
 #: or by `make test`'s build of it running beside pytest): their tests' timeout counts the test
 #: function only (each build step has its own bound, scripts/venv_build.py).
 FOREIGN_VENVS = frozenset(
-    {"nemo_gym_python", "nemo_gym_python_each", "verifiers_python", "verifiers_v1_python"}
+    {
+        "nemo_gym_python",
+        "nemo_gym_python_each",
+        "verifiers_python",
+        "verifiers_v1_python",
+        "openenv_python",
+        "openenv_010_python",
+    }
 )
 
 
@@ -161,6 +168,29 @@ def verifiers_v1_python() -> Path:
         return Path(verifiers_venv.venv("0.4.0"))
     except verifiers_venv.NoInterpreter as exc:
         pytest.skip(f"no interpreter for verifiers: {exc}")
+
+
+openenv_venv = _load_script("openenv_venv")
+
+
+@pytest.fixture(scope="session")
+def openenv_python() -> Path:
+    """The interpreter of a virtualenv with OpenEnv's openenv-core 0.3.0 (scripts/openenv_venv.py:
+    built once, cached). Skipped only where no Python 3.11 exists to build it with."""
+    try:
+        return Path(openenv_venv.venv("0.3.0", dist="openenv-core"))
+    except openenv_venv.NoInterpreter as exc:
+        pytest.skip(f"no interpreter for OpenEnv: {exc}")
+
+
+@pytest.fixture(scope="session")
+def openenv_010_python() -> Path:
+    """The interpreter of a virtualenv with OpenEnv's `openenv` 0.10.0 distribution (the same
+    script, another cached venv). Skipped only where no Python 3.11 exists to build it with."""
+    try:
+        return Path(openenv_venv.venv("0.10.0", dist="openenv"))
+    except openenv_venv.NoInterpreter as exc:
+        pytest.skip(f"no interpreter for OpenEnv: {exc}")
 
 
 @pytest.fixture(scope="module")
