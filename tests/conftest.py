@@ -148,49 +148,44 @@ def nemo_gym_python_each(request: pytest.FixtureRequest) -> tuple[str, Path]:
 
 
 verifiers_venv = _load_script("verifiers_venv")
+openenv_venv = _load_script("openenv_venv")
+
+
+def _python_or_skip(make: Callable[[], Path], what: str) -> Path:
+    """The interpreter `make()` gives (a cached foreign venv); the test is skipped only where no
+    interpreter of the version `what` needs exists (scripts/venv_build.py's NoInterpreter)."""
+    try:
+        return Path(make())
+    except verifiers_venv.NoInterpreter as exc:  # the one class of scripts/venv_build.py
+        pytest.skip(f"no interpreter for {what}: {exc}")
 
 
 @pytest.fixture(scope="session")
 def verifiers_python() -> Path:
     """The interpreter of a virtualenv with verifiers 0.3.1 (scripts/verifiers_venv.py: built once,
     cached). Skipped only where no Python 3.11 exists to build it with."""
-    try:
-        return Path(verifiers_venv.venv("0.3.1"))
-    except verifiers_venv.NoInterpreter as exc:
-        pytest.skip(f"no interpreter for verifiers: {exc}")
+    return _python_or_skip(lambda: verifiers_venv.venv("0.3.1"), "verifiers")
 
 
 @pytest.fixture(scope="session")
 def verifiers_v1_python() -> Path:
     """The interpreter of a virtualenv with verifiers 0.4.0 (its `verifiers.v1` API; the same
     script, another cached venv). Skipped only where no Python 3.11 exists to build it with."""
-    try:
-        return Path(verifiers_venv.venv("0.4.0"))
-    except verifiers_venv.NoInterpreter as exc:
-        pytest.skip(f"no interpreter for verifiers: {exc}")
-
-
-openenv_venv = _load_script("openenv_venv")
+    return _python_or_skip(lambda: verifiers_venv.venv("0.4.0"), "verifiers")
 
 
 @pytest.fixture(scope="session")
 def openenv_python() -> Path:
     """The interpreter of a virtualenv with OpenEnv's openenv-core 0.3.0 (scripts/openenv_venv.py:
     built once, cached). Skipped only where no Python 3.11 exists to build it with."""
-    try:
-        return Path(openenv_venv.venv("0.3.0", dist="openenv-core"))
-    except openenv_venv.NoInterpreter as exc:
-        pytest.skip(f"no interpreter for OpenEnv: {exc}")
+    return _python_or_skip(lambda: openenv_venv.venv("0.3.0", dist="openenv-core"), "OpenEnv")
 
 
 @pytest.fixture(scope="session")
 def openenv_010_python() -> Path:
     """The interpreter of a virtualenv with OpenEnv's `openenv` 0.10.0 distribution (the same
     script, another cached venv). Skipped only where no Python 3.11 exists to build it with."""
-    try:
-        return Path(openenv_venv.venv("0.10.0", dist="openenv"))
-    except openenv_venv.NoInterpreter as exc:
-        pytest.skip(f"no interpreter for OpenEnv: {exc}")
+    return _python_or_skip(lambda: openenv_venv.venv("0.10.0", dist="openenv"), "OpenEnv")
 
 
 @pytest.fixture(scope="module")
