@@ -23,16 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from venv_build import (  # type: ignore[import-not-found]
-    AssetError,
-    NoInterpreter,
-    build_venv,
-    cache_root,
-    find_interpreter,
-    print_venv,
-)
+import venv_build  # type: ignore[import-not-found]
 
 __all__ = ["AssetError", "NoInterpreter", "venv"]
+
+AssetError = venv_build.AssetError
+NoInterpreter = venv_build.NoInterpreter
 
 DEFAULT_DIST = "openenv-core"
 #: The version of each distribution used when none is named.
@@ -47,9 +43,9 @@ def venv(version: str | None = None, packages: tuple[str, ...] = (), dist: str =
         raise AssetError(f"unknown OpenEnv distribution {dist!r}; one of {', '.join(DEFAULT_VERSIONS)}")
     spec = f"{dist}=={version or DEFAULT_VERSIONS[dist]}"
     return Path(
-        build_venv(
-            cache_root("openenv") / spec.replace("==", "-") / "venv",
-            base=lambda: find_interpreter(PYTHON, spec),
+        venv_build.build_venv(
+            venv_build.cache_root("openenv") / spec.replace("==", "-") / "venv",
+            base=lambda: venv_build.find_interpreter(PYTHON, spec),
             library=lambda: [spec],
             what=spec,
             key="packages",
@@ -67,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--package", action="append", help="an environment package to install (repeatable)")
     args = parser.parse_args(argv)
-    return int(print_venv("openenv_venv", lambda: venv(args.version, tuple(args.package or ()), args.dist)))
+    return int(
+        venv_build.print_venv(
+            "openenv_venv", lambda: venv(args.version, tuple(args.package or ()), args.dist)
+        )
+    )
 
 
 if __name__ == "__main__":
