@@ -5,11 +5,13 @@ services, and that client talks to a running registry."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
+from tests.e2e.readme_blocks import DOCS, bash_block
 from tests.procs import ROLLMESH, spawn_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,10 +36,11 @@ def test_the_sdk_installs_alone_and_reaches_a_service(tmp_path: Path) -> None:
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
     alone = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    install = shlex.split(bash_block("## Installing the SDK alone", DOCS / "sdk.md"), comments=True)
+    assert install[:2] == ["pip", "install"], install  # docs/sdk.md's command, in the new venv, pinned
     pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "-c", str(REPO / "requirements.lock"),
-         str(REPO / "clients" / "python")],
-        capture_output=True, text=True, timeout=600, check=False, env=alone,
+        [str(python), "-m", "pip", "install", "-q", "-c", str(REPO / "requirements.lock"), *install[2:]],
+        capture_output=True, text=True, timeout=600, check=False, env=alone, cwd=REPO,
     )  # fmt: skip
     assert pip.returncode == 0, pip.stderr[-3000:]
     (tmp_path / "probe.py").write_text(SCRIPT)

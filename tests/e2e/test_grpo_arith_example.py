@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.e2e.readme_blocks import DOCS, bash_block
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "grpo_arith.py"
@@ -75,9 +78,13 @@ def test_grpo_example_trains_on_a_reasoning_gym_mixture(tmp_path: Path) -> None:
     """--reasoning-gym: the same loop on a mixture of ten reasoning-gym generators, scored by the
     reasoning_gym environment; its training split holds none of the held-out spec's questions."""
     out = tmp_path / "grpo"
-    args = ["--embedded", "--backend", "fake", "--steps", "2", "--groups", "2", "--group-size", "4"]
-    args += ["--eval-every", "2", "--eval-limit", "3", "--out", str(out)]
-    args += ["--reasoning-gym", "reasoning_gym_mix10", "--rg-train-size", "60"]
+    # docs/reasoning-gym.md's command, made short: its later flags win
+    command = shlex.split(
+        bash_block("`examples/grpo_arith.py --reasoning-gym SPEC`", DOCS / "reasoning-gym.md")
+    )
+    assert command[:2] == ["python", "examples/grpo_arith.py"] and "reasoning_gym_mix10" in command, command
+    args = [*command[2:], "--backend", "fake", "--steps", "2", "--groups", "2", "--group-size", "4"]
+    args += ["--eval-every", "2", "--eval-limit", "3", "--out", str(out), "--rg-train-size", "60"]
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=900, cwd=tmp_path
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,13 @@ import pytest
 
 from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR, DaemonlessProvider
 from rollmesh.verifier.bridges.container.task import load_tasks, rows
+from tests.e2e.readme_blocks import DOCS, bash_block
 from tests.procs import ROLLMESH
 
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"
 TOOL_LOOP = Path(__file__).resolve().parents[2] / "examples" / "agents" / "tool_loop.py"
 TASKS = ROOT / "environments" / "harbor_demo" / "tasks"
+DOC = DOCS / "container-tasks.md"
 pytestmark = [
     pytest.mark.skipif(
         DaemonlessProvider().problem() != "", reason=f"daemonless machines: {DaemonlessProvider().problem()}"
@@ -31,11 +34,22 @@ pytestmark = [
 ]
 
 
+def _doc_command(after: str) -> list[str]:
+    """The arguments of docs/container-tasks.md's `rollmesh run` after `after`, its `my_tasks` this
+    suite's harbor_demo."""
+    command = bash_block(after, DOC).replace("environments/my_tasks/tasks", str(TASKS))
+    words = shlex.split(command.replace("my_tasks", "harbor_demo"), comments=True)
+    assert words[:2] == ["rollmesh", "run"], command
+    return words[2:]
+
+
 def _run(
-    tmp_path: Path, *extra: str, env: dict[str, str] | None = None, dataset: Path = TASKS
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None, dataset: Path | None = TASKS
 ) -> dict[str, Any]:
+    """`rollmesh run` on `dataset` (None: `extra` names it) in the harbor_demo environment."""
     backend = [] if "--oracle" in extra else ["--backend", "fake"]  # an oracle job starts no model
-    argv = [str(ROLLMESH), "run", *backend, "--input", str(dataset), "--environment", "harbor_demo"]
+    given = ["--input", str(dataset), "--environment", "harbor_demo"] if dataset is not None else []
+    argv = [str(ROLLMESH), "run", *backend, *given]
     argv += ["--output-dir", str(tmp_path / "runs"), "--json", "--allowed-failures", "8", *extra]
     done = subprocess.run(
         argv,
@@ -74,7 +88,7 @@ def _machines_of(job_id: str) -> list[str]:
 
 
 def test_the_oracle_job_scores_every_task_with_a_solution_one(tmp_path: Path) -> None:
-    result = _run(tmp_path, "--oracle")
+    result = _run(tmp_path, *_doc_command("## The oracle: a conformance check"), dataset=None)
     rows = _rows(result)
     solved = {p.parent.parent.name for p in TASKS.glob("*/solution/solve.sh")}
     assert {name: row["reward"] for name, row in rows.items()} == dict.fromkeys(solved, 1.0)
@@ -88,7 +102,8 @@ def test_the_oracle_job_scores_every_task_with_a_solution_one(tmp_path: Path) ->
 
 def test_the_fake_model_works_through_the_tools_and_broken_graders_fail_by_name(tmp_path: Path) -> None:
     script = {"ROLLMESH_FAKE_SCRIPT": "rollmesh.devtools.fake_scripts:container_agent"}
-    result = _run(tmp_path, "--max-steps", "6", env=script)
+    args = _doc_command("never by a path taken from the row")  # and its --max-steps 30: 6 is enough
+    result = _run(tmp_path, *args, "--max-steps", "6", env=script, dataset=None)
     rows, failures = _rows(result), _failures(result)
     for solved in ("hello-file", "fix-calc", "no-internet", "hanging-agent"):
         assert rows[solved]["reward"] == 1.0, rows[solved]["verify_details"]
