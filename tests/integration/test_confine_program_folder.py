@@ -6,15 +6,14 @@ hidden; `/tmp` itself and folders other users cannot enter are never made readab
 
 from __future__ import annotations
 
-import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rollmesh.mesh.confine import Confinement, UidLeases, command, program_folder, program_paths, read_mode
+from rollmesh.mesh.confine import program_folder, program_paths
+from tests.procs import run_confined
 
 PROGRAM = """
 import os, helper
@@ -58,22 +57,9 @@ async def test_a_confined_script_under_tmp_imports_its_sibling_and_sees_no_hidde
     prog = program(tmp_path)
     assert str(prog).startswith("/tmp/")  # what the child's fresh /tmp would hide
     argv = [sys.executable, str(prog / "main.py")]
-    leases = UidLeases()
-    uid = await leases.lease()
-    try:
-        hidden = (str(prog / "runs"), str(prog / "gold.jsonl"))
-        confinement = Confinement(uid=uid, readable=program_paths(argv), hidden=hidden)
-        mode_file = tmp_path / "mode"
-        done = await asyncio.to_thread(
-            subprocess.run,
-            command(argv, confinement, mode_file),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        leases.release(uid)
-    assert "mount" in read_mode(mode_file), read_mode(mode_file)
+    done, mode = await run_confined(
+        argv, tmp_path / "mode", hidden=(str(prog / "runs"), str(prog / "gold.jsonl"))
+    )
+    assert "mount" in mode, mode
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["the sibling", "[]", "''"]
