@@ -153,27 +153,3 @@ async def scheduler_proc(
             proc.kill()
         await proc.wait()
         log.close()
-
-
-async def run_confined(
-    argv: Sequence[str], mode_file: Path, hidden: Sequence[str] = ()
-) -> tuple[subprocess.CompletedProcess[str], str]:
-    """`argv` run through mesh/confine.py as a uid of its own (root only), reading what
-    `program_paths` names and with `hidden` hidden; (what it did, the mode that held)."""
-    from rollmesh.mesh.confine import Confinement, UidLeases, command, program_paths, read_mode
-
-    leases = UidLeases()
-    uid = await leases.lease()
-    try:
-        confinement = Confinement(uid=uid, readable=program_paths(argv), hidden=hidden)
-        done = await asyncio.to_thread(
-            subprocess.run,
-            command(argv, confinement, mode_file),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        leases.release(uid)
-    return done, read_mode(mode_file)

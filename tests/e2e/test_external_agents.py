@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +72,10 @@ def test_a_program_and_the_built_in_loop_give_identical_token_records(tmp_path: 
 
 
 def test_a_compacting_program_and_a_responses_program(tmp_path: Path) -> None:
-    """Run from a checkout under /tmp (the programs copied there, their output inside it): the
-    programs import their sibling tool_loop.py although the child's own /tmp is fresh (#43)."""
-    checkout = tmp_path / "checkout"
-    shutil.copytree(REPO / "examples" / "agents", checkout / "examples" / "agents")
-    (checkout / "services").symlink_to(REPO / "services")
     block = bash_block("## Compacting agents and the Responses API", DOC)
-    done = run_block(block, {}, tmp_path, {}, cwd=checkout, timeout_s=600)
+    done = run_block(block, {}, tmp_path, {"RUNS": str(tmp_path)}, cwd=REPO, timeout_s=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    runs = checkout / "runs"  # the block's default RUNS: inside the checkout, hidden from the programs
-    compacting, responses = _rows(runs, "compacting"), _rows(runs, "responses")
+    compacting, responses = _rows(tmp_path, "compacting"), _rows(tmp_path, "responses")
     assert len(compacting) == len(responses) == ROWS
     for row in compacting.values():
         assert row["reward"] == 1.0 and row["agent_program"]["segments"] == 2

@@ -5,15 +5,16 @@ interpreter's prefix, so the import failed)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
 import sys
 import venv
 from pathlib import Path
 
 import pytest
 
-from rollmesh.mesh.confine import program_paths, pth_paths
-from tests.procs import run_confined
+from rollmesh.mesh.confine import Confinement, UidLeases, command, program_paths, pth_paths, read_mode
 
 
 def overlay(tmp_path: Path) -> tuple[Path, Path]:
@@ -38,8 +39,22 @@ def test_the_pth_folders_are_readable(tmp_path: Path) -> None:
 async def test_a_confined_overlay_venv_imports_what_its_pth_reaches(tmp_path: Path) -> None:
     env, _ = overlay(tmp_path)
     argv = [str(env / "bin" / "python"), "-c", "import overlaid; print(overlaid.WHERE)"]
-    done, mode = await run_confined(argv, tmp_path / "mode")
-    assert "mount" in mode, mode
+    leases = UidLeases()
+    uid = await leases.lease()
+    try:
+        confinement = Confinement(uid=uid, readable=program_paths(argv))
+        mode_file = tmp_path / "mode"
+        done = await asyncio.to_thread(
+            subprocess.run,
+            command(argv, confinement, mode_file),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        leases.release(uid)
+    assert "mount" in read_mode(mode_file), read_mode(mode_file)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "the overlay"
     assert sys.prefix != str(env)

@@ -27,8 +27,7 @@ In order, each step recorded only once it held:
    paths bound back, read-only (the rest of it, secrets included, is not there); a `hidden` path is
    an empty folder (a tmpfs) or an empty file (/dev/null) there, unless it is itself `readable` or
    `writable`; `readable` and `writable` paths are then bound back (read-only, writable), so they
-   win over a cover or a hidden folder above them, outermost first, and a `hidden` path inside one
-   is hidden again after it (a program's folder that holds the job's output shows it empty). Then a pid
+   win over a cover or a hidden folder above them. Then a pid
    namespace: this process stays outside as the child's keeper (forwards SIGTERM/SIGINT/SIGHUP,
    exits as the child did), the child is pid 1 of its own namespace with a fresh /proc, so
    everything it starts dies with it; it drops to `uid`/`uid` (no supplementary groups,
@@ -59,8 +58,7 @@ _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
-#: The folders a confined child gets fresh (uid mode); mesh/confine.py reads it too.
-SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
 _KEEP_WRITABLE = ("/proc", "/sys", "/dev")  # pseudo filesystems: their own permissions hold
 
 
@@ -195,52 +193,33 @@ def _private_mounts(settings: dict[str, Any]) -> bool:
                 _mount(None, point.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _mount_flags(point))
             except OSError:
                 pass  # a mount point it cannot even see (covered): nothing to do
-    scratch = [d for d in SCRATCH if os.path.isdir(d)]
+    scratch = [d for d in _SCRATCH if os.path.isdir(d)]
     size = int(settings.get("scratch_mb", 256))
     for d in scratch:
         _mount(b"scratch", d.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size}m,mode=1777".encode())
     for cover in _covers([p for p, _, _ in sources], scratch):
         _mount(b"hidden", cover.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755")
     for path in hidden:
-        _hide(path)
-    # Bound back outermost first; a hidden path inside one is hidden again after it (the bind
-    # brings back what was under the path, the hidden folder's content included).
-    inside = [h for h in hidden if any(_under(h, p) for p, _, _ in sources)]
-    steps = [(p.count("/"), 0, p, fd, ro) for p, fd, ro in sources] + [
-        (h.count("/"), 1, h, -1, True) for h in inside
-    ]
-    for _, again, path, fd, read_only in sorted(steps):
-        if again:
-            _hide(path)
-        else:
-            _bind_back(path, fd, read_only)
+        if os.path.isdir(path):
+            _mount(b"hidden", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755")
+        elif os.path.exists(path):  # (not already under a scratch tmpfs or a cover)
+            _mount(b"/dev/null", path.encode(), None, _MS_BIND)
+    for path, fd, read_only in sources:
+        if not os.path.exists(path):
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                open(path, "a").close()
+        _mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC)
+        flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
+        _mount(None, path.encode(), None, flags)
+        os.close(fd)
     try:  # the working folder as the new mounts show it (the old one is read-only, or covered)
         os.chdir(os.getcwd())
     except OSError:
         os.chdir("/")
     return True
-
-
-def _hide(path: str) -> None:
-    """An empty folder (a tmpfs) or an empty file (/dev/null) over `path`."""
-    if os.path.isdir(path):
-        _mount(b"hidden", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"size=1m,mode=755")
-    elif os.path.exists(path):  # (not already under a scratch tmpfs or a cover)
-        _mount(b"/dev/null", path.encode(), None, _MS_BIND)
-
-
-def _bind_back(path: str, fd: int, read_only: bool) -> None:
-    """`path` as `fd` (opened before anything covered it) showed it: read-only or writable."""
-    if not os.path.exists(path):
-        if os.path.isdir(f"/proc/self/fd/{fd}"):
-            os.makedirs(path, mode=0o755, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-            open(path, "a").close()
-    _mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC)
-    flags = _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | (_MS_RDONLY if read_only else 0)
-    _mount(None, path.encode(), None, flags)
-    os.close(fd)
 
 
 def _under(path: str, root: str) -> bool:

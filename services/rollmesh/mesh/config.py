@@ -281,6 +281,12 @@ ENV_VARS: dict[str, EnvVar] = {
             "verifiers.toml names none (docs/verifiers.md).",
         ),
         EnvVar(
+            "ROLLMESH_OPENENV_PYTHON",
+            "",
+            "Verifier: the interpreter of a virtualenv with openenv-core, for managed OpenEnv "
+            "environments whose openenv.toml names none (docs/openenv.md).",
+        ),
+        EnvVar(
             "ROLLMESH_SIDECAR_CONFINE",
             True,
             "Verifier: run the servers it starts (managed NeMo Gym, verifiers) confined: as root a uid, "

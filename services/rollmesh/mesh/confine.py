@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.mesh._confine import SCRATCH
 from rollmesh.mesh.uids import UidPool
 
 CONFINE = Path(__file__).with_name("_confine.py")
@@ -147,8 +146,7 @@ def resolve_shim(argv: Sequence[str], env: Mapping[str, str] | None = None) -> l
 def program_paths(argv: Sequence[str], path_env: str | None = None) -> list[str]:
     """What running `argv` needs to read: its executable (looked up on `path_env`), the virtualenv
     it belongs to (a `pyvenv.cfg` beside its bin/) and the prefix its real file lives in (an
-    interpreter's lib/ beside its bin/), every argument that is an absolute existing path, and the
-    folder of each such file (`program_folder`: a script's sibling modules)."""
+    interpreter's lib/ beside its bin/), and every argument that is an absolute existing path."""
     found = shutil.which(argv[0], path=path_env) if argv else None
     paths: list[str] = []
     if found:
@@ -159,25 +157,8 @@ def program_paths(argv: Sequence[str], path_env: str | None = None) -> list[str]
                 paths.append(str(candidate))
                 paths += pth_paths(candidate)
         paths.append(os.path.realpath(exe))
-    named = [a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)]
-    paths += named
-    paths += [folder for a in named if os.path.isfile(a) and (folder := program_folder(a))]
+    paths += [a for a in argv[1:] if os.path.isabs(a) and os.path.exists(a)]
     return list(dict.fromkeys(paths))
-
-
-def program_folder(script: str) -> str:
-    """The folder of `script` (a file a command names), to be readable beside it: where Python looks
-    first for what the script imports (`from tool_loop import ...`). Under a fresh /tmp, or a folder
-    other users cannot enter (/root/project), a confined child would see the script alone. Not when
-    that folder is `/`, a scratch folder itself (/tmp: everyone's files) or one other users cannot
-    enter (/root: its secrets): "" then, and such a script should live in a folder of its own."""
-    folder = os.path.dirname(os.path.realpath(script))
-    if folder == "/" or folder in SCRATCH:
-        return ""
-    try:
-        return folder if os.stat(folder).st_mode & 0o001 else ""
-    except OSError:
-        return ""
 
 
 def pth_paths(prefix: Path) -> list[str]:

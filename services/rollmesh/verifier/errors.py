@@ -170,6 +170,23 @@ class EnvServerBadReply(mesh.Unavailable):
     reason = "ENV_SERVER_BAD_REPLY"
 
 
+class EnvServerAtCapacity(mesh.Unavailable):
+    """A bridged environment's server refused a new session: it holds as many as it allows (an
+    OpenEnv server's `max_concurrent_envs`). Retried; the environment's `max_sessions` keeps the
+    bridge within the server's limit."""
+
+    reason = "ENV_SERVER_AT_CAPACITY"
+
+
+class ActionNotBuildable(mesh.FailedPrecondition):
+    """A bridged environment's action schema is one the bridge cannot build an action for from a
+    model's turn as its config says (OpenEnv: `action = "text"` on a schema with no string field
+    the text can fill, or a schema that is not an object of fields): nothing the model writes could
+    be sent, so the environment is broken, never stepped with a guessed action."""
+
+    reason = "ACTION_NOT_BUILDABLE"
+
+
 class EnvSessionLost(mesh.Unavailable):
     """The bridged server restarted after this rollout's session was seeded: the state its tools
     built is gone, so the rollout is retried from its seed instead of being scored on empty state."""

@@ -1,5 +1,5 @@
 """Foreign environments behind the one Environment API: NeMo Gym resources servers, verifiers
-environments, container tasks (Harbor format).
+environments, container tasks (Harbor format), OpenEnv environment servers.
 
 Each kind of folder registers here (kinds.py: the file that marks its folders, and its class,
 imported only when a folder of the kind is loaded); verifier/loader.py finds them through
@@ -32,7 +32,14 @@ def _container_tasks() -> type[Environment]:
     return ContainerTasksEnvironment
 
 
+def _openenv() -> type[Environment]:
+    from rollmesh.verifier.bridges.openenv_env import OpenEnvEnvironment
+
+    return OpenEnvEnvironment
+
+
 # In this order: a folder holding more than one of these files is of the first one's kind.
 register_folder_kind(FolderKind("nemo_gym.toml", "a NeMo Gym resources server", _nemo_gym))
 register_folder_kind(FolderKind("verifiers.toml", "a verifiers environment", _verifiers))
 register_folder_kind(FolderKind("container_tasks.toml", "container tasks (Harbor format)", _container_tasks))
+register_folder_kind(FolderKind("openenv.toml", "an OpenEnv environment server", _openenv))

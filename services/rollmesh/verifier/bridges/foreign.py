@@ -5,16 +5,21 @@ or reached at a URL, the HTTP bridge to it (http_bridge.py), and reading its num
 - `ForeignServerEnvironment`: an Environment whose answers come from such a server: `sidecar` (None
   for a server attached by URL) and `http`; start, close, whether it can serve (`problem`), its
   restarts and what confines it, and a session's state checked against the server's restarts
-  (`session_state`: a restarted server lost it), once for every bridge.
+  (`session_state`: a restarted server lost it), once for every bridge. `discover()` (a bridge's
+  reading of what the server offers: routes, schemas) runs at start; a server that is unreachable
+  then (attached by URL, started with the verifier by a compose stack) is BROKEN and probed again
+  with backoff (0.5 s doubling to 10 s) until `discovered()`, without waiting for a first session.
 - `sidecar_spec`: how the verifier runs a foreign server: logs and port file under
   ROLLMESH_SIDECAR_LOG_DIR (default <tmp>/rollmesh-sidecars), restarted always (at most 5 times in
   300 s), confined as ROLLMESH_SIDECAR_CONFINE says, with `foreign_env()` and unbuffered output.
+- `interpreter`: a managed server's interpreter (its config's `python`, else a ROLLMESH_* variable).
 - `reward_of`, `numbers_of`: a reply's reward (a number, or EnvServerBadReply) and a map of named
   numbers (what is not a number is left out).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import uuid
@@ -25,9 +30,13 @@ from typing import Any, Protocol, TypeVar
 from rollmesh.launch.restart import RestartPolicy
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
 from rollmesh.mesh import config as mesh_config
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier.bridges.http_bridge import HttpBridge
 from rollmesh.verifier.environment import Environment, Session
-from rollmesh.verifier.errors import EnvServerBadReply, EnvSessionLost
+from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable, EnvSessionLost
+
+log = get_logger("rollmesh.verifier.bridges.foreign")
 
 
 class _Seeded(Protocol):
@@ -42,6 +51,17 @@ def foreign_env() -> dict[str, str]:
     without the interpreter settings of rollmesh's virtualenv: what a foreign server starts with."""
     drop = ("ROLLMESH_", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def interpreter(python: str, variable: str, who: str, config_file: str) -> str:
+    """`python` (a bridge config's, "" when unset), else `variable`'s value; a ConfigError naming
+    `who` and what to set when neither names an interpreter."""
+    chosen = python or str(mesh_config.read(variable))
+    if not chosen:
+        raise ConfigError(
+            f"{who} names no interpreter: set `python` or `venv` in {config_file}, or {variable}"
+        )
+    return chosen
 
 
 def sidecar_spec(
@@ -79,13 +99,40 @@ class ForeignServerEnvironment(Environment):
 
     sidecar: Sidecar | None
     http: HttpBridge
+    #: The probing of a server that was unreachable at start, until it is discovered.
+    _discovery: asyncio.Task[None] | None = None
+
+    async def discover(self) -> None:
+        """Read what the server offers (module docstring); the default reads nothing."""
+
+    def discovered(self) -> bool:
+        """Whether `discover()` has read what it needs (a server still warming up may answer badly)."""
+        return True
 
     async def start(self) -> None:
         await self.http.open()
         if self.sidecar is not None:
             await self.sidecar.start()
+        try:
+            await self.discover()
+        except EnvServerUnreachable as exc:  # attached by URL and not up yet: listed broken until it is
+            log.warning("foreign_server_unreachable", environment=self.context.name, error=exc.message)
+            self._discovery = asyncio.create_task(self._discover_when_up())
+
+    async def _discover_when_up(self) -> None:
+        delay = 0.5
+        while not self.discovered():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            try:
+                await self.discover()
+            except (EnvServerUnreachable, EnvServerTimeout):
+                continue
 
     async def aclose(self) -> None:
+        if self._discovery is not None:
+            self._discovery.cancel()
+            await asyncio.gather(self._discovery, return_exceptions=True)
         await self.http.aclose()
         if self.sidecar is not None:
             await self.sidecar.stop()
@@ -108,6 +155,14 @@ class ForeignServerEnvironment(Environment):
                 "its state is gone, the rollout is retried"
             )
         return state
+
+    def managed_by(self) -> str:
+        """How the verifier runs the server, for summaries: "managed by the verifier (<interpreter>,
+        isolation uid+mount+pid)"; "" for a server it does not run."""
+        if self.sidecar is None:
+            return ""
+        isolation = f", isolation {self.sidecar.isolation}" if self.sidecar.isolation else ""
+        return f"managed by the verifier ({self.sidecar.spec.argv[0]}{isolation})"
 
     def sandbox_mode(self) -> str:
         """What confines the server the verifier manages (launch/sidecar.py: "uid+mount+pid",

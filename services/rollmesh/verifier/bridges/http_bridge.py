@@ -9,6 +9,9 @@ cookie set per rollout session, and every way the server can fail as a named err
   no connection (EnvServerUnreachable), no answer within `timeout_s` (EnvServerTimeout).
 - `json_object` reads an answer as a JSON object or raises EnvServerBadReply (never a guess).
 - `down`: why the last call reached no server ("" once one answers).
+- `websocket(path)`: a `JsonSocket` on the server (one per rollout session where the server keeps an
+  episode per connection: OpenEnv's /ws), JSON objects in and out, its failures named as the HTTP
+  calls' are (no connection, no answer within `timeout_s`, a dropped socket, not a JSON object).
 - `bridge_config` reads a bridged environment's TOML declaration (nemo_gym.toml, verifiers.toml):
   unknown keys, a missing required key and `venv` (its bin/python) are handled once for every kind.
 - A call whose connection fails (refused, dropped or reset before an answer: a loaded uvicorn drops
@@ -20,6 +23,7 @@ cookie set per rollout session, and every way the server can fail as a named err
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tomllib
 from collections.abc import Awaitable, Callable, Collection
@@ -135,6 +139,13 @@ class HttpBridge:
     async def get(self, path: str, cookies: Cookies | None = None) -> Reply:
         return await self._call("GET", path, None, cookies)
 
+    async def probe(self, path: str) -> bool:
+        """Whether GET `path` answers 2xx now: one try, any failure False (a sidecar's readiness)."""
+        try:
+            return (await self._once("GET", path, None, None)).ok
+        except Exception:
+            return False
+
     async def _call(self, method: str, path: str, data: bytes | None, cookies: Cookies | None) -> Reply:
         for attempt in range(CONNECT_RETRIES + 1):
             try:
@@ -187,6 +198,25 @@ class HttpBridge:
         except asyncio.CancelledError:
             raise
 
+    async def websocket(self, path: str) -> JsonSocket:
+        """A WebSocket to `path` (the base URL's scheme made ws/wss): EnvServerUnreachable when it
+        cannot be opened, EnvServerTimeout when the handshake gets no answer within `timeout_s`."""
+        assert self._http is not None, "HttpBridge.open() was not called"
+        url = self.url(path).replace("http://", "ws://", 1).replace("https://", "wss://", 1)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                ws = await self._http.ws_connect(url, max_msg_size=MAX_BODY_BYTES, autoping=True)
+        except TimeoutError:
+            raise EnvServerTimeout(
+                f"{self.name}: WebSocket {url} was not opened within {self.timeout_s:g}s",
+                metadata={"url": url},
+            ) from None
+        except (aiohttp.ClientConnectionError, aiohttp.WSServerHandshakeError) as exc:
+            self.down = f"{self.name}: WebSocket {url} failed: {type(exc).__name__}: {exc}"
+            raise EnvServerUnreachable(self.down, metadata={"url": url}) from None
+        self.down = ""
+        return JsonSocket(self.name, url, ws, self.timeout_s)
+
     def json_object(self, reply: Reply, what: str) -> Json:
         """The answer as a JSON object, or EnvServerBadReply naming `what` and the first bytes."""
         try:
@@ -201,3 +231,67 @@ class HttpBridge:
                 f"{self.name}: {what} answered {reply.status} with JSON {type(value).__name__}, not an object"
             )
         return value
+
+
+class JsonSocket:
+    """One WebSocket to an environment server: `call` sends a JSON object and reads the one it
+    answers; every failure is named (EnvServerUnreachable: the socket closed or dropped;
+    EnvServerTimeout: no answer within `timeout_s`; EnvServerBadReply: not a JSON object)."""
+
+    def __init__(self, name: str, url: str, ws: aiohttp.ClientWebSocketResponse, timeout_s: float) -> None:
+        self.name = name
+        self.url = url
+        self._ws = ws
+        self.timeout_s = timeout_s
+
+    @property
+    def closed(self) -> bool:
+        return self._ws.closed
+
+    async def call(self, message: Json, what: str) -> Json:
+        """Send `message`, return the server's answer to it (`what` names the call in errors)."""
+        try:
+            await self._ws.send_str(json.dumps(message, ensure_ascii=False, allow_nan=False))
+            async with asyncio.timeout(self.timeout_s):
+                answer = await self._ws.receive()
+        except TimeoutError:
+            await self._ws.close()  # a late answer would be read as the next call's
+            raise EnvServerTimeout(
+                f"{self.name}: {what} got no answer on {self.url} within {self.timeout_s:g}s",
+                metadata={"url": self.url},
+            ) from None
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+            raise EnvServerUnreachable(
+                f"{self.name}: {what} on {self.url} failed: {type(exc).__name__}: {exc}",
+                metadata={"url": self.url},
+            ) from None
+        if answer.type is not aiohttp.WSMsgType.TEXT:
+            how = "closed the WebSocket" if answer.type in _CLOSED else f"sent a {answer.type.name} frame"
+            raise EnvServerUnreachable(
+                f"{self.name}: {what}: the server {how} on {self.url} instead of answering",
+                metadata={"url": self.url},
+            )
+        try:
+            value = untrusted_json.loads(str(answer.data))
+        except NotJson as exc:
+            raise EnvServerBadReply(
+                f"{self.name}: {what} answered a message that is not JSON ({exc}): {str(answer.data)[:200]!r}"
+            ) from None
+        if not isinstance(value, dict):
+            raise EnvServerBadReply(
+                f"{self.name}: {what} answered JSON {type(value).__name__}, not an object"
+            )
+        return value
+
+    async def send(self, message: Json) -> None:
+        """Send `message` expecting no answer (best effort: a closed socket is not an error)."""
+        if not self._ws.closed:
+            with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+                await self._ws.send_str(json.dumps(message))
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+            await self._ws.close()
+
+
+_CLOSED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})

@@ -1,10 +1,10 @@
 """The kinds of environment folder besides an `env.py`: a folder that holds a kind's config file
-(`nemo_gym.toml`, `verifiers.toml`, `container_tasks.toml`) and no env.py is an environment of that
-kind. A kind registers here once (`register_folder_kind`: its config file's name and a function that
-gives its Environment class); the loader (verifier/loader.py) asks `folder_kinds()` and imports no
-kind itself. The built-in kinds register in bridges/__init__.py, each class imported only when a
-folder of its kind is loaded (a bridge brings in aiohttp and sidecar supervision: a verifier that
-serves none of them does not pay for their imports).
+(`nemo_gym.toml`, `verifiers.toml`, `container_tasks.toml`, `openenv.toml`) and no env.py is an
+environment of that kind. A kind registers here once (`register_folder_kind`: its config file's name
+and a function that gives its Environment class); the loader (verifier/loader.py) asks
+`folder_kinds()` and imports no kind itself. The built-in kinds register in bridges/__init__.py, each
+class imported only when a folder of its kind is loaded (a bridge brings in aiohttp and sidecar
+supervision: a verifier that serves none of them does not pay for their imports).
 """
 
 from __future__ import annotations

@@ -79,14 +79,19 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec
-from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.responses_items import response_object
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, numbers_of, reward_of, sidecar_spec
+from rollmesh.verifier.bridges.foreign import (
+    ForeignServerEnvironment,
+    interpreter,
+    numbers_of,
+    reward_of,
+    sidecar_spec,
+)
 from rollmesh.verifier.bridges.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.environment import (
     EnvContext,
@@ -102,8 +107,6 @@ from rollmesh.verifier.errors import (
     BadTask,
     EnvServerBadReply,
     EnvServerError,
-    EnvServerTimeout,
-    EnvServerUnreachable,
     EnvSessionLost,
     ReverifyUnsupported,
 )
@@ -167,13 +170,12 @@ class NemoGymConfig:
         return not self.url
 
     def interpreter(self) -> str:
-        python = self.python or str(mesh_config.read("ROLLMESH_NEMO_GYM_PYTHON"))
-        if not python:
-            raise ConfigError(
-                f"NeMo Gym server {self.server!r} is managed (no `url`) but names no interpreter: set "
-                "`python` or `venv` in nemo_gym.toml, or ROLLMESH_NEMO_GYM_PYTHON"
-            )
-        return python
+        return interpreter(
+            self.python,
+            "ROLLMESH_NEMO_GYM_PYTHON",
+            f"NeMo Gym server {self.server!r} (managed: no `url`)",
+            CONFIG_FILE,
+        )
 
 
 @dataclass
@@ -304,7 +306,6 @@ class NemoGymEnvironment(ForeignServerEnvironment):
         self._routes: set[str] = set()
         self._reverify_mode = "unknown"
         self._discovered = False
-        self._discovery: asyncio.Task[None] | None = None
         self._gymnasium = False
         self._episodes = False
 
@@ -327,35 +328,14 @@ class NemoGymEnvironment(ForeignServerEnvironment):
 
     async def _probe(self, address: str) -> bool:
         del address
-        try:
-            return (await self.http._once("GET", "/", None, None)).ok
-        except Exception:
-            return False
+        return await self.http.probe("/")
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        await super().start()
-        try:
-            await self._discover()
-        except EnvServerUnreachable as exc:  # attached by URL and not up yet: listed broken until it is
-            log.warning("nemo_gym_server_unreachable", environment=self.context.name, error=exc.message)
-            self._discovery = asyncio.create_task(self._discover_when_up())
+    def discovered(self) -> bool:
+        return self._discovered
 
-    async def _discover_when_up(self) -> None:
-        """A URL-attached server that was down at start (a compose stack starts it with the verifier)
-        is probed until it answers: then it leaves BROKEN and lists its tools without waiting for a
-        first session. Backoff 0.5 s doubling to 10 s; ends with the environment (aclose)."""
-        delay = 0.5
-        while not self._discovered:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-            try:
-                await self._discover()
-            except (EnvServerUnreachable, EnvServerTimeout):
-                continue
-
-    async def _discover(self) -> None:
+    async def discover(self) -> None:
         """Read the server's routes (OpenAPI): its tools, /close_session, /reverify_mode."""
         spec: Any = {}
         for attempt in range(3):  # a server can answer its first /openapi.json badly while it warms up
@@ -402,21 +382,12 @@ class NemoGymEnvironment(ForeignServerEnvironment):
             episodes=self._episodes,
         )
 
-    async def aclose(self) -> None:
-        if self._discovery is not None:
-            self._discovery.cancel()
-            await asyncio.gather(self._discovery, return_exceptions=True)
-        await super().aclose()
-
     def listed_tools(self) -> list[ToolSpec]:
         # An episode server's /close is its protocol's (module doc), never the model's tool.
         return [t for t in self._route_tools if not (self._episodes and t.name == "close")]
 
     def summary(self) -> str:
-        mode = self.cfg.url
-        if self.sidecar is not None:
-            isolation = f", isolation {self.sidecar.isolation}" if self.sidecar.isolation else ""
-            mode = f"managed by the verifier ({self.cfg.interpreter()}{isolation})"
+        mode = self.managed_by() or self.cfg.url
         return self.cfg.description or f"NeMo Gym resources server {self.cfg.server!r}, {mode}"
 
     def takes_turns(self) -> bool:
@@ -449,7 +420,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
         """A new session on the server (/seed_session, or /reset): its first observation and the
         session's own tools too, where the server gives them."""
         if not self._discovered:
-            await self._discover()
+            await self.discover()
         state = BridgeState(Cookies(), self.server_restarts())
         where = f"NeMo Gym server {self.cfg.server!r}"
         if not self._gymnasium:

@@ -52,12 +52,17 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec
-from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, numbers_of, reward_of, sidecar_spec
+from rollmesh.verifier.bridges.foreign import (
+    ForeignServerEnvironment,
+    interpreter,
+    numbers_of,
+    reward_of,
+    sidecar_spec,
+)
 from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, Reply, bridge_config
 from rollmesh.verifier.environment import (
     EnvContext,
@@ -127,13 +132,9 @@ class VerifiersConfig:
             raise ConfigError(f"{path}: {exc}") from None
 
     def interpreter(self) -> str:
-        python = self.python or str(mesh_config.read("ROLLMESH_VERIFIERS_PYTHON"))
-        if not python:
-            raise ConfigError(
-                f"verifiers environment {self.name!r} names no interpreter: set `python` or `venv` "
-                "in verifiers.toml, or ROLLMESH_VERIFIERS_PYTHON"
-            )
-        return python
+        return interpreter(
+            self.python, "ROLLMESH_VERIFIERS_PYTHON", f"verifiers environment {self.name!r}", CONFIG_FILE
+        )
 
     @property
     def name(self) -> str:

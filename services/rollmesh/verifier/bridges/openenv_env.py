@@ -1,0 +1,516 @@
+"""An OpenEnv environment (Meta's `openenv-core`: a server with typed Action and Observation models,
+`/reset`, `/step`, `/state`, `/schema` and a WebSocket session at `/ws`) behind the Environment API:
+the episode runs as environment turns (docs/environment-turns.md), no port to env.py needed.
+
+Declared as `environments/<name>/openenv.toml` in any artifact root (no env.py):
+
+    url = "http://127.0.0.1:8000"        # attach: a server the user runs (a container, a Space, uvicorn)
+    # or managed (no url): the verifier runs the server's app in an OpenEnv virtualenv and supervises it
+    env_dir = "my_env"                   # an OpenEnv environment folder (`openenv init`'s layout: its
+                                         # openenv.yaml names the app, `server.app:app`), relative to
+                                         # this folder or absolute
+    # or  app = "echo_env.server.app:app"  (the app of an installed environment package)
+    python = "/opt/openenv/bin/python"   # its interpreter (or venv = "..."; default ROLLMESH_OPENENV_PYTHON)
+    action = "auto"                      # how a turn becomes an action: "text", "tool" or "auto" (below)
+    text_field = ""                      # "text": the action field the model's text fills (default: the
+                                         # schema's only string field)
+    tool_name = "act"                    # "tool": the name of the tool whose arguments are the action
+    observation_field = ""               # the observation field whose text is the message (default: the
+                                         # observation as JSON)
+    max_sessions = 0                     # at most this many episodes open at once (the server's
+                                         # max_concurrent_envs; 0: no bound)
+    timeout_s = 60                       # per call
+    [reset]                              # reset's keyword arguments (seed, episode_id, ...)
+    seed = 7
+
+The protocol (what OpenEnv's own EnvClient does; the HTTP /reset and /step build a fresh environment
+on every call, so an episode needs the WebSocket):
+- Discovery: GET /schema gives the action's JSON schema. It says how a turn becomes an action:
+  "text" fills one string field with the assistant's text (the schema's only required string field,
+  or its only string field, or `text_field`); "tool" offers the model one session tool, `tool_name`,
+  whose parameters are the action's fields (the base class's `metadata` left out), and takes one call
+  to it per turn; "auto" is "text" where a string field can take the text, else "tool". A schema
+  that cannot be built from as configured leaves the environment BROKEN (ActionNotBuildable).
+- SeedSession opens a WebSocket (one per rollout session: the server's environment instance for the
+  episode) and sends `reset` with the [reset] table, the row's `verifier_metadata.reset` over it. The
+  observation is the episode's first user message (the prompt; a row's `input` may be empty).
+- Step: each assistant turn sends `step` with the action built from it. The reward (None: 0, kept as
+  `reward` in the step's info), `done` and the observation come back; the observation is the next
+  user message (in "tool" mode: the answer to the call), and the whole observation dict, the
+  environment's own fields, is the step's `info.observation` in the row. An action the schema
+  refuses (arguments that are not a JSON object or do not match the schema, checked here; a
+  validation error the server answers; a turn with no call to the tool, or two) is answered to the
+  model as an error and steps nothing: `info.action_error` says why, reward 0, the episode goes on.
+- Verify adds 0 (the steps carry the reward, as NeMo Gym's gymnasium agent sums them) and records
+  how the episode ended. CloseSession sends `close` and closes the socket.
+- Failures are named, never a reward: no connection EnvServerUnreachable (the socket dropped too), no
+  answer EnvServerTimeout, the server at its session limit EnvServerAtCapacity, the environment's
+  reset or step raising EnvServerError, an answer that is not an observation (not an object, a reward
+  that is not a number, `done` not a boolean, `observation_field` missing) EnvServerBadReply, a
+  managed server that restarted under a session EnvSessionLost.
+
+A managed server is a sidecar (foreign.py, launch/sidecar.py) running verifier/bridges/_openenv_server.py
+in the OpenEnv interpreter on loopback: BROKEN while down, restarted with backoff, confined as
+ROLLMESH_SIDECAR_CONFINE says, stopped with the verifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from rollmesh.launch.sidecar import Sidecar
+from rollmesh.mesh import untrusted_json
+from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
+from rollmesh.mesh.errors import ConfigError, NotJson
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.verify_result import VerifyResult
+from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, interpreter, sidecar_spec
+from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, JsonSocket, bridge_config
+from rollmesh.verifier.environment import (
+    EnvContext,
+    EnvTurn,
+    Response,
+    Seeded,
+    Session,
+    Task,
+    schema_errors,
+)
+from rollmesh.verifier.errors import (
+    ActionNotBuildable,
+    BadTask,
+    EnvServerAtCapacity,
+    EnvServerBadReply,
+    EnvServerError,
+    EnvServerUnreachable,
+    SessionRequired,
+)
+
+log = get_logger("rollmesh.verifier.bridges.openenv_env")
+
+CONFIG_FILE = "openenv.toml"  # marks a folder of this kind (registered in bridges/__init__.py)
+LAUNCHER = Path(__file__).with_name("_openenv_server.py")
+#: The Action base class's own field: the environment's, never the model's to fill.
+ACTION_BASE_FIELDS = frozenset({"metadata"})
+ActionMode = Literal["text", "tool"]
+
+
+@dataclass(frozen=True)
+class OpenEnvConfig:
+    """An environment's openenv.toml (paths resolved against its folder)."""
+
+    url: str = ""
+    env_dir: str = ""
+    app: str = ""
+    description: str = ""
+    python: str = ""
+    action: str = "auto"
+    text_field: str = ""
+    tool_name: str = "act"
+    observation_field: str = ""
+    max_sessions: int = 0
+    timeout_s: float = 60.0
+    start_timeout_s: float = 180.0
+    reset: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: Path) -> OpenEnvConfig:
+        path = folder / CONFIG_FILE
+        raw = bridge_config(
+            path,
+            cls.__dataclass_fields__,
+            ("url", "env_dir", "app"),
+            "a server's URL, an OpenEnv environment folder, or an installed environment's app",
+        )
+        for key in ("python", "env_dir"):
+            value = raw.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                raw[key] = str((folder / value).resolve())
+        if raw.get("action", "auto") not in ("auto", "text", "tool"):
+            raise ConfigError(f'{path}: `action` must be "auto", "text" or "tool", not {raw["action"]!r}')
+        if not isinstance(raw.get("reset", {}), dict):
+            raise ConfigError(f"{path}: [reset] must be a table (reset's keyword arguments)")
+        max_sessions = raw.get("max_sessions", 0)
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 0:
+            raise ConfigError(f"{path}: `max_sessions` must be a whole number >= 0 (0: no bound)")
+        try:
+            return cls(**raw)
+        except TypeError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+    @property
+    def managed(self) -> bool:
+        return not self.url
+
+    @property
+    def where(self) -> str:
+        return self.url or self.env_dir or self.app
+
+    def interpreter(self) -> str:
+        return interpreter(
+            self.python,
+            "ROLLMESH_OPENENV_PYTHON",
+            f"OpenEnv environment {self.where!r} (managed: no `url`)",
+            CONFIG_FILE,
+        )
+
+
+# -- actions -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActionPlan:
+    """How a turn becomes an action: the model's text in `text_field`, or the arguments of a call to
+    `tool` (its parameters: the action's schema without the base class's fields)."""
+
+    mode: ActionMode
+    parameters: Json
+    text_field: str = ""
+    tool: ToolSpec | None = None
+
+
+def _text_field(parameters: Json) -> str:
+    """The field the model's text can fill: the only required field if it is a string, else the only
+    string field when none is required ("" when there is no such field)."""
+    props = parameters.get("properties") or {}
+    strings = [k for k, v in props.items() if isinstance(v, dict) and v.get("type") == "string"]
+    required = list(parameters.get("required") or [])
+    if required:
+        return required[0] if len(required) == 1 and required[0] in strings else ""
+    return strings[0] if len(strings) == 1 else ""
+
+
+def action_plan(schema: Any, cfg: OpenEnvConfig, where: str) -> ActionPlan:
+    """The plan for the action `schema` (GET /schema's `action`) as `cfg` asks; ActionNotBuildable,
+    naming `where` and the schema's fields, when there is none."""
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+        raise ActionNotBuildable(f"{where}: the action schema is not an object of fields: {schema!r:.200}")
+    props = schema.get("properties")
+    props = {
+        k: v for k, v in (props if isinstance(props, dict) else {}).items() if k not in ACTION_BASE_FIELDS
+    }
+    required = [r for r in schema.get("required") or [] if r not in ACTION_BASE_FIELDS]
+    parameters: Json = {"type": "object", "properties": props, "required": required}
+    for key in ("additionalProperties", "$defs"):
+        if key in schema:
+            parameters[key] = schema[key]
+    fields = ", ".join(
+        f"{k} ({v.get('type', '?') if isinstance(v, dict) else '?'})" for k, v in props.items()
+    )
+    if cfg.action in ("auto", "text"):
+        text = cfg.text_field or _text_field(parameters)
+        spec = props.get(text)
+        if text and isinstance(spec, dict) and spec.get("type") == "string" and set(required) <= {text}:
+            return ActionPlan("text", parameters, text_field=text)
+        if cfg.action == "text":
+            raise ActionNotBuildable(
+                f"{where}: the model's text cannot make an action of this schema "
+                f"(fields: {fields or 'none'}; "
+                'it needs one string field and no other required one): set `text_field`, or action = "tool"'
+            )
+    if not props:
+        raise ActionNotBuildable(f"{where}: the action schema has no fields a tool call could give")
+    description = str(
+        schema.get("description") or f"Act in the environment ({schema.get('title', 'action')})."
+    )
+    return ActionPlan("tool", parameters, tool=ToolSpec.of(cfg.tool_name, description, parameters))
+
+
+@dataclass(frozen=True)
+class Action:
+    """A turn made into an action (`value`), or why it could not be (`error`), and the calls of the
+    turn it answers: `call_id` the action tool's call, `others` every other call (each answered with
+    an error: the environment takes one action per turn)."""
+
+    value: Json | None
+    error: str = ""
+    call_id: str = ""
+    others: tuple[ToolCall, ...] = ()
+
+
+def turn_action(plan: ActionPlan, turn: Response) -> Action:
+    """The action the assistant's turn makes under `plan` (module docstring)."""
+    assistant = [m for m in turn.messages if m.role == "assistant"]
+    calls = [c for m in assistant for c in m.tool_calls]
+    if plan.mode == "text":
+        text = assistant[-1].content if assistant else ""
+        return Action({plan.text_field: text}, others=tuple(calls))
+    assert plan.tool is not None
+    call = next((c for c in calls if c.name == plan.tool.name), None)
+    others = tuple(c for c in calls if c is not call)
+    if call is None:
+        return Action(None, f"call the tool `{plan.tool.name}` with the action's fields", others=others)
+    try:
+        args = untrusted_json.loads(call.arguments_json) if call.arguments_json.strip() else {}
+    except NotJson as exc:
+        return Action(None, f"the arguments are not JSON: {exc}", call.id, others)
+    if not isinstance(args, dict):
+        return Action(None, "the arguments must be a JSON object of the action's fields", call.id, others)
+    if problems := schema_errors(args, plan.parameters):
+        return Action(None, "; ".join(problems), call.id, others)
+    return Action(args, call_id=call.id, others=others)
+
+
+# -- observations ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One reset or step answer, checked: the observation's fields, the raw reward, done."""
+
+    observation: Json
+    reward: float | None
+    done: bool
+
+    def text(self, field_name: str, where: str) -> str:
+        """The observation as message text: `field_name`'s string, or the whole observation as JSON."""
+        if not field_name:
+            return json.dumps(self.observation, ensure_ascii=False)
+        value = self.observation.get(field_name)
+        if not isinstance(value, str):
+            raise EnvServerBadReply(
+                f"{where}: the observation's `{field_name}` is {type(value).__name__}, not text "
+                f"(fields: {', '.join(self.observation) or 'none'})"
+            )
+        return value
+
+
+def observed(data: Any, where: str) -> Observed:
+    """A reset or step answer's `data` as an `Observed`; EnvServerBadReply when it is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("observation"), dict):
+        raise EnvServerBadReply(f"{where} answered no observation object: {data!r:.200}")
+    reward, done = data.get("reward"), data.get("done", False)
+    if reward is not None and not isinstance(reward, (bool, int, float)):
+        raise EnvServerBadReply(f"{where} answered reward = {reward!r:.80}, not a number")
+    if not isinstance(done, bool):
+        raise EnvServerBadReply(f"{where} answered done = {done!r:.80}, not a boolean")
+    return Observed(data["observation"], None if reward is None else float(reward), done)
+
+
+# -- the environment ---------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Episode:
+    """A rollout session's episode: its WebSocket, the server incarnation that opened it, how it ended."""
+
+    socket: JsonSocket
+    incarnation: int
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    steps: int = 0
+    done: bool = False
+    released: bool = False
+
+
+class OpenEnvEnvironment(ForeignServerEnvironment):
+    """An OpenEnv environment server behind the Environment API (see the module docstring)."""
+
+    def __init__(self, context: EnvContext) -> None:
+        super().__init__(context)
+        if context.path is None:
+            raise ConfigError("an OpenEnv environment needs its folder (holding openenv.toml)")
+        self.cfg = OpenEnvConfig.load(context.path)
+        self.label = f"OpenEnv environment {context.name!r}"
+        self.sidecar: Sidecar | None = None
+        if self.cfg.managed:
+            self.sidecar = Sidecar(
+                sidecar_spec(
+                    tag=f"openenv-{context.name}",
+                    name=f"{self.label} server ({self.cfg.where})",
+                    argv=(self.cfg.interpreter(), str(LAUNCHER)),
+                    env={
+                        "ROLLMESH_OPENENV_APP": json.dumps({"env_dir": self.cfg.env_dir, "app": self.cfg.app})
+                    },
+                    probe=self._probe,
+                    start_timeout_s=self.cfg.start_timeout_s,
+                    readable=[str(context.path), *filter(None, (self.cfg.env_dir,))],
+                )
+            )
+        self.http = HttpBridge(
+            self.label,
+            self._base_url,
+            timeout_s=self.cfg.timeout_s,
+            wait_ready=self.sidecar.ready if self.sidecar is not None else None,
+        )
+        self.plan: ActionPlan | None = None
+        self._broken = ""
+        self._slots = asyncio.Semaphore(self.cfg.max_sessions) if self.cfg.max_sessions else None
+        #: Seeds waiting for one of the `max_sessions` episodes to close.
+        self.waiting = 0
+        self._episodes: set[Episode] = set()
+
+    def _base_url(self) -> str:
+        return f"http://{self.sidecar.address}" if self.sidecar is not None else self.cfg.url
+
+    async def _probe(self, address: str) -> bool:
+        del address
+        return await self.http.probe("/health")
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def discovered(self) -> bool:
+        return self.plan is not None or bool(self._broken)
+
+    async def discover(self) -> None:
+        """Read the action schema (GET /schema) and make the plan for it."""
+        reply = await self.http.get("/schema")
+        if not reply.ok:
+            raise EnvServerError(f"{self.label}: GET /schema answered {reply.status}: {reply.text[:200]}")
+        schema = self.http.json_object(reply, "GET /schema").get("action")
+        try:
+            self.plan = action_plan(schema, self.cfg, self.label)
+        except ActionNotBuildable as exc:
+            self._broken = exc.message
+            log.warning("openenv_action_not_buildable", environment=self.context.name, error=exc.message)
+            return
+        log.info(
+            "openenv_environment_ready",
+            environment=self.context.name,
+            url=self._base_url(),
+            action=self.plan.mode,
+            field=self.plan.text_field or (self.plan.tool.name if self.plan.tool else ""),
+        )
+
+    async def aclose(self) -> None:
+        for episode in list(self._episodes):
+            await self._release(episode)
+        await super().aclose()
+
+    def problem(self) -> str:
+        return self._broken or super().problem()
+
+    def summary(self) -> str:
+        mode = f"{self.cfg.where}, {self.managed_by()}" if self.sidecar is not None else self.cfg.url
+        return self.cfg.description or f"OpenEnv environment server, {mode}"
+
+    def takes_turns(self) -> bool:
+        return True
+
+    def _plan(self) -> ActionPlan:
+        if self._broken:
+            raise ActionNotBuildable(self._broken)
+        if self.plan is None:
+            raise EnvServerError(f"{self.label}: its action schema was never read (GET /schema)")
+        return self.plan
+
+    # -- the episode ----------------------------------------------------------------------------------
+
+    async def seed_session(self, task: Task) -> Seeded:
+        if not self.discovered():
+            await self.discover()
+        plan = self._plan()
+        reset = dict(self.cfg.reset)
+        row_reset = task.metadata.get("reset")
+        if row_reset is not None and not isinstance(row_reset, dict):
+            raise BadTask(
+                f"{self.label}: the row's verifier_metadata.reset must be an object (reset's arguments)"
+            )
+        reset |= row_reset or {}
+        if self._slots is not None:
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
+        try:
+            socket = await self.http.websocket("/ws")
+        except BaseException:
+            if self._slots is not None:
+                self._slots.release()
+            raise
+        episode = Episode(socket, self.server_restarts())
+        self._episodes.add(episode)
+        try:
+            first = await self._call(episode, {"type": "reset", "data": reset}, "reset")
+        except BaseException:
+            await self._release(episode)
+            raise
+        opening = (Message("user", first.text(self.cfg.observation_field, f"{self.label} reset")),)
+        return Seeded(episode, opening, (plan.tool,) if plan.tool is not None else ())
+
+    async def _call(self, episode: Episode, message: Json, what: str) -> Observed:
+        """One reset or step on the episode's socket, its answer checked (module docstring)."""
+        answer = await episode.socket.call(message, f"{what} (WebSocket /ws)")
+        kind, data = answer.get("type"), answer.get("data")
+        if kind == "observation":
+            return observed(data, f"{self.label} {what}")
+        if kind == "error":
+            error = data if isinstance(data, dict) else {}
+            code, text = str(error.get("code", "")), " ".join(str(error.get("message", "")).split())[:300]
+            if code == "CAPACITY_REACHED":
+                raise EnvServerAtCapacity(
+                    f"{self.label}: the server holds as many sessions as it allows ({text}): set "
+                    "max_sessions in openenv.toml to its max_concurrent_envs"
+                )
+            if code == "VALIDATION_ERROR" and what == "step":
+                raise _Refused(json.dumps(error.get("errors", text), ensure_ascii=False)[:500])
+            raise EnvServerError(f"{self.label}: {what} failed on the server ({code or 'no code'}): {text}")
+        raise EnvServerBadReply(f"{self.label}: {what} answered a message of type {kind!r:.40}")
+
+    async def step(self, session: Session, turn: Response) -> EnvTurn:
+        episode = self.session_state(session, Episode)
+        plan = self._plan()
+        action = turn_action(plan, turn)
+        refused = action.error
+        result: Observed | None = None
+        if action.value is not None:
+            async with episode.lock:
+                try:
+                    result = await self._call(episode, {"type": "step", "data": action.value}, "step")
+                except _Refused as exc:
+                    refused = f"the environment refused the action: {exc}"
+                except (EnvServerError, EnvServerUnreachable):
+                    self.session_state(session, Episode)  # a restart under the call: EnvSessionLost
+                    raise
+            episode.steps += 1
+        messages = [Message("tool", _unrun(call, plan), tool_call_id=call.id) for call in action.others]
+        if result is None:
+            note = f"No action was taken: {refused}."
+            if action.call_id:
+                messages.insert(0, Message("tool", json.dumps({"error": note}), tool_call_id=action.call_id))
+            else:
+                messages.append(Message("user", note))
+            return EnvTurn(tuple(messages), 0.0, False, {"action_error": refused})
+        episode.done = result.done
+        text = result.text(self.cfg.observation_field, f"{self.label} step")
+        if action.call_id:
+            messages.insert(0, Message("tool", text, tool_call_id=action.call_id))
+        elif not result.done:
+            messages.append(Message("user", text))
+        info = {"observation": result.observation, "reward": result.reward}
+        return EnvTurn(tuple(messages), result.reward or 0.0, result.done, info)
+
+    async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
+        del task, response
+        if session is None:
+            raise SessionRequired(f"{self.label}: an episode is scored by its steps, replayed in a session")
+        episode = self.session_state(session, Episode)
+        return VerifyResult(0.0, details={"done": episode.done, "steps": episode.steps})
+
+    async def close_session(self, session: Session) -> None:
+        if isinstance(session.state, Episode):
+            await self._release(session.state)
+
+    async def _release(self, episode: Episode) -> None:
+        if episode.released:
+            return
+        episode.released = True
+        self._episodes.discard(episode)
+        await episode.socket.send({"type": "close"})
+        await episode.socket.aclose()
+        if self._slots is not None:
+            self._slots.release()
+
+
+def _unrun(call: ToolCall, plan: ActionPlan) -> str:
+    """The answer to a call the turn's action is not: every call of a turn has an answer."""
+    if plan.tool is not None and call.name == plan.tool.name:
+        return json.dumps({"error": f"not run: `{call.name}` takes one action per turn"})
+    return json.dumps({"error": f"no tool named {call.name[:64]!r}"})
+
+
+class _Refused(Exception):
+    """The server's validation error for a step's action (answered to the model, not raised on)."""
