@@ -43,6 +43,7 @@ Definitions (every one deterministic, independent of arrival order and sharding)
 from __future__ import annotations
 
 import collections
+import marshal
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -50,11 +51,11 @@ from typing import Any
 
 from rollmesh.scheduler import health
 from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.timing import Reservoir, RolloutTiming, percentiles
+from rollmesh.scheduler.timing import Reservoir, RolloutTiming, TimingValues, percentiles
 
 DEFAULT_THRESHOLD = 1.0
-#: `Scored.pack()`'s shape (nested tuples of plain values).
-Packed = tuple[Any, ...]
+#: `Scored.pack()`'s bytes (nested tuples of plain values, marshalled).
+Packed = bytes
 _EPS = 1e-9
 
 
@@ -90,7 +91,7 @@ class Scored:
             masked=r.masked,
             latency_s=r.latency_s,
             timing=r.timing if timing is None else timing,
-            health=health.findings(r.messages, r.finish_reason, [t.output_end for t in r.tokens.turns]),
+            health=_findings(r),
         )
 
     @classmethod
@@ -99,38 +100,44 @@ class Scored:
         without parsing the row: `r`'s fields, its timing as the row rounds it."""
         return cls.of(r, timing=r.timing.rounded() if r.timing is not None else None)
 
-    def pack(self) -> Packed:
-        """This summary as nested tuples of plain values, for a sink that holds one per row for a
-        job's whole run: the collector stops scanning a tuple of plain values, where the dataclass,
-        its timing's lists and its key would be scanned at every young collection (in the JSONL
-        sink that cost more than reading the rows back at close)."""
-        t = self.timing
-        timing = (
-            None
-            if t is None
-            else (
-                t.queued_s,
-                t.retried_s,
-                t.seed_s,
-                tuple(t.model_s),
-                tuple(t.first_token_s),
-                tuple(t.tool_s),
-                tuple(t.env_step_s),
-                t.verify_s,
-            )
+    @staticmethod
+    def stored_packed(r: Rollout) -> Packed:
+        """`Scored.stored(r).pack()` built at once, with no Scored or rounded timing in between: the
+        JSONL sink keeps one for every row it writes."""
+        k = r.key
+        return _pack(
+            (
+                k.task_index,
+                k.rollout_index,
+                r.job_id,
+                task_id_of(r.task, k.task_index),
+                r.reward,
+                r.extracted_answer,
+            ),
+            (r.prompt_tokens, r.completion_tokens, len(r.tokens.token_ids), r.masked, r.latency_s),
+            None if r.timing is None else r.timing.rounded_values(),
+            _findings(r),
         )
-        k = self.key
-        return (
+
+    def pack(self) -> Packed:
+        """This summary as bytes, for a sink that holds one per row for a job's whole run: bytes are
+        no container the collector tracks, where the dataclass, its timing's lists and its key (or
+        tuples of them, until a collection has seen them) would add to every young collection; in
+        the JSONL sink that cost more than reading the rows back at close."""
+        k, t = self.key, self.timing
+        return _pack(
             (k.task_index, k.rollout_index, self.job_id, self.task_id, self.reward, self.extracted_answer),
             (self.prompt_tokens, self.completion_tokens, self.record_tokens, self.masked, self.latency_s),
-            timing,
-            tuple(self.health.items()),
+            None if t is None else t.values(),
+            self.health,
         )
 
     @classmethod
     def unpack(cls, packed: Packed) -> Scored:
         """The inverse of `pack`."""
-        (task_index, rollout_index, job_id, task_id, reward, answer), numbers, timing, found = packed
+        (task_index, rollout_index, job_id, task_id, reward, answer), numbers, timing, found = marshal.loads(
+            packed
+        )
         prompt_tokens, completion_tokens, record_tokens, masked, latency_s = numbers
         return cls(
             RolloutKey(task_index, rollout_index),
@@ -143,20 +150,20 @@ class Scored:
             record_tokens,
             masked,
             latency_s,
-            None
-            if timing is None
-            else RolloutTiming(
-                timing[0],
-                timing[1],
-                timing[2],
-                list(timing[3]),
-                list(timing[4]),
-                list(timing[5]),
-                list(timing[6]),
-                timing[7],
-            ),
+            None if timing is None else RolloutTiming.from_values(timing),
             dict(found),
         )
+
+
+def _findings(r: Rollout) -> dict[str, int]:
+    return health.findings(r.messages, r.finish_reason, [t.output_end for t in r.tokens.turns])
+
+
+def _pack(
+    ids: tuple[Any, ...], numbers: tuple[Any, ...], timing: TimingValues | None, found: dict[str, int]
+) -> Packed:
+    """`Scored.pack()`'s bytes: plain values only (marshal keeps their types; read in this process)."""
+    return marshal.dumps((ids, numbers, timing, tuple(found.items())))
 
 
 def measured_reward(r: Rollout | Scored) -> float | None:

@@ -47,6 +47,10 @@ PHASES = (
     "rollout_s",
 )
 _LISTS = ("model_s", "first_token_s", "tool_s", "env_step_s")
+#: `RolloutTiming.values()`: the fields in order, each list as a tuple.
+TimingValues = tuple[
+    float, float, float, tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], float
+]
 _SCALARS = ("queued_s", "retried_s", "seed_s", "verify_s")
 
 
@@ -99,16 +103,37 @@ class RolloutTiming:
 
     def rounded(self) -> RolloutTiming:
         """These phases as the row holds them (`to_json` rounds them): what reading it back gives."""
-        return RolloutTiming(
+        return RolloutTiming.from_values(self.rounded_values())
+
+    def rounded_values(self) -> TimingValues:
+        """`rounded().values()`, without the RolloutTiming and its lists in between."""
+        return (
             _r_finite(self.queued_s),
             _r_finite(self.retried_s),
             _r_finite(self.seed_s),
-            [round(v, 6) for v in self.model_s],
-            [round(v, 6) for v in self.first_token_s],
-            [round(v, 6) for v in self.tool_s],
-            [round(v, 6) for v in self.env_step_s],
+            tuple([round(v, 6) for v in self.model_s]),
+            tuple([round(v, 6) for v in self.first_token_s]),
+            tuple([round(v, 6) for v in self.tool_s]),
+            tuple([round(v, 6) for v in self.env_step_s]),
             _r_finite(self.verify_s),
         )
+
+    def values(self) -> TimingValues:
+        """The phases as one tuple of plain values, in the fields' order (`from_values` reads it)."""
+        return (
+            self.queued_s,
+            self.retried_s,
+            self.seed_s,
+            tuple(self.model_s),
+            tuple(self.first_token_s),
+            tuple(self.tool_s),
+            tuple(self.env_step_s),
+            self.verify_s,
+        )
+
+    @classmethod
+    def from_values(cls, v: TimingValues) -> RolloutTiming:
+        return cls(v[0], v[1], v[2], list(v[3]), list(v[4]), list(v[5]), list(v[6]), v[7])
 
     def to_json(self) -> Json:
         return {

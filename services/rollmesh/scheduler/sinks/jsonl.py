@@ -367,9 +367,13 @@ class JsonlSink(Sink):
 
 def _row(rollout: Rollout) -> _Row:
     return _Row(
-        rollout.key, _dumps(rollout.to_row()), measured_reward(rollout), Scored.stored(rollout).pack()
+        rollout.key, _dumps(rollout.to_row()), measured_reward(rollout), Scored.stored_packed(rollout)
     )
 
 
+# One encoder for every row (json.dumps with these arguments builds a new one per call).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _dumps(row: Json) -> bytes:
-    return (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    return (_ENCODE(row) + "\n").encode()
