@@ -151,34 +151,32 @@ class Rollout:
     def to_row(self) -> Json:
         """The JSONL output row: the input echoed, then what rollmesh adds (`env_steps` only when
         the environment took turns)."""
-        row = dict(self.task)
-        row.update(
-            {
-                "task_index": self.key.task_index,
-                "rollout_index": self.key.rollout_index,
-                NG_TASK_INDEX: self.key.task_index,
-                NG_ROLLOUT_INDEX: self.key.rollout_index,
-                "job_id": self.job_id,
-                "response": self.response_object(),
-                "chat_messages": self.messages,
-                "finish_reason": self.finish_reason,
-                "reward": self.reward,
-                "reward_components": self.reward_components,
-                "extracted_answer": self.extracted_answer,
-                "verify_details": self.verify_details,
-                "tokens": self.tokens.to_json(),
-                "usage": {
-                    "prompt_tokens": self.prompt_tokens,
-                    "completion_tokens": self.completion_tokens,
-                    "total_tokens": self.prompt_tokens + self.completion_tokens,
-                },
-                "attempts": self.attempts,
-                "latency_s": self.latency_s,
-                "policy_version": self.policy_version,
-                "seed": self.seed,
-                "mask_sample": self.masked,
-            }
-        )
+        row = {
+            **self.task,
+            "task_index": self.key.task_index,
+            "rollout_index": self.key.rollout_index,
+            NG_TASK_INDEX: self.key.task_index,
+            NG_ROLLOUT_INDEX: self.key.rollout_index,
+            "job_id": self.job_id,
+            "response": self.response_object(),
+            "chat_messages": self.messages,
+            "finish_reason": self.finish_reason,
+            "reward": self.reward,
+            "reward_components": self.reward_components,
+            "extracted_answer": self.extracted_answer,
+            "verify_details": self.verify_details,
+            "tokens": self.tokens.to_json(),
+            "usage": {
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+            },
+            "attempts": self.attempts,
+            "latency_s": self.latency_s,
+            "policy_version": self.policy_version,
+            "seed": self.seed,
+            "mask_sample": self.masked,
+        }
         if self.env_steps:
             row["env_steps"] = self.env_steps
         if self.timing is not None:

@@ -371,8 +371,10 @@ def _row(rollout: Rollout) -> _Row:
     )
 
 
-# One encoder for every row (json.dumps with these arguments builds a new one per call).
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# One encoder for every row (json.dumps with these arguments builds a new one per call). No check
+# for circular references (a dict of ids per container of every row): a row is built from JSON
+# values and protobuf messages, which have none.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
 
 
 def _dumps(row: Json) -> bytes:
