@@ -12,8 +12,9 @@ cookie set per rollout session, and every way the server can fail as a named err
 - `websocket(path)`: a `JsonSocket` on the server (one per rollout session where the server keeps an
   episode per connection: OpenEnv's /ws), JSON objects in and out, its failures named as the HTTP
   calls' are (no connection, no answer within `timeout_s`, a dropped socket, not a JSON object).
-- `bridge_config` reads a bridged environment's TOML declaration (nemo_gym.toml, verifiers.toml):
-  unknown keys, a missing required key and `venv` (its bin/python) are handled once for every kind.
+- `bridge_config` reads a bridged environment's TOML declaration (nemo_gym.toml, verifiers.toml,
+  openenv.toml): unknown keys, a missing required key, `venv` (its bin/python) and paths relative to
+  the folder are handled once for every kind; `built` makes the kind's config of them.
 - A call whose connection fails (refused, dropped or reset before an answer: a loaded uvicorn drops
   keep-alive connections) is tried again, up to CONNECT_RETRIES times, as NeMo Gym's own client
   does; before each, `wait_ready` (a managed sidecar's `ready`: it may be restarting) is awaited,
@@ -29,13 +30,15 @@ import tomllib
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable
+
+T = TypeVar("T")
 
 Json = dict[str, Any]
 MAX_BODY_BYTES = 64 << 20
@@ -45,12 +48,17 @@ CONNECT_RETRIES = 3
 
 
 def bridge_config(
-    path: Path, fields: Collection[str], required: str | tuple[str, ...], what: str
+    path: Path,
+    fields: Collection[str],
+    required: str | tuple[str, ...],
+    what: str,
+    *,
+    paths: Collection[str] = ("python",),
 ) -> dict[str, Any]:
     """The keys of a bridged environment's TOML file, checked: every key one of `fields` (or `venv`,
     which becomes `python` = venv/bin/python unless `python` is given), `required` a non-empty string
-    (`what` says what it names; several keys: exactly one of them). Any problem is a ConfigError naming
-    the file."""
+    (`what` says what it names; several keys: exactly one of them). The keys named in `paths`, when
+    relative, are resolved against the file's folder. Any problem is a ConfigError naming the file."""
     try:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
@@ -66,7 +74,19 @@ def bridge_config(
     venv = raw.pop("venv", "")
     if venv and not raw.get("python"):
         raw["python"] = str(Path(venv) / "bin" / "python")
+    for key in paths:
+        value = raw.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            raw[key] = str((path.parent / value).resolve())
     return raw
+
+
+def built(cls: Callable[..., T], raw: dict[str, Any], path: Path) -> T:
+    """`cls(**raw)`, a ConfigError naming `path` when the keys do not fit it."""
+    try:
+        return cls(**raw)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 @dataclass

@@ -92,7 +92,7 @@ from rollmesh.verifier.bridges.foreign import (
     reward_of,
     sidecar_spec,
 )
-from rollmesh.verifier.bridges.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config
+from rollmesh.verifier.bridges.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config, built
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -155,15 +155,14 @@ class NemoGymConfig:
     @classmethod
     def load(cls, folder: Path) -> NemoGymConfig:
         path = folder / CONFIG_FILE
-        raw = bridge_config(path, cls.__dataclass_fields__, "server", "the resources server's name")
-        for key in ("python", "server_dir", "config"):
-            value = raw.get(key)
-            if isinstance(value, str) and value and not Path(value).is_absolute() and key != "config":
-                raw[key] = str((folder / value).resolve())
-        try:
-            return cls(**raw)
-        except TypeError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        raw = bridge_config(
+            path,
+            cls.__dataclass_fields__,
+            "server",
+            "the resources server's name",
+            paths=("python", "server_dir"),
+        )
+        return built(cls, raw, path)
 
     @property
     def managed(self) -> bool:

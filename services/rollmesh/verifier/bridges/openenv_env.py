@@ -69,7 +69,7 @@ from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, interpreter, sidecar_spec
-from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, JsonSocket, bridge_config
+from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, JsonSocket, bridge_config, built
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -124,11 +124,8 @@ class OpenEnvConfig:
             cls.__dataclass_fields__,
             ("url", "env_dir", "app"),
             "a server's URL, an OpenEnv environment folder, or an installed environment's app",
+            paths=("python", "env_dir"),
         )
-        for key in ("python", "env_dir"):
-            value = raw.get(key)
-            if isinstance(value, str) and value and not Path(value).is_absolute():
-                raw[key] = str((folder / value).resolve())
         if raw.get("action", "auto") not in ("auto", "text", "tool"):
             raise ConfigError(f'{path}: `action` must be "auto", "text" or "tool", not {raw["action"]!r}')
         if not isinstance(raw.get("reset", {}), dict):
@@ -136,10 +133,7 @@ class OpenEnvConfig:
         max_sessions = raw.get("max_sessions", 0)
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 0:
             raise ConfigError(f"{path}: `max_sessions` must be a whole number >= 0 (0: no bound)")
-        try:
-            return cls(**raw)
-        except TypeError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        return built(cls, raw, path)
 
     @property
     def managed(self) -> bool:

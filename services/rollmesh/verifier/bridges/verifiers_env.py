@@ -63,7 +63,7 @@ from rollmesh.verifier.bridges.foreign import (
     reward_of,
     sidecar_spec,
 )
-from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, Reply, bridge_config
+from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, Reply, bridge_config, built
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -112,8 +112,6 @@ class VerifiersConfig:
             ("env_id", "taskset"),
             "what verifiers.load_environment loads, or a verifiers 0.4 taskset",
         )
-        if raw.get("python") and not Path(raw["python"]).is_absolute():
-            raw["python"] = str((folder / raw["python"]).resolve())
         paths = raw.get("paths", [])
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise ConfigError(f"{path}: `paths` must be a list of folders")
@@ -126,10 +124,7 @@ class VerifiersConfig:
             raise ConfigError(f"{path}: [args] is for env_id; a taskset takes [config]")
         if raw.get("env_id") and raw.get("config"):
             raise ConfigError(f"{path}: [config] is for a taskset; env_id takes [args]")
-        try:
-            return cls(**raw)
-        except TypeError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        return built(cls, raw, path)
 
     def interpreter(self) -> str:
         return interpreter(
