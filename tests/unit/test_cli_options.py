@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import typer
@@ -136,5 +137,43 @@ def test_run_refuses_flags_it_would_ignore(args: list[str], expected: str) -> No
     """Before any connection: a flag that would change nothing is one line and exit 2, not a job
     that silently ran on the running mesh's (or the fake's) model."""
     result = runner.invoke(build_app(), ["run", "--benchmark", "arithmetic", *args], env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())
+
+
+def test_a_dataset_path_is_made_absolute_and_needs_an_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--dataset takes an artifact name or a path; a path that exists here goes to the scheduler
+    absolute (its working folder is not this one); without --benchmark it needs --environment,
+    refused before anything starts."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    spec = build_spec(SpecOptions(dataset="rows.jsonl", environment="arithmetic"))
+    assert spec.dataset == str(tmp_path / "rows.jsonl")
+    assert build_spec(SpecOptions(dataset="arithmetic", environment="arithmetic")).dataset == "arithmetic"
+    assert build_spec(SpecOptions(benchmark="arithmetic", dataset="arithmetic")).dataset == "arithmetic"
+    with pytest.raises(typer.BadParameter, match=r"--dataset 'rows.jsonl' needs --environment"):
+        build_spec(SpecOptions(dataset="rows.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--input", "a.jsonl", "--dataset", "b.jsonl", "-e", "arithmetic"],
+            "--input is --dataset's older name",
+        ),
+        (["-i", "a.jsonl"], "--dataset 'a.jsonl' needs --environment"),
+    ],
+)
+def test_input_is_an_older_name_of_dataset(
+    args: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --input` is `--dataset` under its older name: both at once is one line (exit 2), and it
+    is checked as --dataset is, before anything starts."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    result = runner.invoke(build_app(), ["run", *args], env={"COLUMNS": "400"})
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.output.split())

@@ -45,7 +45,13 @@ class SpecOptions:
     command has its own --model) is a flag of both, in this order; `build_spec` makes the JobSpec."""
 
     benchmark: str = _option("", "--benchmark", "-b", help="Benchmark artifact (e.g. arithmetic).")
-    dataset: str = _option("", "--dataset", "-d", help="Dataset artifact name or JSONL path.")
+    dataset: str = _option(
+        "",
+        "--dataset",
+        "-d",
+        help="Dataset artifact name, or a path: NeMo Gym-format JSONL, a generator spec, a folder of Harbor"
+        " tasks (needs --environment unless --benchmark names one).",
+    )
     environment: str = _option("", "--environment", "-e", help="Environment name.")
     num_repeats: int = _option(
         0, "--num-repeats", "-n", help="Rollouts per task (k of pass@k; 0: the benchmark's, else 1)."
@@ -238,6 +244,7 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
     return to_pb(
         pb.JobSpec,
         o,
+        dataset=_dataset(o),
         resume_job_id=o.job_id,
         shard=shard,
         agent=pb.AgentSpec(
@@ -261,6 +268,17 @@ def build_spec(o: SpecOptions) -> pb.JobSpec:
         max_replacements=replacements,
         max_replacement_fraction=replacement_fraction,
     )
+
+
+def _dataset(o: SpecOptions) -> str:
+    """--dataset as the scheduler takes it: a path that exists here made absolute (the scheduler's
+    working folder is not this one), else the artifact name (or a path the scheduler sees) as given.
+    Without --benchmark the job must name its environment: refused here, before anything starts."""
+    if o.dataset and not (o.environment or o.benchmark or o.job_id or o.resume_latest):
+        raise typer.BadParameter(
+            f"--dataset {o.dataset!r} needs --environment (which environment verifies its rows?)"
+        )
+    return str(Path(o.dataset).resolve()) if o.dataset and Path(o.dataset).exists() else o.dataset
 
 
 def _agent_mode(o: SpecOptions) -> str:

@@ -50,7 +50,7 @@ def _run(
         typer.Option(
             "--input",
             "-i",
-            help="Ad-hoc NeMo Gym-format JSONL, or a folder of Harbor tasks (needs --environment).",
+            help="--dataset's older name: the same option (give one of them).",
         ),
     ] = "",
     model: Annotated[
@@ -100,18 +100,13 @@ def _run(
     _refuse_ignored_flags(
         scheduler=scheduler, base_url=base_url, backend=backend, replicas=replicas, api_key_env=api_key_env
     )
-    if not (job.benchmark or input_file or job.dataset or job.job_id):
+    if input_file and job.dataset:
+        fail("--input is --dataset's older name: give one of them")
+    dataset, output_dir = input_file or job.dataset, job.output_dir
+    if not (job.benchmark or dataset or job.job_id):
         fail(
-            "give --benchmark NAME, or --input FILE.jsonl with --environment NAME (or --job-id ID to resume)"
+            "give --benchmark NAME, or --dataset FILE.jsonl with --environment NAME (--job-id ID resumes one)"
         )
-    dataset, output_dir = job.dataset, job.output_dir
-    if input_file:
-        path = Path(input_file)
-        if not (path.is_file() or path.is_dir()):
-            fail(f"--input {input_file!r} is neither a file nor a folder of Harbor tasks")
-        if not job.environment:
-            fail("--input needs --environment (which environment verifies these rows?)")
-        dataset = str(path.resolve())
     if not scheduler:  # the embedded scheduler shares this folder: make it absolute
         from rollmesh.scheduler.spec import DEFAULT_OUTPUT_DIR
 
