@@ -5,12 +5,19 @@ counter (`_total`); the latency buckets resolve sub-millisecond calls."""
 
 from __future__ import annotations
 
+import shutil
+import uuid
+from pathlib import Path
+
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram
 
 from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
+from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
 from rollmesh.scheduler import telemetry as scheduler_telemetry
 from rollmesh.scheduler.telemetry import JobNow
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier import telemetry as verifier_telemetry
+from rollmesh.verifier.service import VerifierService
 from rollmesh_client.v1 import scheduler_pb2
 
 
@@ -108,3 +115,33 @@ def test_sub_millisecond_calls_land_in_their_own_buckets() -> None:
         for b in ("0.0001", "0.00025", "0.0005", "0.001")
     }
     assert bucket == {"0.0001": 1.0, "0.00025": 2.0, "0.0005": 4.0, "0.001": 4.0}
+
+
+async def test_each_environment_counts_its_verifies_and_tool_calls_from_zero(tmp_path: Path) -> None:
+    """Once the verifier has started an environment, its verify and tool-call counters (the common
+    outcomes) and its verify-time histogram exist at 0: a rule's rate() or ratio over them reads 0,
+    not an absent series, before the first call."""
+    name = f"zero_{uuid.uuid4().hex[:8]}"  # a name no other test of this process counted under
+    folder = tmp_path / "environments" / name
+    shutil.copytree(BUILTIN_ROOT / "environments" / "session_state", folder)
+    roots = RootsConfig(tmp_path, (), BUILTIN_ROOT, False)
+    svc = VerifierService.from_catalog(VerifierConfig(), Catalog.from_config(roots), entry_points=False)
+    for outcome in verifier_telemetry.VERIFY_OUTCOMES:
+        assert (
+            REGISTRY.get_sample_value(
+                "rollmesh_verifier_verifies_total", {"environment": name, "outcome": outcome}
+            )
+            is None
+        )
+    await svc.start()
+    try:
+        for outcome in verifier_telemetry.VERIFY_OUTCOMES:
+            labels = {"environment": name, "outcome": outcome}
+            assert REGISTRY.get_sample_value("rollmesh_verifier_verifies_total", labels) == 0.0, outcome
+        for outcome in verifier_telemetry.TOOL_OUTCOMES:
+            labels = {"environment": name, "outcome": outcome}
+            assert REGISTRY.get_sample_value("rollmesh_verifier_tool_calls_total", labels) == 0.0, outcome
+        count = REGISTRY.get_sample_value("rollmesh_verifier_verify_seconds_count", {"environment": name})
+        assert count == 0.0
+    finally:
+        await svc.aclose()

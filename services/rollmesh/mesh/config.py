@@ -195,6 +195,13 @@ ENV_VARS: dict[str, EnvVar] = {
             " rollmesh_service_restarts_total{service}).",
         ),
         EnvVar(
+            "ROLLMESH_STARTS_DIR",
+            "",
+            "A folder where each start of a service is counted (<service>.starts): without ROLLMESH_RESTARTS"
+            " the starts before this one are its restarts (rollmesh_service_restarts_total; the compose"
+            " stack sets it: a restarted container keeps the folder). Empty: not counted.",
+        ),
+        EnvVar(
             "ROLLMESH_EVENT_LOOP",
             "auto",
             "Servers' event loop: auto (uvloop when installed, but asyncio for the verifier and a "

@@ -15,13 +15,16 @@ itself is off unless asked for (ROLLMESH_METRICS_PORT, `rollmesh serve ... --met
 
 from __future__ import annotations
 
+import fcntl
 import inspect
 import math
+import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 from wsgiref.simple_server import WSGIServer
 
@@ -90,8 +93,9 @@ RPC_SECONDS = Histogram(
 )
 SERVICE_RESTARTS = Counter(
     "rollmesh_service_restarts",
-    "Times `rollmesh up` restarted this service after it died (ROLLMESH_RESTARTS, set on the child it"
-    " restarts; counts on from the dead process's value).",
+    "Times this service was restarted: by `rollmesh up` after it died (ROLLMESH_RESTARTS, set on the"
+    " child it restarts), else its starts after the first counted in ROLLMESH_STARTS_DIR (a container"
+    " compose restarts); counts on from the dead process's value.",
     ["service"],
 )
 ITEMS = Counter(
@@ -138,10 +142,47 @@ class RpcRecorder:
         self._seconds.observe(seconds)
 
 
-def count_restarts(service: str) -> None:
-    """The restarts `rollmesh up` gave this process (ROLLMESH_RESTARTS; 0 for a first start), so
-    `rollmesh_service_restarts_total{service}` goes 0, 1, 2 ... across the service's processes."""
-    SERVICE_RESTARTS.labels(service).inc(int(config.read("ROLLMESH_RESTARTS")))
+def count_restarts(service: str, environ: Mapping[str, str] | None = None) -> int:
+    """This process's restarts so far (`restarts_so_far`) into `rollmesh_service_restarts_total
+    {service}`, so the series goes 0, 1, 2 ... across the service's processes. Blocking (it may
+    count this start in a file): call it off the loop."""
+    restarts = restarts_so_far(service, environ)
+    SERVICE_RESTARTS.labels(service).inc(restarts)
+    return restarts
+
+
+def restarts_so_far(service: str, environ: Mapping[str, str] | None = None) -> int:
+    """The restarts this process of `service` follows: those `rollmesh up` handed it
+    (ROLLMESH_RESTARTS); else, with ROLLMESH_STARTS_DIR set, the starts of `service` counted in that
+    folder before this one (this start counted too: a container that compose restarts keeps the
+    folder, deploy/docker-compose.yml); else 0."""
+    env = os.environ if environ is None else environ
+    if "ROLLMESH_RESTARTS" in env:
+        return int(config.read("ROLLMESH_RESTARTS", env))
+    folder = str(config.read("ROLLMESH_STARTS_DIR", env))
+    return count_start(Path(folder) / f"{service}.starts") if folder else 0
+
+
+def count_start(path: Path) -> int:
+    """Add one start to the count in `path` (made when missing), under a lock; the starts before
+    it. A file that cannot be written, or holds no count, is a ConfigError naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(
+            f"ROLLMESH_STARTS_DIR: cannot count starts in {path} ({exc.strerror or exc})"
+        ) from None
+    with os.fdopen(fd, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        text = f.read().strip()
+        if text and not text.isdigit():
+            raise ConfigError(f"ROLLMESH_STARTS_DIR: {path} holds {text[:40]!r}, not a count of starts")
+        before = int(text or 0)
+        f.seek(0)
+        f.truncate()
+        f.write(f"{before + 1}\n")
+    return before
 
 
 def record_item(item: str, code: str, start: float) -> None:

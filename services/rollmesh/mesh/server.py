@@ -182,10 +182,11 @@ async def serve(
 ) -> None:
     """Run until SIGTERM or SIGINT, then drain for `server.grace_seconds` and stop (the shape of
     every `__main__`)."""
+    # Its restarts so far (`rollmesh up`'s, or the starts ROLLMESH_STARTS_DIR counted; 0 on a first start)
+    await asyncio.to_thread(count_restarts, server.service or "service")
     mesh_server = await build_server(bindings, server.address, api_key=server.api_key)
     tracing.configure(server.service or "service")  # when the OTEL_* variables ask (mesh/tracing.py)
     endpoint: MetricsEndpoint | None = None
-    count_restarts(server.service or "service")  # those `rollmesh up` gave it (0 on a first start)
     if server.metrics_port >= 0:
         endpoint = await asyncio.to_thread(start_endpoint, server.host, server.metrics_port)
     try:

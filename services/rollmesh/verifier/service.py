@@ -239,6 +239,8 @@ class VerifierService:
         self._started = True
         # At once: an environment that starts a server (a managed NeMo Gym sidecar) takes seconds.
         await asyncio.gather(*(self._start_one(item) for item in list(self._loaded.values())))
+        for name in self._loaded:
+            telemetry.at_zero(name)
         self._tasks.spawn(self._sweep(), name="verifier-session-sweeper")
 
     async def _start_one(self, item: Loaded) -> None:

@@ -39,6 +39,20 @@ SANDBOX_RUNS = Counter(
 )
 for _result in ("ok", "timeout", "crashed", "unavailable"):  # each at 0 before its first run
     SANDBOX_RUNS.labels(_result)
+#: Outcomes any environment's verifies and tool calls can have, each at 0 from the environment's
+#: start (`at_zero`); an environment's own reasons appear when they first happen.
+VERIFY_OUTCOMES = ("ok", "internal", "VERIFY_TIMEOUT", "BAD_TASK")
+TOOL_OUTCOMES = ("ok", "internal", "TOOL_NOT_FOUND")
+
+
+def at_zero(environment: str) -> None:
+    """The environment's verify and tool-call counters and its verify-time histogram, at 0: a rule
+    over them sees 0 before the first call, not an absent series."""
+    for result in VERIFY_OUTCOMES:
+        VERIFIES.labels(environment, result)
+    for result in TOOL_OUTCOMES:
+        TOOL_CALLS.labels(environment, result)
+    VERIFY_SECONDS.labels(environment)
 
 
 def outcome(exc: BaseException | None) -> str:
