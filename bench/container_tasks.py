@@ -133,6 +133,7 @@ async def run_provider(provider: str, trials: int, concurrency: int, root: Path,
         await trial(-1)  # the image is built (and cached) here, outside the timing
         starts.clear()
         cpu_before = cpu_by_process(_label, tree_of=os.getpid(), reaped=True)
+        daemon = DaemonCpu() if provider == "docker" else None
         with PeakMemory() as memory:
             began = time.perf_counter()
             await asyncio.gather(*(trial(i) for i in range(trials)))
@@ -147,6 +148,7 @@ async def run_provider(provider: str, trials: int, concurrency: int, root: Path,
             "machine_start_p95_ms": round(starts[min(len(starts) - 1, int(len(starts) * 0.95))] * 1e3, 1),
             "cpu_ms_per_trial": cpu_ms_per(_label, cpu_before, trials, tree_of=os.getpid(), reaped=True),
             "peak_memory_mb": round(memory.peak / 2**20, 1),
+            **({"daemon_cpu_ms_per_trial": daemon.per(trials)} if daemon is not None else {}),
         }
     finally:
         await service.aclose()
@@ -230,6 +232,8 @@ async def run_docker_loop(trials: int, concurrency: int, root: Path) -> dict[str
 
     await trial()
     starts.clear()
+    cpu_before = cpu_by_process(_cli_label, tree_of=os.getpid(), reaped=True)
+    daemon = DaemonCpu()
     began = time.perf_counter()
     await asyncio.gather(*(trial() for _ in range(trials)))
     elapsed = time.perf_counter() - began
@@ -241,7 +245,43 @@ async def run_docker_loop(trials: int, concurrency: int, root: Path) -> dict[str
         "trials_per_s": round(trials / elapsed, 2),
         "machine_start_p50_ms": round(statistics.median(starts) * 1e3, 1),
         "machine_start_p95_ms": round(starts[min(len(starts) - 1, int(len(starts) * 0.95))] * 1e3, 1),
+        "cpu_ms_per_trial": cpu_ms_per(_cli_label, cpu_before, trials, tree_of=os.getpid(), reaped=True),
+        "daemon_cpu_ms_per_trial": daemon.per(trials),
     }
+
+
+def _cli_label(name: str, cmdline: str) -> str:
+    """This process and the docker CLI commands it ran (reaped: counted as its own)."""
+    return "bench+docker_cli"
+
+
+def _daemon_label(name: str, cmdline: str) -> str:
+    return "daemon"
+
+
+def _daemon_pid() -> int | None:
+    """The Docker daemon that DOCKER_HOST names (its socket on its command line), else the only one."""
+    import psutil
+
+    socket_path = os.environ.get("DOCKER_HOST", "").removeprefix("unix://")
+    found = [p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "dockerd"]
+    mine = [p for p in found if socket_path and socket_path in " ".join(p.info["cmdline"] or [])]
+    chosen = mine or (found if len(found) == 1 else [])
+    return int(chosen[0].pid) if chosen else None
+
+
+class DaemonCpu:
+    """The CPU the Docker daemon (dockerd and its containerd; not the per-container shims, which
+    belong to init) spends over a timed section, per trial."""
+
+    def __init__(self) -> None:
+        self.pid = _daemon_pid()
+        self.before = cpu_by_process(_daemon_label, tree_of=self.pid) if self.pid else {}
+
+    def per(self, trials: int) -> Any:
+        if self.pid is None:
+            return "no dockerd found"
+        return cpu_ms_per(_daemon_label, self.before, trials, tree_of=self.pid)
 
 
 def main() -> None:

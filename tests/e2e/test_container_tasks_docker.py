@@ -129,6 +129,89 @@ async def test_an_image_that_does_not_build_fails_by_name_on_docker(service: Ver
     assert caught.value.reason == "IMAGE_BUILD_FAILED" and "no such package" in caught.value.message
 
 
+async def _tool(service: VerifierService, sid: str, name: str, **arguments: Any) -> str:
+    return (await service.call_tool(sid, ToolCall("t", name, json.dumps(arguments)))).output
+
+
+async def test_the_tools_run_in_the_machine_with_the_tasks_folder_and_variables_on_docker(
+    service: VerifierService,
+) -> None:
+    sid = (await service.seed_session(ENV, _row(service, "hello-file"), "docker-t/0/0")).session.id
+    try:
+        wrote = await _tool(service, sid, "write_file", path="/app/hello.txt", content="Hello, world!")
+        assert "wrote 13 bytes" in wrote  # stdin up the exec's hijacked connection
+        assert await _tool(service, sid, "read_file", path="/app/hello.txt") == "Hello, world!"
+        hidden = await _tool(service, sid, "shell", command="ls /tests /solution")
+        assert hidden.startswith("exit code: 2") and hidden.count("No such file") == 2
+        said = await _tool(service, sid, "shell", command='pwd; echo "$TASK_GREETING"; echo oops >&2; exit 3')
+        assert said == "exit code: 3\n/app\nfrom task.toml\n[stderr]\noops"
+        long = await _tool(service, sid, "shell", command="seq 1 200000")
+        assert len(long) < 20_000 and "bytes dropped" in long and long.rstrip().endswith("200000")
+        cut = await _tool(service, sid, "shell", command="sleep 30", timeout_s=1)
+        assert "[the command was cut after 1s]" in cut
+        verdict = await service.verify(VerifyCall(ENV, _row(service, "hello-file"), Response(), sid))
+        assert verdict.reward == 1.0 and verdict.details["provider"] == "docker"
+    finally:
+        await service.close_session(sid)
+
+
+async def test_a_compose_tasks_other_services_run_beside_the_machine_and_go_with_it(
+    service: VerifierService,
+) -> None:
+    """side-service's compose file has a `notes` HTTP server with a healthcheck: it starts (healthy)
+    on the machine's private network, where solve.sh reaches it by name; then all goes."""
+    env = "compose_services"
+    found = service.environment(env)
+    assert isinstance(found, ContainerTasksEnvironment)
+    row = json.dumps({**found.tasks["side-service"].row(), ORACLE_ROW_KEY: True})
+    sid = (await service.seed_session(env, row, "docker-c/0/0")).session.id
+    try:
+        made = await asyncio.to_thread(_containers, rollout="docker-c/0/0")
+        services = sorted(c.labels.get(f"{LABEL}.service", "main") for c in made)
+        assert services == ["main", "notes"]
+        side = next(c for c in made if c.labels.get(f"{LABEL}.service") == "notes")
+        assert side.attrs["State"]["Health"]["Status"] == "healthy"
+        network = side.attrs["HostConfig"]["NetworkMode"]
+        await service.call_tool(sid, ToolCall("o", ORACLE_TOOL, "{}"))
+        verdict = await service.verify(VerifyCall(env, row, Response(), sid))
+        assert verdict.reward == 1.0
+    finally:
+        await service.close_session(sid)
+    assert await asyncio.to_thread(_containers, rollout="docker-c/0/0") == []
+    assert await asyncio.to_thread(_networks, network) == []
+
+
+def _networks(name: str) -> list[Any]:
+    from testcontainers.core.docker_client import DockerClient
+
+    return list(DockerClient().client.networks.list(names=[name]))
+
+
+async def test_a_storage_limit_the_daemon_cannot_enforce_is_refused_by_name(service: VerifierService) -> None:
+    """answer-json sets `storage = "512M"`: a daemon whose storage driver sizes containers gets it as
+    the container's size; one that cannot (overlay2 on ext4, as here) refuses the task by name,
+    unless the environment accepts it unenforced (`docker_storage`, which harbor_demo sets)."""
+    provider = _env(service).provider
+    assert isinstance(provider, DockerProvider) and provider.storage_unenforced
+    provider.storage_unenforced = False
+    try:
+        if provider.sizes_storage:
+            sid = (await service.seed_session(ENV, _row(service, "answer-json"), "docker-s/0/0")).session.id
+            try:
+                found = await asyncio.to_thread(_containers, rollout="docker-s/0/0")
+                assert found[0].attrs["HostConfig"]["StorageOpt"] == {"size": "512m"}
+            finally:
+                await service.close_session(sid)
+        else:
+            with pytest.raises(RollmeshError) as caught:
+                await service.seed_session(ENV, _row(service, "answer-json"), "docker-s/0/0")
+            assert caught.value.reason == "STORAGE_LIMIT_UNSUPPORTED"
+            assert "answer-json" in caught.value.message and "512 MB" in caught.value.message
+            assert await asyncio.to_thread(_containers, rollout="docker-s/0/0") == []
+    finally:
+        provider.storage_unenforced = True
+
+
 async def test_a_machine_carries_its_labels_and_limits_and_goes_with_its_rollout(
     service: VerifierService,
 ) -> None:
@@ -170,13 +253,14 @@ async def test_the_containers_of_a_dead_verifier_are_swept_at_the_next_start() -
         await asyncio.to_thread(container.start)
         await asyncio.to_thread(wait_for_logs, container, "up", 60)
         containers.append(container)
+    provider = DockerProvider()
     try:
-        provider = DockerProvider()
         await provider.open()
         assert provider.problem() == ""
         left = await asyncio.to_thread(_containers, job="swept")
         assert [c.labels[f"{LABEL}.owner"] for c in left] == [other]
     finally:
+        await provider.aclose()
         for container in containers:
             await asyncio.to_thread(_remove_quietly, container)
 

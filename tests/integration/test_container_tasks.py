@@ -196,6 +196,16 @@ async def test_an_image_that_does_not_build_fails_its_seed_by_name(service: Veri
     assert "Dockerfile line 2 (RUN) exited 1: no such package" in caught.value.message
 
 
+async def test_a_compose_task_with_other_services_is_refused_by_name(service: VerifierService) -> None:
+    """The daemonless provider runs the main service alone: a task whose compose file has others
+    fails its seed naming them (the Docker provider runs them: tests/e2e/test_container_tasks_docker.py)."""
+    row = json.dumps(service.environment("compose_services").tasks["side-service"].row())  # type: ignore[attr-defined]
+    with pytest.raises(RollmeshError) as caught:
+        await service.seed_session("compose_services", row, "job-c/0/0")
+    assert caught.value.reason == "COMPOSE_SERVICES_UNSUPPORTED"
+    assert "side-service" in caught.value.message and "(notes)" in caught.value.message
+
+
 async def test_the_machine_is_isolated_from_the_host(service: VerifierService, tmp_path: Path) -> None:
     marker = tmp_path / "host-secret"
     marker.write_text("secret")

@@ -4,6 +4,7 @@ image map. No machine runs here (tests/integration/test_container_tasks.py runs 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -183,15 +184,53 @@ def test_a_compose_task_builds_its_main_service_with_its_environment() -> None:
     assert [s.keyword for s in made.steps] == ["WORKDIR"]
 
 
-def test_a_compose_file_without_a_main_service_or_with_others_is_a_bad_task(tmp_path: Path) -> None:
+def test_a_compose_file_without_a_main_service_is_a_bad_task(tmp_path: Path) -> None:
     folder = _task(tmp_path, "", dockerfile="")
     compose = folder / "environment" / "docker-compose.yaml"
     compose.write_text("services:\n  web:\n    image: x\n")
     with pytest.raises(BadHarborTask, match="no `services: main:`"):
         recipe(load_task(folder), MAP)
-    compose.write_text("services:\n  main:\n    image: ubuntu:24.04\n  db:\n    image: postgres\n")
-    with pytest.raises(BadHarborTask, match=r"services besides `main` \(db\)"):
+
+
+def test_a_compose_files_other_services_come_with_their_images_commands_and_healthchecks() -> None:
+    made = recipe(load_task(TASKS.parent.parent / "compose_services" / "tasks" / "side-service"), MAP)
+    assert made.base == "rollmesh-base:bookworm" and [s.keyword for s in made.steps] == ["WORKDIR"]
+    (notes,) = made.services
+    assert (notes.name, notes.recipe.base, notes.recipe.steps) == ("notes", "rollmesh-base:bookworm", ())
+    assert notes.recipe.environment == {"NOTE": "the side service says hello"}
+    assert notes.command is not None and notes.command[-1].startswith('mkdir -p /srv && echo "$NOTE"')
+    assert notes.healthcheck is not None and notes.healthcheck.test[:2] == ("CMD", "python3")
+    assert (notes.healthcheck.interval_s, notes.healthcheck.timeout_s, notes.healthcheck.retries) == (
+        1,
+        5,
+        30,
+    )
+    assert made.digest("base") == dataclasses.replace(made, services=()).digest("base")
+
+
+@pytest.mark.parametrize(
+    ("service", "says"),
+    [
+        (
+            "    image: postgres\n    volumes: [data:/var/lib]\n",
+            "services.db uses volumes, which rollmesh does not run",
+        ),
+        ("    image: postgres\n    command: echo ${HOME}\n", "compose variable interpolation (${...)"),
+        (
+            "    image: postgres\n    healthcheck: {test: [CMD, x], interval: soon}\n",
+            "'soon' is not a duration",
+        ),
+        ("    command: x\n", "services.db has neither `build` nor `image`"),
+    ],
+)
+def test_what_a_side_service_cannot_be_is_refused_by_name(tmp_path: Path, service: str, says: str) -> None:
+    folder = _task(tmp_path, "", dockerfile="")
+    (folder / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    image: ubuntu:24.04\n  db:\n" + service
+    )
+    with pytest.raises(BadHarborTask) as caught:
         recipe(load_task(folder), MAP)
+    assert says in caught.value.message and "task 't'" in caught.value.message
 
 
 def test_the_docker_provider_writes_each_step_back_as_a_dockerfile_line() -> None:

@@ -32,7 +32,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -44,15 +44,18 @@ from rollmesh.verifier.bridges.container.errors import (
     MachineLost,
     MachineStartFailed,
     ProviderUnavailable,
+    ServicesUnsupported,
 )
 from rollmesh.verifier.bridges.container.images import Instruction, Recipe, key_values
 from rollmesh.verifier.bridges.container.provider import (
     CappedOutput,
+    Command,
     ExecResult,
     Image,
     Labels,
     Machine,
     Provider,
+    Relabelling,
     drain,
     owner_identity,
     process_alive,
@@ -98,7 +101,7 @@ def images_dir() -> Path:
     return bases.cache_root() / "container-images"
 
 
-class DaemonlessMachine(Machine):
+class DaemonlessMachine(Machine, Relabelling):
     def __init__(
         self,
         machine_id: str,
@@ -142,24 +145,14 @@ class DaemonlessMachine(Machine):
             why += " after the kernel killed a process for the memory limit"
         return why
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        stdin: bytes = b"",
-        timeout_s: float,
-        output_limit: int,
-        user: str = "",
-        cwd: str = "",
-        env: Mapping[str, str] | None = None,
-    ) -> ExecResult:
+    async def _run(self, command: Command) -> ExecResult:
         request = {
-            "argv": list(argv),
-            "env": self.command_env(env),
-            "cwd": cwd or self.image.workdir or "/",
-            "user": user or self.image.user or "root",
+            "argv": command.argv,
+            "env": self.command_env(command.env),
+            "cwd": command.cwd or self.image.workdir or "/",
+            "user": command.user or self.image.user or "root",
         }
-        return await exec_in(self, request, stdin, timeout_s, output_limit)
+        return await exec_in(self, request, command.stdin, command.timeout_s, command.output_limit)
 
     async def relabel(self, labels: Labels) -> None:
         self.labels = labels
@@ -323,6 +316,12 @@ class DaemonlessProvider(Provider):
         problem = self.problem()
         if problem:
             raise ProviderUnavailable(problem)
+        if recipe.services:
+            names = ", ".join(s.name for s in recipe.services)
+            raise ServicesUnsupported(
+                f"{where}: its compose file runs services besides `main` ({names}): the daemonless "
+                "provider runs the main service alone; the Docker provider runs them beside it"
+            )
         if not bases.is_local_base(recipe.base):
             raise ImageBuildFailed(
                 f"{where}: base image {recipe.base!r} is not a local base: the daemonless provider builds "

@@ -6,7 +6,10 @@
     reward_key = "reward"       # which of reward.json's named rewards is the reward
     shell_timeout_s = 180       # the most one shell call may take (the agent may ask for less)
     output_limit = 16384        # bytes of a tool's output the model gets (head and tail)
-    warm = 0                    # machines started ahead per task (ROLLMESH_CONTAINER_WARM overrides)
+    warm = 0                    # machines started ahead per task (ROLLMESH_CONTAINER_WARM overrides);
+                                # the daemonless provider only (Docker fixes a container's labels)
+    docker_storage = "enforce"  # or "unenforced": run tasks with a storage limit the daemon cannot
+                                # enforce (else they fail STORAGE_LIMIT_UNSUPPORTED)
     [image_map]                 # image renames (also ROLLMESH_IMAGE_MAP="a=b,c=d", which wins)
     "ubuntu:24.04" = "rollmesh-base:bookworm"
 
@@ -50,7 +53,14 @@ from rollmesh.verifier.bridges.container.errors import (
     TestTimeout,
 )
 from rollmesh.verifier.bridges.container.images import parse_image_map, recipe
-from rollmesh.verifier.bridges.container.provider import ExecResult, Image, Labels, Machine, Provider
+from rollmesh.verifier.bridges.container.provider import (
+    ExecResult,
+    Image,
+    Labels,
+    Machine,
+    Provider,
+    Relabelling,
+)
 from rollmesh.verifier.bridges.container.task import ROW_KEY, HarborTask, load_tasks
 from rollmesh.verifier.environment import (
     EnvContext,
@@ -70,6 +80,7 @@ log = get_logger("rollmesh.verifier.container")
 CONFIG_FILE = "container_tasks.toml"
 WARM = "warm"  # the job and rollout labels of a machine started ahead, until a rollout takes it
 PROVIDERS = ("daemonless", "docker")
+DOCKER_STORAGE = ("enforce", "unenforced")
 #: How long a machine outlives its task's agent + verifier time when its session is never closed.
 LINGER_S = 300.0
 _VERIFY_SLACK_S = 60.0
@@ -85,6 +96,8 @@ class Settings:
     image_map: dict[str, str] = field(default_factory=dict)
     #: Machines started ahead per task (never reused: each is a rollout's from the start).
     warm: int = 0
+    #: "enforce" (a storage limit Docker cannot enforce is refused) or "unenforced".
+    docker_storage: str = "enforce"
 
 
 def read_settings(folder: Path) -> Settings:
@@ -101,6 +114,11 @@ def read_settings(folder: Path) -> Settings:
     provider = os.environ.get("ROLLMESH_CONTAINER_PROVIDER") or str(data.get("provider", "daemonless"))
     if provider not in PROVIDERS:
         raise ConfigError(f"{path}: provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    docker_storage = str(data.get("docker_storage", "enforce"))
+    if docker_storage not in DOCKER_STORAGE:
+        raise ConfigError(
+            f"{path}: docker_storage must be one of {', '.join(DOCKER_STORAGE)}, got {docker_storage!r}"
+        )
     return Settings(
         tasks=(folder / str(data.get("tasks", "."))).resolve(),
         provider=provider,
@@ -109,17 +127,28 @@ def read_settings(folder: Path) -> Settings:
         output_limit=int(data.get("output_limit", 16384)),
         image_map=image_map,
         warm=int(os.environ.get("ROLLMESH_CONTAINER_WARM") or data.get("warm", 0)),
+        docker_storage=docker_storage,
     )
 
 
-def make_provider(name: str) -> Provider:
-    if name == "docker":
+def make_provider(settings: Settings, where: Path) -> Provider:
+    """The settings' provider; `warm` with a provider that cannot relabel a machine is a ConfigError."""
+    provider: Provider
+    if settings.provider == "docker":
         from rollmesh.verifier.bridges.container.docker import DockerProvider
 
-        return DockerProvider()
-    from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
+        provider = DockerProvider()
+        provider.storage_unenforced = settings.docker_storage == "unenforced"
+    else:
+        from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
 
-    return DaemonlessProvider()
+        provider = DaemonlessProvider()
+    if settings.warm and not provider.relabels:
+        raise ConfigError(
+            f"{where / CONFIG_FILE}: warm = {settings.warm} (or ROLLMESH_CONTAINER_WARM): the "
+            f"{provider.name} provider starts no machines ahead ({provider.relabels_not}); set warm = 0"
+        )
+    return provider
 
 
 @dataclass
@@ -144,7 +173,7 @@ class ContainerTasksEnvironment(Environment):
             raise ConfigError("a container-task environment is a folder with container_tasks.toml")
         self.settings = read_settings(context.path)
         self.tasks = load_tasks(self.settings.tasks)
-        self.provider = make_provider(self.settings.provider)
+        self.provider = make_provider(self.settings, context.path)
         self._images: dict[str, asyncio.Task[Image]] = {}
         self._rollouts: dict[str, Rollout] = {}
         self._background: set[asyncio.Future[None]] = set()  # removals, warm machines starting
@@ -245,6 +274,7 @@ class ContainerTasksEnvironment(Environment):
             else:
                 machine = candidate
         if machine is not None:
+            assert isinstance(machine, Relabelling)  # warm machines only where the provider relabels
             await machine.relabel(labels)
         else:
             machine = await self.provider.start(image, harbor.limits, labels)

@@ -32,6 +32,20 @@ class ImageBuildTimeout(mesh.DeadlineExceeded):
     reason = "IMAGE_BUILD_TIMEOUT"
 
 
+class StorageLimitUnsupported(mesh.FailedPrecondition):
+    """The task sets a storage limit the provider cannot enforce here (Docker's overlay2 without XFS
+    project quotas), and the environment does not accept it unenforced."""
+
+    reason = "STORAGE_LIMIT_UNSUPPORTED"
+
+
+class ServicesUnsupported(mesh.FailedPrecondition):
+    """The task's compose file runs services besides `main` and the provider runs the main service
+    alone (the daemonless one); the message names the services."""
+
+    reason = "COMPOSE_SERVICES_UNSUPPORTED"
+
+
 class MachineStartFailed(mesh.Unavailable):
     """The rollout's machine did not come up (retryable)."""
 

@@ -10,8 +10,10 @@ reach no registry and map the tasks' bases to `rollmesh-base:<suite>`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,6 +63,30 @@ class Instruction:
 
 
 @dataclass(frozen=True)
+class Healthcheck:
+    """A compose service's healthcheck: the test (Docker's form: `CMD ...` or `CMD-SHELL ...`) and
+    its timing in seconds."""
+
+    test: tuple[str, ...]
+    interval_s: float = 30.0
+    timeout_s: float = 30.0
+    retries: int = 3
+    start_period_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Service:
+    """A compose service besides `main`: its image's recipe, and how it runs (None: the image's own
+    command or entrypoint). It runs beside the rollout's machine, which reaches it by its name."""
+
+    name: str
+    recipe: Recipe
+    command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
+    healthcheck: Healthcheck | None = None
+
+
+@dataclass(frozen=True)
 class Recipe:
     """How to make a task's image: a base (mapped), the steps after FROM, and the build context."""
 
@@ -69,6 +95,8 @@ class Recipe:
     context: Path | None = None
     #: From a compose file's main service: variables and limits it sets.
     environment: Mapping[str, str] = field(default_factory=dict)
+    #: A compose file's other services (not part of this image's digest: each has its own).
+    services: tuple[Service, ...] = ()
 
     def digest(self, base_id: str) -> str:
         """The image's identity: the base's, the steps, every file of the context (name, mode,
@@ -116,7 +144,25 @@ def dockerfile_recipe(path: Path, context: Path, image_map: ImageMap, *, where: 
     return Recipe(base=mapped(base_words[0], image_map), steps=steps, context=context)
 
 
+#: What a service besides `main` may say; any other key is refused by name (volumes, networks,
+#: ports to the host, ... are not made). `depends_on` and `restart` are read as start order only.
+SERVICE_KEYS = frozenset(
+    {
+        "image",
+        "build",
+        "environment",
+        "command",
+        "entrypoint",
+        "healthcheck",
+        "depends_on",
+        "expose",
+        "restart",
+    }
+)
+
+
 def compose_recipe(task: HarborTask, path: Path, image_map: ImageMap) -> Recipe:
+    """The main service's recipe, with the compose file's other services (`Recipe.services`)."""
     import yaml
 
     where = f"task {task.name!r}"
@@ -127,17 +173,35 @@ def compose_recipe(task: HarborTask, path: Path, image_map: ImageMap) -> Recipe:
     services = doc.get("services") if isinstance(doc, dict) else None
     if not isinstance(services, dict) or MAIN_SERVICE not in services:
         raise BadHarborTask(f"{where}: {path.name} has no `services: {MAIN_SERVICE}:` (the primary service)")
-    others = sorted(str(s) for s in services if s != MAIN_SERVICE)
-    if others:
-        raise BadHarborTask(
-            f"{where}: {path.name} has services besides `{MAIN_SERVICE}` ({', '.join(others)}): "
-            "a machine is the main service alone"
+    main = _service_recipe(task, path, MAIN_SERVICE, services[MAIN_SERVICE], image_map)
+    others = []
+    for name, spec in sorted((str(k), v) for k, v in services.items() if k != MAIN_SERVICE):
+        if not isinstance(spec, dict):
+            raise BadHarborTask(f"{where}: {path.name}: services.{name} must be a mapping")
+        unknown = sorted(str(k) for k in spec if k not in SERVICE_KEYS)
+        if unknown:
+            raise BadHarborTask(
+                f"{where}: {path.name}: services.{name} uses {', '.join(unknown)}, which rollmesh does not "
+                f"run (a service besides `{MAIN_SERVICE}` may have {', '.join(sorted(SERVICE_KEYS))})"
+            )
+        others.append(
+            Service(
+                name=name,
+                recipe=_service_recipe(task, path, name, spec, image_map),
+                command=_words(spec.get("command"), f"{where}: services.{name}.command"),
+                entrypoint=_words(spec.get("entrypoint"), f"{where}: services.{name}.entrypoint"),
+                healthcheck=_healthcheck(spec.get("healthcheck"), f"{where}: services.{name}.healthcheck"),
+            )
         )
-    main = services[MAIN_SERVICE]
-    if not isinstance(main, dict):
-        raise BadHarborTask(f"{where}: {path.name}: services.{MAIN_SERVICE} must be a mapping")
-    env = compose_environment(main.get("environment"), where)
-    build = main.get("build")
+    return dataclasses.replace(main, services=tuple(others))
+
+
+def _service_recipe(task: HarborTask, path: Path, name: str, spec: Any, image_map: ImageMap) -> Recipe:
+    where = f"task {task.name!r}"
+    if not isinstance(spec, dict):
+        raise BadHarborTask(f"{where}: {path.name}: services.{name} must be a mapping")
+    env = compose_environment(spec.get("environment"), f"{where}: services.{name}.environment")
+    build = spec.get("build")
     if build is not None:
         context_rel, dockerfile = (build, "Dockerfile") if isinstance(build, str) else (".", "Dockerfile")
         if isinstance(build, dict):
@@ -145,27 +209,95 @@ def compose_recipe(task: HarborTask, path: Path, image_map: ImageMap) -> Recipe:
             dockerfile = str(build.get("dockerfile", "Dockerfile"))
         context = (path.parent / context_rel).resolve()
         if not context.is_relative_to(task.path):
-            raise BadHarborTask(f"{where}: the build context {context_rel!r} is outside the task")
+            raise BadHarborTask(
+                f"{where}: the build context {context_rel!r} of services.{name} is outside the task"
+            )
         found = dockerfile_recipe(context / dockerfile, context, image_map, where=where)
         return Recipe(base=found.base, steps=found.steps, context=context, environment=env)
-    image = main.get("image")
+    image = spec.get("image")
     if not isinstance(image, str) or not image:
-        raise BadHarborTask(f"{where}: services.{MAIN_SERVICE} has neither `build` nor `image`")
+        raise BadHarborTask(f"{where}: services.{name} has neither `build` nor `image`")
     return Recipe(base=mapped(image, image_map), environment=env)
+
+
+def _words(raw: Any, where: str) -> tuple[str, ...] | None:
+    """A compose command or entrypoint: a list as it is, a string split as a shell would."""
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        try:
+            return tuple(literal(w, where) for w in shlex.split(raw))
+        except ValueError as exc:
+            raise BadHarborTask(f"{where}: {exc}") from None
+    if isinstance(raw, list):
+        return tuple(literal(str(w), where) for w in raw)
+    raise BadHarborTask(f"{where} must be a string or a list")
+
+
+_VARIABLE = re.compile(r"\$(?:\{|[A-Za-z_])")
+
+
+def literal(text: str, where: str) -> str:
+    """A compose value with `$$` as `$`; a variable (`$VAR`, `${VAR}`) is refused by name: rollmesh
+    does not interpolate compose files from its own environment."""
+    found = _VARIABLE.search(text.replace("$$", ""))
+    if found:
+        raise BadHarborTask(
+            f"{where}: {text!r} uses compose variable interpolation ({found.group()}...), which rollmesh "
+            "does not do; write the value, or $$ for a literal $"
+        )
+    return text.replace("$$", "$")
+
+
+def _healthcheck(raw: Any, where: str) -> Healthcheck | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise BadHarborTask(f"{where} must be a mapping")
+    if raw.get("disable") is True:
+        return None
+    test = raw.get("test")
+    if isinstance(test, str):
+        words: tuple[str, ...] = ("CMD-SHELL", literal(test, f"{where}.test"))
+    elif isinstance(test, list) and test and str(test[0]) in ("CMD", "CMD-SHELL", "NONE"):
+        words = tuple(literal(str(w), f"{where}.test") for w in test)
+    else:
+        raise BadHarborTask(f"{where}.test must be a string or a list starting with CMD or CMD-SHELL")
+    if words[0] == "NONE":
+        return None
+    return Healthcheck(
+        test=words,
+        interval_s=_seconds(raw.get("interval", "30s"), f"{where}.interval"),
+        timeout_s=_seconds(raw.get("timeout", "30s"), f"{where}.timeout"),
+        retries=int(raw.get("retries", 3)),
+        start_period_s=_seconds(raw.get("start_period", "0s"), f"{where}.start_period"),
+    )
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(raw: Any, where: str) -> float:
+    """A compose duration (`1m30s`, `500ms`, `10s`) in seconds."""
+    text = str(raw).strip()
+    parts = re.findall(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise BadHarborTask(f"{where}: {text!r} is not a duration like 10s, 1m30s or 500ms")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
 def compose_environment(raw: Any, where: str) -> dict[str, str]:
     if raw is None:
         return {}
     if isinstance(raw, dict):
-        return {str(k): "" if v is None else str(v) for k, v in raw.items()}
+        return {str(k): "" if v is None else literal(str(v), where) for k, v in raw.items()}
     if isinstance(raw, list):
         out: dict[str, str] = {}
         for item in raw:
             key, _, value = str(item).partition("=")
-            out[key] = value
+            out[key] = literal(value, where)
         return out
-    raise BadHarborTask(f"{where}: services.{MAIN_SERVICE}.environment must be a mapping or a list")
+    raise BadHarborTask(f"{where} must be a mapping or a list")
 
 
 def parse_dockerfile(text: str, *, where: str) -> list[Instruction]:

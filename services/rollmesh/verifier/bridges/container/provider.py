@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollmesh.verifier.bridges.container.errors import ImageBuildFailed, MachineLost
-from rollmesh.verifier.bridges.container.images import Recipe
+from rollmesh.verifier.bridges.container.images import Recipe, Service
 from rollmesh.verifier.bridges.container.task import Limits
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -41,6 +41,8 @@ class Image:
     #: The provider's own handle (a Docker tag; the daemonless provider's layer folders, top first).
     ref: str = ""
     layers: tuple[str, ...] = ()
+    #: The compose file's services besides `main`, each with its own image (a provider that runs them).
+    services: tuple[tuple[Service, Image], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,20 @@ class MachineInfo:
     labels: Labels
     started: float
     owner_pid: int = 0
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command to run in a machine: argv, the bytes of its stdin, its timeout, the output cap
+    (per stream), and the user, folder and extra variables it runs with (the image's by default)."""
+
+    argv: list[str]
+    stdin: bytes
+    timeout_s: float
+    output_limit: int
+    user: str = ""
+    cwd: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,7 +103,6 @@ class Machine(ABC):
     def removed(self) -> bool:
         return self._removal is not None
 
-    @abstractmethod
     async def exec(
         self,
         argv: Sequence[str],
@@ -100,6 +115,13 @@ class Machine(ABC):
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run `argv` in the machine; raises MachineLost when the machine is gone."""
+        return await self._run(
+            Command(list(argv), stdin, timeout_s, output_limit, user, cwd, dict(env or {}))
+        )
+
+    @abstractmethod
+    async def _run(self, command: Command) -> ExecResult:
+        """What `exec` does."""
 
     async def remove(self) -> None:
         """Stop and delete the machine and everything it wrote: once, whoever asks (a second call
@@ -112,10 +134,6 @@ class Machine(ABC):
     async def _delete(self) -> None:
         """What `remove` does, once."""
 
-    async def relabel(self, labels: Labels) -> None:
-        """Give a warm machine to a rollout: its labels become the rollout's (`Provider.relabels`)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot relabel a machine")
-
     @abstractmethod
     def lost(self) -> str:
         """Why the machine is gone while still in use ("" while it runs)."""
@@ -127,7 +145,7 @@ class Machine(ABC):
 
     async def put_file(self, path: str, data: bytes, *, mode: int = 0o644, timeout_s: float = 60.0) -> None:
         folder, _, name = path.rstrip("/").rpartition("/")
-        await self._untar(_tar({name: (data, mode)}), folder or "/", timeout_s)
+        await self._untar(tar_of({name: (data, mode)}), folder or "/", timeout_s)
 
     async def put_tree(self, source: Path, dest: str, *, before: str = "", timeout_s: float = 120.0) -> None:
         """Copy the folder `source` to `dest` in the machine (made when missing; symlinks skipped),
@@ -157,16 +175,17 @@ class Machine(ABC):
             )
 
 
-def tree_tar(source: Path) -> bytes:
-    """The files of the folder `source` (symlinks skipped) as a tar stream. Blocking."""
-    files: dict[str, tuple[bytes, int]] = {}
+def tree_tar(source: Path, extra: Mapping[str, tuple[bytes, int]] | None = None) -> bytes:
+    """The files of the folder `source` (symlinks skipped), and `extra` ones, as a tar stream.
+    Blocking."""
+    files: dict[str, tuple[bytes, int]] = dict(extra or {})
     for path in sorted(source.rglob("*")):
         if path.is_file() and not path.is_symlink():
             files[str(path.relative_to(source))] = (path.read_bytes(), path.stat().st_mode & 0o777)
-    return _tar(files)
+    return tar_of(files)
 
 
-def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+def tar_of(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         made: set[str] = set()
@@ -185,11 +204,23 @@ def _tar(files: Mapping[str, tuple[bytes, int]]) -> bytes:
     return buf.getvalue()
 
 
+class Relabelling(ABC):
+    """A machine that can be given to a rollout after it started (a warm machine): its labels
+    become the rollout's. A provider whose machines are Relabelling says so with `relabels`."""
+
+    @abstractmethod
+    async def relabel(self, labels: Labels) -> None:
+        """Label the machine as the rollout's (where the provider keeps its labels too)."""
+
+
 class Provider(ABC):
     #: "daemonless" or "docker" (what `rollmesh envs list` shows).
     name = ""
-    #: Its machines can be relabelled (`Machine.relabel`), so they can be started ahead (warm).
+    #: Its machines are `Relabelling`, so they can be started ahead (warm). A provider without it
+    #: refuses `warm` when the environment is configured (`ContainerTasksEnvironment`).
     relabels = False
+    #: Why it cannot run machines started ahead, for that refusal.
+    relabels_not = ""
 
     def __init__(self) -> None:
         #: The rollouts' machines this provider started, until they are removed.
