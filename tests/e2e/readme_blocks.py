@@ -5,7 +5,8 @@ about running it (`command_blocks`: tests/e2e/test_docs_commands.py runs or acco
 
 How a page tells the docs test about a block: HTML comments (invisible on the site) on the lines
 right above its fence, each `<!-- docs-test: DIRECTIVE -->`, or `<!-- docs-test N[,M]: DIRECTIVE -->`
-for parts N, M of the block only (its paragraphs, split at blank lines, counted from 1):
+for parts N, M of the block only (its paragraphs, split at blank lines, counted from 1). In a list
+item, where a comment line would end the list, the comments end the paragraph above the block:
 
 - `skip REASON: why` — not run here; REASON is one of `SKIP_REASONS` (a real external need).
 - `by tests/PATH.py` — run by that test, which finds the block with `bash_block` (checked).
@@ -47,12 +48,15 @@ SKIP_REASONS = {
     "gpu": "a GPU and a model the reader brings",
     "suite": "the suite itself (`make test`), or `make run`'s real model: tests/e2e/test_run_terminal.py",
     "bench": "a benchmark of minutes on every core (`make bench`; figures in docs/benchmarks.md)",
+    "yours": "what only the reader has (their own environment package): the comment names the test that"
+    " runs the same steps on the suite's own",
 }
 #: Words a command line starts with: an untagged block holding one is a command block untagged.
 COMMAND_WORDS = ("rollmesh ", "python ", "make ", "grpcurl ", "curl ", "docker ", "pip ", "export ", "cd ")
 
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+)(?P<lang>[\w-]*)\s*$")
 _NOTE = re.compile(r"^\s*<!-- docs-test(?: (?P<parts>\d+(?:,\d+)*))?: (?P<directive>.+?) -->\s*$")
+_INLINE_NOTE = re.compile(r"<!-- docs-test(?: (?P<parts>\d+(?:,\d+)*))?: (?P<directive>.+?) -->")
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,8 @@ def blocks(page: Path) -> list[Block]:
         while above >= 0 and (note := _NOTE.match(lines[above])):
             notes.insert(0, _directive(note))
             above -= 1
+        if not notes and above >= 1 and not lines[above].strip():  # in a list: the paragraph's end
+            notes = [_directive(n) for n in _INLINE_NOTE.finditer(lines[above - 1])]
         body: list[str] = []
         j = i + 1
         while j < len(lines) and lines[j].strip() != opening["fence"]:
@@ -138,6 +144,23 @@ def blocks(page: Path) -> list[Block]:
         text = textwrap.dedent("\n".join(body) + "\n")
         found.append(Block(page, i + 1, opening["lang"], text, notes))
         i = j + 1
+    return found
+
+
+def indented_commands(page: Path) -> list[int]:
+    """The lines of `page` that open an indented code block (4 spaces or more, after a blank line,
+    outside fences) holding a command: every command block is to be fenced ```bash."""
+    found: list[int] = []
+    fenced = False
+    lines = page.read_text().split("\n")
+    for n, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and n and not lines[n - 1].strip() and re.match(r" {4,}\S", line):
+            if line.strip().startswith(COMMAND_WORDS) or re.match(
+                r"[\w./-]*python3?\b|[A-Z_]+=\S", line.strip()
+            ):
+                found.append(n + 1)
     return found
 
 

@@ -36,6 +36,7 @@ from tests.e2e.readme_blocks import (
     bash_block,
     blocks,
     command_blocks,
+    indented_commands,
     pages,
     units,
 )
@@ -73,6 +74,9 @@ def test_every_command_block_is_run_or_says_why_not() -> None:
                     f"{block.where}: the block has {len(block.parts())} parts, not {max(d.parts)}"
                 )
     for page in pages():
+        for line in indented_commands(page):
+            where = f"{page.relative_to(REPO)}:{line}"
+            problems.append(f"{where}: an indented code block of commands: fence it ```bash")
         for block in blocks(page):
             if block.lang in ("", "text") and not any(d.verb == "file" for d in block.directives):
                 if any(line.startswith(COMMAND_WORDS) for line in block.body.splitlines()):

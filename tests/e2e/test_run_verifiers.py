@@ -10,16 +10,31 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
 from rollmesh.verifier.bridges.verifiers_env import LAUNCHER
+from tests.e2e.readme_blocks import DOCS, bash_block, run_block
 from tests.integration.test_verifiers_envs import own_scores
 from tests.procs import ROLLMESH
 
 ENVS = Path(__file__).resolve().parent.parent / "verifiers_envs"
+DOC = DOCS / "verifiers.md"
+
+
+def page_steps(python: Path, url: str) -> str:
+    """docs/verifiers.md's steps 3 (the rows) and 4 (run, reverify) as the page gives them, for the
+    suite's vf_rubric: its `my_env` that, its /opt/vf venv `python`, `--path` to the module (not
+    installed), the model server at `url` serving `tiny`."""
+    rows = bash_block("under `verifier_metadata.verifiers`):", DOC)
+    run = bash_block("4. Run it like any environment", DOC)
+    script = textwrap.dedent(rows) + textwrap.dedent(run)
+    script = script.replace("/opt/vf/bin/python", str(python)).replace("my_env", "vf_rubric")
+    script = script.replace("rows --env-id vf_rubric", f"rows --env-id vf_rubric --path {ENVS}")
+    return script.replace("http://127.0.0.1:8000/v1", url).replace("--model my-model", "--model tiny")
 
 
 def test_rollmesh_run_scores_a_verifiers_environment_with_its_rubric(
@@ -30,26 +45,20 @@ def test_rollmesh_run_scores_a_verifiers_environment_with_its_rubric(
     (folder / "verifiers.toml").write_text(
         f'env_id = "vf_rubric"\npython = "{verifiers_python}"\npaths = ["{ENVS}"]\n'
     )
-    rows_path = tmp_path / "vf_rubric.jsonl"
-    argv = [str(verifiers_python), str(LAUNCHER), "rows", "--env-id", "vf_rubric", "--path", str(ENVS)]
-    rows_path.write_text(subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout)
-    rows = [json.loads(ln) for ln in rows_path.read_text().splitlines() if ln.strip()]
-    env = {**os.environ, "ROLLMESH_API_KEY": "vf-e2e-key", "ROLLMESH_EXTRA_ROOTS": str(tmp_path / "root")}
+    env = {"ROLLMESH_API_KEY": "vf-e2e-key", "ROLLMESH_EXTRA_ROOTS": str(tmp_path / "root")}
     with openai_server_process(FaultConfig(answer="no idea")) as (url, _):
-        argv = ["run", "--input", str(rows_path), "--environment", "vf_rubric", "--base-url", url]
-        argv += ["--model", "tiny", "--output-dir", str(tmp_path / "runs"), "--json"]
-        done = subprocess.run(
-            [str(ROLLMESH), *argv], capture_output=True, text=True, timeout=600, check=False, env=env
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["state"] == "SUCCEEDED" and result["metrics"]["num_rollouts"] == len(rows) == 4
-    out = [json.loads(ln) for ln in Path(result["paths"]["rollouts.jsonl"]).open()]
+        done = run_block(page_steps(verifiers_python, url), {}, tmp_path, env, cwd=tmp_path, timeout_s=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = [json.loads(ln) for ln in (tmp_path / "vf_rubric.jsonl").read_text().splitlines() if ln.strip()]
+    out = [json.loads(ln) for ln in (tmp_path / "runs" / "vf_rubric" / "rollouts.jsonl").open()]
+    assert len(out) == len(rows) == 4
     for row in out:
         # "The answer is N.": exact (1.0) + a number (0.5) + brevity 0.25 / (1 + 4 words)
         assert row["chat_messages"][-1]["content"] == f"The answer is {row['expected_answer']}."
         assert row["reward"] == pytest.approx(1.0 + 0.5 + 0.25 / 5)
         assert set(row["reward_components"]) == {"exact", "has_number", "brevity", "num_turns"}
+    rescored = [json.loads(ln) for ln in (tmp_path / "rescored.jsonl").open()]
+    assert [r["reward"] for r in rescored] == [r["reward"] for r in out]  # reverify: the same rewards
 
 
 def test_rollmesh_run_scores_a_verifiers_group_rubric_as_verifiers_score_group_does(

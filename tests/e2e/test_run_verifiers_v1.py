@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
-from rollmesh.verifier.bridges.verifiers_env import LAUNCHER_V1
+from tests.e2e.readme_blocks import DOCS, bash_block, run_block
 from tests.procs import ROLLMESH
 
 REPO = Path(__file__).resolve().parent.parent.parent
 ENVS = REPO / "tests" / "verifiers_envs"
 PLAYER = "tests.integration.test_verifiers_v1:plays_v1"
+#: The 0.4 venv's interpreter as the page names it (where scripts/verifiers_venv.py caches it).
+DOC_VENV_PYTHON = "~/.cache/rollmesh/verifiers/0.4.0/venv/bin/python"
 
 
 def run(tmp_path: Path, python: Path, taskset: str, extra: str = "") -> list[dict[str, Any]]:
@@ -29,9 +32,13 @@ def run(tmp_path: Path, python: Path, taskset: str, extra: str = "") -> list[dic
     (folder / "verifiers.toml").write_text(
         f'taskset = "{taskset}"\npython = "{python}"\npaths = ["{ENVS}"]\n{extra}'
     )
+    # docs/verifiers.md's `rows` command for 0.4, for this taskset (`--path`: a module, not installed)
+    script = textwrap.dedent(bash_block("3. Its rows (`rows` also takes", DOCS / "verifiers.md"))
+    script = script.replace(DOC_VENV_PYTHON, str(python)).replace("my_taskset", taskset)
+    script = script.replace(f"rows --taskset {taskset}", f"rows --taskset {taskset} --path {ENVS}")
+    exported = run_block(script, {}, tmp_path, cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
     rows_path = tmp_path / f"{taskset}.jsonl"
-    argv = [str(python), str(LAUNCHER_V1), "rows", "--taskset", taskset, "--path", str(ENVS)]
-    rows_path.write_text(subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout)
     rows = [json.loads(ln) for ln in rows_path.read_text().splitlines() if ln.strip()]
     env = {
         **os.environ,
