@@ -1,11 +1,14 @@
 """What every benchmark shares: the JSON's environment (CPUs, package versions, git sha), event
-lines on stderr, and where the machine's CPU went, by process."""
+lines on stderr, where the machine's CPU went, by process, a figure's mean and stddev over trials,
+and a module of scripts/ (the foreign virtualenvs' builders) loaded by path."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -41,6 +44,21 @@ def env_info(*dists: str) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return {"cpus": os.cpu_count(), "versions": versions, "git_sha": sha}
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    """A figure over trials: its mean and sample stddev (0 for one trial)."""
+    return {"mean": statistics.fmean(values), "stddev": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def load_script(name: str) -> Any:
+    """scripts/NAME.py (not a package), loaded by path: e.g. `load_script("openenv_venv").venv()`."""
+    path = REPO / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_scripts_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def log(event: str, **fields: Any) -> None:

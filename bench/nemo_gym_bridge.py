@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import statistics
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import env_info, log, result_stream
+from bench._meta import env_info, load_script, log, result_stream, stats
 from rollmesh.mesh.chat import Message, ToolCall
 from rollmesh.mesh.logging import configure
 from rollmesh.registry import Catalog, RootsConfig
@@ -54,15 +53,6 @@ ANSWER = Response(
 )
 
 
-def load_script(name: str) -> Any:
-    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_scripts_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def trial(one: Callable[[], Awaitable[None]], seconds: float, concurrency: int) -> tuple[float, float]:
     """Calls per second with `concurrency` loops for `seconds`, and this process's CPU per call (µs):
     the client side's cost, which the server's time (another process, the same both ways) is not in."""
@@ -78,10 +68,6 @@ async def trial(one: Callable[[], Awaitable[None]], seconds: float, concurrency:
     start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(loop() for _ in range(concurrency)))
     return done / (time.perf_counter() - start), (time.process_time() - cpu) * 1e6 / max(done, 1)
-
-
-def stats(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "stddev": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
 async def main() -> None:

@@ -7,6 +7,9 @@ session) on the same server give the same rewards, `done` and observations.
   model's text is the action (`message`).
 - tests/openenv_envs/guess_env, written with openenv-core's API (multi-step, a reward that depends
   on each guess), attached by URL: a tool call is the action (`guess`, an integer).
+- A job (the scheduler's job manager, the real gateway with the fake model playing guess_env by
+  binary search) records each episode's steps, and `rollmesh reverify` replays them to the same
+  rewards.
 - Named failures: a server that is not there, one that dies under an episode, a schema the action
   cannot be built for, the environment's step raising, observations that are not ones, a server
   at its session limit.
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -26,8 +30,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from rollmesh.commands._reverify import reverify
+from rollmesh.gateway import Gateway
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
+from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+from rollmesh.scheduler import store
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.spec import JobSpec, RetryPolicy
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.bridges.openenv_env import OpenEnvEnvironment
 from rollmesh.verifier.service import VerifierService
@@ -164,6 +177,85 @@ async def test_an_environment_of_our_own_attached_by_url_plays_as_with_openenvs_
     assert [s.reward for s in ours[:-1]] == pytest.approx([-abs(g - secret) / 100 for g in guesses[:-1]])
     # each observation answers its call
     assert [s.messages[0].tool_call_id for s in ours] == [f"c{i + 1}" for i in range(len(ours))]
+
+
+def binary_search(prompt_text: str, request: EngineRequest) -> str:
+    """The fake model: guesses the middle of what guess_env's hints (the `act` calls' answers, each
+    the observation as JSON) leave open, as a call to `act`."""
+    del request
+    low, high = 1, 100
+    for answer in re.findall(r"<\|tool\|>\n(.*?)<\|end\|>", prompt_text, re.S):
+        seen = json.loads(answer)
+        if seen.get("hint") == "higher":
+            low = seen["last_guess"] + 1
+        elif seen.get("hint") == "lower":
+            high = seen["last_guess"] - 1
+    return f'<tool_call>{{"name": "act", "arguments": {{"guess": {(low + high) // 2}}}}}</tool_call>'
+
+
+def expected_episode(seed: int) -> list[tuple[float, bool]]:
+    """guess_env's (reward, done) per step for `binary_search` (6 attempts at most)."""
+    secret, low, high, steps = secret_of(seed), 1, 100, []
+    while not (steps and steps[-1][1]):
+        guess = (low + high) // 2
+        if guess == secret:
+            steps.append((1.0, True))
+        else:
+            steps.append((-abs(guess - secret) / 100, len(steps) == 5))
+            low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+    return steps
+
+
+async def test_a_job_plays_episodes_and_reverify_replays_them(
+    tmp_path: Path, start_server: StartServer, openenv_python: Path
+) -> None:
+    seeds = [0, 1, 13, 5]  # won at the 1st, 4th, 5th guess; 5: not within 6 guesses
+    rows = [{**EMPTY, "verifier_metadata": {"reset": {"seed": s}}} for s in seeds]
+    data = tmp_path / "guess.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    gateway = Gateway([FakeBackend("tiny", script=binary_search, max_model_len=8192)])
+    await gateway.start()
+    try:
+        async with serve(openenv_python, GUESS_ENV, tmp_path / "guess.log") as url:
+            async with verifier(tmp_path, start_server, {"guess": f'url = "{url}"\n'}) as (client, service):
+                manager = JobManager(
+                    Catalog([Root(BUILTIN_ROOT, 0, "root")]),
+                    model=GatewayModel.in_process(GatewayServicer(gateway)),
+                    env=VerifierEnv.in_process(VerifierServicer(service)),
+                )
+                spec = JobSpec(
+                    dataset=str(data),
+                    environment="guess",
+                    max_steps=10,
+                    sampling={"temperature": 0.0, "max_tokens": 64},
+                    concurrency=4,
+                    output_dir=str(tmp_path / "runs"),
+                    retry=RetryPolicy(initial_backoff_s=0.01, max_backoff_s=0.05),
+                )
+                rec = await manager.wait((await manager.submit(spec)).job_id)
+                path = tmp_path / "runs" / rec.job_id / "rollouts.jsonl"
+                done = sorted(store.load_files([path]).rollouts, key=lambda r: r.key.task_index)
+                assert rec.state == "SUCCEEDED" and len(done) == len(seeds), rec
+                stored = [r.to_row() for r in done]
+                report = await reverify(stored, environment="guess", verifier=client.addresses["verifier"])
+                assert len(service.sessions) == 0  # every episode, live or replayed, was closed
+    finally:
+        await gateway.shutdown()
+    for seed, rollout, row in zip(seeds, done, stored, strict=True):
+        steps = expected_episode(seed)
+        assert [s["done"] for s in rollout.env_steps] == [d for _, d in steps]
+        assert [s["reward"] for s in rollout.env_steps] == pytest.approx([r for r, _ in steps])
+        assert rollout.reward == pytest.approx(sum(r for r, _ in steps))
+        calls = [m for m in rollout.messages if m["role"] == "assistant"]
+        answers = [m for m in rollout.messages if m["role"] == "tool"]
+        assert len(calls) == len(answers) == len(steps)  # each guess a call to act, each answered
+        assert [json.loads(a["content"]) for a in answers] == [
+            s["info"]["observation"] for s in rollout.env_steps
+        ]
+        assert row["reward"] == rollout.reward
+    assert (report.scored, report.errors, report.changed, report.diverged) == (len(seeds), 0, 0, 0)
+    for old, new in zip(stored, report.rows, strict=True):
+        assert (new["reward"], new["env_steps"]) == (old["reward"], old["env_steps"])
 
 
 async def test_failures_are_named_never_a_reward(

@@ -4,7 +4,8 @@ host bridge with it: run in the OpenEnv virtualenv (it imports openenv, never ro
     <openenv python> own_client.py play URL < {"reset": {...}, "actions": [{...}, ...]}
         -> {"reset": {"observation", "reward", "done"}, "steps": [{...}, ...]}   (one JSON line)
     <openenv python> own_client.py time URL --steps N < {"reset": {...}, "action": {...}}
-        -> {"steps": N, "seconds": S}   (N steps of one WebSocket session, after one warm-up step)
+        -> {"steps": N, "seconds": S, "cpu_seconds": C}   (N steps of one WebSocket session after a
+           warm-up step: wall time, and this process's CPU time)
 
 It uses `GenericEnvClient` (openenv.core: the WebSocket session at /ws, raw dicts), the client an
 OpenEnv user reaches any server with; a step's answer is reported as that client parses it.
@@ -36,10 +37,10 @@ async def timed(url: str, job: dict, n: int) -> dict:
     async with GenericEnvClient(base_url=url) as env:
         await env.reset(**job.get("reset", {}))
         await env.step(job["action"])
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(n):
             await env.step(job["action"])
-        return {"steps": n, "seconds": time.perf_counter() - start}
+        return {"steps": n, "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu}
 
 
 def main() -> None:
