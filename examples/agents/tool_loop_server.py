@@ -31,6 +31,7 @@ POOL = DefaultHttpxClient(
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a reply's headers and body are two writes: send both at once
 
     def do_GET(self) -> None:  # rollmesh's "is it up?"
         self._reply(200, {"ok": True})

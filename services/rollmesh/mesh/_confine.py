@@ -387,6 +387,11 @@ def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
     peer: dict[socket.socket, socket.socket] = {}
     ended: set[socket.socket] = set()  # its side closed: the pair closes once the other sent all
     watched: set[socket.socket] = set()
+    # Our end of each connection to the server acknowledges at once what it reads: a server that
+    # writes a reply's headers and body apart without TCP_NODELAY (http.server's default) would
+    # otherwise hold the body until our delayed ACK, 40 ms per reply.
+    tcp: set[socket.socket] = set()
+    quickack = getattr(socket, "TCP_QUICKACK", 0)
 
     def close(sock: socket.socket) -> None:
         for s in (sock, peer.get(sock)):
@@ -396,6 +401,7 @@ def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
                     watched.discard(s)
                 pending.pop(s, None)
                 ended.discard(s)
+                tcp.discard(s)
                 del peer[s]
                 s.close()
 
@@ -425,7 +431,9 @@ def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
                     continue
                 upstream = socket.socket()
                 try:
+                    upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     upstream.connect(("127.0.0.1", int(key.data)))
+                    tcp.add(upstream)
                 except OSError:
                     conn.close()
                     upstream.close()
@@ -457,6 +465,8 @@ def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
             if events & selectors.EVENT_READ:
                 try:
                     chunk = sock.recv(1 << 16)
+                    if sock in tcp and quickack:  # (cleared by the kernel: set again after each read)
+                        sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
                 except BlockingIOError:
                     continue
                 except OSError:

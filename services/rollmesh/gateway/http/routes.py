@@ -19,6 +19,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.captures import PATH_PREFIX, Capture
@@ -81,6 +83,25 @@ async def _recorded(
             yield item
 
 
+class _ApiKey:
+    """With an API key, every `/v1/` route needs `Authorization: Bearer <key>` (401 otherwise). Plain
+    ASGI: `@app.middleware("http")` (BaseHTTPMiddleware) ran each request in a task group of its own,
+    a cost on every call a capture's program makes."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith("/v1/"):
+            given = Headers(scope=scope).get(AUTH_HEADER, "")
+            if not authorized(path, [(AUTH_HEADER, given)], self.api_key):
+                await error_response(Unauthenticated("missing or wrong bearer token"))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
     app = FastAPI(title="rollmesh gateway (OpenAI-compatible)", docs_url=None, redoc_url=None)
 
@@ -88,15 +109,8 @@ def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
     async def _rollmesh_error(request: Request, exc: RollmeshError) -> Response:
         return error_response(exc)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Response:
-        path = request.url.path
-        if path.startswith("/v1/"):
-            given = request.headers.get(AUTH_HEADER, "")
-            if not authorized(path, [(AUTH_HEADER, given)], api_key):
-                return error_response(Unauthenticated("missing or wrong bearer token"))
-        response: Response = await call_next(request)
-        return response
+    if api_key:
+        app.add_middleware(_ApiKey, api_key=api_key)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
