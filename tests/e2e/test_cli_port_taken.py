@@ -1,5 +1,6 @@
-"""A port another process listens on, for `rollmesh serve` and `rollmesh up`: one `error:` line naming
-the address, exit 2 (a user error, docs/running.md), no traceback and nothing left started."""
+"""A port another process listens on, for `rollmesh serve` (a service, `openenv`) and `rollmesh up`:
+one `error:` line naming the address, exit 2 (a user error, docs/running.md), no traceback and nothing
+left started."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ async def test_the_gateway_refuses_a_taken_http_port_before_it_starts(taken: int
     )
     _one_error_line(code, err, f"the OpenAI HTTP facade 127.0.0.1:{taken}")
     assert "server_started" not in err, err
+
+
+async def test_serve_openenv_refuses_a_taken_port_before_it_starts_a_verifier(taken: int) -> None:
+    code, _, err = await run_cli("serve", "openenv", "--environment", "arithmetic", "--port", str(taken))
+    _one_error_line(code, err, f"the OpenEnv server 127.0.0.1:{taken}")
+    assert "starting a verifier" not in err, err
 
 
 async def test_up_checks_every_port_before_it_starts_a_service(taken: int) -> None:

@@ -9,10 +9,17 @@ host bridge with it: run in the OpenEnv virtualenv (it imports openenv, never ro
 
 It uses `GenericEnvClient` (openenv.core: the WebSocket session at /ws, raw dicts), the client an
 OpenEnv user reaches any server with; a step's answer is reported as that client parses it.
+
+`play` also takes (the tests of `rollmesh serve openenv`): a list of jobs (one session each, a list
+of answers); a job's `"reset": null` (no reset), `"state": true` (its answer gets the session's
+`state()`) and `"headers"` (sent by openenv 0.10's client; 0.3's takes none); a reset or step the
+server refuses is `{"error": "<the client's exception>"}` and the episode goes on with its next
+action; a session refused at the handshake is `{"connect_error": "..."}`.
 """
 
 import argparse
 import asyncio
+import inspect
 import json
 import sys
 import time
@@ -24,13 +31,31 @@ def _result(result) -> dict:
     return {"observation": result.observation, "reward": result.reward, "done": result.done}
 
 
-async def play(url: str, job: dict) -> dict:
-    async with GenericEnvClient(base_url=url) as env:
-        first = await env.reset(**job.get("reset", {}))
-        steps = []
-        for action in job["actions"]:
-            steps.append(_result(await env.step(action)))
-        return {"reset": _result(first), "steps": steps}
+async def _answer(call) -> dict:
+    try:
+        return _result(await call)
+    except RuntimeError as exc:  # what the client raises for the server's error message
+        return {"error": str(exc)}
+
+
+async def play(url: str, job: dict | list) -> dict | list:
+    if isinstance(job, list):
+        return [await play(url, one) for one in job]
+    headers = job.get("headers")
+    taken = "headers" in inspect.signature(GenericEnvClient).parameters
+    out: dict = {}
+    try:
+        async with GenericEnvClient(
+            base_url=url, **({"headers": headers} if headers and taken else {})
+        ) as env:
+            if job.get("reset", {}) is not None:  # `"reset": null`: a step with no reset before it
+                out["reset"] = await _answer(env.reset(**job.get("reset", {})))
+            out["steps"] = [await _answer(env.step(action)) for action in job.get("actions", [])]
+            if job.get("state"):
+                out["state"] = await env.state()
+    except ConnectionError as exc:  # refused at the handshake
+        out["connect_error"] = str(exc)
+    return out
 
 
 async def timed(url: str, job: dict, n: int) -> dict:

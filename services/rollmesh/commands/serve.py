@@ -1,5 +1,6 @@
 """`rollmesh serve registry|verifier|gateway|scheduler`: one service in the foreground, its flags
-overriding its ROLLMESH_* variables (each service's `__main__.main` does the wiring)."""
+overriding its ROLLMESH_* variables (each service's `__main__.main` does the wiring).
+`rollmesh serve openenv`: one environment as an OpenEnv server (rollmesh/openenv_server)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import Host, MetricsPort, Port, fail
+from rollmesh.commands._common import ApiKey, Host, MetricsPort, Port, VerifierAddr, err, fail, run
 
 serve_app = typer.Typer(
     help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
@@ -96,6 +97,52 @@ def serve_scheduler(
 ) -> None:
     """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
     serve_service("scheduler", port=port, host=host, output_dir=output_dir, metrics_port=metrics_port)
+
+
+@serve_app.command("openenv")
+def serve_openenv(
+    environment: Annotated[
+        str,
+        typer.Option("--environment", "-e", help="The rollmesh environment to serve.", show_default=False),
+    ],
+    dataset: Annotated[
+        str,
+        typer.Option(
+            "--dataset",
+            help="Rows a reset plays (a path or a dataset artifact; default: the environment's example"
+            " dataset).",
+        ),
+    ] = "",
+    port: Annotated[int, typer.Option("--port", help="Port to bind (0: a free one).")] = 8000,
+    host: Annotated[
+        str, typer.Option("--host", help="Host to bind (0.0.0.0: all interfaces).")
+    ] = "127.0.0.1",
+    max_steps: Annotated[
+        int, typer.Option("--max-steps", min=1, help="Turns after which an episode ends and is verified.")
+    ] = 8,
+    verifier: VerifierAddr = "",
+    api_key: ApiKey = "",
+) -> None:
+    """Serve one environment to OpenEnv clients: HTTP /reset /step /state /schema /health and the
+    WebSocket session /ws (one episode per connection; docs/openenv.md).
+
+    Without --verifier (or ROLLMESH_VERIFIER_ADDR) a verifier starts in this process, serving the
+    environments of the artifact roots as `rollmesh run` does. With an API key (--api-key,
+    ROLLMESH_API_KEY) every route but /health needs `Authorization: Bearer <key>`."""
+    from rollmesh.openenv_server.server import serve_openenv as serve
+
+    run(
+        serve(
+            environment=environment,
+            dataset=dataset,
+            verifier=verifier,
+            api_key=api_key,
+            host=host,
+            port=port,
+            max_steps=max_steps,
+            say=lambda line: err.print(line, highlight=False),
+        )
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -10,22 +10,9 @@ from __future__ import annotations
 import grpc
 
 from rollmesh.mesh import errors as mesh
+from rollmesh.mesh.errors import HTTP_STATUS, http_status
 
-# google.rpc code -> HTTP status (the mapping in google/rpc/code.proto).
-HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
+__all__ = ["HTTP_STATUS", "http_status"]  # the mesh's table, which the facade answers with
 
 OPENAI_TYPE: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.INVALID_ARGUMENT: "invalid_request_error",
@@ -37,14 +24,6 @@ OPENAI_TYPE: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.UNAVAILABLE: "service_unavailable_error",
     grpc.StatusCode.DEADLINE_EXCEEDED: "timeout_error",
 }
-
-
-def http_status(exc: mesh.RollmeshError) -> int:
-    """The HTTP status the facade answers for `exc` (a class may override the code's default)."""
-    override = getattr(exc, "http_status_override", None)
-    if isinstance(override, int):
-        return override
-    return HTTP_STATUS.get(exc.code, 500)
 
 
 def openai_type(exc: mesh.RollmeshError) -> str:

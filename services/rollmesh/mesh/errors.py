@@ -84,6 +84,32 @@ def to_status(exc: RollmeshError) -> status_pb2.Status:
     return status
 
 
+# google.rpc code -> HTTP status (the mapping in google/rpc/code.proto).
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def http_status(exc: RollmeshError) -> int:
+    """The HTTP status an HTTP door (the OpenAI facade, the OpenEnv server) answers for `exc` (a
+    class may override its code's default with `http_status_override`)."""
+    override = getattr(exc, "http_status_override", None)
+    if isinstance(override, int):
+        return override
+    return HTTP_STATUS.get(exc.code, 500)
+
+
 class ConfigError(ValueError):
     """A configuration value is malformed; the message names the variable and what is allowed."""
 

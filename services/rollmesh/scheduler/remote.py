@@ -383,4 +383,6 @@ class VerifierEnv(_Port):
             tool_calls_are_answer=resp.tool_calls_are_answer,
             scores_groups=resp.scores_groups,
             public_fields=tuple(resp.public_fields),
+            example_dataset=resp.example_dataset,
+            description=resp.description,
         )

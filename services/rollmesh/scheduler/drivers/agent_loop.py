@@ -123,6 +123,10 @@ class EnvDescription:
     scores_groups: bool = False
     #: Task fields an external agent program may read besides the prompt (`public_fields`).
     public_fields: tuple[str, ...] = ()
+    #: The environment's example dataset, a path on the verifier's machine ("" when none).
+    example_dataset: str = ""
+    #: One paragraph for humans.
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -384,7 +388,7 @@ async def run_agent(
             new.append(turn.message)
             calls = turn.message.get("tool_calls") or []
             if calls and turn.finish_reason == "tool_calls" and not settings.tool_calls_are_answer:
-                if await _run_calls(env, session_id, calls, opened, new):
+                if await run_tool_calls(env, session_id, calls, opened, new):
                     finish = "agent_timeout"  # the environment ended the agent (its time is up)
                     break
             elif not opened.takes_turns:
@@ -416,7 +420,7 @@ async def run_agent(
         await close_sessions(env if seeded and not kept else None, model if generated else None, session_id)
 
 
-async def _run_calls(
+async def run_tool_calls(
     env: EnvPort, session_id: str, calls: list[Json], opened: SessionOpened, new: list[Json]
 ) -> bool:
     """Run a finished turn's tool calls on the verifier, appending their results to `new`; whether

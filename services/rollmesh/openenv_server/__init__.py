@@ -1,0 +1,10 @@
+"""`rollmesh serve openenv`: any rollmesh environment as an OpenEnv environment server, for
+OpenEnv's own clients and what is built on them (TRL's environment wrappers).
+
+A front door beside the verifier, not part of it: it plays OpenEnv episodes through the verifier's
+gRPC environment API (the same seed / tool / step / verify calls the built-in agent loop makes), so
+every kind of environment (built-in, NeMo Gym, verifiers, reasoning-gym, container tasks) is served
+the same way. `wire.py` is OpenEnv's wire format and rollmesh's action/observation models in it,
+`episode.py` one episode, `app.py` the HTTP and WebSocket routes, `server.py` the command's
+server. docs/openenv.md is the user's page.
+"""
