@@ -30,6 +30,7 @@ from rollmesh.mesh.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS
 from tests.e2e.conftest import rollmesh_up
 from tests.e2e.readme_blocks import (
     COMMAND_WORDS,
+    README,
     SKIP_REASONS,
     Block,
     Unit,
@@ -82,6 +83,19 @@ def test_every_command_block_is_run_or_says_why_not() -> None:
                 if any(line.startswith(COMMAND_WORDS) for line in block.body.splitlines()):
                     problems.append(f"{block.where}: commands in a ```{block.lang} block: tag it ```bash")
     assert not problems, "\n".join(problems)
+
+
+def test_every_page_showing_make_runs_figures_shows_the_readmes() -> None:
+    """`make run`'s figures are checked against the README's table (tests/e2e/test_run_terminal.py,
+    the real model); a page showing that table again shows the same one."""
+
+    def tables(page: Path) -> list[str]:
+        return [b.body for b in blocks(page) if "┃ mean reward" in b.body]
+
+    [readme] = tables(README)
+    shown = {page.name: tables(page) for page in pages() if page != README}
+    assert shown["getting-started.md"] == [readme]
+    assert all(found == [readme] for found in shown.values() if found), shown
 
 
 def _runs_it(test_file: Path, block: Block) -> bool:
