@@ -35,6 +35,7 @@ FOREIGN_VENVS = frozenset(
         "verifiers_v1_python",
         "openenv_python",
         "openenv_010_python",
+        "openenv_python_each",
     }
 )
 
@@ -186,6 +187,17 @@ def openenv_010_python() -> Path:
     """The interpreter of a virtualenv with OpenEnv's `openenv` 0.10.0 distribution (the same
     script, another cached venv). Skipped only where no Python 3.11 exists to build it with."""
     return _python_or_skip(lambda: openenv_venv.venv("0.10.0", dist="openenv"), "OpenEnv")
+
+
+OPENENV_DISTS = {"openenv-core 0.3.0": ("openenv-core", "0.3.0"), "openenv 0.10.0": ("openenv", "0.10.0")}
+
+
+@pytest.fixture(scope="session", params=sorted(OPENENV_DISTS))
+def openenv_python_each(request: pytest.FixtureRequest) -> Path:
+    """openenv-core 0.3.0's virtualenv's interpreter, then openenv 0.10.0's (a test using it runs
+    once for each; `openenv_python`, `openenv_010_python`)."""
+    dist, version = OPENENV_DISTS[str(request.param)]
+    return _python_or_skip(lambda: openenv_venv.venv(version, dist=dist), "OpenEnv")
 
 
 @pytest.fixture(scope="module")
