@@ -108,9 +108,13 @@ class Unit:
         return next(d.arg for d in self.block.of(self.part) if d.verb == verb)
 
 
+#: The built-in root's README (docs/environments.md sends readers there to write an environment).
+ENVIRONMENTS_README = README.parent / "services" / "rollmesh" / "builtin" / "environments" / "README.md"
+
+
 def pages() -> list[Path]:
-    """The README and every page of the docs site (docs/*.md)."""
-    return [README, *sorted(DOCS.glob("*.md"))]
+    """The README, every page of the docs site (docs/*.md) and the environments README."""
+    return [README, *sorted(DOCS.glob("*.md")), ENVIRONMENTS_README]
 
 
 def _directive(match: re.Match[str]) -> Directive:
