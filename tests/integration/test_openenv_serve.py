@@ -1,13 +1,14 @@
 """`rollmesh serve openenv` driven by OpenEnv's own client: a real verifier (gRPC, loopback) holding
-the built-in `arithmetic` (one turn) and `session_state` (tools, per-session state) environments and
-tests/games.py's number-guessing game (environment turns), each served as an OpenEnv server
-(rollmesh/openenv_server) on an ephemeral loopback port, and played by openenv-core's
-`GenericEnvClient` over its WebSocket session from the OpenEnv venv (tests/openenv_envs/own_client.py,
-scripts/openenv_venv.py). Every reward, `done` and observation is compared with what rollmesh's own
-verifier answers for the same row and the same turns through the SDK (seed, call_tool, step,
-verify). Hostile input: an action the schema refuses, a step before any reset and after the end, raw
-frames that are not JSON, an unknown message type, and auth: no token and a wrong one are refused at
-the handshake; the right one (openenv 0.10's client sends headers) plays."""
+the built-in `arithmetic` (one turn), `reasoning_gym` (generated rows) and `session_state` (tools,
+per-session state) environments and tests/games.py's number-guessing game (environment turns), each
+served as an OpenEnv server (rollmesh/openenv_server) on an ephemeral loopback port, and played by
+openenv-core's `GenericEnvClient` over its WebSocket session from the OpenEnv venv
+(tests/openenv_envs/own_client.py, scripts/openenv_venv.py). Every reward, `done` and observation is
+compared with what rollmesh's own verifier answers for the same row and the same turns through the
+SDK (seed, call_tool, step, verify). Hostile input: an action the schema refuses, a step before any
+reset and after the end, raw frames that are not JSON, an unknown message type, and auth: no token
+and a wrong one are refused at the handshake; the right one (openenv 0.10's client sends headers)
+plays."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import websockets
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.openenv_server.server import OpenEnvServer, openenv_server
 from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.scheduler.plan import load_rows
 from rollmesh.verifier import Environment, VerifierConfig
 from rollmesh.verifier.environment import EnvContext
 from rollmesh.verifier.loader import Discovery, Loaded, environment_class, import_file
@@ -65,6 +67,7 @@ async def _verifier(start_server: StartServer, api_key: str) -> AsyncIterator[Ve
     envs: dict[str, Environment] = {
         "arithmetic": builtin("arithmetic"),
         "session_state": builtin("session_state"),
+        "reasoning_gym": builtin("reasoning_gym"),
         "guess": Guess(EnvContext("guess", None, cfg, WorkerPool(1))),
     }
     service = VerifierService(cfg, Discovery({n: Loaded(n, e, "tests") for n, e in envs.items()}, {}))
@@ -156,6 +159,26 @@ async def test_single_turn_rewards_equal_the_verifiers(
             assert ep["state"]["step_count"] == 1 and ep["state"]["done"] is True
             assert ep["state"]["task_index"] == i % 3
     assert [ep["steps"][0]["reward"] for ep in played] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+async def test_generated_reasoning_gym_rows_score_as_the_verifier_scores_them(
+    verifier: Verifier, serve: Serve, openenv_python: Path
+) -> None:
+    spec = BUILTIN_ROOT / "datasets" / "reasoning_gym_arith" / "reasoning_gym.json"
+    url = await serve(verifier, "reasoning_gym", dataset=str(spec))
+    rows = load_rows(spec)[:4]
+    answers = [str(r["answer"]) if i % 2 == 0 else "0" for i, r in enumerate(rows)]
+    played = await play(
+        openenv_python,
+        url,
+        [{"reset": {"index": i}, "actions": [{"message": a}]} for i, a in enumerate(answers)],
+    )
+    async with await Client.connect(verifier=verifier.address) as c:
+        for row, answer, ep in zip(rows, answers, played, strict=True):
+            assert ep["reset"]["observation"]["messages"] == row["responses_create_params"]["input"]
+            want = await c.verifier.verify("reasoning_gym", row, answer)
+            assert ep["steps"][0]["reward"] == pytest.approx(want.reward) and ep["steps"][0]["done"] is True
+    assert [ep["steps"][0]["reward"] for ep in played][::2] == [1.0, 1.0]  # the generator's own answers
 
 
 async def test_tool_episodes_keep_session_state_as_the_verifier_does(

@@ -71,6 +71,7 @@ class Episode:
         self._new: list[Json] = []  # every message after the prompt, as the loop keeps them
         self._calls = 0
         self._live = False
+        self._why_not = "no episode was started"  # why a step now has no episode to act on
 
     @property
     def state(self) -> wire.State:
@@ -95,6 +96,7 @@ class Episode:
 
     async def reset(self, params: wire.ResetParams) -> wire.Observation:
         await self.close()
+        self._live, self._why_not = False, "the last reset failed"
         task, index = self._pick(params)
         self._resets += 1
         episode_id = params.episode_id or f"{self._prefix}/{self._resets}"
@@ -111,17 +113,17 @@ class Episode:
                 f"{self._environment!r} gave no first observation at seed: there is no prompt"
             )
         self._live = True
+        self._why_not = ""
         tools = merge_tools(merge_tools(self._opened.tools, self._opened.session_tools), row_tools(task))
         return wire.Observation(messages=[*input_messages(task), *self._opened.messages], tools=tools)
 
     async def step(self, action: wire.Action) -> wire.Observation:
         if not self._live:
-            what = "the episode is over" if self._state.done else "no episode was started"
-            raise NoEpisode(f"step with no episode to act on ({what}): reset first")
+            raise NoEpisode(f"step with no episode to act on ({self._why_not}): reset first")
         try:
             return await self._step(action)
         except BaseException:
-            self._live = False
+            self._live, self._why_not = False, "its last step failed"
             await self.close()
             raise
 
@@ -161,7 +163,7 @@ class Episode:
                 "verify_details": verdict.details,
                 "masked": verdict.masked,
             }
-            self._live = False
+            self._live, self._why_not = False, "the episode is over"
             await self.close()
         self._state.reward += reward or 0.0
         self._state.done = done
