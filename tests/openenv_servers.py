@@ -22,6 +22,7 @@ from rollmesh.verifier.bridges.openenv_env import LAUNCHER
 
 ENVS = Path(__file__).resolve().parent / "openenv_envs"
 GUESS_ENV = ENVS / "guess_env"
+COUNTER_MCP_ENV = ENVS / "counter_mcp_env"
 OWN_CLIENT = ENVS / "own_client.py"
 
 

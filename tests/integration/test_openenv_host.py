@@ -7,6 +7,8 @@ session) on the same server give the same rewards, `done` and observations.
   model's text is the action (`message`).
 - tests/openenv_envs/guess_env, written with openenv-core's API (multi-step, a reward that depends
   on each guess), attached by URL: a tool call is the action (`guess`, an integer).
+- tests/openenv_envs/counter_mcp_env, an MCP environment (MCPEnvironment over FastMCP): its listed
+  tools are the session's, a call to one is its CallToolAction.
 - A job (the scheduler's job manager, the real gateway with the fake model playing guess_env by
   binary search) records each episode's steps, and `rollmesh reverify` replays them to the same
   rewards.
@@ -49,7 +51,7 @@ from rollmesh_client import Client, RollmeshClientError
 from rollmesh_client.v1 import common_pb2
 from tests.conftest import StartServer
 from tests.http_apps import serve_app
-from tests.openenv_servers import GUESS_ENV, init_template, own_client, serve
+from tests.openenv_servers import COUNTER_MCP_ENV, GUESS_ENV, init_template, own_client, serve
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -184,6 +186,30 @@ async def test_an_environment_of_our_own_attached_by_url_plays_as_with_openenvs_
     assert [s.reward for s in ours[:-1]] == pytest.approx([-abs(g - secret) / 100 for g in guesses[:-1]])
     # each observation answers its call
     assert [s.messages[0].tool_call_id for s in ours] == [f"c{i + 1}" for i in range(len(ours))]
+
+
+async def test_an_mcp_environments_tools_are_the_sessions_and_play_as_with_openenvs_own_client(
+    tmp_path: Path, start_server: StartServer, openenv_python_each: Path
+) -> None:
+    """counter_mcp_env (seed 1: bring the counter to 9): its list_tools answer is the session's tools;
+    add(4), count(), add(5) as tool calls step it as CallToolActions do through OpenEnv's client on
+    the same server: the same observations, rewards and `done` (1.0 and over at exactly 9)."""
+    row = {**EMPTY, "verifier_metadata": {"reset": {"seed": 1}}}
+    plays = [("add", {"n": 4}), ("count", {}), ("add", {"n": 5})]
+    async with serve(openenv_python_each, COUNTER_MCP_ENV, tmp_path / "counter.log") as url:
+        async with verifier(tmp_path, start_server, {"counter": f'url = "{url}"\n'}) as (client, _):
+            seeded = await client.verifier.seed_session("counter", row, session_id="ep")
+            assert sorted(t.name for t in seeded.session_tools) == ["add", "count"]
+            assert "exactly 9" in seeded.messages[0].content
+            ours = [await client.verifier.step("ep", [call(f"c{i}", n, a)]) for i, (n, a) in enumerate(plays)]
+            await client.verifier.close_session("ep")
+        actions = [{"type": "call_tool", "tool_name": n, "arguments": a} for n, a in plays]
+        theirs = await own_client(
+            openenv_python_each, "play", url, {"reset": {"seed": 1}, "actions": actions}
+        )
+    same_as_own(ours, theirs["steps"])
+    assert [s.messages[0].content for s in ours] == ["4", "4", "9"]  # each call answered with its result
+    assert [(s.reward, s.done) for s in ours] == [(0.0, False), (0.0, False), (1.0, True)]
 
 
 def binary_search(prompt_text: str, request: EngineRequest) -> str:

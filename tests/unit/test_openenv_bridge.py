@@ -15,7 +15,14 @@ import pytest
 from rollmesh.mesh.chat import Message, ToolCall
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.verifier import Response
-from rollmesh.verifier.bridges.openenv_env import OpenEnvConfig, action_plan, observed, turn_action
+from rollmesh.verifier.bridges.openenv_env import (
+    OpenEnvConfig,
+    action_plan,
+    listed_tools,
+    mcp_text,
+    observed,
+    turn_action,
+)
 from rollmesh.verifier.errors import ActionNotBuildable, EnvServerBadReply
 
 METADATA = {"additionalProperties": True, "type": "object", "title": "Metadata"}
@@ -38,6 +45,21 @@ GUESS = {
     },
     "required": ["guess"],
     "title": "GuessAction",
+    "type": "object",
+}
+
+
+#: OpenEnv's CallToolAction: an MCP environment's action (its tools listed by a list_tools step).
+CALL_TOOL = {
+    "additionalProperties": False,
+    "properties": {
+        "metadata": METADATA,
+        "type": {"const": "call_tool", "default": "call_tool", "type": "string"},
+        "tool_name": {"type": "string"},
+        "arguments": {"additionalProperties": True, "type": "object"},
+    },
+    "required": ["tool_name"],
+    "title": "CallToolAction",
     "type": "object",
 }
 
@@ -170,3 +192,41 @@ def test_openenv_toml_resolves_folders_against_its_own(tmp_path: Path) -> None:
     loaded = OpenEnvConfig.load(write(tmp_path, 'env_dir = "my_env"\nvenv = "oe"\n[reset]\nseed = 3\n'))
     assert loaded.env_dir == str(tmp_path / "my_env") and loaded.managed
     assert loaded.python == str(tmp_path / "oe" / "bin" / "python") and loaded.reset == {"seed": 3}
+
+
+def test_an_mcp_environments_call_tool_action_takes_calls_to_its_listed_tools() -> None:
+    """Not "text" (tool_name is its one required string field: the text would be a tool's name)."""
+    plan = action_plan(CALL_TOOL, cfg(), "counter")
+    assert plan.mode == "mcp" and plan.tool is None
+    listed = listed_tools(
+        {
+            "tools": [
+                {
+                    "name": "add",
+                    "description": "Add n.",
+                    "input_schema": {
+                        "type": "object",
+                        "properties": {"n": {"type": "integer"}},
+                        "required": ["n"],
+                    },
+                }
+            ]
+        },
+        "counter",
+    )
+    schemas = {n: json.loads(t.parameters_json) for n, t in listed.items()}
+    action = turn_action(plan, turn("", ("add", '{"n": 4}'), ("add", '{"n": 1}')), schemas)
+    assert action.value == {"type": "call_tool", "tool_name": "add", "arguments": {"n": 4}}
+    assert [c.id for c in action.others] == ["call_1"]
+    assert "arguments.n is required" in turn_action(plan, turn("", ("add", "{}")), schemas).error
+    assert "call one of the environment's tools (`add`)" in turn_action(plan, turn("4"), schemas).error
+    with pytest.raises(EnvServerBadReply, match="no `tools` list"):
+        listed_tools({"tools": None}, "counter")
+
+
+def test_a_tool_calls_answer_is_the_text_of_its_result_or_its_error() -> None:
+    text = {"type": "text", "text": "7", "annotations": None}
+    assert mcp_text({"tool_name": "add", "result": {"content": [text], "data": 7}, "error": None}) == "7"
+    error = {"error_type": "execution_error", "message": "boom"}
+    assert json.loads(mcp_text({"tool_name": "add", "result": None, "error": error})) == {"error": error}
+    assert json.loads(mcp_text({"tool_name": "add", "result": 3})) == {"tool_name": "add", "result": 3}

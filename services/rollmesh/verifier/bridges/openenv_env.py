@@ -29,8 +29,12 @@ on every call, so an episode needs the WebSocket):
   "text" fills one string field with the assistant's text (the schema's only required string field,
   or its only string field, or `text_field`); "tool" offers the model one session tool, `tool_name`,
   whose parameters are the action's fields (the base class's `metadata` left out), and takes one call
-  to it per turn; "auto" is "text" where a string field can take the text, else "tool". A schema
-  that cannot be built from as configured leaves the environment BROKEN (ActionNotBuildable).
+  to it per turn; "auto" is "text" where a string field can take the text, else "tool", and for an
+  MCP environment (its action OpenEnv's CallToolAction: `tool_name`, `arguments`) "mcp": the tools
+  its `list_tools` step lists at the episode's start are the session's tools, and a turn's call to
+  one is the step `{"type": "call_tool", "tool_name", "arguments"}`, answered with the text of the
+  tool's result (its error, if any). A schema that cannot be built from as configured leaves the
+  environment BROKEN (ActionNotBuildable).
 - SeedSession opens a WebSocket (one per rollout session: the server's environment instance for the
   episode) and sends `reset` with the [reset] table, the row's `verifier_metadata.reset` over it. The
   observation is the episode's first user message (the prompt; a row's `input` may be empty).
@@ -39,8 +43,9 @@ on every call, so an episode needs the WebSocket):
   user message (in "tool" mode: the answer to the call), and the whole observation dict, the
   environment's own fields, is the step's `info.observation` in the row. An action the schema
   refuses (arguments that are not a JSON object or do not match the schema, checked here; a
-  validation error the server answers; a turn with no call to the tool, or two) is answered to the
-  model as an error and steps nothing: `info.action_error` says why, reward 0, the episode goes on.
+  validation error the server answers; a turn with no call to the tool) is answered to the model as
+  an error and steps nothing: `info.action_error` says why, reward 0, the episode goes on. A turn is
+  one action: its first call to the tool is it, every other call is answered as not run.
 - Verify adds 0 (the steps carry the reward, as NeMo Gym's gymnasium agent sums them) and records
   how the episode ended. CloseSession sends `close` and closes the socket.
 - Failures are named, never a reward: no connection EnvServerUnreachable (the socket dropped too), no
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -95,7 +101,7 @@ CONFIG_FILE = "openenv.toml"  # marks a folder of this kind (registered in bridg
 LAUNCHER = Path(__file__).with_name("_openenv_server.py")
 #: The Action base class's own field: the environment's, never the model's to fill.
 ACTION_BASE_FIELDS = frozenset({"metadata"})
-ActionMode = Literal["text", "tool"]
+ActionMode = Literal["text", "tool", "mcp"]
 
 
 @dataclass(frozen=True)
@@ -157,8 +163,9 @@ class OpenEnvConfig:
 
 @dataclass(frozen=True)
 class ActionPlan:
-    """How a turn becomes an action: the model's text in `text_field`, or the arguments of a call to
-    `tool` (its parameters: the action's schema without the base class's fields)."""
+    """How a turn becomes an action: the model's text in `text_field`, the arguments of a call to
+    `tool` (its parameters: the action's schema without the base class's fields), or ("mcp") a call
+    to one of the tools an MCP environment lists, as its CallToolAction."""
 
     mode: ActionMode
     parameters: Json
@@ -175,6 +182,17 @@ def _text_field(parameters: Json) -> str:
     if required:
         return required[0] if len(required) == 1 and required[0] in strings else ""
     return strings[0] if len(strings) == 1 else ""
+
+
+def _is_mcp(props: Json) -> bool:
+    """Whether an action's fields are OpenEnv's CallToolAction's (an MCP environment's action)."""
+    name, args = props.get("tool_name"), props.get("arguments")
+    return (
+        isinstance(name, dict)
+        and name.get("type") == "string"
+        and isinstance(args, dict)
+        and (args.get("type") == "object")
+    )
 
 
 def action_plan(schema: Any, cfg: OpenEnvConfig, where: str) -> ActionPlan:
@@ -194,6 +212,8 @@ def action_plan(schema: Any, cfg: OpenEnvConfig, where: str) -> ActionPlan:
     fields = ", ".join(
         f"{k} ({v.get('type', '?') if isinstance(v, dict) else '?'})" for k, v in props.items()
     )
+    if cfg.action == "auto" and _is_mcp(props):
+        return ActionPlan("mcp", parameters)
     if cfg.action in ("auto", "text"):
         text = cfg.text_field or _text_field(parameters)
         spec = props.get(text)
@@ -225,27 +245,50 @@ class Action:
     others: tuple[ToolCall, ...] = ()
 
 
-def turn_action(plan: ActionPlan, turn: Response) -> Action:
-    """The action the assistant's turn makes under `plan` (module docstring)."""
+def turn_action(plan: ActionPlan, turn: Response, listed: Mapping[str, Json] | None = None) -> Action:
+    """The action the assistant's turn makes under `plan` (module docstring); `listed`: an MCP
+    environment's tools (name -> input schema)."""
     assistant = [m for m in turn.messages if m.role == "assistant"]
     calls = [c for m in assistant for c in m.tool_calls]
     if plan.mode == "text":
         text = assistant[-1].content if assistant else ""
         return Action({plan.text_field: text}, others=tuple(calls))
-    assert plan.tool is not None
-    call = next((c for c in calls if c.name == plan.tool.name), None)
+    offered = {plan.tool.name: plan.parameters} if plan.tool is not None else dict(listed or {})
+    call = next((c for c in calls if c.name in offered), None)
     others = tuple(c for c in calls if c is not call)
     if call is None:
-        return Action(None, f"call the tool `{plan.tool.name}` with the action's fields", others=others)
+        if plan.tool is not None:
+            return Action(None, f"call the tool `{plan.tool.name}` with the action's fields", others=others)
+        names = ", ".join(f"`{n}`" for n in offered) or "none listed"
+        return Action(None, f"call one of the environment's tools ({names})", others=others)
     try:
         args = untrusted_json.loads(call.arguments_json) if call.arguments_json.strip() else {}
     except NotJson as exc:
         return Action(None, f"the arguments are not JSON: {exc}", call.id, others)
     if not isinstance(args, dict):
         return Action(None, "the arguments must be a JSON object of the action's fields", call.id, others)
-    if problems := schema_errors(args, plan.parameters):
+    if problems := schema_errors(args, offered[call.name]):
         return Action(None, "; ".join(problems), call.id, others)
+    if plan.mode == "mcp":
+        return Action({"type": "call_tool", "tool_name": call.name, "arguments": args}, "", call.id, others)
     return Action(args, call_id=call.id, others=others)
+
+
+def listed_tools(observation: Json, where: str) -> dict[str, ToolSpec]:
+    """The tools an MCP environment's ListToolsObservation lists; EnvServerBadReply when it lists none
+    readable."""
+    tools = observation.get("tools")
+    if not isinstance(tools, list):
+        raise EnvServerBadReply(f"{where}: list_tools answered no `tools` list: {observation!r:.200}")
+    out: dict[str, ToolSpec] = {}
+    for tool in tools:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or not name:
+            raise EnvServerBadReply(f"{where}: list_tools listed a tool without a name: {tool!r:.120}")
+        schema = tool.get("input_schema", tool.get("inputSchema"))
+        params = schema if isinstance(schema, dict) else {"type": "object", "properties": {}}
+        out[name] = ToolSpec.of(name, str(tool.get("description") or ""), params)
+    return out
 
 
 # -- observations ------------------------------------------------------------------------------------
@@ -284,6 +327,18 @@ def observed(data: Any, where: str) -> Observed:
     return Observed(data["observation"], None if reward is None else float(reward), done)
 
 
+def mcp_text(observation: Json) -> str:
+    """A CallToolObservation as the call's answer: the tool's error, else the text of its result's
+    content (MCP's answer for the model), else the observation as JSON."""
+    error = observation.get("error")
+    if error:
+        return json.dumps({"error": error}, ensure_ascii=False)
+    result = observation.get("result")
+    content = result.get("content") if isinstance(result, dict) else None
+    texts = [c["text"] for c in content or () if isinstance(c, dict) and isinstance(c.get("text"), str)]
+    return "\n".join(texts) if texts else json.dumps(observation, ensure_ascii=False)
+
+
 # -- the environment ---------------------------------------------------------------------------------
 
 
@@ -293,6 +348,8 @@ class Episode:
 
     socket: JsonSocket
     incarnation: int
+    #: An MCP environment's tools, as its list_tools answered at the episode's start (name -> schema).
+    tools: dict[str, Json] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     steps: int = 0
     done: bool = False
@@ -423,7 +480,19 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
             await self._release(episode)
             raise
         opening = (Message("user", first.text(self.cfg.observation_field, f"{self.label} reset")),)
-        return Seeded(episode, opening, (plan.tool,) if plan.tool is not None else ())
+        tools: tuple[ToolSpec, ...] = (plan.tool,) if plan.tool is not None else ()
+        if plan.mode == "mcp":
+            try:
+                listed = await self._call(
+                    episode, {"type": "step", "data": {"type": "list_tools"}}, "list_tools"
+                )
+            except BaseException:
+                await self._release(episode)
+                raise
+            specs = listed_tools(listed.observation, self.label)
+            episode.tools = {name: json.loads(spec.parameters_json) for name, spec in specs.items()}
+            tools = tuple(specs.values())
+        return Seeded(episode, opening, tools)
 
     async def _call(self, episode: Episode, message: Json, what: str) -> Observed:
         """One reset or step on the episode's socket, its answer checked (module docstring)."""
@@ -447,7 +516,7 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
     async def step(self, session: Session, turn: Response) -> EnvTurn:
         episode = self.session_state(session, Episode)
         plan = self._plan()
-        action = turn_action(plan, turn)
+        action = turn_action(plan, turn, episode.tools)
         refused = action.error
         result: Observed | None = None
         if action.value is not None:
@@ -460,7 +529,8 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
                     self.session_state(session, Episode)  # a restart under the call: EnvSessionLost
                     raise
             episode.steps += 1
-        messages = [Message("tool", _unrun(call, plan), tool_call_id=call.id) for call in action.others]
+        offered = {plan.tool.name} if plan.tool is not None else set(episode.tools)
+        messages = [Message("tool", _unrun(call, offered), tool_call_id=call.id) for call in action.others]
         if result is None:
             note = f"No action was taken: {refused}."
             if action.call_id:
@@ -469,7 +539,10 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
                 messages.append(Message("user", note))
             return EnvTurn(tuple(messages), 0.0, False, {"action_error": refused})
         episode.done = result.done
-        text = result.text(self.cfg.observation_field, f"{self.label} step")
+        if plan.mode == "mcp" and not self.cfg.observation_field:
+            text = mcp_text(result.observation)
+        else:
+            text = result.text(self.cfg.observation_field, f"{self.label} step")
         if action.call_id:
             messages.insert(0, Message("tool", text, tool_call_id=action.call_id))
         elif not result.done:
@@ -499,9 +572,9 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
             self._slots.release()
 
 
-def _unrun(call: ToolCall, plan: ActionPlan) -> str:
+def _unrun(call: ToolCall, offered: set[str]) -> str:
     """The answer to a call the turn's action is not: every call of a turn has an answer."""
-    if plan.tool is not None and call.name == plan.tool.name:
+    if call.name in offered:
         return json.dumps({"error": f"not run: `{call.name}` takes one action per turn"})
     return json.dumps({"error": f"no tool named {call.name[:64]!r}"})
 
