@@ -149,8 +149,10 @@ async def test_the_tools_run_in_the_machine_with_the_tasks_folder_and_variables_
         assert len(long) < 20_000 and "bytes dropped" in long and long.rstrip().endswith("200000")
         cut = await _tool(service, sid, "shell", command="sleep 30", timeout_s=1)
         assert "[the command was cut after 1s]" in cut
+        await _tool(service, sid, "write_file", path="/tests/conftest.py", content="planted")
         verdict = await service.verify(VerifyCall(ENV, _row(service, "hello-file"), Response(), sid))
         assert verdict.reward == 1.0 and verdict.details["provider"] == "docker"
+        assert await _tool(service, sid, "shell", command="ls /tests") == "exit code: 0\ntest.sh"
     finally:
         await service.close_session(sid)
 

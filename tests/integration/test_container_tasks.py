@@ -196,6 +196,18 @@ async def test_an_image_that_does_not_build_fails_its_seed_by_name(service: Veri
     assert "Dockerfile line 2 (RUN) exited 1: no such package" in caught.value.message
 
 
+async def test_what_the_agent_put_in_tests_is_gone_before_the_tests_run(service: VerifierService) -> None:
+    """A conftest.py the agent planted in /tests would be collected by the task's own pytest."""
+    sid = await _seed(service, "hello-file", "job-p/0/0")
+    try:
+        await _tool(service, sid, "write_file", path="/app/hello.txt", content="Hello, world!")
+        await _tool(service, sid, "write_file", path="/tests/conftest.py", content="raise SystemExit(0)\n")
+        assert (await _verify(service, "hello-file", sid)).reward == 1.0
+        assert await _tool(service, sid, "shell", command="ls /tests") == "exit code: 0\ntest.sh"
+    finally:
+        await service.close_session(sid)
+
+
 async def test_a_compose_task_with_other_services_is_refused_by_name(service: VerifierService) -> None:
     """The daemonless provider runs the main service alone: a task whose compose file has others
     fails its seed naming them (the Docker provider runs them: tests/e2e/test_container_tasks_docker.py)."""

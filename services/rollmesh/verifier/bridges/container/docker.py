@@ -144,6 +144,15 @@ class DockerMachine(Machine):
         if not (state.get("State") or {}).get("Running"):
             raise self._gone("running a command", DockerAPIError(409, "its container stopped"))
 
+    async def put_tree(self, source: Path, dest: str, *, before: str = "", timeout_s: float = 120.0) -> None:
+        """The folder as `dest`'s last part, in one request to its parent (which exists: "/" for
+        /tests and /solution), after `before` (a command of its own)."""
+        parent, _, name = dest.rstrip("/").rpartition("/")
+        if not name:
+            return await super().put_tree(source, dest, before=before, timeout_s=timeout_s)
+        data = await asyncio.to_thread(tree_tar, source, root=name)
+        await self._untar(data, parent or "/", timeout_s, before)
+
     async def _untar(self, data: bytes, dest: str, timeout_s: float, before: str = "") -> None:
         """Through the archive endpoint (after `before`, and with `dest` made, in one command)."""
         if before:

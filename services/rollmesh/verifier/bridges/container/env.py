@@ -433,8 +433,9 @@ class ContainerTasksEnvironment(Environment):
         machine = state.machine
         if machine.lost():
             raise _lost(state, "waiting for its verdict")
-        # Stale verdicts go; /logs/verifier is writable by the verifier's user, whoever it is.
-        stale = "rm -f /logs/verifier/reward.txt /logs/verifier/reward.json; mkdir -p -m 777 /logs/verifier;"
+        # Stale verdicts go, and whatever the agent put in /tests (a conftest.py there would grade
+        # with the task's own pytest); /logs/verifier is writable by the verifier's user, whoever it is.
+        stale = "rm -rf /tests /logs/verifier/reward.*; mkdir -p -m 777 /logs/verifier;"
         await machine.put_tree(harbor.tests_dir, "/tests", before=stale)
         run = "chmod +x /tests/test.sh; /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; code=$?; "
         began = time.monotonic()

@@ -175,21 +175,24 @@ class Machine(ABC):
             )
 
 
-def tree_tar(source: Path, extra: Mapping[str, tuple[bytes, int]] | None = None) -> bytes:
-    """The files of the folder `source` (symlinks skipped), and `extra` ones, as a tar stream.
-    Blocking."""
+def tree_tar(source: Path, extra: Mapping[str, tuple[bytes, int]] | None = None, *, root: str = "") -> bytes:
+    """The files of the folder `source` (symlinks skipped), and `extra` ones, as a tar stream; with
+    `root`, inside a folder of that name (made even when `source` is empty). Blocking."""
     files: dict[str, tuple[bytes, int]] = dict(extra or {})
     for path in sorted(source.rglob("*")):
         if path.is_file() and not path.is_symlink():
             files[str(path.relative_to(source))] = (path.read_bytes(), path.stat().st_mode & 0o777)
-    return tar_of(files)
+    if root:
+        files = {f"{root}/{name}": file for name, file in files.items()}
+    return tar_of(files, folders=(root,) if root else ())
 
 
-def tar_of(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+def tar_of(files: Mapping[str, tuple[bytes, int]], folders: Sequence[str] = ()) -> bytes:
+    """A tar stream of `files` (name -> content and mode), their folders made (0755), and `folders`."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         made: set[str] = set()
-        for name, (data, mode) in files.items():
+        for name, (data, mode) in [*((f"{f}/", (b"", 0)) for f in folders), *files.items()]:
             parts = name.split("/")[:-1]
             for n in range(1, len(parts) + 1):
                 folder = "/".join(parts[:n])
@@ -198,6 +201,8 @@ def tar_of(files: Mapping[str, tuple[bytes, int]]) -> bytes:
                     info = tarfile.TarInfo(folder)
                     info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
                     tar.addfile(info)
+            if name.endswith("/"):
+                continue
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), mode, int(time.time())
             tar.addfile(info, io.BytesIO(data))
