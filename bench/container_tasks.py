@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,12 @@ async def run_provider(provider: str, trials: int, concurrency: int, root: Path,
         await service.aclose()
 
 
+def _seconds(start: str, end: str) -> float:
+    """Seconds between two of Harbor's ISO-8601 timestamps."""
+    parse = datetime.fromisoformat
+    return (parse(end.replace("Z", "+00:00")) - parse(start.replace("Z", "+00:00"))).total_seconds()
+
+
 def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[str, Any]:
     """Harbor's `harbor run` with its oracle agent and docker environment on the same task (its own
     virtualenv); trials/s over the whole command. What blocked it, when it could not run."""
@@ -179,6 +186,16 @@ def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[st
     tasks = write_task(root, "daemonless")
     jobs = root / "harbor-jobs"
     argv = [str(harbor), "run", "--path", str(tasks), "--agent", "oracle", "--env", "docker"]
+    # One untimed trial first, in its own jobs folder: Harbor builds the task's image then, as the
+    # providers build theirs before timing starts.
+    warm = [*argv, "--n-attempts", "1", "--n-concurrent", "1", "--jobs-dir", str(root / "harbor-warmup")]
+    warmed = subprocess.run(warm, capture_output=True, text=True, timeout=1800, check=False)
+    if warmed.returncode != 0:
+        tail = (warmed.stderr or warmed.stdout).strip().splitlines()[-3:]
+        return {
+            "provider": "harbor",
+            "error": f"harbor run (warm-up) exited {warmed.returncode}: {' | '.join(tail)[-600:]}",
+        }
     argv += ["--n-attempts", str(trials), "--n-concurrent", str(concurrency), "--jobs-dir", str(jobs)]
     began = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
@@ -197,6 +214,15 @@ def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[st
             "error": f"{len(failed)} of {len(trials_found)} trials failed; the first: {failed[0][:700]}",
         }
     rewards = [(t.get("verifier_result") or {}).get("rewards", {}).get("reward") for t in trials_found]
+    phases: dict[str, list[float]] = {
+        name: [] for name in ("environment_setup", "agent_execution", "verifier", "after_verifier")
+    }
+    for t in trials_found:
+        for name in ("environment_setup", "agent_execution", "verifier"):
+            if isinstance(t.get(name), dict):
+                phases[name].append(_seconds(t[name]["started_at"], t[name]["finished_at"]))
+        if isinstance(t.get("verifier"), dict) and t.get("finished_at"):
+            phases["after_verifier"].append(_seconds(t["verifier"]["finished_at"], t["finished_at"]))
     scored = [r for r in rewards if r is not None]
     return {
         "provider": "harbor",
@@ -204,6 +230,9 @@ def run_harbor(venv: Path, trials: int, concurrency: int, root: Path) -> dict[st
         "concurrency": concurrency,
         "trials_per_s": round(trials / elapsed, 2),
         "trials_scored_1": sum(1 for r in scored if r == 1),
+        # Harbor's own per-trial phase times (result.json), medians in seconds; after_verifier is its
+        # tear-down (`docker compose down`) up to the trial's end.
+        "phase_p50_s": {name: round(statistics.median(v), 2) for name, v in phases.items() if v},
         "command": " ".join(argv[1:]),
     }
 

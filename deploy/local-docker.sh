@@ -8,8 +8,11 @@
 #   1. A daemon already reachable (DOCKER_HOST or the default socket) is used as it is: nothing is
 #      installed or started, and BASE_IMAGE stays the Dockerfile's default (the official Python image)
 #      unless ROLLMESH_LOCAL_BASE=1 asks for the local one (a daemon that reaches no registry).
-#   2. Otherwise: docker.io, docker-compose and debootstrap are installed from Debian's packages when
-#      missing; a private dockerd is started (no iptables, no default bridge; user-defined networks
+#   2. Otherwise: docker.io, Docker Compose v2 and debootstrap are installed from Debian's packages when
+#      missing (Compose v2 is the `docker compose` CLI plugin of Debian trixie's docker-compose package,
+#      unpacked once into $ROOT/compose-v2 and linked as /usr/local/lib/docker/cli-plugins/docker-compose:
+#      bookworm packages only Compose v1, which Harbor's `harbor run` and testcontainers cannot use);
+#      a private dockerd is started (no iptables, no default bridge; user-defined networks
 #      work) with its layers under $ROLLMESH_DOCKER_ROOT (default /var/lib/rollmesh-docker), so they are
 #      cached between runs; overlay2 when the kernel mounts overlay, vfs otherwise.
 #   3. The base image rollmesh-base:bookworm (Python 3.11) is made once with debootstrap from the
@@ -73,6 +76,31 @@ compose_command() {
   elif command -v docker-compose >/dev/null 2>&1; then
     echo "docker-compose"
   fi
+}
+
+# Compose v2 from Debian trixie's docker-compose package (a static Go binary; runs on bookworm), cached.
+install_compose_v2() {
+  local plugin_dir=/usr/local/lib/docker/cli-plugins cache="$ROOT/compose-v2" mirror filename
+  if [ ! -x "$cache/docker-compose" ]; then
+    need_root "install Docker Compose v2"
+    mirror="$(debian_mirror)"
+    mkdir -p "$cache"
+    log "Docker Compose v2: trixie's docker-compose package from $mirror"
+    curl -fsS -m 300 -o "$cache/Packages.xz" "$mirror/dists/trixie/main/binary-$(dpkg --print-architecture)/Packages.xz" \
+      || die "could not read trixie's package index from $mirror"
+    filename="$(xz -dc "$cache/Packages.xz" | awk '/^Package: docker-compose$/ {p = 1} p && /^Filename:/ {f = $2; p = 0} END {print f}')"
+    rm -f "$cache/Packages.xz"
+    [ -n "$filename" ] || die "trixie's package index names no docker-compose package"
+    curl -fsS -m 600 -o "$cache/compose.deb" "$mirror/$filename" || die "could not fetch $mirror/$filename"
+    dpkg-deb --fsys-tarfile "$cache/compose.deb" \
+      | tar -x -O ./usr/libexec/docker/cli-plugins/docker-compose >"$cache/docker-compose.part" \
+      || die "no docker-compose plugin in $filename"
+    chmod 0755 "$cache/docker-compose.part" && mv "$cache/docker-compose.part" "$cache/docker-compose"
+    rm -f "$cache/compose.deb"
+  fi
+  need_root "link the Docker Compose v2 plugin into $plugin_dir"
+  mkdir -p "$plugin_dir" && ln -sf "$cache/docker-compose" "$plugin_dir/docker-compose"
+  docker compose version >/dev/null 2>&1 || die "docker compose does not run after installing $cache/docker-compose"
 }
 
 # The Debian mirror apt uses (deb822 sources first, then the one-line format).
@@ -204,10 +232,10 @@ main() {
     fi
     use_local_base="${use_local_base:-1}"
   fi
-  if [ -z "$(compose_command)" ]; then apt_install docker-compose; fi
+  docker compose version >/dev/null 2>&1 || install_compose_v2
   local compose
   compose="$(compose_command)"
-  [ -n "$compose" ] || die "no docker compose after installing docker-compose"
+  [ -n "$compose" ] || die "no docker compose after installing Compose v2"
   copy_find_links_wheels
   copy_pip_ca_bundle
   if [ "$use_local_base" = 1 ]; then
