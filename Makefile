@@ -72,7 +72,7 @@ sysdeps:
 
 # The virtualenvs the bridges' tests run foreign code in: NeMo Gym 0.4.0's and 0.7.0's servers
 # (scripts/nemo_gym.py), verifiers 0.3.1 and 0.4.0 (scripts/verifiers_venv.py), OpenEnv's openenv-core
-# 0.3.0 and openenv 0.10.0 (scripts/openenv_venv.py; ~3 minutes each cold); built once, at once,
+# 0.3.0 and openenv 0.10.0 with TRL (scripts/openenv_venv.py; ~3 minutes each cold); built once, at once,
 # and cached under ~/.cache/rollmesh (seconds when warm). NeMo Gym 0.7.0 needs Python >= 3.13.14,
 # which neither pyenv nor Debian stable has: as root its venv is made with Debian forky's python3.13,
 # from a root debootstrapped once into ~/.cache/rollmesh/python (scripts/debian_root.py; minutes).
@@ -88,7 +88,7 @@ $(filter verifiers-%,$(FOREIGN_VENVS)): verifiers-%: setup
 openenv-core-0.3.0: setup
 	$(BIN)/python scripts/openenv_venv.py --dist openenv-core --version 0.3.0 >/dev/null || [ $$? = 3 ]
 openenv-0.10.0: setup
-	$(BIN)/python scripts/openenv_venv.py --dist openenv --version 0.10.0 >/dev/null || [ $$? = 3 ]
+	$(BIN)/python scripts/openenv_venv.py --dist openenv --version 0.10.0 --trl >/dev/null || [ $$? = 3 ]
 
 # The interpreter NeMo Gym 0.5-0.7 needs, alone: the Debian forky root's as root (as above), else
 # CPython built from Debian's python3.13 source package into ~/.cache/rollmesh/python (15-50 minutes).

@@ -4,13 +4,17 @@ OpenEnv's own client.
 
     python scripts/openenv_venv.py [--version 0.3.0] [--package PKG ...]   # openenv-core: its interpreter
     python scripts/openenv_venv.py --dist openenv --version 0.10.0         # the `openenv` one
+    python scripts/openenv_venv.py --dist openenv --trl                    # + TRL (rollmesh's pins)
 
 OpenEnv brings gradio, fastmcp, huggingface_hub and openai pins of its own: it never shares rollmesh's
 virtualenv. Both distributions install the same `openenv` package, so each has a venv of its own:
 `$ROLLMESH_CACHE_DIR/openenv/<dist>-<version>/venv/` (default cache ~/.cache/rollmesh), made with
 Python 3.11 (`python3.11` on PATH or pyenv's) by scripts/venv_build.py, as scripts/verifiers_venv.py's
-is. A stamp lists what is installed: a named package that is missing is added, an interrupted build
-(no stamp) is made again, and a file lock makes concurrent callers wait for one build. Exit status:
+is. `--trl` adds TRL and what its GRPOTrainer needs (torch, transformers, accelerate, datasets) at
+the versions requirements.lock pins for rollmesh's own venv (`trl_packages`), for the test that runs
+TRL's trainer on a served environment through OpenEnv's client. A stamp lists what is installed: a
+named package that is missing is added, an interrupted build (no stamp) is made again, and a file
+lock makes concurrent callers wait for one build. Exit status:
 0 ready (the interpreter's path on stdout), 1 a step failed, 3 no Python 3.11 on this machine (one
 line on stderr says which).
 """
@@ -34,6 +38,20 @@ DEFAULT_DIST = "openenv-core"
 #: The version of each distribution used when none is named.
 DEFAULT_VERSIONS = {"openenv-core": "0.3.0", "openenv": "0.10.0"}
 PYTHON = "3.11.0"
+
+
+#: What TRL's GRPOTrainer needs besides OpenEnv, pinned as rollmesh's venv pins them.
+TRL = ("torch", "transformers", "trl", "accelerate", "datasets")
+
+
+def trl_packages() -> tuple[str, ...]:
+    """`TRL` at requirements.lock's pins (`name==version` lines)."""
+    lock = Path(__file__).resolve().parent.parent / "requirements.lock"
+    pins = dict(ln.strip().split("==", 1) for ln in lock.read_text().splitlines() if "==" in ln)
+    missing = [name for name in TRL if name not in pins]
+    if missing:
+        raise AssetError(f"{lock} pins no {', '.join(missing)}")
+    return tuple(f"{name}=={pins[name]}" for name in TRL)
 
 
 def venv(version: str | None = None, packages: tuple[str, ...] = (), dist: str = DEFAULT_DIST) -> Path:
@@ -62,12 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         "--version", help="the distribution's version (0.3.0 for openenv-core, 0.10.0 for openenv)"
     )
     parser.add_argument("--package", action="append", help="an environment package to install (repeatable)")
+    parser.add_argument("--trl", action="store_true", help="add TRL and its trainer's needs (trl_packages)")
     args = parser.parse_args(argv)
-    return int(
-        venv_build.print_venv(
-            "openenv_venv", lambda: venv(args.version, tuple(args.package or ()), args.dist)
-        )
-    )
+
+    def make() -> Path:
+        return venv(args.version, (*(args.package or ()), *(trl_packages() if args.trl else ())), args.dist)
+
+    return int(venv_build.print_venv("openenv_venv", make))
 
 
 if __name__ == "__main__":

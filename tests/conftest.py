@@ -200,6 +200,16 @@ def openenv_python_each(request: pytest.FixtureRequest) -> Path:
     return _python_or_skip(lambda: openenv_venv.venv(version, dist=dist), "OpenEnv")
 
 
+@pytest.fixture(scope="session")
+def openenv_trl_python() -> Path:
+    """The `openenv` 0.10.0 virtualenv with TRL and its trainer's needs at rollmesh's pins
+    (scripts/openenv_venv.py --trl; `make foreign-venvs` builds it). Skipped only where no Python 3.11
+    exists to build it with."""
+    return _python_or_skip(
+        lambda: openenv_venv.venv("0.10.0", openenv_venv.trl_packages(), dist="openenv"), "OpenEnv with TRL"
+    )
+
+
 @pytest.fixture(scope="module")
 def vllm_tiny_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """An embedded mesh (registry, verifier, gateway, scheduler) serving the shipped tiny model on one

@@ -63,12 +63,12 @@ async def _run_python(python: Path, code: str) -> str:
 # tools the model calls, then the reward function with the environments and the completions.
 TRL_DRIVER = """
 envs = [Counter(), Counter()]
-prompts = [e.reset() for e in envs]
+prompts = [e.reset(index=i, prompt=[]) for i, e in enumerate(envs)]
 envs[0].increment_counter(3)
-envs[1].increment_counter(2)
-done = [[{"role": "assistant", "content": "It is 3."}], [{"role": "assistant", "content": "It is 2."}]]
+envs[1].increment_counter(1)
+done = [[{"role": "assistant", "content": "It is 3."}], [{"role": "assistant", "content": "It is 6."}]]
 print(prompts[0])
-print(reward(environments=envs, completions=done))
+print(reward(environments=envs, completions=done, index=[0, 1]))
 """
 
 
@@ -97,7 +97,7 @@ async def test_the_pages_command_and_examples_run_against_the_served_environment
         trl = _python_block("TRL's `GRPOTrainer")
         out = await _run_python(openenv_python, trl.replace("http://127.0.0.1:8000", url) + TRL_DRIVER)
         first, rewards = out.splitlines()
-        assert "starts at 0" in first and rewards == "[1.0, 0.0]"  # row 0 (0 -> 3), then row 1 (5 -> 7)
+        assert "starts at 0" in first and rewards == "[1.0, 0.0]"  # row 0: 0 + 3 = 3; row 1: 5 + 1 != 7
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
