@@ -1,17 +1,20 @@
 """An ASGI app served by uvicorn on the running event loop, for the mesh's HTTP doors (the gateway's
 OpenAI facade, the OpenEnv server): bound at `start()` (port 0 picks a free one; a port that cannot
 be bound is a one-line ConfigError naming the door and how to pick another), its main loop a task of
-this loop, stopped by `stop()`. No lifespan and no signal handlers of its own: the process that
+this loop, stopped by `stop()`; while it runs, its port is one this process serves itself
+(mesh/loopback.py). No lifespan and no signal handlers of its own: the process that
 starts it owns SIGTERM and stops it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from typing import Any
 
 import uvicorn
 
+from rollmesh.mesh import loopback
 from rollmesh.mesh.errors import ConfigError
 
 
@@ -32,6 +35,7 @@ class HttpServe:
         )
         self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
+        self._factory: loopback.ProtocolFactory | None = None
         self._what, self._hint = what, hint
         self.host = host
         self.port = port
@@ -54,6 +58,16 @@ class HttpServe:
                 f"could not bind {self._what} to {self.host}:{self.port}: is the port in use? ({self._hint})"
             ) from None
         self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
+        # A confined program's socket for this port is served by this server (mesh/loopback.py),
+        # its connections counted with the ones uvicorn accepts itself (closed at shutdown).
+        protocol: Any = config.http_protocol_class  # (called as uvicorn's Server.startup does)
+        self._factory = functools.partial(
+            protocol,
+            config=config,
+            server_state=self._server.server_state,
+            app_state=self._server.lifespan.state,
+        )
+        loopback.serve_here(self.port, self._factory)
         self._task = asyncio.create_task(self._server.main_loop(), name=self._what)
         return self.port
 
@@ -64,6 +78,9 @@ class HttpServe:
     async def stop(self) -> None:
         if self._task is None:
             return
+        if self._factory is not None:
+            loopback.forget(self.port, self._factory)
+            self._factory = None
         self._server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await self._task

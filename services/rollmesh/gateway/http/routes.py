@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -100,6 +101,32 @@ class _ApiKey:
                 await error_response(Unauthenticated("missing or wrong bearer token"))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+_CAPTURE_CALL = re.compile(rf"{PATH_PREFIX}/([^/]+)/v1/(chat/completions|responses)")
+
+
+class _CaptureCalls:
+    """`POST /capture/<key>/v1/chat/completions` and `.../responses`, answered ahead of FastAPI's
+    router: a capture's program makes each model call of its rollout there, and the router's layers
+    (route matching, dependency solving, exit stacks) cost about as much again as the call's own
+    parsing and answer. Errors are answered as on every route (`error_response`); another method or
+    path goes on to the router."""
+
+    def __init__(self, app: ASGIApp, handle: Callable[[Request, str, str], Awaitable[Response]]) -> None:
+        self.app = app
+        self.handle = handle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match = _CAPTURE_CALL.fullmatch(scope.get("path", "")) if scope["type"] == "http" else None
+        if match is None or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await self.handle(Request(scope, receive), match[1], match[2])
+        except RollmeshError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
 
 
 def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
@@ -195,12 +222,10 @@ def build_app(gateway: Gateway, *, api_key: str = "") -> FastAPI:
         ]
         return {"object": "list", "data": [protocol.model_json(m) for m in served]}
 
-    @app.post(f"{PATH_PREFIX}/{{key}}/v1/chat/completions")
-    async def capture_chat(request: Request, key: str) -> Response:
+    async def capture_call(request: Request, key: str, route: str) -> Response:
+        if route == "responses":
+            return await captured(request, key, "responses", protocol.responses_input, responses)
         return await captured(request, key, "chat.completions", protocol.chat_input, chat)
 
-    @app.post(f"{PATH_PREFIX}/{{key}}/v1/responses")
-    async def capture_responses(request: Request, key: str) -> Response:
-        return await captured(request, key, "responses", protocol.responses_input, responses)
-
+    app.add_middleware(_CaptureCalls, handle=capture_call)
     return app

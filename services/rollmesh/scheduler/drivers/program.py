@@ -27,9 +27,9 @@ A job that names a program (`AgentSpec.program`, argv) runs it once per rollout 
    as root "uid+mount+pid+network" (a uid of its own, leased per run; read-only mounts where only
    its folder, its executable and its interpreter are there to read past closed folders; pid 2 under
    a minimal init in its own pid namespace, so its signals to itself work; a network namespace whose
-   loopback serves only its capture's and tools' ports, relayed to Unix sockets here:
-   `loopback_relays`), "network" where only a network namespace could be had, else "limits"
-   (docs/external-agents.md);
+   loopback serves only its capture's and tools' ports, served here through sockets handed over a
+   Unix socket, by the port's own server when it runs in this process: `loopback_relays`),
+   "network" where only a network namespace could be had, else "limits" (docs/external-agents.md);
 4. close the capture: its calls, in order, are the rollout's turns. A call whose prompt ids do not
    extend the previous call's prompt + output starts a new segment of the token record (tokens.py);
 5. exit non-zero or killed by a signal: AGENT_PROGRAM_EXITED, the message naming the signal or
@@ -80,6 +80,7 @@ from rollmesh.mesh.confine import (
     resolve_shim,
 )
 from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.loopback import served_here
 from rollmesh.scheduler.drivers.agent_loop import (
     AgentOutcome,
     AgentSettings,
@@ -485,8 +486,10 @@ async def loopback_relays(base: Path, urls: list[str]) -> AsyncIterator[list[lis
     """The scheduler's end of the program's network: for each loopback port of `urls` (the capture's,
     the tools'), a Unix socket in `base` over which the program's confinement hands over the socket
     listening on that port in its namespace (mesh/_confine.py); this process accepts the program's
-    connections on it and relays each to that port here. None (no network isolation) when a URL
-    is not on loopback: a namespace with only loopback could not reach it."""
+    connections on it and serves them with that port's server when it runs here
+    (mesh/loopback.py: the tool endpoint, an embedded gateway's facade), else relays each to that
+    port. None (no network isolation) when a URL is not on loopback: a namespace with only loopback
+    could not reach it."""
     ports: set[int] = set()
     for url in filter(None, urls):
         parts = urlsplit(url)
@@ -520,7 +523,8 @@ async def loopback_relays(base: Path, urls: list[str]) -> AsyncIterator[list[lis
 
 
 async def _take_listeners(handoff: socket.socket, port: int, servers: list[asyncio.Server]) -> None:
-    """Serve each listening socket handed over `handoff`, relaying its connections to `port`."""
+    """Serve each listening socket handed over `handoff`: by the server of `port` itself when it
+    runs in this process (mesh/loopback.py), else relaying its connections to `port`."""
     loop = asyncio.get_running_loop()
     while True:
         conn, _ = await loop.sock_accept(handoff)
@@ -533,7 +537,11 @@ async def _take_listeners(handoff: socket.socket, port: int, servers: list[async
                 continue
         for fd in fds:
             listener = socket.socket(fileno=fd)
-            servers.append(await asyncio.start_server(functools.partial(_relay, port), sock=listener))
+            factory = served_here(port)
+            if factory is not None:
+                servers.append(await loop.create_server(factory, sock=listener))
+            else:
+                servers.append(await asyncio.start_server(functools.partial(_relay, port), sock=listener))
 
 
 async def _relay(port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from rollmesh.mesh import untrusted_json
+from rollmesh.mesh import loopback, untrusted_json
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.drivers.agent_loop import Json, ToolResult
 
@@ -45,6 +45,8 @@ class ToolEndpoint:
         self._routes: dict[str, _Route] = {}
         self._runner: web.AppRunner | None = None
         self._root = ""
+        self._port = 0
+        self._factory: loopback.ProtocolFactory | None = None
         self._starting = asyncio.Lock()
 
     async def open(self, tools: list[Json], handler: ToolHandler) -> tuple[str, str]:
@@ -62,6 +64,9 @@ class ToolEndpoint:
 
     async def stop(self) -> None:
         self._routes.clear()
+        if self._factory is not None:
+            loopback.forget(self._port, self._factory)
+            self._factory = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -79,7 +84,10 @@ class ToolEndpoint:
             await site.start()
             server = site._server
             port = int(server.sockets[0].getsockname()[1]) if server is not None else 0  # type: ignore[attr-defined]
-            self._runner, self._root = runner, f"http://{self.host}:{port}"
+            self._runner, self._root, self._port = runner, f"http://{self.host}:{port}", port
+            if runner.server is not None:
+                self._factory = runner.server
+                loopback.serve_here(port, runner.server)  # a program's handed socket, served here
             log.info("tool_endpoint_started", url=self._root)
 
     def _route(self, request: web.Request) -> _Route:
