@@ -12,6 +12,7 @@ session) on the same server give the same rewards, `done` and observations.
 - A job (the scheduler's job manager, the real gateway with the fake model playing guess_env by
   binary search) records each episode's steps, and `rollmesh reverify` replays them to the same
   rewards.
+- A managed server killed under an episode: restarted on its address, the episode lost by name.
 - Named failures: a server that is not there, one that dies under an episode, a schema the action
   cannot be built for, the environment's step raising, observations that are not ones, a server
   at its session limit.
@@ -22,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
+import signal
 import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -328,6 +331,34 @@ async def test_failures_are_named_never_a_reward(
                 with pytest.raises(RollmeshClientError) as err:
                     await client.verifier.step("orphan", [call("c", "act", {"guess": 5})])
                 assert err.value.reason == "ENV_SERVER_UNREACHABLE", err.value
+
+
+async def test_a_managed_server_that_dies_is_restarted_and_its_episodes_are_lost_by_name(
+    tmp_path: Path, start_server: StartServer, openenv_python: Path
+) -> None:
+    """The verifier's sidecar running guess_env is killed under an open episode: the episode's next
+    step fails by name (the socket dropped, or the server restarted under it), the sidecar comes back
+    on its address, a new episode plays, and the old one stays lost (ENV_SESSION_LOST), never scored."""
+    toml = f'env_dir = "{GUESS_ENV}"\npython = "{openenv_python}"\n'
+    guess = [call("c", "act", {"guess": 50})]
+    async with verifier(tmp_path, start_server, {"guess": toml}) as (client, service):
+        sidecar = bridge(service, "guess").sidecar
+        assert sidecar is not None and sidecar.pid is not None
+        address = sidecar.address
+        await client.verifier.seed_session("guess", EMPTY, session_id="old")
+        os.kill(sidecar.pid, signal.SIGKILL)
+        with pytest.raises(RollmeshClientError) as err:
+            await client.verifier.step("old", guess)
+        assert err.value.reason in ("ENV_SERVER_UNREACHABLE", "ENV_SESSION_LOST"), err.value
+        assert await sidecar.ready(120.0) and sidecar.restarts == 1 and sidecar.address == address
+        await client.verifier.seed_session("guess", EMPTY, session_id="new")
+        assert (
+            json.loads((await client.verifier.step("new", guess)).info_json)["observation"]["last_guess"]
+            == 50
+        )
+        with pytest.raises(RollmeshClientError) as err:
+            await client.verifier.step("old", guess)
+        assert err.value.reason == "ENV_SESSION_LOST", err.value
 
 
 def malformed_server(step_answer: str) -> web.Application:
