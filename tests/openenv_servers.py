@@ -27,11 +27,13 @@ OWN_CLIENT = ENVS / "own_client.py"
 
 
 def init_template(python: Path, folder: Path, name: str = "echo_env") -> Path:
-    """`openenv init NAME` in `folder` (offline: it only writes the template): the environment's folder."""
+    """`openenv init NAME` in `folder`: the environment's folder. Offline: it writes the template, and
+    the `uv lock` it then tries (where uv is installed) is kept from the network (UV_OFFLINE)."""
     folder.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
         [str(python.parent / "openenv"), "init", name],
         cwd=folder,
+        env={**os.environ, "UV_OFFLINE": "1"},
         capture_output=True,
         text=True,
         timeout=300,
