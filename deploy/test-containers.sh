@@ -11,7 +11,8 @@
 #    tests/e2e/test_container_tasks_docker.py runs the container tasks (docs/container-tasks.md) on
 #    the Docker provider; testcontainers' reaper (Ryuk, a Docker Hub image) is disabled.
 # 3. Whatever happens, no test stack is left running (projects named rollmesh-e2e-*: containers,
-#    networks, volumes), nor a container task's machine (label rollmesh.machine=1), and dangling
+#    networks, volumes), nor a container task's machine (label rollmesh.machine=1: containers, and
+#    the networks of compose services beside one), and dangling
 #    images of rebuilt layers are pruned. Cached layers stay.
 # Exit status: pytest's (124 when the time ran out), or the failing step's.
 set -euo pipefail
@@ -37,6 +38,8 @@ cleanup() {
   [ -n "$ids" ] && timeout 120 docker volume rm $ids >/dev/null 2>&1 || true
   ids="$(timeout 60 docker ps -aq --filter label=rollmesh.machine=1 2>/dev/null || true)"
   [ -n "$ids" ] && timeout 300 docker rm -f -v $ids >/dev/null 2>&1 || true
+  ids="$(timeout 60 docker network ls -q --filter label=rollmesh.machine=1 2>/dev/null || true)"
+  [ -n "$ids" ] && timeout 120 docker network rm $ids >/dev/null 2>&1 || true
   timeout 300 docker image prune -f >/dev/null 2>&1 || true
 }
 trap cleanup EXIT

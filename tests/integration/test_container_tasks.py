@@ -451,3 +451,46 @@ def _cgroup_value(groups: list[str], names: tuple[str, ...]) -> str:
             if Path(group, name).is_file():
                 return Path(group, name).read_text().strip()
     return ""
+
+
+async def test_a_build_copies_files_in_without_a_process_and_chowns_only_what_it_copied(
+    tmp_path: Path,
+) -> None:
+    """COPY goes through the machine's own extraction (no sh or tar started); `--chown` changes
+    the files that step copied, not the folder they were copied into (as Docker)."""
+    from rollmesh.verifier.bridges.container.images import dockerfile_recipe
+    from rollmesh.verifier.bridges.container.provider import Labels
+    from rollmesh.verifier.bridges.container.task import Limits
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "run.sh").write_text(f"#!/bin/sh\necho built {os.getpid()} {tmp_path.name}\n")
+    (tmp_path / "sub" / "run.sh").chmod(0o755)
+    (tmp_path / "note.txt").write_text("note\n")
+    (tmp_path / "Dockerfile").write_text(
+        "FROM rollmesh-base:bookworm\nWORKDIR /app\nCOPY sub /app/sub\nCOPY --chown=nobody note.txt /app/\n"
+        "RUN /app/sub/run.sh > /app/built.txt\n"
+    )
+    provider = DaemonlessProvider()
+    await provider.open()
+    try:
+        made = dockerfile_recipe(tmp_path / "Dockerfile", tmp_path, {}, where="t")
+        image = await provider.prepare(made, timeout_s=600, where="t")
+        machine = await provider.start(image, Limits(), Labels("job-k", "job-k/0/0"))
+        said = await machine.exec(
+            [
+                "sh",
+                "-c",
+                "stat -c '%U %a %n' /app /app/sub /app/sub/run.sh /app/note.txt; cat /app/built.txt",
+            ],
+            timeout_s=30,
+            output_limit=4096,
+        )
+        assert said.stdout.decode().splitlines() == [
+            "root 755 /app",
+            "root 755 /app/sub",
+            "root 755 /app/sub/run.sh",
+            "nobody 644 /app/note.txt",
+            f"built {os.getpid()} {tmp_path.name}",
+        ]
+    finally:
+        await provider.aclose()

@@ -37,7 +37,10 @@ descriptors, the user's uid and groups (from the image's /etc/passwd; a number i
 the working folder (made when missing, as Docker's WORKDIR), and execs. The reply is one line
 `{"exit": code}` (a signal: 128 + its number, as a shell says) or `{"error": "..."}` when it could not
 start. The client closing the connection before the reply kills the command's process group
-(a timeout). Orphans are reaped by pid 1.
+(a timeout). Orphans are reaped by pid 1. A request `{"untar": "/dest", "user": ...}` (no argv) runs
+no program: the forked child extracts the tar stream on its stdin into /dest (made when missing)
+itself, as `tar -x --no-same-owner` would (files are the user's; links, devices and paths that would
+leave /dest are refused: tarfile's data filter), and exits 0, or 1 saying why on stderr.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import signal
 import socket
 import struct
 import sys
+import tarfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -485,6 +489,8 @@ def _start(conn: socket.socket) -> int:
                 os.chdir(cwd)
             except OSError:
                 os.chdir("/")
+            if "untar" in request:
+                _untar(str(request["untar"]))
             env = {str(k): str(v) for k, v in dict(request.get("env") or {}).items()}
             env.setdefault("HOME", home)
             argv = [str(a) for a in request["argv"]]
@@ -500,6 +506,18 @@ def _start(conn: socket.socket) -> int:
     for fd in fds:
         os.close(fd)
     return pid
+
+
+def _untar(dest: str) -> None:
+    """The `untar` request's work in the command's child (the module docstring); never returns."""
+    try:
+        os.makedirs(dest, exist_ok=True)
+        with os.fdopen(0, "rb", closefd=False) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+            tar.extractall(dest, filter="data")
+    except Exception as exc:
+        os.write(2, f"cannot copy into {dest}: {exc}\n".encode())
+        os._exit(1)
+    os._exit(0)
 
 
 def _reply_error(conn: socket.socket, text: str) -> None:

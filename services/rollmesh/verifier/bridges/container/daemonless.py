@@ -154,6 +154,15 @@ class DaemonlessMachine(Machine, Relabelling):
         }
         return await exec_in(self, request, command.stdin, command.timeout_s, command.output_limit)
 
+    async def _untar(self, data: bytes, dest: str, timeout_s: float, before: str = "") -> None:
+        """The machine's init extracts the stream itself (`_machine.py`'s `untar` request): no
+        shell, mkdir or tar to start; `before` is a shell command of its own."""
+        if before:
+            ran = await self.exec(["/bin/sh", "-c", before], timeout_s=timeout_s, output_limit=4096, user="0")
+            self._copied(ran, dest)
+        request = {"untar": dest, "user": "root", "cwd": "/", "argv": [], "env": {}}
+        self._copied(await exec_in(self, request, data, timeout_s, 4096), dest)
+
     async def relabel(self, labels: Labels) -> None:
         self.labels = labels
         await asyncio.to_thread(_relabel, self.folder / "label.json", labels)
@@ -625,15 +634,17 @@ async def _copy(machine: Machine, step: Instruction, context: Path | None, workd
         raise ImageBuildFailed(f"{what}: needs a source and a destination")
     dest = step.args[-1]
     dest_abs = str(PurePosixPath(workdir, dest))
+    targets = []
     for real, target in await asyncio.to_thread(_copy_sources, step, context, dest_abs, what):
         if real.is_dir():
             await machine.put_tree(real, target)
         else:
             data, mode = await asyncio.to_thread(_read_with_mode, real)
             await machine.put_file(target, data, mode=mode)
+        targets.append(target)
     owner = step.flags.get("chown")
-    if owner:
-        await machine.exec(["chown", "-R", owner, dest_abs], timeout_s=120, output_limit=1024, user="0")
+    if owner and targets:  # what this step copied, not the folder it copied into (as Docker)
+        await machine.exec(["chown", "-R", owner, *targets], timeout_s=120, output_limit=1024, user="0")
 
 
 def _read_with_mode(path: Path) -> tuple[bytes, int]:

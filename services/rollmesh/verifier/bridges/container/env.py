@@ -403,7 +403,11 @@ class ContainerTasksEnvironment(Environment):
         await state.machine.put_tree(task.solution_dir, "/solution")
         left = self._time_left(state)
         result = await state.machine.exec(
-            ["/bin/sh", "-c", "chmod +x /solution/solve.sh && exec /solution/solve.sh"],
+            [
+                "/bin/sh",
+                "-c",
+                "[ -x /solution/solve.sh ] || chmod +x /solution/solve.sh; exec /solution/solve.sh",
+            ],
             timeout_s=left,
             output_limit=self.settings.output_limit,
             user=task.agent_user,
@@ -437,7 +441,8 @@ class ContainerTasksEnvironment(Environment):
         # with the task's own pytest); /logs/verifier is writable by the verifier's user, whoever it is.
         stale = "rm -rf /tests /logs/verifier/reward.*; mkdir -p -m 777 /logs/verifier;"
         await machine.put_tree(harbor.tests_dir, "/tests", before=stale)
-        run = "chmod +x /tests/test.sh; /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; code=$?; "
+        run = "[ -x /tests/test.sh ] || chmod +x /tests/test.sh; "
+        run += "/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1; code=$?; "
         began = time.monotonic()
         result = await machine.exec(
             ["/bin/sh", "-c", run + _READ_VERDICT + "; exit $code"],
@@ -478,11 +483,12 @@ class ContainerTasksEnvironment(Environment):
         return VerifyResult(reward=verdict.reward, components=dict(verdict.named), details=details)
 
 
+#: Each file after a marker line naming it: its content runs to the next marker (no size needed,
+#: so no `wc` per file: a verdict costs the machine as few processes as it can).
 _READ_VERDICT = (
     "for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do "
-    'if [ -f "$f" ]; then printf "\\n@@rollmesh-file %s %s\\n" "$f" "$(wc -c < "$f")"; '
-    'head -c 65536 "$f"; fi; done; '
-    'printf "\\n@@rollmesh-file log 0\\n"; tail -c 2000 /logs/verifier/test-stdout.txt 2>/dev/null'
+    'if [ -f "$f" ]; then printf "\\n@@rollmesh-file %s\\n" "$f"; head -c 65536 "$f"; fi; done; '
+    'printf "\\n@@rollmesh-file log\\n"; tail -c 2000 /logs/verifier/test-stdout.txt 2>/dev/null'
 )
 
 
@@ -492,10 +498,7 @@ def _split_verdict(raw: bytes) -> tuple[bytes | None, bytes | None, str]:
     marker = b"\n@@rollmesh-file "
     for part in raw.split(marker)[1:]:
         header, _, body = part.partition(b"\n")
-        words = header.decode(errors="replace").split()
-        if len(words) == 2:
-            name, size = words
-            found[name] = body if name == "log" else body[: int(size) if size.isdigit() else len(body)]
+        found[header.decode(errors="replace").strip()] = body
     log_tail = found.get("log", b"").decode(errors="replace")
     return found.get(rewards.REWARD_JSON), found.get(rewards.REWARD_TXT), log_tail
 

@@ -162,17 +162,23 @@ class Machine(ABC):
             output_limit=4096,
             user="0",
         )
-        if result.exit_code != 0:
-            detail = (result.stderr or result.stdout).decode(errors="replace").strip()[-300:]
-            if result.exit_code == 127:
-                raise ImageBuildFailed(
-                    f"machine {self.id}: copying files in needs /bin/sh and tar in the image: {detail}",
-                    metadata={"machine": self.id},
-                )
-            raise MachineLost(
-                f"machine {self.id}: copying files into {dest} failed (exit {result.exit_code}): {detail}",
+        self._copied(result, dest)
+
+    def _copied(self, result: ExecResult, dest: str) -> None:
+        """Raise for a copy into `dest` that failed: the image lacks /bin/sh or tar (exit 127), else
+        the machine is in no state to go on."""
+        if result.exit_code == 0:
+            return
+        detail = (result.stderr or result.stdout).decode(errors="replace").strip()[-300:]
+        if result.exit_code == 127:
+            raise ImageBuildFailed(
+                f"machine {self.id}: copying files in needs /bin/sh and tar in the image: {detail}",
                 metadata={"machine": self.id},
             )
+        raise MachineLost(
+            f"machine {self.id}: copying files into {dest} failed (exit {result.exit_code}): {detail}",
+            metadata={"machine": self.id},
+        )
 
 
 def tree_tar(source: Path, extra: Mapping[str, tuple[bytes, int]] | None = None, *, root: str = "") -> bytes:
