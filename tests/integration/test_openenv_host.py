@@ -361,9 +361,9 @@ async def test_a_managed_server_that_dies_is_restarted_and_its_episodes_are_lost
         assert err.value.reason == "ENV_SESSION_LOST", err.value
 
 
-def malformed_server(step_answer: str) -> web.Application:
+def malformed_server(step_answer: str, *, websocket: bool = True) -> web.Application:
     """A server speaking OpenEnv's protocol whose step answers `step_answer` (what a real one cannot
-    send: its pydantic models answer well-formed observations)."""
+    send: its pydantic models answer well-formed observations); without `websocket`, no /ws."""
 
     async def schema(request: web.Request) -> web.Response:
         action = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
@@ -386,7 +386,8 @@ def malformed_server(step_answer: str) -> web.Application:
 
     app = web.Application()
     app.router.add_get("/schema", schema)
-    app.router.add_get("/ws", ws)
+    if websocket:
+        app.router.add_get("/ws", ws)
     return app
 
 
@@ -412,6 +413,18 @@ async def test_an_answer_that_is_not_an_observation_is_a_bad_reply(
             with pytest.raises(RollmeshClientError) as err:
                 await client.verifier.step("ep", "hello")
     assert err.value.reason == "ENV_SERVER_BAD_REPLY" and says in str(err.value)
+
+
+async def test_a_server_without_the_websocket_session_is_named_at_seed(
+    tmp_path: Path, start_server: StartServer
+) -> None:
+    """A server with /schema but no /ws (its HTTP /reset and /step build a fresh environment per call:
+    no episode can be held) fails the seed by name, never falls back to them."""
+    async with serve_app(malformed_server("", websocket=False)) as url:
+        async with verifier(tmp_path, start_server, {"http_only": f'url = "{url}"\n'}) as (client, _):
+            with pytest.raises(RollmeshClientError) as err:
+                await client.verifier.seed_session("http_only", EMPTY)
+    assert err.value.reason == "ENV_SERVER_UNREACHABLE" and "WSServerHandshakeError" in str(err.value)
 
 
 async def test_a_server_at_its_session_limit_is_named_and_max_sessions_keeps_within_it(

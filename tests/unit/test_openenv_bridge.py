@@ -181,6 +181,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ('url = "http://x"\nmax_sessions = -1\n', "`max_sessions` must be"),
         ('url = "http://x"\nreset = 3\n', "[reset] must be a table"),
         ('url = "http://x"\nport = 3\n', "unknown keys port"),
+        ('url = "127.0.0.1:8000"\n', "`url` must be an http:// or https:// URL"),
     ],
 )
 def test_openenv_toml_errors_name_the_file(tmp_path: Path, text: str, error: str) -> None:

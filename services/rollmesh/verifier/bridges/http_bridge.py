@@ -234,6 +234,10 @@ class HttpBridge:
         except (aiohttp.ClientConnectionError, aiohttp.WSServerHandshakeError) as exc:
             self.down = f"{self.name}: WebSocket {url} failed: {type(exc).__name__}: {exc}"
             raise EnvServerUnreachable(self.down, metadata={"url": url}) from None
+        except aiohttp.ClientError as exc:
+            raise EnvServerBadReply(
+                f"{self.name}: WebSocket {url} failed: {type(exc).__name__}: {exc}", metadata={"url": url}
+            ) from None
         self.down = ""
         return JsonSocket(self.name, url, ws, self.timeout_s)
 

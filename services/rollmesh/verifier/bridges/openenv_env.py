@@ -132,6 +132,8 @@ class OpenEnvConfig:
             "a server's URL, an OpenEnv environment folder, or an installed environment's app",
             paths=("python", "env_dir"),
         )
+        if raw.get("url") and not str(raw["url"]).startswith(("http://", "https://")):
+            raise ConfigError(f"{path}: `url` must be an http:// or https:// URL, not {raw['url']!r}")
         if raw.get("action", "auto") not in ("auto", "text", "tool"):
             raise ConfigError(f'{path}: `action` must be "auto", "text" or "tool", not {raw["action"]!r}')
         if not isinstance(raw.get("reset", {}), dict):
