@@ -154,7 +154,8 @@ async def test_an_environment_of_our_own_attached_by_url_plays_as_with_openenvs_
             seeded = await client.verifier.seed_session("guess", row, session_id="ep")
             assert [t.name for t in seeded.session_tools] == ["act"]
             assert json.loads(seeded.session_tools[0].parameters_json)["required"] == ["guess"]
-            assert json.loads(seeded.messages[0].content)["attempts_left"] == 6
+            opening = json.loads(seeded.messages[0].content)
+            assert opening["attempts_left"] == 6 and opening["episode_id"] == "ep"  # the session's id
             idle = await client.verifier.step("ep", "I think it is 40.")
             bad = await client.verifier.step("ep", [call("c0", "act", {"guess": "forty"})])
             low, high, guesses, ours = 1, 100, [], []
@@ -172,7 +173,7 @@ async def test_an_environment_of_our_own_attached_by_url_plays_as_with_openenvs_
             openenv_python_each,
             "play",
             url,
-            {"reset": {"seed": seed}, "actions": [{"guess": g} for g in guesses]},
+            {"reset": {"seed": seed, "episode_id": "ep"}, "actions": [{"guess": g} for g in guesses]},
         )
     for answered in (idle, bad):
         assert (answered.reward, answered.done) == (0.0, False) and "action_error" in json.loads(

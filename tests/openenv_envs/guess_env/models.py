@@ -17,3 +17,4 @@ class GuessObservation(Observation):
     hint: str = Field(default="", description="higher, lower or correct")
     attempts_left: int = Field(default=0, description="Guesses left in this episode")
     last_guess: int | None = Field(default=None, description="The guess this answers")
+    episode_id: str = Field(default="", description="The episode's id (reset's answer only)")

@@ -36,8 +36,10 @@ on every call, so an episode needs the WebSocket):
   tool's result (its error, if any). A schema that cannot be built from as configured leaves the
   environment BROKEN (ActionNotBuildable).
 - SeedSession opens a WebSocket (one per rollout session: the server's environment instance for the
-  episode) and sends `reset` with the [reset] table, the row's `verifier_metadata.reset` over it. The
-  observation is the episode's first user message (the prompt; a row's `input` may be empty).
+  episode) and sends `reset` with the [reset] table, the row's `verifier_metadata.reset` over it, and
+  `episode_id` the rollout's session id unless they name one (OpenEnv's reset takes it; a reset that
+  does not is not given it). The observation is the episode's first user message (the prompt; a
+  row's `input` may be empty).
 - Step: each assistant turn sends `step` with the action built from it. The reward (None: 0, kept as
   `reward` in the step's info), `done` and the observation come back; the observation is the next
   user message (in "tool" mode: the answer to the call), and the whole observation dict, the
@@ -84,6 +86,7 @@ from rollmesh.verifier.environment import (
     Session,
     Task,
     schema_errors,
+    seeding_session_id,
 )
 from rollmesh.verifier.errors import (
     ActionNotBuildable,
@@ -462,6 +465,8 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
                 f"{self.label}: the row's verifier_metadata.reset must be an object (reset's arguments)"
             )
         reset |= row_reset or {}
+        if seeding_session_id():  # the episode named after its rollout (`<job>/<task>/<rollout>`)
+            reset.setdefault("episode_id", seeding_session_id())
         if self._slots is not None:
             self.waiting += 1
             try:

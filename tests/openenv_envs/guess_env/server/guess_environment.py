@@ -27,7 +27,11 @@ class GuessEnvironment(Environment):
     def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:  # type: ignore[override]
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
         self._secret = random.Random(seed).randint(1, 100)
-        return GuessObservation(hint=f"Guess my number (1-100) in {ATTEMPTS} tries.", attempts_left=ATTEMPTS)
+        return GuessObservation(
+            hint=f"Guess my number (1-100) in {ATTEMPTS} tries.",
+            attempts_left=ATTEMPTS,
+            episode_id=self._state.episode_id or "",
+        )
 
     def step(self, action: GuessAction) -> GuessObservation:  # type: ignore[override]
         if not 1 <= action.guess <= 100:
