@@ -189,6 +189,23 @@ def _networks(name: str) -> list[Any]:
     return list(DockerClient().client.networks.list(names=[name]))
 
 
+async def test_a_machine_lost_mid_rollout_fails_it_as_machine_lost_on_docker(
+    service: VerifierService,
+) -> None:
+    sid = (await service.seed_session(ENV, _row(service, "hello-file"), "docker-m/0/0")).session.id
+    try:
+        (found,) = await asyncio.to_thread(_containers, rollout="docker-m/0/0")
+        await asyncio.to_thread(found.remove, force=True)  # the daemon loses it under the rollout
+        with pytest.raises(RollmeshError) as caught:
+            await _tool(service, sid, "shell", command="true")
+        assert caught.value.reason == "MACHINE_LOST" and "No such container" in caught.value.message
+        with pytest.raises(RollmeshError) as verdict:
+            await service.verify(VerifyCall(ENV, _row(service, "hello-file"), Response(), sid))
+        assert verdict.value.reason == "MACHINE_LOST"
+    finally:
+        await service.close_session(sid)
+
+
 async def test_a_storage_limit_the_daemon_cannot_enforce_is_refused_by_name(service: VerifierService) -> None:
     """answer-json sets `storage = "512M"`: a daemon whose storage driver sizes containers gets it as
     the container's size; one that cannot (overlay2 on ext4, as here) refuses the task by name,
@@ -255,16 +272,26 @@ async def test_the_containers_of_a_dead_verifier_are_swept_at_the_next_start() -
         await asyncio.to_thread(container.start)
         await asyncio.to_thread(wait_for_logs, container, "up", 60)
         containers.append(container)
+    network = await asyncio.to_thread(_labelled_network, f"rm-swept-{os.getpid()}", dead)
     provider = DockerProvider()
     try:
         await provider.open()
         assert provider.problem() == ""
         left = await asyncio.to_thread(_containers, job="swept")
         assert [c.labels[f"{LABEL}.owner"] for c in left] == [other]
+        assert await asyncio.to_thread(_networks, network) == []  # as a compose task's services have
     finally:
         await provider.aclose()
         for container in containers:
             await asyncio.to_thread(_remove_quietly, container)
+
+
+def _labelled_network(name: str, owner: str) -> str:
+    """A network labelled as a machine's of `owner` (as a compose task's services have one)."""
+    from testcontainers.core.docker_client import DockerClient
+
+    DockerClient().client.networks.create(name, internal=True, labels={LABEL: "1", f"{LABEL}.owner": owner})
+    return name
 
 
 def _remove_quietly(container: Any) -> None:
