@@ -207,7 +207,7 @@ async def test_a_server_that_never_comes_up_is_unstartable_after_a_few_tries(tmp
 PROGRAM = textwrap.dedent(
     """
     import sys
-    loaded = {m: m in sys.modules for m in ("email.mime.text", "xml.dom.minidom")}
+    loaded = {m: m in sys.modules for m in ("email.mime.text", "xml.dom.minidom", "mine")}
     import json, os
     import email.mime.text
 
@@ -230,6 +230,11 @@ PROGRAM = textwrap.dedent(
     if what == "slow":
         import time
         time.sleep(30)
+    if what == "lazy":
+        later()
+        open("mine.py", "w").write("X = 1")
+        sys.path.insert(0, os.getcwd())
+        import mine  # a module of its own making, in its folder
     open(os.environ["ROLLMESH_ANSWER_FILE"], "w").write("3")
     """
 )
@@ -263,7 +268,7 @@ async def test_a_warm_program_runs_with_its_imports_done_each_rollout_confined_o
     assert "email.mime.text" in host.imported and "xml.dom.minidom" not in host.imported
     seen = [json.loads(o.program["stdout"]) for o in outcomes]
     for outcome, run in zip(outcomes, seen, strict=True):
-        assert run["loaded"] == {"email.mime.text": True, "xml.dom.minidom": False}
+        assert run["loaded"] == {"email.mime.text": True, "xml.dom.minidom": False, "mine": False}
         assert run["argv"] == [str(warm_script), "ok"]
         assert run["messages"] == [{"role": "user", "content": "add 3"}]
         assert "ROLLMESH_API_KEY" not in run["env"] and "OPENAI_BASE_URL" in run["env"]
@@ -273,6 +278,24 @@ async def test_a_warm_program_runs_with_its_imports_done_each_rollout_confined_o
     if ROOT:
         assert len({r["uid"] for r in seen}) == 3 and all(r["pid"] == 2 for r in seen)
         assert all(len(r["folders"]) == 1 for r in seen)  # its own folder, no other rollout's
+
+
+async def test_a_warm_interpreter_learns_the_installed_modules_its_rollouts_import_late(
+    warm_script: Path,
+) -> None:
+    """A module a rollout imported late (in a function) is imported ahead for the rollouts after
+    it, when it is installed outside the program's folder; a module the program made never is."""
+    program = _warm(warm_script, "ok")
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        first = await _rollout(host, program, 0, tools, what="lazy")
+        second = await _rollout(host, program, 1, tools)
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert json.loads(first.program["stdout"])["loaded"]["xml.dom.minidom"] is False
+    loaded = json.loads(second.program["stdout"])["loaded"]
+    assert loaded == {"email.mime.text": True, "xml.dom.minidom": True, "mine": False}
 
 
 async def test_a_warm_program_fails_as_it_would_cold(warm_script: Path) -> None:

@@ -27,11 +27,19 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
            -> {"forked": n, "pid": p}   later   {"exited": p, "code": c}   (c < 0: killed by signal -c)
        {"op": "kill", "pid": p}  -> SIGKILL to its process group (while it is not reaped)
    The socket's end (the scheduler gone) ends it, its rollouts' processes with it.
+4. Learns: a rollout's process, when its program is done, writes the names of the modules it
+   imported (a line each) to a pipe this interpreter reads; each name it was not given before is
+   imported here for the rollouts forked after, under step 2's rule (`_Learner`: found on this
+   interpreter's own path, outside the program's folder and outside the rollouts' folders). An SDK
+   that imports its HTTP stack and resources on first use (openai: 70 modules, over half a warm
+   rollout's CPU) pays that once per job instead of once per rollout. The report is the program's
+   word, taken as untrusted: a name not found there is ignored.
 
 A rollout's process: its own session, the given fds as 0, 1 and 2 (nothing else of the
 interpreter's: the control socket is closed), `_confine.enter` with the rollout's settings (it
 becomes the keeper when it gets a pid namespace), the environment replaced by `env`, `cwd`, then
-the program run as `python ARGS` would run it (`runpy`), and its exit status as Python's.
+the program run as `python ARGS` would run it (`runpy`), step 4's report, and its exit status as
+Python's.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import runpy  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
@@ -84,20 +93,28 @@ def main(argv: list[str]) -> int:
     gc.collect()
     gc.freeze()  # what it imported is never scanned by a rollout's collector (nor copied for it)
     _send(control, {"ready": True, "imported": imported})
-    return _serve(control, program, readable)
+    learner = _Learner(_own_folder(program), [os.path.realpath(w) for w in settings.get("writable") or []])
+    return _serve(control, program, readable, learner)
+
+
+def _own_folder(program: list[str]) -> str | None:
+    """The program's own folder (a script's), whose modules are never imported here."""
+    if program[0] in ("-m", "-c"):
+        return None
+    return os.path.dirname(os.path.abspath(program[0]))
 
 
 def _preload(program: list[str]) -> list[str]:
     """Step 2 (module doc): the names imported."""
+    own = _own_folder(program)
     if program[0] == "-m":
         spec = importlib.util.find_spec(program[1])
         source_path = spec.origin if spec is not None else None
-        own = None
     elif program[0] == "-c":
-        source_path, own = None, None
+        source_path = None
     else:
         source_path = os.path.abspath(program[0])
-        own = os.path.dirname(source_path)
+        assert own is not None
         sys.path.insert(0, own)  # as `python script.py` has it
     source = program[1] if program[0] == "-c" else _read(source_path)
     imported = []
@@ -146,11 +163,104 @@ def _top_level_imports(source: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+class _Learner:
+    """Step 4 (module doc): the modules rollouts reported importing, imported here in turn.
+
+    A rollout's report is untrusted (the program's own code ran in that process): each line is a
+    name, taken only when it is a dotted identifier whose top-level package is found on this
+    interpreter's own path outside the program's folder and outside every folder rollouts can write
+    (`_installed`), as the top-level imports are (`_preload`); each name is tried once, at most
+    MAX_LEARNED in all."""
+
+    MAX_LEARNED = 4096
+    _NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+    def __init__(self, own: str | None, writable: list[str]) -> None:
+        self.closed = [p for p in (own, *writable) if p]
+        self.tried: set[str] = set()
+        self.partial = b""
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+
+    def take(self) -> None:
+        """Read what rollouts reported; import the new names among it."""
+        data = self.partial
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        *lines, rest = data.split(b"\n")
+        self.partial = rest[-_MAX_NAME:]
+        fresh = False
+        for line in lines:
+            name = line.decode("ascii", errors="replace").strip()
+            if (
+                name in self.tried
+                or name in sys.modules
+                or len(self.tried) >= self.MAX_LEARNED
+                or len(name) > _MAX_NAME
+                or not self._NAME.fullmatch(name)
+            ):
+                continue
+            self.tried.add(name)
+            if self._installed(name):
+                try:
+                    __import__(name)
+                    fresh = True
+                except BaseException:  # (its rollouts import it themselves, as they would cold)
+                    continue
+        if fresh:
+            gc.collect()
+            gc.freeze()
+
+    def _installed(self, name: str) -> bool:
+        top = name.partition(".")[0]
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return False
+        if spec is None:
+            return False
+        places = [spec.origin or "", *(spec.submodule_search_locations or [])]
+        for place in filter(os.path.isabs, places):
+            real = os.path.realpath(place)
+            if any(real == c or real.startswith(c.rstrip(os.sep) + os.sep) for c in self.closed):
+                return False
+        return True
+
+
+_MAX_NAME = 512
+
+
+def _report(fd: int, before: set[str]) -> None:
+    """A rollout's word to its interpreter (step 4): the modules it imported, a line each, in
+    writes of at most PIPE_BUF bytes (never split, never mixed with another rollout's); dropped
+    when the pipe is full."""
+    try:
+        names = [n for n in list(sys.modules) if n not in before and n != "__main__" and len(n) < _MAX_NAME]
+        os.set_blocking(fd, False)
+        chunk = b""
+        for name in sorted(names):
+            line = name.encode("ascii", errors="replace") + b"\n"
+            if len(chunk) + len(line) > select.PIPE_BUF:
+                os.write(fd, chunk)
+                chunk = b""
+            chunk += line
+        if chunk:
+            os.write(fd, chunk)
+    except (OSError, ValueError, TypeError):
+        pass
+
+
 def _send(control: socket.socket, message: dict[str, Any]) -> None:
     control.send(json.dumps(message).encode())
 
 
-def _serve(control: socket.socket, program: list[str], readable: list[str]) -> int:
+def _serve(control: socket.socket, program: list[str], readable: list[str], learner: _Learner) -> int:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
@@ -158,7 +268,9 @@ def _serve(control: socket.socket, program: list[str], readable: list[str]) -> i
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     children: set[int] = set()
     while True:
-        ready, _, _ = select.select([control.fileno(), wake_r], [], [])
+        ready, _, _ = select.select([control.fileno(), wake_r, learner.read_fd], [], [])
+        if learner.read_fd in ready:
+            learner.take()
         if wake_r in ready:
             while True:
                 try:
@@ -188,12 +300,12 @@ def _serve(control: socket.socket, program: list[str], readable: list[str]) -> i
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            for fd in (wake_r, wake_w):
+            for fd in (wake_r, wake_w, learner.read_fd):
                 os.close(fd)
             control.close()
             if "uid" in request["confine"]:
                 request["confine"]["readable"] = readable
-            _end(_rollout(request, fds, program))
+            _end(_rollout(request, fds, program, learner.write_fd))
         for fd in fds:
             os.close(fd)
         children.add(pid)
@@ -207,8 +319,9 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _rollout(request: dict[str, Any], fds: list[int], program: list[str]) -> int:
+def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learn: int) -> int:
     """A rollout's process (module doc); returns the program's exit status."""
+    before = set(sys.modules)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
@@ -243,6 +356,8 @@ def _rollout(request: dict[str, Any], fds: list[int], program: list[str]) -> int
     except BaseException:
         traceback.print_exc()
         return 1
+    finally:
+        _report(learn, before)
     return 0
 
 

@@ -2,11 +2,13 @@
 imports done (mesh/_warm.py), forked per rollout into the rollout's own confinement.
 
 A cold program pays its interpreter's start and its imports in every rollout (`import openai`: about
-1.6 s of CPU); a warm one pays them once. What a rollout's process gets is what an exec'd program
-gets (program.py `PerRollout`: its folder, task file, variables, stdin, the same `_confine` steps
-with its leased uid, its pid and network namespaces, rlimits), except that it starts as a copy of
-the warm interpreter: the modules imported there are already loaded (their state as the import
-left it), and its folder is under the interpreter's `root` (every mount else read-only).
+1.6 s of CPU); a warm one pays them once, and the modules its rollouts import later (an SDK's HTTP
+stack, at its first call) once more, learned from the rollouts' reports (mesh/_warm.py step 4).
+What a rollout's process gets is what an exec'd program gets (program.py `PerRollout`: its folder,
+task file, variables, stdin, the same `_confine` steps with its leased uid, its pid and network
+namespaces, rlimits), except that it starts as a copy of the warm interpreter: the modules imported
+there are already loaded (their state as the import left it), and its folder is under the
+interpreter's `root` (every mount else read-only).
 
 `WarmStart` is a `PerRollout` whose `spawn` asks the interpreter for a fork. The interpreter starts at
 the first rollout (and again when it died: its rollouts in flight fail as their program would, by
