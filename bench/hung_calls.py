@@ -85,11 +85,11 @@ def summary(trials: list[dict[str, float]]) -> dict[str, object]:
 
 
 async def main(a: argparse.Namespace) -> dict[str, object]:
-    from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
+    from rollmesh.devtools.openai_server import FaultConfig, Frequency, openai_server_process
     from tests.fakes import Rows
 
     clean = FaultConfig(latency_s=a.latency)
-    hung = FaultConfig(latency_s=a.latency, hang_every=100)
+    hung = FaultConfig(latency_s=a.latency, hang=Frequency(every=100))
     results: dict[str, list[dict[str, float]]] = {"clean": [], "hung_adaptive": [], "hung_fixed": []}
     with tempfile.TemporaryDirectory() as tmp_name, openai_server_process(clean) as (base_url, _):
         tmp = Path(tmp_name)

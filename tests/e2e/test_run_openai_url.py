@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
+from rollmesh.devtools.openai_server import FaultConfig, Frequency, openai_server_process
 from rollmesh.registry import BUILTIN_ROOT
 from tests.procs import ROLLMESH
 
@@ -34,7 +34,7 @@ def _run_with_api_key(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_run_against_an_openai_url_with_failing_calls(tmp_path: Path) -> None:
-    faults = FaultConfig(fail_statuses=(503,), fail_every=3, retry_after_s=0.1)
+    faults = FaultConfig(fail_statuses=(503,), fail=Frequency(every=3), retry_after_s=0.1)
     with openai_server_process(faults) as (url, _):
         done = subprocess.run(
             [
@@ -110,7 +110,7 @@ def test_a_model_server_that_never_answers_fails_the_job_after_one_rollout_timeo
     """Every call hangs from the first (the gateway stays healthy): each rollout waited out
     max_attempts x rollout_timeout_s (15 min by default) and failed as DEADLINE_EXCEEDED. Now no call
     of the job answered within rollout_timeout_s fails the job then, naming the gateway."""
-    with openai_server_process(FaultConfig(hang_every=1)) as (url, _):
+    with openai_server_process(FaultConfig(hang=Frequency(every=1))) as (url, _):
         argv = ["--benchmark", "arithmetic", "--limit", "2", "-n", "1", "--base-url", url, "--model", "tiny"]
         argv += ["--rollout-timeout", "4", "--unavailable-budget", "2", "-o", str(tmp_path), "--json"]
         done = _run_with_api_key(argv)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from rollmesh.devtools.openai_server import FaultConfig, OpenAITestServer
+from rollmesh.devtools.openai_server import FaultConfig, Frequency, OpenAITestServer
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.servicer import GatewayServicer
@@ -79,7 +79,9 @@ async def _run(s: Stack, max_attempts: int) -> tuple[pb.Job, pb.JobMetrics, list
 
 async def test_each_upstream_status_is_its_own_class(stack: Stack) -> None:
     # Calls 5, 10, ..., 50 fail, with 500, 400, 429, 503, 500, 400, ... in turn.
-    stack.upstream.set_faults(FaultConfig(fail_statuses=(500, 400, 429, 503), fail_every=5, retry_after_s=0))
+    stack.upstream.set_faults(
+        FaultConfig(fail_statuses=(500, 400, 429, 503), fail=Frequency(every=5), retry_after_s=0)
+    )
     final, metrics, rows = await _run(stack, max_attempts=1)  # one attempt: every failure is written
     want = {
         "UPSTREAM_HTTP_ERROR:500": 3,
@@ -95,7 +97,9 @@ async def test_each_upstream_status_is_its_own_class(stack: Stack) -> None:
 
 
 async def test_5xx_and_429_are_retried_4xx_is_not(stack: Stack) -> None:
-    stack.upstream.set_faults(FaultConfig(fail_statuses=(500, 400, 429, 503), fail_every=5, retry_after_s=0))
+    stack.upstream.set_faults(
+        FaultConfig(fail_statuses=(500, 400, 429, 503), fail=Frequency(every=5), retry_after_s=0)
+    )
     final, metrics, rows = await _run(stack, max_attempts=3)
     classes = Counter(str(r["error_class"]) for r in rows)
     assert set(classes) == {"UPSTREAM_REJECTED:400"} and classes["UPSTREAM_REJECTED:400"] >= 2

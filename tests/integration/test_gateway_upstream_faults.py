@@ -17,7 +17,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from rollmesh.devtools.openai_server import FaultConfig, OpenAITestServer, openai_server_process
+from rollmesh.devtools.openai_server import FaultConfig, Frequency, OpenAITestServer, openai_server_process
 from rollmesh.gateway import Gateway, GenerateInput, Message
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.types import GenerateResult
@@ -82,48 +82,48 @@ async def test_answers_carry_the_upstream_usage(server: OpenAITestServer, stream
 CASES = [
     # faults, code, reason, http_status
     (
-        FaultConfig(fail_statuses=(500,), fail_every=1),
+        FaultConfig(fail_statuses=(500,), fail=Frequency(every=1)),
         grpc.StatusCode.UNAVAILABLE,
         "UPSTREAM_HTTP_ERROR",
         "500",
     ),
     (
-        FaultConfig(fail_statuses=(502,), fail_every=1),
+        FaultConfig(fail_statuses=(502,), fail=Frequency(every=1)),
         grpc.StatusCode.UNAVAILABLE,
         "UPSTREAM_HTTP_ERROR",
         "502",
     ),
     (
-        FaultConfig(fail_statuses=(429,), fail_every=1, retry_after_s=3),
+        FaultConfig(fail_statuses=(429,), fail=Frequency(every=1), retry_after_s=3),
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         "UPSTREAM_RATE_LIMITED",
         "429",
     ),
     (
-        FaultConfig(fail_statuses=(400,), fail_every=1),
+        FaultConfig(fail_statuses=(400,), fail=Frequency(every=1)),
         grpc.StatusCode.INVALID_ARGUMENT,
         "UPSTREAM_REJECTED",
         "400",
     ),
     (
-        FaultConfig(fail_statuses=(422,), fail_every=1),
+        FaultConfig(fail_statuses=(422,), fail=Frequency(every=1)),
         grpc.StatusCode.INVALID_ARGUMENT,
         "UPSTREAM_REJECTED",
         "422",
     ),
     (
-        FaultConfig(fail_statuses=(401,), fail_every=1),
+        FaultConfig(fail_statuses=(401,), fail=Frequency(every=1)),
         grpc.StatusCode.FAILED_PRECONDITION,
         "UPSTREAM_AUTH_FAILED",
         "401",
     ),
     (
-        FaultConfig(fail_statuses=(403,), fail_every=1),
+        FaultConfig(fail_statuses=(403,), fail=Frequency(every=1)),
         grpc.StatusCode.FAILED_PRECONDITION,
         "UPSTREAM_AUTH_FAILED",
         "403",
     ),
-    (FaultConfig(drop_every=1), grpc.StatusCode.UNAVAILABLE, "UPSTREAM_STREAM_DROPPED", None),
+    (FaultConfig(drop=Frequency(every=1)), grpc.StatusCode.UNAVAILABLE, "UPSTREAM_STREAM_DROPPED", None),
 ]
 
 
@@ -188,7 +188,7 @@ async def test_a_stream_that_ends_without_done_is_dropped_not_an_answer(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 async def test_a_hung_upstream_is_a_timeout(server: OpenAITestServer, stream: bool) -> None:
-    server.set_faults(FaultConfig(hang_every=1))
+    server.set_faults(FaultConfig(hang=Frequency(every=1)))
     gw = Gateway([OpenAIBackend("tiny", base_url=server.base_url, timeout_s=0.5)])
     try:
         with pytest.raises(RollmeshError) as exc:
@@ -220,7 +220,7 @@ def test_a_connect_timeout_is_unreachable_not_a_read_timeout() -> None:
 
 
 async def test_abort_ends_a_unary_call_waiting_on_the_upstream(server: OpenAITestServer) -> None:
-    server.set_faults(FaultConfig(hang_every=1))
+    server.set_faults(FaultConfig(hang=Frequency(every=1)))
     gw = Gateway([OpenAIBackend("tiny", base_url=server.base_url)])
     try:
         inp = GenerateInput(messages=ASK.messages, request_id="r1")
@@ -274,7 +274,7 @@ def test_the_server_runs_as_a_process_with_faults_from_the_command_line() -> Non
 
     from rollmesh.devtools.openai_server import openai_server_process
 
-    with openai_server_process(FaultConfig(fail_statuses=(503,), fail_every=2)) as (url, proc):
+    with openai_server_process(FaultConfig(fail_statuses=(503,), fail=Frequency(every=2))) as (url, proc):
         body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "What is 1 + 1?"}]})
         request = urllib.request.Request(
             f"{url}/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"}

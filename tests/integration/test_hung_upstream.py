@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import time
 
-from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import FaultConfig, Frequency
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.integration.test_failure_classes import TASKS, Stack, stack  # noqa: F401 (fixture)
 
 
 async def test_hung_upstream_calls_are_cut_and_retried(stack: Stack) -> None:  # noqa: F811
-    stack.upstream.set_faults(FaultConfig(latency_s=0.02, hang_every=50))
+    stack.upstream.set_faults(FaultConfig(latency_s=0.02, hang=Frequency(every=50)))
     spec = pb.JobSpec(
         dataset=str(stack.data),
         environment="arithmetic",

@@ -9,11 +9,11 @@ Contract:
   is set; tokens are counted as whitespace-separated words (prompt: every message's text).
   A request naming another model gets 404 (`model_not_found`).
 - Faults (`FaultConfig`), decided per chat call from its 1-based number `n` (and a seeded RNG for
-  rates), in this order: wait `latency_s`; then fail with the next of `fail_statuses` (`fail_every`
-  divides `n`, or with probability `fail_rate`; 429 carries `Retry-After: retry_after_s`); else hang
-  until the client goes away or the server stops (`hang_every` / `hang_rate`); else drop the
-  connection (`drop_every` / `drop_rate`): a stream after its first chunk, a unary call before any
-  byte of the response. Every answer ends with `finish_reason` (default "stop"; "" sends null and a
+  rates), each fault's `Frequency` striking when its `every` divides `n` or with probability its
+  `rate`, in this order: wait `latency_s`; then fail with the next of `fail_statuses` (`fail`; 429
+  carries `Retry-After: retry_after_s`); else hang until the client goes away or the server stops
+  (`hang`); else drop the connection (`drop`): a stream after its first chunk, a unary call before
+  any byte of the response. Every answer ends with `finish_reason` (default "stop"; "" sends null and a
   stream with no chunk naming one); `send_done` false ends a stream without `data: [DONE]`.
 - Control, for tests and benchmarks: `GET /_stats` (calls, in flight, peak in flight, outcomes) and
   `POST /_faults` (a FaultConfig as JSON replaces the current one and resets the call count).
@@ -54,19 +54,37 @@ from rollmesh.mesh.server import write_port_file
 _SUM = re.compile(r"What is\s+(-?\d+)\s*\+\s*(-?\d+)\s*\?")
 
 
+def _checked(cls: type[Any], data: dict[str, Any]) -> dict[str, Any]:
+    """`data` as keyword arguments of dataclass `cls`; a field it does not have is a ValueError."""
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}; known: {sorted(known)}")
+    return dict(data)
+
+
+@dataclass(frozen=True)
+class Frequency:
+    """How often a fault strikes: on every call whose number `every` divides, or with probability
+    `rate` (drawn only when `every` did not strike). The default: never."""
+
+    every: int = 0
+    rate: float = 0.0
+
+    def strikes(self, n: int, rng: random.Random) -> bool:
+        return (self.every > 0 and n % self.every == 0) or (self.rate > 0 and rng.random() < self.rate)
+
+
 @dataclass(frozen=True)
 class FaultConfig:
     """What goes wrong, and how often. Every field's default means "never"."""
 
     latency_s: float = 0.0
     fail_statuses: tuple[int, ...] = ()
-    fail_every: int = 0
-    fail_rate: float = 0.0
+    fail: Frequency = Frequency()
     retry_after_s: float = 1.0
-    hang_every: int = 0
-    hang_rate: float = 0.0
-    drop_every: int = 0
-    drop_rate: float = 0.0
+    hang: Frequency = Frequency()
+    drop: Frequency = Frequency()
     answer: str = "ok"
     seed: int = 0
     finish_reason: str = "stop"  # what every answer says ("": null, as a server that names none)
@@ -74,13 +92,12 @@ class FaultConfig:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FaultConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown fault fields {sorted(unknown)}; known: {sorted(known)}")
-        values = dict(data)
+        values = _checked(cls, data)
         if "fail_statuses" in values:
             values["fail_statuses"] = tuple(int(s) for s in values["fail_statuses"])
+        for name in ("fail", "hang", "drop"):
+            if name in values:
+                values[name] = Frequency(**_checked(Frequency, values[name]))
         return cls(**values)
 
 
@@ -182,7 +199,7 @@ class OpenAITestServer:
         await self.stop()
 
     def set_faults(self, faults: FaultConfig) -> None:
-        """Replace the faults; the call count restarts so `*_every` counts from the next call."""
+        """Replace the faults; the call count restarts so `every` counts from the next call."""
         self.faults = faults
         self._rng = random.Random(faults.seed)
         self.stats.calls = 0
@@ -221,9 +238,6 @@ class OpenAITestServer:
 
     # -- chat --------------------------------------------------------------------------------
 
-    def _hit(self, n: int, every: int, rate: float) -> bool:
-        return (every > 0 and n % every == 0) or (rate > 0 and self._rng.random() < rate)
-
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.calls += 1
         n = self.stats.calls
@@ -235,18 +249,18 @@ class OpenAITestServer:
             self.stats.bodies.append(body)
             if faults.latency_s > 0:
                 await asyncio.sleep(faults.latency_s)
-            if faults.fail_statuses and self._hit(n, faults.fail_every, faults.fail_rate):
+            if faults.fail_statuses and faults.fail.strikes(n, self._rng):
                 status = faults.fail_statuses[(n - 1) % len(faults.fail_statuses)]
                 self.stats.outcomes[f"fail_{status}"] += 1
                 resp = _error(status, f"injected failure (HTTP {status}) on call {n}", "server_error")
                 if status == 429:
                     resp.headers["Retry-After"] = f"{faults.retry_after_s:g}"
                 return resp
-            if self._hit(n, faults.hang_every, faults.hang_rate):
+            if faults.hang.strikes(n, self._rng):
                 self.stats.outcomes["hang"] += 1
                 await self._stopping.wait()
                 raise ConnectionResetError("server stopping")
-            drop = self._hit(n, faults.drop_every, faults.drop_rate)
+            drop = faults.drop.strikes(n, self._rng)
             if body.get("model") not in (None, "", self.model):
                 self.stats.outcomes["model_not_found"] += 1
                 return _no_model(body.get("model"), "model_not_found")
