@@ -48,6 +48,7 @@ from typing import Any
 from aiohttp import web
 
 from rollmesh.mesh.aio import run_server
+from rollmesh.mesh.aiohttp_serve import AiohttpServe
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.server import write_port_file
 
@@ -163,10 +164,13 @@ class OpenAITestServer:
         self._port = port
         self._rng = random.Random(self.faults.seed)
         self._stopping = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self.port = 0
+        self._serve = AiohttpServe()
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._serve.port
 
     @property
     def base_url(self) -> str:
@@ -179,17 +183,12 @@ class OpenAITestServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/_stats", self._stats)
         app.router.add_post("/_faults", self._set_faults)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, backlog=4096)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        options = {"access_log": None, "handle_signals": False, "shutdown_timeout": 1.0}
+        await self._serve.start(app, self._host, self._port, backlog=4096, **options)
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._serve.stop()
 
     async def __aenter__(self) -> OpenAITestServer:
         await self.start()

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from rollmesh.mesh import loopback, untrusted_json
+from rollmesh.mesh import untrusted_json
+from rollmesh.mesh.aiohttp_serve import AiohttpServe
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.drivers.agent_loop import Json, ToolResult
 
@@ -43,10 +44,8 @@ class ToolEndpoint:
     def __init__(self, host: str = "127.0.0.1") -> None:
         self.host = host
         self._routes: dict[str, _Route] = {}
-        self._runner: web.AppRunner | None = None
+        self._serve = AiohttpServe(loopback=True)
         self._root = ""
-        self._port = 0
-        self._factory: loopback.ProtocolFactory | None = None
         self._starting = asyncio.Lock()
 
     async def open(self, tools: list[Json], handler: ToolHandler) -> tuple[str, str]:
@@ -64,30 +63,17 @@ class ToolEndpoint:
 
     async def stop(self) -> None:
         self._routes.clear()
-        if self._factory is not None:
-            loopback.forget(self._port, self._factory)
-            self._factory = None
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self._serve.stop()
 
     async def _start(self) -> None:
         async with self._starting:
-            if self._runner is not None:
+            if self._serve.started:
                 return
             app = web.Application(client_max_size=MAX_BODY_BYTES)
             app.router.add_get("/tools/{key}", self._list)
             app.router.add_post("/tools/{key}/call", self._call)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, self.host, 0)
-            await site.start()
-            server = site._server
-            port = int(server.sockets[0].getsockname()[1]) if server is not None else 0  # type: ignore[attr-defined]
-            self._runner, self._root, self._port = runner, f"http://{self.host}:{port}", port
-            if runner.server is not None:
-                self._factory = runner.server
-                loopback.serve_here(port, runner.server)  # a program's handed socket, served here
+            port = await self._serve.start(app, self.host, 0, access_log=None)
+            self._root = f"http://{self.host}:{port}"
             log.info("tool_endpoint_started", url=self._root)
 
     def _route(self, request: web.Request) -> _Route:
