@@ -71,11 +71,6 @@ NUMBERS_RIGHT = [
 ]
 
 
-async def test_numbers_are_compared_relatively(env: Environment) -> None:
-    await assert_all(env, NUMBERS_WRONG, 0.0)
-    await assert_all(env, NUMBERS_RIGHT, 1.0)
-
-
 INTERVALS_WRONG = [
     ("(0,1)", "\\boxed{\\{0,1\\}}"),
     ("(0,1)", "\\boxed{0, 1}"),
@@ -104,11 +99,6 @@ INTERVALS_RIGHT = [
 ]
 
 
-async def test_intervals_never_equal_finite_sets(env: Environment) -> None:
-    await assert_all(env, INTERVALS_WRONG, 0.0)
-    await assert_all(env, INTERVALS_RIGHT, 1.0)
-
-
 EQUATIONS_WRONG = [
     ("x+y+z=1", "\\boxed{1}"),
     ("x^2+y^2=25", "\\boxed{25}"),
@@ -134,11 +124,6 @@ EQUATIONS_RIGHT = [
 ]
 
 
-async def test_equations_are_compared_as_equations(env: Environment) -> None:
-    await assert_all(env, EQUATIONS_WRONG, 0.0)
-    await assert_all(env, EQUATIONS_RIGHT, 1.0)
-
-
 CHOICE_WRONG = [
     ("C", "**Answer: B**"),
     ("C", "\\boxed{A}"),
@@ -159,11 +144,6 @@ CHOICE_RIGHT = [
     ("\\text{C}", "\\boxed{\\text{(C)}}"),
     ("B", "It is not A. Answer: B"),
 ]
-
-
-async def test_multiple_choice_reads_the_last_letter_given(env: Environment) -> None:
-    await assert_all(env, CHOICE_WRONG, 0.0)
-    await assert_all(env, CHOICE_RIGHT, 1.0)
 
 
 FORMS_RIGHT = [
@@ -190,9 +170,22 @@ FORMS_WRONG = [
 ]
 
 
-async def test_common_forms_are_read(env: Environment) -> None:
-    await assert_all(env, FORMS_RIGHT, 1.0)
-    await assert_all(env, FORMS_WRONG, 0.0)
+# Per class: answers that must score 0, and right answers in common forms that must score 1.0.
+CLASSES = {
+    "numbers_are_compared_relatively": (NUMBERS_WRONG, NUMBERS_RIGHT),
+    "intervals_never_equal_finite_sets": (INTERVALS_WRONG, INTERVALS_RIGHT),
+    "equations_are_compared_as_equations": (EQUATIONS_WRONG, EQUATIONS_RIGHT),
+    "multiple_choice_reads_the_last_letter_given": (CHOICE_WRONG, CHOICE_RIGHT),
+    "common_forms_are_read": (FORMS_WRONG, FORMS_RIGHT),
+}
+
+
+@pytest.mark.parametrize(("wrong", "right"), list(CLASSES.values()), ids=list(CLASSES))
+async def test_a_class_scores_its_wrong_answers_0_and_its_right_ones_1(
+    env: Environment, wrong: list[Case], right: list[Case]
+) -> None:
+    await assert_all(env, wrong, 0.0)
+    await assert_all(env, right, 1.0)
 
 
 HEDGED = [  # two candidates, no box: 0 whichever one the gold is (math-verify read the first or last)
