@@ -7,9 +7,11 @@ One embedded mesh (the `rollmesh run` process's: gateway with the fake backend p
 `session_state` counter, verifier, scheduler) serves every job; each trial runs the four jobs one
 after another in a rotating order, each `--rollouts` rollouts at `--concurrency`, and a job's
 rollouts/s is its rollouts over its wall time from submit to its end. The figures are each mode's
-median trial, its ratio to the built-in loop's (the target: server and warm >= 0.5), the CPU spent
-per rollout by the mesh (this process) and by the programs (its children), and the load average
-before and after.
+median trial, its ratio to the built-in loop's (the target: server and warm >= 0.5), the same
+from the time a fifth of a job's rollouts were done to its end (`steady_*`: without the start of a
+job's agent server or warm interpreter, which a job of 200 rollouts pays in its wall time), the
+seconds from submit to its first rollout done, the CPU spent per rollout by the mesh (this
+process) and by the programs (its children), and the load average before and after.
 
     python bench/agent_programs.py [--rollouts 200] [--cold-rollouts 40] [--trials 2] [--concurrency 16]
 """
@@ -78,6 +80,27 @@ class _ProgramsCpu:
         return sum(self.seen.values())
 
 
+async def _watched(handle: Any, t0: float) -> tuple[Any, float, float]:
+    """The job's end, polled every 50 ms: (its final Job, seconds from submit to its first rollout
+    done, its rollouts/s from the time a fifth were done to its end)."""
+    from rollmesh_client._scheduler import FINAL_STATES
+
+    first_s, mark = 0.0, None
+    while True:
+        job = await handle.get()
+        now, done = time.perf_counter(), job.progress.succeeded + job.progress.failed
+        if done and not first_s:
+            first_s = now - t0
+        if mark is None and done * 5 >= job.progress.total > 0:
+            mark = (now, done)
+        if job.state in FINAL_STATES:
+            break
+        await asyncio.sleep(0.05)
+    if mark is None or done <= mark[1]:
+        return job, first_s, 0.0
+    return job, first_s, (done - mark[1]) / (now - mark[0])
+
+
 async def _trials(args: argparse.Namespace, out: Path) -> dict[str, list[dict[str, float]]]:
     from rollmesh.gateway.config import GatewayConfig
     from rollmesh.launch import embedded_mesh
@@ -110,7 +133,7 @@ async def _trials(args: argparse.Namespace, out: Path) -> dict[str, list[dict[st
                     sampler = asyncio.create_task(programs.run())
                     cpu0, t0 = _own_cpu_s(), time.perf_counter()
                     try:
-                        job = await (await c.scheduler.submit(spec)).result(poll_s=0.05, timeout_s=3600)
+                        job, first_s, steady = await _watched(await c.scheduler.submit(spec), t0)
                     finally:
                         sampler.cancel()
                     wall, cpu = time.perf_counter() - t0, (_own_cpu_s() - cpu0, programs.total())
@@ -119,6 +142,8 @@ async def _trials(args: argparse.Namespace, out: Path) -> dict[str, list[dict[st
                         raise SystemExit(f"{mode}: {job.progress.failed} rollouts failed: {job.error}")
                     figures = {
                         "rollouts_per_s": done / wall,
+                        "steady_rollouts_per_s": steady,
+                        "first_rollout_s": first_s,
                         "mesh_cpu_ms_per_rollout": cpu[0] * 1000 / done,
                         "programs_cpu_ms_per_rollout": cpu[1] * 1000 / done,
                     }
@@ -152,6 +177,7 @@ def main() -> None:
         for mode, trials in results.items()
     }
     builtin = median.get("builtin", {}).get("rollouts_per_s", 0.0) or float("nan")
+    steady_builtin = median.get("builtin", {}).get("steady_rollouts_per_s", 0.0) or float("nan")
     out: dict[str, Any] = {
         "bench": "agent_programs",
         "rollouts": args.rollouts,
@@ -160,6 +186,11 @@ def main() -> None:
         "concurrency": args.concurrency,
         "rollouts_per_s": {m: v["rollouts_per_s"] for m, v in median.items()},
         "vs_builtin": {m: round(v["rollouts_per_s"] / builtin, 3) for m, v in median.items()},
+        "steady_rollouts_per_s": {m: v["steady_rollouts_per_s"] for m, v in median.items()},
+        "steady_vs_builtin": {
+            m: round(v["steady_rollouts_per_s"] / steady_builtin, 3) for m, v in median.items()
+        },
+        "first_rollout_s": {m: v["first_rollout_s"] for m, v in median.items()},
         "mesh_cpu_ms_per_rollout": {m: v["mesh_cpu_ms_per_rollout"] for m, v in median.items()},
         "programs_cpu_ms_per_rollout": {m: v["programs_cpu_ms_per_rollout"] for m, v in median.items()},
         "trials_rollouts_per_s": {
