@@ -72,7 +72,8 @@ from rollmesh.scheduler.errors import (
 log = get_logger("rollmesh.scheduler.agent_server")
 
 MAX_QUICK_DEATHS = 3
-_POLL_S = (0.02, 0.5)  # readiness polling: first and longest wait between tries
+_POLL_S = (0.02, 0.1)  # readiness polling: first and longest wait between tries (a late
+# poll is time every rollout waiting for the server loses; a poll costs a refused connect)
 _DEATH_GRACE_S = 2.0  # after a dropped request, how long to wait to learn whether the server died
 
 
