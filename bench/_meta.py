@@ -4,6 +4,7 @@ and a module of scripts/ (the foreign virtualenvs' builders) loaded by path."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -17,6 +18,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def trial_args(doc: str, *, trials: int = 5, steps: int = 500) -> argparse.Namespace:
+    """The command line of a bench that alternates paths over trials of N steps: `--trials`,
+    `--steps` (its description: the first paragraph of `doc`, the script's docstring)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=trials)
+    ap.add_argument("--steps", type=int, default=steps)
+    return ap.parse_args()
 
 
 def result_stream() -> TextIO:
@@ -49,6 +59,17 @@ def env_info(*dists: str) -> dict[str, Any]:
 def stats(values: list[float]) -> dict[str, float]:
     """A figure over trials: its mean and sample stddev (0 for one trial)."""
     return {"mean": statistics.fmean(values), "stddev": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def step_figures(wall: dict[str, list[float]], cpu: dict[str, list[float]], cpu_label: str) -> dict[str, Any]:
+    """A per-step bench's figures for each path: wall µs per step (`stats` over trials), the best
+    trial (the least disturbed: a shared machine's load only ever adds time) and `<cpu_label>` µs per
+    step."""
+    return {
+        "wall_us_per_step": {k: stats(v) for k, v in wall.items()},
+        "best_wall_us_per_step": {k: min(v) for k, v in wall.items()},
+        f"{cpu_label}_us_per_step": {k: stats(v) for k, v in cpu.items()},
+    }
 
 
 def load_script(name: str) -> Any:

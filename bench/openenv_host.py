@@ -21,7 +21,6 @@ Needs the OpenEnv virtualenv (scripts/openenv_venv.py: built once, cached).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import json
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import env_info, load_script, log, result_stream, stats
+from bench._meta import env_info, load_script, log, result_stream, step_figures, trial_args
 from rollmesh.mesh.chat import Message
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
@@ -62,10 +61,7 @@ async def timed(step: Callable[[], Awaitable[Any]], n: int) -> tuple[float, floa
 
 
 async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trials", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=500)
-    args = ap.parse_args()
+    args = trial_args(__doc__)
     out = result_stream()
     configure(level="warning")
     python = Path(load_script("openenv_venv").venv())
@@ -120,10 +116,7 @@ async def main() -> None:
         "name": "openenv_host",
         "params": {"trials": args.trials, "steps": args.steps, "environment": "openenv init template (echo)"},
         "figures": {
-            "wall_us_per_step": {k: stats(v) for k, v in wall.items()},
-            # the least disturbed trial of each: a shared machine's load only ever adds time
-            "best_wall_us_per_step": {k: min(v) for k, v in wall.items()},
-            "client_cpu_us_per_step": {k: stats(v) for k, v in cpu.items()},
+            **step_figures(wall, cpu, "client_cpu"),
             "over_openenv_client_wall": {k: ratio(wall, k) for k in ("bridge", "bridge_grpc")},
             "over_openenv_client_client_cpu": {k: ratio(cpu, k) for k in ("bridge", "bridge_grpc")},
         },

@@ -15,6 +15,7 @@ mesh/errors.py `http_status` (422 for an action or reset the schema refuses, as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -155,7 +156,10 @@ def build_app(
         finally:
             await episode.close()
             if websocket.client_state.name == "CONNECTED":
-                await websocket.close()
+                # The client may have closed its end already (OpenEnv's sends `close`, then closes):
+                # our close frame then has nowhere to go, which is no error.
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                    await websocket.close()
 
     return app
 
