@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import struct
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -81,17 +83,19 @@ class FakeDaemon:
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[tuple[FakeDaemon, DockerAPI]]:
+async def daemon() -> AsyncIterator[tuple[FakeDaemon, DockerAPI]]:
     fake = FakeDaemon()
-    path = tmp_path / "docker.sock"
-    server = await asyncio.start_unix_server(fake.handle, path=str(path))
-    api = DockerAPI(endpoint(f"unix://{path}"))
+    # A short folder: a unix socket's path is at most 107 bytes, and pytest's tmp_path can be longer.
+    folder = Path(tempfile.mkdtemp(prefix="rm-dapi-", dir="/tmp"))
+    server = await asyncio.start_unix_server(fake.handle, path=str(folder / "docker.sock"))
+    api = DockerAPI(endpoint(f"unix://{folder / 'docker.sock'}"))
     try:
         yield fake, api
     finally:
         await api.aclose()
         server.close()
         await server.wait_closed()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 async def test_the_api_version_is_the_older_of_the_daemons_and_ours(
