@@ -12,6 +12,7 @@ plays."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -100,7 +101,9 @@ async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     ephemeral loopback port, stopped after the test."""
     async with AsyncExitStack() as stack:
 
-        async def start(v: Verifier, environment: str, *, dataset: str = "", max_steps: int = 8) -> str:
+        async def start(
+            v: Verifier, environment: str, *, dataset: str = "", max_steps: int = 8, max_sessions: int = 0
+        ) -> str:
             if not dataset and environment != "guess":
                 dataset = str(ENVS / environment / "data" / "example.jsonl")
             server: OpenEnvServer = await stack.enter_async_context(
@@ -111,6 +114,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
                     api_key=v.api_key,
                     port=0,
                     max_steps=max_steps,
+                    max_sessions=max_sessions,
                     say=lambda _line: None,
                 )
             )
@@ -346,6 +350,35 @@ async def test_hostile_input_is_one_line_and_the_session_goes_on(
             "reward": 0.0,
         },
     }
+
+
+async def test_sessions_past_max_sessions_are_refused_at_capacity_until_one_closes(
+    verifier: Verifier, serve: Serve, openenv_python: Path
+) -> None:
+    url = await serve(verifier, "arithmetic", max_sessions=1)
+    ws_url = url.replace("http://", "ws://") + "/ws"
+    async with websockets.connect(ws_url) as held:
+        await held.send(json.dumps({"type": "reset", "data": {"index": 0}}))
+        assert json.loads(await held.recv())["type"] == "observation"
+        async with websockets.connect(ws_url) as extra:
+            await extra.send(json.dumps({"type": "reset", "data": {}}))
+            refused = json.loads(await extra.recv())
+        assert refused["type"] == "error" and refused["data"]["code"] == "CAPACITY_REACHED"
+        assert (refused["data"]["active_sessions"], refused["data"]["max_sessions"]) == (1, 1)
+        (theirs,) = await play(openenv_python, url, [{"reset": {"index": 0}}])  # OpenEnv's client sees it too
+        assert "CAPACITY_REACHED" in theirs["reset"]["error"]
+        await held.send(json.dumps({"type": "step", "data": {"message": "60"}}))  # the held one plays on
+        assert json.loads(await held.recv())["data"]["reward"] == 1.0
+    # Closed: its slot is free once the server has seen the close (waited on, not slept on).
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        (again,) = await play(openenv_python, url, [{"reset": {"index": 1}}])
+        if "error" not in again["reset"] or asyncio.get_running_loop().time() > deadline:
+            break
+    assert (
+        again["reset"]["observation"]["messages"]
+        == _rows("arithmetic")[1]["responses_create_params"]["input"]
+    )
 
 
 async def test_auth_refuses_a_missing_or_wrong_token_and_plays_with_the_right_one(

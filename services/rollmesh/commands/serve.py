@@ -120,6 +120,12 @@ def serve_openenv(
     max_steps: Annotated[
         int, typer.Option("--max-steps", min=1, help="Turns after which an episode ends and is verified.")
     ] = 8,
+    max_sessions: Annotated[
+        int,
+        typer.Option(
+            "--max-sessions", min=0, help="Episodes (WebSocket sessions) open at once at most (0: no cap)."
+        ),
+    ] = 0,
     verifier: VerifierAddr = "",
     api_key: ApiKey = "",
 ) -> None:
@@ -140,6 +146,7 @@ def serve_openenv(
             host=host,
             port=port,
             max_steps=max_steps,
+            max_sessions=max_sessions,
             say=lambda line: err.print(line, highlight=False),
         )
     )

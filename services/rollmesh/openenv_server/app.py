@@ -6,6 +6,8 @@
   episode to act on: after checking the action it answers NoEpisode, naming `/ws`;
 - `WS /ws`: one episode per connection (episode.py), messages `reset`, `step`, `state`, `close`;
   a failure is an `error` message (wire.ws_error) and the connection stays open for the next one.
+  With `max_sessions`, a connection past it has its first message answered with OpenEnv's
+  CAPACITY_REACHED error, and is closed.
 
 With an API key every route but `/health` needs `Authorization: Bearer <key>`, checked by the SDK's
 `authorized` as every rollmesh server checks it; a WebSocket without it is refused at the handshake
@@ -67,8 +69,11 @@ def build_app(
     environment: str,
     description: str,
     api_key: str = "",
+    max_sessions: int = 0,
 ) -> FastAPI:
-    """The app serving `environment`: `new_episode()` makes the episode of one session."""
+    """The app serving `environment`: `new_episode()` makes the episode of one session; at most
+    `max_sessions` sessions at once (0: no cap)."""
+    sessions = [0]  # open WebSocket sessions (one episode and at most one verifier session each)
     app = FastAPI(title=f"rollmesh environment {environment} (OpenEnv)", docs_url=None, redoc_url=None)
 
     @app.exception_handler(RollmeshError)
@@ -138,6 +143,10 @@ def build_app(
             await websocket.close(code=WS_POLICY_VIOLATION)
             return
         await websocket.accept()
+        if max_sessions and sessions[0] >= max_sessions:
+            await _refuse_at_capacity(websocket, sessions[0], max_sessions)
+            return
+        sessions[0] += 1
         episode = new_episode()
         try:
             while True:
@@ -154,6 +163,7 @@ def build_app(
         except WebSocketDisconnect:
             pass
         finally:
+            sessions[0] -= 1
             await episode.close()
             if websocket.client_state.name == "CONNECTED":
                 # The client may have closed its end already (OpenEnv's sends `close`, then closes):
@@ -162,6 +172,20 @@ def build_app(
                     await websocket.close()
 
     return app
+
+
+async def _refuse_at_capacity(websocket: WebSocket, active: int, cap: int) -> None:
+    """A session past the cap: its first message is answered with OpenEnv's CAPACITY_REACHED error
+    (so OpenEnv's client raises it from that call, as it raises any server error), then it is closed."""
+    error = wire.ws_error(
+        f"the server holds {active} sessions, its --max-sessions: close one or retry later",
+        "CAPACITY_REACHED",
+    )
+    error["data"] |= {"active_sessions": active, "max_sessions": cap}
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        if (await websocket.receive())["type"] != "websocket.disconnect":
+            await websocket.send_text(json.dumps(error))
+            await websocket.close()
 
 
 async def _answer(episode: Episode, raw: str) -> dict[str, Any] | None:

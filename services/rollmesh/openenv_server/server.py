@@ -108,6 +108,7 @@ async def openenv_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     max_steps: int = 8,
+    max_sessions: int = 0,
     say: Callable[[str], None] = print,
 ) -> AsyncIterator[OpenEnvServer]:
     """The server of `environment`, serving until the block ends (module docstring); `say` gets
@@ -138,7 +139,11 @@ async def openenv_server(
             )
 
         app = build_app(
-            new_episode, environment=environment, description=description.description, api_key=api_key
+            new_episode,
+            environment=environment,
+            description=description.description,
+            api_key=api_key,
+            max_sessions=max_sessions,
         )
         server = OpenEnvServer(app, host=host, port=port)
         await server.start()

@@ -181,7 +181,9 @@ def result(obs: Observation) -> Json:
     }
 
 
-WsErrorCode = Literal["INVALID_JSON", "UNKNOWN_TYPE", "VALIDATION_ERROR", "EXECUTION_ERROR", "SESSION_ERROR"]
+WsErrorCode = Literal[
+    "INVALID_JSON", "UNKNOWN_TYPE", "VALIDATION_ERROR", "EXECUTION_ERROR", "SESSION_ERROR", "CAPACITY_REACHED"
+]
 
 
 def error_code(exc: BaseException) -> WsErrorCode:
