@@ -607,6 +607,15 @@ def _counted(method: Callable[..., Any]) -> Callable[..., Any]:
     return assert_method
 
 
+def _comparison(op: Callable[[Any, Any], Any]) -> Callable[[Opaque, Any], Any]:
+    """An `Opaque` comparison dunder: `op` on plain values only (`Opaque._rm_compare`)."""
+
+    def compare(self: Opaque, other: Any) -> Any:
+        return self._rm_compare(op, other)
+
+    return compare
+
+
 class Opaque:
     """A global of the solution's (`["name", n]`) or an object of its own (`["ref", n]`), living in
     the solution's process. What Python would ask of it is asked there; a global that turns out to
@@ -698,23 +707,12 @@ class Opaque:
     def __hash__(self) -> int:
         return id(self)
 
-    def __eq__(self, other: object) -> Any:
-        return self._rm_compare(operator.eq, other)
-
-    def __ne__(self, other: object) -> Any:
-        return self._rm_compare(operator.ne, other)
-
-    def __lt__(self, other: Any) -> Any:
-        return self._rm_compare(operator.lt, other)
-
-    def __le__(self, other: Any) -> Any:
-        return self._rm_compare(operator.le, other)
-
-    def __gt__(self, other: Any) -> Any:
-        return self._rm_compare(operator.gt, other)
-
-    def __ge__(self, other: Any) -> Any:
-        return self._rm_compare(operator.ge, other)
+    __eq__ = _comparison(operator.eq)
+    __ne__ = _comparison(operator.ne)
+    __lt__ = _comparison(operator.lt)
+    __le__ = _comparison(operator.le)
+    __gt__ = _comparison(operator.gt)
+    __ge__ = _comparison(operator.ge)
 
     def __bool__(self) -> bool:
         value = self._rm_value()
