@@ -143,6 +143,17 @@ class TestSpec:
     cases: list[Any]
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What one run runs: the code, its tests, its limits, and whether the Python-level guards
+    are on."""
+
+    code: str
+    tests: TestSpec
+    limits: SandboxLimits
+    guards: bool = True
+
+
 @dataclass
 class RunResult:
     status: str  # "ok" (every case has a verdict), "timeout", "crashed" (the channel broke)
@@ -250,7 +261,9 @@ class Sandbox:
         tests = TestSpec("asserts", list(checks.values()))
         try:
             code = "import os, sys\nx = 1"
-            res = await self._run_once(code, tests, limits, "namespaces", PROBE_UID, clean_uid=PROBE_UID)
+            res = await self._run_once(
+                _Job(code, tests, limits), "namespaces", PROBE_UID, clean_uid=PROBE_UID
+            )
         except (OSError, SandboxUnavailable) as exc:
             return False, str(exc)[-300:]
         if res.status != "ok":
@@ -270,9 +283,8 @@ class Sandbox:
             uid = await self._uids.lease()
             result = "unavailable"
             try:
-                run = await self._run_once(
-                    code, tests, limits or self.config.limits, mode, uid, guards=guards
-                )
+                job = _Job(code, tests, limits or self.config.limits, guards)
+                run = await self._run_once(job, mode, uid)
                 result = run.status
                 return run
             finally:
@@ -362,17 +374,7 @@ class Sandbox:
             str(limits.fsize_mb + 1),  # what the run may write in all; +1 for the runner's files
         ]
 
-    async def _run_once(
-        self,
-        code: str,
-        tests: TestSpec,
-        limits: SandboxLimits,
-        mode: str,
-        uid: int,
-        *,
-        clean_uid: int | None = None,
-        guards: bool = True,
-    ) -> RunResult:
+    async def _run_once(self, job: _Job, mode: str, uid: int, *, clean_uid: int | None = None) -> RunResult:
         """One run: the solution's process, a sandbox of its own, and for assert tests a child of a
         pre-started clean interpreter (`_Zygote`), in a sandbox and under a uid of its own."""
         start = time.monotonic()
@@ -380,15 +382,15 @@ class Sandbox:
         healthy = False
         try:
             if self._forks(mode):
-                result = await self._run_forked(code, tests, limits, mode, uid, clean_uid, guards)
+                result = await self._run_forked(job, mode, uid, clean_uid)
             else:
-                async with self._process(mode, limits, uid, "--solution") as proc:
-                    if tests.kind == "asserts":
-                        clean = await self._clean_interpreter(mode, limits, clean_uid)
+                async with self._process(mode, job.limits, uid, "--solution") as proc:
+                    if job.tests.kind == "asserts":
+                        clean = await self._clean_interpreter(mode, job.limits, clean_uid)
                     spawned = _Spawned(
                         proc.proc, proc.reply_fd, proc.child_fd, proc.drop_to, mode == "process"
                     )
-                    result, healthy = await self._supervise(spawned, clean, code, tests, limits, guards)
+                    result, healthy = await self._supervise(spawned, clean, job)
         finally:
             if clean is not None:
                 await self._release_clean(clean, reuse=healthy)
@@ -401,37 +403,29 @@ class Sandbox:
         in `namespaces` mode as root, where the forker can stay root and give each run its uid."""
         return mode == "namespaces" and self._drop_privileges
 
-    async def _run_forked(
-        self,
-        code: str,
-        tests: TestSpec,
-        limits: SandboxLimits,
-        mode: str,
-        uid: int,
-        clean_uid: int | None,
-        guards: bool,
-    ) -> RunResult:
+    async def _run_forked(self, job: _Job, mode: str, uid: int, clean_uid: int | None) -> RunResult:
         """`_run_once` with the solution's process forked by a `Forker` (kept when it ended the run
         as its protocol says); its clean interpreter as `_run_once` has it."""
-        forker = await self._forker(mode, limits, keep=clean_uid is None)
+        forker = await self._forker(mode, job.limits, keep=clean_uid is None)
         clean: _Zygote | None = None
         healthy = False
         try:
             try:
-                main = await forker.fork(uid, limits.fsize_mb + 1)  # the size a fresh run has (`_command`)
+                # The size a fresh run has (`_command`).
+                main = await forker.fork(uid, job.limits.fsize_mb + 1)
             except ChannelBroken as exc:
                 why = await _head(forker.drain)
                 raise SandboxUnavailable(
                     f"the sandbox did not start ({exc}): {why}", timed_out=False
                 ) from None
             try:
-                if tests.kind == "asserts":
+                if job.tests.kind == "asserts":
                     try:
-                        clean = await self._clean_interpreter(mode, limits, clean_uid)
+                        clean = await self._clean_interpreter(mode, job.limits, clean_uid)
                     except BaseException:
                         main.discard()
                         raise
-                result, healthy = await self._supervise(main, clean, code, tests, limits, guards)
+                result, healthy = await self._supervise(main, clean, job)
             finally:
                 await main.stop()
         finally:
@@ -553,15 +547,10 @@ class Sandbox:
         return None
 
     async def _supervise(
-        self,
-        main: _Spawned | Forked,
-        clean: _Zygote | None,
-        code: str,
-        tests: TestSpec,
-        limits: SandboxLimits,
-        guards: bool,
+        self, main: _Spawned | Forked, clean: _Zygote | None, job: _Job
     ) -> tuple[RunResult, bool]:
         """The run's result, and whether its clean interpreter ended as the protocol says."""
+        tests, limits, guards = job.tests, job.limits, job.guards
         cap = limits.output_kb * 1024
         readers = asyncio.gather(read_capped(main.stdout, cap), read_capped(main.stderr, cap))
         channel = await Channel.open(main.stdin, main.reply_fd, max_frame=max(cap, MAX_REPLY_BYTES))
@@ -591,7 +580,7 @@ class Sandbox:
                 greetings.append(asyncio.ensure_future(main.started()))
             if clean is not None:
                 greetings.append(asyncio.ensure_future(clean.fork(limits, guards)))
-            load = await channel.send("load", code=code, mode=tests.kind)
+            load = await channel.send("load", code=job.code, mode=tests.kind)
             await asyncio.gather(*greetings)
             error, ended = await _judge(channels, await channel.receive(load), tests, verdicts, unverifiable)
             if clean is not None:
