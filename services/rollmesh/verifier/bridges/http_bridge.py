@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import json
 import tomllib
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -184,7 +184,7 @@ class HttpBridge:
         url = self.url(path)
         headers = {"Content-Type": "application/json"} if data is not None else {}
         headers |= cookies.header() if cookies is not None else {}
-        try:
+        with self._failures(method, url, "got no answer"):
             async with self._http.request(method, url, data=data, headers=headers) as resp:
                 # read(n) gives what has arrived (up to n), not the whole body: read to the end.
                 chunks: list[bytes] = []
@@ -203,43 +203,38 @@ class HttpBridge:
                     cookies.update(resp)
                 self.down = ""
                 return Reply(resp.status, raw.decode("utf-8", "replace"))
-        except TimeoutError:
-            raise EnvServerTimeout(
-                f"{self.name}: {method} {url} got no answer within {self.timeout_s:g}s",
-                metadata={"url": url},
-            ) from None
-        except aiohttp.ClientConnectionError as exc:  # refused, dropped, reset (ClientOSError too)
-            self.down = f"{self.name}: {method} {url} failed: {type(exc).__name__}: {exc}"
-            raise EnvServerUnreachable(self.down, metadata={"url": url}) from None
-        except aiohttp.ClientError as exc:
-            raise EnvServerBadReply(
-                f"{self.name}: {method} {url} failed: {type(exc).__name__}: {exc}", metadata={"url": url}
-            ) from None
-        except asyncio.CancelledError:
-            raise
 
     async def websocket(self, path: str) -> JsonSocket:
         """A WebSocket to `path` (the base URL's scheme made ws/wss): EnvServerUnreachable when it
         cannot be opened, EnvServerTimeout when the handshake gets no answer within `timeout_s`."""
         assert self._http is not None, "HttpBridge.open() was not called"
         url = self.url(path).replace("http://", "ws://", 1).replace("https://", "wss://", 1)
-        try:
+        with self._failures("WebSocket", url, "was not opened"):
             async with asyncio.timeout(self.timeout_s):
                 ws = await self._http.ws_connect(url, max_msg_size=MAX_BODY_BYTES, autoping=True)
+        self.down = ""
+        return JsonSocket(self.name, url, ws, self.timeout_s)
+
+    @contextlib.contextmanager
+    def _failures(self, what: str, url: str, timed_out: str) -> Iterator[None]:
+        """aiohttp's failures of `what` (a method's call, a WebSocket's opening) at `url` as named
+        errors: EnvServerTimeout when nothing came within `timeout_s` (`timed_out` says what did
+        not happen), EnvServerUnreachable when there was no connection (refused, dropped, reset,
+        a refused WebSocket handshake; the bridge is `down` until a call gets through), else
+        EnvServerBadReply."""
+        try:
+            yield
         except TimeoutError:
             raise EnvServerTimeout(
-                f"{self.name}: WebSocket {url} was not opened within {self.timeout_s:g}s",
-                metadata={"url": url},
+                f"{self.name}: {what} {url} {timed_out} within {self.timeout_s:g}s", metadata={"url": url}
             ) from None
         except (aiohttp.ClientConnectionError, aiohttp.WSServerHandshakeError) as exc:
-            self.down = f"{self.name}: WebSocket {url} failed: {type(exc).__name__}: {exc}"
+            self.down = f"{self.name}: {what} {url} failed: {type(exc).__name__}: {exc}"
             raise EnvServerUnreachable(self.down, metadata={"url": url}) from None
         except aiohttp.ClientError as exc:
             raise EnvServerBadReply(
-                f"{self.name}: WebSocket {url} failed: {type(exc).__name__}: {exc}", metadata={"url": url}
+                f"{self.name}: {what} {url} failed: {type(exc).__name__}: {exc}", metadata={"url": url}
             ) from None
-        self.down = ""
-        return JsonSocket(self.name, url, ws, self.timeout_s)
 
     def json_object(self, reply: Reply, what: str) -> Json:
         """The answer as a JSON object, or EnvServerBadReply naming `what` and the first bytes."""
