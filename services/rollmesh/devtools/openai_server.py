@@ -165,12 +165,9 @@ class OpenAITestServer:
         self._rng = random.Random(self.faults.seed)
         self._stopping = asyncio.Event()
         self._serve = AiohttpServe()
+        self.port = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        return self._serve.port
 
     @property
     def base_url(self) -> str:
@@ -184,7 +181,7 @@ class OpenAITestServer:
         app.router.add_get("/_stats", self._stats)
         app.router.add_post("/_faults", self._set_faults)
         options = {"access_log": None, "handle_signals": False, "shutdown_timeout": 1.0}
-        await self._serve.start(app, self._host, self._port, backlog=4096, **options)
+        self.port = await self._serve.start(app, self._host, self._port, backlog=4096, **options)
 
     async def stop(self) -> None:
         self._stopping.set()
