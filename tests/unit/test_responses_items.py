@@ -207,3 +207,49 @@ def test_the_gateways_responses_route_reads_items_here_and_names_the_item_it_ref
         protocol.responses_input({}, {"model": "m", "input": [*items, {"type": "file_search_call"}]})
     assert exc.value.metadata["field"] == "input[3].type"
     assert exc.value.message == "input[3].type: item type 'file_search_call' is not supported"
+
+
+# Chat dicts as rows hold them, and as other writers send them: every shape `Message.from_openai`
+# reads (content parts, None content, calls with the function's fields at the top or arguments as an
+# object, calls without ids, vLLM's `reasoning` and `reasoning_content`, empty reasoning, tool
+# outputs, user/system turns, several turns).
+_CHATS: list[list[dict[str, Any]]] = [
+    [],
+    [{"role": "assistant", "content": "The answer is 4."}],
+    [{"role": "assistant", "content": ""}],
+    [{"role": "assistant", "content": None}],
+    [{"role": "assistant", "content": "", "reasoning_content": ""}],
+    [{"role": "assistant", "content": "x", "reasoning_content": "think\n\nmore"}],
+    [{"role": "assistant", "content": "", "reasoning": [{"type": "text", "text": "r"}]}],
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "assistant",
+            "content": "calling",
+            "reasoning_content": "plan",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}},
+                {"id": "", "type": "function", "function": {"name": "calc", "arguments": {"y": [2]}}},
+                {"name": "top", "arguments": None},
+                "not a call",
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "1"},
+        {"role": "tool", "content": [{"type": "text", "text": "2"}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c3", "function": {"name": "f"}}]},
+        {"role": "tool", "tool_call_id": "c3", "content": ""},
+        {"role": "user", "content": "again", "name": "u"},
+        {"role": "assistant", "content": "done", "reasoning_content": None, "reasoning": "late"},
+    ],
+    [{"role": "developer", "content": 7}, {"content": "no role"}],
+]
+
+
+@pytest.mark.parametrize("chat", _CHATS)
+def test_items_from_chat_are_the_message_path_items(chat: list[dict[str, Any]]) -> None:
+    # The row's fast path (no Message objects) gives byte-identical items to the path through them.
+    fast = ri.items_from_chat(chat)
+    slow = ri.items_from_messages(Message.from_openai(m) for m in chat)
+    assert json.dumps(fast) == json.dumps(slow)
+    assert (fast == []) == (chat == [])

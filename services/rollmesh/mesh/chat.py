@@ -79,7 +79,8 @@ class ToolCall:
         return cls(str(raw.get("id") or ""), str(fn.get("name") or ""), _arguments(fn.get("arguments")))
 
 
-def _reasoning(raw: Mapping[str, Any]) -> str | None:
+def reasoning_of(raw: Mapping[str, Any]) -> str | None:
+    """An OpenAI-style message dict's reasoning (`reasoning_content`, else `reasoning`; None: none)."""
     for key in ("reasoning_content", "reasoning"):
         value = raw.get(key)
         if value is not None:
@@ -120,7 +121,7 @@ class Message:
             ),
             tool_call_id=str(raw.get("tool_call_id") or ""),
             name=str(raw.get("name") or ""),
-            reasoning=_reasoning(raw),
+            reasoning=reasoning_of(raw),
         )
 
     def same_turn(self, other: Message) -> bool:

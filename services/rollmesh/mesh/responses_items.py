@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rollmesh.mesh.chat import Message, ToolCall, content_text
+from rollmesh.mesh.chat import Message, ToolCall, content_text, reasoning_of
 
 # Roles a Responses message item may have besides "assistant".
 _INPUT_ROLES = frozenset({"user", "system", "developer"})
@@ -168,24 +168,65 @@ def items_from_messages(messages: Iterable[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def items_from_chat(messages: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`items_from_messages` of OpenAI-style message dicts, read as `Message.from_openai` reads them
+    (content parts flattened, a call's function fields, `reasoning_content` or `reasoning`) but
+    without building the `Message`s: the same items, built once per stored rollout row."""
+    out: list[dict[str, Any]] = []
+    for n, raw in enumerate(messages):
+        role = str(raw.get("role") or "")
+        content = raw.get("content")
+        text = content if isinstance(content, str) else content_text(content)
+        if role == "assistant":
+            calls = raw.get("tool_calls")
+            _turn_items(
+                out,
+                text,
+                reasoning_of(raw),
+                [ToolCall.from_openai(c) for c in calls if isinstance(c, Mapping)] if calls else (),
+                f"{n}",
+            )
+        elif role == "tool":
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "id": f"fco_{n}",
+                    "call_id": str(raw.get("tool_call_id") or ""),
+                    "output": text,
+                    "status": "completed",
+                }
+            )
+        else:
+            out.append({"type": "message", "role": role, "content": text})
+    return out
+
+
 def assistant_items(m: Message, suffix: str) -> list[dict[str, Any]]:
     """One assistant turn as Responses items: its reasoning, its text, its calls (each only when the
     turn has it; a turn with none of them is one empty text message). `suffix` makes the item ids."""
     out: list[dict[str, Any]] = []
-    if m.reasoning is not None:
-        summary = [{"type": "summary_text", "text": m.reasoning}] if m.reasoning else []
+    _turn_items(out, m.content, m.reasoning, m.tool_calls, suffix)
+    return out
+
+
+def _turn_items(
+    out: list[dict[str, Any]], content: str, reasoning: str | None, calls: Sequence[ToolCall], suffix: str
+) -> None:
+    """Append one assistant turn's items to `out` (`assistant_items`)."""
+    if reasoning is not None:
+        summary = [{"type": "summary_text", "text": reasoning}] if reasoning else []
         out.append({"type": "reasoning", "id": f"rs_{suffix}", "summary": summary, "encrypted_content": None})
-    if m.content or (not m.tool_calls and m.reasoning is None):
+    if content or (not calls and reasoning is None):
         out.append(
             {
                 "type": "message",
                 "id": f"msg_{suffix}",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": m.content, "annotations": []}],
+                "content": [{"type": "output_text", "text": content, "annotations": []}],
             }
         )
-    for k, c in enumerate(m.tool_calls):
+    for k, c in enumerate(calls):
         out.append(
             {
                 "type": "function_call",
@@ -196,7 +237,6 @@ def assistant_items(m: Message, suffix: str) -> list[dict[str, Any]]:
                 "status": "completed",
             }
         )
-    return out
 
 
 def output_text(items: Sequence[Mapping[str, Any]]) -> str:
@@ -244,6 +284,28 @@ def response_object(
 ) -> dict[str, Any]:
     """A whole Responses object (what OpenAI's SDK and NeMo Gym's `NeMoGymResponse` validate) whose
     `output` is `messages` as items: an episode's turns after its input."""
+    return response_of_items(
+        items_from_messages(messages),
+        response_id=response_id,
+        model=model,
+        finish_reason=finish_reason,
+        created_at=created_at,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+    )
+
+
+def response_of_items(
+    output: list[dict[str, Any]],
+    *,
+    response_id: str,
+    model: str,
+    finish_reason: str,
+    created_at: float = 0.0,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+) -> dict[str, Any]:
+    """`response_object` of items already built (`items_from_chat` of a row's chat messages)."""
     status, incomplete = response_status(finish_reason)
     return {
         "id": response_id,
@@ -255,7 +317,7 @@ def response_object(
         "incomplete_details": incomplete,
         "instructions": None,
         "metadata": {},
-        "output": items_from_messages(messages),
+        "output": output,
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],

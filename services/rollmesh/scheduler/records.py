@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollmesh.mesh import responses_items
-from rollmesh.mesh.chat import Message
 from rollmesh.mesh.versions import VersionSpan
 from rollmesh.scheduler.timing import RolloutTiming
 
@@ -188,8 +187,8 @@ class Rollout:
     def response_object(self) -> Json:
         """The episode's turns as an OpenAI Responses object (`response` in the row)."""
         k = self.key
-        return responses_items.response_object(
-            (Message.from_openai(m) for m in self.messages),
+        return responses_items.response_of_items(
+            responses_items.items_from_chat(self.messages),
             response_id=f"resp_{self.job_id}_{k.task_index}_{k.rollout_index}",
             model=self.model,
             finish_reason=self.finish_reason,
