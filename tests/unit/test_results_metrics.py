@@ -202,5 +202,13 @@ def test_a_packed_summary_unpacks_to_the_same_and_holds_no_object_the_collector_
     assert scored.health  # an empty turn cut at max tokens: findings to carry
     packed = scored.pack()
     assert Scored.unpack(Scored.stored_packed(r)) == scored  # what the JSONL sink keeps, built at once
+    # ... and built from the row's already rounded timing: the same summary, non-finite phases too
+    for timing in (
+        r.timing,
+        RolloutTiming(1 / 3, float("inf"), 2e-7, [1 / 7, 5e-7], [], [], [], float("nan")),
+    ):
+        assert timing is not None
+        r.timing = timing
+        assert Scored.unpack(Scored.stored_packed(r, timing.to_json())) == Scored.stored(r)
     assert not gc.is_tracked(packed)  # never in the collector's sight (no collection needed first)
     assert Scored.unpack(packed) == scored

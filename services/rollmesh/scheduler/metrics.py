@@ -101,10 +101,17 @@ class Scored:
         return cls.of(r, timing=r.timing.rounded() if r.timing is not None else None)
 
     @staticmethod
-    def stored_packed(r: Rollout) -> Packed:
+    def stored_packed(r: Rollout, row_timing: Json | None = None) -> Packed:
         """`Scored.stored(r).pack()` built at once, with no Scored or rounded timing in between: the
-        JSONL sink keeps one for every row it writes."""
+        JSONL sink keeps one for every row it writes. `row_timing`: `r.timing.to_json()` when the
+        caller has it (the row's `timing`), read instead of rounding the phases again."""
         k = r.key
+        if r.timing is None:
+            timing = None
+        elif row_timing is None:
+            timing = r.timing.rounded_values()
+        else:
+            timing = RolloutTiming.rounded_values_of_json(row_timing)
         return _pack(
             (
                 k.task_index,
@@ -115,7 +122,7 @@ class Scored:
                 r.extracted_answer,
             ),
             (r.prompt_tokens, r.completion_tokens, len(r.tokens.token_ids), r.masked, r.latency_s),
-            None if r.timing is None else r.timing.rounded_values(),
+            timing,
             _findings(r),
         )
 

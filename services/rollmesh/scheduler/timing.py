@@ -58,6 +58,10 @@ def _r(seconds: float) -> float:
     return round(seconds, 6)
 
 
+def _finite(seconds: float) -> float:
+    return seconds if math.isfinite(seconds) else 0.0
+
+
 def _r_finite(seconds: float) -> float:
     """A scalar phase as `from_json` reads it back: rounded, and 0 when not finite."""
     return round(seconds, 6) if math.isfinite(seconds) else 0.0
@@ -116,6 +120,21 @@ class RolloutTiming:
             tuple([round(v, 6) for v in self.tool_s]),
             tuple([round(v, 6) for v in self.env_step_s]),
             _r_finite(self.verify_s),
+        )
+
+    @staticmethod
+    def rounded_values_of_json(data: Mapping[str, Any]) -> TimingValues:
+        """`rounded_values()` of the timing whose `to_json()` is `data`, read off its already rounded
+        values (rounding twice gives the same float) instead of rounding every phase again."""
+        return (
+            _finite(data["queued_s"]),
+            _finite(data["retried_s"]),
+            _finite(data["seed_s"]),
+            tuple(data["model_s"]),
+            tuple(data["first_token_s"]),
+            tuple(data["tool_s"]),
+            tuple(data["env_step_s"]),
+            _finite(data["verify_s"]),
         )
 
     def values(self) -> TimingValues:

@@ -366,9 +366,10 @@ class JsonlSink(Sink):
 
 
 def _row(rollout: Rollout) -> _Row:
-    return _Row(
-        rollout.key, _dumps(rollout.to_row()), measured_reward(rollout), Scored.stored_packed(rollout)
-    )
+    row = rollout.to_row()
+    # The summary's timing is the row's, already rounded (a task field named `timing` is not it).
+    summary = Scored.stored_packed(rollout, row["timing"] if rollout.timing is not None else None)
+    return _Row(rollout.key, _dumps(row), measured_reward(rollout), summary)
 
 
 # One encoder for every row (json.dumps with these arguments builds a new one per call). No check
