@@ -80,7 +80,7 @@ compose_command() {
 
 # Compose v2 from Debian trixie's docker-compose package (a static Go binary; runs on bookworm), cached.
 install_compose_v2() {
-  local plugin_dir=/usr/local/lib/docker/cli-plugins cache="$ROOT/compose-v2" mirror filename
+  local plugin_dir="${ROLLMESH_DOCKER_PLUGIN_DIR:-/usr/local/lib/docker/cli-plugins}" cache="$ROOT/compose-v2" mirror filename
   if [ ! -x "$cache/docker-compose" ]; then
     need_root "install Docker Compose v2"
     mirror="$(debian_mirror)"
@@ -101,6 +101,17 @@ install_compose_v2() {
   need_root "link the Docker Compose v2 plugin into $plugin_dir"
   mkdir -p "$plugin_dir" && ln -sf "$cache/docker-compose" "$plugin_dir/docker-compose"
   docker compose version >/dev/null 2>&1 || die "docker compose does not run after installing $cache/docker-compose"
+}
+
+# Compose v2 when it is missing. Not root, with Compose v1 there: v1 is used, and the log says what
+# v2 would add (Harbor's `harbor run` and testcontainers' DockerCompose need it).
+ensure_compose_v2() {
+  docker compose version >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" != 0 ] && command -v docker-compose >/dev/null 2>&1; then
+    log "only Compose v1 (docker-compose) here: run as root once to add Compose v2 (Harbor and testcontainers need it)"
+    return 0
+  fi
+  install_compose_v2
 }
 
 # The Debian mirror apt uses (deb822 sources first, then the one-line format).
@@ -232,7 +243,7 @@ main() {
     fi
     use_local_base="${use_local_base:-1}"
   fi
-  docker compose version >/dev/null 2>&1 || install_compose_v2
+  ensure_compose_v2
   local compose
   compose="$(compose_command)"
   [ -n "$compose" ] || die "no docker compose after installing Compose v2"

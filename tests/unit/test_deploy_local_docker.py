@@ -1,11 +1,14 @@
 """deploy/local-docker.sh, run for real against fake `docker`, `dockerd`, `debootstrap`, `apt-get`,
-`docker-compose`, `python3` (pip config) and `id` on PATH, each recording how it was called:
+`docker-compose`, `curl`, `dpkg-deb`, `python3` (pip config) and `id` on PATH, each recording how it
+was called:
 
 - no daemon reachable: nothing installed that is present, a private dockerd started with the
   options this machine kind needs (no iptables, no default bridge, its own data/exec roots and
   socket), the base image made once with debootstrap and `docker import`, pip's find-links wheels
   and CA bundle copied into the build context, and `export` lines for eval on stdout only;
-- a second run reuses the running daemon and the cached base image;
+- Compose v2 missing: trixie's docker-compose package fetched from the mirror once, its plugin
+  unpacked into the cache and linked into the plugin folder; `docker compose` is what it exports;
+- a second run reuses the running daemon, the cached base image and the cached plugin;
 - a daemon that is already reachable is used as it is: nothing started, no local base image;
 - a dockerd that never answers fails within its bound; a non-root user gets exit 2.
 """
@@ -34,6 +37,8 @@ case "$1" in
   import) cat > "$FAKE_STATE/imported.tar"; echo "$*" >> "$FAKE_STATE/imported"
           eval "tag=\${$#}"; echo "$tag" >> "$FAKE_STATE/images"; echo sha256:0 ;;
   version) echo 20.10.24-fake ;;
+  compose) plugin="$ROLLMESH_DOCKER_PLUGIN_DIR/docker-compose"
+           test -x "$plugin" && "$plugin" "$@" ;;
   *) exit 1 ;;
 esac
 """,
@@ -59,6 +64,28 @@ exit 1
     "docker-compose": """#!/bin/sh
 echo "docker-compose version 1.29.2"
 """,
+    # The mirror: its trixie package index names the package; the package is whatever dpkg-deb reads.
+    "curl": r"""#!/bin/sh
+echo "curl $*" >> "$FAKE_STATE/calls"
+eval "url=\${$#}"
+while [ $# -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
+case "$url" in
+  */dists/trixie/main/binary-*/Packages.xz)
+    { printf 'Package: docker\nFilename: pool/main/d/docker/docker_1_amd64.deb\n\n'
+      printf 'Package: docker-compose\nVersion: 2.26.1-4\n'
+      printf 'Filename: pool/main/d/docker-compose/docker-compose_2.26.1-4_amd64.deb\n\n'; } | xz > "$out" ;;
+  */pool/main/d/docker-compose/docker-compose_2.26.1-4_amd64.deb) echo deb > "$out" ;;
+  *) exit 22 ;;
+esac
+""",
+    "dpkg-deb": r"""#!/bin/sh
+[ "$1" = "--fsys-tarfile" ] && [ "$(cat "$2")" = deb ] || exit 2
+root="$FAKE_STATE/deb-root"
+mkdir -p "$root/usr/libexec/docker/cli-plugins"
+printf '#!/bin/sh\necho "Docker Compose version 2.26.1-fake"\n' \
+  > "$root/usr/libexec/docker/cli-plugins/docker-compose"
+tar -C "$root" -c ./usr
+""",
     "python3": """#!/bin/sh
 [ "$*" = "-m pip config list" ] && cat "$FAKE_STATE/pip-config"
 """,
@@ -66,6 +93,12 @@ echo "docker-compose version 1.29.2"
 echo "${FAKE_UID:-0}"
 """,
 }
+
+
+def _arch() -> str:
+    return subprocess.run(
+        ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @dataclass
@@ -126,6 +159,7 @@ def machine(tmp_path: Path) -> Machine:
         "ROLLMESH_WHEELS_DIR": str(tmp_path / "context" / "wheels"),
         "ROLLMESH_CERTS_DIR": str(tmp_path / "context" / "certs"),
         "DEBIAN_MIRROR": MIRROR,
+        "ROLLMESH_DOCKER_PLUGIN_DIR": str(tmp_path / "cli-plugins"),
     }
     return Machine(tmp_path, state, env)
 
@@ -146,7 +180,7 @@ def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(
         "BASE_IMAGE": "rollmesh-base:bookworm",
         "NEMO_GYM_BASE_IMAGE": "rollmesh-base:trixie",  # the nemo-gym service's base (Python >= 3.12)
         "DOCKER_HOST": machine.socket,
-        "ROLLMESH_COMPOSE": "docker-compose",
+        "ROLLMESH_COMPOSE": "docker compose",
     }
     (dockerd,) = machine.lines("dockerd.calls")
     args = dockerd.split()
@@ -172,6 +206,14 @@ def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(
     assert (context / "wheels" / "torch-2.0+cpu-cp311-none-any.whl").read_bytes() == b"wheel"
     assert "BEGIN CERTIFICATE" in (context / "certs" / "host-ca-bundle.crt").read_text()
     assert not [c for c in machine.lines("calls") if c.startswith("apt-get")], "nothing was missing"
+    fetched = [c.split()[-1] for c in machine.lines("calls") if c.startswith("curl")]
+    assert fetched == [
+        f"{MIRROR}/dists/trixie/main/binary-{_arch()}/Packages.xz",
+        f"{MIRROR}/pool/main/d/docker-compose/docker-compose_2.26.1-4_amd64.deb",
+    ]
+    plugin = machine.tmp / "cli-plugins" / "docker-compose"
+    assert plugin.resolve() == machine.root / "compose-v2" / "docker-compose"
+    assert not [p.name for p in (machine.root / "compose-v2").iterdir() if p.name != "docker-compose"]
 
     second = machine.run()
     assert second.returncode == 0, second.stderr
@@ -179,6 +221,7 @@ def test_without_a_daemon_it_starts_a_private_one_and_makes_the_base_image_once(
     assert len(machine.lines("dockerd.calls")) == 1, "the running private daemon is reused"
     assert len(machine.lines("debootstrap.calls")) == 2, "the base images are cached"
     assert "is cached" in second.stderr
+    assert len([c for c in machine.lines("calls") if c.startswith("curl")]) == 2, "the plugin is cached"
 
 
 def test_a_reachable_daemon_is_used_as_it_is(machine: Machine) -> None:
@@ -188,9 +231,20 @@ def test_a_reachable_daemon_is_used_as_it_is(machine: Machine) -> None:
     assert res.returncode == 0, res.stderr
     assert exports(res.stdout) == {
         "DOCKER_HOST": "unix:///var/run/elsewhere.sock",
-        "ROLLMESH_COMPOSE": "docker-compose",
+        "ROLLMESH_COMPOSE": "docker compose",
     }
     assert not machine.lines("dockerd.calls") and not machine.lines("debootstrap.calls")
+
+
+def test_not_root_with_compose_v1_uses_it_and_says_what_v2_adds(machine: Machine) -> None:
+    (machine.state / "daemon").write_text("unix:///var/run/elsewhere.sock")
+    machine.env["DOCKER_HOST"] = "unix:///var/run/elsewhere.sock"
+    machine.env["FAKE_UID"] = "1000"
+    res = machine.run()
+    assert res.returncode == 0, res.stderr
+    assert exports(res.stdout)["ROLLMESH_COMPOSE"] == "docker-compose"
+    assert "run as root once to add Compose v2" in res.stderr
+    assert not [c for c in machine.lines("calls") if c.startswith("curl")]
 
 
 def test_a_dockerd_that_never_answers_fails_within_its_bound(machine: Machine) -> None:
