@@ -33,7 +33,7 @@ from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier.bridges.http_bridge import HttpBridge
-from rollmesh.verifier.environment import Environment, Session
+from rollmesh.verifier.environment import EnvContext, Environment, Session
 from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable, EnvSessionLost
 
 log = get_logger("rollmesh.verifier.bridges.foreign")
@@ -94,13 +94,31 @@ def sidecar_spec(
     )
 
 
+def folder_of(context: EnvContext, what: str, config_file: str) -> Path:
+    """The folder of a bridged environment (`what`, e.g. "a NeMo Gym environment"), which holds
+    its `config_file`; a ConfigError when it has none."""
+    if context.path is None:
+        raise ConfigError(f"{what} needs its folder (holding {config_file})")
+    return context.path
+
+
 class ForeignServerEnvironment(Environment):
-    """An environment a foreign server answers; a subclass sets `sidecar` and `http` in __init__."""
+    """An environment a foreign server answers; a subclass calls `attach` in __init__."""
 
     sidecar: Sidecar | None
     http: HttpBridge
     #: The probing of a server that was unreachable at start, until it is discovered.
     _discovery: asyncio.Task[None] | None = None
+
+    def attach(
+        self, label: str, base_url: Callable[[], str], timeout_s: float, sidecar: Sidecar | None
+    ) -> None:
+        """The server: managed by `sidecar`, or attached by URL (None); and the HTTP bridge to it
+        (`label` names the server in its errors), which waits for a managed server to be ready
+        again before it retries a call that found none."""
+        self.sidecar = sidecar
+        wait_ready = sidecar.ready if sidecar is not None else None
+        self.http = HttpBridge(label, base_url, timeout_s=timeout_s, wait_ready=wait_ready)
 
     async def discover(self) -> None:
         """Read what the server offers (module docstring); the default reads nothing."""

@@ -81,18 +81,19 @@ from typing import Any
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec
 from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
-from rollmesh.mesh.errors import ConfigError, NotJson
+from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.responses_items import response_object
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.foreign import (
     ForeignServerEnvironment,
+    folder_of,
     interpreter,
     numbers_of,
     reward_of,
     sidecar_spec,
 )
-from rollmesh.verifier.bridges.http_bridge import Cookies, HttpBridge, Json, Reply, bridge_config, built
+from rollmesh.verifier.bridges.http_bridge import Cookies, Json, Reply, bridge_config, built
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -289,18 +290,9 @@ class NemoGymEnvironment(ForeignServerEnvironment):
 
     def __init__(self, context: EnvContext) -> None:
         super().__init__(context)
-        if context.path is None:
-            raise ConfigError("a NeMo Gym environment needs its folder (holding nemo_gym.toml)")
-        self.cfg = NemoGymConfig.load(context.path)
-        self.sidecar: Sidecar | None = None
-        if self.cfg.managed:
-            self.sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
-        self.http = HttpBridge(
-            f"NeMo Gym server {self.cfg.server!r}",
-            self._base_url,
-            timeout_s=self.cfg.timeout_s,
-            wait_ready=self.sidecar.ready if self.sidecar is not None else None,
-        )
+        self.cfg = NemoGymConfig.load(folder_of(context, "a NeMo Gym environment", CONFIG_FILE))
+        sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter())) if self.cfg.managed else None
+        self.attach(f"NeMo Gym server {self.cfg.server!r}", self._base_url, self.cfg.timeout_s, sidecar)
         self._route_tools: list[ToolSpec] = []
         self._routes: set[str] = set()
         self._reverify_mode = "unknown"

@@ -76,8 +76,8 @@ from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
 from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, interpreter, sidecar_spec
-from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, JsonSocket, bridge_config, built
+from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, folder_of, interpreter, sidecar_spec
+from rollmesh.verifier.bridges.http_bridge import Json, JsonSocket, bridge_config, built
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -366,13 +366,12 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
 
     def __init__(self, context: EnvContext) -> None:
         super().__init__(context)
-        if context.path is None:
-            raise ConfigError("an OpenEnv environment needs its folder (holding openenv.toml)")
-        self.cfg = OpenEnvConfig.load(context.path)
+        folder = folder_of(context, "an OpenEnv environment", CONFIG_FILE)
+        self.cfg = OpenEnvConfig.load(folder)
         self.label = f"OpenEnv environment {context.name!r}"
-        self.sidecar: Sidecar | None = None
+        sidecar: Sidecar | None = None
         if self.cfg.managed:
-            self.sidecar = Sidecar(
+            sidecar = Sidecar(
                 sidecar_spec(
                     tag=f"openenv-{context.name}",
                     name=f"{self.label} server ({self.cfg.where})",
@@ -382,15 +381,10 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
                     },
                     probe=self._probe,
                     start_timeout_s=self.cfg.start_timeout_s,
-                    readable=[str(context.path), *filter(None, (self.cfg.env_dir,))],
+                    readable=[str(folder), *filter(None, (self.cfg.env_dir,))],
                 )
             )
-        self.http = HttpBridge(
-            self.label,
-            self._base_url,
-            timeout_s=self.cfg.timeout_s,
-            wait_ready=self.sidecar.ready if self.sidecar is not None else None,
-        )
+        self.attach(self.label, self._base_url, self.cfg.timeout_s, sidecar)
         self.plan: ActionPlan | None = None
         self._broken = ""
         self._slots = asyncio.Semaphore(self.cfg.max_sessions) if self.cfg.max_sessions else None

@@ -58,12 +58,13 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.foreign import (
     ForeignServerEnvironment,
+    folder_of,
     interpreter,
     numbers_of,
     reward_of,
     sidecar_spec,
 )
-from rollmesh.verifier.bridges.http_bridge import HttpBridge, Json, Reply, bridge_config, built
+from rollmesh.verifier.bridges.http_bridge import Json, Reply, bridge_config, built
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -172,18 +173,11 @@ class VerifiersEnvironment(ForeignServerEnvironment):
 
     def __init__(self, context: EnvContext) -> None:
         super().__init__(context)
-        if context.path is None:
-            raise ConfigError("a verifiers environment needs its folder (holding verifiers.toml)")
-        self.cfg = VerifiersConfig.load(context.path)
+        self.cfg = VerifiersConfig.load(folder_of(context, "a verifiers environment", CONFIG_FILE))
         what = "verifiers taskset" if self.cfg.taskset else "verifiers environment"
         self.where = f"{what} {self.cfg.name!r}"
-        self.sidecar = sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
-        self.http = HttpBridge(
-            self.where,
-            lambda: f"http://{sidecar.address}",
-            timeout_s=self.cfg.timeout_s,
-            wait_ready=sidecar.ready,
-        )
+        sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
+        self.attach(self.where, lambda: f"http://{sidecar.address}", self.cfg.timeout_s, sidecar)
         self.kind = ""
         self.group = False  # the rubric has group reward functions (GET /): scores groups
 
