@@ -150,10 +150,10 @@ def test_a_row_rollmesh_writes_is_a_nemo_gym_row_and_reads_back_whole() -> None:
     )
     assert row["chat_messages"] == messages and row["tokens"]["token_ids"] == [1, 2]
     # the row's response (built from the chat dicts) is byte for byte the one built through Messages
+    items = responses_items.items_from_messages([Message.from_openai(m) for m in messages])
     through_messages = responses_items.response_object(
-        [Message.from_openai(m) for m in messages], response_id="resp_job_3_1", model="tiny",
-        finish_reason="stop", input_tokens=9, output_tokens=4,
-    )  # fmt: skip
+        items, response_id="resp_job_3_1", model="tiny", finish_reason="stop", input_tokens=9, output_tokens=4
+    )
     assert json.dumps(response) == json.dumps(through_messages)
     back = Rollout.from_row(json.loads(json.dumps(row)))
     # everything reads back; the task's own _ng_ keys were NeMo Gym's for the input, not kept

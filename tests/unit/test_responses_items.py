@@ -87,7 +87,10 @@ def test_every_nemo_gym_recorded_response_survives_response_to_messages_to_respo
         if output and all(isinstance(t, list) for t in output):  # aviary: the last transition
             output = output[-1]
         back = ri.response_object(
-            ri.response_messages(response), response_id="r", model="m", finish_reason="stop"
+            ri.items_from_messages(ri.response_messages(response)),
+            response_id="r",
+            model="m",
+            finish_reason="stop",
         )
         assert verified_view(back["output"]) == verified_view(output), where
         assert ri.output_text(back["output"]) == ri.output_text(output), where
@@ -179,7 +182,8 @@ def test_request_input_reads_instructions_strings_and_items_without_a_type() -> 
 )
 def test_a_finish_reason_is_a_status(finish: str, status: str, details: Any) -> None:
     assert ri.response_status(finish) == (status, details)
-    obj = ri.response_object([Message("assistant", "x")], response_id="r", model="m", finish_reason=finish)
+    items = ri.items_from_messages([Message("assistant", "x")])
+    obj = ri.response_object(items, response_id="r", model="m", finish_reason=finish)
     assert (obj["status"], obj["incomplete_details"]) == (status, details)
     validate(obj)
     assert Response.model_validate(obj).output_text == "x"

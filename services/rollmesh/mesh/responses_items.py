@@ -273,29 +273,6 @@ def response_status(finish_reason: str) -> tuple[str, dict[str, Any] | None]:
 
 
 def response_object(
-    messages: Iterable[Message],
-    *,
-    response_id: str,
-    model: str,
-    finish_reason: str,
-    created_at: float = 0.0,
-    input_tokens: int = 0,
-    output_tokens: int = 0,
-) -> dict[str, Any]:
-    """A whole Responses object (what OpenAI's SDK and NeMo Gym's `NeMoGymResponse` validate) whose
-    `output` is `messages` as items: an episode's turns after its input."""
-    return response_of_items(
-        items_from_messages(messages),
-        response_id=response_id,
-        model=model,
-        finish_reason=finish_reason,
-        created_at=created_at,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-    )
-
-
-def response_of_items(
     output: list[dict[str, Any]],
     *,
     response_id: str,
@@ -305,7 +282,9 @@ def response_of_items(
     input_tokens: int = 0,
     output_tokens: int = 0,
 ) -> dict[str, Any]:
-    """`response_object` of items already built (`items_from_chat` of a row's chat messages)."""
+    """A whole Responses object (what OpenAI's SDK and NeMo Gym's `NeMoGymResponse` validate) whose
+    `output` is an episode's turns after its input, as items (`items_from_messages` of Messages,
+    `items_from_chat` of a row's chat message dicts)."""
     status, incomplete = response_status(finish_reason)
     return {
         "id": response_id,

@@ -187,7 +187,7 @@ class Rollout:
     def response_object(self) -> Json:
         """The episode's turns as an OpenAI Responses object (`response` in the row)."""
         k = self.key
-        return responses_items.response_of_items(
+        return responses_items.response_object(
             responses_items.items_from_chat(self.messages),
             response_id=f"resp_{self.job_id}_{k.task_index}_{k.rollout_index}",
             model=self.model,

@@ -83,7 +83,7 @@ from rollmesh.mesh import responses_items, untrusted_json
 from rollmesh.mesh.chat import Message, ToolSpec
 from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.responses_items import response_object
+from rollmesh.mesh.responses_items import items_from_messages, response_object
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.foreign import (
     ForeignServerEnvironment,
@@ -221,7 +221,7 @@ def responses_object(row: Mapping[str, Any], response: Response) -> Json:
     params = row.get("responses_create_params")
     params = params if isinstance(params, Mapping) else {}
     obj = response_object(
-        response.messages,
+        items_from_messages(response.messages),
         response_id=f"resp_{uuid.uuid4().hex}",
         model=str(params.get("model") or "rollmesh"),
         finish_reason="stop",
