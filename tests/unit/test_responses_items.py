@@ -257,3 +257,14 @@ def test_items_from_chat_are_the_message_path_items(chat: list[dict[str, Any]]) 
     slow = ri.items_from_messages(Message.from_openai(m) for m in chat)
     assert json.dumps(fast) == json.dumps(slow)
     assert (fast == []) == (chat == [])
+
+
+@pytest.mark.parametrize("chat", _CHATS)
+def test_a_chat_dict_sent_as_protobuf_is_the_message_paths(chat: list[dict[str, Any]]) -> None:
+    # The scheduler's requests (no Message objects) carry the same bytes as the path through them.
+    from rollmesh.mesh.chat import openai_message_to_pb
+
+    for m in chat:
+        fast, slow = openai_message_to_pb(m), message_to_pb(Message.from_openai(m))
+        assert fast.SerializeToString(deterministic=True) == slow.SerializeToString(deterministic=True)
+        assert fast.HasField("reasoning") == slow.HasField("reasoning")

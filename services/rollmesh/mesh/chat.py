@@ -191,6 +191,26 @@ def message_to_pb(m: Message) -> common_pb2.ChatMessage:
     )
 
 
+def openai_message_to_pb(raw: Mapping[str, Any]) -> common_pb2.ChatMessage:
+    """`message_to_pb(Message.from_openai(raw))` without the `Message` in between (the scheduler
+    sends every turn's messages this way)."""
+    content = raw.get("content")
+    calls = raw.get("tool_calls")
+    return common_pb2.ChatMessage(
+        role=str(raw.get("role") or ""),
+        content=content if isinstance(content, str) else content_text(content),
+        tool_calls=[_tool_call_pb(c) for c in calls if isinstance(c, Mapping)] if calls else (),
+        tool_call_id=str(raw.get("tool_call_id") or ""),
+        name=str(raw.get("name") or ""),
+        reasoning=reasoning_of(raw),
+    )
+
+
+def _tool_call_pb(raw: Mapping[str, Any]) -> common_pb2.ToolCall:
+    c = ToolCall.from_openai(raw)
+    return common_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json)
+
+
 def tool_spec_from_pb(t: common_pb2.ToolSpec) -> ToolSpec:
     return ToolSpec(t.name, t.description, t.parameters_json)
 

@@ -38,7 +38,7 @@ def key_from_pb(msg: common_pb2.RolloutKey) -> RolloutKey:
 
 def message_to_pb(msg: Mapping[str, Any]) -> common_pb2.ChatMessage:
     """An OpenAI-style message dict (content parts flattened to their text)."""
-    return chat.message_to_pb(chat.Message.from_openai(msg))
+    return chat.openai_message_to_pb(msg)
 
 
 def message_from_pb(msg: common_pb2.ChatMessage) -> Json:
