@@ -260,11 +260,14 @@ def test_items_from_chat_are_the_message_path_items(chat: list[dict[str, Any]]) 
 
 
 @pytest.mark.parametrize("chat", _CHATS)
-def test_a_chat_dict_sent_as_protobuf_is_the_message_paths(chat: list[dict[str, Any]]) -> None:
+def test_a_chat_dict_sent_and_read_as_protobuf_is_the_message_paths(chat: list[dict[str, Any]]) -> None:
     # The scheduler's requests (no Message objects) carry the same bytes as the path through them.
-    from rollmesh.mesh.chat import openai_message_to_pb
+    from rollmesh.mesh.chat import openai_message_from_pb, openai_message_to_pb
 
     for m in chat:
         fast, slow = openai_message_to_pb(m), message_to_pb(Message.from_openai(m))
         assert fast.SerializeToString(deterministic=True) == slow.SerializeToString(deterministic=True)
         assert fast.HasField("reasoning") == slow.HasField("reasoning")
+        # ... and read back (a reply) as the same dict, in the same key order
+        back = openai_message_from_pb(fast)
+        assert json.dumps(back) == json.dumps(message_from_pb(fast).to_openai())

@@ -206,6 +206,24 @@ def openai_message_to_pb(raw: Mapping[str, Any]) -> common_pb2.ChatMessage:
     )
 
 
+def openai_message_from_pb(m: common_pb2.ChatMessage) -> dict[str, Any]:
+    """`message_from_pb(m).to_openai()` without the `Message` in between (the scheduler reads every
+    reply this way)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name:
+        out["name"] = m.name
+    if m.HasField("reasoning"):
+        out["reasoning_content"] = m.reasoning
+    return out
+
+
 def _tool_call_pb(raw: Mapping[str, Any]) -> common_pb2.ToolCall:
     c = ToolCall.from_openai(raw)
     return common_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json)

@@ -42,7 +42,7 @@ def message_to_pb(msg: Mapping[str, Any]) -> common_pb2.ChatMessage:
 
 
 def message_from_pb(msg: common_pb2.ChatMessage) -> Json:
-    return chat.message_from_pb(msg).to_openai()
+    return chat.openai_message_from_pb(msg)
 
 
 # A sampling dict's fields (SAMPLING_FIELDS but stop) and their types: a row's
