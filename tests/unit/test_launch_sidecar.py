@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -76,6 +77,37 @@ async def test_a_killed_sidecar_is_broken_then_back_on_its_address(tmp_path: Pat
         await car.stop()
     assert car.state is State.STOPPED and not await http_ok(address)
     assert (tmp_path / "server.log").read_text().count("serving") == 2
+
+
+async def test_a_new_life_is_counted_before_the_restarted_server_answers(tmp_path: Path) -> None:
+    """A session kept from the old server must never pass for the new one's: `incarnation` moves when
+    the old process is seen dead, before the new one is started, while `restarts` counts a restart
+    only once the new one has served (a bridge's call reached the new server in between: a reward
+    from a server without the session's state, seen as a flaky NeMo Gym job test)."""
+    seen: list[tuple[int, int]] = []  # (incarnation, restarts) whenever the server answers the probe
+    car: Sidecar | None = None
+
+    async def probe(address: str) -> bool:
+        ok = await http_ok(address)
+        if ok and car is not None:
+            seen.append((car.incarnation, car.restarts))
+        return ok
+
+    car = Sidecar(replace(spec(tmp_path, SERVER), probe=probe))
+    await car.start()
+    try:
+        assert (car.incarnation, car.restarts) == (0, 0)
+        pid = car.pid
+        assert pid is not None
+        seen.clear()
+        os.kill(pid, signal.SIGKILL)
+        async with asyncio.timeout(60):
+            while car.restarts == 0:  # noqa: ASYNC110 (the supervisor task counts it)
+                await asyncio.sleep(0.01)
+        assert seen and seen[0] == (1, 0), "the new server answered while its life was not yet counted"
+        assert (car.incarnation, car.restarts) == (1, 1)
+    finally:
+        await car.stop()
 
 
 async def test_a_sidecar_that_cannot_start_fails_in_one_line(tmp_path: Path) -> None:

@@ -110,6 +110,10 @@ class Sidecar:
         self.problem = ""
         self.address = ""
         self.restarts = 0
+        #: The server's lives so far, counted the moment one is seen to end, before the next starts:
+        #: state a client kept from one life (a session) never passes for the next's, even while the
+        #: new process already answers and `restarts` has not counted it yet.
+        self.incarnation = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._port = 0
         self._budget = RestartBudget(spec.restart)
@@ -258,6 +262,7 @@ class Sidecar:
             kill_group(proc)
             if self._stopping:
                 return
+            self.incarnation += 1
             self._serving.clear()
             self.state = State.BROKEN
             self.problem = (

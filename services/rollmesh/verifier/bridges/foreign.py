@@ -40,7 +40,7 @@ log = get_logger("rollmesh.verifier.bridges.foreign")
 
 
 class _Seeded(Protocol):
-    incarnation: int  # the server's restart count when it seeded the session
+    incarnation: int  # the server's life (`server_incarnation()`) when it seeded the session
 
 
 S = TypeVar("S", bound=_Seeded)
@@ -163,11 +163,16 @@ class ForeignServerEnvironment(Environment):
     def server_restarts(self) -> int:
         return self.sidecar.restarts if self.sidecar is not None else 0
 
+    def server_incarnation(self) -> int:
+        """Which life of the managed server this is (launch/sidecar.py `incarnation`: counted when
+        the last one ended, before the next starts); what a session's state is checked against."""
+        return self.sidecar.incarnation if self.sidecar is not None else 0
+
     def session_state(self, session: Session, kind: type[S]) -> S:
         """`session.state` (a `kind`); EnvSessionLost when the server restarted after seeding it."""
         state = session.state
         assert isinstance(state, kind)
-        if state.incarnation != self.server_restarts():
+        if state.incarnation != self.server_incarnation():
             raise EnvSessionLost(
                 f"{self.http.name} restarted after session {session.id!r} was seeded: "
                 "its state is gone, the rollout is retried"

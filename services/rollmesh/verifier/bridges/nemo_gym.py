@@ -412,7 +412,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
         session's own tools too, where the server gives them."""
         if not self._discovered:
             await self.discover()
-        state = BridgeState(Cookies(), self.server_restarts())
+        state = BridgeState(Cookies(), self.server_incarnation())
         where = f"NeMo Gym server {self.cfg.server!r}"
         if not self._gymnasium:
             reply = await self.http.post("/seed_session", row_body(task.row), state.cookies)
@@ -575,7 +575,9 @@ class NemoGymEnvironment(ForeignServerEnvironment):
     async def verify(self, task: Task, response: Response, session: Session | None = None) -> VerifyResult:
         if self._episodes:
             if session is not None:
-                return await self._episode_verdict(task, response, self._state(session))
+                verdict = await self._episode_verdict(task, response, self._state(session))
+                self._state(session)  # a verdict from a server that restarted under the call is no verdict
+                return verdict
             return await self._replay_episode_server(task, response)
         if self._gymnasium:
             if session is None:
@@ -583,7 +585,9 @@ class NemoGymEnvironment(ForeignServerEnvironment):
             last = self._state(session).last_step
             return VerifyResult(0.0, details=_ending(last))
         if session is not None:
-            return await self._verify(task, response, self._state(session).cookies)
+            result = await self._verify(task, response, self._state(session).cookies)
+            self._state(session)  # the server may have restarted under this very call
+            return result
         return await self._reverify(task, response)
 
     async def _replay_episode_server(self, task: Task, response: Response) -> VerifyResult:
@@ -595,7 +599,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
                 and (await self._episode_step(Response((message,)), state, None)).done
             ):
                 break
-        if state.incarnation != self.server_restarts():
+        if state.incarnation != self.server_incarnation():
             raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
         return await self._episode_verdict(task, response, state)
 
@@ -611,7 +615,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
             state.last_step = answer
             if answer.get("terminated") or answer.get("truncated"):
                 break
-        if state.incarnation != self.server_restarts():
+        if state.incarnation != self.server_incarnation():
             raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
         return VerifyResult(total, details=_ending(state.last_step))
 
@@ -643,7 +647,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
                     continue  # the agent answered it with an error without calling the server
                 if _ROUTE.fullmatch(call.name) and call.name not in PROTOCOL_ROUTES:
                     await self.http.post(f"/{call.name}", args, cookies)
-            if state.incarnation != self.server_restarts():
+            if state.incarnation != self.server_incarnation():
                 raise EnvSessionLost(f"NeMo Gym server {self.cfg.server!r} restarted during a replay")
         try:
             return await self._verify(task, response, cookies)
@@ -653,6 +657,6 @@ class NemoGymEnvironment(ForeignServerEnvironment):
                     f"reverify-{uuid.uuid4().hex}",
                     self.context.name,
                     task,
-                    BridgeState(cookies, self.server_restarts()),
+                    BridgeState(cookies, self.server_incarnation()),
                 )
                 await self.close_session(session)

@@ -473,7 +473,7 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
             if self._slots is not None:
                 self._slots.release()
             raise
-        episode = Episode(socket, self.server_restarts())
+        episode = Episode(socket, self.server_incarnation())
         self._episodes.add(episode)
         try:
             first = await self._call(episode, {"type": "reset", "data": reset}, "reset")

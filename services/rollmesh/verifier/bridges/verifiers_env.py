@@ -266,7 +266,7 @@ class VerifiersEnvironment(ForeignServerEnvironment):
         )
 
     async def seed_session(self, task: Task) -> Seeded:
-        state = VfSession(uuid.uuid4().hex, self.server_restarts())
+        state = VfSession(uuid.uuid4().hex, self.server_incarnation())
         answer = await self._call("/seed", {"session": state.id, "row": dict(task.row)})
         tools = answer.get("tools")
         specs = tuple(
