@@ -348,6 +348,11 @@ async def test_a_managed_server_that_dies_is_restarted_and_its_episodes_are_lost
         address = sidecar.address
         await client.verifier.seed_session("guess", EMPTY, session_id="old")
         os.kill(sidecar.pid, signal.SIGKILL)
+        # Until the supervisor has seen the death, the confined server (the killed wrapper's child,
+        # ended by its parent-death signal) may still answer a step: that answer is the old server's own.
+        async with asyncio.timeout(60):
+            while sidecar.incarnation == 0:  # noqa: ASYNC110 (the supervisor task counts it)
+                await asyncio.sleep(0.01)
         with pytest.raises(RollmeshClientError) as err:
             await client.verifier.step("old", guess)
         assert err.value.reason in ("ENV_SERVER_UNREACHABLE", "ENV_SESSION_LOST"), err.value
