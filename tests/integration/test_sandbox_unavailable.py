@@ -24,9 +24,13 @@ DIES_AT_START = ["/bin/sh", "-c", "echo 'mount: sbxroot: permission denied' >&2;
 NEVER_ANSWERS = ["/bin/sh", "-c", "exec sleep 60"]  # a host too loaded to start it in time
 
 
-async def broken(sandbox: Sandbox, argv: list[str]) -> Sandbox:
-    """`sandbox`, its sandboxes now started by `argv`: its pre-started ones are stopped first."""
+async def broken(sandbox: Sandbox, argv: list[str], wall_s: float | None = None) -> Sandbox:
+    """`sandbox`, its sandboxes now started by `argv` (under a wall-clock limit of `wall_s` when
+    given): its pre-started ones are stopped first."""
     await sandbox.aclose()
+    if wall_s is not None:
+        limits = replace(sandbox.config.limits, wall_s=wall_s)
+        sandbox.config = replace(sandbox.config, limits=limits)
     sandbox._command = lambda mode, root, work, limits, uid: argv  # type: ignore[method-assign]
     return sandbox
 
@@ -63,10 +67,11 @@ async def test_the_codes_own_crash_after_start_is_still_a_verdict() -> None:
 async def test_the_code_environment_fails_the_verify_instead_of_scoring_0(
     argv: list[str], wall_s: float, error: type[Exception]
 ) -> None:
-    config = VerifierConfig(sandbox=SandboxConfig(limits=replace(LIMITS, wall_s=wall_s)))
-    async with load_env(CODE_ENV, config) as env:
+    # The honest check runs under LIMITS' 20 s, the broken one under `wall_s`: at load 24 a real
+    # sandbox did not start within 4 x 1 s, and the honest check failed instead of the broken one.
+    async with load_env(CODE_ENV, VerifierConfig(sandbox=SandboxConfig(limits=LIMITS))) as env:
         good = await check(env, task(None, verifier_metadata={"tests": ADD.cases}), answer(HONEST))
         assert good.reward == 1.0, good.details
-        await broken(env.sandbox, argv)  # type: ignore[attr-defined]
+        await broken(env.sandbox, argv, wall_s)  # type: ignore[attr-defined]
         with pytest.raises(error, match="the sandbox did not start"):
             await check(env, task(None, verifier_metadata={"tests": ADD.cases}), answer(HONEST))
