@@ -246,9 +246,15 @@ async def mesh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
         return
     from rollmesh.gateway.config import GatewayConfig
     from rollmesh.launch import embedded_mesh
+    from rollmesh.mesh.config import ServerFlags
 
     cfg = GatewayConfig.from_env(
-        port=0, http_port=-1, backend=args.backend, model=str(args.model), model_name="tiny-arith", replicas=1
+        ServerFlags(port=0),
+        http_port=-1,
+        backend=args.backend,
+        model=str(args.model),
+        model_name="tiny-arith",
+        replicas=1,
     )
     async with embedded_mesh(cfg, output_dir=str(args.out / "runs")) as m:
         yield m.addresses["gateway"], m.addresses["scheduler"]

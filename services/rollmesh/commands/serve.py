@@ -15,15 +15,20 @@ serve_app = typer.Typer(
 )
 
 
-def serve_service(service: str, **flags: Any) -> None:
-    """`rollmesh serve <service>`: `rollmesh.<service>.__main__.main(**flags)` (imported here, so
-    `--help` stays instant); a configuration or start-up error is one line and exit 2."""
+def serve_service(
+    service: str, port: int | None, host: str | None, metrics_port: int | None, **options: Any
+) -> None:
+    """`rollmesh serve <service>`: `rollmesh.<service>.__main__.main(ServerFlags(...), **options)`
+    (imported here, so `--help` stays instant); a configuration or start-up error is one line and
+    exit 2."""
     import importlib
 
+    from rollmesh.mesh.config import ServerFlags
     from rollmesh.mesh.errors import ConfigError, RollmeshError
 
+    flags = ServerFlags(port=port, host=host, metrics_port=metrics_port)
     try:
-        importlib.import_module(f"rollmesh.{service}.__main__").main(**flags)
+        importlib.import_module(f"rollmesh.{service}.__main__").main(flags, **options)
     except ConfigError as exc:
         fail(str(exc))
     except RollmeshError as exc:
@@ -33,13 +38,13 @@ def serve_service(service: str, **flags: Any) -> None:
 @serve_app.command("registry")
 def serve_registry(port: Port = None, host: Host = None, metrics_port: MetricsPort = None) -> None:
     """Run the ArtifactRegistry service."""
-    serve_service("registry", port=port, host=host, metrics_port=metrics_port)
+    serve_service("registry", port, host, metrics_port)
 
 
 @serve_app.command("verifier")
 def serve_verifier(port: Port = None, host: Host = None, metrics_port: MetricsPort = None) -> None:
     """Run the EnvironmentVerifier service."""
-    serve_service("verifier", port=port, host=host, metrics_port=metrics_port)
+    serve_service("verifier", port, host, metrics_port)
 
 
 @serve_app.command("gateway")
@@ -75,10 +80,10 @@ def serve_gateway(
     """Run the ModelGateway (gRPC) with its OpenAI-compatible HTTP facade."""
     serve_service(
         "gateway",
-        port=port,
-        host=host,
+        port,
+        host,
+        metrics_port,
         http_port=http_port,
-        metrics_port=metrics_port,
         backend=backend,
         model=model,
         replicas=replicas,
@@ -96,7 +101,7 @@ def serve_scheduler(
     ] = "runs",
 ) -> None:
     """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
-    serve_service("scheduler", port=port, host=host, output_dir=output_dir, metrics_port=metrics_port)
+    serve_service("scheduler", port, host, metrics_port, output_dir=output_dir)
 
 
 @serve_app.command("openenv")

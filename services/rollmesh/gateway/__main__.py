@@ -9,6 +9,7 @@ from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.aio import run_server
+from rollmesh.mesh.config import NO_FLAGS, ServerFlags
 from rollmesh.mesh.logging import configure, get_logger
 from rollmesh.mesh.server import MeshServer, ServiceBinding, refuse_a_taken_port, serve
 
@@ -58,11 +59,11 @@ async def run(cfg: GatewayConfig) -> None:
         raise
 
 
-def main(**flags: Any) -> None:
-    """`flags` (the CLI's: port, host, http_port, backend, model, replicas, base_url) override the
+def main(flags: ServerFlags = NO_FLAGS, **options: Any) -> None:
+    """`flags` and `options` (the CLI's: http_port, backend, model, replicas, base_url) override the
     environment, as `GatewayConfig.from_env` takes them."""
     configure()
-    cfg = GatewayConfig.from_env(**flags)
+    cfg = GatewayConfig.from_env(flags, **options)
     # Ray Serve's handles run in this process with that backend: only asyncio is tested with them.
     run_server(
         run(cfg),

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollmesh.mesh.config import OPENAI_HTTP_PORT, ServerConfig, read, read_fields
+from rollmesh.mesh.config import NO_FLAGS, OPENAI_HTTP_PORT, ServerConfig, ServerFlags, read, read_fields
 from rollmesh.mesh.errors import ConfigError
 
 BACKENDS = ("ray-serve", "openai", "fake")
@@ -97,11 +97,9 @@ class GatewayConfig:
     @classmethod
     def from_env(
         cls,
+        flags: ServerFlags = NO_FLAGS,
         *,
-        port: int | None = None,
-        host: str | None = None,
         http_port: int | None = None,
-        metrics_port: int | None = None,
         backend: str | None = None,
         model: str | None = None,
         model_name: str | None = None,
@@ -111,11 +109,10 @@ class GatewayConfig:
         server: ServerConfig | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> GatewayConfig:
-        """Flags (None: not given) over ROLLMESH_GATEWAY_* variables over defaults; `server` given
+        """Flags (`flags`, the server's; the others: None, not given) over ROLLMESH_* variables over
+        defaults; `server` given
         (the embedded mesh's gateway, which binds no address of its own) skips reading one."""
-        server = server or ServerConfig.from_env(
-            "gateway", port=port, host=host, metrics_port=metrics_port, environ=environ
-        )
+        server = server or ServerConfig.from_env("gateway", flags, environ=environ)
         model_ref = model or str(read("ROLLMESH_GATEWAY_MODEL", environ))
         name = model_name or str(read("ROLLMESH_GATEWAY_MODEL_NAME", environ)) or model_name_for(model_ref)
         spec = ModelSpec(

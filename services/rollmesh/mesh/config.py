@@ -494,6 +494,19 @@ def service_addr(service: str, environ: Mapping[str, str] | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class ServerFlags:
+    """A server's command-line overrides of its ROLLMESH_* variables (None: not given), passed from
+    `rollmesh serve <service>` through the service's `__main__.main` to `ServerConfig.from_env`."""
+
+    port: int | None = None
+    host: str | None = None
+    metrics_port: int | None = None
+
+
+NO_FLAGS = ServerFlags()
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """What every server needs, read once."""
 
@@ -513,22 +526,19 @@ class ServerConfig:
     def from_env(
         cls,
         service: str,
+        flags: ServerFlags = NO_FLAGS,
         *,
-        port: int | None = None,
-        host: str | None = None,
-        metrics_port: int | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> ServerConfig:
         addr_port = int(service_addr(service, environ).rpartition(":")[2])  # checked even if `port`
         names = {"host": "ROLLMESH_BIND_HOST", "grace_seconds": "ROLLMESH_GRACE_SECONDS"}
-        port = addr_port if port is None else port
         return read_fields(
             cls,
             "ROLLMESH_",
             environ,
             names=names,
-            host=host or None,
-            port=port,
-            metrics_port=metrics_port,
+            host=flags.host or None,
+            port=addr_port if flags.port is None else flags.port,
+            metrics_port=flags.metrics_port,
             service=service,
         )

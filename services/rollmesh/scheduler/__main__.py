@@ -11,6 +11,7 @@ import argparse
 
 from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import run_server
+from rollmesh.mesh.config import NO_FLAGS, ServerFlags
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import ServiceBinding, serve
 from rollmesh.registry import Catalog
@@ -40,14 +41,9 @@ async def _serve(cfg: SchedulerConfig) -> None:
     await serve([ServiceBinding.of(SchedulerServicer(manager))], cfg.server, on_stop=stop)
 
 
-def main(
-    port: int | None = None,
-    host: str | None = None,
-    output_dir: str | None = None,
-    metrics_port: int | None = None,
-) -> None:
+def main(flags: ServerFlags = NO_FLAGS, output_dir: str | None = None) -> None:
     configure()
-    cfg = SchedulerConfig.from_env(port=port, host=host, output_dir=output_dir, metrics_port=metrics_port)
+    cfg = SchedulerConfig.from_env(flags, output_dir)
     run_server(_serve(cfg), event_loop=cfg.server.event_loop)
 
 
@@ -57,4 +53,4 @@ if __name__ == "__main__":
     ap.add_argument("--host", default=None)
     ap.add_argument("--output-dir", default=None)
     a = ap.parse_args()
-    main(port=a.port, host=a.host, output_dir=a.output_dir)
+    main(ServerFlags(port=a.port, host=a.host), a.output_dir)

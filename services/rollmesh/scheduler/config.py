@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollmesh.mesh import config
-from rollmesh.mesh.config import ServerConfig
+from rollmesh.mesh.config import NO_FLAGS, ServerConfig, ServerFlags
 from rollmesh.registry import RootsConfig
 
 
@@ -18,16 +18,9 @@ class SchedulerConfig:
     output_dir: str = "runs"
 
     @classmethod
-    def from_env(
-        cls,
-        *,
-        port: int | None = None,
-        host: str | None = None,
-        output_dir: str | None = None,
-        metrics_port: int | None = None,
-    ) -> SchedulerConfig:
+    def from_env(cls, flags: ServerFlags = NO_FLAGS, output_dir: str | None = None) -> SchedulerConfig:
         return cls(
-            server=ServerConfig.from_env("scheduler", port=port, host=host, metrics_port=metrics_port),
+            server=ServerConfig.from_env("scheduler", flags),
             roots=RootsConfig.from_env(),
             gateway_addr=config.service_addr("gateway"),
             verifier_addr=config.service_addr("verifier"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from rollmesh.mesh.aio import run_server
+from rollmesh.mesh.config import NO_FLAGS, ServerFlags
 from rollmesh.mesh.logging import configure
 from rollmesh.mesh.server import ServiceBinding, serve
 from rollmesh.registry import Catalog, install_sys_path
@@ -25,9 +26,9 @@ async def _run(cfg: VerifierConfig) -> None:
         await service.aclose()
 
 
-def main(port: int | None = None, host: str | None = None, metrics_port: int | None = None) -> None:
+def main(flags: ServerFlags = NO_FLAGS) -> None:
     configure()
-    cfg = VerifierConfig.from_env(port=port, host=host, metrics_port=metrics_port)
+    cfg = VerifierConfig.from_env(flags)
     # Always asyncio: the code sandbox's supervision relies on asyncio's subprocess pipes (uvloop
     # raises on a write to a pipe the child closed, and owns the reply pipe's fd differently).
     run_server(_run(cfg), event_loop="asyncio")

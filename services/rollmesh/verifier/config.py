@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rollmesh.mesh.config import ServerConfig, read, read_fields, service_addr
+from rollmesh.mesh.config import NO_FLAGS, ServerConfig, ServerFlags, read, read_fields, service_addr
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.procedural.scoring import READINGS
 from rollmesh.registry.roots import RootsConfig
@@ -92,21 +92,14 @@ class VerifierConfig:
 
     @classmethod
     def from_env(
-        cls,
-        *,
-        port: int | None = None,
-        host: str | None = None,
-        metrics_port: int | None = None,
-        environ: Mapping[str, str] | None = None,
+        cls, flags: ServerFlags = NO_FLAGS, *, environ: Mapping[str, str] | None = None
     ) -> VerifierConfig:
         sandbox = "ROLLMESH_VERIFIER_SANDBOX_"
         return read_fields(
             cls,
             "ROLLMESH_VERIFIER_",
             environ,
-            server=ServerConfig.from_env(
-                "verifier", port=port, host=host, metrics_port=metrics_port, environ=environ
-            ),
+            server=ServerConfig.from_env("verifier", flags, environ=environ),
             roots=RootsConfig.from_env(environ),
             gateway_addr=service_addr("gateway", environ),
             judge_url=str(read("ROLLMESH_VERIFIER_JUDGE_URL", environ)) or facade_url(environ),
