@@ -65,13 +65,13 @@ class Instruction:
 @dataclass(frozen=True)
 class Healthcheck:
     """A compose service's healthcheck: the test (Docker's form: `CMD ...` or `CMD-SHELL ...`) and
-    its timing in seconds."""
+    its timing in seconds (compose's defaults where the file gives none: `_healthcheck`)."""
 
     test: tuple[str, ...]
-    interval_s: float = 30.0
-    timeout_s: float = 30.0
-    retries: int = 3
-    start_period_s: float = 0.0
+    interval_s: float
+    timeout_s: float
+    retries: int
+    start_period_s: float
 
 
 @dataclass(frozen=True)
