@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, Host, MetricsPort, Port, VerifierAddr, err, fail, run
+from rollmesh.commands._common import ApiKey, BaseUrl, Host, MetricsPort, Port, VerifierAddr, err, fail, run
 
 serve_app = typer.Typer(
     help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
@@ -73,9 +73,7 @@ def serve_gateway(
             help="Model path or registry name (default tiny-arith); for openai the remote model name.",
         ),
     ] = None,
-    base_url: Annotated[
-        str | None, typer.Option("--base-url", help="OpenAI-compatible base URL (openai backend).")
-    ] = None,
+    base_url: BaseUrl = "",
 ) -> None:
     """Run the ModelGateway (gRPC) with its OpenAI-compatible HTTP facade."""
     serve_service(
