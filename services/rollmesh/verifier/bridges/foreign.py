@@ -12,7 +12,9 @@ or reached at a URL, the HTTP bridge to it (http_bridge.py), and reading its num
 - `sidecar_spec`: how the verifier runs a foreign server: logs and port file under
   ROLLMESH_SIDECAR_LOG_DIR (default <tmp>/rollmesh-sidecars), restarted always (at most 5 times in
   300 s), confined as ROLLMESH_SIDECAR_CONFINE says, with `foreign_env()` and unbuffered output.
-- `interpreter`: a managed server's interpreter (its config's `python`, else a ROLLMESH_* variable).
+- `BridgeConfig`: what every kind's file (nemo_gym.toml, verifiers.toml, openenv.toml) says of its
+  server besides the kind's own keys (a description, a managed server's interpreter, its timeouts),
+  and reading that file (`load`: http_bridge.py's `bridge_config`, then the kind's own checks).
 - `reward_of`, `numbers_of`: a reply's reward (a number, or EnvServerBadReply) and a map of named
   numbers (what is not a number is left out).
 """
@@ -20,19 +22,21 @@ or reached at a URL, the HTTP bridge to it (http_bridge.py), and reading its num
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from rollmesh.launch.restart import RestartPolicy
 from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
 from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier.bridges.http_bridge import HttpBridge
+from rollmesh.verifier.bridges.http_bridge import HttpBridge, bridge_config, built
 from rollmesh.verifier.environment import EnvContext, Environment, Session
 from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable, EnvSessionLost
 
@@ -53,15 +57,55 @@ def foreign_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
-def interpreter(python: str, variable: str, who: str, config_file: str) -> str:
-    """`python` (a bridge config's, "" when unset), else `variable`'s value; a ConfigError naming
-    `who` and what to set when neither names an interpreter."""
-    chosen = python or str(mesh_config.read(variable))
-    if not chosen:
-        raise ConfigError(
-            f"{who} names no interpreter: set `python` or `venv` in {config_file}, or {variable}"
-        )
-    return chosen
+@dataclass(frozen=True, kw_only=True)
+class BridgeConfig:
+    """A kind's file (`config_file`), paths resolved against its folder: the keys every kind has
+    (below), then the kind's own (a subclass's fields).
+
+    `load` reads it checked (http_bridge.py's `bridge_config`: `required` is the key, or one of the
+    keys, it must give, which `required_what` describes; the `path_keys` are resolved against the
+    folder), then runs the kind's own checks (`checked`)."""
+
+    description: str = ""
+    #: A managed server's interpreter (or `venv` = its bin/python); "": the `python_var` variable's.
+    python: str = ""
+    timeout_s: float = 60.0  # per HTTP call
+    start_timeout_s: float = 180.0  # for a managed server to serve
+
+    config_file: ClassVar[str]
+    python_var: ClassVar[str]
+    required: ClassVar[str | tuple[str, ...]]
+    required_what: ClassVar[str]
+    path_keys: ClassVar[tuple[str, ...]] = ("python",)
+
+    @classmethod
+    def load(cls, folder: Path) -> Self:
+        path = folder / cls.config_file
+        keys = [f.name for f in dataclasses.fields(cls)]
+        raw = bridge_config(path, keys, cls.required, cls.required_what, paths=cls.path_keys)
+        return built(cls, cls.checked(raw, folder, path), path)
+
+    @classmethod
+    def checked(cls, raw: dict[str, Any], folder: Path, path: Path) -> dict[str, Any]:
+        """The file's keys after the kind's own checks (a ConfigError naming `path`); none here."""
+        del folder, path
+        return raw
+
+    @property
+    def who(self) -> str:
+        """The server, as an error about its interpreter names it."""
+        raise NotImplementedError
+
+    def interpreter(self) -> str:
+        """A managed server's interpreter: `python`, else `python_var`'s value; a ConfigError naming
+        the server and what to set when neither names one."""
+        chosen = self.python or str(mesh_config.read(self.python_var))
+        if not chosen:
+            raise ConfigError(
+                f"{self.who} names no interpreter: set `python` or `venv` in {self.config_file}, "
+                f"or {self.python_var}"
+            )
+        return chosen
 
 
 def sidecar_spec(

@@ -86,14 +86,14 @@ from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.responses_items import items_from_messages, response_object
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.foreign import (
+    BridgeConfig,
     ForeignServerEnvironment,
     folder_of,
-    interpreter,
     numbers_of,
     reward_of,
     sidecar_spec,
 )
-from rollmesh.verifier.bridges.http_bridge import Cookies, Json, Reply, bridge_config, built
+from rollmesh.verifier.bridges.http_bridge import Cookies, Json, Reply
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -135,47 +135,34 @@ _RESULT_FIELDS = frozenset({"reward", "reward_components", "extracted_answer"})
 _VERDICT_FIELDS = frozenset({"reward", "mask_sample", "failure_kind", "failure_reason", "response"})
 
 
-@dataclass(frozen=True)
-class NemoGymConfig:
-    """An environment's nemo_gym.toml (paths resolved against its folder)."""
+@dataclass(frozen=True, kw_only=True)
+class NemoGymConfig(BridgeConfig):
+    """An environment's nemo_gym.toml."""
+
+    config_file = CONFIG_FILE
+    python_var = "ROLLMESH_NEMO_GYM_PYTHON"
+    required = "server"
+    required_what = "the resources server's name"
+    path_keys = ("python", "server_dir")
 
     server: str
-    description: str = ""
     url: str = ""
-    python: str = ""
     server_dir: str = ""
     config: str = ""
     instance: str = ""
     timeout_s: float = 30.0
-    start_timeout_s: float = 180.0
     #: The model's tool calls are its answer, never run (rows NeMo Gym serves with its
     #: non_executing_simple_agent: xlam_fc, structured_outputs v4).
     tool_calls_are_answer: bool = False
     overrides: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def load(cls, folder: Path) -> NemoGymConfig:
-        path = folder / CONFIG_FILE
-        raw = bridge_config(
-            path,
-            cls.__dataclass_fields__,
-            "server",
-            "the resources server's name",
-            paths=("python", "server_dir"),
-        )
-        return built(cls, raw, path)
-
     @property
     def managed(self) -> bool:
         return not self.url
 
-    def interpreter(self) -> str:
-        return interpreter(
-            self.python,
-            "ROLLMESH_NEMO_GYM_PYTHON",
-            f"NeMo Gym server {self.server!r} (managed: no `url`)",
-            CONFIG_FILE,
-        )
+    @property
+    def who(self) -> str:
+        return f"NeMo Gym server {self.server!r} (managed: no `url`)"
 
 
 @dataclass

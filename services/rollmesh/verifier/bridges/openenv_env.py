@@ -76,8 +76,8 @@ from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
 from rollmesh.mesh.errors import ConfigError, NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment, folder_of, interpreter, sidecar_spec
-from rollmesh.verifier.bridges.http_bridge import Json, JsonSocket, bridge_config, built
+from rollmesh.verifier.bridges.foreign import BridgeConfig, ForeignServerEnvironment, folder_of, sidecar_spec
+from rollmesh.verifier.bridges.http_bridge import Json, JsonSocket
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -107,34 +107,29 @@ ACTION_BASE_FIELDS = frozenset({"metadata"})
 ActionMode = Literal["text", "tool", "mcp"]
 
 
-@dataclass(frozen=True)
-class OpenEnvConfig:
-    """An environment's openenv.toml (paths resolved against its folder)."""
+@dataclass(frozen=True, kw_only=True)
+class OpenEnvConfig(BridgeConfig):
+    """An environment's openenv.toml."""
+
+    config_file = CONFIG_FILE
+    python_var = "ROLLMESH_OPENENV_PYTHON"
+    required = ("url", "env_dir", "app")
+    required_what = "a server's URL, an OpenEnv environment folder, or an installed environment's app"
+    path_keys = ("python", "env_dir")
 
     url: str = ""
     env_dir: str = ""
     app: str = ""
-    description: str = ""
-    python: str = ""
     action: str = "auto"
     text_field: str = ""
     tool_name: str = "act"
     observation_field: str = ""
     max_sessions: int = 0
-    timeout_s: float = 60.0
-    start_timeout_s: float = 180.0
     reset: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, folder: Path) -> OpenEnvConfig:
-        path = folder / CONFIG_FILE
-        raw = bridge_config(
-            path,
-            cls.__dataclass_fields__,
-            ("url", "env_dir", "app"),
-            "a server's URL, an OpenEnv environment folder, or an installed environment's app",
-            paths=("python", "env_dir"),
-        )
+    def checked(cls, raw: dict[str, Any], folder: Path, path: Path) -> dict[str, Any]:
+        del folder
         if raw.get("url") and not str(raw["url"]).startswith(("http://", "https://")):
             raise ConfigError(f"{path}: `url` must be an http:// or https:// URL, not {raw['url']!r}")
         if raw.get("action", "auto") not in ("auto", "text", "tool"):
@@ -144,7 +139,7 @@ class OpenEnvConfig:
         max_sessions = raw.get("max_sessions", 0)
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 0:
             raise ConfigError(f"{path}: `max_sessions` must be a whole number >= 0 (0: no bound)")
-        return built(cls, raw, path)
+        return raw
 
     @property
     def managed(self) -> bool:
@@ -154,13 +149,9 @@ class OpenEnvConfig:
     def where(self) -> str:
         return self.url or self.env_dir or self.app
 
-    def interpreter(self) -> str:
-        return interpreter(
-            self.python,
-            "ROLLMESH_OPENENV_PYTHON",
-            f"OpenEnv environment {self.where!r} (managed: no `url`)",
-            CONFIG_FILE,
-        )
+    @property
+    def who(self) -> str:
+        return f"OpenEnv environment {self.where!r} (managed: no `url`)"
 
 
 # -- actions -----------------------------------------------------------------------------------------

@@ -57,14 +57,14 @@ from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.foreign import (
+    BridgeConfig,
     ForeignServerEnvironment,
     folder_of,
-    interpreter,
     numbers_of,
     reward_of,
     sidecar_spec,
 )
-from rollmesh.verifier.bridges.http_bridge import Json, Reply, bridge_config, built
+from rollmesh.verifier.bridges.http_bridge import Json, Reply
 from rollmesh.verifier.environment import (
     EnvContext,
     EnvTurn,
@@ -90,29 +90,23 @@ LAUNCHER_V1 = Path(__file__).with_name("_verifiers_v1_server.py")
 JUDGE_KEY_VAR = "ROLLMESH_JUDGE_API_KEY"
 
 
-@dataclass(frozen=True)
-class VerifiersConfig:
-    """An environment's verifiers.toml (paths resolved against its folder)."""
+@dataclass(frozen=True, kw_only=True)
+class VerifiersConfig(BridgeConfig):
+    """An environment's verifiers.toml."""
+
+    config_file = CONFIG_FILE
+    python_var = "ROLLMESH_VERIFIERS_PYTHON"
+    required = ("env_id", "taskset")
+    required_what = "what verifiers.load_environment loads, or a verifiers 0.4 taskset"
 
     env_id: str = ""
     taskset: str = ""
-    description: str = ""
-    python: str = ""
     paths: tuple[str, ...] = ()
-    timeout_s: float = 60.0
-    start_timeout_s: float = 180.0
     args: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, folder: Path) -> VerifiersConfig:
-        path = folder / CONFIG_FILE
-        raw = bridge_config(
-            path,
-            cls.__dataclass_fields__,
-            ("env_id", "taskset"),
-            "what verifiers.load_environment loads, or a verifiers 0.4 taskset",
-        )
+    def checked(cls, raw: dict[str, Any], folder: Path, path: Path) -> dict[str, Any]:
         paths = raw.get("paths", [])
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise ConfigError(f"{path}: `paths` must be a list of folders")
@@ -125,12 +119,11 @@ class VerifiersConfig:
             raise ConfigError(f"{path}: [args] is for env_id; a taskset takes [config]")
         if raw.get("env_id") and raw.get("config"):
             raise ConfigError(f"{path}: [config] is for a taskset; env_id takes [args]")
-        return built(cls, raw, path)
+        return raw
 
-    def interpreter(self) -> str:
-        return interpreter(
-            self.python, "ROLLMESH_VERIFIERS_PYTHON", f"verifiers environment {self.name!r}", CONFIG_FILE
-        )
+    @property
+    def who(self) -> str:
+        return f"verifiers environment {self.name!r}"
 
     @property
     def name(self) -> str:
