@@ -50,34 +50,52 @@ def _own_cpu_s() -> float:
     return own.ru_utime + own.ru_stime
 
 
+def _reaped_cpu_s() -> float:
+    """CPU seconds of this process's children it reaped, with what they reaped in turn."""
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return reaped.ru_utime + reaped.ru_stime
+
+
 class _ProgramsCpu:
     """CPU seconds of this process's descendants (the programs: per-rollout processes, a warm
-    interpreter and the rollouts it forks, an agent server), each process's last seen CPU with what
-    it reaped. Sampled every `period_s` while a job runs: a job's agent server or warm interpreter
-    is killed at its end, and a killed process's children's CPU never reaches this process; what a
-    process spends in the last period before it ends is missed."""
+    interpreter and the rollouts it forks, an agent server) during a job, each counted once: a
+    sample is every live descendant's CPU with what it reaped (a process that ended is in its
+    reaper's figure, never also on its own) plus what this process reaped since the job began; the
+    job's figure is its largest sample, taken every `period_s` and until its descendants are gone
+    after its end. What a process spends after the last sample is missed only when no descendant
+    reaped it (a stopped agent server's processes: their parent is killed with them)."""
 
     def __init__(self, period_s: float = 0.2) -> None:
         self.period_s = period_s
-        self.seen: dict[tuple[int, float], float] = {}
         self.before = self._now()  # (what ran before the job: not its CPU)
+        self.reaped = _reaped_cpu_s()
+        self.best = 0.0
 
     @staticmethod
     def _now() -> dict[tuple[int, float], float]:
         found = cpu_by_process(lambda name, cmd: name, tree_of=os.getpid(), reaped=True)
         return {key: cpu for key, (_, cpu) in found.items() if key[0] != os.getpid()}
 
-    def _sample(self) -> None:
-        for key, cpu in self._now().items():
-            self.seen[key] = max(cpu - self.before.get(key, 0.0), self.seen.get(key, 0.0))
+    def _sample(self) -> int:
+        """One sample; how many of the job's processes are alive."""
+        now = self._now()
+        alive = sum(cpu - self.before.get(key, 0.0) for key, cpu in now.items())
+        self.best = max(self.best, alive + _reaped_cpu_s() - self.reaped)
+        return sum(1 for key in now if key not in self.before)
 
     async def run(self) -> None:
         while True:
             await asyncio.to_thread(self._sample)
             await asyncio.sleep(self.period_s)
 
+    async def finish(self, timeout_s: float = 5.0) -> None:
+        """Samples after the job's end until its processes are gone (and reaped)."""
+        deadline = time.monotonic() + timeout_s
+        while await asyncio.to_thread(self._sample) and time.monotonic() < deadline:  # noqa: ASYNC110 - polling /proc
+            await asyncio.sleep(0.05)
+
     def total(self) -> float:
-        return sum(self.seen.values())
+        return self.best
 
 
 async def _watched(handle: Any, t0: float) -> tuple[Any, float, float]:
@@ -136,7 +154,9 @@ async def _trials(args: argparse.Namespace, out: Path) -> dict[str, list[dict[st
                         job, first_s, steady = await _watched(await c.scheduler.submit(spec), t0)
                     finally:
                         sampler.cancel()
-                    wall, cpu = time.perf_counter() - t0, (_own_cpu_s() - cpu0, programs.total())
+                    wall, mesh_cpu = time.perf_counter() - t0, _own_cpu_s() - cpu0
+                    await programs.finish()
+                    cpu = (mesh_cpu, programs.total())
                     done = job.progress.succeeded
                     if job.progress.failed or not done:
                         raise SystemExit(f"{mode}: {job.progress.failed} rollouts failed: {job.error}")

@@ -34,6 +34,10 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
    that imports its HTTP stack and resources on first use (openai: 70 modules, over half a warm
    rollout's CPU) pays that once per job instead of once per rollout. The report is the program's
    word, taken as untrusted: a name not found there is ignored.
+5. Makes ahead, after step 2 and after each round of step 4, what the installed libraries would
+   otherwise build afresh in every rollout from the machine alone (mesh/_warm_ahead.py): a spare
+   TLS context per factory (the CA bundle parsed once), the platform facts, and the pydantic models
+   rollouts report they completed (a line `model N`: an index into this interpreter's own list).
 
 A rollout's process: its own session, the given fds as 0, 1 and 2 (nothing else of the
 interpreter's: the control socket is closed), `_confine.enter` with the rollout's settings (it
@@ -65,15 +69,16 @@ from typing import Any  # noqa: E402
 _MAX_MESSAGE = 1 << 22
 
 
-def _load_confine() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_rollmesh_confine", os.path.join(_HERE, "_confine.py"))
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_rollmesh{name}", os.path.join(_HERE, f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_confine = _load_confine()
+_confine = _load("_confine")
+_ahead = _load("_warm_ahead")
 
 
 def main(argv: list[str]) -> int:
@@ -90,10 +95,13 @@ def main(argv: list[str]) -> int:
     control = socket.socket(fileno=int(settings["control_fd"]))
     readable = list(settings.get("readable", []))  # (what a rollout's own mounts show again)
     imported = _preload(program)
+    ahead = _ahead.Ahead()
+    ahead.prepare()
     gc.collect()
     gc.freeze()  # what it imported is never scanned by a rollout's collector (nor copied for it)
     _send(control, {"ready": True, "imported": imported})
-    learner = _Learner(_own_folder(program), [os.path.realpath(w) for w in settings.get("writable") or []])
+    writable = [os.path.realpath(w) for w in settings.get("writable") or []]
+    learner = _Learner(_own_folder(program), writable, ahead)
     return _serve(control, program, readable, learner)
 
 
@@ -175,7 +183,8 @@ class _Learner:
     MAX_LEARNED = 4096
     _NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
-    def __init__(self, own: str | None, writable: list[str]) -> None:
+    def __init__(self, own: str | None, writable: list[str], ahead: Any) -> None:
+        self.ahead = ahead  # (mesh/_warm_ahead.py `Ahead`)
         self.closed = [p for p in (own, *writable) if p]
         self.tried: set[str] = set()
         self.partial = b""
@@ -198,6 +207,9 @@ class _Learner:
         fresh = False
         for line in lines:
             name = line.decode("ascii", errors="replace").strip()
+            if self.ahead.take(name):  # (step 5's lines)
+                fresh = True
+                continue
             if (
                 name in self.tried
                 or name in sys.modules
@@ -214,6 +226,7 @@ class _Learner:
                 except BaseException:  # (its rollouts import it themselves, as they would cold)
                     continue
         if fresh:
+            self.ahead.prepare()
             gc.collect()
             gc.freeze()
 
@@ -236,12 +249,13 @@ class _Learner:
 _MAX_NAME = 512
 
 
-def _report(fd: int, before: set[str]) -> None:
-    """A rollout's word to its interpreter (step 4): the modules it imported, a line each, in
-    writes of at most PIPE_BUF bytes (never split, never mixed with another rollout's); dropped
-    when the pipe is full."""
+def _report(fd: int, before: set[str], ahead: Any) -> None:
+    """A rollout's word to its interpreter (steps 4 and 5): the modules it imported and the models
+    it completed, a line each, in writes of at most PIPE_BUF bytes (never split, never mixed with
+    another rollout's); dropped when the pipe is full."""
     try:
         names = [n for n in list(sys.modules) if n not in before and n != "__main__" and len(n) < _MAX_NAME]
+        names += ahead.report()
         os.set_blocking(fd, False)
         chunk = b""
         for name in sorted(names):
@@ -252,7 +266,7 @@ def _report(fd: int, before: set[str]) -> None:
             chunk += line
         if chunk:
             os.write(fd, chunk)
-    except (OSError, ValueError, TypeError):
+    except Exception:  # (the program's state: whatever it left)
         pass
 
 
@@ -305,7 +319,7 @@ def _serve(control: socket.socket, program: list[str], readable: list[str], lear
             control.close()
             if "uid" in request["confine"]:
                 request["confine"]["readable"] = readable
-            _end(_rollout(request, fds, program, learner.write_fd))
+            _end(_rollout(request, fds, program, learner))
         for fd in fds:
             os.close(fd)
         children.add(pid)
@@ -319,7 +333,7 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learn: int) -> int:
+def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learner: _Learner) -> int:
     """A rollout's process (module doc); returns the program's exit status."""
     before = set(sys.modules)
     signal.set_wakeup_fd(-1)
@@ -357,7 +371,7 @@ def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learn:
         traceback.print_exc()
         return 1
     finally:
-        _report(learn, before)
+        _report(learner.write_fd, before, learner.ahead)
     return 0
 
 
