@@ -74,6 +74,11 @@ class ReverifyReport:
         """Whether the command fails: a row was not re-scored, or a reward may be a missing field's."""
         return bool(self.errors or self.unjoined_drops or self.diverged)
 
+    def sample(self, row: Json, what: str) -> None:
+        """Keep `what` happened to `row` (by its rollout key) among the first five the summary shows."""
+        if len(self.error_samples) < 5:
+            self.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {what}")
+
 
 def input_key(row: Json) -> str:
     """A row's input messages (role and text of each) as one comparable string ("" when none). A
@@ -330,8 +335,7 @@ def _replayed(row: Json, replayed: Replayed, report: ReverifyReport) -> None:
         warning = f"{REPLAY_DIVERGED}: {replayed.diverged}"
         row["reverify_warning"] = warning
         report.diverged += 1
-        if len(report.error_samples) < 5:
-            report.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {warning}")
+        report.sample(row, warning)
 
 
 def _apply(
@@ -354,8 +358,7 @@ def _named(exc: RollmeshClientError | RollmeshError) -> str:
 def _failed(row: Json, msg: str, report: ReverifyReport) -> None:
     row["reverify_error"] = msg
     report.errors += 1
-    if len(report.error_samples) < 5:
-        report.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {msg}")
+    report.sample(row, msg)
 
 
 def _scored(
@@ -374,8 +377,7 @@ def _scored(
     if not report.joined and "task_index" not in row and old > 0.0 and reward == 0.0:
         row["reverify_warning"] = UNJOINED_DROP
         report.unjoined_drops += 1
-        if len(report.error_samples) < 5:
-            report.error_samples.append(f"{Rollout.from_row(row).key.as_str()}: {UNJOINED_DROP}")
+        report.sample(row, UNJOINED_DROP)
     row["reward_components"] = dict(components)
     row["extracted_answer"] = extracted_answer
     row["verify_details"] = details
