@@ -63,10 +63,15 @@ class Handler(BaseHTTPRequestHandler):
         pass  # a line per request is noise in the row's output
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # rollmesh opens a connection per rollout in flight, many at once: with the default listen
+    # backlog (5) the kernel drops the rest, and each is tried again only a second later.
+    request_queue_size = 1024
+
+
 if __name__ == "__main__":
     # A thread per request, each mostly waiting on the network: hand the interpreter's lock on
     # sooner than every 5 ms, or each answered call waits for it behind the others.
     sys.setswitchinterval(0.0005)
-    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["ROLLMESH_AGENT_PORT"])), Handler)
-    server.daemon_threads = True
-    server.serve_forever()
+    Server(("127.0.0.1", int(os.environ["ROLLMESH_AGENT_PORT"])), Handler).serve_forever()
