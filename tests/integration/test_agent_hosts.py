@@ -218,7 +218,9 @@ PROGRAM = textwrap.dedent(
     print(json.dumps({"loaded": loaded, "uid": os.getuid(), "pid": os.getpid(), "cwd": os.getcwd(),
                       "argv": sys.argv, "env": sorted(os.environ),
                       "messages": task["messages"],
+                      "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
                       "folders": os.listdir(os.path.dirname(os.path.dirname(os.getcwd())))}))
+    sys.stdout.flush()
     what = task["task"].get("what", "")
     if what == "exit":
         print("broke", file=sys.stderr)
@@ -227,6 +229,11 @@ PROGRAM = textwrap.dedent(
         raise RuntimeError("no luck")
     if what == "kill":
         os.kill(os.getpid(), 9)
+    if what == "term":
+        import signal
+        signal.raise_signal(signal.SIGTERM)
+    if what == "abort":
+        os.abort()
     if what == "slow":
         import time
         time.sleep(30)
@@ -277,6 +284,7 @@ async def test_a_warm_program_runs_with_its_imports_done_each_rollout_confined_o
         assert not Path(run["cwd"]).exists()  # noqa: ASYNC240 - its folder is removed
     if ROOT:
         assert len({r["uid"] for r in seen}) == 3 and all(r["pid"] == 2 for r in seen)
+        assert all(r["procs"] == [1, 2] for r in seen)  # its init and itself, nothing else
         assert all(len(r["folders"]) == 1 for r in seen)  # its own folder, no other rollout's
 
 
@@ -306,8 +314,9 @@ async def test_a_warm_program_fails_as_it_would_cold(warm_script: Path) -> None:
             await _rollout(host, program, 0, tools, what="exit")
         with pytest.raises(AgentProgramExited, match=r"exited with 1 .*RuntimeError: no luck"):
             await _rollout(host, program, 1, tools, what="raise")
-        with pytest.raises(AgentProgramExited, match=r"killed by SIGKILL"):
-            await _rollout(host, program, 4, tools, what="kill")
+        for n, (what, name) in enumerate((("kill", "SIGKILL"), ("term", "SIGTERM"), ("abort", "SIGABRT"))):
+            with pytest.raises(AgentProgramExited, match=rf"killed by {name}"):
+                await _rollout(host, program, 4 + n, tools, what=what)
         with pytest.raises(AgentProgramTimedOut):
             await _rollout(host, _warm(warm_script, timeout_s=2.0), 2, tools, what="slow")
         outcome = await _rollout(host, program, 3, tools)

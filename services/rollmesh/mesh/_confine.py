@@ -37,7 +37,9 @@ In order, each step recorded only once it held:
    be pid 1. The init reaps every orphan, forwards the signals it gets to the program and, when the
    program ends, hands its wait status to the keeper over a pipe and exits (the kernel then kills
    what is left in the namespace); the keeper ends the same way: killed by the same signal, or with
-   the same exit code.
+   the same exit code. A warm interpreter's rollout (mesh/_warm.py) is forked into a pid namespace
+   the interpreter made, as its pid 1: it takes the network, mount and uid steps there and is the
+   init at once (no keeper: the interpreter is the parent that waits and reads the report).
 3. rlimits, then exec ARGV (exit 127 when ARGV cannot be run, the reason on stderr), with SIGPIPE
    and SIGXFSZ back to their defaults (this interpreter ignores them; exec would keep that).
 The caller has made this process a session leader, so killing the process group ends everything
@@ -78,10 +80,14 @@ def main(argv: list[str]) -> int:
     return 0  # pragma: no cover - execvp does not return
 
 
-def enter(settings: dict[str, Any]) -> None:
+def enter(settings: dict[str, Any], report: int | None = None) -> None:
     """Steps 1 and 2 and the rlimits (module doc) in this process. It returns only in the process
     that is to run the program (pid 2 of its namespace when it has one); the keeper and the init
-    exit here as the program did. A warm interpreter's forked child (mesh/_warm.py) runs it too."""
+    exit here as the program did. A warm interpreter's forked child (mesh/_warm.py) runs it too,
+    made pid 1 of a pid namespace of its own by the interpreter: then `report` is the pipe end
+    the interpreter reads the program's wait status from, and no keeper is forked (the interpreter
+    is the parent that waits)."""
+    made = report is not None and os.getpid() == 1  # (the namespace's init already)
     _die_with(int(settings.get("parent", 0)), signal.SIGTERM)
     # Opened first: the mount namespace may cover its folder.
     mode_file = open(settings["mode_file"], "w") if settings.get("mode_file") else None
@@ -93,20 +99,23 @@ def enter(settings: dict[str, Any]) -> None:
     keeper = False
     if uid is not None and _private_mounts(settings):
         held[:0] = ["uid", "mount"]
-        keeper = _unshare(_CLONE_NEWPID)
-        if keeper:
-            held.insert(2, "pid")
+        keeper = not made and _unshare(_CLONE_NEWPID)
+    init = keeper or made
+    if init:
+        held.insert(2 if "mount" in held else 0, "pid")
     if mode_file is not None:
         with mode_file:
             mode_file.write("+".join(held) or "limits")
-    report = (-1, -1)
+    told = report if made and report is not None else -1  # where the init tells how the program ended
     if keeper:
-        report = os.pipe()  # the init's word on how the program ended (closed in it at exec)
+        pipe = os.pipe()  # (closed in the init at exec)
         child = os.fork()
         if child:
-            os.close(report[1])
-            _exit(_keep(child, report[0]))
-        os.close(report[0])
+            os.close(pipe[1])
+            _exit(_keep(child, pipe[0]))
+        os.close(pipe[0])
+        told = pipe[1]
+    if init and "mount" in held:
         try:  # its own pids in /proc; without it /proc shows the host's (the namespace holds)
             _mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         except OSError:
@@ -116,8 +125,8 @@ def enter(settings: dict[str, Any]) -> None:
         os.setgid(int(uid))
         os.setuid(int(uid))
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-        if keeper:  # after the uid change, which clears it. SIGKILL: pid 1 ignores the others.
-            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))  # (its keeper is outside: no getppid check)
+    if init:  # after the uid change, which clears it. SIGKILL: pid 1 ignores the others.
+        _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))  # (its parent is outside: no getppid check)
     for name, value in settings.get("rlimits", {}).items():
         which = getattr(resource, name, None)
         if which is None:
@@ -127,11 +136,11 @@ def enter(settings: dict[str, Any]) -> None:
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(which, (soft, soft))
-    if keeper:
+    if init:
         program_pid = os.fork()
         if program_pid:
-            _exit(_init(program_pid, report[1]))
-        os.close(report[1])
+            _exit(_init(program_pid, told))
+        os.close(told)
 
 
 def _exit(code: int) -> None:
@@ -500,8 +509,8 @@ def _die_with(parent: int, sig: signal.Signals) -> None:
         return
     if not _prctl(_PR_SET_PDEATHSIG, int(sig)):
         return
-    if os.getppid() != parent:  # it died before the call: the kernel will not tell us
-        sys.exit(143)
+    if os.getppid() not in (parent, 0):  # it died before the call: the kernel will not tell us
+        sys.exit(143)  # (0: the parent is outside this process's pid namespace)
 
 
 if __name__ == "__main__":

@@ -40,10 +40,13 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
    rollouts report they completed (a line `model N`: an index into this interpreter's own list).
 
 A rollout's process: its own session, the given fds as 0, 1 and 2 (nothing else of the
-interpreter's: the control socket is closed), `_confine.enter` with the rollout's settings (it
-becomes the keeper when it gets a pid namespace), the environment replaced by `env`, `cwd`, then
-the program run as `python ARGS` would run it (`runpy`), step 4's report, and its exit status as
-Python's.
+interpreter's: the control socket is closed), `_confine.enter` with the rollout's settings, the
+environment replaced by `env`, `cwd`, then the program run as `python ARGS` would run it
+(`runpy`), step 4's report, and its exit status as Python's. As root the interpreter forks it as
+pid 1 of a pid namespace of its own (`_PidNamespaces`): it takes its network and mount namespaces
+and its uid there and becomes the program's init, the program its child (pid 2), and tells the
+interpreter the program's wait status over a pipe (`_told`): two forks of this interpreter per
+rollout, where `_confine.enter` alone would fork a keeper outside the namespace too.
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ class _Learner:
 
     def __init__(self, own: str | None, writable: list[str], ahead: Any) -> None:
         self.ahead = ahead  # (mesh/_warm_ahead.py `Ahead`)
+        self.loaded = frozenset(sys.modules)  # what a rollout forked now starts with
         self.closed = [p for p in (own, *writable) if p]
         self.tried: set[str] = set()
         self.partial = b""
@@ -227,6 +231,7 @@ class _Learner:
                     continue
         if fresh:
             self.ahead.prepare()
+            self.loaded = frozenset(sys.modules)
             gc.collect()
             gc.freeze()
 
@@ -249,12 +254,12 @@ class _Learner:
 _MAX_NAME = 512
 
 
-def _report(fd: int, before: set[str], ahead: Any) -> None:
+def _report(fd: int, before: frozenset[str], ahead: Any) -> None:
     """A rollout's word to its interpreter (steps 4 and 5): the modules it imported and the models
     it completed, a line each, in writes of at most PIPE_BUF bytes (never split, never mixed with
     another rollout's); dropped when the pipe is full."""
     try:
-        names = [n for n in list(sys.modules) if n not in before and n != "__main__" and len(n) < _MAX_NAME]
+        names = [n for n in _new_modules(before) if n != "__main__" and len(n) < _MAX_NAME]
         names += ahead.report()
         os.set_blocking(fd, False)
         chunk = b""
@@ -270,6 +275,19 @@ def _report(fd: int, before: set[str], ahead: Any) -> None:
         pass
 
 
+def _new_modules(before: frozenset[str]) -> list[str]:
+    """The modules imported since the fork (`before`: the interpreter's then): the newest entries of
+    sys.modules (a dict keeps insertion order) from its end back to the first one the interpreter
+    held, so that the thousands of names it holds are never touched (a touch of each name's
+    reference count would copy every page they are on: a millisecond per rollout)."""
+    names = []
+    for name in reversed(sys.modules):
+        if name in before:
+            break
+        names.append(name)
+    return names
+
+
 def _send(control: socket.socket, message: dict[str, Any]) -> None:
     control.send(json.dumps(message).encode())
 
@@ -280,7 +298,8 @@ def _serve(control: socket.socket, program: list[str], readable: list[str], lear
     os.set_blocking(wake_r, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    children: set[int] = set()
+    children: dict[int, int] = {}  # pid -> where its init tells the program's wait status (or -1)
+    spaces = _PidNamespaces()
     while True:
         ready, _, _ = select.select([control.fileno(), wake_r, learner.read_fd], [], [])
         if learner.read_fd in ready:
@@ -296,8 +315,9 @@ def _serve(control: socket.socket, program: list[str], readable: list[str], lear
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            children.discard(pid)
-            _send(control, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            _send(
+                control, {"exited": pid, "code": os.waitstatus_to_exitcode(_told(children.pop(pid), status))}
+            )
         if control.fileno() not in ready:
             continue
         data, fds, _, _ = socket.recv_fds(control, _MAX_MESSAGE, 3)
@@ -312,18 +332,65 @@ def _serve(control: socket.socket, program: list[str], readable: list[str], lear
             continue
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        report = os.pipe() if "uid" in request["confine"] and spaces.open() else None
+        pid = -1
+        try:
+            pid = os.fork()
+        finally:
+            if report is not None and pid != 0:
+                spaces.close()
         if pid == 0:
-            for fd in (wake_r, wake_w, learner.read_fd):
+            for fd in (wake_r, wake_w, learner.read_fd, *([report[0]] if report else [])):
                 os.close(fd)
             control.close()
             if "uid" in request["confine"]:
                 request["confine"]["readable"] = readable
-            _end(_rollout(request, fds, program, learner))
+            _end(_rollout(request, fds, program, learner, report[1] if report else None))
         for fd in fds:
             os.close(fd)
-        children.add(pid)
+        if report is not None:
+            os.close(report[1])
+            os.set_blocking(report[0], False)
+        children[pid] = report[0] if report is not None else -1
         _send(control, {"forked": request["id"], "pid": pid})
+
+
+def _told(fd: int, status: int) -> int:
+    """A rollout's wait status: its program's, as its init wrote it to `fd`; the init's own when it
+    wrote none (it was killed)."""
+    if fd < 0:
+        return status
+    try:
+        told = os.read(fd, 64)
+    except OSError:
+        told = b""
+    finally:
+        os.close(fd)
+    return int(told) if told.strip().isdigit() else status
+
+
+class _PidNamespaces:
+    """A pid namespace for each rollout's process, made here (as root): the process forked while
+    one is open is pid 1 of it, the program's init, and this interpreter waits for it (no keeper
+    process in between: one fork of this interpreter fewer per rollout)."""
+
+    def __init__(self) -> None:
+        self.own = -1
+        if os.geteuid() == 0:
+            try:
+                self.own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+            except OSError:
+                pass
+
+    def open(self) -> bool:
+        """The next fork's child is pid 1 of a new pid namespace (False: the kernel refused)."""
+        return self.own >= 0 and _confine._unshare(_confine._CLONE_NEWPID)
+
+    def close(self) -> None:
+        """Forks after are in this interpreter's own pid namespace again."""
+        if _confine._libc().setns(self.own, _confine._CLONE_NEWPID) != 0:
+            os.close(self.own)  # (no namespace of our making after this: each child makes its own)
+            self.own = -1
 
 
 def _kill(pid: int) -> None:
@@ -333,9 +400,10 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learner: _Learner) -> int:
+def _rollout(
+    request: dict[str, Any], fds: list[int], program: list[str], learner: _Learner, report: int | None
+) -> int:
     """A rollout's process (module doc); returns the program's exit status."""
-    before = set(sys.modules)
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
@@ -345,7 +413,7 @@ def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learne
         if fd > 2:
             os.close(fd)
     os.chdir(request["cwd"])
-    _confine.enter(request["confine"])  # a keeper does not come back
+    _confine.enter(request["confine"], report)  # an init (or keeper) does not come back
     os.environ.clear()
     os.environ.update(request["env"])
     import tempfile
@@ -371,7 +439,7 @@ def _rollout(request: dict[str, Any], fds: list[int], program: list[str], learne
         traceback.print_exc()
         return 1
     finally:
-        _report(learner.write_fd, before, learner.ahead)
+        _report(learner.write_fd, learner.loaded, learner.ahead)
     return 0
 
 

@@ -28,6 +28,7 @@ own code, and so that a rollout's program observes what it would have built itse
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import os
 import sys
@@ -50,6 +51,9 @@ class Ahead:
     def __init__(self) -> None:
         self.spares: dict[str, _Spare] = {}
         self.models: list[Any] = []  # append-only: a report names one by its index
+        # Each model's own namespace, where pydantic marks it complete: what a rollout's report
+        # reads (a class object each on its own pages, which a read's reference count would copy).
+        self.namespaces: list[dict[str, Any]] = []
         self.complete: list[bool] = []  # as the interpreter has it (a rollout reports the others)
         self._known: set[int] = set()
         self._tried: set[int] = set()
@@ -106,14 +110,15 @@ class Ahead:
                 continue
             self._known.add(id(cls))
             self.models.append(cls)
+            self.namespaces.append(gc.get_referents(cls.__dict__)[0])
             self.complete.append(False)
 
     def report(self) -> list[str]:
         """In a rollout's process: the lines that tell the interpreter what it completed."""
         return [
             f"model {n}"
-            for n, (cls, was) in enumerate(zip(self.models, self.complete, strict=True))
-            if not was and cls.__dict__.get("__pydantic_complete__")
+            for n, (namespace, was) in enumerate(zip(self.namespaces, self.complete, strict=True))
+            if not was and namespace.get("__pydantic_complete__")
         ]
 
     def take(self, line: str) -> bool:
