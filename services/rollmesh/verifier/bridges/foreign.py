@@ -151,18 +151,23 @@ class ForeignServerEnvironment(Environment):
 
     sidecar: Sidecar | None
     http: HttpBridge
+    _url: str  # attached by URL: where the server answers
     #: The probing of a server that was unreachable at start, until it is discovered.
     _discovery: asyncio.Task[None] | None = None
 
-    def attach(
-        self, label: str, base_url: Callable[[], str], timeout_s: float, sidecar: Sidecar | None
-    ) -> None:
-        """The server: managed by `sidecar`, or attached by URL (None); and the HTTP bridge to it
-        (`label` names the server in its errors), which waits for a managed server to be ready
+    def attach(self, label: str, url: str, timeout_s: float, sidecar: Sidecar | None) -> None:
+        """The server: managed by `sidecar`, or attached at `url` (sidecar None); and the HTTP bridge
+        to it (`label` names the server in its errors), which waits for a managed server to be ready
         again before it retries a call that found none."""
         self.sidecar = sidecar
+        self._url = url
         wait_ready = sidecar.ready if sidecar is not None else None
-        self.http = HttpBridge(label, base_url, timeout_s=timeout_s, wait_ready=wait_ready)
+        self.http = HttpBridge(label, self.base_url, timeout_s=timeout_s, wait_ready=wait_ready)
+
+    def base_url(self) -> str:
+        """Where the server answers now: a managed server's address (a restart may change it), else
+        the URL it is attached at."""
+        return f"http://{self.sidecar.address}" if self.sidecar is not None else self._url
 
     async def discover(self) -> None:
         """Read what the server offers (module docstring); the default reads nothing."""

@@ -279,7 +279,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
         super().__init__(context)
         self.cfg = NemoGymConfig.load(folder_of(context, "a NeMo Gym environment", CONFIG_FILE))
         sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter())) if self.cfg.managed else None
-        self.attach(f"NeMo Gym server {self.cfg.server!r}", self._base_url, self.cfg.timeout_s, sidecar)
+        self.attach(f"NeMo Gym server {self.cfg.server!r}", self.cfg.url, self.cfg.timeout_s, sidecar)
         self._route_tools: list[ToolSpec] = []
         self._routes: set[str] = set()
         self._reverify_mode = "unknown"
@@ -298,11 +298,6 @@ class NemoGymEnvironment(ForeignServerEnvironment):
             start_timeout_s=self.cfg.start_timeout_s,
             readable=[str(self.context.path), *filter(None, (self.cfg.server_dir, self.cfg.config))],
         )
-
-    def _base_url(self) -> str:
-        if self.sidecar is not None:
-            return f"http://{self.sidecar.address}"
-        return self.cfg.url
 
     async def _probe(self, address: str) -> bool:
         del address
@@ -353,7 +348,7 @@ class NemoGymEnvironment(ForeignServerEnvironment):
             "nemo_gym_environment_ready",
             environment=self.context.name,
             server=self.cfg.server,
-            url=self._base_url(),
+            url=self.base_url(),
             tools=len(self._route_tools),
             reverify_mode=self._reverify_mode,
             gymnasium=self._gymnasium,

@@ -375,16 +375,13 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
                     readable=[str(folder), *filter(None, (self.cfg.env_dir,))],
                 )
             )
-        self.attach(self.label, self._base_url, self.cfg.timeout_s, sidecar)
+        self.attach(self.label, self.cfg.url, self.cfg.timeout_s, sidecar)
         self.plan: ActionPlan | None = None
         self._broken = ""
         self._slots = asyncio.Semaphore(self.cfg.max_sessions) if self.cfg.max_sessions else None
         #: Seeds waiting for one of the `max_sessions` episodes to close.
         self.waiting = 0
         self._episodes: set[Episode] = set()
-
-    def _base_url(self) -> str:
-        return f"http://{self.sidecar.address}" if self.sidecar is not None else self.cfg.url
 
     async def _probe(self, address: str) -> bool:
         del address
@@ -410,7 +407,7 @@ class OpenEnvEnvironment(ForeignServerEnvironment):
         log.info(
             "openenv_environment_ready",
             environment=self.context.name,
-            url=self._base_url(),
+            url=self.base_url(),
             action=self.plan.mode,
             field=self.plan.text_field or (self.plan.tool.name if self.plan.tool else ""),
         )

@@ -170,7 +170,7 @@ class VerifiersEnvironment(ForeignServerEnvironment):
         what = "verifiers taskset" if self.cfg.taskset else "verifiers environment"
         self.where = f"{what} {self.cfg.name!r}"
         sidecar = Sidecar(self._sidecar_spec(self.cfg.interpreter()))
-        self.attach(self.where, lambda: f"http://{sidecar.address}", self.cfg.timeout_s, sidecar)
+        self.attach(self.where, "", self.cfg.timeout_s, sidecar)
         self.kind = ""
         self.group = False  # the rubric has group reward functions (GET /): scores groups
 
