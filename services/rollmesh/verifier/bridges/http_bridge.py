@@ -238,18 +238,19 @@ class HttpBridge:
 
     def json_object(self, reply: Reply, what: str) -> Json:
         """The answer as a JSON object, or EnvServerBadReply naming `what` and the first bytes."""
-        try:
-            value = untrusted_json.loads(reply.text)
-        except NotJson as exc:
-            raise EnvServerBadReply(
-                f"{self.name}: {what} answered {reply.status} with a body that is not JSON ({exc}): "
-                f"{reply.text[:200]!r}"
-            ) from None
-        if not isinstance(value, dict):
-            raise EnvServerBadReply(
-                f"{self.name}: {what} answered {reply.status} with JSON {type(value).__name__}, not an object"
-            )
-        return value
+        return _json_object(reply.text, f"{self.name}: {what} answered {reply.status} with", "a body")
+
+
+def _json_object(text: str, answered: str, what: str) -> Json:
+    """`text` as a JSON object; else EnvServerBadReply: "`answered` `what` that is not JSON" with its
+    first bytes, or "`answered` JSON <type>, not an object"."""
+    try:
+        value = untrusted_json.loads(text)
+    except NotJson as exc:
+        raise EnvServerBadReply(f"{answered} {what} that is not JSON ({exc}): {text[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise EnvServerBadReply(f"{answered} JSON {type(value).__name__}, not an object")
+    return value
 
 
 class JsonSocket:
@@ -290,17 +291,7 @@ class JsonSocket:
                 f"{self.name}: {what}: the server {how} on {self.url} instead of answering",
                 metadata={"url": self.url},
             )
-        try:
-            value = untrusted_json.loads(str(answer.data))
-        except NotJson as exc:
-            raise EnvServerBadReply(
-                f"{self.name}: {what} answered a message that is not JSON ({exc}): {str(answer.data)[:200]!r}"
-            ) from None
-        if not isinstance(value, dict):
-            raise EnvServerBadReply(
-                f"{self.name}: {what} answered JSON {type(value).__name__}, not an object"
-            )
-        return value
+        return _json_object(str(answer.data), f"{self.name}: {what} answered", "a message")
 
     async def send(self, message: Json) -> None:
         """Send `message` expecting no answer (best effort: a closed socket is not an error)."""
