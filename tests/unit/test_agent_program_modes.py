@@ -50,4 +50,8 @@ def test_a_program_job_grows_while_the_cores_have_room_holds_when_busy_and_cuts_
     _stat(stat, 1100, 1950, 5)  # more runnable than two per core: cut
     _windows(lim, 1)
     assert lim.limit == 5
+    for n in range(4):  # the host stays over (its other work): no lower than where the job started
+        _stat(stat, 1200 + 100 * n, 2000 + 100 * n, 9)
+        _windows(lim, 1)
+    assert lim.limit == 4
     assert HostCpu(tmp_path / "none", cores=2).state() == ""  # no /proc/stat: never busy

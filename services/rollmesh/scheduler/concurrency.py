@@ -26,7 +26,10 @@ Without one the limit starts small.
 The host's CPU (`HostCpu`, for jobs whose rollouts run agent programs on this host: their CPU is
 the bound, not the model's): a window in which the host's cores were busy (FULL_SHARE of their
 time) does not raise the limit; one with more runnable processes than OVER_PER_CORE per core cuts
-it, to no lower than `min_limit`, whatever the latency said.
+it, whatever the latency said, to no lower than the limit the job started at (engine.py: 2 per
+core). Below that the cores idle while each rollout waits on its model calls and its process's
+start: a host busy with other work, or the job's own processes, held warm-started programs at one
+rollout in flight, 3-10 rollouts/s where 4 in flight did 28 and 16 did 29 (2 cores, load 7-14).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class Limiter:
         self.max_limit = max(1, max_limit)
         self.min_limit = min(max(1, floor), self.max_limit)
         self.limit = min(max(limit, self.min_limit), self.max_limit)
+        if cpu is not None:  # (module doc: the host's CPU never cuts below the start)
+            self.min_limit = self.limit
         self.in_use = 0
         self.peak = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
