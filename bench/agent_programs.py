@@ -9,11 +9,17 @@ after another in a rotating order, each `--rollouts` rollouts at `--concurrency`
 rollouts/s is its rollouts over its wall time from submit to its end. The figures are each mode's
 median trial, its ratio to the built-in loop's (the target: server and warm >= 0.5), the same
 from the time a fifth of a job's rollouts were done to its end (`steady_*`: without the start of a
-job's agent server or warm interpreter, which a job of 200 rollouts pays in its wall time), the
+job's agent server or warm interpreter, which every job pays once in its wall time), the
 seconds from submit to its first rollout done, the CPU spent per rollout by the mesh (this
 process) and by the programs (its children), and the load average before and after.
 
-    python bench/agent_programs.py [--rollouts 200] [--cold-rollouts 40] [--trials 2] [--concurrency 16]
+A job is 2000 rollouts by default: a training job's pass over its rows (250 tasks x 8 samples),
+not a handful. With the fake model a built-in rollout costs ~2.5 ms of CPU, so a job of 200 lasted
+~0.5 s and every mode's whole-job figure was mostly its start (a server's or warm interpreter's
+0.7-1 s); with a real model a rollout takes seconds and the start is smaller still. `--rollouts
+200` gives the earlier setting.
+
+    python bench/agent_programs.py [--rollouts 2000] [--cold-rollouts 40] [--trials 2] [--concurrency 16]
 """
 
 from __future__ import annotations
@@ -181,7 +187,9 @@ async def _trials(args: argparse.Namespace, out: Path) -> dict[str, list[dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=200, help="rollouts per job (built-in, server, warm)")
+    parser.add_argument(
+        "--rollouts", type=int, default=2000, help="rollouts per job (built-in, server, warm)"
+    )
     parser.add_argument("--cold-rollouts", type=int, default=40, help="rollouts per cold (command) job")
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
