@@ -247,14 +247,19 @@ PROGRAM = textwrap.dedent(
 )
 
 
-@pytest.fixture
-def warm_script(tmp_path: Path) -> Path:
+def agent_script(tmp_path: Path, name: str, source: str) -> Path:
+    """`source` as tmp_path/agent/`name`, in folders a rollout's uid may enter."""
     folder = tmp_path / "agent"
     folder.mkdir()
-    (folder / "prog.py").write_text(PROGRAM)
+    (folder / name).write_text(source)
     os.chmod(tmp_path, 0o755)
     os.chmod(folder, 0o755)
-    return folder / "prog.py"
+    return folder / name
+
+
+@pytest.fixture
+def warm_script(tmp_path: Path) -> Path:
+    return agent_script(tmp_path, "prog.py", PROGRAM)
 
 
 def _warm(script: Path, *args: str, timeout_s: float = 60) -> ProgramSpec:

@@ -19,7 +19,8 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
    root: it must give each rollout its uid.
 2. Imports: each module the program's top level imports (`import x`, `from x import y`, also
    inside a top-level `try`), when it is found outside the program's own folder: installed
-   packages, never the program's own modules, whose code runs only in a rollout's process. A
+   packages, never the program's own modules, whose code runs only in a rollout's process, nor a
+   module that is a script (`_script`: a package's `__main__`, `this`, CPython's `test`). A
    module that fails to import is left to the program (it fails there, as it would cold).
 3. Says `{"ready": true, "imported": [...]}` and serves requests, one datagram each (SOCK_SEQPACKET):
        {"op": "fork", "id": n, "confine": _confine settings, "cwd": dir, "env": {...}}
@@ -40,7 +41,8 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
    rollouts report they completed (a line `model N`: an index into this interpreter's own list).
 
 A rollout's process: its own session, the given fds as 0, 1 and 2 (nothing else of the
-interpreter's: the control socket is closed), `_confine.enter` with the rollout's settings, the
+interpreter's but the step 4 pipe's write end: the control socket, the other rollouts' status pipes
+and the interpreter's pid namespace are closed), `_confine.enter` with the rollout's settings, the
 environment replaced by `env`, `cwd`, then the program run as `python ARGS` would run it
 (`runpy`), step 4's report, and its exit status as Python's. As root the interpreter forks it as
 pid 1 of a pid namespace of its own (`_PidNamespaces`): it takes its network and mount namespaces
@@ -137,12 +139,28 @@ def _preload(program: list[str]) -> list[str]:
         origin = spec.origin if spec is not None else None
         if spec is None or (own is not None and origin is not None and origin.startswith(own + os.sep)):
             continue  # the program's own module: it runs only in a rollout's process
+        if _script(name):
+            continue
         try:
             __import__(name)
         except Exception:
             continue
         imported.append(name)
     return imported
+
+
+# Standard modules that act when imported (print, open a browser, run CPython's test suite or IDLE):
+# imported in each rollout, where the program would see them act, never here.
+_SCRIPTS = frozenset({"__hello__", "__phello__", "antigravity", "idlelib", "test", "this", "turtledemo"})
+
+
+def _script(name: str) -> bool:
+    """A module that is a script rather than a library (a package's `__main__`, step 2's and step
+    4's exception): importing it runs it, here, as root, for every rollout after (a rollout that
+    reported `test.__main__` had CPython's test runner enable faulthandler and rewrite sys.path in
+    the interpreter)."""
+    parts = name.split(".")
+    return "__main__" in parts or parts[0] in _SCRIPTS
 
 
 def _read(path: str | None) -> str:
@@ -180,7 +198,8 @@ class _Learner:
     A rollout's report is untrusted (the program's own code ran in that process): each line is a
     name, taken only when it is a dotted identifier whose top-level package is found on this
     interpreter's own path outside the program's folder and outside every folder rollouts can write
-    (`_installed`), as the top-level imports are (`_preload`); each name is tried once, at most
+    (`_installed`) and not a script (`_script`), as the top-level imports are (`_preload`); each
+    name is tried once, at most
     MAX_LEARNED in all."""
 
     MAX_LEARNED = 4096
@@ -223,7 +242,7 @@ class _Learner:
             ):
                 continue
             self.tried.add(name)
-            if self._installed(name):
+            if self._installed(name) and not _script(name):
                 try:
                     __import__(name)
                     fresh = True
@@ -340,8 +359,13 @@ def _serve(control: socket.socket, program: list[str], readable: list[str], lear
             if report is not None and pid != 0:
                 spaces.close()
         if pid == 0:
-            for fd in (wake_r, wake_w, learner.read_fd, *([report[0]] if report else [])):
+            # Nothing of the interpreter's but the report pipe: not the other rollouts' status
+            # pipes (their read ends would let this program take how theirs ended), not the pid
+            # namespace this interpreter goes back to.
+            told = [fd for fd in children.values() if fd >= 0]
+            for fd in (wake_r, wake_w, learner.read_fd, *told, *([report[0]] if report else [])):
                 os.close(fd)
+            spaces.forget()
             control.close()
             if "uid" in request["confine"]:
                 request["confine"]["readable"] = readable
@@ -385,6 +409,12 @@ class _PidNamespaces:
     def open(self) -> bool:
         """The next fork's child is pid 1 of a new pid namespace (False: the kernel refused)."""
         return self.own >= 0 and _confine._unshare(_confine._CLONE_NEWPID)
+
+    def forget(self) -> None:
+        """In a rollout's process: the interpreter's own namespace is not its to hold."""
+        if self.own >= 0:
+            os.close(self.own)
+            self.own = -1
 
     def close(self) -> None:
         """Forks after are in this interpreter's own pid namespace again."""

@@ -14,7 +14,9 @@ own code, and so that a rollout's program observes what it would have built itse
   context (its own: the process is a fork) instead of a new one, when nothing it depends on differs
   there: the `SSL_CERT_FILE`, `SSL_CERT_DIR` and `SSLKEYLOGFILE` variables, and each CA file and
   folder it read (the same file by device, inode, size and time, readable by the rollout's uid: a
-  spare never holds what the program could not have read). Every other call builds afresh.
+  spare never holds what the program could not have read). Every other call builds afresh, and
+  every call does when `SSLKEYLOGFILE` is set (a spare would hold the log file as the interpreter
+  opened it: all rollouts' keys in one file, none where the program's own would be).
 - **Platform facts.** `platform.uname()` (with its `processor`, a subprocess), `platform.platform()`
   and `platform.freedesktop_os_release()`: the standard library caches them per process, and a
   rollout reads the same machine, the same files.
@@ -216,6 +218,8 @@ class _Spare:
     def fill(self, calls: list[dict[str, Any]]) -> None:
         """A spare for each argument set that has none (the interpreter's own imports may have
         taken one: aiohttp builds a context at import)."""
+        if os.environ.get("SSLKEYLOGFILE"):
+            return  # (its context would hold the key log opened here: every rollout's keys in one file)
         for kwargs in calls:
             key = self._key((), kwargs)
             if key is None or key in self.ready:

@@ -1,0 +1,279 @@
+"""What one warm rollout's program can do to another rollout or to the warm interpreter
+(mesh/_warm.py, mesh/_warm_ahead.py), tried for real: the descriptors and shared pages it inherits,
+its init and the other rollouts' processes, its report lines, the spare TLS context it is handed.
+Whatever a program can read or influence, the policy can learn to exploit: each probe is an attack
+a program makes, and each test says what must hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
+from rollmesh.scheduler.drivers.warm import WarmStart
+from rollmesh.scheduler.errors import AgentProgramExited
+from tests.integration.test_agent_hosts import ROOT, _rollout, agent_script
+
+pytestmark = pytest.mark.skipif(not ROOT, reason="a warm rollout is confined on its own only as root")
+
+PROBE = textwrap.dedent(
+    """
+    import ctypes, faulthandler, json, os, select, ssl, sys, time
+
+    task = json.load(sys.stdin)
+    what = task["task"].get("what", "")
+
+
+    def descriptors():
+        found = {}
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+                with open(f"/proc/self/fdinfo/{name}") as f:
+                    flags = next(int(l.split()[1], 8) for l in f if l.startswith("flags:"))
+            except (OSError, StopIteration):
+                continue  # (the listing's own descriptor, closed)
+            found[int(name)] = {"target": target, "access": flags & 3}
+        return found
+
+
+    def context(ctx):
+        return {"verify": int(ctx.verify_mode), "hostname": ctx.check_hostname,
+                "options": int(ctx.options), "certs": len(ctx.get_ca_certs()),
+                "keylog": ctx.keylog_filename}
+
+
+    scripts = sorted(m for m in sys.modules if m.endswith("__main__") and m != "__main__")
+    out = {"what": what, "scripts": scripts, "faulthandler": faulthandler.is_enabled(), "path": sys.path[1:]}
+    if what == "hold":  # until the test says go (a file in its folder), then die by its own signal
+        open("holding", "w").close()
+        while not os.path.exists("go"):
+            time.sleep(0.02)
+        os.kill(os.getpid(), 9)
+    elif what == "steal":  # read another rollout's end of the pipe its status is told on
+        theirs = [fd for fd, d in descriptors().items()
+                  if fd > 2 and d["target"].startswith("pipe:") and d["access"] == os.O_RDONLY]
+        for fd in theirs:
+            os.set_blocking(fd, True)
+        open("armed", "w").close()
+        stolen = []
+        if theirs:
+            ready, _, _ = select.select(theirs, [], [], 60)
+            stolen = [os.read(fd, 64).decode() for fd in ready]
+        out["stolen"] = stolen
+    elif what == "look":
+        out["descriptors"] = descriptors()
+        with open("/proc/self/maps") as f:
+            out["shared_writable"] = [l.strip() for l in f if l.split()[1][1::2] == "ws"]  # rw-s
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: its own, as a program may
+        out["ptrace_init"] = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH to its init
+        try:
+            out["init_fds"] = os.listdir("/proc/1/fd")
+        except OSError as exc:
+            out["init_fds"] = type(exc).__name__
+        os.kill(1, 9)  # (pid 1 of its namespace: the kernel drops it)
+        out["procs"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    elif what == "forge":  # crafted report lines on every pipe it may write but its own output
+        lines = ["test.__main__", "model 0", "x" * 30000] + [f"model {n}" for n in range(70000)]
+        payload = ("\\n".join(lines) + "\\n").encode()
+        for fd, d in descriptors().items():
+            if fd > 2 and d["target"].startswith("pipe:") and d["access"] != os.O_RDONLY:
+                os.set_blocking(fd, False)
+                try:
+                    os.write(fd, payload)
+                except BlockingIOError:
+                    pass
+                out.setdefault("written", []).append(fd)
+    elif what == "tls":  # its context, then changed every way a program may change one
+        ctx = ssl.create_default_context()
+        out["first"] = context(ctx)
+        out["second"] = context(ssl.create_default_context())
+        out["factory"] = ssl.create_default_context.__name__
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.options |= ssl.OP_NO_TICKET
+        ctx.keylog_filename = "mine.log"
+    elif what == "tls_own":  # a CA file of its own choosing, then other arguments
+        os.environ["SSL_CERT_FILE"] = os.path.abspath("none.pem")
+        out["own_file"] = context(ssl.create_default_context())
+        out["server_side"] = context(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    elif what == "keylog":  # SSLKEYLOGFILE set: the keys go where the program's own would
+        ctx = ssl.create_default_context()
+        out["first"] = context(ctx)
+        out["log_in_its_folder"] = os.path.exists(os.environ["SSLKEYLOGFILE"])
+    print(json.dumps(out))
+    open(os.environ["ROLLMESH_ANSWER_FILE"], "w").write("3")
+    """
+)
+
+
+@pytest.fixture
+def probe(tmp_path: Path) -> Path:
+    return agent_script(tmp_path, "probe.py", PROBE)
+
+
+def _program(script: Path, **env: str) -> ProgramSpec:
+    return ProgramSpec(argv=(sys.executable, str(script)), env=env, timeout_s=90)
+
+
+def _said(outcome: Any) -> dict[str, Any]:
+    return dict(json.loads(outcome.program["stdout"]))
+
+
+async def _until(condition: Any, what: str, limit_s: float = 60.0) -> None:
+    async with asyncio.timeout(limit_s):
+        while not condition():  # noqa: ASYNC110 (the condition is another process's file)
+            await asyncio.sleep(0.02)
+    assert condition(), what
+
+
+def _marked(host: WarmStart, name: str) -> list[Path]:
+    """The rollouts' folders holding a file `name` (made by the probe in its own folder)."""
+    return [] if host.root is None else [p.parent for p in host.root.rglob(name)]
+
+
+async def _hold(host: WarmStart, program: ProgramSpec, tools: ToolEndpoint) -> asyncio.Future[Any]:
+    """A rollout in flight, its program waiting until `_release`."""
+    held = asyncio.ensure_future(_rollout(host, program, 0, tools, what="hold"))
+    await _until(lambda: held.done() or bool(_marked(host, "holding")), "the holding rollout runs")
+    return held
+
+
+async def _release(host: WarmStart, held: asyncio.Future[Any]) -> None:
+    for folder in _marked(host, "holding"):
+        (folder / "go").touch()
+    with pytest.raises(AgentProgramExited, match=r"killed by SIGKILL"):
+        await held
+
+
+async def test_a_rollout_cannot_read_how_another_rollouts_program_ended(probe: Path) -> None:
+    """The interpreter reads each program's wait status from a pipe its init writes: a rollout
+    forked while another runs must not hold that pipe's read end (it would take the status, and a
+    program killed by its own signal would be written as an exit code)."""
+    program = _program(probe)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        held = await _hold(host, program, tools)
+        thief = asyncio.ensure_future(_rollout(host, program, 1, tools, what="steal"))
+        await _until(lambda: thief.done() or bool(_marked(host, "armed")), "the thief armed")
+        await _release(host, held)
+        stolen = _said(await thief)["stolen"]
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert stolen == []
+
+
+async def test_a_rollout_holds_nothing_of_the_interpreter_and_cannot_reach_its_init(probe: Path) -> None:
+    program = _program(probe)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        # a rollout in flight while the looking one is forked (its pipes would be there too)
+        held = await _hold(host, program, tools)
+        seen = _said(await _rollout(host, program, 1, tools, what="look"))
+        await _release(host, held)
+    finally:
+        await host.stop()
+        await tools.stop()
+    pipes = {fd: d for fd, d in seen["descriptors"].items() if int(fd) > 2}
+    # its stdin (the task), stdout, stderr, and one pipe it may only write: its report (step 4)
+    assert [d["access"] for d in pipes.values()] == [os.O_WRONLY], pipes
+    assert seen["shared_writable"] == []
+    assert seen["ptrace_init"] == -1 and seen["init_fds"] == "PermissionError"
+    assert seen["procs"] == [1, 2]  # its init (alive: the kill was dropped) and itself
+
+
+async def test_forged_report_lines_change_nothing_a_later_rollout_sees(probe: Path) -> None:
+    """A program writes what it likes on its report pipe: indexes of models the interpreter does not
+    have, a line longer than any name, a module that runs as a script when imported. The interpreter
+    runs on, runs no script, and a later rollout is as before."""
+    program = _program(probe)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        before = _said(await _rollout(host, program, 0, tools, what="look"))
+        forged = _said(await _rollout(host, program, 1, tools, what="forge"))
+        after = _said(await _rollout(host, program, 2, tools, what="look"))
+        assert host.root is not None
+        made = sorted(p.name for p in host.root.iterdir())
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert len(forged["written"]) == 1 and host.starts == 1
+    # no script run (CPython's test runner: it enables faulthandler and rewrites sys.path, for good)
+    assert before["scripts"] == after["scripts"] == []
+    assert before["faulthandler"] is after["faulthandler"] is False and after["path"] == before["path"]
+    assert made == []  # nothing written where the rollouts' folders are made
+    assert after["procs"] == [1, 2] and after["shared_writable"] == []
+
+
+def _cold(script: Path, what: str, folder: Path, **env: str) -> dict[str, Any]:
+    """What the probe says run cold (`python probe.py` in `folder`, as the scheduler's user)."""
+    variables = {
+        k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "SSL_CERT_DIR", "SSLKEYLOGFILE")
+    }
+    variables |= {"ROLLMESH_ANSWER_FILE": str(folder / "answer"), **env}
+    folder.mkdir()
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        input=json.dumps({"task": {"what": what}}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=variables,
+        cwd=folder,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout))
+
+
+async def test_a_rollouts_tls_context_is_a_cold_ones_whatever_the_rollout_before_did_to_its_own(
+    probe: Path, tmp_path: Path
+) -> None:
+    """The spare context a rollout is handed (mesh/_warm_ahead.py) is what `ssl` would have made it,
+    each rollout's its own (one changed its every setting: the next sees none of it); a program
+    that names its own CA file, or asks for a server's context, gets what it asked for."""
+    program = _program(probe)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        runs = [_said(await _rollout(host, program, n, tools, what="tls")) for n in range(3)]
+        own = _said(await _rollout(host, program, 3, tools, what="tls_own"))
+    finally:
+        await host.stop()
+        await tools.stop()
+    cold = _cold(probe, "tls", tmp_path / "cold")
+    assert cold["first"]["certs"] > 0 and cold["first"]["verify"] == 2
+    assert runs == [{**cold, "path": run["path"]} for run in runs]  # (its own folder on sys.path)
+    assert own["own_file"] == _cold(probe, "tls_own", tmp_path / "cold_own")["own_file"]
+    assert own["own_file"]["certs"] == 0 and own["server_side"]["verify"] == 0
+
+
+async def test_a_keylog_file_is_written_where_the_program_would_write_it_cold(
+    probe: Path, tmp_path: Path
+) -> None:
+    """SSLKEYLOGFILE names a file relative to the program's folder: a context made ahead in the
+    interpreter would log every rollout's keys to one file in the interpreter's folder (readable by
+    the other rollouts' uids), and none where the program looks."""
+    program = _program(probe, SSLKEYLOGFILE="keys.log")
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        runs = [_said(await _rollout(host, program, n, tools, what="keylog")) for n in range(2)]
+        assert host.root is not None
+        shared = (host.root / "keys.log").exists()
+    finally:
+        await host.stop()
+        await tools.stop()
+    cold = _cold(probe, "keylog", tmp_path / "cold", SSLKEYLOGFILE="keys.log")
+    assert cold["log_in_its_folder"] is True
+    for run in runs:
+        assert run["log_in_its_folder"] is True and run["first"] == cold["first"]
+    assert shared is False
