@@ -48,6 +48,7 @@ The caller has made this process a session leader, so killing the process group 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -441,14 +442,20 @@ def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
                 upstream = socket.socket()
                 try:
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    upstream.connect(("127.0.0.1", int(key.data)))
+                    upstream.setblocking(False)
+                    # Never waited for here: a connection the server's full backlog dropped is
+                    # tried again by the kernel a second later, and every other one would wait.
+                    # Until it is up its sends and reads would block (held as pending); a refused
+                    # one fails its first send or read, which closes the pair.
+                    code = upstream.connect_ex(("127.0.0.1", int(key.data)))
+                    if code not in (0, errno.EINPROGRESS):
+                        raise OSError(code, os.strerror(code))
                     tcp.add(upstream)
                 except OSError:
                     conn.close()
                     upstream.close()
                     continue
-                for s in (conn, upstream):
-                    s.setblocking(False)
+                conn.setblocking(False)
                 peer[conn], peer[upstream] = upstream, conn
                 watch(conn)
                 watch(upstream)
