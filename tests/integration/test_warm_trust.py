@@ -107,6 +107,18 @@ PROBE = textwrap.dedent(
         os.environ["SSL_CERT_FILE"] = os.path.abspath("none.pem")
         out["own_file"] = context(ssl.create_default_context())
         out["server_side"] = context(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    elif what in ("leave", "find"):  # System V shared memory: a message for the rollouts after
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype = ctypes.c_void_p
+        key = int(sys.argv[1])
+        shm = libc.shmget(key, 4096, 0o1000 | 0o666 if what == "leave" else 0)  # IPC_CREAT
+        out["segment"] = shm >= 0
+        if shm >= 0:
+            at = libc.shmat(shm, None, 0)
+            if what == "leave":
+                ctypes.memmove(at, b"the answer is 3", 15)
+            else:
+                out["found"] = ctypes.string_at(at, 15).decode()
     elif what == "keylog":  # SSLKEYLOGFILE set: the keys go where the program's own would
         ctx = ssl.create_default_context()
         out["first"] = context(ctx)
@@ -277,3 +289,30 @@ async def test_a_keylog_file_is_written_where_the_program_would_write_it_cold(
     for run in runs:
         assert run["log_in_its_folder"] is True and run["first"] == cold["first"]
     assert shared is False
+
+
+async def test_a_rollout_leaves_no_message_for_another_in_system_v_shared_memory(probe: Path) -> None:
+    """System V IPC objects live in an IPC namespace, not in a file system: each rollout has its own
+    (with its mount namespace), else a program finds what another left under a key both know."""
+    key = 0x5EED0000 + os.getpid() % 0xFFFF
+    program = ProgramSpec(argv=(sys.executable, str(probe), str(key)), timeout_s=90)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        left = _said(await _rollout(host, program, 0, tools, what="leave"))
+        found = _said(await _rollout(host, program, 1, tools, what="find"))
+    finally:
+        await host.stop()
+        await tools.stop()
+        _remove_segment(key)
+    assert left["segment"] is True  # (made in its own namespace, gone with it)
+    assert found["segment"] is False and "found" not in found
+
+
+def _remove_segment(key: int) -> None:
+    """A segment a rollout left in this host's namespace (the hole this test guards)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm = libc.shmget(key, 0, 0)
+    if shm >= 0:
+        libc.shmctl(shm, 0, None)  # IPC_RMID

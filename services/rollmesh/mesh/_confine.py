@@ -21,7 +21,8 @@ In order, each step recorded only once it held:
    socket is made and handed to the parent, which serves it, and each exposed port is reached
    from the parent through a Unix socket a relay process (forked here, before the pid namespace)
    listens on (`_isolate`); refused (no CAP_SYS_ADMIN): nothing changes.
-2. `uid` (needs root): a mount namespace in which every mount is read-only and nosuid; /tmp,
+2. `uid` (needs root): a mount namespace (and an IPC namespace: no System V object of another
+   process) in which every mount is read-only and nosuid; /tmp,
    /var/tmp and /dev/shm are fresh tmpfs of `scratch_mb`; a folder on the way to a `readable` path
    that other users cannot enter (/root) is covered by an empty tmpfs, with only the `readable`
    paths bound back, read-only (the rest of it, secrets included, is not there); a `hidden` path is
@@ -57,7 +58,7 @@ import socket
 import sys
 from typing import Any
 
-_CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
@@ -185,7 +186,9 @@ def _mount(
 
 def _private_mounts(settings: dict[str, Any]) -> bool:
     """Step 2's mount namespace (module doc); False, with nothing changed, when it cannot be had."""
-    if os.geteuid() != 0 or not _unshare(_CLONE_NEWNS):
+    # An IPC namespace with it: System V shared memory, semaphores and message queues live there,
+    # not in a file system: in the host's, a program found what another had left under a key.
+    if os.geteuid() != 0 or not _unshare(_CLONE_NEWNS | _CLONE_NEWIPC):
         return False
     _mount(None, b"/", None, _MS_REC | _MS_PRIVATE)
     readable = [os.path.realpath(p) for p in settings.get("readable", []) if os.path.exists(p)]
