@@ -54,7 +54,12 @@ def _answered(text: str = "3") -> CaptureModel:
 
 
 async def _rollout(
-    host: ProgramHost, program: ProgramSpec, n: int, tools: ToolEndpoint, what: str = ""
+    host: ProgramHost,
+    program: ProgramSpec,
+    n: int,
+    tools: ToolEndpoint,
+    what: str = "",
+    model: CaptureModel | None = None,
 ) -> Any:
     return await run_program(
         job_id="job",
@@ -63,7 +68,7 @@ async def _rollout(
         seed=11,
         settings=SHOWN,
         program=program,
-        model=_answered(),
+        model=model or _answered(),
         env=LocalEnv(),
         tools=tools,
         host=host,

@@ -9,19 +9,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import CaptureOpened, ProgramSpec
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.drivers.warm import WarmStart
-from rollmesh.scheduler.errors import AgentProgramExited
-from tests.integration.test_agent_hosts import ROOT, _rollout, agent_script
+from rollmesh.scheduler.errors import AgentProgramExited, AgentProgramTimedOut
+from tests.integration.test_agent_hosts import ROOT, _answered, _rollout, agent_script
+from tests.integration.test_sandbox_forker import _writable_memory
+from tests.unit.test_external_agents import CaptureModel
 
 pytestmark = pytest.mark.skipif(not ROOT, reason="a warm rollout is confined on its own only as root")
 
@@ -119,6 +123,16 @@ PROBE = textwrap.dedent(
                 ctypes.memmove(at, b"the answer is 3", 15)
             else:
                 out["found"] = ctypes.string_at(at, 15).decode()
+    elif what == "escape":  # out of its process group and session, a child deaf to signals, then hang
+        import signal
+        os.setsid()
+        if os.fork() == 0:  # (its working folder is the rollout's: the test counts it there)
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
+            os.setsid()
+            while True:
+                time.sleep(1)
+        time.sleep(600)
     elif what == "keylog":  # SSLKEYLOGFILE set: the keys go where the program's own would
         ctx = ssl.create_default_context()
         out["first"] = context(ctx)
@@ -154,9 +168,11 @@ def _marked(host: WarmStart, name: str) -> list[Path]:
     return [] if host.root is None else [p.parent for p in host.root.rglob(name)]
 
 
-async def _hold(host: WarmStart, program: ProgramSpec, tools: ToolEndpoint) -> asyncio.Future[Any]:
+async def _hold(
+    host: WarmStart, program: ProgramSpec, tools: ToolEndpoint, model: CaptureModel | None = None
+) -> asyncio.Future[Any]:
     """A rollout in flight, its program waiting until `_release`."""
-    held = asyncio.ensure_future(_rollout(host, program, 0, tools, what="hold"))
+    held = asyncio.ensure_future(_rollout(host, program, 0, tools, what="hold", model=model))
     await _until(lambda: held.done() or bool(_marked(host, "holding")), "the holding rollout runs")
     return held
 
@@ -226,6 +242,78 @@ async def test_forged_report_lines_change_nothing_a_later_rollout_sees(probe: Pa
     assert before["faulthandler"] is after["faulthandler"] is False and after["path"] == before["path"]
     assert made == []  # nothing written where the rollouts' folders are made
     assert after["procs"] == [1, 2] and after["shared_writable"] == []
+
+
+class _Tokens(CaptureModel):
+    """A capture with a token of its own per rollout, each remembered."""
+
+    def __init__(self) -> None:
+        super().__init__(_answered().record)
+        self.tokens: list[str] = []
+
+    async def open_capture(
+        self, capture_id: str, *, model: str, sampling: Any, session_id: str
+    ) -> CaptureOpened:
+        opened = await super().open_capture(capture_id, model=model, sampling=sampling, session_id=session_id)
+        self.tokens.append(secrets.token_urlsafe(24))
+        return replace(opened, token=self.tokens[-1])
+
+
+async def test_the_interpreter_keeps_no_capture_token_of_a_rollout_it_forked(probe: Path) -> None:
+    """A rollout's process starts as a copy of the interpreter's memory: the capture token of a
+    rollout in flight (its capture open, the gateway's port reachable from every rollout) must not
+    be left there, or a program forked later could make calls recorded as that rollout's."""
+    program = _program(probe)
+    host, tools = WarmStart(program), ToolEndpoint()
+    held_model = _Tokens()
+    try:
+        held = await _hold(host, program, tools, held_model)
+        # the next rollout forked starts with what the interpreter holds then (the token of the
+        # last one forked, its own: the request it read last)
+        await _rollout(host, program, 1, tools, what="tls", model=_Tokens())
+        assert host._interpreter is not None
+        memory = await asyncio.to_thread(_writable_memory, host._interpreter.proc.pid)
+        await _release(host, held)
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert len(held_model.tokens) == 1 and held_model.tokens[0].encode() not in memory
+
+
+def _in_folders(root: Path) -> list[int]:
+    """The processes working in a rollout's folder under `root`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.readlink(f"/proc/{entry}/cwd").startswith(f"{root}/"):
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+async def test_a_program_that_left_its_process_group_still_times_out_and_leaves_nothing(probe: Path) -> None:
+    """No keeper: the interpreter kills a late rollout's process group, its init's; a program that
+    made a session of its own (and a child deaf to every signal but SIGKILL) dies with the init's
+    pid namespace, and the rollout fails as timed out."""
+    program = ProgramSpec(argv=(sys.executable, str(probe)), timeout_s=15.0)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        await _rollout(host, _program(probe), 0, tools, what="tls")  # (the interpreter up: timed apart)
+        assert host.root is not None
+        root = host.root
+        late = asyncio.ensure_future(_rollout(host, program, 1, tools, what="escape"))
+        # its init, the program and the deaf child, before the deadline
+        await _until(lambda: late.done() or len(_in_folders(root)) == 3, "the program escaped")
+        assert not late.done()
+        with pytest.raises(AgentProgramTimedOut):
+            await late
+        await _until(lambda: not _in_folders(root), "the escaped processes gone")
+        outcome = await _rollout(host, _program(probe), 2, tools, what="tls")
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert host.starts == 1 and outcome.program["exit_code"] == 0
 
 
 def _cold(script: Path, what: str, folder: Path, **env: str) -> dict[str, Any]:
