@@ -133,6 +133,9 @@ PROBE = textwrap.dedent(
             while True:
                 time.sleep(1)
         time.sleep(600)
+    elif what == "ca":  # SSL_CERT_FILE names a CA file (bound in: an argument)
+        out["certs"] = len(ssl.create_default_context().get_ca_certs())
+        out["readable"] = os.access(os.environ["SSL_CERT_FILE"], os.R_OK)
     elif what == "keylog":  # SSLKEYLOGFILE set: the keys go where the program's own would
         ctx = ssl.create_default_context()
         out["first"] = context(ctx)
@@ -404,3 +407,33 @@ def _remove_segment(key: int) -> None:
     shm = libc.shmget(key, 0, 0)
     if shm >= 0:
         libc.shmctl(shm, 0, None)  # IPC_RMID
+
+
+def _bundle(path: Path, mode: int) -> Path:
+    """certifi's CA bundle copied to `path` with `mode` (root's)."""
+    import certifi
+
+    path.write_bytes(Path(certifi.where()).read_bytes())
+    path.chmod(mode)
+    return path
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644])
+async def test_a_ca_file_the_rollouts_uid_cannot_read_gives_it_no_certificate(
+    probe: Path, tmp_path: Path, mode: int
+) -> None:
+    """The interpreter (root) reads a CA file the rollout's uid may not: the rollout's context must
+    hold none of it, as its own would (and, readable, all of it)."""
+    bundle = _bundle(tmp_path / "ca.pem", mode)
+    program = ProgramSpec(
+        argv=(sys.executable, str(probe), str(bundle)), env={"SSL_CERT_FILE": str(bundle)}, timeout_s=90
+    )
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        runs = [_said(await _rollout(host, program, n, tools, what="ca")) for n in range(2)]
+    finally:
+        await host.stop()
+        await tools.stop()
+    for run in runs:
+        assert run["readable"] is (mode == 0o644)
+        assert (run["certs"] > 100) if mode == 0o644 else (run["certs"] == 0)
