@@ -437,3 +437,47 @@ async def test_a_ca_file_the_rollouts_uid_cannot_read_gives_it_no_certificate(
     for run in runs:
         assert run["readable"] is (mode == 0o644)
         assert (run["certs"] > 100) if mode == 0o644 else (run["certs"] == 0)
+
+
+OWN_MODULES = {
+    "agentpkg/__init__.py": "import os\nUID = os.getuid()\n",
+    "agentpkg/main.py": textwrap.dedent(
+        """
+        import json, os, sys
+        import agentpkg, helper, nsp.leaf
+
+        json.load(sys.stdin)
+        print(json.dumps({"package": agentpkg.UID, "helper": helper.UID, "leaf": nsp.leaf.UID}))
+        open(os.environ["ROLLMESH_ANSWER_FILE"], "w").write("3")
+        """
+    ),
+    "prog.py": "import runpy\nimport nsp.leaf\n\nrunpy.run_module('agentpkg.main', run_name='__main__')\n",
+    "helper.py": "import os\nUID = os.getuid()\n",
+    "nsp/leaf.py": "import os\nUID = os.getuid()\n",  # (a namespace package: no __init__.py)
+}
+
+
+@pytest.mark.parametrize("shape", ["module", "script"])
+async def test_the_programs_own_modules_run_only_in_its_rollouts(tmp_path: Path, shape: str) -> None:
+    """`python -m pkg.mod` with the program's folder on PYTHONPATH, or a script beside its modules:
+    its package, its modules and a namespace package of its own are imported by each rollout as
+    its uid, never by the interpreter as root (their code is the program's, not installed)."""
+    folder = agent_script(tmp_path, "prog.py", OWN_MODULES["prog.py"]).parent
+    for name, source in OWN_MODULES.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        (folder / name).write_text(source)
+        (folder / name).parent.chmod(0o755)
+    start = ("-m", "agentpkg.main") if shape == "module" else (str(folder / "prog.py"),)
+    # (the folder as an argument: bound into the rollout's mounts, as a program's paths are)
+    program = ProgramSpec(
+        argv=(sys.executable, *start, str(folder)), env={"PYTHONPATH": str(folder)}, timeout_s=90
+    )
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        runs = [_said(await _rollout(host, program, n, tools)) for n in range(2)]
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert not {"agentpkg", "agentpkg.main", "helper", "nsp", "nsp.leaf"} & set(host.imported)
+    for run in runs:
+        assert 0 not in run.values(), run

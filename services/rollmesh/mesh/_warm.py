@@ -18,8 +18,10 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
    folders closed to other users empty but for `readable` (`_confine._private_mounts`). It stays
    root: it must give each rollout its uid.
 2. Imports: each module the program's top level imports (`import x`, `from x import y`, also
-   inside a top-level `try`), when it is found outside the program's own folder: installed
-   packages, never the program's own modules, whose code runs only in a rollout's process, nor a
+   inside a top-level `try`), when it is found outside the program's own folders (its script's,
+   the PYTHONPATH entries: `_own_folders`): installed packages, never the program's own modules
+   (found without importing a package on the way, for `-m pkg.mod`), whose code runs only in a
+   rollout's process, nor a
    module that is a script (`_script`: a package's `__main__`, `this`, CPython's `test`). A
    module that fails to import is left to the program (it fails there, as it would cold).
 3. Says `{"ready": true, "imported": [...]}` and serves requests, one datagram each (SOCK_SEQPACKET):
@@ -59,6 +61,7 @@ _HERE = sys.path.pop(0)  # this folder shadows standard modules (logging.py): ne
 
 import ast  # noqa: E402
 import gc  # noqa: E402
+import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -106,47 +109,75 @@ def main(argv: list[str]) -> int:
     gc.freeze()  # what it imported is never scanned by a rollout's collector (nor copied for it)
     _send(control, {"ready": True, "imported": imported})
     writable = [os.path.realpath(w) for w in settings.get("writable") or []]
-    learner = _Learner(_own_folder(program), writable, ahead)
+    learner = _Learner(_own_folders(program), writable, ahead)
     return _serve(control, program, readable, learner)
 
 
-def _own_folder(program: list[str]) -> str | None:
-    """The program's own folder (a script's), whose modules are never imported here."""
-    if program[0] in ("-m", "-c"):
-        return None
-    return os.path.dirname(os.path.abspath(program[0]))
+def _own_folders(program: list[str]) -> list[str]:
+    """The program's own folders, whose modules are never imported here: a script's folder and the
+    PYTHONPATH entries (where `python -m` finds a program's own modules, and a script its own
+    libraries); installed packages are what the interpreter's prefixes and .pth files add."""
+    folders = [] if program[0] in ("-m", "-c") else [os.path.dirname(os.path.abspath(program[0]))]
+    folders += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [os.path.realpath(f) for f in folders]
 
 
 def _preload(program: list[str]) -> list[str]:
     """Step 2 (module doc): the names imported."""
-    own = _own_folder(program)
+    own = _own_folders(program)
     if program[0] == "-m":
-        spec = importlib.util.find_spec(program[1])
+        spec = _path_spec(program[1])
         source_path = spec.origin if spec is not None else None
     elif program[0] == "-c":
         source_path = None
     else:
         source_path = os.path.abspath(program[0])
-        assert own is not None
-        sys.path.insert(0, own)  # as `python script.py` has it
+        sys.path.insert(0, os.path.dirname(source_path))  # as `python script.py` has it
     source = program[1] if program[0] == "-c" else _read(source_path)
     imported = []
     for name in _top_level_imports(source):
-        try:
-            spec = importlib.util.find_spec(name.split(".")[0])
-        except (ImportError, ValueError):
-            continue
-        origin = spec.origin if spec is not None else None
-        if spec is None or (own is not None and origin is not None and origin.startswith(own + os.sep)):
+        if not _installed(name, own) or _script(name):
             continue  # the program's own module: it runs only in a rollout's process
-        if _script(name):
-            continue
         try:
             __import__(name)
         except Exception:
             continue
         imported.append(name)
     return imported
+
+
+def _path_spec(name: str) -> Any:
+    """`name`'s spec found on sys.path without importing the packages on the way (finding
+    `pkg.mod` with importlib would run the program's own `pkg/__init__.py` here)."""
+    spec = None
+    locations = None
+    parts = name.split(".")
+    for n in range(1, len(parts) + 1):
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:n]), locations)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    return spec
+
+
+def _installed(name: str, closed: list[str]) -> bool:
+    """`name`'s top-level module is found on this interpreter's path, nowhere under `closed`."""
+    top = name.partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    places = [spec.origin or "", *(spec.submodule_search_locations or [])]
+    for place in filter(os.path.isabs, places):
+        real = os.path.realpath(place)
+        if any(real == c or real.startswith(c.rstrip(os.sep) + os.sep) for c in closed):
+            return False
+    return True
 
 
 # Standard modules that act when imported (print, open a browser, run CPython's test suite or IDLE):
@@ -205,10 +236,10 @@ class _Learner:
     MAX_LEARNED = 4096
     _NAME = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
-    def __init__(self, own: str | None, writable: list[str], ahead: Any) -> None:
+    def __init__(self, own: list[str], writable: list[str], ahead: Any) -> None:
         self.ahead = ahead  # (mesh/_warm_ahead.py `Ahead`)
         self.loaded = frozenset(sys.modules)  # what a rollout forked now starts with
-        self.closed = [p for p in (own, *writable) if p]
+        self.closed = [p for p in (*own, *writable) if p]
         self.tried: set[str] = set()
         self.partial = b""
         self.read_fd, self.write_fd = os.pipe()
@@ -242,7 +273,7 @@ class _Learner:
             ):
                 continue
             self.tried.add(name)
-            if self._installed(name) and not _script(name):
+            if _installed(name, self.closed) and not _script(name):
                 try:
                     __import__(name)
                     fresh = True
@@ -253,21 +284,6 @@ class _Learner:
             self.loaded = frozenset(sys.modules)
             gc.collect()
             gc.freeze()
-
-    def _installed(self, name: str) -> bool:
-        top = name.partition(".")[0]
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            return False
-        if spec is None:
-            return False
-        places = [spec.origin or "", *(spec.submodule_search_locations or [])]
-        for place in filter(os.path.isabs, places):
-            real = os.path.realpath(place)
-            if any(real == c or real.startswith(c.rstrip(os.sep) + os.sep) for c in self.closed):
-                return False
-        return True
 
 
 _MAX_NAME = 512
