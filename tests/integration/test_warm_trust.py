@@ -481,3 +481,29 @@ async def test_the_programs_own_modules_run_only_in_its_rollouts(tmp_path: Path,
     assert not {"agentpkg", "agentpkg.main", "helper", "nsp", "nsp.leaf"} & set(host.imported)
     for run in runs:
         assert 0 not in run.values(), run
+
+
+async def test_a_ca_file_rewritten_after_the_interpreter_read_it_is_read_again(
+    probe: Path, tmp_path: Path
+) -> None:
+    """The interpreter made its spare from the CA file as it was; rewritten since (in place: the
+    bound file), a rollout's context holds what the file holds now, as its own would."""
+    bundle = _bundle(tmp_path / "ca.pem", 0o644)
+    program = ProgramSpec(
+        argv=(sys.executable, str(probe), str(bundle)), env={"SSL_CERT_FILE": str(bundle)}, timeout_s=90
+    )
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        before = _said(await _rollout(host, program, 0, tools, what="ca"))
+        _keep_first_certificate(bundle)
+        after = _said(await _rollout(host, program, 1, tools, what="ca"))
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert before["certs"] > 100 and after["certs"] == 1
+
+
+def _keep_first_certificate(bundle: Path) -> None:
+    text = bundle.read_text()
+    end = "-----END CERTIFICATE-----"
+    bundle.write_text(text[text.index("-----BEGIN CERTIFICATE-----") : text.index(end) + len(end)] + "\n")
