@@ -24,6 +24,9 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
    rollout's process, nor a
    module that is a script (`_script`: a package's `__main__`, `this`, CPython's `test`). A
    module that fails to import is left to the program (it fails there, as it would cold).
+   Its heap then goes on 2 MB pages where the kernel can (`_huge_pages`): each fork copies a
+   page-table entry per 2 MB instead of 512 (0.75 ms less per fork here, and as much in the
+   init's fork of the program).
 3. Says `{"ready": true, "imported": [...]}` and serves requests, one datagram each (SOCK_SEQPACKET):
        {"op": "fork", "id": n, "confine": _confine settings, "cwd": dir, "env": {...}}
            with three fds: the program's stdin, stdout, stderr
@@ -60,6 +63,7 @@ import sys
 _HERE = sys.path.pop(0)  # this folder shadows standard modules (logging.py): never import from it
 
 import ast  # noqa: E402
+import ctypes  # noqa: E402
 import gc  # noqa: E402
 import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
@@ -107,6 +111,7 @@ def main(argv: list[str]) -> int:
     ahead.prepare()
     gc.collect()
     gc.freeze()  # what it imported is never scanned by a rollout's collector (nor copied for it)
+    _huge_pages()
     _send(control, {"ready": True, "imported": imported})
     writable = [os.path.realpath(w) for w in settings.get("writable") or []]
     learner = _Learner(_own_folders(program), writable, ahead)
@@ -284,6 +289,7 @@ class _Learner:
             self.loaded = frozenset(sys.modules)
             gc.collect()
             gc.freeze()
+            _huge_pages()
 
 
 _MAX_NAME = 512
@@ -308,6 +314,31 @@ def _report(fd: int, before: frozenset[str], ahead: Any) -> None:
             os.write(fd, chunk)
     except Exception:  # (the program's state: whatever it left)
         pass
+
+
+def _huge_pages() -> None:
+    """This interpreter's heap on 2 MB pages where the kernel can (MADV_COLLAPSE, Linux 6.1+): a fork
+    copies one page-table entry per 2 MB instead of 512, for each rollout (and its init's fork of
+    the program); a rollout's write still copies 4 kB. Nothing changes where the kernel refuses."""
+    try:
+        libc = _confine._libc()
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except (OSError, AttributeError):
+        return
+    huge = 1 << 21
+    for line in lines:
+        fields = line.split()
+        if fields[1] != "rw-p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue  # (anonymous private memory only: the heap and the allocators' arenas)
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        start, end = (start + huge - 1) & ~(huge - 1), end & ~(huge - 1)
+        if end - start >= huge and libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0:
+            libc.madvise(start, end - start, _MADV_COLLAPSE)
+
+
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
 
 
 def _new_modules(before: frozenset[str]) -> list[str]:
