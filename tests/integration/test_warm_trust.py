@@ -98,6 +98,18 @@ PROBE = textwrap.dedent(
                 except BlockingIOError:
                     pass
                 out.setdefault("written", []).append(fd)
+    elif what == "flood":  # its report pipe written without end, each write waiting to be read
+        fd = next(fd for fd, d in descriptors().items()
+                  if fd > 2 and d["target"].startswith("pipe:") and d["access"] != os.O_RDONLY)
+        block = b"model 0\\n" * 8192
+        open("holding", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists("go") and time.monotonic() < deadline:
+            os.set_blocking(fd, True)  # (each rollout's report sets the pipe non-blocking again)
+            try:
+                os.write(fd, block)
+            except BlockingIOError:
+                pass
     elif what == "tls":  # its context, then changed every way a program may change one
         ctx = ssl.create_default_context()
         out["first"] = context(ctx)
@@ -317,6 +329,28 @@ async def test_a_program_that_left_its_process_group_still_times_out_and_leaves_
         await host.stop()
         await tools.stop()
     assert host.starts == 1 and outcome.program["exit_code"] == 0
+
+
+async def test_a_program_writing_its_report_without_end_holds_up_no_other_rollout(probe: Path) -> None:
+    """The interpreter reads the rollouts' reports between serving forks and exits: one program
+    writing its report pipe as fast as it is read must not keep another rollout from starting and
+    ending (it waited for the flood's end, and would have timed out behind a longer one)."""
+    program = _program(probe)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        floods = [asyncio.ensure_future(_rollout(host, program, n, tools, what="flood")) for n in range(3)]
+        await _until(
+            lambda: any(f.done() for f in floods) or len(_marked(host, "holding")) == 3, "the floods started"
+        )
+        other = await _rollout(host, program, 3, tools, what="tls")
+        flooding = not any(f.done() for f in floods)
+        for folder in _marked(host, "holding"):
+            (folder / "go").touch()
+        await asyncio.gather(*floods)
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert flooding and other.program["exit_code"] == 0 and host.starts == 1
 
 
 def _cold(script: Path, what: str, folder: Path, **env: str) -> dict[str, Any]:
