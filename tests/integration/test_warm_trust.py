@@ -541,3 +541,45 @@ def _keep_first_certificate(bundle: Path) -> None:
     text = bundle.read_text()
     end = "-----END CERTIFICATE-----"
     bundle.write_text(text[text.index("-----BEGIN CERTIFICATE-----") : text.index(end) + len(end)] + "\n")
+
+
+FLAGS = textwrap.dedent(
+    """
+    import json, os, sys
+    json.load(sys.stdin)
+    flags = {f: getattr(sys.flags, f) for f in ("optimize", "isolated", "ignore_environment", "no_user_site")}
+    here = os.path.dirname(os.path.abspath(__file__))
+    print(json.dumps({**flags, "debug": __debug__, "its_folder_first": os.path.abspath(sys.path[0]) == here}))
+    open(os.environ["ROLLMESH_ANSWER_FILE"], "w").write("3")
+    """
+)
+
+
+@pytest.mark.parametrize("options", [("-O",), ("-I",), ("-E", "-s")])
+async def test_a_warm_program_runs_with_the_interpreter_options_it_names(
+    tmp_path: Path, options: tuple[str, ...]
+) -> None:
+    """`python -O prog.py` skips its asserts, `python -I` runs isolated, cold: warm too (the
+    interpreter is started with the options the program's command line names)."""
+    script = agent_script(tmp_path, "flags.py", FLAGS)
+    program = ProgramSpec(argv=(sys.executable, *options, str(script)), timeout_s=90)
+    host, tools = WarmStart(program), ToolEndpoint()
+    try:
+        warm = _said(await _rollout(host, program, 0, tools))
+    finally:
+        await host.stop()
+        await tools.stop()
+    assert warm == _cold_flags(script, options, tmp_path / "answer")
+
+
+def _cold_flags(script: Path, options: tuple[str, ...], answer: Path) -> dict[str, Any]:
+    cold = subprocess.run(
+        [sys.executable, *options, str(script)],
+        input="{}",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ROLLMESH_ANSWER_FILE": str(answer)},
+    )
+    assert cold.returncode == 0, cold.stderr
+    return dict(json.loads(cold.stdout))

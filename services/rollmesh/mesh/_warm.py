@@ -58,9 +58,14 @@ rollout, where `_confine.enter` alone would fork a keeper outside the namespace 
 
 from __future__ import annotations
 
+import os
 import sys
 
-_HERE = sys.path.pop(0)  # this folder shadows standard modules (logging.py): never import from it
+# This folder shadows standard modules (logging.py): never import from it. It is sys.path[0] unless
+# the program's options (-I) left it out.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
+    sys.path.pop(0)
 
 import ast  # noqa: E402
 import ctypes  # noqa: E402
@@ -68,7 +73,6 @@ import gc  # noqa: E402
 import importlib.machinery  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 import re  # noqa: E402
 import runpy  # noqa: E402
 import select  # noqa: E402
@@ -137,7 +141,8 @@ def _preload(program: list[str]) -> list[str]:
         source_path = None
     else:
         source_path = os.path.abspath(program[0])
-        sys.path.insert(0, os.path.dirname(source_path))  # as `python script.py` has it
+        if not _safe_path():
+            sys.path.insert(0, os.path.dirname(source_path))  # as `python script.py` has it
     source = program[1] if program[0] == "-c" else _read(source_path)
     imported = []
     for name in _top_level_imports(source):
@@ -149,6 +154,11 @@ def _preload(program: list[str]) -> list[str]:
             continue
         imported.append(name)
     return imported
+
+
+def _safe_path() -> bool:
+    """-I or -P: the program's folder (or the working one) is not put first on sys.path."""
+    return bool(sys.flags.isolated or getattr(sys.flags, "safe_path", False))
 
 
 def _path_spec(name: str) -> Any:
@@ -502,7 +512,7 @@ def _rollout(
             runpy.run_module(program[1], run_name="__main__", alter_sys=True)
         elif program[0] == "-c":
             sys.argv = ["-c", *program[2:]]
-            sys.path[0:0] = [""]
+            sys.path[0:0] = [] if _safe_path() else [""]
             exec(
                 compile(program[1], "<string>", "exec"),
                 {"__name__": "__main__", "__builtins__": __builtins__},

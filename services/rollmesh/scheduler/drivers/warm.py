@@ -121,6 +121,8 @@ class WarmStart(PerRollout):
 
     def __init__(self, program: ProgramSpec, uids: UidLeases | None = None) -> None:
         self.python, self.args = warm_argv(program.argv)
+        # (-O, -I, -E ...: the interpreter's options the command line names, the warm one's too)
+        self.options = list(program.argv[1 : len(program.argv) - len(self.args)])
         super().__init__(uids, self._spawn, mode="warm")
         self._interpreter: _Interpreter | None = None
         self._lock = asyncio.Lock()
@@ -236,6 +238,7 @@ class WarmStart(PerRollout):
         try:
             proc = await asyncio.create_subprocess_exec(
                 argv[0],
+                *self.options,
                 str(WARM),
                 json.dumps(zygote_settings),
                 stdin=asyncio.subprocess.DEVNULL,
