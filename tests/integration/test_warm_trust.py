@@ -562,14 +562,18 @@ async def test_a_warm_program_runs_with_the_interpreter_options_it_names(
     """`python -O prog.py` skips its asserts, `python -I` runs isolated, cold: warm too (the
     interpreter is started with the options the program's command line names)."""
     script = agent_script(tmp_path, "flags.py", FLAGS)
-    program = ProgramSpec(argv=(sys.executable, *options, str(script)), timeout_s=90)
+    warm = await _one_rollout(ProgramSpec(argv=(sys.executable, *options, str(script)), timeout_s=90))
+    assert warm == _cold_flags(script, options, tmp_path / "answer")
+
+
+async def _one_rollout(program: ProgramSpec) -> dict[str, Any]:
+    """What `program` says in a warm job of one rollout."""
     host, tools = WarmStart(program), ToolEndpoint()
     try:
-        warm = _said(await _rollout(host, program, 0, tools))
+        return _said(await _rollout(host, program, 0, tools))
     finally:
         await host.stop()
         await tools.stop()
-    assert warm == _cold_flags(script, options, tmp_path / "answer")
 
 
 def _cold_flags(script: Path, options: tuple[str, ...], answer: Path) -> dict[str, Any]:
@@ -583,3 +587,24 @@ def _cold_flags(script: Path, options: tuple[str, ...], answer: Path) -> dict[st
     )
     assert cold.returncode == 0, cold.stderr
     return dict(json.loads(cold.stdout))
+
+
+CWD_MODULE = textwrap.dedent(
+    """
+    import json, os, sys
+    json.load(sys.stdin)
+    with open("made_here.py", "w") as f:
+        f.write("X = 3\\n")
+    import made_here  # its working folder is first on sys.path, as `python -m` has it
+    print(json.dumps({"first": sys.path[0] == os.getcwd(), "x": made_here.X}))
+    open(os.environ["ROLLMESH_ANSWER_FILE"], "w").write("3")
+    """
+)
+
+
+async def test_a_warm_module_program_finds_its_working_folder_first_on_sys_path(tmp_path: Path) -> None:
+    folder = agent_script(tmp_path, "cwd_module.py", CWD_MODULE).parent
+    program = ProgramSpec(
+        argv=(sys.executable, "-m", "cwd_module", str(folder)), env={"PYTHONPATH": str(folder)}, timeout_s=90
+    )
+    assert await _one_rollout(program) == {"first": True, "x": 3}

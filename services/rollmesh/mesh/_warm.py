@@ -509,6 +509,8 @@ def _rollout(
     try:
         if program[0] == "-m":
             sys.argv = [program[1], *program[2:]]
+            if not _safe_path():
+                sys.path.insert(0, os.getcwd())  # as `python -m` has it
             runpy.run_module(program[1], run_name="__main__", alter_sys=True)
         elif program[0] == "-c":
             sys.argv = ["-c", *program[2:]]
