@@ -73,6 +73,12 @@ R = TypeVar("R")
 SERVICE_CALL_S = 30.0
 
 
+# A task as the verifier reads it (json.dumps(task, ensure_ascii=False)'s text), by one encoder made
+# once: json.dumps with an argument builds a new JSONEncoder per call (0.6 of its 2.2 us for a row of
+# the arithmetic dataset, on every SeedSession and Verify).
+_task_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
 async def _call(
     recorder: CallRecorder, method: Callable[..., Awaitable[R]], request: Any, timeout_s: float | None
 ) -> R:
@@ -278,7 +284,7 @@ class VerifierEnv(_Port):
 
     async def seed_session(self, environment: str, task: Json, session_id: str) -> SessionOpened:
         req = verifier_pb2.SeedSessionRequest(
-            environment=environment, task_json=json.dumps(task, ensure_ascii=False), session_id=session_id
+            environment=environment, task_json=_task_json(task), session_id=session_id
         )
         try:
             resp: verifier_pb2.SeedSessionResponse = await self._unary("SeedSession", req, SERVICE_CALL_S)
@@ -326,7 +332,7 @@ class VerifierEnv(_Port):
     ) -> VerifyResult:
         req = verifier_pb2.VerifyRequest(
             environment=environment,
-            task_json=json.dumps(task, ensure_ascii=False),
+            task_json=_task_json(task),
             response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in messages]),
             session_id=session_id,
             trace_context=tracing.inject() or None,  # the verify span's (as in generate)
@@ -348,7 +354,7 @@ class VerifierEnv(_Port):
     ) -> list[VerifyResult]:
         req = verifier_pb2.VerifyGroupRequest(
             environment=environment,
-            task_json=json.dumps(task, ensure_ascii=False),
+            task_json=_task_json(task),
             members=[
                 verifier_pb2.GroupMember(
                     response=verifier_pb2.ModelResponse(messages=[message_to_pb(m) for m in member.messages]),
