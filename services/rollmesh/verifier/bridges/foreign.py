@@ -21,6 +21,7 @@ or reached at a URL, the HTTP bridge to it (http_bridge.py), and reading its num
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import os
@@ -58,7 +59,7 @@ def foreign_env() -> dict[str, str]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BridgeConfig:
+class BridgeConfig(abc.ABC):
     """A kind's file (`config_file`), paths resolved against its folder: the keys every kind has
     (below), then the kind's own (a subclass's fields).
 
@@ -92,9 +93,9 @@ class BridgeConfig:
         return raw
 
     @property
+    @abc.abstractmethod
     def who(self) -> str:
         """The server, as an error about its interpreter names it."""
-        raise NotImplementedError
 
     def interpreter(self) -> str:
         """A managed server's interpreter: `python`, else `python_var`'s value; a ConfigError naming
