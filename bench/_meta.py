@@ -15,7 +15,8 @@ import sys
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parent.parent
 

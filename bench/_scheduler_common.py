@@ -180,7 +180,8 @@ async def _serve_fakes(latency_s: float) -> None:
     from rollmesh.mesh.config import ServerConfig
     from rollmesh.mesh.logging import configure
     from rollmesh.mesh.server import serve
-    from tests.fakes import FakeGateway, FakeVerifier
+    from tests.fakes import FakeGateway
+    from tests.fakes import FakeVerifier
 
     configure("warning")
     fakes = [FakeGateway(latency_s=latency_s).binding(), FakeVerifier().binding()]

@@ -38,7 +38,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import cpu_by_process, env_info, log, result_stream  # noqa: E402
+from bench._meta import cpu_by_process  # noqa: E402
+from bench._meta import env_info  # noqa: E402
+from bench._meta import log  # noqa: E402
+from bench._meta import result_stream  # noqa: E402
 
 DATA = REPO / "services/rollmesh/builtin/environments/session_state/data/example.jsonl"
 AGENTS = REPO / "examples" / "agents"

@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import env_info, fakes_args, log, rss_mb, spawn
+from bench._scheduler_common import env_info
+from bench._scheduler_common import fakes_args
+from bench._scheduler_common import log
+from bench._scheduler_common import rss_mb
+from bench._scheduler_common import spawn
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -30,12 +34,17 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 async def main(a: argparse.Namespace) -> dict[str, object]:
     from rollmesh.mesh.logging import configure
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-    from rollmesh.scheduler.engine import JobRun, RunResult
+    from rollmesh.registry import BUILTIN_ROOT
+    from rollmesh.registry import Catalog
+    from rollmesh.registry import Root
+    from rollmesh.scheduler.engine import JobRun
+    from rollmesh.scheduler.engine import RunResult
     from rollmesh.scheduler.plan import build_plan
-    from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+    from rollmesh.scheduler.remote import GatewayModel
+    from rollmesh.scheduler.remote import VerifierEnv
     from rollmesh.scheduler.spec import JobSpec
-    from tests.fakes import Rows, SlowSink
+    from tests.fakes import Rows
+    from tests.fakes import SlowSink
 
     configure("warning")
     with tempfile.TemporaryDirectory() as tmp:

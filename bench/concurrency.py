@@ -17,7 +17,11 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import env_info, fakes_args, log, rss_mb, spawn
+from bench._scheduler_common import env_info
+from bench._scheduler_common import fakes_args
+from bench._scheduler_common import log
+from bench._scheduler_common import rss_mb
+from bench._scheduler_common import spawn
 
 
 async def main(a: argparse.Namespace) -> dict[str, object]:

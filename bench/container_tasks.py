@@ -33,13 +33,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import cpu_by_process, cpu_ms_per, env_info, result_stream
+from bench._meta import cpu_by_process
+from bench._meta import cpu_ms_per
+from bench._meta import env_info
+from bench._meta import result_stream
 from rollmesh.mesh.chat import ToolCall
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
-from rollmesh.registry import Catalog, Root
-from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.mesh.oracle import ORACLE_ROW_KEY
+from rollmesh.mesh.oracle import ORACLE_TOOL
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.verifier import Response
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 
 ENV = "bench_tasks"
 TASK = "trivial"

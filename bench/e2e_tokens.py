@@ -27,7 +27,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import CpuSnapshot, cpu_by_process, cpu_ms_per, env_info, log, result_stream  # noqa: E402
+from bench._meta import CpuSnapshot  # noqa: E402
+from bench._meta import cpu_by_process  # noqa: E402
+from bench._meta import cpu_ms_per  # noqa: E402
+from bench._meta import env_info  # noqa: E402
+from bench._meta import log  # noqa: E402
+from bench._meta import result_stream  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 
@@ -55,7 +60,8 @@ def _prompts(model: str, n: int) -> list[list[int]]:
 
 
 def _offline(model: str, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=model, seed=0, disable_log_stats=True, enable_prefix_caching=True)

@@ -26,20 +26,28 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._meta import env_info
-from rollmesh.gateway import Gateway, GenerateInput, Message
-from rollmesh.gateway.backends.base import EngineRequest, Sampling
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import Sampling
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
-from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
 from rollmesh_client import Client
 
 log = get_logger("bench.gateway_overhead")

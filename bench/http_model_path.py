@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import cpu_seconds, env_info, log, mesh_up, rss_mb
+from bench._scheduler_common import cpu_seconds
+from bench._scheduler_common import env_info
+from bench._scheduler_common import log
+from bench._scheduler_common import mesh_up
+from bench._scheduler_common import rss_mb
 
 
 def write_dataset(path: Path, rows: int, seed: int = 0) -> None:

@@ -26,7 +26,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import env_info, log, spawn
+from bench._scheduler_common import env_info
+from bench._scheduler_common import log
+from bench._scheduler_common import spawn
 
 ROLLMESH = Path(sys.executable).parent / "rollmesh"
 
@@ -85,7 +87,9 @@ def summary(trials: list[dict[str, float]]) -> dict[str, object]:
 
 
 async def main(a: argparse.Namespace) -> dict[str, object]:
-    from rollmesh.devtools.openai_server import FaultConfig, Frequency, openai_server_process
+    from rollmesh.devtools.openai_server import FaultConfig
+    from rollmesh.devtools.openai_server import Frequency
+    from rollmesh.devtools.openai_server import openai_server_process
     from tests.fakes import Rows
 
     clean = FaultConfig(latency_s=a.latency)

@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import cpu_seconds, env_info, log, mesh_up, rss_mb
+from bench._scheduler_common import cpu_seconds
+from bench._scheduler_common import env_info
+from bench._scheduler_common import log
+from bench._scheduler_common import mesh_up
+from bench._scheduler_common import rss_mb
 from bench.http_model_path import write_dataset
 
 MESH_RSS_LIMIT_MB = 2048

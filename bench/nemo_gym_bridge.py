@@ -19,21 +19,33 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import env_info, load_script, log, result_stream, stats
-from rollmesh.mesh.chat import Message, ToolCall
+from bench._meta import env_info
+from bench._meta import load_script
+from bench._meta import log
+from bench._meta import result_stream
+from bench._meta import stats
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
 from rollmesh.mesh.logging import configure
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.bridges.nemo_gym import BridgeState, NemoGymEnvironment, responses_object, row_body
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier import Response
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.bridges.nemo_gym import BridgeState
+from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
+from rollmesh.verifier.bridges.nemo_gym import responses_object
+from rollmesh.verifier.bridges.nemo_gym import row_body
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 
 ROW = {
     "responses_create_params": {

@@ -36,13 +36,17 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import env_info, log, mesh_up
-from bench.http_model_path import mesh_trial, write_dataset
+from bench._scheduler_common import env_info
+from bench._scheduler_common import log
+from bench._scheduler_common import mesh_up
+from bench.http_model_path import mesh_trial
+from bench.http_model_path import write_dataset
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -63,7 +67,8 @@ def extract(rev: str, into: Path) -> str:
 async def otlp_receiver() -> AsyncIterator[tuple[str, list[int]]]:
     """An OTLP/gRPC trace receiver on loopback: (endpoint URL, [spans received])."""
     import grpc
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
     received = [0]
 

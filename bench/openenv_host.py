@@ -29,23 +29,34 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import env_info, load_script, log, result_stream, step_figures, trial_args
+from bench._meta import env_info
+from bench._meta import load_script
+from bench._meta import log
+from bench._meta import result_stream
+from bench._meta import step_figures
+from bench._meta import trial_args
 from rollmesh.mesh.chat import Message
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, VerifierConfig
+from rollmesh.verifier import Response
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.bridges.openenv_env import OpenEnvEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import Client
-from tests.openenv_servers import init_template, own_client
+from tests.openenv_servers import init_template
+from tests.openenv_servers import own_client
 
 TEXT = "hello, environment"
 ROW = json.dumps({"responses_create_params": {"input": []}})

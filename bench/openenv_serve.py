@@ -29,11 +29,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import env_info, load_script, log, result_stream, step_figures, trial_args
+from bench._meta import env_info
+from bench._meta import load_script
+from bench._meta import log
+from bench._meta import result_stream
+from bench._meta import step_figures
+from bench._meta import trial_args
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
 from rollmesh.openenv_server.server import openenv_server
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService

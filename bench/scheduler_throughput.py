@@ -21,7 +21,12 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._scheduler_common import REPO, cpu_seconds, env_info, fakes_args, log, spawn
+from bench._scheduler_common import REPO
+from bench._scheduler_common import cpu_seconds
+from bench._scheduler_common import env_info
+from bench._scheduler_common import fakes_args
+from bench._scheduler_common import log
+from bench._scheduler_common import spawn
 
 
 async def one_trial(

@@ -40,7 +40,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import cpu_by_process, cpu_ms_per, env_info, log, result_stream  # noqa: E402
+from bench._meta import cpu_by_process  # noqa: E402
+from bench._meta import cpu_ms_per  # noqa: E402
+from bench._meta import env_info  # noqa: E402
+from bench._meta import log  # noqa: E402
+from bench._meta import result_stream  # noqa: E402
 
 DEFAULT_MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 MAX_TOKENS = 16
@@ -73,7 +77,8 @@ class _ServingEvents(logging.Handler):
 async def _mesh(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     from ray import serve
 
-    from rollmesh.gateway.config import GatewayConfig, ModelSpec
+    from rollmesh.gateway.config import GatewayConfig
+    from rollmesh.gateway.config import ModelSpec
     from rollmesh.launch import embedded_mesh
     from rollmesh.mesh.logging import configure
     from rollmesh_client import Client
@@ -188,7 +193,8 @@ def _requests(rollouts_file: Path) -> list[tuple[list[int], int]]:
 
 
 def _offline(args: argparse.Namespace) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from rollmesh.serving.config import ServingConfig

@@ -31,7 +31,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import env_info, log, result_stream  # noqa: E402
+from bench._meta import env_info  # noqa: E402
+from bench._meta import log  # noqa: E402
+from bench._meta import result_stream  # noqa: E402
 
 MODEL = REPO / "services" / "rollmesh" / "builtin" / "models" / "tiny-arith"
 PIECE_BYTES = 4 * 1024 * 1024
@@ -47,7 +49,8 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 def _perturbed(out: Path, seed: int) -> Path:
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
 
     shutil.copytree(MODEL, out)
     tensors = load_file(str(MODEL / "model.safetensors"))
@@ -70,7 +73,8 @@ async def _pieces(data: bytes) -> AsyncIterator[Any]:
 
 
 async def run(replicas: int, trials: int, work: Path) -> dict[str, Any]:
-    from rollmesh.gateway import Gateway, GatewayConfig
+    from rollmesh.gateway import Gateway
+    from rollmesh.gateway import GatewayConfig
     from rollmesh.serving.backend import RayServeBackend
     from rollmesh.serving.config import ServingConfig
 

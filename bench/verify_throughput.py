@@ -17,19 +17,29 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench._meta import cpu_by_process, cpu_ms_per, env_info
-from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
-from rollmesh.registry import Catalog, RootsConfig
+from bench._meta import cpu_by_process
+from bench._meta import cpu_ms_per
+from bench._meta import env_info
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier import Response
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client import Client
 from rollmesh_client._verifier import verify_request

@@ -44,7 +44,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._meta import env_info, result_stream  # noqa: E402
+from bench._meta import env_info  # noqa: E402
+from bench._meta import result_stream  # noqa: E402
 
 MESH = REPO / "services/rollmesh/mesh"
 STUB = r"""

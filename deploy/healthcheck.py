@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
 
 def check(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool, str]:

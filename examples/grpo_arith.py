@@ -57,7 +57,8 @@ import shutil
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +66,11 @@ import numpy as np
 import torch
 
 from rollmesh_client import Client
-from rollmesh_client.trainer import RolloutBatch, SinkServer, collate
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.trainer import RolloutBatch
+from rollmesh_client.trainer import SinkServer
+from rollmesh_client.trainer import collate
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 BUILTIN = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin"
 SHIPPED = BUILTIN / "models" / "tiny-arith"

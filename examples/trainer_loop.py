@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from rollmesh_client.trainer import RolloutBatch, SinkServer, collate
+from rollmesh_client.trainer import RolloutBatch
+from rollmesh_client.trainer import SinkServer
+from rollmesh_client.trainer import collate
 
 log = logging.getLogger("trainer_loop")
 
@@ -84,7 +86,8 @@ async def train(
 async def submit(args: argparse.Namespace, sink_address: str) -> str:
     """Submit the job with the raw scheduler stub (the SDK's escape hatch); returns the job id."""
     from rollmesh_client import aio_channel
-    from rollmesh_client.v1 import scheduler_pb2, scheduler_pb2_grpc
+    from rollmesh_client.v1 import scheduler_pb2
+    from rollmesh_client.v1 import scheduler_pb2_grpc
 
     spec = scheduler_pb2.JobSpec(
         benchmark=args.benchmark or "",

@@ -36,19 +36,24 @@ import random
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL marks rollout_func experimental
 
 import torch
-from grpo_arith import SHIPPED, write_train_split
+from grpo_arith import SHIPPED
+from grpo_arith import write_train_split
 
 from rollmesh_client import Client
 from rollmesh_client._sync import _Loop
-from rollmesh_client.trl import RollmeshRollouts, WeightPusher, environment_reward
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.trl import RollmeshRollouts
+from rollmesh_client.trl import WeightPusher
+from rollmesh_client.trl import environment_reward
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -162,7 +167,8 @@ def trainer_for(
     args: argparse.Namespace, generation: str, rows: list[dict[str, Any]], m: Mesh, out: Path
 ) -> tuple[Any, RollmeshRollouts | None]:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+    from trl import GRPOTrainer
 
     config = GRPOConfig(
         output_dir=str(out / "trainer"),

@@ -21,14 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from venv_build import (  # type: ignore[import-not-found]
-    AssetError,
-    NoInterpreter,
-    build_venv,
-    cache_root,
-    find_interpreter,
-    print_venv,
-)
+from venv_build import AssetError  # type: ignore[import-not-found]
+from venv_build import NoInterpreter  # type: ignore[import-not-found]
+from venv_build import build_venv  # type: ignore[import-not-found]
+from venv_build import cache_root  # type: ignore[import-not-found]
+from venv_build import find_interpreter  # type: ignore[import-not-found]
+from venv_build import print_venv  # type: ignore[import-not-found]
 
 __all__ = ["AssetError", "NoInterpreter", "venv"]
 

@@ -28,16 +28,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from venv_build import (  # type: ignore[import-not-found]
-    STAMP_BUILT,
-    AssetError,
-    NoInterpreter,
-    built_root,
-    find_interpreter,
-    locked,
-    run_step,
-    version_key,
-)
+from venv_build import STAMP_BUILT  # type: ignore[import-not-found]
+from venv_build import AssetError  # type: ignore[import-not-found]
+from venv_build import NoInterpreter  # type: ignore[import-not-found]
+from venv_build import built_root  # type: ignore[import-not-found]
+from venv_build import find_interpreter  # type: ignore[import-not-found]
+from venv_build import locked  # type: ignore[import-not-found]
+from venv_build import run_step  # type: ignore[import-not-found]
+from venv_build import version_key  # type: ignore[import-not-found]
 
 #: The Debian suite whose python3.X is new enough, and debootstrap's script for it (the script of
 #: the suites after stable: bookworm's debootstrap has none named forky).

@@ -119,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault(key, value)
 
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+    from vllm import SamplingParams
 
     model_dir: Path = args.model.resolve()
     rows = load_rows(args.data)

@@ -52,18 +52,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from debian_root import root_python  # type: ignore[import-not-found]
-from venv_build import (  # type: ignore[import-not-found]
-    STAMP_BUILT,
-    AssetError,
-    NoInterpreter,
-    build_venv,
-    built_root,
-    find_interpreter,
-    locked,
-    print_venv,
-    run_step,
-    version_key,
-)
+from venv_build import STAMP_BUILT  # type: ignore[import-not-found]
+from venv_build import AssetError  # type: ignore[import-not-found]
+from venv_build import NoInterpreter  # type: ignore[import-not-found]
+from venv_build import build_venv  # type: ignore[import-not-found]
+from venv_build import built_root  # type: ignore[import-not-found]
+from venv_build import find_interpreter  # type: ignore[import-not-found]
+from venv_build import locked  # type: ignore[import-not-found]
+from venv_build import print_venv  # type: ignore[import-not-found]
+from venv_build import run_step  # type: ignore[import-not-found]
+from venv_build import version_key  # type: ignore[import-not-found]
 
 __all__ = ["NemoGymAssetError", "NoInterpreter", "data", "find_python", "venv"]
 

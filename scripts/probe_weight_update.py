@@ -28,7 +28,8 @@ def _say(**fields: Any) -> None:
 
 def _perturbed_checkpoint(target: Path, *, drop: str = "") -> None:
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
 
     shutil.copytree(MODEL, target, dirs_exist_ok=True)
     tensors = load_file(str(MODEL / "model.safetensors"))

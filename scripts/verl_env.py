@@ -25,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from venv_build import AssetError, locked, pip_install  # type: ignore[import-not-found]
+from venv_build import AssetError  # type: ignore[import-not-found]
+from venv_build import locked  # type: ignore[import-not-found]
+from venv_build import pip_install  # type: ignore[import-not-found]
 
 __all__ = ["AssetError", "site"]
 

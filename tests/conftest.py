@@ -6,7 +6,11 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,7 +23,10 @@ from tests import parallel
 if os.environ.get("PYTEST_XDIST_WORKER"):  # before anything reads the terminal's size
     parallel.restore_terminal_env()
 
-from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
 
 StartServer = Callable[..., Awaitable[MeshServer]]
 
@@ -218,7 +225,8 @@ def vllm_tiny_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
     scope, not session: the real-serving tests after it start Ray Serve replicas of their own, and a
     replica kept for the session would load the 2 cores through theirs. A test that pushes weights
     leaves them served: push version "0" first (RollmeshRollouts does)."""
-    from tests.meshes import MeshThread, vllm_tiny
+    from tests.meshes import MeshThread
+    from tests.meshes import vllm_tiny
 
     with MeshThread(vllm_tiny(), tmp_path_factory.mktemp("vllm-mesh")) as addresses:
         yield addresses
@@ -228,7 +236,9 @@ def vllm_tiny_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
 def counter_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """An embedded mesh on a thread whose fake engine, named tiny-arith (weight updates checked
     against the shipped checkpoint), plays the session_state rows with tool calls: its addresses."""
-    from tests.meshes import COUNTER_AGENT, MeshThread, fake_tiny
+    from tests.meshes import COUNTER_AGENT
+    from tests.meshes import MeshThread
+    from tests.meshes import fake_tiny
 
     with MeshThread(
         fake_tiny(), tmp_path_factory.mktemp("mesh"), env={"ROLLMESH_FAKE_SCRIPT": COUNTER_AGENT}

@@ -16,21 +16,35 @@ import asyncio
 import functools
 import json
 import re
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import TypeVar
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2
+from google.rpc import error_details_pb2
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from rollmesh.mesh.errors import RollmeshError, to_status
-from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.errors import to_status
+from rollmesh.mesh.multiplex import Item
+from rollmesh.mesh.multiplex import run_multiplexed_batches
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sinks.base import MetricsOf, Sink
-from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.sinks.base import MetricsOf
+from rollmesh.scheduler.sinks.base import Sink
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
+from rollmesh_client.v1 import verifier_pb2
+from rollmesh_client.v1 import verifier_pb2_grpc
 
 Json = dict[str, Any]
 R = TypeVar("R")
@@ -577,7 +591,9 @@ class LocalModel:
         self.peak_in_flight = 0
 
     async def generate(self, call: Any) -> Any:
-        from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
+        from rollmesh.scheduler.convert import message_from_pb
+        from rollmesh.scheduler.convert import message_to_pb
+        from rollmesh.scheduler.convert import sampling_to_pb
         from rollmesh.scheduler.drivers.agent_loop import Turn
         from rollmesh.scheduler.remote import tool_to_pb
 

@@ -18,18 +18,16 @@ import re
 from typing import Any
 
 from rollmesh.gateway.backends.base import EngineRequest
-from rollmesh.verifier import (
-    Environment,
-    EnvTurn,
-    Message,
-    Response,
-    Seeded,
-    Session,
-    Task,
-    ToolSpec,
-    VerifyResult,
-    tool,
-)
+from rollmesh.verifier import Environment
+from rollmesh.verifier import EnvTurn
+from rollmesh.verifier import Message
+from rollmesh.verifier import Response
+from rollmesh.verifier import Seeded
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import ToolSpec
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier import tool
 
 LOW, HIGH = 1, 100
 PEEK = ToolSpec.of("peek", "Whether the secret is even or odd.", {"type": "object", "properties": {}})

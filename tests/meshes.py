@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
 from rollmesh.mesh.config import ServerFlags
 
 BUILTIN = Path(__file__).resolve().parents[1] / "services" / "rollmesh" / "builtin"

@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollmesh.gateway import Gateway, GenerateResult
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateResult
 from rollmesh.serving.backend import RayServeBackend
 from rollmesh.serving.config import ServingConfig
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from rollmesh_client.trl import RollmeshRollouts, environment_reward
+from rollmesh_client.trl import RollmeshRollouts
+from rollmesh_client.trl import environment_reward
 from tests.meshes import SHIPPED
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL: said once here
@@ -44,7 +46,8 @@ def grpo_run(
     """A GRPOTrainer on the shipped tiny model (CPU, float32) whose rollout_func is `rollouts`,
     recording both sides of each generation; `after(answer, trainer)` runs after each rollout_func
     call (the trainer still has the weights the batch was generated with)."""
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
+    from trl import GRPOTrainer
 
     settings: dict[str, Any] = {
         "output_dir": str(out),

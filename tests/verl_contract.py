@@ -21,10 +21,12 @@ async def main(parquet: str, model_dir: str) -> dict[str, Any]:
     import verl
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, _agent_loop_registry
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from rollmesh_client.verl import RollmeshAgentLoop, RollmeshRolloutFailed
+    from rollmesh_client.verl import RollmeshAgentLoop
+    from rollmesh_client.verl import RollmeshRolloutFailed
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     data_config = OmegaConf.create(

@@ -21,15 +21,13 @@ import sys
 from typing import Any
 
 import httpx2
-from agents import (
-    Agent,
-    FunctionTool,
-    Model,
-    OpenAIChatCompletionsModel,
-    OpenAIResponsesModel,
-    Runner,
-    set_tracing_disabled,
-)
+from agents import Agent
+from agents import FunctionTool
+from agents import Model
+from agents import OpenAIChatCompletionsModel
+from agents import OpenAIResponsesModel
+from agents import Runner
+from agents import set_tracing_disabled
 from agents.tool_context import ToolContext
 from openai import AsyncOpenAI
 

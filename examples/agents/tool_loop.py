@@ -16,7 +16,8 @@ import sys
 import urllib.request
 from typing import Any
 
-from openai import DefaultHttpxClient, OpenAI
+from openai import DefaultHttpxClient
+from openai import OpenAI
 
 
 def call_tool(

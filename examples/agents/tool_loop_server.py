@@ -17,10 +17,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer
 
 import httpx2
-from openai import DefaultHttpxClient, OpenAI
+from openai import DefaultHttpxClient
+from openai import OpenAI
 from tool_loop import run_loop
 
 # One pool of kept-alive connections for every rollout's model and tool calls.

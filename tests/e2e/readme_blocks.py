@@ -30,7 +30,8 @@ import re
 import subprocess
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 from rollmesh.mesh.config import DEFAULT_PORTS

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import REPO, run_cli
+from tests.procs import REPO
+from tests.procs import run_cli
 
 GOLD = ["7919313", "104729011", "zq7-private-note-4471"]  # two expected answers, a private field
 ROWS = [

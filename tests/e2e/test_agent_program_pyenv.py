@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.scheduler.errors import AgentProgramNoModelCall, AgentProgramUnstartable
-from tests.procs import REPO, run_cli
-from tests.unit.test_external_agents import CaptureModel, _run
+from rollmesh.scheduler.errors import AgentProgramNoModelCall
+from rollmesh.scheduler.errors import AgentProgramUnstartable
+from tests.procs import REPO
+from tests.procs import run_cli
+from tests.unit.test_external_agents import CaptureModel
+from tests.unit.test_external_agents import _run
 
 PYENV_ROOT = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
 SHIM = PYENV_ROOT / "shims" / "python"

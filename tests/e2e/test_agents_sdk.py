@@ -18,8 +18,11 @@ import pytest
 from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.tokens import validate_rollout
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
-from tests.procs import REPO, ROLLMESH
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
+from tests.procs import REPO
+from tests.procs import ROLLMESH
 
 DOC = DOCS / "external-agents.md"
 DATA = REPO / "services/rollmesh/builtin/environments/session_state/data/example.jsonl"

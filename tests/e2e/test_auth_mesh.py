@@ -14,8 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import rollmesh_up
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
-from tests.procs import ROLLMESH, grpcurl, run_cli
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
+from tests.procs import ROLLMESH
+from tests.procs import grpcurl
+from tests.procs import run_cli
 
 KEY = "e2e-s3cret"
 BEARER = f"authorization: Bearer {KEY}"

@@ -8,7 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from rollmesh.scheduler.records import Rollout, RolloutKey
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
 from tests.procs import run_cli
 
 

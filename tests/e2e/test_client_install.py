@@ -11,8 +11,10 @@ import sys
 import venv
 from pathlib import Path
 
-from tests.e2e.readme_blocks import DOCS, bash_block
-from tests.procs import ROLLMESH, spawn_server
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.procs import ROLLMESH
+from tests.procs import spawn_server
 
 REPO = Path(__file__).resolve().parents[2]
 

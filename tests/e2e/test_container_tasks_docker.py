@@ -23,12 +23,16 @@ import pytest
 
 from rollmesh.mesh.chat import ToolCall
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
-from rollmesh.registry import Catalog, Root
-from rollmesh.verifier.bridges.container.docker import LABEL, DockerProvider
+from rollmesh.mesh.oracle import ORACLE_ROW_KEY
+from rollmesh.mesh.oracle import ORACLE_TOOL
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.verifier.bridges.container.docker import LABEL
+from rollmesh.verifier.bridges.container.docker import DockerProvider
 from rollmesh.verifier.bridges.container.env import ContainerTasksEnvironment
 from rollmesh.verifier.environment import Response
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.testing import TEST_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"

@@ -29,15 +29,21 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from rollmesh.mesh.config import DEFAULT_PORTS, OPENAI_HTTP_PORT
-from tests.exactly_once import check_exactly_once, expected_keys
-from tests.procs import REPO, ROLLMESH, grpcurl, health_serving
+from rollmesh.mesh.config import DEFAULT_PORTS
+from rollmesh.mesh.config import OPENAI_HTTP_PORT
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.procs import REPO
+from tests.procs import ROLLMESH
+from tests.procs import grpcurl
+from tests.procs import health_serving
 
 COMPOSE_FILE = REPO / "deploy" / "docker-compose.yml"
 BUILD_TIMEOUT_S = float(os.environ.get("ROLLMESH_STACK_BUILD_TIMEOUT_S", 3600))

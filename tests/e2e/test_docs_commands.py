@@ -20,28 +20,30 @@ import shlex
 import signal
 import subprocess
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from rollmesh.devtools.openai_server import openai_server_process
-from rollmesh.mesh.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS
+from rollmesh.mesh.config import DEFAULT_METRICS_PORTS
+from rollmesh.mesh.config import DEFAULT_PORTS
 from tests.e2e.conftest import rollmesh_up
-from tests.e2e.readme_blocks import (
-    COMMAND_WORDS,
-    README,
-    SKIP_REASONS,
-    Block,
-    Unit,
-    bash_block,
-    blocks,
-    command_blocks,
-    indented_commands,
-    pages,
-    units,
-)
-from tests.procs import GRPCURL, REPO, ROLLMESH
+from tests.e2e.readme_blocks import COMMAND_WORDS
+from tests.e2e.readme_blocks import README
+from tests.e2e.readme_blocks import SKIP_REASONS
+from tests.e2e.readme_blocks import Block
+from tests.e2e.readme_blocks import Unit
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import blocks
+from tests.e2e.readme_blocks import command_blocks
+from tests.e2e.readme_blocks import indented_commands
+from tests.e2e.readme_blocks import pages
+from tests.e2e.readme_blocks import units
+from tests.procs import GRPCURL
+from tests.procs import REPO
+from tests.procs import ROLLMESH
 
 BLOCKS = command_blocks()
 UNITS = [u for b in BLOCKS for u in units(b)]

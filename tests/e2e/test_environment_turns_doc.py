@@ -9,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
-from tests.procs import ROLLMESH, spawn_server
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
+from tests.procs import ROLLMESH
+from tests.procs import spawn_server
 
 PAGE = DOCS / "environment-turns.md"
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.procs import ROLLMESH, run_cli, spawn_server
+from tests.procs import ROLLMESH
+from tests.procs import run_cli
+from tests.procs import spawn_server
 
 LONG = "x" * 150
 

@@ -15,7 +15,9 @@ from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.tokens import validate_rollout
 from tests.e2e.conftest import rollmesh_up
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
 from tests.procs import REPO
 
 DOC = DOCS / "external-agents.md"

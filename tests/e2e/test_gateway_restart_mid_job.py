@@ -13,9 +13,11 @@ from pathlib import Path
 
 from rollmesh_client import SyncClient
 from rollmesh_client.v1 import scheduler_pb2 as pb
-from tests.exactly_once import check_exactly_once, expected_keys
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
 from tests.fakes import Rows
-from tests.procs import ROLLMESH, spawn_server
+from tests.procs import ROLLMESH
+from tests.procs import spawn_server
 
 TASKS = 1500
 DOWNTIME_S = 1.5  # how long the gateway stays dead: the outage under test

@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.readme_blocks import DOCS, bash_block
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "grpo_arith.py"

@@ -13,9 +13,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rollmesh_client import Client, SyncClient
+from rollmesh_client import Client
+from rollmesh_client import SyncClient
 from rollmesh_client.v1 import scheduler_pb2 as spb
-from tests.procs import ROLLMESH, grpcurl, run_cli
+from tests.procs import ROLLMESH
+from tests.procs import grpcurl
+from tests.procs import run_cli
 
 SERVICE_NAMES = {
     "registry": "rollmesh.v1.ArtifactRegistry",

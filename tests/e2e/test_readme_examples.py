@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.readme_blocks import DOCS, README, bash_block, run_block
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import README
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
 from tests.procs import ROLLMESH
 
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.readme_blocks import README, bash_block, run_block
+from tests.e2e.readme_blocks import README
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
 
 WAYS = bash_block("## Ways to run it")
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
 
 DOC = DOCS / "reasoning-gym.md"
 MIX10 = {

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROLLMESH, ServerProc, grpcurl, run_cli, spawn_server
+from tests.procs import ROLLMESH
+from tests.procs import ServerProc
+from tests.procs import grpcurl
+from tests.procs import run_cli
+from tests.procs import spawn_server
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR, DaemonlessProvider
-from rollmesh.verifier.bridges.container.task import load_tasks, rows
-from tests.e2e.readme_blocks import DOCS, bash_block
+from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR
+from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
+from rollmesh.verifier.bridges.container.task import load_tasks
+from rollmesh.verifier.bridges.container.task import rows
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
 from tests.procs import ROLLMESH
 
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"

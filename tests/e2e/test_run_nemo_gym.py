@@ -11,7 +11,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
+from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import openai_server_process
 from tests.procs import ROLLMESH
 
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.devtools.openai_server import FaultConfig, Frequency, openai_server_process
+from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import Frequency
+from rollmesh.devtools.openai_server import openai_server_process
 from rollmesh.registry import BUILTIN_ROOT
 from tests.procs import ROLLMESH
 

@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
-from tests.openenv_servers import own_client, serve
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
+from tests.openenv_servers import own_client
+from tests.openenv_servers import serve
 from tests.procs import REPO
 
 PAGE = DOCS / "openenv.md"

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import REPO, ROLLMESH
+from tests.procs import REPO
+from tests.procs import ROLLMESH
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.devtools.openai_server import FaultConfig, openai_server_process
+from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import openai_server_process
 from rollmesh.verifier.bridges.verifiers_env import LAUNCHER
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
 from tests.integration.test_verifiers_envs import own_scores
 from tests.procs import ROLLMESH
 

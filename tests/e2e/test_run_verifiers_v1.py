@@ -16,7 +16,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.readme_blocks import DOCS, bash_block, run_block
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.e2e.readme_blocks import run_block
 from tests.procs import ROLLMESH
 
 REPO = Path(__file__).resolve().parent.parent.parent

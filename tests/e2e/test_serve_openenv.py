@@ -15,8 +15,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.readme_blocks import DOCS, bash_block
-from tests.procs import ROLLMESH, run_cli
+from tests.e2e.readme_blocks import DOCS
+from tests.e2e.readme_blocks import bash_block
+from tests.procs import ROLLMESH
+from tests.procs import run_cli
 
 PAGE = DOCS / "openenv.md"
 

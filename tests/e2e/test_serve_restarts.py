@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from rollmesh.mesh.errors import ConfigError
-from rollmesh.mesh.metrics import metrics_file, restarts_so_far
+from rollmesh.mesh.metrics import metrics_file
+from rollmesh.mesh.metrics import restarts_so_far
 from tests.procs import ROLLMESH
 
 

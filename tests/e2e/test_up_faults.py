@@ -28,7 +28,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +42,10 @@ from rollmesh.mesh.server import wait_serving
 from rollmesh_client import Client
 from rollmesh_client._scheduler import JobHandle
 from rollmesh_client.v1 import scheduler_pb2 as spb
-from tests.exactly_once import FolderTruth, check_exactly_once, expected_keys, read_keys
+from tests.exactly_once import FolderTruth
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.exactly_once import read_keys
 from tests.procs import ROLLMESH
 
 SERVING = re.compile(r"^\[up\] (\w+) serving on (\S+) \(pid (\d+)(?:, metrics \S+)?\)$")

@@ -11,7 +11,8 @@ import os
 import socket
 from pathlib import Path
 
-from tests.e2e.conftest import managed_counter, rollmesh_up
+from tests.e2e.conftest import managed_counter
+from tests.e2e.conftest import rollmesh_up
 from tests.procs import run_cli
 
 KEY = "up-bridge-key"

@@ -17,26 +17,26 @@ from typing import Any
 
 import pytest
 
-from rollmesh.scheduler.drivers.agent_server import MAX_QUICK_DEATHS, AgentServer
-from rollmesh.scheduler.drivers.program import (
-    CapturedTurn,
-    CaptureRecord,
-    ProgramHost,
-    ProgramSpec,
-    run_program,
-)
+from rollmesh.scheduler.drivers.agent_server import MAX_QUICK_DEATHS
+from rollmesh.scheduler.drivers.agent_server import AgentServer
+from rollmesh.scheduler.drivers.program import CapturedTurn
+from rollmesh.scheduler.drivers.program import CaptureRecord
+from rollmesh.scheduler.drivers.program import ProgramHost
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import run_program
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.drivers.warm import WarmStart
-from rollmesh.scheduler.errors import (
-    AgentProgramExited,
-    AgentProgramTimedOut,
-    AgentProgramUnstartable,
-    AgentServerDied,
-    AgentServerFailed,
-)
+from rollmesh.scheduler.errors import AgentProgramExited
+from rollmesh.scheduler.errors import AgentProgramTimedOut
+from rollmesh.scheduler.errors import AgentProgramUnstartable
+from rollmesh.scheduler.errors import AgentServerDied
+from rollmesh.scheduler.errors import AgentServerFailed
 from rollmesh.scheduler.records import RolloutKey
 from tests.fakes import LocalEnv
-from tests.unit.test_external_agents import SETTINGS, TASK, CaptureModel, _turn
+from tests.unit.test_external_agents import SETTINGS
+from tests.unit.test_external_agents import TASK
+from tests.unit.test_external_agents import CaptureModel
+from tests.unit.test_external_agents import _turn
 
 ROOT = os.geteuid() == 0
 # The programs below act on the row's `what`: a field the environment marks public (the rest of the

@@ -25,17 +25,25 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.versions import VersionSpan
-from rollmesh.scheduler.drivers.agent_loop import AgentOutcome, AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
 from rollmesh.scheduler.drivers.agent_server import AgentServer
-from rollmesh.scheduler.drivers.program import ProgramSpec, run_program
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import run_program
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
-from rollmesh.scheduler.records import Rollout, RolloutKey
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.remote import GatewayModel
-from rollmesh.scheduler.tokens import build_token_record, validate_rollout
+from rollmesh.scheduler.tokens import build_token_record
+from rollmesh.scheduler.tokens import validate_rollout
 from rollmesh.serving.backend import RayServeBackend
 from tests.fakes import LocalEnv
-from tests.integration.test_update_weights_real import LONG_TOKENS, PROMPTS, held_in_flight, perturbed
-from tests.serving_replicas import SHIPPED, one_tiny_replica
+from tests.integration.test_update_weights_real import LONG_TOKENS
+from tests.integration.test_update_weights_real import PROMPTS
+from tests.integration.test_update_weights_real import held_in_flight
+from tests.integration.test_update_weights_real import perturbed
+from tests.serving_replicas import SHIPPED
+from tests.serving_replicas import one_tiny_replica
 
 DEADLINE_S = 1200.0  # one vLLM engine start: ~1.5 min idle, several minutes under load
 

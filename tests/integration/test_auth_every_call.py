@@ -17,21 +17,24 @@ import grpc
 import pytest
 import pytest_asyncio
 from google.protobuf import message_factory
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
+from grpc_reflection.v1alpha import reflection_pb2_grpc
 
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
 from rollmesh.launch import embedded_mesh
 from rollmesh.scheduler.remote import GatewayModel
-from rollmesh_client import Client, UnauthenticatedError, aio_channel
+from rollmesh_client import Client
+from rollmesh_client import UnauthenticatedError
+from rollmesh_client import aio_channel
 from rollmesh_client.trainer import SinkServer
-from rollmesh_client.v1 import (
-    gateway_pb2,
-    registry_pb2,
-    scheduler_pb2,
-    sink_pb2,
-    verifier_pb2,
-)
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import registry_pb2
+from rollmesh_client.v1 import scheduler_pb2
+from rollmesh_client.v1 import sink_pb2
+from rollmesh_client.v1 import verifier_pb2
 from tests.procs import run_cli
 
 KEY = "s3cret-key"

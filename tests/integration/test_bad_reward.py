@@ -11,7 +11,10 @@ from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2
 from tests.fakes import FakeVerifier
-from tests.integration.test_scheduler_server import Mesh, _rows, _spec, mesh  # noqa: F401 (fixture)
+from tests.integration.test_scheduler_server import Mesh
+from tests.integration.test_scheduler_server import _rows
+from tests.integration.test_scheduler_server import _spec
+from tests.integration.test_scheduler_server import mesh  # noqa: F401 (fixture)
 
 
 def non_finite_verdict(request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResult:

@@ -14,9 +14,14 @@ import signal
 from pathlib import Path
 
 from tests.conftest import StartServer
-from tests.exactly_once import check_exactly_once, expected_keys
-from tests.fakes import FakeGateway, FakeVerifier, Rows
-from tests.procs import ROLLMESH, run_cli, scheduler_proc
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.fakes import FakeGateway
+from tests.fakes import FakeVerifier
+from tests.fakes import Rows
+from tests.procs import ROLLMESH
+from tests.procs import run_cli
+from tests.procs import scheduler_proc
 
 
 def _lines(path: Path) -> int:

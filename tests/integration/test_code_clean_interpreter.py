@@ -7,15 +7,23 @@ shapes that scored 0 score 1.0; a case that no solution can pass or fail is BAD_
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rollmesh.verifier import BadTask, Environment, SandboxConfig, SandboxLimits, VerifierConfig
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.sandbox.core import Sandbox
-from rollmesh.verifier.testing import answer, check, load_env, task
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
 
 CODE_ENV = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments/code"
 LIMITS = SandboxLimits(wall_s=8.0, cpu_s=4, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)

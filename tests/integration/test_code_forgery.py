@@ -7,21 +7,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
-from rollmesh.mesh.server import MeshServer, ServiceBinding
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh_client import Client, aio_channel
+from rollmesh_client import Client
+from rollmesh_client import aio_channel
 
 StartServer = Callable[..., Awaitable[MeshServer]]
 LIMITS = SandboxLimits(wall_s=6.0, cpu_s=4, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)

@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier import BadTask, Environment
-from rollmesh.verifier.testing import answer, check, task
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import task
 from tests.integration import test_code_clean_interpreter
 
 env = test_code_clean_interpreter.env  # the fixture: one environment per sandbox mode

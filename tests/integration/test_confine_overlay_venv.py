@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.mesh.confine import Confinement, UidLeases, command, program_paths, pth_paths, read_mode
+from rollmesh.mesh.confine import Confinement
+from rollmesh.mesh.confine import UidLeases
+from rollmesh.mesh.confine import command
+from rollmesh.mesh.confine import program_paths
+from rollmesh.mesh.confine import pth_paths
+from rollmesh.mesh.confine import read_mode
 
 
 def overlay(tmp_path: Path) -> tuple[Path, Path]:

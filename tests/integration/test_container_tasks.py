@@ -25,13 +25,17 @@ import pytest
 
 from rollmesh.mesh.chat import ToolCall
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
-from rollmesh.registry.catalog import Catalog, Root
+from rollmesh.mesh.oracle import ORACLE_ROW_KEY
+from rollmesh.mesh.oracle import ORACLE_TOOL
+from rollmesh.registry.catalog import Catalog
+from rollmesh.registry.catalog import Root
 from rollmesh.verifier.bridges.container import cgroups
-from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR, DaemonlessProvider
+from rollmesh.verifier.bridges.container.daemonless import MACHINES_DIR
+from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
 from rollmesh.verifier.bridges.container.env import ContainerTasksEnvironment
 from rollmesh.verifier.environment import Response
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.testing import TEST_CONFIG
 
 ROOT = Path(__file__).resolve().parents[1] / "container_tasks"

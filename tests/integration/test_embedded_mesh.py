@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
 from rollmesh.launch import embedded_mesh
 from rollmesh.launch.embedded import backend_phase
 from rollmesh.verifier.config import VerifierConfig
-from rollmesh_client import Client, UnavailableError
+from rollmesh_client import Client
+from rollmesh_client import UnavailableError
 
 KEY = "embedded-key"
 

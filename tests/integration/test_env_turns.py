@@ -21,26 +21,45 @@ import pytest_asyncio
 from rollmesh.commands._reverify import reverify
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.base import EngineRequest
-from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.records import Rollout, TokenRecord
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh.scheduler.tokens import validate_rollout
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
 from rollmesh.verifier.environment import EnvContext
 from rollmesh.verifier.errors import CheckFailed
-from rollmesh.verifier.loader import Discovery, Loaded
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
 from rollmesh_client import Client
 from tests.conftest import StartServer
-from tests.games import RIGHT, WON_BONUS, WRONG, Guess, guess_row, guesses_to_find, play_guess, score
+from tests.games import RIGHT
+from tests.games import WON_BONUS
+from tests.games import WRONG
+from tests.games import Guess
+from tests.games import guess_row
+from tests.games import guesses_to_find
+from tests.games import play_guess
+from tests.games import score
 
 SECRETS = (50, 37, 88, 1, 100)
 

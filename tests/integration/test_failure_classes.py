@@ -13,19 +13,25 @@ from pathlib import Path
 
 import pytest_asyncio
 
-from rollmesh.devtools.openai_server import FaultConfig, Frequency, OpenAITestServer
+from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import Frequency
+from rollmesh.devtools.openai_server import OpenAITestServer
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
-from tests.fakes import FakeVerifier, Rows
+from tests.fakes import FakeVerifier
+from tests.fakes import Rows
 
 TASKS = 50
 

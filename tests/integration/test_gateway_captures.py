@@ -18,9 +18,13 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
 from rollmesh_client import aio_channel
-from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
 
 KEY = "mesh-key"
 TOOLS = [

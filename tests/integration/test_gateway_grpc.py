@@ -10,14 +10,17 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.gateway import Gateway
-from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.scheduler.drivers.agent_loop import GenerateCall
 from rollmesh.scheduler.remote import GatewayModel
-from rollmesh_client import Client, RollmeshClientError
+from rollmesh_client import Client
+from rollmesh_client import RollmeshClientError
 from rollmesh_client._gateway import sampling_params
-from rollmesh_client.v1 import gateway_pb2, gateway_pb2_grpc
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
 from tests.conftest import StartServer
 from tests.fakes import FakeGateway
 

@@ -12,9 +12,12 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
 from rollmesh.gateway.backends.factory import create_backend
-from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.mesh.chat import ToolSpec

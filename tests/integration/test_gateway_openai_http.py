@@ -11,7 +11,8 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.gateway import Gateway
-from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.sessions import naive_prompt_ids
 from rollmesh.mesh.chat import Message

@@ -17,8 +17,13 @@ import openai
 import pytest
 import pytest_asyncio
 
-from rollmesh.devtools.openai_server import FaultConfig, Frequency, OpenAITestServer, openai_server_process
-from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import Frequency
+from rollmesh.devtools.openai_server import OpenAITestServer
+from rollmesh.devtools.openai_server import openai_server_process
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh.errors import RollmeshError
@@ -292,7 +297,8 @@ def test_the_server_runs_as_a_process_with_faults_from_the_command_line() -> Non
 async def test_a_job_through_an_openai_url_counts_upstream_usage(tmp_path: Path) -> None:
     """The whole mesh (embedded) on the openai backend: every rollout's token record is checked
     (validate_all), the upstream's usage (no token ids) fails none of them and reaches the metrics."""
-    from rollmesh.gateway import GatewayConfig, ModelSpec
+    from rollmesh.gateway import GatewayConfig
+    from rollmesh.gateway import ModelSpec
     from rollmesh.launch import embedded_mesh
     from rollmesh_client import Client
     from rollmesh_client.v1 import scheduler_pb2

@@ -17,7 +17,10 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import GenerateResult
+from rollmesh.gateway import Message
 from rollmesh.gateway.backends.openai import OpenAIBackend
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.scheduler.retry import classify

@@ -15,8 +15,10 @@ import json
 import re
 import signal
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +30,35 @@ from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.spec import JobSpec
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
 from rollmesh.verifier.environment import EnvContext
-from rollmesh.verifier.loader import Discovery, Loaded
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
-from rollmesh_client import Client, FailedPreconditionError
-from rollmesh_client.v1 import gateway_pb2, verifier_pb2
+from rollmesh_client import Client
+from rollmesh_client import FailedPreconditionError
+from rollmesh_client.v1 import gateway_pb2
 from rollmesh_client.v1 import scheduler_pb2 as pb
+from rollmesh_client.v1 import verifier_pb2
 from tests.conftest import StartServer
-from tests.exactly_once import check_exactly_once, expected_keys
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
 from tests.fakes import FakeGateway
 from tests.procs import scheduler_proc
 

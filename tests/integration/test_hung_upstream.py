@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 
-from rollmesh.devtools.openai_server import FaultConfig, Frequency
+from rollmesh.devtools.openai_server import FaultConfig
+from rollmesh.devtools.openai_server import Frequency
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
-from tests.integration.test_failure_classes import TASKS, Stack, stack  # noqa: F401 (fixture)
+from tests.integration.test_failure_classes import TASKS
+from tests.integration.test_failure_classes import Stack
+from tests.integration.test_failure_classes import stack  # noqa: F401 (fixture)
 
 
 async def test_hung_upstream_calls_are_cut_and_retried(stack: Stack) -> None:  # noqa: F811

@@ -9,7 +9,10 @@ import grpc
 
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
-from tests.integration.test_scheduler_server import Mesh, _rows, _spec, mesh  # noqa: F401 (fixture)
+from tests.integration.test_scheduler_server import Mesh
+from tests.integration.test_scheduler_server import _rows
+from tests.integration.test_scheduler_server import _spec
+from tests.integration.test_scheduler_server import mesh  # noqa: F401 (fixture)
 from tests.procs import run_cli
 
 

@@ -15,7 +15,8 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 import pytest_asyncio
@@ -26,20 +27,30 @@ from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
 from rollmesh.verifier.environment import EnvContext
 from rollmesh.verifier.errors import BadTask
-from rollmesh.verifier.loader import Discovery, Loaded
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
 from rollmesh_client import Client
-from rollmesh_client.trainer import SinkServer, TrainerRollout
+from rollmesh_client.trainer import SinkServer
+from rollmesh_client.trainer import TrainerRollout
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
 

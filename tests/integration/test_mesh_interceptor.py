@@ -16,8 +16,14 @@ from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.errors import NotFound
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh_client import Client, InternalError, NotFoundError, aio_channel
-from rollmesh_client.v1 import gateway_pb2, gateway_pb2_grpc, registry_pb2, registry_pb2_grpc
+from rollmesh_client import Client
+from rollmesh_client import InternalError
+from rollmesh_client import NotFoundError
+from rollmesh_client import aio_channel
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
+from rollmesh_client.v1 import registry_pb2
+from rollmesh_client.v1 import registry_pb2_grpc
 from tests.conftest import StartServer
 
 

@@ -20,8 +20,13 @@ from rollmesh_client import Client
 from rollmesh_client.v1 import gateway_pb2
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
-from tests.exactly_once import check_exactly_once, expected_keys
-from tests.fakes import FakeGateway, FakeVerifier, Json, Rows, solve
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.fakes import FakeGateway
+from tests.fakes import FakeVerifier
+from tests.fakes import Json
+from tests.fakes import Rows
+from tests.fakes import solve
 from tests.procs import scheduler_proc
 
 TASKS, REPEATS = 40, 4

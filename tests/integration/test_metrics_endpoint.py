@@ -17,13 +17,19 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
 from rollmesh.launch import embedded_mesh
-from rollmesh.mesh.errors import ConfigError, NotFound
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.errors import NotFound
 from rollmesh.mesh.metrics import start_endpoint
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh_client import Client, InternalError, NotFoundError
-from rollmesh_client.v1 import registry_pb2, registry_pb2_grpc, scheduler_pb2
+from rollmesh_client import Client
+from rollmesh_client import InternalError
+from rollmesh_client import NotFoundError
+from rollmesh_client.v1 import registry_pb2
+from rollmesh_client.v1 import registry_pb2_grpc
+from rollmesh_client.v1 import scheduler_pb2
 from tests.conftest import StartServer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

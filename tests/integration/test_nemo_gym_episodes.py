@@ -21,19 +21,29 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
-from rollmesh.mesh.chat import Message, ToolCall
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.registry import RootsConfig
 from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
-from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh.verifier import Response
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.servicer import VerifierServicer
 from tests.http_apps import serve_app
-from tests.nemo_gym_fake import EpisodeGym, FakeGym, fake_gym
+from tests.nemo_gym_fake import EpisodeGym
+from tests.nemo_gym_fake import FakeGym
+from tests.nemo_gym_fake import fake_gym
 
 ROWS = [{"task_idx": i, "responses_create_params": {"input": []}} for i in range(3)]
 

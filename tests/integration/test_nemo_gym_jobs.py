@@ -24,17 +24,23 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.registry import RootsConfig
 from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from tests.exactly_once import check_exactly_once, expected_keys
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
 
 COUNTER = "ng_example_session_state_mgmt"
 MULTI_TURN = "ng_example_multi_turn_gymnasium"

@@ -15,12 +15,17 @@ from typing import Any
 
 import pytest
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.metrics import compute
-from rollmesh.scheduler.records import Rollout, RolloutKey
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.spec import JobSpec
-from tests.fakes import LocalEnv, LocalModel, Rows
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import Rows
 
 AGENT = {"name": "arithmetic_simple_agent"}
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from asyncio.subprocess import DEVNULL, PIPE
+from asyncio.subprocess import DEVNULL
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +29,18 @@ from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
 from rollmesh.mesh.responses_items import response_messages
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.bridges.nemo_gym import NemoGymEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from tests.conftest import nemo_gym_assets, nemo_gym_python_of
+from tests.conftest import nemo_gym_assets
+from tests.conftest import nemo_gym_python_of
 
 API_KEY = "nemo-gym-bridge-test-key"
 SERVERS = (

@@ -28,7 +28,8 @@ import random
 import re
 import signal
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +42,30 @@ from rollmesh.gateway.backends.base import EngineRequest
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.registry import RootsConfig
 from rollmesh.scheduler import store
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.bridges.openenv_env import OpenEnvEnvironment
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh_client import Client, RollmeshClientError
+from rollmesh_client import Client
+from rollmesh_client import RollmeshClientError
 from rollmesh_client.v1 import common_pb2
 from tests.conftest import StartServer
 from tests.http_apps import serve_app
-from tests.openenv_servers import COUNTER_MCP_ENV, GUESS_ENV, init_template, own_client, serve
+from tests.openenv_servers import COUNTER_MCP_ENV
+from tests.openenv_servers import GUESS_ENV
+from tests.openenv_servers import init_template
+from tests.openenv_servers import own_client
+from tests.openenv_servers import serve
 
 pytestmark = pytest.mark.timeout(600)
 

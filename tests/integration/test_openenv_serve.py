@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,18 +27,26 @@ import pytest_asyncio
 import websockets
 
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.openenv_server.server import OpenEnvServer, openenv_server
+from rollmesh.openenv_server.server import OpenEnvServer
+from rollmesh.openenv_server.server import openenv_server
 from rollmesh.registry import BUILTIN_ROOT
 from rollmesh.scheduler.plan import load_rows
-from rollmesh.verifier import Environment, VerifierConfig
+from rollmesh.verifier import Environment
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.environment import EnvContext
-from rollmesh.verifier.loader import Discovery, Loaded, environment_class, import_file
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
+from rollmesh.verifier.loader import environment_class
+from rollmesh.verifier.loader import import_file
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
 from rollmesh_client import Client
 from tests.conftest import StartServer
-from tests.games import Guess, guess_row, guesses_to_find, score
+from tests.games import Guess
+from tests.games import guess_row
+from tests.games import guesses_to_find
+from tests.games import score
 from tests.openenv_servers import own_client
 
 ENVS = BUILTIN_ROOT / "environments"

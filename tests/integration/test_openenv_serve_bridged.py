@@ -19,8 +19,14 @@ import pytest_asyncio
 
 from rollmesh.mesh.server import ServiceBinding
 from rollmesh.openenv_server.server import openenv_server
-from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
-from rollmesh.scheduler.drivers.agent_loop import AgentOutcome, AgentSettings, GenerateCall, Turn, run_agent
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import Turn
+from rollmesh.scheduler.drivers.agent_loop import run_agent
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.verifier import VerifierConfig
@@ -28,7 +34,8 @@ from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from tests.conftest import StartServer
 from tests.integration.test_openenv_serve import play
-from tests.integration.test_verifiers_envs import ENVS, vf_rows
+from tests.integration.test_verifiers_envs import ENVS
+from tests.integration.test_verifiers_envs import vf_rows
 
 Json = dict[str, Any]
 

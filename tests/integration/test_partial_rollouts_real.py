@@ -19,15 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.gateway import GenerateInput, Message, SamplingInput
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
+from rollmesh.gateway import SamplingInput
 from rollmesh.mesh.versions import VersionSpan
-from tests.integration.test_update_weights_real import (
-    LONG_TOKENS,
-    PROMPTS,
-    held_generation,
-    perturbed,
-)
-from tests.serving_replicas import SHIPPED, one_tiny_replica
+from tests.integration.test_update_weights_real import LONG_TOKENS
+from tests.integration.test_update_weights_real import PROMPTS
+from tests.integration.test_update_weights_real import held_generation
+from tests.integration.test_update_weights_real import perturbed
+from tests.serving_replicas import SHIPPED
+from tests.serving_replicas import one_tiny_replica
 
 DEADLINE_S = 1200.0  # one vLLM engine start: ~1.5 min idle, several minutes under load
 

@@ -7,18 +7,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.servicer import RegistryServicer
-from rollmesh_client import (
-    Client,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    UnauthenticatedError,
-)
+from rollmesh_client import Client
+from rollmesh_client import FailedPreconditionError
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import NotFoundError
+from rollmesh_client import UnauthenticatedError
 from rollmesh_client.v1 import registry_pb2 as pb
 from rollmesh_client.v1 import registry_pb2_grpc as pb_grpc
 from tests.conftest import StartServer

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,21 @@ import pytest_asyncio
 
 from rollmesh.mesh.server import wait_serving
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.errors import RolloutTooLarge
+from rollmesh.scheduler.errors import SinkUnavailable
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 from rollmesh.scheduler.sinks.grpc import GrpcSink
 from rollmesh_client import aio_channel
-from rollmesh_client.trainer import SinkServer, TrainerRollout, collate
-from rollmesh_client.v1 import common_pb2, sink_pb2, sink_pb2_grpc
+from rollmesh_client.trainer import SinkServer
+from rollmesh_client.trainer import TrainerRollout
+from rollmesh_client.trainer import collate
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import sink_pb2
+from rollmesh_client.v1 import sink_pb2_grpc
 
 
 def rollout(t: int, i: int, *, version: str = "0", reward: float | None = None, job: str = "job1") -> Rollout:
@@ -69,9 +79,12 @@ async def resent_after_resume(server: SinkServer, drain_timeout_s: float) -> lis
 
 def local_manager(tmp_path: Path, model: Any = None) -> Any:
     """A JobManager over the built-in environments with the local fakes (model, verifier)."""
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+    from rollmesh.registry import BUILTIN_ROOT
+    from rollmesh.registry import Catalog
+    from rollmesh.registry import Root
     from rollmesh.scheduler.manager import JobManager
-    from tests.fakes import LocalEnv, LocalModel
+    from tests.fakes import LocalEnv
+    from tests.fakes import LocalModel
 
     catalog = Catalog([Root(BUILTIN_ROOT, 0, "root")])
     return JobManager(catalog, model=model or LocalModel(), env=LocalEnv(), output_dir=str(tmp_path))
@@ -684,8 +697,11 @@ async def test_a_rollout_over_the_message_limit_fails_alone_and_the_job_goes_on(
     """One rollout over ROLLMESH_MAX_MESSAGE_MB stopped the whole job (FAILED, every other rollout
     cut): now it is that rollout's failure (ROLLOUT_TOO_LARGE, its key, size and the limit), counted
     and sent to the trainer, and the rest of the job is delivered."""
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalModel, Rows, arithmetic_script
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
+    from tests.fakes import LocalModel
+    from tests.fakes import Rows
+    from tests.fakes import arithmetic_script
 
     monkeypatch.setenv("ROLLMESH_MAX_MESSAGE_MB", "1")
 
@@ -860,7 +876,8 @@ async def test_a_trainer_that_acknowledges_nothing_past_ack_timeout_fails_the_jo
     """A trainer alive but stuck (keepalive answered, nothing consumed) stalled the job forever: now
     the job fails after GrpcSinkSpec.ack_timeout_s naming the sink, and a resume against a trainer
     that consumes delivers every key exactly once."""
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
     from tests.fakes import Rows
 
     server = await make_server(window=64).start()
@@ -900,7 +917,8 @@ async def test_a_job_whose_trainer_died_counts_as_succeeded_only_what_the_traine
     consumed). A rollout counts as succeeded once the trainer acknowledges it; so the counts add up
     across the resume."""
     from rollmesh.scheduler.job_convert import job_to_pb
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
     from tests.fakes import Rows
 
     server = await make_server(window=8).start()
@@ -961,7 +979,8 @@ async def test_a_cancel_does_not_wait_for_the_trainer_to_train_what_it_holds(
     deadline. Now the close says CANCELLED at once, and what the trainer has not acknowledged is not
     counted as done."""
     from rollmesh.scheduler.job_convert import job_to_pb
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
     from tests.fakes import Rows
 
     server = await make_server(window=8).start()
@@ -1002,8 +1021,10 @@ async def test_rollouts_the_trainer_drops_as_stale_are_counted_apart_from_succee
     in GetJob's progress, job.json and `rollmesh jobs status`."""
     from rollmesh.commands.jobs import _show
     from rollmesh.scheduler.job_convert import job_to_pb
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
-    from tests.fakes import LocalModel, Rows
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
+    from tests.fakes import LocalModel
+    from tests.fakes import Rows
 
     server = await make_server(window=64, max_staleness=1, policy_version=2).start()
     path = Rows.arithmetic(6).write(tmp_path / "d.jsonl")
@@ -1102,10 +1123,15 @@ async def test_the_trainer_gets_the_rows_the_jsonl_sink_writes_for_the_same_job(
     from rollmesh.gateway.backends.base import EngineRequest
     from rollmesh.gateway.backends.fake import FakeBackend
     from rollmesh.gateway.servicer import GatewayServicer
-    from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+    from rollmesh.registry import BUILTIN_ROOT
+    from rollmesh.registry import Catalog
+    from rollmesh.registry import Root
+    from rollmesh.registry import RootsConfig
     from rollmesh.scheduler.manager import JobManager
-    from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from rollmesh.scheduler.remote import GatewayModel
+    from rollmesh.scheduler.remote import VerifierEnv
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
     from rollmesh.verifier import VerifierConfig
     from rollmesh.verifier.service import VerifierService
     from rollmesh.verifier.servicer import VerifierServicer
@@ -1189,7 +1215,8 @@ async def test_a_job_without_logprobs_gives_the_trainer_none_not_zeros(
     """A job that did not ask for logprobs sent zeros that `collate` handed a trainer as the old
     policy's logprobs (a PPO/GRPO ratio against 0, without a word): now its rollouts carry none and
     the batch's logprobs are None, or an error naming the flag when required. With them, unchanged."""
-    from rollmesh.scheduler.spec import JobSpec, SinkConfig
+    from rollmesh.scheduler.spec import JobSpec
+    from rollmesh.scheduler.spec import SinkConfig
     from tests.fakes import Rows
 
     server = await make_server(window=64).start()

@@ -9,14 +9,18 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.rpc import code_pb2, status_pb2
-from typer.testing import CliRunner, Result
+from google.rpc import code_pb2
+from google.rpc import status_pb2
+from typer.testing import CliRunner
+from typer.testing import Result
 
 from rollmesh.cli import build_app
 from rollmesh.commands._reverify import reverify
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.scheduler.records import Rollout, RolloutKey
-from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh_client.v1 import verifier_pb2
+from rollmesh_client.v1 import verifier_pb2_grpc
 from tests.conftest import StartServer
 
 

@@ -7,7 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 from rollmesh.scheduler.sinks.grpc import GrpcSink
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainer_loop.py"

@@ -8,9 +8,12 @@ import json
 
 import pytest
 
-from rollmesh_client import Client, FailedPreconditionError
+from rollmesh_client import Client
+from rollmesh_client import FailedPreconditionError
 from rollmesh_client.v1 import scheduler_pb2 as pb
-from tests.integration.test_scheduler_server import Mesh, _spec, mesh  # noqa: F401 (fixture)
+from tests.integration.test_scheduler_server import Mesh
+from tests.integration.test_scheduler_server import _spec
+from tests.integration.test_scheduler_server import mesh  # noqa: F401 (fixture)
 
 
 async def test_resume_refuses_a_changed_dataset(mesh: Mesh) -> None:  # noqa: F811

@@ -20,12 +20,14 @@ from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from tests.conftest import StartServer, nemo_gym_assets
+from tests.conftest import StartServer
+from tests.conftest import nemo_gym_assets
 
 
 def rows(path: Path) -> list[dict[str, Any]]:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier import SandboxConfig, SandboxLimits
-from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier.sandbox.core import Sandbox
+from rollmesh.verifier.sandbox.core import TestSpec
 
 LIMITS = SandboxLimits(wall_s=20.0, cpu_s=5, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)
 

@@ -16,7 +16,8 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ from rollmesh.launch.status import mesh_status
 from rollmesh.verifier import SandboxConfig
 from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh_client import Client
-from tests.procs import ROLLMESH, ServerProc, spawn_server
+from tests.procs import ROLLMESH
+from tests.procs import ServerProc
+from tests.procs import spawn_server
 
 SECRET = f"sekrit-{uuid.uuid4().hex}"
 LABELS = {"namespaces": "namespaces", "process": "unsafe-process"}

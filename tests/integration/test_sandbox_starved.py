@@ -17,9 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollmesh.verifier.config import SandboxConfig, SandboxLimits
+from rollmesh.verifier.config import SandboxConfig
+from rollmesh.verifier.config import SandboxLimits
 from rollmesh.verifier.errors import SandboxStarved
-from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
+from rollmesh.verifier.sandbox.core import Sandbox
+from rollmesh.verifier.sandbox.core import TestSpec
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
 

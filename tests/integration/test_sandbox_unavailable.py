@@ -10,10 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
-from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
-from rollmesh.verifier.testing import answer, check, load_env, task
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.errors import CheckFailed
+from rollmesh.verifier.errors import CheckTimeout
+from rollmesh.verifier.errors import SandboxUnavailable
+from rollmesh.verifier.sandbox.core import Sandbox
+from rollmesh.verifier.sandbox.core import TestSpec
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
 
 CODE_ENV = Path(__file__).resolve().parents[2] / "services/rollmesh/builtin/environments/code"
 LIMITS = SandboxLimits(wall_s=20.0, cpu_s=4, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)

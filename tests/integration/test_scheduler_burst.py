@@ -14,7 +14,8 @@ import collections
 import grpc
 
 from rollmesh_client import aio_channel
-from rollmesh_client.v1 import verifier_pb2, verifier_pb2_grpc
+from rollmesh_client.v1 import verifier_pb2
+from rollmesh_client.v1 import verifier_pb2_grpc
 from tests.conftest import StartServer
 from tests.fakes import FakeVerifier
 

@@ -10,8 +10,11 @@ from pathlib import Path
 from rollmesh_client import Client
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
-from tests.exactly_once import check_exactly_once, expected_keys
-from tests.fakes import FakeGateway, FakeVerifier, Rows
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.fakes import FakeGateway
+from tests.fakes import FakeVerifier
+from tests.fakes import Rows
 from tests.procs import scheduler_proc
 
 

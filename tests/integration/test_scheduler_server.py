@@ -14,15 +14,26 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from rollmesh.mesh.server import MeshServer, ServiceBinding, build_server, wait_serving
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
-from rollmesh_client import Client, FailedPreconditionError, InvalidArgumentError, NotFoundError
+from rollmesh_client import Client
+from rollmesh_client import FailedPreconditionError
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import NotFoundError
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from tests.conftest import StartServer
-from tests.fakes import FakeGateway, FakeVerifier, Rows
+from tests.fakes import FakeGateway
+from tests.fakes import FakeVerifier
+from tests.fakes import Rows
 
 
 @dataclass

@@ -15,12 +15,18 @@ import grpc
 import pytest
 from google.rpc import code_pb2
 
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
-from rollmesh_client import Client, UnavailableError
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh_client import Client
+from rollmesh_client import UnavailableError
 from rollmesh_client._verifier import VerifierClient
-from rollmesh_client.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
+from rollmesh_client.v1 import scheduler_pb2_grpc
 from tests.conftest import StartServer
-from tests.fakes import FakeVerifier, _abort
+from tests.fakes import FakeVerifier
+from tests.fakes import _abort
 
 
 async def test_a_read_reaches_a_restarted_server_through_reconnect_backoff() -> None:

@@ -9,19 +9,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from rollmesh.gateway.backends.base import (
-    EngineChunk,
-    EngineRequest,
-    ReplicaStatus,
-    Sampling,
-)
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.gateway.backends.base import Sampling
 from rollmesh.gateway.errors import BackendUnavailable
 from rollmesh.serving.backend import RayServeBackend
 from rollmesh.serving.config import ServingConfig
@@ -42,7 +42,9 @@ def _shipped_model_ready() -> bool:
 def _random_tiny_model(out: Path) -> Path:
     """Fallback while the shipped model is not trained yet: same shape, random weights."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
+    from transformers import LlamaConfig
+    from transformers import LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(SHIPPED)
     torch.manual_seed(0)
@@ -280,9 +282,13 @@ async def test_through_the_grpc_gateway(backend: RayServeBackend) -> None:
 
     from rollmesh.gateway import Gateway
     from rollmesh.gateway.servicer import GatewayServicer
-    from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
+    from rollmesh.mesh.server import ServiceBinding
+    from rollmesh.mesh.server import build_server
+    from rollmesh.mesh.server import wait_serving
     from rollmesh.scheduler.remote import GatewayModel
-    from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+    from rollmesh_client.v1 import common_pb2
+    from rollmesh_client.v1 import gateway_pb2
+    from rollmesh_client.v1 import gateway_pb2_grpc
 
     gateway = Gateway([backend])  # the backend is started (and shut down) by the fixture
     server = await build_server([ServiceBinding.of(GatewayServicer(gateway))], "127.0.0.1:0")
@@ -369,7 +375,10 @@ async def test_a_stop_string_ends_the_message_and_the_ids_stay_the_engines(backe
     """vLLM ends a request on a stop string with the ids that completed it (and whatever else the
     last one holds): the message ends before the stop string, as vLLM's own text does, and the
     output ids are the unstopped greedy output's first ones, the stop string included."""
-    from rollmesh.gateway import Gateway, GenerateInput, Message, SamplingInput
+    from rollmesh.gateway import Gateway
+    from rollmesh.gateway import GenerateInput
+    from rollmesh.gateway import Message
+    from rollmesh.gateway import SamplingInput
 
     gateway = Gateway([backend])  # the backend is started (and shut down) by the fixture
     assert backend.tokenizer is not None

@@ -12,7 +12,9 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.registry.servicer import RegistryServicer
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.servicer import SchedulerServicer
@@ -20,7 +22,8 @@ from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from tests.conftest import StartServer
-from tests.fakes import LocalEnv, LocalModel
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
 from tests.procs import run_cli
 
 KEY = "s3cret-key"

@@ -19,15 +19,24 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.scheduler.drivers.agent_loop import GenerateCall
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh_client import BATCH_METADATA, batch_messages, items_of, says_batches
-from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from rollmesh_client import BATCH_METADATA
+from rollmesh_client import batch_messages
+from rollmesh_client import items_of
+from rollmesh_client import says_batches
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
+from rollmesh_client.v1 import verifier_pb2
+from rollmesh_client.v1 import verifier_pb2_grpc
 from tests.conftest import StartServer
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
 from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
@@ -24,10 +25,14 @@ from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh import tracing
 from rollmesh.mesh.errors import DeadlineExceeded
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
@@ -252,13 +257,11 @@ async def test_a_new_traces_decision_is_the_samplers_rule_and_only_sampled_calls
     """`new_trace` compares 64 random bits with the sampler's bound instead of asking the SDK's
     sampler each time: the same decision the SDK's ratio sampler makes on those bits as a trace id.
     Outside a sampled trace a unary call gets no metadata (so the callee does no trace work)."""
-    from opentelemetry.sdk.trace.sampling import (
-        ALWAYS_OFF,
-        ALWAYS_ON,
-        Decision,
-        ParentBased,
-        TraceIdRatioBased,
-    )
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+    from opentelemetry.sdk.trace.sampling import Decision
+    from opentelemetry.sdk.trace.sampling import ParentBased
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
     sdk = TraceIdRatioBased(0.25)
     ours, theirs = [], []
@@ -302,7 +305,9 @@ async def test_a_ray_serve_replica_continues_the_gateways_trace_in_its_own_proce
     """Both engine paths of a real Ray Serve deployment (fake-engine replica: the production serving
     path minus vLLM): a session's streamed call and a micro-batched whole output each give a
     `replica.generate` span, sent by the replica process, child of the gateway's span."""
-    from rollmesh.gateway import GenerateInput, Message, SamplingInput
+    from rollmesh.gateway import GenerateInput
+    from rollmesh.gateway import Message
+    from rollmesh.gateway import SamplingInput
     from rollmesh.serving.backend import RayServeBackend
     from tests.serving_replicas import tiny_serving_config
 

@@ -25,9 +25,12 @@ from typing import Any
 
 import pytest
 
-from rollmesh_client.trl import RollmeshRolloutWorker, RollmeshWeightTransfer, row_prompt
+from rollmesh_client.trl import RollmeshRolloutWorker
+from rollmesh_client.trl import RollmeshWeightTransfer
+from rollmesh_client.trl import row_prompt
 from rollmesh_client.v1 import common_pb2
-from tests.meshes import COUNTER_ROWS, SHIPPED
+from tests.meshes import COUNTER_ROWS
+from tests.meshes import SHIPPED
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -50,7 +53,8 @@ def test_async_grpo_trainer_takes_rollmesh_samples_and_syncs_weights(
 ) -> None:
     import trl.experimental.async_grpo.async_grpo_trainer as async_trainer
     from datasets import Dataset
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     monkeypatch.setattr(async_trainer, "get_peak_flops_per_device", lambda *a, **k: 1.0)  # CUDA-only probe
     rows = [json.loads(line) for line in COUNTER_ROWS.read_text().splitlines()]

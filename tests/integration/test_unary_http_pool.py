@@ -10,7 +10,10 @@ import base64
 import gzip
 import importlib.util
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -18,7 +21,10 @@ import pytest_asyncio
 from aiohttp import web
 
 from rollmesh.gateway.backends.unary_http import UnaryHttpPool
-from rollmesh.gateway.errors import AnswerTooLarge, ConnectFailed, ConnectionBroke, ReadTimedOut
+from rollmesh.gateway.errors import AnswerTooLarge
+from rollmesh.gateway.errors import ConnectFailed
+from rollmesh.gateway.errors import ConnectionBroke
+from rollmesh.gateway.errors import ReadTimedOut
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
@@ -329,7 +335,8 @@ def _self_signed(tmp_dir: Any) -> tuple[str, str]:
     import ipaddress
 
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 

@@ -17,17 +17,24 @@ import pytest_asyncio
 
 from rollmesh.commands._exit import EXIT_JOB_FAILED
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root, RootsConfig
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.registry import RootsConfig
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
-from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.sandbox.core import Sandbox
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh_client.v1 import gateway_pb2
 from tests.conftest import StartServer
-from tests.fakes import FakeGateway, Json
+from tests.fakes import FakeGateway
+from tests.fakes import Json
 from tests.procs import run_cli
 
 LIMITS = SandboxLimits(wall_s=30.0, cpu_s=4, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)

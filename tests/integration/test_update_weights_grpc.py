@@ -18,10 +18,12 @@ from rollmesh.gateway import Gateway
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh_client import Client, RollmeshClientError
+from rollmesh_client import Client
+from rollmesh_client import RollmeshClientError
 from tests.conftest import StartServer
 from tests.procs import run_cli
-from tests.unit.test_gateway_update_weights import new_weights_upper, write_checkpoint
+from tests.unit.test_gateway_update_weights import new_weights_upper
+from tests.unit.test_gateway_update_weights import write_checkpoint
 
 USER = [{"role": "user", "content": "what is 5+7?"}]
 

@@ -19,23 +19,28 @@ import asyncio
 import hashlib
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 import pytest
 
-from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message, SamplingInput
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import GenerateResult
+from rollmesh.gateway import Message
+from rollmesh.gateway import SamplingInput
 from rollmesh.gateway.uploads import UploadPiece
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.serving.backend import RayServeBackend
-from tests.serving_replicas import (
-    SHIPPED,
-    kill_replica,
-    tiny_serving_config,
-    until_answered_by,
-    wait_replaced,
-)
+from tests.serving_replicas import SHIPPED
+from tests.serving_replicas import kill_replica
+from tests.serving_replicas import tiny_serving_config
+from tests.serving_replicas import until_answered_by
+from tests.serving_replicas import wait_replaced
 
 PROMPTS = [f"What is {a} + {b}?" for a, b in [(12, 30), (7, 8), (45, 17), (3, 99), (61, 6), (20, 22)]]
 MAX_TOKENS = 16
@@ -49,7 +54,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEADLINE_S + 300)]
 
 def perturbed(src: Path, out: Path, *, drop: str = "") -> Path:
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file
 
     shutil.copytree(src, out)
     tensors = load_file(str(src / "model.safetensors"))

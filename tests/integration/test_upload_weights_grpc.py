@@ -16,15 +16,18 @@ import pytest_asyncio
 import torch
 from safetensors.torch import load_file
 
-from rollmesh.gateway import Gateway, GatewayConfig
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GatewayConfig
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.server import ServiceBinding
-from rollmesh_client import Client, RollmeshClientError
+from rollmesh_client import Client
+from rollmesh_client import RollmeshClientError
 from rollmesh_client.v1 import gateway_pb2 as pb
 from tests.conftest import StartServer
 from tests.procs import run_cli
-from tests.unit.test_gateway_update_weights import TENSORS, write_checkpoint
+from tests.unit.test_gateway_update_weights import TENSORS
+from tests.unit.test_gateway_update_weights import write_checkpoint
 
 USER = [{"role": "user", "content": "what is 5+7?"}]
 

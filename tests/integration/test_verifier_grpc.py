@@ -4,28 +4,31 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
-from rollmesh.mesh.server import MeshServer, ServiceBinding
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh_client import (
-    AlreadyExistsError,
-    Client,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
-)
+from rollmesh_client import AlreadyExistsError
+from rollmesh_client import Client
+from rollmesh_client import FailedPreconditionError
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import NotFoundError
+from rollmesh_client import ResourceExhaustedError
 from rollmesh_client._verifier import verify_request
 from rollmesh_client.v1 import common_pb2
 

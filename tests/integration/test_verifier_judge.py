@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,19 @@ import grpc
 import pytest
 
 from rollmesh.mesh.errors import Unavailable
-from rollmesh.mesh.server import MeshServer, ServiceBinding
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier.errors import BadTask, JudgeFailed
-from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, task
-from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import JudgeFailed
+from rollmesh.verifier.testing import TEST_CONFIG
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
 
 StartServer = Callable[..., Awaitable[MeshServer]]
 MATH = BUILTIN_ROOT / "environments" / "math"

@@ -7,21 +7,32 @@ import asyncio
 import json
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
-from rollmesh.mesh.server import MeshServer, ServiceBinding
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.sandbox.core import PROBE_UID, SANDBOX_UIDS, Sandbox, TestSpec
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.sandbox.core import PROBE_UID
+from rollmesh.verifier.sandbox.core import SANDBOX_UIDS
+from rollmesh.verifier.sandbox.core import Sandbox
+from rollmesh.verifier.sandbox.core import TestSpec
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from rollmesh_client import Client, aio_channel
+from rollmesh_client import Client
+from rollmesh_client import aio_channel
 
 StartServer = Callable[..., Awaitable[MeshServer]]
 LIMITS = SandboxLimits(wall_s=5.0, cpu_s=2, memory_mb=256, nproc=16, fsize_mb=1, output_kb=16)

@@ -16,7 +16,8 @@ import os
 import re
 import subprocess
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +30,25 @@ from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.config import ServerConfig
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
-from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.bridges.verifiers_env import LAUNCHER_V1
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer
-from tests.integration.test_verifiers_envs import (
-    API_KEY,
-    ENVS,
-    Mesh,
-    plays,
-    reverify,
-    run_job,
-    stored_and_failed,
-    vf_rows,
-)
+from tests.integration.test_verifiers_envs import API_KEY
+from tests.integration.test_verifiers_envs import ENVS
+from tests.integration.test_verifiers_envs import Mesh
 from tests.integration.test_verifiers_envs import check_reverify_and_own_scoring as check_v03
+from tests.integration.test_verifiers_envs import plays
+from tests.integration.test_verifiers_envs import reverify
+from tests.integration.test_verifiers_envs import run_job
+from tests.integration.test_verifiers_envs import stored_and_failed
+from tests.integration.test_verifiers_envs import vf_rows
 
 _JUDGE = re.compile(
     r"(?:Reference|Ground truth) answer:\n```\n(.*?)\n```\n\nResponse:\n```\n(.*?)\n```", re.S

@@ -11,10 +11,14 @@ import json
 import grpc
 import pytest
 
-from rollmesh.mesh.server import build_server, wait_serving
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
 from rollmesh.scheduler.convert import message_to_pb
 from rollmesh.scheduler.remote import VerifierEnv
-from rollmesh_client import DeadlineExceededError, InternalError, UnavailableError, verify_mux
+from rollmesh_client import DeadlineExceededError
+from rollmesh_client import InternalError
+from rollmesh_client import UnavailableError
+from rollmesh_client import verify_mux
 from rollmesh_client.v1 import verifier_pb2
 from tests.conftest import StartServer
 from tests.fakes import FakeVerifier

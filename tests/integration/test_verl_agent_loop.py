@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.meshes import COUNTER_ROWS, SHIPPED
+from tests.meshes import COUNTER_ROWS
+from tests.meshes import SHIPPED
 from tests.procs import REPO
 
 pytestmark = pytest.mark.timeout(900)

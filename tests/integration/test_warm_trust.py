@@ -19,11 +19,16 @@ from typing import Any
 
 import pytest
 
-from rollmesh.scheduler.drivers.program import CaptureOpened, ProgramSpec
+from rollmesh.scheduler.drivers.program import CaptureOpened
+from rollmesh.scheduler.drivers.program import ProgramSpec
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 from rollmesh.scheduler.drivers.warm import WarmStart
-from rollmesh.scheduler.errors import AgentProgramExited, AgentProgramTimedOut
-from tests.integration.test_agent_hosts import ROOT, _answered, _rollout, agent_script
+from rollmesh.scheduler.errors import AgentProgramExited
+from rollmesh.scheduler.errors import AgentProgramTimedOut
+from tests.integration.test_agent_hosts import ROOT
+from tests.integration.test_agent_hosts import _answered
+from tests.integration.test_agent_hosts import _rollout
+from tests.integration.test_agent_hosts import agent_script
 from tests.integration.test_sandbox_forker import _writable_memory
 from tests.unit.test_external_agents import CaptureModel
 

@@ -20,15 +20,17 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from rollmesh.gateway import Gateway, GenerateInput, GenerateResult, Message, SamplingInput
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import GenerateResult
+from rollmesh.gateway import Message
+from rollmesh.gateway import SamplingInput
 from rollmesh.serving.backend import RayServeBackend
-from tests.serving_replicas import (
-    SHIPPED,
-    kill_replica,
-    tiny_serving_config,
-    until_answered_by,
-    wait_replaced,
-)
+from tests.serving_replicas import SHIPPED
+from tests.serving_replicas import kill_replica
+from tests.serving_replicas import tiny_serving_config
+from tests.serving_replicas import until_answered_by
+from tests.serving_replicas import wait_replaced
 
 DEADLINE_S = 900.0  # a local Ray start plus two replacements: about a minute idle, several under load
 

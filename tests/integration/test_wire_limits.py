@@ -17,19 +17,20 @@ import pytest
 import pytest_asyncio
 from grpc_status import rpc_status
 
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
 from rollmesh.launch import embedded_mesh
 from rollmesh.scheduler.remote import GatewayModel
-from rollmesh_client import (
-    Client,
-    InvalidArgumentError,
-    ResourceExhaustedError,
-    RollmeshClientError,
-    aio_channel,
-    max_item_bytes,
-    max_message_bytes,
-)
-from rollmesh_client.v1 import gateway_pb2, scheduler_pb2, verifier_pb2
+from rollmesh_client import Client
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import ResourceExhaustedError
+from rollmesh_client import RollmeshClientError
+from rollmesh_client import aio_channel
+from rollmesh_client import max_item_bytes
+from rollmesh_client import max_message_bytes
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import scheduler_pb2
+from rollmesh_client.v1 import verifier_pb2
 from tests.fakes import Rows
 
 LIMIT_MB = "0.25"  # 262,144 bytes

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.multinode.netns import LabUnavailable, NetnsLab
+from tests.multinode.netns import LabUnavailable
+from tests.multinode.netns import NetnsLab
 
 
 @pytest.fixture(scope="module")

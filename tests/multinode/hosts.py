@@ -7,15 +7,20 @@ with run_gateway(host, ray_lab, env={...}) as gw:     # `rollmesh serve gateway`
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import contextmanager
 
 import grpc
 
-from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
 from tests.multinode.netns import Host
 from tests.multinode.raylab import RayLab
-from tests.procs import ROLLMESH, ServerProc, spawn_server
+from tests.procs import ROLLMESH
+from tests.procs import ServerProc
+from tests.procs import spawn_server
 
 GATEWAY_STARTUP_S = 240.0
 

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.multinode.netns import Host, NetnsLab
+from tests.multinode.netns import Host
+from tests.multinode.netns import NetnsLab
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")

@@ -15,7 +15,8 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,19 @@ import pytest
 
 from rollmesh_client import SyncClient
 from rollmesh_client.v1 import scheduler_pb2 as pb
-from tests.exactly_once import check_exactly_once, expected_keys, read_keys
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.exactly_once import read_keys
 from tests.fakes import Rows
-from tests.multinode.hosts import gateway_env, generate, run_gateway
-from tests.multinode.netns import Host, NetnsLab
+from tests.multinode.hosts import gateway_env
+from tests.multinode.hosts import generate
+from tests.multinode.hosts import run_gateway
+from tests.multinode.netns import Host
+from tests.multinode.netns import NetnsLab
 from tests.multinode.raylab import RayLab
-from tests.procs import ROLLMESH, ServerProc, spawn_server
+from tests.procs import ROLLMESH
+from tests.procs import ServerProc
+from tests.procs import spawn_server
 
 pytestmark = pytest.mark.timeout(300)
 

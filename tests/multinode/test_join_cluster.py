@@ -11,14 +11,20 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.multinode.hosts import gateway_command, gateway_env, generate, run_gateway, stop
+from tests.multinode.hosts import gateway_command
+from tests.multinode.hosts import gateway_env
+from tests.multinode.hosts import generate
+from tests.multinode.hosts import run_gateway
+from tests.multinode.hosts import stop
 from tests.multinode.netns import NetnsLab
-from tests.multinode.raylab import GCS_PORT, RayLab
+from tests.multinode.raylab import GCS_PORT
+from tests.multinode.raylab import RayLab
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -16,7 +16,8 @@ import sys
 
 from datasets import Dataset
 from openenv.core import GenericEnvClient
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
+from trl import GRPOTrainer
 
 URL, MODEL, OUT = sys.argv[1:4]
 SCORED = []

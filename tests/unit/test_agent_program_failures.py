@@ -16,13 +16,18 @@ from typing import Any
 import pytest
 
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureRecord
-from rollmesh.scheduler.errors import AgentProgramExited, RolloutFailed
-from rollmesh.scheduler.records import RolloutFailure, RolloutKey
+from rollmesh.scheduler.drivers.program import CapturedTurn
+from rollmesh.scheduler.drivers.program import CaptureRecord
+from rollmesh.scheduler.errors import AgentProgramExited
+from rollmesh.scheduler.errors import RolloutFailed
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.retry import with_retry
 from rollmesh.scheduler.spec import RetryPolicy
 from tests.fakes import LocalEnv
-from tests.unit.test_external_agents import CaptureModel, _run, _turn
+from tests.unit.test_external_agents import CaptureModel
+from tests.unit.test_external_agents import _run
+from tests.unit.test_external_agents import _turn
 
 MODE = "uid+mount+pid+network" if os.geteuid() == 0 else "limits"
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.scheduler.concurrency import HostCpu, Limiter
-from rollmesh.scheduler.drivers.modes import check_mode, warm_argv
+from rollmesh.scheduler.concurrency import HostCpu
+from rollmesh.scheduler.concurrency import Limiter
+from rollmesh.scheduler.drivers.modes import check_mode
+from rollmesh.scheduler.drivers.modes import warm_argv
 
 
 def test_the_modes_and_what_a_warm_start_can_run() -> None:

@@ -11,14 +11,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureRecord, public_task
+from rollmesh.scheduler.drivers.program import CapturedTurn
+from rollmesh.scheduler.drivers.program import CaptureRecord
+from rollmesh.scheduler.drivers.program import public_task
 from rollmesh.verifier.config import VerifierConfig
 from rollmesh.verifier.convert import environment_to_pb
-from rollmesh.verifier.environment import EnvContext, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.loader import Discovery, Loaded
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import Environment
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.environment import Task
+from rollmesh.verifier.environment import VerifyResult
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.workers import WorkerPool
-from tests.unit.test_external_agents import SETTINGS, CaptureModel, _run, _turn
+from tests.unit.test_external_agents import SETTINGS
+from tests.unit.test_external_agents import CaptureModel
+from tests.unit.test_external_agents import _run
+from tests.unit.test_external_agents import _turn
 
 ROW: dict[str, Any] = {
     "responses_create_params": {"input": [{"role": "user", "content": "Which city? Hint given."}]},

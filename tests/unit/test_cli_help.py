@@ -13,7 +13,8 @@ from unittest import mock
 import pytest
 
 from rollmesh.cli import build_command
-from rollmesh.commands._help import JOB_PANELS, join_wrapped
+from rollmesh.commands._help import JOB_PANELS
+from rollmesh.commands._help import join_wrapped
 
 
 def _paths(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

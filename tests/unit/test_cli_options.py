@@ -11,7 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
-from rollmesh.commands._jobs import SpecOptions, build_spec, resume_command
+from rollmesh.commands._jobs import SpecOptions
+from rollmesh.commands._jobs import build_spec
+from rollmesh.commands._jobs import resume_command
 from rollmesh.scheduler.sinks.grpc import ACK_TIMEOUT_S
 from rollmesh.scheduler.spec import RetryPolicy
 from rollmesh_client.v1 import scheduler_pb2 as pb

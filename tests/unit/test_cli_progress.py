@@ -7,7 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from rollmesh.commands._progress import BAR_MAX, JobProgressLine
+from rollmesh.commands._progress import BAR_MAX
+from rollmesh.commands._progress import JobProgressLine
 
 
 def screen(line: JobProgressLine, width: int) -> list[str]:

@@ -17,7 +17,10 @@ from rollmesh.mesh.chat import content_text
 from rollmesh.registry import BUILTIN_ROOT
 from rollmesh.verifier import BadTask
 from rollmesh.verifier.environment import Response
-from rollmesh.verifier.testing import answer, check, load_env, task
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
 
 CODE = BUILTIN_ROOT / "environments" / "code"
 

@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 
 from rollmesh.mesh.errors import ConfigError
-from rollmesh.verifier.bridges.container.docker_api import DockerAPI, DockerAPIError, Endpoint, endpoint
-from rollmesh.verifier.bridges.container.env import Settings, make_provider
+from rollmesh.verifier.bridges.container.docker_api import DockerAPI
+from rollmesh.verifier.bridges.container.docker_api import DockerAPIError
+from rollmesh.verifier.bridges.container.docker_api import Endpoint
+from rollmesh.verifier.bridges.container.docker_api import endpoint
+from rollmesh.verifier.bridges.container.env import Settings
+from rollmesh.verifier.bridges.container.env import make_provider
 
 
 def test_docker_host_names_a_unix_socket_or_plain_tcp() -> None:

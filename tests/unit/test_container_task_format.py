@@ -11,20 +11,19 @@ from pathlib import Path
 import pytest
 
 from rollmesh.verifier.bridges.container import rewards
-from rollmesh.verifier.bridges.container.errors import (
-    BadHarborTask,
-    BadRewardFile,
-    ImageBuildFailed,
-    NoRewardFile,
-    TestScriptFailed,
-)
-from rollmesh.verifier.bridges.container.images import (
-    mapped,
-    parse_dockerfile,
-    parse_image_map,
-    recipe,
-)
-from rollmesh.verifier.bridges.container.task import ROW_KEY, load_task, load_tasks, rows
+from rollmesh.verifier.bridges.container.errors import BadHarborTask
+from rollmesh.verifier.bridges.container.errors import BadRewardFile
+from rollmesh.verifier.bridges.container.errors import ImageBuildFailed
+from rollmesh.verifier.bridges.container.errors import NoRewardFile
+from rollmesh.verifier.bridges.container.errors import TestScriptFailed
+from rollmesh.verifier.bridges.container.images import mapped
+from rollmesh.verifier.bridges.container.images import parse_dockerfile
+from rollmesh.verifier.bridges.container.images import parse_image_map
+from rollmesh.verifier.bridges.container.images import recipe
+from rollmesh.verifier.bridges.container.task import ROW_KEY
+from rollmesh.verifier.bridges.container.task import load_task
+from rollmesh.verifier.bridges.container.task import load_tasks
+from rollmesh.verifier.bridges.container.task import rows
 
 TASKS = Path(__file__).resolve().parents[1] / "container_tasks" / "environments" / "harbor_demo" / "tasks"
 MAP = {"ubuntu:24.04": "rollmesh-base:bookworm", "debian:bookworm-slim": "rollmesh-base:bookworm"}

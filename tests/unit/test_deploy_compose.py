@@ -23,8 +23,11 @@ import typer.main
 import yaml  # type: ignore[import-untyped]
 
 from rollmesh.cli import build_app
-from rollmesh.mesh.config import DEFAULT_PORTS, ENV_VARS, OPENAI_HTTP_PORT
-from tests.conftest import StartServer, nemo_gym_assets
+from rollmesh.mesh.config import DEFAULT_PORTS
+from rollmesh.mesh.config import ENV_VARS
+from rollmesh.mesh.config import OPENAI_HTTP_PORT
+from tests.conftest import StartServer
+from tests.conftest import nemo_gym_assets
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

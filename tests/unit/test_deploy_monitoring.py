@@ -22,7 +22,8 @@ import rollmesh.gateway.telemetry
 import rollmesh.mesh.metrics
 import rollmesh.scheduler.telemetry
 import rollmesh.verifier.telemetry
-from rollmesh.mesh.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS
+from rollmesh.mesh.config import DEFAULT_METRICS_PORTS
+from rollmesh.mesh.config import DEFAULT_PORTS
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "rollmesh.json"

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +16,42 @@ import grpc
 import pytest
 
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.scheduler.drivers.agent_loop import AgentSettings, EnvStep, SessionOpened, ToolResult, run_agent
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import EnvStep
+from rollmesh.scheduler.drivers.agent_loop import SessionOpened
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
+from rollmesh.scheduler.drivers.agent_loop import run_agent
 from rollmesh.scheduler.records import RolloutKey
-from rollmesh.scheduler.tokens import build_token_record, validate_token_record
-from rollmesh.verifier import (
-    Environment,
-    EnvTurn,
-    Message,
-    Response,
-    Seeded,
-    Session,
-    Task,
-    ToolCall,
-    ToolOutput,
-    ToolSpec,
-    VerifierConfig,
-    tool,
-)
+from rollmesh.scheduler.tokens import build_token_record
+from rollmesh.scheduler.tokens import validate_token_record
+from rollmesh.verifier import Environment
+from rollmesh.verifier import EnvTurn
+from rollmesh.verifier import Message
+from rollmesh.verifier import Response
+from rollmesh.verifier import Seeded
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import ToolCall
+from rollmesh.verifier import ToolOutput
+from rollmesh.verifier import ToolSpec
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import tool
 from rollmesh.verifier.environment import EnvContext
-from rollmesh.verifier.errors import BadEnvTurn, TakesNoTurns, ToolNotFound
-from rollmesh.verifier.loader import Discovery, Loaded
+from rollmesh.verifier.errors import BadEnvTurn
+from rollmesh.verifier.errors import TakesNoTurns
+from rollmesh.verifier.errors import ToolNotFound
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
 from rollmesh.verifier.service import VerifierService
-from rollmesh.verifier.testing import opening, seeded, task
+from rollmesh.verifier.testing import opening
+from rollmesh.verifier.testing import seeded
+from rollmesh.verifier.testing import task
 from rollmesh.verifier.workers import WorkerPool
-from tests.fakes import LocalEnv, LocalModel, counter_tool_script
-from tests.games import Guess, guess_row
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import counter_tool_script
+from tests.games import Guess
+from tests.games import guess_row
 
 Json = dict[str, Any]
 

@@ -19,25 +19,28 @@ from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.captures import CaptureStore
 from rollmesh.gateway.types import GenerateInput
 from rollmesh.mesh.chat import Message
-from rollmesh.scheduler.drivers.agent_loop import AgentSettings, Turn
-from rollmesh.scheduler.drivers.program import (
-    CapturedTurn,
-    CaptureOpened,
-    CaptureRecord,
-    ProgramSpec,
-    run_program,
-)
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import Turn
+from rollmesh.scheduler.drivers.program import CapturedTurn
+from rollmesh.scheduler.drivers.program import CaptureOpened
+from rollmesh.scheduler.drivers.program import CaptureRecord
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import run_program
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
-from rollmesh.scheduler.errors import (
-    AgentProgramExited,
-    AgentProgramNoModelCall,
-    AgentProgramTimedOut,
-    AgentProgramUnstartable,
-    TokenRecordMismatch,
-)
-from rollmesh.scheduler.records import SEGMENT_KEY, Rollout, RolloutKey, TurnSpan
-from rollmesh.scheduler.tokens import build_token_record, validate_rollout, validate_token_record
-from tests.fakes import LocalEnv, LocalModel
+from rollmesh.scheduler.errors import AgentProgramExited
+from rollmesh.scheduler.errors import AgentProgramNoModelCall
+from rollmesh.scheduler.errors import AgentProgramTimedOut
+from rollmesh.scheduler.errors import AgentProgramUnstartable
+from rollmesh.scheduler.errors import TokenRecordMismatch
+from rollmesh.scheduler.records import SEGMENT_KEY
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TurnSpan
+from rollmesh.scheduler.tokens import build_token_record
+from rollmesh.scheduler.tokens import validate_rollout
+from rollmesh.scheduler.tokens import validate_token_record
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
 
 # -- the capture store ---------------------------------------------------------------------------
 
@@ -263,7 +266,8 @@ async def test_the_program_gets_the_task_the_urls_and_never_the_mesh_key(
 
 def test_a_trainer_sees_segments_and_collate_never_joins_them() -> None:
     from rollmesh.scheduler import convert
-    from rollmesh_client.trainer import TrainerRollout, collate
+    from rollmesh_client.trainer import TrainerRollout
+    from rollmesh_client.trainer import collate
 
     def trainer_rollout(turns: list[Turn]) -> TrainerRollout:
         record = build_token_record(turns, logprobs_wanted=True)

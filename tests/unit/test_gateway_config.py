@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rollmesh.gateway.backends.factory import create_backend, resolve_model_path
+from rollmesh.gateway.backends.factory import create_backend
+from rollmesh.gateway.backends.factory import resolve_model_path
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.backends.openai import OpenAIBackend
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
 from rollmesh.mesh.config import ENV_VARS
 from rollmesh.mesh.errors import ConfigError
 

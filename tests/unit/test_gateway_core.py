@@ -10,12 +10,18 @@ from typing import Any
 import grpc
 import pytest
 
-from rollmesh.gateway import Gateway, GatewayConfig, GenerateInput, Message, SamplingInput
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GatewayConfig
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
+from rollmesh.gateway import SamplingInput
 from rollmesh.gateway.backends.base import EngineRequest
-from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeTokenizer
 from rollmesh.gateway.config import ModelSpec
 from rollmesh.gateway.sessions import naive_prompt_ids
-from rollmesh.gateway.types import GenerateResult, StreamDelta
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import StreamDelta
 from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.errors import RollmeshError
 
@@ -411,8 +417,10 @@ async def test_a_stop_string_ends_the_message_the_ids_keep_what_the_engine_produ
     stop " " after "The" gives ids decoding to "The answer", text "The"). The gateway decoded the ids
     into the message, so the verifier scored text past the stop string; now the message ends where
     an OpenAI server's would, the ids stay the engine's, and the next turn of the session keeps them."""
-    from rollmesh.scheduler.records import Rollout, RolloutKey
-    from rollmesh.scheduler.tokens import build_token_record, validate_rollout
+    from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.records import RolloutKey
+    from rollmesh.scheduler.tokens import build_token_record
+    from rollmesh.scheduler.tokens import validate_rollout
 
     tok = FakeTokenizer()
     gw = await started(FakeBackend("m", script=lambda prompt, request: "The answer is 12."))

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from rollmesh.gateway.backends.fake import FakeTokenizer
-from rollmesh.gateway.sessions import (
-    FreshPromptCache,
-    SessionState,
-    SessionStore,
-    build_prompt,
-    naive_prompt_ids,
-    render,
-    tools_key,
-)
-from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
+from rollmesh.gateway.sessions import FreshPromptCache
+from rollmesh.gateway.sessions import SessionState
+from rollmesh.gateway.sessions import SessionStore
+from rollmesh.gateway.sessions import build_prompt
+from rollmesh.gateway.sessions import naive_prompt_ids
+from rollmesh.gateway.sessions import render
+from rollmesh.gateway.sessions import tools_key
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.chat import ToolSpec
 
 TOK = FakeTokenizer()
 

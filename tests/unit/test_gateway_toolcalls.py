@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from rollmesh.gateway.toolcalls import ContentStreamFilter, call_id_prefix, parse_tool_calls
+from rollmesh.gateway.toolcalls import ContentStreamFilter
+from rollmesh.gateway.toolcalls import call_id_prefix
+from rollmesh.gateway.toolcalls import parse_tool_calls
 
 
 def test_one_call_is_parsed_and_removed_from_content() -> None:

@@ -15,11 +15,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
 from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.types import GenerateResult
-from rollmesh.gateway.weights import check_checkpoint, next_version
+from rollmesh.gateway.weights import check_checkpoint
+from rollmesh.gateway.weights import next_version
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.versions import VersionSpan
 
@@ -330,7 +333,8 @@ async def test_a_rollout_straddling_the_first_update_is_as_old_as_its_first_turn
     turn ran on them and whose second ran after the first update counted as version 1 (the only
     integer among its turns), so a strictly on-policy trainer took it as fresh."""
     from rollmesh.scheduler import convert
-    from rollmesh.scheduler.records import Rollout, RolloutKey
+    from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.records import RolloutKey
     from rollmesh.scheduler.tokens import build_token_record
     from rollmesh_client.trainer import TrainerRollout
 
@@ -493,9 +497,14 @@ async def test_a_continued_turn_keeps_its_versions_through_record_row_proto_and_
     which version made which ids (validated), through the JSONL row and the proto; the trainer's
     version (the staleness bound's) is the oldest, and `collate` gives each generated id its own."""
     from rollmesh.scheduler import convert
-    from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord
-    from rollmesh.scheduler.tokens import build_token_record, validate_token_record
-    from rollmesh_client.trainer import TrainerRollout, collate, verl_view
+    from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.records import RolloutKey
+    from rollmesh.scheduler.records import TokenRecord
+    from rollmesh.scheduler.tokens import build_token_record
+    from rollmesh.scheduler.tokens import validate_token_record
+    from rollmesh_client.trainer import TrainerRollout
+    from rollmesh_client.trainer import collate
+    from rollmesh_client.trainer import verl_view
 
     backend = FakeBackend("m", weights_dir=served)
     backend.script = new_weights_upper(backend)

@@ -15,15 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.errors import JobFolderInUse
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.spec import JobSpec
-from rollmesh.scheduler.store import JOB, METRICS, WRITER_LOCK, job_dir
-from tests.exactly_once import check_exactly_once, expected_keys
-from tests.fakes import LocalEnv, LocalModel, Rows
+from rollmesh.scheduler.store import JOB
+from rollmesh.scheduler.store import METRICS
+from rollmesh.scheduler.store import WRITER_LOCK
+from rollmesh.scheduler.store import job_dir
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import Rows
 from tests.unit.test_results_jsonl_sink import rollout
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])

@@ -8,14 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
-from rollmesh.scheduler.errors import CorruptJobFile, CorruptSinkFile
-from rollmesh.scheduler.job_convert import job_to_pb, jobs_to_pb
+from rollmesh.scheduler.errors import CorruptJobFile
+from rollmesh.scheduler.errors import CorruptSinkFile
+from rollmesh.scheduler.job_convert import job_to_pb
+from rollmesh.scheduler.job_convert import jobs_to_pb
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.spec import JobSpec
-from tests.fakes import LocalEnv, LocalModel
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

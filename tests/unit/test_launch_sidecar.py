@@ -17,7 +17,9 @@ import pytest
 
 from rollmesh.launch.errors import SidecarStartFailed
 from rollmesh.launch.restart import RestartPolicy
-from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.launch.sidecar import Sidecar
+from rollmesh.launch.sidecar import SidecarSpec
+from rollmesh.launch.sidecar import State
 
 SERVER = textwrap.dedent(
     """

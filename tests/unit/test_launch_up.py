@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from rollmesh.launch.processes import pump_lines
-from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
+from rollmesh.launch.restart import RestartBudget
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.restart import describe_exit
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.lines import LineWriter
 

@@ -11,13 +11,22 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from rollmesh.gateway import Gateway, GenerateInput, Message
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GenerateInput
+from rollmesh.gateway import Message
 from rollmesh.gateway import telemetry as gateway_telemetry
 from rollmesh.gateway.backends.fake import FakeBackend
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
 from rollmesh.verifier import telemetry as verifier_telemetry
 from rollmesh.verifier.environment import EnvContext
-from rollmesh.verifier.loader import Broken, Discovery, Loaded
+from rollmesh.verifier.loader import Broken
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.workers import WorkerPool
 

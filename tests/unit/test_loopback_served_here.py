@@ -17,7 +17,8 @@ from rollmesh.gateway.backends.fake import FakeBackend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.mesh import loopback
 from rollmesh.scheduler.drivers import program
-from rollmesh.scheduler.drivers.agent_loop import Json, ToolResult
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
 
 

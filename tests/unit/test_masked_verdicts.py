@@ -11,19 +11,30 @@ import numpy as np
 
 from rollmesh.mesh.fields import from_pb
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
-from rollmesh.scheduler.convert import metrics_to_pb, rollout_to_pb
-from rollmesh.scheduler.engine import Hooks, JobRun, Progress
+from rollmesh.scheduler.convert import metrics_to_pb
+from rollmesh.scheduler.convert import rollout_to_pb
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
+from rollmesh.scheduler.engine import Progress
 from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.plan import build_plan
-from rollmesh.scheduler.records import Json, Rollout, RolloutKey
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.sinks.jsonl import JsonlSink
 from rollmesh.scheduler.spec import JobSpec
 from rollmesh.verifier.convert import result_to_pb
-from rollmesh_client.trainer import TrainerRollout, collate
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh_client.trainer import TrainerRollout
+from rollmesh_client.trainer import collate
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 
 class MaskingEnv(LocalEnv):

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import pytest
 
-from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh_client.v1 import common_pb2, gateway_pb2, scheduler_pb2
+from rollmesh.mesh.fields import from_pb
+from rollmesh.mesh.fields import to_pb
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 
 @dataclass(frozen=True)

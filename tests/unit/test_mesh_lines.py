@@ -17,8 +17,11 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from rollmesh.mesh.lines import LineAssembler, LineWriter, truncate_line
-from rollmesh.mesh.logging import configure, get_logger
+from rollmesh.mesh.lines import LineAssembler
+from rollmesh.mesh.lines import LineWriter
+from rollmesh.mesh.lines import truncate_line
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.logging import get_logger
 
 
 def test_truncate_line_keeps_short_text_and_names_what_it_cut() -> None:

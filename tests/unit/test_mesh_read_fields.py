@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from rollmesh.mesh.config import ENV_VARS, read_fields
+from rollmesh.mesh.config import ENV_VARS
+from rollmesh.mesh.config import read_fields
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.server import build_server
-from rollmesh.verifier.config import SandboxLimits, VerifierConfig
+from rollmesh.verifier.config import SandboxLimits
+from rollmesh.verifier.config import VerifierConfig
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,15 @@ import shutil
 import uuid
 from pathlib import Path
 
-from prometheus_client import REGISTRY, CollectorRegistry, Histogram
+from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
+from prometheus_client import Histogram
 
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector
-from rollmesh.registry import BUILTIN_ROOT, Catalog, RootsConfig
+from rollmesh.mesh.metrics import LATENCY_BUCKETS
+from rollmesh.mesh.metrics import LiveCollector
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.scheduler import telemetry as scheduler_telemetry
 from rollmesh.scheduler.telemetry import JobNow
 from rollmesh.verifier import VerifierConfig

@@ -14,21 +14,26 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rollmesh.mesh.chat import Message, ToolCall
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, VerifierConfig
-from rollmesh.verifier.bridges.nemo_gym import drop_nulls, openapi_tools
-from rollmesh.verifier.errors import (
-    BadTask,
-    EnvServerBadReply,
-    EnvServerError,
-    EnvServerTimeout,
-    EnvServerUnreachable,
-    ReverifyUnsupported,
-)
-from rollmesh.verifier.service import VerifierService, VerifyCall
-from tests.nemo_gym_fake import FakeGym, counter_row, fake_gym
+from rollmesh.verifier import Response
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.bridges.nemo_gym import drop_nulls
+from rollmesh.verifier.bridges.nemo_gym import openapi_tools
+from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import EnvServerBadReply
+from rollmesh.verifier.errors import EnvServerError
+from rollmesh.verifier.errors import EnvServerTimeout
+from rollmesh.verifier.errors import EnvServerUnreachable
+from rollmesh.verifier.errors import ReverifyUnsupported
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
+from tests.nemo_gym_fake import FakeGym
+from tests.nemo_gym_fake import counter_row
+from tests.nemo_gym_fake import fake_gym
 
 
 @asynccontextmanager

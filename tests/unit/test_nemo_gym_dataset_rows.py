@@ -14,7 +14,9 @@ import pytest
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.responses_items import messages_from_items
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.drivers.agent_loop import input_messages
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.spec import JobSpec

@@ -17,9 +17,14 @@ from rollmesh.commands._reverify import verify_request
 from rollmesh.mesh import responses_items
 from rollmesh.mesh.chat import Message
 from rollmesh.scheduler.errors import CorruptSinkFile
-from rollmesh.scheduler.metrics import compute, task_profile
-from rollmesh.scheduler.records import Rollout, RolloutKey, RowKeys, TokenRecord
-from rollmesh.scheduler.store import load_files, read_rollout_rows
+from rollmesh.scheduler.metrics import compute
+from rollmesh.scheduler.metrics import task_profile
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import RowKeys
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.store import load_files
+from rollmesh.scheduler.store import read_rollout_rows
 
 runner = CliRunner()
 

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from rollmesh.mesh.chat import Message, ToolCall
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.verifier import Response
-from rollmesh.verifier.bridges.openenv_env import (
-    OpenEnvConfig,
-    action_plan,
-    listed_tools,
-    mcp_text,
-    observed,
-    turn_action,
-)
-from rollmesh.verifier.errors import ActionNotBuildable, EnvServerBadReply
+from rollmesh.verifier.bridges.openenv_env import OpenEnvConfig
+from rollmesh.verifier.bridges.openenv_env import action_plan
+from rollmesh.verifier.bridges.openenv_env import listed_tools
+from rollmesh.verifier.bridges.openenv_env import mcp_text
+from rollmesh.verifier.bridges.openenv_env import observed
+from rollmesh.verifier.bridges.openenv_env import turn_action
+from rollmesh.verifier.errors import ActionNotBuildable
+from rollmesh.verifier.errors import EnvServerBadReply
 
 METADATA = {"additionalProperties": True, "type": "object", "title": "Metadata"}
 #: `openenv init`'s template action (EchoAction): one required string field.

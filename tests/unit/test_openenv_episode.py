@@ -6,7 +6,8 @@ answer, a tool that ends the agent, a verifier that fails mid-episode, rows give
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import pytest
@@ -15,8 +16,13 @@ from rollmesh.mesh.errors import Internal
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.openenv_server import wire
 from rollmesh.openenv_server.episode import Episode
-from rollmesh.openenv_server.errors import BadAction, BadReset, NoEpisode
-from rollmesh.scheduler.drivers.agent_loop import EnvDescription, EnvStep, SessionOpened, ToolResult
+from rollmesh.openenv_server.errors import BadAction
+from rollmesh.openenv_server.errors import BadReset
+from rollmesh.openenv_server.errors import NoEpisode
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import EnvStep
+from rollmesh.scheduler.drivers.agent_loop import SessionOpened
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
 from rollmesh.scheduler.errors import NoPrompt
 
 Json = dict[str, Any]

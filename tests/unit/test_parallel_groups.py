@@ -5,7 +5,8 @@ groups get from the workers to the controller's scheduler (a file per worker).""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from rollmesh.scheduler.drivers.agent_loop import GenerateCall
-from rollmesh.scheduler.remote import SERVICE_CALL_S, GatewayModel, VerifierEnv
-from rollmesh_client.v1 import common_pb2, gateway_pb2, verifier_pb2
+from rollmesh.scheduler.remote import SERVICE_CALL_S
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import verifier_pb2
 
 
 class _Recorder:

@@ -11,8 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
-from rollmesh.procedural import GeneratorSpec, InvalidGeneratorSpec, ProceduralSpec, UnknownGenerator
-from rollmesh.procedural.rows import SOURCE_FIELD, generate_rows, rebuild_entry
+from rollmesh.procedural import GeneratorSpec
+from rollmesh.procedural import InvalidGeneratorSpec
+from rollmesh.procedural import ProceduralSpec
+from rollmesh.procedural import UnknownGenerator
+from rollmesh.procedural.rows import SOURCE_FIELD
+from rollmesh.procedural.rows import generate_rows
+from rollmesh.procedural.rows import rebuild_entry
 from rollmesh.procedural.spec import parse_generator_arg
 
 MIX = ProceduralSpec(

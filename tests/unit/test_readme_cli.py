@@ -115,7 +115,8 @@ def test_the_job_state_exit_codes_are_the_clis() -> None:
 
 @pytest.mark.parametrize("doc", ["README.md", "DESIGN.md"])
 def test_the_default_ports_are_the_configs(doc: str) -> None:
-    from rollmesh.mesh.config import DEFAULT_PORTS, OPENAI_HTTP_PORT
+    from rollmesh.mesh.config import DEFAULT_PORTS
+    from rollmesh.mesh.config import OPENAI_HTTP_PORT
 
     text = " ".join((REPO / doc).read_text().split())
     expected = ", ".join(f"{s} {p}" for s, p in DEFAULT_PORTS.items())

@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 import reasoning_gym
 
-from rollmesh.procedural import GeneratorSpec, ProceduralSpec
-from rollmesh.procedural.rows import NOT_JSON_SAFE, SOURCE_FIELD, generate_rows, known_generators
+from rollmesh.procedural import GeneratorSpec
+from rollmesh.procedural import ProceduralSpec
+from rollmesh.procedural.rows import NOT_JSON_SAFE
+from rollmesh.procedural.rows import SOURCE_FIELD
+from rollmesh.procedural.rows import generate_rows
+from rollmesh.procedural.rows import known_generators
 from rollmesh.procedural.scoring import score
 
 GENERATORS = known_generators()

@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 
 from rollmesh.mesh.responses_items import response_messages
-from rollmesh.procedural import GeneratorSpec, ProceduralSpec
+from rollmesh.procedural import GeneratorSpec
+from rollmesh.procedural import ProceduralSpec
 from rollmesh.procedural.rows import generate_rows
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, Task
-from rollmesh.verifier.testing import check, load_env
+from rollmesh.verifier import Response
+from rollmesh.verifier import Task
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
 
 ENV = BUILTIN_ROOT / "environments" / "reasoning_gym"
 

@@ -10,17 +10,15 @@ import pytest
 
 from rollmesh.mesh.config import parse_bool
 from rollmesh.mesh.errors import ConfigError
-from rollmesh.registry import (
-    ArtifactCollision,
-    ArtifactNotFound,
-    BadArtifactName,
-    Catalog,
-    Kind,
-    RootsConfig,
-    UnknownKind,
-    install_sys_path,
-    ordered_roots,
-)
+from rollmesh.registry import ArtifactCollision
+from rollmesh.registry import ArtifactNotFound
+from rollmesh.registry import BadArtifactName
+from rollmesh.registry import Catalog
+from rollmesh.registry import Kind
+from rollmesh.registry import RootsConfig
+from rollmesh.registry import UnknownKind
+from rollmesh.registry import install_sys_path
+from rollmesh.registry import ordered_roots
 
 
 def make_root(base: Path, name: str, files: dict[str, str]) -> Path:

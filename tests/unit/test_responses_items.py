@@ -4,23 +4,25 @@ rollouts and on hand-made turns."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai.types.responses import (
-    EasyInputMessage,
-    Response,
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseReasoningItem,
-)
+from openai.types.responses import EasyInputMessage
+from openai.types.responses import Response
+from openai.types.responses import ResponseFunctionToolCall
+from openai.types.responses import ResponseOutputMessage
+from openai.types.responses import ResponseReasoningItem
 from openai.types.responses.response_input_item import FunctionCallOutput
 from pydantic import BaseModel
 
 from rollmesh.mesh import responses_items as ri
-from rollmesh.mesh.chat import Message, ToolCall, message_from_pb, message_to_pb
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.chat import message_from_pb
+from rollmesh.mesh.chat import message_to_pb
 
 
 def verified_view(items: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -262,7 +264,8 @@ def test_items_from_chat_are_the_message_path_items(chat: list[dict[str, Any]]) 
 @pytest.mark.parametrize("chat", _CHATS)
 def test_a_chat_dict_sent_and_read_as_protobuf_is_the_message_paths(chat: list[dict[str, Any]]) -> None:
     # The scheduler's requests (no Message objects) carry the same bytes as the path through them.
-    from rollmesh.mesh.chat import openai_message_from_pb, openai_message_to_pb
+    from rollmesh.mesh.chat import openai_message_from_pb
+    from rollmesh.mesh.chat import openai_message_to_pb
 
     for m in chat:
         fast, slow = openai_message_to_pb(m), message_to_pb(Message.from_openai(m))

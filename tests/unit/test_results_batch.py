@@ -7,9 +7,16 @@ import pytest
 
 from rollmesh.scheduler import convert
 from rollmesh.scheduler.drivers.agent_loop import Turn
-from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 from rollmesh.scheduler.tokens import build_token_record
-from rollmesh_client.trainer import TrainerRollout, collate, grpo_advantages, parse_version, verl_view
+from rollmesh_client.trainer import TrainerRollout
+from rollmesh_client.trainer import collate
+from rollmesh_client.trainer import grpo_advantages
+from rollmesh_client.trainer import parse_version
+from rollmesh_client.trainer import verl_view
 
 
 def tr(

@@ -6,12 +6,17 @@ import asyncio
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
+from typer.testing import Result
 
 from rollmesh.cli import build_app
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.sinks.jsonl import JsonlSink
-from rollmesh.scheduler.store import FAILURES, METRICS, ROLLOUTS
+from rollmesh.scheduler.store import FAILURES
+from rollmesh.scheduler.store import METRICS
+from rollmesh.scheduler.store import ROLLOUTS
 
 runner = CliRunner()
 

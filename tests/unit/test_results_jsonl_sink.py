@@ -11,19 +11,23 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from rollmesh.scheduler.errors import CorruptSinkFile, DuplicateRollout, SinkClosed
+from rollmesh.scheduler.errors import CorruptSinkFile
+from rollmesh.scheduler.errors import DuplicateRollout
+from rollmesh.scheduler.errors import SinkClosed
 from rollmesh.scheduler.metrics import compute
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 from rollmesh.scheduler.sinks.jsonl import JsonlSink
-from rollmesh.scheduler.store import (
-    FAILURES,
-    FAILURES_RETRIED,
-    METRICS,
-    ROLLOUTS,
-    job_dir,
-    load_scored,
-    repair_torn_tail,
-)
+from rollmesh.scheduler.store import FAILURES
+from rollmesh.scheduler.store import FAILURES_RETRIED
+from rollmesh.scheduler.store import METRICS
+from rollmesh.scheduler.store import ROLLOUTS
+from rollmesh.scheduler.store import job_dir
+from rollmesh.scheduler.store import load_scored
+from rollmesh.scheduler.store import repair_torn_tail
 from rollmesh.scheduler.timing import RolloutTiming
 from tests.exactly_once import check_exactly_once
 

@@ -7,17 +7,17 @@ import math
 import pytest
 
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.metrics import (
-    Metrics,
-    compute,
-    default_k_values,
-    group_of,
-    group_profile,
-    majority_correct,
-    pass_at_k,
-    task_profile,
-)
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.metrics import Metrics
+from rollmesh.scheduler.metrics import compute
+from rollmesh.scheduler.metrics import default_k_values
+from rollmesh.scheduler.metrics import group_of
+from rollmesh.scheduler.metrics import group_profile
+from rollmesh.scheduler.metrics import majority_correct
+from rollmesh.scheduler.metrics import pass_at_k
+from rollmesh.scheduler.metrics import task_profile
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
 
 
 def ro(
@@ -183,7 +183,8 @@ def test_a_packed_summary_unpacks_to_the_same_and_holds_no_object_the_collector_
     import gc
 
     from rollmesh.scheduler.metrics import Scored
-    from rollmesh.scheduler.records import TokenRecord, TurnSpan
+    from rollmesh.scheduler.records import TokenRecord
+    from rollmesh.scheduler.records import TurnSpan
     from rollmesh.scheduler.timing import RolloutTiming
 
     r = Rollout(

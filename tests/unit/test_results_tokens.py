@@ -13,8 +13,13 @@ from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
 from rollmesh.scheduler.errors import TokenRecordMismatch
-from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
-from rollmesh.scheduler.tokens import build_token_record, validate_rollout, validate_token_record
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
+from rollmesh.scheduler.tokens import build_token_record
+from rollmesh.scheduler.tokens import validate_rollout
+from rollmesh.scheduler.tokens import validate_token_record
 
 
 @dataclass(frozen=True)

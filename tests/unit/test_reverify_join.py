@@ -62,11 +62,15 @@ async def test_a_replay_the_verifier_cannot_answer_ends_the_run_not_the_row(hang
     """Replay (reverify of an environment that takes turns): an unreachable verifier is
     VerifierUnavailable and one that answers nothing within the idle timeout ReverifyTimeout; both
     end the run (they are RollmeshErrors, which a row's own failure is caught as)."""
-    from typing import Any, cast
+    from typing import Any
+    from typing import cast
 
-    from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
-    from rollmesh.commands._reverify import ReverifyReport, _replay_all
-    from rollmesh.scheduler.records import Rollout, RolloutKey
+    from rollmesh.commands._errors import ReverifyTimeout
+    from rollmesh.commands._errors import VerifierUnavailable
+    from rollmesh.commands._reverify import ReverifyReport
+    from rollmesh.commands._reverify import _replay_all
+    from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.records import RolloutKey
 
     row = Rollout(
         RolloutKey(0, 0), "job1", task("hi"), [{"role": "assistant", "content": "hello"}], 1.0

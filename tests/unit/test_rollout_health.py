@@ -14,13 +14,20 @@ from typing import Any
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.health import findings, repeats
-from rollmesh.scheduler.manager import JobManager, JobRecord
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.health import findings
+from rollmesh.scheduler.health import repeats
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.spec import JobSpec
 from rollmesh.scheduler.store import METRICS
 from rollmesh_client.v1 import gateway_pb2
-from tests.fakes import LocalEnv, LocalModel, Rows, solve
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import Rows
+from tests.fakes import solve
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 LOOP = "The answer is 4. " * 12
@@ -118,7 +125,8 @@ def test_a_rows_findings_come_from_its_turns_in_each_row_format() -> None:
     from rollmesh.mesh.chat import Message
     from rollmesh.mesh.responses_items import items_from_messages
     from rollmesh.scheduler.health import of_row
-    from rollmesh.scheduler.records import Rollout, RolloutKey
+    from rollmesh.scheduler.records import Rollout
+    from rollmesh.scheduler.records import RolloutKey
 
     turns = [_assistant("", [_call("c1")]), _assistant("")]  # a call never answered, an empty turn
     want = {"empty_turn": 2, "unanswered_tool_call": 1, "cut_at_max_tokens": 2}

@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from rollmesh.scheduler.drivers.agent_loop import (
-    AgentSettings,
-    input_messages,
-    row_sampling,
-    row_tools,
-    run_agent,
-)
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import input_messages
+from rollmesh.scheduler.drivers.agent_loop import row_sampling
+from rollmesh.scheduler.drivers.agent_loop import row_tools
+from rollmesh.scheduler.drivers.agent_loop import run_agent
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.tokens import build_token_record
-from tests.fakes import LocalEnv, LocalModel, counter_tool_script
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import counter_tool_script
 
 
 def _task(q: str, expected: str, **params: object) -> dict[str, object]:

@@ -10,13 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.deadline import AdaptiveDeadline
 from rollmesh.scheduler.engine import JobRun
 from rollmesh.scheduler.errors import ModelCallDeadline
 from rollmesh.scheduler.plan import build_plan
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

@@ -11,15 +11,24 @@ import grpc
 import pytest
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.concurrency import Limiter
-from rollmesh.scheduler.engine import Hooks, JobRun
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.records import RolloutKey
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
-from rollmesh_client import InvalidArgumentError, UnavailableError
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows, SlowSink
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import UnavailableError
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
+from tests.fakes import SlowSink
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

@@ -10,14 +10,24 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.drivers.agent_loop import EnvDescription, GroupMember
-from rollmesh.scheduler.engine import Hooks, JobRun, RunResult
-from rollmesh.scheduler.errors import BadReward, MalformedDatasetRow
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import GroupMember
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
+from rollmesh.scheduler.engine import RunResult
+from rollmesh.scheduler.errors import BadReward
+from rollmesh.scheduler.errors import MalformedDatasetRow
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.records import RolloutKey
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

@@ -11,14 +11,27 @@ import typer
 
 from rollmesh.commands._exit import exit_code_for
 from rollmesh.commands._jobs import parse_allowed_failures
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.engine import Hooks, JobRun
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.outcome import FailFast, FailureTally, failure_bound, final_state
+from rollmesh.scheduler.outcome import FailFast
+from rollmesh.scheduler.outcome import FailureTally
+from rollmesh.scheduler.outcome import failure_bound
+from rollmesh.scheduler.outcome import final_state
 from rollmesh.scheduler.plan import build_plan
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
-from rollmesh_client import InvalidArgumentError, NotFoundError, UnauthenticatedError, UnavailableError
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import NotFoundError
+from rollmesh_client import UnauthenticatedError
+from rollmesh_client import UnavailableError
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

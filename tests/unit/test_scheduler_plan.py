@@ -12,9 +12,16 @@ import grpc
 import pytest
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.plan import build_plan, load_rows, select_tasks
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy, SinkConfig, validate
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.plan import build_plan
+from rollmesh.scheduler.plan import load_rows
+from rollmesh.scheduler.plan import select_tasks
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh.scheduler.spec import SinkConfig
+from rollmesh.scheduler.spec import validate
 from tests.fakes import Rows
 
 

@@ -10,13 +10,22 @@ from typing import Any
 import pytest
 
 from rollmesh.mesh import errors as mesh_errors
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.engine import Hooks, JobRun
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.retry import Outages
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy
-from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Watchdog
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh.scheduler.watchdog import GATEWAY
+from rollmesh.scheduler.watchdog import VERIFIER
+from rollmesh.scheduler.watchdog import Watchdog
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

@@ -11,15 +11,27 @@ from typing import Any
 import pytest
 
 from rollmesh.mesh.errors import InvalidArgument
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
-from rollmesh.scheduler.engine import Hooks, JobRun
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
 from rollmesh.scheduler.errors import InvalidJobSpec
-from rollmesh.scheduler.plan import Plan, build_plan
+from rollmesh.scheduler.plan import Plan
+from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.records import RolloutKey
-from rollmesh.scheduler.refill import Group, Refill, group_keys, replacement_bound
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy, validate
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh.scheduler.refill import Group
+from rollmesh.scheduler.refill import Refill
+from rollmesh.scheduler.refill import group_keys
+from rollmesh.scheduler.refill import replacement_bound
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh.scheduler.spec import validate
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 N = 2  # rollouts per group

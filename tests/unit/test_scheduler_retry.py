@@ -5,11 +5,18 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from rollmesh.mesh.errors import InvalidArgument, ResourceExhausted, Unavailable
-from rollmesh.scheduler.errors import RolloutFailed, TokenRecordMismatch
-from rollmesh.scheduler.retry import Backoff, classify, with_retry
+from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.errors import ResourceExhausted
+from rollmesh.mesh.errors import Unavailable
+from rollmesh.scheduler.errors import RolloutFailed
+from rollmesh.scheduler.errors import TokenRecordMismatch
+from rollmesh.scheduler.retry import Backoff
+from rollmesh.scheduler.retry import classify
+from rollmesh.scheduler.retry import with_retry
 from rollmesh.scheduler.spec import RetryPolicy
-from rollmesh_client import InvalidArgumentError, ResourceExhaustedError, UnavailableError
+from rollmesh_client import InvalidArgumentError
+from rollmesh_client import ResourceExhaustedError
+from rollmesh_client import UnavailableError
 
 
 def test_classify_codes() -> None:

@@ -7,10 +7,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.spec import JobSpec
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

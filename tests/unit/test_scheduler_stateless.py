@@ -6,12 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.drivers.agent_loop import AgentSettings, EnvDescription, run_agent
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import run_agent
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.spec import JobSpec
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

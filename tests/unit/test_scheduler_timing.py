@@ -12,16 +12,26 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rollmesh.cli import build_app
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
-from rollmesh.scheduler.engine import Hooks, JobRun
-from rollmesh.scheduler.manager import JobManager, JobRecord
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.metrics import compute
 from rollmesh.scheduler.plan import build_plan
 from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.spec import JobSpec
 from rollmesh.scheduler.store import METRICS
-from rollmesh.scheduler.timing import Reservoir, RolloutTiming, summary
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows, counter_tool_script
+from rollmesh.scheduler.timing import Reservoir
+from rollmesh.scheduler.timing import RolloutTiming
+from rollmesh.scheduler.timing import summary
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
+from tests.fakes import counter_tool_script
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 TURN_S = 0.02  # the fake model's latency per turn

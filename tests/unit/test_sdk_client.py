@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rollmesh_client import (
-    Client,
-    GatewayClient,
-    RegistryClient,
-    SchedulerClient,
-    VerifierClient,
-    aio_channel,
-)
+from rollmesh_client import Client
+from rollmesh_client import GatewayClient
+from rollmesh_client import RegistryClient
+from rollmesh_client import SchedulerClient
+from rollmesh_client import VerifierClient
+from rollmesh_client import aio_channel
 
 ADDRESSES = {s: f"127.0.0.1:{1 + i}" for i, s in enumerate(("registry", "verifier", "gateway", "scheduler"))}
 

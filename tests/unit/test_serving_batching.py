@@ -7,9 +7,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from rollmesh.gateway.backends.base import EngineChunk, Sampling
-from rollmesh.serving.batching import Batcher, BatchItem, BatchReport, run_batch
-from rollmesh.serving.errors import BatchItemFailed, RequestRejected
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import Sampling
+from rollmesh.serving.batching import Batcher
+from rollmesh.serving.batching import BatchItem
+from rollmesh.serving.batching import BatchReport
+from rollmesh.serving.batching import run_batch
+from rollmesh.serving.errors import BatchItemFailed
+from rollmesh.serving.errors import RequestRejected
 
 pytestmark = pytest.mark.asyncio
 

@@ -6,7 +6,8 @@ import pytest
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.deployment import engine_kwargs, replica_env
+from rollmesh.serving.deployment import engine_kwargs
+from rollmesh.serving.deployment import replica_env
 
 
 def test_from_env_reads_serving_variables_and_overrides_win() -> None:
@@ -81,7 +82,8 @@ def test_placement_and_engine() -> None:
 
 
 def test_build_app_places_and_picks_the_replica_class() -> None:
-    from rollmesh.serving.deployment import VLLMReplica, build_app
+    from rollmesh.serving.deployment import VLLMReplica
+    from rollmesh.serving.deployment import build_app
     from rollmesh.serving.fake_replica import FakeReplica
 
     spread = build_app(ServingConfig(model_path="/m", replicas=3, replicas_per_node=1, engine="fake"))

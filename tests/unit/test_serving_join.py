@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.serving.errors import RayAuthFailed, RayNotANode, RayUnreachable, RayVersionMismatch
-from rollmesh.serving.join import (
-    connect_error,
-    driver_on_node,
-    enable_token_auth,
-    host_port,
-    token_source,
-    wait_reachable,
-)
+from rollmesh.serving.errors import RayAuthFailed
+from rollmesh.serving.errors import RayNotANode
+from rollmesh.serving.errors import RayUnreachable
+from rollmesh.serving.errors import RayVersionMismatch
+from rollmesh.serving.join import connect_error
+from rollmesh.serving.join import driver_on_node
+from rollmesh.serving.join import enable_token_auth
+from rollmesh.serving.join import host_port
+from rollmesh.serving.join import token_source
+from rollmesh.serving.join import wait_reachable
 
 
 def test_token_found_where_ray_documents_it(tmp_path: Path) -> None:

@@ -13,7 +13,11 @@ import pytest
 from rollmesh.registry import BUILTIN_ROOT
 from rollmesh.verifier import BadTask
 from rollmesh.verifier.environment import Task
-from rollmesh.verifier.testing import answer, call, check, load_env, seeded
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import call
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import seeded
 
 SESSION_STATE = BUILTIN_ROOT / "environments" / "session_state"
 

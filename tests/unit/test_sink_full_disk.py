@@ -22,17 +22,26 @@ from typing import Any
 import grpc
 import pytest
 
-from rollmesh.registry import BUILTIN_ROOT, Catalog, Root
+from rollmesh.registry import BUILTIN_ROOT
+from rollmesh.registry import Catalog
+from rollmesh.registry import Root
 from rollmesh.scheduler import store
 from rollmesh.scheduler.errors import SinkWriteFailed
 from rollmesh.scheduler.job_convert import job_to_pb
-from rollmesh.scheduler.manager import JobManager, JobRecord
+from rollmesh.scheduler.manager import JobManager
+from rollmesh.scheduler.manager import JobRecord
 from rollmesh.scheduler.plan import Plan
-from rollmesh.scheduler.records import Rollout, RolloutKey
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.sinks.jsonl import JsonlSink
-from rollmesh.scheduler.spec import JobSpec, SinkConfig
-from tests.exactly_once import check_exactly_once, expected_keys
-from tests.fakes import LocalEnv, LocalModel, MemorySink, Rows
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import SinkConfig
+from tests.exactly_once import check_exactly_once
+from tests.exactly_once import expected_keys
+from tests.fakes import LocalEnv
+from tests.fakes import LocalModel
+from tests.fakes import MemorySink
+from tests.fakes import Rows
 
 CATALOG = Catalog([Root(BUILTIN_ROOT, 0, "root")])
 

@@ -11,11 +11,20 @@ from types import SimpleNamespace
 import pytest
 
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.records import Rollout, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 from rollmesh_client.trainer import TrainerRollout
-from rollmesh_client.trl import RollmeshRollouts, failed_sample, row_prompt, trl_sample
-from rollmesh_client.trl._rollout_func import _runs, _sampling, push_due
-from rollmesh_client.trl._samples import RowIndex, prompt_key
+from rollmesh_client.trl import RollmeshRollouts
+from rollmesh_client.trl import failed_sample
+from rollmesh_client.trl import row_prompt
+from rollmesh_client.trl import trl_sample
+from rollmesh_client.trl._rollout_func import _runs
+from rollmesh_client.trl._rollout_func import _sampling
+from rollmesh_client.trl._rollout_func import push_due
+from rollmesh_client.trl._samples import RowIndex
+from rollmesh_client.trl._samples import prompt_key
 
 
 def rollout(

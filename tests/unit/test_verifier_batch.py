@@ -13,10 +13,18 @@ from typing import ClassVar
 import grpc
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.mesh.multiplex import Item, run_multiplexed_batches
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
-from rollmesh.verifier.loader import Discovery, Loaded
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.mesh.multiplex import Item
+from rollmesh.mesh.multiplex import run_multiplexed_batches
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.servicer import VerifierServicer
 from rollmesh.verifier.workers import WorkerPool
 from rollmesh_client.v1 import verifier_pb2 as pb

@@ -6,16 +6,27 @@ rollout alone, or without members, is BAD_GROUP."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
+from typing import ClassVar
 
 import pytest
 
 from rollmesh.mesh.errors import Internal
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
 from rollmesh.verifier.environment import EnvContext
-from rollmesh.verifier.errors import BadGroup, GroupScored
-from rollmesh.verifier.loader import Discovery, Loaded
-from rollmesh.verifier.service import GroupCall, GroupMember, VerifierService, VerifyCall
+from rollmesh.verifier.errors import BadGroup
+from rollmesh.verifier.errors import GroupScored
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
+from rollmesh.verifier.service import GroupCall
+from rollmesh.verifier.service import GroupMember
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.workers import WorkerPool
 
 

@@ -12,15 +12,25 @@ import grpc
 import pytest
 
 from rollmesh.mesh.errors import Internal
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.errors import ArtifactCollision
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Environment, Response, Session, Task, VerifierConfig, VerifyResult, tool
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier import tool
 from rollmesh.verifier.bridges import kinds
-from rollmesh.verifier.environment import infer_parameters, schema_errors
-from rollmesh.verifier.errors import EnvironmentBroken, EnvironmentNotFound
+from rollmesh.verifier.environment import infer_parameters
+from rollmesh.verifier.environment import schema_errors
+from rollmesh.verifier.errors import EnvironmentBroken
+from rollmesh.verifier.errors import EnvironmentNotFound
 from rollmesh.verifier.loader import module_name_for
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 
 PLUGIN = '''
 from rollmesh.verifier import Environment, Response, Session, Task, VerifyResult, tool

@@ -7,16 +7,29 @@ from __future__ import annotations
 
 import ast
 import json
-from collections import Counter, OrderedDict, defaultdict, namedtuple
+from collections import Counter
+from collections import OrderedDict
+from collections import defaultdict
+from collections import namedtuple
 from typing import Any
 
 import pytest
 
-from rollmesh.verifier.errors import BadValue, ChannelBroken
-from rollmesh.verifier.sandbox._clean_runner import _instrument, _names_of, _pytest_style
-from rollmesh.verifier.sandbox._sandbox_runner import decode_loose, encode
-from rollmesh.verifier.sandbox.checks import names_used, plain_names, replain, unverifiable_case
-from rollmesh.verifier.sandbox.values import Ref, Shaped, decode_value, parse_frame
+from rollmesh.verifier.errors import BadValue
+from rollmesh.verifier.errors import ChannelBroken
+from rollmesh.verifier.sandbox._clean_runner import _instrument
+from rollmesh.verifier.sandbox._clean_runner import _names_of
+from rollmesh.verifier.sandbox._clean_runner import _pytest_style
+from rollmesh.verifier.sandbox._sandbox_runner import decode_loose
+from rollmesh.verifier.sandbox._sandbox_runner import encode
+from rollmesh.verifier.sandbox.checks import names_used
+from rollmesh.verifier.sandbox.checks import plain_names
+from rollmesh.verifier.sandbox.checks import replain
+from rollmesh.verifier.sandbox.checks import unverifiable_case
+from rollmesh.verifier.sandbox.values import Ref
+from rollmesh.verifier.sandbox.values import Shaped
+from rollmesh.verifier.sandbox.values import decode_value
+from rollmesh.verifier.sandbox.values import parse_frame
 
 
 @pytest.mark.parametrize(

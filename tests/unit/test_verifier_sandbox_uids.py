@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from rollmesh.mesh.uids import SANDBOX_UIDS, UidPool
+from rollmesh.mesh.uids import SANDBOX_UIDS
+from rollmesh.mesh.uids import UidPool
 
 
 @pytest.fixture(autouse=True)

@@ -10,17 +10,21 @@ from pathlib import Path
 import grpc
 import pytest
 
-from rollmesh.registry import Catalog, RootsConfig
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
 from rollmesh.registry.roots import BUILTIN_ROOT
-from rollmesh.verifier import Response, Session, Task, ToolCall, VerifierConfig
-from rollmesh.verifier.errors import (
-    SessionExists,
-    SessionMismatch,
-    SessionNotFound,
-    ToolNotFound,
-    TooManySessions,
-)
-from rollmesh.verifier.service import VerifierService, VerifyCall
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import ToolCall
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier.errors import SessionExists
+from rollmesh.verifier.errors import SessionMismatch
+from rollmesh.verifier.errors import SessionNotFound
+from rollmesh.verifier.errors import ToolNotFound
+from rollmesh.verifier.errors import TooManySessions
+from rollmesh.verifier.service import VerifierService
+from rollmesh.verifier.service import VerifyCall
 from rollmesh.verifier.sessions import SessionStore
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollmesh.verifier import Environment, EnvTurn, Response, Session, Task, VerifyResult, tool
+from rollmesh.verifier import Environment
+from rollmesh.verifier import EnvTurn
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier import tool
 from rollmesh.verifier.service import is_stateless
 
 

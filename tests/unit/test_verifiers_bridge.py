@@ -10,7 +10,10 @@ import pytest
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.verifier import VerifierConfig
-from rollmesh.verifier.bridges.verifiers_env import LAUNCHER, LAUNCHER_V1, VerifiersConfig, score_result
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER
+from rollmesh.verifier.bridges.verifiers_env import LAUNCHER_V1
+from rollmesh.verifier.bridges.verifiers_env import VerifiersConfig
+from rollmesh.verifier.bridges.verifiers_env import score_result
 from rollmesh.verifier.config import facade_url
 from rollmesh.verifier.errors import EnvServerBadReply
 

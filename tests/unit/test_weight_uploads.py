@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.gateway.errors import UploadInvalid, UploadTooLarge
-from rollmesh.gateway.uploads import UploadPiece, WeightUploads
+from rollmesh.gateway.errors import UploadInvalid
+from rollmesh.gateway.errors import UploadTooLarge
+from rollmesh.gateway.uploads import UploadPiece
+from rollmesh.gateway.uploads import WeightUploads
 
 
 def sha(data: bytes) -> str:

@@ -9,7 +9,10 @@ import pytest
 
 from rollmesh.serving import weights_record
 from rollmesh.serving.errors import WeightsDrift
-from rollmesh.serving.weights_record import INITIAL_WEIGHTS_ID, ReplicaWeights, WeightsRecord, WeightsRef
+from rollmesh.serving.weights_record import INITIAL_WEIGHTS_ID
+from rollmesh.serving.weights_record import ReplicaWeights
+from rollmesh.serving.weights_record import WeightsRecord
+from rollmesh.serving.weights_record import WeightsRef
 
 APP = "app-1"
 NEW = WeightsRef("w2", "/ckpt/step-2", "2")

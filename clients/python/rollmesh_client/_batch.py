@@ -8,7 +8,8 @@ left-padded prompt and a right-padded response, the shape verl's DataProto uses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import numpy as np
 import numpy.typing as npt

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from types import TracebackType
-from typing import Generic, TypeVar, overload
+from typing import Generic
+from typing import TypeVar
+from typing import overload
 
 import grpc
 
-from rollmesh_client._base import UNAVAILABLE_RETRY_S, ServiceClient
+from rollmesh_client._base import UNAVAILABLE_RETRY_S
+from rollmesh_client._base import ServiceClient
 from rollmesh_client._channel import aio_channel
 from rollmesh_client._gateway import GatewayClient
 from rollmesh_client._registry import RegistryClient

@@ -7,10 +7,12 @@ inside a message (the per-item errors of VerifyBatch).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
+from typing import ClassVar
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import Literal
 
 from rollmesh_client._base import ServiceClient
-from rollmesh_client._errors import RollmeshClientError, from_status
-from rollmesh_client._streams import Answers, IdPairs, Multiplexed, call_many
-from rollmesh_client._weights_upload import (
-    CHUNK_BYTES,
-    FileSource,
-    folder_files,
-    state_dict_bytes,
-    upload_requests,
-)
+from rollmesh_client._errors import RollmeshClientError
+from rollmesh_client._errors import from_status
+from rollmesh_client._streams import Answers
+from rollmesh_client._streams import IdPairs
+from rollmesh_client._streams import Multiplexed
+from rollmesh_client._streams import call_many
+from rollmesh_client._weights_upload import CHUNK_BYTES
+from rollmesh_client._weights_upload import FileSource
+from rollmesh_client._weights_upload import folder_files
+from rollmesh_client._weights_upload import state_dict_bytes
+from rollmesh_client._weights_upload import upload_requests
 from rollmesh_client.v1 import common_pb2 as cpb
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc

@@ -7,7 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 Key = tuple[int, int]
 

@@ -11,7 +11,8 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
-from rollmesh_client._base import ServiceClient, UnavailableRetry
+from rollmesh_client._base import ServiceClient
+from rollmesh_client._base import UnavailableRetry
 from rollmesh_client._errors import UnavailableError
 from rollmesh_client.v1 import scheduler_pb2 as pb
 from rollmesh_client.v1 import scheduler_pb2_grpc as pb_grpc

@@ -38,20 +38,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
+from typing import Generic
+from typing import TypeVar
 
 import grpc
 
-from rollmesh_client._channel import MAX_MESSAGE_ENV, max_message_bytes
-from rollmesh_client._errors import (
-    DeadlineExceededError,
-    InvalidArgumentError,
-    RollmeshClientError,
-    UnavailableError,
-    from_grpc_error,
-)
+from rollmesh_client._channel import MAX_MESSAGE_ENV
+from rollmesh_client._channel import max_message_bytes
+from rollmesh_client._errors import DeadlineExceededError
+from rollmesh_client._errors import InvalidArgumentError
+from rollmesh_client._errors import RollmeshClientError
+from rollmesh_client._errors import UnavailableError
+from rollmesh_client._errors import from_grpc_error
 
 _PROBE_TIMEOUT_S = 30.0
 _BROKEN_TRANSPORT = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}

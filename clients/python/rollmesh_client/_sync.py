@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 from rollmesh_client._client import Client
 

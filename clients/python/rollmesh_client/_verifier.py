@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from rollmesh_client._base import ServiceClient
-from rollmesh_client._errors import RollmeshClientError, from_status
-from rollmesh_client._streams import Answers, IdPairs, Multiplexed, call_many, id_pairs
+from rollmesh_client._errors import RollmeshClientError
+from rollmesh_client._errors import from_status
+from rollmesh_client._streams import Answers
+from rollmesh_client._streams import IdPairs
+from rollmesh_client._streams import Multiplexed
+from rollmesh_client._streams import call_many
+from rollmesh_client._streams import id_pairs
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
 from rollmesh_client.v1 import verifier_pb2_grpc as pb_grpc

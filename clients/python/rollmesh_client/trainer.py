@@ -56,19 +56,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from types import TracebackType
 from typing import Literal
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
 from rollmesh_client._auth import BearerAuthInterceptor
-from rollmesh_client._batch import RolloutBatch, collate, grpo_advantages, verl_view
-from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
-from rollmesh_client._rollout import Key, TrainerRollout, parse_version
-from rollmesh_client.v1 import common_pb2, scheduler_pb2, sink_pb2, sink_pb2_grpc
+from rollmesh_client._batch import RolloutBatch
+from rollmesh_client._batch import collate
+from rollmesh_client._batch import grpo_advantages
+from rollmesh_client._batch import verl_view
+from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS
+from rollmesh_client._channel import message_limit_options
+from rollmesh_client._rollout import Key
+from rollmesh_client._rollout import TrainerRollout
+from rollmesh_client._rollout import parse_version
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
+from rollmesh_client.v1 import sink_pb2
+from rollmesh_client.v1 import sink_pb2_grpc
 
 __all__ = [
     "RolloutBatch",

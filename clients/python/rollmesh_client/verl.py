@@ -33,17 +33,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import (
-    AgentLoopBase,
-    AgentLoopMetrics,
-    AgentLoopOutput,
-    register,
-)
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import register
 
 from rollmesh_client._client import Client
 from rollmesh_client._rollout import TrainerRollout
 from rollmesh_client.trl._samples import as_rollmesh_row
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 
 class RollmeshRolloutFailed(RuntimeError):

@@ -6,14 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from collections.abc import Coroutine
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from typing import Annotated
+from typing import Any
+from typing import NoReturn
+from typing import TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
+from rollmesh.commands._exit import EXIT_ERROR
+from rollmesh.commands._exit import EXIT_INTERRUPTED
+from rollmesh.commands._exit import EXIT_USAGE
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -84,7 +91,8 @@ async def connect(*, api_key: str = "", timeout_s: float | None = 60.0, **addres
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run one coroutine; known errors become one line on stderr and an exit code, never a traceback."""
-    from rollmesh.mesh.errors import ConfigError, RollmeshError
+    from rollmesh.mesh.errors import ConfigError
+    from rollmesh.mesh.errors import RollmeshError
     from rollmesh_client import RollmeshClientError
 
     try:

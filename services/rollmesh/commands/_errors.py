@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rollmesh.mesh.errors import DeadlineExceeded, Unavailable
+from rollmesh.mesh.errors import DeadlineExceeded
+from rollmesh.mesh.errors import Unavailable
 
 if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb

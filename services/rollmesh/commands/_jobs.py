@@ -18,15 +18,22 @@ import signal
 import time
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import as_dict, err, print_table
+from rollmesh.commands._common import as_dict
+from rollmesh.commands._common import err
+from rollmesh.commands._common import print_table
 from rollmesh.commands._errors import SchedulerLost
-from rollmesh.commands._exit import EXIT_ERROR, EXIT_INTERRUPTED, exit_code_for
+from rollmesh.commands._exit import EXIT_ERROR
+from rollmesh.commands._exit import EXIT_INTERRUPTED
+from rollmesh.commands._exit import exit_code_for
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -299,7 +306,8 @@ def _argv(command: str) -> list[str]:
     """--agent-program's argv as it means here: the command found on this PATH (a pyenv shim: the
     interpreter it runs here, mesh/confine.py `resolve_shim`), and each argument naming an existing
     file made absolute (the scheduler runs the program in a folder of its own, with its own PATH)."""
-    from rollmesh.mesh.confine import ShimUnresolved, resolve_shim
+    from rollmesh.mesh.confine import ShimUnresolved
+    from rollmesh.mesh.confine import resolve_shim
 
     try:
         argv = shlex.split(command)

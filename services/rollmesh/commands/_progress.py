@@ -9,9 +9,12 @@ rather than cuts. What the job waits on, when anything, is a second line.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console
+from rich.console import ConsoleOptions
+from rich.console import RenderResult
 from rich.text import Text
 
 BAR_MIN, BAR_MAX = 10, 40

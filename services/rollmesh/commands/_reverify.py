@@ -33,20 +33,31 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Coroutine
+from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from rollmesh.commands._common import connect
-from rollmesh.commands._errors import ReverifyTimeout, VerifierUnavailable
+from rollmesh.commands._errors import ReverifyTimeout
+from rollmesh.commands._errors import VerifierUnavailable
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.responses_items import messages_from_input
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import convert
-from rollmesh.scheduler.drivers.replay import Replayed, replay
-from rollmesh.scheduler.records import ADDED_FIELDS, Json, Rollout
+from rollmesh.scheduler.drivers.replay import Replayed
+from rollmesh.scheduler.drivers.replay import replay
+from rollmesh.scheduler.records import ADDED_FIELDS
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.remote import VerifierEnv
-from rollmesh_client import DeadlineExceededError, RollmeshClientError, UnavailableError
+from rollmesh_client import DeadlineExceededError
+from rollmesh_client import RollmeshClientError
+from rollmesh_client import UnavailableError
 from rollmesh_client.v1 import verifier_pb2
 
 

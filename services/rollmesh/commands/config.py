@@ -10,7 +10,9 @@ from typing import Any
 
 import typer
 
-from rollmesh.commands._common import JsonOut, print_json, print_table
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
 
 
 def job_defaults() -> list[dict[str, Any]]:

@@ -6,11 +6,15 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
+from typing import Annotated
 
 import typer
 
-from rollmesh.commands._common import JsonOut, err, print_json, run
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import err
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import run
 
 if TYPE_CHECKING:
     from rollmesh.procedural import ProceduralSpec
@@ -47,7 +51,9 @@ def _spec_of(
     from dataclasses import replace
 
     from rollmesh.mesh import untrusted_json
-    from rollmesh.procedural import GeneratorSpec, InvalidGeneratorSpec, ProceduralSpec
+    from rollmesh.procedural import GeneratorSpec
+    from rollmesh.procedural import InvalidGeneratorSpec
+    from rollmesh.procedural import ProceduralSpec
     from rollmesh.procedural.spec import parse_generator_arg
 
     if spec_file and generators:

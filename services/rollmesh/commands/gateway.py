@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import (
-    ApiKey,
-    GatewayAddr,
-    JsonOut,
-    as_dict,
-    connect,
-    print_json,
-    print_table,
-    run,
-)
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import GatewayAddr
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import as_dict
+from rollmesh.commands._common import connect
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
 
 if TYPE_CHECKING:
     from rollmesh_client.v1 import gateway_pb2

@@ -5,12 +5,18 @@ by key. Exit 0 whatever is found: the findings are a report, not a failure."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import JsonOut, err, print_json, print_table, run
-from rollmesh.commands.results import OneFile, rollout_rows
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import err
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
+from rollmesh.commands.results import OneFile
+from rollmesh.commands.results import rollout_rows
 
 
 def health(

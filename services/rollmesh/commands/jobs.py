@@ -4,29 +4,26 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
+from typing import Annotated
 
 import typer
 
-from rollmesh.commands._common import (
-    ApiKey,
-    JsonOut,
-    SchedulerAddr,
-    as_dict,
-    connect,
-    print_json,
-    print_table,
-    run,
-)
-from rollmesh.commands._jobs import (
-    Followed,
-    SpecOptions,
-    build_spec,
-    exit_for_followed,
-    job_command,
-    resume_command,
-    submit_and_follow,
-)
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import SchedulerAddr
+from rollmesh.commands._common import as_dict
+from rollmesh.commands._common import connect
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
+from rollmesh.commands._jobs import Followed
+from rollmesh.commands._jobs import SpecOptions
+from rollmesh.commands._jobs import build_spec
+from rollmesh.commands._jobs import exit_for_followed
+from rollmesh.commands._jobs import job_command
+from rollmesh.commands._jobs import resume_command
+from rollmesh.commands._jobs import submit_and_follow
 
 if TYPE_CHECKING:
     from rollmesh_client.v1 import scheduler_pb2 as pb

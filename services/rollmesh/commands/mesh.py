@@ -9,19 +9,17 @@ from typing import Annotated
 
 import typer
 
-from rollmesh.commands._common import (
-    ApiKey,
-    BaseUrl,
-    GatewayAddr,
-    JsonOut,
-    RegistryAddr,
-    SchedulerAddr,
-    VerifierAddr,
-    fail,
-    print_json,
-    print_table,
-    run,
-)
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import BaseUrl
+from rollmesh.commands._common import GatewayAddr
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import RegistryAddr
+from rollmesh.commands._common import SchedulerAddr
+from rollmesh.commands._common import VerifierAddr
+from rollmesh.commands._common import fail
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
 
 
 def up(
@@ -98,10 +96,12 @@ def up(
     """Start registry, verifier, gateway (with Ray Serve replicas) and scheduler as separate processes,
     stay in the foreground with their logs and restart a service that dies (--restart); Ctrl-C or
     SIGTERM stops them all (a second one kills at once). Exits 1 when a service cannot be kept up."""
-    from rollmesh.launch.processes import Mesh, UpConfig
+    from rollmesh.launch.processes import Mesh
+    from rollmesh.launch.processes import UpConfig
     from rollmesh.launch.restart import RestartPolicy
     from rollmesh.mesh.aio import first_of
-    from rollmesh.mesh.config import DEFAULT_METRICS_PORTS, DEFAULT_PORTS
+    from rollmesh.mesh.config import DEFAULT_METRICS_PORTS
+    from rollmesh.mesh.config import DEFAULT_PORTS
     from rollmesh.mesh.errors import ConfigError
     from rollmesh.mesh.lines import LineWriter
     from rollmesh.mesh.server import refuse_a_taken_port

@@ -6,16 +6,14 @@ from typing import Annotated
 
 import typer
 
-from rollmesh.commands._common import (
-    ApiKey,
-    JsonOut,
-    RegistryAddr,
-    as_dict,
-    connect,
-    print_json,
-    print_table,
-    run,
-)
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import RegistryAddr
+from rollmesh.commands._common import as_dict
+from rollmesh.commands._common import connect
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
 
 artifacts_app = typer.Typer(
     help="List and resolve artifacts (datasets, environments, benchmarks, models ...).", no_args_is_help=True

@@ -15,11 +15,19 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, JsonOut, VerifierAddr, err, fail, print_json, print_table, run
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import VerifierAddr
+from rollmesh.commands._common import err
+from rollmesh.commands._common import fail
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
 
 Paths = Annotated[list[str], typer.Argument(help="Rollout files, globs or sink folders (shards of one job).")]
 OneFile = Annotated[str, typer.Argument(help="A rollouts.jsonl file (or a sink folder).")]
@@ -57,7 +65,8 @@ def check_rows(verb: str, paths: Sequence[str], rows: int, skipped: Sequence[str
 def rollout_rows(verb: str, path: str) -> list[tuple[Path, int, dict[str, Any]]]:
     """Every rollout row under `path` (failures files left out) as (file, line number, row), checked
     by `check_rows` (blocking file I/O)."""
-    from rollmesh.scheduler.store import expand_paths, read_rollout_rows
+    from rollmesh.scheduler.store import expand_paths
+    from rollmesh.scheduler.store import read_rollout_rows
 
     files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
     skipped: list[str] = []
@@ -87,7 +96,10 @@ def aggregate(
     from rollmesh.commands._jobs import metrics_rows
     from rollmesh.scheduler.convert import metrics_to_pb
     from rollmesh.scheduler.metrics import compute
-    from rollmesh.scheduler.store import Incomplete, expand_paths, incomplete_jobs, load_files
+    from rollmesh.scheduler.store import Incomplete
+    from rollmesh.scheduler.store import expand_paths
+    from rollmesh.scheduler.store import incomplete_jobs
+    from rollmesh.scheduler.store import load_files
 
     async def go() -> tuple[dict[str, Any], list[Incomplete]]:
         files = expand_paths(paths)
@@ -133,8 +145,10 @@ def profile(
     ] = False,
 ) -> None:
     """Per-task reward profile (mean, std, min, max, correct count per task) as JSONL."""
-    from rollmesh.scheduler.metrics import group_profile, task_profile
-    from rollmesh.scheduler.store import expand_paths, load_files
+    from rollmesh.scheduler.metrics import group_profile
+    from rollmesh.scheduler.metrics import task_profile
+    from rollmesh.scheduler.store import expand_paths
+    from rollmesh.scheduler.store import load_files
 
     async def go() -> list[dict[str, Any]]:
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]
@@ -185,7 +199,11 @@ def reverify(
     without --tasks though recorded elsewhere with a reward, or was an episode whose replay ended
     elsewhere than recorded (its `reverify_warning`), 2 on unreadable input. Every row is written
     either way; the means are over the re-scored rows."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn
+    from rich.progress import MofNCompleteColumn
+    from rich.progress import Progress
+    from rich.progress import TextColumn
+    from rich.progress import TimeElapsedColumn
 
     from rollmesh.commands import _reverify as rv
 
@@ -264,7 +282,8 @@ def validate(
 
     Exit 0 when every record is valid, 1 when one is not, 2 on unreadable input."""
     from rollmesh.scheduler.records import Rollout
-    from rollmesh.scheduler.tokens import Decoder, validate_rollout
+    from rollmesh.scheduler.tokens import Decoder
+    from rollmesh.scheduler.tokens import validate_rollout
 
     def load_tokenizer() -> Decoder | None:
         if not tokenizer:

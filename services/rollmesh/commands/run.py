@@ -11,23 +11,31 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, BaseUrl, JsonOut, connect, err, fail, print_json, run
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import BaseUrl
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import connect
+from rollmesh.commands._common import err
+from rollmesh.commands._common import fail
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import run
 from rollmesh.commands._exit import failure_summary_dicts
-from rollmesh.commands._jobs import (
-    Followed,
-    SpecOptions,
-    build_spec,
-    exit_for_followed,
-    job_command,
-    metrics_dict,
-    show_metrics,
-    submit_and_follow,
-)
-from rollmesh.commands.health import health_line, stored_health
+from rollmesh.commands._jobs import Followed
+from rollmesh.commands._jobs import SpecOptions
+from rollmesh.commands._jobs import build_spec
+from rollmesh.commands._jobs import exit_for_followed
+from rollmesh.commands._jobs import job_command
+from rollmesh.commands._jobs import metrics_dict
+from rollmesh.commands._jobs import show_metrics
+from rollmesh.commands._jobs import submit_and_follow
+from rollmesh.commands.health import health_line
+from rollmesh.commands.health import stored_health
 
 # Gateway variables that cannot apply to the embedded mesh's gateway: each set one is named in a warning.
 NOT_EMBEDDED = {
@@ -207,8 +215,12 @@ def _embedded_gateway(
 def _refuse_unknown_names(spec: pb.JobSpec) -> None:
     """A --benchmark or --environment the embedded mesh would not find: one line naming what it
     has, before the mesh (and vLLM) starts."""
-    from rollmesh.registry import Catalog, Kind, RootsConfig
-    from rollmesh.registry.errors import ArtifactCollision, ArtifactNotFound, BadArtifactName
+    from rollmesh.registry import Catalog
+    from rollmesh.registry import Kind
+    from rollmesh.registry import RootsConfig
+    from rollmesh.registry.errors import ArtifactCollision
+    from rollmesh.registry.errors import ArtifactNotFound
+    from rollmesh.registry.errors import BadArtifactName
     from rollmesh.verifier.loader import environment_names
 
     catalog = Catalog.from_config(RootsConfig.from_env())
@@ -255,7 +267,8 @@ async def _embedded(
 
 
 def _report(followed: Followed, as_json: bool, scheduler: str, services_log: str = "") -> None:
-    from rollmesh.scheduler.store import OUTPUT_FILES, SERVICES_LOG
+    from rollmesh.scheduler.store import OUTPUT_FILES
+    from rollmesh.scheduler.store import SERVICES_LOG
 
     job = followed.job
     paths = {name: str(Path(job.output_path) / name) for name in OUTPUT_FILES} if job.output_path else {}

@@ -4,11 +4,20 @@ overriding its ROLLMESH_* variables (each service's `__main__.main` does the wir
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import ApiKey, BaseUrl, Host, MetricsPort, Port, VerifierAddr, err, fail, run
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import BaseUrl
+from rollmesh.commands._common import Host
+from rollmesh.commands._common import MetricsPort
+from rollmesh.commands._common import Port
+from rollmesh.commands._common import VerifierAddr
+from rollmesh.commands._common import err
+from rollmesh.commands._common import fail
+from rollmesh.commands._common import run
 
 serve_app = typer.Typer(
     help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
@@ -24,7 +33,8 @@ def serve_service(
     import importlib
 
     from rollmesh.mesh.config import ServerFlags
-    from rollmesh.mesh.errors import ConfigError, RollmeshError
+    from rollmesh.mesh.errors import ConfigError
+    from rollmesh.mesh.errors import RollmeshError
 
     flags = ServerFlags(port=port, host=host, metrics_port=metrics_port)
     try:

@@ -14,8 +14,13 @@ from typing import Any
 
 import typer
 
-from rollmesh.commands._common import JsonOut, err, print_json, print_table, run
-from rollmesh.commands.results import OneFile, check_rows
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import err
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
+from rollmesh.commands.results import OneFile
+from rollmesh.commands.results import check_rows
 
 _SAYS = {
     "queued_s": "waiting for a concurrency slot",
@@ -34,8 +39,11 @@ _SAYS = {
 def timing(path: OneFile, as_json: JsonOut = False) -> None:
     """Where a job's time went: n, mean, p50, p95, p99 and max seconds per phase of its rollouts
     (queued, each model turn and its time to first token, tool calls, verify, sink writes)."""
-    from rollmesh.scheduler.store import METRICS, expand_paths, load_files
-    from rollmesh.scheduler.timing import PHASES, percentiles
+    from rollmesh.scheduler.store import METRICS
+    from rollmesh.scheduler.store import expand_paths
+    from rollmesh.scheduler.store import load_files
+    from rollmesh.scheduler.timing import PHASES
+    from rollmesh.scheduler.timing import percentiles
 
     def figures_of() -> dict[str, Any]:  # blocking file I/O: run in a thread
         files = [f for f in expand_paths([path]) if not f.name.startswith("failures")]

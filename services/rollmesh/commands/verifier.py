@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
+from typing import Any
 
 import typer
 
-from rollmesh.commands._common import (
-    ApiKey,
-    JsonOut,
-    VerifierAddr,
-    as_dict,
-    connect,
-    print_json,
-    print_table,
-    run,
-)
+from rollmesh.commands._common import ApiKey
+from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import VerifierAddr
+from rollmesh.commands._common import as_dict
+from rollmesh.commands._common import connect
+from rollmesh.commands._common import print_json
+from rollmesh.commands._common import print_table
+from rollmesh.commands._common import run
 
 envs_app = typer.Typer(help="List and inspect the verifier's environments.", no_args_is_help=True)
 

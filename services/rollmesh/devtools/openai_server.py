@@ -39,9 +39,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollmesh.gateway import Gateway, GatewayConfig
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GatewayConfig
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
 from rollmesh.mesh.aio import run_server
-from rollmesh.mesh.config import NO_FLAGS, ServerFlags
-from rollmesh.mesh.logging import configure, get_logger
-from rollmesh.mesh.server import MeshServer, ServiceBinding, refuse_a_taken_port, serve
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import ServerFlags
+from rollmesh.mesh.logging import configure
+from rollmesh.mesh.logging import get_logger
+from rollmesh.mesh.server import MeshServer
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import refuse_a_taken_port
+from rollmesh.mesh.server import serve
 
 log = get_logger("rollmesh.gateway")
 

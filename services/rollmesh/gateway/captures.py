@@ -26,11 +26,13 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import SamplingInput
-from rollmesh.gateway.types import GenerateInput, GenerateResult
+from rollmesh.gateway.types import GenerateInput
+from rollmesh.gateway.types import GenerateResult
 
 DEFAULT_MAX_CALLS = 256
 PATH_PREFIX = "/capture"

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
-from rollmesh.mesh.config import NO_FLAGS, OPENAI_HTTP_PORT, ServerConfig, ServerFlags, read, read_fields
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import OPENAI_HTTP_PORT
+from rollmesh.mesh.config import ServerConfig
+from rollmesh.mesh.config import ServerFlags
+from rollmesh.mesh.config import read
+from rollmesh.mesh.config import read_fields
 from rollmesh.mesh.errors import ConfigError
 
 BACKENDS = ("ray-serve", "openai", "fake")

@@ -8,11 +8,19 @@ from pathlib import Path
 
 from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.captures import CapturedCall
-from rollmesh.gateway.types import GenerateInput, GenerateResult, StreamDelta
+from rollmesh.gateway.types import GenerateInput
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import StreamDelta
 from rollmesh.gateway.uploads import UploadPiece
-from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_from_pb, tool_spec_to_pb
-from rollmesh.mesh.errors import ConfigError, InvalidArgument, RollmeshError
-from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.mesh.chat import message_from_pb
+from rollmesh.mesh.chat import message_to_pb
+from rollmesh.mesh.chat import tool_spec_from_pb
+from rollmesh.mesh.chat import tool_spec_to_pb
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.fields import from_pb
+from rollmesh.mesh.fields import to_pb
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import gateway_pb2 as pb
 

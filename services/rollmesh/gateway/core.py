@@ -17,35 +17,48 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
-from rollmesh.gateway import errors, telemetry
-from rollmesh.gateway.backends.base import (
-    EngineRequest,
-    ModelBackend,
-    ReplicaStatus,
-    Sampling,
-    SamplingInput,
-)
+from rollmesh.gateway import errors
+from rollmesh.gateway import telemetry
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import ModelBackend
+from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.gateway.backends.base import Sampling
+from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.captures import CaptureStore
-from rollmesh.gateway.config import GatewayConfig, ModelSpec
-from rollmesh.gateway.sessions import FreshPromptCache, SessionState, SessionStore, build_prompt, tools_key
-from rollmesh.gateway.toolcalls import call_id_prefix, parse_tool_calls
-from rollmesh.gateway.types import (
-    GenerateInput,
-    GenerateResult,
-    ModelStatus,
-    StreamDelta,
-    Usage,
-    WeightUpdate,
-)
-from rollmesh.gateway.uploads import UploadPiece, WeightUploads
-from rollmesh.gateway.weights import check_checkpoint, next_version, read_manifest
-from rollmesh.mesh import tracing, untrusted_json
-from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.gateway.config import GatewayConfig
+from rollmesh.gateway.config import ModelSpec
+from rollmesh.gateway.sessions import FreshPromptCache
+from rollmesh.gateway.sessions import SessionState
+from rollmesh.gateway.sessions import SessionStore
+from rollmesh.gateway.sessions import build_prompt
+from rollmesh.gateway.sessions import tools_key
+from rollmesh.gateway.toolcalls import call_id_prefix
+from rollmesh.gateway.toolcalls import parse_tool_calls
+from rollmesh.gateway.types import GenerateInput
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import ModelStatus
+from rollmesh.gateway.types import StreamDelta
+from rollmesh.gateway.types import Usage
+from rollmesh.gateway.types import WeightUpdate
+from rollmesh.gateway.uploads import UploadPiece
+from rollmesh.gateway.uploads import WeightUploads
+from rollmesh.gateway.weights import check_checkpoint
+from rollmesh.gateway.weights import next_version
+from rollmesh.gateway.weights import read_manifest
+from rollmesh.mesh import tracing
+from rollmesh.mesh import untrusted_json
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.versions import spans_of_starts

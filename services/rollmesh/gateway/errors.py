@@ -10,7 +10,8 @@ from __future__ import annotations
 import grpc
 
 from rollmesh.mesh import errors as mesh
-from rollmesh.mesh.errors import HTTP_STATUS, http_status
+from rollmesh.mesh.errors import HTTP_STATUS
+from rollmesh.mesh.errors import http_status
 
 __all__ = ["HTTP_STATUS", "http_status"]  # the mesh's table, which the facade answers with
 

@@ -8,12 +8,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rollmesh.gateway import convert
-from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S, Gateway, InFlight
+from rollmesh.gateway.core import DEFAULT_DRAIN_TIMEOUT_S
+from rollmesh.gateway.core import Gateway
+from rollmesh.gateway.core import InFlight
 from rollmesh.gateway.errors import bad_request
-from rollmesh.gateway.types import GenerateInput, GenerateResult
+from rollmesh.gateway.types import GenerateInput
+from rollmesh.gateway.types import GenerateResult
 from rollmesh.mesh import tracing
 from rollmesh.mesh.fields import to_pb
-from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
+from rollmesh.mesh.multiplex import Item
+from rollmesh.mesh.multiplex import ItemMessages
+from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.paging import page
 from rollmesh_client.v1 import gateway_pb2 as pb
 from rollmesh_client.v1 import gateway_pb2_grpc as pb_grpc

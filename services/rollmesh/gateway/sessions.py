@@ -31,13 +31,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections import OrderedDict
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rollmesh.gateway.backends.base import Tokenizer
-from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolSpec
 
 _SENTINEL = "\x00rollmesh-sentinel\x00"
 

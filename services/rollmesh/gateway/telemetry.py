@@ -11,12 +11,17 @@ unknown word counted as `other`), a replica id. Never a request or session id.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
+from prometheus_client import Histogram
 
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
+from rollmesh.mesh.metrics import LATENCY_BUCKETS
+from rollmesh.mesh.metrics import LiveCollector
+from rollmesh.mesh.metrics import Sample
 
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "abort", "error", "repetition", "unknown"})
 

@@ -7,10 +7,13 @@ into these and call the same `Gateway` (core.py). Chat messages and tools are th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
-from rollmesh.gateway.backends.base import ReplicaStatus, SamplingInput
-from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.gateway.backends.base import SamplingInput
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.versions import VersionSpan
 
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from rollmesh.gateway.errors import UploadInvalid, UploadTooLarge
+from rollmesh.gateway.errors import UploadInvalid
+from rollmesh.gateway.errors import UploadTooLarge
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger(__name__)

@@ -15,23 +15,35 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 
-from rollmesh.gateway import Gateway, GatewayConfig
+from rollmesh.gateway import Gateway
+from rollmesh.gateway import GatewayConfig
 from rollmesh.gateway.backends.factory import create_backend
 from rollmesh.gateway.http import HttpFacade
 from rollmesh.gateway.servicer import GatewayServicer
-from rollmesh.mesh import config, tracing
-from rollmesh.mesh.heap import freeze_startup_heap, raise_gc_threshold
+from rollmesh.mesh import config
+from rollmesh.mesh import tracing
+from rollmesh.mesh.heap import freeze_startup_heap
+from rollmesh.mesh.heap import raise_gc_threshold
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.metrics import start_endpoint
-from rollmesh.mesh.server import ServiceBinding, build_server, wait_serving
-from rollmesh.registry import Catalog, RootsConfig, install_sys_path
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import build_server
+from rollmesh.mesh.server import wait_serving
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
+from rollmesh.registry import install_sys_path
 from rollmesh.registry.servicer import RegistryServicer
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService

@@ -30,16 +30,20 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
+from rollmesh.launch.restart import RestartBudget
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.restart import describe_exit
 from rollmesh.mesh import config
 from rollmesh.mesh.aio import first_of
 from rollmesh.mesh.children import kill_group
 from rollmesh.mesh.config import DEFAULT_PORTS
-from rollmesh.mesh.confine import Confinement, command
+from rollmesh.mesh.confine import Confinement
+from rollmesh.mesh.confine import command
 from rollmesh.mesh.lines import LineAssembler
 from rollmesh.mesh.metrics import metrics_file
 from rollmesh.mesh.server import wait_serving

@@ -15,7 +15,8 @@ from __future__ import annotations
 import signal
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 from rollmesh.mesh import config
 from rollmesh.mesh.errors import ConfigError

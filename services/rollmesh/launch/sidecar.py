@@ -32,15 +32,25 @@ import contextlib
 import enum
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
 from rollmesh.launch.errors import SidecarStartFailed
-from rollmesh.launch.restart import RestartBudget, RestartPolicy, describe_exit
+from rollmesh.launch.restart import RestartBudget
+from rollmesh.launch.restart import RestartPolicy
+from rollmesh.launch.restart import describe_exit
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.children import kill_group
-from rollmesh.mesh.confine import Confinement, UidLeases, command, program_paths, read_mode
+from rollmesh.mesh.confine import Confinement
+from rollmesh.mesh.confine import UidLeases
+from rollmesh.mesh.confine import command
+from rollmesh.mesh.confine import program_paths
+from rollmesh.mesh.confine import read_mode
 from rollmesh.mesh.logging import get_logger
 
 log = get_logger("rollmesh.launch.sidecar")

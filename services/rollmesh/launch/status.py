@@ -8,12 +8,16 @@ service that is up but refuses us (UNAUTHENTICATED: no or a wrong --api-key) is 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
-from rollmesh_client import Client, RollmeshClientError
+from rollmesh_client import Client
+from rollmesh_client import RollmeshClientError
 from rollmesh_client._channel import aio_channel
 
 

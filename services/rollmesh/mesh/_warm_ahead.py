@@ -34,7 +34,8 @@ import gc
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 # (module, function, the keyword arguments its library calls it with: one spare each)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Coroutine
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 from rollmesh.mesh.heap import raise_gc_threshold
 

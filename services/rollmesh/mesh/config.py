@@ -10,9 +10,12 @@ import dataclasses
 import math
 import os
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh_client._client import DEFAULT_PORTS as DEFAULT_PORTS  # the one table, also the SDK's

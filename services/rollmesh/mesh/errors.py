@@ -12,7 +12,8 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2
+from google.rpc import status_pb2
 
 DOMAIN = "rollmesh.dev"
 

@@ -22,7 +22,9 @@ import dataclasses
 import enum
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 from google.protobuf import message_factory
 from google.protobuf.message import Message

@@ -25,16 +25,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+from typing import Generic
+from typing import TypeVar
 
 import grpc
 
 from rollmesh.mesh.interceptors import status_of
-from rollmesh.mesh.multiplex import MultiplexedMethod, outcome_of
-from rollmesh_client import DeadlineExceededError, RollmeshClientError, max_item_bytes
+from rollmesh.mesh.multiplex import MultiplexedMethod
+from rollmesh.mesh.multiplex import outcome_of
+from rollmesh_client import DeadlineExceededError
+from rollmesh_client import RollmeshClientError
+from rollmesh_client import max_item_bytes
 from rollmesh_client._errors import from_status
-from rollmesh_client._streams import Multiplexed, too_large
+from rollmesh_client._streams import Multiplexed
+from rollmesh_client._streams import too_large
 
 T = TypeVar("T")
 Out = TypeVar("Out")

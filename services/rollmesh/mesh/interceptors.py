@@ -17,18 +17,23 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import structlog
-from google.rpc import code_pb2, status_pb2
+from google.rpc import code_pb2
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 
-from rollmesh.mesh import errors, tracing
+from rollmesh.mesh import errors
+from rollmesh.mesh import tracing
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.metrics import RpcRecorder, rpc_type
-from rollmesh_client._auth import BearerAuthInterceptor, rebuild
+from rollmesh.mesh.metrics import RpcRecorder
+from rollmesh.mesh.metrics import rpc_type
+from rollmesh_client._auth import BearerAuthInterceptor
+from rollmesh_client._auth import rebuild
 
 log = get_logger("rollmesh.rpc")
 _stdlib_log = logging.getLogger("rollmesh.rpc")  # cached level checks

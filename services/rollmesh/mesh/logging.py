@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
 import structlog
 
 from rollmesh.mesh import config
-from rollmesh.mesh.lines import LineWriter, truncate_line
+from rollmesh.mesh.lines import LineWriter
+from rollmesh.mesh.lines import truncate_line
 
 TRACEBACK_MAX_FRAMES = 20
 

@@ -21,16 +21,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
+from typing import Generic
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from rollmesh.mesh.errors import Internal, ResourceExhausted, RollmeshError, to_status
+from rollmesh.mesh.errors import Internal
+from rollmesh.mesh.errors import ResourceExhausted
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.errors import to_status
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.metrics import record_item
-from rollmesh_client import BATCH_METADATA, batch_messages, items_of, max_message_bytes, says_batches
+from rollmesh_client import BATCH_METADATA
+from rollmesh_client import batch_messages
+from rollmesh_client import items_of
+from rollmesh_client import max_message_bytes
+from rollmesh_client import says_batches
 
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)

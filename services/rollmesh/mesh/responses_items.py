@@ -25,10 +25,15 @@ What cannot be read is one `NotResponsesItem` naming the item, never an item dro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from rollmesh.mesh.chat import Message, ToolCall, content_text, reasoning_of
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.chat import content_text
+from rollmesh.mesh.chat import reasoning_of
 
 # Roles a Responses message item may have besides "assistant".
 _INPUT_ROLES = frozenset({"user", "system", "developer"})

@@ -15,21 +15,32 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
+from grpc_health.v1 import health
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection_pb2_grpc
 
-from rollmesh.mesh import config, tracing
+from rollmesh.mesh import config
+from rollmesh.mesh import tracing
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.heap import freeze_startup_heap
 from rollmesh.mesh.interceptors import MeshInterceptor
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.metrics import MetricsEndpoint, count_restarts, metrics_file, start_endpoint
-from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS, message_limit_options
+from rollmesh.mesh.metrics import MetricsEndpoint
+from rollmesh.mesh.metrics import count_restarts
+from rollmesh.mesh.metrics import metrics_file
+from rollmesh.mesh.metrics import start_endpoint
+from rollmesh_client._channel import SERVER_KEEPALIVE_OPTIONS
+from rollmesh_client._channel import message_limit_options
 
 log = get_logger("rollmesh.server")
 

@@ -28,13 +28,19 @@ import contextlib
 import contextvars
 import os
 import random
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
 
 from rollmesh.mesh.logging import get_logger
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span
+    from opentelemetry.trace import Tracer
 
 log = get_logger("rollmesh.tracing")
 T = TypeVar("T")
@@ -79,7 +85,8 @@ def configure(service: str, environ: Mapping[str, str] | None = None) -> bool:
         return _state.tracer is not None
     env = os.environ if environ is None else environ
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider, sampling
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import sampling
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -337,7 +344,8 @@ def set_error(description: str) -> None:
     if _state.tracer is None or not _SAMPLED.get():
         return
     from opentelemetry import trace
-    from opentelemetry.trace import Status, StatusCode
+    from opentelemetry.trace import Status
+    from opentelemetry.trace import StatusCode
 
     trace.get_current_span().set_status(Status(StatusCode.ERROR, description[:200]))
 
@@ -396,7 +404,8 @@ def end(
     if attributes:
         s.set_attributes(dict(attributes))
     if error is not None:
-        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace import Status
+        from opentelemetry.trace import StatusCode
 
         s.record_exception(error)
         s.set_status(Status(StatusCode.ERROR, str(error)[:200]))

@@ -9,9 +9,11 @@ version produced every id. The gateway and the scheduler share this type and its
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 
 class _SpanLike(Protocol):

@@ -22,18 +22,27 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
+from fastapi import Request
+from fastapi import WebSocket
+from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from starlette.websockets import WebSocketDisconnect
 
 from rollmesh.mesh import untrusted_json
-from rollmesh.mesh.errors import RollmeshError, Unauthenticated, http_status
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.errors import Unauthenticated
+from rollmesh.mesh.errors import http_status
 from rollmesh.mesh.logging import get_logger
 from rollmesh.openenv_server import wire
 from rollmesh.openenv_server.episode import Episode
-from rollmesh.openenv_server.errors import BadAction, BadReset, NoEpisode
-from rollmesh_client import RollmeshClientError, max_message_bytes
-from rollmesh_client._auth import AUTH_HEADER, authorized
+from rollmesh.openenv_server.errors import BadAction
+from rollmesh.openenv_server.errors import BadReset
+from rollmesh.openenv_server.errors import NoEpisode
+from rollmesh_client import RollmeshClientError
+from rollmesh_client import max_message_bytes
+from rollmesh_client._auth import AUTH_HEADER
+from rollmesh_client._auth import authorized
 
 log = get_logger("rollmesh.openenv_server")
 

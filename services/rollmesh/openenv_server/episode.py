@@ -26,18 +26,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rollmesh.openenv_server import wire
-from rollmesh.openenv_server.errors import BadReset, NoEpisode
-from rollmesh.scheduler.drivers.agent_loop import (
-    EnvDescription,
-    EnvPort,
-    SessionOpened,
-    close_sessions,
-    has_prompt,
-    input_messages,
-    merge_tools,
-    row_tools,
-    run_tool_calls,
-)
+from rollmesh.openenv_server.errors import BadReset
+from rollmesh.openenv_server.errors import NoEpisode
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import EnvPort
+from rollmesh.scheduler.drivers.agent_loop import SessionOpened
+from rollmesh.scheduler.drivers.agent_loop import close_sessions
+from rollmesh.scheduler.drivers.agent_loop import has_prompt
+from rollmesh.scheduler.drivers.agent_loop import input_messages
+from rollmesh.scheduler.drivers.agent_loop import merge_tools
+from rollmesh.scheduler.drivers.agent_loop import row_tools
+from rollmesh.scheduler.drivers.agent_loop import run_tool_calls
 from rollmesh.scheduler.errors import NoPrompt
 
 Json = wire.Json

@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import itertools
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,8 @@ from rollmesh.openenv_server.episode import Episode
 from rollmesh.openenv_server.errors import CannotServe
 from rollmesh.scheduler.drivers.agent_loop import EnvDescription
 from rollmesh.scheduler.remote import VerifierEnv
-from rollmesh_client import NotFoundError, max_message_bytes
+from rollmesh_client import NotFoundError
+from rollmesh_client import max_message_bytes
 from rollmesh_client.v1 import verifier_pb2
 
 log = get_logger("rollmesh.openenv_server")
@@ -86,8 +88,10 @@ async def _describe(env: VerifierEnv, environment: str) -> EnvDescription:
 def _rows(dataset: str, description: EnvDescription) -> tuple[list[Json], str]:
     """The rows of `dataset` (a path or a dataset artifact), else of the environment's example
     dataset when this machine has it, else none; and where they came from."""
-    from rollmesh.registry import Catalog, RootsConfig
-    from rollmesh.scheduler.plan import load_rows, resolve_dataset
+    from rollmesh.registry import Catalog
+    from rollmesh.registry import RootsConfig
+    from rollmesh.scheduler.plan import load_rows
+    from rollmesh.scheduler.plan import resolve_dataset
 
     if dataset:
         path = resolve_dataset(Catalog.from_config(RootsConfig.from_env()), dataset)

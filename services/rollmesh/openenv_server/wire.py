@@ -23,12 +23,19 @@ A WebSocket answer is `{"type": "observation" | "state" | "error", "data": ...}`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import ValidationError
+from pydantic import model_validator
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.openenv_server.errors import BadAction, BadReset, NoEpisode
+from rollmesh.openenv_server.errors import BadAction
+from rollmesh.openenv_server.errors import BadReset
+from rollmesh.openenv_server.errors import NoEpisode
 
 Json = dict[str, Any]
 

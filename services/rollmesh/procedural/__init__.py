@@ -9,8 +9,12 @@ functions that need it (its import takes a second or two).
 
 from __future__ import annotations
 
-from rollmesh.procedural.errors import EntryMismatch, InvalidGeneratorSpec, UnknownGenerator
-from rollmesh.procedural.spec import SPEC_KEY, GeneratorSpec, ProceduralSpec
+from rollmesh.procedural.errors import EntryMismatch
+from rollmesh.procedural.errors import InvalidGeneratorSpec
+from rollmesh.procedural.errors import UnknownGenerator
+from rollmesh.procedural.spec import SPEC_KEY
+from rollmesh.procedural.spec import GeneratorSpec
+from rollmesh.procedural.spec import ProceduralSpec
 
 __all__ = [
     "SPEC_KEY",

@@ -23,11 +23,16 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from typing import Any
 
-from rollmesh.procedural.errors import EntryMismatch, InvalidGeneratorSpec, UnknownGenerator
-from rollmesh.procedural.spec import GeneratorSpec, ProceduralSpec
+from rollmesh.procedural.errors import EntryMismatch
+from rollmesh.procedural.errors import InvalidGeneratorSpec
+from rollmesh.procedural.errors import UnknownGenerator
+from rollmesh.procedural.spec import GeneratorSpec
+from rollmesh.procedural.spec import ProceduralSpec
 
 if TYPE_CHECKING:
     from reasoning_gym.dataset import ProceduralDataset
@@ -70,7 +75,8 @@ def level_config(g: GeneratorSpec) -> Json:
     fields win), as plain JSON data; `g.config` itself when `g` has no level."""
     if g.level is None:
         return dict(g.config)
-    from reasoning_gym.factory import create_curriculum, has_curriculum
+    from reasoning_gym.factory import create_curriculum
+    from reasoning_gym.factory import has_curriculum
 
     if not has_curriculum(g.name):
         raise InvalidGeneratorSpec(f"generator {g.name!r} has no curriculum; drop its `level`")

@@ -31,9 +31,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rollmesh.mesh.answer_text import last_box, outside_think
+from rollmesh.mesh.answer_text import last_box
+from rollmesh.mesh.answer_text import outside_think
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.procedural.rows import NOT_JSON_SAFE, SOURCE_FIELD, check_names, rebuild_entry
+from rollmesh.procedural.rows import NOT_JSON_SAFE
+from rollmesh.procedural.rows import SOURCE_FIELD
+from rollmesh.procedural.rows import check_names
+from rollmesh.procedural.rows import rebuild_entry
 
 Json = dict[str, Any]
 READINGS = ("final", "nemo_gym")

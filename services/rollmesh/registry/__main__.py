@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from rollmesh.mesh.aio import run_server
-from rollmesh.mesh.config import NO_FLAGS, ServerConfig, ServerFlags
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import ServerConfig
+from rollmesh.mesh.config import ServerFlags
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import ServiceBinding, serve
-from rollmesh.registry import Catalog, RootsConfig, install_sys_path
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import serve
+from rollmesh.registry import Catalog
+from rollmesh.registry import RootsConfig
+from rollmesh.registry import install_sys_path
 from rollmesh.registry.servicer import RegistryServicer
 
 

@@ -9,8 +9,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from rollmesh.registry.errors import ArtifactCollision, ArtifactNotFound, BadArtifactName, UnknownKind
-from rollmesh.registry.roots import Root, RootsConfig, ordered_roots
+from rollmesh.registry.errors import ArtifactCollision
+from rollmesh.registry.errors import ArtifactNotFound
+from rollmesh.registry.errors import BadArtifactName
+from rollmesh.registry.errors import UnknownKind
+from rollmesh.registry.roots import Root
+from rollmesh.registry.roots import RootsConfig
+from rollmesh.registry.roots import ordered_roots
 
 MAX_NAME_LEN = 255
 _IGNORED_SUFFIXES = (".py", ".pyc")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from rollmesh.mesh.fields import to_pb
-from rollmesh.registry.catalog import Kind, Listed, Resolved
+from rollmesh.registry.catalog import Kind
+from rollmesh.registry.catalog import Listed
+from rollmesh.registry.catalog import Resolved
 from rollmesh.registry.errors import UnknownKind
 from rollmesh.registry.roots import Root
 from rollmesh_client.v1 import registry_pb2 as pb

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rollmesh.mesh.errors import FailedPrecondition, InvalidArgument, NotFound
+from rollmesh.mesh.errors import FailedPrecondition
+from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.errors import NotFound
 
 
 class ArtifactCollision(FailedPrecondition):

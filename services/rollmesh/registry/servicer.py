@@ -10,7 +10,8 @@ from typing import Any
 
 from rollmesh.mesh.paging import page
 from rollmesh.registry import convert
-from rollmesh.registry.catalog import Catalog, read_chunks
+from rollmesh.registry.catalog import Catalog
+from rollmesh.registry.catalog import read_chunks
 from rollmesh_client.v1 import registry_pb2 as pb
 from rollmesh_client.v1 import registry_pb2_grpc as pb_grpc
 

@@ -11,13 +11,16 @@ import argparse
 
 from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import run_server
-from rollmesh.mesh.config import NO_FLAGS, ServerFlags
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import ServerFlags
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import ServiceBinding, serve
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import serve
 from rollmesh.registry import Catalog
 from rollmesh.scheduler.config import SchedulerConfig
 from rollmesh.scheduler.manager import JobManager
-from rollmesh.scheduler.remote import GatewayModel, VerifierEnv
+from rollmesh.scheduler.remote import GatewayModel
+from rollmesh.scheduler.remote import VerifierEnv
 from rollmesh.scheduler.servicer import SchedulerServicer
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rollmesh.mesh import config
-from rollmesh.mesh.config import NO_FLAGS, ServerConfig, ServerFlags
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import ServerConfig
+from rollmesh.mesh.config import ServerFlags
 from rollmesh.registry import RootsConfig
 
 

@@ -11,13 +11,20 @@ from typing import Any
 from google.protobuf import json_format
 
 from rollmesh.mesh import chat
-from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.mesh.fields import from_pb
+from rollmesh.mesh.fields import to_pb
 from rollmesh.mesh.versions import spans_from
 from rollmesh.scheduler.metrics import Metrics
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 from rollmesh.scheduler.spec import SAMPLING_FIELDS
 from rollmesh.scheduler.timing import RolloutTiming
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 _STATES = {
     name.removeprefix("JOB_STATE_").lower(): value

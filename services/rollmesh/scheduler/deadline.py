@@ -25,7 +25,8 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from collections.abc import Iterator
 
 from rollmesh.scheduler.errors import ModelCallDeadline
 

@@ -31,10 +31,15 @@ import functools
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any
+from typing import TypeVar
+from typing import cast
 
 from rollmesh.mesh import tracing
 from rollmesh.mesh.aio import TaskSet
@@ -43,59 +48,68 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.scheduler import telemetry
-from rollmesh.scheduler.concurrency import HostCpu, Limiter
+from rollmesh.scheduler.concurrency import HostCpu
+from rollmesh.scheduler.concurrency import Limiter
 from rollmesh.scheduler.deadline import AdaptiveDeadline
-from rollmesh.scheduler.drivers.agent_loop import (
-    AgentOutcome,
-    AgentSettings,
-    EnvDescription,
-    EnvPort,
-    EnvStep,
-    GenerateCall,
-    GroupMember,
-    Json,
-    ModelPort,
-    Responsive,
-    SessionOpened,
-    ToolResult,
-    Turn,
-    close_sessions,
-    run_agent,
-)
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import EnvPort
+from rollmesh.scheduler.drivers.agent_loop import EnvStep
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GroupMember
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import ModelPort
+from rollmesh.scheduler.drivers.agent_loop import Responsive
+from rollmesh.scheduler.drivers.agent_loop import SessionOpened
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
+from rollmesh.scheduler.drivers.agent_loop import Turn
+from rollmesh.scheduler.drivers.agent_loop import close_sessions
+from rollmesh.scheduler.drivers.agent_loop import run_agent
 from rollmesh.scheduler.drivers.hosts import program_host
 from rollmesh.scheduler.drivers.oracle import run_oracle
-from rollmesh.scheduler.drivers.program import (
-    CaptureOpened,
-    CaptureRecord,
-    ProgramModel,
-    ProgramSpec,
-    run_program,
-)
+from rollmesh.scheduler.drivers.program import CaptureOpened
+from rollmesh.scheduler.drivers.program import CaptureRecord
+from rollmesh.scheduler.drivers.program import ProgramModel
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import run_program
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
-from rollmesh.scheduler.errors import (
-    ErrorClass,
-    GatewayUnresponsive,
-    GroupMemberFailed,
-    GroupPartlyStored,
-    GroupReplaced,
-    ModelCallDeadline,
-    ReplacementsExhausted,
-    RolloutFailed,
-    RolloutTooLarge,
-    TokenRecordMismatch,
-)
-from rollmesh.scheduler.metrics import Scored, measured_reward
-from rollmesh.scheduler.outcome import FailFast, FailureTally, final_state
+from rollmesh.scheduler.errors import ErrorClass
+from rollmesh.scheduler.errors import GatewayUnresponsive
+from rollmesh.scheduler.errors import GroupMemberFailed
+from rollmesh.scheduler.errors import GroupPartlyStored
+from rollmesh.scheduler.errors import GroupReplaced
+from rollmesh.scheduler.errors import ModelCallDeadline
+from rollmesh.scheduler.errors import ReplacementsExhausted
+from rollmesh.scheduler.errors import RolloutFailed
+from rollmesh.scheduler.errors import RolloutTooLarge
+from rollmesh.scheduler.errors import TokenRecordMismatch
+from rollmesh.scheduler.metrics import Scored
+from rollmesh.scheduler.metrics import measured_reward
+from rollmesh.scheduler.outcome import FailFast
+from rollmesh.scheduler.outcome import FailureTally
+from rollmesh.scheduler.outcome import final_state
 from rollmesh.scheduler.plan import Plan
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey, TokenRecord
-from rollmesh.scheduler.refill import Group, Refill
-from rollmesh.scheduler.retry import Backoff, Outages, with_retry
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.refill import Group
+from rollmesh.scheduler.refill import Refill
+from rollmesh.scheduler.retry import Backoff
+from rollmesh.scheduler.retry import Outages
+from rollmesh.scheduler.retry import with_retry
 from rollmesh.scheduler.sinks.base import Sink
 from rollmesh.scheduler.timing import CURRENT as CURRENT_TIMING
-from rollmesh.scheduler.timing import Reservoir, RolloutTiming
+from rollmesh.scheduler.timing import Reservoir
+from rollmesh.scheduler.timing import RolloutTiming
 from rollmesh.scheduler.timing import current as current_timing
-from rollmesh.scheduler.tokens import build_token_record, validate_rollout
-from rollmesh.scheduler.watchdog import GATEWAY, VERIFIER, Probe, Watchdog
+from rollmesh.scheduler.tokens import build_token_record
+from rollmesh.scheduler.tokens import validate_rollout
+from rollmesh.scheduler.watchdog import GATEWAY
+from rollmesh.scheduler.watchdog import VERIFIER
+from rollmesh.scheduler.watchdog import Probe
+from rollmesh.scheduler.watchdog import Watchdog
 
 log = get_logger("rollmesh.scheduler.engine")
 T = TypeVar("T")

@@ -3,7 +3,8 @@ error means for the retry loop (retry.py's `classify` makes it), which `RolloutF
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from rollmesh.mesh import errors as mesh

@@ -6,11 +6,16 @@ from collections.abc import Sequence
 
 from google.protobuf import timestamp_pb2
 
-from rollmesh.mesh.fields import from_pb, to_pb
+from rollmesh.mesh.fields import from_pb
+from rollmesh.mesh.fields import to_pb
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.convert import sampling_from_pb, sampling_to_pb, state_to_pb
+from rollmesh.scheduler.convert import sampling_from_pb
+from rollmesh.scheduler.convert import sampling_to_pb
+from rollmesh.scheduler.convert import state_to_pb
 from rollmesh.scheduler.manager import JobRecord
-from rollmesh.scheduler.spec import JobSpec, RetryPolicy, SinkConfig
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import RetryPolicy
+from rollmesh.scheduler.spec import SinkConfig
 from rollmesh_client.v1 import scheduler_pb2 as pb
 
 log = get_logger("rollmesh.scheduler")

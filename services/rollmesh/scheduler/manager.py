@@ -16,41 +16,54 @@ import functools
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.mesh.errors import InvalidArgument, RollmeshError, Unavailable
+from rollmesh.mesh.errors import InvalidArgument
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
-from rollmesh.scheduler import store, telemetry
-from rollmesh.scheduler.drivers.agent_loop import EnvDescription, EnvPort, ModelPort
-from rollmesh.scheduler.engine import Hooks, JobRun, Progress, RunResult
-from rollmesh.scheduler.errors import (
-    CorruptJobFile,
-    JobFinished,
-    JobNotFound,
-    JobRunning,
-    OffsetExpired,
-    OutputDirUnusable,
-    RequestIdReused,
-    ResumeMismatch,
-)
+from rollmesh.scheduler import store
+from rollmesh.scheduler import telemetry
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import EnvPort
+from rollmesh.scheduler.drivers.agent_loop import ModelPort
+from rollmesh.scheduler.engine import Hooks
+from rollmesh.scheduler.engine import JobRun
+from rollmesh.scheduler.engine import Progress
+from rollmesh.scheduler.engine import RunResult
+from rollmesh.scheduler.errors import CorruptJobFile
+from rollmesh.scheduler.errors import JobFinished
+from rollmesh.scheduler.errors import JobNotFound
+from rollmesh.scheduler.errors import JobRunning
+from rollmesh.scheduler.errors import OffsetExpired
+from rollmesh.scheduler.errors import OutputDirUnusable
+from rollmesh.scheduler.errors import RequestIdReused
+from rollmesh.scheduler.errors import ResumeMismatch
 from rollmesh.scheduler.metrics import compute
-from rollmesh.scheduler.outcome import (
-    COMPLETED_WITH_FAILURES,
-    FINAL_STATES,
-    INTERRUPTED,
-    SUCCEEDED,
-    FailureClassSummary,
-)
-from rollmesh.scheduler.plan import Plan, build_plan, refuse_promptless
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure
+from rollmesh.scheduler.outcome import COMPLETED_WITH_FAILURES
+from rollmesh.scheduler.outcome import FINAL_STATES
+from rollmesh.scheduler.outcome import INTERRUPTED
+from rollmesh.scheduler.outcome import SUCCEEDED
+from rollmesh.scheduler.outcome import FailureClassSummary
+from rollmesh.scheduler.plan import Plan
+from rollmesh.scheduler.plan import build_plan
+from rollmesh.scheduler.plan import refuse_promptless
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
 from rollmesh.scheduler.sinks.base import Sink
 from rollmesh.scheduler.sinks.jsonl import JsonlSink
-from rollmesh.scheduler.spec import JobSpec, validate
-from rollmesh.verifier.errors import EnvironmentBroken, EnvironmentNotFound
+from rollmesh.scheduler.spec import JobSpec
+from rollmesh.scheduler.spec import validate
+from rollmesh.verifier.errors import EnvironmentBroken
+from rollmesh.verifier.errors import EnvironmentNotFound
 
 log = get_logger("rollmesh.scheduler.jobs")
 

@@ -45,13 +45,21 @@ from __future__ import annotations
 import collections
 import marshal
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from rollmesh.scheduler import health
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.timing import Reservoir, RolloutTiming, TimingValues, percentiles
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.timing import Reservoir
+from rollmesh.scheduler.timing import RolloutTiming
+from rollmesh.scheduler.timing import TimingValues
+from rollmesh.scheduler.timing import percentiles
 
 DEFAULT_THRESHOLD = 1.0
 #: `Scored.pack()`'s bytes (nested tuples of plain values, marshalled).

@@ -11,29 +11,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rollmesh.mesh import responses_items, untrusted_json
+from rollmesh.mesh import responses_items
+from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import NotJson
-from rollmesh.registry import ArtifactNotFound, Catalog, Kind
+from rollmesh.registry import ArtifactNotFound
+from rollmesh.registry import Catalog
+from rollmesh.registry import Kind
 from rollmesh.scheduler.convert import sampling_to_pb
-from rollmesh.scheduler.drivers.agent_loop import ROW_SAMPLING, has_prompt, responses_input, row_tools
+from rollmesh.scheduler.drivers.agent_loop import ROW_SAMPLING
+from rollmesh.scheduler.drivers.agent_loop import has_prompt
+from rollmesh.scheduler.drivers.agent_loop import responses_input
+from rollmesh.scheduler.drivers.agent_loop import row_tools
 from rollmesh.scheduler.drivers.modes import check_mode
-from rollmesh.scheduler.errors import (
-    BenchmarkNotFound,
-    DatasetNotFound,
-    DatasetRowTooLarge,
-    InvalidBenchmark,
-    InvalidJobSpec,
-    MalformedDatasetRow,
-    NoPrompt,
-)
+from rollmesh.scheduler.errors import BenchmarkNotFound
+from rollmesh.scheduler.errors import DatasetNotFound
+from rollmesh.scheduler.errors import DatasetRowTooLarge
+from rollmesh.scheduler.errors import InvalidBenchmark
+from rollmesh.scheduler.errors import InvalidJobSpec
+from rollmesh.scheduler.errors import MalformedDatasetRow
+from rollmesh.scheduler.errors import NoPrompt
 from rollmesh.scheduler.metrics import default_k_values
 from rollmesh.scheduler.records import RolloutKey
-from rollmesh.scheduler.spec import DEFAULT_MAX_STEPS, SAMPLING_FIELDS, JobSpec
+from rollmesh.scheduler.spec import DEFAULT_MAX_STEPS
+from rollmesh.scheduler.spec import SAMPLING_FIELDS
+from rollmesh.scheduler.spec import JobSpec
 from rollmesh_client import max_item_bytes
 
 Json = dict[str, Any]

@@ -30,9 +30,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rollmesh.scheduler.plan import Plan, select_tasks
+from rollmesh.scheduler.plan import Plan
+from rollmesh.scheduler.plan import select_tasks
 from rollmesh.scheduler.records import RolloutKey
-from rollmesh.scheduler.spec import NEXT_TASK, SAME_TASK
+from rollmesh.scheduler.spec import NEXT_TASK
+from rollmesh.scheduler.spec import SAME_TASK
 
 # Replacements a job may make when it names no bound: as many as it has groups.
 DEFAULT_BOUND_FRACTION = 1.0

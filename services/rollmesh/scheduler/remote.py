@@ -28,43 +28,54 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, Self, TypeVar
+from collections.abc import Awaitable
+from collections.abc import Callable
+from typing import Any
+from typing import Protocol
+from typing import Self
+from typing import TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2_grpc
 
 from rollmesh.mesh import tracing
-from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.mesh.in_process import InProcessMux, InProcessStub
+from rollmesh.mesh.fields import from_pb
+from rollmesh.mesh.fields import to_pb
+from rollmesh.mesh.in_process import InProcessMux
+from rollmesh.mesh.in_process import InProcessStub
 from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.mesh.versions import spans_from
-from rollmesh.scheduler.convert import message_from_pb, message_to_pb, sampling_to_pb
-from rollmesh.scheduler.drivers.agent_loop import (
-    EnvDescription,
-    EnvStep,
-    GenerateCall,
-    GroupMember,
-    Json,
-    SessionOpened,
-    ToolResult,
-    Turn,
-)
-from rollmesh.scheduler.drivers.program import CapturedTurn, CaptureOpened, CaptureRecord
+from rollmesh.scheduler.convert import message_from_pb
+from rollmesh.scheduler.convert import message_to_pb
+from rollmesh.scheduler.convert import sampling_to_pb
+from rollmesh.scheduler.drivers.agent_loop import EnvDescription
+from rollmesh.scheduler.drivers.agent_loop import EnvStep
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import GroupMember
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import SessionOpened
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
+from rollmesh.scheduler.drivers.agent_loop import Turn
+from rollmesh.scheduler.drivers.program import CapturedTurn
+from rollmesh.scheduler.drivers.program import CaptureOpened
+from rollmesh.scheduler.drivers.program import CaptureRecord
 from rollmesh.scheduler.errors import BadReward
 from rollmesh.scheduler.telemetry import CallRecorder
-from rollmesh_client import (
-    AlreadyExistsError,
-    Multiplexed,
-    NotFoundError,
-    RollmeshClientError,
-    aio_channel,
-    generate_mux,
-    unary_call,
-    verify_mux,
-)
-from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from rollmesh_client import AlreadyExistsError
+from rollmesh_client import Multiplexed
+from rollmesh_client import NotFoundError
+from rollmesh_client import RollmeshClientError
+from rollmesh_client import aio_channel
+from rollmesh_client import generate_mux
+from rollmesh_client import unary_call
+from rollmesh_client import verify_mux
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import gateway_pb2
+from rollmesh_client.v1 import gateway_pb2_grpc
+from rollmesh_client.v1 import verifier_pb2
+from rollmesh_client.v1 import verifier_pb2_grpc
 
 R = TypeVar("R")
 

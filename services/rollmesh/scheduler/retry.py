@@ -35,11 +35,17 @@ import collections
 import contextlib
 import contextvars
 import random
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
-from rollmesh.scheduler.errors import ErrorClass, ProgramRun, RolloutFailed
+from rollmesh.scheduler.errors import ErrorClass
+from rollmesh.scheduler.errors import ProgramRun
+from rollmesh.scheduler.errors import RolloutFailed
 from rollmesh.scheduler.spec import RetryPolicy
 
 T = TypeVar("T")

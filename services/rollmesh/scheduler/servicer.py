@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rollmesh.mesh.paging import page
-from rollmesh.scheduler import convert, job_convert
+from rollmesh.scheduler import convert
+from rollmesh.scheduler import job_convert
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.records import Rollout
 from rollmesh_client.v1 import scheduler_pb2 as pb

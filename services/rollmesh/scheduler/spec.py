@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
-from rollmesh.scheduler.errors import InvalidJobSpec, InvalidShard
+from rollmesh.scheduler.errors import InvalidJobSpec
+from rollmesh.scheduler.errors import InvalidShard
 from rollmesh_client._channel import check_address
 
 Json = dict[str, Any]

@@ -26,17 +26,26 @@ import contextlib
 import glob
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import TypeVar
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.errors import CorruptSinkFile, MixedJobs
+from rollmesh.scheduler.errors import CorruptSinkFile
+from rollmesh.scheduler.errors import MixedJobs
 from rollmesh.scheduler.metrics import Scored
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey, RowKeys, row_masked
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.records import RowKeys
+from rollmesh.scheduler.records import row_masked
 from rollmesh.scheduler.spec import JobSpec
 
 log = get_logger("rollmesh.scheduler.store")

@@ -17,15 +17,22 @@ import asyncio
 import bisect
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
-from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import REGISTRY
+from prometheus_client import Counter
+from prometheus_client import Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
+from rollmesh.mesh.metrics import LATENCY_BUCKETS
+from rollmesh.mesh.metrics import LiveCollector
+from rollmesh.mesh.metrics import Sample
 from rollmesh.scheduler import errors
 from rollmesh_client.v1 import scheduler_pb2
 

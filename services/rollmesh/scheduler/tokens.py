@@ -37,12 +37,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.scheduler.drivers.agent_loop import Turn
 from rollmesh.scheduler.errors import TokenRecordMismatch
-from rollmesh.scheduler.records import SEGMENT_KEY, Json, Rollout, TokenRecord, TurnSpan
+from rollmesh.scheduler.records import SEGMENT_KEY
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import TokenRecord
+from rollmesh.scheduler.records import TurnSpan
 
 
 class Decoder(Protocol):

@@ -24,13 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import TypeVar
 
 from rollmesh.mesh import errors as mesh
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.errors import GatewayUnresponsive, VerifierUnresponsive
-from rollmesh.scheduler.retry import FINAL, Outages, classify
+from rollmesh.scheduler.errors import GatewayUnresponsive
+from rollmesh.scheduler.errors import VerifierUnresponsive
+from rollmesh.scheduler.retry import FINAL
+from rollmesh.scheduler.retry import Outages
+from rollmesh.scheduler.retry import classify
 
 log = get_logger("rollmesh.scheduler.watchdog")
 

@@ -31,28 +31,36 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-from rollmesh.gateway.backends.base import (
-    EngineChunk,
-    EngineRequest,
-    ModelBackend,
-    ModelCard,
-    ReplicaStatus,
-    Tokenizer,
-)
-from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import ModelBackend
+from rollmesh.gateway.backends.base import ModelCard
+from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.gateway.backends.base import Tokenizer
+from rollmesh.gateway.errors import BackendUnavailable
+from rollmesh.gateway.errors import WeightLoadFailed
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.mesh.logging import get_logger
-from rollmesh.serving.batching import Batcher, BatchItem, BatchReport, Ticket
+from rollmesh.serving.batching import Batcher
+from rollmesh.serving.batching import BatchItem
+from rollmesh.serving.batching import BatchReport
+from rollmesh.serving.batching import Ticket
 from rollmesh.serving.cluster import ServingCluster
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.errors import BatchItemFailed, EngineRejected, RequestRejected, StaleReplica
-from rollmesh.serving.weights_record import WeightsRecord, WeightsRef, write_record
+from rollmesh.serving.errors import BatchItemFailed
+from rollmesh.serving.errors import EngineRejected
+from rollmesh.serving.errors import RequestRejected
+from rollmesh.serving.errors import StaleReplica
+from rollmesh.serving.weights_record import WeightsRecord
+from rollmesh.serving.weights_record import WeightsRef
+from rollmesh.serving.weights_record import write_record
 
 log = get_logger(__name__)
 
@@ -63,7 +71,9 @@ _LOAD_TIMEOUT_S = 600.0
 
 def _is_replica_failure(exc: BaseException) -> bool:
     """True when the replica (not the request) failed: its actor died or became unreachable."""
-    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    from ray.exceptions import ActorDiedError
+    from ray.exceptions import ActorUnavailableError
+    from ray.exceptions import RayActorError
 
     return isinstance(exc, ActorDiedError | ActorUnavailableError | RayActorError)
 

@@ -25,12 +25,17 @@ session goes alone, so the router keeps it on its session's replica.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
 
-from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import Sampling
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.serving.errors import BatchItemFailed, RequestRejected
+from rollmesh.serving.errors import BatchItemFailed
+from rollmesh.serving.errors import RequestRejected
 
 DEFAULT_MAX_BATCH = 256
 # Gateway side: how long a batch waits for company before it leaves. Measured on the short-answers

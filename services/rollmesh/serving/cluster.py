@@ -25,16 +25,24 @@ import asyncio
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 from rollmesh.mesh.aio import ProcessLifetimeThread
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.deployment import build_app, engine_kwargs
-from rollmesh.serving.errors import ServeAppExists, ServingStartupError
-from rollmesh.serving.join import connect_error, driver_on_node, enable_token_auth, wait_reachable
-from rollmesh.serving.weights_record import WeightsRecord, delete_record, write_record
+from rollmesh.serving.deployment import build_app
+from rollmesh.serving.deployment import engine_kwargs
+from rollmesh.serving.errors import ServeAppExists
+from rollmesh.serving.errors import ServingStartupError
+from rollmesh.serving.join import connect_error
+from rollmesh.serving.join import driver_on_node
+from rollmesh.serving.join import enable_token_auth
+from rollmesh.serving.join import wait_reachable
+from rollmesh.serving.weights_record import WeightsRecord
+from rollmesh.serving.weights_record import delete_record
+from rollmesh.serving.weights_record import write_record
 
 log = get_logger(__name__)
 

@@ -31,10 +31,12 @@ from typing import Any
 from ray import serve
 from ray.serve.deployment import Application
 
-from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import Sampling
 from rollmesh.mesh import tracing
 from rollmesh.mesh.logging import get_logger
-from rollmesh.serving.batching import BatchItem, merge_chunks
+from rollmesh.serving.batching import BatchItem
+from rollmesh.serving.batching import merge_chunks
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.errors import RequestRejected
 from rollmesh.serving.replica import Replica

@@ -20,9 +20,13 @@ import zlib
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from rollmesh.gateway.backends.base import EngineChunk, EngineRequest, Sampling
-from rollmesh.gateway.backends.fake import FakeBackend, FakeTokenizer
-from rollmesh.serving.batching import BatchItem, merge_chunks
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import Sampling
+from rollmesh.gateway.backends.fake import FakeBackend
+from rollmesh.gateway.backends.fake import FakeTokenizer
+from rollmesh.serving.batching import BatchItem
+from rollmesh.serving.batching import merge_chunks
 from rollmesh.serving.config import ServingConfig
 from rollmesh.serving.replica import Replica
 from rollmesh.serving.weights_record import WeightsRef

@@ -20,11 +20,15 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.serving.errors import RayAuthFailed, RayNotANode, RayUnreachable, RayVersionMismatch
+from rollmesh.serving.errors import RayAuthFailed
+from rollmesh.serving.errors import RayNotANode
+from rollmesh.serving.errors import RayUnreachable
+from rollmesh.serving.errors import RayVersionMismatch
 
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VAR = "RAY_AUTH_TOKEN"

@@ -11,19 +11,29 @@ and supplies `_generate`, `_whole_output`, `_abort` and `_engine_stats`.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import aclosing, contextmanager
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import aclosing
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
 from ray import serve
 
-from rollmesh.gateway.backends.base import EngineChunk, Sampling
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import Sampling
 from rollmesh.mesh import tracing
-from rollmesh.serving.batching import BatchItem, BatchReport, run_batch
+from rollmesh.serving.batching import BatchItem
+from rollmesh.serving.batching import BatchReport
+from rollmesh.serving.batching import run_batch
 from rollmesh.serving.config import ServingConfig
-from rollmesh.serving.weights_record import ReplicaWeights, WeightsRef
+from rollmesh.serving.weights_record import ReplicaWeights
+from rollmesh.serving.weights_record import WeightsRef
 
 
 class Replica(ABC):

@@ -30,7 +30,10 @@ import random
 from collections import OrderedDict
 from typing import Any
 
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest
+from ray.serve.request_router import ReplicaID
+from ray.serve.request_router import RequestRouter
+from ray.serve.request_router import RunningReplica
 
 DEFAULT_MAX_SESSIONS = 100_000
 _MAX_TENTATIVE = 10_000

@@ -27,8 +27,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Awaitable
+from collections.abc import Callable
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import replace
 
 from rollmesh.mesh.logging import get_logger
 from rollmesh.serving.errors import WeightsDrift

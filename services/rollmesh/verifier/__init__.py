@@ -16,23 +16,27 @@ session and got none raises `SessionRequired` (SESSION_REQUIRED).
 
 from __future__ import annotations
 
-from rollmesh.verifier.config import SandboxConfig, SandboxLimits, VerifierConfig
-from rollmesh.verifier.environment import (
-    EnvContext,
-    Environment,
-    EnvTurn,
-    Message,
-    Response,
-    Seeded,
-    Session,
-    Task,
-    ToolCall,
-    ToolOutput,
-    ToolSpec,
-    VerifyResult,
-    tool,
-)
-from rollmesh.verifier.errors import BadTask, CheckFailed, CheckTimeout, SessionRequired, ToolError
+from rollmesh.verifier.config import SandboxConfig
+from rollmesh.verifier.config import SandboxLimits
+from rollmesh.verifier.config import VerifierConfig
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import Environment
+from rollmesh.verifier.environment import EnvTurn
+from rollmesh.verifier.environment import Message
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import Seeded
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.environment import Task
+from rollmesh.verifier.environment import ToolCall
+from rollmesh.verifier.environment import ToolOutput
+from rollmesh.verifier.environment import ToolSpec
+from rollmesh.verifier.environment import VerifyResult
+from rollmesh.verifier.environment import tool
+from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import CheckFailed
+from rollmesh.verifier.errors import CheckTimeout
+from rollmesh.verifier.errors import SessionRequired
+from rollmesh.verifier.errors import ToolError
 
 SessionState = Session  # the name for per-session state
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 
 from rollmesh.mesh.aio import run_server
-from rollmesh.mesh.config import NO_FLAGS, ServerFlags
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import ServerFlags
 from rollmesh.mesh.logging import configure
-from rollmesh.mesh.server import ServiceBinding, serve
-from rollmesh.registry import Catalog, install_sys_path
+from rollmesh.mesh.server import ServiceBinding
+from rollmesh.mesh.server import serve
+from rollmesh.registry import Catalog
+from rollmesh.registry import install_sys_path
 from rollmesh.verifier import VerifierConfig
 from rollmesh.verifier.service import VerifierService
 from rollmesh.verifier.servicer import VerifierServicer

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
-from rollmesh.mesh.config import NO_FLAGS, ServerConfig, ServerFlags, read, read_fields, service_addr
+from rollmesh.mesh.config import NO_FLAGS
+from rollmesh.mesh.config import ServerConfig
+from rollmesh.mesh.config import ServerFlags
+from rollmesh.mesh.config import read
+from rollmesh.mesh.config import read_fields
+from rollmesh.mesh.config import service_addr
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.procedural.scoring import READINGS
 from rollmesh.registry.roots import RootsConfig

@@ -5,11 +5,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from rollmesh.mesh.chat import message_from_pb, message_to_pb, tool_spec_to_pb
-from rollmesh.mesh.fields import from_pb, to_pb
-from rollmesh.verifier.environment import EnvTurn, Response, ToolOutput, VerifyResult
+from rollmesh.mesh.chat import message_from_pb
+from rollmesh.mesh.chat import message_to_pb
+from rollmesh.mesh.chat import tool_spec_to_pb
+from rollmesh.mesh.fields import from_pb
+from rollmesh.mesh.fields import to_pb
+from rollmesh.verifier.environment import EnvTurn
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import ToolOutput
+from rollmesh.verifier.environment import VerifyResult
 from rollmesh.verifier.loader import Broken
-from rollmesh.verifier.service import EnvironmentInfo, GroupCall, GroupMember, SeededSession, VerifyCall
+from rollmesh.verifier.service import EnvironmentInfo
+from rollmesh.verifier.service import GroupCall
+from rollmesh.verifier.service import GroupMember
+from rollmesh.verifier.service import SeededSession
+from rollmesh.verifier.service import VerifyCall
 from rollmesh_client.v1 import common_pb2
 from rollmesh_client.v1 import verifier_pb2 as pb
 

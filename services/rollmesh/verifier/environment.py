@@ -88,11 +88,20 @@ import inspect
 import json
 import types
 import typing
-from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import ClassVar
+from typing import TypeVar
+from typing import overload
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import Message as Message  # re-exported: part of the plugin API

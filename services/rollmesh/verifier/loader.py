@@ -27,10 +27,12 @@ from types import ModuleType
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
-from rollmesh.registry.catalog import Catalog, Kind
+from rollmesh.registry.catalog import Catalog
+from rollmesh.registry.catalog import Kind
 from rollmesh.registry.errors import ArtifactCollision
 from rollmesh.verifier import bridges
-from rollmesh.verifier.environment import EnvContext, Environment
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import Environment
 
 log = get_logger("rollmesh.verifier.loader")
 

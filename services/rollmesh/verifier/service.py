@@ -9,45 +9,49 @@ import json
 import math
 import numbers
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aio import TaskSet
-from rollmesh.mesh.chat import ToolCall, ToolSpec
-from rollmesh.mesh.errors import Internal, NotJson, RollmeshError
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.chat import ToolSpec
+from rollmesh.mesh.errors import Internal
+from rollmesh.mesh.errors import NotJson
+from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.registry.catalog import Catalog
 from rollmesh.verifier import telemetry
 from rollmesh.verifier.config import VerifierConfig
-from rollmesh.verifier.environment import (
-    _SEEDING,
-    EnvContext,
-    Environment,
-    EnvTurn,
-    Message,
-    Response,
-    Seeded,
-    Session,
-    Task,
-    ToolOutput,
-)
-from rollmesh.verifier.errors import (
-    BadEnvTurn,
-    BadGroup,
-    BadTask,
-    EnvironmentBroken,
-    EnvironmentNotFound,
-    GroupScored,
-    TakesNoTurns,
-    ToolNotFound,
-    VerifyTimeout,
-)
-from rollmesh.verifier.loader import Broken, Discovery, Loaded, discover
-from rollmesh.verifier.sessions import Clock, SessionStore
+from rollmesh.verifier.environment import _SEEDING
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import Environment
+from rollmesh.verifier.environment import EnvTurn
+from rollmesh.verifier.environment import Message
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import Seeded
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.environment import Task
+from rollmesh.verifier.environment import ToolOutput
+from rollmesh.verifier.errors import BadEnvTurn
+from rollmesh.verifier.errors import BadGroup
+from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import EnvironmentBroken
+from rollmesh.verifier.errors import EnvironmentNotFound
+from rollmesh.verifier.errors import GroupScored
+from rollmesh.verifier.errors import TakesNoTurns
+from rollmesh.verifier.errors import ToolNotFound
+from rollmesh.verifier.errors import VerifyTimeout
+from rollmesh.verifier.loader import Broken
+from rollmesh.verifier.loader import Discovery
+from rollmesh.verifier.loader import Loaded
+from rollmesh.verifier.loader import discover
+from rollmesh.verifier.sessions import Clock
+from rollmesh.verifier.sessions import SessionStore
 from rollmesh.verifier.workers import WorkerPool
 
 log = get_logger("rollmesh.verifier")

@@ -6,9 +6,12 @@ import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rollmesh.mesh import chat, tracing
+from rollmesh.mesh import chat
+from rollmesh.mesh import tracing
 from rollmesh.mesh.errors import InvalidArgument
-from rollmesh.mesh.multiplex import Item, ItemMessages, MultiplexedMethod
+from rollmesh.mesh.multiplex import Item
+from rollmesh.mesh.multiplex import ItemMessages
+from rollmesh.mesh.multiplex import MultiplexedMethod
 from rollmesh.mesh.paging import page
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier import convert

@@ -11,11 +11,15 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 from rollmesh.mesh.errors import InvalidArgument
 from rollmesh.verifier.environment import Session
-from rollmesh.verifier.errors import SessionExists, SessionMismatch, SessionNotFound, TooManySessions
+from rollmesh.verifier.errors import SessionExists
+from rollmesh.verifier.errors import SessionMismatch
+from rollmesh.verifier.errors import SessionNotFound
+from rollmesh.verifier.errors import TooManySessions
 
 Clock = Callable[[], float]
 MAX_SESSION_ID_LEN = 256

@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter
+from prometheus_client import Histogram
 
 from rollmesh.mesh.errors import RollmeshError
-from rollmesh.mesh.metrics import LATENCY_BUCKETS, LiveCollector, Sample
+from rollmesh.mesh.metrics import LATENCY_BUCKETS
+from rollmesh.mesh.metrics import LiveCollector
+from rollmesh.mesh.metrics import Sample
 
 VERIFIES = Counter(
     "rollmesh_verifier_verifies",

@@ -9,21 +9,20 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from rollmesh.verifier import (
-    EnvContext,
-    Environment,
-    Message,
-    Response,
-    SandboxConfig,
-    SandboxLimits,
-    Seeded,
-    Session,
-    Task,
-    ToolCall,
-    VerifierConfig,
-    VerifyResult,
-)
-from rollmesh.verifier.loader import environment_class, import_file
+from rollmesh.verifier import EnvContext
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Message
+from rollmesh.verifier import Response
+from rollmesh.verifier import SandboxConfig
+from rollmesh.verifier import SandboxLimits
+from rollmesh.verifier import Seeded
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import ToolCall
+from rollmesh.verifier import VerifierConfig
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier.loader import environment_class
+from rollmesh.verifier.loader import import_file
 from rollmesh.verifier.workers import WorkerPool
 
 TEST_CONFIG = VerifierConfig(

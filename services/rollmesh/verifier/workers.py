@@ -14,7 +14,8 @@ import sys
 from typing import Any
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier.errors import WorkerError, WorkerTimeout
+from rollmesh.verifier.errors import WorkerError
+from rollmesh.verifier.errors import WorkerTimeout
 
 log = get_logger("rollmesh.verifier.workers")
 

@@ -1,6 +1,7 @@
 """The guessing game's action and observation (openenv-core's pydantic models)."""
 
-from openenv.core.env_server.types import Action, Observation
+from openenv.core.env_server.types import Action
+from openenv.core.env_server.types import Observation
 from pydantic import Field
 
 

@@ -8,10 +8,17 @@ trainer's weights reach every replica through UpdateWeights. `RollmeshRolloutWor
 (the `trainers` extra).
 """
 
-from rollmesh_client.trl._async import RollmeshRolloutWorker, RollmeshWeightTransfer
-from rollmesh_client.trl._rollout_func import BatchRecord, RollmeshRollouts, environment_reward
-from rollmesh_client.trl._samples import TrlSample, failed_sample, row_prompt, trl_sample
-from rollmesh_client.trl._weights import WeightPush, WeightPusher
+from rollmesh_client.trl._async import RollmeshRolloutWorker
+from rollmesh_client.trl._async import RollmeshWeightTransfer
+from rollmesh_client.trl._rollout_func import BatchRecord
+from rollmesh_client.trl._rollout_func import RollmeshRollouts
+from rollmesh_client.trl._rollout_func import environment_reward
+from rollmesh_client.trl._samples import TrlSample
+from rollmesh_client.trl._samples import failed_sample
+from rollmesh_client.trl._samples import row_prompt
+from rollmesh_client.trl._samples import trl_sample
+from rollmesh_client.trl._weights import WeightPush
+from rollmesh_client.trl._weights import WeightPusher
 
 __all__ = [
     "BatchRecord",

@@ -20,7 +20,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,10 @@ from rollmesh_client._gateway import InFlight
 from rollmesh_client._rollout import TrainerRollout
 from rollmesh_client._sync import _Loop
 from rollmesh_client.trainer import SinkServer
-from rollmesh_client.trl._samples import as_rollmesh_row, row_prompt
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.trl._samples import as_rollmesh_row
+from rollmesh_client.trl._samples import row_prompt
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 
 class RollmeshWeightTransfer:

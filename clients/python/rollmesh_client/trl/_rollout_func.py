@@ -14,8 +14,11 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +27,16 @@ from rollmesh_client._gateway import InFlight
 from rollmesh_client._rollout import TrainerRollout
 from rollmesh_client._scheduler import state_name
 from rollmesh_client._sync import _Loop
-from rollmesh_client.trl._samples import (
-    Messages,
-    RowIndex,
-    TrlSample,
-    failed_sample,
-    prompt_key,
-    trl_sample,
-)
-from rollmesh_client.trl._weights import WeightPush, WeightPusher
-from rollmesh_client.v1 import common_pb2, scheduler_pb2
+from rollmesh_client.trl._samples import Messages
+from rollmesh_client.trl._samples import RowIndex
+from rollmesh_client.trl._samples import TrlSample
+from rollmesh_client.trl._samples import failed_sample
+from rollmesh_client.trl._samples import prompt_key
+from rollmesh_client.trl._samples import trl_sample
+from rollmesh_client.trl._weights import WeightPush
+from rollmesh_client.trl._weights import WeightPusher
+from rollmesh_client.v1 import common_pb2
+from rollmesh_client.v1 import scheduler_pb2
 
 Json = dict[str, Any]
 

@@ -8,11 +8,16 @@ return generated token ids, logprobs and text.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import AsyncIterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 from rollmesh.gateway.errors import WeightUpdatesUnsupported
 

@@ -15,7 +15,8 @@ from typing import Any
 from rollmesh.gateway.backends.base import ModelBackend
 from rollmesh.gateway.config import ModelSpec
 from rollmesh.mesh.config import read
-from rollmesh.mesh.errors import ConfigError, RollmeshError
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.errors import RollmeshError
 
 
 def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> Path:
@@ -25,7 +26,9 @@ def resolve_model_path(model: str, environ: Mapping[str, str] | None = None) -> 
         return path.resolve()
     if "/" in model or "\\" in model:
         raise ConfigError(f"model path {model!r} is not a directory")
-    from rollmesh.registry import Catalog, Kind, RootsConfig
+    from rollmesh.registry import Catalog
+    from rollmesh.registry import Kind
+    from rollmesh.registry import RootsConfig
 
     catalog = Catalog.from_config(RootsConfig.from_env(environ))
     return catalog.locate(Kind.MODEL, model).path

@@ -27,18 +27,19 @@ import json
 import sys
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
+from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rollmesh.gateway.backends.base import (
-    EngineChunk,
-    EngineRequest,
-    ModelBackend,
-    ModelCard,
-    ReplicaStatus,
-)
-from rollmesh.gateway.errors import BackendUnavailable, WeightLoadFailed
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import ModelBackend
+from rollmesh.gateway.backends.base import ModelCard
+from rollmesh.gateway.backends.base import ReplicaStatus
+from rollmesh.gateway.errors import BackendUnavailable
+from rollmesh.gateway.errors import WeightLoadFailed
 
 Script = Callable[[str, EngineRequest], "str | Sequence[int]"]
 # Called per replica on a weight load: (replica_id, checkpoint); raising fails that replica's load.

@@ -39,20 +39,19 @@ import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
+from urllib.parse import urlsplit
 
 import aiohttp
 from yarl import URL
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends import unary_http
-from rollmesh.gateway.backends.base import (
-    EngineChunk,
-    EngineRequest,
-    ModelBackend,
-    ModelCard,
-    ReplicaStatus,
-)
+from rollmesh.gateway.backends.base import EngineChunk
+from rollmesh.gateway.backends.base import EngineRequest
+from rollmesh.gateway.backends.base import ModelBackend
+from rollmesh.gateway.backends.base import ModelCard
+from rollmesh.gateway.backends.base import ReplicaStatus
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import RollmeshError

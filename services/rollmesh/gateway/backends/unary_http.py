@@ -39,18 +39,17 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
+from urllib.parse import urlsplit
 
 import httptools
 
-from rollmesh.gateway.errors import (
-    AnswerTooLarge,
-    ConnectFailed,
-    ConnectionBroke,
-    ConnectTimedOut,
-    HttpCallError,
-    ReadTimedOut,
-)
+from rollmesh.gateway.errors import AnswerTooLarge
+from rollmesh.gateway.errors import ConnectFailed
+from rollmesh.gateway.errors import ConnectionBroke
+from rollmesh.gateway.errors import ConnectTimedOut
+from rollmesh.gateway.errors import HttpCallError
+from rollmesh.gateway.errors import ReadTimedOut
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the mesh's gRPC message limit: no larger answer could be passed on
 KEEPALIVE_S = 4.0  # below the 5 s after which uvicorn (vLLM's server) closes idle connections

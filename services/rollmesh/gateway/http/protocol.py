@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from rollmesh.gateway import errors
 from rollmesh.gateway.backends.base import SamplingInput
 from rollmesh.gateway.errors import bad_request
-from rollmesh.gateway.types import GenerateInput, GenerateResult, ModelStatus
+from rollmesh.gateway.types import GenerateInput
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import ModelStatus
 from rollmesh.mesh import responses_items
-from rollmesh.mesh.chat import Message, ToolSpec, content_text
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolSpec
+from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.errors import RollmeshError
 
 

@@ -15,23 +15,37 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
+from collections.abc import Awaitable
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import FastAPI
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from fastapi.responses import Response
+from fastapi.responses import StreamingResponse
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
+from starlette.types import Receive
+from starlette.types import Scope
+from starlette.types import Send
 
 from rollmesh.gateway import errors
-from rollmesh.gateway.captures import PATH_PREFIX, Capture
+from rollmesh.gateway.captures import PATH_PREFIX
+from rollmesh.gateway.captures import Capture
 from rollmesh.gateway.core import Gateway
-from rollmesh.gateway.http import protocol, streaming
-from rollmesh.gateway.types import GenerateInput, GenerateResult, StreamDelta
+from rollmesh.gateway.http import protocol
+from rollmesh.gateway.http import streaming
+from rollmesh.gateway.types import GenerateInput
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import StreamDelta
 from rollmesh.mesh import untrusted_json
-from rollmesh.mesh.errors import RollmeshError, Unauthenticated
+from rollmesh.mesh.errors import RollmeshError
+from rollmesh.mesh.errors import Unauthenticated
 from rollmesh_client import max_message_bytes
-from rollmesh_client._auth import AUTH_HEADER, authorized
+from rollmesh_client._auth import AUTH_HEADER
+from rollmesh_client._auth import authorized
 
 Record = Callable[[GenerateResult], None]
 Answer = Callable[[dict[str, Any], GenerateInput, Record], Awaitable[Response]]

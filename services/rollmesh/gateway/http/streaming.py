@@ -14,22 +14,22 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from typing import Any
 
-from rollmesh.gateway.http.protocol import (
-    calls_json,
-    chat_finish,
-    completion_object,
-    error_json,
-    extension,
-    logprobs_json,
-    response_object,
-    response_shell,
-    usage_json,
-)
+from rollmesh.gateway.http.protocol import calls_json
+from rollmesh.gateway.http.protocol import chat_finish
+from rollmesh.gateway.http.protocol import completion_object
+from rollmesh.gateway.http.protocol import error_json
+from rollmesh.gateway.http.protocol import extension
+from rollmesh.gateway.http.protocol import logprobs_json
+from rollmesh.gateway.http.protocol import response_object
+from rollmesh.gateway.http.protocol import response_shell
+from rollmesh.gateway.http.protocol import usage_json
 from rollmesh.gateway.toolcalls import ContentStreamFilter
-from rollmesh.gateway.types import GenerateResult, StreamDelta
+from rollmesh.gateway.types import GenerateResult
+from rollmesh.gateway.types import StreamDelta
 from rollmesh.mesh.errors import RollmeshError
 
 Items = AsyncGenerator[StreamDelta | GenerateResult, None]

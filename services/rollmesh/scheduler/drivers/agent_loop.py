@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import Protocol
+from typing import runtime_checkable
 
 from rollmesh.mesh import responses_items
 from rollmesh.mesh.chat import content_text
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.mesh.versions import VersionSpan
-from rollmesh.scheduler.errors import GenerationAborted, NoPrompt
+from rollmesh.scheduler.errors import GenerationAborted
+from rollmesh.scheduler.errors import NoPrompt
 from rollmesh.scheduler.records import RolloutKey
 
 Json = dict[str, Any]

@@ -53,21 +53,19 @@ import aiohttp
 
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.children import kill_group
-from rollmesh.mesh.confine import LIMITS_MODE, UidLeases, read_mode
+from rollmesh.mesh.confine import LIMITS_MODE
+from rollmesh.mesh.confine import UidLeases
+from rollmesh.mesh.confine import read_mode
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.drivers.program import (
-    HostRun,
-    ProgramSpec,
-    RolloutIO,
-    loopback_relays,
-    prepare_folder,
-    start_confined,
-)
-from rollmesh.scheduler.errors import (
-    AgentProgramUnstartable,
-    AgentServerDied,
-    AgentServerFailed,
-)
+from rollmesh.scheduler.drivers.program import HostRun
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import RolloutIO
+from rollmesh.scheduler.drivers.program import loopback_relays
+from rollmesh.scheduler.drivers.program import prepare_folder
+from rollmesh.scheduler.drivers.program import start_confined
+from rollmesh.scheduler.errors import AgentProgramUnstartable
+from rollmesh.scheduler.errors import AgentServerDied
+from rollmesh.scheduler.errors import AgentServerFailed
 
 log = get_logger("rollmesh.scheduler.agent_server")
 

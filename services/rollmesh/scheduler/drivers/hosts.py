@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from rollmesh.mesh.confine import UidLeases
 from rollmesh.scheduler.drivers.agent_server import AgentServer
-from rollmesh.scheduler.drivers.modes import SERVER, WARM, check_mode
-from rollmesh.scheduler.drivers.program import PerRollout, ProgramHost, ProgramSpec
+from rollmesh.scheduler.drivers.modes import SERVER
+from rollmesh.scheduler.drivers.modes import WARM
+from rollmesh.scheduler.drivers.modes import check_mode
+from rollmesh.scheduler.drivers.program import PerRollout
+from rollmesh.scheduler.drivers.program import ProgramHost
+from rollmesh.scheduler.drivers.program import ProgramSpec
 from rollmesh.scheduler.drivers.warm import WarmStart
 
 

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
-from rollmesh.scheduler.drivers.agent_loop import AgentOutcome, AgentSettings, EnvPort, Json, close_sessions
+from rollmesh.mesh.oracle import ORACLE_ROW_KEY
+from rollmesh.mesh.oracle import ORACLE_TOOL
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import EnvPort
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import close_sessions
 from rollmesh.scheduler.records import RolloutKey
 
 FINISH_REASON = "oracle"

@@ -61,52 +61,52 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.children import kill_group
-from rollmesh.mesh.confine import (
-    LIMITS_MODE,
-    Confinement,
-    ShimUnresolved,
-    UidLeases,
-    command,
-    program_paths,
-    read_mode,
-    resolve_shim,
-)
+from rollmesh.mesh.confine import LIMITS_MODE
+from rollmesh.mesh.confine import Confinement
+from rollmesh.mesh.confine import ShimUnresolved
+from rollmesh.mesh.confine import UidLeases
+from rollmesh.mesh.confine import command
+from rollmesh.mesh.confine import program_paths
+from rollmesh.mesh.confine import read_mode
+from rollmesh.mesh.confine import resolve_shim
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.loopback import served_here
-from rollmesh.scheduler.drivers.agent_loop import (
-    AgentOutcome,
-    AgentSettings,
-    EnvPort,
-    Json,
-    ModelPort,
-    SessionOpened,
-    ToolResult,
-    Turn,
-    close_sessions,
-    input_messages,
-    merge_tools,
-    row_sampling,
-    row_tools,
-)
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import EnvPort
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import ModelPort
+from rollmesh.scheduler.drivers.agent_loop import SessionOpened
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
+from rollmesh.scheduler.drivers.agent_loop import Turn
+from rollmesh.scheduler.drivers.agent_loop import close_sessions
+from rollmesh.scheduler.drivers.agent_loop import input_messages
+from rollmesh.scheduler.drivers.agent_loop import merge_tools
+from rollmesh.scheduler.drivers.agent_loop import row_sampling
+from rollmesh.scheduler.drivers.agent_loop import row_tools
 from rollmesh.scheduler.drivers.tool_endpoint import ToolEndpoint
-from rollmesh.scheduler.errors import (
-    AgentProgramExited,
-    AgentProgramNoModelCall,
-    AgentProgramTimedOut,
-    AgentProgramUnstartable,
-    AgentProgramUnsupported,
-    GenerationAborted,
-    ProgramRun,
-)
-from rollmesh.scheduler.records import SEGMENT_KEY, RolloutKey
+from rollmesh.scheduler.errors import AgentProgramExited
+from rollmesh.scheduler.errors import AgentProgramNoModelCall
+from rollmesh.scheduler.errors import AgentProgramTimedOut
+from rollmesh.scheduler.errors import AgentProgramUnstartable
+from rollmesh.scheduler.errors import AgentProgramUnsupported
+from rollmesh.scheduler.errors import GenerationAborted
+from rollmesh.scheduler.errors import ProgramRun
+from rollmesh.scheduler.records import SEGMENT_KEY
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.retry import attempt_deadline_held
 
 log = get_logger("rollmesh.scheduler.drivers.program")

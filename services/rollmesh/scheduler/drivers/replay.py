@@ -14,18 +14,17 @@ last recorded turn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
-from rollmesh.scheduler.drivers.agent_loop import (
-    AgentOutcome,
-    AgentSettings,
-    EnvPort,
-    GenerateCall,
-    Json,
-    Turn,
-    run_agent,
-)
+from rollmesh.scheduler.drivers.agent_loop import AgentOutcome
+from rollmesh.scheduler.drivers.agent_loop import AgentSettings
+from rollmesh.scheduler.drivers.agent_loop import EnvPort
+from rollmesh.scheduler.drivers.agent_loop import GenerateCall
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import Turn
+from rollmesh.scheduler.drivers.agent_loop import run_agent
 from rollmesh.scheduler.errors import NothingToReplay
 from rollmesh.scheduler.records import Rollout
 

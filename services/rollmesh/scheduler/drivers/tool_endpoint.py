@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -25,7 +26,8 @@ from aiohttp import web
 from rollmesh.mesh import untrusted_json
 from rollmesh.mesh.aiohttp_serve import AiohttpServe
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler.drivers.agent_loop import Json, ToolResult
+from rollmesh.scheduler.drivers.agent_loop import Json
+from rollmesh.scheduler.drivers.agent_loop import ToolResult
 
 log = get_logger("rollmesh.scheduler.tools")
 

@@ -36,18 +36,21 @@ from typing import Any
 
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.children import kill_group
-from rollmesh.mesh.confine import CONFINE, Confinement, UidLeases, program_paths, read_mode, settings
+from rollmesh.mesh.confine import CONFINE
+from rollmesh.mesh.confine import Confinement
+from rollmesh.mesh.confine import UidLeases
+from rollmesh.mesh.confine import program_paths
+from rollmesh.mesh.confine import read_mode
+from rollmesh.mesh.confine import settings
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler.drivers.modes import warm_argv
-from rollmesh.scheduler.drivers.program import (
-    HostRun,
-    PerRollout,
-    ProgramSpec,
-    RolloutIO,
-    RolloutProcess,
-    program_environment,
-    resolved_argv,
-)
+from rollmesh.scheduler.drivers.program import HostRun
+from rollmesh.scheduler.drivers.program import PerRollout
+from rollmesh.scheduler.drivers.program import ProgramSpec
+from rollmesh.scheduler.drivers.program import RolloutIO
+from rollmesh.scheduler.drivers.program import RolloutProcess
+from rollmesh.scheduler.drivers.program import program_environment
+from rollmesh.scheduler.drivers.program import resolved_argv
 from rollmesh.scheduler.errors import AgentProgramUnstartable
 
 log = get_logger("rollmesh.scheduler.warm")

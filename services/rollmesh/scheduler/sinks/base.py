@@ -10,13 +10,18 @@ not hold, and a job's metrics leave them out (its truth is what its sink stored)
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from rollmesh.mesh.errors import RollmeshError
 from rollmesh.scheduler.errors import RolloutTooLarge
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
 from rollmesh.scheduler.timing import Reservoir
 
 # The job's metrics, computed when called: a sink calls it once it knows what it stored.

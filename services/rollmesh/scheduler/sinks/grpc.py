@@ -37,13 +37,21 @@ from typing import Any
 import grpc
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.scheduler import convert, telemetry
-from rollmesh.scheduler.errors import RolloutTooLarge, SinkUnavailable
+from rollmesh.scheduler import convert
+from rollmesh.scheduler import telemetry
+from rollmesh.scheduler.errors import RolloutTooLarge
+from rollmesh.scheduler.errors import SinkUnavailable
 from rollmesh.scheduler.metrics import measured_reward
-from rollmesh.scheduler.records import Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sinks.base import MetricsOf, Sink
-from rollmesh_client import aio_channel, max_message_bytes
-from rollmesh_client.v1 import scheduler_pb2, sink_pb2, sink_pb2_grpc
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.sinks.base import MetricsOf
+from rollmesh.scheduler.sinks.base import Sink
+from rollmesh_client import aio_channel
+from rollmesh_client import max_message_bytes
+from rollmesh_client.v1 import scheduler_pb2
+from rollmesh_client.v1 import sink_pb2
+from rollmesh_client.v1 import sink_pb2_grpc
 
 log = get_logger("rollmesh.scheduler.sinks.grpc")
 

@@ -49,16 +49,21 @@ from typing import Any
 from rollmesh.mesh.aio import TaskSet
 from rollmesh.mesh.logging import get_logger
 from rollmesh.scheduler import store
-from rollmesh.scheduler.errors import (
-    DuplicateRollout,
-    JobFolderInUse,
-    RolloutTooLarge,
-    SinkClosed,
-    SinkWriteFailed,
-)
-from rollmesh.scheduler.metrics import Packed, Scored, compute, measured_reward
-from rollmesh.scheduler.records import Json, Rollout, RolloutFailure, RolloutKey
-from rollmesh.scheduler.sinks.base import MetricsOf, Sink
+from rollmesh.scheduler.errors import DuplicateRollout
+from rollmesh.scheduler.errors import JobFolderInUse
+from rollmesh.scheduler.errors import RolloutTooLarge
+from rollmesh.scheduler.errors import SinkClosed
+from rollmesh.scheduler.errors import SinkWriteFailed
+from rollmesh.scheduler.metrics import Packed
+from rollmesh.scheduler.metrics import Scored
+from rollmesh.scheduler.metrics import compute
+from rollmesh.scheduler.metrics import measured_reward
+from rollmesh.scheduler.records import Json
+from rollmesh.scheduler.records import Rollout
+from rollmesh.scheduler.records import RolloutFailure
+from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.sinks.base import MetricsOf
+from rollmesh.scheduler.sinks.base import Sink
 
 log = get_logger("rollmesh.scheduler.sinks.jsonl")
 

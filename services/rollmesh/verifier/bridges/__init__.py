@@ -8,7 +8,9 @@ imported only when a folder of the kind is loaded); verifier/loader.py finds the
 
 from __future__ import annotations
 
-from rollmesh.verifier.bridges.kinds import FolderKind, folder_kinds, register_folder_kind
+from rollmesh.verifier.bridges.kinds import FolderKind
+from rollmesh.verifier.bridges.kinds import folder_kinds
+from rollmesh.verifier.bridges.kinds import register_folder_kind
 from rollmesh.verifier.environment import Environment
 
 __all__ = ["FolderKind", "folder_kinds", "register_folder_kind"]

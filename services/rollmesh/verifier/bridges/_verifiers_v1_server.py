@@ -45,10 +45,8 @@ import os
 import sys
 from typing import Any
 
-from _verifiers_server import (  # type: ignore[import-not-found]
-    RewardFunctionFailed,
-    serve_or_print_rows,
-)
+from _verifiers_server import RewardFunctionFailed  # type: ignore[import-not-found]
+from _verifiers_server import serve_or_print_rows  # type: ignore[import-not-found]
 
 Json = dict[str, Any]
 
@@ -88,11 +86,9 @@ class Host:
         for path in reversed(job.get("paths") or []):
             sys.path.insert(0, os.path.abspath(path))
         from verifiers.v1 import SingleAgentEnv  # type: ignore[import-not-found]
-        from verifiers.v1.utils.loaders import (  # type: ignore[import-not-found]
-            environment_class,
-            taskset_class,
-            taskset_config_type,
-        )
+        from verifiers.v1.utils.loaders import environment_class  # type: ignore[import-not-found]
+        from verifiers.v1.utils.loaders import taskset_class  # type: ignore[import-not-found]
+        from verifiers.v1.utils.loaders import taskset_config_type  # type: ignore[import-not-found]
 
         raw = dict(job.get("config") or {})
         raw["id"] = job["taskset"]
@@ -214,9 +210,12 @@ class Host:
         return Session(self.task(row))
 
     async def score(self, state: Session, completion: list[Json]) -> Json:
-        from verifiers.v1 import AgentConfig, MessageNode, Trace  # type: ignore[import-not-found]
+        from verifiers.v1 import AgentConfig  # type: ignore[import-not-found]
+        from verifiers.v1 import MessageNode  # type: ignore[import-not-found]
+        from verifiers.v1 import Trace  # type: ignore[import-not-found]
         from verifiers.v1.dialects.chat import parse_message  # type: ignore[import-not-found]
-        from verifiers.v1.trace import AgentInfo, TraceTask  # type: ignore[import-not-found]
+        from verifiers.v1.trace import AgentInfo  # type: ignore[import-not-found]
+        from verifiers.v1.trace import TraceTask  # type: ignore[import-not-found]
 
         task = state.task
         messages = [*_prompt(task.data), *completion]
@@ -266,7 +265,8 @@ def refuse_unsupported(task: Any) -> None:
         param = inspect.signature(fn).parameters.get("runtime")
         return param is not None and param.default is inspect.Parameter.empty
 
-    from verifiers.v1.state import State, state_cls  # type: ignore[import-not-found]
+    from verifiers.v1.state import State  # type: ignore[import-not-found]
+    from verifiers.v1.state import state_cls  # type: ignore[import-not-found]
 
     name = type(task).__name__
     if state_cls(type(task)) is not State:

@@ -27,19 +27,35 @@ import dataclasses
 import os
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import Any
+from typing import ClassVar
+from typing import Protocol
+from typing import Self
+from typing import TypeVar
 
 from rollmesh.launch.restart import RestartPolicy
-from rollmesh.launch.sidecar import Sidecar, SidecarSpec, State
+from rollmesh.launch.sidecar import Sidecar
+from rollmesh.launch.sidecar import SidecarSpec
+from rollmesh.launch.sidecar import State
 from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier.bridges.http_bridge import HttpBridge, bridge_config, built
-from rollmesh.verifier.environment import EnvContext, Environment, Session
-from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable, EnvSessionLost
+from rollmesh.verifier.bridges.http_bridge import HttpBridge
+from rollmesh.verifier.bridges.http_bridge import bridge_config
+from rollmesh.verifier.bridges.http_bridge import built
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import Environment
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.errors import EnvServerBadReply
+from rollmesh.verifier.errors import EnvServerTimeout
+from rollmesh.verifier.errors import EnvServerUnreachable
+from rollmesh.verifier.errors import EnvSessionLost
 
 log = get_logger("rollmesh.verifier.bridges.foreign")
 

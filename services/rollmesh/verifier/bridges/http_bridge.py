@@ -27,16 +27,24 @@ import asyncio
 import contextlib
 import json
 import tomllib
-from collections.abc import Awaitable, Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from collections.abc import Callable
+from collections.abc import Collection
+from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+from typing import TypeVar
 
 import aiohttp
 
 from rollmesh.mesh import untrusted_json
-from rollmesh.mesh.errors import ConfigError, NotJson
-from rollmesh.verifier.errors import EnvServerBadReply, EnvServerTimeout, EnvServerUnreachable
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.errors import NotJson
+from rollmesh.verifier.errors import EnvServerBadReply
+from rollmesh.verifier.errors import EnvServerTimeout
+from rollmesh.verifier.errors import EnvServerUnreachable
 
 T = TypeVar("T")
 

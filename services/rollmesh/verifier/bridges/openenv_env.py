@@ -66,37 +66,42 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
+from typing import Literal
 
 from rollmesh.launch.sidecar import Sidecar
 from rollmesh.mesh import untrusted_json
-from rollmesh.mesh.chat import Message, ToolCall, ToolSpec
-from rollmesh.mesh.errors import ConfigError, NotJson
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolCall
+from rollmesh.mesh.chat import ToolSpec
+from rollmesh.mesh.errors import ConfigError
+from rollmesh.mesh.errors import NotJson
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.verifier.bridges.foreign import BridgeConfig, ForeignServerEnvironment, folder_of, sidecar_spec
-from rollmesh.verifier.bridges.http_bridge import Json, JsonSocket
-from rollmesh.verifier.environment import (
-    EnvContext,
-    EnvTurn,
-    Response,
-    Seeded,
-    Session,
-    Task,
-    schema_errors,
-    seeding_session_id,
-)
-from rollmesh.verifier.errors import (
-    ActionNotBuildable,
-    BadTask,
-    EnvServerAtCapacity,
-    EnvServerBadReply,
-    EnvServerError,
-    EnvServerUnreachable,
-    SessionRequired,
-)
+from rollmesh.verifier.bridges.foreign import BridgeConfig
+from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment
+from rollmesh.verifier.bridges.foreign import folder_of
+from rollmesh.verifier.bridges.foreign import sidecar_spec
+from rollmesh.verifier.bridges.http_bridge import Json
+from rollmesh.verifier.bridges.http_bridge import JsonSocket
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import EnvTurn
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import Seeded
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.environment import Task
+from rollmesh.verifier.environment import schema_errors
+from rollmesh.verifier.environment import seeding_session_id
+from rollmesh.verifier.errors import ActionNotBuildable
+from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import EnvServerAtCapacity
+from rollmesh.verifier.errors import EnvServerBadReply
+from rollmesh.verifier.errors import EnvServerError
+from rollmesh.verifier.errors import EnvServerUnreachable
+from rollmesh.verifier.errors import SessionRequired
 
 log = get_logger("rollmesh.verifier.bridges.openenv_env")
 

@@ -47,39 +47,37 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.launch.sidecar import Sidecar, SidecarSpec
-from rollmesh.mesh.chat import Message, ToolSpec
+from rollmesh.launch.sidecar import Sidecar
+from rollmesh.launch.sidecar import SidecarSpec
+from rollmesh.mesh.chat import Message
+from rollmesh.mesh.chat import ToolSpec
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.verify_result import VerifyResult
-from rollmesh.verifier.bridges.foreign import (
-    BridgeConfig,
-    ForeignServerEnvironment,
-    folder_of,
-    numbers_of,
-    reward_of,
-    sidecar_spec,
-)
-from rollmesh.verifier.bridges.http_bridge import Json, Reply
-from rollmesh.verifier.environment import (
-    EnvContext,
-    EnvTurn,
-    Response,
-    Seeded,
-    Session,
-    Task,
-)
-from rollmesh.verifier.errors import (
-    BadTask,
-    EnvServerBadReply,
-    EnvServerError,
-    GroupScored,
-    RewardFunctionFailed,
-)
+from rollmesh.verifier.bridges.foreign import BridgeConfig
+from rollmesh.verifier.bridges.foreign import ForeignServerEnvironment
+from rollmesh.verifier.bridges.foreign import folder_of
+from rollmesh.verifier.bridges.foreign import numbers_of
+from rollmesh.verifier.bridges.foreign import reward_of
+from rollmesh.verifier.bridges.foreign import sidecar_spec
+from rollmesh.verifier.bridges.http_bridge import Json
+from rollmesh.verifier.bridges.http_bridge import Reply
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import EnvTurn
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import Seeded
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.environment import Task
+from rollmesh.verifier.errors import BadTask
+from rollmesh.verifier.errors import EnvServerBadReply
+from rollmesh.verifier.errors import EnvServerError
+from rollmesh.verifier.errors import GroupScored
+from rollmesh.verifier.errors import RewardFunctionFailed
 
 log = get_logger("rollmesh.verifier.bridges.verifiers_env")
 

@@ -45,7 +45,8 @@ import signal
 import struct
 import sys
 import types
-from typing import Any, NoReturn
+from typing import Any
+from typing import NoReturn
 
 MAX_ERROR_CHARS = 300
 SPECIAL_TAGS = frozenset({"ref", "name", "fn", "builtin"})

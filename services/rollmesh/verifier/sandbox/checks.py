@@ -24,11 +24,16 @@ import functools
 import keyword
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
-from rollmesh.verifier.errors import BadValue, ChannelBroken
-from rollmesh.verifier.sandbox._sandbox_runner import MAX_ERROR_CHARS, encode
-from rollmesh.verifier.sandbox.values import Ref, Shaped, decode_value
+from rollmesh.verifier.errors import BadValue
+from rollmesh.verifier.errors import ChannelBroken
+from rollmesh.verifier.sandbox._sandbox_runner import MAX_ERROR_CHARS
+from rollmesh.verifier.sandbox._sandbox_runner import encode
+from rollmesh.verifier.sandbox.values import Ref
+from rollmesh.verifier.sandbox.values import Shaped
+from rollmesh.verifier.sandbox.values import decode_value
 
 MAX_CALLS = 100_000  # calls into the solution per case
 MAX_NESTING = 32  # callbacks within calls within callbacks ...

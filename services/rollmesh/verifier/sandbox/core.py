@@ -67,21 +67,37 @@ import tempfile
 import time
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import fields
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh.aio import read_capped
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.uids import PROBE_UID, SANDBOX_UIDS, UidPool
+from rollmesh.mesh.uids import PROBE_UID
+from rollmesh.mesh.uids import SANDBOX_UIDS
+from rollmesh.mesh.uids import UidPool
 from rollmesh.verifier import telemetry
-from rollmesh.verifier.config import SandboxConfig, SandboxLimits
-from rollmesh.verifier.errors import BadValue, CaseFailed, ChannelBroken, SandboxStarved, SandboxUnavailable
+from rollmesh.verifier.config import SandboxConfig
+from rollmesh.verifier.config import SandboxLimits
+from rollmesh.verifier.errors import BadValue
+from rollmesh.verifier.errors import CaseFailed
+from rollmesh.verifier.errors import ChannelBroken
+from rollmesh.verifier.errors import SandboxStarved
+from rollmesh.verifier.errors import SandboxUnavailable
 from rollmesh.verifier.sandbox._sandbox_runner import CPU_LIMIT_EXIT
-from rollmesh.verifier.sandbox.checks import Relay, names_used, normalize_output
-from rollmesh.verifier.sandbox.clock import STARVED_AFTER, WallCredit, run_within_wall_time
-from rollmesh.verifier.sandbox.forker import Forked, Forker
+from rollmesh.verifier.sandbox.checks import Relay
+from rollmesh.verifier.sandbox.checks import names_used
+from rollmesh.verifier.sandbox.checks import normalize_output
+from rollmesh.verifier.sandbox.clock import STARVED_AFTER
+from rollmesh.verifier.sandbox.clock import WallCredit
+from rollmesh.verifier.sandbox.clock import run_within_wall_time
+from rollmesh.verifier.sandbox.forker import Forked
+from rollmesh.verifier.sandbox.forker import Forker
 from rollmesh.verifier.sandbox.values import parse_frame
 
 log = get_logger("rollmesh.verifier.sandbox.core")

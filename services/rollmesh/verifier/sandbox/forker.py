@@ -25,7 +25,8 @@ import contextlib
 import json
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from rollmesh.verifier.errors import ChannelBroken

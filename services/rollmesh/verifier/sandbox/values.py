@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter, OrderedDict, deque
+from collections import Counter
+from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from decimal import InvalidOperation
 from fractions import Fraction
 from keyword import iskeyword
 from typing import Any

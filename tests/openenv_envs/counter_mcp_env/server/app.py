@@ -8,8 +8,10 @@ from uuid import uuid4
 from fastmcp import FastMCP
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.mcp_environment import MCPEnvironment
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
-from openenv.core.env_server.types import Observation, State
+from openenv.core.env_server.mcp_types import CallToolAction
+from openenv.core.env_server.mcp_types import CallToolObservation
+from openenv.core.env_server.types import Observation
+from openenv.core.env_server.types import State
 from pydantic import Field
 
 

@@ -3,10 +3,12 @@
 from openenv.core.env_server.http_server import create_app
 
 try:
-    from ..models import GuessAction, GuessObservation
+    from ..models import GuessAction
+    from ..models import GuessObservation
     from .guess_environment import GuessEnvironment
 except ImportError:
-    from models import GuessAction, GuessObservation
+    from models import GuessAction
+    from models import GuessObservation
     from server.guess_environment import GuessEnvironment
 
 app = create_app(

@@ -10,9 +10,11 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import State
 
 try:
-    from ..models import GuessAction, GuessObservation
+    from ..models import GuessAction
+    from ..models import GuessObservation
 except ImportError:
-    from models import GuessAction, GuessObservation
+    from models import GuessAction
+    from models import GuessObservation
 
 ATTEMPTS = 6
 

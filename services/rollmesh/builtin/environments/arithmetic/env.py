@@ -14,9 +14,17 @@ not a thousands separator, a number glued to a word or struck through.
 
 from __future__ import annotations
 
-from rollmesh.builtin.environments.arithmetic.number import NOT_INTEGER, WINDOW, Reading, final_answer
+from rollmesh.builtin.environments.arithmetic.number import NOT_INTEGER
+from rollmesh.builtin.environments.arithmetic.number import WINDOW
+from rollmesh.builtin.environments.arithmetic.number import Reading
+from rollmesh.builtin.environments.arithmetic.number import final_answer
 from rollmesh.mesh.answer_text import outside_think
-from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifyResult
 
 __all__ = ["NOT_INTEGER", "Arithmetic", "Reading", "final_answer", "last_integer"]
 

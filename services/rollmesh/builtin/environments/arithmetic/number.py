@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import NamedTuple
 
-from rollmesh.mesh.answer_text import fold_with_positions, struck
+from rollmesh.mesh.answer_text import fold_with_positions
+from rollmesh.mesh.answer_text import struck
 
 WINDOW = 4096  # the answer is read in the text's last WINDOW characters
 VALUE_CHARS = 1024  # a written value longer than this is refused

@@ -7,10 +7,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollmesh.builtin.environments.code.unit_tests import unit_tests_spec
-from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout, SandboxUnavailable
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier.errors import CheckFailed
+from rollmesh.verifier.errors import CheckTimeout
+from rollmesh.verifier.errors import SandboxUnavailable
 from rollmesh.verifier.sandbox.checks import unverifiable_case
-from rollmesh.verifier.sandbox.core import Sandbox, TestSpec
+from rollmesh.verifier.sandbox.core import Sandbox
+from rollmesh.verifier.sandbox.core import TestSpec
 
 # Possessive: a run of blanks after ``` is read once (backtracking between the two blank runs took
 # seconds on a long run of spaces, on the verifier's event loop).

@@ -12,8 +12,16 @@ from typing import Any
 import grpc
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import CheckFailed, JudgeFailed, WorkerError, WorkerTimeout
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier.errors import CheckFailed
+from rollmesh.verifier.errors import JudgeFailed
+from rollmesh.verifier.errors import WorkerError
+from rollmesh.verifier.errors import WorkerTimeout
 
 log = get_logger("rollmesh.env.math")
 _HERE = str(Path(__file__).resolve())
@@ -65,7 +73,8 @@ def check(expected: str, response: str) -> dict[str, Any]:
     math-verify's own signal-based timeouts are off: when one fires, math-verify answers "no
     answer found" or "not equivalent", a silent 0 for an answer nobody finished judging (a
     correct answer on a loaded host). The worker's hard timeout bounds the whole check instead."""
-    from math_verify import parse, verify
+    from math_verify import parse
+    from math_verify import verify
 
     from rollmesh.builtin.environments.math import grading
     from rollmesh.mesh.answer_text import outside_think
@@ -216,7 +225,9 @@ class MathEnv(Environment):
     async def _judge(self, problem: str, expected: str, answer: str) -> tuple[bool | None, str]:
         """(equivalent?, what happened). Never raises: a failure is (None, reason)."""
         from rollmesh_client import aio_channel
-        from rollmesh_client.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+        from rollmesh_client.v1 import common_pb2
+        from rollmesh_client.v1 import gateway_pb2
+        from rollmesh_client.v1 import gateway_pb2_grpc
 
         cfg = self.context.config
         if self._channel is None:

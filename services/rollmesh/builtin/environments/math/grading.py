@@ -57,7 +57,9 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from rollmesh.mesh.answer_text import fold, last_box, struck
+from rollmesh.mesh.answer_text import fold
+from rollmesh.mesh.answer_text import last_box
+from rollmesh.mesh.answer_text import struck
 
 REL_TOL = 1e-4  # numbers agree to this relative difference (on top of math-verify's 6 decimals)
 MAX_DIGITS = 10_000  # a value (or an exponent's value) beyond 10**MAX_DIGITS is not evaluated
@@ -568,7 +570,10 @@ def install_guards() -> None:
         return
     import sympy
     from math_verify import grader
-    from sympy import Eq, Interval, Tuple, Union
+    from sympy import Eq
+    from sympy import Interval
+    from sympy import Tuple
+    from sympy import Union
     from sympy.core.function import UndefinedFunction
     from sympy.sets.sets import FiniteSet
 

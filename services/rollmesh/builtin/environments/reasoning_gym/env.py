@@ -8,8 +8,16 @@ import asyncio
 from rollmesh.mesh.logging import get_logger
 from rollmesh.procedural.rows import SOURCE_FIELD
 from rollmesh.procedural.scoring import READINGS
-from rollmesh.verifier import BadTask, Environment, Response, Session, Task, VerifyResult
-from rollmesh.verifier.errors import CheckFailed, CheckTimeout, WorkerError, WorkerTimeout
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier.errors import CheckFailed
+from rollmesh.verifier.errors import CheckTimeout
+from rollmesh.verifier.errors import WorkerError
+from rollmesh.verifier.errors import WorkerTimeout
 
 log = get_logger("rollmesh.env.reasoning_gym")
 _SCORE = "rollmesh.procedural.scoring:score"

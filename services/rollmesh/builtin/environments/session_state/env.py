@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollmesh.verifier import (
-    BadTask,
-    Environment,
-    Response,
-    Session,
-    SessionRequired,
-    Task,
-    ToolError,
-    VerifyResult,
-    tool,
-)
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import SessionRequired
+from rollmesh.verifier import Task
+from rollmesh.verifier import ToolError
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier import tool
 
 MAX_ABS = 10**18
 """The counter stays within +-MAX_ABS: a count that would take it past refuses (a tool error), so a

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from rollmesh.verifier import Environment, Response, Session, Task, ToolError, VerifyResult, tool
+from rollmesh.verifier import Environment
+from rollmesh.verifier import Response
+from rollmesh.verifier import Session
+from rollmesh.verifier import Task
+from rollmesh.verifier import ToolError
+from rollmesh.verifier import VerifyResult
+from rollmesh.verifier import tool
 
 WEATHER = {
     "san francisco": "foggy, 16°C",

@@ -33,34 +33,34 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+from pathlib import PurePosixPath
 from typing import Any
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier.bridges.container import bases, cgroups
-from rollmesh.verifier.bridges.container.errors import (
-    ImageBuildFailed,
-    ImageBuildTimeout,
-    MachineLost,
-    MachineStartFailed,
-    ProviderUnavailable,
-    ServicesUnsupported,
-)
-from rollmesh.verifier.bridges.container.images import Instruction, Recipe, key_values
-from rollmesh.verifier.bridges.container.provider import (
-    CappedOutput,
-    Command,
-    ExecResult,
-    Image,
-    Labels,
-    Machine,
-    Provider,
-    Relabelling,
-    drain,
-    owner_identity,
-    process_alive,
-    process_start,
-)
+from rollmesh.verifier.bridges.container import bases
+from rollmesh.verifier.bridges.container import cgroups
+from rollmesh.verifier.bridges.container.errors import ImageBuildFailed
+from rollmesh.verifier.bridges.container.errors import ImageBuildTimeout
+from rollmesh.verifier.bridges.container.errors import MachineLost
+from rollmesh.verifier.bridges.container.errors import MachineStartFailed
+from rollmesh.verifier.bridges.container.errors import ProviderUnavailable
+from rollmesh.verifier.bridges.container.errors import ServicesUnsupported
+from rollmesh.verifier.bridges.container.images import Instruction
+from rollmesh.verifier.bridges.container.images import Recipe
+from rollmesh.verifier.bridges.container.images import key_values
+from rollmesh.verifier.bridges.container.provider import CappedOutput
+from rollmesh.verifier.bridges.container.provider import Command
+from rollmesh.verifier.bridges.container.provider import ExecResult
+from rollmesh.verifier.bridges.container.provider import Image
+from rollmesh.verifier.bridges.container.provider import Labels
+from rollmesh.verifier.bridges.container.provider import Machine
+from rollmesh.verifier.bridges.container.provider import Provider
+from rollmesh.verifier.bridges.container.provider import Relabelling
+from rollmesh.verifier.bridges.container.provider import drain
+from rollmesh.verifier.bridges.container.provider import owner_identity
+from rollmesh.verifier.bridges.container.provider import process_alive
+from rollmesh.verifier.bridges.container.provider import process_start
 from rollmesh.verifier.bridges.container.task import Limits
 
 log = get_logger("rollmesh.verifier.container.daemonless")

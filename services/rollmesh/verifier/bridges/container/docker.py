@@ -36,29 +36,30 @@ from urllib.parse import quote
 import aiohttp
 
 from rollmesh.mesh.logging import get_logger
-from rollmesh.verifier.bridges.container.docker_api import DockerAPI, DockerAPIError, endpoint
-from rollmesh.verifier.bridges.container.errors import (
-    ImageBuildFailed,
-    ImageBuildTimeout,
-    MachineLost,
-    MachineStartFailed,
-    ProviderUnavailable,
-    StorageLimitUnsupported,
-)
-from rollmesh.verifier.bridges.container.images import Instruction, Recipe, Service
-from rollmesh.verifier.bridges.container.provider import (
-    Command,
-    ExecResult,
-    Image,
-    Labels,
-    Machine,
-    Provider,
-    owner_identity,
-    process_alive,
-    tar_of,
-    tree_tar,
-)
-from rollmesh.verifier.bridges.container.task import MAIN_SERVICE, Limits
+from rollmesh.verifier.bridges.container.docker_api import DockerAPI
+from rollmesh.verifier.bridges.container.docker_api import DockerAPIError
+from rollmesh.verifier.bridges.container.docker_api import endpoint
+from rollmesh.verifier.bridges.container.errors import ImageBuildFailed
+from rollmesh.verifier.bridges.container.errors import ImageBuildTimeout
+from rollmesh.verifier.bridges.container.errors import MachineLost
+from rollmesh.verifier.bridges.container.errors import MachineStartFailed
+from rollmesh.verifier.bridges.container.errors import ProviderUnavailable
+from rollmesh.verifier.bridges.container.errors import StorageLimitUnsupported
+from rollmesh.verifier.bridges.container.images import Instruction
+from rollmesh.verifier.bridges.container.images import Recipe
+from rollmesh.verifier.bridges.container.images import Service
+from rollmesh.verifier.bridges.container.provider import Command
+from rollmesh.verifier.bridges.container.provider import ExecResult
+from rollmesh.verifier.bridges.container.provider import Image
+from rollmesh.verifier.bridges.container.provider import Labels
+from rollmesh.verifier.bridges.container.provider import Machine
+from rollmesh.verifier.bridges.container.provider import Provider
+from rollmesh.verifier.bridges.container.provider import owner_identity
+from rollmesh.verifier.bridges.container.provider import process_alive
+from rollmesh.verifier.bridges.container.provider import tar_of
+from rollmesh.verifier.bridges.container.provider import tree_tar
+from rollmesh.verifier.bridges.container.task import MAIN_SERVICE
+from rollmesh.verifier.bridges.container.task import Limits
 
 log = get_logger("rollmesh.verifier.container.docker")
 

@@ -37,43 +37,43 @@ import dataclasses
 import os
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
-from rollmesh.mesh.oracle import ORACLE_ROW_KEY, ORACLE_TOOL
+from rollmesh.mesh.oracle import ORACLE_ROW_KEY
+from rollmesh.mesh.oracle import ORACLE_TOOL
 from rollmesh.mesh.verify_result import VerifyResult
 from rollmesh.verifier.bridges.container import rewards
-from rollmesh.verifier.bridges.container.errors import (
-    BadHarborTask,
-    MachineLost,
-    NoSolution,
-    TestTimeout,
-)
-from rollmesh.verifier.bridges.container.images import parse_image_map, recipe
-from rollmesh.verifier.bridges.container.provider import (
-    ExecResult,
-    Image,
-    Labels,
-    Machine,
-    Provider,
-    Relabelling,
-)
-from rollmesh.verifier.bridges.container.task import ROW_KEY, HarborTask, load_tasks
-from rollmesh.verifier.environment import (
-    EnvContext,
-    Environment,
-    Response,
-    Session,
-    Task,
-    ToolCall,
-    ToolOutput,
-    seeding_session_id,
-    tool,
-)
-from rollmesh.verifier.errors import SessionRequired, ToolError
+from rollmesh.verifier.bridges.container.errors import BadHarborTask
+from rollmesh.verifier.bridges.container.errors import MachineLost
+from rollmesh.verifier.bridges.container.errors import NoSolution
+from rollmesh.verifier.bridges.container.errors import TestTimeout
+from rollmesh.verifier.bridges.container.images import parse_image_map
+from rollmesh.verifier.bridges.container.images import recipe
+from rollmesh.verifier.bridges.container.provider import ExecResult
+from rollmesh.verifier.bridges.container.provider import Image
+from rollmesh.verifier.bridges.container.provider import Labels
+from rollmesh.verifier.bridges.container.provider import Machine
+from rollmesh.verifier.bridges.container.provider import Provider
+from rollmesh.verifier.bridges.container.provider import Relabelling
+from rollmesh.verifier.bridges.container.task import ROW_KEY
+from rollmesh.verifier.bridges.container.task import HarborTask
+from rollmesh.verifier.bridges.container.task import load_tasks
+from rollmesh.verifier.environment import EnvContext
+from rollmesh.verifier.environment import Environment
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.environment import Session
+from rollmesh.verifier.environment import Task
+from rollmesh.verifier.environment import ToolCall
+from rollmesh.verifier.environment import ToolOutput
+from rollmesh.verifier.environment import seeding_session_id
+from rollmesh.verifier.environment import tool
+from rollmesh.verifier.errors import SessionRequired
+from rollmesh.verifier.errors import ToolError
 
 log = get_logger("rollmesh.verifier.container")
 

@@ -16,12 +16,15 @@ import json
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from rollmesh.verifier.bridges.container.errors import BadHarborTask, ImageBuildFailed
-from rollmesh.verifier.bridges.container.task import MAIN_SERVICE, HarborTask
+from rollmesh.verifier.bridges.container.errors import BadHarborTask
+from rollmesh.verifier.bridges.container.errors import ImageBuildFailed
+from rollmesh.verifier.bridges.container.task import MAIN_SERVICE
+from rollmesh.verifier.bridges.container.task import HarborTask
 
 ImageMap = Mapping[str, str]
 

@@ -18,13 +18,18 @@ import io
 import os
 import tarfile
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 
-from rollmesh.verifier.bridges.container.errors import ImageBuildFailed, MachineLost
-from rollmesh.verifier.bridges.container.images import Recipe, Service
+from rollmesh.verifier.bridges.container.errors import ImageBuildFailed
+from rollmesh.verifier.bridges.container.errors import MachineLost
+from rollmesh.verifier.bridges.container.images import Recipe
+from rollmesh.verifier.bridges.container.images import Service
 from rollmesh.verifier.bridges.container.task import Limits
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -13,7 +13,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from rollmesh.verifier.bridges.container.errors import BadRewardFile, NoRewardFile, TestScriptFailed
+from rollmesh.verifier.bridges.container.errors import BadRewardFile
+from rollmesh.verifier.bridges.container.errors import NoRewardFile
+from rollmesh.verifier.bridges.container.errors import TestScriptFailed
 
 REWARD_TXT = "/logs/verifier/reward.txt"
 REWARD_JSON = "/logs/verifier/reward.json"

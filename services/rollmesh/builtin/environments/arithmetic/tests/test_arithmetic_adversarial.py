@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier.testing import answer, check, load_env, task
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
 
 HERE = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,12 @@ value, forms refused by name (percent, base prefix, words glued to the number)."
 import time
 from pathlib import Path
 
-from rollmesh.builtin.environments.arithmetic.number import WINDOW, final_answer
-from rollmesh.verifier.testing import answer, check, load_env, task
+from rollmesh.builtin.environments.arithmetic.number import WINDOW
+from rollmesh.builtin.environments.arithmetic.number import final_answer
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
 
 HERE = Path(__file__).resolve().parent.parent
 Case = tuple[str, str]  # (expected_answer, response)

@@ -6,8 +6,13 @@ from pathlib import Path
 import pytest
 
 from rollmesh.verifier import BadTask
-from rollmesh.verifier.environment import Message, Response
-from rollmesh.verifier.testing import answer, check, load_env, rows, task
+from rollmesh.verifier.environment import Message
+from rollmesh.verifier.environment import Response
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import rows
+from rollmesh.verifier.testing import task
 
 HERE = Path(__file__).resolve().parent.parent
 

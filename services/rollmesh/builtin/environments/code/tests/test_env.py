@@ -7,7 +7,11 @@ import pytest
 
 from rollmesh.verifier import BadTask
 from rollmesh.verifier.loader import import_file
-from rollmesh.verifier.testing import answer, check, load_env, rows, task
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import rows
+from rollmesh.verifier.testing import task
 
 HERE = Path(__file__).resolve().parent.parent
 ADD_TESTS = {"tests": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]}

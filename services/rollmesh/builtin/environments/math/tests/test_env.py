@@ -6,10 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier import BadTask, CheckFailed
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import CheckFailed
 from rollmesh.verifier.errors import WorkerError
 from rollmesh.verifier.loader import import_file
-from rollmesh.verifier.testing import TEST_CONFIG, answer, check, load_env, rows, task
+from rollmesh.verifier.testing import TEST_CONFIG
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import rows
+from rollmesh.verifier.testing import task
 
 HERE = Path(__file__).resolve().parent.parent
 

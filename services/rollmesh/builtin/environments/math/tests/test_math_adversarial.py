@@ -18,7 +18,10 @@ import pytest
 import pytest_asyncio
 
 from rollmesh.verifier import Environment
-from rollmesh.verifier.testing import answer, check, load_env, task
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import task
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 HERE = Path(__file__).resolve().parent.parent

@@ -6,8 +6,13 @@ from typing import Any
 
 import pytest
 
-from rollmesh.verifier import BadTask, Message, Response, Task
-from rollmesh.verifier.testing import answer, check, load_env
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import Message
+from rollmesh.verifier import Response
+from rollmesh.verifier import Task
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
 
 HERE = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines()]

@@ -14,8 +14,12 @@ import pytest
 
 from rollmesh.mesh.answer_text import outside_think
 from rollmesh.procedural.scoring import extract
-from rollmesh.verifier import Message, Response, Task
-from rollmesh.verifier.testing import TEST_CONFIG, check, load_env
+from rollmesh.verifier import Message
+from rollmesh.verifier import Response
+from rollmesh.verifier import Task
+from rollmesh.verifier.testing import TEST_CONFIG
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
 
 HERE = Path(__file__).resolve().parent.parent
 ROWS = [json.loads(line) for line in (HERE / "data" / "example.jsonl").read_text().splitlines()]

@@ -4,8 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from rollmesh.verifier import BadTask, SessionRequired
-from rollmesh.verifier.testing import answer, call, check, load_env, rows, seeded, task
+from rollmesh.verifier import BadTask
+from rollmesh.verifier import SessionRequired
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import call
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import rows
+from rollmesh.verifier.testing import seeded
+from rollmesh.verifier.testing import task
 
 HERE = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,14 @@
 
 from pathlib import Path
 
-from rollmesh.verifier.testing import answer, call, check, load_env, rows, seeded, task, with_tool_turn
+from rollmesh.verifier.testing import answer
+from rollmesh.verifier.testing import call
+from rollmesh.verifier.testing import check
+from rollmesh.verifier.testing import load_env
+from rollmesh.verifier.testing import rows
+from rollmesh.verifier.testing import seeded
+from rollmesh.verifier.testing import task
+from rollmesh.verifier.testing import with_tool_turn
 
 HERE = Path(__file__).resolve().parent.parent
 PARIS = {"city": "Paris"}
