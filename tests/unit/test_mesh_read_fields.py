@@ -9,6 +9,7 @@ import pytest
 
 from rollmesh.mesh.config import ENV_VARS
 from rollmesh.mesh.config import read_fields
+from rollmesh.mesh.config import setting
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.server import build_server
 from rollmesh.verifier.config import SandboxLimits
@@ -17,25 +18,35 @@ from rollmesh.verifier.config import VerifierConfig
 
 @dataclass(frozen=True)
 class _Knobs:
-    wall_s: float = 1.5  # ROLLMESH_VERIFIER_SANDBOX_WALL_S is registered
-    cpu_s: int = 1  # so is ..._CPU_S
+    wall_s: float = setting("ROLLMESH_VERIFIER_SANDBOX_WALL_S")
+    cpu_s: int = setting("ROLLMESH_VERIFIER_SANDBOX_CPU_S")
+    output_kb: int = 7  # a field named like a registered variable's end, but not a setting
     not_a_variable: str = "kept"
 
 
-def test_prefixed_variables_fill_fields_with_their_declared_types() -> None:
-    got = read_fields(_Knobs, "ROLLMESH_VERIFIER_SANDBOX_", {"ROLLMESH_VERIFIER_SANDBOX_WALL_S": "3"})
-    assert got == _Knobs(wall_s=3.0, cpu_s=SandboxLimits().cpu_s, not_a_variable="kept")
+def test_setting_fields_are_filled_from_their_variables_parsed_to_their_types() -> None:
+    got = read_fields(_Knobs, {"ROLLMESH_VERIFIER_SANDBOX_WALL_S": "3"})
+    assert got == _Knobs(wall_s=3.0, cpu_s=SandboxLimits().cpu_s, output_kb=7, not_a_variable="kept")
     assert isinstance(got.wall_s, float) and isinstance(got.cpu_s, int)
+
+
+def test_only_setting_fields_are_read_from_the_environment() -> None:
+    env = {"ROLLMESH_VERIFIER_SANDBOX_OUTPUT_KB": "9", "ROLLMESH_VERIFIER_SANDBOX_CPU_S": "9"}
+    assert read_fields(_Knobs, env) == _Knobs(cpu_s=9)
+
+
+def test_a_setting_fields_default_is_its_registered_default() -> None:
+    assert _Knobs().wall_s == ENV_VARS["ROLLMESH_VERIFIER_SANDBOX_WALL_S"].default == 10.0
 
 
 def test_given_values_win_over_the_environment() -> None:
     env = {"ROLLMESH_VERIFIER_SANDBOX_CPU_S": "9"}
-    assert read_fields(_Knobs, "ROLLMESH_VERIFIER_SANDBOX_", env, cpu_s=2).cpu_s == 2
+    assert read_fields(_Knobs, env, cpu_s=2).cpu_s == 2
 
 
 def test_a_none_given_is_a_flag_left_out_the_variable_then_the_default_apply() -> None:
     env = {"ROLLMESH_VERIFIER_SANDBOX_CPU_S": "9"}
-    got = read_fields(_Knobs, "ROLLMESH_VERIFIER_SANDBOX_", env, cpu_s=None, wall_s=None, not_a_variable=None)
+    got = read_fields(_Knobs, env, cpu_s=None, wall_s=None, not_a_variable=None)
     # cpu_s from the environment, wall_s from its variable's registered default, the other its own
     assert got == _Knobs(wall_s=SandboxLimits().wall_s, cpu_s=9, not_a_variable="kept")
 

@@ -10,11 +10,11 @@ from dataclasses import field
 from pathlib import Path
 
 from rollmesh.mesh.config import NO_FLAGS
-from rollmesh.mesh.config import OPENAI_HTTP_PORT
 from rollmesh.mesh.config import ServerConfig
 from rollmesh.mesh.config import ServerFlags
 from rollmesh.mesh.config import read
 from rollmesh.mesh.config import read_fields
+from rollmesh.mesh.config import setting
 from rollmesh.mesh.errors import ConfigError
 
 BACKENDS = ("ray-serve", "openai", "fake")
@@ -80,12 +80,13 @@ class GatewayConfig:
     default_model: str = ""
     http_host: str = "127.0.0.1"
     # Port of the OpenAI-compatible HTTP facade; 0 picks a free one, -1 turns it off.
-    http_port: int = OPENAI_HTTP_PORT
-    session_ttl_s: float = 3600.0
-    max_sessions: int = 10_000
-    default_max_tokens: int = 256
+    http_port: int = setting("ROLLMESH_OPENAI_HTTP_PORT")
+    session_ttl_s: float = setting("ROLLMESH_GATEWAY_SESSION_TTL_S")
+    max_sessions: int = setting("ROLLMESH_GATEWAY_MAX_SESSIONS")
+    default_max_tokens: int = setting("ROLLMESH_GATEWAY_DEFAULT_MAX_TOKENS")
     max_routes: int = 1024
-    weights_staging_dir: str = ""  # UploadWeights; empty: <tmp>/rollmesh-weights
+    # UploadWeights; empty: <tmp>/rollmesh-weights
+    weights_staging_dir: str = setting("ROLLMESH_WEIGHTS_STAGING_DIR")
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
@@ -132,12 +133,7 @@ class GatewayConfig:
         )
         return read_fields(
             cls,
-            "ROLLMESH_GATEWAY_",
             environ,
-            names={
-                "http_port": "ROLLMESH_OPENAI_HTTP_PORT",
-                "weights_staging_dir": "ROLLMESH_WEIGHTS_STAGING_DIR",
-            },
             server=server,
             models=(spec,),
             default_model=spec.name,

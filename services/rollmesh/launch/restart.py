@@ -26,9 +26,9 @@ MODES = ("no", "on-failure", "always")
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    mode: str = "on-failure"
-    max_restarts: int = 5
-    window_s: float = 300.0
+    mode: str = config.setting("ROLLMESH_RESTART")
+    max_restarts: int = config.setting("ROLLMESH_RESTART_MAX")
+    window_s: float = config.setting("ROLLMESH_RESTART_WINDOW_S")
     backoff_s: float = 0.5
     backoff_max_s: float = 30.0
 
@@ -48,9 +48,8 @@ class RestartPolicy:
         window_s: float | None = None,
     ) -> RestartPolicy:
         """Flags given here win over ROLLMESH_RESTART, ROLLMESH_RESTART_MAX, ROLLMESH_RESTART_WINDOW_S."""
-        names = {"mode": "ROLLMESH_RESTART", "max_restarts": "ROLLMESH_RESTART_MAX"}
         flags = {"mode": mode or None, "max_restarts": max_restarts, "window_s": window_s}
-        return config.read_fields(cls, "ROLLMESH_RESTART_", environ, names=names, **flags)
+        return config.read_fields(cls, environ, **flags)
 
     def wants_restart(self, returncode: int) -> bool:
         return self.mode == "always" or (self.mode == "on-failure" and returncode != 0)

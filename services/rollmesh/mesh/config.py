@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import typing
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -467,27 +466,33 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return var.parse(name, raw)
 
 
-def read_fields(
-    cls: type[D],
-    prefix: str,
-    environ: Mapping[str, str] | None = None,
-    /,
-    *,
-    names: Mapping[str, str] | None = None,
-    **given: Any,
-) -> D:
+_VARIABLE = "rollmesh_variable"  # a setting field's metadata key: the variable it is read from
+
+
+def setting(name: str) -> Any:
+    """A config dataclass field read from the registered variable `name` (`replicas: int =
+    setting("ROLLMESH_REPLICAS")`): its default is the registry's, so each default is written once,
+    in ENV_VARS, and `read_fields` knows the field's variable from the field itself. (Any: the
+    registry holds every type; tests/unit/test_config_settings.py checks each default's type against
+    its field's.)"""
+    return dataclasses.field(default=ENV_VARS[name].default, metadata={_VARIABLE: name})
+
+
+def variable_of(f: dataclasses.Field[Any]) -> str | None:
+    """The variable a `setting` field is read from (None: not a setting)."""
+    name = f.metadata.get(_VARIABLE)
+    return name if isinstance(name, str) else None
+
+
+def read_fields(cls: type[D], environ: Mapping[str, str] | None = None, /, **given: Any) -> D:
     """A `cls` dataclass whose fields take `given[name]` (None there: not given, as a CLI flag left
-    out), else the registered variable `<prefix><NAME>` (or `names[name]`, for a field whose
-    variable is spelled otherwise; parsed, then converted to the field's declared type when that is
-    bool, int, float or str), else their defaults: a service's config names each variable once, in
-    ENV_VARS."""
-    hints = typing.get_type_hints(cls)
+    out), else, for a `setting` field, its variable's parsed value (its registered default when
+    unset), else their own defaults."""
     values = {name: value for name, value in given.items() if value is not None}
     for f in dataclasses.fields(cls):
-        var = (names or {}).get(f.name) or prefix + f.name.upper()
-        if f.name not in values and var in ENV_VARS:
-            value, kind = read(var, environ), hints.get(f.name)
-            values[f.name] = kind(value) if kind in (bool, int, float, str) else value
+        var = variable_of(f)
+        if var is not None and f.name not in values:
+            values[f.name] = read(var, environ)
     return cls(**values)
 
 
@@ -513,12 +518,12 @@ NO_FLAGS = ServerFlags()
 class ServerConfig:
     """What every server needs, read once."""
 
-    host: str = "127.0.0.1"
+    host: str = setting("ROLLMESH_BIND_HOST")
     port: int = 0
-    api_key: str = ""
-    grace_seconds: float = 10.0
-    event_loop: str = "auto"  # ROLLMESH_EVENT_LOOP: what `mesh.aio.run_server` runs the process on
-    metrics_port: int = -1  # ROLLMESH_METRICS_PORT: the Prometheus endpoint (-1: off)
+    api_key: str = setting("ROLLMESH_API_KEY")
+    grace_seconds: float = setting("ROLLMESH_GRACE_SECONDS")
+    event_loop: str = setting("ROLLMESH_EVENT_LOOP")  # what `mesh.aio.run_server` runs the process on
+    metrics_port: int = setting("ROLLMESH_METRICS_PORT")  # the Prometheus endpoint (-1: off)
     service: str = ""  # registry, verifier, gateway or scheduler (tracing's service.name)
 
     @property
@@ -534,12 +539,9 @@ class ServerConfig:
         environ: Mapping[str, str] | None = None,
     ) -> ServerConfig:
         addr_port = int(service_addr(service, environ).rpartition(":")[2])  # checked even if `port`
-        names = {"host": "ROLLMESH_BIND_HOST", "grace_seconds": "ROLLMESH_GRACE_SECONDS"}
         return read_fields(
             cls,
-            "ROLLMESH_",
             environ,
-            names=names,
             host=flags.host or None,
             port=addr_port if flags.port is None else flags.port,
             metrics_port=flags.metrics_port,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rollmesh.mesh.config import read_fields
+from rollmesh.mesh.config import setting
 from rollmesh.mesh.errors import ConfigError
 
 ENGINES = ("vllm", "fake")
@@ -42,23 +43,24 @@ class ServingConfig:
 
     model_path: str
     model_name: str = ""
-    app_name: str = ""  # empty: default_app_name(name), unique per gateway process
+    # empty: default_app_name(name), unique per gateway process
+    app_name: str = setting("ROLLMESH_SERVE_APP_NAME")
     deployment_name: str = "VLLMReplica"
-    ray_address: str = ""  # empty: start a local Ray in this process
-    replicas: int = 1
-    replicas_per_node: int = 0  # Serve max_replicas_per_node; 0: no limit
-    engine: str = "vllm"  # vllm | fake
-    fake_token_latency_s: float = 0.0
-    replica_cpus: float = 1.0
-    replica_gpus: float = 0.0
-    tensor_parallel_size: int = 1
-    kvcache_gib: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int = 0  # 0: the model's own limit
+    ray_address: str = setting("ROLLMESH_RAY_ADDRESS")  # empty: start a local Ray in this process
+    replicas: int = setting("ROLLMESH_REPLICAS")
+    replicas_per_node: int = setting("ROLLMESH_REPLICAS_PER_NODE")  # max_replicas_per_node; 0: any
+    engine: str = setting("ROLLMESH_SERVE_ENGINE")  # vllm | fake
+    fake_token_latency_s: float = setting("ROLLMESH_FAKE_TOKEN_LATENCY_S")
+    replica_cpus: float = setting("ROLLMESH_REPLICA_CPUS")
+    replica_gpus: float = setting("ROLLMESH_REPLICA_GPUS")
+    tensor_parallel_size: int = setting("ROLLMESH_TP_SIZE")
+    kvcache_gib: int = setting("ROLLMESH_VLLM_KVCACHE_GIB")
+    gpu_memory_utilization: float = setting("ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION")
+    max_model_len: int = setting("ROLLMESH_VLLM_MAX_MODEL_LEN")  # 0: the model's own limit
     max_ongoing_requests: int = 256  # per replica; vLLM batches what it is given
     dtype: str = "auto"
     seed: int = 0
-    startup_timeout_s: float = 900.0
+    startup_timeout_s: float = setting("ROLLMESH_SERVE_STARTUP_TIMEOUT")
     object_store_mb: int = 128  # a local Ray's object store
 
     def __post_init__(self) -> None:
@@ -110,16 +112,4 @@ class ServingConfig:
     ) -> ServingConfig:
         """Environment variables (see mesh/config.py) under explicit `overrides` (CLI flags)."""
         given = overrides | {"model_path": str(model_path), "model_name": model_name}
-        return read_fields(cls, "ROLLMESH_", environ, names=_VARIABLES, **given)
-
-
-# The fields read from a variable not spelled ROLLMESH_<FIELD NAME> (see mesh/config.py's ENV_VARS).
-_VARIABLES = {
-    "app_name": "ROLLMESH_SERVE_APP_NAME",
-    "engine": "ROLLMESH_SERVE_ENGINE",
-    "tensor_parallel_size": "ROLLMESH_TP_SIZE",
-    "kvcache_gib": "ROLLMESH_VLLM_KVCACHE_GIB",
-    "gpu_memory_utilization": "ROLLMESH_VLLM_GPU_MEMORY_UTILIZATION",
-    "max_model_len": "ROLLMESH_VLLM_MAX_MODEL_LEN",
-    "startup_timeout_s": "ROLLMESH_SERVE_STARTUP_TIMEOUT",
-}
+        return read_fields(cls, environ, **given)

@@ -12,6 +12,7 @@ from rollmesh.mesh.config import ServerFlags
 from rollmesh.mesh.config import read
 from rollmesh.mesh.config import read_fields
 from rollmesh.mesh.config import service_addr
+from rollmesh.mesh.config import setting
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.procedural.scoring import READINGS
 from rollmesh.registry.roots import RootsConfig
@@ -23,12 +24,12 @@ ISOLATION_MODES = ("auto", "namespaces", "process")
 class SandboxLimits:
     """Limits for one sandboxed run of untrusted code."""
 
-    wall_s: float = 10.0
-    cpu_s: int = 5
-    memory_mb: int = 512
-    nproc: int = 32
-    fsize_mb: int = 8
-    output_kb: int = 64
+    wall_s: float = setting("ROLLMESH_VERIFIER_SANDBOX_WALL_S")
+    cpu_s: int = setting("ROLLMESH_VERIFIER_SANDBOX_CPU_S")
+    memory_mb: int = setting("ROLLMESH_VERIFIER_SANDBOX_MEMORY_MB")
+    nproc: int = setting("ROLLMESH_VERIFIER_SANDBOX_NPROC")
+    fsize_mb: int = setting("ROLLMESH_VERIFIER_SANDBOX_FSIZE_MB")
+    output_kb: int = setting("ROLLMESH_VERIFIER_SANDBOX_OUTPUT_KB")
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ class SandboxConfig:
     `allow_unsafe_process`, then "process"), "namespaces", or "process" (needs
     `allow_unsafe_process`: the operator's explicit, logged opt-in)."""
 
-    isolation: str = "auto"
-    concurrency: int = 4
-    allow_unsafe_process: bool = False
+    isolation: str = setting("ROLLMESH_VERIFIER_SANDBOX_ISOLATION")
+    concurrency: int = setting("ROLLMESH_VERIFIER_SANDBOX_CONCURRENCY")
+    allow_unsafe_process: bool = setting("ROLLMESH_VERIFIER_SANDBOX_ALLOW_UNSAFE_PROCESS")
     limits: SandboxLimits = field(default_factory=SandboxLimits)
 
 
@@ -47,23 +48,23 @@ class SandboxConfig:
 class VerifierConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     roots: RootsConfig | None = None
-    session_ttl_s: float = 600.0
-    max_sessions: int = 10_000
-    verify_timeout_s: float = 60.0
-    workers: int = 2
-    batch_concurrency: int = 1024
-    math_timeout_s: float = 10.0
-    math_judge: bool = False
-    math_judge_model: str = ""
+    session_ttl_s: float = setting("ROLLMESH_VERIFIER_SESSION_TTL_S")
+    max_sessions: int = setting("ROLLMESH_VERIFIER_MAX_SESSIONS")
+    verify_timeout_s: float = setting("ROLLMESH_VERIFIER_VERIFY_TIMEOUT_S")
+    workers: int = setting("ROLLMESH_VERIFIER_WORKERS")
+    batch_concurrency: int = setting("ROLLMESH_VERIFIER_BATCH_CONCURRENCY")
+    math_timeout_s: float = setting("ROLLMESH_VERIFIER_MATH_TIMEOUT_S")
+    math_judge: bool = setting("ROLLMESH_VERIFIER_MATH_JUDGE")
+    math_judge_model: str = setting("ROLLMESH_VERIFIER_MATH_JUDGE_MODEL")
     # How the reasoning_gym environment reads the answer: "final" (the final assistant message,
     # outside think blocks) or "nemo_gym" (NeMo Gym's server's reading): procedural/scoring.py.
-    reasoning_gym_reading: str = "final"
+    reasoning_gym_reading: str = setting("ROLLMESH_VERIFIER_REASONING_GYM_READING")
     # The math judge's gateway: ROLLMESH_GATEWAY_ADDR, else the config table's default.
     gateway_addr: str = field(default_factory=lambda: service_addr("gateway"))
     # Where verifiers judges ask (the gateway's OpenAI facade: `/v1` base URL), and which model ("":
     # the gateway's default); "" judge_url: judges keep their own endpoints.
-    judge_url: str = ""
-    judge_model: str = ""
+    judge_url: str = setting("ROLLMESH_VERIFIER_JUDGE_URL")
+    judge_model: str = setting("ROLLMESH_VERIFIER_JUDGE_MODEL")
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def __post_init__(self) -> None:
@@ -100,10 +101,8 @@ class VerifierConfig:
     def from_env(
         cls, flags: ServerFlags = NO_FLAGS, *, environ: Mapping[str, str] | None = None
     ) -> VerifierConfig:
-        sandbox = "ROLLMESH_VERIFIER_SANDBOX_"
         return read_fields(
             cls,
-            "ROLLMESH_VERIFIER_",
             environ,
             server=ServerConfig.from_env("verifier", flags, environ=environ),
             roots=RootsConfig.from_env(environ),
@@ -111,10 +110,9 @@ class VerifierConfig:
             judge_url=str(read("ROLLMESH_VERIFIER_JUDGE_URL", environ)) or facade_url(environ),
             sandbox=read_fields(
                 SandboxConfig,
-                sandbox,
                 environ,
-                isolation=str(read(sandbox + "ISOLATION", environ)).strip().lower(),
-                limits=read_fields(SandboxLimits, sandbox, environ),
+                isolation=str(read("ROLLMESH_VERIFIER_SANDBOX_ISOLATION", environ)).strip().lower(),
+                limits=read_fields(SandboxLimits, environ),
             ),
         )
 
