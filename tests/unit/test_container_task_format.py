@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rollmesh.mesh.errors import ConfigError
 from rollmesh.verifier.bridges.container import rewards
+from rollmesh.verifier.bridges.container.env import read_settings
 from rollmesh.verifier.bridges.container.errors import BadHarborTask
 from rollmesh.verifier.bridges.container.errors import BadRewardFile
 from rollmesh.verifier.bridges.container.errors import ImageBuildFailed
@@ -273,3 +275,39 @@ def test_harbors_default_template_with_a_separate_verifier_is_refused_by_name(tm
     )
     with pytest.raises(BadHarborTask, match="a separate verifier environment"):
         load_task(_task(tmp_path, toml))
+
+
+@pytest.mark.parametrize(("raw", "on"), [("", True), ("1", True), ("on", True), ("0", False), ("off", False)])
+def test_user_namespaces_read_rollmesh_container_userns_as_every_boolean_variable(
+    monkeypatch: pytest.MonkeyPatch, raw: str, on: bool
+) -> None:
+    """It was read by hand: "off" (a boolean everywhere else) kept them on, and so did any typo."""
+    from rollmesh.verifier.bridges.container.daemonless import user_namespaces
+
+    monkeypatch.setenv("ROLLMESH_CONTAINER_USERNS", raw)
+    assert user_namespaces() is on
+
+
+def test_a_container_userns_that_is_not_a_boolean_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollmesh.verifier.bridges.container.daemonless import user_namespaces
+
+    monkeypatch.setenv("ROLLMESH_CONTAINER_USERNS", "of")
+    with pytest.raises(ConfigError, match="ROLLMESH_CONTAINER_USERNS='of' is not a boolean"):
+        user_namespaces()
+
+
+def test_the_container_variables_win_over_container_tasks_toml_and_a_bad_warm_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("ROLLMESH_CONTAINER_PROVIDER", "ROLLMESH_CONTAINER_WARM", "ROLLMESH_IMAGE_MAP"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "container_tasks.toml").write_text('provider = "docker"\nwarm = 2\n')
+    assert (read_settings(tmp_path).provider, read_settings(tmp_path).warm) == ("docker", 2)
+    monkeypatch.setenv("ROLLMESH_CONTAINER_PROVIDER", "daemonless")
+    monkeypatch.setenv("ROLLMESH_CONTAINER_WARM", "3")
+    monkeypatch.setenv("ROLLMESH_IMAGE_MAP", "a=b")
+    got = read_settings(tmp_path)
+    assert (got.provider, got.warm, got.image_map) == ("daemonless", 3, {"a": "b"})
+    monkeypatch.setenv("ROLLMESH_CONTAINER_WARM", "three")  # was a ValueError traceback
+    with pytest.raises(ConfigError, match="ROLLMESH_CONTAINER_WARM='three' is not an integer"):
+        read_settings(tmp_path)

@@ -10,7 +10,7 @@ ignored, as a machine that only runs commands needs; any other instruction fails
 
 Machines: each is `_machine.py` (its docstring is the contract): an overlay of the image's layers
 with a fresh tmpfs of `storage_mb` on top, its own user namespace (a block of host uids leased for
-its lifetime, the layers idmapped into it; USER_NAMESPACES), mount, pid, UTS, IPC and (unless the
+its lifetime, the layers idmapped into it; `user_namespaces`), mount, pid, UTS, IPC and (unless the
 task allows the internet) network namespaces, the host's filesystem unmounted from its view, the capability
 bounding set of a Docker container, and a cgroup with the task's memory, CPU and process limits
 where the kernel offers them (cgroups.py). Its folder `/run/rollmesh/machines/<id>/` holds its
@@ -37,6 +37,7 @@ from pathlib import Path
 from pathlib import PurePosixPath
 from typing import Any
 
+from rollmesh.mesh import config as mesh_config
 from rollmesh.mesh.logging import get_logger
 from rollmesh.verifier.bridges.container import bases
 from rollmesh.verifier.bridges.container import cgroups
@@ -66,19 +67,23 @@ from rollmesh.verifier.bridges.container.task import Limits
 log = get_logger("rollmesh.verifier.container.daemonless")
 
 RUNNER = Path(__file__).with_name("_machine.py")
-MACHINES_DIR = Path(os.environ.get("ROLLMESH_MACHINES_DIR", "/run/rollmesh/machines"))
+MACHINES_DIR = Path(str(mesh_config.read("ROLLMESH_MACHINES_DIR")))
 DEFAULT_STORAGE_MB = 4096
 START_TIMEOUT_S = 60.0
 _ARCHIVES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2")
 _IGNORED = {"LABEL", "EXPOSE", "CMD", "ENTRYPOINT", "STOPSIGNAL", "HEALTHCHECK", "VOLUME", "MAINTAINER"}
 
 
-#: Each rollout's machine maps its uids 0-65535 to a block of host uids of its own, leased host-wide
-#: (an flock per block under UID_LEASES, held while the machine lives). ROLLMESH_CONTAINER_USERNS=0
-#: turns it off (the machine's root is then the host's root, confined as Docker's is).
-USER_NAMESPACES = os.environ.get("ROLLMESH_CONTAINER_USERNS", "1").strip().lower() not in ("0", "false", "no")
 UID_BLOCK_BASE, UID_BLOCK, UID_BLOCKS = 2_000_000_000, 65536, 1024
-UID_LEASES = Path(os.environ.get("ROLLMESH_MACHINE_UID_LEASES", "/run/rollmesh/machine-uids"))
+UID_LEASES = Path(str(mesh_config.read("ROLLMESH_MACHINE_UID_LEASES")))
+
+
+def user_namespaces() -> bool:
+    """Each rollout's machine maps its uids 0-65535 to a block of host uids of its own, leased
+    host-wide (an flock per block under UID_LEASES, held while the machine lives), unless
+    ROLLMESH_CONTAINER_USERNS is off (the machine's root is then the host's root, confined as
+    Docker's is); a value that is not a boolean is a ConfigError."""
+    return bool(mesh_config.read("ROLLMESH_CONTAINER_USERNS"))
 
 
 def lease_uid_block() -> tuple[int, int]:
@@ -449,7 +454,7 @@ class DaemonlessProvider(Provider):
             raise ProviderUnavailable(problem)
         # A rollout's machine gets a user namespace of its own: its uids 0-65535 are a block of
         # host uids leased for its lifetime (an image build runs as the host's root, as docker build).
-        uid_base, uid_lease = (None, -1) if upper is not None or not USER_NAMESPACES else lease_uid_block()
+        uid_base, uid_lease = (None, -1) if upper is not None or not user_namespaces() else lease_uid_block()
         try:
             return await self._spawn_with(image, limits, labels, upper, uid_base, uid_lease)
         except BaseException:

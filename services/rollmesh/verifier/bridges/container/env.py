@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import time
 import tomllib
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from rollmesh.mesh import config
 from rollmesh.mesh.errors import ConfigError
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.oracle import ORACLE_ROW_KEY
@@ -108,10 +108,10 @@ def read_settings(folder: Path) -> Settings:
         raise ConfigError(f"{path}: {exc}") from None
     image_map = {str(k): str(v) for k, v in dict(data.get("image_map", {})).items()}
     try:
-        image_map.update(parse_image_map(os.environ.get("ROLLMESH_IMAGE_MAP", "")))
+        image_map.update(parse_image_map(str(config.read("ROLLMESH_IMAGE_MAP"))))
     except ValueError as exc:
         raise ConfigError(f"ROLLMESH_IMAGE_MAP: {exc}") from None
-    provider = os.environ.get("ROLLMESH_CONTAINER_PROVIDER") or str(data.get("provider", "daemonless"))
+    provider = str(config.read("ROLLMESH_CONTAINER_PROVIDER")) or str(data.get("provider", "daemonless"))
     if provider not in PROVIDERS:
         raise ConfigError(f"{path}: provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
     docker_storage = str(data.get("docker_storage", "enforce"))
@@ -126,7 +126,7 @@ def read_settings(folder: Path) -> Settings:
         shell_timeout_s=float(data.get("shell_timeout_s", 180.0)),
         output_limit=int(data.get("output_limit", 16384)),
         image_map=image_map,
-        warm=int(os.environ.get("ROLLMESH_CONTAINER_WARM") or data.get("warm", 0)),
+        warm=int(config.read("ROLLMESH_CONTAINER_WARM")) or int(data.get("warm", 0)),
         docker_storage=docker_storage,
     )
 
