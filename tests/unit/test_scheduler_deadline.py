@@ -5,8 +5,11 @@ calls held (wall-clock ratios end to end: bench/hung_calls.py)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -213,3 +216,66 @@ async def test_a_legitimately_long_call_gets_through_on_a_doubled_deadline(tmp_p
     slow = [r for r in sink.rollouts if r.attempts > 1]
     assert slow and run.deadline.timeouts >= 1  # cut at 0.15 s and 0.3 s, through at 0.6 s
     assert all(r.attempts <= 4 for r in slow)
+
+
+async def test_the_guard_passes_every_other_outcome_through_unchanged() -> None:
+    """What the guard does besides cutting: a call that returns is a sample; one that raises (its own
+    TimeoutError too) or is cancelled from outside propagates as it was, is no sample and no cut; a
+    disabled deadline neither cuts nor samples. No call is left in `_active`."""
+    d = AdaptiveDeadline(multiplier=2, floor_s=0.05, ceiling_s=60, warmup=20)
+    await _call(d, 0)
+    assert len(d._samples) == 1 and not d._active
+
+    async def raising(exc: BaseException) -> None:
+        async with d.guard():
+            await asyncio.sleep(0)
+            raise exc
+
+    for exc in (ValueError("boom"), TimeoutError("the call's own")):
+        with pytest.raises(type(exc)) as info:
+            await raising(exc)
+        assert info.value is exc
+    hung = asyncio.create_task(_call(d, 3600))
+    await asyncio.sleep(0)
+    assert len(d._active) == 1
+    hung.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hung
+    assert len(d._samples) == 1 and d.timeouts == 0 and not d._active and list(d._outcomes) == [False]
+    off = AdaptiveDeadline(multiplier=2, floor_s=0.05, ceiling_s=60, enabled=False)
+    await _call(off, 0)
+    assert not off._samples and not off._active
+
+
+async def test_a_cut_is_one_model_call_deadline_that_names_the_retry_scale() -> None:
+    d = AdaptiveDeadline(multiplier=2, floor_s=0.02, ceiling_s=60, warmup=20)
+    for _ in range(20):
+        d._observe(0.01)
+    with d.scaled(2.0), pytest.raises(ModelCallDeadline) as info:
+        await _call(d, 3600)
+    message = info.value.message
+    assert message.startswith("the model call took over 0.0") and message.endswith(
+        "s: the adaptive deadline (2 x recent p99 0.010 s, at least 0.02 s, x2 for this retry)"
+    )
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert d.timeouts == 1 and list(d._outcomes)[-1] is True and len(d._samples) == 20 and not d._active
+
+
+async def test_a_model_call_makes_no_async_generator() -> None:
+    """The guard is a plain context manager: an async generator per call would also pass through the
+    event loop's first-iteration hook (a weak reference each)."""
+    made: list[object] = []
+    hooks = sys.get_asyncgen_hooks()
+
+    def firstiter(agen: AsyncGenerator[Any, Any]) -> None:
+        made.append(agen)
+        if hooks.firstiter is not None:
+            hooks.firstiter(agen)
+
+    d = AdaptiveDeadline(multiplier=2, floor_s=0.05, ceiling_s=60)
+    sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=hooks.finalizer)
+    try:
+        await _call(d, 0)
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    assert not made and len(d._samples) == 1

@@ -25,8 +25,8 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator
 from collections.abc import Iterator
+from types import TracebackType
 
 from rollmesh.scheduler.errors import ModelCallDeadline
 
@@ -75,33 +75,19 @@ class AdaptiveDeadline:
         finally:
             _SCALE.reset(token)
 
-    @contextlib.asynccontextmanager
-    async def guard(self) -> AsyncIterator[None]:
+    def guard(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Run the body under the current deadline; it may be moved while the body runs."""
-        if not self.enabled:
-            yield
-            return
-        loop = asyncio.get_running_loop()
-        start, scale = loop.time(), _SCALE.get()
-        cm = asyncio.timeout_at(start + self._bounded(self.current_s * scale))
-        try:
-            async with cm:
-                self._active[id(cm)] = (start, scale, cm)
-                try:
-                    yield
-                finally:
-                    del self._active[id(cm)]
-        except TimeoutError:
-            if not cm.expired():
-                raise
-            self._timed_out()
-            raise ModelCallDeadline(
-                f"the model call took over {loop.time() - start:.2f} s: the adaptive deadline "
-                f"({self.multiplier:g} x recent p99 {self.p99():.3f} s, at least {self.floor_s:g} s"
-                + (f", x{scale:g} for this retry" if scale != 1 else "")
-                + ")"
-            ) from None
-        self._observe(loop.time() - start)
+        return _Guard(self) if self.enabled else contextlib.nullcontext()
+
+    def _cut(self, start: float, now: float, scale: float) -> ModelCallDeadline:
+        """A call started at `start` (loop time) was cut at `now` by this deadline: count it, say so."""
+        self._timed_out()
+        return ModelCallDeadline(
+            f"the model call took over {now - start:.2f} s: the adaptive deadline "
+            f"({self.multiplier:g} x recent p99 {self.p99():.3f} s, at least {self.floor_s:g} s"
+            + (f", x{scale:g} for this retry" if scale != 1 else "")
+            + ")"
+        )
 
     def _observe(self, latency_s: float) -> None:
         self._samples.append(latency_s)
@@ -139,3 +125,39 @@ class AdaptiveDeadline:
         for start, scale, cm in list(self._active.values()):
             if not cm.expired():
                 cm.reschedule(start + self._bounded(new * scale))
+
+
+class _Guard:
+    """One model call under an `AdaptiveDeadline` (its `guard()`): the call's timeout, re-timed with the
+    estimate while the call runs; a cut is a `ModelCallDeadline`, a call that returns is a sample.
+    A class, not an `asynccontextmanager`: that is an async generator per model call, which the
+    event loop's first-iteration hook also tracks (a weak reference each), for one `yield`."""
+
+    __slots__ = ("_deadline", "_loop", "_scale", "_start", "_timeout")
+
+    def __init__(self, deadline: AdaptiveDeadline) -> None:
+        self._deadline = deadline
+
+    async def __aenter__(self) -> None:
+        d = self._deadline
+        self._loop = loop = asyncio.get_running_loop()
+        self._start, self._scale = start, scale = loop.time(), _SCALE.get()
+        self._timeout = cm = asyncio.timeout_at(start + d._bounded(d.current_s * scale))
+        await cm.__aenter__()
+        d._active[id(cm)] = (start, scale, cm)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        d, cm = self._deadline, self._timeout
+        del d._active[id(cm)]
+        try:
+            await cm.__aexit__(exc_type, exc, tb)  # our cut: the body's CancelledError as TimeoutError
+        except TimeoutError:
+            if not cm.expired():
+                raise
+            raise d._cut(self._start, self._loop.time(), self._scale) from None
+        if exc is None:
+            d._observe(self._loop.time() - self._start)
+        elif isinstance(exc, TimeoutError) and cm.expired():  # the body's own, raised as we cut it
+            raise d._cut(self._start, self._loop.time(), self._scale) from None
