@@ -179,3 +179,18 @@ def test_input_is_an_older_name_of_dataset(
     result = runner.invoke(build_app(), ["run", *args], env={"COLUMNS": "400"})
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.output.split())
+
+
+def test_serve_openenvs_flags_default_to_what_the_server_api_defaults_to() -> None:
+    """`rollmesh serve openenv` and `openenv_server(...)` serve the same way unless told otherwise."""
+    import inspect
+
+    from rollmesh.openenv_server.server import openenv_server
+
+    command = typer.main.get_command(build_app())
+    serve = command.commands["serve"].commands["openenv"]  # type: ignore[attr-defined]
+    flags = {p.name: p.default for p in serve.params}
+    api = inspect.signature(openenv_server).parameters
+    shared = [name for name in flags if name in api and api[name].default is not inspect.Parameter.empty]
+    assert {"host", "port", "max_steps", "max_sessions", "dataset"} <= set(shared)
+    assert {name: flags[name] for name in shared} == {name: api[name].default for name in shared}

@@ -18,6 +18,8 @@ from rollmesh.commands._common import VerifierAddr
 from rollmesh.commands._common import err
 from rollmesh.commands._common import fail
 from rollmesh.commands._common import run
+from rollmesh.openenv_server import DEFAULT_MAX_STEPS
+from rollmesh.openenv_server import DEFAULT_PORT
 
 serve_app = typer.Typer(
     help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
@@ -126,13 +128,13 @@ def serve_openenv(
             " dataset).",
         ),
     ] = "",
-    port: Annotated[int, typer.Option("--port", help="Port to bind (0: a free one).")] = 8000,
+    port: Annotated[int, typer.Option("--port", help="Port to bind (0: a free one).")] = DEFAULT_PORT,
     host: Annotated[
         str, typer.Option("--host", help="Host to bind (0.0.0.0: all interfaces).")
     ] = "127.0.0.1",
     max_steps: Annotated[
         int, typer.Option("--max-steps", min=1, help="Turns after which an episode ends and is verified.")
-    ] = 8,
+    ] = DEFAULT_MAX_STEPS,
     max_sessions: Annotated[
         int,
         typer.Option(

@@ -8,3 +8,8 @@ the same way. `wire.py` is OpenEnv's wire format and rollmesh's action/observati
 `episode.py` one episode, `app.py` the HTTP and WebSocket routes, `server.py` the command's
 server. docs/openenv.md is the user's page.
 """
+
+#: The server's defaults, `rollmesh serve openenv`'s and `server.openenv_server`'s (written once, so
+#: the command and the API agree): OpenEnv's own port, and the turns after which an episode ends.
+DEFAULT_PORT = 8000
+DEFAULT_MAX_STEPS = 8

@@ -26,6 +26,8 @@ from fastapi import FastAPI
 from rollmesh.mesh.http_serve import HttpServe
 from rollmesh.mesh.logging import get_logger
 from rollmesh.mesh.server import refuse_a_taken_port
+from rollmesh.openenv_server import DEFAULT_MAX_STEPS
+from rollmesh.openenv_server import DEFAULT_PORT
 from rollmesh.openenv_server.app import build_app
 from rollmesh.openenv_server.episode import Episode
 from rollmesh.openenv_server.errors import CannotServe
@@ -110,8 +112,8 @@ async def openenv_server(
     verifier: str = "",
     api_key: str = "",
     host: str = "127.0.0.1",
-    port: int = 8000,
-    max_steps: int = 8,
+    port: int = DEFAULT_PORT,
+    max_steps: int = DEFAULT_MAX_STEPS,
     max_sessions: int = 0,
     say: Callable[[str], None] = print,
 ) -> AsyncIterator[OpenEnvServer]:
