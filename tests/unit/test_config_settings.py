@@ -1,20 +1,25 @@
 """Every ROLLMESH_* default is written once, in mesh/config.py's ENV_VARS: a config dataclass field
 read from a variable is declared `setting("ROLLMESH_...")` and takes the registry's default, of the
-field's own type."""
+field's own type. The CLI does not import the registry (it costs `--help` a tenth of a second), so
+what its flags say of a variable's default is checked against it here."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import importlib
+import re
 import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 
 import rollmesh
+from rollmesh.cli import build_app
 from rollmesh.mesh.config import ENV_VARS
+from rollmesh.mesh.config import parse_http_port
 from rollmesh.mesh.config import read_fields
 from rollmesh.mesh.config import variable_of
 
@@ -85,3 +90,43 @@ def _required(cls: type[Any]) -> dict[str, Any]:
     return {
         f.name: "m" for f in dataclasses.fields(cls) if f.default is missing and f.default_factory is missing
     }
+
+
+def _options() -> list[tuple[str, Any]]:
+    """Every parameter of every `rollmesh` command (typer's own click's), with the command's name."""
+    found: list[tuple[str, Any]] = []
+
+    def walk(command: Any, name: str) -> None:
+        for sub, child in getattr(command, "commands", {}).items():
+            walk(child, f"{name} {sub}")
+        found.extend((name, p) for p in command.params)
+
+    walk(typer.main.get_command(build_app()), "rollmesh")
+    return found
+
+
+def test_a_flag_read_from_a_variable_defaults_to_nothing_given_or_to_the_registrys_default() -> None:
+    """`up --host` (ROLLMESH_BIND_HOST), `--replicas`, `--http-port`: typer reads the variable, so the
+    flag's own default stands where the registry's would."""
+    checked = 0
+    for command, p in _options():
+        var = getattr(p, "envvar", None)
+        if isinstance(var, str) and var.startswith("ROLLMESH_"):
+            assert p.default in ("", None) or p.default == ENV_VARS[var].default, (command, p.name, var)
+            checked += p.default not in ("", None)
+    assert checked >= 3
+
+
+# "(default: ROLLMESH_RESTART_MAX or 5)", "(embedded; default ROLLMESH_REPLICAS, else 1)"
+_SAID_DEFAULT = re.compile(r"(ROLLMESH_[A-Z0-9_]*[A-Z0-9]),? (?:or|else) ([^ ),;]+)")
+
+
+def test_what_a_flags_help_says_a_variable_defaults_to_is_the_registrys_default() -> None:
+    said = [(c, m) for c, p in _options() for m in _SAID_DEFAULT.finditer(getattr(p, "help", None) or "")]
+    assert len(said) >= 6
+    for command, match in said:
+        var, text = match.groups()
+        registered = ENV_VARS[var]
+        if registered.parser is parse_http_port and text == "off":
+            text = "-1"
+        assert registered.parse(var, text) == registered.default, (command, match.group(0))
