@@ -101,3 +101,12 @@ def test_from_pb_leaves_message_fields_to_the_caller() -> None:
     assert got.turns == [_Span(0, 0, 2)]
     with pytest.raises(TypeError):
         from_pb(_Span, common_pb2.TokenRecord())  # required fields the proto lacks must be given
+
+
+def test_from_pb_gives_a_repeated_field_as_a_list_of_its_own() -> None:
+    msg = common_pb2.TokenRecord(token_ids=[4, 5])
+    got = from_pb(_Tokens, msg)
+    assert type(got.token_ids) is list and got.token_ids == [4, 5]
+    assert type(from_pb(_Tokens, common_pb2.TokenRecord()).token_ids) is list
+    got.token_ids.append(6)
+    assert list(msg.token_ids) == [4, 5]

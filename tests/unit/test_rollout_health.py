@@ -149,3 +149,25 @@ def test_a_rows_findings_come_from_its_turns_in_each_row_format() -> None:
         },
     }
     assert of_row(ours) == of_row(older) == of_row(nemo_gym) == want
+
+
+def test_findings_come_in_their_order_and_tool_calls_are_checked_against_every_tool_result() -> None:
+    """Found in another order than FINDINGS lists them, they come in FINDINGS' order; a tool result
+    anywhere in the output answers a call (before it too); a turn that only calls tools is not empty,
+    one whose `tool_calls` is empty is; three turns of the same calls in a row repeat."""
+    many = [_assistant(""), _assistant(f"{MARKUP} " + LOOP), _assistant("", [_call("z")])]
+    found = findings(many, "length", [10, 20, 990], context_length=1000)
+    assert list(found.items()) == [
+        ("empty_turn", 1),
+        ("cut_at_max_tokens", 3),
+        ("unanswered_tool_call", 3),
+        ("repeated_output", 2),
+        ("unparsed_tool_call", 2),
+        ("near_context_limit", 3),
+    ]
+    answered_first = [{"role": "tool", "tool_call_id": "a", "content": "1"}, _assistant("", [_call("a")])]
+    assert findings(answered_first, "stop") == {}
+    assert findings([{"role": "assistant", "content": "", "tool_calls": []}], "stop") == {"empty_turn": 1}
+    assert findings([_assistant("", [_call("a"), _call("b")])], "stop") == {"unanswered_tool_call": 1}
+    same = [_assistant("again", [_call("x")]), {"role": "tool", "tool_call_id": "x", "content": "?"}]
+    assert findings(same * 2, "stop") == {} and findings(same * 3, "stop") == {"repeated_output": 3}

@@ -128,3 +128,13 @@ def test_metrics_json_and_rollmesh_timing_show_the_phases_of_a_finished_job(tmp_
     assert shown["model_s"] == stored["model_s"] and shown["sink_write_s"] == stored["sink_write_s"]
     table = CliRunner().invoke(build_app(), ["timing", str(rec.directory)], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "one model turn" in table.stdout and "p99" in table.stdout
+
+
+def test_a_rows_timing_is_each_phase_rounded_to_the_microsecond_zeros_and_odd_values_too() -> None:
+    """to_json() gives round(x, 6) of every phase (a phase of 0.0 is not rounded: the same value)."""
+    odd = [0.0, -0.0, 4e-7, 5e-7, 2e-06, 0.1234565, 1e16, float("nan"), float("inf"), -float("inf")]
+    for x in odd:
+        t = RolloutTiming(queued_s=x, retried_s=x, seed_s=x, model_s=[x, 0.0], verify_s=x)
+        want = {name: round(x, 6) for name in ("queued_s", "retried_s", "seed_s", "verify_s")}
+        want |= {"model_s": [round(x, 6), 0.0], "first_token_s": [], "tool_s": [], "env_step_s": []}
+        assert json.dumps(t.to_json()) == json.dumps(want)

@@ -57,7 +57,7 @@ def from_pb(dataclass_type: type[D], msg: Message, /, **given: Any) -> D:
         elif kind is _Copy.TUPLE:
             values[name] = tuple(getattr(msg, name))
         elif kind is _Copy.LIST:
-            values[name] = list(getattr(msg, name))
+            values[name] = getattr(msg, name)[:]  # a list; list() of one iterates to an IndexError
     return dataclass_type(**values)
 
 

@@ -27,8 +27,14 @@ class VerifyResult:
     def not_finite(self) -> str | None:
         """What in it is not a finite number (`reward = nan`), else None. Both sides refuse such a
         result: a NaN would poison every mean and pass@k it enters, an inf or a string means nothing."""
+        if _finite_float(self.reward) and all(map(_finite_float, self.components.values())):
+            return None  # (every verdict, once per rollout: no names built)
         values = {"reward": self.reward, **{f"components[{k!r}]": v for k, v in self.components.items()}}
         for what, value in values.items():
             if not isinstance(value, numbers.Real) or not math.isfinite(value):
                 return f"{what} = {value!r:.80}"
         return None
+
+
+def _finite_float(value: object) -> bool:
+    return type(value) is float and math.isfinite(value)

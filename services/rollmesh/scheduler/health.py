@@ -57,6 +57,9 @@ _TOOL_MARKUP = re.compile(
 )
 
 
+_NO_CALLS = repr([])  # a turn's shape without tool calls (repr(calls) when it has some)
+
+
 def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -92,7 +95,7 @@ def findings(
     `messages`: the rollout's output (assistant turns, tool results, environment messages);
     `turn_ends`: each turn's prompt + output length in tokens (the token record's `output_end`)."""
     found: dict[str, int] = {}
-    answered = {str(m.get("tool_call_id", "")) for m in messages if m.get("role") == "tool"}
+    answered: set[str] | None = None  # the tool results' call ids, gathered at the first tool call
     turn, same, previous = 0, 0, None
     for m in messages:
         if m.get("role") != "assistant":
@@ -100,13 +103,16 @@ def findings(
         turn += 1
         text = _text(m.get("content"))
         calls = m.get("tool_calls") or []
-        if not calls and not text.strip():
+        if calls:
+            if answered is None:
+                answered = {str(r.get("tool_call_id", "")) for r in messages if r.get("role") == "tool"}
+            if any(str(c.get("id", "")) not in answered for c in calls if isinstance(c, dict)):
+                found.setdefault("unanswered_tool_call", turn)
+        elif not text.strip():
             found.setdefault("empty_turn", turn)
-        if any(str(c.get("id", "")) not in answered for c in calls if isinstance(c, dict)):
-            found.setdefault("unanswered_tool_call", turn)
         if _TOOL_MARKUP.search(text):
             found.setdefault("unparsed_tool_call", turn)
-        shape = (text, repr(calls))
+        shape = (text, repr(calls) if calls else _NO_CALLS)
         same = same + 1 if shape == previous and (text.strip() or calls) else 1
         previous = shape
         if repeats(text) or same >= SAME_TURNS_IN_A_ROW:
@@ -118,7 +124,8 @@ def findings(
             if end >= NEAR_CONTEXT_SHARE * context_length:
                 found["near_context_limit"] = i
                 break
-    return dict(sorted(found.items(), key=lambda kv: FINDINGS.index(kv[0])))
+    # Most rollouts have no finding or one: already in FINDINGS' order.
+    return found if len(found) < 2 else dict(sorted(found.items(), key=lambda kv: FINDINGS.index(kv[0])))
 
 
 def of_row(row: Mapping[str, Any], *, context_length: int | None = None) -> dict[str, int]:

@@ -61,6 +61,12 @@ def _r(seconds: float) -> float:
     return round(seconds, 6)
 
 
+def _r6(seconds: float) -> float:
+    """`round(seconds, 6)`; a phase that took no time (0.0, the usual retried_s and seed_s) is
+    returned as it is, which is what rounding gives, without rounding (~0.2 us each, every row)."""
+    return round(seconds, 6) if seconds else seconds
+
+
 def _finite(seconds: float) -> float:
     return seconds if math.isfinite(seconds) else 0.0
 
@@ -159,10 +165,10 @@ class RolloutTiming:
 
     def to_json(self) -> Json:
         return {
-            "queued_s": round(self.queued_s, 6),
-            "retried_s": round(self.retried_s, 6),
-            "seed_s": round(self.seed_s, 6),
-            "verify_s": round(self.verify_s, 6),
+            "queued_s": _r6(self.queued_s),
+            "retried_s": _r6(self.retried_s),
+            "seed_s": _r6(self.seed_s),
+            "verify_s": _r6(self.verify_s),
             "model_s": [round(v, 6) for v in self.model_s],
             "first_token_s": [round(v, 6) for v in self.first_token_s],
             "tool_s": [round(v, 6) for v in self.tool_s],
