@@ -78,8 +78,15 @@ async def main(a: argparse.Namespace) -> dict[str, object]:
         try:
             if a.fake_verifier:
                 raise RuntimeError("--fake-verifier given")
+            # `python -m rollmesh.verifier` takes no flags: it binds ROLLMESH_VERIFIER_ADDR, by default
+            # :50052, and with that port taken (another mesh, a test) this bench fell back to the fake
+            # verifier. Port 0: a free one, written to the port file.
             verifier_pid, verifier = await stack.enter_async_context(
-                spawn([sys.executable, "-m", "rollmesh.verifier", "--port", "0"], name="verifier")
+                spawn(
+                    [sys.executable, "-m", "rollmesh.verifier"],
+                    env={"ROLLMESH_VERIFIER_ADDR": "127.0.0.1:0"},
+                    name="verifier",
+                )
             )
         except Exception as exc:  # the real verifier is optional here: say so in the report
             log(f"real verifier unavailable ({str(exc)[:300]}); using the fake verifier")
