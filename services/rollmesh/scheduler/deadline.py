@@ -28,6 +28,8 @@ import contextvars
 from collections.abc import Iterator
 from types import TracebackType
 
+from rollmesh.scheduler.cut import Cut
+from rollmesh.scheduler.cut import current_task
 from rollmesh.scheduler.errors import ModelCallDeadline
 
 # How many times the current deadline this task's calls get: a rollout whose call was cut tries
@@ -62,7 +64,7 @@ class AdaptiveDeadline:
         self._samples: collections.deque[float] = collections.deque(maxlen=window)
         self._outcomes: collections.deque[bool] = collections.deque(maxlen=OUTCOMES)  # True: timed out
         self._since_estimate = 0
-        self._active: dict[int, tuple[float, float, asyncio.Timeout]] = {}
+        self._active: dict[int, tuple[float, float, Cut]] = {}  # the calls in flight
         self._timed_to_s = ceiling_s  # the deadline calls in flight were last re-timed to
 
     @staticmethod
@@ -79,7 +81,7 @@ class AdaptiveDeadline:
         """Run the body under the current deadline; it may be moved while the body runs."""
         return _Guard(self) if self.enabled else contextlib.nullcontext()
 
-    def _cut(self, start: float, now: float, scale: float) -> ModelCallDeadline:
+    def _cut_error(self, start: float, now: float, scale: float) -> ModelCallDeadline:
         """A call started at `start` (loop time) was cut at `now` by this deadline: count it, say so."""
         self._timed_out()
         return ModelCallDeadline(
@@ -122,18 +124,18 @@ class AdaptiveDeadline:
         if 1 / RETIME_FACTOR <= new / self._timed_to_s <= RETIME_FACTOR:
             return
         self._timed_to_s = new
-        for start, scale, cm in list(self._active.values()):
-            if not cm.expired():
-                cm.reschedule(start + self._bounded(new * scale))
+        for start, scale, cut in list(self._active.values()):
+            if not cut.cut:
+                cut.at(start + self._bounded(new * scale), asyncio.get_running_loop())
 
 
 class _Guard:
-    """One model call under an `AdaptiveDeadline` (its `guard()`): the call's timeout, re-timed with the
-    estimate while the call runs; a cut is a `ModelCallDeadline`, a call that returns is a sample.
-    A class, not an `asynccontextmanager`: that is an async generator per model call, which the
-    event loop's first-iteration hook also tracks (a weak reference each), for one `yield`."""
+    """One model call under an `AdaptiveDeadline` (its `guard()`): the call's cut (cut.py), re-timed with
+    the estimate while the call runs; a cut is a `ModelCallDeadline`, a call that returns is a sample.
+    A class, not an `asynccontextmanager` (an async generator per model call, which the event loop's
+    first-iteration hook also tracks), and a `Cut`, not an `asyncio.timeout_at`, for the same deadline."""
 
-    __slots__ = ("_deadline", "_loop", "_scale", "_start", "_timeout")
+    __slots__ = ("_cut", "_deadline", "_loop", "_scale", "_start")
 
     def __init__(self, deadline: AdaptiveDeadline) -> None:
         self._deadline = deadline
@@ -141,23 +143,18 @@ class _Guard:
     async def __aenter__(self) -> None:
         d = self._deadline
         self._loop = loop = asyncio.get_running_loop()
+        self._cut = cut = Cut(current_task())
         self._start, self._scale = start, scale = loop.time(), _SCALE.get()
-        self._timeout = cm = asyncio.timeout_at(start + d._bounded(d.current_s * scale))
-        await cm.__aenter__()
-        d._active[id(cm)] = (start, scale, cm)
+        cut.at(start + d._bounded(d.current_s * scale), loop)
+        d._active[id(cut)] = (start, scale, cut)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        d, cm = self._deadline, self._timeout
-        del d._active[id(cm)]
-        try:
-            await cm.__aexit__(exc_type, exc, tb)  # our cut: the body's CancelledError as TimeoutError
-        except TimeoutError:
-            if not cm.expired():
-                raise
-            raise d._cut(self._start, self._loop.time(), self._scale) from None
+        d, cut = self._deadline, self._cut
+        del d._active[id(cut)]
+        # Our cut, or the body's own TimeoutError raised as we cut it.
+        if cut.ended(exc) or (cut.cut and isinstance(exc, TimeoutError)):
+            raise d._cut_error(self._start, self._loop.time(), self._scale) from None
         if exc is None:
             d._observe(self._loop.time() - self._start)
-        elif isinstance(exc, TimeoutError) and cm.expired():  # the body's own, raised as we cut it
-            raise d._cut(self._start, self._loop.time(), self._scale) from None

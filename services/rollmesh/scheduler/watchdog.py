@@ -27,11 +27,12 @@ import collections
 from collections.abc import Awaitable
 from collections.abc import Callable
 from collections.abc import Mapping
-from typing import Any
 from typing import TypeVar
 
 from rollmesh.mesh import errors as mesh
 from rollmesh.mesh.logging import get_logger
+from rollmesh.scheduler.cut import Cut
+from rollmesh.scheduler.cut import current_task
 from rollmesh.scheduler.errors import GatewayUnresponsive
 from rollmesh.scheduler.errors import VerifierUnresponsive
 from rollmesh.scheduler.retry import FINAL
@@ -61,17 +62,14 @@ class Watchdog:
         self.outages = outages
         self.probes = probes
         self.silent_limit_s = silent_limit_s
-        self._calls: collections.defaultdict[str, set[_Cut]] = collections.defaultdict(set)
+        self._calls: collections.defaultdict[str, set[Cut]] = collections.defaultdict(set)
         self._why: dict[str, tuple[str, dict[str, str]]] = {}  # service -> (message, error metadata)
         self._probed: dict[str, bool] = {}  # a failed health check marked it down (not the budget alone)
 
     async def watch(self, service: str, call: Awaitable[R]) -> R:
         o = self.outages
         o.started(service)
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("Watchdog.watch runs in a task")
-        cut = _Cut(task)
+        cut = Cut(current_task())
         calls = self._calls[service]
         calls.add(cut)
         try:
@@ -156,36 +154,5 @@ class Watchdog:
             )
             loop = asyncio.get_running_loop()
             for c in list(calls):
-                c.cut_soon(loop)
-
-
-class _Cut:
-    """One call `Watchdog.watch` may cut, as `asyncio.timeout(None)` around it did, without building
-    a Timeout for every call (~1.3 us more, two calls a rollout): the cut cancels the call's task on
-    the loop's next turn, and the call ends as the service's error only when the task had no other
-    cancel request meanwhile (`ended`, as a Timeout's exit decides); any other end is the call's own."""
-
-    __slots__ = ("_cancelling", "_handle", "_task", "cut")
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self._task = task
-        self._cancelling = task.cancelling()
-        self._handle: asyncio.Handle | None = None
-        self.cut = False  # the task was cancelled for this cut
-
-    def cut_soon(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Cut the call on the loop's next turn (once)."""
-        if self._handle is None and not self.cut:
-            self._handle = loop.call_soon(self._cancel)
-
-    def _cancel(self) -> None:
-        self._handle = None
-        self._task.cancel()
-        self.cut = True
-
-    def ended(self, exc: BaseException | None) -> bool:
-        """The call ended, with `exc` (None: it returned). True: its CancelledError is this cut's."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        return self.cut and self._task.uncancel() <= self._cancelling and type(exc) is asyncio.CancelledError
+                if not c.cut:  # (once: a call already cut is on its way out)
+                    c.at(loop.time(), loop)
