@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -11,6 +13,7 @@ from rollmesh.mesh.errors import Unavailable
 from rollmesh.scheduler.errors import RolloutFailed
 from rollmesh.scheduler.errors import TokenRecordMismatch
 from rollmesh.scheduler.retry import Backoff
+from rollmesh.scheduler.retry import attempt_deadline_held
 from rollmesh.scheduler.retry import classify
 from rollmesh.scheduler.retry import with_retry
 from rollmesh.scheduler.spec import RetryPolicy
@@ -239,3 +242,36 @@ def test_outages_say_which_reachable_service_keeps_calls_waiting() -> None:
     now[0] = 531.0
     outages.failed("gateway")  # unreachable is said once, as unreachable
     assert outages.describe() == "gateway unreachable for 0 s"
+
+
+async def test_an_attempt_past_rollout_timeout_is_cut_and_retried_and_a_held_deadline_waits() -> None:
+    """Each attempt runs under rollout_timeout_s: one past it is DEADLINE_EXCEEDED (retried); a
+    cancel from outside is no attempt's end; while `attempt_deadline_held` runs, the deadline does not
+    fire, and after it the attempt has at least `after_s` left."""
+    policy = RetryPolicy(max_attempts=2, rollout_timeout_s=0.05, initial_backoff_s=0.001)
+    tries = 0
+
+    async def hangs() -> None:
+        nonlocal tries
+        tries += 1
+        await asyncio.sleep(3600)
+
+    with pytest.raises(RolloutFailed) as failed:
+        await with_retry(hangs, policy)
+    assert tries == 2 and failed.value.attempts == 2
+    assert failed.value.error.name == "DEADLINE_EXCEEDED" and "timed out" in failed.value.error.message
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+    task = asyncio.create_task(with_retry(hangs, RetryPolicy(rollout_timeout_s=60)))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    async def held() -> str:
+        with attempt_deadline_held(after_s=0.2):
+            await asyncio.sleep(0.1)  # past rollout_timeout_s, held
+        await asyncio.sleep(0.1)  # within the after_s it is given
+        return "ok"
+
+    assert await with_retry(held, RetryPolicy(max_attempts=1, rollout_timeout_s=0.05)) == ("ok", 1)

@@ -1,7 +1,7 @@
 """`Cut`: the cancel scope of one awaited call, as `asyncio.timeout` gives one, without building a
-`Timeout` (its state enum, its async context manager) per call: the scheduler brackets two or three
-calls of every rollout with one (the model call's adaptive deadline, deadline.py; the watchdog's hang
-cut, watchdog.py), ~1.3 us less each.
+`Timeout` (its state enum, its async context manager) per call: the scheduler brackets four scopes
+of every rollout with one (the attempt's deadline, retry.py; the model call's adaptive deadline,
+deadline.py; the watchdog's hang cut of each call, watchdog.py), ~1.3 us less each.
 
 `Cut(task)` notes the task's cancel requests; `at(when, loop)` schedules the cut at loop time `when`
 (None: never; now or past: on the loop's next turn), moving one already scheduled; firing cancels the

@@ -43,6 +43,8 @@ from dataclasses import replace
 from typing import Any
 from typing import TypeVar
 
+from rollmesh.scheduler.cut import Cut
+from rollmesh.scheduler.cut import current_task
 from rollmesh.scheduler.errors import ErrorClass
 from rollmesh.scheduler.errors import ProgramRun
 from rollmesh.scheduler.errors import RolloutFailed
@@ -77,8 +79,8 @@ GATEWAY_UNRESPONSIVE = "GATEWAY_UNRESPONSIVE"  # errors.GatewayUnresponsive's re
 UNRESPONSIVE = frozenset({GATEWAY_UNRESPONSIVE, "VERIFIER_UNRESPONSIVE"})
 
 
-# The running attempt's deadline (with_retry's `asyncio.timeout`), for `attempt_deadline_held`.
-_ATTEMPT_DEADLINE: contextvars.ContextVar[asyncio.Timeout | None] = contextvars.ContextVar(
+# The running attempt's deadline (with_retry's cut, cut.py), for `attempt_deadline_held`.
+_ATTEMPT_DEADLINE: contextvars.ContextVar[Cut | None] = contextvars.ContextVar(
     "rollmesh_attempt_deadline", default=None
 )
 
@@ -88,16 +90,17 @@ def attempt_deadline_held(after_s: float) -> Iterator[None]:
     """While the block runs the attempt's deadline does not fire (the block bounds itself); after
     it the attempt has at least `after_s` left (module doc). Outside an attempt: nothing."""
     deadline = _ATTEMPT_DEADLINE.get()
-    if deadline is None or deadline.expired():
+    if deadline is None or deadline.cut:
         yield
         return
     was = deadline.when()
-    deadline.reschedule(None)
+    loop = asyncio.get_running_loop()
+    deadline.at(None, loop)
     try:
         yield
     finally:
-        if was is not None and not deadline.expired():
-            deadline.reschedule(max(was, asyncio.get_running_loop().time() + after_s))
+        if was is not None and not deadline.cut:
+            deadline.at(max(was, loop.time() + after_s), loop)
 
 
 def _class_name(code_name: str, reason: str, metadata: Mapping[str, str]) -> str:
@@ -276,13 +279,21 @@ async def with_retry(
     waits = 0  # retries while a service was unreachable
     while True:
         n += 1
+        loop = asyncio.get_running_loop()
+        deadline = Cut(current_task())  # (asyncio.timeout's cut, without a Timeout per attempt)
+        deadline.at(loop.time() + policy.rollout_timeout_s, loop)
+        held = _ATTEMPT_DEADLINE.set(deadline)
         try:
-            async with asyncio.timeout(policy.rollout_timeout_s) as deadline:
-                held = _ATTEMPT_DEADLINE.set(deadline)
-                try:
-                    return await attempt(), n
-                finally:
-                    _ATTEMPT_DEADLINE.reset(held)
+            try:
+                result = await attempt()
+            except BaseException as exc:
+                if deadline.ended(exc):
+                    raise TimeoutError from exc  # the attempt's deadline (as asyncio.timeout raises)
+                raise
+            finally:
+                _ATTEMPT_DEADLINE.reset(held)
+            deadline.ended(None)
+            return result, n
         except Exception as exc:
             err = classify(exc)
             if err.outage and outages is not None:
