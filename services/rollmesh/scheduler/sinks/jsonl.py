@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import socket
 import time
@@ -54,6 +53,7 @@ from rollmesh.scheduler.errors import JobFolderInUse
 from rollmesh.scheduler.errors import RolloutTooLarge
 from rollmesh.scheduler.errors import SinkClosed
 from rollmesh.scheduler.errors import SinkWriteFailed
+from rollmesh.scheduler.json_encode import encoder
 from rollmesh.scheduler.metrics import Packed
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.metrics import compute
@@ -380,7 +380,7 @@ def _row(rollout: Rollout) -> _Row:
 # One encoder for every row (json.dumps with these arguments builds a new one per call). No check
 # for circular references (a dict of ids per container of every row): a row is built from JSON
 # values and protobuf messages, which have none.
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False).encode
+_ENCODE = encoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def _dumps(row: Json) -> bytes:
