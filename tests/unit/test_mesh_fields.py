@@ -110,3 +110,15 @@ def test_from_pb_gives_a_repeated_field_as_a_list_of_its_own() -> None:
     assert type(from_pb(_Tokens, common_pb2.TokenRecord()).token_ids) is list
     got.token_ids.append(6)
     assert list(msg.token_ids) == [4, 5]
+
+
+def test_from_pb_ignores_given_names_that_are_no_fields_and_copies_one_scalar() -> None:
+    @dataclass(frozen=True)
+    class Key:
+        task_index: int
+        rollout_index: int
+
+    msg = common_pb2.RolloutKey(task_index=3, rollout_index=4)
+    assert from_pb(Key, msg) == Key(3, 4)
+    assert from_pb(Key, msg, task_index=7, not_a_field=1) == Key(7, 4)  # one scalar left to copy
+    assert from_pb(Key, msg, rollout_index=9, task_index=8) == Key(8, 9)  # none left

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
+from collections.abc import Callable
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from typing import Any
@@ -46,19 +48,57 @@ def to_pb(message_class: type[M], obj: object, /, **given: Any) -> M:
 
 def from_pb(dataclass_type: type[D], msg: Message, /, **given: Any) -> D:
     """A `dataclass_type` from `msg`'s same-named scalar, repeated and map fields, overridden by `given`."""
-    values: dict[str, Any] = {}
-    for name, kind in _copy_plan(dataclass_type, msg.DESCRIPTOR):
-        if name in given:
-            values[name] = given[name]
-        elif kind is _Copy.SCALAR or (kind is _Copy.PRESENCE and msg.HasField(name)):
+    p = _from_plan(dataclass_type, msg.DESCRIPTOR, tuple(given))
+    values = {name: given[name] for name in p.given}
+    if p.scalars:
+        values.update(zip(p.scalars, p.get_scalars(msg), strict=True))
+    for name in p.presence:
+        if msg.HasField(name):
             values[name] = getattr(msg, name)
-        elif kind is _Copy.MAP:
-            values[name] = dict(getattr(msg, name))
-        elif kind is _Copy.TUPLE:
-            values[name] = tuple(getattr(msg, name))
-        elif kind is _Copy.LIST:
-            values[name] = getattr(msg, name)[:]  # a list; list() of one iterates to an IndexError
+    for name in p.maps:
+        values[name] = dict(getattr(msg, name))
+    for name in p.tuples:
+        values[name] = tuple(getattr(msg, name))
+    for name in p.lists:
+        values[name] = getattr(msg, name)[:]  # a list; list() of one iterates to an IndexError
     return dataclass_type(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class _FromPlan:
+    """`from_pb`'s work for one dataclass, message type and set of given names, by kind of field."""
+
+    given: tuple[str, ...]  # the given names that are fields (others are ignored)
+    scalars: tuple[str, ...]
+    get_scalars: Callable[[Any], tuple[Any, ...]]  # the scalars' values, in that order
+    presence: tuple[str, ...]
+    maps: tuple[str, ...]
+    tuples: tuple[str, ...]
+    lists: tuple[str, ...]
+
+
+@functools.cache
+def _from_plan(dataclass_type: Any, descriptor: Descriptor, given: tuple[str, ...]) -> _FromPlan:
+    """Worked out once per dataclass, message type and given names: the conversions run on every
+    model turn and verify."""
+    by_kind: dict[_Copy, list[str]] = {kind: [] for kind in _Copy}
+    kept: list[str] = []
+    for name, kind in _copy_plan(dataclass_type, descriptor):
+        if name in given:
+            kept.append(name)
+        else:
+            by_kind[kind].append(name)
+    scalars = tuple(by_kind[_Copy.SCALAR])
+    getter = operator.attrgetter(*scalars) if scalars else (lambda msg: ())
+    return _FromPlan(
+        given=tuple(kept),
+        scalars=scalars,
+        get_scalars=getter if len(scalars) != 1 else (lambda msg: (getter(msg),)),
+        presence=tuple(by_kind[_Copy.PRESENCE]),
+        maps=tuple(by_kind[_Copy.MAP]),
+        tuples=tuple(by_kind[_Copy.TUPLE]),
+        lists=tuple(by_kind[_Copy.LIST]),
+    )
 
 
 class _Copy(enum.Enum):
