@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections import defaultdict
@@ -65,6 +66,18 @@ def _get(base: str, path: str, **params: str) -> Any:
     return body["data"]
 
 
+def _ready(base: str) -> bool:
+    """Prometheus answers /-/ready with 200 once its storage is open; before that it listens but
+    answers 503 (its queries too)."""
+    try:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=30) as resp:
+            return bool(resp.status == 200)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 503:
+            return False
+        raise
+
+
 def _query(base: str, promql: str) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = _get(base, "/api/v1/query", query=promql)["result"]
     return result
@@ -109,6 +122,10 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
                     base = f"http://127.0.0.1:{port}"
                 else:
                     time.sleep(0.2)
+            while not _ready(base):  # listening is not ready: a query then is a 503
+                assert proc.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, f"prometheus not ready:\n{log.read_text()}"
+                time.sleep(0.2)
             while len(_query(base, 'up{job="rollmesh"} == 1')) < len(SERVICES):  # every target scraped
                 assert time.monotonic() < deadline, f"targets not up:\n{log.read_text()}"
                 time.sleep(0.5)
