@@ -108,11 +108,13 @@ async def run_within_wall_time(
                 return task.result()
             now = loop.time()
             used, waited = await asyncio.to_thread(session_cpu, session, skip)
-            if task.done():
-                return task.result()
             # one task at a time runs for (elapsed - waited); using more, its tasks competed
             own_load = used > 1.25 * (now - start - waited) + 0.1
             earned = start + wall_s + (0.0 if own_load else waited)
+            if task.done():  # it ended while its processes were read: what it earned is its credit
+                if credit is not None:
+                    credit.waited_s = round(max(0.0, min(earned, cap) - start - wall_s), 4)
+                return task.result()
             if earned <= now + 0.01:
                 raise TimeoutError
             if now >= cap:
