@@ -296,6 +296,25 @@ def test_a_container_userns_that_is_not_a_boolean_is_a_config_error(monkeypatch:
         user_namespaces()
 
 
+def test_a_container_userns_typo_fails_the_environments_provider_not_the_first_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was read as each machine started: a verifier with a typo loaded, then failed rollouts."""
+    from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
+    from rollmesh.verifier.bridges.container.env import make_provider
+
+    for name in ("ROLLMESH_CONTAINER_PROVIDER", "ROLLMESH_CONTAINER_WARM", "ROLLMESH_IMAGE_MAP"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "container_tasks.toml").write_text('provider = "daemonless"\n')
+    monkeypatch.setenv("ROLLMESH_CONTAINER_USERNS", "of")
+    with pytest.raises(ConfigError, match="ROLLMESH_CONTAINER_USERNS='of' is not a boolean"):
+        make_provider(read_settings(tmp_path), tmp_path)
+    monkeypatch.setenv("ROLLMESH_CONTAINER_USERNS", "off")
+    provider = make_provider(read_settings(tmp_path), tmp_path)
+    assert isinstance(provider, DaemonlessProvider)
+    assert provider.user_namespaces is False
+
+
 def test_the_container_variables_win_over_container_tasks_toml_and_a_bad_warm_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

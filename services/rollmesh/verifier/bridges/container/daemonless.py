@@ -306,6 +306,9 @@ class DaemonlessProvider(Provider):
     def __init__(self, machines_dir: Path | None = None) -> None:
         super().__init__()
         self.machines_dir = machines_dir or MACHINES_DIR
+        # Read once, here: a value that is not a boolean fails the environment's load, not the first
+        # rollout's machine.
+        self.user_namespaces = user_namespaces()
         self._builds: dict[str, asyncio.Lock] = {}
         self._owner = owner_identity()
         self._factory = _Factory()
@@ -454,7 +457,9 @@ class DaemonlessProvider(Provider):
             raise ProviderUnavailable(problem)
         # A rollout's machine gets a user namespace of its own: its uids 0-65535 are a block of
         # host uids leased for its lifetime (an image build runs as the host's root, as docker build).
-        uid_base, uid_lease = (None, -1) if upper is not None or not user_namespaces() else lease_uid_block()
+        uid_base, uid_lease = (
+            (None, -1) if upper is not None or not self.user_namespaces else lease_uid_block()
+        )
         try:
             return await self._spawn_with(image, limits, labels, upper, uid_base, uid_lease)
         except BaseException:
