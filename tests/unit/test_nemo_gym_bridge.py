@@ -241,3 +241,32 @@ async def test_a_large_answer_is_read_whole() -> None:
         finally:
             await bridge.aclose()
     assert len(body) > 400_000 and reply.ok and reply.text == body
+
+
+async def test_a_call_that_finds_no_server_waits_for_the_sidecar_then_gives_up() -> None:
+    """A managed server may be restarting: each connection failure waits for its sidecar to be ready
+    (READY_TIMEOUT_S each time) before the next try; a sidecar that does not come back ends the call
+    as EnvServerUnreachable after the first wait."""
+    import socket
+
+    from rollmesh.verifier.bridges.http_bridge import READY_TIMEOUT_S
+    from rollmesh.verifier.bridges.http_bridge import HttpBridge
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    waits: list[float] = []
+
+    async def wait_ready(timeout_s: float) -> bool:
+        waits.append(timeout_s)
+        return len(waits) < 2  # "ready" once, then not again
+
+    bridge = HttpBridge("gone", lambda: url, timeout_s=30, wait_ready=wait_ready)
+    await bridge.open()
+    try:
+        with pytest.raises(EnvServerUnreachable):
+            await bridge.get("/health")
+    finally:
+        await bridge.aclose()
+    assert READY_TIMEOUT_S == 60.0 and waits == [READY_TIMEOUT_S, READY_TIMEOUT_S]
+    assert bridge.down

@@ -53,6 +53,8 @@ MAX_BODY_BYTES = 64 << 20
 #: Calls whose connection failed (refused, dropped before an answer) are tried this many more times,
 #: as NeMo Gym's own client does: a loaded uvicorn drops keep-alive connections it is handed.
 CONNECT_RETRIES = 3
+#: How long a call that found no server waits for a managed sidecar to serve again (`wait_ready`).
+READY_TIMEOUT_S = 60.0
 
 
 def bridge_config(
@@ -133,13 +135,11 @@ class HttpBridge:
         *,
         timeout_s: float,
         wait_ready: Callable[[float], Awaitable[bool]] | None = None,
-        ready_timeout_s: float = 60.0,
     ) -> None:
         self.name = name
         self._base_url = base_url
         self.timeout_s = timeout_s
         self._wait_ready = wait_ready
-        self._ready_timeout_s = ready_timeout_s
         self._http: aiohttp.ClientSession | None = None
         #: Why the last call found no server ("" once one answers): the environment is listed broken.
         self.down = ""
@@ -183,7 +183,7 @@ class HttpBridge:
                     raise
                 if self._wait_ready is None:
                     await asyncio.sleep(0.05 * 2**attempt)
-                elif not await self._wait_ready(self._ready_timeout_s):
+                elif not await self._wait_ready(READY_TIMEOUT_S):
                     raise
         raise AssertionError("unreachable")
 
