@@ -194,3 +194,29 @@ def test_serve_openenvs_flags_default_to_what_the_server_api_defaults_to() -> No
     shared = [name for name in flags if name in api and api[name].default is not inspect.Parameter.empty]
     assert {"host", "port", "max_steps", "max_sessions", "dataset"} <= set(shared)
     assert {name: flags[name] for name in shared} == {name: api[name].default for name in shared}
+
+
+def test_the_schedulers_results_root_defaults_to_runs_everywhere_it_is_chosen() -> None:
+    """`serve scheduler --output-dir`, `up --output-dir` (passed on to it), the scheduler's config,
+    the job manager, the embedded mesh and a job without its own output_dir all default to the one
+    DEFAULT_OUTPUT_DIR, which is still runs/; the two commands describe the flag alike."""
+    import inspect
+
+    from rollmesh.launch.embedded import embedded_mesh
+    from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
+    from rollmesh.scheduler.config import SchedulerConfig
+    from rollmesh.scheduler.manager import JobManager
+    from rollmesh.scheduler.spec import JobSpec
+
+    command = typer.main.get_command(build_app())
+    flags = [
+        next(p for p in cmd.params if p.name == "output_dir")
+        for cmd in (command.commands["serve"].commands["scheduler"], command.commands["up"])  # type: ignore[attr-defined]
+    ]
+    assert DEFAULT_OUTPUT_DIR == "runs"
+    assert [f.default for f in flags] == [DEFAULT_OUTPUT_DIR] * 2
+    assert flags[0].help == flags[1].help  # type: ignore[attr-defined]
+    assert SchedulerConfig.from_env().output_dir == DEFAULT_OUTPUT_DIR
+    for fn in (JobManager, embedded_mesh):
+        assert inspect.signature(fn).parameters["output_dir"].default == DEFAULT_OUTPUT_DIR
+    assert JobSpec(environment="e").effective_output_dir == DEFAULT_OUTPUT_DIR

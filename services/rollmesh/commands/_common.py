@@ -71,6 +71,11 @@ MetricsPort = Annotated[
 ]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 BaseUrl = Annotated[str, typer.Option("--base-url", help="OpenAI-compatible model URL (the openai backend).")]
+# The scheduler's results root (`serve scheduler`, and `up`, which passes it on); its default is
+# rollmesh.scheduler.DEFAULT_OUTPUT_DIR.
+OutputDir = Annotated[
+    str, typer.Option("--output-dir", help="Where the scheduler's JSONL sinks write <job_id>/.")
+]
 
 _USER_CODES = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "UNAUTHENTICATED"}
 

@@ -34,6 +34,7 @@ from rollmesh.commands._errors import SchedulerLost
 from rollmesh.commands._exit import EXIT_ERROR
 from rollmesh.commands._exit import EXIT_INTERRUPTED
 from rollmesh.commands._exit import exit_code_for
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 
 if TYPE_CHECKING:
     from rollmesh_client import Client
@@ -150,7 +151,7 @@ class SpecOptions:
         "",
         "--output-dir",
         "-o",
-        help="Where <job-id>/ folders go (default: the scheduler's results root, runs/).",
+        help=f"Where <job-id>/ folders go (default: the scheduler's results root, {DEFAULT_OUTPUT_DIR}/).",
     )
     resume_latest: bool = _option(
         False,

@@ -13,6 +13,7 @@ from rollmesh.commands._common import ApiKey
 from rollmesh.commands._common import BaseUrl
 from rollmesh.commands._common import GatewayAddr
 from rollmesh.commands._common import JsonOut
+from rollmesh.commands._common import OutputDir
 from rollmesh.commands._common import RegistryAddr
 from rollmesh.commands._common import SchedulerAddr
 from rollmesh.commands._common import VerifierAddr
@@ -20,6 +21,7 @@ from rollmesh.commands._common import fail
 from rollmesh.commands._common import print_json
 from rollmesh.commands._common import print_table
 from rollmesh.commands._common import run
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 
 
 def up(
@@ -48,9 +50,7 @@ def up(
             "--http-port", envvar="ROLLMESH_OPENAI_HTTP_PORT", help="Gateway's OpenAI HTTP port (-1: off)."
         ),
     ] = 8000,
-    output_dir: Annotated[
-        str, typer.Option("--output-dir", help="Scheduler's JSONL output folder.")
-    ] = "runs",
+    output_dir: OutputDir = DEFAULT_OUTPUT_DIR,
     restart: Annotated[
         str,
         typer.Option(

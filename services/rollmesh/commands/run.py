@@ -36,6 +36,7 @@ from rollmesh.commands._jobs import show_metrics
 from rollmesh.commands._jobs import submit_and_follow
 from rollmesh.commands.health import health_line
 from rollmesh.commands.health import stored_health
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 
 # Gateway variables that cannot apply to the embedded mesh's gateway: each set one is named in a warning.
 NOT_EMBEDDED = {
@@ -116,8 +117,6 @@ def _run(
             "give --benchmark NAME, or --dataset FILE.jsonl with --environment NAME (--job-id ID resumes one)"
         )
     if not scheduler:  # the embedded scheduler shares this folder: make it absolute
-        from rollmesh.scheduler.spec import DEFAULT_OUTPUT_DIR
-
         output_dir = str(Path(output_dir or DEFAULT_OUTPUT_DIR).resolve())
     # The job names the model when it is not the embedded gateway's own default: a --base-url
     # model, or with --scheduler any --model given (the running gateway's model or route).
@@ -257,7 +256,7 @@ async def _embedded(
 
     async with embedded_mesh(
         gateway_cfg,
-        output_dir=spec.output_dir or "runs",
+        output_dir=spec.output_dir or DEFAULT_OUTPUT_DIR,
         api_key=api_key,
         metrics_port=int(config.read("ROLLMESH_METRICS_PORT")),  # one endpoint for the whole mesh
         on_phase=lambda text: err.print(f"[dim]{text}[/]"),

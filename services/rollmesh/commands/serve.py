@@ -13,6 +13,7 @@ from rollmesh.commands._common import ApiKey
 from rollmesh.commands._common import BaseUrl
 from rollmesh.commands._common import Host
 from rollmesh.commands._common import MetricsPort
+from rollmesh.commands._common import OutputDir
 from rollmesh.commands._common import Port
 from rollmesh.commands._common import VerifierAddr
 from rollmesh.commands._common import err
@@ -20,6 +21,7 @@ from rollmesh.commands._common import fail
 from rollmesh.commands._common import run
 from rollmesh.openenv_server import DEFAULT_MAX_STEPS
 from rollmesh.openenv_server import DEFAULT_PORT
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 
 serve_app = typer.Typer(
     help="Run one service in the foreground (Ctrl-C or SIGTERM drains and stops).", no_args_is_help=True
@@ -106,9 +108,7 @@ def serve_scheduler(
     port: Port = None,
     host: Host = None,
     metrics_port: MetricsPort = None,
-    output_dir: Annotated[
-        str, typer.Option("--output-dir", help="Where JSONL sinks write <job_id>/.")
-    ] = "runs",
+    output_dir: OutputDir = DEFAULT_OUTPUT_DIR,
 ) -> None:
     """Run the RolloutScheduler service (gateway and verifier from ROLLMESH_*_ADDR)."""
     serve_service("scheduler", port, host, metrics_port, output_dir=output_dir)

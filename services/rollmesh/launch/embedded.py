@@ -41,6 +41,7 @@ from rollmesh.registry import Catalog
 from rollmesh.registry import RootsConfig
 from rollmesh.registry import install_sys_path
 from rollmesh.registry.servicer import RegistryServicer
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 from rollmesh.scheduler.manager import JobManager
 from rollmesh.scheduler.remote import GatewayModel
 from rollmesh.scheduler.remote import VerifierEnv
@@ -89,7 +90,7 @@ def backend_phase(gateway_cfg: GatewayConfig) -> str:
 async def embedded_mesh(
     gateway_cfg: GatewayConfig,
     *,
-    output_dir: str = "runs",
+    output_dir: str = DEFAULT_OUTPUT_DIR,
     api_key: str = "",
     metrics_port: int = -1,
     on_phase: Callable[[str], None] = lambda text: None,

@@ -29,6 +29,7 @@ from rollmesh.mesh.errors import RollmeshError
 from rollmesh.mesh.errors import Unavailable
 from rollmesh.mesh.logging import get_logger
 from rollmesh.registry import Catalog
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 from rollmesh.scheduler import store
 from rollmesh.scheduler import telemetry
 from rollmesh.scheduler.drivers.agent_loop import EnvDescription
@@ -248,7 +249,7 @@ class JobManager:
         *,
         model: ModelPort,
         env: EnvPort,
-        output_dir: str = "runs",
+        output_dir: str = DEFAULT_OUTPUT_DIR,
         sink_factory: SinkFactory | None = None,
         api_key: str = "",
     ) -> None:

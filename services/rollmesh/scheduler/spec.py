@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
+from rollmesh.scheduler import DEFAULT_OUTPUT_DIR
 from rollmesh.scheduler.errors import InvalidJobSpec
 from rollmesh.scheduler.errors import InvalidShard
 from rollmesh_client._channel import check_address
@@ -20,7 +21,6 @@ Json = dict[str, Any]
 
 SAMPLING_FIELDS = ("temperature", "top_p", "max_tokens", "stop", "seed", "logprobs", "top_k")
 DEFAULT_MAX_STEPS = 8
-DEFAULT_OUTPUT_DIR = "runs"
 # JobSpec.replace_groups: off, an unused task of the dataset, the same task with new seeds (refill.py).
 NEXT_TASK, SAME_TASK = "next_task", "same_task"
 REPLACE_MODES = ("", NEXT_TASK, SAME_TASK)
