@@ -30,9 +30,9 @@ The grammar of one value (anything else is refused: score 0 with the reason, nev
   root (`√25`, `\sqrt{25}`, `sqrt(25)`); a power in words (`5 squared`); a number glued to a word
   (`x10`, `5k`, `0x10`: a base prefix); struck through (`~~5~~`, `<del>5</del>`, `\cancel{5}`)
   or carrying a combining mark or number sign (`5̶`, `5₁₀`); an argument of a LaTeX function
-  (`\log 100`, `\binom{5}{2}`); `±`; a list bullet (`- 5` opening a line: a bullet or a minus?);
-  two signs (`--5`); a fractional power; a value or exponent beyond 10**MAX_DIGITS (not
-  evaluated).
+  (`\log 100`, `\binom{5}{2}`); a last digit that is a LaTeX command (`\5`); `±`; a list
+  bullet (`- 5` opening a line: a bullet or a minus?); two signs (`--5`); a fractional power; a
+  value or exponent beyond 10**MAX_DIGITS (not evaluated).
 - Values are exact (fractions): `\frac{10}{2}` is 5, `2^{10}` is 1024, `5\times10^{3}` is 5000,
   `1e3` is 1000, `2½` is 5/2 (not an integer).
 
@@ -509,7 +509,12 @@ def final_answer(text: str) -> Reading | None:
     left = at - len(_RUN_BACK.match(folded[lo : at + 1][::-1]).group(0)) + 1  # type: ignore[union-attr]
     right = _RUN_ON.match(folded, at + 1, at + 1 + VALUE_CHARS).end()  # type: ignore[union-attr]
     toks = _tokens(folded, left, right)
-    anchor = max(i for i, t in enumerate(toks) if t.kind in ("num", "vulgar"))
+    anchors = [i for i, t in enumerate(toks) if t.kind in ("num", "vulgar")]
+    if not anchors:  # the last digit is a LaTeX control symbol (`\5`), the only one in the stretch
+        cmd = next(t for t in toks if t.start <= at < t.end)
+        written = tail[where[cmd.start] : where[at] + 1] if where else tail[cmd.start : at + 1]
+        return Reading(written, None, f"the last digit is part of a LaTeX command ({cmd.text!r}): not read")
+    anchor = anchors[-1]
     first, last, cut_left, cut_right = _span(toks, anchor)
     start, end = toks[first].start, toks[last].end
     written = (tail[where[start] : where[end - 1] + 1] if where else tail[start:end]).strip()

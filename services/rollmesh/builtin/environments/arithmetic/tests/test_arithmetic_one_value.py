@@ -108,6 +108,8 @@ REFUSED = [
     ("5", "5₁₀"),
     ("5", "<think>it is 5</think>I cannot say."),  # thought, never answered
     ("5", "6 <think>or 5?"),  # a think block that never closes
+    ("5", "The answer is \\5"),  # a LaTeX control symbol, not a number (raised ValueError: INTERNAL)
+    ("5", "is\\5%}"),
 ]
 # Right answers in valid forms a checker reading the last digits scored 0.
 RIGHT = [
@@ -195,6 +197,7 @@ async def test_each_refusal_names_its_class() -> None:
             "1_0_5": "underscore is not a thousands separator",
             "1.000.005": "more than one '.'",
             "2½": "not an integer",
+            "so \\5": "LaTeX command",
         }
         got = {}
         for text, why in reasons.items():
