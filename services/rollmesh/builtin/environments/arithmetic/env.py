@@ -18,6 +18,8 @@ from rollmesh.builtin.environments.arithmetic.number import NOT_INTEGER
 from rollmesh.builtin.environments.arithmetic.number import WINDOW
 from rollmesh.builtin.environments.arithmetic.number import Reading
 from rollmesh.builtin.environments.arithmetic.number import final_answer
+from rollmesh.builtin.environments.arithmetic.number import plain_digits
+from rollmesh.builtin.environments.arithmetic.number import read_final_answer
 from rollmesh.mesh.answer_text import outside_think
 from rollmesh.verifier import BadTask
 from rollmesh.verifier import Environment
@@ -51,9 +53,14 @@ class Arithmetic(Environment):
             expected = int(str(task.expected_answer).strip())
         except ValueError:
             raise BadTask(f"task has no integer expected_answer (got {task.expected_answer!r:.80})") from None
-        read = final_answer(text)
-        value = None if read is None else read.integer
-        if read is None or value is None:
+        digits = plain_digits(text)  # the common case, read as the full reading reads it
+        if digits is not None:
+            value: int | None = int(digits)
+            read = None
+        else:
+            read = read_final_answer(text)
+            value = None if read is None else read.integer
+        if value is None:
             if read is not None:
                 reason = read.reason
             else:
