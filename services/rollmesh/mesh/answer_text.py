@@ -75,24 +75,32 @@ def fold_with_positions(text: str) -> tuple[str, list[int] | None]:
 
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*+\{")
+_BRACE = re.compile(r"[{}]")
 
 
 def last_box(text: str) -> tuple[int, int, int] | None:
     """(where `\\boxed` starts, where its content starts, where its closing brace is) of the last box
-    whose braces close; None when there is none. One pass over the text's last 100,000 characters
-    (each brace matched once), however many boxes it opens."""
+    whose braces close; None when there is none. At most two passes over the braces of the text's
+    last 100,000 characters (each brace matched once), however many boxes it opens."""
     offset = max(0, len(text) - 100_000)
     tail = text[offset:]
     boxes = list(_BOX.finditer(tail))
     if not boxes:
         return None
+    # The last box's closing brace is the first one after it that closes as many as opened since
+    # (the braces before it are deeper in the one pass's stack): usually all that is read.
+    depth = 0
+    for m in _BRACE.finditer(tail, boxes[-1].end() - 1):
+        depth += 1 if m.group() == "{" else -1
+        if depth == 0:
+            return boxes[-1].start() + offset, boxes[-1].end() + offset, m.start() + offset
     closes: dict[int, int] = {}
     opened: list[int] = []
-    for i, ch in enumerate(tail):
-        if ch == "{":
-            opened.append(i)
-        elif ch == "}" and opened:
-            closes[opened.pop()] = i
+    for m in _BRACE.finditer(tail):  # the braces only
+        if m.group() == "{":
+            opened.append(m.start())
+        elif opened:
+            closes[opened.pop()] = m.start()
     for m in reversed(boxes):
         close = closes.get(m.end() - 1)
         if close is not None:

@@ -88,15 +88,12 @@ def check(expected: str, response: str) -> dict[str, Any]:
         ok = said == letter
         return {"correct": ok, "extracted": said, "reason": "equivalent" if ok else "not equivalent"}
     grading.install_guards()
-    expected, response = (
-        grading.normalize(expected),
-        grading.normalize(grading.delimit_unicode_math(response)),
-    )
-    gold_text = expected if "$" in expected or "\\boxed" in expected else f"${expected}$"
-    gold = parse(gold_text, parsing_timeout=None)  # type: ignore[arg-type]
-    if not gold:
+    ref = grading.reference(expected)  # parsed once per worker: a task's samples share it
+    response = grading.normalize(grading.delimit_unicode_math(response))
+    if not ref.parsed:
         return {"correct": False, "extracted": "", "reason": "could not parse expected_answer"}
-    one_value = grading.one_value(gold[0])
+    gold = list(ref.parsed)
+    one_value = ref.one_value
     hedged = grading.hedge(response) if one_value else None
     if hedged is not None:
         reason = f"the answer hedges between {hedged[0]!r} and {hedged[1]!r} (no \\boxed{{}}): scored 0"
@@ -113,7 +110,7 @@ def check(expected: str, response: str) -> dict[str, Any]:
     extracted = str(pred[1]) if len(pred) > 1 else (str(pred[0]) if pred else "")
     if not pred:
         return {"correct": False, "extracted": "", "reason": "no answer found in the response"}
-    if grading.for_decide_large(gold, pred):
+    if grading.for_decide_large(ref, pred):
         # math-verify would evaluate it (minutes) or simplify it (seconds): decided exactly within
         # a bound, or named undecided.
         decided, how = grading.decide_large(gold[0], pred[0])

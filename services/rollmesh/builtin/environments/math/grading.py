@@ -52,8 +52,10 @@ different values), and what it cannot decide in bounds is the named outcome `und
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -433,33 +435,81 @@ def log10_bound(expr: Any, budget: int = 5000, exponent_digits: float = 6.0) -> 
 def too_large(expr: Any, budget: int = 5000) -> bool:
     """Whether evaluating `expr` exactly may need numbers beyond 10**MAX_DIGITS (or it is too big to
     look at: more than `budget` nodes): math-verify is not given it (decide_large is)."""
+    return _sized(expr, budget)[1]
+
+
+def _sized(expr: Any, budget: int = 5000) -> tuple[float | None, bool]:
+    """(log10_bound(expr), None when it raised; too_large(expr)): the bound taken once."""
     try:
-        return log10_bound(expr, budget) > MAX_DIGITS
+        bound = log10_bound(expr, budget)
     except RecursionError:
-        return True
+        return None, True
     except Exception:  # a node this bound does not know: the worker's timeout still bounds it
-        return False
+        return None, False
+    return bound, bound > MAX_DIGITS
 
 
 EXACT_DIGITS = 100  # a number beyond 10**EXACT_DIGITS is compared by decide_large, not math-verify
 
 
-def for_decide_large(gold: list[Any], pred: list[Any]) -> bool:
-    """Whether a comparison goes to decide_large (math-verify's parses of both sides): a value too
-    large for math-verify anywhere, or two numbers (no variables, not a set or relation) one of
-    them beyond 10**EXACT_DIGITS, which math-verify's simplify compares slowly (20 s against `0`
-    for NeMo Gym's `(2+\\sqrt{3})^{2016}` row) and decide_large exactly in milliseconds."""
+def for_decide_large(gold: Reference, pred: list[Any]) -> bool:
+    """Whether a comparison goes to decide_large (the reference, math-verify's parse of the answer):
+    a value too large for math-verify anywhere, or two numbers (no variables, not a set or
+    relation) one of them beyond 10**EXACT_DIGITS, which math-verify's simplify compares slowly
+    (20 s against `0` for NeMo Gym's `(2+\\sqrt{3})^{2016}` row) and decide_large exactly in
+    milliseconds. A bound that cannot be taken (a node it does not know) is math-verify's."""
+    sized = [_sized(x) for x in pred if not isinstance(x, str)]
+    if gold.too_large or any(large for _, large in sized):
+        return True
+    if gold.number_bound is None or not _plain_number(pred[0]):
+        return False
+    bound = sized[0][0]  # pred[0]'s (a number, so no str)
+    return bound is not None and max(gold.number_bound, bound) > EXACT_DIGITS
+
+
+def _plain_number(x: Any) -> bool:
     import sympy
 
-    if any(too_large(x) for x in (*gold, *pred) if not isinstance(x, str)):
-        return True
-    first = (gold[0], pred[0])
-    if not all(isinstance(x, sympy.Expr) and not x.free_symbols for x in first):
-        return False
-    try:
-        return max(log10_bound(x) for x in first) > EXACT_DIGITS
-    except Exception:  # a node the bound does not know: math-verify's, as before
-        return False
+    return isinstance(x, sympy.Expr) and not x.free_symbols
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A reference answer as the check reads it (`reference`): math-verify's parse of its
+    normalized text (empty when it has none), whether it is one value (`one_value`), whether a
+    parsed value is too large for math-verify (`too_large`), and the log10 bound of its first value
+    when that is a number without variables (None when it is not, or has no bound)."""
+
+    parsed: tuple[Any, ...]
+    one_value: bool
+    too_large: bool
+    number_bound: float | None
+
+
+def _read_reference(expected: str) -> Reference:
+    from math_verify import parse
+
+    text = normalize(expected)
+    gold_text = text if "$" in text or "\\boxed" in text else f"${text}$"
+    parsed = tuple(parse(gold_text, parsing_timeout=None))  # type: ignore[arg-type]
+    if not parsed:
+        return Reference((), False, False, None)
+    sized = [_sized(x) for x in parsed if not isinstance(x, str)]
+    large = any(big for _, big in sized)
+    bound = sized[0][0] if _plain_number(parsed[0]) else None  # a number: parsed[0] is no str
+    return Reference(parsed, one_value(parsed[0]), large, bound)
+
+
+_cached_reference = functools.lru_cache(maxsize=1024)(_read_reference)
+CACHED_CHARS = 2000  # a reference longer than this is read on every check, not kept
+
+
+def reference(expected: str) -> Reference:
+    """The reference `expected` read once per worker (the last 1,024 references of at most
+    CACHED_CHARS characters are kept): a task's samples are checked against one parse. Parsing
+    is deterministic (math-verify's own timeouts are off) and nothing changes the values kept
+    (sympy's are immutable, `parsed` a tuple), so a kept reference is the one a new parse gives."""
+    return _cached_reference(expected) if len(expected) <= CACHED_CHARS else _read_reference(expected)
 
 
 MAX_MAGNITUDE = 1e15  # decide_large evaluates values below 10**MAX_MAGNITUDE (to a few digits)
