@@ -484,9 +484,11 @@ class Reference:
     one_value: bool
     too_large: bool
     number_bound: float | None
+    immutable: bool = True  # every parsed value a str or a sympy Basic (a Matrix is mutable)
 
 
 def _read_reference(expected: str) -> Reference:
+    import sympy
     from math_verify import parse
 
     text = normalize(expected)
@@ -497,7 +499,8 @@ def _read_reference(expected: str) -> Reference:
     sized = [_sized(x) for x in parsed if not isinstance(x, str)]
     large = any(big for _, big in sized)
     bound = sized[0][0] if _plain_number(parsed[0]) else None  # a number: parsed[0] is no str
-    return Reference(parsed, one_value(parsed[0]), large, bound)
+    immutable = all(isinstance(x, str | sympy.Basic) for x in parsed)
+    return Reference(parsed, one_value(parsed[0]), large, bound, immutable)
 
 
 _cached_reference = functools.lru_cache(maxsize=1024)(_read_reference)
@@ -507,9 +510,14 @@ CACHED_CHARS = 2000  # a reference longer than this is read on every check, not 
 def reference(expected: str) -> Reference:
     """The reference `expected` read once per worker (the last 1,024 references of at most
     CACHED_CHARS characters are kept): a task's samples are checked against one parse. Parsing
-    is deterministic (math-verify's own timeouts are off) and nothing changes the values kept
-    (sympy's are immutable, `parsed` a tuple), so a kept reference is the one a new parse gives."""
-    return _cached_reference(expected) if len(expected) <= CACHED_CHARS else _read_reference(expected)
+    is deterministic (math-verify's own timeouts are off) and a kept reference is used again only
+    when nothing can change it (`parsed` a tuple of strings and sympy's immutable values; a matrix
+    is read afresh every time), so it is the one a new parse gives."""
+    if len(expected) <= CACHED_CHARS:
+        kept = _cached_reference(expected)
+        if kept.immutable:
+            return kept
+    return _read_reference(expected)
 
 
 MAX_MAGNITUDE = 1e15  # decide_large evaluates values below 10**MAX_MAGNITUDE (to a few digits)

@@ -26,9 +26,10 @@ HERE = Path(__file__).resolve().parent.parent
 SEED = 38_40
 Case = tuple[str, str]  # (expected_answer, response)
 
+MATRIX = "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"
 GOLDS = ["68", "-3", "0", "\\frac{5}{6}", "0.5", "\\sqrt{2}", "2\\sqrt{3}", "x=3", "(0,1)", "\\{1,2\\}"]
 GOLDS += ["C", "(C)", "\\pi", "10^{-7}", "10^{100}", "10^{10^{10}}", "(2+\\sqrt{3})^{2016}", "x^2+1"]
-GOLDS += ["[1, 2)", "x>3", "1000000", "\\infty", "9!", "\\frac{1}{3}", "3.14", "e^{2}", "{,}"]
+GOLDS += ["[1, 2)", "x>3", "1000000", "\\infty", "9!", "\\frac{1}{3}", "3.14", "e^{2}", "{,}", MATRIX]
 ANSWERS = ["68", "-3", "3", "\\frac{10}{12}", "\\frac12", "0.5", "\\sqrt{2}", "√2", "2³", "３", "–3", "x = 3"]
 ANSWERS += ["(0,1)", "\\{1,2\\}", "C", "10^{100}", "10^{10^{10}}", "1\\,000\\,000", "0.\\overline{3}", "π"]
 ANSWERS += ["3 \\text{ (or } 4)", "3 \\lor 4", "3 \\quad 4", "3 \\\\ 4", "\\infty", "9!", "x^2 + 1", "e^2"]
@@ -114,6 +115,16 @@ def test_a_kept_reference_gives_the_verdict_a_fresh_one_gives(check: Any) -> Non
     assert grading._cached_reference.cache_info().hits > 1000  # the kept references were used
     verdicts = {(out["correct"], out["reason"].split(" (")[0].split(":")[0]) for out in fresh}
     assert len(verdicts) > 10 and any(out["correct"] for out in fresh)  # of many kinds, some right
+
+
+def test_a_reference_that_can_change_is_never_used_again() -> None:
+    kept = grading.reference("\\frac{5}{6}")
+    assert kept.immutable and grading.reference("\\frac{5}{6}") is kept
+    matrix = grading.reference(MATRIX)  # sympy's Matrix is mutable: read afresh every time
+    assert not matrix.immutable and grading.reference(MATRIX) is not matrix
+    assert grading.reference(MATRIX).parsed[0] == matrix.parsed[0]
+    long = "1+" * grading.CACHED_CHARS + "1"
+    assert grading.reference(long) is not grading.reference(long)  # too long to keep
 
 
 def _for_decide_large_afresh(gold: list[Any], pred: list[Any]) -> bool:
