@@ -65,7 +65,8 @@ class TurnSpan:
     versions: tuple[VersionSpan, ...] = ()
 
     def to_json(self) -> Json:
-        out: Json = {k: v for k, v in self.__dict__.items() if k != "versions"}
+        out: Json = dict(self.__dict__)  # the fields in order (a copy, not a comprehension: every row)
+        del out["versions"]
         if self.versions:  # rows of single-version turns stay as they were
             out["versions"] = [v.to_json() for v in self.versions]
         return out

@@ -53,7 +53,6 @@ from rollmesh.scheduler.errors import JobFolderInUse
 from rollmesh.scheduler.errors import RolloutTooLarge
 from rollmesh.scheduler.errors import SinkClosed
 from rollmesh.scheduler.errors import SinkWriteFailed
-from rollmesh.scheduler.json_encode import encoder
 from rollmesh.scheduler.metrics import Packed
 from rollmesh.scheduler.metrics import Scored
 from rollmesh.scheduler.metrics import compute
@@ -62,6 +61,8 @@ from rollmesh.scheduler.records import Json
 from rollmesh.scheduler.records import Rollout
 from rollmesh.scheduler.records import RolloutFailure
 from rollmesh.scheduler.records import RolloutKey
+from rollmesh.scheduler.row_text import ENCODE as ROW_ENCODE
+from rollmesh.scheduler.row_text import row_text
 from rollmesh.scheduler.sinks.base import MetricsOf
 from rollmesh.scheduler.sinks.base import Sink
 
@@ -371,17 +372,14 @@ class JsonlSink(Sink):
 
 
 def _row(rollout: Rollout) -> _Row:
-    row = rollout.to_row()
-    # The summary's timing is the row's, already rounded (a task field named `timing` is not it).
-    summary = Scored.stored_packed(rollout, row["timing"] if rollout.timing is not None else None)
-    return _Row(rollout.key, _dumps(row), measured_reward(rollout), summary)
-
-
-# One encoder for every row (json.dumps with these arguments builds a new one per call). No check
-# for circular references (a dict of ids per container of every row): a row is built from JSON
-# values and protobuf messages, which have none.
-_ENCODE = encoder(ensure_ascii=False, separators=(",", ":"))
+    # The row's timing, rounded once: its text and the summary's timing (rounded_values_of_json).
+    timing = rollout.timing.to_json() if rollout.timing is not None else None
+    summary = Scored.stored_packed(rollout, timing)
+    return _Row(rollout.key, (row_text(rollout, timing) + "\n").encode(), measured_reward(rollout), summary)
 
 
 def _dumps(row: Json) -> bytes:
-    return (_ENCODE(row) + "\n").encode()
+    # One encoder for every row (json.dumps with these arguments builds a new one per call). No check
+    # for circular references (a dict of ids per container of every row): a row is built from JSON
+    # values and protobuf messages, which have none.
+    return (ROW_ENCODE(row) + "\n").encode()
