@@ -592,10 +592,8 @@ class LocalModel:
 
     async def generate(self, call: Any) -> Any:
         from rollmesh.scheduler.convert import message_from_pb
-        from rollmesh.scheduler.convert import message_to_pb
-        from rollmesh.scheduler.convert import sampling_to_pb
         from rollmesh.scheduler.drivers.agent_loop import Turn
-        from rollmesh.scheduler.remote import tool_to_pb
+        from rollmesh.scheduler.remote import generate_request
 
         self.calls.append(call)
         self.in_flight += 1
@@ -605,15 +603,7 @@ class LocalModel:
                 await asyncio.sleep(self.latency_s)
             if self.errors:
                 raise self.errors.pop(0)
-            req = gateway_pb2.GenerateRequest(
-                model=call.model,
-                messages=[message_to_pb(m) for m in call.messages],
-                tools=[tool_to_pb(t) for t in call.tools],
-                sampling=sampling_to_pb(call.sampling),
-                session_id=call.session_id,
-                request_id=call.request_id,
-            )
-            resp = await self._gw.Generate(req, None)
+            resp = await self._gw.Generate(generate_request(call), None)
             return Turn(
                 message=message_from_pb(resp.message),
                 prompt_token_ids=list(resp.prompt_token_ids),

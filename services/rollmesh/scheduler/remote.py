@@ -40,8 +40,6 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1 import health_pb2_grpc
 
 from rollmesh.mesh import tracing
-from rollmesh.mesh.fields import from_pb
-from rollmesh.mesh.fields import to_pb
 from rollmesh.mesh.in_process import InProcessMux
 from rollmesh.mesh.in_process import InProcessStub
 from rollmesh.mesh.multiplex import MultiplexedMethod
@@ -197,17 +195,7 @@ class GatewayModel(_Port):
     _unary_only = False  # the gateway has no GenerateMany
 
     async def generate(self, call: GenerateCall) -> Turn:
-        req = to_pb(
-            gateway_pb2.GenerateRequest,
-            call,
-            messages=[message_to_pb(m) for m in call.messages],
-            tools=[tool_to_pb(t) for t in call.tools],
-            sampling=sampling_to_pb(call.sampling),
-            # The model turn's span (mesh/tracing.py); None, not {}, leaves the map unset: a message
-            # built with a map, even an empty one, fills it through a Python-level update (~5 us).
-            trace_context=tracing.inject() or None,
-        )
-        return _turn(await self._generate(req))
+        return turn_of(await self._generate(generate_request(call)))
 
     async def _generate(self, req: gateway_pb2.GenerateRequest) -> gateway_pb2.GenerateResponse:
         recorder = self._calls["Generate"]
@@ -257,7 +245,7 @@ class GatewayModel(_Port):
             CapturedTurn(
                 api=c.api,
                 messages=[message_from_pb(m) for m in c.messages],
-                turn=_turn(c.response),
+                turn=turn_of(c.response),
                 requested_model=c.requested_model,
                 model=c.response.model,
             )
@@ -266,14 +254,49 @@ class GatewayModel(_Port):
         return CaptureRecord(calls=calls, refused=resp.refused_calls)
 
 
-def _turn(resp: gateway_pb2.GenerateResponse) -> Turn:
-    return from_pb(
-        Turn,
-        resp,
+def generate_request(call: GenerateCall) -> gateway_pb2.GenerateRequest:
+    """The call as a request: `to_pb`'s (every same-named field copied), its fields named (every model
+    turn: 5.7 -> 3.3 us); test_remote_messages checks the two agree."""
+    return gateway_pb2.GenerateRequest(
+        model=call.model,
+        messages=[message_to_pb(m) for m in call.messages],
+        tools=[tool_to_pb(t) for t in call.tools],
+        sampling=sampling_to_pb(call.sampling),
+        session_id=call.session_id,
+        request_id=call.request_id,
+        # The model turn's span (mesh/tracing.py); None, not {}, leaves the map unset: a message
+        # built with a map, even an empty one, fills it through a Python-level update (~5 us).
+        trace_context=tracing.inject() or None,
+    )
+
+
+def turn_of(resp: gateway_pb2.GenerateResponse) -> Turn:
+    """The Turn of a response: `from_pb`'s (every same-named field copied), its fields named (every
+    model turn: 4.2 -> 2.4 us); test_remote_messages checks the two agree."""
+    return Turn(
         message=message_from_pb(resp.message),
-        versions=spans_from(resp.versions),
+        prompt_token_ids=resp.prompt_token_ids[:],  # a list; list() of one iterates to an IndexError
+        output_token_ids=resp.output_token_ids[:],
+        logprobs=resp.logprobs[:],
+        finish_reason=resp.finish_reason,
         prompt_tokens=resp.usage.prompt_tokens,
         completion_tokens=resp.usage.completion_tokens,
+        replica_id=resp.replica_id,
+        policy_version=resp.policy_version,
+        first_token_s=resp.first_token_s,
+        versions=spans_from(resp.versions) if resp.versions else (),
+    )
+
+
+def verdict_of(r: verifier_pb2.VerifyResult) -> VerifyResult:
+    """The VerifyResult of a message: `from_pb`'s (every same-named field copied, details parsed), its
+    fields named (every verify: 3.3 -> 2.3 us); test_remote_messages checks the two agree."""
+    return VerifyResult(
+        reward=r.reward,
+        components=dict(r.components),
+        extracted_answer=r.extracted_answer,
+        details=json.loads(r.details_json) if r.details_json else {},
+        masked=r.masked,
     )
 
 
@@ -356,7 +379,7 @@ class VerifierEnv(_Port):
             recorder.failed(exc, start)
             raise
         recorder.answered(start)
-        result = from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
+        result = verdict_of(r)
         if bad := result.not_finite():
             raise BadReward(f"the verifier answered {bad}, not a finite number")
         return result
@@ -380,10 +403,7 @@ class VerifierEnv(_Port):
             raise BadReward(
                 f"the verifier answered {len(resp.results)} results for a group of {len(members)} rollouts"
             )
-        results = [
-            from_pb(VerifyResult, r, details=json.loads(r.details_json) if r.details_json else {})
-            for r in resp.results
-        ]
+        results = [verdict_of(r) for r in resp.results]
         if bad := next((b for r in results if (b := r.not_finite())), ""):
             raise BadReward(f"the verifier answered {bad}, not a finite number")
         return results

@@ -326,6 +326,8 @@ def row_sampling(task: Json, base: Json) -> Json:
 
 
 def merge_tools(first: list[Json], second: list[Json]) -> list[Json]:
+    if not second:  # (most rollouts: no set or generator built)
+        return list(first)
     seen = {t["name"] for t in first}
     return [*first, *(t for t in second if t["name"] not in seen)]
 
