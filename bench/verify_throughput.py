@@ -1,5 +1,6 @@
-"""Verifies per second for `arithmetic`, `math` and `code`: through the domain layer and through
-gRPC `VerifyBatch`. Prints ONE JSON object to stdout; logs go to stderr.
+"""Verifies per second for `arithmetic`, `math` (one task again and again, and `math_new_task`: a
+task not seen for 4,096 verifies each time) and `code`: through the domain layer and through gRPC
+`VerifyBatch`. Prints ONE JSON object to stdout; logs go to stderr.
 
     .venv/bin/python bench/verify_throughput.py [--trials 3] [--seconds 2.5] [--envs code,math]
 
@@ -20,6 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from collections.abc import Awaitable
 from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,21 @@ WORKLOADS: dict[str, tuple[dict[str, Any], str]] = {
         "```python\ndef add(a, b):\n    return a + b\n```",
     ),
 }
-WINDOW = {"arithmetic": 64, "math": 16, "code": 8}
+# `math_new_task`: math with a task not checked in the last NEW_TASKS verifies each time, so every
+# check parses its reference anew (math keeps the last 1,024 it parsed: a task's samples share one
+# parse, as in RL; an evaluation's single sample per task is this workload).
+NEW_TASKS = 4096
+WINDOW = {"arithmetic": 64, "math": 16, "math_new_task": 16, "code": 8}
+
+
+def workload(env: str, i: int) -> tuple[str, dict[str, Any], str]:
+    """The `i`th verify of a workload: (environment, task, response text); each is rewarded 1."""
+    if env == "math_new_task":
+        n = 7 + i % NEW_TASKS
+        task = {"expected_answer": f"\\frac{{{n}}}{{{n + 1}}}"}
+        return "math", task, f"Reducing gives \\boxed{{\\frac{{{2 * n}}}{{{2 * n + 2}}}}}."
+    task, text = WORKLOADS[env]
+    return env, task, text
 
 
 async def timed_trial(
@@ -86,8 +102,6 @@ async def timed_trial(
 
 
 async def grpc_trial(client: Client, env: str, seconds: float, window: int) -> float:
-    task, text = WORKLOADS[env]
-    req = verify_request(env, task, text)
     done = 0
     deadline = time.perf_counter() + seconds
     in_flight = asyncio.Semaphore(window)
@@ -96,7 +110,7 @@ async def grpc_trial(client: Client, env: str, seconds: float, window: int) -> f
         i = 0
         while time.perf_counter() < deadline:
             await in_flight.acquire()
-            yield str(i), req
+            yield str(i), verify_request(*workload(env, i))
             i += 1
 
     start = time.perf_counter()
@@ -105,6 +119,10 @@ async def grpc_trial(client: Client, env: str, seconds: float, window: int) -> f
         done += 1
         in_flight.release()
     return done / (time.perf_counter() - start)
+
+
+def call_of(env: str, task: dict[str, Any], text: str) -> VerifyCall:
+    return VerifyCall(env, json.dumps(task), Response.from_text(text))
 
 
 def _label(name: str, cmdline: str) -> str:
@@ -136,11 +154,11 @@ async def main(trials: int, seconds: float, envs: list[str]) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     try:
         for env in envs:
-            task, text = WORKLOADS[env]
-            call = VerifyCall(env, json.dumps(task), Response.from_text(text))
+            calls = [call_of(*workload(env, i)) for i in range(NEW_TASKS if env == "math_new_task" else 1)]
+            turn = iter(range(1 << 62))
 
-            async def one(call: VerifyCall = call) -> float:
-                return (await svc.verify(call)).reward
+            async def one(calls: list[VerifyCall] = calls, turn: Iterator[int] = turn) -> float:
+                return (await svc.verify(calls[next(turn) % len(calls)])).reward
 
             await timed_trial(one, 0.3, WINDOW[env])  # warm-up
             counted: list[int] = []
@@ -179,7 +197,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--envs", default=",".join(WORKLOADS), help="comma-separated subset of workloads")
+    parser.add_argument("--envs", default=",".join(WINDOW), help="comma-separated subset of workloads")
     args = parser.parse_args()
     configure(level="warning" if not os.environ.get("BENCH_VERBOSE") else "info")
     result = asyncio.run(main(args.trials, args.seconds, [e for e in args.envs.split(",") if e]))
