@@ -193,17 +193,22 @@ def message_to_pb(m: Message) -> common_pb2.ChatMessage:
 
 def openai_message_to_pb(raw: Mapping[str, Any]) -> common_pb2.ChatMessage:
     """`message_to_pb(Message.from_openai(raw))` without the `Message` in between (the scheduler
-    sends every turn's messages this way)."""
+    sends every turn's messages this way). Only the fields the message has are set (an empty string
+    is the field unset; `reasoning` has presence, so "" is set): 0.78 -> 0.46 us a plain message."""
     content = raw.get("content")
-    calls = raw.get("tool_calls")
-    return common_pb2.ChatMessage(
+    msg = common_pb2.ChatMessage(
         role=str(raw.get("role") or ""),
         content=content if isinstance(content, str) else content_text(content),
-        tool_calls=[_tool_call_pb(c) for c in calls if isinstance(c, Mapping)] if calls else (),
-        tool_call_id=str(raw.get("tool_call_id") or ""),
-        name=str(raw.get("name") or ""),
-        reasoning=reasoning_of(raw),
     )
+    if calls := raw.get("tool_calls"):
+        msg.tool_calls.extend([_tool_call_pb(c) for c in calls if isinstance(c, Mapping)])
+    if call_id := raw.get("tool_call_id"):
+        msg.tool_call_id = str(call_id)
+    if name := raw.get("name"):
+        msg.name = str(name)
+    if (reasoning := reasoning_of(raw)) is not None:
+        msg.reasoning = reasoning
+    return msg
 
 
 def openai_message_from_pb(m: common_pb2.ChatMessage) -> dict[str, Any]:
