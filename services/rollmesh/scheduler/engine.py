@@ -751,7 +751,8 @@ class JobRun:
 
             async def attempt() -> tuple[AgentOutcome, TokenRecord]:
                 nonlocal cuts, tried
-                timing.new_attempt(retried_s=self.hooks.clock() - t0 if tried else 0.0)
+                if tried:  # a retry drops what the attempts before it recorded (the first finds none)
+                    timing.new_attempt(retried_s=self.hooks.clock() - t0)
                 tried += 1
                 try:
                     with self.deadline.scaled(2.0**cuts):
@@ -801,7 +802,7 @@ class JobRun:
                     policy_version=outcome.turns[-1].policy_version if outcome.turns else "",
                     seed=seed,
                     finish_reason=outcome.finish_reason,
-                    env_steps=[step.record() for step in outcome.steps],
+                    env_steps=[step.record() for step in outcome.steps] if outcome.steps else [],
                     masked=outcome.verdict.masked,
                     timing=timing,
                     model=self.plan.spec.model,
