@@ -279,3 +279,18 @@ async def test_a_model_call_makes_no_async_generator() -> None:
     finally:
         sys.set_asyncgen_hooks(*hooks)
     assert not made and len(d._samples) == 1
+
+
+def test_p99_is_that_of_the_window_sorted() -> None:
+    """p99 reads a sorted copy of the window kept as samples come and go: the value sorting the
+    window gives, before and after it is full, with repeated values and the oldest leaving first."""
+    import random
+
+    rand = random.Random(7)
+    d = AdaptiveDeadline(multiplier=3, floor_s=0.0, ceiling_s=1e9, window=64, warmup=1)
+    assert d.p99() == 0.0
+    for n in range(1, 300):
+        d._observe(rand.choice([0.5, 0.25, rand.random(), rand.expovariate(10.0)]))
+        ordered = sorted(d._samples)
+        assert d.p99() == ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        assert len(d._samples) == min(n, 64) and d._ordered == ordered

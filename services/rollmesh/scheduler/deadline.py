@@ -22,6 +22,7 @@ Timing uses the event loop's clock (what `asyncio.timeout` schedules on).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import contextvars
@@ -61,6 +62,7 @@ class AdaptiveDeadline:
         self.current_s = ceiling_s
         self.timeouts = 0  # calls cut by this deadline, in all
         self._samples: collections.deque[float] = collections.deque(maxlen=window)
+        self._ordered: list[float] = []  # the same samples, sorted (p99 reads it: no sort per estimate)
         self._outcomes: collections.deque[bool] = collections.deque(maxlen=OUTCOMES)  # True: timed out
         self._since_estimate = 0
         self._active: dict[int, tuple[float, float, Cut]] = {}  # the calls in flight
@@ -86,7 +88,11 @@ class AdaptiveDeadline:
         )
 
     def _observe(self, latency_s: float) -> None:
-        self._samples.append(latency_s)
+        samples, ordered = self._samples, self._ordered
+        if len(samples) == samples.maxlen:  # the oldest leaves the window
+            del ordered[bisect.bisect_left(ordered, samples[0])]
+        samples.append(latency_s)
+        bisect.insort(ordered, latency_s)
         self._outcomes.append(False)
         self._since_estimate += 1
         if len(self._samples) >= self.warmup and (
@@ -104,7 +110,7 @@ class AdaptiveDeadline:
             self._set(self.current_s * 2)
 
     def p99(self) -> float:
-        ordered = sorted(self._samples)
+        ordered = self._ordered
         return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
     def _bounded(self, deadline_s: float) -> float:

@@ -104,6 +104,7 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
         ids.extend(out)
         mask.extend([1] * len(out))
         lps.extend([float(x) for x in turn.logprobs] if turn.logprobs else [0.0] * len(out))
+        versions = getattr(turn, "versions", ())  # (most turns: none, and no generator built)
         spans.append(
             TurnSpan(
                 prompt_start=prompt_start,
@@ -112,7 +113,7 @@ def build_token_record(turns: Sequence[Turn], *, logprobs_wanted: bool = False) 
                 policy_version=turn.policy_version,
                 replica_id=turn.replica_id,
                 segment=segment,
-                versions=tuple(v.shifted(output_start) for v in getattr(turn, "versions", ())),
+                versions=tuple([v.shifted(output_start) for v in versions]) if versions else (),
             )
         )
     recorded = all(t.logprobs for t in turns if t.output_token_ids)
