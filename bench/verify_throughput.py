@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -155,7 +156,7 @@ async def main(trials: int, seconds: float, envs: list[str]) -> dict[str, Any]:
     try:
         for env in envs:
             calls = [call_of(*workload(env, i)) for i in range(NEW_TASKS if env == "math_new_task" else 1)]
-            turn = iter(range(1 << 62))
+            turn = itertools.count()
 
             async def one(calls: list[VerifyCall] = calls, turn: Iterator[int] = turn) -> float:
                 return (await svc.verify(calls[next(turn) % len(calls)])).reward

@@ -296,6 +296,13 @@ def test_a_container_userns_that_is_not_a_boolean_is_a_config_error(monkeypatch:
         user_namespaces()
 
 
+def _settings_folder(folder: Path, monkeypatch: pytest.MonkeyPatch, toml: str) -> None:
+    """`folder` holds container_tasks.toml with `toml`, and no container variable overrides it."""
+    for name in ("ROLLMESH_CONTAINER_PROVIDER", "ROLLMESH_CONTAINER_WARM", "ROLLMESH_IMAGE_MAP"):
+        monkeypatch.delenv(name, raising=False)
+    (folder / "container_tasks.toml").write_text(toml)
+
+
 def test_a_container_userns_typo_fails_the_environments_provider_not_the_first_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -303,9 +310,7 @@ def test_a_container_userns_typo_fails_the_environments_provider_not_the_first_m
     from rollmesh.verifier.bridges.container.daemonless import DaemonlessProvider
     from rollmesh.verifier.bridges.container.env import make_provider
 
-    for name in ("ROLLMESH_CONTAINER_PROVIDER", "ROLLMESH_CONTAINER_WARM", "ROLLMESH_IMAGE_MAP"):
-        monkeypatch.delenv(name, raising=False)
-    (tmp_path / "container_tasks.toml").write_text('provider = "daemonless"\n')
+    _settings_folder(tmp_path, monkeypatch, 'provider = "daemonless"\n')
     monkeypatch.setenv("ROLLMESH_CONTAINER_USERNS", "of")
     with pytest.raises(ConfigError, match="ROLLMESH_CONTAINER_USERNS='of' is not a boolean"):
         make_provider(read_settings(tmp_path), tmp_path)
@@ -318,9 +323,7 @@ def test_a_container_userns_typo_fails_the_environments_provider_not_the_first_m
 def test_the_container_variables_win_over_container_tasks_toml_and_a_bad_warm_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("ROLLMESH_CONTAINER_PROVIDER", "ROLLMESH_CONTAINER_WARM", "ROLLMESH_IMAGE_MAP"):
-        monkeypatch.delenv(name, raising=False)
-    (tmp_path / "container_tasks.toml").write_text('provider = "docker"\nwarm = 2\n')
+    _settings_folder(tmp_path, monkeypatch, 'provider = "docker"\nwarm = 2\n')
     assert (read_settings(tmp_path).provider, read_settings(tmp_path).warm) == ("docker", 2)
     monkeypatch.setenv("ROLLMESH_CONTAINER_PROVIDER", "daemonless")
     monkeypatch.setenv("ROLLMESH_CONTAINER_WARM", "3")
