@@ -591,9 +591,8 @@ class LocalModel:
         self.peak_in_flight = 0
 
     async def generate(self, call: Any) -> Any:
-        from rollmesh.scheduler.convert import message_from_pb
-        from rollmesh.scheduler.drivers.agent_loop import Turn
         from rollmesh.scheduler.remote import generate_request
+        from rollmesh.scheduler.remote import turn_of
 
         self.calls.append(call)
         self.in_flight += 1
@@ -604,17 +603,7 @@ class LocalModel:
             if self.errors:
                 raise self.errors.pop(0)
             resp = await self._gw.Generate(generate_request(call), None)
-            return Turn(
-                message=message_from_pb(resp.message),
-                prompt_token_ids=list(resp.prompt_token_ids),
-                output_token_ids=list(resp.output_token_ids),
-                logprobs=list(resp.logprobs),
-                finish_reason=resp.finish_reason,
-                prompt_tokens=resp.usage.prompt_tokens,
-                completion_tokens=resp.usage.completion_tokens,
-                replica_id=resp.replica_id,
-                policy_version=resp.policy_version,
-            )
+            return turn_of(resp)
         finally:
             self.in_flight -= 1
 

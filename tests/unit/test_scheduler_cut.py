@@ -50,3 +50,32 @@ async def test_another_cancel_request_wins_over_the_cut_and_the_task_is_left_as_
     done = asyncio.create_task(_scoped(3600, asyncio.get_running_loop().time() - 1))
     outcome, cut = await done
     assert outcome == "cut" and cut.cut and done.cancelling() == 0
+
+
+async def test_a_cut_that_fired_or_ended_is_spent_and_never_cancels_the_task_again() -> None:
+    """A stale cut (an attempt's, seen later through a copied context) must not re-arm: asyncio's
+    Timeout raised on such a reschedule; a Cut ignores it."""
+    loop = asyncio.get_running_loop()
+    outcome, cut = await _scoped(0.01, loop.time() + 3600)  # ended without firing
+    assert outcome == "done"
+    cut.at(loop.time() - 1, loop)
+    await asyncio.sleep(0.02)  # past when it would have fired
+    assert not cut.cut and current_task().cancelling() == 0
+    outcome, cut = await _scoped(3600, loop.time() - 1)  # fired
+    assert outcome == "cut" and cut.cut
+    cut.at(loop.time() - 1, loop)
+    await asyncio.sleep(0.02)
+    assert current_task().cancelling() == 0
+
+
+async def test_by_cut_is_the_cut_or_the_calls_own_timeout_raised_as_it_was_cut() -> None:
+    loop = asyncio.get_running_loop()
+    cut = Cut(current_task())
+    cut.at(loop.time() - 1, loop)
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        pass
+    assert cut.by_cut(TimeoutError()) and current_task().cancelling() == 0
+    quiet = Cut(current_task())
+    assert not quiet.by_cut(TimeoutError()) and not quiet.by_cut(None)

@@ -8,7 +8,9 @@ deadline.py; the watchdog's hang cut of each call, watchdog.py), ~1.3 us less ea
 task (`cut` is then True, and stays). The caller calls `ended(exc)` when the call ends, with its
 exception (None: it returned): True when that is this cut's CancelledError, i.e. no other cancel
 request came meanwhile (the same test a Timeout's exit makes before it raises TimeoutError); the
-caller then raises its own error in its place.
+caller then raises its own error in its place (`by_cut(exc)`: that, or the call's own TimeoutError
+raised as it was cut). A cut that fired or ended is spent: `at` does nothing then (a Timeout's
+`reschedule` raised), so a stale cut can never cancel the task again.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from typing import Any
 
 
 class Cut:
-    __slots__ = ("_cancelling", "_handle", "_task", "_when", "cut")
+    __slots__ = ("_cancelling", "_ended", "_handle", "_task", "_when", "cut")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self._task = task
         self._cancelling = task.cancelling()
         self._handle: asyncio.Handle | None = None
         self._when: float | None = None
+        self._ended = False
         self.cut = False
 
     def when(self) -> float | None:
@@ -32,7 +35,10 @@ class Cut:
         return self._when
 
     def at(self, when: float | None, loop: asyncio.AbstractEventLoop) -> None:
-        """Cut at loop time `when` (None: never; now or past: on the loop's next turn)."""
+        """Cut at loop time `when` (None: never; now or past: on the loop's next turn); nothing once
+        the cut fired or ended."""
+        if self.cut or self._ended:
+            return
         self._when = when
         if self._handle is not None:
             self._handle.cancel()
@@ -49,10 +55,16 @@ class Cut:
 
     def ended(self, exc: BaseException | None) -> bool:
         """The call ended with `exc` (None: it returned). True: its CancelledError is this cut's."""
+        self._ended = True
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
         return self.cut and self._task.uncancel() <= self._cancelling and type(exc) is asyncio.CancelledError
+
+    def by_cut(self, exc: BaseException | None) -> bool:
+        """`ended(exc)`, and True also for the call's own TimeoutError raised as it was cut (an inner
+        timeout that saw this cut's cancel)."""
+        return self.ended(exc) or (self.cut and isinstance(exc, TimeoutError))
 
 
 def current_task() -> asyncio.Task[Any]:

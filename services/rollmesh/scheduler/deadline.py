@@ -171,8 +171,7 @@ class _Guard:
     ) -> None:
         d, cut = self._deadline, self._cut
         del d._active[id(cut)]
-        # Our cut, or the body's own TimeoutError raised as we cut it.
-        if cut.ended(exc) or (cut.cut and isinstance(exc, TimeoutError)):
+        if cut.by_cut(exc):  # our cut, or the body's own TimeoutError raised as we cut it
             raise d._cut_error(self._start, self._loop.time(), self._scale) from None
         if exc is None:
             d._observe(self._loop.time() - self._start)

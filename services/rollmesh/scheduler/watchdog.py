@@ -76,8 +76,7 @@ class Watchdog:
             try:
                 result = await call
             except BaseException as exc:
-                # Our cut, or the call's own TimeoutError raised as it was cut: the service hangs.
-                if cut.ended(exc) or (cut.cut and isinstance(exc, TimeoutError)):
+                if cut.by_cut(exc):  # the service hangs
                     why, meta = self._why.get(service, (f"the {service} hangs", {}))
                     raise UNRESPONSIVE[service](why, metadata=meta) from None
                 raise
