@@ -111,9 +111,10 @@ async def run_within_wall_time(
             # one task at a time runs for (elapsed - waited); using more, its tasks competed
             own_load = used > 1.25 * (now - start - waited) + 0.1
             earned = start + wall_s + (0.0 if own_load else waited)
+            moved = min(earned, cap)  # where the deadline moves (earned >= start + wall_s: no credit < 0)
             if task.done():  # it ended while its processes were read: what it earned is its credit
                 if credit is not None:
-                    credit.waited_s = round(max(0.0, min(earned, cap) - start - wall_s), 4)
+                    credit.waited_s = round(moved - start - wall_s, 4)
                 return task.result()
             if earned <= now + 0.01:
                 raise TimeoutError
@@ -122,7 +123,7 @@ async def run_within_wall_time(
                     f"waited {waited:.1f} s for a CPU in {now - start:.1f} s (used {used:.2f} s): the host"
                     f" did not give the code its {wall_s:g} s of wall-clock time"
                 )
-            deadline = min(earned, cap)
+            deadline = moved
             if credit is not None:
                 credit.waited_s = round(deadline - start - wall_s, 4)
     finally:

@@ -511,8 +511,10 @@ def reference(expected: str) -> Reference:
     """The reference `expected` read once per worker (the last 1,024 references of at most
     CACHED_CHARS characters are kept): a task's samples are checked against one parse. Parsing
     is deterministic (math-verify's own timeouts are off) and a kept reference is used again only
-    when nothing can change it (`parsed` a tuple of strings and sympy's immutable values; a matrix
-    is read afresh every time), so it is the one a new parse gives."""
+    when nothing can change it (`parsed` a tuple of strings and sympy's immutable values), so it is
+    the one a new parse gives. A reference holding a matrix (mutable) is not kept: its Reference is
+    read again each check, though math-verify's own parse cache (20 entries) may return the same
+    matrix object, as it did before references were kept; nothing here mutates it."""
     if len(expected) <= CACHED_CHARS:
         kept = _cached_reference(expected)
         if kept.immutable:
