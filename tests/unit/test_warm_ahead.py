@@ -175,12 +175,19 @@ def test_the_models_a_rollout_completed_are_completed_ahead_for_the_rollouts_aft
 
         first = in_child(rollout)
         taken = [ahead.take(line) for line in first["report"]]
+        learned = [ahead.learned]
         junk = [ahead.take(line) for line in ("model 99999", "model x", "email.mime", "model -1")]
+        again = [ahead.take(line) for line in first["report"]]  # told again: nothing new
+        learned.append(ahead.learned)
         second = in_child(rollout)
-        print(json.dumps({{"n": n, "first": first, "taken": taken, "junk": junk, "second": second}}))
+        print(json.dumps({{"n": n, "first": first, "taken": taken, "junk": junk, "again": again,
+                          "learned": learned, "second": second}}))
         """
     )
     assert out["first"]["was"] is False and f"model {out['n']}" in out["first"]["report"]
-    assert all(out["taken"])
+    assert all(out["taken"]) and all(out["again"])
     assert out["junk"] == [True, True, False, True]  # ours (ignored) but for a module name
+    # One model learned: neither junk nor a line told again counts (the interpreter then has
+    # nothing to prepare: a program repeating its report costs it no collection).
+    assert out["learned"] == [1, 1]
     assert out["second"] == {"was": True, "report": []}

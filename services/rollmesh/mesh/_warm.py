@@ -34,9 +34,11 @@ of the rollout's own) and only then runs the program's code. SETTINGS_JSON:
        {"op": "kill", "pid": p}  -> SIGKILL to its process group (while it is not reaped)
    The socket's end (the scheduler gone) ends it, its rollouts' processes with it.
 4. Learns: a rollout's process, when its program is done, writes the names of the modules it
-   imported (a line each) to a pipe this interpreter reads; each name it was not given before is
-   imported here for the rollouts forked after, under step 2's rule (`_Learner`: found on this
-   interpreter's own path, outside the program's folder and outside the rollouts' folders). An SDK
+   imported (a line each) to a pipe this interpreter reads (at most `READS_PER_ROUND` reads between
+   serving requests and exits: a program writing that pipe without end holds up no other rollout);
+   each name it was not given before is imported here for the rollouts forked after, under step
+   2's rule (`_Learner`: found on this interpreter's own path, outside the program's folder and
+   outside the rollouts' folders). Step 5 runs again only when a round learned something. An SDK
    that imports its HTTP stack and resources on first use (openai: 70 modules, over half a warm
    rollout's CPU) pays that once per job instead of once per rollout. The report is the program's
    word, taken as untrusted: a name not found there is ignored.
@@ -260,10 +262,15 @@ class _Learner:
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
 
+    #: What one round reads at the most (`take`), in reads of 64 KiB.
+    READS_PER_ROUND = 4
+
     def take(self) -> None:
-        """Read what rollouts reported; import the new names among it."""
+        """Read what rollouts reported, a bounded amount a round: rollouts writing their reports
+        without end (each write as fast as it is read) must not keep the interpreter from serving
+        forks and exits; the rest waits in the pipe for the next round. Import the new names."""
         data = self.partial
-        while True:
+        for _ in range(self.READS_PER_ROUND):
             try:
                 chunk = os.read(self.read_fd, 1 << 16)
             except BlockingIOError:
@@ -273,11 +280,11 @@ class _Learner:
             data += chunk
         *lines, rest = data.split(b"\n")
         self.partial = rest[-_MAX_NAME:]
+        learned = self.ahead.learned
         fresh = False
         for line in lines:
             name = line.decode("ascii", errors="replace").strip()
             if self.ahead.take(name):  # (step 5's lines)
-                fresh = True
                 continue
             if (
                 name in self.tried
@@ -294,7 +301,7 @@ class _Learner:
                     fresh = True
                 except BaseException:  # (its rollouts import it themselves, as they would cold)
                     continue
-        if fresh:
+        if fresh or self.ahead.learned != learned:  # (a line told before changes nothing)
             self.ahead.prepare()
             self.loaded = frozenset(sys.modules)
             gc.collect()
@@ -493,12 +500,7 @@ def _rollout(
     """A rollout's process (module doc); returns the program's exit status."""
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)
+    _confine.lead_session(fds)
     os.chdir(request["cwd"])
     _confine.enter(request["confine"], report)  # an init (or keeper) does not come back
     os.environ.clear()

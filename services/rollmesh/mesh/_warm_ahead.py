@@ -61,6 +61,12 @@ class Ahead:
         self._known: set[int] = set()
         self._tried: set[int] = set()
 
+    @property
+    def learned(self) -> int:
+        """How many models the reports have named (each is tried once, `take`): a round of lines
+        that named none new leaves nothing to prepare."""
+        return len(self._tried)
+
     def prepare(self) -> None:
         self._platform()
         self._tls()
