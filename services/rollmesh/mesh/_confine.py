@@ -3,7 +3,9 @@
 Standard library only: it runs before the child, in the child's own environment (an agent program's,
 a NeMo Gym or verifiers interpreter's), which has no rollmesh on its path. Used by mesh/confine.py
 for external agent programs (scheduler/drivers/program.py) and managed environment servers
-(launch/sidecar.py). SETTINGS_JSON:
+(launch/sidecar.py). The other standard-library runners load it from its path for what they share:
+mesh/_warm.py, and the container machines' verifier/bridges/container/_machine.py (`lead_session`).
+SETTINGS_JSON:
 
     {"parent": pid,              # SIGTERM when it dies (PR_SET_PDEATHSIG, kept across exec)
      "rlimits": {"RLIMIT_AS": bytes, ...},   # a limit the platform lacks is skipped
@@ -510,6 +512,18 @@ def _relay(listeners: list[tuple[socket.socket, int]]) -> None:
             if sock in peer:
                 watch(sock)
                 watch(peer[sock])
+
+
+def lead_session(fds: list[int]) -> None:
+    """In a child just forked to run one command: lead a session of its own (its process group is
+    what a kill reaches), with `fds` as its descriptors 0, 1, 2 (in order), the originals closed.
+    mesh/_warm.py's rollouts and the container machine's commands (_machine.py) start this way."""
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
 
 
 def _die_with(parent: int, sig: signal.Signals) -> None:

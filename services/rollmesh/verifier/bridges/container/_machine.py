@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import importlib.util
 import json
 import os
 import selectors
@@ -56,6 +57,7 @@ import struct
 import sys
 import tarfile
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -73,6 +75,20 @@ _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 _KEPT_CAPS = {0, 1, 3, 4, 5, 6, 7, 8, 10, 13, 18, 27, 29, 31}
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _load_confine() -> ModuleType:
+    """mesh/_confine.py, standard library only as this file is, loaded from its path: this script
+    runs with no package importable (as mesh/_warm.py, which loads it the same way)."""
+    mesh = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, os.pardir, "mesh")
+    spec = importlib.util.spec_from_file_location("_rollmesh_confine", os.path.join(mesh, "_confine.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_confine = _load_confine()
 
 
 def main(argv: list[str]) -> int:
@@ -474,12 +490,7 @@ def _start(conn: socket.socket) -> int:
     pid = os.fork()
     if pid == 0:
         try:
-            os.setsid()
-            for i, fd in enumerate(fds):
-                os.dup2(fd, i)
-            for fd in fds:
-                if fd > 2:
-                    os.close(fd)
+            _confine.lead_session(fds)
             os.setgroups(groups)
             os.setgid(gid)
             os.setuid(uid)
