@@ -30,7 +30,9 @@ The grammar of one value (anything else is refused: score 0 with the reason, nev
   root (`√25`, `\sqrt{25}`, `sqrt(25)`); a power in words (`5 squared`); a number glued to a word
   (`x10`, `5k`, `0x10`: a base prefix); struck through (`~~5~~`, `<del>5</del>`, `\cancel{5}`)
   or carrying a combining mark or number sign (`5̶`, `5₁₀`); an argument of a LaTeX function
-  (`\log 100`, `\binom{5}{2}`); a last digit that is a LaTeX command (`\5`); `±`; a list
+  (`\log 100`, `\binom{5}{2}`); a last digit that is a LaTeX command (`\5`); a value right after
+  a sign, operation or negation in words (`minus 5`, `negative 5`, `10 over 2`, `2 times 5`,
+  `divided by 5`, `not 5`) or `≠` (`x != 5`, `x \neq 5`); `±`; a list
   bullet (`- 5` opening a line: a bullet or a minus?); two signs (`--5`); a fractional power; a
   value or exponent beyond 10**MAX_DIGITS (not evaluated).
 - Values are exact (fractions): `\frac{10}{2}` is 5, `2^{10}` is 1024, `5\times10^{3}` is 5000,
@@ -483,6 +485,12 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
 # ---- the final answer -------------------------------------------------------------------------------
 
 _ROOT_BEFORE = re.compile(r"(?:[√∛∜]|\\sqrt(?:\[[^\]]{0,8}\])?|sqrt|cbrt|(?i:root\s++of))\s*+$")
+# A word right before the value that makes it a sign, an operand or a negation (`minus 5`, `10 over
+# 2`, `not 5`): read alone the value would be another number than the one written.
+_WORD_BEFORE = re.compile(
+    r"(?<![A-Za-z])(?i:(minus|negative|plus|times|over|not|(?:divided|multiplied)\s++by))[\s*$]++$"
+)
+_NOT_EQUAL_BEFORE = re.compile(r"(?:!=|≠|\\neq?)[\s*$]*+$")  # `x != 5`, `x ≠ 5`, `x \neq 5`
 _POWER_WORD_AFTER = re.compile(r"\s*+(?i:squared|cubed)\b")
 _PERCENT_AFTER = re.compile(r"\s*+(?:%|\\%|‰|‱|(?i:per\s*+(?:cent|mille)|percent)\b)")
 _FACTORIAL_AFTER = re.compile(r"!(?!=)")
@@ -509,7 +517,8 @@ _PLAIN_AROUND = 64  # at most this many digits, and spaces on either side of the
 _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _TEXT_END = " \t\n\r"
 _LEAD_SPACE = " \n"
-_ROOT_WORDS = ("sqrt", "cbrt", "of")  # `sqrt 25`, `root of 25`: the full reading refuses them
+# `sqrt 25`, `root of 25`, `minus 25`, `divided by 25`, `not 25` ...: the full reading refuses them
+_WORDS_REFUSED = ("sqrt", "cbrt", "of", "minus", "negative", "plus", "times", "over", "not", "by")
 
 
 def plain_digits(text: str) -> str | None:
@@ -520,9 +529,10 @@ def plain_digits(text: str) -> str | None:
 
     (`The answer is 68.`, `Answer: **68**`, `x = $68$`, `68`), where a lead without `**` or `$`
     has spaces after a word, no backslash or digit is right before the word (`\\times 68`, `0x 68`)
-    and no backslash before `:` (`\\:` is a LaTeX space), the word is not `sqrt`, `cbrt` or `of`
-    (`root of 68`), the digits are not struck through, each run of digits or spaces is at most
-    _PLAIN_AROUND long, and a text longer than WINDOW has something before the digits. For these the
+    and no backslash before `:` (`\\:` is a LaTeX space) nor `!` before `=` (`!=`), the word does
+    not end in one the full reading refuses a value after (_WORDS_REFUSED: `root of 68`, `minus
+    68`), the digits are not struck through, each run of digits or spaces is at most _PLAIN_AROUND
+    long, and a text longer than WINDOW has something before the digits. For these the
     full reading gives a value of just those digits with nothing around it that refuses it (every
     character next to them ends a value or is trimmed from its ends): the environment's
     tests/test_plain_digits.py compares the two over every test payload and a generated corpus. A
@@ -554,14 +564,14 @@ def plain_digits(text: str) -> str | None:
         if len(text) > WINDOW:
             return None
     elif tail[i - 1] in ":=":
-        if i > 1 and tail[i - 2] == "\\":  # `\:` is a LaTeX space, part of a value
+        if i > 1 and tail[i - 2] in "\\!":  # `\:` is a LaTeX space, part of a value; `!=`
             return None
     elif tail[i - 1] in _LETTERS:
         if i == lead == s:  # `x68`: a number glued to a word
             return None
         w = len(tail[:i].rstrip(_LETTERS))
-        if (w and tail[w - 1] in "\\0123456789") or tail[w:i].lower().endswith(_ROOT_WORDS):
-            return None  # `\times 68` (a LaTeX command), `0x 68` (a base prefix), `sqrt 68`
+        if (w and tail[w - 1] in "\\0123456789") or tail[w:i].lower().endswith(_WORDS_REFUSED):
+            return None  # `\times 68` (a LaTeX command), `0x 68` (a base prefix), `sqrt 68`, `not 68`
     else:
         return None
     if struck(tail, s):
@@ -670,6 +680,14 @@ def _around(text: str, start: int, end: int, first: _Tok) -> None:
     before, after = text[max(0, start - 32) : start], text[end : end + 32]
     if _ROOT_BEFORE.search(before):
         raise Refused("the last number is under a root (`√25`): not read as a number")
+    if _NOT_EQUAL_BEFORE.search(before):
+        raise Refused("the last number follows `≠` (`x ≠ 5`): what the answer is not, not read as it")
+    word = _WORD_BEFORE.search(before)
+    if word:
+        raise Refused(
+            f"the last number follows {' '.join(word.group(1).split())!r} (a sign, an operation or a "
+            "negation in words: `minus 5`, `10 over 2`, `not 5`): not read as a number"
+        )
     if _FACTORIAL_AFTER.match(after):
         raise Refused("the last number is a factorial (`5!`): not read as a number")
     if _POWER_WORD_AFTER.match(after):

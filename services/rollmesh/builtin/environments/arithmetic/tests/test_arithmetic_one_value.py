@@ -110,6 +110,22 @@ REFUSED = [
     ("5", "6 <think>or 5?"),  # a think block that never closes
     ("5", "The answer is \\5"),  # a LaTeX control symbol, not a number (raised ValueError: INTERNAL)
     ("5", "is\\5%}"),
+    # A sign, an operation or a negation in words, or `≠`, before the last number: it is not the
+    # value written (each read as 5, or as the operand, before).
+    ("5", "The answer is minus 5."),
+    ("5", "The answer is negative 5."),
+    ("-5", "The answer is negative 5."),
+    ("5", "10 minus 5"),
+    ("2", "10 divided by 2"),
+    ("2", "10 Divided  By **2**"),
+    ("5", "2 times 5"),
+    ("2", "10 over 2"),
+    ("3", "The answer is 5, not 3."),
+    ("5", "The answer is not 5."),
+    ("5", "The answer is not **5**"),
+    ("5", "x != 5"),
+    ("5", "x ≠ 5"),
+    ("5", "x \\neq 5"),
 ]
 # Right answers in valid forms a checker reading the last digits scored 0.
 RIGHT = [
@@ -153,6 +169,9 @@ RIGHT = [
     ("5", "~~6~~ 5"),  # the struck one is not the last
     ("5", "≈5"),
     ("5", "<think>maybe 6</think>5"),
+    ("5", "Not 4. The answer is 5."),  # a negation earlier does not touch the final value
+    ("5", "It cannot be 4: moreover, x = 5"),  # words ending in `not`, `over` are other words
+    ("5", "The knot count is 5"),
     ("5", "maybe 6...</think>\nThe answer is 5."),  # thinking the prompt opened
 ]
 
@@ -198,6 +217,10 @@ async def test_each_refusal_names_its_class() -> None:
             "1.000.005": "more than one '.'",
             "2½": "not an integer",
             "so \\5": "LaTeX command",
+            "10 divided by 5": "follows 'divided by'",
+            "minus 5": "follows 'minus'",
+            "it is not 5": "follows 'not'",
+            "x != 5": "follows `≠`",
         }
         got = {}
         for text, why in reasons.items():

@@ -45,6 +45,16 @@ WORDS += [
     "==",
     "OF",
     "Sqrt",
+    # a sign, operation or negation in words, `!=`, and words that only end like one
+    "minus",
+    "Negative",
+    "divided by",
+    "not",
+    "NOT",
+    "x !=",
+    "cannot",
+    "moreover",
+    "nearby",
 ]
 LEADS = [
     "",
