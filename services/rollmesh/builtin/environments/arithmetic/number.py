@@ -485,10 +485,12 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
 # ---- the final answer -------------------------------------------------------------------------------
 
 _ROOT_BEFORE = re.compile(r"(?:[√∛∜]|\\sqrt(?:\[[^\]]{0,8}\])?|sqrt|cbrt|(?i:root\s++of))\s*+$")
-# A word right before the value that makes it a sign, an operand or a negation (`minus 5`, `10 over
-# 2`, `not 5`): read alone the value would be another number than the one written.
+# Words right before the value that make it a sign, an operand or a negation (`minus 5`, `10 over
+# 2`, `not 5`): read alone the value would be another number than the one written. The full reading
+# refuses a value after one (_WORD_BEFORE); plain_digits leaves such a text to it (_WORDS_REFUSED).
+_WORDS_BEFORE = ("minus", "negative", "plus", "times", "over", "not", "divided by", "multiplied by")
 _WORD_BEFORE = re.compile(
-    r"(?<![A-Za-z])(?i:(minus|negative|plus|times|over|not|(?:divided|multiplied)\s++by))[\s*$]++$"
+    r"(?<![A-Za-z])(?i:(" + "|".join(w.replace(" ", r"\s++") for w in _WORDS_BEFORE) + r"))[\s*$]++$"
 )
 _NOT_EQUAL_BEFORE = re.compile(r"(?:!=|≠|\\neq?)[\s*$]*+$")  # `x != 5`, `x ≠ 5`, `x \neq 5`
 _POWER_WORD_AFTER = re.compile(r"\s*+(?i:squared|cubed)\b")
@@ -518,7 +520,7 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _TEXT_END = " \t\n\r"
 _LEAD_SPACE = " \n"
 # `sqrt 25`, `root of 25`, `minus 25`, `divided by 25`, `not 25` ...: the full reading refuses them
-_WORDS_REFUSED = ("sqrt", "cbrt", "of", "minus", "negative", "plus", "times", "over", "not", "by")
+_WORDS_REFUSED = ("sqrt", "cbrt", "of", *dict.fromkeys(w.split()[-1] for w in _WORDS_BEFORE))
 
 
 def plain_digits(text: str) -> str | None:
