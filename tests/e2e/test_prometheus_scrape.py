@@ -146,6 +146,37 @@ def _cli(*args: str, up: dict[str, Any]) -> str:
     return done.stdout
 
 
+def _targets(base: str) -> str:
+    """Each target's health and last scrape error, as Prometheus reports them (for a failure's message)."""
+    active = _get(base, "/api/v1/targets")["activeTargets"]
+    return ", ".join(f"{t['scrapeUrl']} {t['health']} {t['lastError']!r}" for t in active)
+
+
+def _calls_missing(base: str, total: int) -> str | None:
+    """What the latest scrapes do not yet show of the job's calls (None once they show it all): every
+    service answered calls by method, one SubmitJob, and the verifier served `total` verify items."""
+    by_method = _query(base, "sum by (grpc_service, grpc_method) (grpc_server_handled_total)")
+    calls: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in by_method:
+        calls[r["metric"]["grpc_service"]][r["metric"]["grpc_method"]] = float(r["value"][1])
+    for service, name in SERVICES.items():
+        if not any(v > 0 for v in calls[name].values()):
+            return f"no {service} calls seen: {dict(calls)}"
+    assert calls["rollmesh.v1.RolloutScheduler"].get("SubmitJob") == 1, dict(calls)
+    wanted = {
+        "rollmesh.v1.ModelGateway": "GenerateMany",
+        "rollmesh.v1.EnvironmentVerifier": "VerifyBatch",
+        "rollmesh.v1.ArtifactRegistry": "ListArtifacts",
+    }
+    for name, method in wanted.items():
+        if calls[name].get(method, 0) < 1:
+            return f"no {name}/{method} handled yet: {dict(calls)}"
+    items = _query(base, 'sum by (item) (rollmesh_stream_items_total{code="OK"})')
+    verified = {r["metric"]["item"]: float(r["value"][1]) for r in items}.get("verify", 0.0)
+    assert verified <= total, (verified, total)
+    return None if verified == total else f"{verified} verify items of {total}"
+
+
 def test_prometheus_sees_the_job_and_every_service(prometheus: tuple[str, dict[str, Any]]) -> None:
     base, up = prometheus
     _cli("artifacts", "list", "--kind", "dataset", "--json", up=up)
@@ -157,28 +188,25 @@ def test_prometheus_sees_the_job_and_every_service(prometheus: tuple[str, dict[s
     assert job["state"] == "JOB_STATE_SUCCEEDED"
     total = int(job["progress"]["total"])
 
+    # Each target is scraped on its own clock, and a scrape that misses its 1 s timeout (a service
+    # busy on a loaded machine) marks that target's series stale until the next one succeeds: so
+    # every figure is awaited until the scrapes after the job's end show it, never read once.
     deadline = time.monotonic() + 60
     done = 0.0
     while done != total:  # the last scrape after the job's end
-        assert done < total and time.monotonic() < deadline, f"Prometheus saw {done} rollouts done of {total}"
+        assert done < total, f"Prometheus saw {done} rollouts done of {total}"
+        assert time.monotonic() < deadline, (
+            f"Prometheus saw {done} rollouts done of {total}; {_targets(base)}"
+        )
         time.sleep(0.5)
         result = _query(base, 'sum(rollmesh_scheduler_rollouts_done_total{job="rollmesh"})')
         done = float(result[0]["value"][1]) if result else 0.0
     failed = _query(base, 'sum(rollmesh_scheduler_rollouts_done_total{outcome="failed"})')
     assert not failed or float(failed[0]["value"][1]) == 0
 
-    by_method = _query(base, "sum by (grpc_service, grpc_method) (grpc_server_handled_total)")
-    calls: dict[str, dict[str, float]] = defaultdict(dict)
-    for r in by_method:
-        calls[r["metric"]["grpc_service"]][r["metric"]["grpc_method"]] = float(r["value"][1])
-    for service, name in SERVICES.items():
-        assert any(v > 0 for v in calls[name].values()), (service, dict(calls))
-    assert calls["rollmesh.v1.RolloutScheduler"]["SubmitJob"] == 1
-    assert calls["rollmesh.v1.ModelGateway"]["GenerateMany"] >= 1
-    assert calls["rollmesh.v1.EnvironmentVerifier"]["VerifyBatch"] >= 1
-    assert calls["rollmesh.v1.ArtifactRegistry"]["ListArtifacts"] >= 1
-    items = _query(base, 'sum by (item) (rollmesh_stream_items_total{code="OK"})')
-    assert {r["metric"]["item"]: float(r["value"][1]) for r in items}["verify"] == total
+    while (missing := _calls_missing(base, total)) is not None:
+        assert time.monotonic() < deadline, f"{missing}; {_targets(base)}"
+        time.sleep(0.5)
 
     # The shipped rules load and evaluate: every rule healthy, the rollout rate recorded, the
     # scheduler's verify calls timed, and no alert about the environment or the services firing.
