@@ -36,6 +36,14 @@ SERVICES = {
     "gateway": "rollmesh.v1.ModelGateway",
     "scheduler": "rollmesh.v1.RolloutScheduler",
 }
+# The call each service answered for the job (the CLI's listing, its submission, the job's
+# generations and verifications): all four seen is every service seen answering.
+JOB_CALLS = {
+    "registry": "ListArtifacts",
+    "verifier": "VerifyBatch",
+    "gateway": "GenerateMany",
+    "scheduler": "SubmitJob",
+}
 # Labels that would grow with the work done, never allowed on a rollmesh series.
 UNBOUNDED_NAMES = {"job_id", "key", "rollout", "rollout_key", "session_id", "request_id", "task_index"}
 MAX_VALUES_PER_LABEL = 40  # the largest bounded set here: histogram buckets (21) and methods per service
@@ -153,24 +161,16 @@ def _targets(base: str) -> str:
 
 
 def _calls_missing(base: str, total: int) -> str | None:
-    """What the latest scrapes do not yet show of the job's calls (None once they show it all): every
-    service answered calls by method, one SubmitJob, and the verifier served `total` verify items."""
+    """What the latest scrapes do not yet show of the job's calls (None once they show it all): each
+    service's JOB_CALLS method handled, SubmitJob once, and the verifier served `total` verify items."""
     by_method = _query(base, "sum by (grpc_service, grpc_method) (grpc_server_handled_total)")
     calls: dict[str, dict[str, float]] = defaultdict(dict)
     for r in by_method:
         calls[r["metric"]["grpc_service"]][r["metric"]["grpc_method"]] = float(r["value"][1])
-    for service, name in SERVICES.items():
-        if not any(v > 0 for v in calls[name].values()):
-            return f"no {service} calls seen: {dict(calls)}"
-    assert calls["rollmesh.v1.RolloutScheduler"].get("SubmitJob") == 1, dict(calls)
-    wanted = {
-        "rollmesh.v1.ModelGateway": "GenerateMany",
-        "rollmesh.v1.EnvironmentVerifier": "VerifyBatch",
-        "rollmesh.v1.ArtifactRegistry": "ListArtifacts",
-    }
-    for name, method in wanted.items():
-        if calls[name].get(method, 0) < 1:
-            return f"no {name}/{method} handled yet: {dict(calls)}"
+    for service, method in JOB_CALLS.items():
+        if calls[SERVICES[service]].get(method, 0) < 1:
+            return f"no {SERVICES[service]}/{method} handled yet: {dict(calls)}"
+    assert calls[SERVICES["scheduler"]]["SubmitJob"] == 1, dict(calls)
     items = _query(base, 'sum by (item) (rollmesh_stream_items_total{code="OK"})')
     verified = {r["metric"]["item"]: float(r["value"][1]) for r in items}.get("verify", 0.0)
     assert verified <= total, (verified, total)
